@@ -1,0 +1,74 @@
+//! Shared Memory Communications for tokio.
+//!
+//! `smc-tokio` is a drop-in for tokio's TCP types: swap [`tokio::net::TcpListener`] and
+//! [`tokio::net::TcpStream`] for [`SmcListener`] and [`SmcStream`] and change nothing else.
+//! Every connection starts as TCP. If both ends speak SMC, they negotiate in-band (the CLC
+//! handshake of RFC 7609) and move the byte stream off the TCP stack; when they cannot, the
+//! connection stays TCP, on the same socket, and loses nothing. Plain TCP clients (curl, wrk,
+//! browsers) talk to an `SmcListener` unchanged.
+//!
+//! | transport | when | how |
+//! |---|---|---|
+//! | SMC-D | both ends on one host | receive rings in shared memory (memfd) *(in progress)* |
+//! | SMC-R | across hosts with RDMA | RDMA WRITE into a registered ring *(in progress)* |
+//! | TCP | anything else | the connection's own socket |
+//!
+//! # Example
+//!
+//! ```
+//! use smc_tokio::{SmcListener, SmcStream};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let listener = SmcListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! tokio::spawn(async move {
+//!     loop {
+//!         let (mut conn, _) = listener.accept().await?;
+//!         tokio::spawn(async move {
+//!             let (mut rd, mut wr) = conn.split();
+//!             tokio::io::copy(&mut rd, &mut wr).await
+//!         });
+//!     }
+//!     #[allow(unreachable_code)]
+//!     std::io::Result::Ok(())
+//! });
+//!
+//! let mut stream = SmcStream::connect(addr).await?;
+//! stream.write_all(b"ping").await?;
+//! let mut buf = [0u8; 4];
+//! stream.read_exact(&mut buf).await?;
+//! assert_eq!(&buf, b"ping");
+//! println!("{}", stream.transport()); // e.g. "tcp (declined by peer: no common transport)"
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layers
+//!
+//! - [`proto`]: the sans-IO protocol core (CLC codec and handshake machines, CDC messages,
+//!   cursor arithmetic). No sockets, no clocks, no tokio.
+//! - the driver: [`SmcListener`], [`SmcStream`] and the tasks that run handshakes.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
+
+pub mod config;
+mod error;
+mod handshake;
+mod negative_cache;
+pub mod net;
+pub mod proto;
+mod sys;
+mod transport;
+
+pub use config::Policy;
+pub use error::SmcError;
+pub use net::{
+    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder,
+    SmcStream, SmcStreamBuilder, WriteHalf,
+};
+pub use proto::clc::DeclineReason;
+pub use proto::handshake::Side;
+pub use transport::{FallbackReason, Transport};

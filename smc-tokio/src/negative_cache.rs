@@ -1,0 +1,99 @@
+//! The client's negative cache: servers that recently answered a proposal as plain TCP.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Most peers remembered at once. An entry is ~40 bytes, so the cache stays under 200 KiB; a
+/// client talking to more distinct plain servers than this within one TTL simply re-probes some.
+const CAPACITY: usize = 4096;
+
+#[derive(Debug, Default)]
+pub(crate) struct NegativeCache {
+    entries: Mutex<HashMap<SocketAddr, Instant>>,
+}
+
+impl NegativeCache {
+    /// The process-wide cache.
+    pub(crate) fn global() -> &'static NegativeCache {
+        static CACHE: OnceLock<NegativeCache> = OnceLock::new();
+        CACHE.get_or_init(NegativeCache::default)
+    }
+
+    /// Whether `peer` is remembered as plain at `now`; expired entries are dropped.
+    pub(crate) fn contains(&self, peer: SocketAddr, now: Instant) -> bool {
+        let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(&peer) {
+            Some(&until) if until > now => true,
+            Some(_) => {
+                map.remove(&peer);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers `peer` as plain until `now + ttl`.
+    pub(crate) fn insert(&self, peer: SocketAddr, now: Instant, ttl: Duration) {
+        if ttl.is_zero() {
+            return;
+        }
+        let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= CAPACITY && !map.contains_key(&peer) {
+            map.retain(|_, until| *until > now);
+            if map.len() >= CAPACITY {
+                // Still full of live entries: forget the one that expires first.
+                if let Some(oldest) = map.iter().min_by_key(|(_, u)| **u).map(|(k, _)| *k) {
+                    map.remove(&oldest);
+                }
+            }
+        }
+        map.insert(peer, now + ttl);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn ttl_expiry() {
+        let c = NegativeCache::default();
+        let now = Instant::now();
+        let ttl = Duration::from_secs(10);
+        assert!(!c.contains(addr(1), now));
+        c.insert(addr(1), now, ttl);
+        assert!(c.contains(addr(1), now + ttl / 2));
+        assert!(!c.contains(addr(1), now + ttl));
+        assert_eq!(c.len(), 0, "expired entry dropped on lookup");
+        c.insert(addr(3), now, Duration::ZERO);
+        assert!(!c.contains(addr(3), now));
+    }
+
+    #[test]
+    fn capacity_is_bounded() {
+        let c = NegativeCache::default();
+        let now = Instant::now();
+        for i in 0..(CAPACITY as u16 + 100) {
+            c.insert(
+                addr(i),
+                now + Duration::from_millis(u64::from(i)),
+                Duration::from_secs(60),
+            );
+        }
+        assert_eq!(c.len(), CAPACITY);
+        // The newest entry survived; the earliest-expiring ones were evicted.
+        assert!(c.contains(addr(CAPACITY as u16 + 99), now));
+        assert!(!c.contains(addr(0), now));
+    }
+}

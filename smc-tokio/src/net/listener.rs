@@ -1,0 +1,396 @@
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_PEEK_TIMEOUT};
+use crate::handshake::{advance, Step};
+use crate::net::stream::SmcStream;
+use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, CLC_EYECATCHER};
+use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake};
+use crate::sys;
+use crate::transport::{FallbackReason, Transport};
+
+type Ready = (SmcStream, SocketAddr);
+
+/// A TCP listener whose connections move to shared memory or RDMA when the client speaks SMC,
+/// and stay plain TCP, with every byte intact, when it does not.
+///
+/// The accept loop only accepts and looks at each connection's first bytes without taking them
+/// (`MSG_PEEK`). A client that does not start with the CLC eyecatcher (curl, wrk, a browser, a
+/// plain [`TcpStream`]) is handed out as TCP at once. An SMC client's handshake runs in a task
+/// of its own, never in [`accept`](SmcListener::accept), which returns connections in the order
+/// their handshakes finish.
+///
+/// A client that waits for the server to speak first sends nothing: it is handed out as TCP when
+/// the [peek timeout](SmcListenerBuilder::peek_timeout) expires, which delays its greeting by
+/// that much. See [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::SmcListener;
+/// use tokio::io::AsyncWriteExt;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+///
+/// // Any plain TCP client is served.
+/// let client = tokio::spawn(async move {
+///     let mut c = tokio::net::TcpStream::connect(addr).await?;
+///     c.write_all(b"plain hello").await
+/// });
+/// let (stream, peer) = listener.accept().await?;
+/// println!("{peer} connected over {}", stream.transport());
+/// assert!(!stream.transport().is_smc());
+/// # client.await.unwrap()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct SmcListener {
+    tcp: TcpListener,
+    config: Arc<ListenerConfig>,
+    ready_tx: mpsc::UnboundedSender<Ready>,
+    ready_rx: Mutex<mpsc::UnboundedReceiver<Ready>>,
+}
+
+impl fmt::Debug for SmcListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcListener")
+            .field("local", &self.tcp.local_addr().ok())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ListenerConfig {
+    policy: Policy,
+    peek_timeout: Duration,
+    handshake_timeout: Duration,
+}
+
+/// Settings for an [`SmcListener`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use smc_tokio::{Policy, SmcListener};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::builder()
+///     .policy(Policy::Auto)
+///     .peek_timeout(Duration::from_millis(50))
+///     .handshake_timeout(Duration::from_secs(1))
+///     .bind("127.0.0.1:0")
+///     .await?;
+/// # drop(listener);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SmcListenerBuilder {
+    config: ListenerConfig,
+}
+
+impl Default for SmcListenerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SmcListenerBuilder {
+    /// Default settings: [`Policy::Auto`],
+    /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT),
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT).
+    pub fn new() -> Self {
+        Self {
+            config: ListenerConfig {
+                policy: Policy::Auto,
+                peek_timeout: DEFAULT_PEEK_TIMEOUT,
+                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            },
+        }
+    }
+
+    /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
+    /// instead of handed out; under [`Policy::TcpOnly`] every proposal is declined.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.config.policy = policy;
+        self
+    }
+
+    /// How long to wait for a new connection's first bytes before handing it out as TCP.
+    pub fn peek_timeout(mut self, timeout: Duration) -> Self {
+        self.config.peek_timeout = timeout;
+        self
+    }
+
+    /// Bound on a whole handshake once the eyecatcher has been seen.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.config.handshake_timeout = timeout;
+        self
+    }
+
+    /// Binds a new listener to `addr`.
+    pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
+        Ok(self.from_tcp(TcpListener::bind(addr).await?))
+    }
+
+    /// Wraps an already bound tokio listener.
+    pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
+        let (ready_tx, ready_rx) = mpsc::unbounded_channel();
+        SmcListener {
+            tcp,
+            config: Arc::new(self.config),
+            ready_tx,
+            ready_rx: Mutex::new(ready_rx),
+        }
+    }
+
+    /// Wraps an already bound std listener, as [`TcpListener::from_std`] does (the listener
+    /// should be in non-blocking mode). Must be called inside a tokio runtime.
+    pub fn from_std(self, listener: std::net::TcpListener) -> io::Result<SmcListener> {
+        Ok(self.from_tcp(TcpListener::from_std(listener)?))
+    }
+}
+
+impl SmcListener {
+    /// Binds a listener to `addr` with the default settings.
+    pub async fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
+        SmcListenerBuilder::new().bind(addr).await
+    }
+
+    /// A builder for listeners with non-default settings.
+    pub fn builder() -> SmcListenerBuilder {
+        SmcListenerBuilder::new()
+    }
+
+    /// Wraps an already bound std listener with the default settings.
+    pub fn from_std(listener: std::net::TcpListener) -> io::Result<SmcListener> {
+        SmcListenerBuilder::new().from_std(listener)
+    }
+
+    /// The local address the listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Waits for the next connection whose handshake (if any) has finished.
+    ///
+    /// Errors are those of [`TcpListener::accept`] (for example `EMFILE`); a connection whose
+    /// handshake fails is closed and never returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a connection is either returned or stays queued for the next call.
+    pub async fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Polls for the next connection; see [`accept`](SmcListener::accept). Only the waker of the
+    /// most recent call is woken, as with [`TcpListener::poll_accept`].
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
+        loop {
+            {
+                let mut rx = self.ready_rx.lock().unwrap_or_else(|e| e.into_inner());
+                if let Poll::Ready(Some(ready)) = rx.poll_recv(cx) {
+                    return Poll::Ready(Ok(ready));
+                }
+            }
+            let (tcp, peer) = match self.tcp.poll_accept(cx) {
+                Poll::Ready(Ok(c)) => c,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            match classify_now(&tcp) {
+                // The common plain-client case is decided here, without a task.
+                Some(Class::Plain) if self.config.policy != Policy::Never => {
+                    let s = SmcStream::from_tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc));
+                    return Poll::Ready(Ok((s, peer)));
+                }
+                _ => {
+                    let config = self.config.clone();
+                    let tx = self.ready_tx.clone();
+                    let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
+                    tokio::spawn(serve(tcp, peer, config, tx).instrument(span));
+                }
+            }
+        }
+    }
+}
+
+impl From<TcpListener> for SmcListener {
+    /// Wraps a tokio listener with the default settings.
+    fn from(tcp: TcpListener) -> SmcListener {
+        SmcListenerBuilder::new().from_tcp(tcp)
+    }
+}
+
+impl TryFrom<std::net::TcpListener> for SmcListener {
+    type Error = io::Error;
+
+    /// Same as [`SmcListener::from_std`].
+    fn try_from(listener: std::net::TcpListener) -> io::Result<SmcListener> {
+        SmcListener::from_std(listener)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Not our eyecatcher (or EOF): a plain client.
+    Plain,
+    /// The whole eyecatcher is there.
+    Smc,
+}
+
+/// Looks at the bytes already waiting, without blocking: `None` if they do not decide yet.
+fn classify_now(tcp: &TcpStream) -> Option<Class> {
+    let mut buf = [0u8; CLC_EYECATCHER.len()];
+    match sys::peek_now(tcp.as_fd(), &mut buf) {
+        Ok(0) => Some(Class::Plain),
+        Ok(n) => classify(&buf[..n]),
+        Err(_) => None,
+    }
+}
+
+fn classify(seen: &[u8]) -> Option<Class> {
+    if !eyecatcher_prefix_matches(seen) {
+        Some(Class::Plain)
+    } else if seen.len() >= CLC_EYECATCHER.len() {
+        Some(Class::Smc)
+    } else {
+        None
+    }
+}
+
+/// Waits (up to `deadline`) until the first bytes decide what the client is. `None`: it sent
+/// nothing decisive in time.
+async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Result<Option<Class>> {
+    let mut buf = [0u8; CLC_EYECATCHER.len()];
+    // After a matching prefix shorter than the eyecatcher, the socket stays readable, so waiting
+    // for readiness would spin: back off instead. Only a client that trickles its first bytes
+    // gets here; the backoff caps at 16 ms.
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(None),
+        };
+        if n == 0 {
+            return Ok(Some(Class::Plain));
+        }
+        if let Some(c) = classify(&buf[..n]) {
+            return Ok(Some(c));
+        }
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(backoff))
+            .await
+            .is_err()
+        {
+            return Ok(None);
+        }
+        backoff = (backoff * 2).min(Duration::from_millis(16));
+    }
+}
+
+/// Serves one accepted connection: classify, handshake if it is an SMC client, queue the
+/// result for `accept`.
+async fn serve(
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    config: Arc<ListenerConfig>,
+    tx: mpsc::UnboundedSender<Ready>,
+) {
+    let transport = {
+        let work = async {
+            let peek_deadline = tokio::time::Instant::now() + config.peek_timeout;
+            let transport = match peek_class(&tcp, peek_deadline).await? {
+                None => Transport::Tcp(FallbackReason::ClientSilent),
+                Some(Class::Plain) => Transport::Tcp(FallbackReason::PeerNoSmc),
+                Some(Class::Smc) => match server_handshake(&mut tcp, &config).await? {
+                    Outcome::Fallback { reason, by } => {
+                        Transport::Tcp(FallbackReason::Declined { reason, by })
+                    }
+                    Outcome::Smc { .. } => {
+                        return Err(io::Error::other(
+                            "handshake agreed on a link this listener did not offer",
+                        ))
+                    }
+                    Outcome::Failed(e) => {
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e))
+                    }
+                },
+            };
+            Ok::<_, io::Error>(transport)
+        };
+        let mut work = std::pin::pin!(work);
+        let mut closed = std::pin::pin!(tx.closed());
+        let transport = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = work.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            // The listener is gone: nobody will accept this connection.
+            closed.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        transport
+    };
+    let Some(transport) = transport else { return };
+    match transport {
+        Ok(t) if config.policy == Policy::Never && !t.is_smc() => {
+            tracing::debug!(transport = %t, "closing: policy requires smc");
+        }
+        Ok(t) => {
+            tracing::Span::current().record("transport", tracing::field::display(t));
+            let _ = tx.send((SmcStream::from_tcp(tcp, t), peer));
+        }
+        Err(e) => tracing::debug!(error = %e, "closing connection after failed handshake"),
+    }
+}
+
+async fn server_handshake(tcp: &mut TcpStream, config: &ListenerConfig) -> io::Result<Outcome> {
+    let mut hs = ServerHandshake::new(Instant::now(), config.handshake_timeout);
+    loop {
+        match advance(tcp, &mut hs).await? {
+            Step::Event(ServerEvent::Proposal(p)) => {
+                tracing::debug!(token = ?p.token, shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
+                // No link is available in this build of the listener yet, or SMC is off by
+                // policy: decline, and both sides continue over TCP on this connection.
+                hs.decline(DeclineReason::NoCommonTransport);
+            }
+            Step::Done(o) => return Ok(o),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert_eq!(classify(b""), None);
+        assert_eq!(classify(&CLC_EYECATCHER[..1]), None);
+        assert_eq!(classify(&CLC_EYECATCHER[..3]), None);
+        assert_eq!(classify(&CLC_EYECATCHER), Some(Class::Smc));
+        assert_eq!(classify(b"G"), Some(Class::Plain));
+        assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
+        assert_eq!(
+            classify(&[0x16, 0x03, 0x01, 0x00]),
+            Some(Class::Plain),
+            "TLS client hello"
+        );
+    }
+}

@@ -1,0 +1,441 @@
+use std::fmt;
+use std::io::{self, IoSlice};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::{TcpStream, ToSocketAddrs};
+use tracing::Instrument;
+
+use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_NEGATIVE_CACHE_TTL};
+use crate::error::SmcError;
+use crate::handshake::{advance, Step};
+use crate::negative_cache::NegativeCache;
+use crate::net::split::{split, ReadHalf, WriteHalf};
+use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
+use crate::proto::clc::{DeclineReason, Proposal};
+use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome};
+use crate::sys;
+use crate::transport::{FallbackReason, Transport};
+
+/// A connection that started as TCP and moved to shared memory or RDMA when both ends could, or
+/// stayed on TCP with every byte intact when they could not.
+///
+/// It is a drop-in for [`tokio::net::TcpStream`]: it implements [`AsyncRead`] and [`AsyncWrite`]
+/// (vectored writes too), splits into borrowed or owned halves, and
+/// [`shutdown`](tokio::io::AsyncWriteExt::shutdown) is a half-close with TCP's semantics.
+/// [`transport`](SmcStream::transport) tells what the connection got and why.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::{SmcListener, SmcStream};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// tokio::spawn(async move {
+///     let (mut conn, _) = listener.accept().await?;
+///     let mut buf = [0u8; 5];
+///     conn.read_exact(&mut buf).await?;
+///     conn.write_all(&buf).await?;
+///     std::io::Result::Ok(())
+/// });
+///
+/// let mut stream = SmcStream::connect(addr).await?;
+/// stream.write_all(b"hello").await?;
+/// let mut buf = [0u8; 5];
+/// stream.read_exact(&mut buf).await?;
+/// assert_eq!(&buf, b"hello");
+/// println!("connected over {}", stream.transport());
+/// # Ok(())
+/// # }
+/// ```
+pub struct SmcStream {
+    tcp: TcpStream,
+    transport: Transport,
+}
+
+impl fmt::Debug for SmcStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcStream")
+            .field("transport", &self.transport)
+            .field("local", &self.tcp.local_addr().ok())
+            .field("peer", &self.tcp.peer_addr().ok())
+            .finish()
+    }
+}
+
+impl SmcStream {
+    /// Opens a connection to `addr`, proposing SMC, with the default settings (policy
+    /// [`Policy::Auto`]). See [`SmcStreamBuilder`] for the settings.
+    ///
+    /// If `addr` resolves to several addresses, each is tried in turn, as
+    /// [`TcpStream::connect`] does.
+    pub async fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<SmcStream> {
+        SmcStreamBuilder::new().connect(addr).await
+    }
+
+    /// A builder for connections with non-default settings.
+    pub fn builder() -> SmcStreamBuilder {
+        SmcStreamBuilder::new()
+    }
+
+    pub(crate) fn from_tcp(tcp: TcpStream, transport: Transport) -> SmcStream {
+        SmcStream { tcp, transport }
+    }
+
+    /// What the connection uses: TCP (with the reason it stayed there), SMC-D or SMC-R.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The local address of the underlying TCP connection.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.peer_addr()
+    }
+
+    /// Sets `TCP_NODELAY` on the underlying TCP connection.
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        self.tcp.set_nodelay(nodelay)
+    }
+
+    /// Whether `TCP_NODELAY` is set.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        self.tcp.nodelay()
+    }
+
+    /// Splits into a read half and a write half that borrow the stream; both can be used
+    /// concurrently (from one task, e.g. with `tokio::join!`).
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
+        split(self)
+    }
+
+    /// Splits into owned halves that can move to different tasks. Dropping the write half shuts
+    /// the write direction down, as with tokio's `TcpStream`. [`OwnedReadHalf::reunite`] puts
+    /// them back together.
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        split_owned(Arc::new(self))
+    }
+
+    pub(crate) fn poll_read_priv(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            ready!(self.tcp.poll_read_ready(cx))?;
+            let fd = self.tcp.as_raw_fd();
+            // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
+            // writes at most that many bytes and they are marked initialized only after it
+            // returned their count.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let res = self.tcp.try_io(Interest::READABLE, || {
+                // SAFETY: `fd` is the stream's open socket; the pointer and length describe the
+                // unfilled, writable region borrowed above.
+                let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match res {
+                Ok(n) => {
+                    // SAFETY: recv initialized the first `n` bytes of the unfilled region.
+                    unsafe { buf.assume_init(n) };
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    pub(crate) fn poll_write_priv(
+        &self,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            match self.tcp.try_write(data) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                res => return Poll::Ready(res),
+            }
+        }
+    }
+
+    pub(crate) fn poll_write_vectored_priv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.tcp.poll_write_ready(cx))?;
+            match self.tcp.try_write_vectored(bufs) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                res => return Poll::Ready(res),
+            }
+        }
+    }
+
+    pub(crate) fn poll_flush_priv(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // TCP sends at once (subject to Nagle, which TCP_NODELAY controls); nothing is held here.
+        Poll::Ready(Ok(()))
+    }
+
+    pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
+        match socket2::SockRef::from(&self.tcp).shutdown(Shutdown::Write) {
+            // Shutting down a connection the peer already reset is not an error for the caller.
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl AsyncRead for SmcStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.poll_read_priv(cx, buf)
+    }
+}
+
+impl AsyncWrite for SmcStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_priv(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored_priv(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush_priv(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.shutdown_priv())
+    }
+}
+
+impl AsFd for SmcStream {
+    /// The underlying TCP socket (for socket options; reading or writing it directly bypasses
+    /// the SMC link).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.tcp.as_fd()
+    }
+}
+
+impl AsRawFd for SmcStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.tcp.as_raw_fd()
+    }
+}
+
+/// Settings for [`SmcStream`] connections.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use smc_tokio::{Policy, SmcListener, SmcStream};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// tokio::spawn(async move { listener.accept().await });
+///
+/// let stream = SmcStream::builder()
+///     .policy(Policy::Auto)
+///     .handshake_timeout(Duration::from_millis(500))
+///     .connect(addr)
+///     .await?;
+/// # drop(stream);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SmcStreamBuilder {
+    policy: Policy,
+    handshake_timeout: Duration,
+    negative_cache_ttl: Duration,
+}
+
+impl Default for SmcStreamBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SmcStreamBuilder {
+    /// Default settings: [`Policy::Auto`],
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT),
+    /// [`DEFAULT_NEGATIVE_CACHE_TTL`](crate::config::DEFAULT_NEGATIVE_CACHE_TTL).
+    pub fn new() -> Self {
+        Self {
+            policy: Policy::Auto,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            negative_cache_ttl: DEFAULT_NEGATIVE_CACHE_TTL,
+        }
+    }
+
+    /// What to do when SMC cannot be used.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Bound on the whole handshake. A server that has not answered by then is taken for a
+    /// plain TCP server that waits for its client: the connection is closed, the server goes
+    /// into the negative cache, and (under [`Policy::Auto`]) a plain TCP connection is made.
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// How long a server that answered as plain TCP is remembered (0 disables the cache).
+    pub fn negative_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_cache_ttl = ttl;
+        self
+    }
+
+    /// Connects to `addr`, trying each address it resolves to in turn.
+    pub async fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<SmcStream> {
+        let mut last_err = None;
+        for addr in tokio::net::lookup_host(addr).await? {
+            match self.connect_addr(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "could not resolve to any address",
+            )
+        }))
+    }
+
+    async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+        let span =
+            tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
+        let res = self.connect_addr_inner(addr).instrument(span.clone()).await;
+        if let Ok(s) = &res {
+            span.record("transport", tracing::field::display(s.transport()));
+        }
+        res
+    }
+
+    async fn connect_addr_inner(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+        let fallback = |reason: FallbackReason, tcp: TcpStream| -> io::Result<SmcStream> {
+            match self.policy {
+                Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
+                _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
+            }
+        };
+        if self.policy == Policy::TcpOnly {
+            return fallback(FallbackReason::Disabled, TcpStream::connect(addr).await?);
+        }
+        if NegativeCache::global().contains(addr, Instant::now()) {
+            if self.policy == Policy::Never {
+                return Err(SmcError::FallbackRefused(FallbackReason::NegativeCache).into());
+            }
+            return fallback(
+                FallbackReason::NegativeCache,
+                TcpStream::connect(addr).await?,
+            );
+        }
+
+        let mut tcp = TcpStream::connect(addr).await?;
+        let proposal = Proposal {
+            token: sys::random_token()?,
+            rmb_size: 0,
+            shm: None,
+            rdma: None,
+        };
+        let mut hs = ClientHandshake::new(proposal, Instant::now(), self.handshake_timeout)
+            .map_err(SmcError::Handshake)?;
+        let outcome = loop {
+            match advance(&mut tcp, &mut hs).await {
+                Ok(Step::Event(ClientEvent::Accepted(accept))) => {
+                    // This client offered no link it could set up, so an Accept can only come
+                    // from a confused or hostile server: decline, and stay on TCP in step.
+                    tracing::debug!(link = ?accept.link, "declining an accept for a transport we did not offer");
+                    hs.decline(DeclineReason::NoCommonTransport);
+                }
+                Ok(Step::Done(o)) => break Ok(o),
+                Err(e) => break Err(e),
+            }
+        };
+        match outcome {
+            Ok(Outcome::Fallback { reason, by }) => {
+                tracing::debug!(%reason, ?by, "falling back to tcp");
+                fallback(FallbackReason::Declined { reason, by }, tcp)
+            }
+            Ok(Outcome::Smc { .. }) => {
+                // Unreachable while the client offers no link (see above); keep the stream
+                // usable by failing loudly rather than pretending.
+                Err(io::Error::other(
+                    "handshake agreed on a link this client did not offer",
+                ))
+            }
+            Ok(Outcome::Failed(err)) => {
+                self.reconnect_plain(addr, tcp, SmcError::Handshake(err).into())
+                    .await
+            }
+            // Reset or closed mid-handshake: plain servers often do that to bytes they do not
+            // understand. Same treatment as a failed handshake.
+            Err(e) => self.reconnect_plain(addr, tcp, e).await,
+        }
+    }
+
+    /// The server is not ours (or misbehaved) and the stream is unusable: remember it and, under
+    /// [`Policy::Auto`], reconnect as plain TCP; under [`Policy::Never`], fail with `err`.
+    async fn reconnect_plain(
+        &self,
+        addr: SocketAddr,
+        tcp: TcpStream,
+        err: io::Error,
+    ) -> io::Result<SmcStream> {
+        tracing::debug!(%err, "peer did not complete the handshake; remembering it as plain tcp");
+        drop(tcp);
+        NegativeCache::global().insert(addr, Instant::now(), self.negative_cache_ttl);
+        match self.policy {
+            Policy::Never => Err(err),
+            _ => Ok(SmcStream::from_tcp(
+                TcpStream::connect(addr).await?,
+                Transport::Tcp(FallbackReason::PeerNoSmc),
+            )),
+        }
+    }
+}

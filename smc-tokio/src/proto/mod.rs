@@ -1,0 +1,15 @@
+//! The sans-IO protocol core: no sockets, no clocks, no tokio.
+//!
+//! Everything here is driven by explicit inputs (bytes, the current time, the driver's
+//! decisions) and returns explicit outputs, in the style of `quinn-proto`, so that it can be
+//! tested deterministically and fuzzed.
+//!
+//! - [`clc`]: the handshake messages and their codec.
+//! - [`handshake`]: the client and server handshake state machines.
+//! - [`cdc`]: the connection data control messages that travel over a link.
+//! - [`cursor`]: ring cursors and their wrap arithmetic.
+
+pub mod cdc;
+pub mod clc;
+pub mod cursor;
+pub mod handshake;

@@ -1,0 +1,110 @@
+//! What a connection ended up using, and why.
+
+use std::fmt;
+
+use crate::proto::clc::DeclineReason;
+use crate::proto::handshake::Side;
+
+/// The transport a connection uses, as reported by
+/// [`SmcStream::transport`](crate::SmcStream::transport).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::{FallbackReason, Transport};
+///
+/// let t = Transport::Tcp(FallbackReason::PeerNoSmc);
+/// assert!(!t.is_smc());
+/// assert_eq!(t.as_str(), "tcp");
+/// assert_eq!(t.to_string(), "tcp (peer does not speak smc)");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// The connection stayed on TCP, for the given reason.
+    Tcp(FallbackReason),
+    /// Shared memory between processes on one host (SMC-D).
+    SmcD,
+    /// RDMA between hosts (SMC-R).
+    SmcR,
+}
+
+impl Transport {
+    /// Whether the byte stream moved off TCP.
+    pub fn is_smc(&self) -> bool {
+        matches!(self, Transport::SmcD | Transport::SmcR)
+    }
+
+    /// Why the connection stayed on TCP, if it did.
+    pub fn fallback_reason(&self) -> Option<FallbackReason> {
+        match self {
+            Transport::Tcp(r) => Some(*r),
+            _ => None,
+        }
+    }
+
+    /// `"tcp"`, `"smc-d"` or `"smc-r"`, the names `smcperf` and the stats use.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Transport::Tcp(_) => "tcp",
+            Transport::SmcD => "smc-d",
+            Transport::SmcR => "smc-r",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::Tcp(r) => write!(f, "tcp ({r})"),
+            other => f.write_str(other.as_str()),
+        }
+    }
+}
+
+/// Why a connection stayed on TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FallbackReason {
+    /// SMC is switched off on this side ([`Policy::TcpOnly`](crate::Policy::TcpOnly)).
+    Disabled,
+    /// The peer does not speak SMC: a plain TCP client met our listener, or our proposal met a
+    /// plain TCP server (the client then reconnected as plain TCP).
+    PeerNoSmc,
+    /// The peer is in the client's negative cache: it recently answered as a plain TCP server,
+    /// so no proposal was sent.
+    NegativeCache,
+    /// Server side: the client sent nothing within the listener's peek timeout, so it was taken
+    /// for a plain client that waits for the server to speak first.
+    ClientSilent,
+    /// A side declined during the handshake; both continue over TCP on the same connection.
+    Declined {
+        /// The decline reason.
+        reason: DeclineReason,
+        /// Which side declined.
+        by: Side,
+    },
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FallbackReason::Disabled => f.write_str("smc disabled by policy"),
+            FallbackReason::PeerNoSmc => f.write_str("peer does not speak smc"),
+            FallbackReason::NegativeCache => f.write_str("peer in negative cache"),
+            FallbackReason::ClientSilent => f.write_str("client sent nothing before peek timeout"),
+            FallbackReason::Declined {
+                reason,
+                by: Side::Local,
+            } => {
+                write!(f, "declined locally: {reason}")
+            }
+            FallbackReason::Declined {
+                reason,
+                by: Side::Peer,
+            } => {
+                write!(f, "declined by peer: {reason}")
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests.
+
+use std::future::Future;
+use std::time::Duration;
+
+use smc_tokio::SmcListener;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// A small deterministic PRNG (xorshift64*), so tests need no extra crates and failures
+/// reproduce from the seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed` (any value; 0 is remapped).
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Fails the test if `fut` takes longer than `secs` seconds: no test may hang.
+pub async fn bounded<F: Future>(secs: u64, fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
+}
+
+/// Accepts connections forever and echoes each one until EOF, then half-closes.
+pub fn spawn_echo(listener: SmcListener) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = conn.into_split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                let _ = wr.shutdown().await;
+            });
+        }
+    })
+}
+
+/// Writes `data` in random-sized pieces while reading the echo in random-sized pieces, then
+/// checks the echo byte for byte. Sizes go up to `max_io` bytes.
+pub async fn echo_check<S>(stream: S, data: &[u8], max_io: usize, seed: u64)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut wrng = Rng::new(seed);
+    let mut rrng = Rng::new(seed ^ 0xABCD);
+    let writer = async {
+        let mut at = 0;
+        while at < data.len() {
+            let n = wrng.range(1, max_io).min(data.len() - at);
+            wr.write_all(&data[at..at + n]).await.expect("write");
+            at += n;
+        }
+        wr.shutdown().await.expect("shutdown");
+    };
+    let reader = async {
+        let mut got = Vec::with_capacity(data.len());
+        let mut buf = vec![0u8; max_io];
+        loop {
+            let n = rrng.range(1, max_io);
+            let k = rd.read(&mut buf[..n]).await.expect("read");
+            if k == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..k]);
+        }
+        got
+    };
+    let ((), got) = tokio::join!(writer, reader);
+    assert_eq!(got.len(), data.len(), "echo length");
+    if let Some(i) = got.iter().zip(data).position(|(a, b)| a != b) {
+        panic!("echo differs first at byte {i}");
+    }
+}

@@ -1,0 +1,473 @@
+//! The TCP fallback: every path that does not end in SMC ends in a working TCP stream with
+//! nothing lost, and the transport says why.
+
+use std::time::Duration;
+
+use smc_tokio::proto::clc::{
+    decode, Accept, ClcMessage, Decline, Decoded, LinkInfo, ShmLinkInfo, CLC_HEADER_LEN, CLC_VERSION,
+};
+use smc_tokio::{DeclineReason, FallbackReason, Policy, Side, SmcError, SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, spawn_echo, Rng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const DECLINED_BY_PEER: Transport = Transport::Tcp(FallbackReason::Declined {
+    reason: DeclineReason::NoCommonTransport,
+    by: Side::Peer,
+});
+
+#[tokio::test]
+async fn smc_to_smc_echo_random_sizes_through_fallback() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        assert_eq!(
+            conn.transport(),
+            Transport::Tcp(FallbackReason::Declined {
+                reason: DeclineReason::NoCommonTransport,
+                by: Side::Local
+            })
+        );
+        let (mut rd, mut wr) = conn.into_split();
+        tokio::io::copy(&mut rd, &mut wr).await.unwrap();
+    });
+    let stream = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(stream.transport(), DECLINED_BY_PEER);
+    let data = Rng::new(1).bytes(8 << 20);
+    bounded(60, echo_check(stream, &data, 1 << 20, 7)).await;
+    bounded(10, server).await.unwrap();
+}
+
+#[tokio::test]
+async fn many_concurrent_connections_each_intact() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let mut tasks = Vec::new();
+    for i in 0..50u64 {
+        tasks.push(tokio::spawn(async move {
+            let s = SmcStream::connect(addr).await.unwrap();
+            assert_eq!(s.transport(), DECLINED_BY_PEER);
+            let data = Rng::new(i).bytes(64 << 10);
+            echo_check(s, &data, 4096, i).await;
+        }));
+    }
+    for t in tasks {
+        bounded(30, t).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn plain_client_speaks_first() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+        let (mut rd, mut wr) = conn.into_split();
+        tokio::io::copy(&mut rd, &mut wr).await.unwrap();
+    });
+    let c = TcpStream::connect(addr).await.unwrap();
+    let data = Rng::new(2).bytes(1 << 20);
+    bounded(30, echo_check(c, &data, 65536, 2)).await;
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn plain_client_whose_first_byte_is_the_eyecatchers_first_byte() {
+    // 0xE2 alone is not decisive; 0xE2 0x00 is.
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(&[0xE2]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    c.write_all(&[0x00, 1, 2, 3]).await.unwrap();
+    let mut got = [0u8; 5];
+    bounded(10, c.read_exact(&mut got)).await.unwrap();
+    assert_eq!(got, [0xE2, 0, 1, 2, 3]);
+}
+
+#[tokio::test]
+async fn plain_client_waits_for_server_to_speak_first() {
+    let listener = SmcListener::builder()
+        .peek_timeout(Duration::from_millis(50))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::ClientSilent));
+        conn.write_all(b"220 greetings\r\n").await.unwrap();
+        let mut buf = [0u8; 6];
+        conn.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"QUIT\r\n");
+    });
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut greeting = [0u8; 15];
+    bounded(10, c.read_exact(&mut greeting)).await.unwrap();
+    assert_eq!(&greeting, b"220 greetings\r\n");
+    c.write_all(b"QUIT\r\n").await.unwrap();
+    bounded(10, server).await.unwrap();
+}
+
+async fn plain_echo_server() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = c.split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn smc_client_against_plain_echo_server_reconnects_and_caches() {
+    // An echo server sends our own proposal back: not a valid reply.
+    let addr = plain_echo_server().await;
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    let data = Rng::new(3).bytes(256 << 10);
+    bounded(30, echo_check(s, &data, 8192, 3)).await;
+    // The second connection skips the proposal.
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NegativeCache));
+    bounded(30, echo_check(s, &data, 8192, 4)).await;
+}
+
+#[tokio::test]
+async fn smc_client_against_plain_server_that_speaks_first() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                c.write_all(b"220 plain server ready\r\n").await.unwrap();
+                let mut b = [0u8; 4];
+                // The reconnected plain client sends "PING"; the first connection sent a proposal.
+                if c.read_exact(&mut b).await.is_ok() && &b == b"PING" {
+                    c.write_all(b"PONG").await.unwrap();
+                }
+            });
+        }
+    });
+    let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    // The greeting of the new connection is intact.
+    let mut g = [0u8; 24];
+    s.read_exact(&mut g).await.unwrap();
+    assert_eq!(&g, b"220 plain server ready\r\n");
+    s.write_all(b"PING").await.unwrap();
+    let mut p = [0u8; 4];
+    bounded(10, s.read_exact(&mut p)).await.unwrap();
+    assert_eq!(&p, b"PONG");
+}
+
+#[tokio::test]
+async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
+    // A server that waits for a full request and never answers a proposal.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut line = Vec::new();
+                let mut b = [0u8; 1];
+                while c.read_exact(&mut b).await.is_ok() {
+                    line.push(b[0]);
+                    if line.ends_with(b"\n") {
+                        c.write_all(&line).await.unwrap();
+                        line.clear();
+                    }
+                }
+            });
+        }
+    });
+    let mut s = bounded(
+        10,
+        SmcStream::builder().handshake_timeout(Duration::from_millis(100)).connect(addr),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    s.write_all(b"hello\n").await.unwrap();
+    let mut got = [0u8; 6];
+    bounded(10, s.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"hello\n");
+}
+
+#[tokio::test]
+async fn never_policy_returns_typed_errors() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let err = SmcStream::builder().policy(Policy::Never).connect(addr).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+    assert_eq!(
+        SmcError::from_io(&err),
+        Some(&SmcError::FallbackRefused(FallbackReason::Declined {
+            reason: DeclineReason::NoCommonTransport,
+            by: Side::Peer
+        }))
+    );
+
+    let plain = plain_echo_server().await;
+    let err = SmcStream::builder()
+        .policy(Policy::Never)
+        .negative_cache_ttl(Duration::ZERO)
+        .connect(plain)
+        .await
+        .unwrap_err();
+    assert!(matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))), "{err}");
+}
+
+#[tokio::test]
+async fn tcp_only_policies() {
+    let listener = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    // A TcpOnly listener still answers the proposal, so an SMC client keeps working.
+    let s = SmcStream::connect(addr).await.unwrap();
+    assert_eq!(s.transport(), DECLINED_BY_PEER);
+    bounded(10, echo_check(s, b"tcp only listener", 5, 5)).await;
+    // A TcpOnly client sends no proposal at all.
+    let s = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Disabled));
+    bounded(10, echo_check(s, b"tcp only client", 5, 6)).await;
+}
+
+#[tokio::test]
+async fn never_listener_closes_fallback_connections() {
+    let listener = SmcListener::builder().policy(Policy::Never).bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = tokio::spawn(async move { listener.accept().await });
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut b = Vec::new();
+    // The connection is closed without a byte; accept never returns it.
+    let n = bounded(10, c.read_to_end(&mut b)).await.unwrap_or(0);
+    assert_eq!(n, 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!accept.is_finished());
+    accept.abort();
+}
+
+/// A fake SMC server that answers every proposal with `reply` and then echoes.
+async fn fake_server(reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 'static) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let reply = std::sync::Arc::new(reply);
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = l.accept().await {
+            let reply = reply.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let proposal = read_clc(&mut c).await;
+                c.write_all(&reply(proposal).encode().unwrap()).await.unwrap();
+                // Whatever the client sends before its data (a decline, for an accept).
+                let _ = tx.send(Vec::new());
+                let (mut rd, mut wr) = c.split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+async fn read_clc(c: &mut TcpStream) -> ClcMessage {
+    let mut buf = vec![0u8; CLC_HEADER_LEN];
+    c.read_exact(&mut buf).await.unwrap();
+    let Decoded::NeedMore(total) = decode(&buf).unwrap() else { panic!("header only") };
+    buf.resize(total, 0);
+    c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
+    match decode(&buf).unwrap() {
+        Decoded::Message(m, _) => m,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
+    for reason in DeclineReason::ALL {
+        let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { token: p.token(), reason })).await;
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
+        let data = Rng::new(reason as u64).bytes(100_000);
+        bounded(10, echo_check(s, &data, 3000, reason as u64)).await;
+    }
+}
+
+#[tokio::test]
+async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
+    // The fake server accepts with a shm link the client never offered; the client must decline,
+    // and the server must find the Decline, then the data.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut c, _) = l.accept().await.unwrap();
+        let p = read_clc(&mut c).await;
+        let accept = ClcMessage::Accept(Accept {
+            token: p.token(),
+            link: LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: 0, rmb_size: 65536, socket_name: b"x".to_vec() }),
+        });
+        c.write_all(&accept.encode().unwrap()).await.unwrap();
+        let d = read_clc(&mut c).await;
+        assert_eq!(d, ClcMessage::Decline(Decline { token: p.token(), reason: DeclineReason::NoCommonTransport }));
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"after");
+    });
+    let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(
+        s.transport(),
+        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
+    );
+    s.write_all(b"after").await.unwrap();
+    bounded(10, server).await.unwrap();
+}
+
+/// A fake client: sends `proposal_bytes`, then returns the stream and what the server answered.
+async fn fake_client(addr: std::net::SocketAddr, proposal_bytes: &[u8]) -> (TcpStream, Option<ClcMessage>) {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(proposal_bytes).await.unwrap();
+    let mut hdr = [0u8; CLC_HEADER_LEN];
+    if c.read_exact(&mut hdr).await.is_err() {
+        return (c, None);
+    }
+    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else { panic!() };
+    let mut buf = hdr.to_vec();
+    buf.resize(total, 0);
+    c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
+    let Decoded::Message(m, _) = decode(&buf).unwrap() else { panic!() };
+    (c, Some(m))
+}
+
+fn proposal_bytes() -> Vec<u8> {
+    use smc_tokio::proto::clc::{Proposal, Token};
+    ClcMessage::Proposal(Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None })
+        .encode()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn server_declines_newer_version_and_serves_tcp() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let mut p = proposal_bytes();
+    p[4] = CLC_VERSION + 1;
+    let (mut c, reply) = bounded(10, fake_client(addr, &p)).await;
+    match reply {
+        Some(ClcMessage::Decline(d)) => assert_eq!(d.reason, DeclineReason::VersionMismatch),
+        other => panic!("{other:?}"),
+    }
+    c.write_all(b"v2 client falls back").await.unwrap();
+    let mut b = [0u8; 20];
+    bounded(10, c.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"v2 client falls back");
+}
+
+#[tokio::test]
+async fn malformed_proposal_closes_that_connection_only() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    // Garbage after the eyecatcher: a length beyond the bound.
+    let mut bad = proposal_bytes();
+    bad[6..8].copy_from_slice(&60000u16.to_be_bytes());
+    let (mut c, reply) = bounded(10, fake_client(addr, &bad)).await;
+    assert!(reply.is_none());
+    let mut rest = Vec::new();
+    assert_eq!(bounded(10, c.read_to_end(&mut rest)).await.unwrap_or(0), 0);
+    // The listener goes on serving.
+    let s = SmcStream::connect(addr).await.unwrap();
+    bounded(10, echo_check(s, b"still serving", 4, 1)).await;
+}
+
+#[tokio::test]
+async fn half_close_behaves_as_tcp() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut req = Vec::new();
+        conn.read_to_end(&mut req).await.unwrap(); // EOF from the client's half-close
+        // The other direction still flows.
+        conn.write_all(&req).await.unwrap();
+        conn.write_all(b" + reply").await.unwrap();
+        conn.shutdown().await.unwrap();
+    });
+    let mut s = SmcStream::connect(addr).await.unwrap();
+    s.write_all(b"request").await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut resp = Vec::new();
+    bounded(10, s.read_to_end(&mut resp)).await.unwrap();
+    assert_eq!(resp, b"request + reply");
+    // Writing after shutdown fails, as on TCP.
+    assert!(s.write_all(b"late").await.is_err());
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn owned_halves_reunite_and_refuse_strangers() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let a = SmcStream::connect(addr).await.unwrap();
+    let b = SmcStream::connect(addr).await.unwrap();
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    assert_eq!(ar.transport(), aw.transport());
+    let err = ar.reunite(bw).unwrap_err();
+    let (ar, bw) = (err.0, err.1);
+    let a = ar.reunite(aw).unwrap();
+    let b = bw.reunite(br).unwrap();
+    // Reunited streams were not shut down by the halves.
+    bounded(10, echo_check(a, b"still open a", 3, 1)).await;
+    bounded(10, echo_check(b, b"still open b", 3, 2)).await;
+}
+
+#[tokio::test]
+async fn vectored_writes_and_stream_accessors() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn_echo(listener);
+    let mut s = SmcStream::connect(addr).await.unwrap();
+    assert_eq!(s.peer_addr().unwrap(), addr);
+    assert!(s.local_addr().unwrap().port() != 0);
+    s.set_nodelay(true).unwrap();
+    assert!(s.nodelay().unwrap());
+    let bufs = [std::io::IoSlice::new(b"hello "), std::io::IoSlice::new(b"vectored")];
+    let mut sent = 0;
+    while sent < 14 {
+        sent += s.write_vectored(&bufs).await.unwrap();
+        assert_eq!(sent, 14, "loopback takes 14 bytes in one call");
+    }
+    let mut got = [0u8; 14];
+    bounded(10, s.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"hello vectored");
+}
+
+#[tokio::test]
+async fn listener_conversions() {
+    let std_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_l.set_nonblocking(true).unwrap();
+    let l = SmcListener::try_from(std_l).unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    let s = SmcStream::connect(addr).await.unwrap();
+    bounded(10, echo_check(s, b"from std", 2, 1)).await;
+
+    let l: SmcListener = TcpListener::bind("127.0.0.1:0").await.unwrap().into();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    let s = SmcStream::connect(addr).await.unwrap();
+    bounded(10, echo_check(s, b"from tokio", 2, 1)).await;
+}
