@@ -57,9 +57,11 @@
 pub mod config;
 mod error;
 mod handshake;
+mod link;
 mod negative_cache;
 pub mod net;
 pub mod proto;
+mod smc;
 mod sys;
 mod transport;
 

@@ -1,7 +1,7 @@
 //! The few raw system calls the driver needs.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use crate::proto::clc::Token;
 
@@ -57,4 +57,437 @@ mod tests {
     fn tokens_differ() {
         assert_ne!(random_token().unwrap(), random_token().unwrap());
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory, doorbells and the side channel (SMC-D).
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)` sized to `len` bytes.
+pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a valid NUL-terminated string; the flags are constants.
+    let fd = cvt(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd too large"))?;
+    // SAFETY: plain syscall on a descriptor we own.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
+    Ok(fd)
+}
+
+/// The seals every shared region carries before it is sent: it can neither shrink (a shrink
+/// would turn the peer's next access into SIGBUS) nor grow, no new writable mapping can be made
+/// (the peer can only map it read-only), and the seals themselves are sealed.
+pub(crate) const REGION_SEALS: libc::c_int =
+    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+
+/// Adds `seals` to a memfd.
+pub(crate) fn add_seals(fd: BorrowedFd<'_>, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain fcntl on a borrowed, open descriptor.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
+}
+
+/// The seals of a memfd.
+pub(crate) fn get_seals(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    // SAFETY: plain fcntl on a borrowed, open descriptor.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
+}
+
+/// The size of a file.
+pub(crate) fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable stat buffer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_size as u64)
+}
+
+/// A shared mapping, unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; every access through it goes through raw pointers or
+// atomics whose users uphold their own synchronisation.
+unsafe impl Send for Mmap {}
+// SAFETY: as above.
+unsafe impl Sync for Mmap {}
+
+impl Mmap {
+    /// Maps `len` bytes of `fd` shared, writable or read-only.
+    pub(crate) fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mmap> {
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a descriptor we hold.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        Ok(Mmap { ptr, len })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `map`; nothing refers to it any more
+        // (the owner of the Mmap outlives every user of its pointer).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A non-blocking eventfd (a doorbell).
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant flags.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Rings a doorbell: adds 1 to the eventfd's counter. A full counter (EAGAIN) already means
+/// "ring", so it is not an error.
+pub(crate) fn eventfd_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let one: u64 = 1;
+    loop {
+        // SAFETY: writes 8 bytes from a valid u64 to a borrowed descriptor.
+        let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Ok(()),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Reads and clears an eventfd's counter; `WouldBlock` when it was zero.
+pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v: u64 = 0;
+    loop {
+        // SAFETY: reads 8 bytes into a valid u64 from a borrowed descriptor.
+        let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n >= 0 {
+            return Ok(v);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Credentials of a Unix socket's peer (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerCred {
+    pub(crate) pid: i32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are valid for writes; the kernel writes at most `len` bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(PeerCred {
+        pid: c.pid,
+        uid: c.uid,
+        gid: c.gid,
+    })
+}
+
+fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "bad abstract socket name",
+        ));
+    }
+    // sun_path[0] stays 0: the abstract namespace.
+    for (dst, src) in addr.sun_path[1..].iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant arguments.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?;
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A non-blocking SOCK_SEQPACKET listener on the abstract name `name`.
+pub(crate) fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (addr, len) = abstract_addr(name)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    })?;
+    // SAFETY: plain syscall on our socket.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
+    Ok(fd)
+}
+
+/// Accepts one connection (non-blocking; `WouldBlock` when none is waiting).
+pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    loop {
+        // SAFETY: NULL address buffers are allowed; flags are constants.
+        let r = unsafe {
+            libc::accept4(
+                fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            )
+        };
+        match cvt(r) {
+            // SAFETY: accept4 returned a new descriptor nothing else owns.
+            Ok(c) => return Ok(unsafe { OwnedFd::from_raw_fd(c) }),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Starts connecting a non-blocking SOCK_SEQPACKET socket to the abstract name `name`. Unix
+/// sockets connect at once or fail (ECONNREFUSED when nobody listens there, which is what a
+/// client in another network namespace sees).
+pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    let (addr, len) = abstract_addr(name)?;
+    loop {
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        match cvt(r) {
+            Ok(_) => return Ok(fd),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // A full backlog: the listener is there but busy.
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, e))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Most descriptors one side-channel message carries.
+pub(crate) const MAX_FDS: usize = 2;
+
+/// Sends one datagram with `fds` attached (SCM_RIGHTS). Non-blocking.
+pub(crate) fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    data: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one message",
+        ));
+    }
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // Room for MAX_FDS descriptors, aligned as cmsghdr requires.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space =
+            unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) }
+                as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `cbuf`, which is larger than `space` (64 bytes vs at most
+        // CMSG_SPACE(8) = 24), so CMSG_FIRSTHDR is non-null and in bounds, and CMSG_DATA has room
+        // for `fds.len()` ints.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len =
+                libc::CMSG_LEN((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) as usize;
+            let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
+            for (i, fd) in fds.iter().enumerate() {
+                d.add(i).write_unaligned(fd.as_raw_fd());
+            }
+        }
+    }
+    loop {
+        // SAFETY: `msg` describes valid buffers that live across the call.
+        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return if n as usize == data.len() {
+                Ok(())
+            } else {
+                Err(io::Error::other("short side-channel send"))
+            };
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one datagram and up to [`MAX_FDS`] descriptors. Returns the datagram's length (0 on
+/// EOF) and the descriptors. A truncated datagram or control message is an error (and the
+/// descriptors that did arrive are closed).
+pub(crate) fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: `msg` describes valid, writable buffers that live across the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR walk
+    // only within it, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 ints.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                for i in 0..payload / std::mem::size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(d.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "truncated side-channel message",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// This host's identity: the kernel's boot id (a random UUID per boot).
+pub(crate) fn host_id() -> [u8; 16] {
+    static ID: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let mut id = [0u8; 16];
+        if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+            let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+            for (i, pair) in hex.chunks(2).take(16).enumerate() {
+                let v = std::str::from_utf8(pair)
+                    .ok()
+                    .and_then(|p| u8::from_str_radix(p, 16).ok());
+                id[i] = v.unwrap_or(0);
+            }
+        }
+        id
+    })
+}
+
+/// Registers an owned descriptor with the current tokio reactor.
+pub(crate) fn register<T: AsRawFd + AsFd>(
+    inner: T,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `inner` owns its descriptor (the bound is `AsFd`, and every caller passes an
+    // `OwnedFd` or a wrapper of one), so it stays open and refers to the same file description
+    // until the AsyncFd, which takes ownership of `inner`, is dropped; `as_raw_fd` of these types
+    // always returns that one descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }
+        .map_err(|e| e.into_parts().1)
 }

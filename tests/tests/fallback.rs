@@ -1,12 +1,17 @@
 //! The TCP fallback: every path that does not end in SMC ends in a working TCP stream with
-//! nothing lost, and the transport says why.
+//! nothing lost, and the transport says why. Listeners here have shared memory switched off
+//! where a test needs a decline from a real `SmcListener`.
 
 use std::time::Duration;
 
+use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::clc::{
-    decode, Accept, ClcMessage, Decline, Decoded, LinkInfo, ShmLinkInfo, CLC_HEADER_LEN, CLC_VERSION,
+    decode, Accept, ClcMessage, Decline, Decoded, LinkInfo, ShmLinkInfo, CLC_HEADER_LEN,
+    CLC_VERSION,
 };
-use smc_tokio::{DeclineReason, FallbackReason, Policy, Side, SmcError, SmcListener, SmcStream, Transport};
+use smc_tokio::{
+    DeclineReason, FallbackReason, Policy, Side, SmcError, SmcListener, SmcStream, Transport,
+};
 use tests::{bounded, echo_check, spawn_echo, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -16,9 +21,18 @@ const DECLINED_BY_PEER: Transport = Transport::Tcp(FallbackReason::Declined {
     by: Side::Peer,
 });
 
+/// A listener that declines every proposal with "no common transport".
+async fn declining_listener() -> SmcListener {
+    SmcListener::builder()
+        .shm(ShmConfig::default().enabled(false))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn smc_to_smc_echo_random_sizes_through_fallback() {
-    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = declining_listener().await;
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (conn, _) = listener.accept().await.unwrap();
@@ -41,7 +55,7 @@ async fn smc_to_smc_echo_random_sizes_through_fallback() {
 
 #[tokio::test]
 async fn many_concurrent_connections_each_intact() {
-    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = declining_listener().await;
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
     let mut tasks = Vec::new();
@@ -99,7 +113,10 @@ async fn plain_client_waits_for_server_to_speak_first() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
-        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::ClientSilent));
+        assert_eq!(
+            conn.transport(),
+            Transport::Tcp(FallbackReason::ClientSilent)
+        );
         conn.write_all(b"220 greetings\r\n").await.unwrap();
         let mut buf = [0u8; 6];
         conn.read_exact(&mut buf).await.unwrap();
@@ -191,7 +208,9 @@ async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
     });
     let mut s = bounded(
         10,
-        SmcStream::builder().handshake_timeout(Duration::from_millis(100)).connect(addr),
+        SmcStream::builder()
+            .handshake_timeout(Duration::from_millis(100))
+            .connect(addr),
     )
     .await
     .unwrap();
@@ -204,10 +223,14 @@ async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
 
 #[tokio::test]
 async fn never_policy_returns_typed_errors() {
-    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = declining_listener().await;
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
-    let err = SmcStream::builder().policy(Policy::Never).connect(addr).await.unwrap_err();
+    let err = SmcStream::builder()
+        .policy(Policy::Never)
+        .connect(addr)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
     assert_eq!(
         SmcError::from_io(&err),
@@ -224,27 +247,49 @@ async fn never_policy_returns_typed_errors() {
         .connect(plain)
         .await
         .unwrap_err();
-    assert!(matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))), "{err}");
+    assert!(
+        matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn tcp_only_policies() {
-    let listener = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap();
+    let listener = SmcListener::builder()
+        .policy(Policy::TcpOnly)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
     // A TcpOnly listener still answers the proposal, so an SMC client keeps working.
     let s = SmcStream::connect(addr).await.unwrap();
     assert_eq!(s.transport(), DECLINED_BY_PEER);
     bounded(10, echo_check(s, b"tcp only listener", 5, 5)).await;
+    // A client with shm switched off offers nothing, and the server declines.
+    let s = SmcStream::builder()
+        .shm(ShmConfig::default().enabled(false))
+        .connect(addr)
+        .await
+        .unwrap();
+    assert_eq!(s.transport(), DECLINED_BY_PEER);
     // A TcpOnly client sends no proposal at all.
-    let s = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await.unwrap();
+    let s = SmcStream::builder()
+        .policy(Policy::TcpOnly)
+        .connect(addr)
+        .await
+        .unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Disabled));
     bounded(10, echo_check(s, b"tcp only client", 5, 6)).await;
 }
 
 #[tokio::test]
 async fn never_listener_closes_fallback_connections() {
-    let listener = SmcListener::builder().policy(Policy::Never).bind("127.0.0.1:0").await.unwrap();
+    let listener = SmcListener::builder()
+        .policy(Policy::Never)
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     let accept = tokio::spawn(async move { listener.accept().await });
     let mut c = TcpStream::connect(addr).await.unwrap();
@@ -259,7 +304,12 @@ async fn never_listener_closes_fallback_connections() {
 }
 
 /// A fake SMC server that answers every proposal with `reply` and then echoes.
-async fn fake_server(reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 'static) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn fake_server(
+    reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 'static,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -270,7 +320,9 @@ async fn fake_server(reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 's
             let tx = tx.clone();
             tokio::spawn(async move {
                 let proposal = read_clc(&mut c).await;
-                c.write_all(&reply(proposal).encode().unwrap()).await.unwrap();
+                c.write_all(&reply(proposal).encode().unwrap())
+                    .await
+                    .unwrap();
                 // Whatever the client sends before its data (a decline, for an accept).
                 let _ = tx.send(Vec::new());
                 let (mut rd, mut wr) = c.split();
@@ -284,7 +336,9 @@ async fn fake_server(reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 's
 async fn read_clc(c: &mut TcpStream) -> ClcMessage {
     let mut buf = vec![0u8; CLC_HEADER_LEN];
     c.read_exact(&mut buf).await.unwrap();
-    let Decoded::NeedMore(total) = decode(&buf).unwrap() else { panic!("header only") };
+    let Decoded::NeedMore(total) = decode(&buf).unwrap() else {
+        panic!("header only")
+    };
     buf.resize(total, 0);
     c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
     match decode(&buf).unwrap() {
@@ -296,9 +350,21 @@ async fn read_clc(c: &mut TcpStream) -> ClcMessage {
 #[tokio::test]
 async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
     for reason in DeclineReason::ALL {
-        let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { token: p.token(), reason })).await;
+        let (addr, _rx) = fake_server(move |p| {
+            ClcMessage::Decline(Decline {
+                token: p.token(),
+                reason,
+            })
+        })
+        .await;
         let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
-        assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
+        assert_eq!(
+            s.transport(),
+            Transport::Tcp(FallbackReason::Declined {
+                reason,
+                by: Side::Peer
+            })
+        );
         let data = Rng::new(reason as u64).bytes(100_000);
         bounded(10, echo_check(s, &data, 3000, reason as u64)).await;
     }
@@ -315,11 +381,22 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         let p = read_clc(&mut c).await;
         let accept = ClcMessage::Accept(Accept {
             token: p.token(),
-            link: LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: 0, rmb_size: 65536, socket_name: b"x".to_vec() }),
+            link: LinkInfo::Shm(ShmLinkInfo {
+                link_group: 1,
+                rmb_slot: 0,
+                rmb_size: 65536,
+                socket_name: b"x".to_vec(),
+            }),
         });
         c.write_all(&accept.encode().unwrap()).await.unwrap();
         let d = read_clc(&mut c).await;
-        assert_eq!(d, ClcMessage::Decline(Decline { token: p.token(), reason: DeclineReason::NoCommonTransport }));
+        assert_eq!(
+            d,
+            ClcMessage::Decline(Decline {
+                token: p.token(),
+                reason: DeclineReason::NoCommonTransport
+            })
+        );
         let mut b = [0u8; 5];
         c.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"after");
@@ -327,33 +404,48 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
     let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
     assert_eq!(
         s.transport(),
-        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
+        Transport::Tcp(FallbackReason::Declined {
+            reason: DeclineReason::NoCommonTransport,
+            by: Side::Local
+        })
     );
     s.write_all(b"after").await.unwrap();
     bounded(10, server).await.unwrap();
 }
 
 /// A fake client: sends `proposal_bytes`, then returns the stream and what the server answered.
-async fn fake_client(addr: std::net::SocketAddr, proposal_bytes: &[u8]) -> (TcpStream, Option<ClcMessage>) {
+async fn fake_client(
+    addr: std::net::SocketAddr,
+    proposal_bytes: &[u8],
+) -> (TcpStream, Option<ClcMessage>) {
     let mut c = TcpStream::connect(addr).await.unwrap();
     c.write_all(proposal_bytes).await.unwrap();
     let mut hdr = [0u8; CLC_HEADER_LEN];
     if c.read_exact(&mut hdr).await.is_err() {
         return (c, None);
     }
-    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else { panic!() };
+    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else {
+        panic!()
+    };
     let mut buf = hdr.to_vec();
     buf.resize(total, 0);
     c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
-    let Decoded::Message(m, _) = decode(&buf).unwrap() else { panic!() };
+    let Decoded::Message(m, _) = decode(&buf).unwrap() else {
+        panic!()
+    };
     (c, Some(m))
 }
 
 fn proposal_bytes() -> Vec<u8> {
     use smc_tokio::proto::clc::{Proposal, Token};
-    ClcMessage::Proposal(Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None })
-        .encode()
-        .unwrap()
+    ClcMessage::Proposal(Proposal {
+        token: Token([9; 16]),
+        rmb_size: 0,
+        shm: None,
+        rdma: None,
+    })
+    .encode()
+    .unwrap()
 }
 
 #[tokio::test]
@@ -399,7 +491,7 @@ async fn half_close_behaves_as_tcp() {
         let (mut conn, _) = listener.accept().await.unwrap();
         let mut req = Vec::new();
         conn.read_to_end(&mut req).await.unwrap(); // EOF from the client's half-close
-        // The other direction still flows.
+                                                   // The other direction still flows.
         conn.write_all(&req).await.unwrap();
         conn.write_all(b" + reply").await.unwrap();
         conn.shutdown().await.unwrap();
@@ -444,7 +536,10 @@ async fn vectored_writes_and_stream_accessors() {
     assert!(s.local_addr().unwrap().port() != 0);
     s.set_nodelay(true).unwrap();
     assert!(s.nodelay().unwrap());
-    let bufs = [std::io::IoSlice::new(b"hello "), std::io::IoSlice::new(b"vectored")];
+    let bufs = [
+        std::io::IoSlice::new(b"hello "),
+        std::io::IoSlice::new(b"vectored"),
+    ];
     let mut sent = 0;
     while sent < 14 {
         sent += s.write_vectored(&bufs).await.unwrap();

@@ -36,7 +36,10 @@ async fn hello_server() -> SocketAddr {
 async fn curl_gets_hello() {
     let addr = hello_server().await;
     let url = format!("http://{addr}/");
-    let out = tokio::process::Command::new("curl").args(["-s", "--max-time", "10", &url]).output().await;
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", &url])
+        .output()
+        .await;
     match out {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // .ci/run installs curl; a machine without it skips loudly instead of failing.
@@ -55,14 +58,22 @@ async fn hyper_client_over_smc_stream_keeps_alive() {
     let addr = hello_server().await;
     let stream = SmcStream::connect(addr).await.unwrap();
     let transport = stream.transport();
-    assert!(matches!(transport, Transport::Tcp(_)), "no link exists yet: {transport}");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    assert_eq!(transport, Transport::SmcD, "hyper runs over shared memory");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     for _ in 0..3 {
-        let req = Request::get("/").header("host", "x").body(Empty::<Bytes>::new()).unwrap();
+        let req = Request::get("/")
+            .header("host", "x")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
         let resp = bounded(10, sender.send_request(req)).await.unwrap();
         assert!(resp.status().is_success());
         let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], format!("hello via {}", transport.as_str()).as_bytes());
+        assert_eq!(
+            &body[..],
+            format!("hello via {}", transport.as_str()).as_bytes()
+        );
     }
 }

@@ -13,6 +13,8 @@
 //!   --conns N          rr: connections, crr: concurrent clients (rr: 1, crr: 64)
 //!   --duration SECS    measured time per run             (default 1.5)
 //!   --runs N           runs per configuration; medians are reported (default 1)
+//!   --rmb-size BYTES   smc receive ring size per connection and direction (default: crate's)
+//!   --busy-poll US     smc busy-poll budget before sleeping, microseconds (default 0: off)
 //!   --pin              pin server and client threads to different CPUs (local)
 //!   --json             print one JSON document instead of the table
 //! ```
@@ -33,6 +35,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use smc_tokio::config::ShmConfig;
 use smc_tokio::{Policy, SmcListener, SmcStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -87,22 +90,33 @@ struct Opts {
     listen: Option<String>,
     connect: Option<String>,
     unix: Option<PathBuf>,
+    shm: ShmConfig,
 }
 
 fn usage() -> &'static str {
     "usage: smcperf <local|server|client> [--scenario rr,stream,crr] [--size N,..] \
-     [--transport smc,tcp,unix] [--conns N] [--duration SECS] [--runs N] [--pin] [--json] \
+     [--transport smc,tcp,unix] [--conns N] [--duration SECS] [--runs N] [--rmb-size N] \
+     [--busy-poll US] [--pin] [--json] \
      [--listen ADDR] [--connect ADDR] [--unix PATH]"
 }
 
 fn parse_list<T>(v: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    v.split(',').filter(|s| !s.is_empty()).map(|s| f(s.trim())).collect()
+    v.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| f(s.trim()))
+        .collect()
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let (num, mul) = match s.to_ascii_lowercase() {
-        x if x.ends_with("kib") || x.ends_with('k') => (x.trim_end_matches("kib").trim_end_matches('k').to_string(), 1024),
-        x if x.ends_with("mib") || x.ends_with('m') => (x.trim_end_matches("mib").trim_end_matches('m').to_string(), 1 << 20),
+        x if x.ends_with("kib") || x.ends_with('k') => (
+            x.trim_end_matches("kib").trim_end_matches('k').to_string(),
+            1024,
+        ),
+        x if x.ends_with("mib") || x.ends_with('m') => (
+            x.trim_end_matches("mib").trim_end_matches('m').to_string(),
+            1 << 20,
+        ),
         x => (x, 1),
     };
     let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
@@ -127,9 +141,14 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
         listen: None,
         connect: None,
         unix: None,
+        shm: ShmConfig::default(),
     };
     while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{a} needs a value"))
+        };
         match a.as_str() {
             "--scenario" => {
                 o.scenarios = Some(parse_list(&val()?, |s| match s {
@@ -157,6 +176,11 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
                 o.duration = Duration::from_secs_f64(secs);
             }
             "--runs" => o.runs = val()?.parse().map_err(|_| "bad --runs")?,
+            "--rmb-size" => o.shm = o.shm.clone().rmb_size(parse_size(&val()?)? as u32),
+            "--busy-poll" => {
+                let us: u64 = val()?.parse().map_err(|_| "bad --busy-poll")?;
+                o.shm = o.shm.clone().busy_poll(Duration::from_micros(us));
+            }
             "--pin" => o.pin = true,
             "--json" => o.json = true,
             "--listen" => o.listen = Some(val()?),
@@ -184,7 +208,10 @@ struct Case {
 }
 
 fn cases(o: &Opts) -> Vec<Case> {
-    let scenarios = o.scenarios.clone().unwrap_or(vec![Scenario::Rr, Scenario::Stream, Scenario::Crr]);
+    let scenarios =
+        o.scenarios
+            .clone()
+            .unwrap_or(vec![Scenario::Rr, Scenario::Stream, Scenario::Crr]);
     let mut out = Vec::new();
     for s in scenarios {
         let sizes = o.sizes.clone().unwrap_or(match s {
@@ -197,7 +224,11 @@ fn cases(o: &Opts) -> Vec<Case> {
             _ => 1,
         });
         for size in sizes {
-            out.push(Case { scenario: s, size, conns });
+            out.push(Case {
+                scenario: s,
+                size,
+                conns,
+            });
         }
     }
     out
@@ -220,6 +251,7 @@ struct Measure {
 struct Target {
     tcp: SocketAddr,
     unix: Option<PathBuf>,
+    shm: ShmConfig,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -242,7 +274,11 @@ impl Conn {
 }
 
 impl AsyncRead for Conn {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Smc(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
@@ -252,7 +288,11 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Smc(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
@@ -278,7 +318,11 @@ impl AsyncWrite for Conn {
 async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
     Ok(match kind {
         Kind::Smc => {
-            let s = SmcStream::builder().policy(Policy::Auto).connect(target.tcp).await?;
+            let s = SmcStream::builder()
+                .policy(Policy::Auto)
+                .shm(target.shm.clone())
+                .connect(target.tcp)
+                .await?;
             s.set_nodelay(true)?;
             Conn::Smc(s)
         }
@@ -288,7 +332,10 @@ async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
             Conn::Tcp(s)
         }
         Kind::Unix => {
-            let path = target.unix.as_ref().ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
+            let path = target
+                .unix
+                .as_ref()
+                .ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
             Conn::Unix(UnixStream::connect(path).await?)
         }
     })
@@ -338,8 +385,12 @@ struct ServerHandles {
 /// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
 /// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
 /// `UnixListener`.
-async fn start_server(listen: &str, unix: Option<PathBuf>) -> io::Result<(ServerHandles, SocketAddr)> {
-    let smc = SmcListener::bind(listen).await?;
+async fn start_server(
+    listen: &str,
+    unix: Option<PathBuf>,
+    shm: ShmConfig,
+) -> io::Result<(ServerHandles, SocketAddr)> {
+    let smc = SmcListener::builder().shm(shm).bind(listen).await?;
     let smc_addr = smc.local_addr()?;
     tokio::spawn(async move {
         loop {
@@ -473,7 +524,9 @@ async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> i
     let elapsed = start.elapsed().as_secs_f64();
     let got = u64::from_le_bytes(total);
     if got != sent {
-        return Err(io::Error::other(format!("server counted {got} bytes, client sent {sent}")));
+        return Err(io::Error::other(format!(
+            "server counted {got} bytes, client sent {sent}"
+        )));
     }
     Ok(Measure {
         negotiated,
@@ -491,7 +544,12 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..case.conns {
-        let (stop, errors, negotiated, target) = (stop.clone(), errors.clone(), negotiated.clone(), target.clone());
+        let (stop, errors, negotiated, target) = (
+            stop.clone(),
+            errors.clone(),
+            negotiated.clone(),
+            target.clone(),
+        );
         let size = case.size;
         tasks.push(tokio::task::spawn_local(async move {
             let msg = vec![0x3cu8; size];
@@ -597,7 +655,12 @@ fn combine(runs: Vec<Measure>) -> Measure {
 /// The ratio against tcp for the row's headline metric: p50 latency for rr (lower is better),
 /// throughput for stream and connections/s for crr (higher is better).
 fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
-    let tcp = rows.iter().find(|r| r.kind == Kind::Tcp && r.case.scenario == row.case.scenario && r.case.size == row.case.size && r.case.conns == row.case.conns)?;
+    let tcp = rows.iter().find(|r| {
+        r.kind == Kind::Tcp
+            && r.case.scenario == row.case.scenario
+            && r.case.size == row.case.size
+            && r.case.conns == row.case.conns
+    })?;
     let (a, b) = match row.case.scenario {
         Scenario::Rr => (row.m.p50_us, tcp.m.p50_us),
         Scenario::Stream => (row.m.bytes_per_s, tcp.m.bytes_per_s),
@@ -609,7 +672,17 @@ fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
 fn print_table(rows: &[Row]) {
     println!(
         "{:<7} {:>7} {:>5} {:<5} {:<22} {:>9} {:>9} {:>9} {:>11} {:>10} {:>8}  vs tcp",
-        "scen", "size", "conns", "trans", "negotiated", "p50_us", "p99_us", "p999_us", "ops/s", "MB/s", "errors"
+        "scen",
+        "size",
+        "conns",
+        "trans",
+        "negotiated",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "ops/s",
+        "MB/s",
+        "errors"
     );
     for r in rows {
         let vs = match ratio(r, rows) {
@@ -682,13 +755,18 @@ fn pin_to(cpu: usize) {
         libc::CPU_ZERO(&mut set);
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            eprintln!("smcperf: could not pin to cpu {cpu}: {}", io::Error::last_os_error());
+            eprintln!(
+                "smcperf: could not pin to cpu {cpu}: {}",
+                io::Error::last_os_error()
+            );
         }
     }
 }
 
 fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
@@ -699,12 +777,27 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
         for &kind in &opts.transports {
             let mut runs = Vec::new();
             for _ in 0..opts.runs {
-                let m = local.block_on(&rt, run_case(kind, target, case, opts.duration)).map_err(|e| {
-                    io::Error::new(e.kind(), format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()))
-                })?;
+                let m = local
+                    .block_on(&rt, run_case(kind, target, case, opts.duration))
+                    .map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!(
+                                "{} {} over {}: {e}",
+                                case.scenario.name(),
+                                case.size,
+                                kind.name()
+                            ),
+                        )
+                    })?;
                 runs.push(m);
             }
-            rows.push(Row { case, kind, m: combine(runs), runs: opts.runs });
+            rows.push(Row {
+                case,
+                kind,
+                m: combine(runs),
+                runs: opts.runs,
+            });
         }
     }
     Ok(rows)
@@ -715,37 +808,51 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let pin = opts.pin;
     let server_unix = unix.clone();
-    std::thread::Builder::new().name("smcperf-server".into()).spawn(move || {
-        if pin {
-            pin_to(0);
-        }
-        let rt = match runtime() {
-            Ok(rt) => rt,
-            Err(e) => return drop(tx.send(Err(e))),
-        };
-        rt.block_on(async move {
-            match start_server("127.0.0.1:0", Some(server_unix)).await {
-                Ok(h) => {
-                    let _ = tx.send(Ok(h));
-                    std::future::pending::<()>().await
-                }
-                Err(e) => drop(tx.send(Err(e))),
+    let server_shm = opts.shm.clone();
+    std::thread::Builder::new()
+        .name("smcperf-server".into())
+        .spawn(move || {
+            if pin {
+                pin_to(0);
             }
-        })
-    })?;
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => return drop(tx.send(Err(e))),
+            };
+            rt.block_on(async move {
+                match start_server("127.0.0.1:0", Some(server_unix), server_shm).await {
+                    Ok(h) => {
+                        let _ = tx.send(Ok(h));
+                        std::future::pending::<()>().await
+                    }
+                    Err(e) => drop(tx.send(Err(e))),
+                }
+            })
+        })?;
     let (handles, smc_addr) = rx.recv().map_err(io::Error::other)??;
     if pin {
         pin_to(1);
     }
     let targets = |kind: Kind| Target {
-        tcp: if kind == Kind::Tcp { handles.tcp_addr } else { smc_addr },
+        tcp: if kind == Kind::Tcp {
+            handles.tcp_addr
+        } else {
+            smc_addr
+        },
         unix: handles.unix.clone(),
+        shm: opts.shm.clone(),
     };
     // One client loop per transport keeps the baseline on tokio's own listener.
     let mut rows = Vec::new();
     for case in cases(opts) {
         for &kind in &opts.transports {
-            let one = Opts { scenarios: Some(vec![case.scenario]), sizes: Some(vec![case.size]), conns: Some(case.conns), transports: vec![kind], ..opts.clone() };
+            let one = Opts {
+                scenarios: Some(vec![case.scenario]),
+                sizes: Some(vec![case.size]),
+                conns: Some(case.conns),
+                transports: vec![kind],
+                ..opts.clone()
+            };
             rows.extend(run_client(&one, &targets(kind))?);
         }
     }
@@ -768,8 +875,12 @@ fn main() -> ExitCode {
             let listen = opts.listen.clone().unwrap_or_else(|| "0.0.0.0:7777".into());
             let r = runtime().and_then(|rt| {
                 rt.block_on(async {
-                    let (h, smc_addr) = start_server(&listen, opts.unix.clone()).await?;
-                    eprintln!("smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}", h.tcp_addr, h.unix);
+                    let (h, smc_addr) =
+                        start_server(&listen, opts.unix.clone(), opts.shm.clone()).await?;
+                    eprintln!(
+                        "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}",
+                        h.tcp_addr, h.unix
+                    );
                     std::future::pending::<io::Result<()>>().await
                 })
             });
@@ -783,7 +894,14 @@ fn main() -> ExitCode {
             match connect.parse::<SocketAddr>() {
                 Ok(addr) => {
                     // The server's smc listener serves plain tcp clients too, over TCP.
-                    run_client(&opts, &Target { tcp: addr, unix: opts.unix.clone() })
+                    run_client(
+                        &opts,
+                        &Target {
+                            tcp: addr,
+                            unix: opts.unix.clone(),
+                            shm: opts.shm.clone(),
+                        },
+                    )
                 }
                 Err(e) => {
                     eprintln!("bad --connect {connect:?}: {e}");

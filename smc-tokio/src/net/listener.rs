@@ -11,11 +11,14 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::config::ShmConfig;
 use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_PEEK_TIMEOUT};
 use crate::handshake::{advance, Step};
 use crate::net::stream::SmcStream;
-use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, CLC_EYECATCHER};
-use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake};
+use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, CLC_EYECATCHER};
+use crate::proto::handshake::{HandshakeError, Outcome, ServerEvent, ServerHandshake};
+use crate::smc::conn::{PendingConn, SmcConn};
+use crate::smc::manager::{AcceptorSlot, Manager};
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
 
@@ -60,6 +63,7 @@ type Ready = (SmcStream, SocketAddr);
 pub struct SmcListener {
     tcp: TcpListener,
     config: Arc<ListenerConfig>,
+    acceptor: Arc<AcceptorSlot>,
     ready_tx: mpsc::UnboundedSender<Ready>,
     ready_rx: Mutex<mpsc::UnboundedReceiver<Ready>>,
 }
@@ -78,6 +82,7 @@ struct ListenerConfig {
     policy: Policy,
     peek_timeout: Duration,
     handshake_timeout: Duration,
+    shm: ShmConfig,
 }
 
 /// Settings for an [`SmcListener`].
@@ -121,8 +126,15 @@ impl SmcListenerBuilder {
                 policy: Policy::Auto,
                 peek_timeout: DEFAULT_PEEK_TIMEOUT,
                 handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+                shm: ShmConfig::default(),
             },
         }
+    }
+
+    /// Shared-memory (SMC-D) settings for connections accepted by this listener.
+    pub fn shm(mut self, config: ShmConfig) -> Self {
+        self.config.shm = config;
+        self
     }
 
     /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
@@ -155,6 +167,7 @@ impl SmcListenerBuilder {
         SmcListener {
             tcp,
             config: Arc::new(self.config),
+            acceptor: Arc::default(),
             ready_tx,
             ready_rx: Mutex::new(ready_rx),
         }
@@ -225,7 +238,8 @@ impl SmcListener {
                     let config = self.config.clone();
                     let tx = self.ready_tx.clone();
                     let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
-                    tokio::spawn(serve(tcp, peer, config, tx).instrument(span));
+                    let acceptor = self.acceptor.clone();
+                    tokio::spawn(serve(tcp, peer, config, acceptor, tx).instrument(span));
                 }
             }
         }
@@ -311,29 +325,31 @@ async fn serve(
     mut tcp: TcpStream,
     peer: SocketAddr,
     config: Arc<ListenerConfig>,
+    acceptor: Arc<AcceptorSlot>,
     tx: mpsc::UnboundedSender<Ready>,
 ) {
     let transport = {
         let work = async {
             let peek_deadline = tokio::time::Instant::now() + config.peek_timeout;
-            let transport = match peek_class(&tcp, peek_deadline).await? {
-                None => Transport::Tcp(FallbackReason::ClientSilent),
-                Some(Class::Plain) => Transport::Tcp(FallbackReason::PeerNoSmc),
-                Some(Class::Smc) => match server_handshake(&mut tcp, &config).await? {
-                    Outcome::Fallback { reason, by } => {
-                        Transport::Tcp(FallbackReason::Declined { reason, by })
+            let served = match peek_class(&tcp, peek_deadline).await? {
+                None => Served::Tcp(Transport::Tcp(FallbackReason::ClientSilent)),
+                Some(Class::Plain) => Served::Tcp(Transport::Tcp(FallbackReason::PeerNoSmc)),
+                Some(Class::Smc) => match server_handshake(&mut tcp, &config, &acceptor).await? {
+                    (Outcome::Fallback { reason, by }, _) => {
+                        Served::Tcp(Transport::Tcp(FallbackReason::Declined { reason, by }))
                     }
-                    Outcome::Smc { .. } => {
+                    (Outcome::Smc { .. }, Some(conn)) => Served::Smc(conn),
+                    (Outcome::Smc { .. }, None) => {
                         return Err(io::Error::other(
-                            "handshake agreed on a link this listener did not offer",
+                            "handshake agreed on a link without a connection",
                         ))
                     }
-                    Outcome::Failed(e) => {
+                    (Outcome::Failed(e), _) => {
                         return Err(io::Error::new(io::ErrorKind::InvalidData, e))
                     }
                 },
             };
-            Ok::<_, io::Error>(transport)
+            Ok::<_, io::Error>(served)
         };
         let mut work = std::pin::pin!(work);
         let mut closed = std::pin::pin!(tx.closed());
@@ -349,28 +365,80 @@ async fn serve(
     };
     let Some(transport) = transport else { return };
     match transport {
-        Ok(t) if config.policy == Policy::Never && !t.is_smc() => {
+        Ok(Served::Tcp(t)) if config.policy == Policy::Never => {
             tracing::debug!(transport = %t, "closing: policy requires smc");
         }
-        Ok(t) => {
+        Ok(Served::Tcp(t)) => {
             tracing::Span::current().record("transport", tracing::field::display(t));
             let _ = tx.send((SmcStream::from_tcp(tcp, t), peer));
+        }
+        Ok(Served::Smc(conn)) => {
+            tracing::Span::current().record("transport", "smc-d");
+            let _ = tx.send((SmcStream::from_smc(tcp, conn, Transport::SmcD), peer));
         }
         Err(e) => tracing::debug!(error = %e, "closing connection after failed handshake"),
     }
 }
 
-async fn server_handshake(tcp: &mut TcpStream, config: &ListenerConfig) -> io::Result<Outcome> {
+/// What a served connection turned out to be.
+enum Served {
+    Tcp(Transport),
+    Smc(Arc<SmcConn>),
+}
+
+async fn server_handshake(
+    tcp: &mut TcpStream,
+    config: &ListenerConfig,
+    acceptor: &AcceptorSlot,
+) -> io::Result<(Outcome, Option<Arc<SmcConn>>)> {
     let mut hs = ServerHandshake::new(Instant::now(), config.handshake_timeout);
+    let mut pending = PendingConn::default();
+    let mut proposed_rmb = 0;
     loop {
         match advance(tcp, &mut hs).await? {
             Step::Event(ServerEvent::Proposal(p)) => {
                 tracing::debug!(token = ?p.token, shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
-                // No link is available in this build of the listener yet, or SMC is off by
-                // policy: decline, and both sides continue over TCP on this connection.
-                hs.decline(DeclineReason::NoCommonTransport);
+                if config.policy == Policy::TcpOnly {
+                    hs.decline(DeclineReason::NoCommonTransport);
+                    continue;
+                }
+                match Manager::global().server_accept(
+                    acceptor,
+                    &p,
+                    &config.shm,
+                    config.handshake_timeout,
+                ) {
+                    Ok((conn, info)) => {
+                        proposed_rmb = p.rmb_size;
+                        pending.set(conn);
+                        hs.accept(LinkInfo::Shm(info));
+                    }
+                    Err(reason) => {
+                        tracing::debug!(%reason, "declining proposal");
+                        hs.decline(reason);
+                    }
+                }
             }
-            Step::Done(o) => return Ok(o),
+            Step::Done(o) => {
+                let Outcome::Smc {
+                    peer: LinkInfo::Shm(c),
+                    ..
+                } = &o
+                else {
+                    return Ok((o, None));
+                };
+                let Some(conn) = pending.get() else {
+                    return Ok((o, None));
+                };
+                let group = conn.group();
+                if c.link_group != group.id || c.rmb_size != proposed_rmb || !group.is_established()
+                {
+                    tracing::debug!(?c, "confirm does not match the accepted link");
+                    return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                }
+                conn.confirm(c.rmb_slot);
+                return Ok((o, pending.take()));
+            }
         }
     }
 }

@@ -3,7 +3,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -11,14 +11,17 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
+use crate::config::ShmConfig;
 use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_NEGATIVE_CACHE_TTL};
 use crate::error::SmcError;
 use crate::handshake::{advance, Step};
 use crate::negative_cache::NegativeCache;
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
-use crate::proto::clc::{DeclineReason, Proposal};
+use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome};
+use crate::smc::conn::SmcConn;
+use crate::smc::manager::Manager;
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
 
@@ -58,9 +61,53 @@ use crate::transport::{FallbackReason, Transport};
 /// # }
 /// ```
 pub struct SmcStream {
-    tcp: TcpStream,
+    tcp: Arc<TcpStream>,
     transport: Transport,
+    smc: Option<SmcInner>,
 }
+
+/// The SMC side of a stream that left TCP.
+struct SmcInner {
+    conn: Arc<SmcConn>,
+    watcher: tokio::task::AbortHandle,
+}
+
+impl Drop for SmcStream {
+    fn drop(&mut self) {
+        if let Some(s) = &self.smc {
+            s.conn.release();
+            s.watcher.abort();
+        }
+    }
+}
+
+/// Watches the TCP connection under an SMC connection: nothing arrives on it while SMC runs, so
+/// any readiness is its end (or a protocol violation).
+async fn watch_tcp(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
+    let mut b = [0u8; 1];
+    let res = tcp.peek(&mut b).await;
+    // A peer announces its SMC close before it closes TCP, but the announcement may still be
+    // queued behind other connections' messages: give it a grace period to be dispatched before
+    // calling the TCP close an abort. A dead peer process is caught sooner, by its side channel.
+    if matches!(res, Ok(0)) {
+        let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE;
+        while tokio::time::Instant::now() < until {
+            match conn.upgrade() {
+                Some(c) if !c.closed_by_peer() => c.group().progress(),
+                _ => return,
+            };
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    if let Some(c) = conn.upgrade() {
+        c.on_tcp_event(res);
+    }
+}
+
+/// How long a TCP close may precede the SMC close it follows. Dispatching a full CDC ring
+/// (1024 frames) takes well under a millisecond; a second bounds the wait for a peer whose
+/// link died silently, matching the bound the tests hold peer death to.
+const TCP_CLOSE_GRACE: Duration = Duration::from_millis(500);
 
 impl fmt::Debug for SmcStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -88,12 +135,45 @@ impl SmcStream {
     }
 
     pub(crate) fn from_tcp(tcp: TcpStream, transport: Transport) -> SmcStream {
-        SmcStream { tcp, transport }
+        SmcStream {
+            tcp: Arc::new(tcp),
+            transport,
+            smc: None,
+        }
+    }
+
+    /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
+    pub(crate) fn from_smc(tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
+        let tcp = Arc::new(tcp);
+        conn.hold_tcp(tcp.clone());
+        let watcher = tokio::spawn(watch_tcp(tcp.clone(), Arc::downgrade(&conn))).abort_handle();
+        SmcStream {
+            tcp,
+            transport,
+            smc: Some(SmcInner { conn, watcher }),
+        }
     }
 
     /// What the connection uses: TCP (with the reason it stayed there), SMC-D or SMC-R.
     pub fn transport(&self) -> Transport {
         self.transport
+    }
+
+    /// The id of the link group the connection runs on (`None` on TCP). Connections between
+    /// the same two processes share one link group, as `smcss` shows for the kernel's SMC.
+    pub fn link_group(&self) -> Option<u64> {
+        self.smc.as_ref().map(|s| s.conn.group_id())
+    }
+
+    /// Test hook (feature `test-util`): sends this connection's next CDC message after
+    /// `corrupt` edited its 64 encoded bytes, as a hostile or buggy peer would. Fails on TCP.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn send_corrupt_cdc(&self, corrupt: impl FnOnce(&mut [u8; 64])) -> io::Result<()> {
+        match &self.smc {
+            Some(s) => s.conn.send_corrupt_cdc(corrupt),
+            None => Err(io::Error::other("not an smc connection")),
+        }
     }
 
     /// The local address of the underlying TCP connection.
@@ -134,6 +214,9 @@ impl SmcStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(s) = &self.smc {
+            return s.conn.poll_read(cx, buf);
+        }
         loop {
             ready!(self.tcp.poll_read_ready(cx))?;
             let fd = self.tcp.as_raw_fd();
@@ -170,6 +253,9 @@ impl SmcStream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(s) = &self.smc {
+            return s.conn.poll_write(cx, data);
+        }
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
             match self.tcp.try_write(data) {
@@ -184,6 +270,9 @@ impl SmcStream {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(s) = &self.smc {
+            return s.conn.poll_write_vectored(cx, bufs);
+        }
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
             match self.tcp.try_write_vectored(bufs) {
@@ -199,6 +288,9 @@ impl SmcStream {
     }
 
     pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
+        if let Some(s) = &self.smc {
+            return s.conn.shutdown();
+        }
         match socket2::SockRef::from(&self.tcp).shutdown(Shutdown::Write) {
             // Shutting down a connection the peer already reset is not an error for the caller.
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
@@ -289,6 +381,7 @@ pub struct SmcStreamBuilder {
     policy: Policy,
     handshake_timeout: Duration,
     negative_cache_ttl: Duration,
+    shm: ShmConfig,
 }
 
 impl Default for SmcStreamBuilder {
@@ -306,7 +399,14 @@ impl SmcStreamBuilder {
             policy: Policy::Auto,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             negative_cache_ttl: DEFAULT_NEGATIVE_CACHE_TTL,
+            shm: ShmConfig::default(),
         }
+    }
+
+    /// Shared-memory (SMC-D) settings for this connection's side.
+    pub fn shm(mut self, config: ShmConfig) -> Self {
+        self.shm = config;
+        self
     }
 
     /// What to do when SMC cannot be used.
@@ -377,36 +477,87 @@ impl SmcStreamBuilder {
         }
 
         let mut tcp = TcpStream::connect(addr).await?;
+        let manager = Manager::global();
+        let offer = manager.client_offer(addr, &self.shm);
+        let rmb_size = offer.as_ref().map_or(0, |o| o.1);
+        let token = sys::random_token()?;
         let proposal = Proposal {
-            token: sys::random_token()?,
-            rmb_size: 0,
-            shm: None,
+            token,
+            rmb_size,
+            shm: offer.map(|o| o.0),
             rdma: None,
         };
         let mut hs = ClientHandshake::new(proposal, Instant::now(), self.handshake_timeout)
             .map_err(SmcError::Handshake)?;
+        let mut pending: Option<Arc<SmcConn>> = None;
         let outcome = loop {
             match advance(&mut tcp, &mut hs).await {
-                Ok(Step::Event(ClientEvent::Accepted(accept))) => {
-                    // This client offered no link it could set up, so an Accept can only come
-                    // from a confused or hostile server: decline, and stay on TCP in step.
-                    tracing::debug!(link = ?accept.link, "declining an accept for a transport we did not offer");
-                    hs.decline(DeclineReason::NoCommonTransport);
-                }
+                Ok(Step::Event(ClientEvent::Accepted(accept))) => match &accept.link {
+                    LinkInfo::Shm(info) if rmb_size != 0 => {
+                        let left = hs.poll_timeout().map_or(Duration::ZERO, |d| {
+                            d.saturating_duration_since(Instant::now())
+                        });
+                        match manager
+                            .client_accept(addr, token, info, rmb_size, &self.shm, left)
+                            .await
+                        {
+                            Ok((conn, confirm)) => {
+                                hs.confirm(LinkInfo::Shm(confirm));
+                                pending = Some(conn);
+                            }
+                            Err(reason) => {
+                                tracing::debug!(%reason, "declining the server's shm accept");
+                                hs.decline(reason);
+                            }
+                        }
+                    }
+                    other => {
+                        // A transport this client did not offer: a confused or hostile server.
+                        // Decline, and stay on TCP in step.
+                        tracing::debug!(link = ?other, "declining an accept for a transport we did not offer");
+                        hs.decline(DeclineReason::NoCommonTransport);
+                    }
+                },
                 Ok(Step::Done(o)) => break Ok(o),
                 Err(e) => break Err(e),
             }
         };
+        let smc = pending.take();
+        match outcome {
+            Ok(Outcome::Smc { .. }) if smc.is_some() => {
+                let conn = smc.ok_or_else(|| io::Error::other("no connection"))?;
+                Ok(SmcStream::from_smc(tcp, conn, Transport::SmcD))
+            }
+            other => {
+                if let Some(conn) = smc {
+                    // The Confirm never left: give the slot back.
+                    conn.group().unregister(conn.our_token());
+                }
+                self.finish_fallback(addr, tcp, other).await
+            }
+        }
+    }
+
+    async fn finish_fallback(
+        &self,
+        addr: SocketAddr,
+        tcp: TcpStream,
+        outcome: io::Result<Outcome>,
+    ) -> io::Result<SmcStream> {
         match outcome {
             Ok(Outcome::Fallback { reason, by }) => {
                 tracing::debug!(%reason, ?by, "falling back to tcp");
-                fallback(FallbackReason::Declined { reason, by }, tcp)
+                let reason = FallbackReason::Declined { reason, by };
+                match self.policy {
+                    Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
+                    _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
+                }
             }
             Ok(Outcome::Smc { .. }) => {
-                // Unreachable while the client offers no link (see above); keep the stream
-                // usable by failing loudly rather than pretending.
+                // The machine agreed on a link we have no connection for: cannot happen, since
+                // confirm() is only called with one; fail loudly rather than pretend.
                 Err(io::Error::other(
-                    "handshake agreed on a link this client did not offer",
+                    "handshake agreed on a link without a connection",
                 ))
             }
             Ok(Outcome::Failed(err)) => {

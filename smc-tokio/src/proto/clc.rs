@@ -158,6 +158,9 @@ pub struct ShmOffer {
     /// A random instance id of the client's link-group manager, so a restarted process with a
     /// reused pid is not mistaken for the old one.
     pub instance: u64,
+    /// The id of a live shm link group the client already has with this server, 0 if none: the
+    /// server reuses it, so the connection costs no new shared memory.
+    pub link_group: u64,
 }
 
 /// The client's RDMA offer.
@@ -178,7 +181,9 @@ pub struct RdmaOffer {
 pub struct Proposal {
     /// The connection token.
     pub token: Token,
-    /// Receive buffer size the client would like, 0 for no preference.
+    /// Size of the server's receive buffer for this connection, which the client provides (each
+    /// side writes into buffers in its own shared region and the peer reads them), 0 when the
+    /// client offers no link.
     pub rmb_size: u32,
     /// Shared memory, if offered.
     pub shm: Option<ShmOffer>,
@@ -445,6 +450,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
                             host_id: s.array()?,
                             pid: s.u32()?,
                             instance: s.u64()?,
+                            link_group: s.u64()?,
                         })
                     }
                     SECTION_RDMA if p.rdma.is_none() => {
@@ -679,6 +685,7 @@ impl ClcMessage {
                         b.extend_from_slice(&o.host_id);
                         b.extend_from_slice(&o.pid.to_be_bytes());
                         b.extend_from_slice(&o.instance.to_be_bytes());
+                        b.extend_from_slice(&o.link_group.to_be_bytes());
                     });
                 }
                 if let Some(o) = &p.rdma {
@@ -747,6 +754,7 @@ mod tests {
                     host_id: [2; 16],
                     pid: 1234,
                     instance: u64::MAX,
+                    link_group: 0,
                 }),
                 rdma: Some(RdmaOffer {
                     gid: [3; 16],
@@ -894,6 +902,7 @@ mod tests {
                 host_id: [0; 16],
                 pid: 1,
                 instance: 1,
+                link_group: 0,
             }),
             rdma: None,
         });
@@ -975,13 +984,13 @@ mod tests {
 
         #[test]
         fn proposals_round_trip(token in any::<[u8; 16]>(), rmb in prop_oneof![Just(0u32), 1u32..=RingSize::MAX],
-                                shm in proptest::option::of(any::<([u8; 16], u32, u64)>()),
+                                shm in proptest::option::of(any::<([u8; 16], u32, u64, u64)>()),
                                 rdma in proptest::option::of(any::<([u8; 16], u8, u32)>()), mtu_i in 0usize..5) {
             let mtu = [256u16, 512, 1024, 2048, 4096][mtu_i];
             let m = ClcMessage::Proposal(Proposal {
                 token: Token(token),
                 rmb_size: rmb,
-                shm: shm.map(|(host_id, pid, instance)| ShmOffer { host_id, pid, instance }),
+                shm: shm.map(|(host_id, pid, instance, link_group)| ShmOffer { host_id, pid, instance, link_group }),
                 rdma: rdma.map(|(gid, port, qpn)| RdmaOffer { gid, port, mtu, qpn }),
             });
             let b = m.encode().unwrap();

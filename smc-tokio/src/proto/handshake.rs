@@ -75,6 +75,9 @@ pub enum HandshakeError {
     TokenMismatch,
     /// The peer's Confirm named another transport than the Accept.
     TransportMismatch,
+    /// The peer's Confirm does not match the link the Accept offered (link group, buffer
+    /// size), or the link it names was never set up.
+    ConfirmMismatch,
     /// The deadline passed while the stream was mid-message or an answer was outstanding.
     Timeout,
     /// The peer closed the connection during the handshake.
@@ -92,6 +95,9 @@ impl fmt::Display for HandshakeError {
             HandshakeError::TokenMismatch => f.write_str("handshake token mismatch"),
             HandshakeError::TransportMismatch => {
                 f.write_str("confirm names another transport than the accept")
+            }
+            HandshakeError::ConfirmMismatch => {
+                f.write_str("confirm does not match the accepted link")
             }
             HandshakeError::Timeout => f.write_str("handshake timed out"),
             HandshakeError::Eof => f.write_str("peer closed the connection during the handshake"),
@@ -938,6 +944,7 @@ mod tests {
                 host_id: [0; 16],
                 pid: 1,
                 instance: 2,
+                link_group: 0,
             }),
             rdma: None,
         }));

@@ -8,8 +8,10 @@
 //! - [`handshake`]: the client and server handshake state machines.
 //! - [`cdc`]: the connection data control messages that travel over a link.
 //! - [`cursor`]: ring cursors and their wrap arithmetic.
+//! - [`engine`]: per-connection flow control and CDC decisions.
 
 pub mod cdc;
 pub mod clc;
 pub mod cursor;
+pub mod engine;
 pub mod handshake;

@@ -1,0 +1,95 @@
+//! Links: the backends that move a connection's bytes into the peer's receive buffer (RMB) and
+//! carry CDC messages. The connection engine uses them only through [`Link`], so it does not
+//! know whether it runs over shared memory or RDMA.
+//!
+//! A link belongs to a link group (one per pair of processes for shm, one per pair of RDMA
+//! ports for verbs). RMBs are named by a 32-bit token: the low 16 bits are the slot in the
+//! owner's pool, the high 16 bits a generation that changes each time the slot is reused, so a
+//! stale message can never reach the slot's next connection.
+
+use std::fmt;
+use std::io;
+use std::mem::MaybeUninit;
+use std::task::{Context, Poll};
+
+use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
+
+pub(crate) mod shm;
+
+/// A failure of the link as a whole: every connection of the group is affected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LinkError {
+    /// The peer process went away (its side channel closed).
+    PeerGone,
+    /// The peer broke the link protocol (its control words or region are invalid).
+    Protocol(&'static str),
+    /// A local system call failed.
+    Io(io::ErrorKind, String),
+    /// The link was torn down.
+    Closed,
+}
+
+impl fmt::Display for LinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkError::PeerGone => f.write_str("peer process is gone"),
+            LinkError::Protocol(w) => write!(f, "peer broke the link protocol: {w}"),
+            LinkError::Io(_, e) => write!(f, "link i/o error: {e}"),
+            LinkError::Closed => f.write_str("link group was torn down"),
+        }
+    }
+}
+
+impl std::error::Error for LinkError {}
+
+impl From<io::Error> for LinkError {
+    fn from(e: io::Error) -> Self {
+        LinkError::Io(e.kind(), e.to_string())
+    }
+}
+
+/// The slot index of an RMB token.
+pub(crate) fn token_slot(token: u32) -> u32 {
+    token & 0xFFFF
+}
+
+/// The small interface between the connection engine and a backend.
+///
+/// Writes go into the peer's RMB named by the peer's token; reads come from our RMB named by
+/// our token. Offsets and lengths are ring spans computed by [`crate::proto::engine`], never
+/// wrapping; a backend still checks them against the RMB and refuses what is out of bounds.
+pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
+    /// Size of the RMBs we read from (our receive rings).
+    fn rx_rmb_size(&self) -> u32;
+    /// Copies `data` to offset `offset` of the peer's RMB `rmb`.
+    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
+    /// Copies `dst.len()` bytes at `offset` of our RMB `rmb` into `dst`.
+    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>])
+        -> Result<(), LinkError>;
+    /// Hands a CDC message to the peer. `Ok(false)`: the peer's queue is full; the link asks the
+    /// peer for space and [`poll_event`](Link::poll_event) reports when to retry.
+    fn cdc_send(&self, msg: &CdcMsg) -> Result<bool, LinkError> {
+        self.cdc_send_frame(&msg.encode())
+    }
+    /// Hands an encoded CDC frame to the peer (as [`cdc_send`](Link::cdc_send)).
+    fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError>;
+    /// Takes up to `max` received CDC frames (raw: the caller decodes and validates them).
+    /// Non-blocking; `Ok(0)` when none are waiting. Returns `Ok(None)` when another caller is
+    /// receiving right now (it will dispatch what arrives).
+    fn cdc_recv(
+        &self,
+        out: &mut Vec<[u8; CDC_MSG_LEN]>,
+        max: usize,
+    ) -> Result<Option<usize>, LinkError>;
+    /// Waits for the peer: arms the completion source (doorbell or completion channel) and
+    /// polls it. `Ready(Ok(()))`: something may have arrived, or space may have been freed;
+    /// call [`cdc_recv`](Link::cdc_recv) and retry blocked sends. Errors end the link.
+    fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>>;
+    /// Whether CDC frames are waiting to be received (a cheap check of the peer's counters).
+    fn has_pending(&self) -> bool;
+    /// The busy-poll budget: how long a waiting task may spin on [`has_pending`](Link::has_pending)
+    /// before it sleeps.
+    fn busy_poll(&self) -> std::time::Duration;
+    /// Tears the link down: the peer sees it as gone.
+    fn teardown(&self);
+}

@@ -1,0 +1,711 @@
+//! The shared-memory link (SMC-D): both processes on one host.
+//!
+//! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
+//! writes into; the peer maps it read-only. Two eventfds are the doorbells. A SOCK_SEQPACKET
+//! Unix socket in the abstract namespace (per network namespace) carries the setup (a JOIN that
+//! proves the handshake's token, the region and doorbell descriptors with `SCM_RIGHTS`, the
+//! peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the peer process is
+//! gone.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use super::{token_slot, Link, LinkError};
+#[cfg(test)]
+use crate::proto::cdc::CdcMsg;
+use crate::proto::cdc::CDC_MSG_LEN;
+use crate::proto::clc::Token;
+use crate::sys::{self, Mmap};
+
+pub(crate) mod region;
+
+use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
+
+/// An eventfd doorbell as a [`mio::event::Source`], so tokio's reactor can wait on it.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl mio::event::Source for EventFd {
+    fn register(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        mio::unix::SourceFd(&self.0.as_raw_fd()).register(registry, token, interests)
+    }
+    fn reregister(
+        &mut self,
+        registry: &mio::Registry,
+        token: mio::Token,
+        interests: mio::Interest,
+    ) -> io::Result<()> {
+        mio::unix::SourceFd(&self.0.as_raw_fd()).reregister(registry, token, interests)
+    }
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        mio::unix::SourceFd(&self.0.as_raw_fd()).deregister(registry)
+    }
+}
+
+/// Our half of a link before the peer's half arrives: our sealed region and our doorbell.
+#[derive(Debug)]
+pub(crate) struct ShmLocal {
+    map: Mmap,
+    memfd: OwnedFd,
+    view: RegionView,
+    doorbell: OwnedFd,
+}
+
+impl ShmLocal {
+    /// Creates, maps, initialises and seals a region with `layout`, and a doorbell.
+    pub(crate) fn create(layout: Layout) -> io::Result<ShmLocal> {
+        let memfd = sys::memfd(c"smc-tokio-region", layout.total_len)?;
+        let map = Mmap::map(memfd.as_fd(), layout.total_len, true)?;
+        // SAFETY: the mapping is page aligned, `total_len` bytes long, writable, and is kept
+        // alive by `map`, which lives as long as the view (both are fields of this struct and
+        // later of the link).
+        let view = unsafe { RegionView::new(map.as_ptr(), layout) };
+        view.init_header();
+        // Sealed after our writable mapping exists: it keeps working, but nobody (the peer
+        // included) can make a new writable mapping, shrink it or grow it.
+        sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
+        Ok(ShmLocal {
+            map,
+            memfd,
+            view,
+            doorbell: sys::eventfd()?,
+        })
+    }
+
+    fn fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.memfd.as_fd(), self.doorbell.as_fd()]
+    }
+}
+
+/// An established shm link.
+#[derive(Debug)]
+pub(crate) struct ShmLink {
+    ours: RegionView,
+    peer: RegionView,
+    _ours_map: Mmap,
+    _peer_map: Mmap,
+    doorbell: AsyncFd<EventFd>,
+    peer_doorbell: OwnedFd,
+    side: AsyncFd<OwnedFd>,
+    tx: Mutex<CdcTx>,
+    rx: Mutex<CdcRx>,
+    space_epoch: AtomicU64,
+    waiting_space: AtomicBool,
+    /// The doorbell's readiness was reported and its counter not yet drained.
+    rung_seen: AtomicBool,
+    busy_poll: Duration,
+    closed: AtomicBool,
+}
+
+/// Largest peer region we agree to map: 65536 RMBs of 1 GiB would be absurd; 64 GiB of
+/// address space is far above any configuration this crate creates.
+const MAX_PEER_REGION: u64 = 64 << 30;
+
+impl ShmLink {
+    /// Completes a link from our half and the peer's descriptors. Checks the peer's memfd
+    /// before mapping it: sealed against shrinking and growing (so no access can SIGBUS), large
+    /// enough for the layout its header claims.
+    fn new(
+        local: ShmLocal,
+        peer_memfd: OwnedFd,
+        peer_doorbell: OwnedFd,
+        side: AsyncFd<OwnedFd>,
+        busy_poll: Duration,
+    ) -> Result<ShmLink, LinkError> {
+        let seals = sys::get_seals(peer_memfd.as_fd())
+            .map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
+        let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals & needed != needed {
+            return Err(LinkError::Protocol(
+                "peer region is not sealed against shrink and grow",
+            ));
+        }
+        let len = sys::file_len(peer_memfd.as_fd())?;
+        if !(4096..=MAX_PEER_REGION).contains(&len) {
+            return Err(LinkError::Protocol("peer region size out of range"));
+        }
+        let peer_map = Mmap::map(peer_memfd.as_fd(), len as usize, false)?;
+        // SAFETY: the mapping is at least one page, page aligned and readable.
+        let header = unsafe { RegionView::read_header(peer_map.as_ptr()) };
+        let layout = Layout::parse(header, peer_map.len() as u64)
+            .map_err(|_| LinkError::Protocol("peer region header"))?;
+        // SAFETY: `layout` was validated against the mapping's length; the mapping is kept
+        // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
+        // only ever read through.
+        let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
+        let doorbell = sys::register(EventFd(local.doorbell), Interest::READABLE)?;
+        Ok(ShmLink {
+            ours: local.view,
+            peer,
+            _ours_map: local.map,
+            _peer_map: peer_map,
+            doorbell,
+            peer_doorbell,
+            side,
+            tx: Mutex::new(CdcTx::new()),
+            rx: Mutex::new(CdcRx::new()),
+            space_epoch: AtomicU64::new(0),
+            waiting_space: AtomicBool::new(false),
+            rung_seen: AtomicBool::new(false),
+            busy_poll,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn ring_peer(&self) -> Result<(), LinkError> {
+        sys::eventfd_ring(self.peer_doorbell.as_fd()).map_err(LinkError::from)
+    }
+
+    fn has_work(&self) -> Result<bool, LinkError> {
+        let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if rx
+            .pending(&self.peer)
+            .map_err(|e| LinkError::Protocol(e.0))?
+            > 0
+        {
+            return Ok(true);
+        }
+        drop(rx);
+        if self.waiting_space.load(Ordering::Relaxed) {
+            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            return Ok(tx
+                .space(&self.ours, &self.peer)
+                .map_err(|e| LinkError::Protocol(e.0))?
+                > 0);
+        }
+        Ok(false)
+    }
+
+    fn poll_side(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        loop {
+            let mut guard = match self.side.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            };
+            let mut buf = [0u8; 64];
+            match sys::recv_with_fds(self.side.get_ref().as_fd(), &mut buf) {
+                Ok((0, _)) => return Poll::Ready(Err(LinkError::PeerGone)),
+                Ok(_) => {
+                    return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message")))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(_) => return Poll::Ready(Err(LinkError::PeerGone)),
+            }
+        }
+    }
+}
+
+impl Link for ShmLink {
+    fn rx_rmb_size(&self) -> u32 {
+        self.peer.layout().rmb_size.get()
+    }
+
+    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
+        let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
+        let p = self
+            .ours
+            .rmb_ptr(token_slot(rmb), offset, len)
+            .ok_or(LinkError::Protocol("write span"))?;
+        // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our writable mapping;
+        // `data` cannot overlap it (it is application memory). Only the connection owning this
+        // RMB writes it, under its lock; the peer only reads.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn rmb_read(
+        &self,
+        rmb: u32,
+        offset: u32,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<(), LinkError> {
+        let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
+        let p = self
+            .peer
+            .rmb_ptr(token_slot(rmb), offset, len)
+            .ok_or(LinkError::Protocol("read span"))?;
+        // SAFETY: the span was bounds-checked against the peer's validated layout and lies in
+        // our read-only mapping of its region; `dst` is application memory of the same length.
+        // The bytes are untrusted data: a peer that changes them while we copy only changes
+        // what it sends itself.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+        Ok(())
+    }
+
+    fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(LinkError::Closed);
+        }
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match tx
+                .push(&self.ours, &self.peer, frame)
+                .map_err(|e| LinkError::Protocol(e.0))?
+            {
+                Push::Sent { ring } => {
+                    if self.waiting_space.swap(false, Ordering::Relaxed) {
+                        clear_want_space(&self.ours);
+                    }
+                    drop(tx);
+                    if ring {
+                        self.ring_peer()?;
+                    }
+                    return Ok(true);
+                }
+                Push::Full => {
+                    let epoch = self.space_epoch.fetch_add(1, Ordering::Relaxed) + 1;
+                    self.waiting_space.store(true, Ordering::Relaxed);
+                    if want_space(&tx, epoch, &self.ours, &self.peer)
+                        .map_err(|e| LinkError::Protocol(e.0))?
+                    {
+                        return Ok(false);
+                    }
+                    // Space appeared while we asked: try again.
+                }
+            }
+        }
+    }
+
+    fn cdc_recv(
+        &self,
+        out: &mut Vec<[u8; CDC_MSG_LEN]>,
+        max: usize,
+    ) -> Result<Option<usize>, LinkError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let before = out.len();
+        let ring = rx
+            .pop(&self.ours, &self.peer, max, out)
+            .map_err(|e| LinkError::Protocol(e.0))?;
+        drop(rx);
+        if ring {
+            self.ring_peer()?;
+        }
+        Ok(Some(out.len() - before))
+    }
+
+    fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(LinkError::Closed));
+        }
+        if let Poll::Ready(r) = self.poll_side(cx) {
+            return Poll::Ready(r.and(Err(LinkError::PeerGone)));
+        }
+        loop {
+            match self.doorbell.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    if !self.rung_seen.swap(true, Ordering::Relaxed) {
+                        // First sight of this ring: report it at once. The counter is drained on
+                        // the next call, after the woken connections had their turn, which keeps
+                        // that system call off the round trip.
+                        self.rx
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .disarm(&self.ours);
+                        return Poll::Ready(Ok(()));
+                    }
+                    match sys::eventfd_drain(self.doorbell.get_ref().0.as_fd()) {
+                        // Clearing after a successful drain is safe: tokio only clears the
+                        // readiness it reported, so a ring that raced with the drain survives.
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Poll::Ready(Err(e.into())),
+                    }
+                    g.clear_ready();
+                    self.rung_seen.store(false, Ordering::Relaxed);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => break,
+            }
+        }
+        if self.has_work()? {
+            return Poll::Ready(Ok(()));
+        }
+        if !self.busy_poll.is_zero() {
+            // Spin on the peer's counters before paying for a doorbell and a wake-up.
+            let until = Instant::now() + self.busy_poll;
+            while Instant::now() < until {
+                if self.has_work()? {
+                    return Poll::Ready(Ok(()));
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if !rx
+            .arm(&self.ours, &self.peer)
+            .map_err(|e| LinkError::Protocol(e.0))?
+        {
+            return Poll::Ready(Ok(()));
+        }
+        drop(rx);
+        // Space freed between our last look and arming: the peer rang only if it saw our
+        // want_space, which was set before we looked, so re-check once more.
+        if self.waiting_space.load(Ordering::Relaxed) && self.has_work()? {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    }
+
+    fn has_pending(&self) -> bool {
+        // A racy read of our own consumer count is enough for a hint; cdc_recv validates.
+        self.rx
+            .try_lock()
+            .map(|rx| rx.pending(&self.peer).unwrap_or(1) > 0)
+            .unwrap_or(true)
+    }
+
+    fn busy_poll(&self) -> Duration {
+        self.busy_poll
+    }
+
+    fn teardown(&self) {
+        if !self.closed.swap(true, Ordering::Relaxed) {
+            // SAFETY: plain syscall on a descriptor we own; the peer sees EOF.
+            unsafe { libc::shutdown(self.side.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+impl Drop for ShmLink {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Side channel: JOIN (client to server) and WELCOME (server to client), 64 bytes each.
+
+const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
+const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
+const SIDE_VERSION: u32 = 1;
+const SIDE_MSG_LEN: usize = 64;
+
+/// A client's request to join a pending link group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Join {
+    pub(crate) link_group: u64,
+    pub(crate) token: Token,
+}
+
+impl Join {
+    fn encode(&self) -> [u8; SIDE_MSG_LEN] {
+        let mut b = [0u8; SIDE_MSG_LEN];
+        b[..8].copy_from_slice(&JOIN_MAGIC);
+        b[8..12].copy_from_slice(&SIDE_VERSION.to_be_bytes());
+        b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
+        b[24..40].copy_from_slice(&self.token.0);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Join> {
+        if b.len() != SIDE_MSG_LEN || b[..8] != JOIN_MAGIC || b[8..12] != SIDE_VERSION.to_be_bytes()
+        {
+            return None;
+        }
+        let mut token = [0u8; 16];
+        token.copy_from_slice(&b[24..40]);
+        Some(Join {
+            link_group: u64::from_be_bytes(b[16..24].try_into().ok()?),
+            token: Token(token),
+        })
+    }
+}
+
+/// Why a JOIN was refused; sent back in the WELCOME's status field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum JoinRefused {
+    /// No pending link group with that id, or the token is not one of its handshakes'.
+    UnknownGroup = 1,
+    /// The peer's uid is not allowed.
+    Credentials = 2,
+    /// The peer's region or doorbell was unusable.
+    BadRegion = 3,
+}
+
+fn welcome(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
+    let mut b = [0u8; SIDE_MSG_LEN];
+    b[..8].copy_from_slice(&WELCOME_MAGIC);
+    b[8..12].copy_from_slice(&SIDE_VERSION.to_be_bytes());
+    b[12..16].copy_from_slice(&status.to_be_bytes());
+    b[16..24].copy_from_slice(&link_group.to_be_bytes());
+    b
+}
+
+/// Why joining failed, for the client's decline reason.
+#[derive(Debug)]
+pub(crate) enum JoinError {
+    /// The server's side channel cannot be reached: another host or network namespace.
+    Unreachable(io::Error),
+    /// The server refused, or the exchange broke.
+    Refused(String),
+    /// The exchange took too long.
+    Timeout,
+}
+
+impl std::fmt::Display for JoinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JoinError::Unreachable(e) => write!(f, "server side channel unreachable: {e}"),
+            JoinError::Refused(w) => write!(f, "link group join refused: {w}"),
+            JoinError::Timeout => f.write_str("link group join timed out"),
+        }
+    }
+}
+
+async fn send_msg(sock: &AsyncFd<OwnedFd>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    loop {
+        let mut g = sock.writable().await?;
+        match g.try_io(|s| sys::send_with_fds(s.get_ref().as_fd(), msg, fds)) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+async fn recv_msg(sock: &AsyncFd<OwnedFd>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    loop {
+        let mut g = sock.readable().await?;
+        let mut buf = [0u8; SIDE_MSG_LEN + 1];
+        match g.try_io(|s| sys::recv_with_fds(s.get_ref().as_fd(), &mut buf)) {
+            Ok(Ok((n, fds))) => return Ok((buf[..n].to_vec(), fds)),
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Client side: joins the server's pending link group `link_group` over the side channel
+/// `name`, proving `token`, and completes the link.
+pub(crate) async fn join(
+    name: &[u8],
+    join: Join,
+    local: ShmLocal,
+    busy_poll: Duration,
+    timeout: Duration,
+) -> Result<ShmLink, JoinError> {
+    let fd = sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?;
+    let sock = sys::register(fd, Interest::READABLE | Interest::WRITABLE)
+        .map_err(|e| JoinError::Refused(e.to_string()))?;
+    let exchange = async {
+        send_msg(&sock, &join.encode(), &local.fds())
+            .await
+            .map_err(|e| JoinError::Refused(e.to_string()))?;
+        let (msg, mut fds) = recv_msg(&sock)
+            .await
+            .map_err(|e| JoinError::Refused(e.to_string()))?;
+        if msg.len() != SIDE_MSG_LEN
+            || msg[..8] != WELCOME_MAGIC
+            || msg[8..12] != SIDE_VERSION.to_be_bytes()
+        {
+            return Err(JoinError::Refused("malformed welcome".into()));
+        }
+        let status = u32::from_be_bytes([msg[12], msg[13], msg[14], msg[15]]);
+        if status != 0 {
+            return Err(JoinError::Refused(format!(
+                "server refused with status {status}"
+            )));
+        }
+        if msg[16..24] != join.link_group.to_be_bytes() || fds.len() != 2 {
+            return Err(JoinError::Refused("welcome for another group".into()));
+        }
+        let peer_doorbell = fds
+            .pop()
+            .ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
+        let peer_memfd = fds
+            .pop()
+            .ok_or_else(|| JoinError::Refused("no region".into()))?;
+        Ok((peer_memfd, peer_doorbell))
+    };
+    let (peer_memfd, peer_doorbell) = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| JoinError::Timeout)??;
+    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll)
+        .map_err(|e| JoinError::Refused(e.to_string()))
+}
+
+/// What the server decides about a JOIN.
+pub(crate) struct Admission {
+    pub(crate) local: ShmLocal,
+    pub(crate) busy_poll: Duration,
+}
+
+/// Server side: serves one side-channel connection: reads the JOIN, asks `admit` (which checks
+/// the group, the token and the peer's credentials and hands over our half), answers, and
+/// completes the link.
+pub(crate) async fn accept_join(
+    fd: OwnedFd,
+    timeout: Duration,
+    admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
+) -> Result<(u64, ShmLink), String> {
+    let sock =
+        sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| e.to_string())?;
+    let work = async {
+        let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
+        let join = Join::decode(&msg).ok_or("malformed join")?;
+        let cred = sys::peer_cred(sock.get_ref().as_fd()).map_err(|e| e.to_string())?;
+        let refuse = |why: JoinRefused| welcome(join.link_group, why as u32);
+        if fds.len() != 2 {
+            let _ = send_msg(&sock, &refuse(JoinRefused::BadRegion), &[]).await;
+            return Err("join without region and doorbell".to_string());
+        }
+        let admission = match admit(join, cred) {
+            Ok(a) => a,
+            Err(why) => {
+                let _ = send_msg(&sock, &refuse(why), &[]).await;
+                return Err(format!("join refused: {why:?}"));
+            }
+        };
+        let peer_doorbell = fds.pop().ok_or("no doorbell")?;
+        let peer_memfd = fds.pop().ok_or("no region")?;
+        send_msg(&sock, &welcome(join.link_group, 0), &admission.local.fds())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((join.link_group, admission, peer_memfd, peer_doorbell))
+    };
+    let (id, admission, peer_memfd, peer_doorbell) = tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| "join timed out".to_string())??;
+    let link = ShmLink::new(
+        admission.local,
+        peer_memfd,
+        peer_doorbell,
+        sock,
+        admission.busy_poll,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((id, link))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_codec() {
+        let j = Join {
+            link_group: 0x1122_3344_5566_7788,
+            token: Token([9; 16]),
+        };
+        assert_eq!(Join::decode(&j.encode()), Some(j));
+        let mut b = j.encode();
+        b[0] = b'X';
+        assert_eq!(Join::decode(&b), None);
+        assert_eq!(Join::decode(&b[..10]), None);
+    }
+
+    #[tokio::test]
+    async fn link_pair_over_a_real_side_channel() {
+        let name = format!("smc-tokio-test-{}", std::process::id()).into_bytes();
+        let listener = sys::seqpacket_listen(&name).unwrap();
+        let layout = Layout::new(8, 4, 4096).unwrap();
+        let token = Token([3; 16]);
+        let server = tokio::spawn(async move {
+            let l = sys::register(listener, Interest::READABLE).unwrap();
+            let fd = loop {
+                let mut g = l.readable().await.unwrap();
+                if let Ok(r) = g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
+                    break r.unwrap();
+                }
+            };
+            accept_join(fd, Duration::from_secs(5), |j, cred| {
+                assert_eq!(j.token, Token([3; 16]));
+                assert_eq!(cred.pid as u32, std::process::id());
+                Ok(Admission {
+                    local: ShmLocal::create(layout).unwrap(),
+                    busy_poll: Duration::ZERO,
+                })
+            })
+            .await
+            .unwrap()
+        });
+        let client = join(
+            &name,
+            Join {
+                link_group: 7,
+                token,
+            },
+            ShmLocal::create(layout).unwrap(),
+            Duration::ZERO,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let (id, server) = server.await.unwrap();
+        assert_eq!(id, 7);
+
+        // Data and a CDC from client to server.
+        client.rmb_write(2, 100, b"hello").unwrap();
+        let mut m = CdcMsg::new(1, 2);
+        m.prod = crate::proto::cursor::Cursor::new(0, 105);
+        assert!(client.cdc_send(&m).unwrap());
+        let mut frames = Vec::new();
+        assert_eq!(server.cdc_recv(&mut frames, 10).unwrap(), Some(1));
+        assert_eq!(CdcMsg::decode(&frames[0]).unwrap(), m);
+        let mut buf = [MaybeUninit::new(0u8); 5];
+        server.rmb_read(2, 100, &mut buf).unwrap();
+        // SAFETY: rmb_read initialised all 5 bytes.
+        let got: [u8; 5] = unsafe { std::mem::transmute(buf) };
+        assert_eq!(&got, b"hello");
+        // Out-of-bounds spans are refused.
+        assert!(server
+            .rmb_read(4, 0, &mut [MaybeUninit::new(0u8); 1])
+            .is_err());
+        assert!(client.rmb_write(0, 4095, b"ab").is_err());
+
+        // The server sleeps; a CDC from the client wakes it through the doorbell.
+        let waiter = tokio::spawn(async move {
+            std::future::poll_fn(|cx| server.poll_event(cx))
+                .await
+                .unwrap();
+            let mut frames = Vec::new();
+            server.cdc_recv(&mut frames, 10).unwrap();
+            (server, frames.len())
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut m2 = m;
+        m2.seq = 2;
+        client.cdc_send(&m2).unwrap();
+        let (server, n) = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, 1);
+
+        // Client gone: the server's link reports it.
+        drop(client);
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| server.poll_event(cx)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r, Err(LinkError::PeerGone));
+    }
+}

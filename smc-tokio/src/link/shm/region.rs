@@ -1,0 +1,595 @@
+//! The layout of one side's shared region, and the CDC ring inside it.
+//!
+//! Each side of a shm link group creates one memfd and is its only writer: it maps it
+//! read-write, seals it (no shrink, no grow, no new writable mapping) and sends it to the peer,
+//! which can only map it read-only. So the peer can never write into our memory; everything we
+//! read from the peer's region is still untrusted input, read once, validated, then used.
+//!
+//! ```text
+//! 0      header line (immutable once sent): magic, version, cdc_slots, rmb_count, rmb_size,
+//!        rmb_offset, total_len
+//! 64     cdc_prod   u64  CDC frames this side has published in its ring            (Release)
+//! 128    cdc_cons   u64  the peer's CDC frames this side has consumed               (Release)
+//! 192    armed      u64  non-zero epoch while this side sleeps and wants a doorbell (SeqCst)
+//! 256    want_space u64  non-zero epoch while this side waits for CDC ring space   (SeqCst)
+//! 4096   CDC ring: cdc_slots frames of 64 bytes, written by this side
+//! ...    RMBs (page aligned): rmb_count rings of rmb_size bytes, written by this side; each is
+//!        the receive buffer of one connection on the peer's side
+//! ```
+//!
+//! Memory ordering, for each shared atomic:
+//! - `cdc_prod`: the writer fills a frame, then stores `cdc_prod` with Release; the reader loads
+//!   it with Acquire before reading frames, so it sees whole frames (and the RMB bytes the
+//!   frames announce, written before them).
+//! - `cdc_cons`: the reader stores with Release after copying frames out; the writer loads with
+//!   Acquire before reusing those slots, so it never overwrites a frame being read.
+//! - `armed` / `want_space` against `cdc_prod` / `cdc_cons`: a Dekker pattern. The sleeper stores
+//!   its flag, issues a SeqCst fence, then re-checks the other side's counter; the other side
+//!   stores its counter, issues a SeqCst fence, then loads the flag. At least one of them sees
+//!   the other's store, so a doorbell is never lost.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use crate::proto::cdc::CDC_MSG_LEN;
+use crate::proto::cursor::RingSize;
+
+/// "SMCTSHM1", the header's magic.
+const MAGIC: u64 = u64::from_be_bytes(*b"SMCTSHM1");
+/// Region layout version.
+const VERSION: u64 = 1;
+/// The header and control lines fill the first page.
+const CDC_RING_OFFSET: usize = 4096;
+/// Page size used for alignment of the RMB area (x86-64 and most aarch64 kernels).
+const PAGE: usize = 4096;
+
+const OFF_CDC_PROD: usize = 64;
+const OFF_CDC_CONS: usize = 128;
+const OFF_ARMED: usize = 192;
+const OFF_WANT_SPACE: usize = 256;
+
+/// Why a peer's region was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RegionError {
+    /// The header does not describe a region of this version.
+    BadHeader(&'static str),
+    /// The memfd is smaller than its header claims.
+    TooSmall,
+}
+
+impl std::fmt::Display for RegionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegionError::BadHeader(w) => write!(f, "peer region header is invalid: {w}"),
+            RegionError::TooSmall => f.write_str("peer region is smaller than its header says"),
+        }
+    }
+}
+
+impl std::error::Error for RegionError {}
+
+/// A validated region layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) cdc_slots: u32,
+    pub(crate) rmb_count: u32,
+    pub(crate) rmb_size: RingSize,
+    pub(crate) rmb_offset: usize,
+    pub(crate) total_len: usize,
+}
+
+/// Most RMBs one region holds: slot indices travel as 16 bits in connection tokens.
+pub(crate) const MAX_RMBS: u32 = 1 << 16;
+/// Most CDC slots: 64 Ki frames (4 MiB), far more than any sane configuration.
+const MAX_CDC_SLOTS: u32 = 1 << 16;
+
+impl Layout {
+    /// The layout for a new region, or `None` if a parameter is out of range.
+    pub(crate) fn new(cdc_slots: u32, rmb_count: u32, rmb_size: u32) -> Option<Layout> {
+        if !cdc_slots.is_power_of_two()
+            || cdc_slots > MAX_CDC_SLOTS
+            || rmb_count == 0
+            || rmb_count > MAX_RMBS
+        {
+            return None;
+        }
+        let rmb_size = RingSize::new(rmb_size)?;
+        let cdc_end = CDC_RING_OFFSET + cdc_slots as usize * CDC_MSG_LEN;
+        let rmb_offset = cdc_end.div_ceil(PAGE) * PAGE;
+        let total_len =
+            rmb_offset.checked_add((rmb_count as usize).checked_mul(rmb_size.get() as usize)?)?;
+        Some(Layout {
+            cdc_slots,
+            rmb_count,
+            rmb_size,
+            rmb_offset,
+            total_len,
+        })
+    }
+
+    fn encode_header(&self) -> [u64; 8] {
+        [
+            MAGIC,
+            VERSION,
+            u64::from(self.cdc_slots),
+            u64::from(self.rmb_count),
+            u64::from(self.rmb_size.get()),
+            self.rmb_offset as u64,
+            self.total_len as u64,
+            0,
+        ]
+    }
+
+    /// Parses and validates a peer's header against the real size of its memfd: every offset
+    /// the layout implies must lie inside the mapping.
+    pub(crate) fn parse(h: [u64; 8], actual_len: u64) -> Result<Layout, RegionError> {
+        if h[0] != MAGIC {
+            return Err(RegionError::BadHeader("magic"));
+        }
+        if h[1] != VERSION {
+            return Err(RegionError::BadHeader("version"));
+        }
+        let narrow = |v: u64, what| u32::try_from(v).map_err(|_| RegionError::BadHeader(what));
+        let l = Layout::new(
+            narrow(h[2], "cdc slots")?,
+            narrow(h[3], "rmb count")?,
+            narrow(h[4], "rmb size")?,
+        )
+        .ok_or(RegionError::BadHeader("parameters"))?;
+        if h[5] != l.rmb_offset as u64 || h[6] != l.total_len as u64 {
+            return Err(RegionError::BadHeader("offsets"));
+        }
+        if actual_len < l.total_len as u64 {
+            return Err(RegionError::TooSmall);
+        }
+        Ok(l)
+    }
+}
+
+/// A view of a region in memory: ours (writable) or the peer's (read-only). It does not own the
+/// memory; the link keeps the mapping alive for as long as the view exists.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegionView {
+    base: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: the view is a pointer into a shared mapping; all concurrent access goes through
+// atomics or is copy-in/copy-out of bytes whose publication the atomics order.
+unsafe impl Send for RegionView {}
+// SAFETY: as above.
+unsafe impl Sync for RegionView {}
+
+impl RegionView {
+    /// A view of `len` bytes at `base`, which must stay mapped, 64-byte aligned, for the
+    /// view's life, and hold at least `layout.total_len` bytes.
+    ///
+    /// # Safety
+    /// `base` must point to at least `layout.total_len` bytes, aligned to 64, readable (and
+    /// writable if the view is used to write) for as long as the view is used.
+    pub(crate) unsafe fn new(base: *mut u8, layout: Layout) -> RegionView {
+        RegionView { base, layout }
+    }
+
+    /// Writes the header of a fresh region of ours.
+    pub(crate) fn init_header(&self) {
+        for (i, w) in self.layout.encode_header().iter().enumerate() {
+            self.atomic(i * 8).store(*w, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads a peer region's header (to be checked with [`Layout::parse`]).
+    ///
+    /// # Safety
+    /// `base` must point to at least 64 readable bytes aligned to 8.
+    pub(crate) unsafe fn read_header(base: *const u8) -> [u64; 8] {
+        let mut h = [0u64; 8];
+        for (i, w) in h.iter_mut().enumerate() {
+            // SAFETY: in bounds and aligned per the caller's contract; atomics because the peer
+            // owns that memory and could write it concurrently.
+            *w = unsafe { &*base.add(i * 8).cast::<AtomicU64>() }.load(Ordering::Relaxed);
+        }
+        h
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    fn atomic(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= CDC_RING_OFFSET);
+        // SAFETY: `off` is one of the fixed control offsets inside the first page, 8-aligned;
+        // the mapping is at least one page and lives as long as the view (constructor contract).
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    pub(crate) fn cdc_prod(&self) -> &AtomicU64 {
+        self.atomic(OFF_CDC_PROD)
+    }
+    pub(crate) fn cdc_cons(&self) -> &AtomicU64 {
+        self.atomic(OFF_CDC_CONS)
+    }
+    pub(crate) fn armed(&self) -> &AtomicU64 {
+        self.atomic(OFF_ARMED)
+    }
+    pub(crate) fn want_space(&self) -> &AtomicU64 {
+        self.atomic(OFF_WANT_SPACE)
+    }
+
+    fn frame_ptr(&self, index: u64) -> *mut u8 {
+        let slot = (index % u64::from(self.layout.cdc_slots)) as usize;
+        // SAFETY: slot < cdc_slots, so the frame lies inside the CDC ring, which the layout
+        // places inside the mapping.
+        unsafe { self.base.add(CDC_RING_OFFSET + slot * CDC_MSG_LEN) }
+    }
+
+    /// Writes frame number `index` of our ring.
+    pub(crate) fn write_frame(&self, index: u64, frame: &[u8; CDC_MSG_LEN]) {
+        let p = self.frame_ptr(index);
+        for (i, chunk) in frame.chunks_exact(8).enumerate() {
+            let w = u64::from_ne_bytes(chunk.try_into().unwrap_or_default());
+            // SAFETY: frames are 64-byte aligned inside the mapping; word i is in bounds.
+            unsafe { &*p.add(i * 8).cast::<AtomicU64>() }.store(w, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads frame number `index` of the peer's ring, word by word with atomic loads (the peer
+    /// may be scribbling on it; we only ever get some 64 bytes, never undefined behaviour).
+    pub(crate) fn read_frame(&self, index: u64) -> [u8; CDC_MSG_LEN] {
+        let p = self.frame_ptr(index);
+        let mut out = [0u8; CDC_MSG_LEN];
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: as in write_frame.
+            let w = unsafe { &*p.add(i * 8).cast::<AtomicU64>() }.load(Ordering::Relaxed);
+            chunk.copy_from_slice(&w.to_ne_bytes());
+        }
+        out
+    }
+
+    /// A pointer to byte `offset` of RMB `slot`, valid for `len` bytes, or `None` when the span
+    /// is outside that RMB.
+    pub(crate) fn rmb_ptr(&self, slot: u32, offset: u32, len: u32) -> Option<*mut u8> {
+        if slot >= self.layout.rmb_count
+            || u64::from(offset) + u64::from(len) > u64::from(self.layout.rmb_size.get())
+        {
+            return None;
+        }
+        let at = self.layout.rmb_offset
+            + slot as usize * self.layout.rmb_size.get() as usize
+            + offset as usize;
+        // SAFETY: slot < rmb_count and offset + len <= rmb_size, so the span lies inside the
+        // RMB area, which the layout places inside the mapping.
+        Some(unsafe { self.base.add(at) })
+    }
+}
+
+/// Our side of the CDC traffic: the frames we publish in our ring.
+#[derive(Debug)]
+pub(crate) struct CdcTx {
+    /// Frames published (the local truth; the shared `cdc_prod` mirrors it).
+    prod: u64,
+    /// The peer's `armed` epoch we last rang for, so one sleep costs one doorbell.
+    rung_epoch: u64,
+}
+
+/// The result of [`CdcTx::push`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Published; ring the peer's doorbell if `ring` is set.
+    Sent { ring: bool },
+    /// The peer has not consumed enough of our ring: wait for space.
+    Full,
+}
+
+/// A protocol violation found in the peer's control words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ControlError(pub(crate) &'static str);
+
+impl CdcTx {
+    pub(crate) fn new() -> Self {
+        CdcTx {
+            prod: 0,
+            rung_epoch: 0,
+        }
+    }
+
+    /// Frames the peer has not consumed yet, per its (validated) `cdc_cons`.
+    fn in_flight(&self, peer: &RegionView) -> Result<u64, ControlError> {
+        let cons = peer.cdc_cons().load(Ordering::Acquire);
+        if cons > self.prod {
+            return Err(ControlError("peer consumed CDC frames we never sent"));
+        }
+        Ok(self.prod - cons)
+    }
+
+    /// Publishes one frame in `ours` unless the ring is full.
+    pub(crate) fn push(
+        &mut self,
+        ours: &RegionView,
+        peer: &RegionView,
+        frame: &[u8; CDC_MSG_LEN],
+    ) -> Result<Push, ControlError> {
+        if self.in_flight(peer)? >= u64::from(ours.layout.cdc_slots) {
+            return Ok(Push::Full);
+        }
+        ours.write_frame(self.prod, frame);
+        self.prod += 1;
+        ours.cdc_prod().store(self.prod, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let epoch = peer.armed().load(Ordering::Relaxed);
+        let ring = epoch != 0 && epoch != self.rung_epoch;
+        if ring {
+            self.rung_epoch = epoch;
+        }
+        Ok(Push::Sent { ring })
+    }
+
+    /// Free frame slots now.
+    pub(crate) fn space(&self, ours: &RegionView, peer: &RegionView) -> Result<u64, ControlError> {
+        Ok(u64::from(ours.layout.cdc_slots).saturating_sub(self.in_flight(peer)?))
+    }
+}
+
+/// Our side of the peer's CDC traffic: how far we have read the peer's ring.
+#[derive(Debug)]
+pub(crate) struct CdcRx {
+    cons: u64,
+    /// Our `armed` epoch counter.
+    epoch: u64,
+    /// The peer's `want_space` epoch we last rang for.
+    space_epoch: u64,
+}
+
+impl CdcRx {
+    pub(crate) fn new() -> Self {
+        CdcRx {
+            cons: 0,
+            epoch: 0,
+            space_epoch: 0,
+        }
+    }
+
+    /// Frames waiting in the peer's ring, validated: the peer may not claim more than a whole
+    /// ring of unread frames, nor take back frames it published.
+    pub(crate) fn pending(&self, peer: &RegionView) -> Result<u64, ControlError> {
+        let prod = peer.cdc_prod().load(Ordering::Acquire);
+        if prod < self.cons {
+            return Err(ControlError("peer CDC producer count went backwards"));
+        }
+        if prod - self.cons > u64::from(peer.layout.cdc_slots) {
+            return Err(ControlError(
+                "peer CDC producer count is more than a ring ahead",
+            ));
+        }
+        Ok(prod - self.cons)
+    }
+
+    /// Copies out up to `max` frames (validated count), then publishes our consumer count.
+    /// Returns the frames and whether the peer waits for space (ring its doorbell then).
+    pub(crate) fn pop(
+        &mut self,
+        ours: &RegionView,
+        peer: &RegionView,
+        max: usize,
+        out: &mut Vec<[u8; CDC_MSG_LEN]>,
+    ) -> Result<bool, ControlError> {
+        let n = self.pending(peer)?.min(max as u64);
+        for i in 0..n {
+            out.push(peer.read_frame(self.cons + i));
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        self.cons += n;
+        ours.cdc_cons().store(self.cons, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let want = peer.want_space().load(Ordering::Relaxed);
+        let ring = want != 0 && want != self.space_epoch;
+        if ring {
+            self.space_epoch = want;
+        }
+        Ok(ring)
+    }
+
+    /// Arms our doorbell before sleeping. Returns `false` (and disarms) when frames arrived in
+    /// the meantime, so the caller must not sleep.
+    pub(crate) fn arm(
+        &mut self,
+        ours: &RegionView,
+        peer: &RegionView,
+    ) -> Result<bool, ControlError> {
+        self.epoch += 1;
+        ours.armed().store(self.epoch, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if self.pending(peer)? > 0 {
+            ours.armed().store(0, Ordering::SeqCst);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Disarms after waking.
+    pub(crate) fn disarm(&self, ours: &RegionView) {
+        ours.armed().store(0, Ordering::Relaxed);
+    }
+}
+
+/// Asks the peer for CDC ring space: sets `want_space`, then re-checks. Returns `true` when
+/// the caller must wait for a doorbell (the peer will ring once it consumed), `false` when space
+/// appeared meanwhile.
+pub(crate) fn want_space(
+    tx: &CdcTx,
+    epoch: u64,
+    ours: &RegionView,
+    peer: &RegionView,
+) -> Result<bool, ControlError> {
+    ours.want_space().store(epoch, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    if tx.space(ours, peer)? > 0 {
+        ours.want_space().store(0, Ordering::Relaxed);
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Clears `want_space`.
+pub(crate) fn clear_want_space(ours: &RegionView) {
+    ours.want_space().store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A region on plain, 64-byte aligned heap memory: the ring code runs without shared memory
+    /// (and so under Miri).
+    struct Plain {
+        buf: Vec<AlignedLine>,
+        layout: Layout,
+    }
+
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy)]
+    struct AlignedLine([u8; 64]);
+
+    impl Plain {
+        fn new(layout: Layout) -> Plain {
+            Plain {
+                buf: vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)],
+                layout,
+            }
+        }
+        fn view(&mut self) -> RegionView {
+            // SAFETY: the buffer is 64-aligned, at least total_len bytes, and outlives the view
+            // within each test.
+            let v = unsafe { RegionView::new(self.buf.as_mut_ptr().cast(), self.layout) };
+            v.init_header();
+            v
+        }
+    }
+
+    fn small() -> Layout {
+        Layout::new(4, 2, 256).unwrap()
+    }
+
+    #[test]
+    fn layout_bounds() {
+        let l = Layout::new(1024, 1024, 65536).unwrap();
+        assert_eq!(l.rmb_offset, 4096 + 65536);
+        assert_eq!(l.total_len, 4096 + 65536 + 1024 * 65536);
+        assert!(
+            Layout::new(3, 1, 1).is_none(),
+            "cdc slots must be a power of two"
+        );
+        assert!(Layout::new(4, 0, 1).is_none());
+        assert!(Layout::new(4, MAX_RMBS + 1, 1).is_none());
+        assert!(Layout::new(4, 1, 0).is_none());
+    }
+
+    #[test]
+    fn header_round_trip_and_validation() {
+        let mut p = Plain::new(small());
+        let v = p.view();
+        // SAFETY: the plain buffer holds the header.
+        let h = unsafe { RegionView::read_header(p.buf.as_ptr().cast()) };
+        assert_eq!(Layout::parse(h, v.layout().total_len as u64), Ok(small()));
+        assert_eq!(
+            Layout::parse(h, v.layout().total_len as u64 - 1),
+            Err(RegionError::TooSmall)
+        );
+        let mut bad = h;
+        bad[0] = 0;
+        assert!(Layout::parse(bad, u64::MAX).is_err());
+        let mut bad = h;
+        bad[4] = u64::MAX;
+        assert!(Layout::parse(bad, u64::MAX).is_err());
+        let mut bad = h;
+        bad[5] += 1;
+        assert_eq!(
+            Layout::parse(bad, u64::MAX),
+            Err(RegionError::BadHeader("offsets"))
+        );
+        let mut bad = h;
+        bad[2] = 3;
+        assert!(Layout::parse(bad, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn rmb_spans_are_bounded() {
+        let mut p = Plain::new(small());
+        let v = p.view();
+        assert!(v.rmb_ptr(0, 0, 256).is_some());
+        assert!(v.rmb_ptr(1, 255, 1).is_some());
+        assert!(v.rmb_ptr(1, 255, 2).is_none());
+        assert!(v.rmb_ptr(2, 0, 1).is_none());
+        assert!(v.rmb_ptr(0, u32::MAX, u32::MAX).is_none());
+    }
+
+    #[test]
+    fn ring_fills_drains_and_rings_doorbells_once_per_sleep() {
+        let (mut pa, mut pb) = (Plain::new(small()), Plain::new(small()));
+        let (a, b) = (pa.view(), pb.view());
+        let mut tx = CdcTx::new();
+        let mut rx = CdcRx::new();
+        let frame = |i: u8| [i; CDC_MSG_LEN];
+
+        // B sleeps: the first frame rings, the second does not (same epoch).
+        assert!(rx.arm(&b, &a).unwrap());
+        assert_eq!(
+            tx.push(&a, &b, &frame(1)).unwrap(),
+            Push::Sent { ring: true }
+        );
+        assert_eq!(
+            tx.push(&a, &b, &frame(2)).unwrap(),
+            Push::Sent { ring: false }
+        );
+        rx.disarm(&b);
+        assert_eq!(
+            tx.push(&a, &b, &frame(3)).unwrap(),
+            Push::Sent { ring: false }
+        );
+        assert_eq!(
+            tx.push(&a, &b, &frame(4)).unwrap(),
+            Push::Sent { ring: false }
+        );
+        assert_eq!(tx.push(&a, &b, &frame(5)).unwrap(), Push::Full);
+
+        // A asks for space; B's pop answers with a doorbell.
+        assert!(want_space(&tx, 1, &a, &b).unwrap());
+        let mut out = Vec::new();
+        assert!(rx.pop(&b, &a, 2, &mut out).unwrap());
+        assert_eq!(out, vec![frame(1), frame(2)]);
+        clear_want_space(&a);
+        assert_eq!(tx.space(&a, &b).unwrap(), 2);
+        assert_eq!(
+            tx.push(&a, &b, &frame(5)).unwrap(),
+            Push::Sent { ring: false }
+        );
+        out.clear();
+        assert!(!rx.pop(&b, &a, 10, &mut out).unwrap());
+        assert_eq!(out, vec![frame(3), frame(4), frame(5)]);
+        // Arming with frames pending refuses to sleep.
+        tx.push(&a, &b, &frame(6)).unwrap();
+        assert!(!rx.arm(&b, &a).unwrap());
+        assert_eq!(b.armed().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn hostile_counters_are_errors() {
+        let (mut pa, mut pb) = (Plain::new(small()), Plain::new(small()));
+        let (a, b) = (pa.view(), pb.view());
+        let mut rx = CdcRx::new();
+        let mut out = Vec::new();
+        // The peer (a) claims more frames than its ring holds.
+        a.cdc_prod().store(5, Ordering::Relaxed);
+        assert!(rx.pop(&b, &a, 10, &mut out).is_err());
+        a.cdc_prod().store(4, Ordering::Relaxed);
+        rx.pop(&b, &a, 10, &mut out).unwrap();
+        // ... then takes frames back.
+        a.cdc_prod().store(3, Ordering::Relaxed);
+        assert!(rx.pending(&a).is_err());
+        // A peer that claims to have consumed frames we never sent.
+        let mut tx = CdcTx::new();
+        a.cdc_cons().store(1, Ordering::Relaxed);
+        assert!(tx.push(&b, &a, &[0; CDC_MSG_LEN]).is_err());
+    }
+}

@@ -1,0 +1,729 @@
+//! The per-connection engine: producer and consumer cursors, flow control, and the decision of
+//! when to send a CDC message. Sans-IO: it never touches memory or sockets; the driver copies
+//! bytes where the engine says and sends the CDC messages the engine builds.
+//!
+//! Each connection has two rings:
+//! - **tx**: the peer's receive buffer (RMB). We write at `tx_prod`; the peer consumes up to
+//!   `peer_cons`, which it tells us in its CDC messages. Free space is `tx_ring - (tx_prod -
+//!   peer_cons)`: we never write where the peer has not read.
+//! - **rx**: our RMB. The peer writes up to `peer_prod` (from its CDC messages); the
+//!   application consumes up to `rx_cons`, which we tell the peer when enough was freed (a tenth
+//!   of the ring, the kernel's `smc_rmb_wnd_update_limit`), at once when the peer said it is
+//!   `write_blocked`, and with every CDC message we send anyway.
+//!
+//! Everything that arrives from the peer is validated before it changes any state
+//! ([`ConnEngine::on_cdc`]): cursors may only move forward, never past what the other side
+//! allows; sequence numbers must follow each other; a closed direction stays closed.
+
+use std::fmt;
+
+use super::cdc::{CdcFlags, CdcMsg, CDC_INLINE_MAX};
+use super::cursor::{Cursor, CursorError, RingSize};
+
+/// A CDC message or state change from the peer that breaks the protocol. The connection must be
+/// aborted; other connections are not affected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The peer's producer cursor went backwards, beyond the ring, or past unread data.
+    BadProducerCursor(CursorError),
+    /// The peer's consumer cursor went backwards or past what we produced.
+    BadConsumerCursor(CursorError),
+    /// A sequence number that does not follow the last one.
+    BadSequence {
+        /// The sequence number expected.
+        expected: u32,
+        /// The one received.
+        got: u32,
+    },
+    /// The peer produced data after it said it was done writing.
+    DataAfterDone,
+    /// Inline data that does not fit the ring or arrives with other new data.
+    BadInline,
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::BadProducerCursor(e) => write!(f, "peer sent a bad producer cursor: {e}"),
+            EngineError::BadConsumerCursor(e) => write!(f, "peer sent a bad consumer cursor: {e}"),
+            EngineError::BadSequence { expected, got } => {
+                write!(f, "peer sent CDC sequence {got}, expected {expected}")
+            }
+            EngineError::DataAfterDone => f.write_str("peer wrote data after it was done writing"),
+            EngineError::BadInline => f.write_str("peer sent inline data that does not fit"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// What a valid CDC message changed, so the driver knows whom to wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CdcEffect {
+    /// New bytes (or EOF, or an abort) for the reader.
+    pub readable: bool,
+    /// Space freed in the peer's ring (or an abort) for the writer.
+    pub writable: bool,
+}
+
+/// Where inline payload bytes of a received CDC message go: the driver copies them into the rx
+/// ring at these spans (they are the last `len` bytes before the message's producer cursor).
+pub type Spans = [(u32, u32); 2];
+
+/// The state of one SMC connection, both directions.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::engine::ConnEngine;
+/// use smc_tokio::proto::cursor::RingSize;
+///
+/// let ring = RingSize::new(1024).unwrap();
+/// let mut a = ConnEngine::new(1, ring, ring);
+/// let mut b = ConnEngine::new(2, ring, ring);
+///
+/// // A writes 100 bytes into B's ring and tells B.
+/// assert_eq!(a.tx_free(), 1024);
+/// a.tx_commit(100).unwrap();
+/// let msg = a.poll_cdc().unwrap();
+/// a.on_cdc_sent(&msg);
+/// let effect = b.on_cdc(&msg).unwrap();
+/// assert!(effect.readable);
+/// assert_eq!(b.rx_available(), 100);
+/// b.rx_consume(100).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConnEngine {
+    token: u32,
+    tx_ring: RingSize,
+    tx_prod: Cursor,
+    tx_prod_sent: Cursor,
+    peer_cons: Cursor,
+    rx_ring: RingSize,
+    rx_cons: Cursor,
+    rx_cons_sent: Cursor,
+    peer_prod: Cursor,
+    seq_out: u32,
+    seq_in: u32,
+    corked: bool,
+    done_writing: bool,
+    done_writing_sent: bool,
+    closed: bool,
+    closed_sent: bool,
+    aborted: bool,
+    aborted_sent: bool,
+    write_blocked: bool,
+    write_blocked_sent: bool,
+    peer_write_blocked: bool,
+    peer_done_writing: bool,
+    peer_closed: bool,
+    peer_aborted: bool,
+}
+
+impl ConnEngine {
+    /// A connection whose outgoing CDC messages carry `token`, writing into a peer ring of
+    /// `tx_ring` bytes and reading from our ring of `rx_ring` bytes. All cursors start at 0.
+    pub fn new(token: u32, tx_ring: RingSize, rx_ring: RingSize) -> Self {
+        Self {
+            token,
+            tx_ring,
+            tx_prod: Cursor::default(),
+            tx_prod_sent: Cursor::default(),
+            peer_cons: Cursor::default(),
+            rx_ring,
+            rx_cons: Cursor::default(),
+            rx_cons_sent: Cursor::default(),
+            peer_prod: Cursor::default(),
+            seq_out: 0,
+            seq_in: 0,
+            corked: false,
+            done_writing: false,
+            done_writing_sent: false,
+            closed: false,
+            closed_sent: false,
+            aborted: false,
+            aborted_sent: false,
+            write_blocked: false,
+            write_blocked_sent: false,
+            peer_write_blocked: false,
+            peer_done_writing: false,
+            peer_closed: false,
+            peer_aborted: false,
+        }
+    }
+
+    /// The token this side puts in its CDC messages.
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+
+    /// Sets the token for outgoing CDC messages (a server learns it from the Confirm).
+    pub fn set_token(&mut self, token: u32) {
+        self.token = token;
+    }
+
+    // ----- tx -----------------------------------------------------------------------------
+
+    /// Bytes we may write into the peer's ring now.
+    pub fn tx_free(&self) -> u32 {
+        // peer_cons <= tx_prod is an invariant kept by on_cdc, so this cannot fail; 0 is the
+        // safe answer if it ever did.
+        self.tx_ring.free(self.peer_cons, self.tx_prod).unwrap_or(0)
+    }
+
+    /// Where the next `len` bytes go in the peer's ring (`len <= tx_free()`).
+    pub fn tx_spans(&self, len: u32) -> Option<Spans> {
+        if len > self.tx_free() {
+            return None;
+        }
+        self.tx_ring.spans(self.tx_prod, len).ok()
+    }
+
+    /// Records that `len` bytes were copied at [`tx_spans`](Self::tx_spans). They become
+    /// visible to the peer with the next CDC message.
+    pub fn tx_commit(&mut self, len: u32) -> Result<(), CursorError> {
+        if len > self.tx_free() {
+            return Err(CursorError::StepTooLarge {
+                step: len,
+                size: self.tx_free(),
+            });
+        }
+        self.tx_prod = self.tx_prod.advance(self.tx_ring, len)?;
+        if len > 0 {
+            self.write_blocked = false;
+        }
+        Ok(())
+    }
+
+    /// Bytes written but not yet announced to the peer (held by a cork).
+    pub fn tx_unpublished(&self) -> u32 {
+        self.tx_ring
+            .distance(self.tx_prod_sent, self.tx_prod)
+            .unwrap_or(0)
+    }
+
+    /// Bytes the peer has not consumed yet (announced or not).
+    pub fn tx_in_flight(&self) -> u32 {
+        self.tx_ring.used(self.peer_cons, self.tx_prod).unwrap_or(0)
+    }
+
+    /// Whether every byte we wrote has been announced and consumed by the peer: the connection
+    /// is idle in the tx direction.
+    pub fn tx_idle(&self) -> bool {
+        self.tx_prod == self.peer_cons
+    }
+
+    /// Holds back producer-cursor updates while `true` (a cork); releasing it makes the next
+    /// [`poll_cdc`](Self::poll_cdc) announce everything written meanwhile.
+    pub fn set_corked(&mut self, corked: bool) {
+        self.corked = corked;
+    }
+
+    /// Whether producer updates are held back.
+    pub fn corked(&self) -> bool {
+        self.corked
+    }
+
+    /// Records that a writer found no space: the next CDC message tells the peer
+    /// (`write_blocked`), so that it answers with its consumer cursor as soon as it frees any.
+    pub fn set_write_blocked(&mut self) {
+        if !self.write_blocked {
+            self.write_blocked = true;
+            self.write_blocked_sent = false;
+        }
+    }
+
+    /// We will write no more: the next CDC says `peer_done_writing` (a half-close).
+    pub fn shutdown_write(&mut self) {
+        self.done_writing = true;
+    }
+
+    /// Whether [`shutdown_write`](Self::shutdown_write) was called.
+    pub fn is_write_shutdown(&self) -> bool {
+        self.done_writing
+    }
+
+    /// The application closed the connection: the next CDC says done writing and closed.
+    pub fn close(&mut self) {
+        self.done_writing = true;
+        self.closed = true;
+    }
+
+    /// Aborts the connection: the next CDC says `peer_conn_abort`.
+    pub fn abort(&mut self) {
+        self.aborted = true;
+        self.done_writing = true;
+        self.closed = true;
+    }
+
+    // ----- rx -----------------------------------------------------------------------------
+
+    /// Bytes the peer produced that the application has not read.
+    pub fn rx_available(&self) -> u32 {
+        self.rx_ring.used(self.rx_cons, self.peer_prod).unwrap_or(0)
+    }
+
+    /// Where the next `len` readable bytes are in our ring (`len <= rx_available()`).
+    pub fn rx_spans(&self, len: u32) -> Option<Spans> {
+        if len > self.rx_available() {
+            return None;
+        }
+        self.rx_ring.spans(self.rx_cons, len).ok()
+    }
+
+    /// Records that the application consumed `len` bytes.
+    pub fn rx_consume(&mut self, len: u32) -> Result<(), CursorError> {
+        if len > self.rx_available() {
+            return Err(CursorError::StepTooLarge {
+                step: len,
+                size: self.rx_available(),
+            });
+        }
+        self.rx_cons = self.rx_cons.advance(self.rx_ring, len)?;
+        Ok(())
+    }
+
+    /// The peer will send no more: reads return EOF once [`rx_available`](Self::rx_available)
+    /// is 0.
+    pub fn rx_eof(&self) -> bool {
+        self.peer_done_writing
+    }
+
+    /// The peer aborted the connection.
+    pub fn peer_aborted(&self) -> bool {
+        self.peer_aborted
+    }
+
+    /// The peer closed the connection (orderly or not).
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed || self.peer_aborted
+    }
+
+    /// Whether we have announced our close (or abort) to the peer.
+    pub fn close_sent(&self) -> bool {
+        self.closed_sent || self.aborted_sent
+    }
+
+    /// Whether both sides have closed and our close has been sent: the connection's buffers can
+    /// be reused.
+    pub fn finished(&self) -> bool {
+        self.close_sent() && self.peer_closed()
+    }
+
+    /// The peer's most recent flags told us it is blocked for space.
+    pub fn peer_write_blocked(&self) -> bool {
+        self.peer_write_blocked
+    }
+
+    // ----- CDC ----------------------------------------------------------------------------
+
+    /// Validates and applies a CDC message from the peer. Nothing changes on error.
+    ///
+    /// Inline data (issue: the inline first message) is accepted when the message's producer
+    /// cursor covers it: the payload is the last `inline.len()` bytes before `msg.prod`, and
+    /// the returned spans say where the driver must copy it in our ring *before* reading.
+    pub fn on_cdc(&mut self, msg: &CdcMsg) -> Result<(CdcEffect, Option<Spans>), EngineError> {
+        let expected = self.seq_in.wrapping_add(1);
+        if msg.seq != expected {
+            return Err(EngineError::BadSequence {
+                expected,
+                got: msg.seq,
+            });
+        }
+        // Producer cursor: forward from the last one, and never more than a ring ahead of
+        // what we have consumed (that would overwrite unread data).
+        let advance = self
+            .rx_ring
+            .distance(self.peer_prod, msg.prod)
+            .map_err(EngineError::BadProducerCursor)?;
+        self.rx_ring
+            .distance(self.rx_cons, msg.prod)
+            .map_err(EngineError::BadProducerCursor)?;
+        if advance > 0 && self.peer_done_writing {
+            return Err(EngineError::DataAfterDone);
+        }
+        let inline = msg.inline();
+        let inline_spans = if inline.is_empty() {
+            None
+        } else {
+            // Inline bytes must be exactly the new data this message announces.
+            if inline.len() > CDC_INLINE_MAX || advance as usize != inline.len() {
+                return Err(EngineError::BadInline);
+            }
+            Some(
+                self.rx_ring
+                    .spans(self.peer_prod, advance)
+                    .map_err(|_| EngineError::BadInline)?,
+            )
+        };
+        // Consumer cursor: forward from the last one, and never past what we produced.
+        let freed = self
+            .tx_ring
+            .distance(self.peer_cons, msg.cons)
+            .map_err(EngineError::BadConsumerCursor)?;
+        self.tx_ring
+            .distance(msg.cons, self.tx_prod)
+            .map_err(EngineError::BadConsumerCursor)?;
+
+        let was_eof = self.peer_done_writing;
+        let was_closed = self.peer_closed();
+        self.seq_in = msg.seq;
+        self.peer_prod = msg.prod;
+        self.peer_cons = msg.cons;
+        let f = msg.flags;
+        self.peer_write_blocked = f.contains(CdcFlags::WRITE_BLOCKED);
+        if f.contains(CdcFlags::CONS_CURS_UPD_REQ) {
+            self.peer_write_blocked = true;
+        }
+        self.peer_done_writing |=
+            f.contains(CdcFlags::PEER_DONE_WRITING) || f.contains(CdcFlags::PEER_CONN_CLOSED);
+        self.peer_closed |= f.contains(CdcFlags::PEER_CONN_CLOSED);
+        let aborted_now = f.contains(CdcFlags::PEER_CONN_ABORT) && !self.peer_aborted;
+        self.peer_aborted |= f.contains(CdcFlags::PEER_CONN_ABORT);
+        let effect = CdcEffect {
+            readable: advance > 0 || self.peer_done_writing != was_eof || aborted_now,
+            writable: freed > 0 || aborted_now || self.peer_closed() != was_closed,
+        };
+        Ok((effect, inline_spans))
+    }
+
+    /// The consumer-cursor update threshold: a tenth of the ring, as the kernel's
+    /// `smc_rmb_wnd_update_limit`.
+    fn cons_update_limit(&self) -> u32 {
+        (self.rx_ring.get() / 10).max(1)
+    }
+
+    /// Whether a consumer-cursor update is owed to the peer: a tenth of the ring was freed; or
+    /// the peer is blocked for space and either half the ring is free again or we have read
+    /// everything (nothing else would make us send). A blocked writer usually sleeps, so waking
+    /// it for a sliver of space wastes the wake-up; waiting for half the ring amortises it.
+    pub fn cons_update_due(&self) -> bool {
+        let freed = self
+            .rx_ring
+            .distance(self.rx_cons_sent, self.rx_cons)
+            .unwrap_or(0);
+        if freed == 0 {
+            return false;
+        }
+        if freed >= self.cons_update_limit() && !self.peer_write_blocked {
+            return true;
+        }
+        self.peer_write_blocked && (freed >= self.rx_ring.get() / 2 || self.rx_available() == 0)
+    }
+
+    /// The CDC message to send now, if anything needs telling. Call
+    /// [`on_cdc_sent`](Self::on_cdc_sent) once it was handed to the link; until then the engine
+    /// keeps offering it (so a full CDC ring loses nothing).
+    pub fn poll_cdc(&self) -> Option<CdcMsg> {
+        // An abort discards what was not announced; a cork holds it back.
+        let prod = if self.corked || self.aborted {
+            self.tx_prod_sent
+        } else {
+            self.tx_prod
+        };
+        let prod_due = prod != self.tx_prod_sent;
+        let flags_due =
+            (self.done_writing && !self.done_writing_sent && !self.corked_data_pending())
+                || (self.closed && !self.closed_sent && !self.corked_data_pending())
+                || (self.aborted && !self.aborted_sent)
+                || (self.write_blocked && !self.write_blocked_sent);
+        if !(prod_due || flags_due || self.cons_update_due()) {
+            return None;
+        }
+        let mut msg = CdcMsg::new(self.seq_out.wrapping_add(1), self.token);
+        msg.prod = prod;
+        msg.cons = self.rx_cons;
+        let mut flags = CdcFlags::empty();
+        if self.write_blocked {
+            flags.insert(CdcFlags::WRITE_BLOCKED);
+        }
+        let all_announced = msg.prod == self.tx_prod || self.aborted;
+        if self.done_writing && all_announced {
+            flags.insert(CdcFlags::PEER_DONE_WRITING);
+        }
+        if self.closed && all_announced {
+            flags.insert(CdcFlags::PEER_CONN_CLOSED);
+        }
+        if self.aborted {
+            flags.insert(CdcFlags::PEER_CONN_ABORT);
+        }
+        msg.flags = flags;
+        Some(msg)
+    }
+
+    fn corked_data_pending(&self) -> bool {
+        self.corked && self.tx_prod != self.tx_prod_sent
+    }
+
+    /// Like [`poll_cdc`](Self::poll_cdc), carrying the newly produced bytes inline when the
+    /// connection was idle and they fit: `data` must be exactly the bytes written since the
+    /// last announcement (the driver keeps them). The bytes are still in the ring too, so the
+    /// peer may read them from either place.
+    pub fn poll_cdc_inline(&self, data: &[u8]) -> Option<CdcMsg> {
+        let mut msg = self.poll_cdc()?;
+        let new = self
+            .tx_ring
+            .distance(self.tx_prod_sent, msg.prod)
+            .unwrap_or(0) as usize;
+        if new > 0 && new == data.len() && new <= CDC_INLINE_MAX {
+            // set_inline cannot fail: the length was checked.
+            let _ = msg.set_inline(data);
+        }
+        Some(msg)
+    }
+
+    /// A message that restates the current announced state (the next sequence number, the
+    /// cursors already announced, no flags), for tests and diagnostics.
+    pub fn state_msg(&self, token: u32) -> CdcMsg {
+        let mut msg = CdcMsg::new(self.seq_out.wrapping_add(1), token);
+        msg.prod = self.tx_prod_sent;
+        msg.cons = self.rx_cons_sent;
+        msg
+    }
+
+    /// Records that `msg` (from [`poll_cdc`](Self::poll_cdc)) was handed to the link.
+    pub fn on_cdc_sent(&mut self, msg: &CdcMsg) {
+        self.seq_out = msg.seq;
+        self.tx_prod_sent = msg.prod;
+        self.rx_cons_sent = msg.cons;
+        let f = msg.flags;
+        if f.contains(CdcFlags::WRITE_BLOCKED) {
+            self.write_blocked_sent = true;
+        }
+        self.done_writing_sent |= f.contains(CdcFlags::PEER_DONE_WRITING);
+        self.closed_sent |= f.contains(CdcFlags::PEER_CONN_CLOSED);
+        self.aborted_sent |= f.contains(CdcFlags::PEER_CONN_ABORT);
+        // A consumer update answers the peer's request once.
+        self.peer_write_blocked = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn pair(ring: u32) -> (ConnEngine, ConnEngine) {
+        let r = RingSize::new(ring).unwrap();
+        (ConnEngine::new(1, r, r), ConnEngine::new(2, r, r))
+    }
+
+    /// Sends every CDC `from` owes to `to`.
+    fn flush(from: &mut ConnEngine, to: &mut ConnEngine) -> Vec<CdcEffect> {
+        let mut effects = Vec::new();
+        while let Some(m) = from.poll_cdc() {
+            from.on_cdc_sent(&m);
+            effects.push(to.on_cdc(&m).unwrap().0);
+        }
+        effects
+    }
+
+    #[test]
+    fn flow_control_blocks_and_wakes() {
+        let (mut a, mut b) = pair(100);
+        a.tx_commit(100).unwrap();
+        assert_eq!(a.tx_free(), 0);
+        assert!(a.tx_commit(1).is_err());
+        a.set_write_blocked();
+        flush(&mut a, &mut b);
+        assert_eq!(b.rx_available(), 100);
+        assert!(b.peer_write_blocked());
+        // A blocked writer is answered once half the ring is free, or when everything was read.
+        b.rx_consume(1).unwrap();
+        assert!(!b.cons_update_due());
+        b.rx_consume(49).unwrap();
+        assert!(b.cons_update_due());
+        let e = flush(&mut b, &mut a);
+        assert!(e[0].writable);
+        assert_eq!(a.tx_free(), 50);
+        a.tx_commit(50).unwrap();
+        a.set_write_blocked();
+        flush(&mut a, &mut b);
+        b.rx_consume(100).unwrap();
+        assert!(b.cons_update_due(), "all read");
+        flush(&mut b, &mut a);
+        a.tx_commit(99).unwrap();
+        a.set_write_blocked();
+        flush(&mut a, &mut b);
+        b.rx_consume(99).unwrap();
+        assert!(b.cons_update_due());
+        flush(&mut b, &mut a);
+        assert_eq!(a.tx_free(), 100);
+    }
+
+    #[test]
+    fn consumer_updates_follow_the_tenth_rule() {
+        let (mut a, mut b) = pair(1000);
+        a.tx_commit(500).unwrap();
+        flush(&mut a, &mut b);
+        b.rx_consume(99).unwrap();
+        assert!(!b.cons_update_due(), "below a tenth of the ring");
+        b.rx_consume(1).unwrap();
+        assert!(b.cons_update_due());
+        flush(&mut b, &mut a);
+        assert_eq!(a.tx_free(), 600);
+    }
+
+    #[test]
+    fn cork_holds_producer_updates() {
+        let (mut a, mut b) = pair(1000);
+        a.set_corked(true);
+        a.tx_commit(10).unwrap();
+        a.tx_commit(20).unwrap();
+        assert!(a.poll_cdc().is_none());
+        assert_eq!(a.tx_unpublished(), 30);
+        // Shutdown under a cork waits for the data to be announced first.
+        a.shutdown_write();
+        assert!(a.poll_cdc().is_none());
+        a.set_corked(false);
+        flush(&mut a, &mut b);
+        assert_eq!(b.rx_available(), 30);
+        assert!(b.rx_eof());
+    }
+
+    #[test]
+    fn half_close_and_close() {
+        let (mut a, mut b) = pair(64);
+        a.tx_commit(5).unwrap();
+        a.shutdown_write();
+        let e = flush(&mut a, &mut b);
+        assert!(e.iter().any(|e| e.readable));
+        assert!(b.rx_eof());
+        assert_eq!(b.rx_available(), 5);
+        // The other direction still flows.
+        b.tx_commit(7).unwrap();
+        flush(&mut b, &mut a);
+        assert_eq!(a.rx_available(), 7);
+        a.close();
+        flush(&mut a, &mut b);
+        b.close();
+        flush(&mut b, &mut a);
+        assert!(a.finished() && b.finished());
+    }
+
+    #[test]
+    fn abort_is_seen() {
+        let (mut a, mut b) = pair(64);
+        a.tx_commit(5).unwrap();
+        a.abort();
+        let e = flush(&mut a, &mut b);
+        assert!(e[0].readable && e[0].writable);
+        assert!(b.peer_aborted());
+        // Aborting discards unannounced data.
+        assert_eq!(b.rx_available(), 0);
+    }
+
+    #[test]
+    fn bad_cursors_and_sequences_are_rejected_without_change() {
+        let (mut a, mut b) = pair(100);
+        a.tx_commit(50).unwrap();
+        let good = a.poll_cdc().unwrap();
+
+        let mut m = good;
+        m.seq = 5;
+        assert_eq!(
+            b.on_cdc(&m),
+            Err(EngineError::BadSequence {
+                expected: 1,
+                got: 5
+            })
+        );
+
+        let mut m = good;
+        m.prod = Cursor::new(0, 100);
+        assert!(matches!(
+            b.on_cdc(&m),
+            Err(EngineError::BadProducerCursor(_))
+        ));
+        let mut m = good;
+        m.prod = Cursor::new(1, 1); // 101 bytes ahead of what we consumed
+        assert!(matches!(
+            b.on_cdc(&m),
+            Err(EngineError::BadProducerCursor(_))
+        ));
+        let mut m = good;
+        m.cons = Cursor::new(0, 1); // b never produced anything
+        assert!(matches!(
+            b.on_cdc(&m),
+            Err(EngineError::BadConsumerCursor(_))
+        ));
+        assert_eq!(b.rx_available(), 0, "nothing changed");
+
+        b.on_cdc(&good).unwrap();
+        // Backwards producer cursor.
+        let mut m = good;
+        m.seq = 2;
+        m.prod = Cursor::new(0, 10);
+        assert!(matches!(
+            b.on_cdc(&m),
+            Err(EngineError::BadProducerCursor(_))
+        ));
+        // Data after done writing.
+        let mut m = good;
+        m.seq = 2;
+        m.flags = CdcFlags::PEER_DONE_WRITING;
+        b.on_cdc(&m).unwrap();
+        let mut m = good;
+        m.seq = 3;
+        m.prod = Cursor::new(0, 60);
+        assert_eq!(b.on_cdc(&m), Err(EngineError::DataAfterDone));
+    }
+
+    #[test]
+    fn inline_payload_spans() {
+        let (mut a, mut b) = pair(100);
+        a.tx_commit(95).unwrap();
+        flush(&mut a, &mut b);
+        b.rx_consume(95).unwrap();
+        flush(&mut b, &mut a);
+        a.tx_commit(10).unwrap();
+        let m = a.poll_cdc_inline(b"0123456789").unwrap();
+        assert_eq!(m.inline(), b"0123456789");
+        a.on_cdc_sent(&m);
+        let (_, spans) = b.on_cdc(&m).unwrap();
+        assert_eq!(spans, Some([(95, 5), (0, 5)]));
+        // Inline that does not match the announced bytes is refused.
+        a.tx_commit(3).unwrap();
+        let mut m = a.poll_cdc().unwrap();
+        m.set_inline(b"toolong").unwrap();
+        assert_eq!(b.on_cdc(&m), Err(EngineError::BadInline));
+    }
+
+    proptest! {
+        /// Random writes, reads and CDC exchanges between two engines: no byte is lost or
+        /// duplicated, the writer never overruns the reader, and both sides agree at the end.
+        #[test]
+        fn random_exchanges_conserve_bytes(ring in 1u32..5000, ops in proptest::collection::vec((0u8..5, 0u32..6000), 1..300)) {
+            let (mut a, mut b) = pair(ring);
+            let (mut written, mut read) = (0u64, 0u64);
+            for (op, n) in ops {
+                match op {
+                    0 => { let k = n.min(a.tx_free()); a.tx_commit(k).unwrap(); written += u64::from(k); }
+                    1 => { let k = n.min(b.rx_available()); b.rx_consume(k).unwrap(); read += u64::from(k); }
+                    2 => { flush(&mut a, &mut b); }
+                    3 => { flush(&mut b, &mut a); }
+                    _ => { a.set_corked(n % 2 == 0); }
+                }
+                prop_assert!(u64::from(b.rx_available()) <= written - read);
+                prop_assert!(a.tx_in_flight() <= ring);
+            }
+            a.set_corked(false);
+            flush(&mut a, &mut b);
+            let rest = b.rx_available();
+            b.rx_consume(rest).unwrap();
+            prop_assert_eq!(read + u64::from(rest), written);
+            // Return every consumer cursor so the writer sees an empty ring.
+            while b.rx_ring.distance(b.rx_cons_sent, b.rx_cons).unwrap() > 0 {
+                let mut m = b.poll_cdc().unwrap_or_else(|| {
+                    let mut m = CdcMsg::new(b.seq_out.wrapping_add(1), 2);
+                    m.prod = b.tx_prod_sent;
+                    m
+                });
+                m.cons = b.rx_cons;
+                b.on_cdc_sent(&m);
+                a.on_cdc(&m).unwrap();
+            }
+            prop_assert!(a.tx_idle());
+        }
+    }
+}

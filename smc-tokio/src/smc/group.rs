@@ -1,0 +1,366 @@
+//! A link group: the link between two processes (or two RDMA ports) and the connections that
+//! share it, with the driver task that waits on the link's completion source and dispatches CDC
+//! messages to connections.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use crate::link::{Link, LinkError};
+use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
+use crate::proto::clc::Token;
+use crate::smc::conn::SmcConn;
+use crate::smc::manager::Manager;
+
+/// Frames taken from the link per receive call.
+const RECV_BATCH: usize = 64;
+/// Receive calls per dispatch round before the driver yields to other tasks: bounds the work
+/// one doorbell can cause (a peer that floods its ring gets 4 x 64 frames per turn).
+const ROUNDS_PER_TURN: usize = 4;
+
+/// Which side created the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Client,
+    Server,
+}
+
+struct GroupState {
+    conns: HashMap<u32, Arc<SmcConn>>,
+    free: Vec<u16>,
+    generation: Vec<u16>,
+    dead: Option<LinkError>,
+    idle_since: Option<Instant>,
+    join_tokens: Vec<Token>,
+}
+
+pub(crate) struct LinkGroup {
+    pub(crate) id: u64,
+    pub(crate) role: Role,
+    /// Size of the RMBs in our region (the peer's receive rings).
+    pub(crate) tx_rmb_size: u32,
+    link: OnceLock<Arc<dyn Link>>,
+    state: Mutex<GroupState>,
+    cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
+    /// Held while frames are taken from the link and dispatched, so that a connection sees its
+    /// messages in order even when several tasks (on several threads) call `progress`.
+    dispatch: Mutex<Vec<[u8; CDC_MSG_LEN]>>,
+    idle_timeout: Duration,
+    /// Set once the driver ran its teardown; the manager forgets dead groups.
+    finished: AtomicBool,
+    manager: &'static Manager,
+}
+
+impl fmt::Debug for LinkGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LinkGroup")
+            .field("id", &self.id)
+            .field("role", &self.role)
+            .finish()
+    }
+}
+
+impl LinkGroup {
+    pub(crate) fn new(
+        id: u64,
+        role: Role,
+        rmb_count: u32,
+        tx_rmb_size: u32,
+        idle_timeout: Duration,
+        manager: &'static Manager,
+    ) -> Arc<LinkGroup> {
+        let n = rmb_count.min(1 << 16) as usize;
+        Arc::new(LinkGroup {
+            id,
+            role,
+            tx_rmb_size,
+            link: OnceLock::new(),
+            state: Mutex::new(GroupState {
+                conns: HashMap::new(),
+                // Hand out low slots first (pop from the back).
+                free: (0..n as u32).rev().map(|s| s as u16).collect(),
+                generation: vec![0; n],
+                dead: None,
+                idle_since: Some(Instant::now()),
+                join_tokens: Vec::new(),
+            }),
+            cdc_waiters: Mutex::new(Vec::new()),
+            dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
+            idle_timeout,
+            finished: AtomicBool::new(false),
+            manager,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The link, once established.
+    pub(crate) fn link(&self) -> Option<&Arc<dyn Link>> {
+        self.link.get()
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.lock().dead.is_none()
+    }
+
+    pub(crate) fn is_established(&self) -> bool {
+        self.link.get().is_some() && self.is_alive()
+    }
+
+    /// Records a handshake token that may be presented to join this (pending) group.
+    pub(crate) fn add_join_token(&self, token: Token) {
+        let mut st = self.lock();
+        // Bounded: a pending group accepts at most one token per RMB slot.
+        if st.join_tokens.len() < st.generation.len() {
+            st.join_tokens.push(token);
+        }
+    }
+
+    pub(crate) fn has_join_token(&self, token: Token) -> bool {
+        self.lock().join_tokens.contains(&token)
+    }
+
+    /// Allocates an RMB slot in our region: the token `generation << 16 | slot`.
+    pub(crate) fn alloc_slot(&self) -> Option<u32> {
+        let mut st = self.lock();
+        if st.dead.is_some() {
+            return None;
+        }
+        let slot = st.free.pop()?;
+        if !self.manager.charge_rmb(u64::from(self.tx_rmb_size)) {
+            st.free.push(slot);
+            return None;
+        }
+        let g = st.generation[usize::from(slot)];
+        Some(u32::from(g) << 16 | u32::from(slot))
+    }
+
+    fn free_slot(&self, st: &mut GroupState, token: u32) {
+        let slot = (token & 0xFFFF) as usize;
+        if slot < st.generation.len() && u32::from(st.generation[slot]) == token >> 16 {
+            st.generation[slot] = st.generation[slot].wrapping_add(1);
+            st.free.push(slot as u16);
+            self.manager.uncharge_rmb(u64::from(self.tx_rmb_size));
+        }
+    }
+
+    /// Registers a connection under its own token (the token the peer's CDC messages carry).
+    pub(crate) fn register(&self, conn: Arc<SmcConn>) -> bool {
+        let mut st = self.lock();
+        if st.dead.is_some() {
+            return false;
+        }
+        st.idle_since = None;
+        st.conns.insert(conn.our_token(), conn);
+        true
+    }
+
+    /// Forgets a connection and frees its slot.
+    pub(crate) fn unregister(&self, token: u32) {
+        let mut st = self.lock();
+        if st.conns.remove(&token).is_some() {
+            self.free_slot(&mut st, token);
+        }
+        if st.conns.is_empty() && st.idle_since.is_none() {
+            st.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// Frees a slot that was allocated but never registered.
+    pub(crate) fn release_slot(&self, token: u32) {
+        let mut st = self.lock();
+        if !st.conns.contains_key(&token) {
+            self.free_slot(&mut st, token);
+        }
+    }
+
+    /// Installs the established link and starts the driver task on the current runtime.
+    pub(crate) fn establish(self: &Arc<Self>, link: Arc<dyn Link>) -> Result<(), LinkError> {
+        if self.link.set(link).is_err() {
+            return Err(LinkError::Protocol("link group established twice"));
+        }
+        let span = tracing::debug_span!("smc_link_group", id = self.id, role = ?self.role);
+        tracing::debug!(parent: &span, "link group established");
+        let me = self.clone();
+        tokio::spawn(tracing::Instrument::instrument(drive(me), span));
+        Ok(())
+    }
+
+    /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
+    pub(crate) fn wait_cdc_space(&self, conn: &Arc<SmcConn>) {
+        self.cdc_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(conn));
+    }
+
+    /// Takes received CDC frames from the link and dispatches them to their connections, then
+    /// retries sends that waited for space. Returns how many frames it dispatched and whether
+    /// more may be waiting (the work bound was reached). Any task may call it; while one
+    /// dispatches, the others return at once (the dispatcher delivers what arrives, in order).
+    pub(crate) fn progress(&self) -> (usize, bool) {
+        let Some(link) = self.link.get() else {
+            return (0, false);
+        };
+        let Ok(mut frames) = self.dispatch.try_lock() else {
+            return (0, false);
+        };
+        let mut more = false;
+        let mut dispatched = 0;
+        for round in 0..ROUNDS_PER_TURN {
+            match link.cdc_recv(&mut frames, RECV_BATCH) {
+                Ok(None) => break,
+                Ok(Some(n)) => {
+                    dispatched += n;
+                    for f in frames.drain(..) {
+                        self.dispatch(&f);
+                    }
+                    if n < RECV_BATCH {
+                        break;
+                    }
+                    more = round + 1 == ROUNDS_PER_TURN;
+                }
+                Err(e) => {
+                    drop(frames);
+                    self.fail(e);
+                    return (dispatched, false);
+                }
+            }
+        }
+        drop(frames);
+        self.retry_waiters();
+        (dispatched, more)
+    }
+
+    fn retry_waiters(&self) {
+        let waiters =
+            std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in waiters {
+            if let Some(c) = w.upgrade() {
+                c.retry_cdc();
+            }
+        }
+    }
+
+    fn dispatch(&self, frame: &[u8; CDC_MSG_LEN]) {
+        let token = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
+        let conn = self.lock().conns.get(&token).cloned();
+        let Some(conn) = conn else {
+            // A message for a connection that is gone (or never was): nothing to deliver to.
+            tracing::trace!(token, "CDC message for an unknown connection");
+            return;
+        };
+        match CdcMsg::decode(frame) {
+            Ok(msg) => conn.on_cdc(&msg),
+            Err(e) => conn.fail_protocol(format!("malformed CDC message: {e}")),
+        }
+    }
+
+    /// Ends the group: every connection fails with `err`, the link is torn down and the manager
+    /// forgets the group.
+    pub(crate) fn fail(&self, err: LinkError) {
+        let conns: Vec<Arc<SmcConn>> = {
+            let mut st = self.lock();
+            if st.dead.is_none() {
+                st.dead = Some(err.clone());
+            }
+            st.conns.drain().map(|(_, c)| c).collect()
+        };
+        if !conns.is_empty() || err != LinkError::Closed {
+            tracing::debug!(id = self.id, error = %err, conns = conns.len(), "link group failed");
+        }
+        for c in conns {
+            c.fail_link(&err);
+        }
+        if let Some(l) = self.link.get() {
+            l.teardown();
+        }
+        self.manager.forget(self);
+    }
+
+    /// Tears the group down if it has been idle long enough; returns whether it did, or how
+    /// long to wait before asking again.
+    fn idle_check(&self) -> Result<(), Duration> {
+        let st = self.lock();
+        match st.idle_since {
+            Some(since) if st.conns.is_empty() => {
+                let idle = since.elapsed();
+                if idle >= self.idle_timeout {
+                    drop(st);
+                    self.fail(LinkError::Closed);
+                    Ok(())
+                } else {
+                    Err(self.idle_timeout - idle)
+                }
+            }
+            _ => Err(self.idle_timeout),
+        }
+    }
+}
+
+/// Marks the group dead when the driver stops, including when its runtime shuts down and drops
+/// the task: a group nobody drives must not be handed out again.
+struct DriverGuard(Arc<LinkGroup>);
+
+impl Drop for DriverGuard {
+    fn drop(&mut self) {
+        self.0.finished.store(true, Ordering::Relaxed);
+        self.0.fail(LinkError::Closed);
+    }
+}
+
+/// The driver task: dispatch, then wait on the link (doorbell or completion channel) and the
+/// idle timer, until the link fails or the group idles out.
+async fn drive(group: Arc<LinkGroup>) {
+    let guard = DriverGuard(group);
+    let group = &guard.0;
+    let Some(link) = group.link.get().cloned() else {
+        return;
+    };
+    let mut idle = Box::pin(tokio::time::sleep(group.idle_timeout));
+    loop {
+        let (dispatched, more) = group.progress();
+        if !group.is_alive() {
+            return;
+        }
+        if dispatched > 0 {
+            // Let the connections just woken run (and answer) before this task re-arms the
+            // doorbell; it also bounds the work per turn when more frames wait.
+            tokio::task::yield_now().await;
+            if more {
+                continue;
+            }
+        }
+        let ev = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = link.poll_event(cx) {
+                return Poll::Ready(Some(r));
+            }
+            match Pin::new(&mut idle).poll(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        match ev {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                group.fail(e);
+                return;
+            }
+            None => match group.idle_check() {
+                Ok(()) => {
+                    tracing::debug!(id = group.id, "idle link group torn down");
+                    return;
+                }
+                Err(wait) => idle.as_mut().reset(tokio::time::Instant::now() + wait),
+            },
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The process-wide link-group manager: the server's side-channel listener and its link groups,
+//! the client's link groups by server, and the RMB memory budget.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::io::Interest;
+
+use crate::config::{ShmConfig, DEFAULT_RMB_MEMORY_CAP};
+use crate::link::shm::region::Layout;
+use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
+use crate::link::Link;
+use crate::proto::clc::{
+    DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, SHM_SOCKET_NAME_MAX,
+};
+use crate::proto::cursor::RingSize;
+use crate::smc::conn::SmcConn;
+use crate::smc::group::{LinkGroup, Role};
+use crate::sys;
+
+/// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
+/// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
+/// runtime shuts down); the link groups it set up keep running.
+#[derive(Debug, Default)]
+pub(crate) struct AcceptorSlot {
+    inner: Mutex<Option<Acceptor>>,
+}
+
+#[derive(Debug)]
+struct Acceptor {
+    name: Vec<u8>,
+    alive: Arc<AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for AcceptorSlot {
+    fn drop(&mut self) {
+        if let Some(a) = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            a.task.abort();
+        }
+    }
+}
+
+impl AcceptorSlot {
+    /// The acceptor's abstract name, starting it on the current runtime if it is not running.
+    pub(crate) fn name(
+        &self,
+        manager: &'static Manager,
+        timeout: Duration,
+    ) -> std::io::Result<Vec<u8>> {
+        let mut slot = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = slot.as_ref() {
+            if a.alive.load(Ordering::Relaxed) {
+                return Ok(a.name.clone());
+            }
+        }
+        let name = format!("smc-tokio.{}.{:016x}", std::process::id(), random_u64()).into_bytes();
+        let fd = sys::seqpacket_listen(&name)?;
+        let listener = sys::register(fd, Interest::READABLE)?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
+        let task = tokio::spawn(async move {
+            let _flag = flag;
+            loop {
+                let Ok(mut g) = listener.readable().await else {
+                    return;
+                };
+                match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
+                    Ok(Ok(fd)) => {
+                        tokio::spawn(manager.serve_join(fd, timeout));
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "side-channel accept");
+                        if e.raw_os_error() == Some(libc::EMFILE)
+                            || e.raw_os_error() == Some(libc::ENFILE)
+                        {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    Err(_would_block) => {}
+                }
+            }
+        })
+        .abort_handle();
+        if let Some(old) = slot.replace(Acceptor {
+            name: name.clone(),
+            alive,
+            task,
+        }) {
+            old.task.abort();
+        }
+        Ok(name)
+    }
+}
+
+/// A server-side group: who it is for, and our half until the peer joins.
+struct ServerGroup {
+    group: Arc<LinkGroup>,
+    pid: u32,
+    instance: u64,
+    peer_rmb_size: u32,
+    local: Option<ShmLocal>,
+    busy_poll: Duration,
+    allowed_uids: Vec<u32>,
+}
+
+#[derive(Default)]
+struct ServerSide {
+    groups: HashMap<u64, ServerGroup>,
+}
+
+#[derive(Default)]
+struct ClientSide {
+    by_server: HashMap<SocketAddr, Arc<LinkGroup>>,
+    establishing: HashMap<u64, Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>>,
+}
+
+pub(crate) struct Manager {
+    instance: u64,
+    server: Mutex<ServerSide>,
+    client: Mutex<ClientSide>,
+    rmb_in_use: AtomicU64,
+    rmb_cap: AtomicU64,
+}
+
+fn random_u64() -> u64 {
+    let t = sys::random_token().map(|t| t.0).unwrap_or_else(|_| {
+        // getrandom(2) does not fail on Linux >= 3.17 with these flags; fall back to the clock.
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        (n ^ u128::from(std::process::id())).to_le_bytes()
+    });
+    u64::from_le_bytes(t[..8].try_into().unwrap_or_default()) | 1
+}
+
+impl Manager {
+    pub(crate) fn global() -> &'static Manager {
+        static M: OnceLock<Manager> = OnceLock::new();
+        M.get_or_init(|| Manager {
+            instance: random_u64(),
+            server: Mutex::default(),
+            client: Mutex::default(),
+            rmb_in_use: AtomicU64::new(0),
+            rmb_cap: AtomicU64::new(DEFAULT_RMB_MEMORY_CAP),
+        })
+    }
+
+    /// Reserves `bytes` of RMB memory against the process-wide cap.
+    pub(crate) fn charge_rmb(&self, bytes: u64) -> bool {
+        let cap = self.rmb_cap.load(Ordering::Relaxed);
+        self.rmb_in_use
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|n| *n <= cap)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn uncharge_rmb(&self, bytes: u64) {
+        let _ = self
+            .rmb_in_use
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    /// Sets the process-wide RMB memory cap.
+    pub(crate) fn set_rmb_cap(&self, bytes: u64) {
+        self.rmb_cap.store(bytes, Ordering::Relaxed);
+    }
+
+    /// RMB memory in use now.
+    pub(crate) fn rmb_in_use(&self) -> u64 {
+        self.rmb_in_use.load(Ordering::Relaxed)
+    }
+
+    /// Forgets a dead group.
+    pub(crate) fn forget(&self, group: &LinkGroup) {
+        match group.role {
+            Role::Server => {
+                let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+                if s.groups
+                    .get(&group.id)
+                    .is_some_and(|g| std::ptr::eq(Arc::as_ptr(&g.group), group))
+                {
+                    s.groups.remove(&group.id);
+                }
+            }
+            Role::Client => {
+                let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
+                c.by_server
+                    .retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
+            }
+        }
+    }
+
+    // ----- client ----------------------------------------------------------------------------
+
+    /// What the client offers to `server`.
+    pub(crate) fn client_offer(
+        &self,
+        server: SocketAddr,
+        cfg: &ShmConfig,
+    ) -> Option<(ShmOffer, u32)> {
+        if !cfg.enabled {
+            return None;
+        }
+        let c = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let existing = c.by_server.get(&server).filter(|g| g.is_established());
+        let offer = ShmOffer {
+            host_id: sys::host_id(),
+            pid: std::process::id(),
+            instance: self.instance,
+            link_group: existing.map_or(0, |g| g.id),
+        };
+        Some((offer, existing.map_or(cfg.rmb_size, |g| g.tx_rmb_size)))
+    }
+
+    /// The client's side of an Accept: finds or joins the group, allocates our RMB and
+    /// registers the connection. Returns what goes into the Confirm.
+    pub(crate) async fn client_accept(
+        &'static self,
+        server: SocketAddr,
+        token: Token,
+        accept: &ShmLinkInfo,
+        our_rmb_size: u32,
+        cfg: &ShmConfig,
+        timeout: Duration,
+    ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
+        let rx_ring = RingSize::new(accept.rmb_size).ok_or(DeclineReason::SyncError)?;
+        let group = self
+            .client_group(server, token, accept, our_rmb_size, cfg, timeout)
+            .await?;
+        let link = group.link().ok_or(DeclineReason::Internal)?;
+        if link.rx_rmb_size() != accept.rmb_size || group.tx_rmb_size != our_rmb_size {
+            return Err(DeclineReason::SyncError);
+        }
+        let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
+        let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
+        let conn = SmcConn::new(
+            group.clone(),
+            our_token,
+            Some(accept.rmb_slot),
+            tx_ring,
+            rx_ring,
+        );
+        if !group.register(conn.clone()) {
+            group.release_slot(our_token);
+            return Err(DeclineReason::Internal);
+        }
+        let confirm = ShmLinkInfo {
+            link_group: group.id,
+            rmb_slot: our_token,
+            rmb_size: group.tx_rmb_size,
+            socket_name: Vec::new(),
+        };
+        Ok((conn, confirm))
+    }
+
+    async fn client_group(
+        &'static self,
+        server: SocketAddr,
+        token: Token,
+        accept: &ShmLinkInfo,
+        our_rmb_size: u32,
+        cfg: &ShmConfig,
+        timeout: Duration,
+    ) -> Result<Arc<LinkGroup>, DeclineReason> {
+        let cell = {
+            let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(g) = c.by_server.get(&server) {
+                if g.id == accept.link_group && g.is_established() {
+                    return Ok(g.clone());
+                }
+            }
+            c.establishing.entry(accept.link_group).or_default().clone()
+        };
+        let res = cell
+            .get_or_try_init(|| async {
+                if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
+                    return Err(DeclineReason::SyncError);
+                }
+                let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, our_rmb_size).ok_or(DeclineReason::Internal)?;
+                let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
+                let join = Join { link_group: accept.link_group, token };
+                let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
+                    Ok(l) => l,
+                    Err(e @ JoinError::Unreachable(_)) => {
+                        tracing::debug!(error = %e, "shm side channel unreachable: other host or network namespace");
+                        return Err(DeclineReason::NoCommonTransport);
+                    }
+                    Err(e @ JoinError::Timeout) => {
+                        tracing::debug!(error = %e, "shm join");
+                        return Err(DeclineReason::Timeout);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "shm join");
+                        return Err(DeclineReason::Internal);
+                    }
+                };
+                let group = LinkGroup::new(accept.link_group, Role::Client, layout.rmb_count, our_rmb_size, cfg.idle_timeout, self);
+                group.establish(Arc::new(link)).map_err(|_| DeclineReason::Internal)?;
+                Ok(group)
+            })
+            .await
+            .cloned();
+        let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        c.establishing.remove(&accept.link_group);
+        if let Ok(g) = &res {
+            if g.is_alive() {
+                c.by_server.insert(server, g.clone());
+            }
+        }
+        res
+    }
+
+    // ----- server ----------------------------------------------------------------------------
+
+    /// The server's side of a Proposal: finds or creates the group, allocates our RMB and
+    /// registers the (not yet confirmed) connection. Returns what goes into the Accept.
+    pub(crate) fn server_accept(
+        &'static self,
+        acceptor: &AcceptorSlot,
+        p: &Proposal,
+        cfg: &ShmConfig,
+        handshake_timeout: Duration,
+    ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
+        let offer = p.shm.as_ref().ok_or(DeclineReason::NoCommonTransport)?;
+        if !cfg.enabled || offer.host_id != sys::host_id() {
+            return Err(DeclineReason::NoCommonTransport);
+        }
+        let rx_ring = RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
+        let name = acceptor.name(self, handshake_timeout).map_err(|e| {
+            tracing::debug!(error = %e, "cannot listen for shm side channels");
+            DeclineReason::Internal
+        })?;
+        let group = {
+            let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+            let reuse = s.groups.get(&offer.link_group).filter(|g| {
+                g.pid == offer.pid
+                    && g.instance == offer.instance
+                    && g.peer_rmb_size == p.rmb_size
+                    && g.group.is_alive()
+            });
+            match reuse {
+                Some(g) => g.group.clone(),
+                None => {
+                    let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.rmb_size)
+                        .ok_or(DeclineReason::Internal)?;
+                    let local = ShmLocal::create(layout).map_err(|e| {
+                        tracing::debug!(error = %e, "cannot create shm region");
+                        DeclineReason::OutOfMemory
+                    })?;
+                    let mut id = random_u64();
+                    while s.groups.contains_key(&id) {
+                        id = random_u64();
+                    }
+                    let group = LinkGroup::new(
+                        id,
+                        Role::Server,
+                        layout.rmb_count,
+                        cfg.rmb_size,
+                        cfg.idle_timeout.max(handshake_timeout),
+                        self,
+                    );
+                    s.groups.insert(
+                        id,
+                        ServerGroup {
+                            group: group.clone(),
+                            pid: offer.pid,
+                            instance: offer.instance,
+                            peer_rmb_size: p.rmb_size,
+                            local: Some(local),
+                            busy_poll: cfg.busy_poll,
+                            allowed_uids: cfg.allowed_uids.clone(),
+                        },
+                    );
+                    // A pending group nobody joins is removed when its handshakes time out.
+                    let pending = group.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(handshake_timeout * 2).await;
+                        if pending.link().is_none() {
+                            pending.fail(crate::link::LinkError::Closed);
+                        }
+                    });
+                    group
+                }
+            }
+        };
+        if !group.is_established() {
+            group.add_join_token(p.token);
+        }
+        let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
+        let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
+        let conn = SmcConn::new(group.clone(), our_token, None, tx_ring, rx_ring);
+        if !group.register(conn.clone()) {
+            group.release_slot(our_token);
+            return Err(DeclineReason::Internal);
+        }
+        let info = ShmLinkInfo {
+            link_group: group.id,
+            rmb_slot: our_token,
+            rmb_size: group.tx_rmb_size,
+            socket_name: name,
+        };
+        Ok((conn, info))
+    }
+
+    async fn serve_join(&'static self, fd: std::os::fd::OwnedFd, timeout: Duration) {
+        let mut joined = None;
+        let res = shm::accept_join(fd, timeout, |join, cred| {
+            let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+            let g = s
+                .groups
+                .get_mut(&join.link_group)
+                .ok_or(JoinRefused::UnknownGroup)?;
+            if !g.group.has_join_token(join.token) {
+                return Err(JoinRefused::UnknownGroup);
+            }
+            // SAFETY: geteuid cannot fail and has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if cred.uid != me && !g.allowed_uids.contains(&cred.uid) {
+                tracing::debug!(uid = cred.uid, "refusing shm join from another uid");
+                return Err(JoinRefused::Credentials);
+            }
+            let local = g.local.take().ok_or(JoinRefused::UnknownGroup)?;
+            joined = Some((g.group.clone(), g.peer_rmb_size));
+            Ok(Admission {
+                local,
+                busy_poll: g.busy_poll,
+            })
+        })
+        .await;
+        match (res, joined) {
+            (Ok((_, link)), Some((group, peer_rmb_size))) => {
+                if link.rx_rmb_size() != peer_rmb_size {
+                    tracing::debug!("peer region's rmb size differs from its proposal");
+                    group.fail(crate::link::LinkError::Protocol("rmb size mismatch"));
+                    return;
+                }
+                if let Err(e) = group.establish(Arc::new(link)) {
+                    group.fail(e);
+                }
+            }
+            (Err(e), Some((group, _))) => {
+                tracing::debug!(error = %e, "shm join failed");
+                group.fail(crate::link::LinkError::Protocol("join failed"));
+            }
+            (Err(e), None) => tracing::debug!(error = %e, "shm join refused"),
+            (Ok(_), None) => {}
+        }
+    }
+}
+
+/// Clears the acceptor's liveness flag when its task ends (or its runtime drops it), so the
+/// next handshake starts a new listener.
+struct AliveFlag(Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}

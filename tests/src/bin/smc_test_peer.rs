@@ -1,0 +1,60 @@
+//! A peer process for the integration tests (so a test can kill it with SIGKILL, or run it in
+//! another network namespace).
+//!
+//! ```text
+//! smc-test-peer serve          listen on 127.0.0.1:0, print "PORT <n>", echo every connection
+//! smc-test-peer hold           listen, print "PORT <n>", accept and never read
+//! smc-test-peer client ADDR    connect, print "TRANSPORT <t>", echo-check 64 KiB, print "OK"
+//! ```
+
+use std::io::Write;
+
+use smc_tokio::{SmcListener, SmcStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some(mode @ ("serve" | "hold")) => {
+            let bind = args.get(1).map_or("127.0.0.1:0", String::as_str);
+            let l = SmcListener::bind(bind).await?;
+            println!("PORT {}", l.local_addr()?.port());
+            std::io::stdout().flush()?;
+            let mut held = Vec::new();
+            loop {
+                let (s, _) = l.accept().await?;
+                if mode == "hold" {
+                    held.push(s);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let (mut rd, mut wr) = s.into_split();
+                    let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                });
+            }
+        }
+        Some("client") => {
+            let addr = args
+                .get(1)
+                .ok_or_else(|| std::io::Error::other("client needs ADDR"))?;
+            let mut s = SmcStream::connect(addr.as_str()).await?;
+            println!("TRANSPORT {}", s.transport());
+            let data: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+            let (mut rd, mut wr) = s.split();
+            let (w, r) = tokio::join!(wr.write_all(&data), async {
+                let mut back = vec![0u8; data.len()];
+                rd.read_exact(&mut back).await.map(|_| back)
+            });
+            w?;
+            if r? != data {
+                return Err(std::io::Error::other("echo differs"));
+            }
+            println!("OK");
+            Ok(())
+        }
+        _ => Err(std::io::Error::other(
+            "usage: smc-test-peer serve|hold|client ADDR",
+        )),
+    }
+}

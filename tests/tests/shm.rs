@@ -1,0 +1,398 @@
+//! SMC-D over shared memory: every test asserts the transport it meant to test (a test that
+//! silently fell back to TCP proves nothing).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use smc_tokio::config::ShmConfig;
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, spawn_echo, Rng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+async fn echo_server() -> std::net::SocketAddr {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    addr
+}
+
+async fn smc(addr: std::net::SocketAddr) -> SmcStream {
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD, "expected shared memory");
+    s
+}
+
+/// `n` concurrent connections to one server, each echoing `bytes` with random write and read
+/// sizes; all on one link group.
+async fn integrity(n: usize, bytes: usize, max_io: usize) {
+    let addr = echo_server().await;
+    let first = smc(addr).await;
+    let group = first.link_group().expect("link group");
+    let mut tasks = Vec::new();
+    for i in 0..n as u64 {
+        tasks.push(tokio::spawn(async move {
+            let s = smc(addr).await;
+            assert_eq!(
+                s.link_group(),
+                Some(group),
+                "connections share one link group"
+            );
+            let data = Rng::new(i + 1).bytes(bytes);
+            echo_check(s, &data, max_io, i).await;
+        }));
+    }
+    for t in tasks {
+        bounded(120, t).await.unwrap();
+    }
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_one_connection_random_sizes() {
+    integrity(1, 16 << 20, 1 << 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_100_connections() {
+    integrity(100, 256 << 10, 70_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_1000_connections_one_link_group() {
+    integrity(1000, 16 << 10, 5000).await;
+}
+
+#[tokio::test]
+async fn integrity_current_thread_tiny_ring() {
+    // A 4 KiB ring forces wrap-around, blocking and consumer updates on every few writes.
+    let l = SmcListener::builder()
+        .shm(ShmConfig::default().rmb_size(4096))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    let s = bounded(
+        10,
+        SmcStream::builder()
+            .shm(ShmConfig::default().rmb_size(4096))
+            .connect(addr),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.transport(), Transport::SmcD);
+    let data = Rng::new(77).bytes(2 << 20);
+    bounded(60, echo_check(s, &data, 9000, 77)).await;
+}
+
+#[tokio::test]
+async fn vectored_and_split_halves() {
+    let addr = echo_server().await;
+    let mut s = smc(addr).await;
+    let bufs = [
+        std::io::IoSlice::new(b"vec"),
+        std::io::IoSlice::new(b""),
+        std::io::IoSlice::new(b"tored"),
+    ];
+    assert_eq!(s.write_vectored(&bufs).await.unwrap(), 8);
+    let mut got = [0u8; 8];
+    bounded(10, s.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"vectored");
+    let (mut rd, mut wr) = s.into_split();
+    assert_eq!(rd.transport(), Transport::SmcD);
+    wr.write_all(b"owned").await.unwrap();
+    let mut got = [0u8; 5];
+    bounded(10, rd.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"owned");
+    let s = rd.reunite(wr).unwrap();
+    bounded(10, echo_check(s, b"reunited", 3, 1)).await;
+}
+
+#[tokio::test]
+async fn half_close_close_and_abort_match_tcp() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        // 1: half-close. The server reads to EOF, then answers.
+        let (mut c, _) = l.accept().await.unwrap();
+        assert_eq!(c.transport(), Transport::SmcD);
+        let mut req = Vec::new();
+        c.read_to_end(&mut req).await.unwrap();
+        c.write_all(&req).await.unwrap();
+        c.write_all(b"+reply").await.unwrap();
+        drop(c); // close
+                 // 2: abort. Dropping with unread data resets, as TCP does.
+        let (mut c, _) = l.accept().await.unwrap();
+        let mut one = [0u8; 1];
+        c.read_exact(&mut one).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await; // more data arrives, unread
+        drop(c);
+    });
+    let mut s = smc(addr).await;
+    s.write_all(b"req").await.unwrap();
+    s.shutdown().await.unwrap();
+    let mut resp = Vec::new();
+    bounded(10, s.read_to_end(&mut resp)).await.unwrap();
+    assert_eq!(resp, b"req+reply");
+    assert!(
+        s.write_all(b"x").await.is_err(),
+        "write after shutdown fails"
+    );
+
+    let mut s = smc(addr).await;
+    s.write_all(b"abcdef").await.unwrap();
+    let mut b = [0u8; 1];
+    let err = bounded(10, s.read(&mut b)).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+    server.await.unwrap();
+}
+
+fn peer_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_smc-test-peer")
+}
+
+async fn spawn_peer(mode: &str) -> (tokio::process::Child, std::net::SocketAddr) {
+    let mut child = tokio::process::Command::new(peer_binary())
+        .arg(mode)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = bounded(10, lines.next_line()).await.unwrap().unwrap();
+    let port: u16 = line.strip_prefix("PORT ").unwrap().parse().unwrap();
+    (child, ([127, 0, 0, 1], port).into())
+}
+
+fn sigkill(child: &tokio::process::Child) {
+    let pid = child.id().unwrap() as i32;
+    // SAFETY: plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+}
+
+#[tokio::test]
+async fn peer_killed_mid_stream_fails_pending_read_within_a_second() {
+    let (mut child, addr) = spawn_peer("serve").await;
+    let s = smc(addr).await;
+    let (mut rd, mut wr) = s.into_split();
+    wr.write_all(b"ping").await.unwrap();
+    let mut b = [0u8; 4];
+    bounded(10, rd.read_exact(&mut b)).await.unwrap();
+    let reader = tokio::spawn(async move {
+        let mut b = [0u8; 1];
+        rd.read(&mut b).await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    sigkill(&child);
+    let res = tokio::time::timeout(Duration::from_secs(1), reader)
+        .await
+        .expect("read still pending 1 s after SIGKILL")
+        .unwrap();
+    assert!(res.is_err(), "read after peer death must fail, got {res:?}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    let _ = child.wait().await;
+    // Writes fail too.
+    assert!(wr.write_all(b"x").await.is_err());
+}
+
+#[tokio::test]
+async fn peer_killed_while_writer_is_blocked_fails_the_write_within_a_second() {
+    let (mut child, addr) = spawn_peer("hold").await;
+    let mut s = smc(addr).await;
+    // The peer never reads: fill its ring until the writer blocks.
+    let chunk = vec![7u8; 64 << 10];
+    while let Ok(r) = tokio::time::timeout(Duration::from_millis(200), s.write_all(&chunk)).await {
+        r.unwrap();
+    }
+    let writer = tokio::spawn(async move { s.write_all(&chunk).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sigkill(&child);
+    let res = tokio::time::timeout(Duration::from_secs(1), writer)
+        .await
+        .expect("write still pending 1 s after SIGKILL")
+        .unwrap();
+    assert!(res.is_err());
+    let _ = child.wait().await;
+}
+
+#[tokio::test]
+async fn cross_process_client_and_server() {
+    let (mut child, addr) = spawn_peer("serve").await;
+    let s = smc(addr).await;
+    let data = Rng::new(5).bytes(4 << 20);
+    bounded(60, echo_check(s, &data, 100_000, 5)).await;
+    let out = tokio::process::Command::new(peer_binary())
+        .args(["client", &addr.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("TRANSPORT smc-d") && text.contains("OK"),
+        "{text}"
+    );
+    child.kill().await.unwrap();
+}
+
+/// Corrupt CDC messages from a (hook-driven) hostile peer: the victim connection ends with an
+/// error; the other connection on the same link group keeps every byte.
+#[tokio::test]
+async fn corrupt_cdc_messages_abort_only_their_connection() {
+    type Corrupt = fn(&mut [u8; 64]);
+    let cases: [(&str, Corrupt); 7] = [
+        ("producer cursor beyond the ring", |f| {
+            f[14..18].copy_from_slice(&u32::MAX.to_be_bytes())
+        }),
+        ("producer cursor a whole wrap ahead", |f| {
+            let w = u16::from_be_bytes([f[12], f[13]]).wrapping_add(2);
+            f[12..14].copy_from_slice(&w.to_be_bytes())
+        }),
+        ("producer cursor backwards", |f| {
+            let w = u16::from_be_bytes([f[12], f[13]]).wrapping_sub(1);
+            f[12..14].copy_from_slice(&w.to_be_bytes())
+        }),
+        ("consumer cursor beyond what was produced", |f| {
+            f[20..24].copy_from_slice(&1_000_000u32.to_be_bytes())
+        }),
+        ("unknown flag bits", |f| f[1] = 0x80),
+        ("wrong sequence number", |f| {
+            let s = u32::from_be_bytes([f[4], f[5], f[6], f[7]]).wrapping_add(5);
+            f[4..8].copy_from_slice(&s.to_be_bytes())
+        }),
+        ("bad message type", |f| f[0] = 0),
+    ];
+    let addr = echo_server().await;
+    let good = smc(addr).await;
+    let group = good.link_group();
+    let (mut good_rd, mut good_wr) = good.into_split();
+    for (i, (what, corrupt)) in cases.into_iter().enumerate() {
+        let mut victim = smc(addr).await;
+        assert_eq!(
+            victim.link_group(),
+            group,
+            "victim shares the good connection's link group"
+        );
+        victim.write_all(b"before").await.unwrap();
+        let mut b = [0u8; 6];
+        bounded(10, victim.read_exact(&mut b)).await.unwrap();
+        victim.send_corrupt_cdc(corrupt).unwrap();
+        let mut buf = [0u8; 16];
+        let res = bounded(10, async {
+            loop {
+                match victim.read(&mut buf).await {
+                    Ok(0) => break Ok(0),
+                    Ok(_) => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+        })
+        .await;
+        assert!(res.is_err(), "case {what}: victim should fail, got {res:?}");
+        // The other connection is untouched.
+        let data = Rng::new(i as u64).bytes(100_000);
+        let (w, r) = tokio::join!(good_wr.write_all(&data), async {
+            let mut back = vec![0u8; data.len()];
+            good_rd.read_exact(&mut back).await.map(|_| back)
+        });
+        w.unwrap();
+        assert!(
+            r.unwrap() == data,
+            "case {what}: other connection corrupted"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("ip").arg("-V").output().is_err()
+    {
+        eprintln!("SKIPPED a_client_in_another_network_namespace_falls_back_to_tcp: needs root and iproute2");
+        return;
+    }
+    let ns = format!("smct{}", std::process::id());
+    let (host, peer) = (
+        format!("vsh{}", std::process::id() % 100000),
+        format!("vsp{}", std::process::id() % 100000),
+    );
+    let sh = |args: &str| {
+        let ok = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(args)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "setup failed: {args}");
+    };
+    let net = 10 + (std::process::id() % 200);
+    sh(&format!("ip netns add {ns}"));
+    let cleanup = scopeguard(ns.clone(), host.clone());
+    sh(&format!("ip link add {host} type veth peer name {peer}"));
+    sh(&format!("ip link set {peer} netns {ns}"));
+    sh(&format!(
+        "ip addr add 10.213.{net}.1/24 dev {host} && ip link set {host} up"
+    ));
+    sh(&format!(
+        "ip netns exec {ns} ip addr add 10.213.{net}.2/24 dev {peer}"
+    ));
+    sh(&format!(
+        "ip netns exec {ns} ip link set {peer} up && ip netns exec {ns} ip link set lo up"
+    ));
+    let l = SmcListener::bind(format!("10.213.{net}.1:0"))
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let t = s.transport();
+        let (mut rd, mut wr) = s.into_split();
+        tokio::io::copy(&mut rd, &mut wr).await.unwrap();
+        t
+    });
+    let out = tokio::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            peer_binary(),
+            "client",
+            &addr.to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client in namespace failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("TRANSPORT tcp (declined locally: no common transport)"),
+        "{text}"
+    );
+    assert!(text.contains("OK"), "{text}");
+    let t = bounded(10, server).await.unwrap();
+    assert!(matches!(t, Transport::Tcp(_)), "server saw {t}");
+    drop(cleanup);
+}
+
+struct NsGuard(String, String);
+
+fn scopeguard(ns: String, veth: String) -> NsGuard {
+    NsGuard(ns, veth)
+}
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.1])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}

@@ -1,0 +1,34 @@
+//! Process-wide shm limits. In a test binary of their own: the cap is per process.
+
+use smc_tokio::config::{rmb_memory_in_use, set_rmb_memory_cap, ShmConfig};
+use smc_tokio::{DeclineReason, FallbackReason, Side, SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, spawn_echo};
+
+#[tokio::test]
+async fn beyond_the_rmb_memory_cap_connections_are_declined_and_served_as_tcp() {
+    let rmb = 64 << 10;
+    let cfg = ShmConfig::default().rmb_size(rmb);
+    let l = SmcListener::builder().shm(cfg.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    // Room for exactly one connection: its client RMB and its server RMB.
+    set_rmb_memory_cap(2 * u64::from(rmb));
+    let first = bounded(10, SmcStream::builder().shm(cfg.clone()).connect(addr)).await.unwrap();
+    assert_eq!(first.transport(), Transport::SmcD);
+    assert_eq!(rmb_memory_in_use(), 2 * u64::from(rmb));
+    let second = bounded(10, SmcStream::builder().shm(cfg.clone()).connect(addr)).await.unwrap();
+    assert_eq!(
+        second.transport(),
+        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Peer })
+    );
+    bounded(10, echo_check(second, b"served as tcp", 4, 1)).await;
+    bounded(10, echo_check(first, b"still smc", 4, 2)).await;
+    // Both sides closed: the memory comes back.
+    let t = std::time::Instant::now();
+    while rmb_memory_in_use() != 0 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "rmb memory not returned: {}", rmb_memory_in_use());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let third = bounded(10, SmcStream::builder().shm(cfg).connect(addr)).await.unwrap();
+    assert_eq!(third.transport(), Transport::SmcD);
+}
