@@ -87,7 +87,7 @@ pub type Spans = [(u32, u32); 2];
 /// a.tx_commit(100).unwrap();
 /// let msg = a.poll_cdc().unwrap();
 /// a.on_cdc_sent(&msg);
-/// let effect = b.on_cdc(&msg).unwrap();
+/// let (effect, _inline) = b.on_cdc(&msg).unwrap();
 /// assert!(effect.readable);
 /// assert_eq!(b.rx_available(), 100);
 /// b.rx_consume(100).unwrap();
