@@ -9,8 +9,8 @@
 //!
 //! | transport | when | how |
 //! |---|---|---|
-//! | SMC-D | both ends on one host | receive rings in shared memory (memfd) *(in progress)* |
-//! | SMC-R | across hosts with RDMA | RDMA WRITE into a registered ring *(in progress)* |
+//! | SMC-D | both ends on one host, same network namespace | rings in sealed shared memory (memfd), eventfd doorbells |
+//! | SMC-R | across hosts with RDMA | RDMA WRITE into a registered ring *(planned)* |
 //! | TCP | anything else | the connection's own socket |
 //!
 //! # Example
@@ -40,7 +40,7 @@
 //! let mut buf = [0u8; 4];
 //! stream.read_exact(&mut buf).await?;
 //! assert_eq!(&buf, b"ping");
-//! println!("{}", stream.transport()); // e.g. "tcp (declined by peer: no common transport)"
+//! println!("{}", stream.transport()); // "smc-d": both ends are in this process
 //! # Ok(())
 //! # }
 //! ```
@@ -49,7 +49,11 @@
 //!
 //! - [`proto`]: the sans-IO protocol core (CLC codec and handshake machines, CDC messages,
 //!   cursor arithmetic). No sockets, no clocks, no tokio.
-//! - the driver: [`SmcListener`], [`SmcStream`] and the tasks that run handshakes.
+//! - links: the backends that move bytes into the peer's receive ring (shared memory today).
+//! - the driver: [`SmcListener`], [`SmcStream`], the handshake tasks and one driver task per
+//!   link group.
+//!
+//! The design, with the memory layout and the security model, is in `docs/design.md`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
