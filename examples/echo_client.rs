@@ -11,9 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:7000".to_string());
-    let msg = args
-        .next()
-        .unwrap_or_else(|| "hello over smc-tokio".to_string());
+    let msg = args.next().unwrap_or_else(|| "hello over smc-tokio".to_string());
     let mut stream = SmcStream::connect(&addr).await?;
     eprintln!("connected to {addr} over {}", stream.transport());
     stream.write_all(msg.as_bytes()).await?;

@@ -9,9 +9,7 @@ use smc_tokio::SmcListener;
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:7000".to_string());
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:7000".to_string());
     let listener = SmcListener::bind(&addr).await?;
     eprintln!("echo_server listening on {}", listener.local_addr()?);
     loop {

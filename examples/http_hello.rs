@@ -20,9 +20,7 @@ use smc_tokio::SmcListener;
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:8080".to_string());
+    let addr = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:8080".to_string());
     let listener = SmcListener::bind(&addr).await?;
     eprintln!("http_hello listening on http://{}", listener.local_addr()?);
     loop {
@@ -41,10 +39,7 @@ async fn main() -> std::io::Result<()> {
                 eprintln!("{peer} {} {} over {transport}", req.method(), req.uri());
                 Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"hello"))))
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
                 eprintln!("{peer}: {e}");
             }
         });

@@ -13,18 +13,8 @@ fn clc(c: &mut Criterion) {
     let msg = ClcMessage::Proposal(Proposal {
         token: Token([7; 16]),
         rmb_size: 1 << 16,
-        shm: Some(ShmOffer {
-            host_id: [1; 16],
-            pid: 42,
-            instance: 99,
-            link_group: 0,
-        }),
-        rdma: Some(RdmaOffer {
-            gid: [2; 16],
-            port: 1,
-            mtu: 1024,
-            qpn: 0,
-        }),
+        shm: Some(ShmOffer { host_id: [1; 16], pid: 42, instance: 99, link_group: 0 }),
+        rdma: Some(RdmaOffer { gid: [2; 16], port: 1, mtu: 1024, qpn: 0 }),
     });
     let bytes = msg.encode().unwrap();
     let mut g = c.benchmark_group("clc");
@@ -53,15 +43,9 @@ fn cursor(c: &mut Criterion) {
     let cons = Cursor::new(7, 60000);
     let prod = Cursor::new(8, 1000);
     let mut g = c.benchmark_group("cursor");
-    g.bench_function("free", |b| {
-        b.iter(|| black_box(ring).free(black_box(cons), black_box(prod)))
-    });
-    g.bench_function("advance", |b| {
-        b.iter(|| black_box(prod).advance(black_box(ring), black_box(1500)))
-    });
-    g.bench_function("spans", |b| {
-        b.iter(|| black_box(ring).spans(black_box(cons), black_box(9000)))
-    });
+    g.bench_function("free", |b| b.iter(|| black_box(ring).free(black_box(cons), black_box(prod))));
+    g.bench_function("advance", |b| b.iter(|| black_box(prod).advance(black_box(ring), black_box(1500))));
+    g.bench_function("spans", |b| b.iter(|| black_box(ring).spans(black_box(cons), black_box(9000))));
     g.finish();
 }
 

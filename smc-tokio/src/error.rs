@@ -49,10 +49,7 @@ impl fmt::Display for SmcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SmcError::FallbackRefused(r) => {
-                write!(
-                    f,
-                    "smc required by policy, but the connection would fall back to tcp: {r}"
-                )
+                write!(f, "smc required by policy, but the connection would fall back to tcp: {r}")
             }
             SmcError::Handshake(e) => write!(f, "smc handshake failed: {e}"),
         }

@@ -7,9 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::proto::clc::CLC_MAX_LEN;
-use crate::proto::handshake::{
-    ClientEvent, ClientHandshake, Outcome, ServerEvent, ServerHandshake,
-};
+use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome, ServerEvent, ServerHandshake};
 
 /// The surface both handshake machines share, so one loop drives either.
 pub(crate) trait Machine {
@@ -66,10 +64,7 @@ pub(crate) enum Step<E> {
 /// Runs the machine over `tcp` until it needs a decision or ends. Reads never take more than the
 /// machine wants, so bytes after the handshake stay in the socket for the application. I/O
 /// errors are returned as they are; the connection is then unusable.
-pub(crate) async fn advance<M: Machine>(
-    tcp: &mut TcpStream,
-    m: &mut M,
-) -> io::Result<Step<M::Event>> {
+pub(crate) async fn advance<M: Machine>(tcp: &mut TcpStream, m: &mut M) -> io::Result<Step<M::Event>> {
     let mut buf = [0u8; CLC_MAX_LEN];
     loop {
         if let Some(bytes) = m.poll_transmit() {
@@ -81,9 +76,7 @@ pub(crate) async fn advance<M: Machine>(
                     let deadline = tokio::time::Instant::from_std(deadline);
                     tokio::time::timeout_at(deadline, tcp.write_all(&bytes))
                         .await
-                        .map_err(|_| {
-                            io::Error::new(io::ErrorKind::TimedOut, "handshake write timed out")
-                        })??
+                        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake write timed out"))??
                 }
                 None => tcp.write_all(&bytes).await?,
             }
@@ -106,12 +99,7 @@ pub(crate) async fn advance<M: Machine>(
             m.handle_timeout(Instant::now().max(deadline));
             continue;
         }
-        match tokio::time::timeout_at(
-            tokio::time::Instant::from_std(deadline),
-            tcp.read(&mut buf[..want]),
-        )
-        .await
-        {
+        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), tcp.read(&mut buf[..want])).await {
             Ok(Ok(n)) => {
                 m.handle_input(&buf[..n]);
             }

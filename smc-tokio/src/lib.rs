@@ -72,8 +72,9 @@ mod transport;
 pub use config::Policy;
 pub use error::SmcError;
 pub use net::{
-    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder,
-    SmcStream, SmcStreamBuilder, WriteHalf,
+    CorkGuard,
+    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcStream,
+    SmcStreamBuilder, WriteHalf,
 };
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;

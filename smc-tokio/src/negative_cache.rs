@@ -85,11 +85,7 @@ mod tests {
         let c = NegativeCache::default();
         let now = Instant::now();
         for i in 0..(CAPACITY as u16 + 100) {
-            c.insert(
-                addr(i),
-                now + Duration::from_millis(u64::from(i)),
-                Duration::from_secs(60),
-            );
+            c.insert(addr(i), now + Duration::from_millis(u64::from(i)), Duration::from_secs(60));
         }
         assert_eq!(c.len(), CAPACITY);
         // The newest entry survived; the earliest-expiring ones were evicted.

@@ -32,12 +32,7 @@ pub(crate) fn peek_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> 
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and `fd` is an open socket
         // borrowed for the duration of the call.
         let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
+            libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
         };
         if n >= 0 {
             return Ok(n as usize);
@@ -76,13 +71,10 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 /// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)` sized to `len` bytes.
 pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
     // SAFETY: `name` is a valid NUL-terminated string; the flags are constants.
-    let fd = cvt(unsafe {
-        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    })?;
+    let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
     // SAFETY: memfd_create returned a new descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = libc::off_t::try_from(len)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd too large"))?;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "memfd too large"))?;
     // SAFETY: plain syscall on a descriptor we own.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
     Ok(fd)
@@ -131,27 +123,13 @@ unsafe impl Sync for Mmap {}
 impl Mmap {
     /// Maps `len` bytes of `fd` shared, writable or read-only.
     pub(crate) fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Mmap> {
-        let prot = if writable {
-            libc::PROT_READ | libc::PROT_WRITE
-        } else {
-            libc::PROT_READ
-        };
+        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a descriptor we hold.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
         Ok(Mmap { ptr, len })
     }
 
@@ -224,11 +202,7 @@ pub(crate) struct PeerCred {
 }
 
 pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
-    let mut c = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `c` and `len` are valid for writes; the kernel writes at most `len` bytes.
     cvt(unsafe {
@@ -240,11 +214,7 @@ pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
             &mut len,
         )
     })?;
-    Ok(PeerCred {
-        pid: c.pid,
-        uid: c.uid,
-        gid: c.gid,
-    })
+    Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid })
 }
 
 fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
@@ -252,10 +222,7 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     if name.is_empty() || name.len() + 1 > addr.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad abstract socket name",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad abstract socket name"));
     }
     // sun_path[0] stays 0: the abstract namespace.
     for (dst, src) in addr.sun_path[1..].iter_mut().zip(name) {
@@ -268,11 +235,7 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
 fn seqpacket() -> io::Result<OwnedFd> {
     // SAFETY: plain syscall with constant arguments.
     let fd = cvt(unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
+        libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
     })?;
     // SAFETY: a new descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -283,13 +246,7 @@ pub(crate) fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
     let (addr, len) = abstract_addr(name)?;
     // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    })?;
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     // SAFETY: plain syscall on our socket.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
     Ok(fd)
@@ -324,13 +281,7 @@ pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let (addr, len) = abstract_addr(name)?;
     loop {
         // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
+        let r = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
         match cvt(r) {
             Ok(_) => return Ok(fd),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -347,21 +298,11 @@ pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
 pub(crate) const MAX_FDS: usize = 2;
 
 /// Sends one datagram with `fds` attached (SCM_RIGHTS). Non-blocking.
-pub(crate) fn send_with_fds(
-    sock: BorrowedFd<'_>,
-    data: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
+pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.len() > MAX_FDS {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "too many descriptors for one message",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors for one message"));
     }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // Room for MAX_FDS descriptors, aligned as cmsghdr requires.
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain data; all-zero is valid.
@@ -370,9 +311,7 @@ pub(crate) fn send_with_fds(
     msg.msg_iovlen = 1;
     if !fds.is_empty() {
         // SAFETY: CMSG_SPACE is a pure size computation.
-        let space =
-            unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) }
-                as usize;
+        let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = space;
         // SAFETY: msg_control points at `cbuf`, which is larger than `space` (64 bytes vs at most
@@ -382,8 +321,7 @@ pub(crate) fn send_with_fds(
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len =
-                libc::CMSG_LEN((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) as usize;
+            (*c).cmsg_len = libc::CMSG_LEN((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) as usize;
             let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
             for (i, fd) in fds.iter().enumerate() {
                 d.add(i).write_unaligned(fd.as_raw_fd());
@@ -394,11 +332,7 @@ pub(crate) fn send_with_fds(
         // SAFETY: `msg` describes valid buffers that live across the call.
         let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
         if n >= 0 {
-            return if n as usize == data.len() {
-                Ok(())
-            } else {
-                Err(io::Error::other("short side-channel send"))
-            };
+            return if n as usize == data.len() { Ok(()) } else { Err(io::Error::other("short side-channel send")) };
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -410,14 +344,8 @@ pub(crate) fn send_with_fds(
 /// Receives one datagram and up to [`MAX_FDS`] descriptors. Returns the datagram's length (0 on
 /// EOF) and the descriptors. A truncated datagram or control message is an error (and the
 /// descriptors that did arrive are closed).
-pub(crate) fn recv_with_fds(
-    sock: BorrowedFd<'_>,
-    buf: &mut [u8],
-) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -453,10 +381,7 @@ pub(crate) fn recv_with_fds(
         }
     }
     if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "truncated side-channel message",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated side-channel message"));
     }
     Ok((n, fds))
 }
@@ -469,9 +394,7 @@ pub(crate) fn host_id() -> [u8; 16] {
         if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
             let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
             for (i, pair) in hex.chunks(2).take(16).enumerate() {
-                let v = std::str::from_utf8(pair)
-                    .ok()
-                    .and_then(|p| u8::from_str_radix(p, 16).ok());
+                let v = std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok());
                 id[i] = v.unwrap_or(0);
             }
         }
@@ -488,6 +411,78 @@ pub(crate) fn register<T: AsRawFd + AsFd>(
     // `OwnedFd` or a wrapper of one), so it stays open and refers to the same file description
     // until the AsyncFd, which takes ownership of `inner`, is dropped; `as_raw_fd` of these types
     // always returns that one descriptor.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }
-        .map_err(|e| e.into_parts().1)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
+}
+
+/// `pread(2)` until `buf` is full or the file ends; returns the bytes read (fewer only at EOF).
+pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is valid for writes of `rest.len()` bytes; `fd` is borrowed open.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+/// Whether `fd` is a regular file (sendfile's source must be one).
+pub(crate) fn is_regular_file(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable stat buffer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG)
+}
+
+/// `sendfile(2)` from `file` at `*offset` to the socket `sock`, at most `count` bytes;
+/// advances `*offset`. Non-blocking on the socket side (`WouldBlock`).
+pub(crate) fn sendfile(
+    sock: BorrowedFd<'_>,
+    file: BorrowedFd<'_>,
+    offset: &mut u64,
+    count: usize,
+) -> io::Result<usize> {
+    let mut off = libc::off_t::try_from(*offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
+    loop {
+        // SAFETY: both descriptors are borrowed open; `off` is a valid, writable off_t.
+        let n = unsafe { libc::sendfile(sock.as_raw_fd(), file.as_raw_fd(), &mut off, count) };
+        if n >= 0 {
+            *offset = off as u64;
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Sets or clears `TCP_CORK`.
+pub(crate) fn set_tcp_cork(sock: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: passes a valid c_int of the size given.
+    cvt(unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
 }

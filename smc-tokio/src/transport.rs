@@ -93,16 +93,10 @@ impl fmt::Display for FallbackReason {
             FallbackReason::PeerNoSmc => f.write_str("peer does not speak smc"),
             FallbackReason::NegativeCache => f.write_str("peer in negative cache"),
             FallbackReason::ClientSilent => f.write_str("client sent nothing before peek timeout"),
-            FallbackReason::Declined {
-                reason,
-                by: Side::Local,
-            } => {
+            FallbackReason::Declined { reason, by: Side::Local } => {
                 write!(f, "declined locally: {reason}")
             }
-            FallbackReason::Declined {
-                reason,
-                by: Side::Peer,
-            } => {
+            FallbackReason::Declined { reason, by: Side::Peer } => {
                 write!(f, "declined by peer: {reason}")
             }
         }

@@ -45,9 +45,7 @@ impl Rng {
 
 /// Fails the test if `fut` takes longer than `secs` seconds: no test may hang.
 pub async fn bounded<F: Future>(secs: u64, fut: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(secs), fut)
-        .await
-        .unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
+    tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
 }
 
 /// Accepts connections forever and echoes each one until EOF, then half-closes.

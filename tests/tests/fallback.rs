@@ -6,28 +6,19 @@ use std::time::Duration;
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::clc::{
-    decode, Accept, ClcMessage, Decline, Decoded, LinkInfo, ShmLinkInfo, CLC_HEADER_LEN,
-    CLC_VERSION,
+    decode, Accept, ClcMessage, Decline, Decoded, LinkInfo, ShmLinkInfo, CLC_HEADER_LEN, CLC_VERSION,
 };
-use smc_tokio::{
-    DeclineReason, FallbackReason, Policy, Side, SmcError, SmcListener, SmcStream, Transport,
-};
+use smc_tokio::{DeclineReason, FallbackReason, Policy, Side, SmcError, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, spawn_echo, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const DECLINED_BY_PEER: Transport = Transport::Tcp(FallbackReason::Declined {
-    reason: DeclineReason::NoCommonTransport,
-    by: Side::Peer,
-});
+const DECLINED_BY_PEER: Transport =
+    Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Peer });
 
 /// A listener that declines every proposal with "no common transport".
 async fn declining_listener() -> SmcListener {
-    SmcListener::builder()
-        .shm(ShmConfig::default().enabled(false))
-        .bind("127.0.0.1:0")
-        .await
-        .unwrap()
+    SmcListener::builder().shm(ShmConfig::default().enabled(false)).bind("127.0.0.1:0").await.unwrap()
 }
 
 #[tokio::test]
@@ -38,10 +29,7 @@ async fn smc_to_smc_echo_random_sizes_through_fallback() {
         let (conn, _) = listener.accept().await.unwrap();
         assert_eq!(
             conn.transport(),
-            Transport::Tcp(FallbackReason::Declined {
-                reason: DeclineReason::NoCommonTransport,
-                by: Side::Local
-            })
+            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
         );
         let (mut rd, mut wr) = conn.into_split();
         tokio::io::copy(&mut rd, &mut wr).await.unwrap();
@@ -105,18 +93,11 @@ async fn plain_client_whose_first_byte_is_the_eyecatchers_first_byte() {
 
 #[tokio::test]
 async fn plain_client_waits_for_server_to_speak_first() {
-    let listener = SmcListener::builder()
-        .peek_timeout(Duration::from_millis(50))
-        .bind("127.0.0.1:0")
-        .await
-        .unwrap();
+    let listener = SmcListener::builder().peek_timeout(Duration::from_millis(50)).bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
-        assert_eq!(
-            conn.transport(),
-            Transport::Tcp(FallbackReason::ClientSilent)
-        );
+        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::ClientSilent));
         conn.write_all(b"220 greetings\r\n").await.unwrap();
         let mut buf = [0u8; 6];
         conn.read_exact(&mut buf).await.unwrap();
@@ -206,14 +187,8 @@ async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
             });
         }
     });
-    let mut s = bounded(
-        10,
-        SmcStream::builder()
-            .handshake_timeout(Duration::from_millis(100))
-            .connect(addr),
-    )
-    .await
-    .unwrap();
+    let mut s =
+        bounded(10, SmcStream::builder().handshake_timeout(Duration::from_millis(100)).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     s.write_all(b"hello\n").await.unwrap();
     let mut got = [0u8; 6];
@@ -226,11 +201,7 @@ async fn never_policy_returns_typed_errors() {
     let listener = declining_listener().await;
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
-    let err = SmcStream::builder()
-        .policy(Policy::Never)
-        .connect(addr)
-        .await
-        .unwrap_err();
+    let err = SmcStream::builder().policy(Policy::Never).connect(addr).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
     assert_eq!(
         SmcError::from_io(&err),
@@ -241,25 +212,14 @@ async fn never_policy_returns_typed_errors() {
     );
 
     let plain = plain_echo_server().await;
-    let err = SmcStream::builder()
-        .policy(Policy::Never)
-        .negative_cache_ttl(Duration::ZERO)
-        .connect(plain)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))),
-        "{err}"
-    );
+    let err =
+        SmcStream::builder().policy(Policy::Never).negative_cache_ttl(Duration::ZERO).connect(plain).await.unwrap_err();
+    assert!(matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))), "{err}");
 }
 
 #[tokio::test]
 async fn tcp_only_policies() {
-    let listener = SmcListener::builder()
-        .policy(Policy::TcpOnly)
-        .bind("127.0.0.1:0")
-        .await
-        .unwrap();
+    let listener = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
     // A TcpOnly listener still answers the proposal, so an SMC client keeps working.
@@ -267,29 +227,17 @@ async fn tcp_only_policies() {
     assert_eq!(s.transport(), DECLINED_BY_PEER);
     bounded(10, echo_check(s, b"tcp only listener", 5, 5)).await;
     // A client with shm switched off offers nothing, and the server declines.
-    let s = SmcStream::builder()
-        .shm(ShmConfig::default().enabled(false))
-        .connect(addr)
-        .await
-        .unwrap();
+    let s = SmcStream::builder().shm(ShmConfig::default().enabled(false)).connect(addr).await.unwrap();
     assert_eq!(s.transport(), DECLINED_BY_PEER);
     // A TcpOnly client sends no proposal at all.
-    let s = SmcStream::builder()
-        .policy(Policy::TcpOnly)
-        .connect(addr)
-        .await
-        .unwrap();
+    let s = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Disabled));
     bounded(10, echo_check(s, b"tcp only client", 5, 6)).await;
 }
 
 #[tokio::test]
 async fn never_listener_closes_fallback_connections() {
-    let listener = SmcListener::builder()
-        .policy(Policy::Never)
-        .bind("127.0.0.1:0")
-        .await
-        .unwrap();
+    let listener = SmcListener::builder().policy(Policy::Never).bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accept = tokio::spawn(async move { listener.accept().await });
     let mut c = TcpStream::connect(addr).await.unwrap();
@@ -306,10 +254,7 @@ async fn never_listener_closes_fallback_connections() {
 /// A fake SMC server that answers every proposal with `reply` and then echoes.
 async fn fake_server(
     reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 'static,
-) -> (
-    std::net::SocketAddr,
-    tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
-) {
+) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -320,9 +265,7 @@ async fn fake_server(
             let tx = tx.clone();
             tokio::spawn(async move {
                 let proposal = read_clc(&mut c).await;
-                c.write_all(&reply(proposal).encode().unwrap())
-                    .await
-                    .unwrap();
+                c.write_all(&reply(proposal).encode().unwrap()).await.unwrap();
                 // Whatever the client sends before its data (a decline, for an accept).
                 let _ = tx.send(Vec::new());
                 let (mut rd, mut wr) = c.split();
@@ -336,9 +279,7 @@ async fn fake_server(
 async fn read_clc(c: &mut TcpStream) -> ClcMessage {
     let mut buf = vec![0u8; CLC_HEADER_LEN];
     c.read_exact(&mut buf).await.unwrap();
-    let Decoded::NeedMore(total) = decode(&buf).unwrap() else {
-        panic!("header only")
-    };
+    let Decoded::NeedMore(total) = decode(&buf).unwrap() else { panic!("header only") };
     buf.resize(total, 0);
     c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
     match decode(&buf).unwrap() {
@@ -350,21 +291,9 @@ async fn read_clc(c: &mut TcpStream) -> ClcMessage {
 #[tokio::test]
 async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
     for reason in DeclineReason::ALL {
-        let (addr, _rx) = fake_server(move |p| {
-            ClcMessage::Decline(Decline {
-                token: p.token(),
-                reason,
-            })
-        })
-        .await;
+        let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { token: p.token(), reason })).await;
         let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
-        assert_eq!(
-            s.transport(),
-            Transport::Tcp(FallbackReason::Declined {
-                reason,
-                by: Side::Peer
-            })
-        );
+        assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
         let data = Rng::new(reason as u64).bytes(100_000);
         bounded(10, echo_check(s, &data, 3000, reason as u64)).await;
     }
@@ -390,13 +319,7 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         });
         c.write_all(&accept.encode().unwrap()).await.unwrap();
         let d = read_clc(&mut c).await;
-        assert_eq!(
-            d,
-            ClcMessage::Decline(Decline {
-                token: p.token(),
-                reason: DeclineReason::NoCommonTransport
-            })
-        );
+        assert_eq!(d, ClcMessage::Decline(Decline { token: p.token(), reason: DeclineReason::NoCommonTransport }));
         let mut b = [0u8; 5];
         c.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"after");
@@ -404,48 +327,31 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
     let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
     assert_eq!(
         s.transport(),
-        Transport::Tcp(FallbackReason::Declined {
-            reason: DeclineReason::NoCommonTransport,
-            by: Side::Local
-        })
+        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
     );
     s.write_all(b"after").await.unwrap();
     bounded(10, server).await.unwrap();
 }
 
 /// A fake client: sends `proposal_bytes`, then returns the stream and what the server answered.
-async fn fake_client(
-    addr: std::net::SocketAddr,
-    proposal_bytes: &[u8],
-) -> (TcpStream, Option<ClcMessage>) {
+async fn fake_client(addr: std::net::SocketAddr, proposal_bytes: &[u8]) -> (TcpStream, Option<ClcMessage>) {
     let mut c = TcpStream::connect(addr).await.unwrap();
     c.write_all(proposal_bytes).await.unwrap();
     let mut hdr = [0u8; CLC_HEADER_LEN];
     if c.read_exact(&mut hdr).await.is_err() {
         return (c, None);
     }
-    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else {
-        panic!()
-    };
+    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else { panic!() };
     let mut buf = hdr.to_vec();
     buf.resize(total, 0);
     c.read_exact(&mut buf[CLC_HEADER_LEN..]).await.unwrap();
-    let Decoded::Message(m, _) = decode(&buf).unwrap() else {
-        panic!()
-    };
+    let Decoded::Message(m, _) = decode(&buf).unwrap() else { panic!() };
     (c, Some(m))
 }
 
 fn proposal_bytes() -> Vec<u8> {
     use smc_tokio::proto::clc::{Proposal, Token};
-    ClcMessage::Proposal(Proposal {
-        token: Token([9; 16]),
-        rmb_size: 0,
-        shm: None,
-        rdma: None,
-    })
-    .encode()
-    .unwrap()
+    ClcMessage::Proposal(Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
 }
 
 #[tokio::test]
@@ -536,10 +442,7 @@ async fn vectored_writes_and_stream_accessors() {
     assert!(s.local_addr().unwrap().port() != 0);
     s.set_nodelay(true).unwrap();
     assert!(s.nodelay().unwrap());
-    let bufs = [
-        std::io::IoSlice::new(b"hello "),
-        std::io::IoSlice::new(b"vectored"),
-    ];
+    let bufs = [std::io::IoSlice::new(b"hello "), std::io::IoSlice::new(b"vectored")];
     let mut sent = 0;
     while sent < 14 {
         sent += s.write_vectored(&bufs).await.unwrap();

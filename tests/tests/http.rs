@@ -23,9 +23,7 @@ async fn hello_server() -> SocketAddr {
                     let body = format!("hello via {}", transport.as_str());
                     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
             });
         }
     });
@@ -36,10 +34,7 @@ async fn hello_server() -> SocketAddr {
 async fn curl_gets_hello() {
     let addr = hello_server().await;
     let url = format!("http://{addr}/");
-    let out = tokio::process::Command::new("curl")
-        .args(["-s", "--max-time", "10", &url])
-        .output()
-        .await;
+    let out = tokio::process::Command::new("curl").args(["-s", "--max-time", "10", &url]).output().await;
     match out {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             // .ci/run installs curl; a machine without it skips loudly instead of failing.
@@ -59,21 +54,13 @@ async fn hyper_client_over_smc_stream_keeps_alive() {
     let stream = SmcStream::connect(addr).await.unwrap();
     let transport = stream.transport();
     assert_eq!(transport, Transport::SmcD, "hyper runs over shared memory");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
     for _ in 0..3 {
-        let req = Request::get("/")
-            .header("host", "x")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
+        let req = Request::get("/").header("host", "x").body(Empty::<Bytes>::new()).unwrap();
         let resp = bounded(10, sender.send_request(req)).await.unwrap();
         assert!(resp.status().is_success());
         let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(
-            &body[..],
-            format!("hello via {}", transport.as_str()).as_bytes()
-        );
+        assert_eq!(&body[..], format!("hello via {}", transport.as_str()).as_bytes());
     }
 }

@@ -32,11 +32,7 @@ async fn integrity(n: usize, bytes: usize, max_io: usize) {
     for i in 0..n as u64 {
         tasks.push(tokio::spawn(async move {
             let s = smc(addr).await;
-            assert_eq!(
-                s.link_group(),
-                Some(group),
-                "connections share one link group"
-            );
+            assert_eq!(s.link_group(), Some(group), "connections share one link group");
             let data = Rng::new(i + 1).bytes(bytes);
             echo_check(s, &data, max_io, i).await;
         }));
@@ -65,21 +61,10 @@ async fn integrity_1000_connections_one_link_group() {
 #[tokio::test]
 async fn integrity_current_thread_tiny_ring() {
     // A 4 KiB ring forces wrap-around, blocking and consumer updates on every few writes.
-    let l = SmcListener::builder()
-        .shm(ShmConfig::default().rmb_size(4096))
-        .bind("127.0.0.1:0")
-        .await
-        .unwrap();
+    let l = SmcListener::builder().shm(ShmConfig::default().rmb_size(4096)).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     spawn_echo(l);
-    let s = bounded(
-        10,
-        SmcStream::builder()
-            .shm(ShmConfig::default().rmb_size(4096))
-            .connect(addr),
-    )
-    .await
-    .unwrap();
+    let s = bounded(10, SmcStream::builder().shm(ShmConfig::default().rmb_size(4096)).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::SmcD);
     let data = Rng::new(77).bytes(2 << 20);
     bounded(60, echo_check(s, &data, 9000, 77)).await;
@@ -89,11 +74,7 @@ async fn integrity_current_thread_tiny_ring() {
 async fn vectored_and_split_halves() {
     let addr = echo_server().await;
     let mut s = smc(addr).await;
-    let bufs = [
-        std::io::IoSlice::new(b"vec"),
-        std::io::IoSlice::new(b""),
-        std::io::IoSlice::new(b"tored"),
-    ];
+    let bufs = [std::io::IoSlice::new(b"vec"), std::io::IoSlice::new(b""), std::io::IoSlice::new(b"tored")];
     assert_eq!(s.write_vectored(&bufs).await.unwrap(), 8);
     let mut got = [0u8; 8];
     bounded(10, s.read_exact(&mut got)).await.unwrap();
@@ -134,10 +115,7 @@ async fn half_close_close_and_abort_match_tcp() {
     let mut resp = Vec::new();
     bounded(10, s.read_to_end(&mut resp)).await.unwrap();
     assert_eq!(resp, b"req+reply");
-    assert!(
-        s.write_all(b"x").await.is_err(),
-        "write after shutdown fails"
-    );
+    assert!(s.write_all(b"x").await.is_err(), "write after shutdown fails");
 
     let mut s = smc(addr).await;
     s.write_all(b"abcdef").await.unwrap();
@@ -222,17 +200,10 @@ async fn cross_process_client_and_server() {
     let s = smc(addr).await;
     let data = Rng::new(5).bytes(4 << 20);
     bounded(60, echo_check(s, &data, 100_000, 5)).await;
-    let out = tokio::process::Command::new(peer_binary())
-        .args(["client", &addr.to_string()])
-        .output()
-        .await
-        .unwrap();
+    let out = tokio::process::Command::new(peer_binary()).args(["client", &addr.to_string()]).output().await.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("TRANSPORT smc-d") && text.contains("OK"),
-        "{text}"
-    );
+    assert!(text.contains("TRANSPORT smc-d") && text.contains("OK"), "{text}");
     child.kill().await.unwrap();
 }
 
@@ -242,9 +213,7 @@ async fn cross_process_client_and_server() {
 async fn corrupt_cdc_messages_abort_only_their_connection() {
     type Corrupt = fn(&mut [u8; 64]);
     let cases: [(&str, Corrupt); 7] = [
-        ("producer cursor beyond the ring", |f| {
-            f[14..18].copy_from_slice(&u32::MAX.to_be_bytes())
-        }),
+        ("producer cursor beyond the ring", |f| f[14..18].copy_from_slice(&u32::MAX.to_be_bytes())),
         ("producer cursor a whole wrap ahead", |f| {
             let w = u16::from_be_bytes([f[12], f[13]]).wrapping_add(2);
             f[12..14].copy_from_slice(&w.to_be_bytes())
@@ -253,9 +222,7 @@ async fn corrupt_cdc_messages_abort_only_their_connection() {
             let w = u16::from_be_bytes([f[12], f[13]]).wrapping_sub(1);
             f[12..14].copy_from_slice(&w.to_be_bytes())
         }),
-        ("consumer cursor beyond what was produced", |f| {
-            f[20..24].copy_from_slice(&1_000_000u32.to_be_bytes())
-        }),
+        ("consumer cursor beyond what was produced", |f| f[20..24].copy_from_slice(&1_000_000u32.to_be_bytes())),
         ("unknown flag bits", |f| f[1] = 0x80),
         ("wrong sequence number", |f| {
             let s = u32::from_be_bytes([f[4], f[5], f[6], f[7]]).wrapping_add(5);
@@ -269,11 +236,7 @@ async fn corrupt_cdc_messages_abort_only_their_connection() {
     let (mut good_rd, mut good_wr) = good.into_split();
     for (i, (what, corrupt)) in cases.into_iter().enumerate() {
         let mut victim = smc(addr).await;
-        assert_eq!(
-            victim.link_group(),
-            group,
-            "victim shares the good connection's link group"
-        );
+        assert_eq!(victim.link_group(), group, "victim shares the good connection's link group");
         victim.write_all(b"before").await.unwrap();
         let mut b = [0u8; 6];
         bounded(10, victim.read_exact(&mut b)).await.unwrap();
@@ -297,34 +260,21 @@ async fn corrupt_cdc_messages_abort_only_their_connection() {
             good_rd.read_exact(&mut back).await.map(|_| back)
         });
         w.unwrap();
-        assert!(
-            r.unwrap() == data,
-            "case {what}: other connection corrupted"
-        );
+        assert!(r.unwrap() == data, "case {what}: other connection corrupted");
     }
 }
 
 #[tokio::test]
 async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("ip").arg("-V").output().is_err()
-    {
+    if unsafe { libc::geteuid() } != 0 || std::process::Command::new("ip").arg("-V").output().is_err() {
         eprintln!("SKIPPED a_client_in_another_network_namespace_falls_back_to_tcp: needs root and iproute2");
         return;
     }
     let ns = format!("smct{}", std::process::id());
-    let (host, peer) = (
-        format!("vsh{}", std::process::id() % 100000),
-        format!("vsp{}", std::process::id() % 100000),
-    );
+    let (host, peer) = (format!("vsh{}", std::process::id() % 100000), format!("vsp{}", std::process::id() % 100000));
     let sh = |args: &str| {
-        let ok = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(args)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
+        let ok = std::process::Command::new("sh").arg("-c").arg(args).status().map(|s| s.success()).unwrap_or(false);
         assert!(ok, "setup failed: {args}");
     };
     let net = 10 + (std::process::id() % 200);
@@ -332,18 +282,10 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
     let cleanup = scopeguard(ns.clone(), host.clone());
     sh(&format!("ip link add {host} type veth peer name {peer}"));
     sh(&format!("ip link set {peer} netns {ns}"));
-    sh(&format!(
-        "ip addr add 10.213.{net}.1/24 dev {host} && ip link set {host} up"
-    ));
-    sh(&format!(
-        "ip netns exec {ns} ip addr add 10.213.{net}.2/24 dev {peer}"
-    ));
-    sh(&format!(
-        "ip netns exec {ns} ip link set {peer} up && ip netns exec {ns} ip link set lo up"
-    ));
-    let l = SmcListener::bind(format!("10.213.{net}.1:0"))
-        .await
-        .unwrap();
+    sh(&format!("ip addr add 10.213.{net}.1/24 dev {host} && ip link set {host} up"));
+    sh(&format!("ip netns exec {ns} ip addr add 10.213.{net}.2/24 dev {peer}"));
+    sh(&format!("ip netns exec {ns} ip link set {peer} up && ip netns exec {ns} ip link set lo up"));
+    let l = SmcListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -353,27 +295,13 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
         t
     });
     let out = tokio::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            peer_binary(),
-            "client",
-            &addr.to_string(),
-        ])
+        .args(["netns", "exec", &ns, peer_binary(), "client", &addr.to_string()])
         .output()
         .await
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "client in namespace failed: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("TRANSPORT tcp (declined locally: no common transport)"),
-        "{text}"
-    );
+    assert!(out.status.success(), "client in namespace failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("TRANSPORT tcp (declined locally: no common transport)"), "{text}");
     assert!(text.contains("OK"), "{text}");
     let t = bounded(10, server).await.unwrap();
     assert!(matches!(t, Transport::Tcp(_)), "server saw {t}");
@@ -388,11 +316,7 @@ fn scopeguard(ns: String, veth: String) -> NsGuard {
 
 impl Drop for NsGuard {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.1])
-            .status();
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .status();
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.1]).status();
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }

@@ -101,22 +101,17 @@ fn usage() -> &'static str {
 }
 
 fn parse_list<T>(v: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    v.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| f(s.trim()))
-        .collect()
+    v.split(',').filter(|s| !s.is_empty()).map(|s| f(s.trim())).collect()
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
     let (num, mul) = match s.to_ascii_lowercase() {
-        x if x.ends_with("kib") || x.ends_with('k') => (
-            x.trim_end_matches("kib").trim_end_matches('k').to_string(),
-            1024,
-        ),
-        x if x.ends_with("mib") || x.ends_with('m') => (
-            x.trim_end_matches("mib").trim_end_matches('m').to_string(),
-            1 << 20,
-        ),
+        x if x.ends_with("kib") || x.ends_with('k') => {
+            (x.trim_end_matches("kib").trim_end_matches('k').to_string(), 1024)
+        }
+        x if x.ends_with("mib") || x.ends_with('m') => {
+            (x.trim_end_matches("mib").trim_end_matches('m').to_string(), 1 << 20)
+        }
         x => (x, 1),
     };
     let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
@@ -144,11 +139,7 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
         shm: ShmConfig::default(),
     };
     while let Some(a) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value"))
-        };
+        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--scenario" => {
                 o.scenarios = Some(parse_list(&val()?, |s| match s {
@@ -208,10 +199,7 @@ struct Case {
 }
 
 fn cases(o: &Opts) -> Vec<Case> {
-    let scenarios =
-        o.scenarios
-            .clone()
-            .unwrap_or(vec![Scenario::Rr, Scenario::Stream, Scenario::Crr]);
+    let scenarios = o.scenarios.clone().unwrap_or(vec![Scenario::Rr, Scenario::Stream, Scenario::Crr]);
     let mut out = Vec::new();
     for s in scenarios {
         let sizes = o.sizes.clone().unwrap_or(match s {
@@ -224,11 +212,7 @@ fn cases(o: &Opts) -> Vec<Case> {
             _ => 1,
         });
         for size in sizes {
-            out.push(Case {
-                scenario: s,
-                size,
-                conns,
-            });
+            out.push(Case { scenario: s, size, conns });
         }
     }
     out
@@ -274,11 +258,7 @@ impl Conn {
 }
 
 impl AsyncRead for Conn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Smc(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
@@ -288,11 +268,7 @@ impl AsyncRead for Conn {
 }
 
 impl AsyncWrite for Conn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Smc(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
@@ -318,11 +294,7 @@ impl AsyncWrite for Conn {
 async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
     Ok(match kind {
         Kind::Smc => {
-            let s = SmcStream::builder()
-                .policy(Policy::Auto)
-                .shm(target.shm.clone())
-                .connect(target.tcp)
-                .await?;
+            let s = SmcStream::builder().policy(Policy::Auto).shm(target.shm.clone()).connect(target.tcp).await?;
             s.set_nodelay(true)?;
             Conn::Smc(s)
         }
@@ -332,10 +304,7 @@ async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
             Conn::Tcp(s)
         }
         Kind::Unix => {
-            let path = target
-                .unix
-                .as_ref()
-                .ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
+            let path = target.unix.as_ref().ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
             Conn::Unix(UnixStream::connect(path).await?)
         }
     })
@@ -385,11 +354,7 @@ struct ServerHandles {
 /// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
 /// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
 /// `UnixListener`.
-async fn start_server(
-    listen: &str,
-    unix: Option<PathBuf>,
-    shm: ShmConfig,
-) -> io::Result<(ServerHandles, SocketAddr)> {
+async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io::Result<(ServerHandles, SocketAddr)> {
     let smc = SmcListener::builder().shm(shm).bind(listen).await?;
     let smc_addr = smc.local_addr()?;
     tokio::spawn(async move {
@@ -524,9 +489,7 @@ async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> i
     let elapsed = start.elapsed().as_secs_f64();
     let got = u64::from_le_bytes(total);
     if got != sent {
-        return Err(io::Error::other(format!(
-            "server counted {got} bytes, client sent {sent}"
-        )));
+        return Err(io::Error::other(format!("server counted {got} bytes, client sent {sent}")));
     }
     Ok(Measure {
         negotiated,
@@ -544,12 +507,7 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..case.conns {
-        let (stop, errors, negotiated, target) = (
-            stop.clone(),
-            errors.clone(),
-            negotiated.clone(),
-            target.clone(),
-        );
+        let (stop, errors, negotiated, target) = (stop.clone(), errors.clone(), negotiated.clone(), target.clone());
         let size = case.size;
         tasks.push(tokio::task::spawn_local(async move {
             let msg = vec![0x3cu8; size];
@@ -672,17 +630,7 @@ fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
 fn print_table(rows: &[Row]) {
     println!(
         "{:<7} {:>7} {:>5} {:<5} {:<22} {:>9} {:>9} {:>9} {:>11} {:>10} {:>8}  vs tcp",
-        "scen",
-        "size",
-        "conns",
-        "trans",
-        "negotiated",
-        "p50_us",
-        "p99_us",
-        "p999_us",
-        "ops/s",
-        "MB/s",
-        "errors"
+        "scen", "size", "conns", "trans", "negotiated", "p50_us", "p99_us", "p999_us", "ops/s", "MB/s", "errors"
     );
     for r in rows {
         let vs = match ratio(r, rows) {
@@ -755,18 +703,13 @@ fn pin_to(cpu: usize) {
         libc::CPU_ZERO(&mut set);
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            eprintln!(
-                "smcperf: could not pin to cpu {cpu}: {}",
-                io::Error::last_os_error()
-            );
+            eprintln!("smcperf: could not pin to cpu {cpu}: {}", io::Error::last_os_error());
         }
     }
 }
 
 fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
 }
 
 fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
@@ -777,27 +720,15 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
         for &kind in &opts.transports {
             let mut runs = Vec::new();
             for _ in 0..opts.runs {
-                let m = local
-                    .block_on(&rt, run_case(kind, target, case, opts.duration))
-                    .map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!(
-                                "{} {} over {}: {e}",
-                                case.scenario.name(),
-                                case.size,
-                                kind.name()
-                            ),
-                        )
-                    })?;
+                let m = local.block_on(&rt, run_case(kind, target, case, opts.duration)).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
+                    )
+                })?;
                 runs.push(m);
             }
-            rows.push(Row {
-                case,
-                kind,
-                m: combine(runs),
-                runs: opts.runs,
-            });
+            rows.push(Row { case, kind, m: combine(runs), runs: opts.runs });
         }
     }
     Ok(rows)
@@ -809,36 +740,30 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
     let pin = opts.pin;
     let server_unix = unix.clone();
     let server_shm = opts.shm.clone();
-    std::thread::Builder::new()
-        .name("smcperf-server".into())
-        .spawn(move || {
-            if pin {
-                pin_to(0);
-            }
-            let rt = match runtime() {
-                Ok(rt) => rt,
-                Err(e) => return drop(tx.send(Err(e))),
-            };
-            rt.block_on(async move {
-                match start_server("127.0.0.1:0", Some(server_unix), server_shm).await {
-                    Ok(h) => {
-                        let _ = tx.send(Ok(h));
-                        std::future::pending::<()>().await
-                    }
-                    Err(e) => drop(tx.send(Err(e))),
+    std::thread::Builder::new().name("smcperf-server".into()).spawn(move || {
+        if pin {
+            pin_to(0);
+        }
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(e) => return drop(tx.send(Err(e))),
+        };
+        rt.block_on(async move {
+            match start_server("127.0.0.1:0", Some(server_unix), server_shm).await {
+                Ok(h) => {
+                    let _ = tx.send(Ok(h));
+                    std::future::pending::<()>().await
                 }
-            })
-        })?;
+                Err(e) => drop(tx.send(Err(e))),
+            }
+        })
+    })?;
     let (handles, smc_addr) = rx.recv().map_err(io::Error::other)??;
     if pin {
         pin_to(1);
     }
     let targets = |kind: Kind| Target {
-        tcp: if kind == Kind::Tcp {
-            handles.tcp_addr
-        } else {
-            smc_addr
-        },
+        tcp: if kind == Kind::Tcp { handles.tcp_addr } else { smc_addr },
         unix: handles.unix.clone(),
         shm: opts.shm.clone(),
     };
@@ -875,8 +800,7 @@ fn main() -> ExitCode {
             let listen = opts.listen.clone().unwrap_or_else(|| "0.0.0.0:7777".into());
             let r = runtime().and_then(|rt| {
                 rt.block_on(async {
-                    let (h, smc_addr) =
-                        start_server(&listen, opts.unix.clone(), opts.shm.clone()).await?;
+                    let (h, smc_addr) = start_server(&listen, opts.unix.clone(), opts.shm.clone()).await?;
                     eprintln!(
                         "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}",
                         h.tcp_addr, h.unix
@@ -894,14 +818,7 @@ fn main() -> ExitCode {
             match connect.parse::<SocketAddr>() {
                 Ok(addr) => {
                     // The server's smc listener serves plain tcp clients too, over TCP.
-                    run_client(
-                        &opts,
-                        &Target {
-                            tcp: addr,
-                            unix: opts.unix.clone(),
-                            shm: opts.shm.clone(),
-                        },
-                    )
+                    run_client(&opts, &Target { tcp: addr, unix: opts.unix.clone(), shm: opts.shm.clone() })
                 }
                 Err(e) => {
                     eprintln!("bad --connect {connect:?}: {e}");

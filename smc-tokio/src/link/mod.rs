@@ -63,9 +63,17 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn rx_rmb_size(&self) -> u32;
     /// Copies `data` to offset `offset` of the peer's RMB `rmb`.
     fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
+    /// Lets `fill` write straight into `len` bytes at `offset` of the peer's RMB `rmb` (for
+    /// sendfile: a `pread` lands in the ring, no bounce buffer). Returns what `fill` returned.
+    fn rmb_fill(
+        &self,
+        rmb: u32,
+        offset: u32,
+        len: u32,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+    ) -> Result<io::Result<usize>, LinkError>;
     /// Copies `dst.len()` bytes at `offset` of our RMB `rmb` into `dst`.
-    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>])
-        -> Result<(), LinkError>;
+    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError>;
     /// Hands a CDC message to the peer. `Ok(false)`: the peer's queue is full; the link asks the
     /// peer for space and [`poll_event`](Link::poll_event) reports when to retry.
     fn cdc_send(&self, msg: &CdcMsg) -> Result<bool, LinkError> {
@@ -76,11 +84,7 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Takes up to `max` received CDC frames (raw: the caller decodes and validates them).
     /// Non-blocking; `Ok(0)` when none are waiting. Returns `Ok(None)` when another caller is
     /// receiving right now (it will dispatch what arrives).
-    fn cdc_recv(
-        &self,
-        out: &mut Vec<[u8; CDC_MSG_LEN]>,
-        max: usize,
-    ) -> Result<Option<usize>, LinkError>;
+    fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError>;
     /// Waits for the peer: arms the completion source (doorbell or completion channel) and
     /// polls it. `Ready(Ok(()))`: something may have arrived, or space may have been freed;
     /// call [`cdc_recv`](Link::cdc_recv) and retry blocked sends. Errors end the link.

@@ -70,10 +70,7 @@ pub struct SmcListener {
 
 impl fmt::Debug for SmcListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SmcListener")
-            .field("local", &self.tcp.local_addr().ok())
-            .field("config", &self.config)
-            .finish()
+        f.debug_struct("SmcListener").field("local", &self.tcp.local_addr().ok()).field("config", &self.config).finish()
     }
 }
 
@@ -309,10 +306,7 @@ async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Resu
         if let Some(c) = classify(&buf[..n]) {
             return Ok(Some(c));
         }
-        if tokio::time::timeout_at(deadline, tokio::time::sleep(backoff))
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(backoff)).await.is_err() {
             return Ok(None);
         }
         backoff = (backoff * 2).min(Duration::from_millis(16));
@@ -340,13 +334,9 @@ async fn serve(
                     }
                     (Outcome::Smc { .. }, Some(conn)) => Served::Smc(conn),
                     (Outcome::Smc { .. }, None) => {
-                        return Err(io::Error::other(
-                            "handshake agreed on a link without a connection",
-                        ))
+                        return Err(io::Error::other("handshake agreed on a link without a connection"))
                     }
-                    (Outcome::Failed(e), _) => {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, e))
-                    }
+                    (Outcome::Failed(e), _) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
                 },
             };
             Ok::<_, io::Error>(served)
@@ -402,12 +392,7 @@ async fn server_handshake(
                     hs.decline(DeclineReason::NoCommonTransport);
                     continue;
                 }
-                match Manager::global().server_accept(
-                    acceptor,
-                    &p,
-                    &config.shm,
-                    config.handshake_timeout,
-                ) {
+                match Manager::global().server_accept(acceptor, &p, &config.shm, config.handshake_timeout) {
                     Ok((conn, info)) => {
                         proposed_rmb = p.rmb_size;
                         pending.set(conn);
@@ -420,19 +405,14 @@ async fn server_handshake(
                 }
             }
             Step::Done(o) => {
-                let Outcome::Smc {
-                    peer: LinkInfo::Shm(c),
-                    ..
-                } = &o
-                else {
+                let Outcome::Smc { peer: LinkInfo::Shm(c), .. } = &o else {
                     return Ok((o, None));
                 };
                 let Some(conn) = pending.get() else {
                     return Ok((o, None));
                 };
                 let group = conn.group();
-                if c.link_group != group.id || c.rmb_size != proposed_rmb || !group.is_established()
-                {
+                if c.link_group != group.id || c.rmb_size != proposed_rmb || !group.is_established() {
                     tracing::debug!(?c, "confirm does not match the accepted link");
                     return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
                 }
@@ -455,10 +435,6 @@ mod tests {
         assert_eq!(classify(&CLC_EYECATCHER), Some(Class::Smc));
         assert_eq!(classify(b"G"), Some(Class::Plain));
         assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
-        assert_eq!(
-            classify(&[0x16, 0x03, 0x01, 0x00]),
-            Some(Class::Plain),
-            "TLS client hello"
-        );
+        assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
 }

@@ -58,24 +58,26 @@ impl WriteHalf<'_> {
     pub fn stream(&self) -> &SmcStream {
         self.0
     }
+
+    /// Corks the stream until the guard drops; see [`SmcStream::cork`].
+    pub fn cork(&self) -> crate::CorkGuard {
+        self.0.cork()
+    }
+
+    /// Sends part of a file without a user-space buffer; see [`SmcStream::sendfile`].
+    pub async fn sendfile<F: std::os::fd::AsFd>(&mut self, file: &F, offset: u64, len: u64) -> io::Result<u64> {
+        self.0.sendfile_priv(file.as_fd(), offset, len).await
+    }
 }
 
 impl AsyncRead for ReadHalf<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.0.poll_read_priv(cx, buf)
     }
 }
 
 impl AsyncWrite for WriteHalf<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.0.poll_write_priv(cx, buf)
     }
 

@@ -55,15 +55,7 @@ pub struct OwnedWriteHalf {
 }
 
 pub(crate) fn split_owned(stream: Arc<SmcStream>) -> (OwnedReadHalf, OwnedWriteHalf) {
-    (
-        OwnedReadHalf {
-            inner: stream.clone(),
-        },
-        OwnedWriteHalf {
-            inner: stream,
-            shutdown_on_drop: true,
-        },
-    )
+    (OwnedReadHalf { inner: stream.clone() }, OwnedWriteHalf { inner: stream, shutdown_on_drop: true })
 }
 
 /// The halves given to [`OwnedReadHalf::reunite`] came from different streams; they are handed
@@ -117,6 +109,16 @@ impl OwnedWriteHalf {
         other.reunite(self)
     }
 
+    /// Corks the stream until the guard drops; see [`SmcStream::cork`].
+    pub fn cork(&self) -> crate::CorkGuard {
+        self.inner.cork()
+    }
+
+    /// Sends part of a file without a user-space buffer; see [`SmcStream::sendfile`].
+    pub async fn sendfile<F: std::os::fd::AsFd>(&mut self, file: &F, offset: u64, len: u64) -> io::Result<u64> {
+        self.inner.sendfile_priv(file.as_fd(), offset, len).await
+    }
+
     /// Drops the half without shutting the write direction down.
     pub fn forget(mut self) {
         self.shutdown_on_drop = false;
@@ -148,21 +150,13 @@ impl Drop for OwnedWriteHalf {
 }
 
 impl AsyncRead for OwnedReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.inner.poll_read_priv(cx, buf)
     }
 }
 
 impl AsyncWrite for OwnedWriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.inner.poll_write_priv(cx, buf)
     }
 

@@ -3,6 +3,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -16,6 +17,7 @@ use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_NEGATIVE_CACHE_TT
 use crate::error::SmcError;
 use crate::handshake::{advance, Step};
 use crate::negative_cache::NegativeCache;
+use crate::net::cork::CorkGuard;
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
@@ -64,6 +66,8 @@ pub struct SmcStream {
     tcp: Arc<TcpStream>,
     transport: Transport,
     smc: Option<SmcInner>,
+    /// Cork guards alive on the TCP path.
+    tcp_corks: Arc<AtomicUsize>,
 }
 
 /// The SMC side of a stream that left TCP.
@@ -135,11 +139,7 @@ impl SmcStream {
     }
 
     pub(crate) fn from_tcp(tcp: TcpStream, transport: Transport) -> SmcStream {
-        SmcStream {
-            tcp: Arc::new(tcp),
-            transport,
-            smc: None,
-        }
+        SmcStream { tcp: Arc::new(tcp), transport, smc: None, tcp_corks: Arc::default() }
     }
 
     /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
@@ -147,11 +147,7 @@ impl SmcStream {
         let tcp = Arc::new(tcp);
         conn.hold_tcp(tcp.clone());
         let watcher = tokio::spawn(watch_tcp(tcp.clone(), Arc::downgrade(&conn))).abort_handle();
-        SmcStream {
-            tcp,
-            transport,
-            smc: Some(SmcInner { conn, watcher }),
-        }
+        SmcStream { tcp, transport, smc: Some(SmcInner { conn, watcher }), tcp_corks: Arc::default() }
     }
 
     /// What the connection uses: TCP (with the reason it stayed there), SMC-D or SMC-R.
@@ -209,11 +205,7 @@ impl SmcStream {
         split_owned(Arc::new(self))
     }
 
-    pub(crate) fn poll_read_priv(
-        &self,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_read_priv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_read(cx, buf);
         }
@@ -248,11 +240,7 @@ impl SmcStream {
         }
     }
 
-    pub(crate) fn poll_write_priv(
-        &self,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    pub(crate) fn poll_write_priv(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_write(cx, data);
         }
@@ -283,8 +271,100 @@ impl SmcStream {
     }
 
     pub(crate) fn poll_flush_priv(&self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // TCP sends at once (subject to Nagle, which TCP_NODELAY controls); nothing is held here.
-        Poll::Ready(Ok(()))
+        match &self.smc {
+            // Announces everything written, cork or not.
+            Some(s) => Poll::Ready(s.conn.flush()),
+            // TCP sends at once (subject to Nagle and TCP_CORK): a flush under a cork pushes.
+            None => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
+        }
+    }
+
+    /// Corks the stream until the returned guard drops: writes are collected and pushed to the
+    /// peer together (see [`CorkGuard`]). Guards nest; the last one to drop pushes.
+    pub fn cork(&self) -> CorkGuard {
+        match &self.smc {
+            Some(s) => CorkGuard::smc(s.conn.clone()),
+            None => CorkGuard::tcp(self.tcp.clone(), self.tcp_corks.clone()),
+        }
+    }
+
+    /// Sends up to `len` bytes of `file` starting at `offset`, and resolves to the number of
+    /// bytes sent, without a user-space buffer: over shared memory the file is read straight
+    /// into the peer's receive ring (one `pread` per chunk, one copy), over TCP with
+    /// `sendfile(2)`. All chunks but the last are corked; the last one pushes (the kernel's
+    /// `MSG_SENDPAGE_NOTLAST`), unless a [`cork`](SmcStream::cork) guard is held, in which case
+    /// the guard's drop pushes.
+    ///
+    /// - A file shorter than `offset + len` sends what there is: the result is smaller than
+    ///   `len` (0 when `offset` is at or past the end). A file that shrinks while it is sent
+    ///   ends the same way, at its new end. Over shared memory each byte is copied when it is
+    ///   read from the file; over TCP, `sendfile(2)` shares page-cache pages with the socket, so
+    ///   bytes still queued when the file changes may carry the new content, as with the
+    ///   kernel's own sendfile.
+    /// - `file` must be a regular file (`InvalidInput` otherwise: pipes and sockets have no
+    ///   offsets to read at).
+    /// - The file is read on the calling task; a file that is not in the page cache blocks it
+    ///   while the disk reads, as `sendfile(2)` does in a non-blocking server.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::AsyncReadExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let path = std::env::temp_dir().join(format!("smc-sendfile-doc-{}", std::process::id()));
+    /// std::fs::write(&path, b"0123456789")?;
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let p = path.clone();
+    /// tokio::spawn(async move {
+    ///     let (mut conn, _) = listener.accept().await?;
+    ///     let file = std::fs::File::open(&p)?;
+    ///     let sent = conn.sendfile(&file, 2, 100).await?;
+    ///     assert_eq!(sent, 8); // the file ends before offset + len
+    ///     std::io::Result::Ok(())
+    /// });
+    /// let mut s = SmcStream::connect(addr).await?;
+    /// let mut got = Vec::new();
+    /// s.read_to_end(&mut got).await?;
+    /// assert_eq!(got, b"23456789");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn sendfile<F: AsFd>(&mut self, file: &F, offset: u64, len: u64) -> io::Result<u64> {
+        self.sendfile_priv(file.as_fd(), offset, len).await
+    }
+
+    pub(crate) async fn sendfile_priv(&self, file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<u64> {
+        if !sys::is_regular_file(file)? {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "sendfile needs a regular file"));
+        }
+        let cork = self.cork();
+        let (mut at, mut left) = (offset, len);
+        let res = match &self.smc {
+            Some(s) => std::future::poll_fn(|cx| s.conn.poll_sendfile(cx, file, &mut at, &mut left)).await,
+            None => self.tcp_sendfile(file, &mut at, &mut left).await,
+        };
+        drop(cork);
+        res.map(|()| at - offset)
+    }
+
+    async fn tcp_sendfile(&self, file: BorrowedFd<'_>, at: &mut u64, left: &mut u64) -> io::Result<()> {
+        while *left > 0 {
+            // sendfile(2) moves at most 0x7ffff000 bytes per call.
+            let count = usize::try_from(*left).unwrap_or(usize::MAX).min(0x7fff_f000);
+            self.tcp.writable().await?;
+            match self.tcp.try_io(Interest::WRITABLE, || sys::sendfile(self.tcp.as_fd(), file, at, count)) {
+                Ok(0) => *left = 0, // end of file
+                Ok(n) => *left -= n as u64,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
@@ -300,21 +380,13 @@ impl SmcStream {
 }
 
 impl AsyncRead for SmcStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.poll_read_priv(cx, buf)
     }
 }
 
 impl AsyncWrite for SmcStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         self.poll_write_priv(cx, buf)
     }
 
@@ -438,17 +510,11 @@ impl SmcStreamBuilder {
                 Err(e) => last_err = Some(e),
             }
         }
-        Err(last_err.unwrap_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "could not resolve to any address",
-            )
-        }))
+        Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
 
     async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
-        let span =
-            tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
+        let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
         let res = self.connect_addr_inner(addr).instrument(span.clone()).await;
         if let Ok(s) = &res {
             span.record("transport", tracing::field::display(s.transport()));
@@ -470,10 +536,7 @@ impl SmcStreamBuilder {
             if self.policy == Policy::Never {
                 return Err(SmcError::FallbackRefused(FallbackReason::NegativeCache).into());
             }
-            return fallback(
-                FallbackReason::NegativeCache,
-                TcpStream::connect(addr).await?,
-            );
+            return fallback(FallbackReason::NegativeCache, TcpStream::connect(addr).await?);
         }
 
         let mut tcp = TcpStream::connect(addr).await?;
@@ -481,26 +544,17 @@ impl SmcStreamBuilder {
         let offer = manager.client_offer(addr, &self.shm);
         let rmb_size = offer.as_ref().map_or(0, |o| o.1);
         let token = sys::random_token()?;
-        let proposal = Proposal {
-            token,
-            rmb_size,
-            shm: offer.map(|o| o.0),
-            rdma: None,
-        };
-        let mut hs = ClientHandshake::new(proposal, Instant::now(), self.handshake_timeout)
-            .map_err(SmcError::Handshake)?;
+        let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma: None };
+        let mut hs =
+            ClientHandshake::new(proposal, Instant::now(), self.handshake_timeout).map_err(SmcError::Handshake)?;
         let mut pending: Option<Arc<SmcConn>> = None;
         let outcome = loop {
             match advance(&mut tcp, &mut hs).await {
                 Ok(Step::Event(ClientEvent::Accepted(accept))) => match &accept.link {
                     LinkInfo::Shm(info) if rmb_size != 0 => {
-                        let left = hs.poll_timeout().map_or(Duration::ZERO, |d| {
-                            d.saturating_duration_since(Instant::now())
-                        });
-                        match manager
-                            .client_accept(addr, token, info, rmb_size, &self.shm, left)
-                            .await
-                        {
+                        let left =
+                            hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+                        match manager.client_accept(addr, token, info, rmb_size, &self.shm, left).await {
                             Ok((conn, confirm)) => {
                                 hs.confirm(LinkInfo::Shm(confirm));
                                 pending = Some(conn);
@@ -556,14 +610,9 @@ impl SmcStreamBuilder {
             Ok(Outcome::Smc { .. }) => {
                 // The machine agreed on a link we have no connection for: cannot happen, since
                 // confirm() is only called with one; fail loudly rather than pretend.
-                Err(io::Error::other(
-                    "handshake agreed on a link without a connection",
-                ))
+                Err(io::Error::other("handshake agreed on a link without a connection"))
             }
-            Ok(Outcome::Failed(err)) => {
-                self.reconnect_plain(addr, tcp, SmcError::Handshake(err).into())
-                    .await
-            }
+            Ok(Outcome::Failed(err)) => self.reconnect_plain(addr, tcp, SmcError::Handshake(err).into()).await,
             // Reset or closed mid-handshake: plain servers often do that to bytes they do not
             // understand. Same treatment as a failed handshake.
             Err(e) => self.reconnect_plain(addr, tcp, e).await,
@@ -572,21 +621,13 @@ impl SmcStreamBuilder {
 
     /// The server is not ours (or misbehaved) and the stream is unusable: remember it and, under
     /// [`Policy::Auto`], reconnect as plain TCP; under [`Policy::Never`], fail with `err`.
-    async fn reconnect_plain(
-        &self,
-        addr: SocketAddr,
-        tcp: TcpStream,
-        err: io::Error,
-    ) -> io::Result<SmcStream> {
+    async fn reconnect_plain(&self, addr: SocketAddr, tcp: TcpStream, err: io::Error) -> io::Result<SmcStream> {
         tracing::debug!(%err, "peer did not complete the handshake; remembering it as plain tcp");
         drop(tcp);
         NegativeCache::global().insert(addr, Instant::now(), self.negative_cache_ttl);
         match self.policy {
             Policy::Never => Err(err),
-            _ => Ok(SmcStream::from_tcp(
-                TcpStream::connect(addr).await?,
-                Transport::Tcp(FallbackReason::PeerNoSmc),
-            )),
+            _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
         }
     }
 }

@@ -279,10 +279,7 @@ mod tests {
         assert_eq!(CdcMsg::decode(&b), Err(CdcError::UnknownFlags(0x80)));
         let mut b = good;
         b[2] = CDC_INLINE_MAX as u8 + 1;
-        assert_eq!(
-            CdcMsg::decode(&b),
-            Err(CdcError::InlineTooLong(CDC_INLINE_MAX as u8 + 1))
-        );
+        assert_eq!(CdcMsg::decode(&b), Err(CdcError::InlineTooLong(CDC_INLINE_MAX as u8 + 1)));
         let mut b = good;
         b[3] = 1;
         assert_eq!(CdcMsg::decode(&b), Err(CdcError::Reserved(1)));
@@ -293,15 +290,8 @@ mod tests {
         let mut m = CdcMsg::new(0, 0);
         assert!(m.set_inline(&[1; CDC_INLINE_MAX]).is_ok());
         assert_eq!(m.inline().len(), CDC_INLINE_MAX);
-        assert_eq!(
-            m.set_inline(&[1; CDC_INLINE_MAX + 1]),
-            Err(CdcError::InlineTooLong(41))
-        );
-        assert_eq!(
-            m.inline().len(),
-            CDC_INLINE_MAX,
-            "failed set leaves the message as it was"
-        );
+        assert_eq!(m.set_inline(&[1; CDC_INLINE_MAX + 1]), Err(CdcError::InlineTooLong(41)));
+        assert_eq!(m.inline().len(), CDC_INLINE_MAX, "failed set leaves the message as it was");
         m.set_inline(b"ab").unwrap();
         assert_eq!(m.inline(), b"ab");
     }

@@ -335,17 +335,12 @@ pub enum ClcError {
 impl fmt::Display for ClcError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ClcError::BadEyecatcher => {
-                f.write_str("CLC message does not start with the eyecatcher")
-            }
+            ClcError::BadEyecatcher => f.write_str("CLC message does not start with the eyecatcher"),
             ClcError::BadLength(l) => {
                 write!(f, "CLC length {l} is outside {CLC_MIN_LEN}..={CLC_MAX_LEN}")
             }
             ClcError::UnsupportedVersion { version, .. } => {
-                write!(
-                    f,
-                    "CLC version {version} is not supported (this is {CLC_VERSION})"
-                )
+                write!(f, "CLC version {version} is not supported (this is {CLC_VERSION})")
             }
             ClcError::UnknownType(t) => write!(f, "unknown CLC message type {t}"),
             ClcError::BadTrailer => f.write_str("CLC message does not end with the eyecatcher"),
@@ -401,11 +396,7 @@ impl ClcHeader {
             return Err(ClcError::UnsupportedVersion { version: h[4], len });
         }
         let kind = ClcType::from_u8(h[5]).ok_or(ClcError::UnknownType(h[5]))?;
-        Ok(Some(ClcHeader {
-            version: h[4],
-            kind,
-            len: usize::from(len),
-        }))
+        Ok(Some(ClcHeader { version: h[4], kind, len: usize::from(len) }))
     }
 }
 
@@ -436,12 +427,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
             if rmb_size != 0 && RingSize::new(rmb_size).is_none() {
                 return Err(ClcError::BadField("proposal rmb size"));
             }
-            let mut p = Proposal {
-                token,
-                rmb_size,
-                shm: None,
-                rdma: None,
-            };
+            let mut p = Proposal { token, rmb_size, shm: None, rdma: None };
             while !r.buf.is_empty() {
                 let (kind, mut s) = r.section()?;
                 match kind {
@@ -454,12 +440,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
                         })
                     }
                     SECTION_RDMA if p.rdma.is_none() => {
-                        let o = RdmaOffer {
-                            gid: s.array()?,
-                            port: s.u8()?,
-                            mtu: s.u16()?,
-                            qpn: s.u32()?,
-                        };
+                        let o = RdmaOffer { gid: s.array()?, port: s.u8()?, mtu: s.u16()?, qpn: s.u32()? };
                         check_mtu(o.mtu)?;
                         p.rdma = Some(o);
                     }
@@ -554,12 +535,7 @@ impl<'a> Reader<'a> {
     fn section(&mut self) -> Result<(u8, Reader<'a>), ClcError> {
         let kind = self.u8()?;
         let len = self.u16()?;
-        Ok((
-            kind,
-            Reader {
-                buf: self.bytes(usize::from(len))?,
-            },
-        ))
+        Ok((kind, Reader { buf: self.bytes(usize::from(len))? }))
     }
     fn link_section(&mut self) -> Result<LinkInfo, ClcError> {
         if self.buf.is_empty() {
@@ -576,12 +552,7 @@ impl<'a> Reader<'a> {
                     return Err(ClcError::BadField("shm socket name"));
                 }
                 let socket_name = s.bytes(name_len)?.to_vec();
-                LinkInfo::Shm(ShmLinkInfo {
-                    link_group,
-                    rmb_slot,
-                    rmb_size,
-                    socket_name,
-                })
+                LinkInfo::Shm(ShmLinkInfo { link_group, rmb_slot, rmb_size, socket_name })
             }
             SECTION_RDMA => LinkInfo::Rdma(RdmaLinkInfo {
                 gid: s.array()?,
@@ -667,12 +638,9 @@ impl ClcMessage {
     /// Encodes the message. Fails with [`ClcError::BadField`] when a field is outside the range
     /// that [`decode`] accepts, so that everything encoded also decodes.
     pub fn encode(&self) -> Result<Vec<u8>, ClcError> {
-        let mut w = Writer {
-            buf: Vec::with_capacity(128),
-        };
+        let mut w = Writer { buf: Vec::with_capacity(128) };
         w.buf.extend_from_slice(&CLC_EYECATCHER);
-        w.buf
-            .extend_from_slice(&[CLC_VERSION, self.kind() as u8, 0, 0]);
+        w.buf.extend_from_slice(&[CLC_VERSION, self.kind() as u8, 0, 0]);
         w.buf.extend_from_slice(&self.token().0);
         match self {
             ClcMessage::Proposal(p) => {
@@ -718,12 +686,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn shm_link(name: &[u8]) -> LinkInfo {
-        LinkInfo::Shm(ShmLinkInfo {
-            link_group: 9,
-            rmb_slot: 3,
-            rmb_size: 65536,
-            socket_name: name.to_vec(),
-        })
+        LinkInfo::Shm(ShmLinkInfo { link_group: 9, rmb_slot: 3, rmb_size: 65536, socket_name: name.to_vec() })
     }
 
     fn rdma_link() -> LinkInfo {
@@ -741,48 +704,18 @@ mod tests {
     fn samples() -> Vec<ClcMessage> {
         let t = Token([0x5a; 16]);
         vec![
-            ClcMessage::Proposal(Proposal {
-                token: t,
-                rmb_size: 0,
-                shm: None,
-                rdma: None,
-            }),
+            ClcMessage::Proposal(Proposal { token: t, rmb_size: 0, shm: None, rdma: None }),
             ClcMessage::Proposal(Proposal {
                 token: t,
                 rmb_size: 1 << 16,
-                shm: Some(ShmOffer {
-                    host_id: [2; 16],
-                    pid: 1234,
-                    instance: u64::MAX,
-                    link_group: 0,
-                }),
-                rdma: Some(RdmaOffer {
-                    gid: [3; 16],
-                    port: 1,
-                    mtu: 4096,
-                    qpn: 0,
-                }),
+                shm: Some(ShmOffer { host_id: [2; 16], pid: 1234, instance: u64::MAX, link_group: 0 }),
+                rdma: Some(RdmaOffer { gid: [3; 16], port: 1, mtu: 4096, qpn: 0 }),
             }),
-            ClcMessage::Accept(Accept {
-                token: t,
-                link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]),
-            }),
-            ClcMessage::Accept(Accept {
-                token: t,
-                link: rdma_link(),
-            }),
-            ClcMessage::Confirm(Confirm {
-                token: t,
-                link: shm_link(b""),
-            }),
-            ClcMessage::Confirm(Confirm {
-                token: t,
-                link: rdma_link(),
-            }),
-            ClcMessage::Decline(Decline {
-                token: t,
-                reason: DeclineReason::HandshakeCongested,
-            }),
+            ClcMessage::Accept(Accept { token: t, link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]) }),
+            ClcMessage::Accept(Accept { token: t, link: rdma_link() }),
+            ClcMessage::Confirm(Confirm { token: t, link: shm_link(b"") }),
+            ClcMessage::Confirm(Confirm { token: t, link: rdma_link() }),
+            ClcMessage::Decline(Decline { token: t, reason: DeclineReason::HandshakeCongested }),
         ]
     }
 
@@ -809,10 +742,7 @@ mod tests {
     #[test]
     fn every_decline_reason_round_trips() {
         for r in DeclineReason::ALL {
-            let m = ClcMessage::Decline(Decline {
-                token: Token::default(),
-                reason: r,
-            });
+            let m = ClcMessage::Decline(Decline { token: Token::default(), reason: r });
             let b = m.encode().unwrap();
             assert_eq!(decode(&b).unwrap(), Decoded::Message(m, b.len()));
             assert_eq!(DeclineReason::from_u8(r as u8), Some(r));
@@ -822,12 +752,7 @@ mod tests {
     }
 
     fn decline_bytes() -> Vec<u8> {
-        ClcMessage::Decline(Decline {
-            token: Token::default(),
-            reason: DeclineReason::Timeout,
-        })
-        .encode()
-        .unwrap()
+        ClcMessage::Decline(Decline { token: Token::default(), reason: DeclineReason::Timeout }).encode().unwrap()
     }
 
     #[test]
@@ -839,13 +764,7 @@ mod tests {
 
         let mut b = decline_bytes();
         b[4] = 2;
-        assert_eq!(
-            decode(&b),
-            Err(ClcError::UnsupportedVersion {
-                version: 2,
-                len: b.len() as u16
-            })
-        );
+        assert_eq!(decode(&b), Err(ClcError::UnsupportedVersion { version: 2, len: b.len() as u16 }));
 
         let mut b = decline_bytes();
         b[5] = 9;
@@ -877,10 +796,7 @@ mod tests {
         assert_eq!(decode(&b), Err(ClcError::BadBodyLength));
         // One more byte than allowed is refused from the header alone.
         b[6..8].copy_from_slice(&(CLC_MAX_LEN as u16 + 1).to_be_bytes());
-        assert_eq!(
-            decode(&b[..CLC_HEADER_LEN]),
-            Err(ClcError::BadLength(CLC_MAX_LEN as u16 + 1))
-        );
+        assert_eq!(decode(&b[..CLC_HEADER_LEN]), Err(ClcError::BadLength(CLC_MAX_LEN as u16 + 1)));
         let mut b = Vec::from(CLC_EYECATCHER);
         b.extend_from_slice(&[CLC_VERSION, 4, 0, CLC_MIN_LEN as u8]);
         b.extend_from_slice(&CLC_EYECATCHER);
@@ -898,12 +814,7 @@ mod tests {
         let p = ClcMessage::Proposal(Proposal {
             token: Token::default(),
             rmb_size: 0,
-            shm: Some(ShmOffer {
-                host_id: [0; 16],
-                pid: 1,
-                instance: 1,
-                link_group: 0,
-            }),
+            shm: Some(ShmOffer { host_id: [0; 16], pid: 1, instance: 1, link_group: 0 }),
             rdma: None,
         });
         let good = p.encode().unwrap();
@@ -925,26 +836,15 @@ mod tests {
         assert_eq!(decode(&b), Err(ClcError::BadBodyLength));
 
         // Fields out of range are refused by both encode and decode.
-        let bad = ClcMessage::Accept(Accept {
-            token: Token::default(),
-            link: shm_link(&[0; 108]),
-        });
+        let bad = ClcMessage::Accept(Accept { token: Token::default(), link: shm_link(&[0; 108]) });
         assert_eq!(bad.encode(), Err(ClcError::BadField("shm socket name")));
         let mut l = rdma_link();
         if let LinkInfo::Rdma(r) = &mut l {
             r.mtu = 1500;
         }
-        let bad = ClcMessage::Confirm(Confirm {
-            token: Token::default(),
-            link: l,
-        });
+        let bad = ClcMessage::Confirm(Confirm { token: Token::default(), link: l });
         assert_eq!(bad.encode(), Err(ClcError::BadField("rdma mtu")));
-        let bad = ClcMessage::Proposal(Proposal {
-            token: Token::default(),
-            rmb_size: u32::MAX,
-            shm: None,
-            rdma: None,
-        });
+        let bad = ClcMessage::Proposal(Proposal { token: Token::default(), rmb_size: u32::MAX, shm: None, rdma: None });
         assert_eq!(bad.encode(), Err(ClcError::BadField("proposal rmb size")));
 
         // An accept with no section.

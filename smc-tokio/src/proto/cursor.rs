@@ -46,10 +46,7 @@ impl Cursor {
     pub fn advance(self, ring: RingSize, n: u32) -> Result<Cursor, CursorError> {
         ring.check(self)?;
         if n > ring.get() {
-            return Err(CursorError::StepTooLarge {
-                step: n,
-                size: ring.get(),
-            });
+            return Err(CursorError::StepTooLarge { step: n, size: ring.get() });
         }
         // Both terms are below 2^31 (ring sizes are bounded by RingSize::MAX), so the sum fits.
         let pos = self.count + n;
@@ -99,10 +96,9 @@ impl fmt::Display for CursorError {
             CursorError::OutOfRange { cursor, size } => {
                 write!(f, "cursor {cursor} is outside a ring of {size} bytes")
             }
-            CursorError::NotAhead { from, to } => write!(
-                f,
-                "cursor {to} is not within one ring ahead of cursor {from}"
-            ),
+            CursorError::NotAhead { from, to } => {
+                write!(f, "cursor {to} is not within one ring ahead of cursor {from}")
+            }
             CursorError::StepTooLarge { step, size } => {
                 write!(f, "step of {step} bytes exceeds a ring of {size} bytes")
             }
@@ -153,10 +149,7 @@ impl RingSize {
         if cursor.count < self.0 {
             Ok(())
         } else {
-            Err(CursorError::OutOfRange {
-                cursor,
-                size: self.0,
-            })
+            Err(CursorError::OutOfRange { cursor, size: self.0 })
         }
     }
 
@@ -197,10 +190,7 @@ impl RingSize {
     pub fn spans(self, at: Cursor, len: u32) -> Result<[(u32, u32); 2], CursorError> {
         self.check(at)?;
         if len > self.0 {
-            return Err(CursorError::StepTooLarge {
-                step: len,
-                size: self.0,
-            });
+            return Err(CursorError::StepTooLarge { step: len, size: self.0 });
         }
         let first = len.min(self.0 - at.count);
         Ok([(at.count, first), (0, len - first)])
@@ -223,10 +213,7 @@ mod tests {
     #[test]
     fn distance_across_wrap_and_u16_rollover() {
         let r = RingSize::new(100).unwrap();
-        assert_eq!(
-            r.distance(Cursor::new(u16::MAX, 90), Cursor::new(0, 5)),
-            Ok(15)
-        );
+        assert_eq!(r.distance(Cursor::new(u16::MAX, 90), Cursor::new(0, 5)), Ok(15));
         assert_eq!(r.distance(Cursor::new(7, 40), Cursor::new(8, 40)), Ok(100));
         assert!(r.distance(Cursor::new(7, 40), Cursor::new(8, 41)).is_err());
         assert!(r.distance(Cursor::new(7, 40), Cursor::new(9, 0)).is_err());
@@ -238,10 +225,7 @@ mod tests {
         let r = RingSize::new(100).unwrap();
         assert_eq!(
             r.distance(Cursor::new(0, 100), Cursor::new(0, 0)),
-            Err(CursorError::OutOfRange {
-                cursor: Cursor::new(0, 100),
-                size: 100
-            })
+            Err(CursorError::OutOfRange { cursor: Cursor::new(0, 100), size: 100 })
         );
         assert!(r.free(Cursor::new(0, 0), Cursor::new(0, u32::MAX)).is_err());
         assert!(Cursor::new(0, 100).advance(r, 1).is_err());
@@ -252,10 +236,7 @@ mod tests {
     fn ring_size_bounds() {
         assert!(RingSize::new(0).is_none());
         assert!(RingSize::new(RingSize::MAX + 1).is_none());
-        assert_eq!(
-            RingSize::new(RingSize::MAX).map(RingSize::get),
-            Some(RingSize::MAX)
-        );
+        assert_eq!(RingSize::new(RingSize::MAX).map(RingSize::get), Some(RingSize::MAX));
     }
 
     #[test]

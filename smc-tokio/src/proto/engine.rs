@@ -106,6 +106,8 @@ pub struct ConnEngine {
     seq_out: u32,
     seq_in: u32,
     corked: bool,
+    push_once: bool,
+    autocork: u32,
     done_writing: bool,
     done_writing_sent: bool,
     closed: bool,
@@ -137,6 +139,8 @@ impl ConnEngine {
             seq_out: 0,
             seq_in: 0,
             corked: false,
+            push_once: false,
+            autocork: 0,
             done_writing: false,
             done_writing_sent: false,
             closed: false,
@@ -183,10 +187,7 @@ impl ConnEngine {
     /// visible to the peer with the next CDC message.
     pub fn tx_commit(&mut self, len: u32) -> Result<(), CursorError> {
         if len > self.tx_free() {
-            return Err(CursorError::StepTooLarge {
-                step: len,
-                size: self.tx_free(),
-            });
+            return Err(CursorError::StepTooLarge { step: len, size: self.tx_free() });
         }
         self.tx_prod = self.tx_prod.advance(self.tx_ring, len)?;
         if len > 0 {
@@ -197,9 +198,7 @@ impl ConnEngine {
 
     /// Bytes written but not yet announced to the peer (held by a cork).
     pub fn tx_unpublished(&self) -> u32 {
-        self.tx_ring
-            .distance(self.tx_prod_sent, self.tx_prod)
-            .unwrap_or(0)
+        self.tx_ring.distance(self.tx_prod_sent, self.tx_prod).unwrap_or(0)
     }
 
     /// Bytes the peer has not consumed yet (announced or not).
@@ -274,13 +273,20 @@ impl ConnEngine {
     /// Records that the application consumed `len` bytes.
     pub fn rx_consume(&mut self, len: u32) -> Result<(), CursorError> {
         if len > self.rx_available() {
-            return Err(CursorError::StepTooLarge {
-                step: len,
-                size: self.rx_available(),
-            });
+            return Err(CursorError::StepTooLarge { step: len, size: self.rx_available() });
         }
         self.rx_cons = self.rx_cons.advance(self.rx_ring, len)?;
         Ok(())
+    }
+
+    /// Our consumer cursor: how far the application has read.
+    pub fn rx_cons(&self) -> Cursor {
+        self.rx_cons
+    }
+
+    /// The peer's producer cursor: how far it has announced data.
+    pub fn peer_prod(&self) -> Cursor {
+        self.peer_prod
     }
 
     /// The peer will send no more: reads return EOF once [`rx_available`](Self::rx_available)
@@ -325,20 +331,12 @@ impl ConnEngine {
     pub fn on_cdc(&mut self, msg: &CdcMsg) -> Result<(CdcEffect, Option<Spans>), EngineError> {
         let expected = self.seq_in.wrapping_add(1);
         if msg.seq != expected {
-            return Err(EngineError::BadSequence {
-                expected,
-                got: msg.seq,
-            });
+            return Err(EngineError::BadSequence { expected, got: msg.seq });
         }
         // Producer cursor: forward from the last one, and never more than a ring ahead of
         // what we have consumed (that would overwrite unread data).
-        let advance = self
-            .rx_ring
-            .distance(self.peer_prod, msg.prod)
-            .map_err(EngineError::BadProducerCursor)?;
-        self.rx_ring
-            .distance(self.rx_cons, msg.prod)
-            .map_err(EngineError::BadProducerCursor)?;
+        let advance = self.rx_ring.distance(self.peer_prod, msg.prod).map_err(EngineError::BadProducerCursor)?;
+        self.rx_ring.distance(self.rx_cons, msg.prod).map_err(EngineError::BadProducerCursor)?;
         if advance > 0 && self.peer_done_writing {
             return Err(EngineError::DataAfterDone);
         }
@@ -350,20 +348,11 @@ impl ConnEngine {
             if inline.len() > CDC_INLINE_MAX || advance as usize != inline.len() {
                 return Err(EngineError::BadInline);
             }
-            Some(
-                self.rx_ring
-                    .spans(self.peer_prod, advance)
-                    .map_err(|_| EngineError::BadInline)?,
-            )
+            Some(self.rx_ring.spans(self.peer_prod, advance).map_err(|_| EngineError::BadInline)?)
         };
         // Consumer cursor: forward from the last one, and never past what we produced.
-        let freed = self
-            .tx_ring
-            .distance(self.peer_cons, msg.cons)
-            .map_err(EngineError::BadConsumerCursor)?;
-        self.tx_ring
-            .distance(msg.cons, self.tx_prod)
-            .map_err(EngineError::BadConsumerCursor)?;
+        let freed = self.tx_ring.distance(self.peer_cons, msg.cons).map_err(EngineError::BadConsumerCursor)?;
+        self.tx_ring.distance(msg.cons, self.tx_prod).map_err(EngineError::BadConsumerCursor)?;
 
         let was_eof = self.peer_done_writing;
         let was_closed = self.peer_closed();
@@ -375,8 +364,7 @@ impl ConnEngine {
         if f.contains(CdcFlags::CONS_CURS_UPD_REQ) {
             self.peer_write_blocked = true;
         }
-        self.peer_done_writing |=
-            f.contains(CdcFlags::PEER_DONE_WRITING) || f.contains(CdcFlags::PEER_CONN_CLOSED);
+        self.peer_done_writing |= f.contains(CdcFlags::PEER_DONE_WRITING) || f.contains(CdcFlags::PEER_CONN_CLOSED);
         self.peer_closed |= f.contains(CdcFlags::PEER_CONN_CLOSED);
         let aborted_now = f.contains(CdcFlags::PEER_CONN_ABORT) && !self.peer_aborted;
         self.peer_aborted |= f.contains(CdcFlags::PEER_CONN_ABORT);
@@ -398,10 +386,7 @@ impl ConnEngine {
     /// everything (nothing else would make us send). A blocked writer usually sleeps, so waking
     /// it for a sliver of space wastes the wake-up; waiting for half the ring amortises it.
     pub fn cons_update_due(&self) -> bool {
-        let freed = self
-            .rx_ring
-            .distance(self.rx_cons_sent, self.rx_cons)
-            .unwrap_or(0);
+        let freed = self.rx_ring.distance(self.rx_cons_sent, self.rx_cons).unwrap_or(0);
         if freed == 0 {
             return false;
         }
@@ -415,18 +400,13 @@ impl ConnEngine {
     /// [`on_cdc_sent`](Self::on_cdc_sent) once it was handed to the link; until then the engine
     /// keeps offering it (so a full CDC ring loses nothing).
     pub fn poll_cdc(&self) -> Option<CdcMsg> {
-        // An abort discards what was not announced; a cork holds it back.
-        let prod = if self.corked || self.aborted {
-            self.tx_prod_sent
-        } else {
-            self.tx_prod
-        };
+        let prod = if self.holding() { self.tx_prod_sent } else { self.tx_prod };
         let prod_due = prod != self.tx_prod_sent;
-        let flags_due =
-            (self.done_writing && !self.done_writing_sent && !self.corked_data_pending())
-                || (self.closed && !self.closed_sent && !self.corked_data_pending())
-                || (self.aborted && !self.aborted_sent)
-                || (self.write_blocked && !self.write_blocked_sent);
+        let held = prod != self.tx_prod;
+        let flags_due = (self.done_writing && !self.done_writing_sent && !held)
+            || (self.closed && !self.closed_sent && !held)
+            || (self.aborted && !self.aborted_sent)
+            || (self.write_blocked && !self.write_blocked_sent);
         if !(prod_due || flags_due || self.cons_update_due()) {
             return None;
         }
@@ -437,7 +417,11 @@ impl ConnEngine {
         if self.write_blocked {
             flags.insert(CdcFlags::WRITE_BLOCKED);
         }
-        let all_announced = msg.prod == self.tx_prod || self.aborted;
+        if prod_due && self.autocork > 0 {
+            // Autocork holds later writes until this data is consumed: ask the peer to say so.
+            flags.insert(CdcFlags::CONS_CURS_UPD_REQ);
+        }
+        let all_announced = !held || self.aborted;
         if self.done_writing && all_announced {
             flags.insert(CdcFlags::PEER_DONE_WRITING);
         }
@@ -451,8 +435,38 @@ impl ConnEngine {
         Some(msg)
     }
 
-    fn corked_data_pending(&self) -> bool {
-        self.corked && self.tx_prod != self.tx_prod_sent
+    /// Whether bytes written but not announced are held back now. An abort discards them. A
+    /// half-close or close, a flush, or a full ring push them. Otherwise a cork holds them, and
+    /// so does autocork while earlier announced bytes are still unconsumed by the peer and fewer
+    /// than the autocork size are waiting (the first write on an idle connection never waits).
+    fn holding(&self) -> bool {
+        if self.aborted {
+            return true;
+        }
+        if self.done_writing || self.push_once || self.tx_free() == 0 {
+            return false;
+        }
+        if self.corked {
+            return true;
+        }
+        if self.autocork > 0 {
+            let outstanding = self.tx_ring.distance(self.peer_cons, self.tx_prod_sent).unwrap_or(0) > 0;
+            return outstanding && self.tx_unpublished() < self.autocork;
+        }
+        false
+    }
+
+    /// Announces everything written so far with the next CDC message, cork or not (a flush).
+    pub fn push(&mut self) {
+        if self.tx_prod != self.tx_prod_sent {
+            self.push_once = true;
+        }
+    }
+
+    /// Coalesces small writes while earlier data is unconsumed, up to `limit` bytes (0: off),
+    /// as the kernel's `autocorking_size`.
+    pub fn set_autocork(&mut self, limit: u32) {
+        self.autocork = limit;
     }
 
     /// Like [`poll_cdc`](Self::poll_cdc), carrying the newly produced bytes inline when the
@@ -461,10 +475,7 @@ impl ConnEngine {
     /// peer may read them from either place.
     pub fn poll_cdc_inline(&self, data: &[u8]) -> Option<CdcMsg> {
         let mut msg = self.poll_cdc()?;
-        let new = self
-            .tx_ring
-            .distance(self.tx_prod_sent, msg.prod)
-            .unwrap_or(0) as usize;
+        let new = self.tx_ring.distance(self.tx_prod_sent, msg.prod).unwrap_or(0) as usize;
         if new > 0 && new == data.len() && new <= CDC_INLINE_MAX {
             // set_inline cannot fail: the length was checked.
             let _ = msg.set_inline(data);
@@ -485,6 +496,9 @@ impl ConnEngine {
     pub fn on_cdc_sent(&mut self, msg: &CdcMsg) {
         self.seq_out = msg.seq;
         self.tx_prod_sent = msg.prod;
+        if msg.prod == self.tx_prod {
+            self.push_once = false;
+        }
         self.rx_cons_sent = msg.cons;
         let f = msg.flags;
         if f.contains(CdcFlags::WRITE_BLOCKED) {
@@ -572,13 +586,58 @@ mod tests {
         a.tx_commit(20).unwrap();
         assert!(a.poll_cdc().is_none());
         assert_eq!(a.tx_unpublished(), 30);
-        // Shutdown under a cork waits for the data to be announced first.
-        a.shutdown_write();
-        assert!(a.poll_cdc().is_none());
-        a.set_corked(false);
+        // A flush pushes what is there; the cork stays for later writes.
+        a.push();
         flush(&mut a, &mut b);
         assert_eq!(b.rx_available(), 30);
+        a.tx_commit(5).unwrap();
+        assert!(a.poll_cdc().is_none());
+        // Uncorking pushes at once.
+        a.set_corked(false);
+        flush(&mut a, &mut b);
+        assert_eq!(b.rx_available(), 35);
+        // A full ring pushes under a cork; so does a half-close (as TCP_CORK and shutdown).
+        a.set_corked(true);
+        a.tx_commit(a.tx_free()).unwrap();
+        flush(&mut a, &mut b);
+        assert_eq!(b.rx_available(), 1000);
+        b.rx_consume(1000).unwrap();
+        flush(&mut b, &mut a);
+        a.tx_commit(7).unwrap();
+        assert!(a.poll_cdc().is_none());
+        a.shutdown_write();
+        flush(&mut a, &mut b);
+        assert_eq!(b.rx_available(), 7);
         assert!(b.rx_eof());
+    }
+
+    #[test]
+    fn autocork_coalesces_while_data_is_in_flight() {
+        let (mut a, mut b) = pair(1000);
+        a.set_autocork(100);
+        // The first write on an idle connection goes at once, asking for a consumer update.
+        a.tx_commit(10).unwrap();
+        let m = a.poll_cdc().unwrap();
+        assert!(m.flags.contains(CdcFlags::CONS_CURS_UPD_REQ));
+        a.on_cdc_sent(&m);
+        b.on_cdc(&m).unwrap();
+        // While it is unconsumed, small writes wait ...
+        a.tx_commit(10).unwrap();
+        a.tx_commit(10).unwrap();
+        assert!(a.poll_cdc().is_none());
+        // ... until the peer has read everything and says so ...
+        b.rx_consume(10).unwrap();
+        assert!(b.cons_update_due());
+        flush(&mut b, &mut a);
+        let m = a.poll_cdc().unwrap();
+        assert_eq!(a.tx_ring.distance(Cursor::default(), m.prod), Ok(30));
+        a.on_cdc_sent(&m);
+        b.on_cdc(&m).unwrap();
+        // ... or until the autocork size is reached.
+        a.tx_commit(99).unwrap();
+        assert!(a.poll_cdc().is_none());
+        a.tx_commit(1).unwrap();
+        assert!(a.poll_cdc().is_some());
     }
 
     #[test]
@@ -621,32 +680,17 @@ mod tests {
 
         let mut m = good;
         m.seq = 5;
-        assert_eq!(
-            b.on_cdc(&m),
-            Err(EngineError::BadSequence {
-                expected: 1,
-                got: 5
-            })
-        );
+        assert_eq!(b.on_cdc(&m), Err(EngineError::BadSequence { expected: 1, got: 5 }));
 
         let mut m = good;
         m.prod = Cursor::new(0, 100);
-        assert!(matches!(
-            b.on_cdc(&m),
-            Err(EngineError::BadProducerCursor(_))
-        ));
+        assert!(matches!(b.on_cdc(&m), Err(EngineError::BadProducerCursor(_))));
         let mut m = good;
         m.prod = Cursor::new(1, 1); // 101 bytes ahead of what we consumed
-        assert!(matches!(
-            b.on_cdc(&m),
-            Err(EngineError::BadProducerCursor(_))
-        ));
+        assert!(matches!(b.on_cdc(&m), Err(EngineError::BadProducerCursor(_))));
         let mut m = good;
         m.cons = Cursor::new(0, 1); // b never produced anything
-        assert!(matches!(
-            b.on_cdc(&m),
-            Err(EngineError::BadConsumerCursor(_))
-        ));
+        assert!(matches!(b.on_cdc(&m), Err(EngineError::BadConsumerCursor(_))));
         assert_eq!(b.rx_available(), 0, "nothing changed");
 
         b.on_cdc(&good).unwrap();
@@ -654,10 +698,7 @@ mod tests {
         let mut m = good;
         m.seq = 2;
         m.prod = Cursor::new(0, 10);
-        assert!(matches!(
-            b.on_cdc(&m),
-            Err(EngineError::BadProducerCursor(_))
-        ));
+        assert!(matches!(b.on_cdc(&m), Err(EngineError::BadProducerCursor(_))));
         // Data after done writing.
         let mut m = good;
         m.seq = 2;

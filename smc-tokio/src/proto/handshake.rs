@@ -23,8 +23,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::clc::{
-    decode, Accept, ClcError, ClcHeader, ClcMessage, Confirm, Decline, DeclineReason, Decoded,
-    LinkInfo, Proposal, Token, CLC_HEADER_LEN,
+    decode, Accept, ClcError, ClcHeader, ClcMessage, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal,
+    Token, CLC_HEADER_LEN,
 };
 
 /// Which side of the connection made a decision.
@@ -93,12 +93,8 @@ impl fmt::Display for HandshakeError {
                 write!(f, "unexpected {got:?} message in the handshake")
             }
             HandshakeError::TokenMismatch => f.write_str("handshake token mismatch"),
-            HandshakeError::TransportMismatch => {
-                f.write_str("confirm names another transport than the accept")
-            }
-            HandshakeError::ConfirmMismatch => {
-                f.write_str("confirm does not match the accepted link")
-            }
+            HandshakeError::TransportMismatch => f.write_str("confirm names another transport than the accept"),
+            HandshakeError::ConfirmMismatch => f.write_str("confirm does not match the accepted link"),
             HandshakeError::Timeout => f.write_str("handshake timed out"),
             HandshakeError::Eof => f.write_str("peer closed the connection during the handshake"),
         }
@@ -128,9 +124,7 @@ impl Inbox {
         }
         match ClcHeader::parse(&self.buf) {
             Ok(Some(h)) => h.len.saturating_sub(self.buf.len()),
-            Err(ClcError::UnsupportedVersion { len, .. }) => {
-                usize::from(len).saturating_sub(self.buf.len())
-            }
+            Err(ClcError::UnsupportedVersion { len, .. }) => usize::from(len).saturating_sub(self.buf.len()),
             _ => 0,
         }
     }
@@ -220,11 +214,7 @@ pub struct ClientHandshake {
 
 impl ClientHandshake {
     /// Starts a handshake: queues the Proposal; the whole handshake must end by `now + timeout`.
-    pub fn new(
-        proposal: Proposal,
-        now: Instant,
-        timeout: Duration,
-    ) -> Result<Self, HandshakeError> {
+    pub fn new(proposal: Proposal, now: Instant, timeout: Duration) -> Result<Self, HandshakeError> {
         let transmit = encode(&ClcMessage::Proposal(proposal.clone()))?;
         Ok(Self {
             token: proposal.token,
@@ -278,25 +268,20 @@ impl ClientHandshake {
         match r {
             Ok(Received::Partial) => {}
             // Servers answer in the client's version; another one is a protocol violation.
-            Ok(Received::UnsupportedVersion) => self.finish(Outcome::Failed(
-                HandshakeError::Malformed(ClcError::BadField("reply version")),
-            )),
+            Ok(Received::UnsupportedVersion) => {
+                self.finish(Outcome::Failed(HandshakeError::Malformed(ClcError::BadField("reply version"))))
+            }
             Ok(Received::Message(ClcMessage::Accept(a))) if a.token == self.token => {
                 self.state = ClientState::AwaitDecision(a.link.clone());
                 self.event = Some(ClientEvent::Accepted(a));
             }
             Ok(Received::Message(ClcMessage::Decline(d))) if d.token == self.token => {
-                self.finish(Outcome::Fallback {
-                    reason: d.reason,
-                    by: Side::Peer,
-                })
+                self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
             }
             Ok(Received::Message(ClcMessage::Accept(_) | ClcMessage::Decline(_))) => {
                 self.finish(Outcome::Failed(HandshakeError::TokenMismatch))
             }
-            Ok(Received::Message(m)) => self.finish(Outcome::Failed(HandshakeError::Unexpected {
-                got: m.kind(),
-            })),
+            Ok(Received::Message(m)) => self.finish(Outcome::Failed(HandshakeError::Unexpected { got: m.kind() })),
             Err(e) => self.finish(Outcome::Failed(e)),
         }
         used
@@ -312,17 +297,10 @@ impl ClientHandshake {
             return self.decline(DeclineReason::Internal);
         }
         let peer = peer.clone();
-        match encode(&ClcMessage::Confirm(Confirm {
-            token: self.token,
-            link: local.clone(),
-        })) {
+        match encode(&ClcMessage::Confirm(Confirm { token: self.token, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
-                self.finish(Outcome::Smc {
-                    token: self.token,
-                    local,
-                    peer,
-                });
+                self.finish(Outcome::Smc { token: self.token, local, peer });
             }
             Err(_) => self.decline(DeclineReason::Internal),
         }
@@ -335,10 +313,7 @@ impl ClientHandshake {
             return;
         }
         self.transmit = decline_bytes(self.token, reason);
-        self.finish(Outcome::Fallback {
-            reason,
-            by: Side::Local,
-        });
+        self.finish(Outcome::Fallback { reason, by: Side::Local });
     }
 
     /// Tells the machine the time. Past the deadline: waiting for the reply fails the
@@ -377,9 +352,7 @@ impl ClientHandshake {
 
 fn decline_bytes(token: Token, reason: DeclineReason) -> Vec<u8> {
     // A Decline has no variable fields, so it always encodes.
-    ClcMessage::Decline(Decline { token, reason })
-        .encode()
-        .unwrap_or_default()
+    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
 }
 
 /// An event for which the driver must decide, on the server side.
@@ -479,10 +452,7 @@ impl ServerHandshake {
 
     /// Feeds received bytes; returns how many were used. An empty `data` means EOF.
     pub fn handle_input(&mut self, data: &[u8]) -> usize {
-        if !matches!(
-            self.state,
-            ServerState::AwaitProposal | ServerState::AwaitConfirm(_)
-        ) {
+        if !matches!(self.state, ServerState::AwaitProposal | ServerState::AwaitConfirm(_)) {
             return 0;
         }
         if data.is_empty() {
@@ -523,29 +493,20 @@ impl ServerHandshake {
                     self.finish(Outcome::Failed(HandshakeError::TransportMismatch))
                 } else {
                     let local = local.clone();
-                    self.finish(Outcome::Smc {
-                        token: self.token,
-                        local,
-                        peer: c.link,
-                    })
+                    self.finish(Outcome::Smc { token: self.token, local, peer: c.link })
                 }
             }
             Ok(Received::Message(ClcMessage::Decline(d))) if !awaiting_proposal => {
                 if d.token == self.token {
-                    self.finish(Outcome::Fallback {
-                        reason: d.reason,
-                        by: Side::Peer,
-                    })
+                    self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
                 } else {
                     self.finish(Outcome::Failed(HandshakeError::TokenMismatch))
                 }
             }
-            Ok(Received::UnsupportedVersion) => self.finish(Outcome::Failed(
-                HandshakeError::Malformed(ClcError::BadField("confirm version")),
-            )),
-            Ok(Received::Message(m)) => self.finish(Outcome::Failed(HandshakeError::Unexpected {
-                got: m.kind(),
-            })),
+            Ok(Received::UnsupportedVersion) => {
+                self.finish(Outcome::Failed(HandshakeError::Malformed(ClcError::BadField("confirm version"))))
+            }
+            Ok(Received::Message(m)) => self.finish(Outcome::Failed(HandshakeError::Unexpected { got: m.kind() })),
             Err(e) => self.finish(Outcome::Failed(e)),
         }
         used
@@ -557,10 +518,7 @@ impl ServerHandshake {
         if !matches!(self.state, ServerState::AwaitDecision) {
             return;
         }
-        match encode(&ClcMessage::Accept(Accept {
-            token: self.token,
-            link: local.clone(),
-        })) {
+        match encode(&ClcMessage::Accept(Accept { token: self.token, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ServerState::AwaitConfirm(local);
@@ -578,10 +536,7 @@ impl ServerHandshake {
 
     fn send_decline(&mut self, reason: DeclineReason) {
         self.transmit = decline_bytes(self.token, reason);
-        self.finish(Outcome::Fallback {
-            reason,
-            by: Side::Local,
-        });
+        self.finish(Outcome::Fallback { reason, by: Side::Local });
     }
 
     /// Tells the machine the time. Past the deadline: a pending decision declines with
@@ -631,21 +586,11 @@ mod tests {
     }
 
     fn proposal() -> Proposal {
-        Proposal {
-            token: token(),
-            rmb_size: 0,
-            shm: None,
-            rdma: None,
-        }
+        Proposal { token: token(), rmb_size: 0, shm: None, rdma: None }
     }
 
     fn shm(slot: u32, name: &[u8]) -> LinkInfo {
-        LinkInfo::Shm(ShmLinkInfo {
-            link_group: 1,
-            rmb_slot: slot,
-            rmb_size: 4096,
-            socket_name: name.to_vec(),
-        })
+        LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: slot, rmb_size: 4096, socket_name: name.to_vec() })
     }
 
     /// Feeds `bytes` in chunks of at most `chunk`, as a driver would; returns bytes left over.
@@ -682,9 +627,7 @@ mod tests {
         let mut s = ServerHandshake::new(now, T);
         let p = c.poll_transmit().unwrap();
         assert_eq!(feed_server(&mut s, &p, chunk), 0);
-        let Some(ServerEvent::Proposal(prop)) = s.poll_event() else {
-            panic!("no proposal")
-        };
+        let Some(ServerEvent::Proposal(prop)) = s.poll_event() else { panic!("no proposal") };
         server_decides(&mut s, prop);
         let reply = s.poll_transmit().unwrap();
         assert_eq!(feed_client(&mut c, &reply, chunk), 0);
@@ -707,22 +650,8 @@ mod tests {
                 },
                 chunk,
             );
-            assert_eq!(
-                c,
-                Outcome::Smc {
-                    token: token(),
-                    local: shm(2, b""),
-                    peer: shm(1, b"srv")
-                }
-            );
-            assert_eq!(
-                s,
-                Outcome::Smc {
-                    token: token(),
-                    local: shm(1, b"srv"),
-                    peer: shm(2, b"")
-                }
-            );
+            assert_eq!(c, Outcome::Smc { token: token(), local: shm(2, b""), peer: shm(1, b"srv") });
+            assert_eq!(s, Outcome::Smc { token: token(), local: shm(1, b"srv"), peer: shm(2, b"") });
         }
     }
 
@@ -730,20 +659,8 @@ mod tests {
     fn every_server_decline_reason_falls_back_on_both_sides() {
         for reason in DeclineReason::ALL {
             let (c, s) = run(|s, _| s.decline(reason), |_, _| panic!("no accept"), 5);
-            assert_eq!(
-                c,
-                Outcome::Fallback {
-                    reason,
-                    by: Side::Peer
-                }
-            );
-            assert_eq!(
-                s,
-                Outcome::Fallback {
-                    reason,
-                    by: Side::Local
-                }
-            );
+            assert_eq!(c, Outcome::Fallback { reason, by: Side::Peer });
+            assert_eq!(s, Outcome::Fallback { reason, by: Side::Local });
         }
     }
 
@@ -751,20 +668,8 @@ mod tests {
     fn every_client_decline_reason_falls_back_on_both_sides() {
         for reason in DeclineReason::ALL {
             let (c, s) = run(|s, _| s.accept(shm(1, b"x")), |c, _| c.decline(reason), 7);
-            assert_eq!(
-                c,
-                Outcome::Fallback {
-                    reason,
-                    by: Side::Local
-                }
-            );
-            assert_eq!(
-                s,
-                Outcome::Fallback {
-                    reason,
-                    by: Side::Peer
-                }
-            );
+            assert_eq!(c, Outcome::Fallback { reason, by: Side::Local });
+            assert_eq!(s, Outcome::Fallback { reason, by: Side::Peer });
         }
     }
 
@@ -773,15 +678,9 @@ mod tests {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
         c.poll_transmit();
-        let mut bytes = msg(ClcMessage::Decline(Decline {
-            token: token(),
-            reason: DeclineReason::PeerNoSmc,
-        }));
+        let mut bytes = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::PeerNoSmc }));
         bytes.extend_from_slice(b"application data");
-        assert_eq!(
-            feed_client(&mut c, &bytes, 1 << 20),
-            b"application data".len()
-        );
+        assert_eq!(feed_client(&mut c, &bytes, 1 << 20), b"application data".len());
         assert!(c.is_done());
         assert_eq!(c.wanted(), 0);
     }
@@ -801,27 +700,16 @@ mod tests {
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
         let p = c.poll_transmit().unwrap();
         feed_client(&mut c, &p, 100);
-        assert_eq!(
-            c.outcome(),
-            Some(&Outcome::Failed(HandshakeError::Unexpected {
-                got: ClcType::Proposal
-            }))
-        );
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
     }
 
     #[test]
     fn client_rejects_wrong_token_eof_timeout_and_version() {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
-        let d = msg(ClcMessage::Decline(Decline {
-            token: Token([0; 16]),
-            reason: DeclineReason::Timeout,
-        }));
+        let d = msg(ClcMessage::Decline(Decline { token: Token([0; 16]), reason: DeclineReason::Timeout }));
         feed_client(&mut c, &d, 100);
-        assert_eq!(
-            c.outcome(),
-            Some(&Outcome::Failed(HandshakeError::TokenMismatch))
-        );
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::TokenMismatch)));
 
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
         assert_eq!(c.handle_input(&[]), 0);
@@ -836,16 +724,10 @@ mod tests {
         assert_eq!(c.poll_timeout(), None);
 
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
-        let mut d = msg(ClcMessage::Decline(Decline {
-            token: token(),
-            reason: DeclineReason::Timeout,
-        }));
+        let mut d = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }));
         d[4] = CLC_VERSION + 1;
         feed_client(&mut c, &d, 100);
-        assert!(matches!(
-            c.outcome(),
-            Some(Outcome::Failed(HandshakeError::Malformed(_)))
-        ));
+        assert!(matches!(c.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
     }
 
     #[test]
@@ -853,33 +735,14 @@ mod tests {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
         c.poll_transmit();
-        feed_client(
-            &mut c,
-            &msg(ClcMessage::Accept(Accept {
-                token: token(),
-                link: shm(1, b"a"),
-            })),
-            100,
-        );
+        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100);
         assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted(_))));
         c.handle_timeout(now + T);
-        assert_eq!(
-            c.outcome(),
-            Some(&Outcome::Fallback {
-                reason: DeclineReason::Timeout,
-                by: Side::Local
-            })
-        );
+        assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
         let sent = c.poll_transmit().unwrap();
         assert!(matches!(
             decode(&sent),
-            Ok(Decoded::Message(
-                ClcMessage::Decline(Decline {
-                    reason: DeclineReason::Timeout,
-                    ..
-                }),
-                _
-            ))
+            Ok(Decoded::Message(ClcMessage::Decline(Decline { reason: DeclineReason::Timeout, .. }), _))
         ));
     }
 
@@ -900,20 +763,8 @@ mod tests {
             },
             64,
         );
-        assert_eq!(
-            c,
-            Outcome::Fallback {
-                reason: DeclineReason::Internal,
-                by: Side::Local
-            }
-        );
-        assert_eq!(
-            s,
-            Outcome::Fallback {
-                reason: DeclineReason::Internal,
-                by: Side::Peer
-            }
-        );
+        assert_eq!(c, Outcome::Fallback { reason: DeclineReason::Internal, by: Side::Local });
+        assert_eq!(s, Outcome::Fallback { reason: DeclineReason::Internal, by: Side::Peer });
     }
 
     #[test]
@@ -924,13 +775,7 @@ mod tests {
         p[4] = 7;
         p.extend_from_slice(b"after");
         assert_eq!(feed_server(&mut s, &p, 3), 5);
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Fallback {
-                reason: DeclineReason::VersionMismatch,
-                by: Side::Local
-            })
-        );
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::VersionMismatch, by: Side::Local }));
         assert!(s.poll_transmit().is_some());
     }
 
@@ -940,12 +785,7 @@ mod tests {
         let good = msg(ClcMessage::Proposal(Proposal {
             token: token(),
             rmb_size: 0,
-            shm: Some(crate::proto::clc::ShmOffer {
-                host_id: [0; 16],
-                pid: 1,
-                instance: 2,
-                link_group: 0,
-            }),
+            shm: Some(crate::proto::clc::ShmOffer { host_id: [0; 16], pid: 1, instance: 2, link_group: 0 }),
             rdma: None,
         }));
         // Unknown section kind: framing intact, decline.
@@ -953,13 +793,7 @@ mod tests {
         b[CLC_HEADER_LEN + 20] = 99;
         let mut s = ServerHandshake::new(now, T);
         feed_server(&mut s, &b, 100);
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Fallback {
-                reason: DeclineReason::SyncError,
-                by: Side::Local
-            })
-        );
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
 
         // Bad trailer: framing broken, fail.
         let mut b = good.clone();
@@ -967,60 +801,35 @@ mod tests {
         b[n - 2] = 0;
         let mut s = ServerHandshake::new(now, T);
         feed_server(&mut s, &b, 100);
-        assert!(matches!(
-            s.outcome(),
-            Some(Outcome::Failed(HandshakeError::Malformed(
-                ClcError::BadTrailer
-            )))
-        ));
+        assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadTrailer)))));
 
         // Bad length.
         let mut b = good;
         b[6..8].copy_from_slice(&5000u16.to_be_bytes());
         let mut s = ServerHandshake::new(now, T);
         feed_server(&mut s, &b, 100);
-        assert!(matches!(
-            s.outcome(),
-            Some(Outcome::Failed(HandshakeError::Malformed(
-                ClcError::BadLength(5000)
-            )))
-        ));
+        assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadLength(5000))))));
 
         // Garbage after the eyecatcher.
         let mut b = Vec::from(CLC_EYECATCHER);
         b.extend_from_slice(&[0xff; 20]);
         let mut s = ServerHandshake::new(now, T);
         feed_server(&mut s, &b, 100);
-        assert!(matches!(
-            s.outcome(),
-            Some(Outcome::Failed(HandshakeError::Malformed(_)))
-        ));
+        assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
     }
 
     #[test]
     fn server_rejects_out_of_order_messages() {
         let now = Instant::now();
         for m in [
-            ClcMessage::Accept(Accept {
-                token: token(),
-                link: shm(1, b""),
-            }),
-            ClcMessage::Confirm(Confirm {
-                token: token(),
-                link: shm(1, b""),
-            }),
-            ClcMessage::Decline(Decline {
-                token: token(),
-                reason: DeclineReason::Timeout,
-            }),
+            ClcMessage::Accept(Accept { token: token(), link: shm(1, b"") }),
+            ClcMessage::Confirm(Confirm { token: token(), link: shm(1, b"") }),
+            ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }),
         ] {
             let kind = m.kind();
             let mut s = ServerHandshake::new(now, T);
             feed_server(&mut s, &msg(m), 100);
-            assert_eq!(
-                s.outcome(),
-                Some(&Outcome::Failed(HandshakeError::Unexpected { got: kind }))
-            );
+            assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: kind })));
         }
     }
 
@@ -1036,18 +845,8 @@ mod tests {
             s
         };
         let mut s = setup();
-        feed_server(
-            &mut s,
-            &msg(ClcMessage::Confirm(Confirm {
-                token: Token([1; 16]),
-                link: shm(2, b""),
-            })),
-            100,
-        );
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Failed(HandshakeError::TokenMismatch))
-        );
+        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: Token([1; 16]), link: shm(2, b"") })), 100);
+        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TokenMismatch)));
 
         let mut s = setup();
         let rdma = LinkInfo::Rdma(crate::proto::clc::RdmaLinkInfo {
@@ -1059,27 +858,12 @@ mod tests {
             rmb_addr: 0,
             rmb_size: 4096,
         });
-        feed_server(
-            &mut s,
-            &msg(ClcMessage::Confirm(Confirm {
-                token: token(),
-                link: rdma,
-            })),
-            100,
-        );
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Failed(HandshakeError::TransportMismatch))
-        );
+        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma })), 100);
+        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TransportMismatch)));
 
         let mut s = setup();
         feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100);
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Failed(HandshakeError::Unexpected {
-                got: ClcType::Proposal
-            }))
-        );
+        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
 
         let mut s = setup();
         s.handle_timeout(now + T);
@@ -1097,13 +881,7 @@ mod tests {
         let mut s = ServerHandshake::new(now, T);
         feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100);
         s.handle_timeout(now + T);
-        assert_eq!(
-            s.outcome(),
-            Some(&Outcome::Fallback {
-                reason: DeclineReason::Timeout,
-                by: Side::Local
-            })
-        );
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
         let d = s.poll_transmit().unwrap();
         assert!(
             matches!(decode(&d), Ok(Decoded::Message(ClcMessage::Decline(Decline { token: t, .. }), _)) if t == token())

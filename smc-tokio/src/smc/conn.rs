@@ -2,6 +2,7 @@
 //! it, and the copies between the application's buffers and the link.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
@@ -13,6 +14,7 @@ use crate::proto::cdc::CdcMsg;
 use crate::proto::cursor::RingSize;
 use crate::proto::engine::ConnEngine;
 use crate::smc::group::LinkGroup;
+use crate::sys;
 
 /// Why a connection ended abnormally.
 #[derive(Debug, Clone)]
@@ -30,31 +32,42 @@ enum ConnError {
 impl ConnError {
     fn to_io(&self) -> io::Error {
         match self {
-            ConnError::Reset => io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "smc connection reset by peer",
-            ),
+            ConnError::Reset => io::Error::new(io::ErrorKind::ConnectionReset, "smc connection reset by peer"),
             ConnError::Link(LinkError::PeerGone) => {
                 io::Error::new(io::ErrorKind::ConnectionReset, "smc peer process is gone")
             }
-            ConnError::Link(e) => io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                format!("smc link failed: {e}"),
-            ),
-            ConnError::Protocol(w) => io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("smc peer broke the protocol: {w}"),
-            ),
-            ConnError::TcpClosed => io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "tcp connection closed under the smc connection",
-            ),
+            ConnError::Link(e) => io::Error::new(io::ErrorKind::ConnectionAborted, format!("smc link failed: {e}")),
+            ConnError::Protocol(w) => {
+                io::Error::new(io::ErrorKind::InvalidData, format!("smc peer broke the protocol: {w}"))
+            }
+            ConnError::TcpClosed => {
+                io::Error::new(io::ErrorKind::ConnectionReset, "tcp connection closed under the smc connection")
+            }
         }
     }
 }
 
+/// Why filling the ring failed.
+enum FillError {
+    Link(LinkError),
+    Io(io::Error),
+}
+
+/// Bytes that arrived inline in a CDC message, and where they sit in our ring.
+struct Inline {
+    at: crate::proto::cursor::Cursor,
+    len: usize,
+    data: [u8; crate::proto::cdc::CDC_INLINE_MAX],
+}
+
 struct ConnState {
     engine: ConnEngine,
+    /// Cork guards alive.
+    corks: usize,
+    /// Largest write sent inline in its CDC message (0: never).
+    inline_max: usize,
+    /// The last inline payload received, read from here instead of the peer's memory.
+    inline: Option<Inline>,
     /// The peer's token: its RMB slot we read from, and the token our CDC messages carry.
     /// `None` on the server until the client's Confirm arrives.
     peer_token: Option<u32>,
@@ -77,10 +90,7 @@ pub(crate) struct SmcConn {
 
 impl std::fmt::Debug for SmcConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SmcConn")
-            .field("group", &self.group.id)
-            .field("token", &self.our_token)
-            .finish()
+        f.debug_struct("SmcConn").field("group", &self.group.id).field("token", &self.our_token).finish()
     }
 }
 
@@ -99,12 +109,18 @@ impl SmcConn {
         peer_token: Option<u32>,
         tx_ring: RingSize,
         rx_ring: RingSize,
+        cfg: &crate::config::ShmConfig,
     ) -> Arc<SmcConn> {
+        let mut engine = ConnEngine::new(peer_token.unwrap_or(0), tx_ring, rx_ring);
+        engine.set_autocork(cfg.autocork);
         Arc::new_cyclic(|me| SmcConn {
             group,
             our_token,
             state: Mutex::new(ConnState {
-                engine: ConnEngine::new(peer_token.unwrap_or(0), tx_ring, rx_ring),
+                engine,
+                corks: 0,
+                inline_max: cfg.inline_max,
+                inline: None,
                 peer_token,
                 rx_waker: None,
                 tx_waker: None,
@@ -145,11 +161,7 @@ impl SmcConn {
 
     // ----- application side ------------------------------------------------------------------
 
-    pub(crate) fn poll_read(
-        &self,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
@@ -198,10 +210,20 @@ impl SmcConn {
 
     fn copy_out(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32) -> io::Result<()> {
         let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
-            return Err(io::Error::other(
-                "smc connection read before it was established",
-            ));
+            return Err(io::Error::other("smc connection read before it was established"));
         };
+        // Bytes that came inline are read from our copy of the CDC frame: no access to the
+        // peer's memory (one cache line fewer to pull across cores).
+        let mut first = 0usize;
+        if let Some(inl) = st.inline.take() {
+            if st.engine.rx_cons() == inl.at && inl.len <= n as usize {
+                buf.put_slice(&inl.data[..inl.len]);
+                // rx_available covered n >= inl.len bytes.
+                let _ = st.engine.rx_consume(inl.len as u32);
+                first = inl.len;
+            }
+        }
+        let n = n - first as u32;
         let Some(spans) = st.engine.rx_spans(n) else {
             return Err(io::Error::other("rx span"));
         };
@@ -229,16 +251,15 @@ impl SmcConn {
     }
 
     pub(crate) fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        self.poll_write_with(cx, data.len(), |link, token, spans, engine_n| {
+        self.poll_produce(cx, data.len(), Some(data), &mut |link, token, spans, n| {
             let mut at = 0usize;
             for (off, len) in spans {
                 if len > 0 {
-                    link.rmb_write(token, off, &data[at..at + len as usize])?;
+                    link.rmb_write(token, off, &data[at..at + len as usize]).map_err(FillError::Link)?;
                     at += len as usize;
                 }
             }
-            debug_assert_eq!(at, engine_n as usize);
-            Ok(())
+            Ok(n)
         })
     }
 
@@ -248,7 +269,10 @@ impl SmcConn {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        self.poll_write_with(cx, total, |link, token, spans, n| {
+        let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
+        // Inline only when a single buffer carries everything (the common small-write case).
+        let inline = first.filter(|f| f.len() == total);
+        self.poll_produce(cx, total, inline, &mut |link, token, spans, n| {
             // Walk the buffers and the (at most two) ring spans together.
             let mut src = bufs.iter().map(|b| &b[..]).filter(|b| !b.is_empty());
             let mut cur: &[u8] = &[];
@@ -259,28 +283,74 @@ impl SmcConn {
                     if cur.is_empty() {
                         cur = src.next().unwrap_or(&[]);
                         if cur.is_empty() {
-                            return Err(LinkError::Protocol("vectored write ran out of data"));
+                            return Err(FillError::Link(LinkError::Protocol("vectored write ran out of data")));
                         }
                     }
                     let k = cur.len().min(room).min(left);
-                    link.rmb_write(token, off, &cur[..k])?;
+                    link.rmb_write(token, off, &cur[..k]).map_err(FillError::Link)?;
                     cur = &cur[k..];
                     off += k as u32;
                     room -= k;
                     left -= k;
                 }
             }
-            Ok(())
+            Ok(n)
         })
     }
 
-    fn poll_write_with(
+    /// Sends up to `*remaining` bytes of `file` from `*offset`, reading them straight into the
+    /// peer's ring. Advances both; `*remaining` becomes 0 at the end of the file.
+    pub(crate) fn poll_sendfile(
         &self,
         cx: &mut Context<'_>,
-        len: usize,
-        copy: impl Fn(&Arc<dyn crate::link::Link>, u32, [(u32, u32); 2], u32) -> Result<(), LinkError>,
+        file: BorrowedFd<'_>,
+        offset: &mut u64,
+        remaining: &mut u64,
+    ) -> Poll<io::Result<()>> {
+        while *remaining > 0 {
+            let want = usize::try_from(*remaining).unwrap_or(usize::MAX);
+            let at = *offset;
+            let res = self.poll_produce(cx, want, None, &mut |link, token, spans, n| {
+                let mut got = 0u32;
+                for (off, len) in spans {
+                    if len == 0 {
+                        continue;
+                    }
+                    let filled = link
+                        .rmb_fill(token, off, len, &mut |span| sys::pread_full(file, span, at + u64::from(got)))
+                        .map_err(FillError::Link)?
+                        .map_err(FillError::Io)?;
+                    got += filled as u32;
+                    if filled < len as usize {
+                        break; // end of file
+                    }
+                }
+                Ok(got.min(n))
+            });
+            match res {
+                Poll::Ready(Ok(0)) => *remaining = 0,
+                Poll::Ready(Ok(k)) => {
+                    *offset += k as u64;
+                    *remaining -= k as u64;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Puts up to `want` bytes into the peer's ring with `fill` (which returns how many it put;
+    /// fewer means its source ended), waiting for space as needed. `inline` is the source when
+    /// it is a plain buffer, so a small write on an idle connection can ride in its CDC message.
+    fn poll_produce(
+        &self,
+        cx: &mut Context<'_>,
+        want: usize,
+        inline: Option<&[u8]>,
+        fill: &mut dyn FnMut(&Arc<dyn crate::link::Link>, u32, [(u32, u32); 2], u32) -> Result<u32, FillError>,
     ) -> Poll<io::Result<usize>> {
-        if len == 0 {
+        if want == 0 {
             return Poll::Ready(Ok(0));
         }
         for attempt in 0..2 {
@@ -289,39 +359,37 @@ impl SmcConn {
                 return Poll::Ready(Err(e.to_io()));
             }
             if st.engine.is_write_shutdown() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "write after shutdown",
-                )));
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")));
             }
             if st.engine.peer_aborted() {
                 return Poll::Ready(Err(ConnError::Reset.to_io()));
             }
             if st.engine.peer_closed() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::BrokenPipe,
-                    "smc peer closed the connection",
-                )));
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "smc peer closed the connection")));
             }
             let free = st.engine.tx_free();
             if free > 0 {
-                let n = free.min(u32::try_from(len).unwrap_or(u32::MAX));
+                let n = free.min(u32::try_from(want).unwrap_or(u32::MAX));
                 let Some(link) = self.group.link() else {
-                    return Poll::Ready(Err(io::Error::other(
-                        "smc connection written before it was established",
-                    )));
+                    return Poll::Ready(Err(io::Error::other("smc connection written before it was established")));
                 };
                 let Some(spans) = st.engine.tx_spans(n) else {
                     return Poll::Ready(Err(io::Error::other("tx span")));
                 };
-                if let Err(e) = copy(link, self.our_token, spans, n) {
-                    self.fail_locked(&mut st, ConnError::Link(e.clone()));
-                    return Poll::Ready(Err(ConnError::Link(e).to_io()));
-                }
-                // tx_spans succeeded for n, so committing n cannot fail.
-                let _ = st.engine.tx_commit(n);
-                self.flush_cdc(&mut st);
-                return Poll::Ready(Ok(n as usize));
+                let idle = st.engine.tx_idle();
+                let filled = match fill(link, self.our_token, spans, n) {
+                    Ok(k) => k.min(n),
+                    Err(FillError::Io(e)) => return Poll::Ready(Err(e)),
+                    Err(FillError::Link(e)) => {
+                        self.fail_locked(&mut st, ConnError::Link(e.clone()));
+                        return Poll::Ready(Err(ConnError::Link(e).to_io()));
+                    }
+                };
+                // tx_spans succeeded for n >= filled, so committing cannot fail.
+                let _ = st.engine.tx_commit(filled);
+                let inline = inline.filter(|d| idle && d.len() == filled as usize && d.len() <= st.inline_max);
+                self.flush_cdc_inline(&mut st, inline);
+                return Poll::Ready(Ok(filled as usize));
             }
             st.engine.set_write_blocked();
             self.flush_cdc(&mut st);
@@ -335,6 +403,34 @@ impl SmcConn {
         Poll::Pending
     }
 
+    /// Holds back producer updates until the matching [`uncork`](Self::uncork).
+    pub(crate) fn cork(&self) {
+        let mut st = self.lock();
+        st.corks += 1;
+        st.engine.set_corked(true);
+    }
+
+    /// Releases one cork; the last one pushes everything written meanwhile, in this call.
+    pub(crate) fn uncork(&self) {
+        let mut st = self.lock();
+        st.corks = st.corks.saturating_sub(1);
+        if st.corks == 0 {
+            st.engine.set_corked(false);
+            self.flush_cdc(&mut st);
+        }
+    }
+
+    /// Announces everything written so far, cork or not.
+    pub(crate) fn flush(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if let Some(e) = &st.error {
+            return Err(e.to_io());
+        }
+        st.engine.push();
+        self.flush_cdc(&mut st);
+        Ok(())
+    }
+
     /// Test hook: sends the CDC message this connection would send next (or a plain state
     /// update), after `corrupt` edited its encoded bytes. The engine does not record it.
     #[cfg(feature = "test-util")]
@@ -346,15 +442,10 @@ impl SmcConn {
         let (Some(link), Some(token)) = (self.group.link(), st.peer_token) else {
             return Err(io::Error::other("not established"));
         };
-        let msg = st
-            .engine
-            .poll_cdc()
-            .unwrap_or_else(|| st.engine.state_msg(token));
+        let msg = st.engine.poll_cdc().unwrap_or_else(|| st.engine.state_msg(token));
         let mut frame = msg.encode();
         corrupt(&mut frame);
-        link.cdc_send_frame(&frame)
-            .map(drop)
-            .map_err(|e| io::Error::other(e.to_string()))
+        link.cdc_send_frame(&frame).map(drop).map_err(|e| io::Error::other(e.to_string()))
     }
 
     /// The link group's id.
@@ -400,13 +491,24 @@ impl SmcConn {
 
     /// Sends every CDC message the engine owes. Called with the state locked.
     fn flush_cdc(&self, st: &mut ConnState) {
+        self.flush_cdc_inline(st, None);
+    }
+
+    /// As `flush_cdc`; the first message carries `inline` (the bytes just written on an idle
+    /// connection) when they are exactly what it announces.
+    fn flush_cdc_inline(&self, st: &mut ConnState, mut inline: Option<&[u8]>) {
         if st.peer_token.is_none() {
             return;
         }
         let Some(link) = self.group.link() else {
             return;
         };
-        while let Some(msg) = st.engine.poll_cdc() {
+        loop {
+            let msg = match inline.take() {
+                Some(data) => st.engine.poll_cdc_inline(data),
+                None => st.engine.poll_cdc(),
+            };
+            let Some(msg) = msg else { break };
             match link.cdc_send(&msg) {
                 Ok(true) => st.engine.on_cdc_sent(&msg),
                 Ok(false) => {
@@ -449,8 +551,15 @@ impl SmcConn {
         if st.error.is_some() {
             return;
         }
+        let at = st.engine.peer_prod();
         match st.engine.on_cdc(msg) {
-            Ok((effect, _inline)) => {
+            Ok((effect, inline)) => {
+                if inline.is_some() {
+                    let mut data = [0u8; crate::proto::cdc::CDC_INLINE_MAX];
+                    let len = msg.inline().len();
+                    data[..len].copy_from_slice(msg.inline());
+                    st.inline = Some(Inline { at, len, data });
+                }
                 if effect.readable {
                     wake(&mut st.rx_waker);
                 }
@@ -514,11 +623,7 @@ impl SmcConn {
         let mut st = self.lock();
         let orderly = matches!(res, Ok(0)) && (st.engine.peer_closed() || st.error.is_some());
         if !orderly {
-            tracing::debug!(
-                token = self.our_token,
-                ?res,
-                "tcp connection ended under smc"
-            );
+            tracing::debug!(token = self.our_token, ?res, "tcp connection ended under smc");
             self.fail_locked(&mut st, ConnError::TcpClosed);
         }
         self.maybe_finish(st);

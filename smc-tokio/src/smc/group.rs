@@ -58,10 +58,7 @@ pub(crate) struct LinkGroup {
 
 impl fmt::Debug for LinkGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LinkGroup")
-            .field("id", &self.id)
-            .field("role", &self.role)
-            .finish()
+        f.debug_struct("LinkGroup").field("id", &self.id).field("role", &self.role).finish()
     }
 }
 
@@ -195,10 +192,7 @@ impl LinkGroup {
 
     /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
     pub(crate) fn wait_cdc_space(&self, conn: &Arc<SmcConn>) {
-        self.cdc_waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(conn));
+        self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(conn));
     }
 
     /// Takes received CDC frames from the link and dispatches them to their connections, then
@@ -240,8 +234,7 @@ impl LinkGroup {
     }
 
     fn retry_waiters(&self) {
-        let waiters =
-            std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        let waiters = std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for w in waiters {
             if let Some(c) = w.upgrade() {
                 c.retry_cdc();

@@ -14,9 +14,7 @@ use crate::config::{ShmConfig, DEFAULT_RMB_MEMORY_CAP};
 use crate::link::shm::region::Layout;
 use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
 use crate::link::Link;
-use crate::proto::clc::{
-    DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, SHM_SOCKET_NAME_MAX,
-};
+use crate::proto::clc::{DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, SHM_SOCKET_NAME_MAX};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{LinkGroup, Role};
@@ -39,12 +37,7 @@ struct Acceptor {
 
 impl Drop for AcceptorSlot {
     fn drop(&mut self) {
-        if let Some(a) = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(a) = self.inner.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             a.task.abort();
         }
     }
@@ -52,11 +45,7 @@ impl Drop for AcceptorSlot {
 
 impl AcceptorSlot {
     /// The acceptor's abstract name, starting it on the current runtime if it is not running.
-    pub(crate) fn name(
-        &self,
-        manager: &'static Manager,
-        timeout: Duration,
-    ) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn name(&self, manager: &'static Manager, timeout: Duration) -> std::io::Result<Vec<u8>> {
         let mut slot = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = slot.as_ref() {
             if a.alive.load(Ordering::Relaxed) {
@@ -80,9 +69,7 @@ impl AcceptorSlot {
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "side-channel accept");
-                        if e.raw_os_error() == Some(libc::EMFILE)
-                            || e.raw_os_error() == Some(libc::ENFILE)
-                        {
+                        if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
@@ -91,11 +78,7 @@ impl AcceptorSlot {
             }
         })
         .abort_handle();
-        if let Some(old) = slot.replace(Acceptor {
-            name: name.clone(),
-            alive,
-            task,
-        }) {
+        if let Some(old) = slot.replace(Acceptor { name: name.clone(), alive, task }) {
             old.task.abort();
         }
         Ok(name)
@@ -135,10 +118,7 @@ pub(crate) struct Manager {
 fn random_u64() -> u64 {
     let t = sys::random_token().map(|t| t.0).unwrap_or_else(|_| {
         // getrandom(2) does not fail on Linux >= 3.17 with these flags; fall back to the clock.
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
+        let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         (n ^ u128::from(std::process::id())).to_le_bytes()
     });
     u64::from_le_bytes(t[..8].try_into().unwrap_or_default()) | 1
@@ -160,18 +140,13 @@ impl Manager {
     pub(crate) fn charge_rmb(&self, bytes: u64) -> bool {
         let cap = self.rmb_cap.load(Ordering::Relaxed);
         self.rmb_in_use
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|n| *n <= cap)
-            })
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| used.checked_add(bytes).filter(|n| *n <= cap))
             .is_ok()
     }
 
     pub(crate) fn uncharge_rmb(&self, bytes: u64) {
-        let _ = self
-            .rmb_in_use
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                Some(used.saturating_sub(bytes))
-            });
+        let _ =
+            self.rmb_in_use.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| Some(used.saturating_sub(bytes)));
     }
 
     /// Sets the process-wide RMB memory cap.
@@ -189,17 +164,13 @@ impl Manager {
         match group.role {
             Role::Server => {
                 let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
-                if s.groups
-                    .get(&group.id)
-                    .is_some_and(|g| std::ptr::eq(Arc::as_ptr(&g.group), group))
-                {
+                if s.groups.get(&group.id).is_some_and(|g| std::ptr::eq(Arc::as_ptr(&g.group), group)) {
                     s.groups.remove(&group.id);
                 }
             }
             Role::Client => {
                 let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
-                c.by_server
-                    .retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
+                c.by_server.retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
             }
         }
     }
@@ -207,11 +178,7 @@ impl Manager {
     // ----- client ----------------------------------------------------------------------------
 
     /// What the client offers to `server`.
-    pub(crate) fn client_offer(
-        &self,
-        server: SocketAddr,
-        cfg: &ShmConfig,
-    ) -> Option<(ShmOffer, u32)> {
+    pub(crate) fn client_offer(&self, server: SocketAddr, cfg: &ShmConfig) -> Option<(ShmOffer, u32)> {
         if !cfg.enabled {
             return None;
         }
@@ -238,22 +205,14 @@ impl Manager {
         timeout: Duration,
     ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
         let rx_ring = RingSize::new(accept.rmb_size).ok_or(DeclineReason::SyncError)?;
-        let group = self
-            .client_group(server, token, accept, our_rmb_size, cfg, timeout)
-            .await?;
+        let group = self.client_group(server, token, accept, our_rmb_size, cfg, timeout).await?;
         let link = group.link().ok_or(DeclineReason::Internal)?;
         if link.rx_rmb_size() != accept.rmb_size || group.tx_rmb_size != our_rmb_size {
             return Err(DeclineReason::SyncError);
         }
         let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
         let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
-        let conn = SmcConn::new(
-            group.clone(),
-            our_token,
-            Some(accept.rmb_slot),
-            tx_ring,
-            rx_ring,
-        );
+        let conn = SmcConn::new(group.clone(), our_token, Some(accept.rmb_slot), tx_ring, rx_ring, cfg);
         if !group.register(conn.clone()) {
             group.release_slot(our_token);
             return Err(DeclineReason::Internal);
@@ -290,7 +249,8 @@ impl Manager {
                 if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
                     return Err(DeclineReason::SyncError);
                 }
-                let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, our_rmb_size).ok_or(DeclineReason::Internal)?;
+                let layout =
+                    Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, our_rmb_size).ok_or(DeclineReason::Internal)?;
                 let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
                 let join = Join { link_group: accept.link_group, token };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
@@ -308,7 +268,14 @@ impl Manager {
                         return Err(DeclineReason::Internal);
                     }
                 };
-                let group = LinkGroup::new(accept.link_group, Role::Client, layout.rmb_count, our_rmb_size, cfg.idle_timeout, self);
+                let group = LinkGroup::new(
+                    accept.link_group,
+                    Role::Client,
+                    layout.rmb_count,
+                    our_rmb_size,
+                    cfg.idle_timeout,
+                    self,
+                );
                 group.establish(Arc::new(link)).map_err(|_| DeclineReason::Internal)?;
                 Ok(group)
             })
@@ -355,8 +322,8 @@ impl Manager {
             match reuse {
                 Some(g) => g.group.clone(),
                 None => {
-                    let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.rmb_size)
-                        .ok_or(DeclineReason::Internal)?;
+                    let layout =
+                        Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.rmb_size).ok_or(DeclineReason::Internal)?;
                     let local = ShmLocal::create(layout).map_err(|e| {
                         tracing::debug!(error = %e, "cannot create shm region");
                         DeclineReason::OutOfMemory
@@ -402,17 +369,13 @@ impl Manager {
         }
         let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
         let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
-        let conn = SmcConn::new(group.clone(), our_token, None, tx_ring, rx_ring);
+        let conn = SmcConn::new(group.clone(), our_token, None, tx_ring, rx_ring, cfg);
         if !group.register(conn.clone()) {
             group.release_slot(our_token);
             return Err(DeclineReason::Internal);
         }
-        let info = ShmLinkInfo {
-            link_group: group.id,
-            rmb_slot: our_token,
-            rmb_size: group.tx_rmb_size,
-            socket_name: name,
-        };
+        let info =
+            ShmLinkInfo { link_group: group.id, rmb_slot: our_token, rmb_size: group.tx_rmb_size, socket_name: name };
         Ok((conn, info))
     }
 
@@ -420,10 +383,7 @@ impl Manager {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
-            let g = s
-                .groups
-                .get_mut(&join.link_group)
-                .ok_or(JoinRefused::UnknownGroup)?;
+            let g = s.groups.get_mut(&join.link_group).ok_or(JoinRefused::UnknownGroup)?;
             if !g.group.has_join_token(join.token) {
                 return Err(JoinRefused::UnknownGroup);
             }
@@ -435,10 +395,7 @@ impl Manager {
             }
             let local = g.local.take().ok_or(JoinRefused::UnknownGroup)?;
             joined = Some((g.group.clone(), g.peer_rmb_size));
-            Ok(Admission {
-                local,
-                busy_poll: g.busy_poll,
-            })
+            Ok(Admission { local, busy_poll: g.busy_poll })
         })
         .await;
         match (res, joined) {

@@ -35,9 +35,7 @@ async fn main() -> std::io::Result<()> {
             }
         }
         Some("client") => {
-            let addr = args
-                .get(1)
-                .ok_or_else(|| std::io::Error::other("client needs ADDR"))?;
+            let addr = args.get(1).ok_or_else(|| std::io::Error::other("client needs ADDR"))?;
             let mut s = SmcStream::connect(addr.as_str()).await?;
             println!("TRANSPORT {}", s.transport());
             let data: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
@@ -53,8 +51,6 @@ async fn main() -> std::io::Result<()> {
             println!("OK");
             Ok(())
         }
-        _ => Err(std::io::Error::other(
-            "usage: smc-test-peer serve|hold|client ADDR",
-        )),
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR")),
     }
 }

@@ -46,20 +46,10 @@ impl AsRawFd for EventFd {
 }
 
 impl mio::event::Source for EventFd {
-    fn register(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
+    fn register(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
         mio::unix::SourceFd(&self.0.as_raw_fd()).register(registry, token, interests)
     }
-    fn reregister(
-        &mut self,
-        registry: &mio::Registry,
-        token: mio::Token,
-        interests: mio::Interest,
-    ) -> io::Result<()> {
+    fn reregister(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
         mio::unix::SourceFd(&self.0.as_raw_fd()).reregister(registry, token, interests)
     }
     fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
@@ -89,12 +79,7 @@ impl ShmLocal {
         // Sealed after our writable mapping exists: it keeps working, but nobody (the peer
         // included) can make a new writable mapping, shrink it or grow it.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        Ok(ShmLocal {
-            map,
-            memfd,
-            view,
-            doorbell: sys::eventfd()?,
-        })
+        Ok(ShmLocal { map, memfd, view, doorbell: sys::eventfd()? })
     }
 
     fn fds(&self) -> [BorrowedFd<'_>; 2] {
@@ -137,13 +122,11 @@ impl ShmLink {
         side: AsyncFd<OwnedFd>,
         busy_poll: Duration,
     ) -> Result<ShmLink, LinkError> {
-        let seals = sys::get_seals(peer_memfd.as_fd())
-            .map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
+        let seals =
+            sys::get_seals(peer_memfd.as_fd()).map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
         let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
         if seals & needed != needed {
-            return Err(LinkError::Protocol(
-                "peer region is not sealed against shrink and grow",
-            ));
+            return Err(LinkError::Protocol("peer region is not sealed against shrink and grow"));
         }
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
@@ -152,8 +135,8 @@ impl ShmLink {
         let peer_map = Mmap::map(peer_memfd.as_fd(), len as usize, false)?;
         // SAFETY: the mapping is at least one page, page aligned and readable.
         let header = unsafe { RegionView::read_header(peer_map.as_ptr()) };
-        let layout = Layout::parse(header, peer_map.len() as u64)
-            .map_err(|_| LinkError::Protocol("peer region header"))?;
+        let layout =
+            Layout::parse(header, peer_map.len() as u64).map_err(|_| LinkError::Protocol("peer region header"))?;
         // SAFETY: `layout` was validated against the mapping's length; the mapping is kept
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
@@ -183,20 +166,13 @@ impl ShmLink {
 
     fn has_work(&self) -> Result<bool, LinkError> {
         let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if rx
-            .pending(&self.peer)
-            .map_err(|e| LinkError::Protocol(e.0))?
-            > 0
-        {
+        if rx.pending(&self.peer).map_err(|e| LinkError::Protocol(e.0))? > 0 {
             return Ok(true);
         }
         drop(rx);
         if self.waiting_space.load(Ordering::Relaxed) {
             let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-            return Ok(tx
-                .space(&self.ours, &self.peer)
-                .map_err(|e| LinkError::Protocol(e.0))?
-                > 0);
+            return Ok(tx.space(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? > 0);
         }
         Ok(false)
     }
@@ -211,9 +187,7 @@ impl ShmLink {
             let mut buf = [0u8; 64];
             match sys::recv_with_fds(self.side.get_ref().as_fd(), &mut buf) {
                 Ok((0, _)) => return Poll::Ready(Err(LinkError::PeerGone)),
-                Ok(_) => {
-                    return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message")))
-                }
+                Ok(_) => return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message"))),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
                 Err(_) => return Poll::Ready(Err(LinkError::PeerGone)),
             }
@@ -228,10 +202,7 @@ impl Link for ShmLink {
 
     fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
         let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
-        let p = self
-            .ours
-            .rmb_ptr(token_slot(rmb), offset, len)
-            .ok_or(LinkError::Protocol("write span"))?;
+        let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
         // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our writable mapping;
         // `data` cannot overlap it (it is application memory). Only the connection owning this
         // RMB writes it, under its lock; the peer only reads.
@@ -239,17 +210,25 @@ impl Link for ShmLink {
         Ok(())
     }
 
-    fn rmb_read(
+    fn rmb_fill(
         &self,
         rmb: u32,
         offset: u32,
-        dst: &mut [MaybeUninit<u8>],
-    ) -> Result<(), LinkError> {
+        len: u32,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+    ) -> Result<io::Result<usize>, LinkError> {
+        let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
+        // SAFETY: as in rmb_write: the span is inside our writable mapping and written only by
+        // the connection that owns the RMB (it holds its lock for the call). The peer may read
+        // the bytes concurrently through its own read-only mapping, which is not a reference in
+        // this address space.
+        let span = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
+        Ok(fill(span))
+    }
+
+    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
-        let p = self
-            .peer
-            .rmb_ptr(token_slot(rmb), offset, len)
-            .ok_or(LinkError::Protocol("read span"))?;
+        let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
         // SAFETY: the span was bounds-checked against the peer's validated layout and lies in
         // our read-only mapping of its region; `dst` is application memory of the same length.
         // The bytes are untrusted data: a peer that changes them while we copy only changes
@@ -264,10 +243,7 @@ impl Link for ShmLink {
         }
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            match tx
-                .push(&self.ours, &self.peer, frame)
-                .map_err(|e| LinkError::Protocol(e.0))?
-            {
+            match tx.push(&self.ours, &self.peer, frame).map_err(|e| LinkError::Protocol(e.0))? {
                 Push::Sent { ring } => {
                     if self.waiting_space.swap(false, Ordering::Relaxed) {
                         clear_want_space(&self.ours);
@@ -281,9 +257,7 @@ impl Link for ShmLink {
                 Push::Full => {
                     let epoch = self.space_epoch.fetch_add(1, Ordering::Relaxed) + 1;
                     self.waiting_space.store(true, Ordering::Relaxed);
-                    if want_space(&tx, epoch, &self.ours, &self.peer)
-                        .map_err(|e| LinkError::Protocol(e.0))?
-                    {
+                    if want_space(&tx, epoch, &self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
                         return Ok(false);
                     }
                     // Space appeared while we asked: try again.
@@ -292,16 +266,10 @@ impl Link for ShmLink {
         }
     }
 
-    fn cdc_recv(
-        &self,
-        out: &mut Vec<[u8; CDC_MSG_LEN]>,
-        max: usize,
-    ) -> Result<Option<usize>, LinkError> {
+    fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError> {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         let before = out.len();
-        let ring = rx
-            .pop(&self.ours, &self.peer, max, out)
-            .map_err(|e| LinkError::Protocol(e.0))?;
+        let ring = rx.pop(&self.ours, &self.peer, max, out).map_err(|e| LinkError::Protocol(e.0))?;
         drop(rx);
         if ring {
             self.ring_peer()?;
@@ -323,10 +291,7 @@ impl Link for ShmLink {
                         // First sight of this ring: report it at once. The counter is drained on
                         // the next call, after the woken connections had their turn, which keeps
                         // that system call off the round trip.
-                        self.rx
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .disarm(&self.ours);
+                        self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
                         return Poll::Ready(Ok(()));
                     }
                     match sys::eventfd_drain(self.doorbell.get_ref().0.as_fd()) {
@@ -357,10 +322,7 @@ impl Link for ShmLink {
             }
         }
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if !rx
-            .arm(&self.ours, &self.peer)
-            .map_err(|e| LinkError::Protocol(e.0))?
-        {
+        if !rx.arm(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
             return Poll::Ready(Ok(()));
         }
         drop(rx);
@@ -374,10 +336,7 @@ impl Link for ShmLink {
 
     fn has_pending(&self) -> bool {
         // A racy read of our own consumer count is enough for a hint; cdc_recv validates.
-        self.rx
-            .try_lock()
-            .map(|rx| rx.pending(&self.peer).unwrap_or(1) > 0)
-            .unwrap_or(true)
+        self.rx.try_lock().map(|rx| rx.pending(&self.peer).unwrap_or(1) > 0).unwrap_or(true)
     }
 
     fn busy_poll(&self) -> Duration {
@@ -424,16 +383,12 @@ impl Join {
     }
 
     fn decode(b: &[u8]) -> Option<Join> {
-        if b.len() != SIDE_MSG_LEN || b[..8] != JOIN_MAGIC || b[8..12] != SIDE_VERSION.to_be_bytes()
-        {
+        if b.len() != SIDE_MSG_LEN || b[..8] != JOIN_MAGIC || b[8..12] != SIDE_VERSION.to_be_bytes() {
             return None;
         }
         let mut token = [0u8; 16];
         token.copy_from_slice(&b[24..40]);
-        Some(Join {
-            link_group: u64::from_be_bytes(b[16..24].try_into().ok()?),
-            token: Token(token),
-        })
+        Some(Join { link_group: u64::from_be_bytes(b[16..24].try_into().ok()?), token: Token(token) })
     }
 }
 
@@ -511,43 +466,28 @@ pub(crate) async fn join(
     timeout: Duration,
 ) -> Result<ShmLink, JoinError> {
     let fd = sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?;
-    let sock = sys::register(fd, Interest::READABLE | Interest::WRITABLE)
-        .map_err(|e| JoinError::Refused(e.to_string()))?;
+    let sock =
+        sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| JoinError::Refused(e.to_string()))?;
     let exchange = async {
-        send_msg(&sock, &join.encode(), &local.fds())
-            .await
-            .map_err(|e| JoinError::Refused(e.to_string()))?;
-        let (msg, mut fds) = recv_msg(&sock)
-            .await
-            .map_err(|e| JoinError::Refused(e.to_string()))?;
-        if msg.len() != SIDE_MSG_LEN
-            || msg[..8] != WELCOME_MAGIC
-            || msg[8..12] != SIDE_VERSION.to_be_bytes()
-        {
+        send_msg(&sock, &join.encode(), &local.fds()).await.map_err(|e| JoinError::Refused(e.to_string()))?;
+        let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| JoinError::Refused(e.to_string()))?;
+        if msg.len() != SIDE_MSG_LEN || msg[..8] != WELCOME_MAGIC || msg[8..12] != SIDE_VERSION.to_be_bytes() {
             return Err(JoinError::Refused("malformed welcome".into()));
         }
         let status = u32::from_be_bytes([msg[12], msg[13], msg[14], msg[15]]);
         if status != 0 {
-            return Err(JoinError::Refused(format!(
-                "server refused with status {status}"
-            )));
+            return Err(JoinError::Refused(format!("server refused with status {status}")));
         }
         if msg[16..24] != join.link_group.to_be_bytes() || fds.len() != 2 {
             return Err(JoinError::Refused("welcome for another group".into()));
         }
-        let peer_doorbell = fds
-            .pop()
-            .ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
-        let peer_memfd = fds
-            .pop()
-            .ok_or_else(|| JoinError::Refused("no region".into()))?;
+        let peer_doorbell = fds.pop().ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
+        let peer_memfd = fds.pop().ok_or_else(|| JoinError::Refused("no region".into()))?;
         Ok((peer_memfd, peer_doorbell))
     };
-    let (peer_memfd, peer_doorbell) = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| JoinError::Timeout)??;
-    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll)
-        .map_err(|e| JoinError::Refused(e.to_string()))
+    let (peer_memfd, peer_doorbell) =
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| JoinError::Timeout)??;
+    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll).map_err(|e| JoinError::Refused(e.to_string()))
 }
 
 /// What the server decides about a JOIN.
@@ -564,8 +504,7 @@ pub(crate) async fn accept_join(
     timeout: Duration,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
-    let sock =
-        sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| e.to_string())?;
+    let sock = sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| e.to_string())?;
     let work = async {
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
         let join = Join::decode(&msg).ok_or("malformed join")?;
@@ -584,22 +523,13 @@ pub(crate) async fn accept_join(
         };
         let peer_doorbell = fds.pop().ok_or("no doorbell")?;
         let peer_memfd = fds.pop().ok_or("no region")?;
-        send_msg(&sock, &welcome(join.link_group, 0), &admission.local.fds())
-            .await
-            .map_err(|e| e.to_string())?;
+        send_msg(&sock, &welcome(join.link_group, 0), &admission.local.fds()).await.map_err(|e| e.to_string())?;
         Ok::<_, String>((join.link_group, admission, peer_memfd, peer_doorbell))
     };
-    let (id, admission, peer_memfd, peer_doorbell) = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| "join timed out".to_string())??;
-    let link = ShmLink::new(
-        admission.local,
-        peer_memfd,
-        peer_doorbell,
-        sock,
-        admission.busy_poll,
-    )
-    .map_err(|e| e.to_string())?;
+    let (id, admission, peer_memfd, peer_doorbell) =
+        tokio::time::timeout(timeout, work).await.map_err(|_| "join timed out".to_string())??;
+    let link = ShmLink::new(admission.local, peer_memfd, peer_doorbell, sock, admission.busy_poll)
+        .map_err(|e| e.to_string())?;
     Ok((id, link))
 }
 
@@ -609,10 +539,7 @@ mod tests {
 
     #[test]
     fn join_codec() {
-        let j = Join {
-            link_group: 0x1122_3344_5566_7788,
-            token: Token([9; 16]),
-        };
+        let j = Join { link_group: 0x1122_3344_5566_7788, token: Token([9; 16]) };
         assert_eq!(Join::decode(&j.encode()), Some(j));
         let mut b = j.encode();
         b[0] = b'X';
@@ -637,20 +564,14 @@ mod tests {
             accept_join(fd, Duration::from_secs(5), |j, cred| {
                 assert_eq!(j.token, Token([3; 16]));
                 assert_eq!(cred.pid as u32, std::process::id());
-                Ok(Admission {
-                    local: ShmLocal::create(layout).unwrap(),
-                    busy_poll: Duration::ZERO,
-                })
+                Ok(Admission { local: ShmLocal::create(layout).unwrap(), busy_poll: Duration::ZERO })
             })
             .await
             .unwrap()
         });
         let client = join(
             &name,
-            Join {
-                link_group: 7,
-                token,
-            },
+            Join { link_group: 7, token },
             ShmLocal::create(layout).unwrap(),
             Duration::ZERO,
             Duration::from_secs(5),
@@ -674,16 +595,12 @@ mod tests {
         let got: [u8; 5] = unsafe { std::mem::transmute(buf) };
         assert_eq!(&got, b"hello");
         // Out-of-bounds spans are refused.
-        assert!(server
-            .rmb_read(4, 0, &mut [MaybeUninit::new(0u8); 1])
-            .is_err());
+        assert!(server.rmb_read(4, 0, &mut [MaybeUninit::new(0u8); 1]).is_err());
         assert!(client.rmb_write(0, 4095, b"ab").is_err());
 
         // The server sleeps; a CDC from the client wakes it through the doorbell.
         let waiter = tokio::spawn(async move {
-            std::future::poll_fn(|cx| server.poll_event(cx))
-                .await
-                .unwrap();
+            std::future::poll_fn(|cx| server.poll_event(cx)).await.unwrap();
             let mut frames = Vec::new();
             server.cdc_recv(&mut frames, 10).unwrap();
             (server, frames.len())
@@ -692,20 +609,14 @@ mod tests {
         let mut m2 = m;
         m2.seq = 2;
         client.cdc_send(&m2).unwrap();
-        let (server, n) = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .unwrap()
-            .unwrap();
+        let (server, n) = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
         assert_eq!(n, 1);
 
         // Client gone: the server's link reports it.
         drop(client);
-        let r = tokio::time::timeout(
-            Duration::from_secs(5),
-            std::future::poll_fn(|cx| server.poll_event(cx)),
-        )
-        .await
-        .unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(|cx| server.poll_event(cx)))
+            .await
+            .unwrap();
         assert_eq!(r, Err(LinkError::PeerGone));
     }
 }

@@ -85,25 +85,14 @@ const MAX_CDC_SLOTS: u32 = 1 << 16;
 impl Layout {
     /// The layout for a new region, or `None` if a parameter is out of range.
     pub(crate) fn new(cdc_slots: u32, rmb_count: u32, rmb_size: u32) -> Option<Layout> {
-        if !cdc_slots.is_power_of_two()
-            || cdc_slots > MAX_CDC_SLOTS
-            || rmb_count == 0
-            || rmb_count > MAX_RMBS
-        {
+        if !cdc_slots.is_power_of_two() || cdc_slots > MAX_CDC_SLOTS || rmb_count == 0 || rmb_count > MAX_RMBS {
             return None;
         }
         let rmb_size = RingSize::new(rmb_size)?;
         let cdc_end = CDC_RING_OFFSET + cdc_slots as usize * CDC_MSG_LEN;
         let rmb_offset = cdc_end.div_ceil(PAGE) * PAGE;
-        let total_len =
-            rmb_offset.checked_add((rmb_count as usize).checked_mul(rmb_size.get() as usize)?)?;
-        Some(Layout {
-            cdc_slots,
-            rmb_count,
-            rmb_size,
-            rmb_offset,
-            total_len,
-        })
+        let total_len = rmb_offset.checked_add((rmb_count as usize).checked_mul(rmb_size.get() as usize)?)?;
+        Some(Layout { cdc_slots, rmb_count, rmb_size, rmb_offset, total_len })
     }
 
     fn encode_header(&self) -> [u64; 8] {
@@ -129,12 +118,8 @@ impl Layout {
             return Err(RegionError::BadHeader("version"));
         }
         let narrow = |v: u64, what| u32::try_from(v).map_err(|_| RegionError::BadHeader(what));
-        let l = Layout::new(
-            narrow(h[2], "cdc slots")?,
-            narrow(h[3], "rmb count")?,
-            narrow(h[4], "rmb size")?,
-        )
-        .ok_or(RegionError::BadHeader("parameters"))?;
+        let l = Layout::new(narrow(h[2], "cdc slots")?, narrow(h[3], "rmb count")?, narrow(h[4], "rmb size")?)
+            .ok_or(RegionError::BadHeader("parameters"))?;
         if h[5] != l.rmb_offset as u64 || h[6] != l.total_len as u64 {
             return Err(RegionError::BadHeader("offsets"));
         }
@@ -248,14 +233,10 @@ impl RegionView {
     /// A pointer to byte `offset` of RMB `slot`, valid for `len` bytes, or `None` when the span
     /// is outside that RMB.
     pub(crate) fn rmb_ptr(&self, slot: u32, offset: u32, len: u32) -> Option<*mut u8> {
-        if slot >= self.layout.rmb_count
-            || u64::from(offset) + u64::from(len) > u64::from(self.layout.rmb_size.get())
-        {
+        if slot >= self.layout.rmb_count || u64::from(offset) + u64::from(len) > u64::from(self.layout.rmb_size.get()) {
             return None;
         }
-        let at = self.layout.rmb_offset
-            + slot as usize * self.layout.rmb_size.get() as usize
-            + offset as usize;
+        let at = self.layout.rmb_offset + slot as usize * self.layout.rmb_size.get() as usize + offset as usize;
         // SAFETY: slot < rmb_count and offset + len <= rmb_size, so the span lies inside the
         // RMB area, which the layout places inside the mapping.
         Some(unsafe { self.base.add(at) })
@@ -286,10 +267,7 @@ pub(crate) struct ControlError(pub(crate) &'static str);
 
 impl CdcTx {
     pub(crate) fn new() -> Self {
-        CdcTx {
-            prod: 0,
-            rung_epoch: 0,
-        }
+        CdcTx { prod: 0, rung_epoch: 0 }
     }
 
     /// Frames the peer has not consumed yet, per its (validated) `cdc_cons`.
@@ -341,11 +319,7 @@ pub(crate) struct CdcRx {
 
 impl CdcRx {
     pub(crate) fn new() -> Self {
-        CdcRx {
-            cons: 0,
-            epoch: 0,
-            space_epoch: 0,
-        }
+        CdcRx { cons: 0, epoch: 0, space_epoch: 0 }
     }
 
     /// Frames waiting in the peer's ring, validated: the peer may not claim more than a whole
@@ -356,9 +330,7 @@ impl CdcRx {
             return Err(ControlError("peer CDC producer count went backwards"));
         }
         if prod - self.cons > u64::from(peer.layout.cdc_slots) {
-            return Err(ControlError(
-                "peer CDC producer count is more than a ring ahead",
-            ));
+            return Err(ControlError("peer CDC producer count is more than a ring ahead"));
         }
         Ok(prod - self.cons)
     }
@@ -392,11 +364,7 @@ impl CdcRx {
 
     /// Arms our doorbell before sleeping. Returns `false` (and disarms) when frames arrived in
     /// the meantime, so the caller must not sleep.
-    pub(crate) fn arm(
-        &mut self,
-        ours: &RegionView,
-        peer: &RegionView,
-    ) -> Result<bool, ControlError> {
+    pub(crate) fn arm(&mut self, ours: &RegionView, peer: &RegionView) -> Result<bool, ControlError> {
         self.epoch += 1;
         ours.armed().store(self.epoch, Ordering::SeqCst);
         fence(Ordering::SeqCst);
@@ -416,12 +384,7 @@ impl CdcRx {
 /// Asks the peer for CDC ring space: sets `want_space`, then re-checks. Returns `true` when
 /// the caller must wait for a doorbell (the peer will ring once it consumed), `false` when space
 /// appeared meanwhile.
-pub(crate) fn want_space(
-    tx: &CdcTx,
-    epoch: u64,
-    ours: &RegionView,
-    peer: &RegionView,
-) -> Result<bool, ControlError> {
+pub(crate) fn want_space(tx: &CdcTx, epoch: u64, ours: &RegionView, peer: &RegionView) -> Result<bool, ControlError> {
     ours.want_space().store(epoch, Ordering::SeqCst);
     fence(Ordering::SeqCst);
     if tx.space(ours, peer)? > 0 {
@@ -453,10 +416,7 @@ mod tests {
 
     impl Plain {
         fn new(layout: Layout) -> Plain {
-            Plain {
-                buf: vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)],
-                layout,
-            }
+            Plain { buf: vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)], layout }
         }
         fn view(&mut self) -> RegionView {
             // SAFETY: the buffer is 64-aligned, at least total_len bytes, and outlives the view
@@ -476,10 +436,7 @@ mod tests {
         let l = Layout::new(1024, 1024, 65536).unwrap();
         assert_eq!(l.rmb_offset, 4096 + 65536);
         assert_eq!(l.total_len, 4096 + 65536 + 1024 * 65536);
-        assert!(
-            Layout::new(3, 1, 1).is_none(),
-            "cdc slots must be a power of two"
-        );
+        assert!(Layout::new(3, 1, 1).is_none(), "cdc slots must be a power of two");
         assert!(Layout::new(4, 0, 1).is_none());
         assert!(Layout::new(4, MAX_RMBS + 1, 1).is_none());
         assert!(Layout::new(4, 1, 0).is_none());
@@ -492,10 +449,7 @@ mod tests {
         // SAFETY: the plain buffer holds the header.
         let h = unsafe { RegionView::read_header(p.buf.as_ptr().cast()) };
         assert_eq!(Layout::parse(h, v.layout().total_len as u64), Ok(small()));
-        assert_eq!(
-            Layout::parse(h, v.layout().total_len as u64 - 1),
-            Err(RegionError::TooSmall)
-        );
+        assert_eq!(Layout::parse(h, v.layout().total_len as u64 - 1), Err(RegionError::TooSmall));
         let mut bad = h;
         bad[0] = 0;
         assert!(Layout::parse(bad, u64::MAX).is_err());
@@ -504,10 +458,7 @@ mod tests {
         assert!(Layout::parse(bad, u64::MAX).is_err());
         let mut bad = h;
         bad[5] += 1;
-        assert_eq!(
-            Layout::parse(bad, u64::MAX),
-            Err(RegionError::BadHeader("offsets"))
-        );
+        assert_eq!(Layout::parse(bad, u64::MAX), Err(RegionError::BadHeader("offsets")));
         let mut bad = h;
         bad[2] = 3;
         assert!(Layout::parse(bad, u64::MAX).is_err());
@@ -534,23 +485,11 @@ mod tests {
 
         // B sleeps: the first frame rings, the second does not (same epoch).
         assert!(rx.arm(&b, &a).unwrap());
-        assert_eq!(
-            tx.push(&a, &b, &frame(1)).unwrap(),
-            Push::Sent { ring: true }
-        );
-        assert_eq!(
-            tx.push(&a, &b, &frame(2)).unwrap(),
-            Push::Sent { ring: false }
-        );
+        assert_eq!(tx.push(&a, &b, &frame(1)).unwrap(), Push::Sent { ring: true });
+        assert_eq!(tx.push(&a, &b, &frame(2)).unwrap(), Push::Sent { ring: false });
         rx.disarm(&b);
-        assert_eq!(
-            tx.push(&a, &b, &frame(3)).unwrap(),
-            Push::Sent { ring: false }
-        );
-        assert_eq!(
-            tx.push(&a, &b, &frame(4)).unwrap(),
-            Push::Sent { ring: false }
-        );
+        assert_eq!(tx.push(&a, &b, &frame(3)).unwrap(), Push::Sent { ring: false });
+        assert_eq!(tx.push(&a, &b, &frame(4)).unwrap(), Push::Sent { ring: false });
         assert_eq!(tx.push(&a, &b, &frame(5)).unwrap(), Push::Full);
 
         // A asks for space; B's pop answers with a doorbell.
@@ -560,10 +499,7 @@ mod tests {
         assert_eq!(out, vec![frame(1), frame(2)]);
         clear_want_space(&a);
         assert_eq!(tx.space(&a, &b).unwrap(), 2);
-        assert_eq!(
-            tx.push(&a, &b, &frame(5)).unwrap(),
-            Push::Sent { ring: false }
-        );
+        assert_eq!(tx.push(&a, &b, &frame(5)).unwrap(), Push::Sent { ring: false });
         out.clear();
         assert!(!rx.pop(&b, &a, 10, &mut out).unwrap());
         assert_eq!(out, vec![frame(3), frame(4), frame(5)]);
