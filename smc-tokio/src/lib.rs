@@ -72,8 +72,7 @@ mod transport;
 pub use config::Policy;
 pub use error::SmcError;
 pub use net::{
-    CorkGuard,
-    OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcStream,
+    CorkGuard, OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcStream,
     SmcStreamBuilder, WriteHalf,
 };
 pub use proto::clc::DeclineReason;

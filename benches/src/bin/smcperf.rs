@@ -7,14 +7,17 @@
 //! smcperf client --connect ADDR [--unix PATH] [OPTIONS]
 //!
 //! OPTIONS
-//!   --scenario LIST    rr,stream,crr                     (default: the default matrix)
-//!   --size LIST        message/write sizes in bytes      (rr: 14,1024; stream: 65536; crr: 64)
+//!   --scenario LIST    rr,stream,crr,file                (default: rr,stream,crr)
+//!   --size LIST        message/write/file sizes in bytes (rr: 14,1024; stream: 65536; crr: 64;
+//!                      file: 4096)
 //!   --transport LIST   smc,tcp,unix                      (default: smc,tcp,unix)
-//!   --conns N          rr: connections, crr: concurrent clients (rr: 1, crr: 64)
+//!   --conns N          rr: connections, crr/file: concurrent clients (rr: 1, crr: 64, file: 100)
 //!   --duration SECS    measured time per run             (default 1.5)
 //!   --runs N           runs per configuration; medians are reported (default 1)
 //!   --rmb-size BYTES   smc receive ring size per connection and direction (default: crate's)
 //!   --busy-poll US     smc busy-poll budget before sleeping, microseconds (default 0: off)
+//!   --inline-max BYTES smc writes up to this size ride inline in the CDC message when idle (0: off)
+//!   --autocork BYTES   smc autocork size (0: off)
 //!   --pin              pin server and client threads to different CPUs (local)
 //!   --json             print one JSON document instead of the table
 //! ```
@@ -22,7 +25,10 @@
 //! Protocol between client and server: each connection starts with an 8-byte header
 //! (`mode: u32`, `size: u32`, little endian). `rr` and `crr`: the server echoes `size`-byte
 //! messages until EOF. `stream`: the server reads until EOF, then answers with the byte count
-//! (u64), so the client's clock stops when the server has everything.
+//! (u64), so the client's clock stops when the server has everything. `file`: HTTP/1.1
+//! keep-alive GETs of a `size`-byte file from the `file_server` example's logic, in four
+//! variants: smc with cork + sendfile, smc with plain writes, smc with sendfile and no cork, and
+//! tokio TCP with plain writes (the server's listeners are the main port + 1 and + 2).
 
 use std::io;
 use std::net::SocketAddr;
@@ -31,6 +37,7 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -48,6 +55,7 @@ enum Scenario {
     Rr,
     Stream,
     Crr,
+    File,
 }
 
 impl Scenario {
@@ -56,6 +64,7 @@ impl Scenario {
             Scenario::Rr => "rr",
             Scenario::Stream => "stream",
             Scenario::Crr => "crr",
+            Scenario::File => "file",
         }
     }
 }
@@ -146,6 +155,7 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
                     "rr" => Ok(Scenario::Rr),
                     "stream" => Ok(Scenario::Stream),
                     "crr" => Ok(Scenario::Crr),
+                    "file" => Ok(Scenario::File),
                     _ => Err(format!("unknown scenario {s:?}")),
                 })?)
             }
@@ -171,6 +181,12 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
             "--busy-poll" => {
                 let us: u64 = val()?.parse().map_err(|_| "bad --busy-poll")?;
                 o.shm = o.shm.clone().busy_poll(Duration::from_micros(us));
+            }
+            "--inline-max" => o.shm = o.shm.clone().inline_max(val()?.parse().map_err(|_| "bad --inline-max")?),
+            "--autocork" => {
+                let v = val()?;
+                let n = if v == "0" { 0 } else { parse_size(&v)? as u32 };
+                o.shm = o.shm.clone().autocork(n);
             }
             "--pin" => o.pin = true,
             "--json" => o.json = true,
@@ -206,9 +222,11 @@ fn cases(o: &Opts) -> Vec<Case> {
             Scenario::Rr => vec![14, 1024],
             Scenario::Stream => vec![65536],
             Scenario::Crr => vec![64],
+            Scenario::File => vec![4096],
         });
         let conns = o.conns.unwrap_or(match s {
             Scenario::Crr => 64,
+            Scenario::File => 100,
             _ => 1,
         });
         for size in sizes {
@@ -236,7 +254,14 @@ struct Target {
     tcp: SocketAddr,
     unix: Option<PathBuf>,
     shm: ShmConfig,
+    /// The file server: over an `SmcListener`, and over a tokio `TcpListener`.
+    file_smc: SocketAddr,
+    file_tcp: SocketAddr,
 }
+
+/// The `file` scenario's rows: transport and how the server writes the response.
+const FILE_VARIANTS: [(Kind, &str); 4] =
+    [(Kind::Smc, "cork-sendfile"), (Kind::Smc, "write"), (Kind::Smc, "sendfile"), (Kind::Tcp, "write")];
 
 // ---------------------------------------------------------------------------------------------
 // A stream of any of the three kinds.
@@ -349,13 +374,34 @@ async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> io::Result<(
 struct ServerHandles {
     tcp_addr: SocketAddr,
     unix: Option<PathBuf>,
+    file_smc: SocketAddr,
+    file_tcp: SocketAddr,
+}
+
+/// The directory the file server serves: files `f<size>` of random bytes.
+fn file_sizes(o: &Opts) -> Vec<usize> {
+    cases(o).iter().filter(|c| c.scenario == Scenario::File).map(|c| c.size).collect()
+}
+
+fn www_root() -> PathBuf {
+    std::env::temp_dir().join(format!("smcperf-www-{}", std::process::id()))
+}
+
+fn make_files(sizes: &[usize]) -> io::Result<()> {
+    let root = www_root();
+    std::fs::create_dir_all(&root)?;
+    for &n in sizes {
+        let data: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        std::fs::write(root.join(format!("f{n}")), data)?;
+    }
+    Ok(())
 }
 
 /// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
 /// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
 /// `UnixListener`.
 async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io::Result<(ServerHandles, SocketAddr)> {
-    let smc = SmcListener::builder().shm(shm).bind(listen).await?;
+    let smc = SmcListener::builder().shm(shm.clone()).bind(listen).await?;
     let smc_addr = smc.local_addr()?;
     tokio::spawn(async move {
         loop {
@@ -387,6 +433,27 @@ async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io
             }
         }
     });
+    // The file server, on the next two ports when the main one is fixed.
+    let port = |k: u16| if smc_addr.port() == 0 || listen.ends_with(":0") { 0 } else { smc_addr.port() + k };
+    let file_smc = SmcListener::builder().shm(shm).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
+    let file_tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), port(2))).await?;
+    let (file_smc_addr, file_tcp_addr) = (file_smc.local_addr()?, file_tcp.local_addr()?);
+    let root = Arc::new(www_root());
+    let r = root.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = file_smc.accept().await {
+            let _ = s.set_nodelay(true);
+            let r = r.clone();
+            tokio::spawn(async move { examples::serve_smc(s, &r, examples::ServeMode::CORK_SENDFILE).await });
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((s, _)) = file_tcp.accept().await {
+            let _ = s.set_nodelay(true);
+            let r = root.clone();
+            tokio::spawn(async move { examples::serve_plain(s, &r).await });
+        }
+    });
     if let Some(path) = &unix {
         let _ = std::fs::remove_file(path);
         let ul = UnixListener::bind(path)?;
@@ -396,7 +463,7 @@ async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io
             }
         });
     }
-    Ok((ServerHandles { tcp_addr, unix }, smc_addr))
+    Ok((ServerHandles { tcp_addr, unix, file_smc: file_smc_addr, file_tcp: file_tcp_addr }, smc_addr))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -567,12 +634,85 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
     })
 }
 
-async fn run_case(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
+async fn run_case(
+    kind: Kind,
+    variant: &'static str,
+    target: &Target,
+    case: Case,
+    dur: Duration,
+) -> io::Result<Measure> {
     match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
         Scenario::Stream => run_stream(kind, target, case, dur).await,
         Scenario::Crr => run_crr(kind, target, case, dur).await,
+        Scenario::File => run_file(kind, variant, target, case, dur).await,
     }
+}
+
+/// `conns` keep-alive HTTP/1.1 clients fetching the `size`-byte file as fast as they can; the
+/// server writes each response as `variant` says.
+async fn run_file(
+    kind: Kind,
+    variant: &'static str,
+    target: &Target,
+    case: Case,
+    dur: Duration,
+) -> io::Result<Measure> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let warmup = dur / 10;
+    let start = Instant::now();
+    let request = format!("GET /f{}?mode={variant} HTTP/1.1\r\nhost: smcperf\r\n\r\n", case.size).into_bytes();
+    let mut tasks = Vec::new();
+    let mut negotiated = String::new();
+    for _ in 0..case.conns {
+        let mut c = match kind {
+            Kind::Smc => {
+                let s = SmcStream::builder().shm(target.shm.clone()).connect(target.file_smc).await?;
+                s.set_nodelay(true)?;
+                Conn::Smc(s)
+            }
+            _ => {
+                let s = TcpStream::connect(target.file_tcp).await?;
+                s.set_nodelay(true)?;
+                Conn::Tcp(s)
+            }
+        };
+        negotiated = c.negotiated().to_string();
+        let (stop, request, size) = (stop.clone(), request.clone(), case.size);
+        tasks.push(tokio::task::spawn_local(async move {
+            let mut lat = Vec::with_capacity(1 << 14);
+            let mut buf = Vec::with_capacity(2 * size + 512);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                c.write_all(&request).await?;
+                let n = examples::read_response(&mut c, &mut buf).await?;
+                if n != size {
+                    return Err(io::Error::other(format!("response of {n} bytes, expected {size}")));
+                }
+                if t.duration_since(start) >= warmup {
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+            }
+            io::Result::Ok(lat)
+        }));
+    }
+    tokio::time::sleep(dur + warmup).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(io::Error::other)??);
+    }
+    all.sort_unstable();
+    let n = all.len() as f64;
+    Ok(Measure {
+        negotiated,
+        p50_us: percentile(&all, 0.5),
+        p99_us: percentile(&all, 0.99),
+        p999_us: percentile(&all, 0.999),
+        ops_per_s: n / dur.as_secs_f64(),
+        bytes_per_s: n * case.size as f64 / dur.as_secs_f64(),
+        errors: 0,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -582,8 +722,20 @@ async fn run_case(kind: Kind, target: &Target, case: Case, dur: Duration) -> io:
 struct Row {
     case: Case,
     kind: Kind,
+    /// The file scenario's response mode; empty elsewhere.
+    variant: &'static str,
     m: Measure,
     runs: usize,
+}
+
+impl Row {
+    fn transport(&self) -> String {
+        if self.variant.is_empty() {
+            self.kind.name().to_string()
+        } else {
+            format!("{}/{}", self.kind.name(), self.variant)
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -622,14 +774,25 @@ fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
     let (a, b) = match row.case.scenario {
         Scenario::Rr => (row.m.p50_us, tcp.m.p50_us),
         Scenario::Stream => (row.m.bytes_per_s, tcp.m.bytes_per_s),
-        Scenario::Crr => (row.m.ops_per_s, tcp.m.ops_per_s),
+        Scenario::Crr | Scenario::File => (row.m.ops_per_s, tcp.m.ops_per_s),
     };
     (b > 0.0).then(|| a / b)
 }
 
+/// For the file scenario: each smc row's requests/s against smc with plain writes.
+fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<f64> {
+    if row.case.scenario != Scenario::File || row.kind != Kind::Smc {
+        return None;
+    }
+    let base = rows.iter().find(|r| {
+        r.kind == Kind::Smc && r.variant == "write" && r.case.size == row.case.size && r.case.conns == row.case.conns
+    })?;
+    (base.m.ops_per_s > 0.0).then(|| row.m.ops_per_s / base.m.ops_per_s)
+}
+
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<7} {:>7} {:>5} {:<5} {:<22} {:>9} {:>9} {:>9} {:>11} {:>10} {:>8}  vs tcp",
+        "{:<7} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>8}  vs tcp",
         "scen", "size", "conns", "trans", "negotiated", "p50_us", "p99_us", "p999_us", "ops/s", "MB/s", "errors"
     );
     for r in rows {
@@ -639,17 +802,21 @@ fn print_table(rows: &[Row]) {
                     Scenario::Rr => "p50 latency",
                     Scenario::Stream => "throughput",
                     Scenario::Crr => "conn/s",
+                    Scenario::File => "req/s",
                 };
-                format!("{x:.2}x {what}")
+                match ratio_vs_smc_write(r, rows) {
+                    Some(y) => format!("{x:.2}x {what} ({y:.2}x smc/write)"),
+                    None => format!("{x:.2}x {what}"),
+                }
             }
             None => "-".into(),
         };
         println!(
-            "{:<7} {:>7} {:>5} {:<5} {:<22} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>8}  {}",
+            "{:<7} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>8}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
-            r.kind.name(),
+            r.transport(),
             r.m.negotiated,
             r.m.p50_us,
             r.m.p99_us,
@@ -668,7 +835,7 @@ fn print_json(rows: &[Row], opts: &Opts) {
         .map(|r| {
             json!({
                 "scenario": r.case.scenario.name(),
-                "transport": r.kind.name(),
+                "transport": r.transport(),
                 "negotiated": r.m.negotiated,
                 "size": r.case.size,
                 "conns": r.case.conns,
@@ -680,6 +847,7 @@ fn print_json(rows: &[Row], opts: &Opts) {
                 "errors": r.m.errors,
                 "runs": r.runs,
                 "ratio_vs_tcp": ratio(r, rows),
+                "ratio_vs_smc_write": ratio_vs_smc_write(r, rows),
             })
         })
         .collect();
@@ -717,10 +885,15 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
     let local = tokio::task::LocalSet::new();
     let mut rows = Vec::new();
     for case in cases(opts) {
-        for &kind in &opts.transports {
+        let variants: Vec<(Kind, &'static str)> = if case.scenario == Scenario::File {
+            FILE_VARIANTS.to_vec()
+        } else {
+            opts.transports.iter().map(|k| (*k, "")).collect()
+        };
+        for (kind, variant) in variants {
             let mut runs = Vec::new();
             for _ in 0..opts.runs {
-                let m = local.block_on(&rt, run_case(kind, target, case, opts.duration)).map_err(|e| {
+                let m = local.block_on(&rt, run_case(kind, variant, target, case, opts.duration)).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
@@ -728,7 +901,7 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
                 })?;
                 runs.push(m);
             }
-            rows.push(Row { case, kind, m: combine(runs), runs: opts.runs });
+            rows.push(Row { case, kind, variant, m: combine(runs), runs: opts.runs });
         }
     }
     Ok(rows)
@@ -759,6 +932,7 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
         })
     })?;
     let (handles, smc_addr) = rx.recv().map_err(io::Error::other)??;
+    make_files(&file_sizes(opts))?;
     if pin {
         pin_to(1);
     }
@@ -766,10 +940,22 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
         tcp: if kind == Kind::Tcp { handles.tcp_addr } else { smc_addr },
         unix: handles.unix.clone(),
         shm: opts.shm.clone(),
+        file_smc: handles.file_smc,
+        file_tcp: handles.file_tcp,
     };
     // One client loop per transport keeps the baseline on tokio's own listener.
     let mut rows = Vec::new();
     for case in cases(opts) {
+        if case.scenario == Scenario::File {
+            let one = Opts {
+                scenarios: Some(vec![case.scenario]),
+                sizes: Some(vec![case.size]),
+                conns: Some(case.conns),
+                ..opts.clone()
+            };
+            rows.extend(run_client(&one, &targets(Kind::Smc))?);
+            continue;
+        }
         for &kind in &opts.transports {
             let one = Opts {
                 scenarios: Some(vec![case.scenario]),
@@ -782,6 +968,7 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
         }
     }
     let _ = std::fs::remove_file(&unix);
+    let _ = std::fs::remove_dir_all(www_root());
     Ok(rows)
 }
 
@@ -800,6 +987,11 @@ fn main() -> ExitCode {
             let listen = opts.listen.clone().unwrap_or_else(|| "0.0.0.0:7777".into());
             let r = runtime().and_then(|rt| {
                 rt.block_on(async {
+                    let mut sizes = file_sizes(&opts);
+                    if sizes.is_empty() {
+                        sizes.push(4096);
+                    }
+                    make_files(&sizes)?;
                     let (h, smc_addr) = start_server(&listen, opts.unix.clone(), opts.shm.clone()).await?;
                     eprintln!(
                         "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}",
@@ -818,7 +1010,15 @@ fn main() -> ExitCode {
             match connect.parse::<SocketAddr>() {
                 Ok(addr) => {
                     // The server's smc listener serves plain tcp clients too, over TCP.
-                    run_client(&opts, &Target { tcp: addr, unix: opts.unix.clone(), shm: opts.shm.clone() })
+                    let next = |k: u16| SocketAddr::new(addr.ip(), addr.port() + k);
+                    let target = Target {
+                        tcp: addr,
+                        unix: opts.unix.clone(),
+                        shm: opts.shm.clone(),
+                        file_smc: next(1),
+                        file_tcp: next(2),
+                    };
+                    run_client(&opts, &target)
                 }
                 Err(e) => {
                     eprintln!("bad --connect {connect:?}: {e}");

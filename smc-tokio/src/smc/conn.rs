@@ -47,6 +47,9 @@ impl ConnError {
     }
 }
 
+/// Puts bytes into the peer's ring: `(link, our token, spans, n)` to the bytes it put.
+type Fill<'a> = dyn FnMut(&Arc<dyn crate::link::Link>, u32, [(u32, u32); 2], u32) -> Result<u32, FillError> + 'a;
+
 /// Why filling the ring failed.
 enum FillError {
     Link(LinkError),
@@ -348,7 +351,7 @@ impl SmcConn {
         cx: &mut Context<'_>,
         want: usize,
         inline: Option<&[u8]>,
-        fill: &mut dyn FnMut(&Arc<dyn crate::link::Link>, u32, [(u32, u32); 2], u32) -> Result<u32, FillError>,
+        fill: &mut Fill<'_>,
     ) -> Poll<io::Result<usize>> {
         if want == 0 {
             return Poll::Ready(Ok(0));
