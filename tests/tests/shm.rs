@@ -320,3 +320,26 @@ impl Drop for NsGuard {
         let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
     }
 }
+
+#[tokio::test]
+async fn idle_link_groups_are_torn_down_and_rebuilt() {
+    let cfg = ShmConfig::default().idle_timeout(Duration::from_millis(100));
+    let l = SmcListener::builder().shm(cfg.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    let builder = SmcStream::builder().shm(cfg.clone());
+    let connect = || builder.connect(addr);
+    let a = bounded(10, connect()).await.unwrap();
+    let b = bounded(10, connect()).await.unwrap();
+    assert_eq!(a.transport(), Transport::SmcD);
+    let first = a.link_group();
+    assert_eq!(b.link_group(), first, "a live group is reused");
+    bounded(10, echo_check(a, b"a", 1, 1)).await;
+    bounded(10, echo_check(b, b"b", 1, 2)).await;
+    // Idle for longer than the timeout (both sides): the next connection builds a new group.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let c = bounded(10, connect()).await.unwrap();
+    assert_eq!(c.transport(), Transport::SmcD);
+    assert_ne!(c.link_group(), first, "the idle group was torn down");
+    bounded(10, echo_check(c, b"c", 1, 3)).await;
+}
