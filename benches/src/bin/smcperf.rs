@@ -515,23 +515,7 @@ async fn run_rr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::R
             io::Result::Ok(lat)
         }));
     }
-    tokio::time::sleep(dur + warmup).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.map_err(io::Error::other)??);
-    }
-    all.sort_unstable();
-    let n = all.len() as f64;
-    Ok(Measure {
-        negotiated,
-        p50_us: percentile(&all, 0.5),
-        p99_us: percentile(&all, 0.99),
-        p999_us: percentile(&all, 0.999),
-        ops_per_s: n / dur.as_secs_f64(),
-        bytes_per_s: n * case.size as f64 / dur.as_secs_f64(),
-        errors: 0,
-    })
+    measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
 }
 
 async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
@@ -611,26 +595,42 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
                     }
                 }
             }
-            lat
+            io::Result::Ok(lat)
         }));
     }
-    tokio::time::sleep(dur + warmup).await;
+    let mut m = measure(&stop, tasks, dur + warmup, dur, String::new(), 0, 0).await?;
+    m.negotiated = negotiated.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    m.errors = errors.load(Ordering::Relaxed);
+    Ok(m)
+}
+
+/// Lets the clients run for `run` (warm-up included), stops them, and turns the latencies they
+/// recorded over the measured `dur` into a [`Measure`] (operations of `size` bytes each).
+async fn measure(
+    stop: &AtomicBool,
+    tasks: Vec<tokio::task::JoinHandle<io::Result<Vec<u64>>>>,
+    run: Duration,
+    dur: Duration,
+    negotiated: String,
+    size: usize,
+    errors: u64,
+) -> io::Result<Measure> {
+    tokio::time::sleep(run).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
     for t in tasks {
-        all.extend(t.await.map_err(io::Error::other)?);
+        all.extend(t.await.map_err(io::Error::other)??);
     }
     all.sort_unstable();
     let n = all.len() as f64;
-    let negotiated = negotiated.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(Measure {
         negotiated,
         p50_us: percentile(&all, 0.5),
         p99_us: percentile(&all, 0.99),
         p999_us: percentile(&all, 0.999),
         ops_per_s: n / dur.as_secs_f64(),
-        bytes_per_s: 0.0,
-        errors: errors.load(Ordering::Relaxed),
+        bytes_per_s: n * size as f64 / dur.as_secs_f64(),
+        errors,
     })
 }
 
@@ -696,23 +696,7 @@ async fn run_file(
             io::Result::Ok(lat)
         }));
     }
-    tokio::time::sleep(dur + warmup).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.map_err(io::Error::other)??);
-    }
-    all.sort_unstable();
-    let n = all.len() as f64;
-    Ok(Measure {
-        negotiated,
-        p50_us: percentile(&all, 0.5),
-        p99_us: percentile(&all, 0.99),
-        p999_us: percentile(&all, 0.999),
-        ops_per_s: n / dur.as_secs_f64(),
-        bytes_per_s: n * case.size as f64 / dur.as_secs_f64(),
-        errors: 0,
-    })
+    measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,9 +11,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use crate::config::ShmConfig;
 use crate::link::{Link, LinkError};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
+use crate::proto::clc::DeclineReason;
 use crate::proto::clc::Token;
+use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::manager::Manager;
 
@@ -148,17 +151,6 @@ impl LinkGroup {
         }
     }
 
-    /// Registers a connection under its own token (the token the peer's CDC messages carry).
-    pub(crate) fn register(&self, conn: Arc<SmcConn>) -> bool {
-        let mut st = self.lock();
-        if st.dead.is_some() {
-            return false;
-        }
-        st.idle_since = None;
-        st.conns.insert(conn.our_token(), conn);
-        true
-    }
-
     /// Forgets a connection and frees its slot.
     pub(crate) fn unregister(&self, token: u32) {
         let mut st = self.lock();
@@ -170,12 +162,25 @@ impl LinkGroup {
         }
     }
 
-    /// Frees a slot that was allocated but never registered.
-    pub(crate) fn release_slot(&self, token: u32) {
+    /// Allocates an RMB slot and registers a new connection on it, reading from a ring of
+    /// `rx_ring` bytes; `peer_token` is `None` on a server until the client's Confirm.
+    pub(crate) fn open_conn(
+        self: &Arc<Self>,
+        peer_token: Option<u32>,
+        rx_ring: RingSize,
+        cfg: &ShmConfig,
+    ) -> Result<Arc<SmcConn>, DeclineReason> {
+        let tx_ring = RingSize::new(self.tx_rmb_size).ok_or(DeclineReason::Internal)?;
+        let our_token = self.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
+        let conn = SmcConn::new(self.clone(), our_token, peer_token, tx_ring, rx_ring, cfg);
         let mut st = self.lock();
-        if !st.conns.contains_key(&token) {
-            self.free_slot(&mut st, token);
+        if st.dead.is_some() {
+            self.free_slot(&mut st, our_token);
+            return Err(DeclineReason::Internal);
         }
+        st.idle_since = None;
+        st.conns.insert(our_token, conn.clone());
+        Ok(conn)
     }
 
     /// Installs the established link and starts the driver task on the current runtime.

@@ -210,16 +210,10 @@ impl Manager {
         if link.rx_rmb_size() != accept.rmb_size || group.tx_rmb_size != our_rmb_size {
             return Err(DeclineReason::SyncError);
         }
-        let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
-        let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
-        let conn = SmcConn::new(group.clone(), our_token, Some(accept.rmb_slot), tx_ring, rx_ring, cfg);
-        if !group.register(conn.clone()) {
-            group.release_slot(our_token);
-            return Err(DeclineReason::Internal);
-        }
+        let conn = group.open_conn(Some(accept.rmb_slot), rx_ring, cfg)?;
         let confirm = ShmLinkInfo {
             link_group: group.id,
-            rmb_slot: our_token,
+            rmb_slot: conn.our_token(),
             rmb_size: group.tx_rmb_size,
             socket_name: Vec::new(),
         };
@@ -367,15 +361,13 @@ impl Manager {
         if !group.is_established() {
             group.add_join_token(p.token);
         }
-        let tx_ring = RingSize::new(group.tx_rmb_size).ok_or(DeclineReason::Internal)?;
-        let our_token = group.alloc_slot().ok_or(DeclineReason::OutOfMemory)?;
-        let conn = SmcConn::new(group.clone(), our_token, None, tx_ring, rx_ring, cfg);
-        if !group.register(conn.clone()) {
-            group.release_slot(our_token);
-            return Err(DeclineReason::Internal);
-        }
-        let info =
-            ShmLinkInfo { link_group: group.id, rmb_slot: our_token, rmb_size: group.tx_rmb_size, socket_name: name };
+        let conn = group.open_conn(None, rx_ring, cfg)?;
+        let info = ShmLinkInfo {
+            link_group: group.id,
+            rmb_slot: conn.our_token(),
+            rmb_size: group.tx_rmb_size,
+            socket_name: name,
+        };
         Ok((conn, info))
     }
 
