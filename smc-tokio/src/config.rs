@@ -203,3 +203,237 @@ pub fn set_rmb_memory_cap(bytes: u64) {
 pub fn rmb_memory_in_use() -> u64 {
     crate::smc::manager::Manager::global().rmb_in_use()
 }
+
+/// Handshakes one listener runs at once by default. A handshake that sets up nothing new (the
+/// common case: the link group exists) takes tens of microseconds, so 256 in flight sustain
+/// several times the CRR rates `smcperf` measures; beyond it, `limit_handshake` serves TCP.
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
+
+/// Every setting that can be set per process (environment, run-time handle) and overridden per
+/// listener or stream (builders).
+///
+/// Resolution order: the builder's value, else the process-wide value ([`global`]), which
+/// starts as the `SMC_TOKIO_*` environment variables read once at first use, else the defaults.
+///
+/// | variable | setting | example |
+/// |---|---|---|
+/// | `SMC_TOKIO_POLICY` | [`Policy`]: `auto`, `never`, `tcp-only` | `tcp-only` |
+/// | `SMC_TOKIO_SHM` | shared memory on (`1`) or off (`0`) | `0` |
+/// | `SMC_TOKIO_LIMIT_HANDSHAKE` | serve TCP at once when handshakes pile up (`1`/`0`) | `1` |
+/// | `SMC_TOKIO_MAX_PENDING_HANDSHAKES` | handshakes in flight per listener | `64` |
+/// | `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS` | bound on a handshake | `500` |
+/// | `SMC_TOKIO_PEEK_TIMEOUT_MS` | wait for a client's first bytes | `50` |
+/// | `SMC_TOKIO_NEGATIVE_CACHE_TTL_MS` | how long a plain server is remembered | `60000` |
+/// | `SMC_TOKIO_RMB_SIZE` | receive ring size (bytes; `k`/`m` suffixes) | `1m` |
+/// | `SMC_TOKIO_BUSY_POLL_US` | busy-poll budget before sleeping | `50` |
+/// | `SMC_TOKIO_AUTOCORK` | autocork size in bytes (0: off) | `4096` |
+/// | `SMC_TOKIO_INLINE_MAX` | largest inline first message | `0` |
+/// | `SMC_TOKIO_ADAPTIVE_MIN_BYTES` | adaptive fallback threshold (0: off) | `1024` |
+///
+/// A value that does not parse is ignored with a warning (through `tracing`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// What to do when SMC cannot be used.
+    pub policy: Policy,
+    /// How long a listener waits for a new connection's first bytes.
+    pub peek_timeout: Duration,
+    /// Bound on a handshake.
+    pub handshake_timeout: Duration,
+    /// How long a client remembers a plain TCP server.
+    pub negative_cache_ttl: Duration,
+    /// Serve TCP at once, declining as congested, when `max_pending_handshakes` are running
+    /// (the kernel's `SMC_LIMIT_HS`). Off: wait in a bounded queue.
+    pub limit_handshake: bool,
+    /// Handshakes a listener runs at once (and, on the client side, per process).
+    pub max_pending_handshakes: usize,
+    /// Shared-memory settings.
+    pub shm: ShmConfig,
+    /// Adaptive fallback: a server whose SMC connections keep ending before they move this
+    /// many bytes is not offered SMC for a while (0: off). See [`ADAPTIVE_STRIKES`].
+    pub adaptive_min_bytes: u64,
+}
+
+/// Consecutive short SMC connections to one server before adaptive fallback stops proposing to
+/// it (for one negative-cache TTL). Three keeps one unlucky connection from switching it off.
+pub const ADAPTIVE_STRIKES: u32 = 3;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            policy: Policy::Auto,
+            peek_timeout: DEFAULT_PEEK_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            negative_cache_ttl: DEFAULT_NEGATIVE_CACHE_TTL,
+            limit_handshake: true,
+            max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
+            shm: ShmConfig::default(),
+            adaptive_min_bytes: 0,
+        }
+    }
+}
+
+impl Settings {
+    /// The defaults with the `SMC_TOKIO_*` variables of `lookup` applied.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Settings {
+        let mut s = Settings::default();
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_ascii_lowercase());
+        fn warn(name: &str, v: &str) {
+            tracing::warn!(variable = name, value = v, "ignoring an smc-tokio setting that does not parse");
+        }
+        let num = |name: &str| -> Option<u64> {
+            let v = get(name)?;
+            let (digits, mul) = match v.as_bytes().last() {
+                Some(b'k') => (&v[..v.len() - 1], 1u64 << 10),
+                Some(b'm') => (&v[..v.len() - 1], 1 << 20),
+                Some(b'g') => (&v[..v.len() - 1], 1 << 30),
+                _ => (&v[..], 1),
+            };
+            match digits.parse::<u64>().ok().and_then(|n| n.checked_mul(mul)) {
+                Some(n) => Some(n),
+                None => {
+                    warn(name, &v);
+                    None
+                }
+            }
+        };
+        let flag = |name: &str| -> Option<bool> {
+            let v = get(name)?;
+            match v.as_str() {
+                "1" | "on" | "true" | "yes" => Some(true),
+                "0" | "off" | "false" | "no" => Some(false),
+                _ => {
+                    warn(name, &v);
+                    None
+                }
+            }
+        };
+        if let Some(v) = get("SMC_TOKIO_POLICY") {
+            match v.as_str() {
+                "auto" => s.policy = Policy::Auto,
+                "never" => s.policy = Policy::Never,
+                "tcp-only" | "tcp_only" | "tcponly" => s.policy = Policy::TcpOnly,
+                _ => warn("SMC_TOKIO_POLICY", &v),
+            }
+        }
+        if let Some(on) = flag("SMC_TOKIO_SHM") {
+            s.shm.enabled = on;
+        }
+        if let Some(on) = flag("SMC_TOKIO_LIMIT_HANDSHAKE") {
+            s.limit_handshake = on;
+        }
+        if let Some(n) = num("SMC_TOKIO_MAX_PENDING_HANDSHAKES") {
+            s.max_pending_handshakes = (n as usize).max(1);
+        }
+        let ms = |n: u64| Duration::from_millis(n);
+        if let Some(n) = num("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS") {
+            s.handshake_timeout = ms(n);
+        }
+        if let Some(n) = num("SMC_TOKIO_PEEK_TIMEOUT_MS") {
+            s.peek_timeout = ms(n);
+        }
+        if let Some(n) = num("SMC_TOKIO_NEGATIVE_CACHE_TTL_MS") {
+            s.negative_cache_ttl = ms(n);
+        }
+        if let Some(n) = num("SMC_TOKIO_RMB_SIZE") {
+            s.shm = s.shm.rmb_size(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        if let Some(n) = num("SMC_TOKIO_BUSY_POLL_US") {
+            s.shm = s.shm.busy_poll(Duration::from_micros(n));
+        }
+        if let Some(n) = num("SMC_TOKIO_AUTOCORK") {
+            s.shm = s.shm.autocork(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        if let Some(n) = num("SMC_TOKIO_INLINE_MAX") {
+            s.shm = s.shm.inline_max(n as usize);
+        }
+        if let Some(n) = num("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
+            s.adaptive_min_bytes = n;
+        }
+        s
+    }
+}
+
+/// The process-wide settings: the `SMC_TOKIO_*` environment, read once at first use, and
+/// changeable while running (as the kernel's netlink knobs). Builders' explicit values win.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::config;
+///
+/// // Serve TCP at once when more than 64 handshakes are in flight, from now on.
+/// config::global().update(|s| {
+///     s.limit_handshake = true;
+///     s.max_pending_handshakes = 64;
+/// });
+/// assert_eq!(config::global().get().max_pending_handshakes, 64);
+/// # config::global().update(|s| *s = config::Settings::from_vars(|k| std::env::var(k).ok()));
+/// ```
+#[derive(Debug)]
+pub struct GlobalSettings {
+    inner: std::sync::RwLock<Settings>,
+}
+
+impl GlobalSettings {
+    /// A snapshot of the current process-wide settings.
+    pub fn get(&self) -> Settings {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes the process-wide settings; connections made after the call use them.
+    pub fn update(&self, f: impl FnOnce(&mut Settings)) {
+        f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// The process-wide settings handle.
+pub fn global() -> &'static GlobalSettings {
+    static G: std::sync::OnceLock<GlobalSettings> = std::sync::OnceLock::new();
+    G.get_or_init(|| GlobalSettings { inner: std::sync::RwLock::new(Settings::from_vars(|k| std::env::var(k).ok())) })
+}
+
+/// Values a builder set explicitly; everything else comes from [`global`] when used.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Overrides {
+    pub(crate) policy: Option<Policy>,
+    pub(crate) peek_timeout: Option<Duration>,
+    pub(crate) handshake_timeout: Option<Duration>,
+    pub(crate) negative_cache_ttl: Option<Duration>,
+    pub(crate) limit_handshake: Option<bool>,
+    pub(crate) max_pending_handshakes: Option<usize>,
+    pub(crate) shm: Option<ShmConfig>,
+    pub(crate) adaptive_min_bytes: Option<u64>,
+}
+
+impl Overrides {
+    /// The effective settings now.
+    pub(crate) fn resolve(&self) -> Settings {
+        let mut s = global().get();
+        if let Some(v) = self.policy {
+            s.policy = v;
+        }
+        if let Some(v) = self.peek_timeout {
+            s.peek_timeout = v;
+        }
+        if let Some(v) = self.handshake_timeout {
+            s.handshake_timeout = v;
+        }
+        if let Some(v) = self.negative_cache_ttl {
+            s.negative_cache_ttl = v;
+        }
+        if let Some(v) = self.limit_handshake {
+            s.limit_handshake = v;
+        }
+        if let Some(v) = self.max_pending_handshakes {
+            s.max_pending_handshakes = v;
+        }
+        if let Some(v) = &self.shm {
+            s.shm = v.clone();
+        }
+        if let Some(v) = self.adaptive_min_bytes {
+            s.adaptive_min_bytes = v;
+        }
+        s
+    }
+}

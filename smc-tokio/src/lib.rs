@@ -66,6 +66,7 @@ mod negative_cache;
 pub mod net;
 pub mod proto;
 mod smc;
+mod stats;
 mod sys;
 mod transport;
 
@@ -77,4 +78,5 @@ pub use net::{
 };
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;
+pub use stats::{stats, RoleStats, Stats, HANDSHAKE_BUCKETS};
 pub use transport::{FallbackReason, Transport};

@@ -12,6 +12,8 @@ const CAPACITY: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct NegativeCache {
     entries: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Adaptive fallback: consecutive short SMC connections per server.
+    strikes: Mutex<HashMap<SocketAddr, u32>>,
 }
 
 impl NegativeCache {
@@ -52,6 +54,29 @@ impl NegativeCache {
         map.insert(peer, now + ttl);
     }
 
+    /// Adaptive fallback: records how an SMC connection to `peer` ended. After
+    /// [`ADAPTIVE_STRIKES`](crate::config::ADAPTIVE_STRIKES) short ones in a row, the server is
+    /// remembered for `ttl` like a plain one: for it, the handshake costs more than it saves.
+    pub(crate) fn record_smc_conn(&self, peer: SocketAddr, long_enough: bool, ttl: Duration) {
+        let mut strikes = self.strikes.lock().unwrap_or_else(|e| e.into_inner());
+        if long_enough {
+            strikes.remove(&peer);
+            return;
+        }
+        if strikes.len() >= CAPACITY && !strikes.contains_key(&peer) {
+            strikes.clear();
+        }
+        let n = strikes.entry(peer).or_insert(0);
+        *n += 1;
+        if *n >= crate::config::ADAPTIVE_STRIKES {
+            strikes.remove(&peer);
+            drop(strikes);
+            tracing::debug!(%peer, "adaptive fallback: short smc connections; proposing no more for a while");
+            crate::stats::adaptive_fallback();
+            self.insert(peer, Instant::now(), ttl);
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.lock().unwrap().len()
@@ -78,6 +103,21 @@ mod tests {
         assert_eq!(c.len(), 0, "expired entry dropped on lookup");
         c.insert(addr(3), now, Duration::ZERO);
         assert!(!c.contains(addr(3), now));
+    }
+
+    #[test]
+    fn adaptive_strikes() {
+        let c = NegativeCache::default();
+        let ttl = Duration::from_secs(10);
+        let now = Instant::now();
+        c.record_smc_conn(addr(9), false, ttl);
+        c.record_smc_conn(addr(9), false, ttl);
+        c.record_smc_conn(addr(9), true, ttl); // a long connection resets the count
+        c.record_smc_conn(addr(9), false, ttl);
+        c.record_smc_conn(addr(9), false, ttl);
+        assert!(!c.contains(addr(9), now));
+        c.record_smc_conn(addr(9), false, ttl);
+        assert!(c.contains(addr(9), Instant::now()));
     }
 
     #[test]

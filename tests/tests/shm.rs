@@ -10,14 +10,16 @@ use tests::{bounded, echo_check, spawn_echo, Rng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 async fn echo_server() -> std::net::SocketAddr {
-    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    // Room for every handshake of the 1000-connection test: these tests want shared memory for
+    // all (the handshake limit has tests of its own).
+    let l = SmcListener::builder().max_pending_handshakes(4096).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     spawn_echo(l);
     addr
 }
 
 async fn smc(addr: std::net::SocketAddr) -> SmcStream {
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let s = bounded(10, SmcStream::builder().max_pending_handshakes(4096).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::SmcD, "expected shared memory");
     s
 }

@@ -3,22 +3,23 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tracing::Instrument;
 
-use crate::config::ShmConfig;
-use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_PEEK_TIMEOUT};
+use crate::config::{Overrides, Policy, Settings, ShmConfig};
 use crate::handshake::{advance, Step};
 use crate::net::stream::SmcStream;
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, CLC_EYECATCHER};
 use crate::proto::handshake::{HandshakeError, Outcome, ServerEvent, ServerHandshake};
 use crate::smc::conn::{PendingConn, SmcConn};
 use crate::smc::manager::{AcceptorSlot, Manager};
+use crate::stats;
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
 
@@ -62,24 +63,94 @@ type Ready = (SmcStream, SocketAddr);
 /// ```
 pub struct SmcListener {
     tcp: TcpListener,
-    config: Arc<ListenerConfig>,
-    acceptor: Arc<AcceptorSlot>,
+    shared: Arc<ListenerShared>,
     ready_tx: mpsc::UnboundedSender<Ready>,
     ready_rx: Mutex<mpsc::UnboundedReceiver<Ready>>,
 }
 
 impl fmt::Debug for SmcListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SmcListener").field("local", &self.tcp.local_addr().ok()).field("config", &self.config).finish()
+        f.debug_struct("SmcListener")
+            .field("local", &self.tcp.local_addr().ok())
+            .field("settings", &self.shared.settings())
+            .finish()
     }
 }
 
-#[derive(Debug, Clone)]
-struct ListenerConfig {
-    policy: Policy,
-    peek_timeout: Duration,
-    handshake_timeout: Duration,
-    shm: ShmConfig,
+/// What a listener and its handshake tasks share.
+#[derive(Debug, Default)]
+struct ListenerShared {
+    /// The builder's values, changed at run time by the listener's setters.
+    overrides: std::sync::RwLock<Overrides>,
+    /// Handshakes running now.
+    in_flight: AtomicUsize,
+    /// Connections waiting for a handshake slot (`limit_handshake` off).
+    waiting: AtomicUsize,
+    /// Signalled when a handshake slot frees.
+    freed: Notify,
+    acceptor: AcceptorSlot,
+}
+
+impl ListenerShared {
+    fn settings(&self) -> Settings {
+        self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve()
+    }
+
+    /// Takes a handshake slot if one is free.
+    fn try_slot(self: &Arc<Self>, max: usize) -> Option<HandshakeSlot> {
+        let mut n = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if n >= max {
+                return None;
+            }
+            match self.in_flight.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(HandshakeSlot(self.clone())),
+                Err(cur) => n = cur,
+            }
+        }
+    }
+
+    /// Admits a connection that starts a handshake: a slot at once; or, when all are taken,
+    /// "congested" (`limit_handshake` on: decline and serve TCP now), a wait in a queue as long
+    /// as the bound (off), or a refusal when the queue is full too.
+    async fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
+        let max = cfg.max_pending_handshakes.max(1);
+        if let Some(slot) = self.try_slot(max) {
+            return Admit::Handshake(slot);
+        }
+        if cfg.limit_handshake {
+            return Admit::Congested;
+        }
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Admit::Refuse;
+        }
+        let slot = loop {
+            let freed = self.freed.notified();
+            if let Some(slot) = self.try_slot(max) {
+                break slot;
+            }
+            freed.await;
+        };
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Admit::Handshake(slot)
+    }
+}
+
+enum Admit {
+    Handshake(HandshakeSlot),
+    Congested,
+    Refuse,
+}
+
+/// A running handshake's place under `max_pending_handshakes`.
+struct HandshakeSlot(Arc<ListenerShared>);
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
+    }
 }
 
 /// Settings for an [`SmcListener`].
@@ -104,7 +175,7 @@ struct ListenerConfig {
 /// ```
 #[derive(Debug, Clone)]
 pub struct SmcListenerBuilder {
-    config: ListenerConfig,
+    o: Overrides,
 }
 
 impl Default for SmcListenerBuilder {
@@ -118,38 +189,46 @@ impl SmcListenerBuilder {
     /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT),
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT).
     pub fn new() -> Self {
-        Self {
-            config: ListenerConfig {
-                policy: Policy::Auto,
-                peek_timeout: DEFAULT_PEEK_TIMEOUT,
-                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-                shm: ShmConfig::default(),
-            },
-        }
+        Self { o: Overrides::default() }
     }
 
     /// Shared-memory (SMC-D) settings for connections accepted by this listener.
     pub fn shm(mut self, config: ShmConfig) -> Self {
-        self.config.shm = config;
+        self.o.shm = Some(config);
         self
     }
 
     /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
     /// instead of handed out; under [`Policy::TcpOnly`] every proposal is declined.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.config.policy = policy;
+        self.o.policy = Some(policy);
         self
     }
 
     /// How long to wait for a new connection's first bytes before handing it out as TCP.
     pub fn peek_timeout(mut self, timeout: Duration) -> Self {
-        self.config.peek_timeout = timeout;
+        self.o.peek_timeout = Some(timeout);
         self
     }
 
     /// Bound on a whole handshake once the eyecatcher has been seen.
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.config.handshake_timeout = timeout;
+        self.o.handshake_timeout = Some(timeout);
+        self
+    }
+
+    /// Handshakes this listener runs at once.
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.o.max_pending_handshakes = Some(n.max(1));
+        self
+    }
+
+    /// With `true` (the default), a connection that arrives when `max_pending_handshakes` are
+    /// running is declined as congested and handed out as TCP at once; with `false` it waits
+    /// for a slot, in a queue as long as `max_pending_handshakes`, and is refused (closed) when
+    /// that queue is full too.
+    pub fn limit_handshake(mut self, on: bool) -> Self {
+        self.o.limit_handshake = Some(on);
         self
     }
 
@@ -163,8 +242,7 @@ impl SmcListenerBuilder {
         let (ready_tx, ready_rx) = mpsc::unbounded_channel();
         SmcListener {
             tcp,
-            config: Arc::new(self.config),
-            acceptor: Arc::default(),
+            shared: Arc::new(ListenerShared { overrides: std::sync::RwLock::new(self.o), ..ListenerShared::default() }),
             ready_tx,
             ready_rx: Mutex::new(ready_rx),
         }
@@ -198,6 +276,27 @@ impl SmcListener {
         self.tcp.local_addr()
     }
 
+    /// The settings connections accepted now would get (the builder's and the setters' values
+    /// over the process-wide ones).
+    pub fn settings(&self) -> Settings {
+        self.shared.settings()
+    }
+
+    /// Changes `limit_handshake` for this listener, from the next connection on.
+    pub fn set_limit_handshake(&self, on: bool) {
+        self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).limit_handshake = Some(on);
+    }
+
+    /// Changes `max_pending_handshakes` for this listener, from the next connection on.
+    pub fn set_max_pending_handshakes(&self, n: usize) {
+        self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).max_pending_handshakes = Some(n.max(1));
+    }
+
+    /// Handshakes this listener is running now.
+    pub fn pending_handshakes(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
     /// Waits for the next connection whose handshake (if any) has finished.
     ///
     /// Errors are those of [`TcpListener::accept`] (for example `EMFILE`); a connection whose
@@ -227,16 +326,17 @@ impl SmcListener {
             };
             match classify_now(&tcp) {
                 // The common plain-client case is decided here, without a task.
-                Some(Class::Plain) if self.config.policy != Policy::Never => {
-                    let s = SmcStream::from_tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc));
+                Some(Class::Plain) if self.shared.settings().policy != Policy::Never => {
+                    let t = Transport::Tcp(FallbackReason::PeerNoSmc);
+                    stats::connection(true, t);
+                    let s = SmcStream::from_tcp(tcp, t);
                     return Poll::Ready(Ok((s, peer)));
                 }
                 _ => {
-                    let config = self.config.clone();
+                    let shared = self.shared.clone();
                     let tx = self.ready_tx.clone();
                     let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
-                    let acceptor = self.acceptor.clone();
-                    tokio::spawn(serve(tcp, peer, config, acceptor, tx).instrument(span));
+                    tokio::spawn(serve(tcp, peer, shared, tx).instrument(span));
                 }
             }
         }
@@ -315,20 +415,15 @@ async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Resu
 
 /// Serves one accepted connection: classify, handshake if it is an SMC client, queue the
 /// result for `accept`.
-async fn serve(
-    mut tcp: TcpStream,
-    peer: SocketAddr,
-    config: Arc<ListenerConfig>,
-    acceptor: Arc<AcceptorSlot>,
-    tx: mpsc::UnboundedSender<Ready>,
-) {
+async fn serve(mut tcp: TcpStream, peer: SocketAddr, shared: Arc<ListenerShared>, tx: mpsc::UnboundedSender<Ready>) {
+    let config = shared.settings();
     let transport = {
         let work = async {
             let peek_deadline = tokio::time::Instant::now() + config.peek_timeout;
             let served = match peek_class(&tcp, peek_deadline).await? {
                 None => Served::Tcp(Transport::Tcp(FallbackReason::ClientSilent)),
                 Some(Class::Plain) => Served::Tcp(Transport::Tcp(FallbackReason::PeerNoSmc)),
-                Some(Class::Smc) => match server_handshake(&mut tcp, &config, &acceptor).await? {
+                Some(Class::Smc) => match shake(&mut tcp, &config, &shared).await? {
                     (Outcome::Fallback { reason, by }, _) => {
                         Served::Tcp(Transport::Tcp(FallbackReason::Declined { reason, by }))
                     }
@@ -360,10 +455,12 @@ async fn serve(
         }
         Ok(Served::Tcp(t)) => {
             tracing::Span::current().record("transport", tracing::field::display(t));
+            stats::connection(true, t);
             let _ = tx.send((SmcStream::from_tcp(tcp, t), peer));
         }
         Ok(Served::Smc(conn)) => {
             tracing::Span::current().record("transport", "smc-d");
+            stats::connection(true, Transport::SmcD);
             let _ = tx.send((SmcStream::from_smc(tcp, conn, Transport::SmcD), peer));
         }
         Err(e) => tracing::debug!(error = %e, "closing connection after failed handshake"),
@@ -376,10 +473,37 @@ enum Served {
     Smc(Arc<SmcConn>),
 }
 
+/// Admits the connection under the handshake bound, then runs the handshake (or, congested,
+/// only the decline).
+async fn shake(
+    tcp: &mut TcpStream,
+    config: &Settings,
+    shared: &Arc<ListenerShared>,
+) -> io::Result<(Outcome, Option<Arc<SmcConn>>)> {
+    let (slot, congested) = match shared.admit(config).await {
+        Admit::Handshake(slot) => (Some(slot), false),
+        Admit::Congested => (None, true),
+        Admit::Refuse => return Err(io::Error::other("handshake queue full: connection refused")),
+    };
+    let timer = stats::HandshakeTimer::start();
+    let r = server_handshake(tcp, config, &shared.acceptor, congested).await;
+    drop(slot);
+    match &r {
+        Ok((Outcome::Smc { .. }, _)) => timer.completed(),
+        Ok((Outcome::Fallback { reason, by }, _)) => {
+            stats::decline(*reason, *by);
+            timer.completed();
+        }
+        _ => drop(timer),
+    }
+    r
+}
+
 async fn server_handshake(
     tcp: &mut TcpStream,
-    config: &ListenerConfig,
+    config: &Settings,
     acceptor: &AcceptorSlot,
+    congested: bool,
 ) -> io::Result<(Outcome, Option<Arc<SmcConn>>)> {
     let mut hs = ServerHandshake::new(Instant::now(), config.handshake_timeout);
     let mut pending = PendingConn::default();
@@ -388,6 +512,10 @@ async fn server_handshake(
         match advance(tcp, &mut hs).await? {
             Step::Event(ServerEvent::Proposal(p)) => {
                 tracing::debug!(token = ?p.token, shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
+                if congested {
+                    hs.decline(DeclineReason::HandshakeCongested);
+                    continue;
+                }
                 if config.policy == Policy::TcpOnly {
                     hs.decline(DeclineReason::NoCommonTransport);
                     continue;

@@ -3,7 +3,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
 use crate::config::ShmConfig;
-use crate::config::{Policy, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_NEGATIVE_CACHE_TTL};
+use crate::config::{Overrides, Policy, Settings};
 use crate::error::SmcError;
 use crate::handshake::{advance, Step};
 use crate::negative_cache::NegativeCache;
@@ -21,9 +21,11 @@ use crate::net::cork::CorkGuard;
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
+use crate::proto::handshake::Side;
 use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome};
 use crate::smc::conn::SmcConn;
 use crate::smc::manager::Manager;
+use crate::stats;
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
 
@@ -66,6 +68,10 @@ pub struct SmcStream {
     tcp: Arc<TcpStream>,
     transport: Transport,
     smc: Option<SmcInner>,
+    /// Bytes the application moved (both directions), for adaptive fallback.
+    moved: AtomicU64,
+    /// Client side with adaptive fallback on: the server and the threshold.
+    adaptive: Option<(SocketAddr, u64, Duration)>,
     /// Cork guards alive on the TCP path.
     tcp_corks: Arc<AtomicUsize>,
 }
@@ -78,6 +84,9 @@ struct SmcInner {
 
 impl Drop for SmcStream {
     fn drop(&mut self) {
+        if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc.is_some()) {
+            NegativeCache::global().record_smc_conn(peer, self.moved.load(Ordering::Relaxed) >= min, ttl);
+        }
         if let Some(s) = &self.smc {
             s.conn.release();
             s.watcher.abort();
@@ -139,7 +148,14 @@ impl SmcStream {
     }
 
     pub(crate) fn from_tcp(tcp: TcpStream, transport: Transport) -> SmcStream {
-        SmcStream { tcp: Arc::new(tcp), transport, smc: None, tcp_corks: Arc::default() }
+        SmcStream {
+            tcp: Arc::new(tcp),
+            transport,
+            smc: None,
+            moved: AtomicU64::new(0),
+            adaptive: None,
+            tcp_corks: Arc::default(),
+        }
     }
 
     /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
@@ -147,7 +163,14 @@ impl SmcStream {
         let tcp = Arc::new(tcp);
         conn.hold_tcp(tcp.clone());
         let watcher = tokio::spawn(watch_tcp(tcp.clone(), Arc::downgrade(&conn))).abort_handle();
-        SmcStream { tcp, transport, smc: Some(SmcInner { conn, watcher }), tcp_corks: Arc::default() }
+        SmcStream {
+            tcp,
+            transport,
+            smc: Some(SmcInner { conn, watcher }),
+            moved: AtomicU64::new(0),
+            adaptive: None,
+            tcp_corks: Arc::default(),
+        }
     }
 
     /// What the connection uses: TCP (with the reason it stayed there), SMC-D or SMC-R.
@@ -206,6 +229,40 @@ impl SmcStream {
     }
 
     pub(crate) fn poll_read_priv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = self.poll_read_io(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            self.moved(false, buf.filled().len() - before);
+        }
+        r
+    }
+
+    pub(crate) fn poll_write_priv(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let r = self.poll_write_io(cx, data);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(true, n);
+        }
+        r
+    }
+
+    pub(crate) fn poll_write_vectored_priv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = self.poll_write_vectored_io(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.moved(true, n);
+        }
+        r
+    }
+
+    fn moved(&self, sent: bool, n: usize) {
+        stats::bytes(self.transport, sent, n);
+        self.moved.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn poll_read_io(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_read(cx, buf);
         }
@@ -240,7 +297,7 @@ impl SmcStream {
         }
     }
 
-    pub(crate) fn poll_write_priv(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write_io(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_write(cx, data);
         }
@@ -253,11 +310,7 @@ impl SmcStream {
         }
     }
 
-    pub(crate) fn poll_write_vectored_priv(
-        &self,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored_io(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_write_vectored(cx, bufs);
         }
@@ -425,6 +478,32 @@ impl AsRawFd for SmcStream {
     }
 }
 
+/// Client handshakes running in this process.
+static CLIENT_HANDSHAKES: AtomicUsize = AtomicUsize::new(0);
+
+/// One client handshake's place under `max_pending_handshakes`.
+struct ClientSlot;
+
+impl ClientSlot {
+    /// A place, or `None` when the builder turned `limit_handshake` on and all places are
+    /// taken. (The process-wide `limit_handshake` governs listeners, as the kernel's
+    /// `SMC_LIMIT_HS` does; a client opts in per builder.)
+    fn take(limit: bool, cfg: &Settings) -> Option<ClientSlot> {
+        let n = CLIENT_HANDSHAKES.fetch_add(1, Ordering::AcqRel);
+        if limit && n >= cfg.max_pending_handshakes {
+            CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ClientSlot)
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Settings for [`SmcStream`] connections.
 ///
 /// # Examples
@@ -450,10 +529,7 @@ impl AsRawFd for SmcStream {
 /// ```
 #[derive(Debug, Clone)]
 pub struct SmcStreamBuilder {
-    policy: Policy,
-    handshake_timeout: Duration,
-    negative_cache_ttl: Duration,
-    shm: ShmConfig,
+    o: Overrides,
 }
 
 impl Default for SmcStreamBuilder {
@@ -467,23 +543,18 @@ impl SmcStreamBuilder {
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT),
     /// [`DEFAULT_NEGATIVE_CACHE_TTL`](crate::config::DEFAULT_NEGATIVE_CACHE_TTL).
     pub fn new() -> Self {
-        Self {
-            policy: Policy::Auto,
-            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            negative_cache_ttl: DEFAULT_NEGATIVE_CACHE_TTL,
-            shm: ShmConfig::default(),
-        }
+        Self { o: Overrides::default() }
     }
 
     /// Shared-memory (SMC-D) settings for this connection's side.
     pub fn shm(mut self, config: ShmConfig) -> Self {
-        self.shm = config;
+        self.o.shm = Some(config);
         self
     }
 
     /// What to do when SMC cannot be used.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
+        self.o.policy = Some(policy);
         self
     }
 
@@ -491,14 +562,41 @@ impl SmcStreamBuilder {
     /// plain TCP server that waits for its client: the connection is closed, the server goes
     /// into the negative cache, and (under [`Policy::Auto`]) a plain TCP connection is made.
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.handshake_timeout = timeout;
+        self.o.handshake_timeout = Some(timeout);
         self
     }
 
     /// How long a server that answered as plain TCP is remembered (0 disables the cache).
     pub fn negative_cache_ttl(mut self, ttl: Duration) -> Self {
-        self.negative_cache_ttl = ttl;
+        self.o.negative_cache_ttl = Some(ttl);
         self
+    }
+
+    /// With `true`, a connect that finds `max_pending_handshakes` client handshakes already
+    /// running in this process does not propose SMC: it connects as plain TCP at once. Off
+    /// unless set here (the process-wide `limit_handshake` is for listeners).
+    pub fn limit_handshake(mut self, on: bool) -> Self {
+        self.o.limit_handshake = Some(on);
+        self
+    }
+
+    /// Client handshakes this process runs at once before `limit_handshake` applies.
+    pub fn max_pending_handshakes(mut self, n: usize) -> Self {
+        self.o.max_pending_handshakes = Some(n.max(1));
+        self
+    }
+
+    /// Adaptive fallback: after [`ADAPTIVE_STRIKES`](crate::config::ADAPTIVE_STRIKES) SMC
+    /// connections in a row to one server that moved fewer than `bytes` bytes, stop proposing
+    /// to it for the negative-cache TTL (0 turns it off, the default).
+    pub fn adaptive_min_bytes(mut self, bytes: u64) -> Self {
+        self.o.adaptive_min_bytes = Some(bytes);
+        self
+    }
+
+    /// The settings a connect would use now: this builder's values over the process-wide ones.
+    pub fn settings(&self) -> Settings {
+        self.o.resolve()
     }
 
     /// Connects to `addr`, trying each address it resolves to in turn.
@@ -514,39 +612,56 @@ impl SmcStreamBuilder {
     }
 
     async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+        let cfg = self.o.resolve();
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
-        let res = self.connect_addr_inner(addr).instrument(span.clone()).await;
-        if let Ok(s) = &res {
-            span.record("transport", tracing::field::display(s.transport()));
+        let res = self.connect_addr_inner(addr, &cfg).instrument(span.clone()).await;
+        match res {
+            Ok(mut s) => {
+                span.record("transport", tracing::field::display(s.transport()));
+                stats::connection(false, s.transport());
+                if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {
+                    s.adaptive = Some((addr, cfg.adaptive_min_bytes, cfg.negative_cache_ttl));
+                }
+                Ok(s)
+            }
+            Err(e) => Err(e),
         }
-        res
     }
 
-    async fn connect_addr_inner(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+    async fn connect_addr_inner(&self, addr: SocketAddr, cfg: &Settings) -> io::Result<SmcStream> {
         let fallback = |reason: FallbackReason, tcp: TcpStream| -> io::Result<SmcStream> {
-            match self.policy {
+            match cfg.policy {
                 Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
                 _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
             }
         };
-        if self.policy == Policy::TcpOnly {
+        if cfg.policy == Policy::TcpOnly {
             return fallback(FallbackReason::Disabled, TcpStream::connect(addr).await?);
         }
         if NegativeCache::global().contains(addr, Instant::now()) {
-            if self.policy == Policy::Never {
+            if cfg.policy == Policy::Never {
                 return Err(SmcError::FallbackRefused(FallbackReason::NegativeCache).into());
             }
             return fallback(FallbackReason::NegativeCache, TcpStream::connect(addr).await?);
         }
 
+        let Some(_slot) = ClientSlot::take(self.o.limit_handshake == Some(true), cfg) else {
+            // Too many client handshakes in flight: this one goes plain at once.
+            let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+            return match cfg.policy {
+                Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
+                _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(reason))),
+            };
+        };
         let mut tcp = TcpStream::connect(addr).await?;
+        let timer = stats::HandshakeTimer::start();
         let manager = Manager::global();
-        let offer = manager.client_offer(addr, &self.shm);
+        let offer = manager.client_offer(addr, &cfg.shm);
         let rmb_size = offer.as_ref().map_or(0, |o| o.1);
         let token = sys::random_token()?;
         let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma: None };
         let mut hs =
-            ClientHandshake::new(proposal, Instant::now(), self.handshake_timeout).map_err(SmcError::Handshake)?;
+            ClientHandshake::new(proposal, Instant::now(), cfg.handshake_timeout).map_err(SmcError::Handshake)?;
         let mut pending: Option<Arc<SmcConn>> = None;
         let outcome = loop {
             match advance(&mut tcp, &mut hs).await {
@@ -554,7 +669,7 @@ impl SmcStreamBuilder {
                     LinkInfo::Shm(info) if rmb_size != 0 => {
                         let left =
                             hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-                        match manager.client_accept(addr, token, info, rmb_size, &self.shm, left).await {
+                        match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
                             Ok((conn, confirm)) => {
                                 hs.confirm(LinkInfo::Shm(confirm));
                                 pending = Some(conn);
@@ -577,6 +692,14 @@ impl SmcStreamBuilder {
             }
         };
         let smc = pending.take();
+        match &outcome {
+            Ok(Outcome::Smc { .. }) => timer.completed(),
+            Ok(Outcome::Fallback { reason, by }) => {
+                stats::decline(*reason, *by);
+                timer.completed();
+            }
+            _ => drop(timer),
+        }
         match outcome {
             Ok(Outcome::Smc { .. }) if smc.is_some() => {
                 let conn = smc.ok_or_else(|| io::Error::other("no connection"))?;
@@ -587,13 +710,13 @@ impl SmcStreamBuilder {
                     // The Confirm never left: give the slot back.
                     conn.group().unregister(conn.our_token());
                 }
-                self.finish_fallback(addr, tcp, other).await
+                Self::finish_fallback(cfg, addr, tcp, other).await
             }
         }
     }
 
     async fn finish_fallback(
-        &self,
+        cfg: &Settings,
         addr: SocketAddr,
         tcp: TcpStream,
         outcome: io::Result<Outcome>,
@@ -602,7 +725,7 @@ impl SmcStreamBuilder {
             Ok(Outcome::Fallback { reason, by }) => {
                 tracing::debug!(%reason, ?by, "falling back to tcp");
                 let reason = FallbackReason::Declined { reason, by };
-                match self.policy {
+                match cfg.policy {
                     Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
                     _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
                 }
@@ -612,20 +735,25 @@ impl SmcStreamBuilder {
                 // confirm() is only called with one; fail loudly rather than pretend.
                 Err(io::Error::other("handshake agreed on a link without a connection"))
             }
-            Ok(Outcome::Failed(err)) => self.reconnect_plain(addr, tcp, SmcError::Handshake(err).into()).await,
+            Ok(Outcome::Failed(err)) => Self::reconnect_plain(cfg, addr, tcp, SmcError::Handshake(err).into()).await,
             // Reset or closed mid-handshake: plain servers often do that to bytes they do not
             // understand. Same treatment as a failed handshake.
-            Err(e) => self.reconnect_plain(addr, tcp, e).await,
+            Err(e) => Self::reconnect_plain(cfg, addr, tcp, e).await,
         }
     }
 
     /// The server is not ours (or misbehaved) and the stream is unusable: remember it and, under
     /// [`Policy::Auto`], reconnect as plain TCP; under [`Policy::Never`], fail with `err`.
-    async fn reconnect_plain(&self, addr: SocketAddr, tcp: TcpStream, err: io::Error) -> io::Result<SmcStream> {
+    async fn reconnect_plain(
+        cfg: &Settings,
+        addr: SocketAddr,
+        tcp: TcpStream,
+        err: io::Error,
+    ) -> io::Result<SmcStream> {
         tracing::debug!(%err, "peer did not complete the handshake; remembering it as plain tcp");
         drop(tcp);
-        NegativeCache::global().insert(addr, Instant::now(), self.negative_cache_ttl);
-        match self.policy {
+        NegativeCache::global().insert(addr, Instant::now(), cfg.negative_cache_ttl);
+        match cfg.policy {
             Policy::Never => Err(err),
             _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
         }

@@ -188,6 +188,7 @@ impl LinkGroup {
         if self.link.set(link).is_err() {
             return Err(LinkError::Protocol("link group established twice"));
         }
+        crate::stats::link_group_up();
         let span = tracing::debug_span!("smc_link_group", id = self.id, role = ?self.role);
         tracing::debug!(parent: &span, "link group established");
         let me = self.clone();
@@ -268,6 +269,9 @@ impl LinkGroup {
             let mut st = self.lock();
             if st.dead.is_none() {
                 st.dead = Some(err.clone());
+                if self.link.get().is_some() {
+                    crate::stats::link_group_down();
+                }
             }
             st.conns.drain().map(|(_, c)| c).collect()
         };

@@ -1,0 +1,328 @@
+//! Process-wide counters, as the kernel's `smcr stats` and `smcss` show for its SMC: connections
+//! by transport and role, fallbacks and declines by reason, handshakes in flight and their
+//! durations, bytes by transport, link groups.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::proto::clc::DeclineReason;
+use crate::proto::handshake::Side;
+use crate::transport::{FallbackReason, Transport};
+
+/// Upper bounds of the handshake-time histogram buckets; the last bucket is everything above.
+pub const HANDSHAKE_BUCKETS: [Duration; 6] = [
+    Duration::from_micros(50),
+    Duration::from_micros(200),
+    Duration::from_millis(1),
+    Duration::from_millis(10),
+    Duration::from_millis(100),
+    Duration::from_secs(1),
+];
+
+const REASONS: usize = 8;
+const FALLBACKS: usize = 6;
+
+#[derive(Default)]
+struct Role {
+    smc_d: AtomicU64,
+    smc_r: AtomicU64,
+    tcp: AtomicU64,
+    fallbacks: [AtomicU64; FALLBACKS],
+}
+
+#[derive(Default)]
+struct Counters {
+    client: Role,
+    server: Role,
+    declines_sent: [AtomicU64; REASONS],
+    declines_received: [AtomicU64; REASONS],
+    handshakes_in_flight: AtomicU64,
+    handshakes_completed: AtomicU64,
+    handshakes_failed: AtomicU64,
+    handshake_hist: [AtomicU64; 7],
+    bytes_sent: [AtomicU64; 3],
+    bytes_received: [AtomicU64; 3],
+    link_groups: AtomicU64,
+    adaptive_fallbacks: AtomicU64,
+}
+
+fn counters() -> &'static Counters {
+    static C: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
+    C.get_or_init(Counters::default)
+}
+
+fn transport_index(t: Transport) -> usize {
+    match t {
+        Transport::SmcD => 0,
+        Transport::SmcR => 1,
+        Transport::Tcp(_) => 2,
+    }
+}
+
+fn fallback_index(r: FallbackReason) -> usize {
+    match r {
+        FallbackReason::Disabled => 0,
+        FallbackReason::PeerNoSmc => 1,
+        FallbackReason::NegativeCache => 2,
+        FallbackReason::ClientSilent => 3,
+        FallbackReason::Declined { by: Side::Local, .. } => 4,
+        FallbackReason::Declined { by: Side::Peer, .. } => 5,
+    }
+}
+
+fn reason_index(r: DeclineReason) -> usize {
+    (r as usize).saturating_sub(1).min(REASONS - 1)
+}
+
+/// Counts a connection handed to the application.
+pub(crate) fn connection(server: bool, t: Transport) {
+    let c = counters();
+    let role = if server { &c.server } else { &c.client };
+    let n = match t {
+        Transport::SmcD => &role.smc_d,
+        Transport::SmcR => &role.smc_r,
+        Transport::Tcp(r) => {
+            role.fallbacks[fallback_index(r)].fetch_add(1, Ordering::Relaxed);
+            &role.tcp
+        }
+    };
+    n.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a decline this process sent or received.
+pub(crate) fn decline(reason: DeclineReason, by: Side) {
+    let c = counters();
+    let a = match by {
+        Side::Local => &c.declines_sent,
+        Side::Peer => &c.declines_received,
+    };
+    a[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts bytes moved by the application over `t`.
+pub(crate) fn bytes(t: Transport, sent: bool, n: usize) {
+    let c = counters();
+    let a = if sent { &c.bytes_sent } else { &c.bytes_received };
+    a[transport_index(t)].fetch_add(n as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn link_group_up() {
+    counters().link_groups.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn link_group_down() {
+    let _ = counters().link_groups.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+}
+
+pub(crate) fn adaptive_fallback() {
+    counters().adaptive_fallbacks.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A handshake in flight; records its duration and outcome when finished or dropped.
+#[derive(Debug)]
+pub(crate) struct HandshakeTimer {
+    start: Instant,
+    done: bool,
+}
+
+impl HandshakeTimer {
+    pub(crate) fn start() -> HandshakeTimer {
+        counters().handshakes_in_flight.fetch_add(1, Ordering::Relaxed);
+        HandshakeTimer { start: Instant::now(), done: false }
+    }
+
+    /// The handshake ended with an outcome (SMC or a decline): it completed.
+    pub(crate) fn completed(mut self) {
+        self.done = true;
+        let c = counters();
+        c.handshakes_completed.fetch_add(1, Ordering::Relaxed);
+        let t = self.start.elapsed();
+        let b = HANDSHAKE_BUCKETS.iter().position(|&limit| t <= limit).unwrap_or(HANDSHAKE_BUCKETS.len());
+        c.handshake_hist[b].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for HandshakeTimer {
+    fn drop(&mut self) {
+        let c = counters();
+        let _ =
+            c.handshakes_in_flight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+        if !self.done {
+            c.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Connections of one role.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoleStats {
+    /// Over shared memory.
+    pub smc_d: u64,
+    /// Over RDMA.
+    pub smc_r: u64,
+    /// Over TCP (all fallback reasons).
+    pub tcp: u64,
+    /// TCP because SMC was off by policy.
+    pub fallback_disabled: u64,
+    /// TCP because the peer does not speak SMC.
+    pub fallback_peer_no_smc: u64,
+    /// TCP because the server was in the negative cache.
+    pub fallback_negative_cache: u64,
+    /// TCP because the client sent nothing before the peek timeout.
+    pub fallback_client_silent: u64,
+    /// TCP after this side declined.
+    pub fallback_declined_local: u64,
+    /// TCP after the peer declined.
+    pub fallback_declined_peer: u64,
+}
+
+impl RoleStats {
+    /// All connections of the role.
+    pub fn total(&self) -> u64 {
+        self.smc_d + self.smc_r + self.tcp
+    }
+}
+
+/// A snapshot of the process-wide counters, from [`stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Connections this process made (`SmcStream::connect`).
+    pub client: RoleStats,
+    /// Connections this process accepted (`SmcListener::accept`).
+    pub server: RoleStats,
+    /// Declines sent, by reason (index: [`DeclineReason`] wire value - 1).
+    pub declines_sent: [u64; REASONS],
+    /// Declines received, by reason.
+    pub declines_received: [u64; REASONS],
+    /// Handshakes running now.
+    pub handshakes_in_flight: u64,
+    /// Handshakes that reached an outcome (SMC or a decline).
+    pub handshakes_completed: u64,
+    /// Handshakes that failed (closed connections) or were abandoned.
+    pub handshakes_failed: u64,
+    /// Completed handshakes by duration: `<= HANDSHAKE_BUCKETS[i]`, then above the last.
+    pub handshake_time: [u64; 7],
+    /// Bytes written by applications: smc-d, smc-r, tcp.
+    pub bytes_sent: [u64; 3],
+    /// Bytes read by applications: smc-d, smc-r, tcp.
+    pub bytes_received: [u64; 3],
+    /// Live link groups.
+    pub link_groups: u64,
+    /// RMB memory in use, in bytes.
+    pub rmb_bytes: u64,
+    /// Servers that adaptive fallback stopped proposing to.
+    pub adaptive_fallbacks: u64,
+}
+
+fn load<const N: usize>(a: &[AtomicU64; N]) -> [u64; N] {
+    std::array::from_fn(|i| a[i].load(Ordering::Relaxed))
+}
+
+fn role(r: &Role) -> RoleStats {
+    let f = load(&r.fallbacks);
+    RoleStats {
+        smc_d: r.smc_d.load(Ordering::Relaxed),
+        smc_r: r.smc_r.load(Ordering::Relaxed),
+        tcp: r.tcp.load(Ordering::Relaxed),
+        fallback_disabled: f[0],
+        fallback_peer_no_smc: f[1],
+        fallback_negative_cache: f[2],
+        fallback_client_silent: f[3],
+        fallback_declined_local: f[4],
+        fallback_declined_peer: f[5],
+    }
+}
+
+/// A snapshot of the process-wide counters.
+///
+/// # Examples
+///
+/// ```
+/// let s = smc_tokio::stats();
+/// println!("{s}");
+/// assert!(s.server.total() >= s.server.smc_d);
+/// ```
+pub fn stats() -> Stats {
+    let c = counters();
+    Stats {
+        client: role(&c.client),
+        server: role(&c.server),
+        declines_sent: load(&c.declines_sent),
+        declines_received: load(&c.declines_received),
+        handshakes_in_flight: c.handshakes_in_flight.load(Ordering::Relaxed),
+        handshakes_completed: c.handshakes_completed.load(Ordering::Relaxed),
+        handshakes_failed: c.handshakes_failed.load(Ordering::Relaxed),
+        handshake_time: load(&c.handshake_hist),
+        bytes_sent: load(&c.bytes_sent),
+        bytes_received: load(&c.bytes_received),
+        link_groups: c.link_groups.load(Ordering::Relaxed),
+        rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
+        adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (name, r) in [("client", &self.client), ("server", &self.server)] {
+            writeln!(
+                f,
+                "{name}: {} connections: smc-d {}, smc-r {}, tcp {} (disabled {}, peer no smc {}, negative cache {}, client silent {}, declined locally {}, declined by peer {})",
+                r.total(),
+                r.smc_d,
+                r.smc_r,
+                r.tcp,
+                r.fallback_disabled,
+                r.fallback_peer_no_smc,
+                r.fallback_negative_cache,
+                r.fallback_client_silent,
+                r.fallback_declined_local,
+                r.fallback_declined_peer
+            )?;
+        }
+        let reasons = |a: &[u64; REASONS]| {
+            DeclineReason::ALL
+                .iter()
+                .zip(a)
+                .filter(|(_, n)| **n > 0)
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(
+            f,
+            "declines sent: [{}]; received: [{}]",
+            reasons(&self.declines_sent),
+            reasons(&self.declines_received)
+        )?;
+        let h = &self.handshake_time;
+        writeln!(
+            f,
+            "handshakes: {} in flight, {} completed, {} failed; time <=50us {}, <=200us {}, <=1ms {}, <=10ms {}, <=100ms {}, <=1s {}, >1s {}",
+            self.handshakes_in_flight,
+            self.handshakes_completed,
+            self.handshakes_failed,
+            h[0],
+            h[1],
+            h[2],
+            h[3],
+            h[4],
+            h[5],
+            h[6]
+        )?;
+        write!(
+            f,
+            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; rmb memory {} B; adaptive fallbacks {}",
+            self.bytes_sent[0],
+            self.bytes_received[0],
+            self.bytes_sent[1],
+            self.bytes_received[1],
+            self.bytes_sent[2],
+            self.bytes_received[2],
+            self.link_groups,
+            self.rmb_bytes,
+            self.adaptive_fallbacks
+        )
+    }
+}
