@@ -345,3 +345,19 @@ async fn idle_link_groups_are_torn_down_and_rebuilt() {
     assert_ne!(c.link_group(), first, "the idle group was torn down");
     bounded(10, echo_check(c, b"c", 1, 3)).await;
 }
+
+#[tokio::test]
+async fn adaptive_fallback_stops_proposing_to_a_server_of_short_connections() {
+    let addr = echo_server().await;
+    let builder = SmcStream::builder().adaptive_min_bytes(1000);
+    let before = smc_tokio::stats().adaptive_fallbacks;
+    for _ in 0..smc_tokio::config::ADAPTIVE_STRIKES {
+        let s = bounded(10, builder.connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        bounded(10, echo_check(s, b"short", 5, 1)).await;
+    }
+    let s = bounded(10, builder.connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(smc_tokio::FallbackReason::NegativeCache));
+    assert!(smc_tokio::stats().adaptive_fallbacks > before);
+    bounded(10, echo_check(s, b"served over tcp", 5, 2)).await;
+}

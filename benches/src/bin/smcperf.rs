@@ -18,6 +18,8 @@
 //!   --busy-poll US     smc busy-poll budget before sleeping, microseconds (default 0: off)
 //!   --inline-max BYTES smc writes up to this size ride inline in the CDC message when idle (0: off)
 //!   --autocork BYTES   smc autocork size (0: off)
+//!   --limit-handshake on|off  the listeners' handshake limit (process-wide setting)
+//!   --max-pending N    handshakes a listener runs at once (process-wide setting)
 //!   --pin              pin server and client threads to different CPUs (local)
 //!   --json             print one JSON document instead of the table
 //! ```
@@ -187,6 +189,18 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
                 let v = val()?;
                 let n = if v == "0" { 0 } else { parse_size(&v)? as u32 };
                 o.shm = o.shm.clone().autocork(n);
+            }
+            "--limit-handshake" => {
+                let on = match val()?.as_str() {
+                    "on" | "1" => true,
+                    "off" | "0" => false,
+                    v => return Err(format!("--limit-handshake takes on|off, not {v:?}")),
+                };
+                smc_tokio::config::global().update(|s| s.limit_handshake = on);
+            }
+            "--max-pending" => {
+                let n: usize = val()?.parse().map_err(|_| "bad --max-pending")?;
+                smc_tokio::config::global().update(|s| s.max_pending_handshakes = n.max(1));
             }
             "--pin" => o.pin = true,
             "--json" => o.json = true,
@@ -839,6 +853,7 @@ fn print_json(rows: &[Row], opts: &Opts) {
         "tool": "smcperf",
         "duration_s": opts.duration.as_secs_f64(),
         "pinned": opts.pin,
+        "stats": smc_tokio::stats().to_string(),
         "results": results,
     });
     println!("{doc:#}");
@@ -1021,6 +1036,7 @@ fn main() -> ExitCode {
                 print_json(&rows, &opts);
             } else {
                 print_table(&rows);
+                println!("\nsmc-tokio stats (this process, both roles):\n{}", smc_tokio::stats());
             }
             ExitCode::SUCCESS
         }

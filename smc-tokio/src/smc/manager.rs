@@ -103,7 +103,12 @@ struct ServerSide {
 
 #[derive(Default)]
 struct ClientSide {
+    /// The group a proposal to this server names (the newest one set up with it).
     by_server: HashMap<SocketAddr, Arc<LinkGroup>>,
+    /// Every live client group, by id, with the side-channel name of the server it joined: an
+    /// Accept may name any of them (concurrent first connections set up several), but only
+    /// for the server that owns it.
+    by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>)>,
     establishing: HashMap<u64, Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>>,
 }
 
@@ -171,6 +176,7 @@ impl Manager {
             Role::Client => {
                 let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
                 c.by_server.retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
+                c.by_id.retain(|_, (_, g)| !std::ptr::eq(Arc::as_ptr(g), group));
             }
         }
     }
@@ -231,8 +237,8 @@ impl Manager {
     ) -> Result<Arc<LinkGroup>, DeclineReason> {
         let cell = {
             let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(g) = c.by_server.get(&server) {
-                if g.id == accept.link_group && g.is_established() {
+            if let Some((name, g)) = c.by_id.get(&accept.link_group) {
+                if *name == accept.socket_name && g.is_established() {
                     return Ok(g.clone());
                 }
             }
@@ -280,6 +286,7 @@ impl Manager {
         if let Ok(g) = &res {
             if g.is_alive() {
                 c.by_server.insert(server, g.clone());
+                c.by_id.insert(g.id, (accept.socket_name.clone(), g.clone()));
             }
         }
         res

@@ -51,6 +51,23 @@ async fn main() -> std::io::Result<()> {
             println!("OK");
             Ok(())
         }
-        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR")),
+        Some("settings") => {
+            // The process-wide settings (from SMC_TOKIO_*), a builder's override of two of them,
+            // and a listener's run-time change.
+            println!("GLOBAL {:?}", smc_tokio::config::global().get());
+            let b = SmcStream::builder()
+                .max_pending_handshakes(7)
+                .handshake_timeout(std::time::Duration::from_millis(1234));
+            println!("BUILDER {:?}", b.settings());
+            let l = SmcListener::builder().limit_handshake(false).bind("127.0.0.1:0").await?;
+            println!("LISTENER {:?}", l.settings());
+            l.set_max_pending_handshakes(3);
+            l.set_limit_handshake(true);
+            println!("CHANGED {:?}", l.settings());
+            smc_tokio::config::global().update(|s| s.max_pending_handshakes = 99);
+            println!("RUNTIME {:?}", SmcStream::builder().settings());
+            Ok(())
+        }
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|settings")),
     }
 }
