@@ -1,5 +1,7 @@
 //! The networking types: [`SmcListener`] and [`SmcStream`] with their halves.
 
+#[cfg(feature = "axum")]
+mod axum;
 mod cork;
 mod listener;
 pub(crate) mod split;

@@ -1,0 +1,118 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use smc_tokio::Policy;
+use tokio::sync::Semaphore;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::policy::SetPolicy;
+
+/// Bounds the SMC handshakes a connector stack runs at once. Its overflow means "go TCP now":
+/// a connect that finds every slot taken is made with [`Policy::TcpOnly`] (no proposal, no
+/// wait), unless the layer was built with [`wait`](HandshakeLimitLayer::wait), in which case it
+/// waits for a slot, as `tower::limit::ConcurrencyLimit` does, on the same kind of semaphore.
+///
+/// On a server, the listener's own bound does this job: `SmcListener::builder()
+/// .max_pending_handshakes(n).limit_handshake(true)`.
+///
+/// ```
+/// use smc_tower::{HandshakeLimitLayer, SmcConnector};
+/// use tower_layer::Layer;
+///
+/// let connector = HandshakeLimitLayer::new(16).layer(SmcConnector::new());
+/// # let _ = connector;
+/// ```
+#[derive(Debug, Clone)]
+pub struct HandshakeLimitLayer {
+    max: usize,
+    wait: bool,
+}
+
+impl HandshakeLimitLayer {
+    /// At most `max` handshakes at once; beyond, connect as TCP.
+    pub fn new(max: usize) -> Self {
+        HandshakeLimitLayer { max: max.max(1), wait: false }
+    }
+
+    /// Wait for a slot instead of going TCP.
+    pub fn wait(mut self) -> Self {
+        self.wait = true;
+        self
+    }
+}
+
+impl<S: SetPolicy + Clone> Layer<S> for HandshakeLimitLayer {
+    type Service = HandshakeLimit<S>;
+
+    fn layer(&self, inner: S) -> HandshakeLimit<S> {
+        let mut tcp = inner.clone();
+        tcp.set_policy(Policy::TcpOnly);
+        HandshakeLimit { inner, tcp, slots: Arc::new(Semaphore::new(self.max)), wait: self.wait }
+    }
+}
+
+/// The service of [`HandshakeLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct HandshakeLimit<S> {
+    inner: S,
+    /// The same stack with SMC off, for the overflow.
+    tcp: S,
+    slots: Arc<Semaphore>,
+    wait: bool,
+}
+
+impl<S> HandshakeLimit<S> {
+    /// Handshake slots free now.
+    pub fn available(&self) -> usize {
+        self.slots.available_permits()
+    }
+}
+
+impl<S: SetPolicy> SetPolicy for HandshakeLimit<S> {
+    fn set_policy(&mut self, policy: Policy) {
+        self.inner.set_policy(policy);
+    }
+}
+
+impl<S, T> Service<T> for HandshakeLimit<S>
+where
+    S: Service<T> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    T: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: T) -> Self::Future {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let fut = self.inner.call(req);
+                Box::pin(async move {
+                    let r = fut.await;
+                    drop(permit);
+                    r
+                })
+            }
+            Err(_) if self.wait => {
+                let slots = self.slots.clone();
+                let mut inner = self.inner.clone();
+                Box::pin(async move {
+                    // The semaphore is never closed, so acquiring only waits.
+                    let permit = slots.acquire_owned().await;
+                    let r = inner.call(req).await;
+                    drop(permit);
+                    r
+                })
+            }
+            Err(_) => Box::pin(self.tcp.call(req)),
+        }
+    }
+}
