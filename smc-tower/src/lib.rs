@@ -24,9 +24,13 @@ mod connect_info;
 mod connector;
 mod limit;
 mod policy;
+#[cfg(feature = "tonic")]
+mod tonic;
 
 pub use connect_info::SmcConnectInfo;
 pub use connector::{SmcConnection, SmcConnector};
 pub use limit::{HandshakeLimit, HandshakeLimitLayer};
 pub use policy::{FallbackPolicy, FallbackPolicyLayer, SetPolicy};
 pub use smc_tokio;
+#[cfg(feature = "tonic")]
+pub use tonic::{SmcIncoming, SmcIo};

@@ -123,4 +123,15 @@ async fn axum_serves_an_smc_listener_with_connect_info() {
     let mut resp = String::new();
     tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut resp)).await.unwrap().unwrap();
     assert!(resp.starts_with("HTTP/1.1 200") && resp.ends_with("tcp"), "{resp}");
+
+    // And curl, where it is installed (.ci/run installs it).
+    match tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", &format!("http://{addr}/")])
+        .output()
+        .await
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => eprintln!("SKIPPED the curl part: curl is not installed"),
+        Err(e) => panic!("curl: {e}"),
+        Ok(out) => assert_eq!(String::from_utf8_lossy(&out.stdout), "tcp"),
+    }
 }
