@@ -20,6 +20,7 @@
 //!   --autocork BYTES   smc autocork size (0: off)
 //!   --limit-handshake on|off  the listeners' handshake limit (process-wide setting)
 //!   --max-pending N    handshakes a listener runs at once (process-wide setting)
+//!   --adaptive-min-bytes N  adaptive fallback threshold for smc clients (0: off)
 //!   --pin              pin server and client threads to different CPUs (local)
 //!   --json             print one JSON document instead of the table
 //! ```
@@ -197,6 +198,10 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
                     v => return Err(format!("--limit-handshake takes on|off, not {v:?}")),
                 };
                 smc_tokio::config::global().update(|s| s.limit_handshake = on);
+            }
+            "--adaptive-min-bytes" => {
+                let n: u64 = val()?.parse().map_err(|_| "bad --adaptive-min-bytes")?;
+                smc_tokio::config::global().update(|s| s.adaptive_min_bytes = n);
             }
             "--max-pending" => {
                 let n: usize = val()?.parse().map_err(|_| "bad --max-pending")?;

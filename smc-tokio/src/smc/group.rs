@@ -272,6 +272,12 @@ impl LinkGroup {
                 if self.link.get().is_some() {
                     crate::stats::link_group_down();
                 }
+                // The region goes with the group: every slot still allocated is returned to the
+                // process-wide RMB budget, once.
+                let n = st.generation.len();
+                let allocated = (n - st.free.len()) as u64;
+                st.free = (0..n as u32).rev().map(|s| s as u16).collect();
+                self.manager.uncharge_rmb(allocated * u64::from(self.tx_rmb_size));
             }
             st.conns.drain().map(|(_, c)| c).collect()
         };
