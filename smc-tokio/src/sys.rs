@@ -1,7 +1,7 @@
 //! The few raw system calls the driver needs.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 use crate::proto::clc::Token;
 
@@ -402,15 +402,17 @@ pub(crate) fn host_id() -> [u8; 16] {
     })
 }
 
-/// Registers an owned descriptor with the current tokio reactor.
-pub(crate) fn register<T: AsRawFd + AsFd>(
+/// Registers a descriptor with the current tokio reactor.
+///
+/// # Safety
+///
+/// `inner` must own its descriptor: it stays open and refers to the same file description until
+/// the returned `AsyncFd` (which takes `inner`) is dropped, and `as_raw_fd` always returns it.
+pub(crate) unsafe fn register<T: AsRawFd>(
     inner: T,
     interest: tokio::io::Interest,
 ) -> io::Result<tokio::io::unix::AsyncFd<T>> {
-    // SAFETY: `inner` owns its descriptor (the bound is `AsFd`, and every caller passes an
-    // `OwnedFd` or a wrapper of one), so it stays open and refers to the same file description
-    // until the AsyncFd, which takes ownership of `inner`, is dropped; `as_raw_fd` of these types
-    // always returns that one descriptor.
+    // SAFETY: forwarded from this function's contract.
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
 }
 
@@ -485,4 +487,32 @@ pub(crate) fn set_tcp_cork(sock: BorrowedFd<'_>, on: bool) -> io::Result<()> {
         )
     })
     .map(drop)
+}
+
+/// Whether `fd` lives on shmem (tmpfs), where memfds live unless created with MFD_HUGETLB.
+pub(crate) fn is_tmpfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: `st` is written by fstatfs before it is read; zeroed is a valid bit pattern.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable statfs buffer; `fd` is borrowed open.
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.f_type == libc::TMPFS_MAGIC)
+}
+
+/// Whether two descriptors refer to the same file.
+pub(crate) fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<bool> {
+    let id = |fd: BorrowedFd<'_>| -> io::Result<(u64, u64)> {
+        // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, writable stat buffer; `fd` is borrowed open.
+        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        Ok((st.st_dev, st.st_ino))
+    };
+    Ok(id(a)? == id(b)?)
+}
+
+/// Whether `fd` is an eventfd (its /proc link reads `anon_inode:[eventfd]`).
+pub(crate) fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
+        .unwrap_or(false)
 }

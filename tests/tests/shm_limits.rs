@@ -31,4 +31,40 @@ async fn beyond_the_rmb_memory_cap_connections_are_declined_and_served_as_tcp() 
     }
     let third = bounded(10, SmcStream::builder().shm(cfg).connect(addr)).await.unwrap();
     assert_eq!(third.transport(), Transport::SmcD);
+    drop(third);
+    set_rmb_memory_cap(smc_tokio::config::DEFAULT_RMB_MEMORY_CAP);
+    aborted_connections_return_their_memory().await;
+}
+
+/// An abort (a stream dropped with unread data) is answered, so both sides give their ring
+/// slots back: nothing leaks, and no slot is reused while the peer could still read it. Run from
+/// the cap test, after it, since both read the process-wide counter.
+async fn aborted_connections_return_their_memory() {
+    wait_for_memory(0).await;
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut one = [0u8; 1];
+        tokio::io::AsyncReadExt::read_exact(&mut s, &mut one).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(s); // unread bytes remain: an abort
+    });
+    let mut c = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(c.transport(), Transport::SmcD);
+    tokio::io::AsyncWriteExt::write_all(&mut c, b"0123456789").await.unwrap();
+    let mut b = [0u8; 4];
+    let err = bounded(10, tokio::io::AsyncReadExt::read(&mut c, &mut b)).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+    server.await.unwrap();
+    drop(c);
+    wait_for_memory(0).await;
+}
+
+async fn wait_for_memory(bytes: u64) {
+    let t = std::time::Instant::now();
+    while rmb_memory_in_use() != bytes {
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "ring memory in use: {}", rmb_memory_in_use());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

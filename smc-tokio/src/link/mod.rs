@@ -89,6 +89,9 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// polls it. `Ready(Ok(()))`: something may have arrived, or space may have been freed;
     /// call [`cdc_recv`](Link::cdc_recv) and retry blocked sends. Errors end the link.
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>>;
+    /// Stops watching for CDC space: nobody waits for it any more (the connections that did are
+    /// gone or have sent).
+    fn clear_space_wait(&self);
     /// Whether CDC frames are waiting to be received (a cheap check of the peer's counters).
     fn has_pending(&self) -> bool;
     /// The busy-poll budget: how long a waiting task may spin on [`has_pending`](Link::has_pending)

@@ -23,7 +23,7 @@ use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::Side;
 use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome};
-use crate::smc::conn::SmcConn;
+use crate::smc::conn::{PendingConn, SmcConn};
 use crate::smc::manager::Manager;
 use crate::stats;
 use crate::sys;
@@ -662,7 +662,8 @@ impl SmcStreamBuilder {
         let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma: None };
         let mut hs =
             ClientHandshake::new(proposal, Instant::now(), cfg.handshake_timeout).map_err(SmcError::Handshake)?;
-        let mut pending: Option<Arc<SmcConn>> = None;
+        // Given back if the connect is dropped (cancelled) or fails before the Confirm left.
+        let mut pending = PendingConn::default();
         let outcome = loop {
             match advance(&mut tcp, &mut hs).await {
                 Ok(Step::Event(ClientEvent::Accepted(accept))) => match &accept.link {
@@ -672,7 +673,7 @@ impl SmcStreamBuilder {
                         match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
                             Ok((conn, confirm)) => {
                                 hs.confirm(LinkInfo::Shm(confirm));
-                                pending = Some(conn);
+                                pending.set(conn);
                             }
                             Err(reason) => {
                                 tracing::debug!(%reason, "declining the server's shm accept");
@@ -691,7 +692,6 @@ impl SmcStreamBuilder {
                 Err(e) => break Err(e),
             }
         };
-        let smc = pending.take();
         match &outcome {
             Ok(Outcome::Smc { .. }) => timer.completed(),
             Ok(Outcome::Fallback { reason, by }) => {
@@ -701,15 +701,13 @@ impl SmcStreamBuilder {
             _ => drop(timer),
         }
         match outcome {
-            Ok(Outcome::Smc { .. }) if smc.is_some() => {
-                let conn = smc.ok_or_else(|| io::Error::other("no connection"))?;
+            Ok(Outcome::Smc { .. }) if pending.get().is_some() => {
+                let conn = pending.take().ok_or_else(|| io::Error::other("no connection"))?;
                 Ok(SmcStream::from_smc(tcp, conn, Transport::SmcD))
             }
             other => {
-                if let Some(conn) = smc {
-                    // The Confirm never left: give the slot back.
-                    conn.group().unregister(conn.our_token());
-                }
+                // The Confirm never left: give the slot back.
+                drop(pending);
                 Self::finish_fallback(cfg, addr, tcp, other).await
             }
         }

@@ -305,6 +305,13 @@ impl ConnEngine {
         self.peer_closed || self.peer_aborted
     }
 
+    /// Records that the peer closed or aborted, without validating the message that said so
+    /// (for a connection that already failed and only waits for the peer's answer).
+    pub fn mark_peer_closed(&mut self) {
+        self.peer_closed = true;
+        self.peer_done_writing = true;
+    }
+
     /// Whether we have announced our close (or abort) to the peer.
     pub fn close_sent(&self) -> bool {
         self.closed_sent || self.aborted_sent
@@ -494,6 +501,7 @@ impl ConnEngine {
 
     /// Records that `msg` (from [`poll_cdc`](Self::poll_cdc)) was handed to the link.
     pub fn on_cdc_sent(&mut self, msg: &CdcMsg) {
+        let freed_now = self.rx_ring.distance(self.rx_cons_sent, msg.cons).unwrap_or(0);
         self.seq_out = msg.seq;
         self.tx_prod_sent = msg.prod;
         if msg.prod == self.tx_prod {
@@ -507,8 +515,12 @@ impl ConnEngine {
         self.done_writing_sent |= f.contains(CdcFlags::PEER_DONE_WRITING);
         self.closed_sent |= f.contains(CdcFlags::PEER_CONN_CLOSED);
         self.aborted_sent |= f.contains(CdcFlags::PEER_CONN_ABORT);
-        // A consumer update answers the peer's request once.
-        self.peer_write_blocked = false;
+        // The peer's request (write_blocked or cons_curs_upd_req) is answered once a message
+        // carries what it asked for: everything read, or half the ring freed since the last
+        // update. Any other message leaves it pending.
+        if self.rx_available() == 0 || freed_now >= self.rx_ring.get() / 2 {
+            self.peer_write_blocked = false;
+        }
     }
 }
 
@@ -609,6 +621,27 @@ mod tests {
         flush(&mut a, &mut b);
         assert_eq!(b.rx_available(), 7);
         assert!(b.rx_eof());
+    }
+
+    #[test]
+    fn an_update_request_survives_unrelated_messages() {
+        // B asks for a consumer update (autocork); A sends data of its own before it has read
+        // B's bytes: the request must stay pending until A's update answers it.
+        let (mut a, mut b) = pair(1000);
+        b.set_autocork(100);
+        b.tx_commit(10).unwrap();
+        flush(&mut b, &mut a);
+        assert!(a.peer_write_blocked());
+        a.tx_commit(5).unwrap(); // a greeting, sent before reading
+        flush(&mut a, &mut b);
+        assert!(a.peer_write_blocked(), "an unrelated message does not answer the request");
+        b.tx_commit(3).unwrap();
+        assert!(b.poll_cdc().is_none(), "held by autocork");
+        a.rx_consume(10).unwrap();
+        assert!(a.cons_update_due());
+        flush(&mut a, &mut b);
+        assert!(!a.peer_write_blocked());
+        assert!(b.poll_cdc().is_some(), "released once the peer has read everything");
     }
 
     #[test]

@@ -483,7 +483,7 @@ impl SmcConn {
         }
         st.rx_waker = None;
         st.tx_waker = None;
-        let done = st.error.is_some() || st.engine.finished();
+        let done = Self::done(&st);
         drop(st);
         if done {
             self.group.unregister(self.our_token);
@@ -541,17 +541,31 @@ impl SmcConn {
     }
 
     fn maybe_finish(&self, st: MutexGuard<'_, ConnState>) {
-        let done = st.released && (st.engine.finished() || st.error.is_some());
+        let done = st.released && Self::done(&st);
         drop(st);
         if done {
             self.group.unregister(self.our_token);
         }
     }
 
+    /// Whether the connection's RMB slot may be reused: both sides announced their close (an
+    /// abort counts, and is always answered), or the link is gone. A slot is never reused while
+    /// the peer may still read it for the old connection.
+    fn done(st: &ConnState) -> bool {
+        st.engine.finished() || matches!(st.error, Some(ConnError::Link(_)))
+    }
+
     /// A CDC message for this connection.
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
         if st.error.is_some() {
+            // Failed already, and our abort went out: only the peer's close or abort (its answer)
+            // matters now, and its cursors are no longer checked.
+            use crate::proto::cdc::CdcFlags;
+            if msg.flags.contains(CdcFlags::PEER_CONN_ABORT) || msg.flags.contains(CdcFlags::PEER_CONN_CLOSED) {
+                st.engine.mark_peer_closed();
+            }
+            self.maybe_finish(st);
             return;
         }
         let at = st.engine.peer_prod();
@@ -570,7 +584,10 @@ impl SmcConn {
                     wake(&mut st.tx_waker);
                 }
                 if st.engine.peer_aborted() {
-                    st.error = Some(ConnError::Reset);
+                    st.error.get_or_insert(ConnError::Reset);
+                    // Answer the abort, so the peer knows we stopped reading its ring and may
+                    // reuse the slot.
+                    st.engine.abort();
                 }
                 // A blocked writer on the other side waits for our consumer cursor.
                 self.flush_cdc(&mut st);

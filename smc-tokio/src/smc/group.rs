@@ -138,6 +138,8 @@ impl LinkGroup {
             st.free.push(slot);
             return None;
         }
+        // Not idle any more: the idle timer must not tear the group down under this slot.
+        st.idle_since = None;
         let g = st.generation[usize::from(slot)];
         Some(u32::from(g) << 16 | u32::from(slot))
     }
@@ -175,7 +177,7 @@ impl LinkGroup {
         let conn = SmcConn::new(self.clone(), our_token, peer_token, tx_ring, rx_ring, cfg);
         let mut st = self.lock();
         if st.dead.is_some() {
-            self.free_slot(&mut st, our_token);
+            // fail() already returned every allocated slot (this one included) to the budget.
             return Err(DeclineReason::Internal);
         }
         st.idle_since = None;
@@ -210,7 +212,9 @@ impl LinkGroup {
             return (0, false);
         };
         let Ok(mut frames) = self.dispatch.try_lock() else {
-            return (0, false);
+            // Another task is dispatching; it delivers what arrives. Report "more" so a driver
+            // yields instead of spinning on the link's readiness meanwhile.
+            return (0, true);
         };
         let mut more = false;
         let mut dispatched = 0;
@@ -241,9 +245,19 @@ impl LinkGroup {
 
     fn retry_waiters(&self) {
         let waiters = std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        if waiters.is_empty() {
+            return;
+        }
         for w in waiters {
             if let Some(c) = w.upgrade() {
                 c.retry_cdc();
+            }
+        }
+        // A connection still short of space registered again (and asked the link to watch);
+        // with none left, stop watching, or the driver would keep waking for space nobody needs.
+        if self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            if let Some(l) = self.link.get() {
+                l.clear_space_wait();
             }
         }
     }
@@ -338,9 +352,10 @@ async fn drive(group: Arc<LinkGroup>) {
         if !group.is_alive() {
             return;
         }
-        if dispatched > 0 {
+        if dispatched > 0 || more {
             // Let the connections just woken run (and answer) before this task re-arms the
-            // doorbell; it also bounds the work per turn when more frames wait.
+            // doorbell; it also bounds the work per turn when more frames wait, and lets another
+            // dispatcher finish.
             tokio::task::yield_now().await;
             if more {
                 continue;

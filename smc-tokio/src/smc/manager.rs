@@ -54,7 +54,8 @@ impl AcceptorSlot {
         }
         let name = format!("smc-tokio.{}.{:016x}", std::process::id(), random_u64()).into_bytes();
         let fd = sys::seqpacket_listen(&name)?;
-        let listener = sys::register(fd, Interest::READABLE)?;
+        // SAFETY: an OwnedFd owns its descriptor.
+        let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
         let task = tokio::spawn(async move {

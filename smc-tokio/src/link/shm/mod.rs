@@ -124,9 +124,23 @@ impl ShmLink {
     ) -> Result<ShmLink, LinkError> {
         let seals =
             sys::get_seals(peer_memfd.as_fd()).map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
+        // No shrink or grow (an access past a shrunk end is SIGBUS), and no writes through new
+        // mappings or hole punching (FUTURE_WRITE also refuses fallocate's punch-hole).
         let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals & needed != needed {
-            return Err(LinkError::Protocol("peer region is not sealed against shrink and grow"));
+        if seals & needed != needed || seals & (libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) == 0 {
+            return Err(LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+        }
+        // A shmem (tmpfs) memfd, not hugetlbfs: a hugetlb page fault with an empty pool is SIGBUS.
+        if !sys::is_tmpfs(peer_memfd.as_fd())? {
+            return Err(LinkError::Protocol("peer region is not on shmem"));
+        }
+        // Not our own region sent back (that would alias our writable mapping).
+        if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
+            return Err(LinkError::Protocol("peer sent our own region back"));
+        }
+        // A doorbell that is an eventfd, not a pipe or socket that could block our writes.
+        if !sys::is_eventfd(peer_doorbell.as_fd()) {
+            return Err(LinkError::Protocol("peer doorbell is not an eventfd"));
         }
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
@@ -141,7 +155,8 @@ impl ShmLink {
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
-        let doorbell = sys::register(EventFd(local.doorbell), Interest::READABLE)?;
+        // SAFETY: EventFd wraps an OwnedFd, which owns its descriptor.
+        let doorbell = unsafe { sys::register(EventFd(local.doorbell), Interest::READABLE) }?;
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -231,8 +246,10 @@ impl Link for ShmLink {
         let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
         // SAFETY: the span was bounds-checked against the peer's validated layout and lies in
         // our read-only mapping of its region; `dst` is application memory of the same length.
-        // The bytes are untrusted data: a peer that changes them while we copy only changes
-        // what it sends itself.
+        // The bytes are untrusted data. A hostile peer that writes them while we copy races with
+        // this plain copy (a data race in Rust's abstract machine, which does not model other
+        // processes); on the hardware the copy still only reads mapped, readable memory, and
+        // the worst outcome is garbage bytes from a peer that could have sent garbage anyway.
         unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
         Ok(())
     }
@@ -332,6 +349,12 @@ impl Link for ShmLink {
             return Poll::Ready(Ok(()));
         }
         Poll::Pending
+    }
+
+    fn clear_space_wait(&self) {
+        if self.waiting_space.swap(false, Ordering::Relaxed) {
+            clear_want_space(&self.ours);
+        }
     }
 
     fn has_pending(&self) -> bool {
@@ -466,8 +489,9 @@ pub(crate) async fn join(
     timeout: Duration,
 ) -> Result<ShmLink, JoinError> {
     let fd = sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?;
-    let sock =
-        sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| JoinError::Refused(e.to_string()))?;
+    // SAFETY: an OwnedFd owns its descriptor.
+    let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }
+        .map_err(|e| JoinError::Refused(e.to_string()))?;
     let exchange = async {
         send_msg(&sock, &join.encode(), &local.fds()).await.map_err(|e| JoinError::Refused(e.to_string()))?;
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| JoinError::Refused(e.to_string()))?;
@@ -504,7 +528,8 @@ pub(crate) async fn accept_join(
     timeout: Duration,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
-    let sock = sys::register(fd, Interest::READABLE | Interest::WRITABLE).map_err(|e| e.to_string())?;
+    // SAFETY: an OwnedFd owns its descriptor.
+    let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(|e| e.to_string())?;
     let work = async {
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
         let join = Join::decode(&msg).ok_or("malformed join")?;
@@ -554,7 +579,8 @@ mod tests {
         let layout = Layout::new(8, 4, 4096).unwrap();
         let token = Token([3; 16]);
         let server = tokio::spawn(async move {
-            let l = sys::register(listener, Interest::READABLE).unwrap();
+            // SAFETY: an OwnedFd owns its descriptor.
+            let l = unsafe { sys::register(listener, Interest::READABLE) }.unwrap();
             let fd = loop {
                 let mut g = l.readable().await.unwrap();
                 if let Ok(r) = g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {

@@ -138,8 +138,10 @@ pub(crate) struct RegionView {
     layout: Layout,
 }
 
-// SAFETY: the view is a pointer into a shared mapping; all concurrent access goes through
-// atomics or is copy-in/copy-out of bytes whose publication the atomics order.
+// SAFETY: the view is a pointer into a shared mapping that outlives it. Control words and CDC
+// frames are accessed only through atomics; RMB bytes are copied in (ours) or out (the peer's)
+// after the atomics published them. A hostile peer can still race its own RMB bytes with our
+// copy-out: we then read garbage it could have sent anyway, never memory outside the mapping.
 unsafe impl Send for RegionView {}
 // SAFETY: as above.
 unsafe impl Sync for RegionView {}
