@@ -60,6 +60,9 @@
 
 pub mod config;
 mod error;
+#[cfg(any(feature = "fuzzing", test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod link;
 mod negative_cache;

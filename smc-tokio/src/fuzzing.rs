@@ -1,0 +1,258 @@
+//! Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`; not a stable API). Each
+//! takes arbitrary bytes, drives one decoder or state machine with them, and panics only when an
+//! invariant breaks; any other panic is a bug the fuzzer reports.
+
+use std::time::{Duration, Instant};
+
+use crate::link::shm::region::{CdcRx, Layout, RegionView};
+use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
+use crate::proto::clc::{decode, ClcMessage, DeclineReason, Decoded, LinkInfo, ShmLinkInfo};
+use crate::proto::cursor::RingSize;
+use crate::proto::engine::ConnEngine;
+use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake};
+
+/// CLC decoding: never panics; whatever decodes re-encodes and decodes to itself.
+pub fn clc_decode(data: &[u8]) {
+    match decode(data) {
+        Ok(Decoded::Message(m, n)) => {
+            assert!(n <= data.len());
+            let again = m.encode().expect("a decoded message encodes");
+            assert_eq!(decode(&again), Ok(Decoded::Message(m, again.len())));
+        }
+        Ok(Decoded::NeedMore(n)) => assert!(n > data.len()),
+        Err(_) => {}
+    }
+}
+
+/// CDC decoding of 64-byte frames: never panics; decoded inline payloads fit.
+pub fn cdc_decode(data: &[u8]) {
+    for chunk in data.chunks_exact(CDC_MSG_LEN) {
+        let frame: [u8; CDC_MSG_LEN] = chunk.try_into().unwrap_or([0; CDC_MSG_LEN]);
+        if let Ok(m) = CdcMsg::decode(&frame) {
+            assert!(m.inline().len() <= crate::proto::cdc::CDC_INLINE_MAX);
+            assert_eq!(CdcMsg::decode(&m.encode()), Ok(m));
+        }
+    }
+}
+
+/// Splits `data` into (chunk size, bytes) steps: the first byte of each step is its length.
+fn steps(mut data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let (&n, rest) = data.split_first()?;
+        let k = usize::from(n % 64).max(1).min(rest.len());
+        let (step, tail) = rest.split_at(k);
+        data = tail;
+        Some(step)
+    })
+}
+
+fn shm_link(slot: u32) -> LinkInfo {
+    LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: slot, rmb_size: 4096, socket_name: b"fuzz".to_vec() })
+}
+
+/// The server's handshake fed an arbitrary byte stream in arbitrary pieces, with decisions and
+/// timeouts taken from the bytes: never panics, never reads more than it wants, always ends
+/// or keeps a deadline.
+pub fn handshake_server(data: &[u8]) {
+    let t0 = Instant::now();
+    let mut hs = ServerHandshake::new(t0, Duration::from_secs(1));
+    for step in steps(data) {
+        let want = hs.wanted();
+        let used = hs.handle_input(step);
+        assert!(used <= want);
+        // An empty step is EOF (the peer closed), a real input; the control byte is then 0.
+        let ctl = step.first().copied().unwrap_or(0);
+        if let Some(ServerEvent::Proposal(_)) = hs.poll_event() {
+            if ctl & 1 == 0 {
+                hs.accept(shm_link(7));
+            } else {
+                hs.decline(DeclineReason::NoCommonTransport);
+            }
+        }
+        let _ = hs.poll_transmit();
+        if ctl == 0xFF {
+            hs.handle_timeout(t0 + Duration::from_secs(2));
+        }
+        if hs.outcome().is_some() {
+            assert_eq!(hs.wanted(), 0);
+            assert!(hs.poll_timeout().is_none());
+            return;
+        }
+        assert!(hs.poll_timeout().is_some());
+    }
+}
+
+/// The client's handshake fed an arbitrary reply stream: the same properties.
+pub fn handshake_client(data: &[u8]) {
+    let t0 = Instant::now();
+    let token = crate::proto::clc::Token([3; 16]);
+    let proposal = crate::proto::clc::Proposal { token, rmb_size: 4096, shm: None, rdma: None };
+    let Ok(mut hs) = ClientHandshake::new(proposal, t0, Duration::from_secs(1)) else { return };
+    let _ = hs.poll_transmit();
+    // Sometimes start with a well-formed Accept or Decline so the later states are reached.
+    let mut prefix = Vec::new();
+    if let Some(&b) = data.first() {
+        let m = if b & 1 == 0 {
+            ClcMessage::Accept(crate::proto::clc::Accept { token, link: shm_link(u32::from(b)) })
+        } else {
+            ClcMessage::Decline(crate::proto::clc::Decline { token, reason: DeclineReason::Timeout })
+        };
+        if b & 2 == 0 {
+            prefix = m.encode().unwrap_or_default();
+        }
+    }
+    let stream: Vec<u8> = prefix.into_iter().chain(data.iter().copied()).collect();
+    for step in steps(&stream) {
+        let want = hs.wanted();
+        let used = hs.handle_input(step);
+        assert!(used <= want);
+        let ctl = step.first().copied().unwrap_or(0);
+        if let Some(ClientEvent::Accepted(_)) = hs.poll_event() {
+            if ctl & 1 == 0 {
+                hs.confirm(shm_link(9));
+            } else {
+                hs.decline(DeclineReason::Internal);
+            }
+        }
+        let _ = hs.poll_transmit();
+        if hs.outcome().is_some() {
+            assert_eq!(hs.wanted(), 0);
+            return;
+        }
+    }
+}
+
+/// The receive path over an arbitrary peer region: the bytes are the peer's shared memory
+/// (header, counters, CDC frames), read through the same code as a real link, and the frames
+/// that decode are fed to a connection engine. Nothing may panic or go out of bounds; the
+/// engine's counts stay within its rings.
+pub fn shm_rx(data: &[u8]) {
+    // A fixed small layout; the region's first page (header and counters) and CDC ring come
+    // from the input, the rest is zero.
+    let Some(layout) = Layout::new(8, 2, 4096) else { return };
+    let mut buf = vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)];
+    let n = data.len().min(layout.total_len);
+    for (i, b) in data[..n].iter().enumerate() {
+        buf[i / 64].0[i % 64] = *b;
+    }
+    // Header parsing against the real length must never panic, whatever the header says.
+    // SAFETY: the buffer is 64-aligned and at least one line long.
+    let header = unsafe { RegionView::read_header(buf.as_ptr().cast()) };
+    let _ = Layout::parse(header, (buf.len() * 64) as u64);
+    let mut ours_buf = vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)];
+    // SAFETY: both buffers are 64-aligned, hold `total_len` bytes, and outlive the views.
+    let (peer, ours) = unsafe {
+        (RegionView::new(buf.as_mut_ptr().cast(), layout), RegionView::new(ours_buf.as_mut_ptr().cast(), layout))
+    };
+    let mut rx = CdcRx::new();
+    let Some(ring) = RingSize::new(4096) else { return };
+    let mut engine = ConnEngine::new(1, ring, ring);
+    let mut frames = Vec::new();
+    for _ in 0..4 {
+        frames.clear();
+        match rx.pop(&ours, &peer, 64, &mut frames) {
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        for f in &frames {
+            if let Ok(m) = CdcMsg::decode(f) {
+                if engine.on_cdc(&m).is_ok() {
+                    assert!(engine.rx_available() <= ring.get());
+                    let k = engine.rx_available() / 2;
+                    let _ = engine.rx_consume(k);
+                }
+            }
+        }
+        let _ = rx.arm(&ours, &peer);
+    }
+    assert!(engine.tx_free() <= ring.get());
+}
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct AlignedLine([u8; 64]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz entry points run on their seed corpus (and a few crafted inputs) as unit tests,
+    /// so a regression shows up in `cargo test` too.
+    #[test]
+    fn entry_points_run_on_seeds() {
+        let seeds_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+        let mut ran = 0;
+        for (target, f) in [
+            ("clc_decode", clc_decode as fn(&[u8])),
+            ("cdc_decode", cdc_decode),
+            ("handshake_server", handshake_server),
+            ("handshake_client", handshake_client),
+            ("shm_rx", shm_rx),
+        ] {
+            f(&[]);
+            f(&[0xE2, 0xD4, 0xC3, 0xE3, 1, 1, 0, 12]);
+            // Found by cargo fuzz (handshake_server): a step that is EOF.
+            f(&[0x03]);
+            if let Ok(dir) = std::fs::read_dir(seeds_dir.join(target)) {
+                for e in dir.flatten() {
+                    if let Ok(bytes) = std::fs::read(e.path()) {
+                        f(&bytes);
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        assert!(ran > 0, "the seed corpus under fuzz/corpus is missing");
+    }
+
+    /// Writes the seed corpus (run with `--ignored` after changing the wire format).
+    #[test]
+    #[ignore]
+    fn write_seed_corpus() {
+        use crate::proto::clc::{Accept, Confirm, Decline, Proposal, ShmOffer, Token};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+        let token = Token([3; 16]);
+        let msgs = [
+            ClcMessage::Proposal(Proposal { token, rmb_size: 4096, shm: None, rdma: None }),
+            ClcMessage::Proposal(Proposal {
+                token,
+                rmb_size: 1 << 18,
+                shm: Some(ShmOffer { host_id: [1; 16], pid: 7, instance: 9, link_group: 0 }),
+                rdma: None,
+            }),
+            ClcMessage::Accept(Accept { token, link: shm_link(5) }),
+            ClcMessage::Confirm(Confirm { token, link: shm_link(6) }),
+            ClcMessage::Decline(Decline { token, reason: DeclineReason::HandshakeCongested }),
+        ];
+        let write = |target: &str, name: String, bytes: &[u8]| {
+            let dir = root.join(target);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(name), bytes).unwrap();
+        };
+        for (i, m) in msgs.iter().enumerate() {
+            let b = m.encode().unwrap();
+            write("clc_decode", format!("msg{i}"), &b);
+            write("handshake_server", format!("msg{i}"), &b);
+            write("handshake_client", format!("msg{i}"), &b);
+        }
+        let mut m = CdcMsg::new(1, 2);
+        m.prod = crate::proto::cursor::Cursor::new(0, 10);
+        m.set_inline(b"0123456789").unwrap();
+        write("cdc_decode", "frame0".into(), &m.encode());
+        // A peer region with a valid header, counters saying two frames, and two frames.
+        let layout = Layout::new(8, 2, 4096).unwrap();
+        let mut region = vec![AlignedLine([0; 64]); layout.total_len.div_ceil(64)];
+        // SAFETY: aligned buffer of total_len bytes, alive for the view's use below.
+        let v = unsafe { RegionView::new(region.as_mut_ptr().cast(), layout) };
+        v.init_header();
+        v.write_frame(0, &m.encode());
+        let mut m2 = m;
+        m2.seq = 2;
+        m2.prod = crate::proto::cursor::Cursor::new(0, 20);
+        m2.set_inline(b"").unwrap();
+        v.write_frame(1, &m2.encode());
+        v.cdc_prod().store(2, std::sync::atomic::Ordering::Relaxed);
+        let bytes: Vec<u8> = region.iter().flat_map(|l| l.0).take(4096 + 8 * 64).collect();
+        write("shm_rx", "two_frames".into(), &bytes);
+    }
+}
