@@ -9,6 +9,8 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+#[cfg(test)]
+use std::os::fd::FromRawFd;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -561,6 +563,100 @@ pub(crate) async fn accept_join(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connected socket for the side channel of a hand-built link.
+    fn side() -> AsyncFd<OwnedFd> {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let r =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0, fds.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        // SAFETY: socketpair returned two new descriptors nobody else owns.
+        let (a, _b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: an OwnedFd owns its descriptor.
+        unsafe { sys::register(a, Interest::READABLE) }.unwrap()
+    }
+
+    fn small() -> Layout {
+        Layout::new(8, 2, 4096).unwrap()
+    }
+
+    fn err_of(r: Result<ShmLink, LinkError>) -> LinkError {
+        r.err().expect("the hostile region or doorbell must be refused")
+    }
+
+    /// What a hostile (or broken) peer might send instead of a sealed region and an eventfd:
+    /// every case is refused before anything is mapped or rung.
+    #[tokio::test]
+    async fn hostile_regions_and_doorbells_are_refused() {
+        let theirs = ShmLocal::create(small()).unwrap();
+        let dup = |fd: &OwnedFd| fd.try_clone().unwrap();
+
+        // An unsealed memfd (it could shrink under us: SIGBUS on the next access).
+        let unsealed = sys::memfd(c"hostile", small().total_len).unwrap();
+        let e = err_of(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            unsealed,
+            dup(&theirs.doorbell),
+            side(),
+            Duration::ZERO,
+        ));
+        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+
+        // Sealed against shrink and grow but still writable through new mappings.
+        let grow_only = sys::memfd(c"hostile", small().total_len).unwrap();
+        sys::add_seals(grow_only.as_fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).unwrap();
+        let e = err_of(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            grow_only,
+            dup(&theirs.doorbell),
+            side(),
+            Duration::ZERO,
+        ));
+        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+
+        // Our own region sent back.
+        let ours = ShmLocal::create(small()).unwrap();
+        let own = dup(&ours.memfd);
+        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell), side(), Duration::ZERO));
+        assert_eq!(e, LinkError::Protocol("peer sent our own region back"));
+
+        // A pipe instead of an eventfd (a blocking write end would hang our doorbell).
+        let mut p = [0; 2];
+        // SAFETY: `p` has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: pipe returned two new descriptors nobody else owns.
+        let (_r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        let e = err_of(ShmLink::new(ShmLocal::create(small()).unwrap(), dup(&theirs.memfd), w, side(), Duration::ZERO));
+        assert_eq!(e, LinkError::Protocol("peer doorbell is not an eventfd"));
+
+        // A sealed region smaller than its header claims.
+        let short = sys::memfd(c"hostile", 8192).unwrap();
+        let map = Mmap::map(short.as_fd(), 8192, true).unwrap();
+        // SAFETY: the first 64 bytes of the fresh mapping hold the header; the view writes only
+        // those (init_header) and is dropped before the mapping.
+        unsafe { RegionView::new(map.as_ptr(), small()) }.init_header();
+        drop(map);
+        sys::add_seals(short.as_fd(), sys::REGION_SEALS).unwrap();
+        let e = err_of(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            short,
+            dup(&theirs.doorbell),
+            side(),
+            Duration::ZERO,
+        ));
+        assert_eq!(e, LinkError::Protocol("peer region header"));
+
+        // The genuine article is accepted.
+        assert!(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            dup(&theirs.memfd),
+            dup(&theirs.doorbell),
+            side(),
+            Duration::ZERO
+        )
+        .is_ok());
+    }
 
     #[test]
     fn join_codec() {
