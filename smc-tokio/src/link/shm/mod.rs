@@ -582,7 +582,7 @@ mod tests {
     }
 
     fn err_of(r: Result<ShmLink, LinkError>) -> LinkError {
-        r.err().expect("the hostile region or doorbell must be refused")
+        r.expect_err("the hostile region or doorbell must be refused")
     }
 
     /// What a hostile (or broken) peer might send instead of a sealed region and an eventfd:
