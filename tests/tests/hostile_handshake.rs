@@ -1,0 +1,119 @@
+//! Handshake hostility: trickled proposals, proposals cut off at every byte, clients that never
+//! send. The listener frees every slot, closes what it must, and keeps serving.
+
+use std::time::{Duration, Instant};
+
+use smc_tokio::proto::clc::{ClcMessage, Proposal, Token};
+use smc_tokio::{FallbackReason, SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn proposal() -> Vec<u8> {
+    ClcMessage::Proposal(Proposal { token: Token([1; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
+}
+
+async fn wait_idle(l: &SmcListener) {
+    let t = Instant::now();
+    while l.pending_handshakes() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "{} handshakes still pending", l.pending_handshakes());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_trickled_proposal_times_out_and_frees_its_slot() {
+    let l = std::sync::Arc::new(
+        SmcListener::builder().handshake_timeout(Duration::from_millis(200)).bind("127.0.0.1:0").await.unwrap(),
+    );
+    let addr = l.local_addr().unwrap();
+    let acceptor = {
+        let l = l.clone();
+        tokio::spawn(async move { l.accept().await })
+    };
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let p = proposal();
+    let started = Instant::now();
+    let mut closed = false;
+    for b in &p {
+        if c.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The server gave up on the handshake (timeout) and closed the connection without a byte:
+    // the read ends (EOF or reset) instead of hanging, and nothing came back.
+    let mut rest = Vec::new();
+    let _ = bounded(10, c.read_to_end(&mut rest)).await;
+    assert!(rest.is_empty(), "no reply to a trickled proposal (writes failed early: {closed})");
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    wait_idle(&l).await;
+    assert!(!acceptor.is_finished(), "the trickled connection is never handed out");
+    acceptor.abort();
+}
+
+#[tokio::test]
+async fn a_proposal_cut_off_at_every_byte_never_hurts_the_listener() {
+    let l = SmcListener::builder().handshake_timeout(Duration::from_millis(300)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let l = std::sync::Arc::new(l);
+    {
+        let l = l.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let (mut rd, mut wr) = s.into_split();
+                    let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                });
+            }
+        });
+    }
+    let p = proposal();
+    for k in 1..p.len() {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&p[..k]).await.unwrap();
+        drop(c); // closed mid-proposal
+    }
+    wait_idle(&l).await;
+    // Still serving, both kinds of client.
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD);
+    bounded(10, echo_check(s, b"after the cut-offs", 4, 1)).await;
+    let c = TcpStream::connect(addr).await.unwrap();
+    bounded(10, echo_check(c, b"plain too", 4, 2)).await;
+}
+
+#[tokio::test]
+async fn hundreds_of_silent_clients_do_not_stop_the_listener() {
+    const N: usize = 300;
+    let l = SmcListener::builder().peek_timeout(Duration::from_millis(300)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = tx.send(s);
+        }
+    });
+    let mut silent = Vec::new();
+    for _ in 0..N {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // A plain client and an SMC client are served while the silent ones wait in their peek.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain.write_all(b"x").await.unwrap();
+    let smc = tokio::spawn(async move { SmcStream::connect(addr).await.map(|s| s.transport()) });
+    let mut kinds = Vec::new();
+    let t = Instant::now();
+    while kinds.len() < N + 2 {
+        let s = bounded(10, rx.recv()).await.unwrap();
+        kinds.push(s.transport());
+        if kinds.len() == 2 {
+            assert!(t.elapsed() < Duration::from_millis(300), "served before the silent ones' peek timeout");
+        }
+    }
+    assert_eq!(bounded(10, smc).await.unwrap().unwrap(), Transport::SmcD);
+    let silent_count = kinds.iter().filter(|t| **t == Transport::Tcp(FallbackReason::ClientSilent)).count();
+    assert_eq!(silent_count, N, "every silent client is handed out as TCP after the peek timeout");
+    drop(silent);
+}
