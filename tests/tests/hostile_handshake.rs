@@ -117,3 +117,35 @@ async fn hundreds_of_silent_clients_do_not_stop_the_listener() {
     assert_eq!(silent_count, N, "every silent client is handed out as TCP after the peek timeout");
     drop(silent);
 }
+
+#[tokio::test]
+async fn a_tight_descriptor_limit_gives_clear_errors_or_tcp_never_a_panic() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tests::spawn_echo(l);
+    let run = |spare: &'static str| {
+        let addr = addr.to_string();
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+                .args(["lowfd", &addr, spare])
+                .output()
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains("DONE") && !text.contains("panicked"), "{text}");
+            // Every failed connect names its cause (EMFILE).
+            for e in text.lines().filter(|l| l.starts_with("ERR")) {
+                assert!(e.contains("os error 24"), "{text}");
+            }
+            text
+        }
+    };
+    // Room for a link group: the first connections use shared memory, later ones reuse it
+    // until no descriptor is left for their TCP socket.
+    let text = run("6").await;
+    assert!(text.contains("CONN 0 smc-d write_ok=true"), "{text}");
+    // No room for a link group: the connection stays on TCP, declined locally, and works.
+    let text = run("2").await;
+    assert!(text.contains("CONN 0 tcp (declined locally:") && text.contains("write_ok=true"), "{text}");
+}

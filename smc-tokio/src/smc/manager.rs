@@ -256,6 +256,10 @@ impl Manager {
                 let join = Join { link_group: accept.link_group, token };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
+                    Err(JoinError::Unreachable(e)) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        tracing::debug!(error = %e, "no descriptor for the shm side channel");
+                        return Err(DeclineReason::OutOfMemory);
+                    }
                     Err(e @ JoinError::Unreachable(_)) => {
                         tracing::debug!(error = %e, "shm side channel unreachable: other host or network namespace");
                         return Err(DeclineReason::NoCommonTransport);

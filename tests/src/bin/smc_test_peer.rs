@@ -51,6 +51,32 @@ async fn main() -> std::io::Result<()> {
             println!("OK");
             Ok(())
         }
+        Some("lowfd") => {
+            // Connect repeatedly under a tight descriptor limit: every attempt ends in a stream
+            // (SMC or TCP) or a clear error, never a panic or a hang.
+            let addr = args.get(1).ok_or_else(|| std::io::Error::other("lowfd needs ADDR"))?.clone();
+            let spare: u64 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(4);
+            let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(16);
+            let lim = libc::rlimit { rlim_cur: open + spare, rlim_max: open + spare + 64 };
+            // SAFETY: setrlimit with a valid struct for this process.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut held = Vec::new();
+            for i in 0..12 {
+                match SmcStream::connect(addr.as_str()).await {
+                    Ok(mut s) => {
+                        let t = s.transport();
+                        let ok = s.write_all(b"ping").await.is_ok();
+                        println!("CONN {i} {t} write_ok={ok}");
+                        held.push(s);
+                    }
+                    Err(e) => println!("ERR {i} {:?} {e}", e.kind()),
+                }
+            }
+            println!("DONE");
+            Ok(())
+        }
         Some("settings") => {
             // The process-wide settings (from SMC_TOKIO_*), a builder's override of two of them,
             // and a listener's run-time change.
