@@ -98,13 +98,18 @@ pub(crate) fn get_seals(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
     cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
 }
 
-/// The size of a file.
-pub(crate) fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+/// `fstat(2)`.
+fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a valid, writable stat buffer.
+    // SAFETY: `st` is a valid, writable stat buffer; `fd` is borrowed open.
     cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok(st.st_size as u64)
+    Ok(st)
+}
+
+/// The size of a file.
+pub(crate) fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    Ok(fstat(fd)?.st_size as u64)
 }
 
 /// A shared mapping, unmapped on drop.
@@ -442,11 +447,7 @@ pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io:
 
 /// Whether `fd` is a regular file (sendfile's source must be one).
 pub(crate) fn is_regular_file(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a valid, writable stat buffer.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok(st.st_mode & libc::S_IFMT == libc::S_IFREG)
+    Ok(fstat(fd)?.st_mode & libc::S_IFMT == libc::S_IFREG)
 }
 
 /// `sendfile(2)` from `file` at `*offset` to the socket `sock`, at most `count` bytes;
@@ -500,14 +501,8 @@ pub(crate) fn is_tmpfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
 
 /// Whether two descriptors refer to the same file.
 pub(crate) fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<bool> {
-    let id = |fd: BorrowedFd<'_>| -> io::Result<(u64, u64)> {
-        // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: `st` is a valid, writable stat buffer; `fd` is borrowed open.
-        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-        Ok((st.st_dev, st.st_ino))
-    };
-    Ok(id(a)? == id(b)?)
+    let (a, b) = (fstat(a)?, fstat(b)?);
+    Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
 }
 
 /// Whether `fd` is an eventfd (its /proc link reads `anon_inode:[eventfd]`).

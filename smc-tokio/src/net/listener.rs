@@ -324,9 +324,11 @@ impl SmcListener {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             };
+            // Resolved once per connection, here, and handed to its task.
+            let config = self.shared.settings();
             match classify_now(&tcp) {
                 // The common plain-client case is decided here, without a task.
-                Some(Class::Plain) if self.shared.settings().policy != Policy::Never => {
+                Some(Class::Plain) if config.policy != Policy::Never => {
                     let t = Transport::Tcp(FallbackReason::PeerNoSmc);
                     stats::connection(true, t);
                     let s = SmcStream::from_tcp(tcp, t);
@@ -336,7 +338,7 @@ impl SmcListener {
                     let shared = self.shared.clone();
                     let tx = self.ready_tx.clone();
                     let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
-                    tokio::spawn(serve(tcp, peer, shared, tx).instrument(span));
+                    tokio::spawn(serve(tcp, peer, config, shared, tx).instrument(span));
                 }
             }
         }
@@ -415,8 +417,13 @@ async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Resu
 
 /// Serves one accepted connection: classify, handshake if it is an SMC client, queue the
 /// result for `accept`.
-async fn serve(mut tcp: TcpStream, peer: SocketAddr, shared: Arc<ListenerShared>, tx: mpsc::UnboundedSender<Ready>) {
-    let config = shared.settings();
+async fn serve(
+    mut tcp: TcpStream,
+    peer: SocketAddr,
+    config: Settings,
+    shared: Arc<ListenerShared>,
+    tx: mpsc::UnboundedSender<Ready>,
+) {
     let transport = {
         let work = async {
             let peek_deadline = tokio::time::Instant::now() + config.peek_timeout;

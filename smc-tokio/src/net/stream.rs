@@ -259,7 +259,10 @@ impl SmcStream {
 
     fn moved(&self, sent: bool, n: usize) {
         stats::bytes(self.transport, sent, n);
-        self.moved.fetch_add(n as u64, Ordering::Relaxed);
+        // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.
+        if self.adaptive.is_some() {
+            self.moved.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     fn poll_read_io(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
