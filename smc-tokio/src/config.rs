@@ -184,6 +184,73 @@ impl ShmConfig {
     }
 }
 
+/// How this side uses RDMA (SMC-R), with the crate's `rdma` feature. Without the feature these
+/// settings are accepted and ignored: no RDMA is offered.
+///
+/// By default the device, port and GID are found from the TCP connection's local address: the
+/// active RoCE port whose GID table holds that address as a RoCE v2 GID (the IPv4-mapped GID for
+/// IPv4). A connection whose address no port serves offers no RDMA, and goes shared memory or
+/// TCP; [`stats()`](crate::stats()) counts why.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::config::RdmaConfig;
+///
+/// let cfg = RdmaConfig::default().device("rxe0").port(1).gid_index(1);
+/// assert_eq!(cfg.get_device(), Some("rxe0"));
+/// assert!(cfg.is_enabled());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaConfig {
+    pub(crate) enabled: bool,
+    pub(crate) device: Option<String>,
+    pub(crate) port: Option<u8>,
+    pub(crate) gid_index: Option<u8>,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig { enabled: true, device: None, port: None, gid_index: None }
+    }
+}
+
+impl RdmaConfig {
+    /// Offer (client) or accept (server) RDMA at all. On by default (with the `rdma` feature).
+    pub fn enabled(mut self, on: bool) -> Self {
+        self.enabled = on;
+        self
+    }
+
+    /// Whether RDMA is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Use only the device of this name (as `ibv_devices` lists it, e.g. `mlx5_0`, `rxe0`).
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+
+    /// The device named by [`device`](Self::device), if any.
+    pub fn get_device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    /// Use only this port number (1-based, as in verbs).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// Use this GID index instead of the one that holds the connection's local address.
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+}
+
 /// Sets the process-wide cap on RMB memory in use (default
 /// [`DEFAULT_RMB_MEMORY_CAP`]). Connections that would exceed it are declined with "out of
 /// memory" and served as TCP. Takes effect for new connections at once.
@@ -228,6 +295,10 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 /// | `SMC_TOKIO_BUSY_POLL_US` | busy-poll budget before sleeping | `50` |
 /// | `SMC_TOKIO_AUTOCORK` | autocork size in bytes (0: off) | `4096` |
 /// | `SMC_TOKIO_INLINE_MAX` | largest inline first message | `0` |
+/// | `SMC_TOKIO_RDMA` | RDMA on (`1`) or off (`0`), with the `rdma` feature | `0` |
+/// | `SMC_TOKIO_RDMA_DEV` | use only this RDMA device | `rxe0` |
+/// | `SMC_TOKIO_RDMA_PORT` | use only this port | `1` |
+/// | `SMC_TOKIO_RDMA_GID_INDEX` | use this GID index | `1` |
 /// | `SMC_TOKIO_ADAPTIVE_MIN_BYTES` | adaptive fallback threshold (0: off) | `1024` |
 ///
 /// A value that does not parse is ignored with a warning (through `tracing`).
@@ -249,6 +320,8 @@ pub struct Settings {
     pub max_pending_handshakes: usize,
     /// Shared-memory settings.
     pub shm: ShmConfig,
+    /// RDMA settings.
+    pub rdma: RdmaConfig,
     /// Adaptive fallback: a server whose SMC connections keep ending before they move this
     /// many bytes is not offered SMC for a while (0: off). See [`ADAPTIVE_STRIKES`].
     pub adaptive_min_bytes: u64,
@@ -268,6 +341,7 @@ impl Default for Settings {
             limit_handshake: true,
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             shm: ShmConfig::default(),
+            rdma: RdmaConfig::default(),
             adaptive_min_bytes: 0,
         }
     }
@@ -347,6 +421,18 @@ impl Settings {
         if let Some(n) = num("SMC_TOKIO_INLINE_MAX") {
             s.shm = s.shm.inline_max(n as usize);
         }
+        if let Some(on) = flag("SMC_TOKIO_RDMA") {
+            s.rdma.enabled = on;
+        }
+        if let Some(v) = lookup("SMC_TOKIO_RDMA_DEV").map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) {
+            s.rdma.device = Some(v);
+        }
+        if let Some(n) = num("SMC_TOKIO_RDMA_PORT") {
+            s.rdma.port = u8::try_from(n).ok();
+        }
+        if let Some(n) = num("SMC_TOKIO_RDMA_GID_INDEX") {
+            s.rdma.gid_index = u8::try_from(n).ok();
+        }
         if let Some(n) = num("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
             s.adaptive_min_bytes = n;
         }
@@ -403,6 +489,7 @@ pub(crate) struct Overrides {
     pub(crate) limit_handshake: Option<bool>,
     pub(crate) max_pending_handshakes: Option<usize>,
     pub(crate) shm: Option<ShmConfig>,
+    pub(crate) rdma: Option<RdmaConfig>,
     pub(crate) adaptive_min_bytes: Option<u64>,
 }
 
@@ -430,6 +517,9 @@ impl Overrides {
         }
         if let Some(v) = &self.shm {
             s.shm = v.clone();
+        }
+        if let Some(v) = &self.rdma {
+            s.rdma = v.clone();
         }
         if let Some(v) = self.adaptive_min_bytes {
             s.adaptive_min_bytes = v;

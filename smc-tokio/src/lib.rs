@@ -49,7 +49,8 @@
 //!
 //! - [`proto`]: the sans-IO protocol core (CLC codec and handshake machines, CDC messages,
 //!   cursor arithmetic). No sockets, no clocks, no tokio.
-//! - links: the backends that move bytes into the peer's receive ring (shared memory today).
+//! - links: the backends that move bytes into the peer's receive ring: shared memory (SMC-D,
+//!   same host) and, with the `rdma` feature, RDMA verbs (SMC-R, across hosts).
 //! - the driver: [`SmcListener`], [`SmcStream`], the handshake tasks and one driver task per
 //!   link group.
 //!
@@ -72,6 +73,23 @@ mod smc;
 mod stats;
 mod sys;
 mod transport;
+
+/// RDMA diagnostics (feature `rdma`): what the verbs link sees on this host.
+///
+/// # Examples
+///
+/// ```
+/// // On a host without RDMA this says why (no libibverbs, or no device).
+/// match smc_tokio::rdma::describe_devices() {
+///     Ok(ports) => ports.iter().for_each(|p| println!("{p}")),
+///     Err(why) => println!("no rdma: {why}"),
+/// }
+/// ```
+#[cfg(feature = "rdma")]
+pub mod rdma {
+    pub use crate::link::verbs::device::describe_devices;
+    pub use crate::link::verbs::ffi::abi_report;
+}
 
 pub use config::Policy;
 pub use error::SmcError;

@@ -45,6 +45,7 @@ struct Counters {
     bytes_received: [AtomicU64; 3],
     link_groups: AtomicU64,
     adaptive_fallbacks: AtomicU64,
+    rdma_unavailable: [AtomicU64; 4],
 }
 
 fn counters() -> &'static Counters {
@@ -214,6 +215,18 @@ pub struct Stats {
     pub rmb_bytes: u64,
     /// Servers that adaptive fallback stopped proposing to.
     pub adaptive_fallbacks: u64,
+    /// Handshakes in which this side could not offer (client) or accept (server) RDMA, by why:
+    /// switched off, libibverbs not loadable, no RDMA device, no active RoCE port with a GID for
+    /// the connection's local address. Counted only when the crate is built with `rdma`.
+    pub rdma_unavailable: [u64; 4],
+}
+
+/// Counts a handshake without RDMA, by reason index (see [`Stats::rdma_unavailable`]).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn rdma_unavailable(index: usize) {
+    if let Some(c) = counters().rdma_unavailable.get(index) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn load<const N: usize>(a: &[AtomicU64; N]) -> [u64; N] {
@@ -260,6 +273,7 @@ pub fn stats() -> Stats {
         link_groups: c.link_groups.load(Ordering::Relaxed),
         rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
         adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
+        rdma_unavailable: load(&c.rdma_unavailable),
     }
 }
 
@@ -313,7 +327,7 @@ impl fmt::Display for Stats {
         )?;
         write!(
             f,
-            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; rmb memory {} B; adaptive fallbacks {}",
+            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; rmb memory {} B; adaptive fallbacks {}; no rdma: off {}, no lib {}, no device {}, no port {}",
             self.bytes_sent[0],
             self.bytes_received[0],
             self.bytes_sent[1],
@@ -322,7 +336,11 @@ impl fmt::Display for Stats {
             self.bytes_received[2],
             self.link_groups,
             self.rmb_bytes,
-            self.adaptive_fallbacks
+            self.adaptive_fallbacks,
+            self.rdma_unavailable[0],
+            self.rdma_unavailable[1],
+            self.rdma_unavailable[2],
+            self.rdma_unavailable[3]
         )
     }
 }

@@ -511,3 +511,19 @@ pub(crate) fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
         .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
         .unwrap_or(false)
 }
+
+/// Sets `O_NONBLOCK` on a descriptor this process owns (or that a library owns for it).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor have no memory-safety preconditions; a closed
+    // descriptor yields EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

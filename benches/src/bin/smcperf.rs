@@ -21,6 +21,8 @@
 //!   --limit-handshake on|off  the listeners' handshake limit (process-wide setting)
 //!   --max-pending N    handshakes a listener runs at once (process-wide setting)
 //!   --adaptive-min-bytes N  adaptive fallback threshold for smc clients (0: off)
+//!   --shm on|off       offer/accept shared memory (off: two processes on one host meet over
+//!                      RDMA when built with the `rdma` feature; the soft-RoCE guests use it)
 //!   --pin              pin server and client threads to different CPUs (local)
 //!   --json             print one JSON document instead of the table
 //! ```
@@ -108,7 +110,7 @@ struct Opts {
 fn usage() -> &'static str {
     "usage: smcperf <local|server|client> [--scenario rr,stream,crr] [--size N,..] \
      [--transport smc,tcp,unix] [--conns N] [--duration SECS] [--runs N] [--rmb-size N] \
-     [--busy-poll US] [--pin] [--json] \
+     [--busy-poll US] [--shm on|off] [--pin] [--json] \
      [--listen ADDR] [--connect ADDR] [--unix PATH]"
 }
 
@@ -207,6 +209,11 @@ fn parse(args: &[String]) -> Result<(String, Opts), String> {
                 let n: usize = val()?.parse().map_err(|_| "bad --max-pending")?;
                 smc_tokio::config::global().update(|s| s.max_pending_handshakes = n.max(1));
             }
+            "--shm" => match val()?.as_str() {
+                "on" => o.shm = o.shm.clone().enabled(true),
+                "off" => o.shm = o.shm.clone().enabled(false),
+                v => return Err(format!("--shm takes on|off, not {v:?}")),
+            },
             "--pin" => o.pin = true,
             "--json" => o.json = true,
             "--listen" => o.listen = Some(val()?),

@@ -15,6 +15,8 @@ use std::task::{Context, Poll};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 
 pub(crate) mod shm;
+#[cfg(feature = "rdma")]
+pub(crate) mod verbs;
 
 /// A failure of the link as a whole: every connection of the group is affected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +74,20 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
         len: u32,
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError>;
+    /// The RMB a connection reads from, as [`rmb_read`](Link::rmb_read) names it: on shm the
+    /// writer owns the memory, so it is the peer's slot; on verbs the reader does, so it is ours.
+    fn rx_rmb(&self, our_token: u32, peer_token: u32) -> u32 {
+        let _ = our_token;
+        peer_token
+    }
+    /// Stores bytes that arrived inline in a CDC message at their place (`spans`) in our RMB
+    /// `rmb`, when this link lets the reader write its own ring (verbs: the RMB is ours). Returns
+    /// false when it does not (shm: the ring is the peer's read-only memory), and the connection
+    /// keeps the bytes aside instead.
+    fn rx_place_inline(&self, rmb: u32, spans: [(u32, u32); 2], data: &[u8]) -> Result<bool, LinkError> {
+        let _ = (rmb, spans, data);
+        Ok(false)
+    }
     /// Copies `dst.len()` bytes at `offset` of our RMB `rmb` into `dst`.
     fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError>;
     /// Hands a CDC message to the peer. `Ok(false)`: the peer's queue is full; the link asks the
@@ -97,6 +113,14 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// The busy-poll budget: how long a waiting task may spin on [`has_pending`](Link::has_pending)
     /// before it sleeps.
     fn busy_poll(&self) -> std::time::Duration;
+    /// The connection with our token `our_token` is gone (its slot may be reused).
+    fn conn_closed(&self, our_token: u32) {
+        let _ = our_token;
+    }
+    /// Whether this is an RDMA link (SMC-R) rather than shared memory (SMC-D).
+    fn is_rdma(&self) -> bool {
+        false
+    }
     /// Tears the link down: the peer sees it as gone.
     fn teardown(&self);
 }

@@ -198,6 +198,12 @@ impl SmcListenerBuilder {
         self
     }
 
+    /// RDMA (SMC-R) settings for connections accepted by this listener (with the `rdma` feature).
+    pub fn rdma(mut self, config: crate::config::RdmaConfig) -> Self {
+        self.o.rdma = Some(config);
+        self
+    }
+
     /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
     /// instead of handed out; under [`Policy::TcpOnly`] every proposal is declined.
     pub fn policy(mut self, policy: Policy) -> Self {
@@ -466,9 +472,10 @@ async fn serve(
             let _ = tx.send((SmcStream::from_tcp(tcp, t), peer));
         }
         Ok(Served::Smc(conn)) => {
-            tracing::Span::current().record("transport", "smc-d");
-            stats::connection(true, Transport::SmcD);
-            let _ = tx.send((SmcStream::from_smc(tcp, conn, Transport::SmcD), peer));
+            let t = conn.transport();
+            tracing::Span::current().record("transport", t.as_str());
+            stats::connection(true, t);
+            let _ = tx.send((SmcStream::from_smc(tcp, conn, t), peer));
         }
         Err(e) => tracing::debug!(error = %e, "closing connection after failed handshake"),
     }
@@ -515,6 +522,8 @@ async fn server_handshake(
     let mut hs = ServerHandshake::new(Instant::now(), config.handshake_timeout);
     let mut pending = PendingConn::default();
     let mut proposed_rmb = 0;
+    #[cfg(feature = "rdma")]
+    let mut rdma_pending: Option<crate::smc::rdma::ServerPending> = None;
     loop {
         match advance(tcp, &mut hs).await? {
             Step::Event(ServerEvent::Proposal(p)) => {
@@ -527,11 +536,40 @@ async fn server_handshake(
                     hs.decline(DeclineReason::NoCommonTransport);
                     continue;
                 }
-                match Manager::global().server_accept(acceptor, &p, &config.shm, config.handshake_timeout) {
+                // Shared memory first (same host), then RDMA.
+                let shm = if p.shm.is_some() {
+                    Manager::global().server_accept(acceptor, &p, &config.shm, config.handshake_timeout)
+                } else {
+                    Err(DeclineReason::NoCommonTransport)
+                };
+                let res = match shm {
+                    Ok((conn, info)) => Ok((conn, LinkInfo::Shm(info))),
+                    #[cfg(feature = "rdma")]
+                    Err(shm_reason) if p.rdma.is_some() => {
+                        let local = tcp.local_addr()?.ip();
+                        crate::smc::rdma::warm_up(config).await;
+                        match crate::smc::rdma::server_accept(
+                            Manager::global(),
+                            &p,
+                            local,
+                            config,
+                            config.handshake_timeout,
+                        ) {
+                            Ok((conn, info, rp)) => {
+                                rdma_pending = Some(rp);
+                                Ok((conn, LinkInfo::Rdma(info)))
+                            }
+                            Err(DeclineReason::NoCommonTransport) => Err(shm_reason),
+                            Err(r) => Err(r),
+                        }
+                    }
+                    Err(r) => Err(r),
+                };
+                match res {
                     Ok((conn, info)) => {
                         proposed_rmb = p.rmb_size;
                         pending.set(conn);
-                        hs.accept(LinkInfo::Shm(info));
+                        hs.accept(info);
                     }
                     Err(reason) => {
                         tracing::debug!(%reason, "declining proposal");
@@ -540,18 +578,39 @@ async fn server_handshake(
                 }
             }
             Step::Done(o) => {
-                let Outcome::Smc { peer: LinkInfo::Shm(c), .. } = &o else {
-                    return Ok((o, None));
-                };
                 let Some(conn) = pending.get() else {
                     return Ok((o, None));
                 };
-                let group = conn.group();
-                if c.link_group != group.id || c.rmb_size != proposed_rmb || !group.is_established() {
-                    tracing::debug!(?c, "confirm does not match the accepted link");
-                    return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                match &o {
+                    Outcome::Smc { peer: LinkInfo::Shm(c), .. } => {
+                        let group = conn.group().clone();
+                        // The client confirms once it has our WELCOME; our join task installs the
+                        // link right after sending it, so this waits at most a few task turns.
+                        let established =
+                            c.link_group == group.id && group.wait_established(config.handshake_timeout).await;
+                        if c.link_group != group.id || c.rmb_size != proposed_rmb || !established {
+                            tracing::debug!(?c, "confirm does not match the accepted link");
+                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                        }
+                        conn.confirm(c.rmb_slot);
+                    }
+                    #[cfg(feature = "rdma")]
+                    Outcome::Smc { peer: LinkInfo::Rdma(c), .. } => {
+                        let Some(rp) = rdma_pending.as_ref() else {
+                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                        };
+                        if let Err(why) = crate::smc::rdma::server_confirm(conn, rp, c) {
+                            tracing::debug!(%why, "rdma confirm");
+                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                        }
+                    }
+                    // A transport we did not accept (only reachable without the `rdma` feature).
+                    #[allow(unreachable_patterns)]
+                    Outcome::Smc { .. } => {
+                        return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
+                    }
+                    _ => return Ok((o, None)),
                 }
-                conn.confirm(c.rmb_slot);
                 return Ok((o, pending.take()));
             }
         }

@@ -555,6 +555,12 @@ impl SmcStreamBuilder {
         self
     }
 
+    /// RDMA (SMC-R) settings for connections made by this builder (with the `rdma` feature).
+    pub fn rdma(mut self, config: crate::config::RdmaConfig) -> Self {
+        self.o.rdma = Some(config);
+        self
+    }
+
     /// What to do when SMC cannot be used.
     pub fn policy(mut self, policy: Policy) -> Self {
         self.o.policy = Some(policy);
@@ -656,13 +662,30 @@ impl SmcStreamBuilder {
                 _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(reason))),
             };
         };
+        // The verbs library is loaded before the connection exists: a server gives a client only
+        // its peek timeout to start the handshake.
+        #[cfg(feature = "rdma")]
+        crate::smc::rdma::warm_up(cfg).await;
         let mut tcp = TcpStream::connect(addr).await?;
         let timer = stats::HandshakeTimer::start();
         let manager = Manager::global();
         let offer = manager.client_offer(addr, &cfg.shm);
-        let rmb_size = offer.as_ref().map_or(0, |o| o.1);
+        #[cfg(feature = "rdma")]
+        let local_ip = tcp.local_addr()?.ip();
+        #[cfg(feature = "rdma")]
+        let rx_size = offer.as_ref().map_or(cfg.shm.rmb_size, |o| o.1);
+        #[cfg(feature = "rdma")]
+        let rdma = crate::smc::rdma::client_offer(addr, local_ip, rx_size, cfg);
+        #[cfg(not(feature = "rdma"))]
+        let rdma = None;
+        let rmb_size = match (&offer, &rdma) {
+            (Some(o), _) => o.1,
+            #[cfg(feature = "rdma")]
+            (None, Some(_)) => rx_size,
+            _ => 0,
+        };
         let token = sys::random_token()?;
-        let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma: None };
+        let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma };
         let mut hs =
             ClientHandshake::new(proposal, Instant::now(), cfg.handshake_timeout).map_err(SmcError::Handshake)?;
         // Given back if the connect is dropped (cancelled) or fails before the Confirm left.
@@ -680,6 +703,27 @@ impl SmcStreamBuilder {
                             }
                             Err(reason) => {
                                 tracing::debug!(%reason, "declining the server's shm accept");
+                                hs.decline(reason);
+                            }
+                        }
+                    }
+                    #[cfg(feature = "rdma")]
+                    LinkInfo::Rdma(info) if rdma.is_some() => {
+                        match crate::smc::rdma::client_accept(
+                            manager,
+                            addr,
+                            local_ip,
+                            info,
+                            rmb_size,
+                            cfg,
+                            cfg.handshake_timeout,
+                        ) {
+                            Ok((conn, confirm)) => {
+                                hs.confirm(LinkInfo::Rdma(confirm));
+                                pending.set(conn);
+                            }
+                            Err(reason) => {
+                                tracing::debug!(%reason, "declining the server's rdma accept");
                                 hs.decline(reason);
                             }
                         }
@@ -706,7 +750,8 @@ impl SmcStreamBuilder {
         match outcome {
             Ok(Outcome::Smc { .. }) if pending.get().is_some() => {
                 let conn = pending.take().ok_or_else(|| io::Error::other("no connection"))?;
-                Ok(SmcStream::from_smc(tcp, conn, Transport::SmcD))
+                let t = conn.transport();
+                Ok(SmcStream::from_smc(tcp, conn, t))
             }
             other => {
                 // The Confirm never left: give the slot back.

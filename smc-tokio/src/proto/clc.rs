@@ -221,6 +221,9 @@ pub struct RdmaLinkInfo {
     pub rmb_addr: u64,
     /// Size of that receive buffer.
     pub rmb_size: u32,
+    /// The sender's token for this connection (the RMB slot and its generation): the peer puts
+    /// it in the CDC messages it sends for the connection.
+    pub rmb_token: u32,
 }
 
 /// The link details of the chosen transport.
@@ -562,6 +565,7 @@ impl<'a> Reader<'a> {
                 rkey: s.u32()?,
                 rmb_addr: s.u64()?,
                 rmb_size: s.u32()?,
+                rmb_token: s.u32()?,
             }),
             other => return Err(ClcError::UnknownSection(other)),
         };
@@ -609,6 +613,7 @@ impl Writer {
                 b.extend_from_slice(&r.rkey.to_be_bytes());
                 b.extend_from_slice(&r.rmb_addr.to_be_bytes());
                 b.extend_from_slice(&r.rmb_size.to_be_bytes());
+                b.extend_from_slice(&r.rmb_token.to_be_bytes());
             }),
         }
     }
@@ -698,6 +703,7 @@ mod tests {
             rkey: 5,
             rmb_addr: 0xdead_beef,
             rmb_size: 1 << 20,
+            rmb_token: 0x0001_0002,
         })
     }
 

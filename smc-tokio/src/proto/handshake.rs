@@ -759,6 +759,7 @@ mod tests {
                     rkey: 1,
                     rmb_addr: 0,
                     rmb_size: 4096,
+                    rmb_token: 1,
                 }))
             },
             64,
@@ -857,6 +858,7 @@ mod tests {
             rkey: 1,
             rmb_addr: 0,
             rmb_size: 4096,
+            rmb_token: 1,
         });
         feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma })), 100);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TransportMismatch)));

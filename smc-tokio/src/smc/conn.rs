@@ -147,6 +147,15 @@ impl SmcConn {
         &self.group
     }
 
+    /// SMC-R on a verbs link, SMC-D on shared memory.
+    pub(crate) fn transport(&self) -> crate::transport::Transport {
+        if self.group.link().is_some_and(|l| l.is_rdma()) {
+            crate::transport::Transport::SmcR
+        } else {
+            crate::transport::Transport::SmcD
+        }
+    }
+
     /// Server side: the client's Confirm named its token.
     pub(crate) fn confirm(&self, peer_token: u32) {
         let mut st = self.lock();
@@ -238,7 +247,7 @@ impl SmcConn {
             // SAFETY: rmb_read writes exactly `len` bytes into this part of the unfilled region
             // (or fails without claiming them); they are marked initialized only afterwards.
             let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
-            if let Err(e) = link.rmb_read(peer_token, off, dst) {
+            if let Err(e) = link.rmb_read(link.rx_rmb(self.our_token, peer_token), off, dst) {
                 self.fail_locked(st, ConnError::Link(e.clone()));
                 return Err(ConnError::Link(e).to_io());
             }
@@ -571,7 +580,21 @@ impl SmcConn {
         let at = st.engine.peer_prod();
         match st.engine.on_cdc(msg) {
             Ok((effect, inline)) => {
-                if inline.is_some() {
+                let placed = match (inline, self.group.link(), st.peer_token) {
+                    (Some(spans), Some(link), Some(peer)) => {
+                        link.rx_place_inline(link.rx_rmb(self.our_token, peer), spans, msg.inline())
+                    }
+                    _ => Ok(false),
+                };
+                let placed = match placed {
+                    Ok(p) => p,
+                    Err(e) => {
+                        self.fail_locked(&mut st, ConnError::Link(e));
+                        self.maybe_finish(st);
+                        return;
+                    }
+                };
+                if inline.is_some() && !placed {
                     let mut data = [0u8; crate::proto::cdc::CDC_INLINE_MAX];
                     let len = msg.inline().len();
                     data[..len].copy_from_slice(msg.inline());

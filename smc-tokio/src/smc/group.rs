@@ -56,6 +56,8 @@ pub(crate) struct LinkGroup {
     idle_timeout: Duration,
     /// Set once the driver ran its teardown; the manager forgets dead groups.
     finished: AtomicBool,
+    /// Woken when the group is established or fails.
+    changed: tokio::sync::Notify,
     manager: &'static Manager,
 }
 
@@ -93,6 +95,7 @@ impl LinkGroup {
             dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
             idle_timeout,
             finished: AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
             manager,
         })
     }
@@ -112,6 +115,28 @@ impl LinkGroup {
 
     pub(crate) fn is_established(&self) -> bool {
         self.link.get().is_some() && self.is_alive()
+    }
+
+    /// Waits until the group is established (true) or failed, or `timeout` passed (false). The
+    /// server needs it for a client whose Confirm overtakes the end of its join: the client
+    /// has the WELCOME, but our join task may not have installed the link yet.
+    pub(crate) async fn wait_established(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change between the check and the wait wakes us.
+            notified.as_mut().enable();
+            if self.is_established() {
+                return true;
+            }
+            if !self.is_alive() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.is_established();
+            }
+        }
     }
 
     /// Records a handshake token that may be presented to join this (pending) group.
@@ -158,6 +183,9 @@ impl LinkGroup {
         let mut st = self.lock();
         if st.conns.remove(&token).is_some() {
             self.free_slot(&mut st, token);
+            if let Some(l) = self.link.get() {
+                l.conn_closed(token);
+            }
         }
         if st.conns.is_empty() && st.idle_since.is_none() {
             st.idle_since = Some(Instant::now());
@@ -191,6 +219,7 @@ impl LinkGroup {
             return Err(LinkError::Protocol("link group established twice"));
         }
         crate::stats::link_group_up();
+        self.changed.notify_waiters();
         let span = tracing::debug_span!("smc_link_group", id = self.id, role = ?self.role);
         tracing::debug!(parent: &span, "link group established");
         let me = self.clone();
@@ -305,6 +334,7 @@ impl LinkGroup {
             l.teardown();
         }
         self.manager.forget(self);
+        self.changed.notify_waiters();
     }
 
     /// Tears the group down if it has been idle long enough; returns whether it did, or how

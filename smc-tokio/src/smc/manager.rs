@@ -167,6 +167,8 @@ impl Manager {
 
     /// Forgets a dead group.
     pub(crate) fn forget(&self, group: &LinkGroup) {
+        #[cfg(feature = "rdma")]
+        crate::smc::rdma::forget(group);
         match group.role {
             Role::Server => {
                 let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());

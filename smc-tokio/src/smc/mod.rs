@@ -4,3 +4,5 @@
 pub(crate) mod conn;
 pub(crate) mod group;
 pub(crate) mod manager;
+#[cfg(feature = "rdma")]
+pub(crate) mod rdma;

@@ -1,0 +1,675 @@
+//! Safe owners of verbs objects (device context and protection domain, memory regions,
+//! completion channel and queue, queue pair) and device discovery: which device, port and GID
+//! serve a local IP address.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::ffi::{self, Lib};
+use crate::config::RdmaConfig;
+
+/// Why this process offers no RDMA for a connection. Counted in the stats by
+/// [`as_str`](Unavailable::as_str).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unavailable {
+    /// RDMA is switched off in the settings.
+    Disabled,
+    /// libibverbs could not be loaded.
+    NoLibrary(&'static str),
+    /// No RDMA device is present (or none could be opened).
+    NoDevice,
+    /// Devices exist, but no active RoCE port has a GID for the connection's local address.
+    NoPort,
+}
+
+impl Unavailable {
+    /// A short name for stats and logs.
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            Unavailable::Disabled => "disabled",
+            Unavailable::NoLibrary(_) => "no libibverbs",
+            Unavailable::NoDevice => "no rdma device",
+            Unavailable::NoPort => "no active port for the address",
+        }
+    }
+}
+
+/// An open device context with its protection domain.
+pub(crate) struct Device {
+    pub(crate) lib: &'static Lib,
+    ctx: NonNull<c_void>,
+    pd: NonNull<c_void>,
+    pub(crate) name: String,
+}
+
+// SAFETY: verbs contexts and protection domains may be used from any thread (libibverbs locks
+// internally); this type only hands out their pointers to the wrappers in this module.
+unsafe impl Send for Device {}
+// SAFETY: as above; no method mutates Rust-visible state.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("name", &self.name).finish()
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: the PD and context are ours; every object made from them holds an Arc of
+        // this Device, so none is left when it drops.
+        unsafe {
+            (self.lib.dealloc_pd)(self.pd.as_ptr());
+            (self.lib.close_device)(self.ctx.as_ptr());
+        }
+    }
+}
+
+impl Device {
+    pub(crate) fn ctx(&self) -> *mut c_void {
+        self.ctx.as_ptr()
+    }
+
+    fn query_port(&self, port: u8) -> Option<(ffi::ibv_port_attr, u8)> {
+        let mut attr = ffi::ibv_port_attr::default();
+        // SAFETY: `attr` is larger than the structure the library fills; the context is open.
+        let r = unsafe { (self.lib.query_port)(self.ctx(), port, &mut attr) };
+        if r != 0 {
+            return None;
+        }
+        let link_layer = attr._rest[ffi::PORT_LINK_LAYER - 16];
+        Some((attr, link_layer))
+    }
+
+    fn query_gid(&self, port: u8, index: c_int) -> Option<[u8; 16]> {
+        let mut gid = ffi::ibv_gid::default();
+        // SAFETY: `gid` is a valid out-parameter; the context is open.
+        let r = unsafe { (self.lib.query_gid)(self.ctx(), port, index, &mut gid) };
+        (r == 0).then_some(gid.raw)
+    }
+
+    /// Registers `len` bytes at `addr` with `access`.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must stay mapped until the returned region is dropped.
+    pub(crate) unsafe fn reg_mr(self: &Arc<Self>, addr: *mut u8, len: usize, access: c_int) -> io::Result<Mr> {
+        // SAFETY: the PD is open; the caller keeps the memory mapped for the MR's life.
+        let mr = unsafe { (self.lib.reg_mr)(self.pd.as_ptr(), addr.cast(), len, access) };
+        let mr = NonNull::new(mr).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: a registered MR's lkey and rkey sit at these offsets (checked by the test bed).
+        let (lkey, rkey) = unsafe {
+            let p = mr.as_ptr().cast::<u8>();
+            (p.add(ffi::MR_LKEY).cast::<u32>().read(), p.add(ffi::MR_RKEY).cast::<u32>().read())
+        };
+        Ok(Mr { dev: self.clone(), mr, lkey, rkey })
+    }
+
+    pub(crate) fn pd(&self) -> *mut c_void {
+        self.pd.as_ptr()
+    }
+}
+
+/// A registered memory region.
+pub(crate) struct Mr {
+    dev: Arc<Device>,
+    mr: NonNull<c_void>,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+// SAFETY: an MR handle may be deregistered from any thread; the keys are plain values.
+unsafe impl Send for Mr {}
+// SAFETY: as above.
+unsafe impl Sync for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: the MR is ours and registered once.
+        unsafe { (self.dev.lib.dereg_mr)(self.mr.as_ptr()) };
+    }
+}
+
+/// An anonymous private mapping, touched (and so backed) only where it is registered or used.
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; access is coordinated by its users.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    pub(crate) fn new(len: usize) -> io::Result<Mapping> {
+        // SAFETY: an anonymous mapping with no address hint has no preconditions.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Mapping { ptr, len: len.max(1) })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours; every MR over it was dropped first (field order).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A completion channel: the descriptor that becomes readable when an armed CQ gets a
+/// completion. It is a [`mio::event::Source`], so tokio's reactor waits on it.
+pub(crate) struct CompChannel {
+    dev: Arc<Device>,
+    ch: NonNull<c_void>,
+    fd: RawFd,
+}
+
+// SAFETY: the channel is used by one driver at a time (the link's CQ lock); libibverbs allows
+// any thread.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    pub(crate) fn new(dev: &Arc<Device>) -> io::Result<CompChannel> {
+        // SAFETY: the context is open.
+        let ch = unsafe { (dev.lib.create_comp_channel)(dev.ctx()) };
+        let ch = NonNull::new(ch).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: a channel's fd sits at this offset (checked by the test bed).
+        let fd = unsafe { ch.as_ptr().cast::<u8>().add(ffi::CHANNEL_FD).cast::<c_int>().read() };
+        let me = CompChannel { dev: dev.clone(), ch, fd };
+        // Non-blocking, so ibv_get_cq_event returns EAGAIN instead of sleeping in the reactor.
+        crate::sys::set_nonblocking(fd)?;
+        Ok(me)
+    }
+
+    /// Takes one completion event: `Ok(true)` if there was one, `Ok(false)` on EAGAIN.
+    pub(crate) fn get_event(&self) -> io::Result<bool> {
+        let mut cq = std::ptr::null_mut();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the channel is open and non-blocking; out-parameters are valid.
+        let r = unsafe { (self.dev.lib.get_cq_event)(self.ch.as_ptr(), &mut cq, &mut ctx) };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(false)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl mio::event::Source for CompChannel {
+    fn register(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
+        mio::unix::SourceFd(&self.fd).register(registry, token, interests)
+    }
+    fn reregister(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
+        mio::unix::SourceFd(&self.fd).reregister(registry, token, interests)
+    }
+    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
+        mio::unix::SourceFd(&self.fd).deregister(registry)
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the CQ using this channel was destroyed first (the link's field order).
+        unsafe { (self.dev.lib.destroy_comp_channel)(self.ch.as_ptr()) };
+    }
+}
+
+/// A completion queue bound to a channel.
+pub(crate) struct Cq {
+    dev: Arc<Device>,
+    pub(crate) cq: NonNull<c_void>,
+    poll: ffi::PollCqFn,
+    notify: ffi::ReqNotifyFn,
+    /// Events taken from the channel and not yet acknowledged.
+    unacked: Mutex<u32>,
+}
+
+// SAFETY: CQ calls are serialized by the link's CQ lock; the provider allows any thread.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+/// Reads the function pointer at byte `offset` of a context's ops table.
+///
+/// # Safety
+/// `ctx` must be an open `ibv_context` and `offset` one of the `CTX_OPS_*` offsets.
+unsafe fn op<F: Copy>(ctx: *mut c_void, offset: usize) -> io::Result<F> {
+    // SAFETY: per the contract, a function pointer (possibly null) sits at `offset`.
+    let p = unsafe { ctx.cast::<u8>().add(offset).cast::<*const c_void>().read() };
+    if p.is_null() {
+        return Err(io::Error::other("verbs provider lacks an operation"));
+    }
+    // SAFETY: F is the fn-pointer type of that operation, the same size as a pointer.
+    Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+}
+
+impl Cq {
+    pub(crate) fn new(dev: &Arc<Device>, entries: u32, channel: &CompChannel) -> io::Result<Cq> {
+        // SAFETY: the context and channel are open.
+        let cq =
+            unsafe { (dev.lib.create_cq)(dev.ctx(), entries as c_int, std::ptr::null_mut(), channel.ch.as_ptr(), 0) };
+        let cq = NonNull::new(cq).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: the context is open; the offsets are the ops table's.
+        let (poll, notify) =
+            unsafe { (op(dev.ctx(), ffi::CTX_OPS_POLL_CQ)?, op(dev.ctx(), ffi::CTX_OPS_REQ_NOTIFY_CQ)?) };
+        Ok(Cq { dev: dev.clone(), cq, poll, notify, unacked: Mutex::new(0) })
+    }
+
+    /// Polls up to `out.len()` completions; returns how many were written.
+    pub(crate) fn poll(&self, out: &mut [ffi::ibv_wc]) -> io::Result<usize> {
+        // SAFETY: `out` has room for `out.len()` entries; the CQ is live.
+        let n = unsafe { (self.poll)(self.cq.as_ptr(), out.len() as c_int, out.as_mut_ptr()) };
+        usize::try_from(n).map_err(|_| io::Error::other("ibv_poll_cq failed"))
+    }
+
+    /// Arms the CQ: the next completion makes the channel readable.
+    pub(crate) fn arm(&self) -> io::Result<()> {
+        // SAFETY: the CQ is live.
+        let r = unsafe { (self.notify)(self.cq.as_ptr(), 0) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+
+    /// Counts an event taken from the channel; acknowledges in batches (each ack takes a lock
+    /// in libibverbs; the kernel's smc_wr acks every event, we amortize).
+    pub(crate) fn event_taken(&self) {
+        let mut n = self.unacked.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        if *n >= 32 {
+            // SAFETY: `n` events were taken from this CQ's channel and not yet acked.
+            unsafe { (self.dev.lib.ack_cq_events)(self.cq.as_ptr(), *n) };
+            *n = 0;
+        }
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        let n = *self.unacked.get_mut().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: every taken event is acked before the CQ is destroyed, as ibv_destroy_cq
+        // requires; the QP using it was destroyed first.
+        unsafe {
+            if n > 0 {
+                (self.dev.lib.ack_cq_events)(self.cq.as_ptr(), n);
+            }
+            (self.dev.lib.destroy_cq)(self.cq.as_ptr());
+        }
+    }
+}
+
+/// A reliable-connected queue pair.
+pub(crate) struct Qp {
+    dev: Arc<Device>,
+    qp: NonNull<c_void>,
+    pub(crate) qpn: u32,
+    post_send: ffi::PostSendFn,
+    post_recv: ffi::PostRecvFn,
+}
+
+// SAFETY: posting is serialized by the link's locks; the provider allows any thread.
+unsafe impl Send for Qp {}
+// SAFETY: as above.
+unsafe impl Sync for Qp {}
+
+/// Where a QP connects to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Remote {
+    pub(crate) gid: [u8; 16],
+    pub(crate) qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) mtu: u16,
+}
+
+impl Qp {
+    /// An RC QP on `cq` for both queues, moved to INIT on `port`.
+    pub(crate) fn new(dev: &Arc<Device>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
+        let mut init = ffi::ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: cq.cq.as_ptr(),
+            recv_cq: cq.cq.as_ptr(),
+            srq: std::ptr::null_mut(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: send_wr,
+                max_recv_wr: recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: crate::proto::cdc::CDC_MSG_LEN as u32,
+            },
+            qp_type: ffi::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the PD and CQ are live; `init` is a valid attribute structure.
+        let qp = unsafe { (dev.lib.create_qp)(dev.pd(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(io::Error::last_os_error)?;
+        // SAFETY: a QP's number sits at this offset (checked by the test bed); the ops offsets
+        // are the context's.
+        let (qpn, post_send, post_recv) = unsafe {
+            (
+                qp.as_ptr().cast::<u8>().add(ffi::QP_NUM).cast::<u32>().read(),
+                op(dev.ctx(), ffi::CTX_OPS_POST_SEND),
+                op(dev.ctx(), ffi::CTX_OPS_POST_RECV),
+            )
+        };
+        let me = Qp { dev: dev.clone(), qp, qpn, post_send: post_send?, post_recv: post_recv? };
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: port,
+            qp_access_flags: (ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_WRITE) as u32,
+            ..Default::default()
+        };
+        me.modify(&mut a, ffi::IBV_QP_STATE | ffi::IBV_QP_PKEY_INDEX | ffi::IBV_QP_PORT | ffi::IBV_QP_ACCESS_FLAGS)?;
+        Ok(me)
+    }
+
+    fn modify(&self, a: &mut ffi::ibv_qp_attr, mask: c_int) -> io::Result<()> {
+        // SAFETY: the QP is live; `a` is a valid attribute structure for `mask`.
+        let r = unsafe { (self.dev.lib.modify_qp)(self.qp.as_ptr(), a, mask) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+
+    /// INIT -> RTR -> RTS towards `remote`, sending from `sgid_index` with our `psn`.
+    pub(crate) fn connect(&self, port: u8, sgid_index: u8, psn: u32, remote: &Remote) -> io::Result<()> {
+        let mtu = ffi::mtu_enum(remote.mtu).ok_or_else(|| io::Error::other("bad path mtu"))?;
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_RTR,
+            path_mtu: mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: 1,
+            // 12: 0.64 ms, the value ibv_rc_pingpong and the kernel's smc_ib use.
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = port;
+        a.ah_attr.grh.dgid.raw = remote.gid;
+        a.ah_attr.grh.sgid_index = sgid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        self.modify(
+            &mut a,
+            ffi::IBV_QP_STATE
+                | ffi::IBV_QP_AV
+                | ffi::IBV_QP_PATH_MTU
+                | ffi::IBV_QP_DEST_QPN
+                | ffi::IBV_QP_RQ_PSN
+                | ffi::IBV_QP_MAX_DEST_RD_ATOMIC
+                | ffi::IBV_QP_MIN_RNR_TIMER,
+        )?;
+        let mut a = ffi::ibv_qp_attr {
+            qp_state: ffi::IBV_QPS_RTS,
+            // 14: 4.096 us * 2^14 = 67 ms per try, 7 tries: a dead peer is noticed in about
+            // half a second (the kernel's smc_ib uses 30 and 7 for real fabrics).
+            timeout: 14,
+            retry_cnt: 7,
+            // 7: retry forever on receiver-not-ready, as the kernel's SMC-R does; flow control
+            // above (the peer's ring and our send-queue bound) keeps it rare.
+            rnr_retry: 7,
+            sq_psn: psn,
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
+        self.modify(
+            &mut a,
+            ffi::IBV_QP_STATE
+                | ffi::IBV_QP_TIMEOUT
+                | ffi::IBV_QP_RETRY_CNT
+                | ffi::IBV_QP_RNR_RETRY
+                | ffi::IBV_QP_SQ_PSN
+                | ffi::IBV_QP_MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// Moves the QP to the error state: outstanding work requests flush, the peer's next
+    /// transfer fails.
+    pub(crate) fn set_error(&self) {
+        let mut a = ffi::ibv_qp_attr { qp_state: ffi::IBV_QPS_ERR, ..Default::default() };
+        let _ = self.modify(&mut a, ffi::IBV_QP_STATE);
+    }
+
+    /// Posts a chain of send work requests.
+    ///
+    /// # Safety
+    /// Every `sg_list` in the chain must point to SGEs that stay valid for the call; the
+    /// memory they name must be registered (or the WR inline) and, for non-inline WRs, stay
+    /// unchanged until the WR completes.
+    pub(crate) unsafe fn post_send(&self, wr: *mut ffi::ibv_send_wr) -> io::Result<()> {
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: forwarded from this function's contract; the QP is live.
+        let r = unsafe { (self.post_send)(self.qp.as_ptr(), wr, &mut bad) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+
+    /// Posts one receive of `len` bytes at `addr` (registered with `lkey`).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be registered under `lkey` and stay mapped until the receive
+    /// completes or the QP is destroyed.
+    pub(crate) unsafe fn post_recv(&self, wr_id: u64, addr: *mut u8, len: u32, lkey: u32) -> io::Result<()> {
+        let mut sge = ffi::ibv_sge { addr: addr as u64, length: len, lkey };
+        let mut wr = ffi::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `wr` and `sge` live across the call; the buffer per the contract.
+        let r = unsafe { (self.post_recv)(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(r))
+        }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP is ours; nothing posts after the link is dropped.
+        unsafe { (self.dev.lib.destroy_qp)(self.qp.as_ptr()) };
+    }
+}
+
+/// A port that serves an address: the device, port number, GID (index and value) and MTU.
+#[derive(Debug, Clone)]
+pub(crate) struct Port {
+    pub(crate) dev: Arc<Device>,
+    pub(crate) port: u8,
+    pub(crate) gid_index: u8,
+    pub(crate) gid: [u8; 16],
+    pub(crate) mtu: u16,
+}
+
+static DEVS: OnceLock<Result<Vec<Arc<Device>>, Unavailable>> = OnceLock::new();
+
+/// Opens the devices (loads libibverbs and every provider library it lists, which can take
+/// tens of milliseconds from a cold page cache) on a blocking thread the first time, so that no
+/// runtime worker stalls inside a handshake. Later calls return at once.
+pub(crate) async fn init_devices() {
+    if DEVS.get().is_none() {
+        let _ = tokio::task::spawn_blocking(|| {
+            let _ = devices();
+        })
+        .await;
+    }
+}
+
+/// Every device on the host, opened once per process (devices rarely come and go; a process
+/// that needs a new one restarts).
+fn devices() -> Result<&'static [Arc<Device>], Unavailable> {
+    DEVS.get_or_init(|| {
+        let lib = ffi::lib().map_err(Unavailable::NoLibrary)?;
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-parameter.
+        let list = unsafe { (lib.get_device_list)(&mut n) };
+        if list.is_null() {
+            return Err(Unavailable::NoDevice);
+        }
+        let mut out = Vec::new();
+        for i in 0..usize::try_from(n).unwrap_or(0) {
+            // SAFETY: the list holds `n` device pointers.
+            let d = unsafe { *list.add(i) };
+            // SAFETY: `d` is a device of the list; its name is a C string owned by it.
+            let name = unsafe { CStr::from_ptr((lib.get_device_name)(d)) }.to_string_lossy().into_owned();
+            // SAFETY: as above.
+            let Some(ctx) = NonNull::new(unsafe { (lib.open_device)(d) }) else {
+                tracing::debug!(device = %name, error = %io::Error::last_os_error(), "cannot open rdma device");
+                continue;
+            };
+            // SAFETY: the context is open.
+            let Some(pd) = NonNull::new(unsafe { (lib.alloc_pd)(ctx.as_ptr()) }) else {
+                // SAFETY: the context is ours and unused.
+                unsafe { (lib.close_device)(ctx.as_ptr()) };
+                continue;
+            };
+            out.push(Arc::new(Device { lib, ctx, pd, name }));
+        }
+        // SAFETY: the list came from get_device_list; open contexts stay valid after freeing it.
+        unsafe { (lib.free_device_list)(list) };
+        if out.is_empty() {
+            Err(Unavailable::NoDevice)
+        } else {
+            Ok(out)
+        }
+    })
+    .as_ref()
+    .map(|v| v.as_slice())
+    .map_err(Clone::clone)
+}
+
+/// The IPv4-mapped (or native IPv6) GID of an address.
+pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn gid_type(dev: &str, port: u8, index: c_int) -> Option<String> {
+    std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// Finds the device, port and GID that serve `local` (the TCP connection's local address):
+/// an active Ethernet (RoCE) port whose GID table holds the address as a RoCE v2 GID, unless
+/// the settings name a device, port or GID index.
+pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavailable> {
+    if !cfg.enabled {
+        return Err(Unavailable::Disabled);
+    }
+    type Key = (IpAddr, String, u8, i32);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Port>>> = OnceLock::new();
+    let key =
+        (local, cfg.device.clone().unwrap_or_default(), cfg.port.unwrap_or(0), cfg.gid_index.map_or(-1, i32::from));
+    let cache = CACHE.get_or_init(Mutex::default);
+    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    let want = gid_of(local);
+    for dev in devices()? {
+        if cfg.device.as_ref().is_some_and(|d| *d != dev.name) {
+            continue;
+        }
+        for port in 1..=2u8 {
+            if cfg.port.is_some_and(|p| p != port) {
+                continue;
+            }
+            let Some((attr, link_layer)) = dev.query_port(port) else { continue };
+            if attr.state != ffi::IBV_PORT_ACTIVE || link_layer != ffi::IBV_LINK_LAYER_ETHERNET {
+                continue;
+            }
+            let Some(mtu) = ffi::mtu_bytes(attr.active_mtu) else { continue };
+            let found = if let Some(idx) = cfg.gid_index {
+                dev.query_gid(port, c_int::from(idx)).map(|g| (idx, g))
+            } else {
+                (0..attr.gid_tbl_len.min(256)).find_map(|i| {
+                    let g = dev.query_gid(port, i)?;
+                    let v2 = gid_type(&dev.name, port, i).is_none_or(|t| t.eq_ignore_ascii_case("RoCE v2"));
+                    (g == want && v2).then_some((i as u8, g))
+                })
+            };
+            if let Some((gid_index, gid)) = found {
+                let p = Port { dev: dev.clone(), port, gid_index, gid, mtu };
+                cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+                return Ok(p);
+            }
+        }
+    }
+    Err(Unavailable::NoPort)
+}
+
+/// Every active RoCE port with its GIDs, for diagnostics (`smc-rdma-test devices`).
+pub fn describe_devices() -> Result<Vec<String>, String> {
+    let devs = devices().map_err(|e| match e {
+        Unavailable::NoLibrary(m) => m.to_owned(),
+        other => other.as_str().to_owned(),
+    })?;
+    let mut out = Vec::new();
+    for dev in devs {
+        for port in 1..=2u8 {
+            let Some((attr, ll)) = dev.query_port(port) else { continue };
+            let mut line = format!(
+                "{} port {port} state {} link_layer {} mtu {:?}",
+                dev.name,
+                attr.state,
+                ll,
+                ffi::mtu_bytes(attr.active_mtu)
+            );
+            for i in 0..attr.gid_tbl_len.min(16) {
+                if let Some(g) = dev.query_gid(port, i) {
+                    if g != [0; 16] {
+                        let t = gid_type(&dev.name, port, i).unwrap_or_default();
+                        line.push_str(&format!(" gid[{i}]={} ({t})", std::net::Ipv6Addr::from(g)));
+                    }
+                }
+            }
+            out.push(line);
+        }
+    }
+    Ok(out)
+}

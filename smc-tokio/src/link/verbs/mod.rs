@@ -1,0 +1,652 @@
+//! The RDMA link (SMC-R): one reliable-connected queue pair per link group.
+//!
+//! - **RMBs** (our receive rings) come from a pool mapped once per link group; each slot is
+//!   registered with remote-write access the first time a connection uses it, and its address
+//!   and rkey travel in the CLC Accept/Confirm. The peer writes into it; we only read.
+//! - **Send buffers**: each connection has a local buffer the size of the peer's RMB (a slot of
+//!   the send pool, registered for local access). `rmb_write`/`rmb_fill` put bytes there at the
+//!   ring offset; when the engine sends a CDC message that moves the producer cursor, the link
+//!   posts RDMA WRITEs of exactly the new span(s) to the same offsets of the peer's RMB and then
+//!   the CDC message as an inline SEND, in one chain. RC delivers them in order, so the peer
+//!   never sees a cursor before the bytes it covers. A send-buffer byte is written again only
+//!   after the peer's consumer cursor passed it, which the peer can only report after it
+//!   received our later SEND, and so after our WRITE was executed: the HCA never reads a buffer
+//!   we are rewriting. When the CDC message carries the new bytes inline, the WRITE is skipped.
+//! - **CDC receive**: `RQ_DEPTH` 64-byte receive buffers, pre-posted and re-posted as each
+//!   completes.
+//! - **Send-queue bound**: at most `SQ_DEPTH` work requests outstanding (the kernel's
+//!   `smcr_max_send_wr` idea); a CDC message that does not fit waits (`cdc_send` returns
+//!   `Ok(false)`) and is retried when completions free room. Only the SEND of each chain is
+//!   signaled; its completion frees the whole chain.
+//! - **Completion channel**: a non-blocking fd, a `mio::event::Source`, waited on by the link
+//!   group's driver through tokio. `poll_event` polls the CQ, arms it, polls again, and only then
+//!   waits; on wake-up it drains every channel event until EAGAIN (tokio readiness is
+//!   edge-triggered) and acks them in batches. Completions taken by other callers (busy-poll,
+//!   `cdc_recv`) are kept in the link's queue, so none is lost between batches.
+//! - **Link confirmation**: the client's QP reaches RTS before the server's reaches RTR (the
+//!   server learns the client's QP number from the Confirm). So the client sends nothing until
+//!   the server's first message, a `LINK_UP` frame the server posts as soon as its QP is ready
+//!   (the role of the kernel's LLC CONFIRM LINK).
+//! - **Errors**: a failed work completion or a failed post ends the link (and its group) with a
+//!   typed [`LinkError`]; the next connection builds a new group.
+
+pub(crate) mod device;
+pub(crate) mod ffi;
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+
+use self::device::{CompChannel, Cq, Mapping, Mr, Port, Qp, Remote};
+use super::{token_slot, Link, LinkError};
+use crate::proto::cdc::CDC_MSG_LEN;
+use crate::proto::cursor::{Cursor, RingSize};
+
+/// Send work requests outstanding per QP. The kernel's `SMC_WR_BUF_CNT` is 16 send buffers;
+/// a CDC chain here is up to three WRs (two WRITE spans and the SEND), so 64 lets about 21
+/// messages be in flight before a sender waits.
+pub(crate) const SQ_DEPTH: u32 = 64;
+/// Receive work requests pre-posted per QP: the kernel posts 3 x `SMC_WR_BUF_CNT` receives;
+/// we post two per send slot, so a peer at its send bound never meets an empty queue while we
+/// re-post.
+pub(crate) const RQ_DEPTH: u32 = 128;
+/// Most work requests one CDC message takes: two WRITE spans (a wrap) and the SEND.
+const WRS_PER_MSG: u32 = 3;
+/// Frame type of the server's link-confirmation message (never a CDC type, 0xFE).
+const LINK_UP_TYPE: u8 = 0xFD;
+/// Completions taken per `ibv_poll_cq` call.
+const POLL_BATCH: usize = 16;
+
+/// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, each registered
+/// on first use.
+struct Pool {
+    // Field order matters: the MRs are dropped before the mapping they cover.
+    mrs: Mutex<Vec<Option<Mr>>>,
+    map: Mapping,
+    size: u32,
+    count: u32,
+    access: std::ffi::c_int,
+}
+
+impl Pool {
+    fn new(count: u32, size: u32, access: std::ffi::c_int) -> io::Result<Pool> {
+        let len =
+            usize::try_from(u64::from(count) * u64::from(size)).map_err(|_| io::Error::other("pool too large"))?;
+        Ok(Pool { mrs: Mutex::new((0..count).map(|_| None).collect()), map: Mapping::new(len)?, size, count, access })
+    }
+
+    /// The slot's (address, lkey, rkey), registering it now if needed.
+    fn slot(&self, dev: &Arc<device::Device>, slot: u32) -> io::Result<(u64, u32, u32)> {
+        if slot >= self.count {
+            return Err(io::Error::other("rmb slot out of range"));
+        }
+        let ptr = self.ptr(slot, 0);
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut mrs[slot as usize];
+        if e.is_none() {
+            // SAFETY: the slot lies inside `map`, which outlives the MR (field order above).
+            *e = Some(unsafe { dev.reg_mr(ptr, self.size as usize, self.access) }?);
+        }
+        let mr = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
+        Ok((ptr as u64, mr.lkey, mr.rkey))
+    }
+
+    fn lkey(&self, slot: u32) -> Option<u32> {
+        self.mrs.lock().unwrap_or_else(|e| e.into_inner()).get(slot as usize)?.as_ref().map(|m| m.lkey)
+    }
+
+    fn ptr(&self, slot: u32, offset: u32) -> *mut u8 {
+        // In bounds: callers checked slot < count and offset <= size, and the mapping is
+        // count * size bytes.
+        self.map.ptr().wrapping_add(slot as usize * self.size as usize + offset as usize)
+    }
+
+    /// Checks a span of a slot.
+    fn span(&self, slot: u32, offset: u32, len: u32) -> Option<*mut u8> {
+        (slot < self.count && offset.checked_add(len)? <= self.size).then(|| self.ptr(slot, offset))
+    }
+}
+
+/// A connection's send side: where its bytes go in the peer's RMB.
+#[derive(Debug, Clone, Copy)]
+struct ConnTx {
+    our_slot: u32,
+    remote_addr: u64,
+    rkey: u32,
+    ring: RingSize,
+    /// The producer cursor of the last CDC message posted: bytes before it were written.
+    sent_prod: Cursor,
+}
+
+/// The peer's RMB for one connection, from its Accept or Confirm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerRmb {
+    pub(crate) token: u32,
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) size: u32,
+}
+
+#[derive(Default)]
+struct CqState {
+    frames: VecDeque<[u8; CDC_MSG_LEN]>,
+    error: Option<LinkError>,
+    armed: bool,
+}
+
+/// The link's role in confirming the QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkRole {
+    /// Sends nothing until the server's `LINK_UP`.
+    Client,
+    /// Sends `LINK_UP` once connected.
+    Server,
+}
+
+/// An RDMA link: one RC QP with its CQ, completion channel, RMB and send pools.
+pub(crate) struct VerbsLink {
+    // Field order is drop order: QP before CQ before channel, MRs before mappings.
+    qp: Qp,
+    cq: Cq,
+    chan: AsyncFd<CompChannel>,
+    rx_pool: Pool,
+    tx_pool: Pool,
+    recv_mr: Mr,
+    recv_bufs: Mapping,
+    port: Port,
+    psn: u32,
+    role: LinkRole,
+    tx: Mutex<HashMap<u32, ConnTx>>,
+    cqs: Mutex<CqState>,
+    sq_free: AtomicU32,
+    up: AtomicBool,
+    space_wanted: AtomicBool,
+    closed: AtomicBool,
+    busy_poll: Duration,
+}
+
+impl std::fmt::Debug for VerbsLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsLink")
+            .field("device", &self.port.dev.name)
+            .field("port", &self.port.port)
+            .field("qpn", &self.qp.qpn)
+            .field("role", &self.role)
+            .finish()
+    }
+}
+
+impl VerbsLink {
+    /// A link on `port` with a QP in INIT and receives posted: `rmb_count` RMBs of `rx_size`
+    /// bytes to receive into, and as many send buffers of `tx_size` bytes.
+    pub(crate) fn new(
+        port: Port,
+        role: LinkRole,
+        rmb_count: u32,
+        rx_size: u32,
+        tx_size: u32,
+        busy_poll: Duration,
+    ) -> Result<VerbsLink, LinkError> {
+        let dev = port.dev.clone();
+        let chan = CompChannel::new(&dev)?;
+        let cq = Cq::new(&dev, SQ_DEPTH + RQ_DEPTH, &chan)?;
+        let qp = Qp::new(&dev, &cq, port.port, SQ_DEPTH, RQ_DEPTH)?;
+        // SAFETY: CompChannel's fd is owned by its channel, which the AsyncFd owns.
+        let chan = unsafe { crate::sys::register(chan, tokio::io::Interest::READABLE) }?;
+        let recv_bufs = Mapping::new(RQ_DEPTH as usize * CDC_MSG_LEN)?;
+        // SAFETY: `recv_bufs` outlives the MR (field order of VerbsLink).
+        let recv_mr = unsafe { dev.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
+        let rx_pool = Pool::new(rmb_count, rx_size, device_access::REMOTE)?;
+        let tx_pool = Pool::new(rmb_count, tx_size, device_access::LOCAL)?;
+        let psn = crate::sys::random_token().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
+        let link = VerbsLink {
+            qp,
+            cq,
+            chan,
+            rx_pool,
+            tx_pool,
+            recv_mr,
+            recv_bufs,
+            port,
+            psn,
+            role,
+            tx: Mutex::new(HashMap::new()),
+            cqs: Mutex::new(CqState::default()),
+            sq_free: AtomicU32::new(SQ_DEPTH),
+            up: AtomicBool::new(false),
+            space_wanted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            busy_poll,
+        };
+        for i in 0..RQ_DEPTH {
+            link.post_recv(i)?;
+        }
+        Ok(link)
+    }
+
+    fn post_recv(&self, i: u32) -> Result<(), LinkError> {
+        let p = self.recv_bufs.ptr().wrapping_add(i as usize * CDC_MSG_LEN);
+        // SAFETY: buffer `i` of `recv_bufs` is registered under recv_mr and lives as long as
+        // the QP (field order).
+        unsafe { self.qp.post_recv(u64::from(i), p, CDC_MSG_LEN as u32, self.recv_mr.lkey) }.map_err(LinkError::from)
+    }
+
+    /// Our QP number.
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qp.qpn
+    }
+
+    /// Our initial packet sequence number.
+    pub(crate) fn psn(&self) -> u32 {
+        self.psn
+    }
+
+    /// The port (device, GID, MTU) this link uses.
+    pub(crate) fn port(&self) -> &Port {
+        &self.port
+    }
+
+    /// Size of the send buffers (the peer's RMBs).
+    pub(crate) fn tx_size(&self) -> u32 {
+        self.tx_pool.size
+    }
+
+    /// Whether the link confirmation arrived (server: sent).
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Connects the QP to the peer's (INIT -> RTR -> RTS). A server then confirms the link.
+    pub(crate) fn connect(&self, remote: &Remote) -> Result<(), LinkError> {
+        self.qp.connect(self.port.port, self.port.gid_index, self.psn, remote)?;
+        if self.role == LinkRole::Server {
+            let mut frame = [0u8; CDC_MSG_LEN];
+            frame[0] = LINK_UP_TYPE;
+            self.post_frame(&frame, &[], 1)?;
+            self.sq_free.fetch_sub(1, Ordering::AcqRel);
+            self.up.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Our RMB for the connection with our token `token`: (address, rkey), registered now if
+    /// this slot was never used.
+    pub(crate) fn rx_rmb(&self, token: u32) -> Result<(u64, u32), LinkError> {
+        let (addr, _, rkey) = self.rx_pool.slot(&self.port.dev, token_slot(token))?;
+        Ok((addr, rkey))
+    }
+
+    /// Records where the connection with our token `our` writes: the peer's RMB `peer`.
+    pub(crate) fn bind(&self, our: u32, peer: &PeerRmb) -> Result<(), LinkError> {
+        let ring = RingSize::new(peer.size).ok_or(LinkError::Protocol("peer rmb size"))?;
+        if peer.size != self.tx_pool.size {
+            return Err(LinkError::Protocol("peer rmb size differs from the link's"));
+        }
+        self.tx_pool.slot(&self.port.dev, token_slot(our))?;
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.retain(|_, c| c.our_slot != token_slot(our));
+        tx.insert(
+            peer.token,
+            ConnTx {
+                our_slot: token_slot(our),
+                remote_addr: peer.addr,
+                rkey: peer.rkey,
+                ring,
+                sent_prod: Cursor::new(0, 0),
+            },
+        );
+        Ok(())
+    }
+
+    /// Posts `writes` (send-pool spans: slot, offset, length, remote address, rkey) and then
+    /// `frame` as an inline signaled SEND, in one chain of `count` WRs.
+    fn post_frame(
+        &self,
+        frame: &[u8; CDC_MSG_LEN],
+        writes: &[(u32, u32, u32, u64, u32)],
+        count: u32,
+    ) -> Result<(), LinkError> {
+        let mut sges = [ffi::ibv_sge::default(); WRS_PER_MSG as usize];
+        // SAFETY: ibv_send_wr is plain data for which all-zero is a valid (empty) value.
+        let mut wrs: [ffi::ibv_send_wr; WRS_PER_MSG as usize] = unsafe { std::mem::zeroed() };
+        let n = writes.len();
+        if n + 1 > wrs.len() {
+            return Err(LinkError::Protocol("too many write spans"));
+        }
+        for (i, &(slot, off, len, raddr, rkey)) in writes.iter().enumerate() {
+            let p = self.tx_pool.span(slot, off, len).ok_or(LinkError::Protocol("send span"))?;
+            let lkey = self.tx_pool.lkey(slot).ok_or(LinkError::Protocol("send buffer not registered"))?;
+            sges[i] = ffi::ibv_sge { addr: p as u64, length: len, lkey };
+            wrs[i].opcode = ffi::IBV_WR_RDMA_WRITE;
+            wrs[i].remote_addr = raddr.wrapping_add(u64::from(off));
+            wrs[i].rkey = rkey;
+        }
+        sges[n] = ffi::ibv_sge { addr: frame.as_ptr() as u64, length: CDC_MSG_LEN as u32, lkey: 0 };
+        wrs[n].opcode = ffi::IBV_WR_SEND;
+        wrs[n].send_flags = ffi::IBV_SEND_SIGNALED | ffi::IBV_SEND_INLINE;
+        wrs[n].wr_id = u64::from(count);
+        let sge_ptr = sges.as_mut_ptr();
+        let wr_ptr = wrs.as_mut_ptr();
+        for i in 0..=n {
+            // SAFETY: i <= n < WRS_PER_MSG, so WR i and SGE i are in their arrays, which outlive
+            // these pointers (derived once, after the last indexed write).
+            unsafe {
+                let wr = &mut *wr_ptr.add(i);
+                wr.sg_list = sge_ptr.add(i);
+                wr.num_sge = 1;
+                wr.next = if i < n { wr_ptr.add(i + 1) } else { std::ptr::null_mut() };
+            }
+        }
+        // SAFETY: the SGEs and WRs live across the call; WRITE sources are registered send-pool
+        // spans that stay unchanged until the peer consumed them (module docs); the SEND is
+        // inline, so `frame` is copied during the call.
+        unsafe { self.qp.post_send(wr_ptr) }.map_err(|e| {
+            tracing::debug!(error = %e, "ibv_post_send failed");
+            LinkError::from(e)
+        })
+    }
+
+    /// Takes every waiting completion into the link's state. Called with the CQ lock held.
+    fn reap(&self, st: &mut CqState) {
+        let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
+        // Bound the frames held (a flooding peer waits in its own send queue, not our memory).
+        while st.frames.len() < 4 * RQ_DEPTH as usize {
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    st.error.get_or_insert(e.into());
+                    return;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.completion(st, wc);
+            }
+            if n < POLL_BATCH {
+                break;
+            }
+        }
+    }
+
+    fn completion(&self, st: &mut CqState, wc: &ffi::ibv_wc) {
+        if wc.status != ffi::IBV_WC_SUCCESS {
+            let err = match wc.status {
+                ffi::IBV_WC_WR_FLUSH_ERR if self.closed.load(Ordering::Relaxed) => LinkError::Closed,
+                ffi::IBV_WC_RETRY_EXC_ERR | ffi::IBV_WC_RNR_RETRY_EXC_ERR => LinkError::PeerGone,
+                _ => {
+                    tracing::debug!(
+                        status = wc.status,
+                        vendor = wc.vendor_err,
+                        opcode = wc.opcode,
+                        "work completion failed"
+                    );
+                    LinkError::Protocol("rdma work completion failed")
+                }
+            };
+            st.error.get_or_insert(err);
+            return;
+        }
+        if wc.opcode & ffi::IBV_WC_RECV != 0 {
+            let i = wc.wr_id;
+            if i >= u64::from(RQ_DEPTH) || wc.byte_len as usize != CDC_MSG_LEN {
+                st.error.get_or_insert(LinkError::Protocol("CDC message of the wrong length"));
+                return;
+            }
+            let mut frame = [0u8; CDC_MSG_LEN];
+            let p = self.recv_bufs.ptr().wrapping_add(i as usize * CDC_MSG_LEN);
+            // SAFETY: receive buffer `i` is inside `recv_bufs`; the HCA finished writing it (its
+            // completion was polled) and it is not re-posted until after this copy.
+            unsafe { std::ptr::copy_nonoverlapping(p, frame.as_mut_ptr(), CDC_MSG_LEN) };
+            if let Err(e) = self.post_recv(i as u32) {
+                st.error.get_or_insert(e);
+                return;
+            }
+            if frame[0] == LINK_UP_TYPE {
+                if self.role == LinkRole::Client {
+                    self.up.store(true, Ordering::Release);
+                }
+            } else {
+                st.frames.push_back(frame);
+            }
+        } else {
+            // A signaled SEND completed: its whole chain (wr_id WRs) left the send queue.
+            let n = u32::try_from(wc.wr_id).unwrap_or(0).min(WRS_PER_MSG);
+            self.sq_free.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    fn lock_cq(&self) -> std::sync::MutexGuard<'_, CqState> {
+        self.cqs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a waiting sender can go now.
+    fn space_ready(&self) -> bool {
+        self.space_wanted.load(Ordering::Acquire) && self.is_up() && self.sq_free.load(Ordering::Acquire) >= WRS_PER_MSG
+    }
+}
+
+/// Access flags of the pools.
+mod device_access {
+    use super::ffi;
+    pub(super) const LOCAL: std::ffi::c_int = ffi::IBV_ACCESS_LOCAL_WRITE;
+    pub(super) const REMOTE: std::ffi::c_int = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_WRITE;
+}
+
+impl Link for VerbsLink {
+    fn rx_rmb_size(&self) -> u32 {
+        self.rx_pool.size
+    }
+
+    fn rx_rmb(&self, our_token: u32, _peer_token: u32) -> u32 {
+        our_token
+    }
+
+    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
+        let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
+        let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
+        // SAFETY: the span is inside our send pool; the HCA does not read it now (module docs).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    fn rmb_fill(
+        &self,
+        rmb: u32,
+        offset: u32,
+        len: u32,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+    ) -> Result<io::Result<usize>, LinkError> {
+        let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
+        // SAFETY: the span is inside our send pool, written only by this connection (whose
+        // lock the caller holds) and not read by the HCA now (module docs).
+        let span = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
+        Ok(fill(span))
+    }
+
+    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
+        let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
+        let p = self.rx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
+        // SAFETY: the span is inside our RMB pool. The peer's HCA wrote these bytes before the
+        // CDC message that announced them completed (RC ordering), and that completion was
+        // polled before this read. A peer that writes again meanwhile only garbles its own
+        // bytes; the memory is ours, mapped and readable.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+        Ok(())
+    }
+
+    fn rx_place_inline(&self, rmb: u32, spans: [(u32, u32); 2], data: &[u8]) -> Result<bool, LinkError> {
+        let mut at = 0usize;
+        for (off, len) in spans {
+            if len == 0 {
+                continue;
+            }
+            let src = data.get(at..at + len as usize).ok_or(LinkError::Protocol("inline span"))?;
+            let p = self.rx_pool.span(token_slot(rmb), off, len).ok_or(LinkError::Protocol("inline span"))?;
+            // SAFETY: the span is inside our RMB pool; the peer wrote no bytes there for this
+            // message (it sent them inline instead of writing them).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+            at += len as usize;
+        }
+        Ok(true)
+    }
+
+    fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(LinkError::Closed);
+        }
+        if let Some(e) = self.lock_cq().error.clone() {
+            return Err(e);
+        }
+        // Announce the wait first, so a completion reaped concurrently sees it.
+        if !self.is_up() {
+            self.space_wanted.store(true, Ordering::Release);
+            if !self.is_up() {
+                return Ok(false);
+            }
+        }
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
+            if let Ok(mut st) = self.cqs.try_lock() {
+                self.reap(&mut st);
+            }
+            if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
+                self.space_wanted.store(true, Ordering::Release);
+                if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
+                    return Ok(false);
+                }
+            }
+        }
+        let token = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
+        let prod = Cursor::new(
+            u16::from_be_bytes([frame[12], frame[13]]),
+            u32::from_be_bytes([frame[14], frame[15], frame[16], frame[17]]),
+        );
+        let inline_len = u32::from(frame[2]);
+        let mut writes = [(0u32, 0u32, 0u32, 0u64, 0u32); 2];
+        let mut n = 0;
+        let mut new_prod = None;
+        if let Some(c) = tx.get(&token) {
+            // The engine's own cursors: a frame that does not advance validly (the test hook's
+            // corrupt frames) is sent as it is, with no data.
+            if let Ok(delta) = c.ring.distance(c.sent_prod, prod) {
+                new_prod = Some(prod);
+                if delta > 0 && inline_len != delta {
+                    if let Ok(spans) = c.ring.spans(c.sent_prod, delta) {
+                        for (off, len) in spans {
+                            if len > 0 {
+                                writes[n] = (c.our_slot, off, len, c.remote_addr, c.rkey);
+                                n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let count = n as u32 + 1;
+        self.post_frame(frame, &writes[..n], count)?;
+        self.sq_free.fetch_sub(count, Ordering::AcqRel);
+        if let (Some(p), Some(c)) = (new_prod, tx.get_mut(&token)) {
+            c.sent_prod = p;
+        }
+        Ok(true)
+    }
+
+    fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError> {
+        let Ok(mut st) = self.cqs.try_lock() else {
+            return Ok(None);
+        };
+        self.reap(&mut st);
+        let n = st.frames.len().min(max);
+        out.extend(st.frames.drain(..n));
+        if n == 0 {
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+        }
+        Ok(Some(n))
+    }
+
+    fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(LinkError::Closed));
+        }
+        loop {
+            let mut st = self.lock_cq();
+            self.reap(&mut st);
+            if let Some(e) = &st.error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            if !st.frames.is_empty() || self.space_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            if !st.armed {
+                // Arm, then poll again: a completion that landed before the arm raises no event.
+                if let Err(e) = self.cq.arm() {
+                    return Poll::Ready(Err(e.into()));
+                }
+                st.armed = true;
+                continue;
+            }
+            drop(st);
+            match self.chan.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    let mut got = false;
+                    loop {
+                        match g.get_inner().get_event() {
+                            Ok(true) => {
+                                got = true;
+                                self.cq.event_taken();
+                            }
+                            Ok(false) => break,
+                            Err(e) => return Poll::Ready(Err(e.into())),
+                        }
+                    }
+                    // Drained to EAGAIN: the readiness may be cleared.
+                    g.clear_ready();
+                    if got {
+                        // The notification was one-shot: re-arm on the next round.
+                        self.lock_cq().armed = false;
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn clear_space_wait(&self) {
+        self.space_wanted.store(false, Ordering::Release);
+    }
+
+    fn has_pending(&self) -> bool {
+        let Ok(mut st) = self.cqs.try_lock() else {
+            return false;
+        };
+        self.reap(&mut st);
+        !st.frames.is_empty() || st.error.is_some()
+    }
+
+    fn busy_poll(&self) -> Duration {
+        self.busy_poll
+    }
+
+    fn is_rdma(&self) -> bool {
+        true
+    }
+
+    fn conn_closed(&self, our_token: u32) {
+        let slot = token_slot(our_token);
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, c| c.our_slot != slot);
+    }
+
+    fn teardown(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            self.qp.set_error();
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The RDMA side of the link-group manager: which verbs link groups exist, to whom, and the
+//! handshake steps that create, reuse and connect them.
+//!
+//! A server group is found by the client's (GID, QP number), which the client proposes once its
+//! group is up; a client group by the server's (GID, QP number) from the Accept. A new group
+//! costs a QP, a CQ and a completion channel; later connections cost an RMB slot (registered on
+//! first use) and one CLC round trip.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::config::Settings;
+use crate::link::verbs::device::{find_port, Port, Remote, Unavailable};
+use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink};
+use crate::link::{Link, LinkError};
+use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
+use crate::proto::cursor::RingSize;
+use crate::smc::conn::SmcConn;
+use crate::smc::group::{LinkGroup, Role};
+use crate::smc::manager::Manager;
+
+type PeerKey = ([u8; 16], u32);
+
+#[derive(Clone)]
+struct Entry {
+    group: Arc<LinkGroup>,
+    link: Arc<VerbsLink>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Server groups by the client's (GID, QPN), once confirmed.
+    server: HashMap<PeerKey, Entry>,
+    /// Client groups by the server's (GID, QPN).
+    client: HashMap<PeerKey, Entry>,
+    /// The newest client group per server address: the one a proposal names.
+    by_server: HashMap<SocketAddr, Entry>,
+}
+
+fn state() -> std::sync::MutexGuard<'static, State> {
+    static S: OnceLock<Mutex<State>> = OnceLock::new();
+    S.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forgets a dead group.
+pub(crate) fn forget(group: &LinkGroup) {
+    let mut s = state();
+    let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
+    s.server.retain(|_, e| !same(e));
+    s.client.retain(|_, e| !same(e));
+    s.by_server.retain(|_, e| !same(e));
+}
+
+/// Loads the verbs library and opens the devices off the runtime, once (when RDMA is on).
+pub(crate) async fn warm_up(cfg: &Settings) {
+    if cfg.rdma.enabled {
+        crate::link::verbs::device::init_devices().await;
+    }
+}
+
+fn port_for(local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
+    find_port(local, &cfg.rdma).map_err(|u| {
+        let i = match &u {
+            Unavailable::Disabled => 0,
+            Unavailable::NoLibrary(_) => 1,
+            Unavailable::NoDevice => 2,
+            Unavailable::NoPort => 3,
+        };
+        crate::stats::rdma_unavailable(i);
+        tracing::debug!(reason = u.as_str(), %local, "no rdma for this connection");
+        DeclineReason::NoCommonTransport
+    })
+}
+
+fn random_id() -> u64 {
+    crate::sys::random_token().map(|t| u64::from_le_bytes(t.0[..8].try_into().unwrap_or([1; 8]))).unwrap_or(1) | 1
+}
+
+fn usable(e: &Entry, rx_size: u32, tx_size: u32) -> bool {
+    e.group.is_established() && e.link.rx_rmb_size() == rx_size && e.link.tx_size() == tx_size
+}
+
+fn new_link(port: Port, role: LinkRole, cfg: &Settings, rx: u32, tx: u32) -> Result<Arc<VerbsLink>, DeclineReason> {
+    VerbsLink::new(port, role, cfg.shm.rmbs_per_group, rx, tx, cfg.shm.busy_poll).map(Arc::new).map_err(|e| {
+        tracing::debug!(error = %e, "cannot create an rdma link");
+        match e {
+            LinkError::Io(std::io::ErrorKind::OutOfMemory, _) => DeclineReason::OutOfMemory,
+            _ => DeclineReason::Internal,
+        }
+    })
+}
+
+/// Gives a registered connection's slot back when a later step fails.
+fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), DeclineReason> {
+    link.rx_rmb(conn.our_token()).map_err(|e| {
+        tracing::debug!(error = %e, "cannot register an rmb");
+        conn.group().unregister(conn.our_token());
+        DeclineReason::OutOfMemory
+    })
+}
+
+// ----- client --------------------------------------------------------------------------------
+
+/// The client's RDMA offer to `server` from local address `local`, for a receive ring of
+/// `rx_size` bytes: the port's GID and MTU, and the QP of the group it already has there.
+pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg: &Settings) -> Option<RdmaOffer> {
+    let port = port_for(local, cfg).ok()?;
+    let s = state();
+    let qpn = s
+        .by_server
+        .get(&server)
+        .filter(|e| e.group.is_established() && e.link.rx_rmb_size() == rx_size && e.link.port().gid == port.gid)
+        .map_or(0, |e| e.link.qpn());
+    Some(RdmaOffer { gid: port.gid, port: port.port, mtu: port.mtu, qpn })
+}
+
+/// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
+/// RTS), registers our RMB and the connection. Returns what goes into the Confirm.
+pub(crate) fn client_accept(
+    manager: &'static Manager,
+    server: SocketAddr,
+    local: IpAddr,
+    a: &RdmaLinkInfo,
+    rx_size: u32,
+    cfg: &Settings,
+    timeout: Duration,
+) -> Result<(Arc<SmcConn>, RdmaLinkInfo), DeclineReason> {
+    let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
+    RingSize::new(a.rmb_size).ok_or(DeclineReason::SyncError)?;
+    let port = port_for(local, cfg)?;
+    let mtu = a.mtu.min(port.mtu);
+    let key = (a.gid, a.qpn);
+    let existing = state().client.get(&key).filter(|e| usable(e, rx_size, a.rmb_size)).cloned();
+    let entry = match existing {
+        Some(e) => e,
+        None => {
+            let link = new_link(port.clone(), LinkRole::Client, cfg, rx_size, a.rmb_size)?;
+            link.connect(&Remote { gid: a.gid, qpn: a.qpn, psn: a.psn, mtu }).map_err(|e| {
+                tracing::debug!(error = %e, "cannot connect the rdma qp");
+                DeclineReason::Internal
+            })?;
+            let group = LinkGroup::new(
+                random_id(),
+                Role::Client,
+                cfg.shm.rmbs_per_group,
+                a.rmb_size,
+                cfg.shm.idle_timeout,
+                manager,
+            );
+            group.establish(link.clone()).map_err(|_| DeclineReason::Internal)?;
+            // The server confirms the link with its first message; a link that never comes up
+            // fails its connections instead of leaving them waiting.
+            let (g, l) = (group.clone(), link.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout.max(Duration::from_secs(1)) * 2).await;
+                if !l.is_up() {
+                    g.fail(LinkError::Protocol("rdma link was never confirmed by the server"));
+                }
+            });
+            let e = Entry { group, link };
+            let mut s = state();
+            s.client.insert(key, e.clone());
+            s.by_server.insert(server, e.clone());
+            e
+        }
+    };
+    let conn = entry.group.open_conn(Some(a.rmb_token), rx_ring, &cfg.shm)?;
+    let (rmb_addr, rkey) = open_rmb(&entry.link, &conn)?;
+    let peer = PeerRmb { token: a.rmb_token, addr: a.rmb_addr, rkey: a.rkey, size: a.rmb_size };
+    if let Err(e) = entry.link.bind(conn.our_token(), &peer) {
+        tracing::debug!(error = %e, "cannot bind the connection to the server's rmb");
+        conn.group().unregister(conn.our_token());
+        return Err(DeclineReason::SyncError);
+    }
+    let confirm = RdmaLinkInfo {
+        gid: entry.link.port().gid,
+        qpn: entry.link.qpn(),
+        psn: entry.link.psn(),
+        mtu,
+        rkey,
+        rmb_addr,
+        rmb_size: rx_size,
+        rmb_token: conn.our_token(),
+    };
+    Ok((conn, confirm))
+}
+
+// ----- server --------------------------------------------------------------------------------
+
+/// What a server keeps between its Accept and the client's Confirm.
+#[derive(Debug)]
+pub(crate) struct ServerPending {
+    link: Arc<VerbsLink>,
+    accepted: RdmaLinkInfo,
+}
+
+/// The server's side of a Proposal with an RDMA offer: reuses the group of the client QP it
+/// names or creates one (QP in INIT), registers our RMB and the connection. Returns what goes
+/// into the Accept.
+pub(crate) fn server_accept(
+    manager: &'static Manager,
+    p: &Proposal,
+    local: IpAddr,
+    cfg: &Settings,
+    timeout: Duration,
+) -> Result<(Arc<SmcConn>, RdmaLinkInfo, ServerPending), DeclineReason> {
+    let offer = p.rdma.as_ref().ok_or(DeclineReason::NoCommonTransport)?;
+    let port = port_for(local, cfg)?;
+    let rx_size = cfg.shm.rmb_size;
+    let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
+    RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
+    let mtu = offer.mtu.min(port.mtu);
+    let existing = (offer.qpn != 0)
+        .then(|| state().server.get(&(offer.gid, offer.qpn)).filter(|e| usable(e, rx_size, p.rmb_size)).cloned())
+        .flatten();
+    let (group, link) = match existing {
+        Some(e) => (e.group, e.link),
+        None => {
+            let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size)?;
+            let group = LinkGroup::new(
+                random_id(),
+                Role::Server,
+                cfg.shm.rmbs_per_group,
+                p.rmb_size,
+                cfg.shm.idle_timeout.max(timeout),
+                manager,
+            );
+            // A group whose client never confirms is dropped when its handshake has timed out.
+            let pending = group.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(timeout * 2).await;
+                if pending.link().is_none() {
+                    pending.fail(LinkError::Closed);
+                }
+            });
+            (group, link)
+        }
+    };
+    let conn = group.open_conn(None, rx_ring, &cfg.shm)?;
+    let (rmb_addr, rkey) = open_rmb(&link, &conn)?;
+    let accepted = RdmaLinkInfo {
+        gid: port.gid,
+        qpn: link.qpn(),
+        psn: link.psn(),
+        mtu,
+        rkey,
+        rmb_addr,
+        rmb_size: rx_size,
+        rmb_token: conn.our_token(),
+    };
+    Ok((conn, accepted, ServerPending { link, accepted }))
+}
+
+/// The server's side of the client's Confirm: connects a new group's QP (and confirms the link
+/// to the client) or checks that the client's QP is the reused group's, then binds the
+/// connection to the client's RMB.
+pub(crate) fn server_confirm(conn: &Arc<SmcConn>, pending: &ServerPending, c: &RdmaLinkInfo) -> Result<(), String> {
+    let group = conn.group();
+    let link = &pending.link;
+    if c.rmb_size != link.tx_size() || c.mtu != pending.accepted.mtu {
+        return Err("confirm's rmb size or mtu differs from the accepted link".into());
+    }
+    let key = (c.gid, c.qpn);
+    if group.is_established() {
+        let same = state().server.get(&key).is_some_and(|e| Arc::ptr_eq(&e.group, group));
+        if !same {
+            return Err("confirm names another client qp than the reused group's".into());
+        }
+    } else {
+        if !group.is_alive() {
+            return Err("link group is gone".into());
+        }
+        link.connect(&Remote { gid: c.gid, qpn: c.qpn, psn: c.psn, mtu: c.mtu }).map_err(|e| e.to_string())?;
+        group.establish(link.clone()).map_err(|e| e.to_string())?;
+        state().server.insert(key, Entry { group: group.clone(), link: link.clone() });
+    }
+    let peer = PeerRmb { token: c.rmb_token, addr: c.rmb_addr, rkey: c.rkey, size: c.rmb_size };
+    link.bind(conn.our_token(), &peer).map_err(|e| e.to_string())?;
+    conn.confirm(c.rmb_token);
+    Ok(())
+}

@@ -1,0 +1,493 @@
+//! `smc-rdma-test`: the RDMA (SMC-R) integration tests, run by the soft-RoCE test bed
+//! (`tests/rdma-vm/run.sh`) inside qemu guests, where a verbs device exists.
+//!
+//! ```text
+//! smc-rdma-test devices            list RDMA ports and GIDs; fails if there is none
+//! smc-rdma-test abi                print the verbs structure layout the crate assumes
+//! smc-rdma-test single IP          every case, server and client on this host (IP is the
+//!                                  address of the rxe device's netdev)
+//! smc-rdma-test server IP          serve the cases on IP:7471 until killed (two-guest mode)
+//! smc-rdma-test client IP          run the cases against a server on IP:7471
+//! smc-rdma-test serve ADDR         (internal) a server in a child process, for the kill case
+//! ```
+//!
+//! Shared memory is switched off in every role, so that two processes on one host meet over
+//! RDMA. Each case prints `PASS name` or `FAIL name: why`, is bounded in time, and the exit
+//! status is the number of failures (capped at 100).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use smc_tokio::config::{RdmaConfig, ShmConfig};
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PORT: u16 = 7471;
+/// Bound on each case: generous for a TCG guest (about 1/50 of real speed).
+const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn listener_builder() -> smc_tokio::SmcListenerBuilder {
+    // Emulated guests are slow: give clients time to start their handshake.
+    SmcListener::builder()
+        .shm(ShmConfig::default().enabled(false))
+        .handshake_timeout(Duration::from_secs(10))
+        .peek_timeout(Duration::from_secs(2))
+}
+
+fn client() -> smc_tokio::SmcStreamBuilder {
+    SmcStream::builder().shm(ShmConfig::default().enabled(false)).handshake_timeout(Duration::from_secs(10))
+}
+
+/// FNV-1a over a byte stream.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn update(&mut self, data: &[u8]) {
+        for b in data {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// A deterministic byte source (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = vec![0; n];
+        self.fill(&mut v);
+        v
+    }
+}
+
+// ----- server --------------------------------------------------------------------------------
+
+/// Serves one connection: the first byte picks the service.
+async fn serve_conn(mut s: SmcStream) -> std::io::Result<()> {
+    let mut cmd = [0u8; 1];
+    s.read_exact(&mut cmd).await?;
+    // Every service answers with the transport the server saw first, so the client can assert
+    // both ends negotiated SMC-R.
+    let t = s.transport();
+    let code = if t == Transport::SmcR { b'R' } else { b'T' };
+    s.write_all(&[code]).await?;
+    match cmd[0] {
+        b'E' => {
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await?;
+            w.shutdown().await?;
+        }
+        b'S' => {
+            let mut h = Fnv::new();
+            let mut n = 0u64;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let k = s.read(&mut buf).await?;
+                if k == 0 {
+                    break;
+                }
+                h.update(&buf[..k]);
+                n += k as u64;
+            }
+            let mut out = Vec::with_capacity(16);
+            out.extend_from_slice(&n.to_be_bytes());
+            out.extend_from_slice(&h.0.to_be_bytes());
+            s.write_all(&out).await?;
+            s.shutdown().await?;
+        }
+        b'F' => {
+            // A header and a file under one cork, the file by sendfile: "nginx" style.
+            let mut len = [0u8; 8];
+            s.read_exact(&mut len).await?;
+            let len = u64::from_be_bytes(len);
+            let path = std::env::temp_dir().join(format!("smc-rdma-file-{}-{len}", std::process::id()));
+            let data = Rng(len | 1).bytes(len as usize);
+            std::fs::write(&path, &data)?;
+            let f = std::fs::File::open(&path)?;
+            let _ = std::fs::remove_file(&path);
+            {
+                let _cork = s.cork();
+                s.write_all(b"HEADER\r\n").await?;
+                let sent = s.sendfile(&f, 0, len).await?;
+                if sent != len {
+                    return Err(std::io::Error::other(format!("sendfile sent {sent} of {len}")));
+                }
+            }
+            s.shutdown().await?;
+        }
+        b'A' => {
+            // Read one byte, then drop the connection with the client's bytes unread: an abort.
+            let mut one = [0u8; 1];
+            s.read_exact(&mut one).await?;
+            drop(s);
+        }
+        other => return Err(std::io::Error::other(format!("unknown command {other}"))),
+    }
+    Ok(())
+}
+
+async fn serve(addr: SocketAddr) -> std::io::Result<()> {
+    let l = listener_builder().bind(addr).await?;
+    eprintln!("serving on {}", l.local_addr()?);
+    loop {
+        let (s, _) = l.accept().await?;
+        tokio::spawn(async move {
+            if let Err(e) = serve_conn(s).await {
+                eprintln!("server connection: {e}");
+            }
+        });
+    }
+}
+
+// ----- client cases --------------------------------------------------------------------------
+
+async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
+    let mut s = client().connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    if s.transport() != Transport::SmcR {
+        return Err(format!("client transport is {}, expected smc-r", s.transport()));
+    }
+    s.write_all(&[cmd]).await.map_err(|e| format!("command: {e}"))?;
+    let mut code = [0u8; 1];
+    s.read_exact(&mut code).await.map_err(|e| format!("server's transport code: {e}"))?;
+    if code[0] != b'R' {
+        return Err("server's side of the connection is not smc-r".into());
+    }
+    Ok(s)
+}
+
+/// Echoes `data` through a fresh connection, writing and reading concurrently.
+async fn echo(addr: SocketAddr, data: Vec<u8>) -> Result<(), String> {
+    let s = open(addr, b'E').await?;
+    let (mut r, mut w) = s.into_split();
+    let want = {
+        let mut h = Fnv::new();
+        h.update(&data);
+        (data.len(), h.0)
+    };
+    let writer = tokio::spawn(async move {
+        for chunk in data.chunks(50_000) {
+            w.write_all(chunk).await?;
+        }
+        w.shutdown().await
+    });
+    let mut h = Fnv::new();
+    let mut n = 0;
+    let mut buf = vec![0u8; 32 << 10];
+    loop {
+        let k = r.read(&mut buf).await.map_err(|e| format!("read after {n} bytes: {e}"))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k;
+    }
+    writer.await.map_err(|e| e.to_string())?.map_err(|e| format!("write: {e}"))?;
+    if (n, h.0) != want {
+        return Err(format!("echoed {n} bytes hash {:x}, sent {} hash {:x}", h.0, want.0, want.1));
+    }
+    Ok(())
+}
+
+async fn case_handshake(addr: SocketAddr) -> Result<(), String> {
+    echo(addr, b"hello, smc-r!!".to_vec()).await
+}
+
+async fn case_random_sizes(addr: SocketAddr) -> Result<(), String> {
+    let mut rng = Rng(0x5eed);
+    let mut sizes = vec![1usize, 7, 39, 40, 41, 4095, 4096, 65_536, 262_143, 262_144, 262_145, 1 << 20];
+    for _ in 0..6 {
+        sizes.push((rng.next() % (3 << 20)) as usize);
+    }
+    for n in sizes {
+        echo(addr, rng.bytes(n)).await.map_err(|e| format!("{n} bytes: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn case_many(addr: SocketAddr, conns: usize) -> Result<(), String> {
+    let mut tasks = Vec::new();
+    for i in 0..conns {
+        tasks.push(tokio::spawn(echo(addr, Rng(i as u64 + 1).bytes(16 << 10))));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        t.await.map_err(|e| e.to_string())?.map_err(|e| format!("connection {i}: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn case_sendfile_from_server(addr: SocketAddr) -> Result<(), String> {
+    for len in [0u64, 1, 5000, 300_001, 2 << 20] {
+        let mut s = open(addr, b'F').await?;
+        s.write_all(&len.to_be_bytes()).await.map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.map_err(|e| format!("{len}: {e}"))?;
+        let mut want = b"HEADER\r\n".to_vec();
+        want.extend(Rng(len | 1).bytes(len as usize));
+        if got != want {
+            return Err(format!("file of {len} bytes: got {} bytes, differing", got.len()));
+        }
+    }
+    Ok(())
+}
+
+async fn case_sendfile_to_server(addr: SocketAddr) -> Result<(), String> {
+    let len = 1_500_000usize;
+    let data = Rng(77).bytes(len);
+    let path = std::env::temp_dir().join(format!("smc-rdma-up-{}", std::process::id()));
+    std::fs::write(&path, &data).map_err(|e| e.to_string())?;
+    let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&path);
+    let mut s = open(addr, b'S').await?;
+    {
+        let _cork = s.cork();
+        s.write_all(b"prefix").await.map_err(|e| e.to_string())?;
+        let sent = s.sendfile(&f, 0, len as u64).await.map_err(|e| format!("sendfile: {e}"))?;
+        if sent != len as u64 {
+            return Err(format!("sendfile sent {sent} of {len}"));
+        }
+    }
+    s.shutdown().await.map_err(|e| e.to_string())?;
+    let mut reply = [0u8; 16];
+    s.read_exact(&mut reply).await.map_err(|e| format!("reply: {e}"))?;
+    let mut h = Fnv::new();
+    h.update(b"prefix");
+    h.update(&data);
+    let n = u64::from_be_bytes(reply[..8].try_into().unwrap_or_default());
+    let hash = u64::from_be_bytes(reply[8..].try_into().unwrap_or_default());
+    if (n, hash) != (len as u64 + 6, h.0) {
+        return Err(format!("server counted {n} bytes hash {hash:x}"));
+    }
+    Ok(())
+}
+
+async fn case_half_close(addr: SocketAddr) -> Result<(), String> {
+    let mut s = open(addr, b'S').await?;
+    s.write_all(b"half").await.map_err(|e| e.to_string())?;
+    s.shutdown().await.map_err(|e| e.to_string())?;
+    // Writing after our shutdown fails; reading still works until the server's EOF.
+    if s.write_all(b"x").await.is_ok() {
+        return Err("write after shutdown succeeded".into());
+    }
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).await.map_err(|e| e.to_string())?;
+    if reply.len() != 16 || reply[..8] != 4u64.to_be_bytes() {
+        return Err(format!("reply {reply:?}"));
+    }
+    Ok(())
+}
+
+async fn case_abort(addr: SocketAddr) -> Result<(), String> {
+    let mut s = open(addr, b'A').await?;
+    s.write_all(&vec![1u8; 64 << 10]).await.map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 16];
+    match s.read(&mut buf).await {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+        other => Err(format!("read after the server's abort gave {other:?}, expected a reset")),
+    }
+}
+
+async fn case_no_device(addr: SocketAddr) -> Result<(), String> {
+    let before = smc_tokio::stats().rdma_unavailable;
+    let mut s = SmcStream::builder()
+        .shm(ShmConfig::default().enabled(false))
+        .rdma(RdmaConfig::default().device("no-such-device"))
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    if !matches!(s.transport(), Transport::Tcp(_)) {
+        return Err(format!("transport {} without a device, expected tcp", s.transport()));
+    }
+    s.write_all(b"E").await.map_err(|e| e.to_string())?;
+    let mut code = [0u8; 1];
+    s.read_exact(&mut code).await.map_err(|e| e.to_string())?;
+    if code[0] != b'T' {
+        return Err("server did not see a tcp connection".into());
+    }
+    s.write_all(b"plain").await.map_err(|e| e.to_string())?;
+    let mut five = [0u8; 5];
+    s.read_exact(&mut five).await.map_err(|e| e.to_string())?;
+    let after = smc_tokio::stats().rdma_unavailable;
+    if &five != b"plain" || after[3] <= before[3] {
+        return Err(format!("echo {five:?}, no-port count {} -> {}", before[3], after[3]));
+    }
+    Ok(())
+}
+
+/// A server in a child process is killed while the client streams to it: the client must see
+/// an error (or EOF) in bounded time, and new connections to a new server still work.
+async fn case_peer_killed(ip: std::net::IpAddr) -> Result<(), String> {
+    let addr = SocketAddr::new(ip, PORT + 1);
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = std::process::Command::new(&exe)
+        .args(["serve", &addr.to_string()])
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let result = async {
+        let mut s = None;
+        for _ in 0..100 {
+            match open(addr, b'S').await {
+                Ok(c) => {
+                    s = Some(c);
+                    break;
+                }
+                Err(e) if e.starts_with("connect") => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => return Err(e),
+            }
+        }
+        let mut s = s.ok_or("child server never came up")?;
+        let chunk = vec![3u8; 64 << 10];
+        let mut sent = 0usize;
+        let started = Instant::now();
+        let mut killed = false;
+        loop {
+            if !killed && sent >= 1 << 20 {
+                child.kill().map_err(|e| e.to_string())?;
+                let _ = child.wait();
+                killed = true;
+            }
+            match s.write_all(&chunk).await {
+                Ok(()) => sent += chunk.len(),
+                Err(e) => {
+                    if !killed {
+                        return Err(format!("write failed before the kill: {e}"));
+                    }
+                    println!("  survivor's write failed after {sent} bytes: {e}");
+                    break;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(90) {
+                return Err("writes kept succeeding after the peer was killed".into());
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
+    let mut failures = 0;
+    macro_rules! case {
+        ($name:literal, $f:expr) => {{
+            let t = Instant::now();
+            let r = match tokio::time::timeout(CASE_TIMEOUT, $f).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("timed out after {CASE_TIMEOUT:?}")),
+            };
+            match r {
+                Ok(()) => println!("PASS {} ({:.1} s)", $name, t.elapsed().as_secs_f64()),
+                Err(e) => {
+                    failures += 1;
+                    println!("FAIL {}: {e}", $name);
+                }
+            }
+            let _ = std::io::stdout().flush();
+        }};
+    }
+    case!("handshake_smc_r", case_handshake(addr));
+    case!("integrity_random_sizes", case_random_sizes(addr));
+    case!("connections_100", case_many(addr, 100));
+    case!("cork_sendfile_from_server", case_sendfile_from_server(addr));
+    case!("cork_sendfile_to_server", case_sendfile_to_server(addr));
+    case!("half_close", case_half_close(addr));
+    case!("abort", case_abort(addr));
+    case!("no_device_falls_back", case_no_device(addr));
+    if with_kill {
+        case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
+    }
+    let s = smc_tokio::stats();
+    println!("stats: {s}");
+    if s.client.smc_r == 0 {
+        println!("FAIL stats: no smc-r connection counted");
+        failures += 1;
+    }
+    failures
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let ip = |i: usize| -> std::net::IpAddr {
+        args.get(i).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+            eprintln!("usage: smc-rdma-test devices|abi|single IP|server IP|client IP|serve ADDR");
+            std::process::exit(2)
+        })
+    };
+    let failures = match args.first().map(String::as_str) {
+        Some("devices") => match smc_tokio::rdma::describe_devices() {
+            Ok(ports) if !ports.is_empty() => {
+                ports.iter().for_each(|p| println!("{p}"));
+                0
+            }
+            Ok(_) => {
+                println!("no ports");
+                1
+            }
+            Err(e) => {
+                println!("no rdma: {e}");
+                1
+            }
+        },
+        Some("abi") => {
+            print!("{}", smc_tokio::rdma::abi_report());
+            0
+        }
+        Some("serve") => {
+            let addr: SocketAddr = args.get(1).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));
+            rt.block_on(serve(addr)).map(|_| 0).unwrap_or(1)
+        }
+        Some("server") => {
+            let addr = SocketAddr::new(ip(1), PORT);
+            rt.block_on(serve(addr)).map(|_| 0).unwrap_or(1)
+        }
+        Some("client") => {
+            let addr = SocketAddr::new(ip(1), PORT);
+            rt.block_on(async {
+                // Wait for the other guest's server.
+                for _ in 0..600 {
+                    if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                run_cases(addr, false).await
+            })
+        }
+        Some("single") => {
+            let addr = SocketAddr::new(ip(1), PORT);
+            rt.block_on(async {
+                tokio::spawn(async move {
+                    if let Err(e) = serve(addr).await {
+                        eprintln!("server: {e}");
+                    }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                run_cases(addr, true).await
+            })
+        }
+        _ => {
+            eprintln!("usage: smc-rdma-test devices|abi|single IP|server IP|client IP|serve ADDR");
+            2
+        }
+    };
+    std::process::exit(failures.min(100) as i32);
+}

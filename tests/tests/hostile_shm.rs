@@ -1,0 +1,600 @@
+//! Hostile peers on the shm side channel: a client or a server that hands over a region that is
+//! not sealed, not a memfd, too small or not what its header says, a doorbell that is not an
+//! eventfd, a wrong token, or that runs as another uid. Every case ends in a refusal or a TCP
+//! fallback with the bytes intact; the process never crashes, and connections on other link
+//! groups keep every byte.
+
+#[path = "support/hostile.rs"]
+mod hostile;
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use hostile::{ClientHs, Layout, Map, Region, REGION_SEALS};
+use smc_tokio::config::ShmConfig;
+use smc_tokio::proto::cdc::CdcMsg;
+use smc_tokio::proto::clc::{Accept, ClcMessage, DeclineReason, LinkInfo, ShmLinkInfo};
+use smc_tokio::proto::cursor::Cursor;
+use smc_tokio::{FallbackReason, Side, SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, Rng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// Our RMB size in hostile proposals (the server's receive rings, which we write).
+const RMB: u32 = 64 << 10;
+
+fn layout() -> Layout {
+    Layout::new(8, 4, RMB)
+}
+
+/// A listener whose every connection is echoed; each accepted connection's peer address and
+/// transport is reported on the channel.
+async fn server(cfg: ShmConfig) -> (SocketAddr, mpsc::UnboundedReceiver<(SocketAddr, Transport)>) {
+    let l =
+        SmcListener::builder().shm(cfg).handshake_timeout(Duration::from_secs(2)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, peer)) = l.accept().await {
+            let _ = tx.send((peer, s.transport()));
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = s.into_split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                let _ = wr.shutdown().await;
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// The legitimate connection that must keep its bytes: a long-lived SMC stream checked with a
+/// random echo through its split halves.
+struct Bystander {
+    rd: smc_tokio::OwnedReadHalf,
+    wr: smc_tokio::OwnedWriteHalf,
+    group: Option<u64>,
+    round: u64,
+}
+
+impl Bystander {
+    async fn new(addr: SocketAddr, rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>) -> Bystander {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        assert_eq!(report_for(rx, s.local_addr().unwrap()).await, Transport::SmcD);
+        let group = s.link_group();
+        let (rd, wr) = s.into_split();
+        Bystander { rd, wr, group, round: 0 }
+    }
+
+    async fn check(&mut self, what: &str) {
+        self.round += 1;
+        let data = Rng::new(self.round * 31).bytes(200_000);
+        let (w, r) = bounded(20, async {
+            tokio::join!(self.wr.write_all(&data), async {
+                let mut back = vec![0u8; data.len()];
+                self.rd.read_exact(&mut back).await.map(|_| back)
+            })
+        })
+        .await;
+        w.unwrap();
+        assert!(r.unwrap() == data, "{what}: the bystander connection's bytes differ");
+    }
+}
+
+/// Waits until the server has closed `hs`'s TCP connection (EOF or reset), with nothing read.
+async fn expect_tcp_closed(hs: &mut ClientHs, what: &str) {
+    let mut b = [0u8; 64];
+    match bounded(10, hs.tcp.read(&mut b)).await {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("{what}: server sent {n} bytes instead of closing"),
+    }
+}
+
+/// The transport the server handed out the connection from `me` with (others are skipped).
+async fn report_for(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, me: SocketAddr) -> Transport {
+    loop {
+        let (peer, t) = bounded(10, rx.recv()).await.unwrap();
+        if peer == me {
+            return t;
+        }
+    }
+}
+
+fn not_handed_out(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, hs: &ClientHs, what: &str) {
+    let me = hs.tcp.local_addr().unwrap();
+    while let Ok((peer, t)) = rx.try_recv() {
+        assert_ne!(peer, me, "{what}: the hostile connection was handed out as {t}");
+    }
+}
+
+/// One hostile JOIN: what the client hands over, and what it should get back.
+struct Case {
+    what: &'static str,
+    fds: Box<dyn Fn() -> Vec<OwnedFd> + Send>,
+    /// Refused at once with this WELCOME status (no descriptors); `None`: admitted, then the
+    /// region or doorbell is refused and the side channel closed.
+    status: Option<u32>,
+}
+
+fn region_and_doorbell(r: Region) -> Vec<OwnedFd> {
+    let fd = r.fd.try_clone().unwrap();
+    vec![fd, hostile::eventfd()]
+}
+
+fn cases() -> Vec<Case> {
+    let l = layout();
+    vec![
+        Case { what: "an unsealed memfd", fds: Box::new(move || region_and_doorbell(Region::new(l, 0))), status: None },
+        Case {
+            what: "a memfd sealed against shrink and grow but still writable",
+            fds: Box::new(move || region_and_doorbell(Region::new(l, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW))),
+            status: None,
+        },
+        Case {
+            what: "a memfd sealed against writes and growth but not shrinking",
+            fds: Box::new(move || region_and_doorbell(Region::new(l, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_GROW))),
+            status: None,
+        },
+        Case {
+            what: "a regular file, not a memfd",
+            fds: Box::new(move || {
+                let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+                let path = dir.join(format!("hostile-region-{}", std::process::id()));
+                let f =
+                    std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+                f.set_len(l.total_len as u64).unwrap();
+                let mut hdr = Vec::new();
+                for w in l.header() {
+                    hdr.extend_from_slice(&w.to_ne_bytes());
+                }
+                std::os::unix::fs::FileExt::write_all_at(&f, &hdr, 0).unwrap();
+                let _ = std::fs::remove_file(&path);
+                vec![OwnedFd::from(f), hostile::eventfd()]
+            }),
+            status: None,
+        },
+        Case {
+            what: "a sealed memfd smaller than its header says",
+            fds: Box::new(move || {
+                let fd = hostile::memfd(8192, true);
+                let m = Map::new(fd.as_fd(), 8192, true).unwrap();
+                for (i, w) in l.header().iter().enumerate() {
+                    m.word(i * 8).store(*w, std::sync::atomic::Ordering::Relaxed);
+                }
+                drop(m);
+                hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
+                vec![fd, hostile::eventfd()]
+            }),
+            status: None,
+        },
+        Case {
+            what: "an empty sealed memfd",
+            fds: Box::new(|| {
+                let fd = hostile::memfd(0, true);
+                hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
+                vec![fd, hostile::eventfd()]
+            }),
+            status: None,
+        },
+        Case {
+            what: "a sealed region whose ring size differs from the proposal",
+            fds: Box::new(|| region_and_doorbell(Region::new(Layout::new(8, 4, RMB * 2), REGION_SEALS))),
+            status: None,
+        },
+        Case {
+            what: "a pipe instead of an eventfd",
+            fds: Box::new(move || {
+                let r = Region::new(l, REGION_SEALS);
+                let (_rd, wr) = hostile::pipe();
+                vec![r.fd.try_clone().unwrap(), wr]
+            }),
+            status: None,
+        },
+        Case {
+            what: "a region without a doorbell",
+            fds: Box::new(move || vec![Region::new(l, REGION_SEALS).fd.try_clone().unwrap()]),
+            status: Some(3),
+        },
+        Case { what: "no descriptors at all", fds: Box::new(Vec::new), status: Some(3) },
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() {
+    let (addr, mut rx) = server(ShmConfig::default()).await;
+    let mut by = Bystander::new(addr, &mut rx).await;
+    by.check("before").await;
+    let instance = Rng::new(u64::from(std::process::id())).next_u64();
+    for (i, case) in cases().into_iter().enumerate() {
+        let what = case.what;
+        let pid = 100_000 + i as u32;
+        let mut hs = bounded(10, hostile::propose(addr, pid, instance, 0, RMB)).await;
+        assert_ne!(Some(hs.accept.link_group), by.group, "{what}: a new group for a new peer");
+        let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+        let fds = (case.fds)();
+        let (sock, welcome) = bounded(
+            10,
+            tokio::task::spawn_blocking(move || {
+                let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                hostile::join(&name, group, token, &raw)
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{what}: join: {e}"));
+        match case.status {
+            Some(status) => {
+                assert_eq!(welcome.status, status, "{what}: refused with a typed status");
+                assert!(welcome.fds.is_empty(), "{what}: a refusal hands over nothing");
+            }
+            None => {
+                // Admitted on the token, so the server handed over its half; then it checked
+                // ours, refused it, and closed the side channel.
+                assert_eq!(welcome.status, 0, "{what}");
+                assert_eq!(welcome.fds.len(), 2, "{what}");
+                let sock2 = sock.try_clone().unwrap();
+                bounded(10, tokio::task::spawn_blocking(move || hostile::side_eof(sock2.as_fd())))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{what}: side channel not closed: {e}"));
+            }
+        }
+        drop(sock);
+        // A Confirm for the refused link is a protocol failure: the server closes the TCP
+        // connection and never hands it out.
+        hs.confirm(0).await.unwrap();
+        expect_tcp_closed(&mut hs, what).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        not_handed_out(&mut rx, &hs, what);
+        // The refused group is dead: the same peer naming it gets a new one.
+        let hs2 = bounded(10, hostile::propose(addr, pid, instance, group, RMB)).await;
+        if case.status.is_none() {
+            assert_ne!(hs2.accept.link_group, group, "{what}: the refused group is not reused");
+        }
+        drop(hs2);
+        by.check(what).await;
+    }
+    // A refused client that declines instead continues over TCP with its bytes.
+    let mut hs = bounded(10, hostile::propose(addr, 99_999, instance, 0, RMB)).await;
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let (sock, w) = tokio::task::spawn_blocking(move || {
+        let r = Region::new(layout(), 0);
+        hostile::join(&name, group, token, &[r.fd.as_raw_fd(), hostile::eventfd().as_raw_fd()])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(w.status, 0);
+    drop(sock);
+    hs.decline(DeclineReason::Internal).await.unwrap();
+    let me = hs.tcp.local_addr().unwrap();
+    hs.tcp.write_all(b"over tcp after a refused region").await.unwrap();
+    let mut back = [0u8; 31];
+    bounded(10, hs.tcp.read_exact(&mut back)).await.unwrap();
+    assert_eq!(&back, b"over tcp after a refused region");
+    let t = report_for(&mut rx, me).await;
+    assert_eq!(t, Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Peer }));
+    by.check("after the fallback").await;
+}
+
+/// A well-formed, sealed region: the server maps it and serves the connection. Its sender cannot
+/// resize it (or punch holes, or map it writable anew) once sealed, so the server's reads can
+/// never fault; garbage in its control words aborts only that link group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_reading() {
+    let (addr, mut rx) = server(ShmConfig::default()).await;
+    let mut by = Bystander::new(addr, &mut rx).await;
+    let mut hs = bounded(10, hostile::propose(addr, 4242, 77, 0, RMB)).await;
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let server_token = hs.accept.rmb_slot;
+    let (region, sock, welcome) = bounded(
+        10,
+        tokio::task::spawn_blocking(move || {
+            let region = Region::new(layout(), REGION_SEALS);
+            let door = hostile::eventfd();
+            let (sock, w) = hostile::join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
+            (region, sock, w)
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(welcome.status, 0);
+    let mut fds = welcome.fds.into_iter();
+    let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
+
+    // The server's region is sealed too: we cannot write it, resize it or reseal it.
+    let seals = hostile::get_seals(server_memfd.as_fd()).unwrap();
+    assert_eq!(seals & REGION_SEALS, REGION_SEALS, "server region seals {seals:#x}");
+    assert_eq!(hostile::errno_of(Map::new(server_memfd.as_fd(), 4096, true)), libc::EPERM);
+    assert_eq!(hostile::ftruncate_errno(server_memfd.as_fd(), 0), libc::EPERM);
+
+    // Our region, after sending: no shrink, no grow, no hole punching, no new writable mapping.
+    let total = region.layout.total_len;
+    assert_eq!(hostile::ftruncate_errno(region.fd.as_fd(), 4096), libc::EPERM, "shrink");
+    assert_eq!(hostile::ftruncate_errno(region.fd.as_fd(), 0), libc::EPERM, "shrink to nothing");
+    assert_eq!(hostile::ftruncate_errno(region.fd.as_fd(), total * 2), libc::EPERM, "grow");
+    // SAFETY: plain syscall on our own descriptor.
+    let punch = unsafe {
+        libc::fallocate(
+            region.fd.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            total as libc::off_t,
+        )
+    };
+    assert_eq!(punch, -1, "punching a hole into a sealed region must fail");
+    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EPERM));
+    assert_eq!(hostile::errno_of(Map::new(region.fd.as_fd(), total, true)), libc::EPERM, "new writable map");
+    assert_eq!(hostile::errno_of(hostile::add_seals(region.fd.as_fd(), libc::F_SEAL_WRITE)), libc::EPERM);
+    // SAFETY: fstat into a zeroed buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fstat(region.fd.as_raw_fd(), &mut st) }, 0);
+    assert_eq!(st.st_size as usize, total, "the size did not change");
+
+    // The link works: confirm, send bytes through our ring, and read the echo from the server's.
+    hs.confirm(0).await.unwrap();
+    let me = hs.tcp.local_addr().unwrap();
+    assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
+    let mut region = region;
+    let msg = b"through a sealed region";
+    region.rmb_write(0, 0, msg);
+    let mut cdc = CdcMsg::new(1, server_token);
+    cdc.prod = Cursor::new(0, msg.len() as u32);
+    region.push_cdc(&cdc);
+    hostile::ring(server_door.as_raw_fd()).unwrap();
+    let server_map = Map::new(server_memfd.as_fd(), 4096, false).unwrap();
+    let hdr: Vec<u64> = (0..8).map(|i| server_map.word(i * 8).load(std::sync::atomic::Ordering::Relaxed)).collect();
+    let server_layout = Layout::new(hdr[2] as u32, hdr[3] as u32, hdr[4] as u32);
+    assert_eq!(hdr[0], hostile::REGION_MAGIC);
+    drop(server_map);
+    let server_map = Map::new(server_memfd.as_fd(), server_layout.total_len, false).unwrap();
+    bounded(10, async {
+        while hostile::peer_cdc_prod(&server_map) == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let frame: [u8; 64] = server_map.read(4096, 64).try_into().unwrap();
+    let echo = CdcMsg::decode(&frame).unwrap();
+    assert_eq!((echo.seq, echo.token), (1, 0), "the server's first message, for our token");
+    assert_eq!(echo.prod, Cursor::new(0, msg.len() as u32));
+    let slot = (server_token & 0xFFFF) as usize;
+    let at = server_layout.rmb_offset + slot * server_layout.rmb_size as usize;
+    assert_eq!(server_map.read(at, msg.len()), msg, "the echo in the server's ring");
+    assert_eq!(hostile::peer_cdc_cons(&server_map), 1, "the server consumed our frame");
+
+    // Garbage in our control words: the server fails this link group only.
+    region.set_cdc_prod(1_000_000);
+    hostile::ring(server_door.as_raw_fd()).unwrap();
+    let mut b = [0u8; 16];
+    match bounded(10, hs.tcp.read(&mut b)).await {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("{n} bytes on the TCP connection under smc"),
+    }
+    let sock2 = sock.try_clone().unwrap();
+    bounded(10, tokio::task::spawn_blocking(move || hostile::side_eof(sock2.as_fd()))).await.unwrap().unwrap();
+    by.check("after the hostile group failed").await;
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD);
+    bounded(10, echo_check(s, b"still serving", 4, 9)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
+    let (addr, mut rx) = server(ShmConfig::default()).await;
+    let mut by = Bystander::new(addr, &mut rx).await;
+    let mut hs = bounded(10, hostile::propose(addr, 5151, 78, 0, RMB)).await;
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let region = Region::new(layout(), REGION_SEALS);
+    let door = hostile::eventfd();
+    let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
+    let attempts = bounded(
+        20,
+        tokio::task::spawn_blocking({
+            let name = name.clone();
+            move || {
+                let mut statuses = Vec::new();
+                // A token no handshake gave out.
+                let (_s, w) = hostile::join(&name, group, hostile::random_token(), &fds).unwrap();
+                statuses.push((w.status, w.fds.len()));
+                // The right token, another group.
+                let (_s, w) = hostile::join(&name, group ^ 0x5555, token, &fds).unwrap();
+                statuses.push((w.status, w.fds.len()));
+                // A token differing in its last bit.
+                let mut near = token;
+                near.0[15] ^= 1;
+                let (_s, w) = hostile::join(&name, group, near, &fds).unwrap();
+                statuses.push((w.status, w.fds.len()));
+                // A malformed JOIN: closed without a welcome.
+                let s = hostile::side_connect(&name).unwrap();
+                let mut bad = hostile::join_msg(group, token);
+                bad[0] = b'X';
+                hostile::send_fds(s.as_fd(), &bad, &fds).unwrap();
+                let eof = hostile::side_eof(s.as_fd());
+                // A JOIN of the wrong length.
+                let s = hostile::side_connect(&name).unwrap();
+                hostile::send_fds(s.as_fd(), &hostile::join_msg(group, token)[..40], &fds).unwrap();
+                let eof2 = hostile::side_eof(s.as_fd());
+                (statuses, eof.is_ok(), eof2.is_ok())
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(attempts.0, vec![(1, 0), (1, 0), (1, 0)], "wrong token or group: refused (status 1) with nothing");
+    assert!(attempts.1 && attempts.2, "malformed joins are closed without a welcome");
+    // None of that spoiled the pending group: the real token still joins, and the link works.
+    let (sock, w) = bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((w.status, w.fds.len()), (0, 2));
+    hs.confirm(0).await.unwrap();
+    let me = hs.tcp.local_addr().unwrap();
+    assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
+    // A second JOIN for the now established group, even with the right token, is refused.
+    let name = hs.accept.socket_name.clone();
+    let (_s, w) = bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((w.status, w.fds.len()), (1, 0), "a group is joined once");
+    drop((sock, region, door));
+    by.check("after the wrong tokens").await;
+}
+
+/// A fake server that accepts with shm and answers the client's JOIN with `welcome_fds` (and
+/// `status`, `group` in the WELCOME), then expects the client's Decline and echoes over TCP.
+async fn hostile_server(
+    what: &'static str,
+    status: u32,
+    welcome_group_xor: u64,
+    make_fds: impl Fn(&[OwnedFd]) -> Vec<OwnedFd> + Send + Sync + 'static,
+) -> (SocketAddr, tokio::task::JoinHandle<ClcMessage>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut c, _) = l.accept().await.unwrap();
+        let ClcMessage::Proposal(p) = hostile::read_clc(&mut c).await.unwrap() else { panic!("{what}: no proposal") };
+        let offer = p.shm.expect("the client offers shm");
+        assert_eq!(offer.pid, std::process::id());
+        let group = 0x1000 + u64::from(addr.port());
+        let name = format!("smct-hostile-{}-{}", std::process::id(), addr.port()).into_bytes();
+        let side = hostile::side_listen(&name);
+        let accept = Accept {
+            token: p.token,
+            link: LinkInfo::Shm(ShmLinkInfo { link_group: group, rmb_slot: 0, rmb_size: RMB, socket_name: name }),
+        };
+        hostile::send_clc(&mut c, ClcMessage::Accept(accept)).await.unwrap();
+        let token = p.token;
+        let make_fds = std::sync::Arc::new(make_fds);
+        tokio::task::spawn_blocking(move || {
+            let s = hostile::side_accept(side.as_fd(), Duration::from_secs(5)).unwrap();
+            let (msg, client_fds) = hostile::recv_fds(s.as_fd()).unwrap();
+            assert_eq!(msg, hostile::join_msg(group, token), "{what}: the client proves the handshake's token");
+            assert_eq!(client_fds.len(), 2, "{what}: the client sends its region and doorbell");
+            // The real client's region is sealed: we can neither write nor resize it.
+            let seals = hostile::get_seals(client_fds[0].as_fd()).unwrap();
+            assert_eq!(seals & REGION_SEALS, REGION_SEALS, "{what}: client region seals {seals:#x}");
+            assert_eq!(hostile::errno_of(Map::new(client_fds[0].as_fd(), 4096, true)), libc::EPERM);
+            assert_eq!(hostile::ftruncate_errno(client_fds[0].as_fd(), 0), libc::EPERM);
+            let fds = make_fds(&client_fds);
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            hostile::send_fds(s.as_fd(), &hostile::welcome_msg(group ^ welcome_group_xor, status), &raw).unwrap();
+            // Keep the side channel open until the client gives up on it.
+            let _ = hostile::side_eof(s.as_fd());
+        });
+        let reply = hostile::read_clc(&mut c).await.unwrap();
+        let (mut rd, mut wr) = c.into_split();
+        let _ = tokio::io::copy(&mut rd, &mut wr).await;
+        reply
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_bytes() {
+    type MakeFds = fn(&[OwnedFd]) -> Vec<OwnedFd>;
+    let cases: Vec<(&'static str, u32, u64, MakeFds)> = vec![
+        ("an unsealed memfd", 0, 0, |_| region_and_doorbell(Region::new(layout(), 0))),
+        ("a region still writable", 0, 0, |_| {
+            region_and_doorbell(Region::new(layout(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW))
+        }),
+        ("a regular file", 0, 0, |_| {
+            let f = std::fs::File::open(env!("CARGO_BIN_EXE_smc-test-peer")).unwrap();
+            vec![OwnedFd::from(f), hostile::eventfd()]
+        }),
+        ("a region smaller than its header", 0, 0, |_| {
+            let fd = hostile::memfd(4096, true);
+            let m = Map::new(fd.as_fd(), 4096, true).unwrap();
+            for (i, w) in layout().header().iter().enumerate() {
+                m.word(i * 8).store(*w, std::sync::atomic::Ordering::Relaxed);
+            }
+            drop(m);
+            hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
+            vec![fd, hostile::eventfd()]
+        }),
+        ("a pipe for a doorbell", 0, 0, |_| {
+            let (_r, w) = hostile::pipe();
+            vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap(), w]
+        }),
+        ("the client's own region sent back", 0, 0, |c| vec![c[0].try_clone().unwrap(), hostile::eventfd()]),
+        ("a refusal status", 2, 0, |_| Vec::new()),
+        ("a welcome for another group", 0, 1, |_| region_and_doorbell(Region::new(layout(), REGION_SEALS))),
+        ("a welcome with one descriptor", 0, 0, |_| vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap()]),
+    ];
+    for (i, (what, status, xor, make)) in cases.into_iter().enumerate() {
+        let (addr, server) = hostile_server(what, status, xor, make).await;
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap_or_else(|e| panic!("{what}: connect: {e}"));
+        let t = s.transport();
+        let Transport::Tcp(FallbackReason::Declined { reason, by: Side::Local }) = t else {
+            panic!("{what}: expected a local decline and tcp, got {t}");
+        };
+        let data = Rng::new(i as u64 + 500).bytes(300_000);
+        bounded(20, echo_check(s, &data, 30_000, i as u64)).await;
+        let reply = bounded(10, server).await.unwrap();
+        let ClcMessage::Decline(d) = reply else { panic!("{what}: the client answered {reply:?}") };
+        assert_eq!(d.reason, reason, "{what}");
+        eprintln!("{what}: client declined ({reason})");
+    }
+}
+
+// ----- another uid -----------------------------------------------------------------------------
+
+async fn run_peer_as(uid: u32, addr: SocketAddr) -> String {
+    let out = bounded(
+        30,
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+            .args(["client", &addr.to_string()])
+            .uid(uid)
+            .gid(uid)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "peer as uid {uid}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[tokio::test]
+async fn a_client_running_as_another_uid_falls_back_to_tcp_with_its_bytes() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to run the peer as uid 65534");
+        return;
+    }
+    let (addr, mut rx) = server(ShmConfig::default()).await;
+    let text = run_peer_as(65534, addr).await;
+    // The server refuses the JOIN (SO_PEERCRED uid 65534 is not ours): the client declines and
+    // the echo runs over TCP, intact ("OK").
+    assert!(text.contains("TRANSPORT tcp (declined locally: "), "{text}");
+    assert!(text.contains("OK"), "{text}");
+    let (_, t) = bounded(10, rx.recv()).await.unwrap();
+    assert!(matches!(t, Transport::Tcp(FallbackReason::Declined { by: Side::Peer, .. })), "server saw {t}");
+}
+
+#[tokio::test]
+async fn an_allowed_uid_gets_shared_memory() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to run the peer as uid 65534");
+        return;
+    }
+    let (addr, mut rx) = server(ShmConfig::default().allow_uid(65534)).await;
+    let text = run_peer_as(65534, addr).await;
+    assert!(text.contains("TRANSPORT smc-d") && text.contains("OK"), "{text}");
+    assert_eq!(bounded(10, rx.recv()).await.unwrap().1, Transport::SmcD);
+    // Allowing one uid does not allow others.
+    let (addr, mut rx) = server(ShmConfig::default().allow_uid(65533)).await;
+    let text = run_peer_as(65534, addr).await;
+    assert!(text.contains("TRANSPORT tcp (declined locally: ") && text.contains("OK"), "{text}");
+    assert!(matches!(bounded(10, rx.recv()).await.unwrap().1, Transport::Tcp(_)));
+}

@@ -1,0 +1,239 @@
+//! What connections, link groups and pending handshakes cost in descriptors and memory,
+//! measured (`cargo test -p tests --test resources -- --nocapture` prints the figures quoted in
+//! `docs/resources.md`). Alone in its test binary: it counts `/proc/self/fd`. The assertions
+//! pin the per-connection and per-group descriptor costs the document states.
+
+#[path = "support/hostile.rs"]
+mod hostile;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use smc_tokio::config::ShmConfig;
+use smc_tokio::proto::clc::{ClcMessage, DeclineReason, Proposal};
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::bounded;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Descriptors by kind (what `/proc/self/fd` links to).
+fn fd_kinds() -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let Ok(p) = std::fs::read_link(e.path()) {
+            let s = p.display().to_string();
+            let kind = match s.find(':') {
+                Some(_) if s.starts_with("anon_inode:") => s.clone(),
+                Some(i) if !s.starts_with('/') => s[..i].to_string(),
+                _ => {
+                    if s.starts_with("/memfd:") {
+                        "memfd".into()
+                    } else {
+                        "file".into()
+                    }
+                }
+            };
+            let kind = if s.contains("smc-tokio-region") { "memfd(region)".to_string() } else { kind };
+            *m.entry(kind).or_default() += 1;
+        }
+    }
+    m
+}
+
+/// (address space, resident) in KiB of this process's mappings of region memfds, and VmRSS.
+fn memory() -> (u64, u64, u64) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let (mut size, mut rss, mut in_region) = (0, 0, false);
+    for line in smaps.lines() {
+        // A mapping's header line starts with its address range ("7f..-7f.. rw-s ...").
+        if line.split_whitespace().next().is_some_and(|w| w.contains('-') && !w.ends_with(':')) {
+            in_region = line.contains("smc-tokio-region");
+        }
+        let kb = |l: &str| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        if in_region && line.starts_with("Size:") {
+            size += kb(line);
+        }
+        if in_region && line.starts_with("Rss:") {
+            rss += kb(line);
+        }
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vmrss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .unwrap_or(0);
+    (size, rss, vmrss)
+}
+
+async fn settle() -> usize {
+    let mut last = open_fds();
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = open_fds();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
+fn report(what: &str, before: usize) -> usize {
+    let now = open_fds();
+    let (size, rss, vmrss) = memory();
+    eprintln!(
+        "RESOURCES {what}: {now} fds ({:+} vs before), region mappings {size} KiB address space / {rss} KiB resident, VmRSS {vmrss} KiB, {:?}",
+        now as isize - before as isize,
+        fd_kinds()
+    );
+    now
+}
+
+async fn peer_clients(addr: SocketAddr, n: usize) -> tokio::process::Child {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+        .args(["hold-clients", &addr.to_string(), &n.to_string()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let l = bounded(60, lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(l, format!("READY {n}"), "all {n} on smc-d");
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
+    let shm = ShmConfig::default().idle_timeout(Duration::from_millis(300));
+    let l = SmcListener::builder()
+        .shm(shm.clone())
+        .max_pending_handshakes(1000)
+        .handshake_timeout(Duration::from_millis(500))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (mut rd, mut wr) = s.into_split();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut b = [0u8; 1];
+                if rd.read_exact(&mut b).await.is_ok() {
+                    let _ = wr.write_all(&b).await;
+                }
+                let _ = tx.send((rd, wr));
+            });
+        }
+    });
+    // Warm-up: the side-channel acceptor and tokio's child-process driver.
+    drop(peer_clients(addr, 1).await);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    while rx.try_recv().is_ok() {}
+    let base = settle().await;
+    report("server idle (listener + side-channel acceptor)", base);
+
+    // ----- server side: the clients are another process -----
+    let c1 = peer_clients(addr, 1).await;
+    let mut held = Vec::new();
+    held.push(bounded(10, rx.recv()).await.unwrap());
+    let one = report("server, 1 connection (1 link group)", base);
+    let c100 = peer_clients(addr, 100).await;
+    for _ in 0..100 {
+        held.push(bounded(10, rx.recv()).await.unwrap());
+    }
+    let hundred = report("server, 101 connections (2 link groups: 1 + 100)", base);
+    // 100 connections on one new group: 100 TCP sockets, the group's two eventfds and its side
+    // channel, and the tokio pidfd of the second peer process (a test artifact).
+    assert_eq!(hundred - one, 100 + 3 + 1, "server: one descriptor per connection, three per group");
+    // The first connection of a group: its TCP socket, two eventfds, the side channel (and the
+    // peer's pidfd). The memfds are closed once mapped.
+    assert_eq!(one - base, 1 + 3 + 1, "server: the first connection of a group");
+    drop((c1, c100));
+    held.clear();
+    while rx.try_recv().is_ok() {}
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let after = settle().await;
+    report("server after the clients died", base);
+    assert_eq!(after, base, "server: everything returned");
+
+    // ----- client side: the server is another process -----
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+        .arg("hold")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let port: u16 = bounded(10, lines.next_line()).await.unwrap().unwrap()[5..].parse().unwrap();
+    let saddr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let cbase = settle().await;
+    let b = SmcStream::builder().shm(shm.clone());
+    let mut conns = vec![bounded(10, b.connect(saddr)).await.unwrap()];
+    assert_eq!(conns[0].transport(), Transport::SmcD);
+    let c_one = report("client, 1 connection", cbase);
+    assert_eq!(c_one - cbase, 1 + 3, "client: the TCP socket, two eventfds and the side channel");
+    for _ in 0..99 {
+        let s = bounded(10, b.connect(saddr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        conns.push(s);
+    }
+    let c_hundred = report("client, 100 connections (1 link group)", cbase);
+    assert_eq!(c_hundred - c_one, 99, "client: one descriptor per further connection");
+    // Touch every ring once (64 KiB writes into each connection's RMB in our region).
+    for s in &mut conns {
+        s.write_all(&vec![7u8; 64 << 10]).await.unwrap();
+    }
+    report("client, 100 connections after 64 KiB written on each", cbase);
+    drop(conns);
+    server.kill().await.unwrap();
+    drop((server, lines));
+
+    // ----- pending handshakes -----
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let pbase = settle().await;
+    // (a) 100 clients that sent half a proposal and stall: one task and one socket each (plus
+    // our own 100 client sockets, as the clients are in this process).
+    let p = ClcMessage::Proposal(Proposal { token: hostile::random_token(), rmb_size: 0, shm: None, rdma: None })
+        .encode()
+        .unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..100 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&p[..p.len() / 2]).await.unwrap();
+        stalled.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stalled_fds = report("100 stalled handshakes (100 client + 100 server sockets)", pbase);
+    assert_eq!(stalled_fds - pbase, 200);
+    drop(stalled);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let pbase = settle().await;
+    // (b) 20 proposals answered with an Accept, then declined by the client: each leaves a
+    // pending link group (our region memfd + doorbell eventfd, mapped) until twice the
+    // handshake timeout has passed, although its handshake is over.
+    let mut hs = Vec::new();
+    for i in 0..20 {
+        let mut h = bounded(10, hostile::propose(addr, 200_000 + i, 1, 0, 64 << 10)).await;
+        h.decline(DeclineReason::Internal).await.unwrap();
+        hs.push(h);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let declined = report("20 accepted-then-declined handshakes (20 client + 20 server sockets)", pbase);
+    eprintln!("RESOURCES pending groups: {} descriptors beyond the 40 sockets", declined - pbase - 40);
+    assert_eq!(declined - pbase, 40 + 20 * 2, "each pending group holds a memfd and an eventfd");
+    drop(hs);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The declined connections were handed out as TCP and parked in the channel: let them go.
+    while rx.try_recv().is_ok() {}
+    let gone = settle().await;
+    report("after 2 x handshake timeout", pbase);
+    assert_eq!(gone, pbase, "pending groups are removed after twice the handshake timeout");
+}

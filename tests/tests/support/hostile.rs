@@ -1,0 +1,490 @@
+//! A hostile shm peer for the integration tests: speaks the CLC handshake and the shm side
+//! channel (JOIN / WELCOME with `SCM_RIGHTS`) by hand, with whatever memfd and doorbell a test
+//! wants to hand over. Nothing here uses the crate's private code: the wire formats are written
+//! out from `smc-tokio/src/link/shm/{mod.rs,region.rs}` (JOIN and WELCOME are 64-byte messages,
+//! the region header is eight native-endian u64 words), so a change there breaks these tests
+//! loudly instead of silently testing nothing.
+#![allow(dead_code, unreachable_pub, clippy::undocumented_unsafe_blocks)]
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use smc_tokio::proto::cdc::{CdcMsg, CDC_MSG_LEN};
+use smc_tokio::proto::clc::{
+    decode, Accept, ClcMessage, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, ShmLinkInfo, ShmOffer,
+    Token, CLC_HEADER_LEN,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
+pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
+pub const SIDE_MSG_LEN: usize = 64;
+/// "SMCTSHM1", the region header's magic (stored as a native-endian u64 of these BE bytes).
+pub const REGION_MAGIC: u64 = u64::from_be_bytes(*b"SMCTSHM1");
+pub const REGION_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The kernel's boot id as the crate encodes it (`sys::host_id`): the server declines offers
+/// from other hosts.
+pub fn host_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            id[i] = u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap();
+        }
+    }
+    id
+}
+
+pub fn random_token() -> Token {
+    let mut t = [0u8; 16];
+    let n = unsafe { libc::getrandom(t.as_mut_ptr().cast(), 16, 0) };
+    assert_eq!(n, 16);
+    Token(t)
+}
+
+// ----- CLC over TCP ----------------------------------------------------------------------------
+
+pub async fn read_clc(c: &mut TcpStream) -> io::Result<ClcMessage> {
+    let mut buf = vec![0u8; CLC_HEADER_LEN];
+    c.read_exact(&mut buf).await?;
+    let Decoded::NeedMore(total) = decode(&buf).map_err(|e| io::Error::other(format!("{e:?}")))? else {
+        return Err(io::Error::other("header only"));
+    };
+    buf.resize(total, 0);
+    c.read_exact(&mut buf[CLC_HEADER_LEN..]).await?;
+    match decode(&buf).map_err(|e| io::Error::other(format!("{e:?}")))? {
+        Decoded::Message(m, _) => Ok(m),
+        other => Err(io::Error::other(format!("{other:?}"))),
+    }
+}
+
+pub async fn send_clc(c: &mut TcpStream, m: ClcMessage) -> io::Result<()> {
+    c.write_all(&m.encode().map_err(|e| io::Error::other(format!("{e:?}")))?).await
+}
+
+/// A hostile client's handshake up to the server's Accept: the TCP stream, the token and the
+/// server's shm link details (group id, its RMB slot for us, the side channel's name).
+pub struct ClientHs {
+    pub tcp: TcpStream,
+    pub token: Token,
+    pub rmb_size: u32,
+    pub accept: ShmLinkInfo,
+}
+
+/// Proposes shm to `addr` as process `pid` / `instance`, naming `link_group` (0: a new group),
+/// with `rmb_size` for the server's receive rings. Panics unless the server accepts with shm.
+pub async fn propose(addr: std::net::SocketAddr, pid: u32, instance: u64, link_group: u64, rmb_size: u32) -> ClientHs {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    let token = random_token();
+    let p =
+        Proposal { token, rmb_size, shm: Some(ShmOffer { host_id: host_id(), pid, instance, link_group }), rdma: None };
+    send_clc(&mut tcp, ClcMessage::Proposal(p)).await.unwrap();
+    match read_clc(&mut tcp).await.unwrap() {
+        ClcMessage::Accept(Accept { token: t, link: LinkInfo::Shm(info) }) => {
+            assert_eq!(t, token);
+            ClientHs { tcp, token, rmb_size, accept: info }
+        }
+        other => panic!("expected an shm accept, got {other:?}"),
+    }
+}
+
+impl ClientHs {
+    /// Sends the Confirm naming our RMB slot `our_slot` in group `link_group`.
+    pub async fn confirm(&mut self, our_slot: u32) -> io::Result<()> {
+        let link = LinkInfo::Shm(ShmLinkInfo {
+            link_group: self.accept.link_group,
+            rmb_slot: our_slot,
+            rmb_size: self.rmb_size,
+            socket_name: Vec::new(),
+        });
+        send_clc(&mut self.tcp, ClcMessage::Confirm(Confirm { token: self.token, link })).await
+    }
+
+    pub async fn decline(&mut self, reason: DeclineReason) -> io::Result<()> {
+        send_clc(&mut self.tcp, ClcMessage::Decline(Decline { token: self.token, reason })).await
+    }
+}
+
+// ----- regions ---------------------------------------------------------------------------------
+
+/// The layout arithmetic of `region.rs` (`Layout::new`).
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub cdc_slots: u32,
+    pub rmb_count: u32,
+    pub rmb_size: u32,
+    pub rmb_offset: usize,
+    pub total_len: usize,
+}
+
+impl Layout {
+    pub fn new(cdc_slots: u32, rmb_count: u32, rmb_size: u32) -> Layout {
+        let cdc_end = 4096 + cdc_slots as usize * CDC_MSG_LEN;
+        let rmb_offset = cdc_end.div_ceil(4096) * 4096;
+        Layout { cdc_slots, rmb_count, rmb_size, rmb_offset, total_len: rmb_offset + (rmb_count * rmb_size) as usize }
+    }
+
+    pub fn header(&self) -> [u64; 8] {
+        [
+            REGION_MAGIC,
+            1,
+            u64::from(self.cdc_slots),
+            u64::from(self.rmb_count),
+            u64::from(self.rmb_size),
+            self.rmb_offset as u64,
+            self.total_len as u64,
+            0,
+        ]
+    }
+}
+
+pub fn memfd(len: usize, sealing: bool) -> OwnedFd {
+    let flags = libc::MFD_CLOEXEC | if sealing { libc::MFD_ALLOW_SEALING } else { 0 };
+    let fd = cvt(unsafe { libc::memfd_create(c"hostile".as_ptr(), flags) }).unwrap();
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).unwrap();
+    fd
+}
+
+pub fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
+}
+
+pub fn get_seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
+}
+
+/// A shared mapping of `len` bytes of `fd`.
+pub struct Map {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a plain shared mapping; the tests access it through raw pointers and atomics.
+unsafe impl Send for Map {}
+unsafe impl Sync for Map {}
+
+impl Map {
+    pub fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Map> {
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Map { ptr: p.cast(), len })
+    }
+
+    pub fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.len);
+        unsafe { &*self.ptr.add(off).cast::<std::sync::atomic::AtomicU64>() }
+    }
+
+    pub fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.len);
+        let mut v = vec![0u8; len];
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), v.as_mut_ptr(), len) };
+        v
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A region written by this (hostile) side: a memfd with a valid header, mapped writable.
+pub struct Region {
+    pub fd: OwnedFd,
+    pub map: Map,
+    pub layout: Layout,
+    prod: u64,
+}
+
+const OFF_CDC_PROD: usize = 64;
+const OFF_CDC_CONS: usize = 128;
+const OFF_ARMED: usize = 192;
+const CDC_RING: usize = 4096;
+
+impl Region {
+    /// A region as the crate makes it: header written through a writable mapping, then sealed
+    /// with `seals` (the writable mapping keeps working).
+    pub fn new(layout: Layout, seals: i32) -> Region {
+        let fd = memfd(layout.total_len, true);
+        let map = Map::new(fd.as_fd(), layout.total_len, true).unwrap();
+        for (i, w) in layout.header().iter().enumerate() {
+            map.word(i * 8).store(*w, std::sync::atomic::Ordering::Relaxed);
+        }
+        if seals != 0 {
+            add_seals(fd.as_fd(), seals).unwrap();
+        }
+        Region { fd, map, layout, prod: 0 }
+    }
+
+    pub fn rmb_write(&self, slot: u32, offset: u32, data: &[u8]) {
+        assert!(offset as usize + data.len() <= self.layout.rmb_size as usize);
+        self.map.write(self.layout.rmb_offset + (slot * self.layout.rmb_size + offset) as usize, data);
+    }
+
+    /// Publishes one CDC frame (as `CdcTx::push`: frame, then `cdc_prod` with Release).
+    pub fn push_cdc(&mut self, msg: &CdcMsg) {
+        let slot = (self.prod % u64::from(self.layout.cdc_slots)) as usize;
+        self.map.write(CDC_RING + slot * CDC_MSG_LEN, &msg.encode());
+        self.prod += 1;
+        self.map.word(OFF_CDC_PROD).store(self.prod, std::sync::atomic::Ordering::Release);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writes a raw (hostile) value into our `cdc_prod`.
+    pub fn set_cdc_prod(&self, v: u64) {
+        self.map.word(OFF_CDC_PROD).store(v, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn armed(&self) -> u64 {
+        self.map.word(OFF_ARMED).load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Reads the peer's `cdc_prod` / CDC frames through a read-only mapping of its region.
+pub fn peer_cdc_prod(peer: &Map) -> u64 {
+    peer.word(OFF_CDC_PROD).load(std::sync::atomic::Ordering::Acquire)
+}
+
+pub fn peer_cdc_cons(peer: &Map) -> u64 {
+    peer.word(OFF_CDC_CONS).load(std::sync::atomic::Ordering::Acquire)
+}
+
+pub fn eventfd() -> OwnedFd {
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }).unwrap();
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+pub fn ring(fd: RawFd) -> io::Result<()> {
+    let one: u64 = 1;
+    let n = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    if n == 8 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+pub fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut p = [0; 2];
+    cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }).unwrap();
+    unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+}
+
+// ----- the side channel ------------------------------------------------------------------------
+
+fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    assert!(!name.is_empty() && name.len() < addr.sun_path.len());
+    for (dst, src) in addr.sun_path[1..].iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    (addr, (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t)
+}
+
+fn seqpacket() -> OwnedFd {
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }).unwrap();
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Blocking, with a receive timeout: a bug shows as an error, never as a hang.
+    let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })
+    .unwrap();
+    fd
+}
+
+/// Connects to the abstract SOCK_SEQPACKET socket `name` (blocking, 5 s receive timeout).
+pub fn side_connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = seqpacket();
+    let (addr, len) = abstract_addr(name);
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(fd)
+}
+
+/// Listens on the abstract name `name`.
+pub fn side_listen(name: &[u8]) -> OwnedFd {
+    let fd = seqpacket();
+    let (addr, len) = abstract_addr(name);
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).unwrap();
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 16) }).unwrap();
+    fd
+}
+
+/// Accepts one connection, waiting at most `timeout`.
+pub fn side_accept(l: BorrowedFd<'_>, timeout: Duration) -> io::Result<OwnedFd> {
+    let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let n = cvt(unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) })?;
+    if n == 0 {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "no side-channel connection"));
+    }
+    let fd =
+        cvt(unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Sends `data` with `fds` attached (`SCM_RIGHTS`).
+pub fn send_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
+    let mut cbuf = [0u64; 16];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as _;
+        let c = unsafe { &mut *libc::CMSG_FIRSTHDR(&msg) };
+        c.cmsg_level = libc::SOL_SOCKET;
+        c.cmsg_type = libc::SCM_RIGHTS;
+        c.cmsg_len = unsafe { libc::CMSG_LEN(bytes) } as _;
+        unsafe { std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len()) };
+    }
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one message and its descriptors. `Ok((empty, []))` is EOF.
+pub fn recv_fds(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = [0u8; 256];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = [0u64; 32];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !c.is_null() {
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            let data = unsafe { libc::CMSG_DATA(c) }.cast::<RawFd>();
+            let count = (h.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize) / std::mem::size_of::<RawFd>();
+            for i in 0..count {
+                fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
+            }
+        }
+        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+    }
+    Ok((buf[..n as usize].to_vec(), fds))
+}
+
+pub fn join_msg(link_group: u64, token: Token) -> [u8; SIDE_MSG_LEN] {
+    let mut b = [0u8; SIDE_MSG_LEN];
+    b[..8].copy_from_slice(&JOIN_MAGIC);
+    b[8..12].copy_from_slice(&1u32.to_be_bytes());
+    b[16..24].copy_from_slice(&link_group.to_be_bytes());
+    b[24..40].copy_from_slice(&token.0);
+    b
+}
+
+pub fn welcome_msg(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
+    let mut b = [0u8; SIDE_MSG_LEN];
+    b[..8].copy_from_slice(&WELCOME_MAGIC);
+    b[8..12].copy_from_slice(&1u32.to_be_bytes());
+    b[12..16].copy_from_slice(&status.to_be_bytes());
+    b[16..24].copy_from_slice(&link_group.to_be_bytes());
+    b
+}
+
+/// A parsed WELCOME: status and the descriptors that came with it.
+#[derive(Debug)]
+pub struct Welcome {
+    pub status: u32,
+    pub link_group: u64,
+    pub fds: Vec<OwnedFd>,
+}
+
+pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
+    assert_eq!(msg.len(), SIDE_MSG_LEN, "welcome length");
+    assert_eq!(msg[..8], WELCOME_MAGIC);
+    Welcome {
+        status: u32::from_be_bytes(msg[12..16].try_into().unwrap()),
+        link_group: u64::from_be_bytes(msg[16..24].try_into().unwrap()),
+        fds,
+    }
+}
+
+/// Joins the server's pending group with `memfd` and `doorbell` (blocking; run it on a
+/// blocking thread). Returns the side channel and the WELCOME.
+pub fn join(name: &[u8], link_group: u64, token: Token, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {
+    let sock = side_connect(name)?;
+    send_fds(sock.as_fd(), &join_msg(link_group, token), fds)?;
+    let (msg, got) = recv_fds(sock.as_fd())?;
+    if msg.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "side channel closed without a welcome"));
+    }
+    Ok((sock, parse_welcome(&msg, got)))
+}
+
+/// Waits (up to the socket's 5 s receive timeout) for the side channel to reach EOF.
+pub fn side_eof(sock: BorrowedFd<'_>) -> io::Result<()> {
+    let (msg, fds) = recv_fds(sock)?;
+    if msg.is_empty() && fds.is_empty() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("unexpected side-channel message of {} bytes", msg.len())))
+    }
+}
+
+/// `ftruncate` result as an errno (0 on success).
+pub fn ftruncate_errno(fd: BorrowedFd<'_>, len: usize) -> i32 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } == 0 {
+        0
+    } else {
+        io::Error::last_os_error().raw_os_error().unwrap_or(-1)
+    }
+}
+
+pub fn errno_of<T>(r: io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}

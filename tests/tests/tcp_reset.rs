@@ -1,0 +1,164 @@
+//! A reset of the TCP connection under an established SMC connection. The crate keeps the TCP
+//! socket open for the connection's life and a task watches it (`watch_tcp` in
+//! `smc-tokio/src/net/stream.rs`): a reset (or bytes) fails the SMC connection at once, an EOF
+//! after a grace period unless the peer's SMC close arrived. These tests hold it to that: the
+//! reset connection ends with an error on both sides, never hangs, and the other connections
+//! of the same link group keep every byte.
+//!
+//! The reset is made with `connect(fd, AF_UNSPEC)` on the socket (`tcp_disconnect`: an RST for
+//! an established connection), which leaves the SMC connection and its descriptor alone.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::process::Stdio;
+use std::time::Duration;
+
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, Rng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+fn reset(fd: &impl AsRawFd) {
+    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+    // SAFETY: connect(2) with a valid sockaddr on an open socket.
+    let r = unsafe { libc::connect(fd.as_raw_fd(), &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) };
+    assert_eq!(r, 0, "connect(AF_UNSPEC): {}", std::io::Error::last_os_error());
+}
+
+/// A listener whose accepted streams are handed to the test.
+async fn listener() -> (SocketAddr, mpsc::UnboundedReceiver<SmcStream>) {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = tx.send(s);
+        }
+    });
+    (addr, rx)
+}
+
+fn echo(s: SmcStream) {
+    tokio::spawn(async move {
+        let (mut rd, mut wr) = s.into_split();
+        let _ = tokio::io::copy(&mut rd, &mut wr).await;
+        let _ = wr.shutdown().await;
+    });
+}
+
+/// Reads until an error or EOF; panics if bytes arrive or it takes longer than 10 s.
+async fn ends(s: &mut SmcStream, what: &str) -> std::io::Result<usize> {
+    let mut b = [0u8; 64];
+    let r = bounded(10, s.read(&mut b)).await;
+    if let Ok(n) = r {
+        assert_eq!(n, 0, "{what}: read {n} bytes from a reset connection");
+    }
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_tcp_connection_ends_its_smc_connection_and_spares_the_link_group() {
+    let (addr, mut rx) = listener().await;
+    let mut a = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let a_srv = bounded(10, rx.recv()).await.unwrap();
+    let b = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    echo(bounded(10, rx.recv()).await.unwrap());
+    assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
+    assert_eq!(a.link_group(), b.link_group(), "one link group");
+    let (mut a_srv_rd, _a_srv_wr) = a_srv.into_split();
+    a.write_all(b"hi").await.unwrap();
+    let mut two = [0u8; 2];
+    bounded(10, a_srv_rd.read_exact(&mut two)).await.unwrap();
+
+    // The server's reader is parked on the SMC connection when the RST arrives.
+    let srv_reader = tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        a_srv_rd.read(&mut buf).await
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    reset(&a);
+    let err = bounded(10, srv_reader).await.unwrap().expect_err("the server's read must fail after an RST");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    // The client's side ends too (the server's abort arrives over the link).
+    let r = ends(&mut a, "client side").await;
+    assert!(r.is_err(), "client side after its own reset: {r:?}");
+    assert!(a.write_all(b"x").await.is_err(), "writes fail too");
+
+    // The other connection on the same group keeps every byte, and new ones still join it.
+    let data = Rng::new(11).bytes(2 << 20);
+    bounded(30, echo_check(b, &data, 100_000, 11)).await;
+    let c = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    echo(bounded(10, rx.recv()).await.unwrap());
+    assert_eq!(c.link_group(), a.link_group(), "the link group survived");
+    bounded(10, echo_check(c, b"after the reset", 5, 12)).await;
+}
+
+/// The server resets while the client is blocked writing into a full ring: the blocked write
+/// fails instead of waiting forever for space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_wakes_a_writer_blocked_on_a_full_ring() {
+    let (addr, mut rx) = listener().await;
+    let mut a = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let a_srv = bounded(10, rx.recv()).await.unwrap();
+    assert_eq!(a.transport(), Transport::SmcD);
+    let chunk = vec![5u8; 64 << 10];
+    // The server never reads: fill the ring until a write blocks.
+    while let Ok(r) = tokio::time::timeout(Duration::from_millis(200), a.write_all(&chunk)).await {
+        r.unwrap();
+    }
+    let writer = tokio::spawn(async move {
+        let r = a.write_all(&chunk).await;
+        (a, r)
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!writer.is_finished(), "the writer is blocked on the full ring");
+    reset(&a_srv);
+    let (_a, r) = bounded(10, writer).await.unwrap();
+    let err = r.expect_err("a blocked write must fail after the reset");
+    eprintln!("blocked writer ended with: {err} ({:?})", err.kind());
+    drop(a_srv);
+}
+
+/// Another process resets one of its two connections and stays alive (its link group and side
+/// channel stay up): only the TCP watch can end the reset connection on our side, and it must;
+/// the peer's other connection echoes 1 MiB intact meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_process_resetting_one_connection_keeps_its_other_connection() {
+    let (addr, mut rx) = listener().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+        .args(["reset", &addr.to_string()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut a_srv = bounded(10, rx.recv()).await.unwrap();
+    let b_srv = bounded(10, rx.recv()).await.unwrap();
+    assert_eq!((a_srv.transport(), b_srv.transport()), (Transport::SmcD, Transport::SmcD));
+    assert_eq!(a_srv.link_group(), b_srv.link_group());
+    echo(b_srv);
+    // A: answer the peer's one byte, then wait for the reset.
+    let mut one = [0u8; 1];
+    bounded(10, a_srv.read_exact(&mut one)).await.unwrap();
+    a_srv.write_all(&one).await.unwrap();
+    let r = ends(&mut a_srv, "server side of the reset connection").await;
+    let err = r.expect_err("an RST from a live peer process ends the connection with an error");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    let mut out = Vec::new();
+    bounded(20, async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            let done = l.starts_with("A READ");
+            out.push(l);
+            if done {
+                break;
+            }
+        }
+    })
+    .await;
+    let text = out.join("\n");
+    assert!(text.contains("TRANSPORT smc-d smc-d") && text.contains("RESET 0"), "{text}");
+    assert!(text.contains("B OK"), "the other connection of the group echoed intact: {text}");
+    assert!(text.contains("A READ Ok(Err("), "the peer's reset connection fails on its side too: {text}");
+    assert!(child.try_wait().unwrap().is_none(), "the peer is still alive: its link group did not end A");
+    child.kill().await.unwrap();
+}
