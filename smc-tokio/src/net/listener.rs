@@ -609,7 +609,21 @@ async fn server_handshake(
                     Outcome::Smc { .. } => {
                         return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
                     }
-                    _ => return Ok((o, None)),
+                    _ => {
+                        // No SMC: give the slot back, and drop a shm group this handshake set up
+                        // for a client that will not join it.
+                        if let Some(conn) = pending.take() {
+                            let group = conn.group().clone();
+                            group.unregister(conn.our_token());
+                            Manager::global().abandon_pending(&group);
+                            // A new rdma group waits for nobody but this handshake's Confirm.
+                            #[cfg(feature = "rdma")]
+                            if rdma_pending.is_some() && group.link().is_none() && group.conn_count() == 0 {
+                                group.fail(crate::link::LinkError::Closed);
+                            }
+                        }
+                        return Ok((o, None));
+                    }
                 }
                 return Ok((o, pending.take()));
             }

@@ -178,6 +178,11 @@ impl LinkGroup {
         }
     }
 
+    /// Connections registered now.
+    pub(crate) fn conn_count(&self) -> usize {
+        self.lock().conns.len()
+    }
+
     /// Forgets a connection and frees its slot.
     pub(crate) fn unregister(&self, token: u32) {
         let mut st = self.lock();

@@ -385,6 +385,28 @@ impl Manager {
         Ok((conn, info))
     }
 
+    /// A handshake that created or used a pending group ended without SMC: if nobody has
+    /// joined the group (its region was never handed over) and no other connection uses it,
+    /// nobody will join it any more, so it is dropped now rather than at the pending timer.
+    /// Checked under the lock that admits joins, so it never races with one.
+    pub(crate) fn abandon_pending(&self, group: &Arc<LinkGroup>) {
+        let removed = {
+            let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+            let unjoined = s.groups.get(&group.id).is_some_and(|g| {
+                Arc::ptr_eq(&g.group, group) && g.local.is_some() && group.link().is_none() && group.conn_count() == 0
+            });
+            if unjoined {
+                s.groups.remove(&group.id)
+            } else {
+                None
+            }
+        };
+        if let Some(g) = removed {
+            tracing::debug!(id = group.id, "dropping a pending link group nobody joined");
+            g.group.fail(crate::link::LinkError::Closed);
+        }
+    }
+
     async fn serve_join(&'static self, fd: std::os::fd::OwnedFd, timeout: Duration) {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {

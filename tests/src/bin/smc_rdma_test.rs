@@ -174,7 +174,11 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
 
 /// Echoes `data` through a fresh connection, writing and reading concurrently.
 async fn echo(addr: SocketAddr, data: Vec<u8>) -> Result<(), String> {
-    let s = open(addr, b'E').await?;
+    echo_on(open(addr, b'E').await?, data).await
+}
+
+/// Echoes `data` through `s`, an open echo connection.
+async fn echo_on(s: SmcStream, data: Vec<u8>) -> Result<(), String> {
     let (mut r, mut w) = s.into_split();
     let want = {
         let mut h = Fnv::new();
@@ -303,6 +307,26 @@ async fn case_abort(addr: SocketAddr) -> Result<(), String> {
     }
 }
 
+/// A hostile CDC message on one connection (a producer cursor far outside the ring) ends that
+/// connection with an error on the server; another connection on the same link group keeps
+/// its bytes intact.
+async fn case_corrupt_cdc(addr: SocketAddr) -> Result<(), String> {
+    let mut bad = open(addr, b'E').await?;
+    let good = open(addr, b'E').await?;
+    if bad.link_group() != good.link_group() {
+        return Err("the two connections are on different link groups".into());
+    }
+    bad.send_corrupt_cdc(|f| f[14..18].copy_from_slice(&0xFFFF_FFF0u32.to_be_bytes()))
+        .map_err(|e| format!("corrupt send: {e}"))?;
+    // The server aborts the bad connection: its read sees a reset (or the TCP close).
+    let mut buf = [0u8; 16];
+    match bad.read(&mut buf).await {
+        Err(_) | Ok(0) => {}
+        Ok(n) => return Err(format!("bad connection still delivered {n} bytes")),
+    }
+    echo_on(good, Rng(99).bytes(300_000)).await.map_err(|e| format!("other connection of the group: {e}"))
+}
+
 async fn case_no_device(addr: SocketAddr) -> Result<(), String> {
     let before = smc_tokio::stats().rdma_unavailable;
     let mut s = SmcStream::builder()
@@ -410,6 +434,7 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     case!("cork_sendfile_to_server", case_sendfile_to_server(addr));
     case!("half_close", case_half_close(addr));
     case!("abort", case_abort(addr));
+    case!("corrupt_cdc_fails_one_connection", case_corrupt_cdc(addr));
     case!("no_device_falls_back", case_no_device(addr));
     if with_kill {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));

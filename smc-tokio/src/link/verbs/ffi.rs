@@ -235,6 +235,35 @@ pub(crate) const IBV_QP_SQ_PSN: c_int = 1 << 16;
 pub(crate) const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
 pub(crate) const IBV_QP_DEST_QPN: c_int = 1 << 20;
 
+/// The name of a work-completion status (`enum ibv_wc_status`), as `ibv_wc_status_str` has it.
+pub(crate) fn wc_status_str(status: c_uint) -> &'static str {
+    const NAMES: [&str; 22] = [
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "work request flushed",
+        "memory window bind error",
+        "bad response",
+        "local access error",
+        "remote invalid request",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation",
+        "remote invalid RD request",
+        "aborted",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout",
+        "general error",
+    ];
+    NAMES.get(status as usize).copied().unwrap_or("unknown status")
+}
+
 /// IB's path MTU enumeration (`enum ibv_mtu`): 256 << (value - 1) bytes.
 pub(crate) fn mtu_bytes(v: c_uint) -> Option<u16> {
     match v {

@@ -377,15 +377,14 @@ impl VerbsLink {
         if wc.status != ffi::IBV_WC_SUCCESS {
             let err = match wc.status {
                 ffi::IBV_WC_WR_FLUSH_ERR if self.closed.load(Ordering::Relaxed) => LinkError::Closed,
+                // Transport retries exhausted: nothing answers at the peer's QP any more.
                 ffi::IBV_WC_RETRY_EXC_ERR | ffi::IBV_WC_RNR_RETRY_EXC_ERR => LinkError::PeerGone,
-                _ => {
-                    tracing::debug!(
-                        status = wc.status,
-                        vendor = wc.vendor_err,
-                        opcode = wc.opcode,
-                        "work completion failed"
-                    );
-                    LinkError::Protocol("rdma work completion failed")
+                status => {
+                    tracing::debug!(status, vendor = wc.vendor_err, opcode = wc.opcode, "work completion failed");
+                    LinkError::Io(
+                        std::io::ErrorKind::Other,
+                        format!("rdma work completion failed: {} (status {status})", ffi::wc_status_str(status)),
+                    )
                 }
             };
             st.error.get_or_insert(err);

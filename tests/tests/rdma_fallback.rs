@@ -1,0 +1,53 @@
+//! SMC-R where there is no RDMA (this host: no rdma_rxe, and in CI often no libibverbs): with
+//! the `rdma` feature built in and shared memory off, connections fall back to TCP with every
+//! byte, and the stats say why RDMA was not offered. The RDMA paths themselves run in the
+//! soft-RoCE guests (`tests/rdma-vm/run.sh`).
+#![cfg(feature = "rdma")]
+
+use smc_tokio::config::{RdmaConfig, ShmConfig};
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::bounded;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn echo_once(rdma: RdmaConfig) -> Transport {
+    let l = SmcListener::builder().shm(ShmConfig::default().enabled(false)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = vec![0u8; 100_000];
+        s.read_exact(&mut buf).await.unwrap();
+        s.write_all(&buf).await.unwrap();
+        s.transport()
+    });
+    let mut c = SmcStream::builder().shm(ShmConfig::default().enabled(false)).rdma(rdma).connect(addr).await.unwrap();
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    c.write_all(&data).await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(back, data, "every byte comes back over the fallback");
+    let server_t = bounded(10, server).await.unwrap();
+    assert!(!server_t.is_smc(), "server side is tcp too: {server_t}");
+    c.transport()
+}
+
+#[tokio::test]
+async fn without_a_device_connections_fall_back_to_tcp_and_count_why() {
+    let before = smc_tokio::stats().rdma_unavailable;
+    let t = bounded(30, echo_once(RdmaConfig::default())).await;
+    assert!(matches!(t, Transport::Tcp(_)), "no rdma device here, so tcp: {t}");
+    let after = smc_tokio::stats().rdma_unavailable;
+    // No library, no device, or (on a host with devices) no port for 127.0.0.1.
+    let why = |s: [u64; 4]| s[1] + s[2] + s[3];
+    assert!(why(after) > why(before), "the reason is counted: {before:?} -> {after:?}");
+    // The diagnostics say the same thing instead of failing.
+    let described = smc_tokio::rdma::describe_devices();
+    assert!(described.as_ref().map_or(true, |ports| ports.iter().all(|p| p.contains("port"))), "{described:?}");
+}
+
+#[tokio::test]
+async fn rdma_switched_off_is_counted_as_off() {
+    let before = smc_tokio::stats().rdma_unavailable[0];
+    let t = bounded(30, echo_once(RdmaConfig::default().enabled(false))).await;
+    assert!(matches!(t, Transport::Tcp(_)), "{t}");
+    assert!(smc_tokio::stats().rdma_unavailable[0] > before);
+}
