@@ -146,7 +146,7 @@ impl ShmConfig {
     }
 
     /// How long the link group's driver spins on shared memory before it arms the doorbell and
-    /// sleeps. Trades a CPU for latency: a wake-up through an eventfd costs about 20 us between
+    /// sleeps. Trades a CPU for latency: a wake-up through a doorbell costs about 20 us between
     /// cores on the development VM, a poll of shared memory well under 1 us. Off by default.
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget.min(Duration::from_millis(10));

@@ -9,7 +9,7 @@
 //!
 //! | transport | when | how |
 //! |---|---|---|
-//! | SMC-D | both ends on one host, same network namespace | rings in sealed shared memory (memfd), eventfd doorbells |
+//! | SMC-D | both ends on one host, same network namespace | rings in sealed shared memory (memfd), socket doorbells |
 //! | SMC-R | across hosts with RDMA | RDMA WRITE into a registered ring *(planned)* |
 //! | TCP | anything else | the connection's own socket |
 //!

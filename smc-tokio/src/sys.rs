@@ -47,10 +47,60 @@ pub(crate) fn peek_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn tokens_differ() {
         assert_ne!(random_token().unwrap(), random_token().unwrap());
+    }
+
+    fn clear_nonblocking(fd: BorrowedFd<'_>) {
+        // SAFETY: F_GETFL/F_SETFL on a valid descriptor.
+        unsafe {
+            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            assert!(fl >= 0);
+            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
+        }
+    }
+
+    /// A hostile peer shares the open file description of the doorbell end it holds and can
+    /// clear its O_NONBLOCK, then stop draining (so the queue fills) or drain first (so it is
+    /// empty). Neither may make our ring or drain block.
+    #[test]
+    fn doorbells_never_block_whatever_the_peer_does_to_the_flags() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (ours, theirs) = doorbell_pair().unwrap();
+            clear_nonblocking(theirs.as_fd());
+            clear_nonblocking(ours.as_fd());
+            // Far more rings than the receive queue holds: the extra ones are "already rung".
+            for _ in 0..100_000 {
+                doorbell_ring(theirs.as_fd()).unwrap();
+            }
+            let mut drained = 0;
+            loop {
+                match doorbell_drain(ours.as_fd(), 64) {
+                    Ok(n) => drained += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            // Empty now: another drain reports WouldBlock instead of waiting.
+            let again = doorbell_drain(ours.as_fd(), 64).unwrap_err().kind();
+            tx.send((drained, again)).unwrap();
+        });
+        let (drained, again) =
+            rx.recv_timeout(std::time::Duration::from_secs(20)).expect("a doorbell call blocked (or panicked)");
+        assert!(drained > 0 && drained < 100_000, "the queue bounded the rings: {drained}");
+        assert_eq!(again, io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn only_unix_datagram_sockets_are_doorbells() {
+        let (a, b) = doorbell_pair().unwrap();
+        assert!(is_doorbell(a.as_fd()) && is_doorbell(b.as_fd()));
+        let m = memfd(c"not-a-doorbell", 4096).unwrap();
+        assert!(!is_doorbell(m.as_fd()));
     }
 }
 
@@ -155,47 +205,83 @@ impl Drop for Mmap {
     }
 }
 
-/// A non-blocking eventfd (a doorbell).
-pub(crate) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with constant flags.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-    // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// A doorbell: a connected pair of Unix datagram sockets. We keep and wait on the first end;
+/// the peer gets the second and rings by sending to it.
+///
+/// Why not an eventfd (or a pipe): a descriptor passed with `SCM_RIGHTS` shares its open file
+/// description, and so its `O_NONBLOCK` flag, with the sender. A hostile peer could clear the
+/// flag on an eventfd we read (and drain it first) or one we write (and fill it first), and our
+/// read or write would block a runtime worker. Sockets take `MSG_DONTWAIT` per call, so no
+/// flag the peer can change makes our calls block.
+pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: two new descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Rings a doorbell: adds 1 to the eventfd's counter. A full counter (EAGAIN) already means
-/// "ring", so it is not an error.
-pub(crate) fn eventfd_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let one: u64 = 1;
+/// Rings a doorbell: sends a one-byte datagram, never blocking. A full queue (EAGAIN, ENOBUFS)
+/// already means "ring", so it is not an error.
+pub(crate) fn doorbell_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let one = [1u8];
     loop {
-        // SAFETY: writes 8 bytes from a valid u64 to a borrowed descriptor.
-        let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // SAFETY: sends one byte from a valid buffer on a borrowed descriptor.
+        let n = unsafe { libc::send(fd.as_raw_fd(), one.as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
         if n >= 0 {
             return Ok(());
         }
         let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => continue,
-            io::ErrorKind::WouldBlock => return Ok(()),
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN | libc::ENOBUFS) => return Ok(()),
             _ => return Err(e),
         }
     }
 }
 
-/// Reads and clears an eventfd's counter; `WouldBlock` when it was zero.
-pub(crate) fn eventfd_drain(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut v: u64 = 0;
-    loop {
-        // SAFETY: reads 8 bytes into a valid u64 from a borrowed descriptor.
-        let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if n >= 0 {
-            return Ok(v);
+/// Drains up to `max` rings from a doorbell without blocking; returns how many it took
+/// (`WouldBlock` when there were none). Bounded, so a peer that rings in a loop cannot keep
+/// the caller here.
+pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+    let mut buf = [0u8; 8];
+    let mut n = 0;
+    while n < max {
+        // SAFETY: receives into a valid 8-byte buffer from a borrowed descriptor.
+        let r = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            n += 1;
+            continue;
         }
         let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) if n > 0 => return Ok(n),
+            _ => return Err(e),
         }
     }
+    Ok(n)
+}
+
+/// Whether `fd` is a Unix datagram socket (a doorbell end).
+pub(crate) fn is_doorbell(fd: BorrowedFd<'_>) -> bool {
+    let opt = |name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid out-parameters of the right size.
+        let r = unsafe {
+            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, name, (&mut v as *mut libc::c_int).cast(), &mut len)
+        };
+        (r == 0).then_some(v)
+    };
+    opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && opt(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
 }
 
 /// Credentials of a Unix socket's peer (`SO_PEERCRED`).
@@ -503,13 +589,6 @@ pub(crate) fn is_tmpfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
 pub(crate) fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> io::Result<bool> {
     let (a, b) = (fstat(a)?, fstat(b)?);
     Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
-}
-
-/// Whether `fd` is an eventfd (its /proc link reads `anon_inode:[eventfd]`).
-pub(crate) fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.as_os_str() == "anon_inode:[eventfd]")
-        .unwrap_or(false)
 }
 
 /// Sets `O_NONBLOCK` on a descriptor this process owns (or that a library owns for it).

@@ -1,4 +1,4 @@
-//! A hostile peer that holds a link and rings our doorbell (the eventfd it was handed) in a
+//! A hostile peer that holds a link and rings our doorbell (the socket it was handed) in a
 //! tight loop. The link group's driver must not starve the runtime: on the same runtime, a
 //! ticker keeps ticking, an SMC connection (another link group) and a plain TCP connection
 //! complete verified transfers, and the flooded link still works once the flood stops. No
@@ -35,7 +35,7 @@ async fn flood_while_others_work() {
         10,
         tokio::task::spawn_blocking(move || {
             let region = Region::new(Layout::new(8, 4, RMB), REGION_SEALS);
-            let door = hostile::eventfd();
+            let door = hostile::doorbell();
             let (sock, w) = hostile::join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
             (region, sock, w)
         }),
@@ -47,7 +47,7 @@ async fn flood_while_others_work() {
     let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
     hs.confirm(0).await.unwrap();
 
-    // The flood: a thread writing 1 to the server's eventfd as fast as it can.
+    // The flood: a thread sending to the server's doorbell socket as fast as it can.
     let stop = Arc::new(AtomicBool::new(false));
     let rings = Arc::new(AtomicU64::new(0));
     let flooder = {

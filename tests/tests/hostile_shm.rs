@@ -1,6 +1,6 @@
 //! Hostile peers on the shm side channel: a client or a server that hands over a region that is
-//! not sealed, not a memfd, too small or not what its header says, a doorbell that is not an
-//! eventfd, a wrong token, or that runs as another uid. Every case ends in a refusal or a TCP
+//! not sealed, not a memfd, too small or not what its header says, a doorbell that is not a
+//! datagram socket, a wrong token, or that runs as another uid. Every case ends in a refusal or a TCP
 //! fallback with the bytes intact; the process never crashes, and connections on other link
 //! groups keep every byte.
 
@@ -120,7 +120,7 @@ struct Case {
 
 fn region_and_doorbell(r: Region) -> Vec<OwnedFd> {
     let fd = r.fd.try_clone().unwrap();
-    vec![fd, hostile::eventfd()]
+    vec![fd, hostile::doorbell()]
 }
 
 fn cases() -> Vec<Case> {
@@ -151,7 +151,7 @@ fn cases() -> Vec<Case> {
                 }
                 std::os::unix::fs::FileExt::write_all_at(&f, &hdr, 0).unwrap();
                 let _ = std::fs::remove_file(&path);
-                vec![OwnedFd::from(f), hostile::eventfd()]
+                vec![OwnedFd::from(f), hostile::doorbell()]
             }),
             status: None,
         },
@@ -165,7 +165,7 @@ fn cases() -> Vec<Case> {
                 }
                 drop(m);
                 hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-                vec![fd, hostile::eventfd()]
+                vec![fd, hostile::doorbell()]
             }),
             status: None,
         },
@@ -174,7 +174,7 @@ fn cases() -> Vec<Case> {
             fds: Box::new(|| {
                 let fd = hostile::memfd(0, true);
                 hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-                vec![fd, hostile::eventfd()]
+                vec![fd, hostile::doorbell()]
             }),
             status: None,
         },
@@ -184,7 +184,7 @@ fn cases() -> Vec<Case> {
             status: None,
         },
         Case {
-            what: "a pipe instead of an eventfd",
+            what: "a pipe instead of a datagram socket",
             fds: Box::new(move || {
                 let r = Region::new(l, REGION_SEALS);
                 let (_rd, wr) = hostile::pipe();
@@ -261,7 +261,7 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
     let (sock, w) = tokio::task::spawn_blocking(move || {
         let r = Region::new(layout(), 0);
-        hostile::join(&name, group, token, &[r.fd.as_raw_fd(), hostile::eventfd().as_raw_fd()])
+        hostile::join(&name, group, token, &[r.fd.as_raw_fd(), hostile::doorbell().as_raw_fd()])
     })
     .await
     .unwrap()
@@ -293,7 +293,7 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
         10,
         tokio::task::spawn_blocking(move || {
             let region = Region::new(layout(), REGION_SEALS);
-            let door = hostile::eventfd();
+            let door = hostile::doorbell();
             let (sock, w) = hostile::join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
             (region, sock, w)
         }),
@@ -389,7 +389,7 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     let mut hs = bounded(10, hostile::propose(addr, 5151, 78, 0, RMB)).await;
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
     let region = Region::new(layout(), REGION_SEALS);
-    let door = hostile::eventfd();
+    let door = hostile::doorbell();
     let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
     let attempts = bounded(
         20,
@@ -505,7 +505,7 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
         }),
         ("a regular file", 0, 0, |_| {
             let f = std::fs::File::open(env!("CARGO_BIN_EXE_smc-test-peer")).unwrap();
-            vec![OwnedFd::from(f), hostile::eventfd()]
+            vec![OwnedFd::from(f), hostile::doorbell()]
         }),
         ("a region smaller than its header", 0, 0, |_| {
             let fd = hostile::memfd(4096, true);
@@ -515,13 +515,13 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
             }
             drop(m);
             hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-            vec![fd, hostile::eventfd()]
+            vec![fd, hostile::doorbell()]
         }),
         ("a pipe for a doorbell", 0, 0, |_| {
             let (_r, w) = hostile::pipe();
             vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap(), w]
         }),
-        ("the client's own region sent back", 0, 0, |c| vec![c[0].try_clone().unwrap(), hostile::eventfd()]),
+        ("the client's own region sent back", 0, 0, |c| vec![c[0].try_clone().unwrap(), hostile::doorbell()]),
         ("a refusal status", 2, 0, |_| Vec::new()),
         ("a welcome for another group", 0, 1, |_| region_and_doorbell(Region::new(layout(), REGION_SEALS))),
         ("a welcome with one descriptor", 0, 0, |_| vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap()]),

@@ -150,10 +150,10 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
         held.push(bounded(10, rx.recv()).await.unwrap());
     }
     let hundred = report("server, 101 connections (2 link groups: 1 + 100)", base);
-    // 100 connections on one new group: 100 TCP sockets, the group's two eventfds and its side
+    // 100 connections on one new group: 100 TCP sockets, the group's two doorbell sockets and its side
     // channel, and the tokio pidfd of the second peer process (a test artifact).
     assert_eq!(hundred - one, 100 + 3 + 1, "server: one descriptor per connection, three per group");
-    // The first connection of a group: its TCP socket, two eventfds, the side channel (and the
+    // The first connection of a group: its TCP socket, two doorbell sockets, the side channel (and the
     // peer's pidfd). The memfds are closed once mapped.
     assert_eq!(one - base, 1 + 3 + 1, "server: the first connection of a group");
     drop((c1, c100));
@@ -179,7 +179,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     let mut conns = vec![bounded(10, b.connect(saddr)).await.unwrap()];
     assert_eq!(conns[0].transport(), Transport::SmcD);
     let c_one = report("client, 1 connection", cbase);
-    assert_eq!(c_one - cbase, 1 + 3, "client: the TCP socket, two eventfds and the side channel");
+    assert_eq!(c_one - cbase, 1 + 3, "client: the TCP socket, two doorbell sockets and the side channel");
     for _ in 0..99 {
         let s = bounded(10, b.connect(saddr)).await.unwrap();
         assert_eq!(s.transport(), Transport::SmcD);
@@ -217,7 +217,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     let pbase = settle().await;
     // (b) 20 proposals answered with an Accept, then declined by the client: the pending link
-    // group each one set up (our region memfd + doorbell eventfd, mapped) is dropped as soon as
+    // group each one set up (our region memfd + doorbell socket pair, mapped) is dropped as soon as
     // its handshake ends, since nobody joined it; only the 40 sockets remain.
     let mut hs = Vec::new();
     for i in 0..20 {

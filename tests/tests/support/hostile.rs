@@ -270,9 +270,24 @@ pub fn peer_cdc_cons(peer: &Map) -> u64 {
     peer.word(OFF_CDC_CONS).load(std::sync::atomic::Ordering::Acquire)
 }
 
-pub fn eventfd() -> OwnedFd {
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }).unwrap();
-    unsafe { OwnedFd::from_raw_fd(fd) }
+/// A doorbell to hand to the crate: one end of a Unix datagram socket pair (what the crate's
+/// own peers send). The receiving end is kept open for the rest of the test process, so the
+/// crate's rings land somewhere (as an honest peer's would) instead of failing the link.
+pub fn doorbell() -> OwnedFd {
+    static KEEP: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+    let mut fds = [0; 2];
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })
+    .unwrap();
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    KEEP.lock().unwrap_or_else(|e| e.into_inner()).push(ours);
+    theirs
 }
 
 pub fn ring(fd: RawFd) -> io::Result<()> {

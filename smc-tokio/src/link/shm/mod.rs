@@ -1,7 +1,7 @@
 //! The shared-memory link (SMC-D): both processes on one host.
 //!
 //! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
-//! writes into; the peer maps it read-only. Two eventfds are the doorbells. A SOCK_SEQPACKET
+//! writes into; the peer maps it read-only. Two Unix datagram socket pairs are the doorbells. A SOCK_SEQPACKET
 //! Unix socket in the abstract namespace (per network namespace) carries the setup (a JOIN that
 //! proves the handshake's token, the region and doorbell descriptors with `SCM_RIGHTS`, the
 //! peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the peer process is
@@ -31,7 +31,8 @@ pub(crate) mod region;
 
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
-/// An eventfd doorbell as a [`mio::event::Source`], so tokio's reactor can wait on it.
+/// Our end of a doorbell (a Unix datagram socket the peer sends rings to) as a
+/// [`mio::event::Source`], so tokio's reactor can wait on it.
 #[derive(Debug)]
 pub(crate) struct EventFd(OwnedFd);
 
@@ -59,13 +60,20 @@ impl mio::event::Source for EventFd {
     }
 }
 
+/// Rings taken from the doorbell per wake-up: each is a one-byte datagram; a peer can queue at
+/// most the socket's receive buffer of them, and we take this many before reporting work again.
+const DOORBELL_DRAIN_MAX: usize = 64;
+
 /// Our half of a link before the peer's half arrives: our sealed region and our doorbell.
 #[derive(Debug)]
 pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
     view: RegionView,
+    /// Our end of our doorbell: we wait on it.
     doorbell: OwnedFd,
+    /// The other end, handed to the peer to ring us with (closed once the link is up).
+    doorbell_theirs: OwnedFd,
 }
 
 impl ShmLocal {
@@ -81,11 +89,12 @@ impl ShmLocal {
         // Sealed after our writable mapping exists: it keeps working, but nobody (the peer
         // included) can make a new writable mapping, shrink it or grow it.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        Ok(ShmLocal { map, memfd, view, doorbell: sys::eventfd()? })
+        let (doorbell, doorbell_theirs) = sys::doorbell_pair()?;
+        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs })
     }
 
     fn fds(&self) -> [BorrowedFd<'_>; 2] {
-        [self.memfd.as_fd(), self.doorbell.as_fd()]
+        [self.memfd.as_fd(), self.doorbell_theirs.as_fd()]
     }
 }
 
@@ -140,9 +149,15 @@ impl ShmLink {
         if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
             return Err(LinkError::Protocol("peer sent our own region back"));
         }
-        // A doorbell that is an eventfd, not a pipe or socket that could block our writes.
-        if !sys::is_eventfd(peer_doorbell.as_fd()) {
-            return Err(LinkError::Protocol("peer doorbell is not an eventfd"));
+        // A doorbell that is a Unix datagram socket (rung with MSG_DONTWAIT, so nothing the
+        // peer does to it can block us), and not one of our own doorbell's ends sent back.
+        if !sys::is_doorbell(peer_doorbell.as_fd()) {
+            return Err(LinkError::Protocol("peer doorbell is not a unix datagram socket"));
+        }
+        if sys::same_file(peer_doorbell.as_fd(), local.doorbell.as_fd())?
+            || sys::same_file(peer_doorbell.as_fd(), local.doorbell_theirs.as_fd())?
+        {
+            return Err(LinkError::Protocol("peer sent our own doorbell back"));
         }
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
@@ -178,7 +193,7 @@ impl ShmLink {
     }
 
     fn ring_peer(&self) -> Result<(), LinkError> {
-        sys::eventfd_ring(self.peer_doorbell.as_fd()).map_err(LinkError::from)
+        sys::doorbell_ring(self.peer_doorbell.as_fd()).map_err(LinkError::from)
     }
 
     fn has_work(&self) -> Result<bool, LinkError> {
@@ -313,8 +328,14 @@ impl Link for ShmLink {
                         self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
                         return Poll::Ready(Ok(()));
                     }
-                    match sys::eventfd_drain(self.doorbell.get_ref().0.as_fd()) {
-                        // Clearing after a successful drain is safe: tokio only clears the
+                    match sys::doorbell_drain(self.doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
+                        // More rings may be queued (a peer ringing in a loop): keep the readiness
+                        // and report work; the driver bounds what one turn does.
+                        Ok(n) if n == DOORBELL_DRAIN_MAX => {
+                            self.rung_seen.store(false, Ordering::Relaxed);
+                            return Poll::Ready(Ok(()));
+                        }
+                        // Clearing after a drain to EAGAIN is safe: tokio only clears the
                         // readiness it reported, so a ring that raced with the drain survives.
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -585,7 +606,7 @@ mod tests {
         r.expect_err("the hostile region or doorbell must be refused")
     }
 
-    /// What a hostile (or broken) peer might send instead of a sealed region and an eventfd:
+    /// What a hostile (or broken) peer might send instead of a sealed region and a doorbell:
     /// every case is refused before anything is mapped or rung.
     #[tokio::test]
     async fn hostile_regions_and_doorbells_are_refused() {
@@ -597,7 +618,7 @@ mod tests {
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             unsealed,
-            dup(&theirs.doorbell),
+            dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
         ));
@@ -609,7 +630,7 @@ mod tests {
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             grow_only,
-            dup(&theirs.doorbell),
+            dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
         ));
@@ -618,17 +639,34 @@ mod tests {
         // Our own region sent back.
         let ours = ShmLocal::create(small()).unwrap();
         let own = dup(&ours.memfd);
-        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell), side(), Duration::ZERO));
+        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell_theirs), side(), Duration::ZERO));
         assert_eq!(e, LinkError::Protocol("peer sent our own region back"));
 
-        // A pipe instead of an eventfd (a blocking write end would hang our doorbell).
+        // A pipe instead of a datagram socket (the peer shares the write end's O_NONBLOCK flag:
+        // it could make our ring block).
         let mut p = [0; 2];
         // SAFETY: `p` has room for the two descriptors pipe writes.
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         // SAFETY: pipe returned two new descriptors nobody else owns.
         let (_r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         let e = err_of(ShmLink::new(ShmLocal::create(small()).unwrap(), dup(&theirs.memfd), w, side(), Duration::ZERO));
-        assert_eq!(e, LinkError::Protocol("peer doorbell is not an eventfd"));
+        assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
+
+        // An eventfd (the same O_NONBLOCK problem, on both the ring and the drain).
+        // SAFETY: plain syscall with constant flags; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(efd >= 0);
+        // SAFETY: a new descriptor nobody else owns.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let e =
+            err_of(ShmLink::new(ShmLocal::create(small()).unwrap(), dup(&theirs.memfd), efd, side(), Duration::ZERO));
+        assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
+
+        // Our own doorbell sent back (we would ring ourselves).
+        let ours = ShmLocal::create(small()).unwrap();
+        let own = dup(&ours.doorbell_theirs);
+        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO));
+        assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
 
         // A sealed region smaller than its header claims.
         let short = sys::memfd(c"hostile", 8192).unwrap();
@@ -641,7 +679,7 @@ mod tests {
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             short,
-            dup(&theirs.doorbell),
+            dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
         ));
@@ -651,7 +689,7 @@ mod tests {
         assert!(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             dup(&theirs.memfd),
-            dup(&theirs.doorbell),
+            dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO
         )
