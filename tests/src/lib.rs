@@ -6,6 +6,25 @@ use std::time::Duration;
 use smc_tokio::SmcListener;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// Descriptors this process has open now (`/proc/self/fd`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Waits until the descriptor count has held still for 300 ms; returns it.
+pub async fn settle_fds() -> usize {
+    let mut last = open_fds();
+    let mut since = std::time::Instant::now();
+    while since.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = open_fds();
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+    last
+}
+
 /// A small deterministic PRNG (xorshift64*), so tests need no extra crates and failures
 /// reproduce from the seed.
 #[derive(Debug, Clone)]

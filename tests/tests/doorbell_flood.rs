@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hostile::{Layout, Map, Region, REGION_SEALS};
+use hostile::{Layout, Map};
 use smc_tokio::proto::cdc::CdcMsg;
 use smc_tokio::proto::cursor::Cursor;
 use smc_tokio::{SmcListener, SmcStream, Transport};
@@ -29,22 +29,8 @@ async fn flood_while_others_work() {
     // The hostile peer: joins a group of its own and confirms, so the server holds a live link
     // whose doorbell it can ring.
     let mut hs = bounded(10, hostile::propose(addr, 31337, 1, 0, RMB)).await;
-    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
     let server_token = hs.accept.rmb_slot;
-    let (mut region, _sock, welcome) = bounded(
-        10,
-        tokio::task::spawn_blocking(move || {
-            let region = Region::new(Layout::new(8, 4, RMB), REGION_SEALS);
-            let door = hostile::doorbell();
-            let (sock, w) = hostile::join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
-            (region, sock, w)
-        }),
-    )
-    .await
-    .unwrap();
-    assert_eq!(welcome.status, 0);
-    let mut fds = welcome.fds.into_iter();
-    let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
+    let (mut region, _sock, server_memfd, server_door) = hostile::join_genuine(&hs, Layout::new(8, 4, RMB)).await;
     hs.confirm(0).await.unwrap();
 
     // The flood: a thread sending to the server's doorbell socket as fast as it can.
@@ -88,7 +74,7 @@ async fn flood_while_others_work() {
     // one) and a plain TCP connection, each with verified bytes.
     let smc = bounded(10, SmcStream::connect(addr)).await.unwrap();
     assert_eq!(smc.transport(), Transport::SmcD);
-    assert_ne!(smc.link_group(), Some(group));
+    assert_ne!(smc.link_group(), Some(hs.accept.link_group));
     let tcp = TcpStream::connect(addr).await.unwrap();
     let smc_data = Rng::new(1).bytes(8 << 20);
     let tcp_data = Rng::new(2).bytes(2 << 20);

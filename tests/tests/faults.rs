@@ -14,17 +14,13 @@ use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{SmcListener, SmcStream, Transport};
-use tests::{bounded, echo_check, Rng};
+use tests::{bounded, echo_check, open_fds, Rng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 const ITERATIONS: usize = 30;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
 
 fn shm() -> ShmConfig {
     ShmConfig::default().rmb_size(64 << 10).idle_timeout(Duration::from_millis(200))
@@ -43,16 +39,7 @@ async fn settle() -> usize {
         while smc_tokio::stats().link_groups != 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let mut last = open_fds();
-        let mut since = Instant::now();
-        while since.elapsed() < Duration::from_millis(300) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let now = open_fds();
-            if now != last {
-                (last, since) = (now, Instant::now());
-            }
-        }
-        last
+        tests::settle_fds().await
     })
     .await
 }

@@ -287,22 +287,8 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     let (addr, mut rx) = server(ShmConfig::default()).await;
     let mut by = Bystander::new(addr, &mut rx).await;
     let mut hs = bounded(10, hostile::propose(addr, 4242, 77, 0, RMB)).await;
-    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
     let server_token = hs.accept.rmb_slot;
-    let (region, sock, welcome) = bounded(
-        10,
-        tokio::task::spawn_blocking(move || {
-            let region = Region::new(layout(), REGION_SEALS);
-            let door = hostile::doorbell();
-            let (sock, w) = hostile::join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
-            (region, sock, w)
-        }),
-    )
-    .await
-    .unwrap();
-    assert_eq!(welcome.status, 0);
-    let mut fds = welcome.fds.into_iter();
-    let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
+    let (region, sock, server_memfd, server_door) = hostile::join_genuine(&hs, layout()).await;
 
     // The server's region is sealed too: we cannot write it, resize it or reseal it.
     let seals = hostile::get_seals(server_memfd.as_fd()).unwrap();

@@ -8,18 +8,14 @@ mod hostile;
 
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::clc::{ClcMessage, DeclineReason, Proposal};
 use smc_tokio::{SmcListener, SmcStream, Transport};
-use tests::bounded;
+use tests::{bounded, open_fds};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
 
 /// Descriptors by kind (what `/proc/self/fd` links to).
 fn fd_kinds() -> std::collections::BTreeMap<String, usize> {
@@ -72,16 +68,7 @@ fn memory() -> (u64, u64, u64) {
 }
 
 async fn settle() -> usize {
-    let mut last = open_fds();
-    let mut since = Instant::now();
-    while since.elapsed() < Duration::from_millis(300) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = open_fds();
-        if now != last {
-            (last, since) = (now, Instant::now());
-        }
-    }
-    last
+    tests::settle_fds().await
 }
 
 fn report(what: &str, before: usize) -> usize {

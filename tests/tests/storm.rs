@@ -5,12 +5,8 @@ use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{SmcListener, SmcStream};
-use tests::bounded;
+use tests::{bounded, open_fds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_connections_with_sixteen_pending_handshakes() {

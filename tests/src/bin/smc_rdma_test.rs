@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use smc_tokio::config::{RdmaConfig, ShmConfig};
 use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PORT: u16 = 7471;
@@ -51,29 +52,6 @@ impl Fnv {
         for b in data {
             self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
         }
-    }
-}
-
-/// A deterministic byte source (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0; n];
-        self.fill(&mut v);
-        v
     }
 }
 
@@ -118,7 +96,7 @@ async fn serve_conn(mut s: SmcStream) -> std::io::Result<()> {
             s.read_exact(&mut len).await?;
             let len = u64::from_be_bytes(len);
             let path = std::env::temp_dir().join(format!("smc-rdma-file-{}-{len}", std::process::id()));
-            let data = Rng(len | 1).bytes(len as usize);
+            let data = Rng::new(len | 1).bytes(len as usize);
             std::fs::write(&path, &data)?;
             let f = std::fs::File::open(&path)?;
             let _ = std::fs::remove_file(&path);
@@ -214,10 +192,10 @@ async fn case_handshake(addr: SocketAddr) -> Result<(), String> {
 }
 
 async fn case_random_sizes(addr: SocketAddr) -> Result<(), String> {
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut sizes = vec![1usize, 7, 39, 40, 41, 4095, 4096, 65_536, 262_143, 262_144, 262_145, 1 << 20];
     for _ in 0..6 {
-        sizes.push((rng.next() % (3 << 20)) as usize);
+        sizes.push((rng.next_u64() % (3 << 20)) as usize);
     }
     for n in sizes {
         echo(addr, rng.bytes(n)).await.map_err(|e| format!("{n} bytes: {e}"))?;
@@ -228,7 +206,7 @@ async fn case_random_sizes(addr: SocketAddr) -> Result<(), String> {
 async fn case_many(addr: SocketAddr, conns: usize) -> Result<(), String> {
     let mut tasks = Vec::new();
     for i in 0..conns {
-        tasks.push(tokio::spawn(echo(addr, Rng(i as u64 + 1).bytes(16 << 10))));
+        tasks.push(tokio::spawn(echo(addr, Rng::new(i as u64 + 1).bytes(16 << 10))));
     }
     for (i, t) in tasks.into_iter().enumerate() {
         t.await.map_err(|e| e.to_string())?.map_err(|e| format!("connection {i}: {e}"))?;
@@ -243,7 +221,7 @@ async fn case_sendfile_from_server(addr: SocketAddr) -> Result<(), String> {
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.map_err(|e| format!("{len}: {e}"))?;
         let mut want = b"HEADER\r\n".to_vec();
-        want.extend(Rng(len | 1).bytes(len as usize));
+        want.extend(Rng::new(len | 1).bytes(len as usize));
         if got != want {
             return Err(format!("file of {len} bytes: got {} bytes, differing", got.len()));
         }
@@ -253,7 +231,7 @@ async fn case_sendfile_from_server(addr: SocketAddr) -> Result<(), String> {
 
 async fn case_sendfile_to_server(addr: SocketAddr) -> Result<(), String> {
     let len = 1_500_000usize;
-    let data = Rng(77).bytes(len);
+    let data = Rng::new(77).bytes(len);
     let path = std::env::temp_dir().join(format!("smc-rdma-up-{}", std::process::id()));
     std::fs::write(&path, &data).map_err(|e| e.to_string())?;
     let f = std::fs::File::open(&path).map_err(|e| e.to_string())?;
@@ -324,7 +302,7 @@ async fn case_corrupt_cdc(addr: SocketAddr) -> Result<(), String> {
         Err(_) | Ok(0) => {}
         Ok(n) => return Err(format!("bad connection still delivered {n} bytes")),
     }
-    echo_on(good, Rng(99).bytes(300_000)).await.map_err(|e| format!("other connection of the group: {e}"))
+    echo_on(good, Rng::new(99).bytes(300_000)).await.map_err(|e| format!("other connection of the group: {e}"))
 }
 
 async fn case_no_device(addr: SocketAddr) -> Result<(), String> {

@@ -318,10 +318,8 @@ fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
     (addr, (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t)
 }
 
-fn seqpacket() -> OwnedFd {
-    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }).unwrap();
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // Blocking, with a receive timeout: a bug shows as an error, never as a hang.
+/// A 5 s receive timeout: a bug shows as an error, never as a hang.
+fn set_rcv_timeout(fd: BorrowedFd<'_>) -> io::Result<()> {
     let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
     cvt(unsafe {
         libc::setsockopt(
@@ -332,7 +330,14 @@ fn seqpacket() -> OwnedFd {
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     })
-    .unwrap();
+    .map(drop)
+}
+
+fn seqpacket() -> OwnedFd {
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }).unwrap();
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Blocking, with a receive timeout.
+    set_rcv_timeout(fd.as_fd()).unwrap();
     fd
 }
 
@@ -363,16 +368,7 @@ pub fn side_accept(l: BorrowedFd<'_>, timeout: Duration) -> io::Result<OwnedFd> 
     let fd =
         cvt(unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    })?;
+    set_rcv_timeout(fd.as_fd())?;
     Ok(fd)
 }
 
@@ -468,6 +464,28 @@ pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
 
 /// Joins the server's pending group with `memfd` and `doorbell` (blocking; run it on a
 /// blocking thread). Returns the side channel and the WELCOME.
+/// Joins the pending group of an accepted proposal `hs` with a genuine sealed region of
+/// `layout` and a doorbell (on a blocking thread, bounded), and expects a WELCOME of status 0.
+/// Returns our region, the side channel and the server's region and doorbell.
+pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, OwnedFd, OwnedFd) {
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let (region, sock, welcome) = tests::bounded(
+        10,
+        tokio::task::spawn_blocking(move || {
+            let region = Region::new(layout, REGION_SEALS);
+            let door = doorbell();
+            let (sock, w) = join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
+            (region, sock, w)
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(welcome.status, 0, "the server welcomes a genuine region");
+    let mut fds = welcome.fds.into_iter();
+    let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
+    (region, sock, server_memfd, server_door)
+}
+
 pub fn join(name: &[u8], link_group: u64, token: Token, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {
     let sock = side_connect(name)?;
     send_fds(sock.as_fd(), &join_msg(link_group, token), fds)?;
