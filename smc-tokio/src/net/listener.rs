@@ -546,12 +546,13 @@ async fn server_handshake(
                     Ok((conn, info)) => Ok((conn, LinkInfo::Shm(info))),
                     #[cfg(feature = "rdma")]
                     Err(shm_reason) if p.rdma.is_some() => {
-                        let local = tcp.local_addr()?.ip();
+                        let (local, peer) = (tcp.local_addr()?.ip(), tcp.peer_addr()?.ip());
                         crate::smc::rdma::warm_up(config).await;
                         match crate::smc::rdma::server_accept(
                             Manager::global(),
                             &p,
                             local,
+                            peer,
                             config,
                             config.handshake_timeout,
                         ) {

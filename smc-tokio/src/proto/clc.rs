@@ -174,6 +174,9 @@ pub struct RdmaOffer {
     pub mtu: u16,
     /// QP number of an existing link group to the server, 0 if none.
     pub qpn: u32,
+    /// The server's id of that link group, 0 if none: a random 64-bit value only the two ends
+    /// of the group have seen, so another client cannot name (and join) someone else's group.
+    pub link_group: u64,
 }
 
 /// The client's opening message.
@@ -224,6 +227,9 @@ pub struct RdmaLinkInfo {
     /// The sender's token for this connection (the RMB slot and its generation): the peer puts
     /// it in the CDC messages it sends for the connection.
     pub rmb_token: u32,
+    /// The server's id of the link group (random, 64 bits), in the Accept and echoed in the
+    /// Confirm; a later proposal names the group by it.
+    pub link_group: u64,
 }
 
 /// The link details of the chosen transport.
@@ -443,7 +449,13 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
                         })
                     }
                     SECTION_RDMA if p.rdma.is_none() => {
-                        let o = RdmaOffer { gid: s.array()?, port: s.u8()?, mtu: s.u16()?, qpn: s.u32()? };
+                        let o = RdmaOffer {
+                            gid: s.array()?,
+                            port: s.u8()?,
+                            mtu: s.u16()?,
+                            qpn: s.u32()?,
+                            link_group: s.u64()?,
+                        };
                         check_mtu(o.mtu)?;
                         p.rdma = Some(o);
                     }
@@ -566,6 +578,7 @@ impl<'a> Reader<'a> {
                 rmb_addr: s.u64()?,
                 rmb_size: s.u32()?,
                 rmb_token: s.u32()?,
+                link_group: s.u64()?,
             }),
             other => return Err(ClcError::UnknownSection(other)),
         };
@@ -614,6 +627,7 @@ impl Writer {
                 b.extend_from_slice(&r.rmb_addr.to_be_bytes());
                 b.extend_from_slice(&r.rmb_size.to_be_bytes());
                 b.extend_from_slice(&r.rmb_token.to_be_bytes());
+                b.extend_from_slice(&r.link_group.to_be_bytes());
             }),
         }
     }
@@ -668,6 +682,7 @@ impl ClcMessage {
                         b.push(o.port);
                         b.extend_from_slice(&o.mtu.to_be_bytes());
                         b.extend_from_slice(&o.qpn.to_be_bytes());
+                        b.extend_from_slice(&o.link_group.to_be_bytes());
                     });
                 }
             }
@@ -704,6 +719,7 @@ mod tests {
             rmb_addr: 0xdead_beef,
             rmb_size: 1 << 20,
             rmb_token: 0x0001_0002,
+            link_group: 0x1234_5678_9abc_def0,
         })
     }
 
@@ -715,7 +731,7 @@ mod tests {
                 token: t,
                 rmb_size: 1 << 16,
                 shm: Some(ShmOffer { host_id: [2; 16], pid: 1234, instance: u64::MAX, link_group: 0 }),
-                rdma: Some(RdmaOffer { gid: [3; 16], port: 1, mtu: 4096, qpn: 0 }),
+                rdma: Some(RdmaOffer { gid: [3; 16], port: 1, mtu: 4096, qpn: 0, link_group: 0 }),
             }),
             ClcMessage::Accept(Accept { token: t, link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]) }),
             ClcMessage::Accept(Accept { token: t, link: rdma_link() }),
@@ -891,13 +907,13 @@ mod tests {
         #[test]
         fn proposals_round_trip(token in any::<[u8; 16]>(), rmb in prop_oneof![Just(0u32), 1u32..=RingSize::MAX],
                                 shm in proptest::option::of(any::<([u8; 16], u32, u64, u64)>()),
-                                rdma in proptest::option::of(any::<([u8; 16], u8, u32)>()), mtu_i in 0usize..5) {
+                                rdma in proptest::option::of(any::<([u8; 16], u8, u32, u64)>()), mtu_i in 0usize..5) {
             let mtu = [256u16, 512, 1024, 2048, 4096][mtu_i];
             let m = ClcMessage::Proposal(Proposal {
                 token: Token(token),
                 rmb_size: rmb,
                 shm: shm.map(|(host_id, pid, instance, link_group)| ShmOffer { host_id, pid, instance, link_group }),
-                rdma: rdma.map(|(gid, port, qpn)| RdmaOffer { gid, port, mtu, qpn }),
+                rdma: rdma.map(|(gid, port, qpn, link_group)| RdmaOffer { gid, port, mtu, qpn, link_group }),
             });
             let b = m.encode().unwrap();
             prop_assert_eq!(decode(&b).unwrap(), Decoded::Message(m, b.len()));

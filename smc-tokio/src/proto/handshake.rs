@@ -760,6 +760,7 @@ mod tests {
                     rmb_addr: 0,
                     rmb_size: 4096,
                     rmb_token: 1,
+                    link_group: 1,
                 }))
             },
             64,
@@ -859,6 +860,7 @@ mod tests {
             rmb_addr: 0,
             rmb_size: 4096,
             rmb_token: 1,
+            link_group: 1,
         });
         feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma })), 100);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TransportMismatch)));

@@ -121,7 +121,7 @@ pub(crate) struct Manager {
     rmb_cap: AtomicU64,
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let t = sys::random_token().map(|t| t.0).unwrap_or_else(|_| {
         // getrandom(2) does not fail on Linux >= 3.17 with these flags; fall back to the clock.
         let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();

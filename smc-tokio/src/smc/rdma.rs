@@ -1,8 +1,10 @@
 //! The RDMA side of the link-group manager: which verbs link groups exist, to whom, and the
 //! handshake steps that create, reuse and connect them.
 //!
-//! A server group is found by the client's (GID, QP number), which the client proposes once its
-//! group is up; a client group by the server's (GID, QP number) from the Accept. A new group
+//! A group is named by the server's random 64-bit id, which only its two ends have seen: a
+//! client proposes it (with its QP number and GID, which must match the group's and the
+//! client's TCP address) to reuse the group; a client reuses only the group it has with that
+//! server address, and only when the Accept names it exactly. A new group
 //! costs a QP, a CQ and a completion channel; later connections cost an RMB slot (registered on
 //! first use) and one CLC round trip.
 
@@ -12,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::config::Settings;
-use crate::link::verbs::device::{find_port, Port, Remote, Unavailable};
+use crate::link::verbs::device::{find_port, gid_of, Port, Remote};
 use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink};
 use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
@@ -27,14 +29,18 @@ type PeerKey = ([u8; 16], u32);
 struct Entry {
     group: Arc<LinkGroup>,
     link: Arc<VerbsLink>,
+    /// The peer's (GID, QPN).
+    peer: PeerKey,
+    /// The server's id of the group (ours on a server, the server's on a client): random, and
+    /// seen only by the two ends, so it names the group in a proposal where (GID, QPN), which
+    /// anyone can learn, does not.
+    server_id: u64,
 }
 
 #[derive(Default)]
 struct State {
-    /// Server groups by the client's (GID, QPN), once confirmed.
-    server: HashMap<PeerKey, Entry>,
-    /// Client groups by the server's (GID, QPN).
-    client: HashMap<PeerKey, Entry>,
+    /// Server groups by their id, once confirmed.
+    server: HashMap<u64, Entry>,
     /// The newest client group per server address: the one a proposal names.
     by_server: HashMap<SocketAddr, Entry>,
 }
@@ -49,7 +55,6 @@ pub(crate) fn forget(group: &LinkGroup) {
     let mut s = state();
     let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
     s.server.retain(|_, e| !same(e));
-    s.client.retain(|_, e| !same(e));
     s.by_server.retain(|_, e| !same(e));
 }
 
@@ -62,20 +67,10 @@ pub(crate) async fn warm_up(cfg: &Settings) {
 
 fn port_for(local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
     find_port(local, &cfg.rdma).map_err(|u| {
-        let i = match &u {
-            Unavailable::Disabled => 0,
-            Unavailable::NoLibrary(_) => 1,
-            Unavailable::NoDevice => 2,
-            Unavailable::NoPort => 3,
-        };
-        crate::stats::rdma_unavailable(i);
+        crate::stats::rdma_unavailable(u.index());
         tracing::debug!(reason = u.as_str(), %local, "no rdma for this connection");
         DeclineReason::NoCommonTransport
     })
-}
-
-fn random_id() -> u64 {
-    crate::sys::random_token().map(|t| u64::from_le_bytes(t.0[..8].try_into().unwrap_or([1; 8]))).unwrap_or(1) | 1
 }
 
 fn usable(e: &Entry, rx_size: u32, tx_size: u32) -> bool {
@@ -92,9 +87,9 @@ fn new_link(port: Port, role: LinkRole, cfg: &Settings, rx: u32, tx: u32) -> Res
     })
 }
 
-/// Gives a registered connection's slot back when a later step fails.
+/// Registers the connection's RMB; gives its slot back when that fails.
 fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), DeclineReason> {
-    link.rx_rmb(conn.our_token()).map_err(|e| {
+    link.register_rmb(conn.our_token()).map_err(|e| {
         tracing::debug!(error = %e, "cannot register an rmb");
         conn.group().unregister(conn.our_token());
         DeclineReason::OutOfMemory
@@ -108,12 +103,15 @@ fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), Decline
 pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg: &Settings) -> Option<RdmaOffer> {
     let port = port_for(local, cfg).ok()?;
     let s = state();
-    let qpn = s
-        .by_server
-        .get(&server)
-        .filter(|e| e.group.is_established() && e.link.rx_rmb_size() == rx_size && e.link.port().gid == port.gid)
-        .map_or(0, |e| e.link.qpn());
-    Some(RdmaOffer { gid: port.gid, port: port.port, mtu: port.mtu, qpn })
+    let existing = s.by_server.get(&server).filter(|e| e.group.is_established() && e.link.port().gid == port.gid);
+    let existing = existing.filter(|e| e.link.rx_rmb_size() == rx_size);
+    Some(RdmaOffer {
+        gid: port.gid,
+        port: port.port,
+        mtu: port.mtu,
+        qpn: existing.map_or(0, |e| e.link.qpn()),
+        link_group: existing.map_or(0, |e| e.server_id),
+    })
 }
 
 /// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
@@ -131,8 +129,13 @@ pub(crate) fn client_accept(
     RingSize::new(a.rmb_size).ok_or(DeclineReason::SyncError)?;
     let port = port_for(local, cfg)?;
     let mtu = a.mtu.min(port.mtu);
-    let key = (a.gid, a.qpn);
-    let existing = state().client.get(&key).filter(|e| usable(e, rx_size, a.rmb_size)).cloned();
+    // Reuse only the group this client has with this very server (its address), and only when
+    // the Accept names it exactly: a server cannot steer us onto a group with another one.
+    let existing = state()
+        .by_server
+        .get(&server)
+        .filter(|e| e.server_id == a.link_group && e.peer == (a.gid, a.qpn) && usable(e, rx_size, a.rmb_size))
+        .cloned();
     let entry = match existing {
         Some(e) => e,
         None => {
@@ -142,7 +145,7 @@ pub(crate) fn client_accept(
                 DeclineReason::Internal
             })?;
             let group = LinkGroup::new(
-                random_id(),
+                crate::smc::manager::random_u64(),
                 Role::Client,
                 cfg.shm.rmbs_per_group,
                 a.rmb_size,
@@ -154,15 +157,13 @@ pub(crate) fn client_accept(
             // fails its connections instead of leaving them waiting.
             let (g, l) = (group.clone(), link.clone());
             tokio::spawn(async move {
-                tokio::time::sleep(timeout.max(Duration::from_secs(1)) * 2).await;
+                tokio::time::sleep(timeout.max(Duration::from_secs(1)).saturating_mul(2)).await;
                 if !l.is_up() {
                     g.fail(LinkError::Protocol("rdma link was never confirmed by the server"));
                 }
             });
-            let e = Entry { group, link };
-            let mut s = state();
-            s.client.insert(key, e.clone());
-            s.by_server.insert(server, e.clone());
+            let e = Entry { group, link, peer: (a.gid, a.qpn), server_id: a.link_group };
+            state().by_server.insert(server, e.clone());
             e
         }
     };
@@ -183,6 +184,7 @@ pub(crate) fn client_accept(
         rmb_addr,
         rmb_size: rx_size,
         rmb_token: conn.our_token(),
+        link_group: a.link_group,
     };
     Ok((conn, confirm))
 }
@@ -194,6 +196,8 @@ pub(crate) fn client_accept(
 pub(crate) struct ServerPending {
     link: Arc<VerbsLink>,
     accepted: RdmaLinkInfo,
+    /// The GID the client proposed from (its TCP address's).
+    client_gid: [u8; 16],
 }
 
 /// The server's side of a Proposal with an RDMA offer: reuses the group of the client QP it
@@ -203,24 +207,37 @@ pub(crate) fn server_accept(
     manager: &'static Manager,
     p: &Proposal,
     local: IpAddr,
+    peer: IpAddr,
     cfg: &Settings,
     timeout: Duration,
 ) -> Result<(Arc<SmcConn>, RdmaLinkInfo, ServerPending), DeclineReason> {
     let offer = p.rdma.as_ref().ok_or(DeclineReason::NoCommonTransport)?;
+    // The client's GID must be its TCP address's: our QP never connects to a third host a
+    // client names.
+    if offer.gid != gid_of(peer) {
+        tracing::debug!(%peer, "rdma offer's gid is not the client's address");
+        return Err(DeclineReason::NoCommonTransport);
+    }
     let port = port_for(local, cfg)?;
     let rx_size = cfg.shm.rmb_size;
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
     let mtu = offer.mtu.min(port.mtu);
-    let existing = (offer.qpn != 0)
-        .then(|| state().server.get(&(offer.gid, offer.qpn)).filter(|e| usable(e, rx_size, p.rmb_size)).cloned())
+    let existing = (offer.link_group != 0)
+        .then(|| {
+            state()
+                .server
+                .get(&offer.link_group)
+                .filter(|e| e.peer == (offer.gid, offer.qpn) && usable(e, rx_size, p.rmb_size))
+                .cloned()
+        })
         .flatten();
     let (group, link) = match existing {
         Some(e) => (e.group, e.link),
         None => {
             let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size)?;
             let group = LinkGroup::new(
-                random_id(),
+                crate::smc::manager::random_u64(),
                 Role::Server,
                 cfg.shm.rmbs_per_group,
                 p.rmb_size,
@@ -230,7 +247,7 @@ pub(crate) fn server_accept(
             // A group whose client never confirms is dropped when its handshake has timed out.
             let pending = group.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(timeout * 2).await;
+                tokio::time::sleep(timeout.saturating_mul(2)).await;
                 if pending.link().is_none() {
                     pending.fail(LinkError::Closed);
                 }
@@ -249,8 +266,9 @@ pub(crate) fn server_accept(
         rmb_addr,
         rmb_size: rx_size,
         rmb_token: conn.our_token(),
+        link_group: group.id,
     };
-    Ok((conn, accepted, ServerPending { link, accepted }))
+    Ok((conn, accepted, ServerPending { link, accepted, client_gid: offer.gid }))
 }
 
 /// The server's side of the client's Confirm: connects a new group's QP (and confirms the link
@@ -262,9 +280,12 @@ pub(crate) fn server_confirm(conn: &Arc<SmcConn>, pending: &ServerPending, c: &R
     if c.rmb_size != link.tx_size() || c.mtu != pending.accepted.mtu {
         return Err("confirm's rmb size or mtu differs from the accepted link".into());
     }
+    if c.gid != pending.client_gid || c.link_group != group.id {
+        return Err("confirm's gid or link group differs from the proposal and accept".into());
+    }
     let key = (c.gid, c.qpn);
     if group.is_established() {
-        let same = state().server.get(&key).is_some_and(|e| Arc::ptr_eq(&e.group, group));
+        let same = state().server.get(&group.id).is_some_and(|e| Arc::ptr_eq(&e.group, group) && e.peer == key);
         if !same {
             return Err("confirm names another client qp than the reused group's".into());
         }
@@ -274,7 +295,8 @@ pub(crate) fn server_confirm(conn: &Arc<SmcConn>, pending: &ServerPending, c: &R
         }
         link.connect(&Remote { gid: c.gid, qpn: c.qpn, psn: c.psn, mtu: c.mtu }).map_err(|e| e.to_string())?;
         group.establish(link.clone()).map_err(|e| e.to_string())?;
-        state().server.insert(key, Entry { group: group.clone(), link: link.clone() });
+        let e = Entry { group: group.clone(), link: link.clone(), peer: key, server_id: group.id };
+        state().server.insert(group.id, e);
     }
     let peer = PeerRmb { token: c.rmb_token, addr: c.rmb_addr, rkey: c.rkey, size: c.rmb_size };
     link.bind(conn.our_token(), &peer).map_err(|e| e.to_string())?;

@@ -34,21 +34,21 @@ use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionVie
 /// Our end of a doorbell (a Unix datagram socket the peer sends rings to) as a
 /// [`mio::event::Source`], so tokio's reactor can wait on it.
 #[derive(Debug)]
-pub(crate) struct EventFd(OwnedFd);
+pub(crate) struct DoorbellFd(OwnedFd);
 
-impl AsFd for EventFd {
+impl AsFd for DoorbellFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
     }
 }
 
-impl AsRawFd for EventFd {
+impl AsRawFd for DoorbellFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 }
 
-impl mio::event::Source for EventFd {
+impl mio::event::Source for DoorbellFd {
     fn register(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
         mio::unix::SourceFd(&self.0.as_raw_fd()).register(registry, token, interests)
     }
@@ -105,7 +105,7 @@ pub(crate) struct ShmLink {
     peer: RegionView,
     _ours_map: Mmap,
     _peer_map: Mmap,
-    doorbell: AsyncFd<EventFd>,
+    doorbell: AsyncFd<DoorbellFd>,
     peer_doorbell: OwnedFd,
     side: AsyncFd<OwnedFd>,
     tx: Mutex<CdcTx>,
@@ -172,8 +172,8 @@ impl ShmLink {
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
-        // SAFETY: EventFd wraps an OwnedFd, which owns its descriptor.
-        let doorbell = unsafe { sys::register(EventFd(local.doorbell), Interest::READABLE) }?;
+        // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
+        let doorbell = unsafe { sys::register(DoorbellFd(local.doorbell), Interest::READABLE) }?;
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -193,7 +193,12 @@ impl ShmLink {
     }
 
     fn ring_peer(&self) -> Result<(), LinkError> {
-        sys::doorbell_ring(self.peer_doorbell.as_fd()).map_err(LinkError::from)
+        sys::doorbell_ring(self.peer_doorbell.as_fd()).map_err(|e| match e.raw_os_error() {
+            // The peer closed its end of its doorbell: it is gone (its side channel says so
+            // too, perhaps a moment later).
+            Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE) => LinkError::PeerGone,
+            _ => LinkError::from(e),
+        })
     }
 
     fn has_work(&self) -> Result<bool, LinkError> {

@@ -28,6 +28,16 @@ pub(crate) enum Unavailable {
 }
 
 impl Unavailable {
+    /// Its index in [`Stats::rdma_unavailable`](crate::Stats::rdma_unavailable).
+    pub(crate) fn index(&self) -> usize {
+        match self {
+            Unavailable::Disabled => 0,
+            Unavailable::NoLibrary(_) => 1,
+            Unavailable::NoDevice => 2,
+            Unavailable::NoPort => 3,
+        }
+    }
+
     /// A short name for stats and logs.
     pub(crate) fn as_str(&self) -> &'static str {
         match self {
@@ -39,16 +49,15 @@ impl Unavailable {
     }
 }
 
-/// An open device context with its protection domain.
+/// An open device context.
 pub(crate) struct Device {
     pub(crate) lib: &'static Lib,
     ctx: NonNull<c_void>,
-    pd: NonNull<c_void>,
     pub(crate) name: String,
 }
 
-// SAFETY: verbs contexts and protection domains may be used from any thread (libibverbs locks
-// internally); this type only hands out their pointers to the wrappers in this module.
+// SAFETY: a verbs context may be used from any thread (libibverbs locks internally); this type
+// only hands out its pointer to the wrappers in this module.
 unsafe impl Send for Device {}
 // SAFETY: as above; no method mutates Rust-visible state.
 unsafe impl Sync for Device {}
@@ -61,12 +70,9 @@ impl std::fmt::Debug for Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // SAFETY: the PD and context are ours; every object made from them holds an Arc of
-        // this Device, so none is left when it drops.
-        unsafe {
-            (self.lib.dealloc_pd)(self.pd.as_ptr());
-            (self.lib.close_device)(self.ctx.as_ptr());
-        }
+        // SAFETY: the context is ours; every object made from it holds an Arc of this Device,
+        // so none is left when it drops.
+        unsafe { (self.lib.close_device)(self.ctx.as_ptr()) };
     }
 }
 
@@ -92,6 +98,28 @@ impl Device {
         let r = unsafe { (self.lib.query_gid)(self.ctx(), port, index, &mut gid) };
         (r == 0).then_some(gid.raw)
     }
+}
+
+/// A protection domain. Each link group has its own (as the kernel's SMC-R has one per link):
+/// a QP can only reach memory registered in its own PD, so no peer can aim an RDMA WRITE at
+/// another group's buffers, whatever rkey it guesses.
+pub(crate) struct Pd {
+    dev: Arc<Device>,
+    pd: NonNull<c_void>,
+}
+
+// SAFETY: a PD may be used from any thread (libibverbs locks internally).
+unsafe impl Send for Pd {}
+// SAFETY: as above; no method mutates Rust-visible state.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    pub(crate) fn new(dev: &Arc<Device>) -> io::Result<Arc<Pd>> {
+        // SAFETY: the context is open.
+        let pd = unsafe { (dev.lib.alloc_pd)(dev.ctx()) };
+        let pd = NonNull::new(pd).ok_or_else(io::Error::last_os_error)?;
+        Ok(Arc::new(Pd { dev: dev.clone(), pd }))
+    }
 
     /// Registers `len` bytes at `addr` with `access`.
     ///
@@ -99,24 +127,27 @@ impl Device {
     /// `addr..addr + len` must stay mapped until the returned region is dropped.
     pub(crate) unsafe fn reg_mr(self: &Arc<Self>, addr: *mut u8, len: usize, access: c_int) -> io::Result<Mr> {
         // SAFETY: the PD is open; the caller keeps the memory mapped for the MR's life.
-        let mr = unsafe { (self.lib.reg_mr)(self.pd.as_ptr(), addr.cast(), len, access) };
+        let mr = unsafe { (self.dev.lib.reg_mr)(self.pd.as_ptr(), addr.cast(), len, access) };
         let mr = NonNull::new(mr).ok_or_else(io::Error::last_os_error)?;
         // SAFETY: a registered MR's lkey and rkey sit at these offsets (checked by the test bed).
         let (lkey, rkey) = unsafe {
             let p = mr.as_ptr().cast::<u8>();
             (p.add(ffi::MR_LKEY).cast::<u32>().read(), p.add(ffi::MR_RKEY).cast::<u32>().read())
         };
-        Ok(Mr { dev: self.clone(), mr, lkey, rkey })
+        Ok(Mr { pd: self.clone(), mr, lkey, rkey })
     }
+}
 
-    pub(crate) fn pd(&self) -> *mut c_void {
-        self.pd.as_ptr()
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: every MR and QP made in this PD holds an Arc of it, so none is left.
+        unsafe { (self.dev.lib.dealloc_pd)(self.pd.as_ptr()) };
     }
 }
 
 /// A registered memory region.
 pub(crate) struct Mr {
-    dev: Arc<Device>,
+    pd: Arc<Pd>,
     mr: NonNull<c_void>,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
@@ -130,7 +161,7 @@ unsafe impl Sync for Mr {}
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: the MR is ours and registered once.
-        unsafe { (self.dev.lib.dereg_mr)(self.mr.as_ptr()) };
+        unsafe { (self.pd.dev.lib.dereg_mr)(self.mr.as_ptr()) };
     }
 }
 
@@ -189,8 +220,8 @@ pub(crate) struct CompChannel {
     fd: RawFd,
 }
 
-// SAFETY: the channel is used by one driver at a time (the link's CQ lock); libibverbs allows
-// any thread.
+// SAFETY: libibverbs' channel calls are thread-safe; the link takes events from one task (its
+// link group's driver), and the descriptor is only read.
 unsafe impl Send for CompChannel {}
 // SAFETY: as above.
 unsafe impl Sync for CompChannel {}
@@ -261,7 +292,8 @@ pub(crate) struct Cq {
     unacked: Mutex<u32>,
 }
 
-// SAFETY: CQ calls are serialized by the link's CQ lock; the provider allows any thread.
+// SAFETY: polls and arms happen under the link's CQ lock; acks take our own `unacked` lock;
+// libibverbs and its providers allow these calls from any thread.
 unsafe impl Send for Cq {}
 // SAFETY: as above.
 unsafe impl Sync for Cq {}
@@ -269,15 +301,16 @@ unsafe impl Sync for Cq {}
 /// Reads the function pointer at byte `offset` of a context's ops table.
 ///
 /// # Safety
-/// `ctx` must be an open `ibv_context` and `offset` one of the `CTX_OPS_*` offsets.
+/// `ctx` must be an open `ibv_context`, `offset` one of the `CTX_OPS_*` offsets and `F` the
+/// function-pointer type of the operation there.
 unsafe fn op<F: Copy>(ctx: *mut c_void, offset: usize) -> io::Result<F> {
     // SAFETY: per the contract, a function pointer (possibly null) sits at `offset`.
-    let p = unsafe { ctx.cast::<u8>().add(offset).cast::<*const c_void>().read() };
+    let p = unsafe { ctx.cast::<u8>().add(offset).cast::<*mut c_void>().read() };
     if p.is_null() {
         return Err(io::Error::other("verbs provider lacks an operation"));
     }
-    // SAFETY: F is the fn-pointer type of that operation, the same size as a pointer.
-    Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+    // SAFETY: F is the fn-pointer type of that operation (the caller's contract).
+    Ok(unsafe { ffi::fn_ptr(p) })
 }
 
 impl Cq {
@@ -340,13 +373,17 @@ impl Drop for Cq {
 /// A reliable-connected queue pair.
 pub(crate) struct Qp {
     dev: Arc<Device>,
+    /// Keeps the PD alive until the QP is destroyed.
+    _pd: Arc<Pd>,
     qp: NonNull<c_void>,
     pub(crate) qpn: u32,
     post_send: ffi::PostSendFn,
     post_recv: ffi::PostRecvFn,
 }
 
-// SAFETY: posting is serialized by the link's locks; the provider allows any thread.
+// SAFETY: libibverbs' post calls are thread-safe (providers lock their queues); sends from
+// connections are serialized by the link's tx lock, and the server's one LINK_UP post happens
+// before any connection can send.
 unsafe impl Send for Qp {}
 // SAFETY: as above.
 unsafe impl Sync for Qp {}
@@ -362,7 +399,8 @@ pub(crate) struct Remote {
 
 impl Qp {
     /// An RC QP on `cq` for both queues, moved to INIT on `port`.
-    pub(crate) fn new(dev: &Arc<Device>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
+    pub(crate) fn new(pd: &Arc<Pd>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
+        let dev = &pd.dev;
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: cq.cq.as_ptr(),
@@ -379,7 +417,7 @@ impl Qp {
             sq_sig_all: 0,
         };
         // SAFETY: the PD and CQ are live; `init` is a valid attribute structure.
-        let qp = unsafe { (dev.lib.create_qp)(dev.pd(), &mut init) };
+        let qp = unsafe { (dev.lib.create_qp)(pd.pd.as_ptr(), &mut init) };
         let qp = NonNull::new(qp).ok_or_else(io::Error::last_os_error)?;
         // SAFETY: a QP's number sits at this offset (checked by the test bed); the ops offsets
         // are the context's.
@@ -390,7 +428,7 @@ impl Qp {
                 op(dev.ctx(), ffi::CTX_OPS_POST_RECV),
             )
         };
-        let me = Qp { dev: dev.clone(), qp, qpn, post_send: post_send?, post_recv: post_recv? };
+        let me = Qp { dev: dev.clone(), _pd: pd.clone(), qp, qpn, post_send: post_send?, post_recv: post_recv? };
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_INIT,
             pkey_index: 0,
@@ -560,13 +598,7 @@ fn devices() -> Result<&'static [Arc<Device>], Unavailable> {
                 tracing::debug!(device = %name, error = %io::Error::last_os_error(), "cannot open rdma device");
                 continue;
             };
-            // SAFETY: the context is open.
-            let Some(pd) = NonNull::new(unsafe { (lib.alloc_pd)(ctx.as_ptr()) }) else {
-                // SAFETY: the context is ours and unused.
-                unsafe { (lib.close_device)(ctx.as_ptr()) };
-                continue;
-            };
-            out.push(Arc::new(Device { lib, ctx, pd, name }));
+            out.push(Arc::new(Device { lib, ctx, name }));
         }
         // SAFETY: the list came from get_device_list; open contexts stay valid after freeing it.
         unsafe { (lib.free_device_list)(list) };
@@ -602,13 +634,15 @@ pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavail
     if !cfg.enabled {
         return Err(Unavailable::Disabled);
     }
+    // Hits and misses are cached: a miss (an address no RoCE port serves, loopback say) would
+    // otherwise rescan every GID table on each handshake.
     type Key = (IpAddr, String, u8, i32);
-    static CACHE: OnceLock<Mutex<HashMap<Key, Port>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HashMap<Key, Option<Port>>>> = OnceLock::new();
     let key =
         (local, cfg.device.clone().unwrap_or_default(), cfg.port.unwrap_or(0), cfg.gid_index.map_or(-1, i32::from));
     let cache = CACHE.get_or_init(Mutex::default);
     if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(p.clone());
+        return p.clone().ok_or(Unavailable::NoPort);
     }
     let want = gid_of(local);
     for dev in devices()? {
@@ -628,17 +662,22 @@ pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavail
                 dev.query_gid(port, c_int::from(idx)).map(|g| (idx, g))
             } else {
                 (0..attr.gid_tbl_len.min(256)).find_map(|i| {
-                    let g = dev.query_gid(port, i)?;
+                    let g = dev.query_gid(port, i).filter(|g| *g == want)?;
                     let v2 = gid_type(&dev.name, port, i).is_none_or(|t| t.eq_ignore_ascii_case("RoCE v2"));
-                    (g == want && v2).then_some((i as u8, g))
+                    v2.then_some((i as u8, g))
                 })
             };
             if let Some((gid_index, gid)) = found {
                 let p = Port { dev: dev.clone(), port, gid_index, gid, mtu };
-                cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+                cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Some(p.clone()));
                 return Ok(p);
             }
         }
+    }
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded: a process meets few local addresses; past that, misses are not remembered.
+    if c.len() < 1024 {
+        c.insert(key, None);
     }
     Err(Unavailable::NoPort)
 }

@@ -326,7 +326,7 @@ pub(crate) fn lib() -> Result<&'static Lib, &'static str> {
 ///
 /// # Safety
 /// `p` must be the address of a function whose signature `F` spells out.
-unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
+pub(crate) unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
     assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
     // SAFETY: F is a function-pointer type of pointer size (asserted); per the contract, `p`
     // points to a function of that signature.

@@ -43,9 +43,9 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
-use self::device::{CompChannel, Cq, Mapping, Mr, Port, Qp, Remote};
+use self::device::{CompChannel, Cq, Mapping, Mr, Pd, Port, Qp, Remote};
 use super::{token_slot, Link, LinkError};
-use crate::proto::cdc::CDC_MSG_LEN;
+use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use crate::proto::cursor::{Cursor, RingSize};
 
 /// Send work requests outstanding per QP. The kernel's `SMC_WR_BUF_CNT` is 16 send buffers;
@@ -82,7 +82,7 @@ impl Pool {
     }
 
     /// The slot's (address, lkey, rkey), registering it now if needed.
-    fn slot(&self, dev: &Arc<device::Device>, slot: u32) -> io::Result<(u64, u32, u32)> {
+    fn slot(&self, pd: &Arc<Pd>, slot: u32) -> io::Result<(u64, u32, u32)> {
         if slot >= self.count {
             return Err(io::Error::other("rmb slot out of range"));
         }
@@ -91,14 +91,10 @@ impl Pool {
         let e = &mut mrs[slot as usize];
         if e.is_none() {
             // SAFETY: the slot lies inside `map`, which outlives the MR (field order above).
-            *e = Some(unsafe { dev.reg_mr(ptr, self.size as usize, self.access) }?);
+            *e = Some(unsafe { pd.reg_mr(ptr, self.size as usize, self.access) }?);
         }
         let mr = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
         Ok((ptr as u64, mr.lkey, mr.rkey))
-    }
-
-    fn lkey(&self, slot: u32) -> Option<u32> {
-        self.mrs.lock().unwrap_or_else(|e| e.into_inner()).get(slot as usize)?.as_ref().map(|m| m.lkey)
     }
 
     fn ptr(&self, slot: u32, offset: u32) -> *mut u8 {
@@ -117,11 +113,25 @@ impl Pool {
 #[derive(Debug, Clone, Copy)]
 struct ConnTx {
     our_slot: u32,
+    /// The send buffer's local key.
+    lkey: u32,
     remote_addr: u64,
     rkey: u32,
     ring: RingSize,
     /// The producer cursor of the last CDC message posted: bytes before it were written.
     sent_prod: Cursor,
+}
+
+/// One RDMA WRITE: `len` bytes at `off` of send-pool slot `slot` to the same offset of the
+/// peer's RMB at `raddr`.
+#[derive(Debug, Clone, Copy, Default)]
+struct WriteSpan {
+    slot: u32,
+    lkey: u32,
+    off: u32,
+    len: u32,
+    raddr: u64,
+    rkey: u32,
 }
 
 /// The peer's RMB for one connection, from its Accept or Confirm.
@@ -159,6 +169,8 @@ pub(crate) struct VerbsLink {
     tx_pool: Pool,
     recv_mr: Mr,
     recv_bufs: Mapping,
+    /// This group's own protection domain (every MR and the QP also hold it).
+    pd: Arc<Pd>,
     port: Port,
     psn: u32,
     role: LinkRole,
@@ -167,6 +179,8 @@ pub(crate) struct VerbsLink {
     sq_free: AtomicU32,
     up: AtomicBool,
     space_wanted: AtomicBool,
+    /// Set with `CqState::error`, so senders check it without the CQ lock.
+    failed: AtomicBool,
     closed: AtomicBool,
     busy_poll: Duration,
 }
@@ -194,14 +208,17 @@ impl VerbsLink {
         busy_poll: Duration,
     ) -> Result<VerbsLink, LinkError> {
         let dev = port.dev.clone();
-        let chan = CompChannel::new(&dev)?;
-        let cq = Cq::new(&dev, SQ_DEPTH + RQ_DEPTH, &chan)?;
-        let qp = Qp::new(&dev, &cq, port.port, SQ_DEPTH, RQ_DEPTH)?;
+        let pd = Pd::new(&dev)?;
+        // Registered with the reactor before the CQ exists, so that on any error below the
+        // locals drop in reverse order (QP, CQ, then the channel) and the channel is never
+        // destroyed while a CQ still uses it.
         // SAFETY: CompChannel's fd is owned by its channel, which the AsyncFd owns.
-        let chan = unsafe { crate::sys::register(chan, tokio::io::Interest::READABLE) }?;
+        let chan = unsafe { crate::sys::register(CompChannel::new(&dev)?, tokio::io::Interest::READABLE) }?;
+        let cq = Cq::new(&dev, SQ_DEPTH + RQ_DEPTH, chan.get_ref())?;
+        let qp = Qp::new(&pd, &cq, port.port, SQ_DEPTH, RQ_DEPTH)?;
         let recv_bufs = Mapping::new(RQ_DEPTH as usize * CDC_MSG_LEN)?;
         // SAFETY: `recv_bufs` outlives the MR (field order of VerbsLink).
-        let recv_mr = unsafe { dev.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
+        let recv_mr = unsafe { pd.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
         let rx_pool = Pool::new(rmb_count, rx_size, device_access::REMOTE)?;
         let tx_pool = Pool::new(rmb_count, tx_size, device_access::LOCAL)?;
         let psn = crate::sys::random_token().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
@@ -213,6 +230,7 @@ impl VerbsLink {
             tx_pool,
             recv_mr,
             recv_bufs,
+            pd,
             port,
             psn,
             role,
@@ -221,6 +239,7 @@ impl VerbsLink {
             sq_free: AtomicU32::new(SQ_DEPTH),
             up: AtomicBool::new(false),
             space_wanted: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             busy_poll,
         };
@@ -259,7 +278,7 @@ impl VerbsLink {
 
     /// Whether the link confirmation arrived (server: sent).
     pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+        self.up.load(Ordering::SeqCst)
     }
 
     /// Connects the QP to the peer's (INIT -> RTR -> RTS). A server then confirms the link.
@@ -268,17 +287,16 @@ impl VerbsLink {
         if self.role == LinkRole::Server {
             let mut frame = [0u8; CDC_MSG_LEN];
             frame[0] = LINK_UP_TYPE;
-            self.post_frame(&frame, &[], 1)?;
-            self.sq_free.fetch_sub(1, Ordering::AcqRel);
-            self.up.store(true, Ordering::Release);
+            self.post_frame(&frame, &[])?;
+            self.up.store(true, Ordering::SeqCst);
         }
         Ok(())
     }
 
     /// Our RMB for the connection with our token `token`: (address, rkey), registered now if
     /// this slot was never used.
-    pub(crate) fn rx_rmb(&self, token: u32) -> Result<(u64, u32), LinkError> {
-        let (addr, _, rkey) = self.rx_pool.slot(&self.port.dev, token_slot(token))?;
+    pub(crate) fn register_rmb(&self, token: u32) -> Result<(u64, u32), LinkError> {
+        let (addr, _, rkey) = self.rx_pool.slot(&self.pd, token_slot(token))?;
         Ok((addr, rkey))
     }
 
@@ -288,13 +306,14 @@ impl VerbsLink {
         if peer.size != self.tx_pool.size {
             return Err(LinkError::Protocol("peer rmb size differs from the link's"));
         }
-        self.tx_pool.slot(&self.port.dev, token_slot(our))?;
+        let (_, lkey, _) = self.tx_pool.slot(&self.pd, token_slot(our))?;
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         tx.retain(|_, c| c.our_slot != token_slot(our));
         tx.insert(
             peer.token,
             ConnTx {
                 our_slot: token_slot(our),
+                lkey,
                 remote_addr: peer.addr,
                 rkey: peer.rkey,
                 ring,
@@ -304,14 +323,9 @@ impl VerbsLink {
         Ok(())
     }
 
-    /// Posts `writes` (send-pool spans: slot, offset, length, remote address, rkey) and then
-    /// `frame` as an inline signaled SEND, in one chain of `count` WRs.
-    fn post_frame(
-        &self,
-        frame: &[u8; CDC_MSG_LEN],
-        writes: &[(u32, u32, u32, u64, u32)],
-        count: u32,
-    ) -> Result<(), LinkError> {
+    /// Posts `writes` and then `frame` as an inline signaled SEND, in one chain; returns how
+    /// many WRs it posted. A failed post ends the link: what the QP took of the chain is unknown.
+    fn post_frame(&self, frame: &[u8; CDC_MSG_LEN], writes: &[WriteSpan]) -> Result<u32, LinkError> {
         let mut sges = [ffi::ibv_sge::default(); WRS_PER_MSG as usize];
         // SAFETY: ibv_send_wr is plain data for which all-zero is a valid (empty) value.
         let mut wrs: [ffi::ibv_send_wr; WRS_PER_MSG as usize] = unsafe { std::mem::zeroed() };
@@ -319,14 +333,14 @@ impl VerbsLink {
         if n + 1 > wrs.len() {
             return Err(LinkError::Protocol("too many write spans"));
         }
-        for (i, &(slot, off, len, raddr, rkey)) in writes.iter().enumerate() {
-            let p = self.tx_pool.span(slot, off, len).ok_or(LinkError::Protocol("send span"))?;
-            let lkey = self.tx_pool.lkey(slot).ok_or(LinkError::Protocol("send buffer not registered"))?;
-            sges[i] = ffi::ibv_sge { addr: p as u64, length: len, lkey };
+        for (i, w) in writes.iter().enumerate() {
+            let p = self.tx_pool.span(w.slot, w.off, w.len).ok_or(LinkError::Protocol("send span"))?;
+            sges[i] = ffi::ibv_sge { addr: p as u64, length: w.len, lkey: w.lkey };
             wrs[i].opcode = ffi::IBV_WR_RDMA_WRITE;
-            wrs[i].remote_addr = raddr.wrapping_add(u64::from(off));
-            wrs[i].rkey = rkey;
+            wrs[i].remote_addr = w.raddr.wrapping_add(u64::from(w.off));
+            wrs[i].rkey = w.rkey;
         }
+        let count = n as u32 + 1;
         sges[n] = ffi::ibv_sge { addr: frame.as_ptr() as u64, length: CDC_MSG_LEN as u32, lkey: 0 };
         wrs[n].opcode = ffi::IBV_WR_SEND;
         wrs[n].send_flags = ffi::IBV_SEND_SIGNALED | ffi::IBV_SEND_INLINE;
@@ -346,10 +360,20 @@ impl VerbsLink {
         // SAFETY: the SGEs and WRs live across the call; WRITE sources are registered send-pool
         // spans that stay unchanged until the peer consumed them (module docs); the SEND is
         // inline, so `frame` is copied during the call.
-        unsafe { self.qp.post_send(wr_ptr) }.map_err(|e| {
-            tracing::debug!(error = %e, "ibv_post_send failed");
-            LinkError::from(e)
-        })
+        match unsafe { self.qp.post_send(wr_ptr) } {
+            Ok(()) => {
+                self.sq_free.fetch_sub(count, Ordering::SeqCst);
+                Ok(count)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "ibv_post_send failed: ending the link");
+                let e = LinkError::from(e);
+                self.lock_cq().error.get_or_insert(e.clone());
+                self.failed.store(true, Ordering::Release);
+                self.teardown();
+                Err(e)
+            }
+        }
     }
 
     /// Takes every waiting completion into the link's state. Called with the CQ lock held.
@@ -361,6 +385,7 @@ impl VerbsLink {
                 Ok(n) => n,
                 Err(e) => {
                     st.error.get_or_insert(e.into());
+                    self.failed.store(true, Ordering::Release);
                     return;
                 }
             };
@@ -388,12 +413,14 @@ impl VerbsLink {
                 }
             };
             st.error.get_or_insert(err);
+            self.failed.store(true, Ordering::Release);
             return;
         }
         if wc.opcode & ffi::IBV_WC_RECV != 0 {
             let i = wc.wr_id;
             if i >= u64::from(RQ_DEPTH) || wc.byte_len as usize != CDC_MSG_LEN {
                 st.error.get_or_insert(LinkError::Protocol("CDC message of the wrong length"));
+                self.failed.store(true, Ordering::Release);
                 return;
             }
             let mut frame = [0u8; CDC_MSG_LEN];
@@ -403,11 +430,12 @@ impl VerbsLink {
             unsafe { std::ptr::copy_nonoverlapping(p, frame.as_mut_ptr(), CDC_MSG_LEN) };
             if let Err(e) = self.post_recv(i as u32) {
                 st.error.get_or_insert(e);
+                self.failed.store(true, Ordering::Release);
                 return;
             }
             if frame[0] == LINK_UP_TYPE {
                 if self.role == LinkRole::Client {
-                    self.up.store(true, Ordering::Release);
+                    self.up.store(true, Ordering::SeqCst);
                 }
             } else {
                 st.frames.push_back(frame);
@@ -415,7 +443,7 @@ impl VerbsLink {
         } else {
             // A signaled SEND completed: its whole chain (wr_id WRs) left the send queue.
             let n = u32::try_from(wc.wr_id).unwrap_or(0).min(WRS_PER_MSG);
-            self.sq_free.fetch_add(n, Ordering::AcqRel);
+            self.sq_free.fetch_add(n, Ordering::SeqCst);
         }
     }
 
@@ -425,7 +453,9 @@ impl VerbsLink {
 
     /// Whether a waiting sender can go now.
     fn space_ready(&self) -> bool {
-        self.space_wanted.load(Ordering::Acquire) && self.is_up() && self.sq_free.load(Ordering::Acquire) >= WRS_PER_MSG
+        // SeqCst with the sender's store-then-load of the same flags (cdc_send_frame): a sender
+        // that announced its wait after our last check is seen by this one, or sees our update.
+        self.space_wanted.load(Ordering::SeqCst) && self.is_up() && self.sq_free.load(Ordering::SeqCst) >= WRS_PER_MSG
     }
 }
 
@@ -498,59 +528,61 @@ impl Link for VerbsLink {
         if self.closed.load(Ordering::Relaxed) {
             return Err(LinkError::Closed);
         }
-        if let Some(e) = self.lock_cq().error.clone() {
-            return Err(e);
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
         }
-        // Announce the wait first, so a completion reaped concurrently sees it.
+        // Announce the wait first (SeqCst, as the driver's updates of `up` and `sq_free` and its
+        // check in `space_ready`), so a completion reaped concurrently sees it, or we see it.
         if !self.is_up() {
-            self.space_wanted.store(true, Ordering::Release);
+            self.space_wanted.store(true, Ordering::SeqCst);
             if !self.is_up() {
                 return Ok(false);
             }
         }
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
+        if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
             if let Ok(mut st) = self.cqs.try_lock() {
                 self.reap(&mut st);
             }
-            if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
-                self.space_wanted.store(true, Ordering::Release);
-                if self.sq_free.load(Ordering::Acquire) < WRS_PER_MSG {
+            if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
+                self.space_wanted.store(true, Ordering::SeqCst);
+                if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
                     return Ok(false);
                 }
             }
         }
-        let token = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
-        let prod = Cursor::new(
-            u16::from_be_bytes([frame[12], frame[13]]),
-            u32::from_be_bytes([frame[14], frame[15], frame[16], frame[17]]),
-        );
-        let inline_len = u32::from(frame[2]);
-        let mut writes = [(0u32, 0u32, 0u32, 0u64, 0u32); 2];
+        let mut writes = [WriteSpan::default(); 2];
         let mut n = 0;
         let mut new_prod = None;
-        if let Some(c) = tx.get(&token) {
-            // The engine's own cursors: a frame that does not advance validly (the test hook's
-            // corrupt frames) is sent as it is, with no data.
-            if let Ok(delta) = c.ring.distance(c.sent_prod, prod) {
-                new_prod = Some(prod);
-                if delta > 0 && inline_len != delta {
+        // The engine's own frame; one that does not decode or advance validly (the test hook's
+        // corrupt frames) is sent as it is, with no data.
+        let msg = CdcMsg::decode(frame).ok();
+        if let Some((m, c)) = msg.as_ref().and_then(|m| Some((m, tx.get(&m.token)?))) {
+            if let Ok(delta) = c.ring.distance(c.sent_prod, m.prod) {
+                new_prod = Some(m.prod);
+                // Bytes that ride inline in the frame need no WRITE: the receiver stores them.
+                if delta > 0 && m.inline().len() != delta as usize {
                     if let Ok(spans) = c.ring.spans(c.sent_prod, delta) {
-                        for (off, len) in spans {
-                            if len > 0 {
-                                writes[n] = (c.our_slot, off, len, c.remote_addr, c.rkey);
-                                n += 1;
-                            }
+                        for (off, len) in spans.into_iter().filter(|s| s.1 > 0) {
+                            writes[n] = WriteSpan {
+                                slot: c.our_slot,
+                                lkey: c.lkey,
+                                off,
+                                len,
+                                raddr: c.remote_addr,
+                                rkey: c.rkey,
+                            };
+                            n += 1;
                         }
                     }
                 }
             }
         }
-        let count = n as u32 + 1;
-        self.post_frame(frame, &writes[..n], count)?;
-        self.sq_free.fetch_sub(count, Ordering::AcqRel);
-        if let (Some(p), Some(c)) = (new_prod, tx.get_mut(&token)) {
-            c.sent_prod = p;
+        self.post_frame(frame, &writes[..n])?;
+        if let (Some(p), Some(m)) = (new_prod, msg) {
+            if let Some(c) = tx.get_mut(&m.token) {
+                c.sent_prod = p;
+            }
         }
         Ok(true)
     }
@@ -619,7 +651,7 @@ impl Link for VerbsLink {
     }
 
     fn clear_space_wait(&self) {
-        self.space_wanted.store(false, Ordering::Release);
+        self.space_wanted.store(false, Ordering::SeqCst);
     }
 
     fn has_pending(&self) -> bool {
