@@ -515,6 +515,7 @@ impl SmcConn {
         let Some(link) = self.group.link() else {
             return;
         };
+        let mut registered = false;
         loop {
             let msg = match inline.take() {
                 Some(data) => st.engine.poll_cdc_inline(data),
@@ -523,12 +524,17 @@ impl SmcConn {
             let Some(msg) = msg else { break };
             match link.cdc_send(&msg) {
                 Ok(true) => st.engine.on_cdc_sent(&msg),
-                Ok(false) => {
+                Ok(false) if !registered => {
+                    // Register as a waiter, then try once more: the link's "want space" flag
+                    // is cleared only when no waiter is registered, so a refusal after our
+                    // registration leaves the flag set for us; one before it could have been
+                    // cleared by a driver that found the list empty meanwhile.
                     if let Some(me) = self.me.upgrade() {
                         self.group.wait_cdc_space(&me);
                     }
-                    return;
+                    registered = true;
                 }
+                Ok(false) => return,
                 Err(e) => {
                     st.error.get_or_insert(ConnError::Link(e));
                     wake(&mut st.rx_waker);
