@@ -205,6 +205,20 @@ mod tests {
         assert!(ran > 0, "the seed corpus under fuzz/corpus is missing");
     }
 
+    fn rdma_link(qpn: u32) -> crate::proto::clc::LinkInfo {
+        crate::proto::clc::LinkInfo::Rdma(crate::proto::clc::RdmaLinkInfo {
+            gid: [2; 16],
+            qpn,
+            psn: 0xabcdef,
+            mtu: 1024,
+            rkey: 0x1234,
+            rmb_addr: 0x7f00_0000_1000,
+            rmb_size: 1 << 18,
+            rmb_token: 0x0001_0003,
+            link_group: 0xdead_beef,
+        })
+    }
+
     /// Writes the seed corpus (run with `--ignored` after changing the wire format).
     #[test]
     #[ignore]
@@ -223,6 +237,20 @@ mod tests {
             ClcMessage::Accept(Accept { token, link: shm_link(5) }),
             ClcMessage::Confirm(Confirm { token, link: shm_link(6) }),
             ClcMessage::Decline(Decline { token, reason: DeclineReason::HandshakeCongested }),
+            ClcMessage::Proposal(Proposal {
+                token,
+                rmb_size: 1 << 18,
+                shm: None,
+                rdma: Some(crate::proto::clc::RdmaOffer {
+                    gid: [2; 16],
+                    port: 1,
+                    mtu: 1024,
+                    qpn: 0x11,
+                    link_group: 0xdead_beef,
+                }),
+            }),
+            ClcMessage::Accept(Accept { token, link: rdma_link(0x22) }),
+            ClcMessage::Confirm(Confirm { token, link: rdma_link(0x33) }),
         ];
         let write = |target: &str, name: String, bytes: &[u8]| {
             let dir = root.join(target);
