@@ -447,6 +447,60 @@ impl VerbsLink {
         }
     }
 
+    /// Sends `frame`, with the RDMA WRITEs of the new bytes `msg` (its decoded form) announces.
+    /// Without `msg` (a frame that does not decode: the test hook's corrupt ones) the frame goes
+    /// as it is, with no data.
+    fn send(&self, frame: &[u8; CDC_MSG_LEN], msg: Option<&CdcMsg>) -> Result<bool, LinkError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(LinkError::Closed);
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
+        }
+        // Announce the wait first (SeqCst, as the driver's updates of `up` and `sq_free` and its
+        // check in `space_ready`), so a completion reaped concurrently sees it, or we see it.
+        if !self.is_up() {
+            self.space_wanted.store(true, Ordering::SeqCst);
+            if !self.is_up() {
+                return Ok(false);
+            }
+        }
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
+            if let Ok(mut st) = self.cqs.try_lock() {
+                self.reap(&mut st);
+            }
+            if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
+                self.space_wanted.store(true, Ordering::SeqCst);
+                if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
+                    return Ok(false);
+                }
+            }
+        }
+        let mut writes = [WriteSpan::default(); 2];
+        let mut n = 0;
+        let conn = msg.and_then(|m| Some((m, tx.get_mut(&m.token)?)));
+        // A producer cursor that does not advance validly from the last one sent writes nothing.
+        let advance = conn.and_then(|(m, c)| Some((m, c.ring.distance(c.sent_prod, m.prod).ok()?, c)));
+        if let Some((m, delta, c)) = &advance {
+            // Bytes that ride inline in the frame need no WRITE: the receiver stores them.
+            if *delta > 0 && m.inline().len() != *delta as usize {
+                if let Ok(spans) = c.ring.spans(c.sent_prod, *delta) {
+                    for (off, len) in spans.into_iter().filter(|s| s.1 > 0) {
+                        writes[n] =
+                            WriteSpan { slot: c.our_slot, lkey: c.lkey, off, len, raddr: c.remote_addr, rkey: c.rkey };
+                        n += 1;
+                    }
+                }
+            }
+        }
+        self.post_frame(frame, &writes[..n])?;
+        if let Some((m, _, c)) = advance {
+            c.sent_prod = m.prod;
+        }
+        Ok(true)
+    }
+
     fn lock_cq(&self) -> std::sync::MutexGuard<'_, CqState> {
         self.cqs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -524,67 +578,12 @@ impl Link for VerbsLink {
         Ok(true)
     }
 
+    fn cdc_send(&self, msg: &CdcMsg) -> Result<bool, LinkError> {
+        self.send(&msg.encode(), Some(msg))
+    }
+
     fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(LinkError::Closed);
-        }
-        if self.failed.load(Ordering::Acquire) {
-            return Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
-        }
-        // Announce the wait first (SeqCst, as the driver's updates of `up` and `sq_free` and its
-        // check in `space_ready`), so a completion reaped concurrently sees it, or we see it.
-        if !self.is_up() {
-            self.space_wanted.store(true, Ordering::SeqCst);
-            if !self.is_up() {
-                return Ok(false);
-            }
-        }
-        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
-            if let Ok(mut st) = self.cqs.try_lock() {
-                self.reap(&mut st);
-            }
-            if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
-                self.space_wanted.store(true, Ordering::SeqCst);
-                if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
-                    return Ok(false);
-                }
-            }
-        }
-        let mut writes = [WriteSpan::default(); 2];
-        let mut n = 0;
-        let mut new_prod = None;
-        // The engine's own frame; one that does not decode or advance validly (the test hook's
-        // corrupt frames) is sent as it is, with no data.
-        let msg = CdcMsg::decode(frame).ok();
-        if let Some((m, c)) = msg.as_ref().and_then(|m| Some((m, tx.get(&m.token)?))) {
-            if let Ok(delta) = c.ring.distance(c.sent_prod, m.prod) {
-                new_prod = Some(m.prod);
-                // Bytes that ride inline in the frame need no WRITE: the receiver stores them.
-                if delta > 0 && m.inline().len() != delta as usize {
-                    if let Ok(spans) = c.ring.spans(c.sent_prod, delta) {
-                        for (off, len) in spans.into_iter().filter(|s| s.1 > 0) {
-                            writes[n] = WriteSpan {
-                                slot: c.our_slot,
-                                lkey: c.lkey,
-                                off,
-                                len,
-                                raddr: c.remote_addr,
-                                rkey: c.rkey,
-                            };
-                            n += 1;
-                        }
-                    }
-                }
-            }
-        }
-        self.post_frame(frame, &writes[..n])?;
-        if let (Some(p), Some(m)) = (new_prod, msg) {
-            if let Some(c) = tx.get_mut(&m.token) {
-                c.sent_prod = p;
-            }
-        }
-        Ok(true)
+        self.send(frame, CdcMsg::decode(frame).ok().as_ref())
     }
 
     fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError> {
