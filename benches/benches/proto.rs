@@ -13,7 +13,7 @@ fn clc(c: &mut Criterion) {
     let msg = ClcMessage::Proposal(Proposal {
         token: Token([7; 16]),
         rmb_size: 1 << 16,
-        shm: Some(ShmOffer { host_id: [1; 16], pid: 42, instance: 99, link_group: 0 }),
+        shm: Some(ShmOffer { link_group: 0 }),
         rdma: Some(RdmaOffer { gid: [2; 16], port: 1, mtu: 1024, qpn: 0, link_group: 0 }),
     });
     let bytes = msg.encode().unwrap();

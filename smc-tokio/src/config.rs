@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// What to do when SMC cannot be used for a connection.
+/// When to try SMC, and what to do when it cannot be used for a connection.
 ///
 /// # Examples
 ///
@@ -14,24 +14,134 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Policy {
-    /// Try SMC; on a decline, a timeout or a non-SMC peer, continue (or reconnect) over TCP.
+    /// SMC wherever the peer is known to speak it, and nowhere else: a listener on this host
+    /// (found at its door, out of band: SMC-D, or SMC-R between two local RDMA ports), and
+    /// the [in-band peers](crate::SmcStreamBuilder::inband_peers) (SMC-R across hosts). Any
+    /// other server sees a plain TCP client. On a decline or a timeout the connection simply
+    /// continues over TCP.
     #[default]
     Auto,
-    /// Require SMC: where a connection would fall back, fail it with
+    /// Require SMC: propose everywhere, as [`Policy::Always`] does, and where a connection
+    /// would fall back, fail it with
     /// [`SmcError::FallbackRefused`](crate::SmcError::FallbackRefused) instead. For tests and
     /// benchmarks that must not silently measure TCP.
     Never,
-    /// Never try SMC. A listener still answers proposals (with a decline), so SMC clients keep
-    /// working over TCP.
+    /// Never try SMC. A listener opens no door (same-host clients connect as plain TCP) and
+    /// answers in-band proposals with a decline, so SMC clients keep working over TCP.
     TcpOnly,
+    /// As [`Policy::Auto`], and propose in-band to every destination, as if every address were
+    /// an in-band peer. A server that does not speak SMC then receives the Proposal as its
+    /// first bytes; the client closes that connection and connects again as plain TCP (and
+    /// remembers the server in its negative cache). For deployments where every server runs
+    /// smc-tokio.
+    Always,
 }
 
-/// How long the listener waits for a new connection's first bytes before it takes the client
-/// for one that waits for the server to speak first. An SMC client sends its proposal right
-/// after connecting, so on a LAN or loopback it arrives within a round trip (microseconds to
-/// about a millisecond); 200 ms leaves two orders of magnitude for a loaded server. The cost is
-/// paid only by server-speaks-first protocols (SMTP, MySQL): their greeting is delayed by this
-/// much. Such servers should lower it or use [`Policy::TcpOnly`].
+impl Policy {
+    /// Whether a client with this policy proposes in-band to a destination that is not an
+    /// in-band peer.
+    pub(crate) fn proposes_everywhere(self) -> bool {
+        matches!(self, Policy::Always | Policy::Never)
+    }
+}
+
+/// Destinations a client negotiates SMC with in-band, over the TCP stream itself: how SMC-R is
+/// reached on other hosts. A list of addresses and networks (`10.1.2.3`, `10.0.0.0/8`,
+/// `fd00::/8`).
+///
+/// Out-of-band intent works on one host only; to another host the only way to ask is the
+/// connection's first bytes. A server there that does not speak SMC would read them as
+/// garbage, so a client proposes in-band only to the peers listed here (or to every peer under
+/// [`Policy::Always`]). Empty by default.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::config::InbandPeers;
+///
+/// let peers: InbandPeers = "10.0.0.0/8, 192.168.7.20".parse().unwrap();
+/// assert!(peers.contains("10.9.8.7".parse().unwrap()));
+/// assert!(peers.contains("192.168.7.20".parse().unwrap()));
+/// assert!(!peers.contains("192.168.7.21".parse().unwrap()));
+/// assert!("10.0.0.0/33".parse::<InbandPeers>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InbandPeers {
+    nets: Vec<(std::net::IpAddr, u8)>,
+}
+
+impl InbandPeers {
+    /// No peers.
+    pub fn none() -> InbandPeers {
+        InbandPeers::default()
+    }
+
+    /// Adds the network `addr/prefix` (a whole address with prefix 32 or 128). A prefix longer
+    /// than the address is clamped to it.
+    pub fn with(mut self, addr: std::net::IpAddr, prefix: u8) -> InbandPeers {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        self.nets.push((addr, prefix.min(max)));
+        self
+    }
+
+    /// Whether `ip` falls in one of the networks (an IPv4-mapped IPv6 address counts as its
+    /// IPv4 address).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.nets.iter().any(|&(net, prefix)| match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        })
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+}
+
+impl std::str::FromStr for InbandPeers {
+    type Err = String;
+
+    /// Parses a comma- or space-separated list of addresses and `address/prefix` networks.
+    fn from_str(s: &str) -> Result<InbandPeers, String> {
+        let mut peers = InbandPeers::none();
+        for item in s.split([',', ' ']).map(str::trim).filter(|i| !i.is_empty()) {
+            let (addr, prefix) = match item.split_once('/') {
+                Some((a, p)) => (a, Some(p)),
+                None => (item, None),
+            };
+            let addr: std::net::IpAddr = addr.parse().map_err(|_| format!("not an ip address: {item}"))?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let prefix = match prefix {
+                Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(|| format!("bad prefix: {item}"))?,
+                None => max,
+            };
+            peers = peers.with(addr, prefix);
+        }
+        Ok(peers)
+    }
+}
+
+/// How long a listener that can do SMC-R waits for the first bytes of a client on another host
+/// before it takes the client for one that waits for the server to speak first. Same-host
+/// clients never wait (they announce themselves out of band), and listeners without an RDMA
+/// device never peek. An in-band client sends its proposal right after connecting, so on a LAN
+/// it arrives within a round trip (about a millisecond); 200 ms leaves two orders of magnitude
+/// for a loaded server. Off-host plain clients of server-speaks-first protocols (SMTP, MySQL)
+/// on such a listener see their greeting delayed by this much; a proposal that comes later is
+/// answered with a decline, never handed to the application.
 pub const DEFAULT_PEEK_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Bound on a whole CLC handshake, both roles: the kernel's `CLC_WAIT_TIME` (2 s,
@@ -176,8 +286,10 @@ impl ShmConfig {
         self
     }
 
-    /// Other uids (besides this process's own) whose processes may join this side's link
-    /// groups. By default only the same uid may.
+    /// Other uids (besides this process's own) trusted as same-host peers: a server admits
+    /// their registrations at its door and their joins to its link groups; a client registers
+    /// at doors they own. By default only the same uid is trusted
+    /// (`SMC_TOKIO_SHM_ALLOW_UIDS` sets the list per process).
     pub fn allow_uid(mut self, uid: u32) -> Self {
         self.allowed_uids.push(uid);
         self
@@ -284,12 +396,14 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 ///
 /// | variable | setting | example |
 /// |---|---|---|
-/// | `SMC_TOKIO_POLICY` | [`Policy`]: `auto`, `never`, `tcp-only` | `tcp-only` |
+/// | `SMC_TOKIO_POLICY` | [`Policy`]: `auto`, `always`, `never`, `tcp-only` | `tcp-only` |
+/// | `SMC_TOKIO_INBAND_PEERS` | [`InbandPeers`]: addresses and networks to propose to in-band | `10.0.0.0/8` |
 /// | `SMC_TOKIO_SHM` | shared memory on (`1`) or off (`0`) | `0` |
+/// | `SMC_TOKIO_SHM_ALLOW_UIDS` | other uids trusted as same-host peers (doors and link groups) | `0,1000` |
 /// | `SMC_TOKIO_LIMIT_HANDSHAKE` | serve TCP at once when handshakes pile up (`1`/`0`) | `1` |
 /// | `SMC_TOKIO_MAX_PENDING_HANDSHAKES` | handshakes in flight per listener | `64` |
 /// | `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS` | bound on a handshake | `500` |
-/// | `SMC_TOKIO_PEEK_TIMEOUT_MS` | wait for a client's first bytes | `50` |
+/// | `SMC_TOKIO_PEEK_TIMEOUT_MS` | wait for an off-host client's first bytes (SMC-R listeners) | `50` |
 /// | `SMC_TOKIO_NEGATIVE_CACHE_TTL_MS` | how long a plain server is remembered | `60000` |
 /// | `SMC_TOKIO_RMB_SIZE` | receive ring size (bytes; `k`/`m` suffixes) | `1m` |
 /// | `SMC_TOKIO_BUSY_POLL_US` | busy-poll budget before sleeping | `50` |
@@ -305,9 +419,13 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Settings {
-    /// What to do when SMC cannot be used.
+    /// When to try SMC, and what to do when it cannot be used.
     pub policy: Policy,
-    /// How long a listener waits for a new connection's first bytes.
+    /// Destinations a client proposes to in-band (SMC-R across hosts).
+    pub inband_peers: InbandPeers,
+    /// How long a listener that can do SMC-R waits for the first bytes of a client on another
+    /// host (which can only propose in-band). Same-host clients never wait: they announce
+    /// themselves at the listener's door before they connect.
     pub peek_timeout: Duration,
     /// Bound on a handshake.
     pub handshake_timeout: Duration,
@@ -335,6 +453,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             policy: Policy::Auto,
+            inband_peers: InbandPeers::none(),
             peek_timeout: DEFAULT_PEEK_TIMEOUT,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             negative_cache_ttl: DEFAULT_NEGATIVE_CACHE_TTL,
@@ -385,9 +504,16 @@ impl Settings {
         if let Some(v) = get("SMC_TOKIO_POLICY") {
             match v.as_str() {
                 "auto" => s.policy = Policy::Auto,
+                "always" => s.policy = Policy::Always,
                 "never" => s.policy = Policy::Never,
                 "tcp-only" | "tcp_only" | "tcponly" => s.policy = Policy::TcpOnly,
                 _ => warn("SMC_TOKIO_POLICY", &v),
+            }
+        }
+        if let Some(v) = lookup("SMC_TOKIO_INBAND_PEERS") {
+            match v.parse::<InbandPeers>() {
+                Ok(p) => s.inband_peers = p,
+                Err(e) => warn("SMC_TOKIO_INBAND_PEERS", &e),
             }
         }
         if let Some(on) = flag("SMC_TOKIO_SHM") {
@@ -408,6 +534,14 @@ impl Settings {
         }
         if let Some(n) = num("SMC_TOKIO_NEGATIVE_CACHE_TTL_MS") {
             s.negative_cache_ttl = ms(n);
+        }
+        if let Some(v) = lookup("SMC_TOKIO_SHM_ALLOW_UIDS") {
+            let uids: Result<Vec<u32>, _> =
+                v.split([',', ' ']).map(str::trim).filter(|u| !u.is_empty()).map(str::parse::<u32>).collect();
+            match uids {
+                Ok(u) => s.shm.allowed_uids = u,
+                Err(_) => warn("SMC_TOKIO_SHM_ALLOW_UIDS", &v),
+            }
         }
         if let Some(n) = num("SMC_TOKIO_RMB_SIZE") {
             s.shm = s.shm.rmb_size(u32::try_from(n).unwrap_or(u32::MAX));
@@ -483,6 +617,7 @@ pub fn global() -> &'static GlobalSettings {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Overrides {
     pub(crate) policy: Option<Policy>,
+    pub(crate) inband_peers: Option<InbandPeers>,
     pub(crate) peek_timeout: Option<Duration>,
     pub(crate) handshake_timeout: Option<Duration>,
     pub(crate) negative_cache_ttl: Option<Duration>,
@@ -499,6 +634,9 @@ impl Overrides {
         let mut s = global().get();
         if let Some(v) = self.policy {
             s.policy = v;
+        }
+        if let Some(v) = &self.inband_peers {
+            s.inband_peers = v.clone();
         }
         if let Some(v) = self.peek_timeout {
             s.peek_timeout = v;

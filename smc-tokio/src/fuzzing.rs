@@ -9,7 +9,7 @@ use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use crate::proto::clc::{decode, ClcMessage, DeclineReason, Decoded, LinkInfo, ShmLinkInfo};
 use crate::proto::cursor::RingSize;
 use crate::proto::engine::ConnEngine;
-use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake};
+use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake, Timeouts};
 
 /// CLC decoding: never panics; whatever decodes re-encodes and decodes to itself.
 pub fn clc_decode(data: &[u8]) {
@@ -55,19 +55,19 @@ fn shm_link(slot: u32) -> LinkInfo {
 /// or keeps a deadline.
 pub fn handshake_server(data: &[u8]) {
     let t0 = Instant::now();
-    let mut hs = ServerHandshake::new(t0, Duration::from_secs(1));
+    let mut hs = ServerHandshake::new(t0, Timeouts::uniform(Duration::from_secs(1)));
     for step in steps(data) {
         let want = hs.wanted();
-        let used = hs.handle_input(step);
+        let used = hs.handle_input(step, t0);
         assert!(used <= want);
         // An empty step is EOF (the peer closed), a real input; the control byte is then 0.
         let ctl = step.first().copied().unwrap_or(0);
-        if let Some(ServerEvent::Proposal(_)) = hs.poll_event() {
-            if ctl & 1 == 0 {
-                hs.accept(shm_link(7));
-            } else {
-                hs.decline(DeclineReason::NoCommonTransport);
-            }
+        match hs.poll_event() {
+            Some(ServerEvent::Proposal(_)) if ctl & 1 == 0 => hs.accept(shm_link(7), t0),
+            Some(ServerEvent::Proposal(_)) => hs.decline(DeclineReason::NoCommonTransport, t0),
+            Some(ServerEvent::Confirmed(_)) if ctl & 2 == 0 => hs.commit(t0),
+            Some(ServerEvent::Confirmed(_)) => hs.decline(DeclineReason::SyncError, t0),
+            None => {}
         }
         let _ = hs.poll_transmit();
         if ctl == 0xFF {
@@ -87,7 +87,7 @@ pub fn handshake_client(data: &[u8]) {
     let t0 = Instant::now();
     let token = crate::proto::clc::Token([3; 16]);
     let proposal = crate::proto::clc::Proposal { token, rmb_size: 4096, shm: None, rdma: None };
-    let Ok(mut hs) = ClientHandshake::new(proposal, t0, Duration::from_secs(1)) else { return };
+    let Ok(mut hs) = ClientHandshake::new(proposal, t0, Timeouts::uniform(Duration::from_secs(1))) else { return };
     let _ = hs.poll_transmit();
     // Sometimes start with a well-formed Accept or Decline so the later states are reached.
     let mut prefix = Vec::new();
@@ -104,21 +104,26 @@ pub fn handshake_client(data: &[u8]) {
     let stream: Vec<u8> = prefix.into_iter().chain(data.iter().copied()).collect();
     for step in steps(&stream) {
         let want = hs.wanted();
-        let used = hs.handle_input(step);
+        let used = hs.handle_input(step, t0);
         assert!(used <= want);
         let ctl = step.first().copied().unwrap_or(0);
         if let Some(ClientEvent::Accepted(_)) = hs.poll_event() {
             if ctl & 1 == 0 {
-                hs.confirm(shm_link(9));
+                hs.confirm(shm_link(9), t0);
             } else {
-                hs.decline(DeclineReason::Internal);
+                hs.decline(DeclineReason::Internal, t0);
             }
         }
         let _ = hs.poll_transmit();
+        if ctl == 0xFF {
+            hs.handle_timeout(t0 + Duration::from_secs(2));
+        }
         if hs.outcome().is_some() {
             assert_eq!(hs.wanted(), 0);
+            assert!(hs.poll_timeout().is_none());
             return;
         }
+        assert!(hs.poll_timeout().is_some());
     }
 }
 
@@ -223,7 +228,7 @@ mod tests {
     #[test]
     #[ignore]
     fn write_seed_corpus() {
-        use crate::proto::clc::{Accept, Confirm, Decline, Proposal, ShmOffer, Token};
+        use crate::proto::clc::{Accept, Commit, Confirm, Decline, Proposal, ShmOffer, Token};
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
         let token = Token([3; 16]);
         let msgs = [
@@ -231,7 +236,7 @@ mod tests {
             ClcMessage::Proposal(Proposal {
                 token,
                 rmb_size: 1 << 18,
-                shm: Some(ShmOffer { host_id: [1; 16], pid: 7, instance: 9, link_group: 0 }),
+                shm: Some(ShmOffer { link_group: 0 }),
                 rdma: None,
             }),
             ClcMessage::Accept(Accept { token, link: shm_link(5) }),
@@ -251,6 +256,7 @@ mod tests {
             }),
             ClcMessage::Accept(Accept { token, link: rdma_link(0x22) }),
             ClcMessage::Confirm(Confirm { token, link: rdma_link(0x33) }),
+            ClcMessage::Commit(Commit { token }),
         ];
         let write = |target: &str, name: String, bytes: &[u8]| {
             let dir = root.join(target);

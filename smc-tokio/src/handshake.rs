@@ -6,7 +6,7 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proto::clc::CLC_MAX_LEN;
+use crate::proto::clc::{eyecatcher_prefix_matches, CLC_EYECATCHER, CLC_MAX_LEN};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome, ServerEvent, ServerHandshake};
 
 /// The surface both handshake machines share, so one loop drives either.
@@ -16,42 +16,76 @@ pub(crate) trait Machine {
     fn poll_event(&mut self) -> Option<Self::Event>;
     fn poll_timeout(&self) -> Option<Instant>;
     fn wanted(&self) -> usize;
-    fn handle_input(&mut self, data: &[u8]) -> usize;
+    fn handle_input(&mut self, data: &[u8], now: Instant) -> usize;
     fn handle_timeout(&mut self, now: Instant);
     fn outcome(&self) -> Option<&Outcome>;
+    /// At the first byte of a message the peer may have replaced with application bytes.
+    fn at_first_byte(&self) -> bool;
+    /// The peer sent application bytes there (nothing was taken).
+    fn peer_sent_data(&mut self);
 }
 
-macro_rules! impl_machine {
-    ($t:ty, $e:ty) => {
-        impl Machine for $t {
-            type Event = $e;
-            fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-                <$t>::poll_transmit(self)
-            }
-            fn poll_event(&mut self) -> Option<$e> {
-                <$t>::poll_event(self)
-            }
-            fn poll_timeout(&self) -> Option<Instant> {
-                <$t>::poll_timeout(self)
-            }
-            fn wanted(&self) -> usize {
-                <$t>::wanted(self)
-            }
-            fn handle_input(&mut self, data: &[u8]) -> usize {
-                <$t>::handle_input(self, data)
-            }
-            fn handle_timeout(&mut self, now: Instant) {
-                <$t>::handle_timeout(self, now)
-            }
-            fn outcome(&self) -> Option<&Outcome> {
-                <$t>::outcome(self)
-            }
-        }
-    };
+impl Machine for ClientHandshake {
+    type Event = ClientEvent;
+    fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        ClientHandshake::poll_transmit(self)
+    }
+    fn poll_event(&mut self) -> Option<ClientEvent> {
+        ClientHandshake::poll_event(self)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        ClientHandshake::poll_timeout(self)
+    }
+    fn wanted(&self) -> usize {
+        ClientHandshake::wanted(self)
+    }
+    fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
+        ClientHandshake::handle_input(self, data, now)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        ClientHandshake::handle_timeout(self, now)
+    }
+    fn outcome(&self) -> Option<&Outcome> {
+        ClientHandshake::outcome(self)
+    }
+    fn at_first_byte(&self) -> bool {
+        self.awaits_reply_start()
+    }
+    fn peer_sent_data(&mut self) {
+        ClientHandshake::peer_sent_data(self)
+    }
 }
 
-impl_machine!(ClientHandshake, ClientEvent);
-impl_machine!(ServerHandshake, ServerEvent);
+impl Machine for ServerHandshake {
+    type Event = ServerEvent;
+    fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        ServerHandshake::poll_transmit(self)
+    }
+    fn poll_event(&mut self) -> Option<ServerEvent> {
+        ServerHandshake::poll_event(self)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        ServerHandshake::poll_timeout(self)
+    }
+    fn wanted(&self) -> usize {
+        ServerHandshake::wanted(self)
+    }
+    fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
+        ServerHandshake::handle_input(self, data, now)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        ServerHandshake::handle_timeout(self, now)
+    }
+    fn outcome(&self) -> Option<&Outcome> {
+        ServerHandshake::outcome(self)
+    }
+    fn at_first_byte(&self) -> bool {
+        self.awaits_proposal_start()
+    }
+    fn peer_sent_data(&mut self) {
+        ServerHandshake::peer_sent_data(self)
+    }
+}
 
 /// Where [`advance`] stopped.
 pub(crate) enum Step<E> {
@@ -62,25 +96,13 @@ pub(crate) enum Step<E> {
 }
 
 /// Runs the machine over `tcp` until it needs a decision or ends. Reads never take more than the
-/// machine wants, so bytes after the handshake stay in the socket for the application. I/O
-/// errors are returned as they are; the connection is then unusable.
+/// machine wants, so bytes after the handshake stay in the socket for the application, and the
+/// first byte of a message the peer may have replaced with application bytes is looked at
+/// before it is taken. I/O errors are returned as they are; the connection is then unusable.
 pub(crate) async fn advance<M: Machine>(tcp: &mut TcpStream, m: &mut M) -> io::Result<Step<M::Event>> {
     let mut buf = [0u8; CLC_MAX_LEN];
     loop {
-        if let Some(bytes) = m.poll_transmit() {
-            // A handshake message is at most CLC_MAX_LEN bytes on a fresh connection, so it
-            // fits the socket's send buffer: this write does not wait on the peer. It is bounded
-            // by the deadline anyway.
-            match m.poll_timeout() {
-                Some(deadline) => {
-                    let deadline = tokio::time::Instant::from_std(deadline);
-                    tokio::time::timeout_at(deadline, tcp.write_all(&bytes))
-                        .await
-                        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake write timed out"))??
-                }
-                None => tcp.write_all(&bytes).await?,
-            }
-        }
+        flush(tcp, m).await?;
         if let Some(o) = m.outcome() {
             return Ok(Step::Done(o.clone()));
         }
@@ -93,18 +115,55 @@ pub(crate) async fn advance<M: Machine>(tcp: &mut TcpStream, m: &mut M) -> io::R
             // without a bound.
             return Err(io::Error::other("handshake machine has no deadline"));
         };
+        let tdeadline = tokio::time::Instant::from_std(deadline);
         if want == 0 {
             // Nothing to read and no decision pending: only the deadline can move it on.
-            tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
+            tokio::time::sleep_until(tdeadline).await;
             m.handle_timeout(Instant::now().max(deadline));
             continue;
         }
-        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), tcp.read(&mut buf[..want])).await {
+        if m.at_first_byte() {
+            let mut first = [0u8; CLC_EYECATCHER.len()];
+            match tokio::time::timeout_at(tdeadline, tcp.peek(&mut first)).await {
+                Ok(Ok(0)) => {
+                    m.handle_input(&[], Instant::now());
+                    continue;
+                }
+                Ok(Ok(n)) if !eyecatcher_prefix_matches(&first[..n]) => {
+                    m.peer_sent_data();
+                    continue;
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    m.handle_timeout(Instant::now().max(deadline));
+                    continue;
+                }
+            }
+        }
+        match tokio::time::timeout_at(tdeadline, tcp.read(&mut buf[..want])).await {
             Ok(Ok(n)) => {
-                m.handle_input(&buf[..n]);
+                m.handle_input(&buf[..n], Instant::now());
             }
             Ok(Err(e)) => return Err(e),
             Err(_) => m.handle_timeout(Instant::now().max(deadline)),
         }
     }
+}
+
+/// Sends what the machine has to send. A handshake message is at most `CLC_MAX_LEN` bytes on
+/// a connection that carried nothing else, so it fits the socket's send buffer: the write does
+/// not wait on the peer. It is bounded by the machine's deadline anyway (or a second, once the
+/// machine is done).
+pub(crate) async fn flush<M: Machine>(tcp: &mut TcpStream, m: &mut M) -> io::Result<()> {
+    while let Some(bytes) = m.poll_transmit() {
+        let deadline = m
+            .poll_timeout()
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(|| tokio::time::Instant::now() + std::time::Duration::from_secs(1));
+        tokio::time::timeout_at(deadline, tcp.write_all(&bytes))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake write timed out"))??
+    }
+    Ok(())
 }

@@ -59,7 +59,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+mod accept;
 pub mod config;
+mod connect;
+mod door;
 mod error;
 #[cfg(any(feature = "fuzzing", test))]
 #[doc(hidden)]

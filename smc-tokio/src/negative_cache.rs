@@ -12,6 +12,8 @@ const CAPACITY: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct NegativeCache {
     entries: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Consecutive handshake timeouts per server, for [`NegativeCache::insert_backoff`].
+    timeouts: Mutex<HashMap<SocketAddr, u32>>,
     /// Adaptive fallback: consecutive short SMC connections per server.
     strikes: Mutex<HashMap<SocketAddr, u32>>,
 }
@@ -52,6 +54,31 @@ impl NegativeCache {
             }
         }
         map.insert(peer, now + ttl);
+    }
+
+    /// Remembers `peer`, whose handshake timed out, for `base` doubled by each consecutive
+    /// timeout before this one, at most `max`: a silent server cannot be told from a busy SMC
+    /// one, so it is retried soon, then less and less often.
+    pub(crate) fn insert_backoff(&self, peer: SocketAddr, now: Instant, base: Duration, max: Duration) {
+        let n = {
+            let mut t = self.timeouts.lock().unwrap_or_else(|e| e.into_inner());
+            if t.len() >= CAPACITY && !t.contains_key(&peer) {
+                t.clear();
+            }
+            let n = t.entry(peer).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        let ttl = base.checked_mul(1u32 << (n - 1).min(16)).unwrap_or(max).min(max);
+        self.insert(peer, now, ttl);
+    }
+
+    /// A handshake with `peer` completed (SMC or a decline): its timeouts are forgiven.
+    pub(crate) fn answered(&self, peer: SocketAddr) {
+        let mut t = self.timeouts.lock().unwrap_or_else(|e| e.into_inner());
+        if !t.is_empty() {
+            t.remove(&peer);
+        }
     }
 
     /// Adaptive fallback: records how an SMC connection to `peer` ended. After
@@ -118,6 +145,28 @@ mod tests {
         assert!(!c.contains(addr(9), now));
         c.record_smc_conn(addr(9), false, ttl);
         assert!(c.contains(addr(9), Instant::now()));
+    }
+
+    #[test]
+    fn timeouts_back_off_up_to_the_ttl() {
+        let c = NegativeCache::default();
+        let now = Instant::now();
+        let (base, max) = (Duration::from_secs(2), Duration::from_secs(60));
+        let ttl_after = |c: &NegativeCache| {
+            let until = *c.entries.lock().unwrap().get(&addr(7)).unwrap();
+            until - now
+        };
+        c.insert_backoff(addr(7), now, base, max);
+        assert_eq!(ttl_after(&c), base, "a first timeout is remembered briefly");
+        c.insert_backoff(addr(7), now, base, max);
+        assert_eq!(ttl_after(&c), base * 2);
+        for _ in 0..10 {
+            c.insert_backoff(addr(7), now, base, max);
+        }
+        assert_eq!(ttl_after(&c), max);
+        c.answered(addr(7));
+        c.insert_backoff(addr(7), now, base, max);
+        assert_eq!(ttl_after(&c), base, "an answer resets the backoff");
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub const HANDSHAKE_BUCKETS: [Duration; 6] = [
 ];
 
 const REASONS: usize = 8;
-const FALLBACKS: usize = 6;
+const FALLBACKS: usize = 7;
 
 #[derive(Default)]
 struct Role {
@@ -46,6 +46,8 @@ struct Counters {
     link_groups: AtomicU64,
     adaptive_fallbacks: AtomicU64,
     rdma_unavailable: [AtomicU64; 4],
+    door: [AtomicU64; 5],
+    late_messages: AtomicU64,
 }
 
 fn counters() -> &'static Counters {
@@ -69,6 +71,7 @@ fn fallback_index(r: FallbackReason) -> usize {
         FallbackReason::ClientSilent => 3,
         FallbackReason::Declined { by: Side::Local, .. } => 4,
         FallbackReason::Declined { by: Side::Peer, .. } => 5,
+        FallbackReason::NotProposed => 6,
     }
 }
 
@@ -118,6 +121,30 @@ pub(crate) fn link_group_down() {
 
 pub(crate) fn adaptive_fallback() {
     counters().adaptive_fallbacks.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What happened at a door (see [`Stats::door`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DoorEvent {
+    Registered = 0,
+    Matched = 1,
+    Unmatched = 2,
+    TimedOut = 3,
+    Refused = 4,
+}
+
+pub(crate) fn door(e: DoorEvent) {
+    counters().door[e as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// A door connection or a door's owner refused for its uid.
+pub(crate) fn door_refused() {
+    door(DoorEvent::Refused);
+}
+
+/// A late handshake message taken off a TCP stream before the application's bytes.
+pub(crate) fn late_message() {
+    counters().late_messages.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A handshake in flight; records its duration and outcome when finished or dropped.
@@ -176,6 +203,8 @@ pub struct RoleStats {
     pub fallback_declined_local: u64,
     /// TCP after the peer declined.
     pub fallback_declined_peer: u64,
+    /// TCP because SMC was not proposed (client: no door, not an in-band peer).
+    pub fallback_not_proposed: u64,
 }
 
 impl RoleStats {
@@ -219,6 +248,13 @@ pub struct Stats {
     /// switched off, libibverbs not loadable, no RDMA device, no active RoCE port with a GID for
     /// the connection's local address. Counted only when the crate is built with `rdma`.
     pub rdma_unavailable: [u64; 4],
+    /// Same-host registrations at listeners' doors: made (client), matched to a connection
+    /// (server: told to propose), answered "no SMC" (server), given up waiting for a verdict
+    /// (client), and door connections or door owners refused for their uid (either side).
+    pub door: [u64; 5],
+    /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
+    /// an Accept it timed out on) taken off TCP streams before the application's bytes.
+    pub late_messages: u64,
 }
 
 /// Counts a handshake without RDMA, by reason index (see [`Stats::rdma_unavailable`]).
@@ -245,6 +281,7 @@ fn role(r: &Role) -> RoleStats {
         fallback_client_silent: f[3],
         fallback_declined_local: f[4],
         fallback_declined_peer: f[5],
+        fallback_not_proposed: f[6],
     }
 }
 
@@ -274,6 +311,8 @@ pub fn stats() -> Stats {
         rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
         adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
         rdma_unavailable: load(&c.rdma_unavailable),
+        door: load(&c.door),
+        late_messages: c.late_messages.load(Ordering::Relaxed),
     }
 }
 
@@ -282,7 +321,7 @@ impl fmt::Display for Stats {
         for (name, r) in [("client", &self.client), ("server", &self.server)] {
             writeln!(
                 f,
-                "{name}: {} connections: smc-d {}, smc-r {}, tcp {} (disabled {}, peer no smc {}, negative cache {}, client silent {}, declined locally {}, declined by peer {})",
+                "{name}: {} connections: smc-d {}, smc-r {}, tcp {} (disabled {}, peer no smc {}, negative cache {}, client silent {}, declined locally {}, declined by peer {}, not proposed {})",
                 r.total(),
                 r.smc_d,
                 r.smc_r,
@@ -292,7 +331,8 @@ impl fmt::Display for Stats {
                 r.fallback_negative_cache,
                 r.fallback_client_silent,
                 r.fallback_declined_local,
-                r.fallback_declined_peer
+                r.fallback_declined_peer,
+                r.fallback_not_proposed
             )?;
         }
         let reasons = |a: &[u64; REASONS]| {
@@ -324,6 +364,12 @@ impl fmt::Display for Stats {
             h[4],
             h[5],
             h[6]
+        )?;
+        let d = &self.door;
+        writeln!(
+            f,
+            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused (uid); late handshake messages taken: {}",
+            d[0], d[1], d[2], d[3], d[4], self.late_messages
         )?;
         write!(
             f,

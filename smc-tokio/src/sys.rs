@@ -25,25 +25,6 @@ pub(crate) fn random_token() -> io::Result<Token> {
     Ok(Token(t))
 }
 
-/// `recv(fd, buf, MSG_PEEK | MSG_DONTWAIT)`: the bytes waiting, without taking them and without
-/// blocking (`WouldBlock` when there are none).
-pub(crate) fn peek_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and `fd` is an open socket
-        // borrowed for the duration of the call.
-        let n = unsafe {
-            libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,14 +313,17 @@ fn seqpacket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A non-blocking SOCK_SEQPACKET listener on the abstract name `name`.
+/// A non-blocking SOCK_SEQPACKET listener on the abstract name `name`, with a backlog of
+/// 4096 (capped by `net.core.somaxconn`): a door takes one connection per registered TCP
+/// connection, so it needs at least the TCP listener's backlog (1024), and a burst of 2000
+/// concurrent connects filled 1024 on the 2-vCPU VM.
 pub(crate) fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
     let (addr, len) = abstract_addr(name)?;
     // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     // SAFETY: plain syscall on our socket.
-    cvt(unsafe { libc::listen(fd.as_raw_fd(), 1024) })?;
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), 4096) })?;
     Ok(fd)
 }
 
@@ -477,22 +461,6 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     Ok((n, fds))
 }
 
-/// This host's identity: the kernel's boot id (a random UUID per boot).
-pub(crate) fn host_id() -> [u8; 16] {
-    static ID: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
-    *ID.get_or_init(|| {
-        let mut id = [0u8; 16];
-        if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-            let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
-            for (i, pair) in hex.chunks(2).take(16).enumerate() {
-                let v = std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok());
-                id[i] = v.unwrap_or(0);
-            }
-        }
-        id
-    })
-}
-
 /// Registers a descriptor with the current tokio reactor.
 ///
 /// # Safety
@@ -605,4 +573,271 @@ pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The door (same-host SMC intent): client sockets bound before they connect, and what a server
+// checks about a socket a client hands it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The local port range for automatic ports (`/proc/sys/net/ipv4/ip_local_port_range`, which
+/// governs IPv6 too), and the ports reserved from it (`ip_local_reserved_ports`), read once.
+/// Linux's defaults when the files cannot be read: 32768..=60999, nothing reserved.
+fn port_range() -> &'static (u16, u16, Vec<(u16, u16)>) {
+    static R: std::sync::OnceLock<(u16, u16, Vec<(u16, u16)>)> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let nums = |s: &str| s.split_whitespace().filter_map(|w| w.parse::<u16>().ok()).collect::<Vec<_>>();
+        let (lo, hi) = match std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").map(|s| nums(&s)) {
+            Ok(v) if v.len() == 2 && v[0] > 0 && v[0] <= v[1] => (v[0], v[1]),
+            _ => (32768, 60999),
+        };
+        let reserved = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports")
+            .map(|s| {
+                s.trim()
+                    .split(',')
+                    .filter_map(|part| {
+                        let mut it = part.trim().splitn(2, '-').map(|x| x.parse::<u16>().ok());
+                        match (it.next().flatten(), it.next()) {
+                            (Some(a), None) => Some((a, a)),
+                            (Some(a), Some(Some(b))) => Some((a, b)),
+                            _ => None,
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        (lo, hi, reserved)
+    })
+}
+
+/// The next port to try: a per-process cursor walking the automatic range from a random
+/// start, so that one process's ports come back as late as possible (a port's last connection
+/// must have left TIME_WAIT's reuse window before the same 4-tuple can connect again) and two
+/// processes rarely walk the same ports.
+fn next_port() -> u16 {
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    static CURSOR: AtomicU32 = AtomicU32::new(0);
+    let (lo, hi, reserved) = port_range();
+    let span = u32::from(*hi - *lo) + 1;
+    let start = *START.get_or_init(|| (crate::smc::manager::random_u64() % u64::from(span)) as u32);
+    let mut port = *lo;
+    // Bounded, in case a range is reserved whole; bind then reports the conflict.
+    for _ in 0..span {
+        let n = start.wrapping_add(CURSOR.fetch_add(1, Ordering::Relaxed));
+        port = (u32::from(*lo) + n % span) as u16;
+        if !reserved.iter().any(|(a, b)| (*a..=*b).contains(&port)) {
+            break;
+        }
+    }
+    port
+}
+
+/// How many ports [`bound_tcp_socket`] tries before it gives up.
+const BIND_ATTEMPTS: usize = 64;
+
+/// A non-blocking TCP socket for a connection to `dst`, bound to the wildcard address and a
+/// port of this process's choosing, before it connects, so that the port can be registered at
+/// a listener's door. `SO_REUSEPORT` lets it bind over this process's own connections in
+/// TIME_WAIT (which would otherwise exhaust the ports at high connection rates) while the
+/// kernel keeps every other uid off the port as long as the socket lives (a reuseport group
+/// is one uid's); `SO_REUSEADDR` stays off, since it would let any uid share the port.
+pub(crate) fn bound_tcp_socket(dst: SocketAddr) -> io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let (domain, any): (Domain, IpAddr) = match dst {
+        SocketAddr::V4(_) => (Domain::IPV4, Ipv4Addr::UNSPECIFIED.into()),
+        SocketAddr::V6(_) => (Domain::IPV6, Ipv6Addr::UNSPECIFIED.into()),
+    };
+    let sock = Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP))?;
+    sock.set_reuse_port(true)?;
+    let mut last = None;
+    for _ in 0..BIND_ATTEMPTS {
+        match sock.bind(&SocketAddr::new(any, next_port()).into()) {
+            Ok(()) => return Ok(sock),
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
+}
+
+/// What a server learns about a socket a client handed it at the door: its local address and,
+/// if it has connected by now (the server reads registrations lazily), its peer's. Refused:
+/// anything but a bound TCP socket, a listening socket, and `SO_REUSEADDR`.
+pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<(SocketAddr, Option<SocketAddr>), &'static str> {
+    let opt = |level: libc::c_int, name: libc::c_int| -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
+        let r = unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    match opt(libc::SOL_SOCKET, libc::SO_DOMAIN) {
+        Some(libc::AF_INET | libc::AF_INET6) => {}
+        _ => return Err("not an internet socket"),
+    }
+    if opt(libc::SOL_SOCKET, libc::SO_TYPE) != Some(libc::SOCK_STREAM)
+        || opt(libc::SOL_SOCKET, libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
+    {
+        return Err("not a tcp socket");
+    }
+    if opt(libc::SOL_SOCKET, libc::SO_REUSEADDR) != Some(0) {
+        return Err("SO_REUSEADDR would let another uid share its port");
+    }
+    match tcp_state(fd) {
+        Some(TCP_LISTEN) | None => return Err("a listening socket"),
+        Some(_) => {}
+    }
+    let sock = socket2::SockRef::from(&fd);
+    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).ok_or("no local address")?;
+    if local.port() == 0 {
+        return Err("not bound to a port");
+    }
+    let peer = sock.peer_addr().ok().and_then(|a| a.as_socket()).map(unmap);
+    Ok((unmap(local), peer))
+}
+
+/// `TCP_LISTEN` in `tcp_info.tcpi_state` (include/net/tcp_states.h).
+const TCP_LISTEN: u8 = 10;
+
+/// A TCP socket's state (`TCP_INFO`'s first byte).
+pub(crate) fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
+    // The first bytes of struct tcp_info: tcpi_state is byte 0.
+    let mut info = [0u8; 8];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: `info` and `len` are valid for writes; the kernel copies at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
+    };
+    (r == 0 && len >= 1).then_some(info[0])
+}
+
+/// `addr` with an IPv4-mapped IPv6 address turned into the IPv4 one, so that a dual-stack
+/// listener's view of a peer compares equal to the peer's own view.
+pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), a.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is an address of this host (in this network namespace): a loopback address or
+/// one assigned to an interface. Interface addresses are read with getifaddrs(3) and cached
+/// for a second.
+pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    if ip.is_loopback() {
+        return true;
+    }
+    static CACHE: std::sync::Mutex<Option<(std::time::Instant, Vec<IpAddr>)>> = std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = c.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
+    if !fresh {
+        *c = Some((std::time::Instant::now(), interface_addrs().unwrap_or_default()));
+    }
+    c.as_ref().is_some_and(|(_, ips)| ips.contains(&ip))
+}
+
+fn interface_addrs() -> io::Result<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `head`, freed below with freeifaddrs.
+    cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr whose family says how large it is.
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}
+
+/// Sends a small message without descriptors (non-blocking, no SIGPIPE).
+pub(crate) fn send_msg(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    send_with_fds(sock, data, &[])
+}
+
+/// Accepts one connection from a listening TCP socket without waiting (`WouldBlock` when none
+/// is queued): non-blocking and close-on-exec, as tokio's own accept makes them.
+pub(crate) fn accept_tcp(listener: BorrowedFd<'_>) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    use std::os::fd::FromRawFd;
+    let mut storage = socket2::SockAddrStorage::zeroed();
+    let mut len = storage.size_of();
+    let fd = loop {
+        // SAFETY: `storage` (viewed as the sockaddr it stands for, which it is large enough to
+        // hold) and `len` describe a writable buffer for any address; the flags are constants.
+        let r = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                storage.view_as::<libc::sockaddr>(),
+                &mut len,
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            )
+        };
+        match cvt(r) {
+            Ok(fd) => break fd,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    // SAFETY: accept4 returned a new descriptor nothing else owns.
+    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    // SAFETY: the kernel wrote a valid address of `len` bytes into `storage`.
+    let addr = unsafe { socket2::SockAddr::new(storage, len) };
+    let peer = addr.as_socket().ok_or_else(|| io::Error::other("accepted a connection without an inet address"))?;
+    Ok((stream, peer))
+}
+
+#[cfg(test)]
+mod door_tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_bound_client_socket_is_registrable_and_others_are_not() {
+        let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let s = bound_tcp_socket(dst).unwrap();
+        let (bound, peer) = registrable_socket(s.as_fd()).expect("our own client socket");
+        assert!(bound.ip().is_unspecified() && bound.port() != 0 && peer.is_none());
+        // Connected by the time the server looks: its peer is known.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = bound_tcp_socket(dst).unwrap();
+        let _ = c.connect(&l.local_addr().unwrap().into());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (bound, peer) = registrable_socket(c.as_fd()).expect("a connected client socket");
+        assert_eq!(bound.ip(), std::net::Ipv4Addr::LOCALHOST);
+        assert_eq!(peer, Some(l.local_addr().unwrap()));
+        // SO_REUSEADDR lets any uid share the port.
+        s.set_reuse_address(true).unwrap();
+        assert!(registrable_socket(s.as_fd()).is_err());
+        // A listener, an unbound socket, a UDP socket.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(registrable_socket(l.as_fd()).is_err());
+        let u = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        assert!(registrable_socket(u.as_fd()).is_err());
+        let d = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(registrable_socket(d.as_fd()).is_err());
+    }
 }

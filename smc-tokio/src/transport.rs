@@ -75,8 +75,14 @@ pub enum FallbackReason {
     /// so no proposal was sent.
     NegativeCache,
     /// Server side: the client sent nothing within the listener's peek timeout, so it was taken
-    /// for a plain client that waits for the server to speak first.
+    /// for a plain client that waits for the server to speak first. Only listeners that can do
+    /// SMC-R wait for the first bytes, and only of clients on other hosts.
     ClientSilent,
+    /// Client side: SMC was not proposed. The destination has no SMC listener on this host
+    /// (no door), and in-band negotiation is not enabled for it (see
+    /// [`SmcStreamBuilder::inband_peers`](crate::SmcStreamBuilder::inband_peers)), so the
+    /// server saw a plain TCP client.
+    NotProposed,
     /// A side declined during the handshake; both continue over TCP on the same connection.
     Declined {
         /// The decline reason.
@@ -93,6 +99,9 @@ impl fmt::Display for FallbackReason {
             FallbackReason::PeerNoSmc => f.write_str("peer does not speak smc"),
             FallbackReason::NegativeCache => f.write_str("peer in negative cache"),
             FallbackReason::ClientSilent => f.write_str("client sent nothing before peek timeout"),
+            FallbackReason::NotProposed => {
+                f.write_str("smc not proposed: no smc listener on this host, not an in-band peer")
+            }
             FallbackReason::Declined { reason, by: Side::Local } => {
                 write!(f, "declined locally: {reason}")
             }

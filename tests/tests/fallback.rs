@@ -1,6 +1,7 @@
 //! The TCP fallback: every path that does not end in SMC ends in a working TCP stream with
 //! nothing lost, and the transport says why. Listeners here have shared memory switched off
-//! where a test needs a decline from a real `SmcListener`.
+//! where a test needs a decline from a real `SmcListener`. Plain servers never see a byte of
+//! ours unless the client opted in to in-band negotiation (`Policy::Always` here).
 
 use std::time::Duration;
 
@@ -93,11 +94,13 @@ async fn plain_client_whose_first_byte_is_the_eyecatchers_first_byte() {
 
 #[tokio::test]
 async fn plain_client_waits_for_server_to_speak_first() {
-    let listener = SmcListener::builder().peek_timeout(Duration::from_millis(50)).bind("127.0.0.1:0").await.unwrap();
+    // No peek timer: a plain client is known to be plain when it is accepted (it did not
+    // register at the door), so the greeting goes out at once.
+    let listener = SmcListener::builder().peek_timeout(Duration::from_secs(3600)).bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut conn, _) = listener.accept().await.unwrap();
-        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::ClientSilent));
+        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
         conn.write_all(b"220 greetings\r\n").await.unwrap();
         let mut buf = [0u8; 6];
         conn.read_exact(&mut buf).await.unwrap();
@@ -111,51 +114,108 @@ async fn plain_client_waits_for_server_to_speak_first() {
     bounded(10, server).await.unwrap();
 }
 
-async fn plain_echo_server() -> std::net::SocketAddr {
+/// A plain server that records every connection's bytes (as it received them) and either
+/// echoes or, `greet`, speaks first and then answers PING with PONG.
+async fn recording_plain_server(greet: bool) -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rec = seen.clone();
     tokio::spawn(async move {
         while let Ok((mut c, _)) = l.accept().await {
+            let rec = rec.clone();
+            let i = {
+                let mut r = rec.lock().unwrap();
+                r.push(Vec::new());
+                r.len() - 1
+            };
             tokio::spawn(async move {
-                let (mut rd, mut wr) = c.split();
-                let _ = tokio::io::copy(&mut rd, &mut wr).await;
-            });
-        }
-    });
-    addr
-}
-
-#[tokio::test]
-async fn smc_client_against_plain_echo_server_reconnects_and_caches() {
-    // An echo server sends our own proposal back: not a valid reply.
-    let addr = plain_echo_server().await;
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
-    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
-    let data = Rng::new(3).bytes(256 << 10);
-    bounded(30, echo_check(s, &data, 8192, 3)).await;
-    // The second connection skips the proposal.
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
-    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NegativeCache));
-    bounded(30, echo_check(s, &data, 8192, 4)).await;
-}
-
-#[tokio::test]
-async fn smc_client_against_plain_server_that_speaks_first() {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = l.accept().await {
-            tokio::spawn(async move {
-                c.write_all(b"220 plain server ready\r\n").await.unwrap();
-                let mut b = [0u8; 4];
-                // The reconnected plain client sends "PING"; the first connection sent a proposal.
-                if c.read_exact(&mut b).await.is_ok() && &b == b"PING" {
-                    c.write_all(b"PONG").await.unwrap();
+                if greet {
+                    c.write_all(b"220 plain server ready\r\n").await.unwrap();
+                }
+                let mut b = [0u8; 4096];
+                loop {
+                    let n = match c.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    rec.lock().unwrap()[i].extend_from_slice(&b[..n]);
+                    let reply: &[u8] = if greet {
+                        if &b[..n] == b"PING" {
+                            b"PONG"
+                        } else {
+                            b""
+                        }
+                    } else {
+                        &b[..n]
+                    };
+                    if c.write_all(reply).await.is_err() {
+                        return;
+                    }
                 }
             });
         }
     });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn a_plain_server_sees_exactly_the_applications_bytes_on_one_connection() {
+    // Client first (an echo server) and server first (a greeting), to a local address: the
+    // client finds no door, proposes nothing, and connects once.
+    let (addr, seen) = recording_plain_server(false).await;
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
+    let data = Rng::new(3).bytes(64 << 10);
+    bounded(30, echo_check(s, &data, 8192, 3)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(*seen.lock().unwrap(), vec![data], "one connection, exactly the application's bytes");
+
+    let (addr, seen) = recording_plain_server(true).await;
     let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
+    let mut g = [0u8; 24];
+    bounded(10, s.read_exact(&mut g)).await.unwrap();
+    assert_eq!(&g, b"220 plain server ready\r\n");
+    s.write_all(b"PING").await.unwrap();
+    let mut p = [0u8; 4];
+    bounded(10, s.read_exact(&mut p)).await.unwrap();
+    assert_eq!(&p, b"PONG");
+    assert_eq!(*seen.lock().unwrap(), vec![b"PING".to_vec()]);
+}
+
+#[tokio::test]
+async fn smc_client_opted_in_against_plain_echo_server_reconnects_and_caches() {
+    // An echo server sends our own proposal back: not a valid reply. Only a client that opted
+    // in to in-band negotiation sends one.
+    let (addr, seen) = recording_plain_server(false).await;
+    let b = SmcStream::builder().policy(Policy::Always);
+    let s = bounded(10, b.connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    let data = Rng::new(3).bytes(256 << 10);
+    bounded(30, echo_check(s, &data, 8192, 3)).await;
+    // The second connection skips the proposal.
+    let s = bounded(10, b.connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NegativeCache));
+    bounded(30, echo_check(s, &data, 8192, 4)).await;
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3, "the proposal's connection, then two plain ones");
+    assert!(seen[0].starts_with(&smc_tokio::proto::clc::CLC_EYECATCHER));
+    assert_eq!(seen[1], data);
+    // An in-band peer listed by address is opted in the same way.
+    let (addr, seen) = recording_plain_server(false).await;
+    let peers = "127.0.0.0/8".parse().unwrap();
+    let s = bounded(10, SmcStream::builder().inband_peers(peers).connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn smc_client_opted_in_against_plain_server_that_speaks_first() {
+    let (addr, _) = recording_plain_server(true).await;
+    let mut s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     // The greeting of the new connection is intact.
     let mut g = [0u8; 24];
@@ -168,7 +228,7 @@ async fn smc_client_against_plain_server_that_speaks_first() {
 }
 
 #[tokio::test]
-async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
+async fn smc_client_opted_in_against_silent_plain_server_times_out_then_reconnects() {
     // A server that waits for a full request and never answers a proposal.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -187,13 +247,20 @@ async fn smc_client_against_silent_plain_server_times_out_then_reconnects() {
             });
         }
     });
-    let mut s =
-        bounded(10, SmcStream::builder().handshake_timeout(Duration::from_millis(100)).connect(addr)).await.unwrap();
+    let b = SmcStream::builder().policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
+    let mut s = bounded(10, b.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     s.write_all(b"hello\n").await.unwrap();
     let mut got = [0u8; 6];
     bounded(10, s.read_exact(&mut got)).await.unwrap();
     assert_eq!(&got, b"hello\n");
+    // A timeout is not proof of a plain server (an SMC server may be busy): it is remembered
+    // briefly, not for the cache's whole TTL.
+    let s = bounded(10, b.connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NegativeCache));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let s = bounded(10, b.connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc), "proposed again after the backoff");
 }
 
 #[tokio::test]
@@ -211,7 +278,8 @@ async fn never_policy_returns_typed_errors() {
         }))
     );
 
-    let plain = plain_echo_server().await;
+    // Never proposes everywhere (as Always), and fails where it would fall back.
+    let (plain, _) = recording_plain_server(false).await;
     let err =
         SmcStream::builder().policy(Policy::Never).negative_cache_ttl(Duration::ZERO).connect(plain).await.unwrap_err();
     assert!(matches!(SmcError::from_io(&err), Some(SmcError::Handshake(_))), "{err}");
@@ -220,14 +288,24 @@ async fn never_policy_returns_typed_errors() {
 #[tokio::test]
 async fn tcp_only_policies() {
     let listener = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap();
+    assert_eq!(listener.door_name(), None, "a TcpOnly listener has no door");
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
-    // A TcpOnly listener still answers the proposal, so an SMC client keeps working.
+    // Same-host clients find no door and connect plain.
     let s = SmcStream::connect(addr).await.unwrap();
-    assert_eq!(s.transport(), DECLINED_BY_PEER);
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
     bounded(10, echo_check(s, b"tcp only listener", 5, 5)).await;
+    // A TcpOnly listener still answers an in-band proposal, so an SMC client keeps working.
+    let s = SmcStream::builder().policy(Policy::Always).connect(addr).await.unwrap();
+    assert_eq!(s.transport(), DECLINED_BY_PEER);
+    bounded(10, echo_check(s, b"tcp only, in-band", 5, 7)).await;
     // A client with shm switched off offers nothing, and the server declines.
-    let s = SmcStream::builder().shm(ShmConfig::default().enabled(false)).connect(addr).await.unwrap();
+    let s = SmcStream::builder()
+        .policy(Policy::Always)
+        .shm(ShmConfig::default().enabled(false))
+        .connect(addr)
+        .await
+        .unwrap();
     assert_eq!(s.transport(), DECLINED_BY_PEER);
     // A TcpOnly client sends no proposal at all.
     let s = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await.unwrap();
@@ -251,7 +329,7 @@ async fn never_listener_closes_fallback_connections() {
     accept.abort();
 }
 
-/// A fake SMC server that answers every proposal with `reply` and then echoes.
+/// A fake in-band SMC server that answers every proposal with `reply` and then echoes.
 async fn fake_server(
     reply: impl Fn(ClcMessage) -> ClcMessage + Send + Sync + 'static,
 ) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
@@ -292,7 +370,7 @@ async fn read_clc(c: &mut TcpStream) -> ClcMessage {
 async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
     for reason in DeclineReason::ALL {
         let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { token: p.token(), reason })).await;
-        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        let s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
         assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
         let data = Rng::new(reason as u64).bytes(100_000);
         bounded(10, echo_check(s, &data, 3000, reason as u64)).await;
@@ -320,11 +398,13 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         c.write_all(&accept.encode().unwrap()).await.unwrap();
         let d = read_clc(&mut c).await;
         assert_eq!(d, ClcMessage::Decline(Decline { token: p.token(), reason: DeclineReason::NoCommonTransport }));
+        // After an Accept the server always has the last word; the client waits for it.
+        c.write_all(&d.encode().unwrap()).await.unwrap();
         let mut b = [0u8; 5];
         c.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"after");
     });
-    let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let mut s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
     assert_eq!(
         s.transport(),
         Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
@@ -373,20 +453,50 @@ async fn server_declines_newer_version_and_serves_tcp() {
 }
 
 #[tokio::test]
-async fn malformed_proposal_closes_that_connection_only() {
+async fn malformed_proposal_on_a_plain_connection_is_the_applications_data() {
+    // A client that did not register cannot be an SMC client the listener would serve, so
+    // bytes that look like a broken proposal are its data: handed to the application whole.
     let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
-    // Garbage after the eyecatcher: a length beyond the bound.
     let mut bad = proposal_bytes();
     bad[6..8].copy_from_slice(&60000u16.to_be_bytes());
-    let (mut c, reply) = bounded(10, fake_client(addr, &bad)).await;
-    assert!(reply.is_none());
-    let mut rest = Vec::new();
-    assert_eq!(bounded(10, c.read_to_end(&mut rest)).await.unwrap_or(0), 0);
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(&bad).await.unwrap();
+    let mut back = vec![0u8; bad.len()];
+    bounded(10, c.read_exact(&mut back)).await.unwrap();
+    assert_eq!(back, bad, "echoed byte for byte");
     // The listener goes on serving.
     let s = SmcStream::connect(addr).await.unwrap();
     bounded(10, echo_check(s, b"still serving", 4, 1)).await;
+}
+
+#[tokio::test]
+async fn a_late_proposal_on_a_plain_connection_is_declined_never_delivered() {
+    // A client proposing in-band to a listener that handed its connection out as TCP (it did
+    // not register): the application reads nothing but the client's data, and the client gets
+    // a decline and continues over TCP on the same connection.
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        assert_eq!(conn.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+        let mut b = [0u8; 9];
+        conn.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"app bytes", "the proposal never reaches the application");
+        conn.write_all(b"ok").await.unwrap();
+    });
+    let (mut c, reply) = bounded(10, fake_client(addr, &proposal_bytes())).await;
+    match reply {
+        Some(ClcMessage::Decline(d)) => assert_eq!(d.reason, DeclineReason::NoCommonTransport),
+        other => panic!("{other:?}"),
+    }
+    c.write_all(b"app bytes").await.unwrap();
+    let mut ok = [0u8; 2];
+    bounded(10, c.read_exact(&mut ok)).await.unwrap();
+    assert_eq!(&ok, b"ok");
+    bounded(10, server).await.unwrap();
+    assert!(smc_tokio::stats().late_messages >= 1);
 }
 
 #[tokio::test]

@@ -1,5 +1,10 @@
 //! Handshake hostility: trickled proposals, proposals cut off at every byte, clients that never
-//! send. The listener frees every slot, closes what it must, and keeps serving.
+//! send, from clients that registered at the door (so the listener runs a handshake for them)
+//! and from ones that did not (so their bytes are the application's). The listener frees every
+//! slot, closes what it must, and keeps serving.
+
+#[path = "support/hostile.rs"]
+mod hostile;
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +36,9 @@ async fn a_trickled_proposal_times_out_and_frees_its_slot() {
         let l = l.clone();
         tokio::spawn(async move { l.accept().await })
     };
-    let mut c = TcpStream::connect(addr).await.unwrap();
+    // A registered client: the listener expects its proposal, with the handshake timeout.
+    let (mut c, verdict) = hostile::register_and_connect(addr, 1).await.unwrap();
+    assert_eq!(verdict, hostile::DOOR_MATCHED);
     let p = proposal();
     let started = Instant::now();
     let mut closed = false;
@@ -71,9 +78,15 @@ async fn a_proposal_cut_off_at_every_byte_never_hurts_the_listener() {
     }
     let p = proposal();
     for k in 1..p.len() {
+        // Unregistered: the bytes are handed to the application (here, an echo) as they are.
         let mut c = TcpStream::connect(addr).await.unwrap();
         c.write_all(&p[..k]).await.unwrap();
         drop(c); // closed mid-proposal
+                 // Registered: the handshake sees the end of the stream mid-message.
+        let (mut c, verdict) = hostile::register_and_connect(addr, 2).await.unwrap();
+        assert_eq!(verdict, hostile::DOOR_MATCHED);
+        c.write_all(&p[..k]).await.unwrap();
+        drop(c);
     }
     wait_idle(&l).await;
     // Still serving, both kinds of client.
@@ -86,8 +99,14 @@ async fn a_proposal_cut_off_at_every_byte_never_hurts_the_listener() {
 
 #[tokio::test]
 async fn hundreds_of_silent_clients_do_not_stop_the_listener() {
-    const N: usize = 300;
-    let l = SmcListener::builder().peek_timeout(Duration::from_millis(300)).bind("127.0.0.1:0").await.unwrap();
+    const PLAIN: usize = 300;
+    const REGISTERED: usize = 100;
+    let l = SmcListener::builder()
+        .peek_timeout(Duration::from_secs(3600))
+        .handshake_timeout(Duration::from_millis(300))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -95,27 +114,37 @@ async fn hundreds_of_silent_clients_do_not_stop_the_listener() {
             let _ = tx.send(s);
         }
     });
+    // Plain silent clients are plain from the start (they did not register): handed out at
+    // once, with no peek. Registered silent clients hold a handshake slot until it times out.
     let mut silent = Vec::new();
-    for _ in 0..N {
+    for _ in 0..PLAIN {
         silent.push(TcpStream::connect(addr).await.unwrap());
     }
-    // A plain client and an SMC client are served while the silent ones wait in their peek.
+    let mut registered = Vec::new();
+    for i in 0..REGISTERED {
+        let (c, verdict) = hostile::register_and_connect(addr, 1000 + i as u64).await.unwrap();
+        assert_eq!(verdict, hostile::DOOR_MATCHED);
+        registered.push(c);
+    }
+    // A plain client and an SMC client are served while the registered ones are pending.
     let mut plain = TcpStream::connect(addr).await.unwrap();
     plain.write_all(b"x").await.unwrap();
-    let smc = tokio::spawn(async move { SmcStream::connect(addr).await.map(|s| s.transport()) });
+    let smc = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(smc.transport(), Transport::SmcD);
     let mut kinds = Vec::new();
-    let t = Instant::now();
-    while kinds.len() < N + 2 {
+    while kinds.len() < PLAIN + REGISTERED + 2 {
         let s = bounded(10, rx.recv()).await.unwrap();
         kinds.push(s.transport());
-        if kinds.len() == 2 {
-            assert!(t.elapsed() < Duration::from_millis(300), "served before the silent ones' peek timeout");
-        }
     }
-    assert_eq!(bounded(10, smc).await.unwrap().unwrap(), Transport::SmcD);
-    let silent_count = kinds.iter().filter(|t| **t == Transport::Tcp(FallbackReason::ClientSilent)).count();
-    assert_eq!(silent_count, N, "every silent client is handed out as TCP after the peek timeout");
-    drop(silent);
+    let count = |t: Transport| kinds.iter().filter(|k| **k == t).count();
+    assert_eq!(count(Transport::Tcp(FallbackReason::PeerNoSmc)), PLAIN + 1, "plain clients at once");
+    assert_eq!(count(Transport::SmcD), 1);
+    let timed_out = Transport::Tcp(FallbackReason::Declined {
+        reason: smc_tokio::DeclineReason::Timeout,
+        by: smc_tokio::Side::Local,
+    });
+    assert_eq!(count(timed_out), REGISTERED, "silent registered clients handed out as tcp after the timeout");
+    drop((silent, registered));
 }
 
 #[tokio::test]

@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use hostile::{ClientHs, Layout, Map, Region, REGION_SEALS};
+use hostile::{Layout, Map, Region, REGION_SEALS};
 use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::cdc::CdcMsg;
-use smc_tokio::proto::clc::{Accept, ClcMessage, DeclineReason, LinkInfo, ShmLinkInfo};
+use smc_tokio::proto::clc::{Accept, ClcMessage, Decline, DeclineReason, LinkInfo, ShmLinkInfo};
 use smc_tokio::proto::cursor::Cursor;
 use smc_tokio::{FallbackReason, Side, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, Rng};
@@ -83,15 +83,6 @@ impl Bystander {
     }
 }
 
-/// Waits until the server has closed `hs`'s TCP connection (EOF or reset), with nothing read.
-async fn expect_tcp_closed(hs: &mut ClientHs, what: &str) {
-    let mut b = [0u8; 64];
-    match bounded(10, hs.tcp.read(&mut b)).await {
-        Ok(0) | Err(_) => {}
-        Ok(n) => panic!("{what}: server sent {n} bytes instead of closing"),
-    }
-}
-
 /// The transport the server handed out the connection from `me` with (others are skipped).
 async fn report_for(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, me: SocketAddr) -> Transport {
     loop {
@@ -99,13 +90,6 @@ async fn report_for(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, m
         if peer == me {
             return t;
         }
-    }
-}
-
-fn not_handed_out(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, hs: &ClientHs, what: &str) {
-    let me = hs.tcp.local_addr().unwrap();
-    while let Ok((peer, t)) = rx.try_recv() {
-        assert_ne!(peer, me, "{what}: the hostile connection was handed out as {t}");
     }
 }
 
@@ -242,12 +226,23 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
             }
         }
         drop(sock);
-        // A Confirm for the refused link is a protocol failure: the server closes the TCP
-        // connection and never hands it out.
-        hs.confirm(0).await.unwrap();
-        expect_tcp_closed(&mut hs, what).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        not_handed_out(&mut rx, &hs, what);
+        // A Confirm for the refused link does not fit: the server declines it in step and
+        // serves the connection as TCP, bytes intact.
+        let reply = hs.confirm(0).await.unwrap();
+        assert!(
+            matches!(reply, ClcMessage::Decline(Decline { reason: DeclineReason::SyncError, .. })),
+            "{what}: the server's final word is {reply:?}"
+        );
+        let me = hs.tcp.local_addr().unwrap();
+        assert_eq!(
+            report_for(&mut rx, me).await,
+            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::SyncError, by: Side::Local }),
+            "{what}"
+        );
+        hs.tcp.write_all(what.as_bytes()).await.unwrap();
+        let mut back = vec![0u8; what.len()];
+        bounded(10, hs.tcp.read_exact(&mut back)).await.unwrap();
+        assert_eq!(back, what.as_bytes(), "{what}: echoed over tcp");
         // The refused group is dead: the same peer naming it gets a new one.
         let hs2 = bounded(10, hostile::propose(addr, pid, instance, group, RMB)).await;
         if case.status.is_none() {
@@ -268,7 +263,8 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
     .unwrap();
     assert_eq!(w.status, 0);
     drop(sock);
-    hs.decline(DeclineReason::Internal).await.unwrap();
+    let answer = hs.decline(DeclineReason::Internal).await.unwrap();
+    assert!(matches!(answer, ClcMessage::Decline(_)), "the server answers a decline with its own: {answer:?}");
     let me = hs.tcp.local_addr().unwrap();
     hs.tcp.write_all(b"over tcp after a refused region").await.unwrap();
     let mut back = [0u8; 31];
@@ -321,7 +317,8 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     assert_eq!(st.st_size as usize, total, "the size did not change");
 
     // The link works: confirm, send bytes through our ring, and read the echo from the server's.
-    hs.confirm(0).await.unwrap();
+    let commit = hs.confirm(0).await.unwrap();
+    assert!(hostile::is_commit(&commit, hs.token), "the server commits: {commit:?}");
     let me = hs.tcp.local_addr().unwrap();
     assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
     let mut region = region;
@@ -418,7 +415,8 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
         .unwrap()
         .unwrap();
     assert_eq!((w.status, w.fds.len()), (0, 2));
-    hs.confirm(0).await.unwrap();
+    let commit = hs.confirm(0).await.unwrap();
+    assert!(hostile::is_commit(&commit, hs.token), "the server commits: {commit:?}");
     let me = hs.tcp.local_addr().unwrap();
     assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
     // A second JOIN for the now established group, even with the right token, is refused.
@@ -432,8 +430,9 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     by.check("after the wrong tokens").await;
 }
 
-/// A fake server that accepts with shm and answers the client's JOIN with `welcome_fds` (and
-/// `status`, `group` in the WELCOME), then expects the client's Decline and echoes over TCP.
+/// A fake server (door included) that matches the client's registration, accepts with shm and
+/// answers the client's JOIN with `welcome_fds` (and `status`, `group` in the WELCOME), then
+/// expects the client's Decline, answers it, and echoes over TCP.
 async fn hostile_server(
     what: &'static str,
     status: u32,
@@ -442,11 +441,16 @@ async fn hostile_server(
 ) -> (SocketAddr, tokio::task::JoinHandle<ClcMessage>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let door = hostile::fake_door(addr);
     let task = tokio::spawn(async move {
-        let (mut c, _) = l.accept().await.unwrap();
+        let (door_conn, port, _instance) =
+            tokio::task::spawn_blocking(move || hostile::accept_registration(door.as_fd())).await.unwrap().unwrap();
+        let (mut c, peer) = l.accept().await.unwrap();
+        assert_eq!(peer.port(), port, "{what}: the registered socket connected");
+        hostile::send_fds(door_conn.as_fd(), &hostile::door_frame(hostile::DOOR_MATCHED, 0, 0), &[]).unwrap();
         let ClcMessage::Proposal(p) = hostile::read_clc(&mut c).await.unwrap() else { panic!("{what}: no proposal") };
         let offer = p.shm.expect("the client offers shm");
-        assert_eq!(offer.pid, std::process::id());
+        assert_eq!(offer.link_group, 0, "{what}: no group yet with this server");
         let group = 0x1000 + u64::from(addr.port());
         let name = format!("smct-hostile-{}-{}", std::process::id(), addr.port()).into_bytes();
         let side = hostile::side_listen(&name);
@@ -474,6 +478,10 @@ async fn hostile_server(
             let _ = hostile::side_eof(s.as_fd());
         });
         let reply = hostile::read_clc(&mut c).await.unwrap();
+        if let ClcMessage::Decline(d) = &reply {
+            // The client waits for our final word after its Decline.
+            hostile::send_clc(&mut c, ClcMessage::Decline(*d)).await.unwrap();
+        }
         let (mut rd, mut wr) = c.into_split();
         let _ = tokio::io::copy(&mut rd, &mut wr).await;
         reply
@@ -530,11 +538,14 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
 
 // ----- another uid -----------------------------------------------------------------------------
 
-async fn run_peer_as(uid: u32, addr: SocketAddr) -> String {
+/// Runs the test peer's echo client as `uid`, trusting the uids in `trust` (besides its own)
+/// as servers.
+async fn run_peer_as(uid: u32, addr: SocketAddr, trust: &str) -> String {
     let out = bounded(
         30,
         tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
             .args(["client", &addr.to_string()])
+            .env("SMC_TOKIO_SHM_ALLOW_UIDS", trust)
             .uid(uid)
             .gid(uid)
             .kill_on_drop(true)
@@ -559,13 +570,26 @@ async fn a_client_running_as_another_uid_falls_back_to_tcp_with_its_bytes() {
         return;
     }
     let (addr, mut rx) = server(ShmConfig::default()).await;
-    let text = run_peer_as(65534, addr).await;
-    // The server refuses the JOIN (SO_PEERCRED uid 65534 is not ours): the client declines and
-    // the echo runs over TCP, intact ("OK").
-    assert!(text.contains("TRANSPORT tcp (declined locally: "), "{text}");
+    // The client does not trust our uid: it finds our door, sees its owner, and connects as a
+    // plain client without registering.
+    let text = run_peer_as(65534, addr, "").await;
+    assert!(text.contains("TRANSPORT tcp (smc not proposed"), "{text}");
     assert!(text.contains("OK"), "{text}");
     let (_, t) = bounded(10, rx.recv()).await.unwrap();
-    assert!(matches!(t, Transport::Tcp(FallbackReason::Declined { by: Side::Peer, .. })), "server saw {t}");
+    assert_eq!(t, Transport::Tcp(FallbackReason::PeerNoSmc), "server saw {t}");
+    // The client trusts us, but we do not trust it: the door refuses its connection (by
+    // SO_PEERCRED) and closes it, before or after the registration was sent, and the client
+    // goes plain, its bytes intact.
+    let refused = smc_tokio::stats().door[4];
+    let text = run_peer_as(65534, addr, "0").await;
+    assert!(
+        text.contains("TRANSPORT tcp (peer does not speak smc)") || text.contains("TRANSPORT tcp (smc not proposed"),
+        "{text}"
+    );
+    assert!(text.contains("OK"), "{text}");
+    let (_, t) = bounded(10, rx.recv()).await.unwrap();
+    assert_eq!(t, Transport::Tcp(FallbackReason::PeerNoSmc), "server saw {t}");
+    assert!(smc_tokio::stats().door[4] > refused, "the door refused the other uid");
 }
 
 #[tokio::test]
@@ -575,12 +599,12 @@ async fn an_allowed_uid_gets_shared_memory() {
         return;
     }
     let (addr, mut rx) = server(ShmConfig::default().allow_uid(65534)).await;
-    let text = run_peer_as(65534, addr).await;
+    let text = run_peer_as(65534, addr, "0").await;
     assert!(text.contains("TRANSPORT smc-d") && text.contains("OK"), "{text}");
     assert_eq!(bounded(10, rx.recv()).await.unwrap().1, Transport::SmcD);
     // Allowing one uid does not allow others.
     let (addr, mut rx) = server(ShmConfig::default().allow_uid(65533)).await;
-    let text = run_peer_as(65534, addr).await;
-    assert!(text.contains("TRANSPORT tcp (declined locally: ") && text.contains("OK"), "{text}");
+    let text = run_peer_as(65534, addr, "0").await;
+    assert!(text.contains("TRANSPORT tcp (") && text.contains("OK"), "{text}");
     assert!(matches!(bounded(10, rx.recv()).await.unwrap().1, Transport::Tcp(_)));
 }

@@ -9,7 +9,10 @@ use smc_tokio::{SmcListener, SmcStream, Transport};
 use tests::bounded;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn echo_once(rdma: RdmaConfig) -> Transport {
+/// One echo through a listener with shared memory off, from a client with `rdma` (and shared
+/// memory on or off: with it on, the client registers at the door and proposes, so its RDMA
+/// offer is attempted even when RDMA is switched off).
+async fn echo_once(rdma: RdmaConfig, client_shm: bool) -> Transport {
     let l = SmcListener::builder().shm(ShmConfig::default().enabled(false)).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move {
@@ -19,7 +22,8 @@ async fn echo_once(rdma: RdmaConfig) -> Transport {
         s.write_all(&buf).await.unwrap();
         s.transport()
     });
-    let mut c = SmcStream::builder().shm(ShmConfig::default().enabled(false)).rdma(rdma).connect(addr).await.unwrap();
+    let mut c =
+        SmcStream::builder().shm(ShmConfig::default().enabled(client_shm)).rdma(rdma).connect(addr).await.unwrap();
     let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
     c.write_all(&data).await.unwrap();
     let mut back = vec![0u8; data.len()];
@@ -33,7 +37,7 @@ async fn echo_once(rdma: RdmaConfig) -> Transport {
 #[tokio::test]
 async fn without_a_device_connections_fall_back_to_tcp_and_count_why() {
     let before = smc_tokio::stats().rdma_unavailable;
-    let t = bounded(30, echo_once(RdmaConfig::default())).await;
+    let t = bounded(30, echo_once(RdmaConfig::default(), false)).await;
     assert!(matches!(t, Transport::Tcp(_)), "no rdma device here, so tcp: {t}");
     let after = smc_tokio::stats().rdma_unavailable;
     // No library, no device, or (on a host with devices) no port for 127.0.0.1.
@@ -47,7 +51,7 @@ async fn without_a_device_connections_fall_back_to_tcp_and_count_why() {
 #[tokio::test]
 async fn rdma_switched_off_is_counted_as_off() {
     let before = smc_tokio::stats().rdma_unavailable[0];
-    let t = bounded(30, echo_once(RdmaConfig::default().enabled(false))).await;
+    let t = bounded(30, echo_once(RdmaConfig::default().enabled(false), true)).await;
     assert!(matches!(t, Transport::Tcp(_)), "{t}");
     assert!(smc_tokio::stats().rdma_unavailable[0] > before);
 }

@@ -186,14 +186,16 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     // ----- pending handshakes -----
     tokio::time::sleep(Duration::from_millis(800)).await;
     let pbase = settle().await;
-    // (a) 100 clients that sent half a proposal and stall: one task and one socket each (plus
-    // our own 100 client sockets, as the clients are in this process).
+    // (a) 100 clients that registered at the door, then sent half a proposal and stall: one
+    // task and one socket each (plus our own 100 client sockets, as the clients are in this
+    // process); the door connections are closed once the verdict is out.
     let p = ClcMessage::Proposal(Proposal { token: hostile::random_token(), rmb_size: 0, shm: None, rdma: None })
         .encode()
         .unwrap();
     let mut stalled = Vec::new();
-    for _ in 0..100 {
-        let mut c = TcpStream::connect(addr).await.unwrap();
+    for i in 0..100 {
+        let (mut c, verdict) = hostile::register_and_connect(addr, 300_000 + i).await.unwrap();
+        assert_eq!(verdict, hostile::DOOR_MATCHED);
         c.write_all(&p[..p.len() / 2]).await.unwrap();
         stalled.push(c);
     }

@@ -303,10 +303,68 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "client in namespace failed: {text} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("TRANSPORT tcp (declined locally: no common transport)"), "{text}");
+    // Another namespace is another host: no door there, and not an in-band peer, so the
+    // client does not propose at all.
+    assert!(text.contains("TRANSPORT tcp (smc not proposed"), "{text}");
     assert!(text.contains("OK"), "{text}");
     let t = bounded(10, server).await.unwrap();
-    assert!(matches!(t, Transport::Tcp(_)), "server saw {t}");
+    assert_eq!(t, Transport::Tcp(smc_tokio::FallbackReason::PeerNoSmc), "server saw {t}");
+
+    // Opted in (SMC_TOKIO_POLICY=always): it proposes in-band; this listener has no RDMA, so it
+    // served the connection as TCP at once and answers the proposal with a decline, in step.
+    let l = SmcListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let t = s.transport();
+        let (mut rd, mut wr) = s.into_split();
+        tokio::io::copy(&mut rd, &mut wr).await.unwrap();
+        t
+    });
+    let out = tokio::process::Command::new("ip")
+        .args(["netns", "exec", &ns, "env", "SMC_TOKIO_POLICY=always", peer_binary(), "client", &addr.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "opted-in client failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("TRANSPORT tcp (declined by peer: no common transport)"), "{text}");
+    assert!(text.contains("OK"), "{text}");
+    assert_eq!(bounded(10, server).await.unwrap(), Transport::Tcp(smc_tokio::FallbackReason::PeerNoSmc));
+
+    // A plain server on the other host sees exactly the client's bytes, on one connection.
+    let plain = tokio::net::TcpListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
+    let addr = plain.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        loop {
+            let (mut c, _) = match tokio::time::timeout(Duration::from_millis(500), plain.accept()).await {
+                Ok(r) => r.unwrap(),
+                Err(_) => return conns,
+            };
+            let mut seen = Vec::new();
+            let mut b = [0u8; 8192];
+            loop {
+                let n = c.read(&mut b).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&b[..n]);
+                c.write_all(&b[..n]).await.unwrap();
+            }
+            conns.push(seen);
+        }
+    });
+    let out = tokio::process::Command::new("ip")
+        .args(["netns", "exec", &ns, peer_binary(), "client", &addr.to_string()])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("TRANSPORT tcp (smc not proposed") && text.contains("OK"), "{text}");
+    let conns = bounded(20, server).await.unwrap();
+    let expected: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(conns, vec![expected], "one connection, exactly the application's bytes");
     drop(cleanup);
 }
 

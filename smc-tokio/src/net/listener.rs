@@ -1,42 +1,70 @@
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::accept::{self, Handoff};
 use crate::config::{Overrides, Policy, Settings, ShmConfig};
-use crate::handshake::{advance, Step};
+use crate::door::Door;
 use crate::net::stream::SmcStream;
-use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, CLC_EYECATCHER};
-use crate::proto::handshake::{HandshakeError, Outcome, ServerEvent, ServerHandshake};
-use crate::smc::conn::{PendingConn, SmcConn};
-use crate::smc::manager::{AcceptorSlot, Manager};
-use crate::stats;
+use crate::smc::manager::AcceptorSlot;
 use crate::sys;
-use crate::transport::{FallbackReason, Transport};
 
 type Ready = (SmcStream, SocketAddr);
+
+/// The kernel backlog [`SmcListener::bind`] listens with. tokio's `TcpListener::bind` takes
+/// mio's, which follows std's 128; a listener that also runs handshakes is scheduled less
+/// promptly than a bare accept loop, and 1000 concurrent connects overflowed a 128-deep queue
+/// on the 2-vCPU VM (`nstat`: `TcpExtListenOverflows` 937, SYN retransmits 729, connects of
+/// 1 to 6 s) where 1024 absorbed them. The kernel caps it at `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Finished connections a listener holds for `accept()`, as the kernel's accept queue does:
+/// as many as its backlog. While it is full the listener's task stops taking connections from
+/// the kernel, whose own backlog then applies.
+const READY_CAP: usize = LISTEN_BACKLOG as usize;
+
+fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(LISTEN_BACKLOG)
+}
+
+/// How often a listener drops door registrations that were cancelled or went stale, while it
+/// has any. Registrations normally live microseconds (matched on accept); the sweep only
+/// reclaims those of clients that gave up or died.
+const DOOR_SWEEP: Duration = Duration::from_millis(100);
 
 /// A TCP listener whose connections move to shared memory or RDMA when the client speaks SMC,
 /// and stay plain TCP, with every byte intact, when it does not.
 ///
-/// The accept loop only accepts and looks at each connection's first bytes without taking them
-/// (`MSG_PEEK`). A client that does not start with the CLC eyecatcher (curl, wrk, a browser, a
-/// plain [`TcpStream`]) is handed out as TCP at once. An SMC client's handshake runs in a task
-/// of its own, never in [`accept`](SmcListener::accept), which returns connections in the order
-/// their handshakes finish.
+/// A listener has a task of its own that takes connections from the kernel and runs SMC
+/// handshakes, whether or not [`accept`](SmcListener::accept) is being called, as the kernel
+/// runs its listen work; `accept` returns connections as they are ready, in that order.
 ///
-/// A client that waits for the server to speak first sends nothing: it is handed out as TCP when
-/// the [peek timeout](SmcListenerBuilder::peek_timeout) expires, which delays its greeting by
-/// that much. See [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT).
+/// Same-host clients announce SMC out of band, at the listener's door, before they connect; so
+/// every other connection is known to be plain at once and is handed out with no peek and no
+/// timer: a server that speaks first (SMTP, MySQL) greets plain clients without delay. Only
+/// a listener that can do SMC-R (feature `rdma`, with a device) waits, for clients on other
+/// hosts, up to the [peek timeout](SmcListenerBuilder::peek_timeout) for an in-band proposal.
+/// A proposal that arrives after a connection was handed out is answered with a decline and
+/// never reaches the application.
+///
+/// Dropping the listener stops its task; handshakes in progress are declined (their clients
+/// continue over TCP and read the end of the connection, as TCP clients of a closed listener
+/// do).
 ///
 /// # Examples
 ///
@@ -62,24 +90,31 @@ type Ready = (SmcStream, SocketAddr);
 /// # }
 /// ```
 pub struct SmcListener {
-    tcp: TcpListener,
     shared: Arc<ListenerShared>,
-    ready_tx: mpsc::UnboundedSender<Ready>,
-    ready_rx: Mutex<mpsc::UnboundedReceiver<Ready>>,
+    task: tokio::task::AbortHandle,
 }
 
 impl fmt::Debug for SmcListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmcListener")
-            .field("local", &self.tcp.local_addr().ok())
+            .field("local", &self.shared.tcp.local_addr().ok())
+            .field("door", &self.shared.door)
             .field("settings", &self.shared.settings())
             .finish()
     }
 }
 
-/// What a listener and its handshake tasks share.
-#[derive(Debug, Default)]
-struct ListenerShared {
+impl Drop for SmcListener {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.shared.close();
+    }
+}
+
+/// What a listener, its task and its handshake tasks share.
+pub(crate) struct ListenerShared {
+    pub(crate) tcp: TcpListener,
+    pub(crate) door: Option<Door>,
     /// The builder's values, changed at run time by the listener's setters.
     overrides: std::sync::RwLock<Overrides>,
     /// Handshakes running now.
@@ -88,12 +123,50 @@ struct ListenerShared {
     waiting: AtomicUsize,
     /// Signalled when a handshake slot frees.
     freed: Notify,
-    acceptor: AcceptorSlot,
+    pub(crate) acceptor: AcceptorSlot,
+    ready: ReadyQueue,
+    closed: AtomicBool,
+    closing: Notify,
+}
+
+impl fmt::Debug for ListenerShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerShared").field("local", &self.tcp.local_addr().ok()).finish()
+    }
 }
 
 impl ListenerShared {
-    fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self) -> Settings {
         self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve()
+    }
+
+    /// Queues a finished connection for `accept` (dropped if the listener is gone).
+    pub(crate) fn deliver(&self, stream: SmcStream, peer: SocketAddr) {
+        self.ready.push((stream, peer));
+    }
+
+    /// Whether the listener was dropped.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the listener is dropped.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let n = self.closing.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.ready.close();
+        self.closing.notify_waiters();
     }
 
     /// Takes a handshake slot if one is free.
@@ -110,13 +183,13 @@ impl ListenerShared {
         }
     }
 
-    /// Admits a connection that starts a handshake: a slot at once; or, when all are taken,
-    /// "congested" (`limit_handshake` on: decline and serve TCP now), a wait in a queue as long
-    /// as the bound (off), or a refusal when the queue is full too.
-    async fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
+    /// Admits a connection to a handshake: a slot at once; or, when all are taken,
+    /// "congested" (`limit_handshake` on: no SMC, TCP now), or a place in a queue as long as
+    /// the bound (off), or a refusal when the queue is full too.
+    pub(crate) fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
         let max = cfg.max_pending_handshakes.max(1);
         if let Some(slot) = self.try_slot(max) {
-            return Admit::Handshake(slot);
+            return Admit::Now(slot);
         }
         if cfg.limit_handshake {
             return Admit::Congested;
@@ -125,31 +198,179 @@ impl ListenerShared {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Admit::Refuse;
         }
-        let slot = loop {
-            let freed = self.freed.notified();
-            if let Some(slot) = self.try_slot(max) {
-                break slot;
-            }
-            freed.await;
-        };
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        Admit::Handshake(slot)
+        Admit::Queue(QueueTicket(self.clone()))
     }
 }
 
-enum Admit {
-    Handshake(HandshakeSlot),
+/// The answer of [`ListenerShared::admit`].
+pub(crate) enum Admit {
+    Now(HandshakeSlot),
+    Queue(QueueTicket),
     Congested,
     Refuse,
 }
 
+/// A place in the queue for a handshake slot (`limit_handshake` off).
+pub(crate) struct QueueTicket(Arc<ListenerShared>);
+
+impl QueueTicket {
+    /// Waits for a slot.
+    pub(crate) async fn slot(self, cfg: &Settings) -> HandshakeSlot {
+        let max = cfg.max_pending_handshakes.max(1);
+        loop {
+            let freed = self.0.freed.notified();
+            if let Some(slot) = self.0.try_slot(max) {
+                return slot;
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A running handshake's place under `max_pending_handshakes`.
-struct HandshakeSlot(Arc<ListenerShared>);
+pub(crate) struct HandshakeSlot(Arc<ListenerShared>);
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.0.freed.notify_one();
+    }
+}
+
+/// Finished connections waiting for `accept`, and who waits for them.
+#[derive(Default)]
+struct ReadyQueue {
+    inner: Mutex<ReadyInner>,
+}
+
+#[derive(Default)]
+struct ReadyInner {
+    items: VecDeque<Ready>,
+    /// `accept()` futures waiting, by id: every one is woken when a connection arrives, so
+    /// none is left asleep while another is cancelled.
+    waiters: Vec<(u64, Waker)>,
+    next_id: u64,
+    /// The waker of the latest `poll_accept` call (tokio's contract for it).
+    poll_waker: Option<Waker>,
+    /// The listener task, waiting for room.
+    room_waker: Option<Waker>,
+    closed: bool,
+}
+
+/// Who is polling for a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    /// `poll_accept`: one slot, the latest call's waker.
+    Poll,
+    /// An `accept()` future, registered under this id (0: not yet).
+    Future(u64),
+}
+
+impl ReadyQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadyInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, item: Ready) {
+        let wakers = {
+            let mut q = self.lock();
+            if q.closed {
+                return;
+            }
+            q.items.push_back(item);
+            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
+            w.extend(q.poll_waker.take());
+            w
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// The next connection, or registers `waiter`'s waker.
+    fn pop_or_wait(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Option<Ready> {
+        let mut q = self.lock();
+        if let Some(item) = q.items.pop_front() {
+            if let Some(w) = q.room_waker.take() {
+                w.wake();
+            }
+            return Some(item);
+        }
+        match waiter {
+            Waiter::Poll => q.poll_waker = Some(cx.waker().clone()),
+            Waiter::Future(id) => {
+                if *id == 0 {
+                    q.next_id += 1;
+                    *id = q.next_id;
+                }
+                let id = *id;
+                match q.waiters.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, w)) => w.clone_from(cx.waker()),
+                    None => q.waiters.push((id, cx.waker().clone())),
+                }
+            }
+        }
+        None
+    }
+
+    fn forget(&self, id: u64) {
+        if id != 0 {
+            self.lock().waiters.retain(|(i, _)| *i != id);
+        }
+    }
+
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut q = self.lock();
+        if q.items.len() < READY_CAP || q.closed {
+            return Poll::Ready(());
+        }
+        q.room_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn close(&self) {
+        let (items, wakers) = {
+            let mut q = self.lock();
+            q.closed = true;
+            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
+            w.extend(q.poll_waker.take());
+            (std::mem::take(&mut q.items), w)
+        };
+        // Connections nobody will accept are closed, as the kernel resets those left in a
+        // closed listener's queue.
+        drop(items);
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// The future of [`SmcListener::accept`].
+struct Accept<'a> {
+    listener: &'a SmcListener,
+    waiter: Waiter,
+}
+
+impl Future for Accept<'_> {
+    type Output = io::Result<Ready>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        this.listener.poll_next(cx, &mut this.waiter)
+    }
+}
+
+impl Drop for Accept<'_> {
+    fn drop(&mut self) {
+        if let Waiter::Future(id) = self.waiter {
+            self.listener.shared.ready.forget(id);
+        }
     }
 }
 
@@ -205,19 +426,23 @@ impl SmcListenerBuilder {
     }
 
     /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
-    /// instead of handed out; under [`Policy::TcpOnly`] every proposal is declined.
+    /// instead of handed out; under [`Policy::TcpOnly`] the listener opens no door and every
+    /// in-band proposal is declined.
     pub fn policy(mut self, policy: Policy) -> Self {
         self.o.policy = Some(policy);
         self
     }
 
-    /// How long to wait for a new connection's first bytes before handing it out as TCP.
+    /// How long a listener that can do SMC-R waits for the first bytes of a client on another
+    /// host before handing it out as TCP (see
+    /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT)). Same-host clients and
+    /// listeners without RDMA never wait.
     pub fn peek_timeout(mut self, timeout: Duration) -> Self {
         self.o.peek_timeout = Some(timeout);
         self
     }
 
-    /// Bound on a whole handshake once the eyecatcher has been seen.
+    /// Bound on each step of a handshake (each wait for the client, each decision of ours).
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.o.handshake_timeout = Some(timeout);
         self
@@ -238,20 +463,23 @@ impl SmcListenerBuilder {
         self
     }
 
-    /// Binds a new listener to `addr`.
+    /// Binds a new listener to `addr` (each address it resolves to in turn, as
+    /// [`TcpListener::bind`] does), with `SO_REUSEADDR` and a backlog of [`LISTEN_BACKLOG`].
     pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
-        Ok(self.from_tcp(TcpListener::bind(addr).await?))
+        let mut last = None;
+        for a in tokio::net::lookup_host(addr).await? {
+            match bind_tcp(a) {
+                Ok(l) => return Ok(self.from_tcp(l)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
 
-    /// Wraps an already bound tokio listener.
+    /// Wraps an already bound tokio listener. Must be called inside a tokio runtime: the
+    /// listener's task (which accepts and runs handshakes) starts on it.
     pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
-        let (ready_tx, ready_rx) = mpsc::unbounded_channel();
-        SmcListener {
-            tcp,
-            shared: Arc::new(ListenerShared { overrides: std::sync::RwLock::new(self.o), ..ListenerShared::default() }),
-            ready_tx,
-            ready_rx: Mutex::new(ready_rx),
-        }
+        SmcListener::start(tcp, self.o)
     }
 
     /// Wraps an already bound std listener, as [`TcpListener::from_std`] does (the listener
@@ -277,9 +505,43 @@ impl SmcListener {
         SmcListenerBuilder::new().from_std(listener)
     }
 
+    fn start(tcp: TcpListener, overrides: Overrides) -> SmcListener {
+        let local = tcp.local_addr();
+        let cfg = overrides.resolve();
+        let door = match (cfg.policy, &local) {
+            (Policy::TcpOnly, _) => None,
+            (_, Ok(local)) => Door::open(*local, cfg.shm.allowed_uids.clone()),
+            (_, Err(e)) => {
+                tracing::warn!(error = %e, "listener without a local address: serving tcp only");
+                None
+            }
+        };
+        let shared = Arc::new(ListenerShared {
+            tcp,
+            door,
+            overrides: std::sync::RwLock::new(overrides),
+            in_flight: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            freed: Notify::new(),
+            acceptor: AcceptorSlot::default(),
+            ready: ReadyQueue::default(),
+            closed: AtomicBool::new(false),
+            closing: Notify::new(),
+        });
+        // Open the RDMA devices now, off the runtime, so the first connections can use them.
+        #[cfg(feature = "rdma")]
+        if cfg.rdma.enabled {
+            let cfg = cfg.clone();
+            tokio::spawn(async move { crate::smc::rdma::warm_up(&cfg).await });
+        }
+        let span = tracing::debug_span!("smc_listener", local = ?local.ok());
+        let task = tokio::spawn(run(shared.clone()).instrument(span)).abort_handle();
+        SmcListener { shared, task }
+    }
+
     /// The local address the listener is bound to.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.local_addr()
+        self.shared.tcp.local_addr()
     }
 
     /// The settings connections accepted now would get (the builder's and the setters' values
@@ -303,56 +565,55 @@ impl SmcListener {
         self.shared.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The name of this listener's door (the abstract Unix socket at which same-host clients
+    /// announce SMC), if it has one; `None` under [`Policy::TcpOnly`] or when the name was
+    /// taken (the listener then serves TCP only).
+    pub fn door_name(&self) -> Option<String> {
+        self.shared.door.as_ref().map(|d| String::from_utf8_lossy(d.name()).into_owned())
+    }
+
     /// Waits for the next connection whose handshake (if any) has finished.
     ///
     /// Errors are those of [`TcpListener::accept`] (for example `EMFILE`); a connection whose
-    /// handshake fails is closed and never returned.
+    /// handshake fails is closed and never returned. Any number of tasks may wait at once;
+    /// every one is woken when a connection is ready.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a connection is either returned or stays queued for the next call.
     pub async fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+        Accept { listener: self, waiter: Waiter::Future(0) }.await
     }
 
     /// Polls for the next connection; see [`accept`](SmcListener::accept). Only the waker of the
     /// most recent call is woken, as with [`TcpListener::poll_accept`].
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
+        self.poll_next(cx, &mut Waiter::Poll)
+    }
+
+    fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<Ready>> {
         loop {
-            {
-                let mut rx = self.ready_rx.lock().unwrap_or_else(|e| e.into_inner());
-                if let Poll::Ready(Some(ready)) = rx.poll_recv(cx) {
-                    return Poll::Ready(Ok(ready));
-                }
+            if let Some(r) = self.shared.ready.pop_or_wait(cx, waiter) {
+                return Poll::Ready(Ok(r));
             }
-            let (tcp, peer) = match self.tcp.poll_accept(cx) {
-                Poll::Ready(Ok(c)) => c,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            };
-            // Resolved once per connection, here, and handed to its task.
-            let config = self.shared.settings();
-            match classify_now(&tcp) {
-                // The common plain-client case is decided here, without a task.
-                Some(Class::Plain) if config.policy != Policy::Never => {
-                    let t = Transport::Tcp(FallbackReason::PeerNoSmc);
-                    stats::connection(true, t);
-                    let s = SmcStream::from_tcp(tcp, t);
-                    return Poll::Ready(Ok((s, peer)));
+            // Take from the kernel directly, so that a connection that needs no handshake is
+            // returned on the first poll, as tokio's accept returns it.
+            match sys::accept_tcp(self.shared.tcp.as_fd()) {
+                Ok((std, peer)) => {
+                    let tcp = TcpStream::from_std(std)?;
+                    if let Handoff::Now(s) = accept::admit(&self.shared, tcp, peer) {
+                        return Poll::Ready(Ok((s, peer)));
+                    }
                 }
-                _ => {
-                    let shared = self.shared.clone();
-                    let tx = self.ready_tx.clone();
-                    let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
-                    tokio::spawn(serve(tcp, peer, config, shared, tx).instrument(span));
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }
 }
 
 impl From<TcpListener> for SmcListener {
-    /// Wraps a tokio listener with the default settings.
+    /// Wraps a tokio listener with the default settings (inside a tokio runtime).
     fn from(tcp: TcpListener) -> SmcListener {
         SmcListenerBuilder::new().from_tcp(tcp)
     }
@@ -367,283 +628,72 @@ impl TryFrom<std::net::TcpListener> for SmcListener {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// Not our eyecatcher (or EOF): a plain client.
-    Plain,
-    /// The whole eyecatcher is there.
-    Smc,
-}
+/// Connections the listener's task takes from the kernel per wake-up before it yields to other
+/// tasks (so a storm of connections cannot starve the connections already established).
+const ACCEPT_BATCH: usize = 64;
 
-/// Looks at the bytes already waiting, without blocking: `None` if they do not decide yet.
-fn classify_now(tcp: &TcpStream) -> Option<Class> {
-    let mut buf = [0u8; CLC_EYECATCHER.len()];
-    match sys::peek_now(tcp.as_fd(), &mut buf) {
-        Ok(0) => Some(Class::Plain),
-        Ok(n) => classify(&buf[..n]),
-        Err(_) => None,
-    }
-}
-
-fn classify(seen: &[u8]) -> Option<Class> {
-    if !eyecatcher_prefix_matches(seen) {
-        Some(Class::Plain)
-    } else if seen.len() >= CLC_EYECATCHER.len() {
-        Some(Class::Smc)
-    } else {
-        None
-    }
-}
-
-/// Waits (up to `deadline`) until the first bytes decide what the client is. `None`: it sent
-/// nothing decisive in time.
-async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Result<Option<Class>> {
-    let mut buf = [0u8; CLC_EYECATCHER.len()];
-    // After a matching prefix shorter than the eyecatcher, the socket stays readable, so waiting
-    // for readiness would spin: back off instead. Only a client that trickles its first bytes
-    // gets here; the backoff caps at 16 ms.
-    let mut backoff = Duration::from_millis(1);
-    loop {
-        let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
-            Ok(r) => r?,
-            Err(_) => return Ok(None),
-        };
-        if n == 0 {
-            return Ok(Some(Class::Plain));
+/// The listener's task: takes connections from the kernel while there is room for them, lets
+/// the door take registrations in, and sweeps stale ones.
+async fn run(shared: Arc<ListenerShared>) {
+    let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if shared.is_closed() {
+            return Poll::Ready(());
         }
-        if let Some(c) = classify(&buf[..n]) {
-            return Ok(Some(c));
-        }
-        if tokio::time::timeout_at(deadline, tokio::time::sleep(backoff)).await.is_err() {
-            return Ok(None);
-        }
-        backoff = (backoff * 2).min(Duration::from_millis(16));
-    }
-}
-
-/// Serves one accepted connection: classify, handshake if it is an SMC client, queue the
-/// result for `accept`.
-async fn serve(
-    mut tcp: TcpStream,
-    peer: SocketAddr,
-    config: Settings,
-    shared: Arc<ListenerShared>,
-    tx: mpsc::UnboundedSender<Ready>,
-) {
-    let transport = {
-        let work = async {
-            let peek_deadline = tokio::time::Instant::now() + config.peek_timeout;
-            let served = match peek_class(&tcp, peek_deadline).await? {
-                None => Served::Tcp(Transport::Tcp(FallbackReason::ClientSilent)),
-                Some(Class::Plain) => Served::Tcp(Transport::Tcp(FallbackReason::PeerNoSmc)),
-                Some(Class::Smc) => match shake(&mut tcp, &config, &shared).await? {
-                    (Outcome::Fallback { reason, by }, _) => {
-                        Served::Tcp(Transport::Tcp(FallbackReason::Declined { reason, by }))
-                    }
-                    (Outcome::Smc { .. }, Some(conn)) => Served::Smc(conn),
-                    (Outcome::Smc { .. }, None) => {
-                        return Err(io::Error::other("handshake agreed on a link without a connection"))
-                    }
-                    (Outcome::Failed(e), _) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
-                },
-            };
-            Ok::<_, io::Error>(served)
-        };
-        let mut work = std::pin::pin!(work);
-        let mut closed = std::pin::pin!(tx.closed());
-        let transport = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = work.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
+        // After an accept or door error (EMFILE and the like), back off instead of spinning on
+        // a queue that stays readable; the connections stay in the kernel's queues meanwhile.
+        if let Some(b) = &mut backoff {
+            if b.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
-            // The listener is gone: nobody will accept this connection.
-            closed.as_mut().poll(cx).map(|()| None)
-        })
-        .await;
-        transport
-    };
-    let Some(transport) = transport else { return };
-    match transport {
-        Ok(Served::Tcp(t)) if config.policy == Policy::Never => {
-            tracing::debug!(transport = %t, "closing: policy requires smc");
+            backoff = None;
         }
-        Ok(Served::Tcp(t)) => {
-            tracing::Span::current().record("transport", tracing::field::display(t));
-            stats::connection(true, t);
-            let _ = tx.send((SmcStream::from_tcp(tcp, t), peer));
-        }
-        Ok(Served::Smc(conn)) => {
-            let t = conn.transport();
-            tracing::Span::current().record("transport", t.as_str());
-            stats::connection(true, t);
-            let _ = tx.send((SmcStream::from_smc(tcp, conn, t), peer));
-        }
-        Err(e) => tracing::debug!(error = %e, "closing connection after failed handshake"),
-    }
-}
-
-/// What a served connection turned out to be.
-enum Served {
-    Tcp(Transport),
-    Smc(Arc<SmcConn>),
-}
-
-/// Admits the connection under the handshake bound, then runs the handshake (or, congested,
-/// only the decline).
-async fn shake(
-    tcp: &mut TcpStream,
-    config: &Settings,
-    shared: &Arc<ListenerShared>,
-) -> io::Result<(Outcome, Option<Arc<SmcConn>>)> {
-    let (slot, congested) = match shared.admit(config).await {
-        Admit::Handshake(slot) => (Some(slot), false),
-        Admit::Congested => (None, true),
-        Admit::Refuse => return Err(io::Error::other("handshake queue full: connection refused")),
-    };
-    let timer = stats::HandshakeTimer::start();
-    let r = server_handshake(tcp, config, &shared.acceptor, congested).await;
-    drop(slot);
-    match &r {
-        Ok((Outcome::Smc { .. }, _)) => timer.completed(),
-        Ok((Outcome::Fallback { reason, by }, _)) => {
-            stats::decline(*reason, *by);
-            timer.completed();
-        }
-        _ => drop(timer),
-    }
-    r
-}
-
-async fn server_handshake(
-    tcp: &mut TcpStream,
-    config: &Settings,
-    acceptor: &AcceptorSlot,
-    congested: bool,
-) -> io::Result<(Outcome, Option<Arc<SmcConn>>)> {
-    let mut hs = ServerHandshake::new(Instant::now(), config.handshake_timeout);
-    let mut pending = PendingConn::default();
-    let mut proposed_rmb = 0;
-    #[cfg(feature = "rdma")]
-    let mut rdma_pending: Option<crate::smc::rdma::ServerPending> = None;
-    loop {
-        match advance(tcp, &mut hs).await? {
-            Step::Event(ServerEvent::Proposal(p)) => {
-                tracing::debug!(token = ?p.token, shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
-                if congested {
-                    hs.decline(DeclineReason::HandshakeCongested);
-                    continue;
-                }
-                if config.policy == Policy::TcpOnly {
-                    hs.decline(DeclineReason::NoCommonTransport);
-                    continue;
-                }
-                // Shared memory first (same host), then RDMA.
-                let shm = if p.shm.is_some() {
-                    Manager::global().server_accept(acceptor, &p, &config.shm, config.handshake_timeout)
-                } else {
-                    Err(DeclineReason::NoCommonTransport)
-                };
-                let res = match shm {
-                    Ok((conn, info)) => Ok((conn, LinkInfo::Shm(info))),
-                    #[cfg(feature = "rdma")]
-                    Err(shm_reason) if p.rdma.is_some() => {
-                        let (local, peer) = (tcp.local_addr()?.ip(), tcp.peer_addr()?.ip());
-                        crate::smc::rdma::warm_up(config).await;
-                        match crate::smc::rdma::server_accept(
-                            Manager::global(),
-                            &p,
-                            local,
-                            peer,
-                            config,
-                            config.handshake_timeout,
-                        ) {
-                            Ok((conn, info, rp)) => {
-                                rdma_pending = Some(rp);
-                                Ok((conn, LinkInfo::Rdma(info)))
-                            }
-                            Err(DeclineReason::NoCommonTransport) => Err(shm_reason),
-                            Err(r) => Err(r),
-                        }
+        if let Some(door) = &shared.door {
+            loop {
+                match door.poll_drain(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => {
+                        tracing::debug!(error = %e, "door");
+                        backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
                     }
-                    Err(r) => Err(r),
-                };
-                match res {
-                    Ok((conn, info)) => {
-                        proposed_rmb = p.rmb_size;
-                        pending.set(conn);
-                        hs.accept(info);
-                    }
-                    Err(reason) => {
-                        tracing::debug!(%reason, "declining proposal");
-                        hs.decline(reason);
-                    }
+                    Poll::Pending => break,
                 }
             }
-            Step::Done(o) => {
-                let Some(conn) = pending.get() else {
-                    return Ok((o, None));
-                };
-                match &o {
-                    Outcome::Smc { peer: LinkInfo::Shm(c), .. } => {
-                        let group = conn.group().clone();
-                        // The client confirms once it has our WELCOME; our join task installs the
-                        // link right after sending it, so this waits at most a few task turns.
-                        let established =
-                            c.link_group == group.id && group.wait_established(config.handshake_timeout).await;
-                        if c.link_group != group.id || c.rmb_size != proposed_rmb || !established {
-                            tracing::debug!(?c, "confirm does not match the accepted link");
-                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
-                        }
-                        conn.confirm(c.rmb_slot);
-                    }
-                    #[cfg(feature = "rdma")]
-                    Outcome::Smc { peer: LinkInfo::Rdma(c), .. } => {
-                        let Some(rp) = rdma_pending.as_ref() else {
-                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
-                        };
-                        if let Err(why) = crate::smc::rdma::server_confirm(conn, rp, c) {
-                            tracing::debug!(%why, "rdma confirm");
-                            return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
-                        }
-                    }
-                    // A transport we did not accept (only reachable without the `rdma` feature).
-                    #[allow(unreachable_patterns)]
-                    Outcome::Smc { .. } => {
-                        return Ok((Outcome::Failed(HandshakeError::ConfirmMismatch), None));
-                    }
-                    _ => {
-                        // No SMC: give the slot back, and drop a shm group this handshake set up
-                        // for a client that will not join it.
-                        if let Some(conn) = pending.take() {
-                            let group = conn.group().clone();
-                            group.unregister(conn.our_token());
-                            Manager::global().abandon_pending(&group);
-                            // A new rdma group waits for nobody but this handshake's Confirm.
-                            #[cfg(feature = "rdma")]
-                            if rdma_pending.is_some() && group.link().is_none() && group.conn_count() == 0 {
-                                group.fail(crate::link::LinkError::Closed);
-                            }
-                        }
-                        return Ok((o, None));
-                    }
+            if door.pending() > 0 {
+                let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));
+                if t.as_mut().poll(cx).is_ready() {
+                    sweep = None;
+                    door.sweep();
+                    cx.waker().wake_by_ref();
                 }
-                return Ok((o, pending.take()));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn classification() {
-        assert_eq!(classify(b""), None);
-        assert_eq!(classify(&CLC_EYECATCHER[..1]), None);
-        assert_eq!(classify(&CLC_EYECATCHER[..3]), None);
-        assert_eq!(classify(&CLC_EYECATCHER), Some(Class::Smc));
-        assert_eq!(classify(b"G"), Some(Class::Plain));
-        assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
-        assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
-    }
+        for _ in 0..ACCEPT_BATCH {
+            if shared.ready.poll_room(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match shared.tcp.poll_accept(cx) {
+                Poll::Ready(Ok((tcp, peer))) => {
+                    if let Handoff::Now(s) = accept::admit(&shared, tcp, peer) {
+                        shared.deliver(s, peer);
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    // `accept` callers get such errors themselves.
+                    tracing::debug!(error = %e, "accept");
+                    backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // A full batch: let other tasks run, then go on.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }

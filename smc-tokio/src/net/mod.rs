@@ -3,13 +3,14 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod cork;
-mod listener;
+pub(crate) mod inband;
+pub(crate) mod listener;
 pub(crate) mod split;
 pub(crate) mod split_owned;
-mod stream;
+pub(crate) mod stream;
 
 pub use cork::CorkGuard;
-pub use listener::{SmcListener, SmcListenerBuilder};
+pub use listener::{SmcListener, SmcListenerBuilder, LISTEN_BACKLOG};
 pub use split::{ReadHalf, WriteHalf};
 pub use split_owned::{OwnedReadHalf, OwnedWriteHalf, ReuniteError};
 pub use stream::{SmcStream, SmcStreamBuilder};

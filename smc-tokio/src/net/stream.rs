@@ -6,28 +6,22 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
-use crate::config::ShmConfig;
-use crate::config::{Overrides, Policy, Settings};
-use crate::error::SmcError;
-use crate::handshake::{advance, Step};
+use crate::config::{InbandPeers, Overrides, Policy, Settings, ShmConfig};
 use crate::negative_cache::NegativeCache;
 use crate::net::cork::CorkGuard;
+use crate::net::inband::{InbandGuard, Owed};
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
-use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
-use crate::proto::handshake::Side;
-use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome};
-use crate::smc::conn::{PendingConn, SmcConn};
-use crate::smc::manager::Manager;
+use crate::smc::conn::SmcConn;
 use crate::stats;
 use crate::sys;
-use crate::transport::{FallbackReason, Transport};
+use crate::transport::Transport;
 
 /// A connection that started as TCP and moved to shared memory or RDMA when both ends could, or
 /// stayed on TCP with every byte intact when they could not.
@@ -74,6 +68,8 @@ pub struct SmcStream {
     adaptive: Option<(SocketAddr, u64, Duration)>,
     /// Cork guards alive on the TCP path.
     tcp_corks: Arc<AtomicUsize>,
+    /// Server side, on TCP: takes a client's late handshake message off the stream.
+    inband: Option<InbandGuard>,
 }
 
 /// The SMC side of a stream that left TCP.
@@ -155,7 +151,15 @@ impl SmcStream {
             moved: AtomicU64::new(0),
             adaptive: None,
             tcp_corks: Arc::default(),
+            inband: None,
         }
+    }
+
+    /// A server's TCP stream whose client may still send the handshake message `owed`.
+    pub(crate) fn from_tcp_guarded(tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
+        let mut s = SmcStream::from_tcp(tcp, transport);
+        s.inband = Some(InbandGuard::new(owed));
+        s
     }
 
     /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
@@ -170,6 +174,7 @@ impl SmcStream {
             moved: AtomicU64::new(0),
             adaptive: None,
             tcp_corks: Arc::default(),
+            inband: None,
         }
     }
 
@@ -269,6 +274,11 @@ impl SmcStream {
         if let Some(s) = &self.smc {
             return s.conn.poll_read(cx, buf);
         }
+        if let Some(g) = &self.inband {
+            if let Some(p) = g.poll_read(cx, &self.tcp, buf) {
+                return p;
+            }
+        }
         loop {
             ready!(self.tcp.poll_read_ready(cx))?;
             let fd = self.tcp.as_raw_fd();
@@ -304,6 +314,9 @@ impl SmcStream {
         if let Some(s) = &self.smc {
             return s.conn.poll_write(cx, data);
         }
+        if let Some(g) = &self.inband {
+            ready!(g.poll_before_write(cx, &self.tcp))?;
+        }
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
             match self.tcp.try_write(data) {
@@ -316,6 +329,9 @@ impl SmcStream {
     fn poll_write_vectored_io(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_write_vectored(cx, bufs);
+        }
+        if let Some(g) = &self.inband {
+            ready!(g.poll_before_write(cx, &self.tcp))?;
         }
         loop {
             ready!(self.tcp.poll_write_ready(cx))?;
@@ -409,6 +425,9 @@ impl SmcStream {
     }
 
     async fn tcp_sendfile(&self, file: BorrowedFd<'_>, at: &mut u64, left: &mut u64) -> io::Result<()> {
+        if let Some(g) = &self.inband {
+            std::future::poll_fn(|cx| g.poll_before_write(cx, &self.tcp)).await?;
+        }
         while *left > 0 {
             // sendfile(2) moves at most 0x7ffff000 bytes per call.
             let count = usize::try_from(*left).unwrap_or(usize::MAX).min(0x7fff_f000);
@@ -421,6 +440,16 @@ impl SmcStream {
             }
         }
         Ok(())
+    }
+
+    pub(crate) fn poll_shutdown_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.smc.is_none() {
+            if let Some(g) = &self.inband {
+                // A Decline still owed goes out before our FIN.
+                ready!(g.poll_before_write(cx, &self.tcp))?;
+            }
+        }
+        Poll::Ready(self.shutdown_priv())
     }
 
     pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
@@ -462,8 +491,8 @@ impl AsyncWrite for SmcStream {
         self.poll_flush_priv(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.shutdown_priv())
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_shutdown_priv(cx)
     }
 }
 
@@ -478,32 +507,6 @@ impl AsFd for SmcStream {
 impl AsRawFd for SmcStream {
     fn as_raw_fd(&self) -> RawFd {
         self.tcp.as_raw_fd()
-    }
-}
-
-/// Client handshakes running in this process.
-static CLIENT_HANDSHAKES: AtomicUsize = AtomicUsize::new(0);
-
-/// One client handshake's place under `max_pending_handshakes`.
-struct ClientSlot;
-
-impl ClientSlot {
-    /// A place, or `None` when the builder turned `limit_handshake` on and all places are
-    /// taken. (The process-wide `limit_handshake` governs listeners, as the kernel's
-    /// `SMC_LIMIT_HS` does; a client opts in per builder.)
-    fn take(limit: bool, cfg: &Settings) -> Option<ClientSlot> {
-        let n = CLIENT_HANDSHAKES.fetch_add(1, Ordering::AcqRel);
-        if limit && n >= cfg.max_pending_handshakes {
-            CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(ClientSlot)
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -561,15 +564,34 @@ impl SmcStreamBuilder {
         self
     }
 
-    /// What to do when SMC cannot be used.
+    /// When to try SMC, and what to do when it cannot be used (see [`Policy`]).
     pub fn policy(mut self, policy: Policy) -> Self {
         self.o.policy = Some(policy);
         self
     }
 
-    /// Bound on the whole handshake. A server that has not answered by then is taken for a
-    /// plain TCP server that waits for its client: the connection is closed, the server goes
-    /// into the negative cache, and (under [`Policy::Auto`]) a plain TCP connection is made.
+    /// Destinations to negotiate SMC with in-band, on the TCP stream itself: the way to SMC-R on
+    /// other hosts. Only servers known to run smc-tokio belong here: any other server would
+    /// read the Proposal as its first bytes (the connection is then closed and made again as
+    /// plain TCP). Same-host listeners need no entry; they are found at their door.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcStream;
+    ///
+    /// let builder = SmcStream::builder().inband_peers("10.0.0.0/8".parse().unwrap());
+    /// assert!(builder.settings().inband_peers.contains("10.1.2.3".parse().unwrap()));
+    /// ```
+    pub fn inband_peers(mut self, peers: InbandPeers) -> Self {
+        self.o.inband_peers = Some(peers);
+        self
+    }
+
+    /// Bound on each step of the handshake. An in-band peer that has not answered by then is
+    /// taken for a plain TCP server that waits for its client: the connection is closed, the
+    /// server is left alone for a while (briefly at first: it may only be busy), and a plain
+    /// TCP connection is made. A same-host listener matched at its door is given twice as long.
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.o.handshake_timeout = Some(timeout);
         self
@@ -623,185 +645,14 @@ impl SmcStreamBuilder {
     async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
         let cfg = self.o.resolve();
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
-        let res = self.connect_addr_inner(addr, &cfg).instrument(span.clone()).await;
-        match res {
-            Ok(mut s) => {
-                span.record("transport", tracing::field::display(s.transport()));
-                stats::connection(false, s.transport());
-                if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {
-                    s.adaptive = Some((addr, cfg.adaptive_min_bytes, cfg.negative_cache_ttl));
-                }
-                Ok(s)
-            }
-            Err(e) => Err(e),
+        let res =
+            crate::connect::establish(addr, &cfg, self.o.limit_handshake == Some(true)).instrument(span.clone()).await;
+        let mut s = res?;
+        span.record("transport", tracing::field::display(s.transport()));
+        stats::connection(false, s.transport());
+        if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {
+            s.adaptive = Some((addr, cfg.adaptive_min_bytes, cfg.negative_cache_ttl));
         }
-    }
-
-    async fn connect_addr_inner(&self, addr: SocketAddr, cfg: &Settings) -> io::Result<SmcStream> {
-        let fallback = |reason: FallbackReason, tcp: TcpStream| -> io::Result<SmcStream> {
-            match cfg.policy {
-                Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
-                _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
-            }
-        };
-        if cfg.policy == Policy::TcpOnly {
-            return fallback(FallbackReason::Disabled, TcpStream::connect(addr).await?);
-        }
-        if NegativeCache::global().contains(addr, Instant::now()) {
-            if cfg.policy == Policy::Never {
-                return Err(SmcError::FallbackRefused(FallbackReason::NegativeCache).into());
-            }
-            return fallback(FallbackReason::NegativeCache, TcpStream::connect(addr).await?);
-        }
-
-        let Some(_slot) = ClientSlot::take(self.o.limit_handshake == Some(true), cfg) else {
-            // Too many client handshakes in flight: this one goes plain at once.
-            let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-            return match cfg.policy {
-                Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
-                _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(reason))),
-            };
-        };
-        // The verbs library is loaded before the connection exists: a server gives a client only
-        // its peek timeout to start the handshake.
-        #[cfg(feature = "rdma")]
-        crate::smc::rdma::warm_up(cfg).await;
-        let mut tcp = TcpStream::connect(addr).await?;
-        let timer = stats::HandshakeTimer::start();
-        let manager = Manager::global();
-        let offer = manager.client_offer(addr, &cfg.shm);
-        #[cfg(feature = "rdma")]
-        let local_ip = tcp.local_addr()?.ip();
-        #[cfg(feature = "rdma")]
-        let rx_size = offer.as_ref().map_or(cfg.shm.rmb_size, |o| o.1);
-        #[cfg(feature = "rdma")]
-        let rdma = crate::smc::rdma::client_offer(addr, local_ip, rx_size, cfg);
-        #[cfg(not(feature = "rdma"))]
-        let rdma = None;
-        let rmb_size = match (&offer, &rdma) {
-            (Some(o), _) => o.1,
-            #[cfg(feature = "rdma")]
-            (None, Some(_)) => rx_size,
-            _ => 0,
-        };
-        let token = sys::random_token()?;
-        let proposal = Proposal { token, rmb_size, shm: offer.map(|o| o.0), rdma };
-        let mut hs =
-            ClientHandshake::new(proposal, Instant::now(), cfg.handshake_timeout).map_err(SmcError::Handshake)?;
-        // Given back if the connect is dropped (cancelled) or fails before the Confirm left.
-        let mut pending = PendingConn::default();
-        let outcome = loop {
-            match advance(&mut tcp, &mut hs).await {
-                Ok(Step::Event(ClientEvent::Accepted(accept))) => match &accept.link {
-                    LinkInfo::Shm(info) if rmb_size != 0 => {
-                        let left =
-                            hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-                        match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
-                            Ok((conn, confirm)) => {
-                                hs.confirm(LinkInfo::Shm(confirm));
-                                pending.set(conn);
-                            }
-                            Err(reason) => {
-                                tracing::debug!(%reason, "declining the server's shm accept");
-                                hs.decline(reason);
-                            }
-                        }
-                    }
-                    #[cfg(feature = "rdma")]
-                    LinkInfo::Rdma(info) if rdma.is_some() => {
-                        match crate::smc::rdma::client_accept(
-                            manager,
-                            addr,
-                            local_ip,
-                            info,
-                            rmb_size,
-                            cfg,
-                            cfg.handshake_timeout,
-                        ) {
-                            Ok((conn, confirm)) => {
-                                hs.confirm(LinkInfo::Rdma(confirm));
-                                pending.set(conn);
-                            }
-                            Err(reason) => {
-                                tracing::debug!(%reason, "declining the server's rdma accept");
-                                hs.decline(reason);
-                            }
-                        }
-                    }
-                    other => {
-                        // A transport this client did not offer: a confused or hostile server.
-                        // Decline, and stay on TCP in step.
-                        tracing::debug!(link = ?other, "declining an accept for a transport we did not offer");
-                        hs.decline(DeclineReason::NoCommonTransport);
-                    }
-                },
-                Ok(Step::Done(o)) => break Ok(o),
-                Err(e) => break Err(e),
-            }
-        };
-        match &outcome {
-            Ok(Outcome::Smc { .. }) => timer.completed(),
-            Ok(Outcome::Fallback { reason, by }) => {
-                stats::decline(*reason, *by);
-                timer.completed();
-            }
-            _ => drop(timer),
-        }
-        match outcome {
-            Ok(Outcome::Smc { .. }) if pending.get().is_some() => {
-                let conn = pending.take().ok_or_else(|| io::Error::other("no connection"))?;
-                let t = conn.transport();
-                Ok(SmcStream::from_smc(tcp, conn, t))
-            }
-            other => {
-                // The Confirm never left: give the slot back.
-                drop(pending);
-                Self::finish_fallback(cfg, addr, tcp, other).await
-            }
-        }
-    }
-
-    async fn finish_fallback(
-        cfg: &Settings,
-        addr: SocketAddr,
-        tcp: TcpStream,
-        outcome: io::Result<Outcome>,
-    ) -> io::Result<SmcStream> {
-        match outcome {
-            Ok(Outcome::Fallback { reason, by }) => {
-                tracing::debug!(%reason, ?by, "falling back to tcp");
-                let reason = FallbackReason::Declined { reason, by };
-                match cfg.policy {
-                    Policy::Never => Err(SmcError::FallbackRefused(reason).into()),
-                    _ => Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason))),
-                }
-            }
-            Ok(Outcome::Smc { .. }) => {
-                // The machine agreed on a link we have no connection for: cannot happen, since
-                // confirm() is only called with one; fail loudly rather than pretend.
-                Err(io::Error::other("handshake agreed on a link without a connection"))
-            }
-            Ok(Outcome::Failed(err)) => Self::reconnect_plain(cfg, addr, tcp, SmcError::Handshake(err).into()).await,
-            // Reset or closed mid-handshake: plain servers often do that to bytes they do not
-            // understand. Same treatment as a failed handshake.
-            Err(e) => Self::reconnect_plain(cfg, addr, tcp, e).await,
-        }
-    }
-
-    /// The server is not ours (or misbehaved) and the stream is unusable: remember it and, under
-    /// [`Policy::Auto`], reconnect as plain TCP; under [`Policy::Never`], fail with `err`.
-    async fn reconnect_plain(
-        cfg: &Settings,
-        addr: SocketAddr,
-        tcp: TcpStream,
-        err: io::Error,
-    ) -> io::Result<SmcStream> {
-        tracing::debug!(%err, "peer did not complete the handshake; remembering it as plain tcp");
-        drop(tcp);
-        NegativeCache::global().insert(addr, Instant::now(), cfg.negative_cache_ttl);
-        match cfg.policy {
-            Policy::Never => Err(err),
-            _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
-        }
+        Ok(s)
     }
 }

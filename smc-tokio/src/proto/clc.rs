@@ -6,7 +6,8 @@
 //! ```text
 //! header   0..4  eyecatcher E2 D4 C3 E3 ("SMCT" in EBCDIC; the kernel's is "SMCR", E2 D4 C3 D9)
 //!          4     version (CLC_VERSION)
-//!          5     type: 1 Proposal, 2 Accept, 3 Confirm, 4 Decline (the kernel's values)
+//!          5     type: 1 Proposal, 2 Accept, 3 Confirm, 4 Decline (the kernel's values),
+//!                5 Commit (ours: the server's answer to a Confirm, the commit point)
 //!          6..8  length of the whole message, header and trailer included (big endian)
 //! body     per type, below
 //! trailer  the eyecatcher again
@@ -17,6 +18,12 @@
 //!   `kind u8, len u16, value`: kind 1 = shm offer, kind 2 = rdma offer, each at most once.
 //! - Accept and Confirm: token (16), exactly one section: the chosen transport's link details.
 //! - Decline: token (16), reason (u8).
+//! - Commit: token (16).
+//!
+//! Nothing in a message identifies the host or the process: a shared-memory offer names only
+//! the link group the client already has with this server. Same-host intent travels out of
+//! band, before the TCP connection exists (the listener's door, `docs/design.md`), and the
+//! server learns who the client is from the kernel (`SO_PEERCRED`), not from these bytes.
 //!
 //! Decoding is incremental ([`decode`] says how many bytes it needs), bounds every length before
 //! it looks further, rejects anything it does not know with a [`ClcError`], and never panics.
@@ -27,8 +34,9 @@ use super::cursor::RingSize;
 
 /// First and last four bytes of every CLC message: "SMCT" in EBCDIC.
 pub const CLC_EYECATCHER: [u8; 4] = [0xE2, 0xD4, 0xC3, 0xE3];
-/// The CLC version this crate speaks.
-pub const CLC_VERSION: u8 = 1;
+/// The CLC version this crate speaks. Version 2 dropped the host and process identity from the
+/// shared-memory offer and added [`ClcType::Commit`].
+pub const CLC_VERSION: u8 = 2;
 /// Length of the fixed header.
 pub const CLC_HEADER_LEN: usize = 8;
 /// Length of the trailer.
@@ -72,6 +80,11 @@ pub enum ClcType {
     Confirm = 3,
     /// Either way: no SMC for this connection; both continue over TCP.
     Decline = 4,
+    /// Server to client, answering a Confirm: the server has committed to SMC. The client
+    /// moves its data to the link only after it. (The kernel's CLC has no such message; it is
+    /// this protocol's commit point, so a server that gives up after its Accept can still
+    /// decline in step.)
+    Commit = 5,
 }
 
 impl ClcType {
@@ -81,6 +94,7 @@ impl ClcType {
             2 => Some(Self::Accept),
             3 => Some(Self::Confirm),
             4 => Some(Self::Decline),
+            5 => Some(Self::Commit),
             _ => None,
         }
     }
@@ -148,18 +162,14 @@ impl fmt::Display for DeclineReason {
     }
 }
 
-/// The client's shared-memory offer: who it is, so the server can tell whether it shares a host.
+/// The client's shared-memory offer. It says nothing about who the client is: a server takes
+/// it only on a connection the client registered at its door beforehand (same host, verified
+/// by the kernel), and knows the client's process from that registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShmOffer {
-    /// Host identity (the kernel's boot id).
-    pub host_id: [u8; 16],
-    /// The client's process id.
-    pub pid: u32,
-    /// A random instance id of the client's link-group manager, so a restarted process with a
-    /// reused pid is not mistaken for the old one.
-    pub instance: u64,
     /// The id of a live shm link group the client already has with this server, 0 if none: the
-    /// server reuses it, so the connection costs no new shared memory.
+    /// server reuses it, so the connection costs no new shared memory. Random and seen only by
+    /// the two ends of the group.
     pub link_group: u64,
 }
 
@@ -273,6 +283,13 @@ pub struct Confirm {
     pub link: LinkInfo,
 }
 
+/// The server's commitment to SMC, answering the client's Confirm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Commit {
+    /// The connection token.
+    pub token: Token,
+}
+
 /// A refusal: both sides continue over TCP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decline {
@@ -306,6 +323,8 @@ pub enum ClcMessage {
     Confirm(Confirm),
     /// See [`Decline`].
     Decline(Decline),
+    /// See [`Commit`].
+    Commit(Commit),
 }
 
 /// Why a CLC message was rejected.
@@ -440,14 +459,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
             while !r.buf.is_empty() {
                 let (kind, mut s) = r.section()?;
                 match kind {
-                    SECTION_SHM if p.shm.is_none() => {
-                        p.shm = Some(ShmOffer {
-                            host_id: s.array()?,
-                            pid: s.u32()?,
-                            instance: s.u64()?,
-                            link_group: s.u64()?,
-                        })
-                    }
+                    SECTION_SHM if p.shm.is_none() => p.shm = Some(ShmOffer { link_group: s.u64()? }),
                     SECTION_RDMA if p.rdma.is_none() => {
                         let o = RdmaOffer {
                             gid: s.array()?,
@@ -482,6 +494,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
             let reason = DeclineReason::from_u8(v).ok_or(ClcError::UnknownDeclineReason(v))?;
             ClcMessage::Decline(Decline { token, reason })
         }
+        ClcType::Commit => ClcMessage::Commit(Commit { token }),
     };
     r.finish()?;
     Ok(Decoded::Message(msg, header.len))
@@ -641,6 +654,7 @@ impl ClcMessage {
             ClcMessage::Accept(_) => ClcType::Accept,
             ClcMessage::Confirm(_) => ClcType::Confirm,
             ClcMessage::Decline(_) => ClcType::Decline,
+            ClcMessage::Commit(_) => ClcType::Commit,
         }
     }
 
@@ -651,6 +665,7 @@ impl ClcMessage {
             ClcMessage::Accept(m) => m.token,
             ClcMessage::Confirm(m) => m.token,
             ClcMessage::Decline(m) => m.token,
+            ClcMessage::Commit(m) => m.token,
         }
     }
 
@@ -668,12 +683,7 @@ impl ClcMessage {
                 }
                 w.buf.extend_from_slice(&p.rmb_size.to_be_bytes());
                 if let Some(o) = &p.shm {
-                    w.section(SECTION_SHM, |b| {
-                        b.extend_from_slice(&o.host_id);
-                        b.extend_from_slice(&o.pid.to_be_bytes());
-                        b.extend_from_slice(&o.instance.to_be_bytes());
-                        b.extend_from_slice(&o.link_group.to_be_bytes());
-                    });
+                    w.section(SECTION_SHM, |b| b.extend_from_slice(&o.link_group.to_be_bytes()));
                 }
                 if let Some(o) = &p.rdma {
                     check_mtu(o.mtu)?;
@@ -691,9 +701,10 @@ impl ClcMessage {
                 w.link(link);
             }
             ClcMessage::Decline(d) => w.buf.push(d.reason as u8),
+            ClcMessage::Commit(_) => {}
         }
         w.buf.extend_from_slice(&CLC_EYECATCHER);
-        // Bounded fields keep every version-1 message far below CLC_MAX_LEN (checked in tests).
+        // Bounded fields keep every message far below CLC_MAX_LEN (checked in tests).
         let len = w.buf.len() as u16;
         w.buf[6..8].copy_from_slice(&len.to_be_bytes());
         Ok(w.buf)
@@ -730,7 +741,7 @@ mod tests {
             ClcMessage::Proposal(Proposal {
                 token: t,
                 rmb_size: 1 << 16,
-                shm: Some(ShmOffer { host_id: [2; 16], pid: 1234, instance: u64::MAX, link_group: 0 }),
+                shm: Some(ShmOffer { link_group: u64::MAX }),
                 rdma: Some(RdmaOffer { gid: [3; 16], port: 1, mtu: 4096, qpn: 0, link_group: 0 }),
             }),
             ClcMessage::Accept(Accept { token: t, link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]) }),
@@ -738,6 +749,7 @@ mod tests {
             ClcMessage::Confirm(Confirm { token: t, link: shm_link(b"") }),
             ClcMessage::Confirm(Confirm { token: t, link: rdma_link() }),
             ClcMessage::Decline(Decline { token: t, reason: DeclineReason::HandshakeCongested }),
+            ClcMessage::Commit(Commit { token: t }),
         ]
     }
 
@@ -785,8 +797,8 @@ mod tests {
         assert_eq!(decode(&[]), Ok(Decoded::NeedMore(CLC_HEADER_LEN)));
 
         let mut b = decline_bytes();
-        b[4] = 2;
-        assert_eq!(decode(&b), Err(ClcError::UnsupportedVersion { version: 2, len: b.len() as u16 }));
+        b[4] = 1;
+        assert_eq!(decode(&b), Err(ClcError::UnsupportedVersion { version: 1, len: b.len() as u16 }));
 
         let mut b = decline_bytes();
         b[5] = 9;
@@ -836,7 +848,7 @@ mod tests {
         let p = ClcMessage::Proposal(Proposal {
             token: Token::default(),
             rmb_size: 0,
-            shm: Some(ShmOffer { host_id: [0; 16], pid: 1, instance: 1, link_group: 0 }),
+            shm: Some(ShmOffer { link_group: 0 }),
             rdma: None,
         });
         let good = p.encode().unwrap();
@@ -869,6 +881,13 @@ mod tests {
         let bad = ClcMessage::Proposal(Proposal { token: Token::default(), rmb_size: u32::MAX, shm: None, rdma: None });
         assert_eq!(bad.encode(), Err(ClcError::BadField("proposal rmb size")));
 
+        // A commit with a body.
+        let mut b = ClcMessage::Commit(Commit { token: Token::default() }).encode().unwrap();
+        b.insert(b.len() - 4, 0);
+        let len = b.len() as u16;
+        b[6..8].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(decode(&b), Err(ClcError::BadBodyLength));
+
         // An accept with no section.
         let mut b = Vec::from(CLC_EYECATCHER);
         b.extend_from_slice(&[CLC_VERSION, 2, 0, 28]);
@@ -883,7 +902,7 @@ mod tests {
             if keep_header && v.len() >= 8 {
                 v[..4].copy_from_slice(&CLC_EYECATCHER);
                 v[4] = CLC_VERSION;
-                v[5] = (v[5] % 4) + 1;
+                v[5] = (v[5] % 5) + 1;
                 let len = (v.len() as u16).max(12);
                 v[6..8].copy_from_slice(&len.to_be_bytes());
                 if v.len() >= 12 {
@@ -906,13 +925,13 @@ mod tests {
 
         #[test]
         fn proposals_round_trip(token in any::<[u8; 16]>(), rmb in prop_oneof![Just(0u32), 1u32..=RingSize::MAX],
-                                shm in proptest::option::of(any::<([u8; 16], u32, u64, u64)>()),
+                                shm in proptest::option::of(any::<u64>()),
                                 rdma in proptest::option::of(any::<([u8; 16], u8, u32, u64)>()), mtu_i in 0usize..5) {
             let mtu = [256u16, 512, 1024, 2048, 4096][mtu_i];
             let m = ClcMessage::Proposal(Proposal {
                 token: Token(token),
                 rmb_size: rmb,
-                shm: shm.map(|(host_id, pid, instance, link_group)| ShmOffer { host_id, pid, instance, link_group }),
+                shm: shm.map(|link_group| ShmOffer { link_group }),
                 rdma: rdma.map(|(gid, port, qpn, link_group)| RdmaOffer { gid, port, mtu, qpn, link_group }),
             });
             let b = m.encode().unwrap();

@@ -12,19 +12,36 @@
 //!   Proposal  ───────────────────────────▶   (event: Proposal; driver accepts or declines)
 //!             ◀───────────────────────────   Accept | Decline
 //!   (event: Accepted; driver confirms or declines)
-//!   Confirm | Decline ───────────────────▶
+//!   Confirm | Decline ───────────────────▶   (event: Confirmed; driver commits or declines)
+//!             ◀───────────────────────────   Commit | Decline
 //! ```
-//! After a Decline both sides simply continue over TCP; after a Confirm data moves to the link.
+//!
+//! **The commit point.** The client moves its data to the link only after the server's Commit,
+//! and the server sends it only once the link is ready; so neither side is ever committed while
+//! the other may still fall back. After an Accept, each side sends exactly one more message,
+//! whatever happens (the server a Commit or a Decline, the client a Confirm or a Decline), so
+//! the two byte streams stay in step: a side that gives up declines instead of going silent.
+//! After any Decline both sides continue over TCP on the same connection.
+//!
+//! **Deadlines count from when the peer could have answered.** Each wait has its own bound
+//! ([`Timeouts`]), started when the message it waits for could first have been sent, so a
+//! server's accept lag or a client's link setup is not charged to the other side.
+//!
+//! A server that gives up waiting may still owe the stream a consumption: a Proposal that was
+//! not sent yet, or the client's answer to an Accept it timed out on
+//! ([`ServerHandshake::owed_by_peer`]). The driver must consume that message (and answer a late
+//! Proposal with a Decline) before the application reads the stream.
+//!
 //! Anything that leaves the stream in an unknown state (a malformed frame, a message out of
-//! order, a timeout after a message was half received or an Accept was sent) ends in
-//! [`Outcome::Failed`]: the connection must be closed.
+//! order, a timeout with a message half received) ends in [`Outcome::Failed`]: the connection
+//! must be closed.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::clc::{
-    decode, Accept, ClcError, ClcHeader, ClcMessage, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal,
-    Token, CLC_HEADER_LEN,
+    decode, Accept, ClcError, ClcHeader, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo,
+    Proposal, Token, CLC_HEADER_LEN,
 };
 
 /// Which side of the connection made a decision.
@@ -48,7 +65,8 @@ pub enum Outcome {
         /// The link details the peer sent.
         peer: LinkInfo,
     },
-    /// A Decline was sent or received: continue over TCP; the stream is intact.
+    /// A Decline was sent or received, or the server stopped waiting for a Proposal: continue
+    /// over TCP; the stream is intact.
     Fallback {
         /// Why.
         reason: DeclineReason,
@@ -103,6 +121,34 @@ impl fmt::Display for HandshakeError {
 
 impl std::error::Error for HandshakeError {}
 
+/// Per-step bounds of a handshake. Each wait starts when the party waited for could first act:
+/// a wait for the peer's message when ours was sent, a local decision when the peer's message
+/// arrived.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use smc_tokio::proto::handshake::Timeouts;
+///
+/// let t = Timeouts::uniform(Duration::from_secs(2));
+/// assert_eq!(t.peer, t.local);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// How long to wait for each of the peer's messages.
+    pub peer: Duration,
+    /// How long this side's own decision (setting up its end of the link) may take.
+    pub local: Duration,
+}
+
+impl Timeouts {
+    /// The same bound for every step.
+    pub fn uniform(d: Duration) -> Timeouts {
+        Timeouts { peer: d, local: d }
+    }
+}
+
 /// Receive buffer shared by both roles: collects exactly one CLC message.
 #[derive(Debug, Default)]
 struct Inbox {
@@ -127,6 +173,10 @@ impl Inbox {
             Err(ClcError::UnsupportedVersion { len, .. }) => usize::from(len).saturating_sub(self.buf.len()),
             _ => 0,
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
 
     /// Takes at most `wanted()` bytes of `data`; returns how many it took and what it has.
@@ -158,6 +208,11 @@ fn encode(msg: &ClcMessage) -> Result<Vec<u8>, HandshakeError> {
     msg.encode().map_err(HandshakeError::Malformed)
 }
 
+fn decline_bytes(token: Token, reason: DeclineReason) -> Vec<u8> {
+    // A Decline has no variable fields, so it always encodes.
+    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
+}
+
 /// An event for which the driver must decide, on the client side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientEvent {
@@ -166,10 +221,18 @@ pub enum ClientEvent {
     Accepted(Accept),
 }
 
+/// What the client answered to the Accept.
+#[derive(Debug)]
+enum Answer {
+    Confirmed { local: LinkInfo, peer: LinkInfo },
+    Declined(DeclineReason),
+}
+
 #[derive(Debug)]
 enum ClientState {
     AwaitReply,
     AwaitDecision(LinkInfo),
+    AwaitFinal(Answer),
     Done(Outcome),
 }
 
@@ -180,12 +243,12 @@ enum ClientState {
 /// ```
 /// use std::time::{Duration, Instant};
 /// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Proposal, Token};
-/// use smc_tokio::proto::handshake::{ClientHandshake, Outcome, Side};
+/// use smc_tokio::proto::handshake::{ClientHandshake, Outcome, Side, Timeouts};
 ///
 /// let now = Instant::now();
 /// let token = Token([1; 16]);
 /// let proposal = Proposal { token, rmb_size: 0, shm: None, rdma: None };
-/// let mut hs = ClientHandshake::new(proposal, now, Duration::from_secs(1)).unwrap();
+/// let mut hs = ClientHandshake::new(proposal, now, Timeouts::uniform(Duration::from_secs(1))).unwrap();
 /// let to_send = hs.poll_transmit().unwrap(); // the Proposal
 /// assert!(!to_send.is_empty());
 ///
@@ -195,7 +258,7 @@ enum ClientState {
 /// let mut at = 0;
 /// while hs.wanted() > 0 {
 ///     let n = hs.wanted().min(bytes.len() - at);
-///     at += hs.handle_input(&bytes[at..at + n]);
+///     at += hs.handle_input(&bytes[at..at + n], now);
 /// }
 /// assert_eq!(
 ///     hs.outcome(),
@@ -207,19 +270,22 @@ pub struct ClientHandshake {
     token: Token,
     state: ClientState,
     deadline: Instant,
+    timeouts: Timeouts,
     inbox: Inbox,
     transmit: Vec<u8>,
     event: Option<ClientEvent>,
 }
 
 impl ClientHandshake {
-    /// Starts a handshake: queues the Proposal; the whole handshake must end by `now + timeout`.
-    pub fn new(proposal: Proposal, now: Instant, timeout: Duration) -> Result<Self, HandshakeError> {
+    /// Starts a handshake: queues the Proposal, sent at `now`; the server's reply is awaited
+    /// until `now + timeouts.peer`.
+    pub fn new(proposal: Proposal, now: Instant, timeouts: Timeouts) -> Result<Self, HandshakeError> {
         let transmit = encode(&ClcMessage::Proposal(proposal.clone()))?;
         Ok(Self {
             token: proposal.token,
             state: ClientState::AwaitReply,
-            deadline: now + timeout,
+            deadline: now + timeouts.peer,
+            timeouts,
             inbox: Inbox::default(),
             transmit,
             event: None,
@@ -249,15 +315,32 @@ impl ClientHandshake {
     /// How many bytes to read from the stream next (0: read nothing now).
     pub fn wanted(&self) -> usize {
         match self.state {
-            ClientState::AwaitReply => self.inbox.wanted(),
+            ClientState::AwaitReply | ClientState::AwaitFinal(_) => self.inbox.wanted(),
             _ => 0,
         }
     }
 
-    /// Feeds received bytes; returns how many were used (at most [`wanted`](Self::wanted)).
-    /// An empty `data` means the peer closed the stream.
-    pub fn handle_input(&mut self, data: &[u8]) -> usize {
-        if !matches!(self.state, ClientState::AwaitReply) {
+    /// Whether the next byte from the server is the first of its reply to the Proposal. A
+    /// driver that may meet a server which handed the connection to its application (and so
+    /// will send application bytes instead) looks at that byte without taking it, and calls
+    /// [`peer_sent_data`](Self::peer_sent_data) when it is not the eyecatcher's.
+    pub fn awaits_reply_start(&self) -> bool {
+        matches!(self.state, ClientState::AwaitReply) && self.inbox.is_empty()
+    }
+
+    /// The server's first bytes are not a CLC message (nothing was taken from the stream): the
+    /// outcome becomes [`HandshakeError::NotSmc`]. Does nothing unless
+    /// [`awaits_reply_start`](Self::awaits_reply_start).
+    pub fn peer_sent_data(&mut self) {
+        if self.awaits_reply_start() {
+            self.finish(Outcome::Failed(HandshakeError::NotSmc));
+        }
+    }
+
+    /// Feeds bytes received at `now`; returns how many were used (at most
+    /// [`wanted`](Self::wanted)). An empty `data` means the peer closed the stream.
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
+        if !matches!(self.state, ClientState::AwaitReply | ClientState::AwaitFinal(_)) {
             return 0;
         }
         if data.is_empty() {
@@ -265,67 +348,95 @@ impl ClientHandshake {
             return 0;
         }
         let (used, r) = self.inbox.push(data);
-        match r {
-            Ok(Received::Partial) => {}
+        let msg = match r {
+            Ok(Received::Partial) => return used,
+            Ok(Received::Message(m)) => m,
             // Servers answer in the client's version; another one is a protocol violation.
             Ok(Received::UnsupportedVersion) => {
-                self.finish(Outcome::Failed(HandshakeError::Malformed(ClcError::BadField("reply version"))))
+                self.finish(Outcome::Failed(HandshakeError::Malformed(ClcError::BadField("reply version"))));
+                return used;
             }
-            Ok(Received::Message(ClcMessage::Accept(a))) if a.token == self.token => {
+            Err(e) => {
+                self.finish(Outcome::Failed(e));
+                return used;
+            }
+        };
+        if !matches!(msg, ClcMessage::Proposal(_) | ClcMessage::Confirm(_)) && msg.token() != self.token {
+            self.finish(Outcome::Failed(HandshakeError::TokenMismatch));
+            return used;
+        }
+        match (std::mem::replace(&mut self.state, ClientState::AwaitReply), msg) {
+            (ClientState::AwaitReply, ClcMessage::Accept(a)) => {
                 self.state = ClientState::AwaitDecision(a.link.clone());
+                self.deadline = now + self.timeouts.local;
                 self.event = Some(ClientEvent::Accepted(a));
             }
-            Ok(Received::Message(ClcMessage::Decline(d))) if d.token == self.token => {
+            (ClientState::AwaitReply, ClcMessage::Decline(d)) => {
                 self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
             }
-            Ok(Received::Message(ClcMessage::Accept(_) | ClcMessage::Decline(_))) => {
-                self.finish(Outcome::Failed(HandshakeError::TokenMismatch))
+            (ClientState::AwaitFinal(Answer::Confirmed { local, peer }), ClcMessage::Commit(_)) => {
+                self.finish(Outcome::Smc { token: self.token, local, peer })
             }
-            Ok(Received::Message(m)) => self.finish(Outcome::Failed(HandshakeError::Unexpected { got: m.kind() })),
-            Err(e) => self.finish(Outcome::Failed(e)),
+            (ClientState::AwaitFinal(Answer::Confirmed { .. }), ClcMessage::Decline(d)) => {
+                self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
+            }
+            (ClientState::AwaitFinal(Answer::Declined(reason)), ClcMessage::Decline(_)) => {
+                self.finish(Outcome::Fallback { reason, by: Side::Local })
+            }
+            (_, m) => self.finish(Outcome::Failed(HandshakeError::Unexpected { got: m.kind() })),
         }
         used
     }
 
-    /// Confirms an Accept with this side's link details: the outcome becomes [`Outcome::Smc`].
-    /// Does nothing unless an [`ClientEvent::Accepted`] is waiting for a decision.
-    pub fn confirm(&mut self, local: LinkInfo) {
+    /// Confirms an Accept with this side's link details at `now`; the server's Commit is
+    /// awaited next. Past the decision's deadline it declines with
+    /// [`DeclineReason::Timeout`] instead. Does nothing unless an [`ClientEvent::Accepted`] is
+    /// waiting for a decision.
+    pub fn confirm(&mut self, local: LinkInfo, now: Instant) {
         let ClientState::AwaitDecision(peer) = &self.state else {
             return;
         };
+        if now >= self.deadline {
+            return self.decline(DeclineReason::Timeout, now);
+        }
         if !peer.same_transport(&local) {
-            return self.decline(DeclineReason::Internal);
+            return self.decline(DeclineReason::Internal, now);
         }
         let peer = peer.clone();
         match encode(&ClcMessage::Confirm(Confirm { token: self.token, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
-                self.finish(Outcome::Smc { token: self.token, local, peer });
+                self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
+                self.deadline = now + self.timeouts.peer;
             }
-            Err(_) => self.decline(DeclineReason::Internal),
+            Err(_) => self.decline(DeclineReason::Internal, now),
         }
     }
 
-    /// Declines an Accept: the outcome becomes a local fallback. Does nothing unless a decision
-    /// is pending.
-    pub fn decline(&mut self, reason: DeclineReason) {
+    /// Declines an Accept at `now`: the server's answer (its Decline) is awaited next, then
+    /// the outcome is a local fallback. Does nothing unless a decision is pending.
+    pub fn decline(&mut self, reason: DeclineReason, now: Instant) {
         if !matches!(self.state, ClientState::AwaitDecision(_)) {
             return;
         }
         self.transmit = decline_bytes(self.token, reason);
-        self.finish(Outcome::Fallback { reason, by: Side::Local });
+        self.event = None;
+        self.state = ClientState::AwaitFinal(Answer::Declined(reason));
+        self.deadline = now + self.timeouts.peer;
     }
 
-    /// Tells the machine the time. Past the deadline: waiting for the reply fails the
-    /// connection (the server may still answer); a pending local decision declines with
-    /// [`DeclineReason::Timeout`] (the stream is still in step).
+    /// Tells the machine the time. Past the deadline: a pending local decision declines with
+    /// [`DeclineReason::Timeout`] (the stream stays in step); a wait for the server fails the
+    /// connection, since the server may still answer.
     pub fn handle_timeout(&mut self, now: Instant) {
         if now < self.deadline {
             return;
         }
         match self.state {
-            ClientState::AwaitReply => self.finish(Outcome::Failed(HandshakeError::Timeout)),
-            ClientState::AwaitDecision(_) => self.decline(DeclineReason::Timeout),
+            ClientState::AwaitReply | ClientState::AwaitFinal(_) => {
+                self.finish(Outcome::Failed(HandshakeError::Timeout))
+            }
+            ClientState::AwaitDecision(_) => self.decline(DeclineReason::Timeout, now),
             ClientState::Done(_) => {}
         }
     }
@@ -350,48 +461,58 @@ impl ClientHandshake {
     }
 }
 
-fn decline_bytes(token: Token, reason: DeclineReason) -> Vec<u8> {
-    // A Decline has no variable fields, so it always encodes.
-    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
-}
-
 /// An event for which the driver must decide, on the server side.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerEvent {
     /// A client proposed: choose a transport and call [`ServerHandshake::accept`], or call
     /// [`ServerHandshake::decline`].
     Proposal(Proposal),
+    /// The client confirmed the Accept with its link details: check them against the link,
+    /// then call [`ServerHandshake::commit`] or [`ServerHandshake::decline`].
+    Confirmed(LinkInfo),
+}
+
+/// A client message that a server which stopped waiting still has to take from the stream
+/// before the application reads it ([`ServerHandshake::owed_by_peer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerOwes {
+    /// The Proposal: answer it with a Decline (or, if the application already wrote, drop it
+    /// silently: the client takes application bytes for "handed out as TCP").
+    Proposal,
+    /// The client's Confirm or Decline answering our Accept: drop it (our Decline already went).
+    Answer,
 }
 
 #[derive(Debug)]
 enum ServerState {
     AwaitProposal,
     AwaitDecision,
-    AwaitConfirm(LinkInfo),
+    AwaitAnswer(LinkInfo),
+    AwaitCommit { local: LinkInfo, peer: LinkInfo },
     Done(Outcome),
 }
 
-/// The server's side of the handshake. Start it once the stream's first bytes matched the
-/// eyecatcher.
+/// The server's side of the handshake. Start it on a connection whose client is known to
+/// propose (registered at the listener's door) or whose first bytes matched the eyecatcher.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::{Duration, Instant};
 /// use smc_tokio::proto::clc::{decode, ClcMessage, Decoded, DeclineReason, Proposal, Token};
-/// use smc_tokio::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side};
+/// use smc_tokio::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 ///
 /// let now = Instant::now();
-/// let mut hs = ServerHandshake::new(now, Duration::from_secs(1));
+/// let mut hs = ServerHandshake::new(now, Timeouts::uniform(Duration::from_secs(1)));
 /// let proposal = Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None };
 /// let bytes = ClcMessage::Proposal(proposal.clone()).encode().unwrap();
 /// let mut at = 0;
 /// while hs.wanted() > 0 {
 ///     let n = hs.wanted();
-///     at += hs.handle_input(&bytes[at..at + n]);
+///     at += hs.handle_input(&bytes[at..at + n], now);
 /// }
 /// assert_eq!(hs.poll_event(), Some(ServerEvent::Proposal(proposal)));
-/// hs.decline(DeclineReason::NoCommonTransport);
+/// hs.decline(DeclineReason::NoCommonTransport, now);
 /// let reply = hs.poll_transmit().unwrap();
 /// assert!(matches!(decode(&reply).unwrap(), Decoded::Message(ClcMessage::Decline(_), _)));
 /// assert_eq!(
@@ -404,21 +525,25 @@ pub struct ServerHandshake {
     token: Token,
     state: ServerState,
     deadline: Instant,
+    timeouts: Timeouts,
     inbox: Inbox,
     transmit: Vec<u8>,
     event: Option<ServerEvent>,
+    owed: Option<PeerOwes>,
 }
 
 impl ServerHandshake {
-    /// Starts waiting for a Proposal; the whole handshake must end by `now + timeout`.
-    pub fn new(now: Instant, timeout: Duration) -> Self {
+    /// Starts waiting, from `now`, for a Proposal (until `now + timeouts.peer`).
+    pub fn new(now: Instant, timeouts: Timeouts) -> Self {
         Self {
             token: Token::default(),
             state: ServerState::AwaitProposal,
-            deadline: now + timeout,
+            deadline: now + timeouts.peer,
+            timeouts,
             inbox: Inbox::default(),
             transmit: Vec::new(),
             event: None,
+            owed: None,
         }
     }
 
@@ -445,14 +570,38 @@ impl ServerHandshake {
     /// How many bytes to read from the stream next (0: read nothing now).
     pub fn wanted(&self) -> usize {
         match self.state {
-            ServerState::AwaitProposal | ServerState::AwaitConfirm(_) => self.inbox.wanted(),
+            ServerState::AwaitProposal | ServerState::AwaitAnswer(_) => self.inbox.wanted(),
             _ => 0,
         }
     }
 
-    /// Feeds received bytes; returns how many were used. An empty `data` means EOF.
-    pub fn handle_input(&mut self, data: &[u8]) -> usize {
-        if !matches!(self.state, ServerState::AwaitProposal | ServerState::AwaitConfirm(_)) {
+    /// After the outcome: a client message still on its way that must be taken from the
+    /// stream before application bytes (the server stopped waiting for it).
+    pub fn owed_by_peer(&self) -> Option<PeerOwes> {
+        self.owed
+    }
+
+    /// Whether the next byte from the client is the first of its Proposal. A driver serving a
+    /// client that may have given up on SMC (and so sends application bytes instead) looks at
+    /// that byte without taking it, and calls [`peer_sent_data`](Self::peer_sent_data) when it
+    /// is not the eyecatcher's.
+    pub fn awaits_proposal_start(&self) -> bool {
+        matches!(self.state, ServerState::AwaitProposal) && self.inbox.is_empty()
+    }
+
+    /// The client's first bytes are application data, not a Proposal (nothing was taken): the
+    /// outcome is a fallback with [`DeclineReason::PeerNoSmc`], the stream intact. Does nothing
+    /// unless [`awaits_proposal_start`](Self::awaits_proposal_start).
+    pub fn peer_sent_data(&mut self) {
+        if self.awaits_proposal_start() {
+            self.finish(Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer });
+        }
+    }
+
+    /// Feeds bytes received at `now`; returns how many were used. An empty `data` means EOF.
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
+        let awaiting_proposal = matches!(self.state, ServerState::AwaitProposal);
+        if !awaiting_proposal && !matches!(self.state, ServerState::AwaitAnswer(_)) {
             return 0;
         }
         if data.is_empty() {
@@ -460,7 +609,6 @@ impl ServerHandshake {
             return 0;
         }
         let (used, r) = self.inbox.push(data);
-        let awaiting_proposal = matches!(self.state, ServerState::AwaitProposal);
         match r {
             Ok(Received::Partial) => {}
             Ok(Received::UnsupportedVersion) if awaiting_proposal => {
@@ -471,6 +619,7 @@ impl ServerHandshake {
             Ok(Received::Message(ClcMessage::Proposal(p))) if awaiting_proposal => {
                 self.token = p.token;
                 self.state = ServerState::AwaitDecision;
+                self.deadline = now + self.timeouts.local;
                 self.event = Some(ServerEvent::Proposal(p));
             }
             Err(HandshakeError::Malformed(
@@ -484,23 +633,27 @@ impl ServerHandshake {
                 self.send_decline(DeclineReason::SyncError)
             }
             Ok(Received::Message(ClcMessage::Confirm(c))) if !awaiting_proposal => {
-                let ServerState::AwaitConfirm(local) = &self.state else {
+                let ServerState::AwaitAnswer(local) = &self.state else {
                     return used;
                 };
-                if c.token != self.token {
-                    self.finish(Outcome::Failed(HandshakeError::TokenMismatch))
-                } else if !local.same_transport(&c.link) {
-                    self.finish(Outcome::Failed(HandshakeError::TransportMismatch))
+                if c.token != self.token || !local.same_transport(&c.link) {
+                    // Framing is sound and the client awaits our final word: decline in step.
+                    tracing::debug!(token_ok = c.token == self.token, "declining a confirm that does not fit");
+                    self.send_decline(DeclineReason::SyncError)
                 } else {
                     let local = local.clone();
-                    self.finish(Outcome::Smc { token: self.token, local, peer: c.link })
+                    self.event = Some(ServerEvent::Confirmed(c.link.clone()));
+                    self.state = ServerState::AwaitCommit { local, peer: c.link };
+                    self.deadline = now + self.timeouts.local;
                 }
             }
             Ok(Received::Message(ClcMessage::Decline(d))) if !awaiting_proposal => {
                 if d.token == self.token {
+                    // The client waits for our final word even after declining.
+                    self.transmit = decline_bytes(self.token, d.reason);
                     self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
                 } else {
-                    self.finish(Outcome::Failed(HandshakeError::TokenMismatch))
+                    self.send_decline(DeclineReason::SyncError)
                 }
             }
             Ok(Received::UnsupportedVersion) => {
@@ -512,24 +665,51 @@ impl ServerHandshake {
         used
     }
 
-    /// Accepts the pending Proposal with this side's link details; the Confirm is awaited next.
-    /// Does nothing unless a [`ServerEvent::Proposal`] is waiting for a decision.
-    pub fn accept(&mut self, local: LinkInfo) {
+    /// Accepts the pending Proposal at `now` with this side's link details; the client's
+    /// answer is awaited next. Past the decision's deadline it declines with
+    /// [`DeclineReason::Timeout`] instead. Does nothing unless a [`ServerEvent::Proposal`] is
+    /// waiting for a decision.
+    pub fn accept(&mut self, local: LinkInfo, now: Instant) {
         if !matches!(self.state, ServerState::AwaitDecision) {
             return;
+        }
+        if now >= self.deadline {
+            return self.send_decline(DeclineReason::Timeout);
         }
         match encode(&ClcMessage::Accept(Accept { token: self.token, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
-                self.state = ServerState::AwaitConfirm(local);
+                self.state = ServerState::AwaitAnswer(local);
+                self.deadline = now + self.timeouts.peer;
             }
             Err(_) => self.send_decline(DeclineReason::Internal),
         }
     }
 
-    /// Declines the pending Proposal: the outcome becomes a local fallback.
-    pub fn decline(&mut self, reason: DeclineReason) {
-        if matches!(self.state, ServerState::AwaitDecision) {
+    /// Commits to SMC at `now`, once the link the Confirm names is ready: sends the Commit and
+    /// the outcome becomes [`Outcome::Smc`]. Past the decision's deadline it declines with
+    /// [`DeclineReason::Timeout`] instead. Does nothing unless a [`ServerEvent::Confirmed`] is
+    /// waiting for a decision.
+    pub fn commit(&mut self, now: Instant) {
+        if !matches!(self.state, ServerState::AwaitCommit { .. }) {
+            return;
+        }
+        if now >= self.deadline {
+            return self.send_decline(DeclineReason::Timeout);
+        }
+        let ServerState::AwaitCommit { local, peer } = std::mem::replace(&mut self.state, ServerState::AwaitDecision)
+        else {
+            return;
+        };
+        // A Commit has no variable fields, so it always encodes.
+        self.transmit = ClcMessage::Commit(Commit { token: self.token }).encode().unwrap_or_default();
+        self.finish(Outcome::Smc { token: self.token, local, peer });
+    }
+
+    /// Declines the pending Proposal or Confirm: the outcome becomes a local fallback. Does
+    /// nothing unless a decision is pending.
+    pub fn decline(&mut self, reason: DeclineReason, _now: Instant) {
+        if matches!(self.state, ServerState::AwaitDecision | ServerState::AwaitCommit { .. }) {
             self.send_decline(reason);
         }
     }
@@ -539,16 +719,28 @@ impl ServerHandshake {
         self.finish(Outcome::Fallback { reason, by: Side::Local });
     }
 
-    /// Tells the machine the time. Past the deadline: a pending decision declines with
-    /// [`DeclineReason::Timeout`]; a half-received Proposal, or an Accept whose Confirm has not
-    /// come, fails the connection.
+    /// Tells the machine the time. Past the deadline:
+    /// - waiting for the Proposal with nothing of it received: a local fallback (nothing is
+    ///   sent), and the Proposal is [owed](Self::owed_by_peer);
+    /// - waiting for the client's answer to our Accept with nothing of it received: a Decline
+    ///   goes out (the client is waiting for our final word) and the answer is owed;
+    /// - a pending decision declines with [`DeclineReason::Timeout`];
+    /// - a message half received fails the connection.
     pub fn handle_timeout(&mut self, now: Instant) {
         if now < self.deadline {
             return;
         }
         match self.state {
-            ServerState::AwaitDecision => self.send_decline(DeclineReason::Timeout),
-            ServerState::AwaitProposal | ServerState::AwaitConfirm(_) => {
+            ServerState::AwaitProposal if self.inbox.is_empty() => {
+                self.owed = Some(PeerOwes::Proposal);
+                self.finish(Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local });
+            }
+            ServerState::AwaitAnswer(_) if self.inbox.is_empty() => {
+                self.owed = Some(PeerOwes::Answer);
+                self.send_decline(DeclineReason::Timeout);
+            }
+            ServerState::AwaitDecision | ServerState::AwaitCommit { .. } => self.send_decline(DeclineReason::Timeout),
+            ServerState::AwaitProposal | ServerState::AwaitAnswer(_) => {
                 self.finish(Outcome::Failed(HandshakeError::Timeout))
             }
             ServerState::Done(_) => {}
@@ -581,6 +773,10 @@ mod tests {
 
     const T: Duration = Duration::from_secs(2);
 
+    fn t() -> Timeouts {
+        Timeouts::uniform(T)
+    }
+
     fn token() -> Token {
         Token([0x42; 16])
     }
@@ -593,21 +789,35 @@ mod tests {
         LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: slot, rmb_size: 4096, socket_name: name.to_vec() })
     }
 
+    fn rdma() -> LinkInfo {
+        LinkInfo::Rdma(crate::proto::clc::RdmaLinkInfo {
+            gid: [0; 16],
+            qpn: 1,
+            psn: 1,
+            mtu: 1024,
+            rkey: 1,
+            rmb_addr: 0,
+            rmb_size: 4096,
+            rmb_token: 1,
+            link_group: 1,
+        })
+    }
+
     /// Feeds `bytes` in chunks of at most `chunk`, as a driver would; returns bytes left over.
-    fn feed_client(hs: &mut ClientHandshake, bytes: &[u8], chunk: usize) -> usize {
+    fn feed_client(hs: &mut ClientHandshake, bytes: &[u8], chunk: usize, now: Instant) -> usize {
         let mut at = 0;
         while hs.wanted() > 0 && at < bytes.len() {
             let n = hs.wanted().min(chunk).min(bytes.len() - at);
-            at += hs.handle_input(&bytes[at..at + n]);
+            at += hs.handle_input(&bytes[at..at + n], now);
         }
         bytes.len() - at
     }
 
-    fn feed_server(hs: &mut ServerHandshake, bytes: &[u8], chunk: usize) -> usize {
+    fn feed_server(hs: &mut ServerHandshake, bytes: &[u8], chunk: usize, now: Instant) -> usize {
         let mut at = 0;
         while hs.wanted() > 0 && at < bytes.len() {
             let n = hs.wanted().min(chunk).min(bytes.len() - at);
-            at += hs.handle_input(&bytes[at..at + n]);
+            at += hs.handle_input(&bytes[at..at + n], now);
         }
         bytes.len() - at
     }
@@ -616,26 +826,47 @@ mod tests {
         m.encode().unwrap()
     }
 
-    /// Runs both machines against each other; returns both outcomes.
+    fn decoded(b: &[u8]) -> ClcMessage {
+        match decode(b).unwrap() {
+            Decoded::Message(m, n) => {
+                assert_eq!(n, b.len(), "exactly one message");
+                m
+            }
+            other => panic!("not a whole message: {other:?}"),
+        }
+    }
+
+    /// Runs both machines against each other, every byte passing between them; returns both
+    /// outcomes and checks that each side consumed exactly what the other sent.
     fn run(
         server_decides: impl FnOnce(&mut ServerHandshake, Proposal),
         client_decides: impl FnOnce(&mut ClientHandshake, Accept),
+        server_commits: impl FnOnce(&mut ServerHandshake, LinkInfo),
         chunk: usize,
     ) -> (Outcome, Outcome) {
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
-        let mut s = ServerHandshake::new(now, T);
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        let mut s = ServerHandshake::new(now, t());
         let p = c.poll_transmit().unwrap();
-        assert_eq!(feed_server(&mut s, &p, chunk), 0);
+        assert!(c.awaits_reply_start());
+        assert_eq!(feed_server(&mut s, &p, chunk, now), 0);
         let Some(ServerEvent::Proposal(prop)) = s.poll_event() else { panic!("no proposal") };
         server_decides(&mut s, prop);
         let reply = s.poll_transmit().unwrap();
-        assert_eq!(feed_client(&mut c, &reply, chunk), 0);
+        assert_eq!(feed_client(&mut c, &reply, chunk, now), 0);
         if let Some(ClientEvent::Accepted(a)) = c.poll_event() {
             client_decides(&mut c, a);
-            let last = c.poll_transmit().unwrap();
-            assert_eq!(feed_server(&mut s, &last, chunk), 0);
+            let answer = c.poll_transmit().expect("the client always answers an accept");
+            assert!(!c.is_done(), "the client waits for the server's final word");
+            assert_eq!(feed_server(&mut s, &answer, chunk, now), 0);
+            if let Some(ServerEvent::Confirmed(peer)) = s.poll_event() {
+                server_commits(&mut s, peer);
+            }
+            let last = s.poll_transmit().expect("the server always answers the client's answer");
+            assert_eq!(feed_client(&mut c, &last, chunk, now), 0);
         }
+        assert!(c.poll_transmit().is_none() && s.poll_transmit().is_none(), "nothing left to send");
+        assert_eq!((c.wanted(), s.wanted()), (0, 0), "nothing left to read");
         (c.outcome().unwrap().clone(), s.outcome().unwrap().clone())
     }
 
@@ -643,10 +874,14 @@ mod tests {
     fn full_smc_handshake_any_chunking() {
         for chunk in [1, 3, 8, 1000] {
             let (c, s) = run(
-                |s, _| s.accept(shm(1, b"srv")),
+                |s, _| s.accept(shm(1, b"srv"), Instant::now()),
                 |c, a| {
                     assert_eq!(a.link, shm(1, b"srv"));
-                    c.confirm(shm(2, b""))
+                    c.confirm(shm(2, b""), Instant::now())
+                },
+                |s, peer| {
+                    assert_eq!(peer, shm(2, b""));
+                    s.commit(Instant::now())
                 },
                 chunk,
             );
@@ -658,7 +893,12 @@ mod tests {
     #[test]
     fn every_server_decline_reason_falls_back_on_both_sides() {
         for reason in DeclineReason::ALL {
-            let (c, s) = run(|s, _| s.decline(reason), |_, _| panic!("no accept"), 5);
+            let (c, s) = run(
+                |s, _| s.decline(reason, Instant::now()),
+                |_, _| panic!("no accept"),
+                |_, _| panic!("no confirm"),
+                5,
+            );
             assert_eq!(c, Outcome::Fallback { reason, by: Side::Peer });
             assert_eq!(s, Outcome::Fallback { reason, by: Side::Local });
         }
@@ -667,55 +907,96 @@ mod tests {
     #[test]
     fn every_client_decline_reason_falls_back_on_both_sides() {
         for reason in DeclineReason::ALL {
-            let (c, s) = run(|s, _| s.accept(shm(1, b"x")), |c, _| c.decline(reason), 7);
+            let (c, s) = run(
+                |s, _| s.accept(shm(1, b"x"), Instant::now()),
+                |c, _| c.decline(reason, Instant::now()),
+                |_, _| panic!("no confirm"),
+                7,
+            );
             assert_eq!(c, Outcome::Fallback { reason, by: Side::Local });
             assert_eq!(s, Outcome::Fallback { reason, by: Side::Peer });
         }
     }
 
     #[test]
-    fn client_never_reads_past_the_reply() {
+    fn a_server_that_gives_up_after_the_confirm_declines_in_step() {
+        for reason in [DeclineReason::Timeout, DeclineReason::OutOfMemory, DeclineReason::SyncError] {
+            let (c, s) = run(
+                |s, _| s.accept(shm(1, b"x"), Instant::now()),
+                |c, _| c.confirm(shm(2, b""), Instant::now()),
+                |s, _| s.decline(reason, Instant::now()),
+                4,
+            );
+            assert_eq!(c, Outcome::Fallback { reason, by: Side::Peer });
+            assert_eq!(s, Outcome::Fallback { reason, by: Side::Local });
+        }
+    }
+
+    #[test]
+    fn client_never_reads_past_the_reply_or_the_final_word() {
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.poll_transmit();
         let mut bytes = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::PeerNoSmc }));
         bytes.extend_from_slice(b"application data");
-        assert_eq!(feed_client(&mut c, &bytes, 1 << 20), b"application data".len());
+        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), b"application data".len());
         assert!(c.is_done());
         assert_eq!(c.wanted(), 0);
+
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        c.poll_transmit();
+        let mut bytes = msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") }));
+        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), 0);
+        c.confirm(shm(2, b""), now);
+        bytes = msg(ClcMessage::Commit(Commit { token: token() }));
+        bytes.extend_from_slice(b"more");
+        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), 4);
+        assert!(matches!(c.outcome(), Some(Outcome::Smc { .. })));
     }
 
     #[test]
     fn client_meets_plain_server() {
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
-        feed_client(&mut c, b"HTTP/1.1 400 Bad Request\r\n", 100);
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        feed_client(&mut c, b"HTTP/1.1 400 Bad Request\r\n", 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::NotSmc)));
+
+        // A driver that looked at the first byte without taking it.
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        assert!(c.awaits_reply_start());
+        c.peer_sent_data();
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::NotSmc)));
+        // Once a reply has started, it no longer applies.
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        feed_client(&mut c, &CLC_EYECATCHER[..2], 100, now);
+        assert!(!c.awaits_reply_start());
+        c.peer_sent_data();
+        assert!(!c.is_done());
     }
 
     #[test]
     fn client_meets_echo_server() {
         // An echo server sends our own Proposal back.
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         let p = c.poll_transmit().unwrap();
-        feed_client(&mut c, &p, 100);
+        feed_client(&mut c, &p, 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
     }
 
     #[test]
-    fn client_rejects_wrong_token_eof_timeout_and_version() {
+    fn client_rejects_wrong_token_eof_timeout_version_and_early_commit() {
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         let d = msg(ClcMessage::Decline(Decline { token: Token([0; 16]), reason: DeclineReason::Timeout }));
-        feed_client(&mut c, &d, 100);
+        feed_client(&mut c, &d, 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::TokenMismatch)));
 
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
-        assert_eq!(c.handle_input(&[]), 0);
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        assert_eq!(c.handle_input(&[], now), 0);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Eof)));
 
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.handle_timeout(now + T / 2);
         assert!(!c.is_done());
         assert_eq!(c.poll_timeout(), Some(now + T));
@@ -723,46 +1004,61 @@ mod tests {
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
         assert_eq!(c.poll_timeout(), None);
 
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         let mut d = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }));
         d[4] = CLC_VERSION + 1;
-        feed_client(&mut c, &d, 100);
+        feed_client(&mut c, &d, 100, now);
         assert!(matches!(c.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
+
+        // A Commit before any Accept, and a Commit answering our Decline.
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        feed_client(&mut c, &msg(ClcMessage::Commit(Commit { token: token() })), 100, now);
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Commit })));
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, now);
+        c.decline(DeclineReason::Internal, now);
+        feed_client(&mut c, &msg(ClcMessage::Commit(Commit { token: token() })), 100, now);
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Commit })));
     }
 
     #[test]
-    fn client_timeout_while_deciding_declines() {
+    fn client_timeout_while_deciding_declines_and_still_waits_for_the_final_word() {
         let now = Instant::now();
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.poll_transmit();
-        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100);
+        // The Accept arrives late in the server's window; the local decision gets its own bound
+        // from then.
+        let later = now + T - Duration::from_millis(1);
+        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, later);
         assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted(_))));
+        assert_eq!(c.poll_timeout(), Some(later + T));
         c.handle_timeout(now + T);
-        assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+        assert!(!c.is_done(), "the local decision's deadline is counted from the Accept");
+        c.handle_timeout(later + T);
+        assert!(!c.is_done(), "declined; the server's answer is awaited");
         let sent = c.poll_transmit().unwrap();
-        assert!(matches!(
-            decode(&sent),
-            Ok(Decoded::Message(ClcMessage::Decline(Decline { reason: DeclineReason::Timeout, .. }), _))
-        ));
+        assert!(matches!(decoded(&sent), ClcMessage::Decline(Decline { reason: DeclineReason::Timeout, .. })));
+        feed_client(
+            &mut c,
+            &msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout })),
+            100,
+            later,
+        );
+        assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+
+        // A confirm past the deadline declines instead.
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, now);
+        c.confirm(shm(2, b""), now + T);
+        assert!(matches!(decoded(&c.poll_transmit().unwrap()), ClcMessage::Decline(_)));
     }
 
     #[test]
     fn client_confirm_with_other_transport_declines() {
         let (c, s) = run(
-            |s, _| s.accept(shm(1, b"x")),
-            |c, _| {
-                c.confirm(LinkInfo::Rdma(crate::proto::clc::RdmaLinkInfo {
-                    gid: [0; 16],
-                    qpn: 1,
-                    psn: 1,
-                    mtu: 1024,
-                    rkey: 1,
-                    rmb_addr: 0,
-                    rmb_size: 4096,
-                    rmb_token: 1,
-                    link_group: 1,
-                }))
-            },
+            |s, _| s.accept(shm(1, b"x"), Instant::now()),
+            |c, _| c.confirm(rdma(), Instant::now()),
+            |_, _| panic!("no confirm"),
             64,
         );
         assert_eq!(c, Outcome::Fallback { reason: DeclineReason::Internal, by: Side::Local });
@@ -772,11 +1068,11 @@ mod tests {
     #[test]
     fn server_declines_unsupported_version_and_stays_in_step() {
         let now = Instant::now();
-        let mut s = ServerHandshake::new(now, T);
+        let mut s = ServerHandshake::new(now, t());
         let mut p = msg(ClcMessage::Proposal(proposal()));
         p[4] = 7;
         p.extend_from_slice(b"after");
-        assert_eq!(feed_server(&mut s, &p, 3), 5);
+        assert_eq!(feed_server(&mut s, &p, 3, now), 5);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::VersionMismatch, by: Side::Local }));
         assert!(s.poll_transmit().is_some());
     }
@@ -787,36 +1083,36 @@ mod tests {
         let good = msg(ClcMessage::Proposal(Proposal {
             token: token(),
             rmb_size: 0,
-            shm: Some(crate::proto::clc::ShmOffer { host_id: [0; 16], pid: 1, instance: 2, link_group: 0 }),
+            shm: Some(crate::proto::clc::ShmOffer { link_group: 0 }),
             rdma: None,
         }));
         // Unknown section kind: framing intact, decline.
         let mut b = good.clone();
         b[CLC_HEADER_LEN + 20] = 99;
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &b, 100);
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &b, 100, now);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
 
         // Bad trailer: framing broken, fail.
         let mut b = good.clone();
         let n = b.len();
         b[n - 2] = 0;
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &b, 100);
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadTrailer)))));
 
         // Bad length.
         let mut b = good;
         b[6..8].copy_from_slice(&5000u16.to_be_bytes());
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &b, 100);
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadLength(5000))))));
 
         // Garbage after the eyecatcher.
         let mut b = Vec::from(CLC_EYECATCHER);
         b.extend_from_slice(&[0xff; 20]);
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &b, 100);
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
     }
 
@@ -827,87 +1123,144 @@ mod tests {
             ClcMessage::Accept(Accept { token: token(), link: shm(1, b"") }),
             ClcMessage::Confirm(Confirm { token: token(), link: shm(1, b"") }),
             ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }),
+            ClcMessage::Commit(Commit { token: token() }),
         ] {
             let kind = m.kind();
-            let mut s = ServerHandshake::new(now, T);
-            feed_server(&mut s, &msg(m), 100);
+            let mut s = ServerHandshake::new(now, t());
+            feed_server(&mut s, &msg(m), 100, now);
             assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: kind })));
         }
     }
 
-    #[test]
-    fn server_confirm_checks() {
-        let now = Instant::now();
-        let setup = || {
-            let mut s = ServerHandshake::new(now, T);
-            feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100);
-            s.poll_event();
-            s.accept(shm(1, b"n"));
-            s.poll_transmit();
-            s
-        };
-        let mut s = setup();
-        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: Token([1; 16]), link: shm(2, b"") })), 100);
-        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TokenMismatch)));
-
-        let mut s = setup();
-        let rdma = LinkInfo::Rdma(crate::proto::clc::RdmaLinkInfo {
-            gid: [0; 16],
-            qpn: 1,
-            psn: 1,
-            mtu: 1024,
-            rkey: 1,
-            rmb_addr: 0,
-            rmb_size: 4096,
-            rmb_token: 1,
-            link_group: 1,
-        });
-        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma })), 100);
-        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::TransportMismatch)));
-
-        let mut s = setup();
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100);
-        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
-
-        let mut s = setup();
-        s.handle_timeout(now + T);
-        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
+    fn accepted_server(now: Instant) -> ServerHandshake {
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        s.poll_event();
+        s.accept(shm(1, b"n"), now);
+        s.poll_transmit();
+        s
     }
 
     #[test]
-    fn server_timeouts() {
+    fn server_answers_a_confirm_that_does_not_fit_with_a_decline() {
         let now = Instant::now();
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal()))[..10], 100);
+        let mut s = accepted_server(now);
+        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: Token([1; 16]), link: shm(2, b"") })), 100, now);
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
+        assert!(matches!(decoded(&s.poll_transmit().unwrap()), ClcMessage::Decline(_)));
+
+        let mut s = accepted_server(now);
+        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma() })), 100, now);
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
+
+        let mut s = accepted_server(now);
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
+    }
+
+    #[test]
+    fn server_timeouts_owe_the_late_message_and_keep_the_stream_in_step() {
+        let now = Instant::now();
+        // No proposal yet: fall back without sending anything; the proposal is owed.
+        let mut s = ServerHandshake::new(now, t());
+        s.handle_timeout(now + T);
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+        assert_eq!(s.owed_by_peer(), Some(PeerOwes::Proposal));
+        assert!(s.poll_transmit().is_none());
+
+        // Half a proposal: the stream is mid-message, fail.
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal()))[..10], 100, now);
         s.handle_timeout(now + T);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
 
-        let mut s = ServerHandshake::new(now, T);
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100);
+        // A proposal not decided in time: decline.
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
         s.handle_timeout(now + T);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+        assert_eq!(s.owed_by_peer(), None);
         let d = s.poll_transmit().unwrap();
-        assert!(
-            matches!(decode(&d), Ok(Decoded::Message(ClcMessage::Decline(Decline { token: t, .. }), _)) if t == token())
-        );
+        assert!(matches!(decoded(&d), ClcMessage::Decline(Decline { token: t, .. }) if t == token()));
 
-        let mut s = ServerHandshake::new(now, T);
-        s.handle_input(&[]);
+        // An accept decided late declines instead.
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        s.accept(shm(1, b"n"), now + T);
+        assert!(matches!(decoded(&s.poll_transmit().unwrap()), ClcMessage::Decline(_)));
+
+        // The client's answer to the Accept does not come in time: decline, and the answer is
+        // owed. The client that confirmed meanwhile reads our Decline as the final word.
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &c.poll_transmit().unwrap(), 100, now);
+        s.poll_event();
+        s.accept(shm(1, b"n"), now);
+        feed_client(&mut c, &s.poll_transmit().unwrap(), 100, now);
+        c.poll_event();
+        s.handle_timeout(now + T);
+        assert_eq!(s.owed_by_peer(), Some(PeerOwes::Answer));
+        let final_word = s.poll_transmit().unwrap();
+        c.confirm(shm(2, b""), now + T / 2);
+        let late_confirm = c.poll_transmit().unwrap();
+        assert!(matches!(decoded(&late_confirm), ClcMessage::Confirm(_)), "owed by the client, taken by the driver");
+        feed_client(&mut c, &final_word, 100, now + T);
+        assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Peer }));
+
+        // A confirmed link not committed in time: decline.
+        let mut s = accepted_server(now);
+        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: shm(2, b"") })), 100, now);
+        assert!(matches!(s.poll_event(), Some(ServerEvent::Confirmed(_))));
+        s.commit(now + T);
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+        assert!(matches!(decoded(&s.poll_transmit().unwrap()), ClcMessage::Decline(_)));
+
+        let mut s = ServerHandshake::new(now, t());
+        s.handle_input(&[], now);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Eof)));
+    }
+
+    #[test]
+    fn server_deadlines_count_per_step() {
+        let now = Instant::now();
+        let mut s = ServerHandshake::new(now, Timeouts { peer: T, local: T / 4 });
+        assert_eq!(s.poll_timeout(), Some(now + T));
+        let at = now + T / 2;
+        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, at);
+        assert_eq!(s.poll_timeout(), Some(at + T / 4), "the decision is ours, with the local bound");
+        s.poll_event();
+        let accepted = at + T / 8;
+        s.accept(shm(1, b"n"), accepted);
+        assert_eq!(s.poll_timeout(), Some(accepted + T), "the client's answer gets the peer bound from the accept");
+    }
+
+    #[test]
+    fn server_meets_a_client_that_sent_data_instead() {
+        let now = Instant::now();
+        let mut s = ServerHandshake::new(now, t());
+        assert!(s.awaits_proposal_start());
+        s.peer_sent_data();
+        assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer }));
+        assert!(s.poll_transmit().is_none(), "nothing is sent to such a client");
+        let mut s = ServerHandshake::new(now, t());
+        feed_server(&mut s, &CLC_EYECATCHER[..1], 1, now);
+        s.peer_sent_data();
+        assert!(!s.is_done(), "a proposal has started");
     }
 
     #[test]
     fn decisions_out_of_state_are_ignored() {
         let now = Instant::now();
-        let mut s = ServerHandshake::new(now, T);
-        s.accept(shm(1, b""));
-        s.decline(DeclineReason::Internal);
+        let mut s = ServerHandshake::new(now, t());
+        s.accept(shm(1, b""), now);
+        s.decline(DeclineReason::Internal, now);
+        s.commit(now);
         assert!(!s.is_done());
         assert!(s.poll_transmit().is_none());
-        let mut c = ClientHandshake::new(proposal(), now, T).unwrap();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.poll_transmit();
-        c.confirm(shm(1, b""));
-        c.decline(DeclineReason::Internal);
+        c.confirm(shm(1, b""), now);
+        c.decline(DeclineReason::Internal, now);
         assert!(!c.is_done());
         assert!(c.poll_transmit().is_none());
     }

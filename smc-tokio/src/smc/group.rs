@@ -58,7 +58,27 @@ pub(crate) struct LinkGroup {
     finished: AtomicBool,
     /// Woken when the group is established or fails.
     changed: tokio::sync::Notify,
+    /// Handshakes whose proposal names this group: while any is running, the idle timer leaves
+    /// the group alone.
+    pins: std::sync::atomic::AtomicUsize,
     manager: &'static Manager,
+}
+
+/// Keeps a link group from idling out while a handshake that names it runs.
+#[derive(Debug)]
+pub(crate) struct GroupPin(Arc<LinkGroup>);
+
+impl Drop for GroupPin {
+    fn drop(&mut self) {
+        let g = &self.0;
+        if g.pins.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The idle clock restarts from the last handshake that named it.
+            let mut st = g.lock();
+            if st.conns.is_empty() && st.idle_since.is_some() {
+                st.idle_since = Some(Instant::now());
+            }
+        }
+    }
 }
 
 impl fmt::Debug for LinkGroup {
@@ -96,8 +116,15 @@ impl LinkGroup {
             idle_timeout,
             finished: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
+            pins: std::sync::atomic::AtomicUsize::new(0),
             manager,
         })
+    }
+
+    /// Pins the group for the life of the returned guard (see [`GroupPin`]).
+    pub(crate) fn pin(self: &Arc<Self>) -> GroupPin {
+        self.pins.fetch_add(1, Ordering::AcqRel);
+        GroupPin(self.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
@@ -347,6 +374,7 @@ impl LinkGroup {
     fn idle_check(&self) -> Result<(), Duration> {
         let st = self.lock();
         match st.idle_since {
+            Some(_) if self.pins.load(Ordering::Acquire) > 0 => Err(self.idle_timeout),
             Some(since) if st.conns.is_empty() => {
                 let idle = since.elapsed();
                 if idle >= self.idle_timeout {

@@ -11,13 +11,14 @@ use std::time::Duration;
 use tokio::io::Interest;
 
 use crate::config::{ShmConfig, DEFAULT_RMB_MEMORY_CAP};
+use crate::door::ClientIdentity;
 use crate::link::shm::region::Layout;
 use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
 use crate::link::Link;
 use crate::proto::clc::{DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, SHM_SOCKET_NAME_MAX};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
-use crate::smc::group::{LinkGroup, Role};
+use crate::smc::group::{GroupPin, LinkGroup, Role};
 use crate::sys;
 
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
@@ -186,20 +187,26 @@ impl Manager {
 
     // ----- client ----------------------------------------------------------------------------
 
-    /// What the client offers to `server`.
-    pub(crate) fn client_offer(&self, server: SocketAddr, cfg: &ShmConfig) -> Option<(ShmOffer, u32)> {
+    /// This process's manager instance: a random id that, with the pid, names this client to
+    /// servers (through the door, never on the wire).
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    /// What the client offers to `server`: the group it already has there (pinned, so its idle
+    /// timer cannot tear it down while the proposal names it) and the receive ring size.
+    pub(crate) fn client_offer(
+        &self,
+        server: SocketAddr,
+        cfg: &ShmConfig,
+    ) -> Option<(ShmOffer, u32, Option<GroupPin>)> {
         if !cfg.enabled {
             return None;
         }
         let c = self.client.lock().unwrap_or_else(|e| e.into_inner());
         let existing = c.by_server.get(&server).filter(|g| g.is_established());
-        let offer = ShmOffer {
-            host_id: sys::host_id(),
-            pid: std::process::id(),
-            instance: self.instance,
-            link_group: existing.map_or(0, |g| g.id),
-        };
-        Some((offer, existing.map_or(cfg.rmb_size, |g| g.tx_rmb_size)))
+        let offer = ShmOffer { link_group: existing.map_or(0, |g| g.id) };
+        Some((offer, existing.map_or(cfg.rmb_size, |g| g.tx_rmb_size), existing.map(|g| g.pin())))
     }
 
     /// The client's side of an Accept: finds or joins the group, allocates our RMB and
@@ -301,17 +308,19 @@ impl Manager {
 
     // ----- server ----------------------------------------------------------------------------
 
-    /// The server's side of a Proposal: finds or creates the group, allocates our RMB and
+    /// The server's side of a Proposal from `client`, which registered its connection at our
+    /// door (so it is on this host): finds or creates the group, allocates our RMB and
     /// registers the (not yet confirmed) connection. Returns what goes into the Accept.
     pub(crate) fn server_accept(
         &'static self,
         acceptor: &AcceptorSlot,
         p: &Proposal,
+        client: &ClientIdentity,
         cfg: &ShmConfig,
         handshake_timeout: Duration,
     ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
         let offer = p.shm.as_ref().ok_or(DeclineReason::NoCommonTransport)?;
-        if !cfg.enabled || offer.host_id != sys::host_id() {
+        if !cfg.enabled {
             return Err(DeclineReason::NoCommonTransport);
         }
         let rx_ring = RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
@@ -321,12 +330,20 @@ impl Manager {
         })?;
         let group = {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
-            let reuse = s.groups.get(&offer.link_group).filter(|g| {
-                g.pid == offer.pid
-                    && g.instance == offer.instance
+            let same_client = |g: &&ServerGroup| {
+                g.pid == client.pid
+                    && g.instance == client.instance
                     && g.peer_rmb_size == p.rmb_size
                     && g.group.is_alive()
-            });
+            };
+            // The group the proposal names; else, since the door told us who the client is, a
+            // group it is still joining: a burst of first connections from one process shares
+            // one group instead of setting one up each.
+            let reuse = s
+                .groups
+                .get(&offer.link_group)
+                .filter(same_client)
+                .or_else(|| s.groups.values().filter(same_client).find(|g| g.local.is_some()));
             match reuse {
                 Some(g) => g.group.clone(),
                 None => {
@@ -352,8 +369,8 @@ impl Manager {
                         id,
                         ServerGroup {
                             group: group.clone(),
-                            pid: offer.pid,
-                            instance: offer.instance,
+                            pid: client.pid,
+                            instance: client.instance,
                             peer_rmb_size: p.rmb_size,
                             local: Some(local),
                             busy_poll: cfg.busy_poll,

@@ -65,6 +65,21 @@ pub(crate) async fn warm_up(cfg: &Settings) {
     }
 }
 
+/// Whether an RDMA port serves `local` here, without waiting: `false` until the devices have
+/// been opened off the runtime (a listener starts that when it is created, so only the first
+/// connections can miss it).
+pub(crate) fn serves(local: IpAddr, cfg: &Settings) -> bool {
+    if !cfg.rdma.enabled {
+        return false;
+    }
+    if !crate::link::verbs::device::devices_ready() {
+        let cfg = cfg.clone();
+        tokio::spawn(async move { warm_up(&cfg).await });
+        return false;
+    }
+    find_port(local, &cfg.rdma).is_ok()
+}
+
 fn port_for(local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
     find_port(local, &cfg.rdma).map_err(|u| {
         crate::stats::rdma_unavailable(u.index());

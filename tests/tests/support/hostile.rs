@@ -1,9 +1,10 @@
-//! A hostile shm peer for the integration tests: speaks the CLC handshake and the shm side
-//! channel (JOIN / WELCOME with `SCM_RIGHTS`) by hand, with whatever memfd and doorbell a test
-//! wants to hand over. Nothing here uses the crate's private code: the wire formats are written
-//! out from `smc-tokio/src/link/shm/{mod.rs,region.rs}` (JOIN and WELCOME are 64-byte messages,
-//! the region header is eight native-endian u64 words), so a change there breaks these tests
-//! loudly instead of silently testing nothing.
+//! A hostile shm peer for the integration tests: speaks the door (REGISTER / MATCHED with
+//! `SCM_RIGHTS`), the CLC handshake and the shm side channel (JOIN / WELCOME) by hand, with
+//! whatever memfd and doorbell a test wants to hand over. Nothing here uses the crate's private
+//! code: the wire formats are written out from `smc-tokio/src/door.rs` (16-byte door frames)
+//! and `smc-tokio/src/link/shm/{mod.rs,region.rs}` (JOIN and WELCOME are 64-byte messages, the
+//! region header is eight native-endian u64 words), so a change there breaks these tests loudly
+//! instead of silently testing nothing.
 #![allow(dead_code, unreachable_pub, clippy::undocumented_unsafe_blocks)]
 
 use std::io;
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use smc_tokio::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use smc_tokio::proto::clc::{
-    decode, Accept, ClcMessage, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, ShmLinkInfo, ShmOffer,
-    Token, CLC_HEADER_LEN,
+    decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, ShmLinkInfo,
+    ShmOffer, Token, CLC_HEADER_LEN,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -31,19 +32,6 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(r)
     }
-}
-
-/// The kernel's boot id as the crate encodes it (`sys::host_id`): the server declines offers
-/// from other hosts.
-pub fn host_id() -> [u8; 16] {
-    let mut id = [0u8; 16];
-    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
-        for (i, pair) in hex.chunks(2).take(16).enumerate() {
-            id[i] = u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap();
-        }
-    }
-    id
 }
 
 pub fn random_token() -> Token {
@@ -82,13 +70,17 @@ pub struct ClientHs {
     pub accept: ShmLinkInfo,
 }
 
-/// Proposes shm to `addr` as process `pid` / `instance`, naming `link_group` (0: a new group),
-/// with `rmb_size` for the server's receive rings. Panics unless the server accepts with shm.
-pub async fn propose(addr: std::net::SocketAddr, pid: u32, instance: u64, link_group: u64, rmb_size: u32) -> ClientHs {
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
+/// Proposes shm to `addr` as client `peer` / `instance` (the server knows a client by its pid,
+/// which the kernel tells it, and the instance it registers with: `peer` is folded into the
+/// instance so that one test process can pose as many clients), naming `link_group` (0: a new
+/// group), with `rmb_size` for the server's receive rings. Registers at the listener's door
+/// first. Panics unless the server accepts with shm.
+pub async fn propose(addr: std::net::SocketAddr, peer: u32, instance: u64, link_group: u64, rmb_size: u32) -> ClientHs {
+    let instance = instance ^ (u64::from(peer) << 32);
+    let (mut tcp, verdict) = register_and_connect(addr, instance).await.unwrap();
+    assert_eq!(verdict, DOOR_MATCHED, "the door matched our registration");
     let token = random_token();
-    let p =
-        Proposal { token, rmb_size, shm: Some(ShmOffer { host_id: host_id(), pid, instance, link_group }), rdma: None };
+    let p = Proposal { token, rmb_size, shm: Some(ShmOffer { link_group }), rdma: None };
     send_clc(&mut tcp, ClcMessage::Proposal(p)).await.unwrap();
     match read_clc(&mut tcp).await.unwrap() {
         ClcMessage::Accept(Accept { token: t, link: LinkInfo::Shm(info) }) => {
@@ -100,20 +92,139 @@ pub async fn propose(addr: std::net::SocketAddr, pid: u32, instance: u64, link_g
 }
 
 impl ClientHs {
-    /// Sends the Confirm naming our RMB slot `our_slot` in group `link_group`.
-    pub async fn confirm(&mut self, our_slot: u32) -> io::Result<()> {
+    /// Sends the Confirm naming our RMB slot `our_slot` in group `link_group`, and returns the
+    /// server's final word (a Commit, or a Decline).
+    pub async fn confirm(&mut self, our_slot: u32) -> io::Result<ClcMessage> {
         let link = LinkInfo::Shm(ShmLinkInfo {
             link_group: self.accept.link_group,
             rmb_slot: our_slot,
             rmb_size: self.rmb_size,
             socket_name: Vec::new(),
         });
-        send_clc(&mut self.tcp, ClcMessage::Confirm(Confirm { token: self.token, link })).await
+        send_clc(&mut self.tcp, ClcMessage::Confirm(Confirm { token: self.token, link })).await?;
+        read_clc(&mut self.tcp).await
     }
 
-    pub async fn decline(&mut self, reason: DeclineReason) -> io::Result<()> {
-        send_clc(&mut self.tcp, ClcMessage::Decline(Decline { token: self.token, reason })).await
+    /// Declines the Accept and reads the server's answer (its Decline).
+    pub async fn decline(&mut self, reason: DeclineReason) -> io::Result<ClcMessage> {
+        send_clc(&mut self.tcp, ClcMessage::Decline(Decline { token: self.token, reason })).await?;
+        read_clc(&mut self.tcp).await
     }
+}
+
+/// Whether `m` is the server's Commit for `token`.
+pub fn is_commit(m: &ClcMessage, token: Token) -> bool {
+    matches!(m, ClcMessage::Commit(Commit { token: t }) if *t == token)
+}
+
+// ----- the door ----------------------------------------------------------------------------------
+
+pub const DOOR_MAGIC: [u8; 4] = *b"SMCd";
+pub const DOOR_VERSION: u8 = 1;
+pub const DOOR_REGISTER: u8 = 1;
+pub const DOOR_CANCEL: u8 = 2;
+pub const DOOR_MATCHED: u8 = 3;
+pub const DOOR_UNMATCHED: u8 = 4;
+
+/// A 16-byte door frame: magic, version, kind, reason, a spare byte, the instance.
+pub fn door_frame(kind: u8, reason: u8, instance: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&DOOR_MAGIC);
+    b[4] = DOOR_VERSION;
+    b[5] = kind;
+    b[6] = reason;
+    b[8..].copy_from_slice(&instance.to_be_bytes());
+    b
+}
+
+/// The door of a listener on `addr` with `index` in its reuseport group.
+pub fn door_name(addr: std::net::SocketAddr, index: u32) -> Vec<u8> {
+    format!("smc-tokio/d{DOOR_VERSION}/{addr}/{index}").into_bytes()
+}
+
+/// A blocking TCP socket bound to a free port, with SO_REUSEPORT (as the crate's clients do).
+pub fn bound_tcp_socket() -> OwnedFd {
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }).unwrap();
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .unwrap();
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: 0 },
+        sin_zero: [0; 8],
+    };
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })
+    .unwrap();
+    fd
+}
+
+/// Registers a connection to `addr` at its door (index 0) as `instance`, connects it, and waits
+/// for the verdict: returns the stream and the verdict's kind.
+pub async fn register_and_connect(addr: std::net::SocketAddr, instance: u64) -> io::Result<(TcpStream, u8)> {
+    let (std, verdict) = tokio::task::spawn_blocking(move || -> io::Result<(std::net::TcpStream, u8)> {
+        let door = side_connect(&door_name(addr, 0))?;
+        let sock = bound_tcp_socket();
+        send_fds(door.as_fd(), &door_frame(DOOR_REGISTER, 0, instance), &[sock.as_raw_fd()])?;
+        let std = std::net::TcpStream::from(sock);
+        // A blocking connect of a bound socket: std's connect goes through a new socket, so call
+        // connect(2) on this one.
+        let std::net::SocketAddr::V4(v4) = addr else { panic!("ipv4 only") };
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+            sin_zero: [0; 8],
+        };
+        cvt(unsafe {
+            libc::connect(
+                std.as_raw_fd(),
+                (&sin as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        })?;
+        let (msg, _) = recv_fds(door.as_fd())?;
+        if msg.len() != 16 || msg[..4] != DOOR_MAGIC {
+            return Err(io::Error::other(format!("bad door verdict {msg:?}")));
+        }
+        Ok((std, msg[5]))
+    })
+    .await
+    .unwrap()?;
+    std.set_nonblocking(true)?;
+    Ok((TcpStream::from_std(std)?, verdict))
+}
+
+/// A fake server's door, by hand: listens on the door name of `addr` (index 0).
+pub fn fake_door(addr: std::net::SocketAddr) -> OwnedFd {
+    side_listen(&door_name(addr, 0))
+}
+
+/// The fake door's side: accepts one registration (blocking, bounded) and returns the door
+/// connection, the registered socket's port and the instance.
+pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u16, u64)> {
+    let c = side_accept(door, Duration::from_secs(5))?;
+    let (msg, fds) = recv_fds(c.as_fd())?;
+    if msg.len() != 16 || msg[..4] != DOOR_MAGIC || msg[5] != DOOR_REGISTER || fds.len() != 1 {
+        return Err(io::Error::other(format!("bad registration: {msg:?} with {} fds", fds.len())));
+    }
+    let local = std::net::TcpStream::from(fds.into_iter().next().unwrap()).local_addr()?;
+    Ok((c, local.port(), u64::from_be_bytes(msg[8..].try_into().unwrap())))
 }
 
 // ----- regions ---------------------------------------------------------------------------------

@@ -576,6 +576,12 @@ pub(crate) async fn init_devices() {
     }
 }
 
+/// Whether the devices have been opened (by [`init_devices`]), so [`find_port`] does not load
+/// anything.
+pub(crate) fn devices_ready() -> bool {
+    DEVS.get().is_some()
+}
+
 /// Every device on the host, opened once per process (devices rarely come and go; a process
 /// that needs a new one restarts).
 fn devices() -> Result<&'static [Arc<Device>], Unavailable> {

@@ -1,0 +1,496 @@
+//! One accepted connection's life until the application gets it.
+//!
+//! ```text
+//! accepted ─▶ registered at the door (a same-host SMC client)?
+//!   yes ─▶ a handshake slot?
+//!            yes: verdict "propose" ─▶ handshake task: CLC in-band ─▶ SMC, or TCP in step
+//!            no (limit_handshake): verdict "no" ─▶ TCP now
+//!   no  ─▶ could it be SMC-R (a listener with an RDMA device, a client on another host)?
+//!            yes: task: wait up to the peek timeout for a Proposal ─▶ handshake, or TCP
+//!            no:  TCP now
+//! ```
+//!
+//! Every TCP stream a client might still send a Proposal to (a plain client could be an
+//! in-band one whose door registration was impossible; a handshake that stopped waiting) is
+//! handed out with an [`InbandGuard`](crate::net::inband), which answers a late Proposal with
+//! a Decline instead of passing it to the application.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+use tracing::Instrument;
+
+use crate::config::{Policy, Settings};
+use crate::door::{ClientIdentity, Registration};
+use crate::handshake::{advance, flush, Step};
+use crate::net::inband::Owed;
+use crate::net::listener::{Admit, HandshakeSlot, ListenerShared};
+use crate::net::SmcStream;
+use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
+use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
+use crate::smc::conn::PendingConn;
+use crate::smc::manager::Manager;
+use crate::stats::{self, DoorEvent};
+use crate::transport::{FallbackReason, Transport};
+
+/// What becomes of an accepted connection.
+pub(crate) enum Handoff {
+    /// Ready for the application now.
+    Now(SmcStream),
+    /// A task finishes it (and queues it for `accept`), or it was closed.
+    Later,
+}
+
+/// What a stray in-band Proposal on a plain connection is answered with: this listener cannot
+/// take one there (shared memory needs the door; RDMA needs a device and a peek).
+const UNSOLICITED: Owed = Owed::Proposal(DeclineReason::NoCommonTransport);
+
+/// Decides what an accepted connection is (see the module documentation). Never waits.
+pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAddr) -> Handoff {
+    let cfg = shared.settings();
+    if cfg.policy == Policy::TcpOnly {
+        return hand_out(&cfg, tcp, Transport::Tcp(FallbackReason::Disabled), Some(UNSOLICITED));
+    }
+    let local = tcp.local_addr();
+    if let (Some(door), Ok(local)) = (&shared.door, local) {
+        if let Some(reg) = door.lookup(peer, local) {
+            return registered(shared, cfg, tcp, peer, reg);
+        }
+    }
+    if may_be_smc_r(&cfg, &tcp, peer) {
+        spawn(shared, tcp, peer, cfg, Start::Peek, None);
+        return Handoff::Later;
+    }
+    hand_out(&cfg, tcp, Transport::Tcp(FallbackReason::PeerNoSmc), Some(UNSOLICITED))
+}
+
+/// A TCP stream for the application, or nothing under [`Policy::Never`].
+fn hand_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Handoff {
+    if cfg.policy == Policy::Never {
+        tracing::debug!(transport = %t, "closing: policy requires smc");
+        return Handoff::Later;
+    }
+    stats::connection(true, t);
+    Handoff::Now(match owed {
+        Some(o) => SmcStream::from_tcp_guarded(tcp, t, o),
+        None => SmcStream::from_tcp(tcp, t),
+    })
+}
+
+/// A connection its client registered at our door: it waits for our verdict.
+fn registered(
+    shared: &Arc<ListenerShared>,
+    cfg: Settings,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    reg: Registration,
+) -> Handoff {
+    match shared.admit(&cfg) {
+        Admit::Now(slot) => start_registered(shared, cfg, tcp, peer, reg, slot),
+        Admit::Queue(ticket) => {
+            let shared2 = shared.clone();
+            tokio::spawn(async move {
+                let slot = ticket.slot(&cfg).await;
+                if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, peer, reg, slot) {
+                    shared2.deliver(s, peer);
+                }
+            });
+            Handoff::Later
+        }
+        Admit::Congested => {
+            // No SMC handshake now: the client hears "no" out of band and connects as plain
+            // TCP, without a byte of negotiation on the stream.
+            reg.answer(Err(DeclineReason::HandshakeCongested));
+            stats::door(DoorEvent::Unmatched);
+            stats::decline(DeclineReason::HandshakeCongested, Side::Local);
+            let t =
+                Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
+            hand_out(&cfg, tcp, t, None)
+        }
+        Admit::Refuse => {
+            reg.answer(Err(DeclineReason::HandshakeCongested));
+            tracing::debug!(%peer, "handshake queue full: connection refused");
+            Handoff::Later
+        }
+    }
+}
+
+fn start_registered(
+    shared: &Arc<ListenerShared>,
+    cfg: Settings,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    reg: Registration,
+    slot: HandshakeSlot,
+) -> Handoff {
+    let client = reg.client;
+    if !reg.answer(Ok(())) {
+        // The client stopped waiting (or went away) before our verdict: it is a plain
+        // connection now.
+        let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer });
+        return hand_out(&cfg, tcp, t, None);
+    }
+    stats::door(DoorEvent::Matched);
+    spawn(shared, tcp, peer, cfg, Start::Registered(slot), Some(client));
+    Handoff::Later
+}
+
+/// Whether an unregistered connection could still be SMC-R: the listener has an RDMA port
+/// for the address the client reached, and the client is on another host (a same-host client
+/// registers at the door).
+fn may_be_smc_r(cfg: &Settings, tcp: &TcpStream, peer: SocketAddr) -> bool {
+    #[cfg(feature = "rdma")]
+    {
+        cfg.rdma.enabled
+            && !crate::sys::is_local_ip(peer.ip())
+            && tcp.local_addr().is_ok_and(|l| crate::smc::rdma::serves(l.ip(), cfg))
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = (cfg, tcp, peer);
+        false
+    }
+}
+
+/// How a handshake task starts.
+enum Start {
+    /// Matched at the door: the Proposal comes next (slot taken).
+    Registered(HandshakeSlot),
+    /// Unregistered, possibly an in-band SMC-R client: look at the first bytes first.
+    Peek,
+}
+
+fn spawn(
+    shared: &Arc<ListenerShared>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    cfg: Settings,
+    start: Start,
+    client: Option<ClientIdentity>,
+) {
+    let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
+    let shared = shared.clone();
+    tokio::spawn(
+        async move {
+            let (stream, t) = match serve(&shared, tcp, &cfg, start, client).await {
+                Some(s) => s,
+                None => return,
+            };
+            tracing::Span::current().record("transport", tracing::field::display(t));
+            stats::connection(true, t);
+            shared.deliver(stream, peer);
+        }
+        .instrument(span),
+    );
+}
+
+/// Finishes one connection's establishment: `None` when it was closed instead.
+async fn serve(
+    shared: &Arc<ListenerShared>,
+    mut tcp: TcpStream,
+    cfg: &Settings,
+    start: Start,
+    client: Option<ClientIdentity>,
+) -> Option<(SmcStream, Transport)> {
+    let slot = match start {
+        Start::Registered(slot) => slot,
+        Start::Peek => {
+            let deadline = tokio::time::Instant::now() + cfg.peek_timeout;
+            let first = match peek_class(&tcp, deadline).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "closing a connection that failed before its first bytes");
+                    return None;
+                }
+            };
+            let t = match first {
+                Some(Class::Smc) => None,
+                None => Some((FallbackReason::ClientSilent, Some(Owed::Proposal(DeclineReason::Timeout)))),
+                Some(Class::Plain) => Some((FallbackReason::PeerNoSmc, None)),
+            };
+            if let Some((reason, owed)) = t {
+                return tcp_out(cfg, tcp, Transport::Tcp(reason), owed);
+            }
+            match shared.admit(cfg) {
+                Admit::Now(slot) => slot,
+                Admit::Queue(ticket) => ticket.slot(cfg).await,
+                Admit::Congested | Admit::Refuse => {
+                    // The Proposal is on the stream: answer it, as the guard would.
+                    let t = Transport::Tcp(FallbackReason::Declined {
+                        reason: DeclineReason::HandshakeCongested,
+                        by: Side::Local,
+                    });
+                    stats::decline(DeclineReason::HandshakeCongested, Side::Local);
+                    return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
+                }
+            }
+        }
+    };
+    let timer = stats::HandshakeTimer::start();
+    let mut hs = ServerHandshake::new(Instant::now(), Timeouts::uniform(cfg.handshake_timeout));
+    let mut pending = Pending::default();
+    let outcome = {
+        let run = drive(&mut tcp, &mut hs, cfg, shared, client.as_ref(), &mut pending);
+        let closed = shared.closed();
+        let mut run = std::pin::pin!(run);
+        let mut closed = std::pin::pin!(closed);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = run.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            closed.as_mut().poll(cx).map(|()| None)
+        })
+        .await
+    };
+    drop(slot);
+    let Some(outcome) = outcome else {
+        // The listener is gone: decline what can still be declined, so the client continues
+        // over TCP (and reads the end of the connection) instead of failing, then close.
+        hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        let _ = tokio::time::timeout(Duration::from_secs(1), flush(&mut tcp, &mut hs)).await;
+        pending.release();
+        tracing::debug!("listener dropped during the handshake");
+        return None;
+    };
+    match outcome {
+        Ok(Outcome::Smc { .. }) => {
+            timer.completed();
+            let conn = pending.conn.take()?;
+            let t = conn.transport();
+            Some((SmcStream::from_smc(tcp, conn, t), t))
+        }
+        Ok(Outcome::Fallback { reason, by }) => {
+            stats::decline(reason, by);
+            timer.completed();
+            pending.release();
+            let owed = hs.owed_by_peer().map(|o| match o {
+                crate::proto::handshake::PeerOwes::Proposal => Owed::Proposal(reason),
+                crate::proto::handshake::PeerOwes::Answer => Owed::Answer,
+            });
+            tcp_out(cfg, tcp, Transport::Tcp(FallbackReason::Declined { reason, by }), owed)
+        }
+        Ok(Outcome::Failed(e)) => {
+            tracing::debug!(error = %e, "closing connection after failed handshake");
+            pending.release();
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "closing connection after failed handshake");
+            pending.release();
+            None
+        }
+    }
+}
+
+fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(SmcStream, Transport)> {
+    if cfg.policy == Policy::Never {
+        tracing::debug!(transport = %t, "closing: policy requires smc");
+        return None;
+    }
+    let s = match owed {
+        Some(o) => SmcStream::from_tcp_guarded(tcp, t, o),
+        None => SmcStream::from_tcp(tcp, t),
+    };
+    Some((s, t))
+}
+
+/// The connection set up between Accept and Commit, and what its checks need.
+#[derive(Default)]
+struct Pending {
+    conn: PendingConn,
+    proposed_rmb: u32,
+    #[cfg(feature = "rdma")]
+    rdma: Option<crate::smc::rdma::ServerPending>,
+}
+
+impl Pending {
+    /// No SMC: give the slot back, and drop a group set up for a client that will not join.
+    fn release(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let group = conn.group().clone();
+        group.unregister(conn.our_token());
+        Manager::global().abandon_pending(&group);
+        // A new rdma group waits for nobody but this handshake's Confirm.
+        #[cfg(feature = "rdma")]
+        if self.rdma.is_some() && group.link().is_none() && group.conn_count() == 0 {
+            group.fail(crate::link::LinkError::Closed);
+        }
+    }
+}
+
+/// Runs the server handshake to its outcome, making the decisions.
+async fn drive(
+    tcp: &mut TcpStream,
+    hs: &mut ServerHandshake,
+    cfg: &Settings,
+    shared: &ListenerShared,
+    client: Option<&ClientIdentity>,
+    pending: &mut Pending,
+) -> io::Result<Outcome> {
+    loop {
+        match advance(tcp, hs).await? {
+            Step::Event(ServerEvent::Proposal(p)) => {
+                tracing::debug!(shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
+                match choose(tcp, &p, cfg, shared, client, pending).await {
+                    Ok(info) => {
+                        pending.proposed_rmb = p.rmb_size;
+                        hs.accept(info, Instant::now());
+                    }
+                    Err(reason) => {
+                        tracing::debug!(%reason, "declining proposal");
+                        hs.decline(reason, Instant::now());
+                    }
+                }
+            }
+            Step::Event(ServerEvent::Confirmed(link)) => match check_confirm(&link, cfg, pending).await {
+                Ok(()) => hs.commit(Instant::now()),
+                Err(why) => {
+                    tracing::debug!(why, "confirm does not match the accepted link");
+                    hs.decline(DeclineReason::SyncError, Instant::now());
+                }
+            },
+            Step::Done(o) => return Ok(o),
+        }
+    }
+}
+
+/// Picks the transport for a Proposal and sets our end up: shared memory first (only for a
+/// client registered at our door, so known to be on this host), then RDMA.
+async fn choose(
+    tcp: &TcpStream,
+    p: &Proposal,
+    cfg: &Settings,
+    shared: &ListenerShared,
+    client: Option<&ClientIdentity>,
+    pending: &mut Pending,
+) -> Result<LinkInfo, DeclineReason> {
+    if cfg.policy == Policy::TcpOnly {
+        return Err(DeclineReason::NoCommonTransport);
+    }
+    let shm = match (&p.shm, client) {
+        (Some(_), Some(c)) => Manager::global().server_accept(&shared.acceptor, p, c, &cfg.shm, cfg.handshake_timeout),
+        _ => Err(DeclineReason::NoCommonTransport),
+    };
+    match shm {
+        Ok((conn, info)) => {
+            pending.conn.set(conn);
+            Ok(LinkInfo::Shm(info))
+        }
+        #[cfg(feature = "rdma")]
+        Err(shm_reason) if p.rdma.is_some() => {
+            let (local, peer) =
+                (tcp.local_addr().map_err(|_| shm_reason)?.ip(), tcp.peer_addr().map_err(|_| shm_reason)?.ip());
+            crate::smc::rdma::warm_up(cfg).await;
+            match crate::smc::rdma::server_accept(Manager::global(), p, local, peer, cfg, cfg.handshake_timeout) {
+                Ok((conn, info, rp)) => {
+                    pending.rdma = Some(rp);
+                    pending.conn.set(conn);
+                    Ok(LinkInfo::Rdma(info))
+                }
+                Err(DeclineReason::NoCommonTransport) => Err(shm_reason),
+                Err(r) => Err(r),
+            }
+        }
+        Err(r) => {
+            let _ = tcp;
+            Err(r)
+        }
+    }
+}
+
+/// Checks the client's Confirm against the link we accepted, and finishes our end of it.
+async fn check_confirm(link: &LinkInfo, cfg: &Settings, pending: &mut Pending) -> Result<(), &'static str> {
+    let Some(conn) = pending.conn.get() else {
+        return Err("no connection was accepted");
+    };
+    match link {
+        LinkInfo::Shm(c) => {
+            let group = conn.group().clone();
+            if c.link_group != group.id || c.rmb_size != pending.proposed_rmb {
+                return Err("link group or rmb size differs from the accept");
+            }
+            // The client confirms once it has our WELCOME; our join task installs the link
+            // right after sending it, so this waits at most a few task turns.
+            if !group.wait_established(cfg.handshake_timeout).await {
+                return Err("the link group was never joined");
+            }
+            conn.confirm(c.rmb_slot);
+            Ok(())
+        }
+        #[cfg(feature = "rdma")]
+        LinkInfo::Rdma(c) => {
+            let rp = pending.rdma.as_ref().ok_or("rdma confirm without an rdma accept")?;
+            crate::smc::rdma::server_confirm(conn, rp, c).map_err(|why| {
+                tracing::debug!(%why, "rdma confirm");
+                "rdma confirm does not match"
+            })
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err("a transport we did not accept"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Not our eyecatcher (or EOF): a plain client.
+    Plain,
+    /// The whole eyecatcher is there.
+    Smc,
+}
+
+fn classify(seen: &[u8]) -> Option<Class> {
+    if !eyecatcher_prefix_matches(seen) {
+        Some(Class::Plain)
+    } else if seen.len() >= CLC_EYECATCHER.len() {
+        Some(Class::Smc)
+    } else {
+        None
+    }
+}
+
+/// Waits (up to `deadline`) until the first bytes decide what the client is. `None`: it sent
+/// nothing decisive in time.
+async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Result<Option<Class>> {
+    let mut buf = [0u8; CLC_EYECATCHER.len()];
+    // After a matching prefix shorter than the eyecatcher, the socket stays readable, so waiting
+    // for readiness would spin: back off instead. Only a client that trickles its first bytes
+    // gets here; the backoff caps at 16 ms.
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(None),
+        };
+        if n == 0 {
+            return Ok(Some(Class::Plain));
+        }
+        if let Some(c) = classify(&buf[..n]) {
+            return Ok(Some(c));
+        }
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(backoff)).await.is_err() {
+            return Ok(None);
+        }
+        backoff = (backoff * 2).min(Duration::from_millis(16));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert_eq!(classify(b""), None);
+        assert_eq!(classify(&CLC_EYECATCHER[..1]), None);
+        assert_eq!(classify(&CLC_EYECATCHER[..3]), None);
+        assert_eq!(classify(&CLC_EYECATCHER), Some(Class::Smc));
+        assert_eq!(classify(b"G"), Some(Class::Plain));
+        assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
+        assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
+    }
+}

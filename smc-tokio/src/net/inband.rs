@@ -1,0 +1,379 @@
+//! The guard on a server's TCP stream that was handed out while its client may still send a
+//! handshake message: a Proposal that comes after the server stopped waiting (or from a client
+//! that proposes in-band to a listener that cannot take it), or the client's answer to an
+//! Accept the server timed out on. The message is taken off the stream before the application
+//! reads, and a Proposal is answered with a Decline, so both sides stay in step and the
+//! application sees exactly the client's own bytes.
+//!
+//! Cost on a plain connection: none beyond one byte comparison. The first read goes straight
+//! into the application's buffer; only when its first byte is the eyecatcher's are the bytes
+//! held back until they are known to be (or not to be) a handshake message. Nothing is ever
+//! lost: bytes that turn out not to be one are handed to the application in order.
+//!
+//! A Proposal can only be answered while the application has written nothing: a Decline after
+//! application bytes would be read as data. Once the application wrote, a late Proposal is
+//! dropped silently; its client sees application bytes where it expected a reply, which tells a
+//! client that registered at our door that we served it as TCP (an in-band client that cannot
+//! tell us from a plain server closes and reconnects instead). Before the application's first
+//! write, a Proposal that is already waiting is answered first.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::ReadBuf;
+use tokio::net::TcpStream;
+
+use crate::proto::clc::{
+    decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Token, CLC_EYECATCHER, CLC_HEADER_LEN, CLC_MAX_LEN,
+};
+use crate::stats;
+
+/// What the guard takes off the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owed {
+    /// A Proposal, answered with a Decline of this reason.
+    Proposal(DeclineReason),
+    /// The client's Confirm or Decline answering an Accept we already declined: dropped.
+    Answer,
+}
+
+/// How long a few bytes that match the start of the eyecatcher wait for the rest before they
+/// are taken for application data. Our handshake messages are written whole and are far
+/// smaller than a segment, so they arrive whole: a lone prefix is someone else's bytes. The
+/// wait only covers a segment split by a middlebox.
+const PARTIAL_WAIT: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing decided yet.
+    Undecided,
+    /// The held bytes are application data: hand them out, then read the socket.
+    Deliver,
+    /// Nothing more to do.
+    Done,
+}
+
+struct State {
+    owed: Owed,
+    phase: Phase,
+    /// Bytes read while undecided (at most one handshake message and what followed it).
+    held: Vec<u8>,
+    /// Deliver: the next held byte to hand out.
+    at: usize,
+    /// The application has written: a Proposal can no longer be answered.
+    app_wrote: bool,
+    /// A Decline still to be written before the application's next bytes.
+    reply: Vec<u8>,
+    partial: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// See the module documentation.
+pub(crate) struct InbandGuard {
+    active: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for InbandGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InbandGuard").field("active", &self.is_active()).finish()
+    }
+}
+
+/// What the held bytes are.
+enum Class {
+    /// Not a handshake message (or not one we expect): application data.
+    Data,
+    /// A prefix of a handshake message: read more.
+    NeedMore,
+    /// A message we take: its length, and the Decline to answer with (if any).
+    Take(usize, Option<Vec<u8>>),
+}
+
+impl InbandGuard {
+    pub(crate) fn new(owed: Owed) -> InbandGuard {
+        InbandGuard {
+            active: AtomicBool::new(true),
+            state: Mutex::new(State {
+                owed,
+                phase: Phase::Undecided,
+                held: Vec::new(),
+                at: 0,
+                app_wrote: false,
+                reply: Vec::new(),
+                partial: None,
+            }),
+        }
+    }
+
+    /// Whether the guard still has work (cheap; the paths check it first).
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read through the guard. `None`: the guard is done; read the socket directly.
+    pub(crate) fn poll_read(
+        &self,
+        cx: &mut Context<'_>,
+        tcp: &TcpStream,
+        buf: &mut ReadBuf<'_>,
+    ) -> Option<Poll<io::Result<()>>> {
+        if !self.is_active() {
+            return None;
+        }
+        let mut st = self.lock();
+        loop {
+            match st.phase {
+                Phase::Done => {
+                    self.finish(&mut st);
+                    return None;
+                }
+                Phase::Deliver => {
+                    if buf.remaining() == 0 {
+                        return Some(Poll::Ready(Ok(())));
+                    }
+                    let n = (st.held.len() - st.at).min(buf.remaining());
+                    buf.put_slice(&st.held[st.at..st.at + n]);
+                    st.at += n;
+                    if st.at == st.held.len() {
+                        st.phase = Phase::Done;
+                        self.finish(&mut st);
+                    }
+                    return Some(Poll::Ready(Ok(())));
+                }
+                Phase::Undecided => {}
+            }
+            let _ = flush_reply(tcp, &mut st);
+            if st.held.is_empty() {
+                // The fast path: read straight into the caller's buffer; only bytes that start
+                // like a handshake message are taken back.
+                if buf.remaining() == 0 {
+                    return Some(Poll::Ready(Ok(())));
+                }
+                let before = buf.filled().len();
+                match try_read_buf(tcp, buf) {
+                    Ok(0) => {
+                        st.phase = Phase::Done;
+                        self.finish(&mut st);
+                        return Some(Poll::Ready(Ok(())));
+                    }
+                    Ok(_) => {
+                        if buf.filled()[before] != CLC_EYECATCHER[0] {
+                            st.phase = Phase::Done;
+                            self.finish(&mut st);
+                            return Some(Poll::Ready(Ok(())));
+                        }
+                        st.held.extend_from_slice(&buf.filled()[before..]);
+                        buf.set_filled(before);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                        Poll::Pending => return Some(Poll::Pending),
+                    },
+                    Err(e) => return Some(Poll::Ready(Err(e))),
+                }
+            }
+            match self.decide(&mut st, tcp) {
+                Some(()) => continue,
+                None => {
+                    // More bytes are needed.
+                    let mut tmp = [0u8; CLC_MAX_LEN];
+                    let room = CLC_MAX_LEN.saturating_sub(st.held.len()).max(1);
+                    match tcp.try_read(&mut tmp[..room]) {
+                        Ok(0) => st.phase = Phase::Deliver,
+                        Ok(n) => st.held.extend_from_slice(&tmp[..n]),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if st.held.len() < CLC_HEADER_LEN {
+                                let timer =
+                                    st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARTIAL_WAIT)));
+                                if timer.as_mut().poll(cx).is_ready() {
+                                    st.phase = Phase::Deliver;
+                                    continue;
+                                }
+                            }
+                            match tcp.poll_read_ready(cx) {
+                                Poll::Ready(Ok(())) => continue,
+                                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                                Poll::Pending => return Some(Poll::Pending),
+                            }
+                        }
+                        Err(e) => return Some(Poll::Ready(Err(e))),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Looks at the held bytes: takes a whole message we expect, or decides they are data.
+    /// `None`: a message has started and more bytes are needed.
+    fn decide(&self, st: &mut State, tcp: &TcpStream) -> Option<()> {
+        match classify(&st.held, st.owed, st.app_wrote) {
+            Class::NeedMore => return None,
+            Class::Data => st.phase = Phase::Deliver,
+            Class::Take(len, reply) => {
+                st.held.drain(..len);
+                stats::late_message();
+                tracing::debug!(owed = ?st.owed, answered = reply.is_some(), "took a late handshake message off the stream");
+                if let Some(r) = reply {
+                    st.reply = r;
+                    let _ = flush_reply(tcp, st);
+                }
+                st.phase = if st.held.is_empty() { Phase::Done } else { Phase::Deliver };
+            }
+        }
+        Some(())
+    }
+
+    /// Called before the application writes: answers a Proposal that is already waiting,
+    /// writes a Decline still owed, and notes that the application has written (so later
+    /// Proposals are dropped silently). `Pending` only while a Decline cannot be written yet.
+    pub(crate) fn poll_before_write(&self, cx: &mut Context<'_>, tcp: &TcpStream) -> Poll<io::Result<()>> {
+        if !self.is_active() {
+            return Poll::Ready(Ok(()));
+        }
+        let mut st = self.lock();
+        if st.phase == Phase::Undecided && !st.app_wrote {
+            // Take what has arrived, without waiting, so a waiting Proposal is answered before
+            // the application's bytes go out.
+            let mut tmp = [0u8; CLC_MAX_LEN];
+            loop {
+                let room = CLC_MAX_LEN.saturating_sub(st.held.len());
+                if room == 0 {
+                    break;
+                }
+                match tcp.try_read(&mut tmp[..room]) {
+                    Ok(0) => break,
+                    Ok(n) => st.held.extend_from_slice(&tmp[..n]),
+                    Err(_) => break,
+                }
+            }
+            if !st.held.is_empty() {
+                let _ = self.decide(&mut st, tcp);
+            }
+        }
+        st.app_wrote = true;
+        loop {
+            match flush_reply(tcp, &mut st) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        if st.phase == Phase::Done {
+            self.finish(&mut st);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn finish(&self, st: &mut State) {
+        if st.reply.is_empty() {
+            st.held = Vec::new();
+            st.partial = None;
+            self.active.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Writes what is left of a Decline; `WouldBlock` while the socket cannot take it.
+fn flush_reply(tcp: &TcpStream, st: &mut State) -> io::Result<()> {
+    while !st.reply.is_empty() {
+        let n = tcp.try_write(&st.reply)?;
+        st.reply.drain(..n);
+    }
+    Ok(())
+}
+
+fn try_read_buf(tcp: &TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    let before = buf.filled().len();
+    let dst = buf.initialize_unfilled();
+    let n = tcp.try_read(dst)?;
+    buf.set_filled(before + n);
+    Ok(n)
+}
+
+fn classify(held: &[u8], owed: Owed, app_wrote: bool) -> Class {
+    match decode(held) {
+        Ok(Decoded::NeedMore(_)) => Class::NeedMore,
+        Ok(Decoded::Message(m, len)) => match (owed, m) {
+            (Owed::Proposal(reason), ClcMessage::Proposal(p)) => {
+                let reply = (!app_wrote).then(|| decline(p.token, reason));
+                Class::Take(len, reply)
+            }
+            (Owed::Answer, ClcMessage::Confirm(_) | ClcMessage::Decline(_)) => Class::Take(len, None),
+            _ => Class::Data,
+        },
+        // A proposal in a version we do not speak: its framing is sound, so it is taken and
+        // declined as the handshake would (the token sits in a body we do not parse).
+        Err(ClcError::UnsupportedVersion { len, .. }) if matches!(owed, Owed::Proposal(_)) => {
+            let len = usize::from(len);
+            if held.len() < len {
+                Class::NeedMore
+            } else {
+                Class::Take(len, (!app_wrote).then(|| decline(Token::default(), DeclineReason::VersionMismatch)))
+            }
+        }
+        Err(_) => Class::Data,
+    }
+}
+
+fn decline(token: Token, reason: DeclineReason) -> Vec<u8> {
+    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::clc::{Confirm, LinkInfo, Proposal, ShmLinkInfo};
+
+    fn proposal() -> Vec<u8> {
+        ClcMessage::Proposal(Proposal { token: Token([5; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
+    }
+
+    #[test]
+    fn classification() {
+        let p = proposal();
+        let owed = Owed::Proposal(DeclineReason::Timeout);
+        assert!(matches!(classify(b"GET /", owed, false), Class::Data));
+        assert!(matches!(classify(&p[..3], owed, false), Class::NeedMore));
+        assert!(matches!(classify(&p[..p.len() - 1], owed, false), Class::NeedMore));
+        match classify(&p, owed, false) {
+            Class::Take(n, Some(reply)) => {
+                assert_eq!(n, p.len());
+                assert!(matches!(
+                    decode(&reply),
+                    Ok(Decoded::Message(ClcMessage::Decline(Decline { reason: DeclineReason::Timeout, .. }), _))
+                ));
+            }
+            _ => panic!("a whole proposal is taken and answered"),
+        }
+        assert!(matches!(classify(&p, owed, true), Class::Take(_, None)), "silent once the app wrote");
+        // Not the message we owe: data.
+        assert!(matches!(classify(&p, Owed::Answer, false), Class::Data));
+        let confirm = ClcMessage::Confirm(Confirm {
+            token: Token([5; 16]),
+            link: LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: 1, rmb_size: 4096, socket_name: Vec::new() }),
+        })
+        .encode()
+        .unwrap();
+        assert!(matches!(classify(&confirm, Owed::Answer, false), Class::Take(_, None)));
+        assert!(matches!(classify(&confirm, owed, false), Class::Data));
+        // A broken frame after the eyecatcher is data.
+        let mut bad = p.clone();
+        let n = bad.len();
+        bad[n - 1] = 0;
+        assert!(matches!(classify(&bad, owed, false), Class::Data));
+    }
+}
