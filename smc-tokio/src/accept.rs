@@ -26,8 +26,8 @@ use tokio::net::TcpStream;
 use tracing::Instrument;
 
 use crate::config::{Policy, Settings};
-use crate::door::{ClientIdentity, Registration};
-use crate::handshake::{advance, flush, Step};
+use crate::door::{ClientIdentity, Registration, ServerWire};
+use crate::handshake::{Channel, Step};
 use crate::net::inband::Owed;
 use crate::net::listener::{Admit, HandshakeSlot, ListenerShared};
 use crate::net::SmcStream;
@@ -103,9 +103,9 @@ fn registered(
             Handoff::Later
         }
         Admit::Congested => {
-            // No SMC handshake now: the client hears "no" out of band and connects as plain
-            // TCP, without a byte of negotiation on the stream.
-            reg.answer(Err(DeclineReason::HandshakeCongested));
+            // No SMC handshake now: the client hears "no" on the door and uses the connection
+            // as TCP; nothing of the negotiation was ever on the stream.
+            reg.refuse(DeclineReason::HandshakeCongested);
             stats::door(DoorEvent::Unmatched);
             stats::decline(DeclineReason::HandshakeCongested, Side::Local);
             let t =
@@ -113,7 +113,7 @@ fn registered(
             hand_out(&cfg, tcp, t, None)
         }
         Admit::Refuse => {
-            reg.answer(Err(DeclineReason::HandshakeCongested));
+            reg.refuse(DeclineReason::HandshakeCongested);
             tracing::debug!(%peer, "handshake queue full: connection refused");
             Handoff::Later
         }
@@ -129,14 +129,14 @@ fn start_registered(
     slot: HandshakeSlot,
 ) -> Handoff {
     let client = reg.client;
-    if !reg.answer(Ok(())) {
-        // The client stopped waiting (or went away) before our verdict: it is a plain
-        // connection now.
+    let Some(wire) = reg.open() else {
+        // The client stopped waiting (or went away) before we got to it: it uses the
+        // connection as TCP.
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer });
         return hand_out(&cfg, tcp, t, None);
-    }
+    };
     stats::door(DoorEvent::Matched);
-    spawn(shared, tcp, peer, cfg, Start::Registered(slot), Some(client));
+    spawn(shared, tcp, peer, cfg, Start::Door(slot, wire), Some(client));
     Handoff::Later
 }
 
@@ -159,8 +159,9 @@ fn may_be_smc_r(cfg: &Settings, tcp: &TcpStream, peer: SocketAddr) -> bool {
 
 /// How a handshake task starts.
 enum Start {
-    /// Matched at the door: the Proposal comes next (slot taken).
-    Registered(HandshakeSlot),
+    /// Matched at the door: the handshake runs on the door connection, starting with the
+    /// Proposal that came with the registration (slot taken).
+    Door(HandshakeSlot, ServerWire),
     /// Unregistered, possibly an in-band SMC-R client: look at the first bytes first.
     Peek,
 }
@@ -197,8 +198,8 @@ async fn serve(
     start: Start,
     client: Option<ClientIdentity>,
 ) -> Option<(SmcStream, Transport)> {
-    let slot = match start {
-        Start::Registered(slot) => slot,
+    let (slot, mut wire) = match start {
+        Start::Door(slot, wire) => (slot, Some(wire)),
         Start::Peek => {
             let deadline = tokio::time::Instant::now() + cfg.peek_timeout;
             let first = match peek_class(&tcp, deadline).await {
@@ -216,7 +217,7 @@ async fn serve(
             if let Some((reason, owed)) = t {
                 return tcp_out(cfg, tcp, Transport::Tcp(reason), owed);
             }
-            match shared.admit(cfg) {
+            let slot = match shared.admit(cfg) {
                 Admit::Now(slot) => slot,
                 Admit::Queue(ticket) => ticket.slot(cfg).await,
                 Admit::Congested | Admit::Refuse => {
@@ -228,14 +229,21 @@ async fn serve(
                     stats::decline(DeclineReason::HandshakeCongested, Side::Local);
                     return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
                 }
-            }
+            };
+            (slot, None)
         }
     };
+    let on_door = wire.is_some();
     let timer = stats::HandshakeTimer::start();
     let mut hs = ServerHandshake::new(Instant::now(), Timeouts::uniform(cfg.handshake_timeout));
     let mut pending = Pending::default();
     let outcome = {
-        let run = drive(&mut tcp, &mut hs, cfg, shared, client.as_ref(), &mut pending);
+        let addrs = tcp.local_addr().and_then(|l| Ok((l, tcp.peer_addr()?))).ok();
+        let chan = match &mut wire {
+            Some(w) => Channel::Wire(w),
+            None => Channel::Tcp(&mut tcp),
+        };
+        let run = drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending);
         let closed = shared.closed();
         let mut run = std::pin::pin!(run);
         let mut closed = std::pin::pin!(closed);
@@ -252,11 +260,16 @@ async fn serve(
         // The listener is gone: decline what can still be declined, so the client continues
         // over TCP (and reads the end of the connection) instead of failing, then close.
         hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
-        let _ = tokio::time::timeout(Duration::from_secs(1), flush(&mut tcp, &mut hs)).await;
+        let mut chan = match &mut wire {
+            Some(w) => Channel::Wire(w),
+            None => Channel::Tcp(&mut tcp),
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(&mut hs)).await;
         pending.release();
         tracing::debug!("listener dropped during the handshake");
         return None;
     };
+    drop(wire);
     match outcome {
         Ok(Outcome::Smc { .. }) => {
             timer.completed();
@@ -268,11 +281,33 @@ async fn serve(
             stats::decline(reason, by);
             timer.completed();
             pending.release();
-            let owed = hs.owed_by_peer().map(|o| match o {
+            // On the door the stream carried nothing: it is plain TCP as it is. In-band, a
+            // message the client still owes is taken off the stream before the application's
+            // bytes.
+            let owed = hs.owed_by_peer().filter(|_| !on_door).map(|o| match o {
                 crate::proto::handshake::PeerOwes::Proposal => Owed::Proposal(reason),
                 crate::proto::handshake::PeerOwes::Answer => Owed::Answer,
             });
             tcp_out(cfg, tcp, Transport::Tcp(FallbackReason::Declined { reason, by }), owed)
+        }
+        // A same-host client that closed its door connection (its cancel), or sent nonsense
+        // there: the stream is untouched, so it is a TCP connection.
+        Ok(Outcome::Failed(e)) if on_door => {
+            tracing::debug!(error = %e, "handshake on the door ended without smc");
+            pending.release();
+            let reason = match e {
+                crate::proto::handshake::HandshakeError::Eof | crate::proto::handshake::HandshakeError::Timeout => {
+                    DeclineReason::Timeout
+                }
+                _ => DeclineReason::SyncError,
+            };
+            tcp_out(cfg, tcp, Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }), None)
+        }
+        Err(e) if on_door => {
+            tracing::debug!(error = %e, "the door failed during the handshake");
+            pending.release();
+            let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local });
+            tcp_out(cfg, tcp, t, None)
         }
         Ok(Outcome::Failed(e)) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
@@ -325,7 +360,8 @@ impl Pending {
 
 /// Runs the server handshake to its outcome, making the decisions.
 async fn drive(
-    tcp: &mut TcpStream,
+    mut chan: Channel<'_, ServerWire>,
+    addrs: Option<(SocketAddr, SocketAddr)>,
     hs: &mut ServerHandshake,
     cfg: &Settings,
     shared: &ListenerShared,
@@ -333,10 +369,13 @@ async fn drive(
     pending: &mut Pending,
 ) -> io::Result<Outcome> {
     loop {
-        match advance(tcp, hs).await? {
+        match chan.advance(hs).await? {
             Step::Event(ServerEvent::Proposal(p)) => {
                 tracing::debug!(shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
-                match choose(tcp, &p, cfg, shared, client, pending).await {
+                if let Some((local, _)) = addrs {
+                    crate::faults::stall(local, crate::faults::Point::ServerBeforeAccept).await;
+                }
+                match choose(addrs, &p, cfg, shared, client, pending).await {
                     Ok(info) => {
                         pending.proposed_rmb = p.rmb_size;
                         hs.accept(info, Instant::now());
@@ -347,13 +386,18 @@ async fn drive(
                     }
                 }
             }
-            Step::Event(ServerEvent::Confirmed(link)) => match check_confirm(&link, cfg, pending).await {
-                Ok(()) => hs.commit(Instant::now()),
-                Err(why) => {
-                    tracing::debug!(why, "confirm does not match the accepted link");
-                    hs.decline(DeclineReason::SyncError, Instant::now());
+            Step::Event(ServerEvent::Confirmed(link)) => {
+                if let Some((local, _)) = addrs {
+                    crate::faults::stall(local, crate::faults::Point::ServerBeforeCommit).await;
                 }
-            },
+                match check_confirm(&link, cfg, pending).await {
+                    Ok(()) => hs.commit(Instant::now()),
+                    Err(why) => {
+                        tracing::debug!(why, "confirm does not match the accepted link");
+                        hs.decline(DeclineReason::SyncError, Instant::now());
+                    }
+                }
+            }
             Step::Done(o) => return Ok(o),
         }
     }
@@ -362,7 +406,7 @@ async fn drive(
 /// Picks the transport for a Proposal and sets our end up: shared memory first (only for a
 /// client registered at our door, so known to be on this host), then RDMA.
 async fn choose(
-    tcp: &TcpStream,
+    addrs: Option<(SocketAddr, SocketAddr)>,
     p: &Proposal,
     cfg: &Settings,
     shared: &ListenerShared,
@@ -383,8 +427,7 @@ async fn choose(
         }
         #[cfg(feature = "rdma")]
         Err(shm_reason) if p.rdma.is_some() => {
-            let (local, peer) =
-                (tcp.local_addr().map_err(|_| shm_reason)?.ip(), tcp.peer_addr().map_err(|_| shm_reason)?.ip());
+            let (local, peer) = addrs.map(|(l, p)| (l.ip(), p.ip())).ok_or(shm_reason)?;
             crate::smc::rdma::warm_up(cfg).await;
             match crate::smc::rdma::server_accept(Manager::global(), p, local, peer, cfg, cfg.handshake_timeout) {
                 Ok((conn, info, rp)) => {
@@ -397,7 +440,7 @@ async fn choose(
             }
         }
         Err(r) => {
-            let _ = tcp;
+            let _ = addrs;
             Err(r)
         }
     }

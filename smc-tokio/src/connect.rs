@@ -24,12 +24,13 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::config::{Policy, Settings};
-use crate::door::{self, Registered, Verdict};
+use crate::door::{self, Registered};
 use crate::error::SmcError;
-use crate::handshake::{advance, Step};
+use crate::faults::{self, Point};
+use crate::handshake::{Channel, Step, Wire};
 use crate::negative_cache::NegativeCache;
 use crate::net::SmcStream;
-use crate::proto::clc::{DeclineReason, LinkInfo, Proposal};
+use crate::proto::clc::{ClcMessage, DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, HandshakeError, Outcome, Side, Timeouts};
 use crate::smc::conn::{PendingConn, SmcConn};
 use crate::smc::manager::Manager;
@@ -93,9 +94,13 @@ pub(crate) async fn establish(addr: SocketAddr, cfg: &Settings, limit: bool) -> 
     if !inband {
         return plain(cfg, addr, FallbackReason::NotProposed).await;
     }
-    let tcp = TcpStream::connect(addr).await?;
-    let shaken = handshake(tcp, addr, cfg, false).await;
-    finish_inband(cfg, addr, shaken).await
+    let mut tcp = TcpStream::connect(addr).await?;
+    let prep = Prepared::new(addr, tcp.local_addr()?.ip(), cfg, false)?;
+    // An in-band server is given one bound per step: a plain server that waits for its
+    // client never answers.
+    let timeouts = Timeouts::uniform(cfg.handshake_timeout);
+    let (outcome, conn, _) = run(Channel::<door::ClientWire>::Tcp(&mut tcp), prep, addr, cfg, timeouts).await;
+    finish_inband(cfg, addr, tcp, outcome, conn).await
 }
 
 /// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused).
@@ -117,7 +122,8 @@ fn tcp_or_refuse(cfg: &Settings, tcp: TcpStream, reason: FallbackReason) -> io::
 /// still in TIME_WAIT) before it connects without registering.
 const PORT_ATTEMPTS: usize = 4;
 
-/// The same-host path. `None`: the destination has no door we trust; nothing was sent.
+/// The same-host path: the whole handshake on the door, none of it on the TCP stream. `None`:
+/// the destination has no door we trust; nothing was sent.
 async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStream>> {
     let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
     if !offers {
@@ -125,7 +131,10 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
     }
     let manager = Manager::global();
     for attempt in 0.. {
-        let (mut reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance()) {
+        // The Proposal is made before the connection exists: nothing in it depends on the
+        // connection (a same-host connection's local address is the destination's).
+        let prep = Prepared::new(addr, addr.ip(), cfg, true)?;
+        let (reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes) {
             Registered::Yes(reg, sock) => (reg, sock),
             Registered::NoDoor => return Ok(None),
             Registered::Busy => {
@@ -138,23 +147,22 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
         let tcp = match tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await {
             Ok(t) => t,
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && attempt + 1 < PORT_ATTEMPTS => {
-                reg.cancel();
+                drop(reg);
                 continue;
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-                reg.cancel();
+                drop(reg);
                 tracing::debug!("no free port to register: connecting as plain tcp");
-                return plain(
-                    cfg,
-                    addr,
-                    FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local },
-                )
-                .await
-                .map(Some);
+                let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
+                return plain(cfg, addr, reason).await.map(Some);
             }
+            Err(e) => return Err(e),
+        };
+        let mut wire = match reg.into_wire(prep.proposal.token) {
+            Ok(w) => w,
             Err(e) => {
-                reg.cancel();
-                return Err(e);
+                tracing::debug!(error = %e, "cannot watch the door: connecting as plain tcp");
+                return tcp_or_refuse(cfg, tcp, FallbackReason::PeerNoSmc).map(Some);
             }
         };
         // The listener answers when it accepts the connection: microseconds when it runs, later
@@ -162,116 +170,88 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
         // drops our final ACK and takes the connection at its SYN-ACK retransmit, 1 s later;
         // a plain client's first data would nudge it sooner, and we send none). Past the
         // handshake timeout we stop waiting and stay on TCP: overload is never an error.
-        let verdict = reg.verdict(cfg.handshake_timeout).await;
-        tracing::debug!(?verdict, "door verdict");
-        let reason = match verdict {
-            Verdict::Matched => {
-                let shaken = handshake(tcp, addr, cfg, true).await;
-                return finish_registered(cfg, shaken).map(Some);
-            }
-            Verdict::Unmatched(r) => {
-                stats::decline(r, Side::Peer);
-                FallbackReason::Declined { reason: r, by: Side::Peer }
-            }
-            Verdict::TimedOut => {
-                stats::door(DoorEvent::TimedOut);
-                FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Local }
-            }
-            Verdict::Gone => FallbackReason::PeerNoSmc,
-        };
-        return tcp_or_refuse(cfg, tcp, reason).map(Some);
+        let timeouts = Timeouts { peer: cfg.handshake_timeout, local: cfg.handshake_timeout };
+        let (outcome, conn, confirmed) = run(Channel::Wire(&mut wire), prep, addr, cfg, timeouts).await;
+        let answered = wire.answered();
+        // Closing the door connection is our cancel, where one is still needed.
+        drop(wire);
+        return finish_door(cfg, tcp, outcome, conn, confirmed, answered).map(Some);
     }
     unreachable!("the loop returns")
 }
 
-/// What a client handshake came to.
-struct Shaken {
-    tcp: TcpStream,
-    outcome: io::Result<Outcome>,
-    conn: Option<Arc<SmcConn>>,
+/// A Proposal, and what it offered.
+struct Prepared {
+    proposal: Proposal,
+    bytes: Vec<u8>,
+    shm_rmb: Option<u32>,
+    rmb_size: u32,
+    /// The link group the proposal names, kept from idling out meanwhile.
+    _pin: Option<crate::smc::group::GroupPin>,
+    offered: Offered,
 }
 
-/// Runs the CLC handshake on a connected `tcp`. `registered`: the server matched our door
-/// registration, so shared memory is offered and the server is known to speak SMC.
-async fn handshake(mut tcp: TcpStream, addr: SocketAddr, cfg: &Settings, registered: bool) -> Shaken {
+impl Prepared {
+    /// What this client proposes to `addr`, its connection coming from `local_ip`; shared
+    /// memory only to a listener found at its door (`same_host`).
+    fn new(addr: SocketAddr, local_ip: std::net::IpAddr, cfg: &Settings, same_host: bool) -> io::Result<Prepared> {
+        let shm = if same_host { Manager::global().client_offer(addr, &cfg.shm) } else { None };
+        let (shm_offer, shm_rmb, pin) = match shm {
+            Some((o, rmb, pin)) => (Some(o), Some(rmb), pin),
+            None => (None, None, None),
+        };
+        #[cfg(feature = "rdma")]
+        let rdma = crate::smc::rdma::client_offer(addr, local_ip, shm_rmb.unwrap_or(cfg.shm.rmb_size), cfg);
+        #[cfg(not(feature = "rdma"))]
+        let rdma = {
+            let _ = local_ip;
+            None
+        };
+        let offered = Offered {
+            #[cfg(feature = "rdma")]
+            rdma: rdma.is_some(),
+            #[cfg(feature = "rdma")]
+            local_ip,
+        };
+        let rmb_size = match (shm_rmb, &rdma) {
+            (Some(r), _) => r,
+            (None, Some(_)) => cfg.shm.rmb_size,
+            _ => 0,
+        };
+        let proposal = Proposal { token: sys::random_token()?, rmb_size, shm: shm_offer, rdma };
+        let bytes = ClcMessage::Proposal(proposal.clone())
+            .encode()
+            .map_err(|e| io::Error::from(SmcError::Handshake(HandshakeError::Malformed(e))))?;
+        Ok(Prepared { proposal, bytes, shm_rmb, rmb_size, _pin: pin, offered })
+    }
+}
+
+/// Runs the client's handshake over `chan` to its outcome: the outcome, the connection set up
+/// for SMC (if it came to that), and whether we confirmed.
+async fn run<W: Wire>(
+    mut chan: Channel<'_, W>,
+    prep: Prepared,
+    addr: SocketAddr,
+    cfg: &Settings,
+    timeouts: Timeouts,
+) -> (io::Result<Outcome>, Option<Arc<SmcConn>>, bool) {
     let timer = stats::HandshakeTimer::start();
-    let manager = Manager::global();
-    let shm = if registered { manager.client_offer(addr, &cfg.shm) } else { None };
-    let (shm_offer, shm_rmb, _pin) = match shm {
-        Some((o, rmb, pin)) => (Some(o), Some(rmb), pin),
-        None => (None, None, None),
-    };
-    #[cfg(feature = "rdma")]
-    let local_ip = tcp.local_addr().map(|a| a.ip());
-    #[cfg(feature = "rdma")]
-    let rdma = match &local_ip {
-        Ok(ip) => crate::smc::rdma::client_offer(addr, *ip, shm_rmb.unwrap_or(cfg.shm.rmb_size), cfg),
-        Err(_) => None,
-    };
-    #[cfg(not(feature = "rdma"))]
-    let rdma = None;
-    #[cfg(feature = "rdma")]
-    let offered_rdma = rdma.is_some();
-    let rmb_size = match (shm_rmb, &rdma) {
-        (Some(r), _) => r,
-        (None, Some(_)) => cfg.shm.rmb_size,
-        _ => 0,
-    };
-    let token = match sys::random_token() {
-        Ok(t) => t,
-        Err(e) => return Shaken { tcp, outcome: Err(e), conn: None },
-    };
-    let proposal = Proposal { token, rmb_size, shm: shm_offer, rdma };
-    // A server that matched our registration answers (or hands us out as TCP) within its own
-    // bound; we wait twice that before calling it broken. An in-band server is given one bound:
-    // a plain server that waits for its client never answers.
-    let peer_wait = if registered { cfg.handshake_timeout * 2 + Duration::from_secs(1) } else { cfg.handshake_timeout };
-    let timeouts = Timeouts { peer: peer_wait, local: cfg.handshake_timeout };
-    let mut hs = match ClientHandshake::new(proposal, Instant::now(), timeouts) {
+    let mut hs = match ClientHandshake::new(prep.proposal.clone(), Instant::now(), timeouts) {
         Ok(h) => h,
-        Err(e) => return Shaken { tcp, outcome: Err(SmcError::Handshake(e).into()), conn: None },
+        Err(e) => return (Err(SmcError::Handshake(e).into()), None, false),
     };
+    if matches!(chan, Channel::Wire(_)) {
+        // It went with the registration.
+        let _ = hs.poll_transmit();
+    }
     // Given back if the connect is dropped (cancelled) or ends without SMC.
     let mut pending = PendingConn::default();
+    faults::stall(addr, Point::ClientBeforeHandshake).await;
     let outcome = loop {
-        match advance(&mut tcp, &mut hs).await {
-            Ok(Step::Event(ClientEvent::Accepted(accept))) => match &accept.link {
-                LinkInfo::Shm(info) if shm_rmb.is_some() => {
-                    let left =
-                        hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-                    match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
-                        Ok((conn, confirm)) => {
-                            pending.set(conn);
-                            hs.confirm(LinkInfo::Shm(confirm), Instant::now());
-                        }
-                        Err(reason) => {
-                            tracing::debug!(%reason, "declining the server's shm accept");
-                            hs.decline(reason, Instant::now());
-                        }
-                    }
-                }
-                #[cfg(feature = "rdma")]
-                LinkInfo::Rdma(info) if offered_rdma => {
-                    let ip = *local_ip.as_ref().unwrap_or(&std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-                    match crate::smc::rdma::client_accept(manager, addr, ip, info, rmb_size, cfg, cfg.handshake_timeout)
-                    {
-                        Ok((conn, confirm)) => {
-                            pending.set(conn);
-                            hs.confirm(LinkInfo::Rdma(confirm), Instant::now());
-                        }
-                        Err(reason) => {
-                            tracing::debug!(%reason, "declining the server's rdma accept");
-                            hs.decline(reason, Instant::now());
-                        }
-                    }
-                }
-                other => {
-                    // A transport this client did not offer: a confused or hostile server.
-                    // Decline, and stay on TCP in step.
-                    tracing::debug!(link = ?other, "declining an accept for a transport we did not offer");
-                    hs.decline(DeclineReason::NoCommonTransport, Instant::now());
-                }
-            },
+        match chan.advance(&mut hs).await {
+            Ok(Step::Event(ClientEvent::Accepted(accept))) => {
+                accepted(&mut hs, &accept, &mut pending, addr, &prep, cfg).await;
+            }
             Ok(Step::Done(o)) => break Ok(o),
             Err(e) => break Err(e),
         }
@@ -289,31 +269,113 @@ async fn handshake(mut tcp: TcpStream, addr: SocketAddr, cfg: &Settings, registe
         // Anything else: the slot goes back (with `pending`).
         _ => None,
     };
-    Shaken { tcp, outcome, conn }
+    (outcome, conn, hs.has_confirmed())
 }
 
-/// The end of a handshake with a server that matched our registration: it speaks SMC, so
-/// application bytes where its reply should be mean it served us as TCP (it stopped waiting
-/// for our Proposal and will drop it), and a closed connection is just that.
-fn finish_registered(cfg: &Settings, s: Shaken) -> io::Result<SmcStream> {
-    match s.outcome {
-        Ok(Outcome::Smc { .. }) => smc_stream(s.tcp, s.conn),
+/// What this client offered besides shared memory, for checking the server's Accept.
+struct Offered {
+    #[cfg(feature = "rdma")]
+    rdma: bool,
+    #[cfg(feature = "rdma")]
+    local_ip: std::net::IpAddr,
+}
+
+/// The client's decision on the server's Accept: set our end of the link up and confirm, or
+/// decline.
+async fn accepted(
+    hs: &mut ClientHandshake,
+    accept: &crate::proto::clc::Accept,
+    pending: &mut PendingConn,
+    addr: SocketAddr,
+    prep: &Prepared,
+    cfg: &Settings,
+) {
+    let manager = Manager::global();
+    let (token, rmb_size, offered) = (prep.proposal.token, prep.rmb_size, &prep.offered);
+    match &accept.link {
+        LinkInfo::Shm(info) if prep.shm_rmb.is_some() => {
+            let left = hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
+                Ok((conn, confirm)) => {
+                    pending.set(conn);
+                    faults::stall(addr, Point::ClientBeforeConfirm).await;
+                    hs.confirm(LinkInfo::Shm(confirm), Instant::now());
+                }
+                Err(reason) => {
+                    tracing::debug!(%reason, "declining the server's shm accept");
+                    hs.decline(reason, Instant::now());
+                }
+            }
+        }
+        #[cfg(feature = "rdma")]
+        LinkInfo::Rdma(info) if offered.rdma => {
+            match crate::smc::rdma::client_accept(
+                manager,
+                addr,
+                offered.local_ip,
+                info,
+                rmb_size,
+                cfg,
+                cfg.handshake_timeout,
+            ) {
+                Ok((conn, confirm)) => {
+                    pending.set(conn);
+                    hs.confirm(LinkInfo::Rdma(confirm), Instant::now());
+                }
+                Err(reason) => {
+                    tracing::debug!(%reason, "declining the server's rdma accept");
+                    hs.decline(reason, Instant::now());
+                }
+            }
+        }
+        other => {
+            // A transport this client did not offer: a confused or hostile server. Decline,
+            // and stay on TCP in step.
+            let _ = offered;
+            tracing::debug!(link = ?other, "declining an accept for a transport we did not offer");
+            hs.decline(DeclineReason::NoCommonTransport, Instant::now());
+        }
+    }
+}
+
+/// The end of a same-host handshake. The TCP stream carried none of it, so the connection is
+/// TCP wherever it is not SMC, except after our Confirm, where only the server's final word can
+/// settle it (it always sends one before it closes the door).
+fn finish_door(
+    cfg: &Settings,
+    tcp: TcpStream,
+    outcome: io::Result<Outcome>,
+    conn: Option<Arc<SmcConn>>,
+    confirmed: bool,
+    answered: bool,
+) -> io::Result<SmcStream> {
+    let reason = match outcome {
+        Ok(Outcome::Smc { .. }) => return smc_stream(tcp, conn),
         Ok(Outcome::Fallback { reason, by }) => {
             tracing::debug!(%reason, ?by, "falling back to tcp");
-            tcp_or_refuse(cfg, s.tcp, FallbackReason::Declined { reason, by })
+            FallbackReason::Declined { reason, by }
         }
-        Ok(Outcome::Failed(HandshakeError::NotSmc)) => {
-            tcp_or_refuse(cfg, s.tcp, FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer })
+        // No answer in time: we stop waiting (overload is not refusal).
+        Ok(Outcome::Failed(HandshakeError::Timeout)) if !answered => {
+            stats::door(DoorEvent::TimedOut);
+            FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Local }
         }
-        // The server closed or reset the connection (its listener went away): as with TCP, the
-        // connect succeeded and the application reads the end.
-        Ok(Outcome::Failed(HandshakeError::Eof)) => tcp_or_refuse(cfg, s.tcp, FallbackReason::PeerNoSmc),
-        Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof) => {
-            tcp_or_refuse(cfg, s.tcp, FallbackReason::PeerNoSmc)
+        // The door closed: the listener went away (or refused our uid) without a final word.
+        Ok(Outcome::Failed(HandshakeError::Eof)) => FallbackReason::PeerNoSmc,
+        Ok(Outcome::Failed(e)) if !confirmed => {
+            tracing::debug!(error = %e, "the door's answer made no sense: staying on tcp");
+            FallbackReason::Declined { reason: DeclineReason::SyncError, by: Side::Local }
         }
-        Ok(Outcome::Failed(e)) => Err(SmcError::Handshake(e).into()),
-        Err(e) => Err(e),
-    }
+        Err(e) if !confirmed => {
+            tracing::debug!(error = %e, "the door failed: staying on tcp");
+            FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local }
+        }
+        // After our Confirm the server may have committed: we cannot tell, so the connection
+        // fails rather than guess.
+        Ok(Outcome::Failed(e)) => return Err(SmcError::Handshake(e).into()),
+        Err(e) => return Err(e),
+    };
+    tcp_or_refuse(cfg, tcp, reason)
 }
 
 fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<SmcStream> {
@@ -330,22 +392,28 @@ fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<SmcStrea
 const TIMEOUT_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The end of an in-band handshake, where the server may not speak SMC at all.
-async fn finish_inband(cfg: &Settings, addr: SocketAddr, s: Shaken) -> io::Result<SmcStream> {
-    if matches!(s.outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
+async fn finish_inband(
+    cfg: &Settings,
+    addr: SocketAddr,
+    tcp: TcpStream,
+    outcome: io::Result<Outcome>,
+    conn: Option<Arc<SmcConn>>,
+) -> io::Result<SmcStream> {
+    if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
         NegativeCache::global().answered(addr);
     }
-    let err = match s.outcome {
-        Ok(Outcome::Smc { .. }) => return smc_stream(s.tcp, s.conn),
+    let err = match outcome {
+        Ok(Outcome::Smc { .. }) => return smc_stream(tcp, conn),
         Ok(Outcome::Fallback { reason, by }) => {
             tracing::debug!(%reason, ?by, "falling back to tcp");
-            return tcp_or_refuse(cfg, s.tcp, FallbackReason::Declined { reason, by });
+            return tcp_or_refuse(cfg, tcp, FallbackReason::Declined { reason, by });
         }
         Ok(Outcome::Failed(e)) => io::Error::from(SmcError::Handshake(e)),
         Err(e) => e,
     };
     // The server is not ours (or misbehaved) and the stream is unusable: remember it and,
     // unless the policy requires SMC, connect again as plain TCP.
-    drop(s.tcp);
+    drop(tcp);
     let timed_out = SmcError::from_io(&err) == Some(&SmcError::Handshake(HandshakeError::Timeout));
     let cache = NegativeCache::global();
     if timed_out {

@@ -1,35 +1,38 @@
-//! The door: same-host SMC intent, out of band, before the TCP connection exists.
+//! The door: same-host SMC, negotiated beside the connection, before and while it is accepted.
 //!
 //! The kernel's SMC signals intent with a TCP option on the SYN, which a plain server ignores.
 //! User space cannot touch the SYN, and a first in-band message would reach a plain server as
-//! garbage. So on one host the intent travels beside the connection instead:
+//! garbage. So on one host the whole negotiation travels beside the connection instead, and
+//! the TCP stream of an SMC-D connection never carries a byte of it:
 //!
 //! 1. Each [`SmcListener`](crate::SmcListener) binds an abstract `SOCK_SEQPACKET` socket, its
 //!    door, named after the address it listens on ([`base_name`]; abstract names live in the
 //!    network namespace, which is the same-host boundary that matters).
 //! 2. A client about to connect to an address looks for that door. Only if it finds one (and
 //!    its owner is a uid it trusts, `SO_PEERCRED`) does it bind its TCP socket to a port of its
-//!    choosing and hand the socket itself to the door with `SCM_RIGHTS`, then connect.
+//!    choosing and hand the socket itself to the door with `SCM_RIGHTS`, together with its CLC
+//!    Proposal, then connect.
 //! 3. When the listener accepts a connection, it looks the peer's port up among the
 //!    registrations (draining the door first if it is not there yet: the registration was sent
-//!    before the client's SYN, so it is in the door's queue by then). Registered: the client
-//!    gets a verdict on its door connection and the SMC handshake follows in-band. Not
+//!    before the client's SYN, so it is in the door's queue by then). Registered: the CLC
+//!    handshake continues on the door connection (Accept or Decline, Confirm, Commit). Not
 //!    registered: a plain client, handed to the application at once, with no peek and no timer.
 //!
 //! Why the socket itself: holding the descriptor is proof that the sender owns that port. The
-//! server checks it is a bound, unconnected TCP socket without `SO_REUSEADDR`, notes its
-//! address and closes it at once (holding it would keep the client's socket open after the
-//! client closes it). Our clients bind with `SO_REUSEPORT` and nothing else, so while the
-//! socket lives no process of another uid can hold that port on any address; a connection
-//! from that port is the registrant's (or another process of its uid, which could ptrace it
-//! anyway). Both ends check each other's uid: a process squatting on a door's name, or
-//! knocking on a door, gets nothing unless it runs as the same (or an allowed) uid, and the
-//! worst either can do is make a connection fall back to TCP.
+//! server checks it is a bound TCP socket, not listening, without `SO_REUSEADDR`, notes its
+//! address (and its peer, if it has connected by then) and closes it at once (holding it would
+//! keep the client's socket open after the client closes it). Our clients bind with
+//! `SO_REUSEPORT` and nothing else, so while the socket lives no process of another uid can hold
+//! that port on any address; a connection from that port is the registrant's (or another
+//! process of its uid, which could ptrace it anyway). Both ends check each other's uid: a
+//! process squatting on a door's name, or knocking on a door, gets nothing unless it runs as the
+//! same (or an allowed) uid, and the worst either can do is make a connection fall back to TCP.
 //!
-//! Every outcome of the verdict is safe: a matched client proposes in-band to a server that
-//! waits for exactly that; a client that gives up waiting cancels, and if the server matched
-//! it anyway (the cancel crossed the verdict), the server finds application bytes, or nothing,
-//! where the Proposal would be, and serves the connection as TCP.
+//! Closing a door connection is the client's cancel: a client that stops waiting for the
+//! server's first answer closes it and uses the connection as TCP; the server, finding it closed
+//! before or during the handshake, serves the connection as TCP too. Only after its Confirm does
+//! a client wait for the server's final word (Commit or Decline), which the server always sends
+//! before it closes its end.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,12 +46,14 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::proto::clc::DeclineReason;
+use crate::handshake::Wire;
+use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token, CLC_MAX_LEN};
 use crate::sys::{self, PeerCred};
 
-/// Door messages: magic, version, kind, reason, one spare byte, the client's instance id.
+/// Door messages: magic, version, kind, reason, one spare byte, the client's instance id, then
+/// (REGISTER and CLC) a CLC message.
 const MAGIC: [u8; 4] = *b"SMCd";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const FRAME_LEN: usize = 16;
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
@@ -73,14 +78,13 @@ const WAITING_TTL: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Kind {
-    /// Client to server, with the TCP socket attached: "my next connection to you is SMC".
+    /// Client to server, with the TCP socket attached and the CLC Proposal as payload: "my next
+    /// connection to you proposes SMC".
     Register = 1,
-    /// Client to server: "I stopped waiting; treat my connection as plain TCP".
-    Cancel = 2,
-    /// Server to client: "your connection arrived; propose now".
-    Matched = 3,
-    /// Server to client: "no SMC for this connection" (with a decline reason).
-    Unmatched = 4,
+    /// Either way: a CLC message of the handshake (Accept, Decline, Confirm, Commit).
+    Clc = 2,
+    /// Server to client: "no handshake for this connection" (with a decline reason).
+    Unmatched = 3,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,28 +95,34 @@ struct Frame {
 }
 
 impl Frame {
-    fn encode(self) -> [u8; FRAME_LEN] {
-        let mut b = [0u8; FRAME_LEN];
+    fn encode(self, payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; FRAME_LEN];
         b[..4].copy_from_slice(&MAGIC);
         b[4] = VERSION;
         b[5] = self.kind as u8;
         b[6] = self.reason;
         b[8..].copy_from_slice(&self.instance.to_be_bytes());
+        b.extend_from_slice(payload);
         b
     }
 
-    fn decode(b: &[u8]) -> Option<Frame> {
-        if b.len() != FRAME_LEN || b[..4] != MAGIC || b[4] != VERSION {
+    /// The frame and its payload (empty but for REGISTER and CLC).
+    fn decode(b: &[u8]) -> Option<(Frame, &[u8])> {
+        if b.len() < FRAME_LEN || b[..4] != MAGIC || b[4] != VERSION {
             return None;
         }
         let kind = match b[5] {
             1 => Kind::Register,
-            2 => Kind::Cancel,
-            3 => Kind::Matched,
-            4 => Kind::Unmatched,
+            2 => Kind::Clc,
+            3 => Kind::Unmatched,
             _ => return None,
         };
-        Some(Frame { kind, reason: b[6], instance: u64::from_be_bytes(b[8..].try_into().ok()?) })
+        let payload = &b[FRAME_LEN..];
+        if payload.is_empty() != (kind == Kind::Unmatched) {
+            return None;
+        }
+        let instance = u64::from_be_bytes(b[8..FRAME_LEN].try_into().ok()?);
+        Some((Frame { kind, reason: b[6], instance }, payload))
     }
 }
 
@@ -126,20 +136,38 @@ fn door_name(base: &str, index: u32) -> Vec<u8> {
     format!("{base}/{index}").into_bytes()
 }
 
-/// Reads one door message without blocking. `Ok(None)`: the peer closed. Descriptors that
-/// arrive with it are returned (only a registration carries one).
-fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(Frame, Vec<OwnedFd>)>> {
-    let mut buf = [0u8; FRAME_LEN + 1];
+/// The door of a listener without `SO_REUSEPORT` (so without siblings): a client that finds a
+/// trusted door here looks no further, which saves it a failed probe per connection.
+fn solo_name(base: &str) -> Vec<u8> {
+    format!("{base}/solo").into_bytes()
+}
+
+/// One door message read without blocking: the frame, its payload, and the descriptors that
+/// came with it (only a registration carries one). `Ok(None)`: the peer closed.
+type Received = (Frame, Vec<u8>, Vec<OwnedFd>);
+
+fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<Received>> {
+    let mut buf = [0u8; FRAME_LEN + CLC_MAX_LEN + 1];
     let (n, fds) = sys::recv_with_fds(conn, &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
-    let frame =
+    let (frame, payload) =
         Frame::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad door message"))?;
-    Ok(Some((frame, fds)))
+    if payload.len() > CLC_MAX_LEN {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "door message too long"));
+    }
+    Ok(Some((frame, payload.to_vec(), fds)))
+}
+
+/// Sends one door message without blocking (a door connection holds a handful of small
+/// messages at most, so it never fills).
+fn send_frame(conn: BorrowedFd<'_>, frame: Frame, payload: &[u8]) -> io::Result<()> {
+    sys::send_msg(conn, &frame.encode(payload))
 }
 
 fn trusted(uid: u32, allowed: &[u32]) -> bool {
+    // Read each time: a process that drops privileges trusts its new uid, not its old one.
     // SAFETY: geteuid cannot fail and has no preconditions.
     uid == unsafe { libc::geteuid() } || allowed.contains(&uid)
 }
@@ -175,6 +203,8 @@ struct Entry {
     conn: OwnedFd,
     cred: PeerCred,
     instance: u64,
+    /// The client's Proposal (a CLC message, at most `CLC_MAX_LEN` bytes).
+    proposal: Vec<u8>,
     since: Instant,
 }
 
@@ -196,12 +226,12 @@ pub(crate) struct ClientIdentity {
     pub(crate) instance: u64,
 }
 
-/// A registration matched to an accepted connection; the client waits for [`answer`].
-///
-/// [`answer`]: Registration::answer
+/// A registration matched to an accepted connection; its client waits for the server's answer
+/// on the door connection.
 pub(crate) struct Registration {
     conn: OwnedFd,
     pub(crate) client: ClientIdentity,
+    proposal: Vec<u8>,
 }
 
 impl fmt::Debug for Registration {
@@ -211,33 +241,71 @@ impl fmt::Debug for Registration {
 }
 
 impl Registration {
-    /// Tells the client the verdict: `Ok` to propose now, or the reason there will be no SMC.
-    /// Returns whether the client was told to propose: a cancel that arrived first, a client
-    /// that went away or a door connection that cannot take the message all mean it was not
-    /// (and the connection is plain TCP).
-    pub(crate) fn answer(self, verdict: Result<(), DeclineReason>) -> bool {
-        // The client's cancel, or its end closing, comes first in its connection's queue if it
-        // was sent first: then the client has already gone plain.
+    /// Tells the client there will be no handshake (and why): it uses the connection as TCP.
+    pub(crate) fn refuse(self, reason: DeclineReason) {
+        let _ = send_frame(self.conn.as_fd(), Frame { kind: Kind::Unmatched, reason: reason as u8, instance: 0 }, &[]);
+    }
+
+    /// The wire the handshake runs over, starting with the client's Proposal. `None` when the
+    /// client closed its door connection first (it stopped waiting and uses the connection as
+    /// TCP), or the connection cannot be watched.
+    pub(crate) fn open(self) -> Option<ServerWire> {
         match recv_frame(self.conn.as_fd()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            _ => return false,
+            // Closed, or a message out of turn: the client is not waiting for us.
+            _ => return None,
         }
-        let frame = match verdict {
-            Ok(()) => Frame { kind: Kind::Matched, reason: 0, instance: 0 },
-            Err(r) => Frame { kind: Kind::Unmatched, reason: r as u8, instance: 0 },
-        };
-        sys::send_msg(self.conn.as_fd(), &frame.encode()).is_ok() && verdict.is_ok()
+        // SAFETY: the OwnedFd owns its descriptor and moves into the AsyncFd.
+        let conn = unsafe { sys::register(self.conn, Interest::READABLE) }.ok()?;
+        Some(ServerWire { conn, proposal: Some(self.proposal) })
+    }
+}
+
+/// The server's end of a handshake on the door (see [`Wire`]).
+pub(crate) struct ServerWire {
+    conn: AsyncFd<OwnedFd>,
+    /// The Proposal that came with the registration, until the machine has read it.
+    proposal: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for ServerWire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerWire").finish_non_exhaustive()
+    }
+}
+
+impl Wire for ServerWire {
+    async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
+        send_frame(self.conn.get_ref().as_fd(), Frame { kind: Kind::Clc, reason: 0, instance: 0 }, msg)
+    }
+
+    async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if let Some(p) = self.proposal.take() {
+            return Ok(Some(p));
+        }
+        loop {
+            let mut guard = self.conn.readable().await?;
+            match guard.try_io(|c| recv_frame(c.get_ref().as_fd())) {
+                Ok(Ok(Some((f, payload, _)))) if f.kind == Kind::Clc => return Ok(Some(payload)),
+                // Closed (the client's cancel), or anything but a CLC message from a client.
+                Ok(Ok(_)) => return Ok(None),
+                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
     }
 }
 
 impl Door {
-    /// Binds the door of a listener on `local`: the lowest free index for that address.
-    /// `None` when all are taken (more listeners in one reuseport group than doors, or
+    /// Binds the door of a listener on `local`: the solo name if it has no reuseport siblings
+    /// (`reuseport` off), else (or if someone squats on it) the lowest free index for that
+    /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
     /// someone squatting on the names): the listener then serves TCP only.
-    pub(crate) fn open(local: SocketAddr, allowed_uids: Vec<u32>) -> Option<Door> {
+    pub(crate) fn open(local: SocketAddr, allowed_uids: Vec<u32>, reuseport: bool) -> Option<Door> {
         let base = base_name(local);
-        for index in 0..MAX_DOORS {
-            let name = door_name(&base, index);
+        let solo = (!reuseport).then(|| solo_name(&base));
+        for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&base, i))) {
             match sys::seqpacket_listen(&name) {
                 Ok(fd) => {
                     // SAFETY: an OwnedFd owns its descriptor.
@@ -331,12 +399,10 @@ impl Door {
         let waiting = std::mem::take(&mut st.waiting);
         for w in waiting {
             match recv_frame(w.conn.as_fd()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if w.since.elapsed() < WAITING_TTL {
-                        st.waiting.push(w);
-                    }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && w.since.elapsed() < WAITING_TTL => {
+                    st.waiting.push(w);
                 }
-                Ok(Some((frame, fds))) if frame.kind == Kind::Register => st.register(w, frame, fds),
+                Ok(Some((frame, payload, fds))) if frame.kind == Kind::Register => st.register(w, frame, payload, fds),
                 // A closed connection, a message out of order or garbage: drop it.
                 _ => {}
             }
@@ -368,10 +434,9 @@ impl Door {
 }
 
 impl DoorState {
-    fn register(&mut self, w: Waiting, frame: Frame, fds: Vec<OwnedFd>) {
+    fn register(&mut self, w: Waiting, frame: Frame, proposal: Vec<u8>, fds: Vec<OwnedFd>) {
         let refuse = |conn: &OwnedFd, reason: DeclineReason| {
-            let f = Frame { kind: Kind::Unmatched, reason: reason as u8, instance: 0 };
-            let _ = sys::send_msg(conn.as_fd(), &f.encode());
+            let _ = send_frame(conn.as_fd(), Frame { kind: Kind::Unmatched, reason: reason as u8, instance: 0 }, &[]);
         };
         let [sock] = fds.as_slice() else {
             tracing::debug!(fds = fds.len(), "door registration without exactly one socket");
@@ -397,6 +462,7 @@ impl DoorState {
             conn: w.conn,
             cred: w.cred,
             instance: frame.instance,
+            proposal,
             since: Instant::now(),
         });
     }
@@ -413,7 +479,18 @@ impl DoorState {
                 && (e.bound.ip().is_unspecified() || e.bound.ip() == peer.ip())
                 && e.connected.is_none_or(|c| c == local)
         };
-        let n = list.iter().filter(|e| fits(e)).count();
+        let mut n = list.iter().filter(|e| fits(e)).count();
+        if n > 1 {
+            // Cancelled registrations the sweep has not reached yet (their client closed the
+            // door connection) stand in nobody's way.
+            let before = list.len();
+            list.retain(|e| {
+                !fits(e)
+                    || matches!(recv_frame(e.conn.as_fd()), Err(ref err) if err.kind() == io::ErrorKind::WouldBlock)
+            });
+            self.count -= before - list.len();
+            n = list.iter().filter(|e| fits(e)).count();
+        }
         if n == 0 {
             return None;
         }
@@ -434,11 +511,11 @@ impl DoorState {
             tracing::debug!(%peer, n = taken.len(), "several registrations for one port: all stay tcp");
             for e in taken {
                 let client = identity(&e);
-                Registration { conn: e.conn, client }.answer(Err(DeclineReason::SyncError));
+                Registration { conn: e.conn, client, proposal: e.proposal }.refuse(DeclineReason::SyncError);
             }
             return None;
         }
-        taken.pop().map(|e| Registration { client: identity(&e), conn: e.conn })
+        taken.pop().map(|e| Registration { client: identity(&e), conn: e.conn, proposal: e.proposal })
     }
 }
 
@@ -448,22 +525,30 @@ fn identity(e: &Entry) -> ClientIdentity {
 
 // ----- client --------------------------------------------------------------------------------
 
-/// What the door said about a registered connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The server has the connection and waits for the Proposal.
-    Matched,
-    /// The server will not do SMC on it (for this reason).
-    Unmatched(DeclineReason),
-    /// The door closed without a verdict (the listener went away).
-    Gone,
-    /// No verdict within the wait: cancelled; the connection is plain TCP.
-    TimedOut,
-}
-
-/// A client's registration at the doors of one address.
+/// A client's registration at the doors of one address (one per member of a reuseport group
+/// that has a door). Dropping it closes them: the registration is cancelled.
 pub(crate) struct ClientRegistration {
     doors: Vec<OwnedFd>,
+    port: PortClaim,
+}
+
+/// Ports of this process's registrations in flight. Our client sockets bind with
+/// `SO_REUSEPORT`, so two of them could share a port; a door that holds two registrations for
+/// one port cannot tell their connections apart and serves both as TCP. A port stays claimed
+/// until its handshake is over.
+static PORTS_IN_FLIGHT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+
+fn ports_in_flight() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u16>> {
+    PORTS_IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A port claimed for a registration in flight (see [`PORTS_IN_FLIGHT`]).
+struct PortClaim(u16);
+
+impl Drop for PortClaim {
+    fn drop(&mut self) {
+        ports_in_flight().remove(&self.0);
+    }
 }
 
 impl fmt::Debug for ClientRegistration {
@@ -488,11 +573,31 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<OwnedFd>, bool) {
     }
     let mut doors = Vec::new();
     let mut busy = false;
-    for base in &bases {
-        for index in 0..MAX_DOORS {
-            match sys::seqpacket_connect(&door_name(base, index)) {
+    // One socket serves every refused probe; a new one only after a door took it.
+    let mut probe: Option<OwnedFd> = None;
+    for (i, base) in bases.iter().enumerate() {
+        // A listener bound to exactly `dst` takes the connection before any wildcard one does.
+        if i > 0 && !doors.is_empty() {
+            break;
+        }
+        let names = std::iter::once(solo_name(base)).chain((0..MAX_DOORS).map(|i| door_name(base, i)));
+        for (index, name) in names.enumerate() {
+            let fd = match probe.take() {
+                Some(fd) => fd,
+                None => match sys::seqpacket_socket() {
+                    Ok(fd) => fd,
+                    Err(_) => return (doors, busy),
+                },
+            };
+            match sys::seqpacket_connect_with(fd, &name) {
                 Ok(fd) => match sys::peer_cred(fd.as_fd()) {
-                    Ok(cred) if trusted(cred.uid, allowed_uids) => doors.push(fd),
+                    Ok(cred) if trusted(cred.uid, allowed_uids) => {
+                        doors.push(fd);
+                        if index == 0 {
+                            // A solo listener has no siblings.
+                            break;
+                        }
+                    }
                     Ok(cred) => {
                         tracing::debug!(uid = cred.uid, door = %base, "door owned by an untrusted uid: not registering");
                         crate::stats::door_refused();
@@ -500,9 +605,18 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<OwnedFd>, bool) {
                     Err(_) => {}
                 },
                 // A door with a full queue: skip it (its listener is swamped; TCP it is there).
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => busy = true,
-                // No door at this index: the group ends here.
-                Err(_) => break,
+                Err((fd, e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    busy = true;
+                    probe = Some(fd);
+                }
+                // No solo door: look for a reuseport group's. No door at an index: the group
+                // ends here.
+                Err((fd, _)) => {
+                    probe = Some(fd);
+                    if index > 0 {
+                        break;
+                    }
+                }
             }
         }
     }
@@ -519,137 +633,184 @@ pub(crate) enum Registered {
     Busy,
 }
 
-/// Registers a connection to `dst` at its doors, if `dst` has any we trust.
-pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64) -> Registered {
+/// Registers a connection to `dst` at its doors, if `dst` has any we trust, with the CLC
+/// `proposal` it makes.
+pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64, proposal: &[u8]) -> Registered {
     let (mut doors, busy) = find_doors(dst, allowed_uids);
     if doors.is_empty() {
         return if busy { Registered::Busy } else { Registered::NoDoor };
     }
-    let sock = match sys::bound_tcp_socket(dst) {
+    let sock = match sys::bound_tcp_socket(dst, |p| ports_in_flight().contains(&p)) {
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
             return Registered::NoDoor;
         }
     };
-    let msg = Frame { kind: Kind::Register, reason: 0, instance }.encode();
+    let Some(port) = sock.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.port()) else {
+        return Registered::NoDoor;
+    };
+    // Claimed under the set's lock: another registration of ours that bound the same port
+    // meanwhile loses, and connects as plain TCP.
+    if !ports_in_flight().insert(port) {
+        return Registered::NoDoor;
+    }
+    let port = PortClaim(port);
+    let msg = Frame { kind: Kind::Register, reason: 0, instance }.encode(proposal);
     // A door that refused us meanwhile (an untrusted uid: it closed our connection) takes no
     // registration.
     doors.retain(|d| sys::send_with_fds(d.as_fd(), &msg, &[sock.as_fd()]).is_ok());
     if doors.is_empty() {
         return Registered::NoDoor;
     }
-    Registered::Yes(ClientRegistration { doors }, sock)
+    Registered::Yes(ClientRegistration { doors, port }, sock)
 }
 
 impl ClientRegistration {
-    /// Waits up to `wait` for the verdict (after the TCP connect completed). On `TimedOut`
-    /// the registration was cancelled.
-    pub(crate) async fn verdict(&mut self, wait: Duration) -> Verdict {
-        let deadline = tokio::time::Instant::now() + wait;
-        let doors = std::mem::take(&mut self.doors);
-        let mut open = vec![true; doors.len()];
-        let mut last_no = None;
-        // Registered with the reactor only if the verdict is not there at the first look.
-        let mut watched: Vec<AsyncFd<BorrowedFd<'_>>> = Vec::new();
-        let verdict = loop {
-            let mut matched = false;
-            for (i, d) in doors.iter().enumerate() {
-                if !open[i] {
-                    continue;
-                }
-                match recv_frame(d.as_fd()) {
-                    Ok(Some((f, _))) if f.kind == Kind::Matched => {
-                        open[i] = false;
-                        matched = true;
-                        break;
-                    }
-                    Ok(Some((f, _))) if f.kind == Kind::Unmatched => {
-                        last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
-                        open[i] = false;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    // Closed, or a message that makes no sense from a door: no verdict there.
-                    _ => open[i] = false,
-                }
-            }
-            if matched {
-                break Verdict::Matched;
-            }
-            if !open.contains(&true) {
-                break last_no.map_or(Verdict::Gone, Verdict::Unmatched);
-            }
-            if watched.is_empty() {
-                for d in &doors {
-                    // SAFETY: the borrowed descriptor stays open while registered: `doors`
-                    // outlives `watched`, which is dropped (deregistering) before `doors`.
-                    match unsafe { sys::register(d.as_fd(), Interest::READABLE) } {
-                        Ok(w) => watched.push(w),
-                        Err(_) => break,
-                    }
-                }
-                if watched.len() != doors.len() {
-                    break Verdict::TimedOut;
-                }
-                // Look again: a verdict that arrived before the registration is seen now.
-                continue;
-            }
-            let ready = std::future::poll_fn(|cx| {
-                for (i, w) in watched.iter().enumerate() {
-                    if open[i] {
-                        if let Poll::Ready(r) = w.poll_read_ready(cx) {
-                            if let Ok(mut g) = r {
-                                g.clear_ready();
-                            }
-                            return Poll::Ready(());
-                        }
-                    }
-                }
-                Poll::Pending
-            });
-            if tokio::time::timeout_at(deadline, ready).await.is_err() {
-                break Verdict::TimedOut;
-            }
-        };
-        drop(watched);
-        let cancel = Frame { kind: Kind::Cancel, reason: 0, instance: 0 }.encode();
-        let mut late_match = false;
-        for (d, still) in doors.iter().zip(&open) {
-            if *still {
-                let _ = sys::send_msg(d.as_fd(), &cancel);
-                if verdict == Verdict::TimedOut {
-                    // A verdict sent before the server read our cancel is in the queue now,
-                    // and binds us.
-                    if let Ok(Some((f, _))) = recv_frame(d.as_fd()) {
-                        late_match |= f.kind == Kind::Matched;
-                    }
-                }
-            }
-        }
-        if late_match {
-            Verdict::Matched
-        } else {
-            verdict
-        }
-    }
-
-    /// Gives the registration up (the connect failed or was abandoned).
-    pub(crate) fn cancel(mut self) {
-        self.cancel_all();
-    }
-
-    fn cancel_all(&mut self) {
-        let cancel = Frame { kind: Kind::Cancel, reason: 0, instance: 0 }.encode();
-        for d in self.doors.drain(..) {
-            let _ = sys::send_msg(d.as_fd(), &cancel);
-        }
+    /// The wire the rest of the handshake runs over, once the TCP connection is up. `token` is
+    /// the Proposal's: a door that answers "no handshake" reads to the machine as that
+    /// connection's Decline.
+    pub(crate) fn into_wire(self, token: Token) -> io::Result<ClientWire> {
+        let doors = self.doors.into_iter().map(|d| Some(DoorFd::Plain(d))).collect();
+        Ok(ClientWire { doors, chosen: None, token, last_no: None, _port: self.port })
     }
 }
 
-impl Drop for ClientRegistration {
-    fn drop(&mut self) {
-        // A connect dropped before its verdict: tell the doors, so they do not match a later
-        // connection from the same port to this registration.
-        self.cancel_all();
+/// The client's end of a handshake on the door (see [`Wire`]). Until a door answers, every door
+/// of the address is listened to (the connection reached one member of a reuseport group);
+/// the first to answer is the one, and the others are closed (cancelled).
+pub(crate) struct ClientWire {
+    doors: Vec<Option<DoorFd>>,
+    chosen: Option<usize>,
+    token: Token,
+    last_no: Option<DeclineReason>,
+    _port: PortClaim,
+}
+
+impl fmt::Debug for ClientWire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientWire").field("chosen", &self.chosen).finish_non_exhaustive()
+    }
+}
+
+/// A client's door connection, registered with the reactor only once it has to be waited for
+/// (the answer is often there by the time the TCP connect completes).
+enum DoorFd {
+    Plain(OwnedFd),
+    Watched(AsyncFd<OwnedFd>),
+}
+
+impl DoorFd {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            DoorFd::Plain(fd) => fd.as_fd(),
+            DoorFd::Watched(a) => a.get_ref().as_fd(),
+        }
+    }
+
+    /// Registers the descriptor in `slot` with the reactor (once).
+    fn watch(slot: &mut Option<DoorFd>) -> io::Result<()> {
+        *slot = match slot.take() {
+            // SAFETY: the OwnedFd owns its descriptor and moves into the AsyncFd.
+            Some(DoorFd::Plain(fd)) => Some(DoorFd::Watched(unsafe { sys::register(fd, Interest::READABLE) }?)),
+            other => other,
+        };
+        Ok(())
+    }
+}
+
+impl ClientWire {
+    /// Whether a door has answered (a handshake is under way with its listener).
+    pub(crate) fn answered(&self) -> bool {
+        self.chosen.is_some()
+    }
+
+    /// Reads what door `i` has; `Some` ends the wait.
+    fn take(&mut self, i: usize) -> Option<io::Result<Option<Vec<u8>>>> {
+        let d = self.doors[i].as_ref()?;
+        match recv_frame(d.fd()) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            Ok(Some((f, payload, _))) if f.kind == Kind::Clc => {
+                if self.chosen.is_none() {
+                    self.chosen = Some(i);
+                    // The connection is this door's listener's: cancel the others.
+                    for (j, d) in self.doors.iter_mut().enumerate() {
+                        if j != i {
+                            *d = None;
+                        }
+                    }
+                }
+                Some(Ok(Some(payload)))
+            }
+            Ok(Some((f, _, _))) if f.kind == Kind::Unmatched && self.chosen.is_none() => {
+                self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
+                self.doors[i] = None;
+                self.all_said_no()
+            }
+            // Closed, or nonsense from a door: nothing more from it.
+            _ => {
+                self.doors[i] = None;
+                if self.chosen == Some(i) {
+                    return Some(Ok(None));
+                }
+                self.all_said_no()
+            }
+        }
+    }
+
+    /// When every door has refused or closed: their "no", as a Decline for the machine, or
+    /// the end of the stream.
+    fn all_said_no(&self) -> Option<io::Result<Option<Vec<u8>>>> {
+        if self.doors.iter().any(Option::is_some) {
+            return None;
+        }
+        Some(Ok(self
+            .last_no
+            .map(|reason| ClcMessage::Decline(Decline { token: self.token, reason }).encode().unwrap_or_default())))
+    }
+}
+
+impl Wire for ClientWire {
+    async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
+        // The client speaks only after a door answered.
+        let d = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
+        match send_frame(d.fd(), Frame { kind: Kind::Clc, reason: 0, instance: 0 }, msg) {
+            // The server closed the door: it did so after its final word, which is still
+            // queued for us to read; what we sent is moot.
+            Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),
+            r => r,
+        }
+    }
+
+    async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            for i in 0..self.doors.len() {
+                if let Some(r) = self.take(i) {
+                    return r;
+                }
+            }
+            if let Some(r) = self.all_said_no() {
+                return r;
+            }
+            // Wait until a door has something (readiness is edge-triggered: clear it only
+            // where the read found nothing, which the next round checks again). Registering a
+            // descriptor that is already readable reports it at once.
+            for d in self.doors.iter_mut() {
+                DoorFd::watch(d)?;
+            }
+            std::future::poll_fn(|cx| {
+                for d in self.doors.iter().flatten() {
+                    let DoorFd::Watched(d) = d else { continue };
+                    if let Poll::Ready(r) = d.poll_read_ready(cx) {
+                        if let Ok(mut g) = r {
+                            g.clear_ready();
+                        }
+                        return Poll::Ready(());
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+        }
     }
 }

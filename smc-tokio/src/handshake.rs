@@ -167,3 +167,83 @@ pub(crate) async fn flush<M: Machine>(tcp: &mut TcpStream, m: &mut M) -> io::Res
     }
     Ok(())
 }
+
+/// A message channel a handshake can run over instead of the TCP stream: the door connection
+/// of a same-host client (each CLC message one `SOCK_SEQPACKET` datagram).
+pub(crate) trait Wire {
+    /// Sends one CLC message.
+    async fn send(&mut self, msg: &[u8]) -> io::Result<()>;
+    /// The peer's next CLC message; `None` when the peer closed (or cancelled).
+    async fn recv(&mut self) -> io::Result<Option<Vec<u8>>>;
+}
+
+/// As [`advance`], over a message [`Wire`]: each message received is fed to the machine whole.
+/// Bytes past a message's end (a peer that packed more into one datagram) are an error.
+pub(crate) async fn advance_wire<M: Machine, W: Wire>(w: &mut W, m: &mut M) -> io::Result<Step<M::Event>> {
+    loop {
+        while let Some(bytes) = m.poll_transmit() {
+            w.send(&bytes).await?;
+        }
+        if let Some(o) = m.outcome() {
+            return Ok(Step::Done(o.clone()));
+        }
+        if let Some(ev) = m.poll_event() {
+            return Ok(Step::Event(ev));
+        }
+        let Some(deadline) = m.poll_timeout() else {
+            return Err(io::Error::other("handshake machine has no deadline"));
+        };
+        if m.wanted() == 0 {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
+            m.handle_timeout(Instant::now().max(deadline));
+            continue;
+        }
+        match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), w.recv()).await {
+            Ok(Ok(Some(msg))) => {
+                let now = Instant::now();
+                let mut at = 0;
+                while at < msg.len() && m.wanted() > 0 {
+                    let n = m.wanted().min(msg.len() - at);
+                    at += m.handle_input(&msg[at..at + n], now);
+                }
+                if at < msg.len() {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, "handshake message of the wrong length"));
+                }
+            }
+            Ok(Ok(None)) => {
+                m.handle_input(&[], Instant::now());
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => m.handle_timeout(Instant::now().max(deadline)),
+        }
+    }
+}
+
+/// Where a handshake runs: the TCP stream itself (in-band), or a message [`Wire`] beside it.
+pub(crate) enum Channel<'a, W> {
+    Tcp(&'a mut TcpStream),
+    Wire(&'a mut W),
+}
+
+impl<W: Wire> Channel<'_, W> {
+    /// [`advance`] or [`advance_wire`], as the channel is.
+    pub(crate) async fn advance<M: Machine>(&mut self, m: &mut M) -> io::Result<Step<M::Event>> {
+        match self {
+            Channel::Tcp(t) => advance(t, m).await,
+            Channel::Wire(w) => advance_wire(*w, m).await,
+        }
+    }
+
+    /// Sends what the machine still has to send.
+    pub(crate) async fn flush<M: Machine>(&mut self, m: &mut M) -> io::Result<()> {
+        match self {
+            Channel::Tcp(t) => flush(t, m).await,
+            Channel::Wire(w) => {
+                while let Some(b) = m.poll_transmit() {
+                    w.send(&b).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

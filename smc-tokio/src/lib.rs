@@ -64,6 +64,11 @@ pub mod config;
 mod connect;
 mod door;
 mod error;
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub mod faults;
+#[cfg(not(feature = "test-util"))]
+mod faults;
 #[cfg(any(feature = "fuzzing", test))]
 #[doc(hidden)]
 pub mod fuzzing;

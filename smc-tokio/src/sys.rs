@@ -352,8 +352,22 @@ pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 /// sockets connect at once or fail (ECONNREFUSED when nobody listens there, which is what a
 /// client in another network namespace sees).
 pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
-    let fd = seqpacket()?;
-    let (addr, len) = abstract_addr(name)?;
+    seqpacket_connect_with(seqpacket()?, name).map_err(|(_, e)| e)
+}
+
+/// A fresh (unconnected) SOCK_SEQPACKET socket, for [`seqpacket_connect_with`].
+pub(crate) fn seqpacket_socket() -> io::Result<OwnedFd> {
+    seqpacket()
+}
+
+/// As [`seqpacket_connect`], with a socket the caller made: a failed connect hands it back, and
+/// it can be tried on another name (a refused connect leaves a Unix socket unconnected), so
+/// probing several names costs one socket.
+pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd, (OwnedFd, io::Error)> {
+    let (addr, len) = match abstract_addr(name) {
+        Ok(a) => a,
+        Err(e) => return Err((fd, e)),
+    };
     loop {
         // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
         let r = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
@@ -362,9 +376,9 @@ pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // A full backlog: the listener is there but busy.
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, e))
+                return Err((fd, io::Error::new(io::ErrorKind::WouldBlock, e)))
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err((fd, e)),
         }
     }
 }
@@ -582,11 +596,14 @@ pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// The automatic port range (first, last) and the reserved ranges in it.
+type PortRange = (u16, u16, Vec<(u16, u16)>);
+
 /// The local port range for automatic ports (`/proc/sys/net/ipv4/ip_local_port_range`, which
 /// governs IPv6 too), and the ports reserved from it (`ip_local_reserved_ports`), read once.
 /// Linux's defaults when the files cannot be read: 32768..=60999, nothing reserved.
-fn port_range() -> &'static (u16, u16, Vec<(u16, u16)>) {
-    static R: std::sync::OnceLock<(u16, u16, Vec<(u16, u16)>)> = std::sync::OnceLock::new();
+fn port_range() -> &'static PortRange {
+    static R: std::sync::OnceLock<PortRange> = std::sync::OnceLock::new();
     R.get_or_init(|| {
         let nums = |s: &str| s.split_whitespace().filter_map(|w| w.parse::<u16>().ok()).collect::<Vec<_>>();
         let (lo, hi) = match std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").map(|s| nums(&s)) {
@@ -634,16 +651,31 @@ fn next_port() -> u16 {
     port
 }
 
+/// A random port of the automatic range (reserved ones skipped).
+fn random_port() -> u16 {
+    let (lo, hi, reserved) = port_range();
+    let span = u64::from(*hi - *lo) + 1;
+    let mut port = *lo;
+    for _ in 0..16 {
+        port = (u64::from(*lo) + crate::smc::manager::random_u64() % span) as u16;
+        if !reserved.iter().any(|(a, b)| (*a..=*b).contains(&port)) {
+            break;
+        }
+    }
+    port
+}
+
 /// How many ports [`bound_tcp_socket`] tries before it gives up.
 const BIND_ATTEMPTS: usize = 64;
 
 /// A non-blocking TCP socket for a connection to `dst`, bound to the wildcard address and a
-/// port of this process's choosing, before it connects, so that the port can be registered at
+/// port of this process's choosing (never one `taken` says is in use by another of its
+/// registrations: `SO_REUSEPORT` would let it share one), before it connects, so that the port can be registered at
 /// a listener's door. `SO_REUSEPORT` lets it bind over this process's own connections in
 /// TIME_WAIT (which would otherwise exhaust the ports at high connection rates) while the
 /// kernel keeps every other uid off the port as long as the socket lives (a reuseport group
 /// is one uid's); `SO_REUSEADDR` stays off, since it would let any uid share the port.
-pub(crate) fn bound_tcp_socket(dst: SocketAddr) -> io::Result<socket2::Socket> {
+pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> io::Result<socket2::Socket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let (domain, any): (Domain, IpAddr) = match dst {
         SocketAddr::V4(_) => (Domain::IPV4, Ipv4Addr::UNSPECIFIED.into()),
@@ -652,8 +684,14 @@ pub(crate) fn bound_tcp_socket(dst: SocketAddr) -> io::Result<socket2::Socket> {
     let sock = Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP))?;
     sock.set_reuse_port(true)?;
     let mut last = None;
-    for _ in 0..BIND_ATTEMPTS {
-        match sock.bind(&SocketAddr::new(any, next_port()).into()) {
+    for attempt in 0..BIND_ATTEMPTS {
+        // The cursor first; after a conflict, anywhere: ports held by other sockets (plain
+        // connections in TIME_WAIT, whose ports the kernel hands out in runs) come in runs too.
+        let port = if attempt == 0 { next_port() } else { random_port() };
+        if taken(port) {
+            continue;
+        }
+        match sock.bind(&SocketAddr::new(any, port).into()) {
             Ok(()) => return Ok(sock),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
             Err(e) => return Err(e),
@@ -666,31 +704,30 @@ pub(crate) fn bound_tcp_socket(dst: SocketAddr) -> io::Result<socket2::Socket> {
 /// if it has connected by now (the server reads registrations lazily), its peer's. Refused:
 /// anything but a bound TCP socket, a listening socket, and `SO_REUSEADDR`.
 pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<(SocketAddr, Option<SocketAddr>), &'static str> {
-    let opt = |level: libc::c_int, name: libc::c_int| -> Option<libc::c_int> {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
-        let r = unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
-        (r == 0).then_some(v)
-    };
-    match opt(libc::SOL_SOCKET, libc::SO_DOMAIN) {
-        Some(libc::AF_INET | libc::AF_INET6) => {}
-        _ => return Err("not an internet socket"),
-    }
-    if opt(libc::SOL_SOCKET, libc::SO_TYPE) != Some(libc::SOCK_STREAM)
-        || opt(libc::SOL_SOCKET, libc::SO_PROTOCOL) != Some(libc::IPPROTO_TCP)
-    {
-        return Err("not a tcp socket");
-    }
-    if opt(libc::SOL_SOCKET, libc::SO_REUSEADDR) != Some(0) {
-        return Err("SO_REUSEADDR would let another uid share its port");
-    }
+    // TCP_INFO answers only on a TCP stream socket (EOPNOTSUPP or ENOPROTOOPT on anything else).
     match tcp_state(fd) {
-        Some(TCP_LISTEN) | None => return Err("a listening socket"),
+        None => return Err("not a tcp socket"),
+        Some(TCP_LISTEN) => return Err("a listening socket"),
         Some(_) => {}
     }
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || v != 0 {
+        return Err("SO_REUSEADDR would let another uid share its port");
+    }
     let sock = socket2::SockRef::from(&fd);
-    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).ok_or("no local address")?;
+    // An inet address (AF_INET or AF_INET6) or nothing: the family is checked here.
+    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).ok_or("not an internet socket")?;
     if local.port() == 0 {
         return Err("not bound to a port");
     }
@@ -818,12 +855,12 @@ mod door_tests {
     #[test]
     fn a_bound_client_socket_is_registrable_and_others_are_not() {
         let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let s = bound_tcp_socket(dst).unwrap();
+        let s = bound_tcp_socket(dst, |_| false).unwrap();
         let (bound, peer) = registrable_socket(s.as_fd()).expect("our own client socket");
         assert!(bound.ip().is_unspecified() && bound.port() != 0 && peer.is_none());
         // Connected by the time the server looks: its peer is known.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = bound_tcp_socket(dst).unwrap();
+        let c = bound_tcp_socket(dst, |_| false).unwrap();
         let _ = c.connect(&l.local_addr().unwrap().into());
         std::thread::sleep(std::time::Duration::from_millis(50));
         let (bound, peer) = registrable_socket(c.as_fd()).expect("a connected client socket");

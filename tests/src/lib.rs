@@ -117,3 +117,19 @@ where
         panic!("echo differs first at byte {i}");
     }
 }
+
+/// Whether this test process runs as root, which tests that run a peer as another uid (or set
+/// up network namespaces) need. When it does not, the test fails with a clear message unless
+/// `SMC_TOKIO_SKIP_ROOT_TESTS=1` says to skip such tests (so a skip is always a decision, never
+/// a silent pass); returns whether the test should go on.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("SMC_TOKIO_SKIP_ROOT_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED {test}: needs root (SMC_TOKIO_SKIP_ROOT_TESTS=1)");
+        return false;
+    }
+    panic!("{test} needs root (it runs a peer as another uid); run the tests as root, or set SMC_TOKIO_SKIP_ROOT_TESTS=1 to skip it");
+}

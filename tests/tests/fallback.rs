@@ -198,7 +198,7 @@ async fn smc_client_opted_in_against_plain_echo_server_reconnects_and_caches() {
     let s = bounded(10, b.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NegativeCache));
     bounded(30, echo_check(s, &data, 8192, 4)).await;
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 3, "the proposal's connection, then two plain ones");
     assert!(seen[0].starts_with(&smc_tokio::proto::clc::CLC_EYECATCHER));
     assert_eq!(seen[1], data);

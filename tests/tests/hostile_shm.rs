@@ -430,9 +430,10 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     by.check("after the wrong tokens").await;
 }
 
-/// A fake server (door included) that matches the client's registration, accepts with shm and
-/// answers the client's JOIN with `welcome_fds` (and `status`, `group` in the WELCOME), then
-/// expects the client's Decline, answers it, and echoes over TCP.
+/// A fake server (door included) that takes the client's registration, accepts its Proposal
+/// with shm on the door and answers the client's JOIN with `welcome_fds` (and `status`, `group`
+/// in the WELCOME), then expects the client's Decline on the door, answers it, and echoes over
+/// TCP, which carried nothing of the handshake.
 async fn hostile_server(
     what: &'static str,
     status: u32,
@@ -443,12 +444,11 @@ async fn hostile_server(
     let addr = l.local_addr().unwrap();
     let door = hostile::fake_door(addr);
     let task = tokio::spawn(async move {
-        let (door_conn, port, _instance) =
+        let (door_conn, port, _instance, p) =
             tokio::task::spawn_blocking(move || hostile::accept_registration(door.as_fd())).await.unwrap().unwrap();
-        let (mut c, peer) = l.accept().await.unwrap();
+        let (c, peer) = l.accept().await.unwrap();
         assert_eq!(peer.port(), port, "{what}: the registered socket connected");
-        hostile::send_fds(door_conn.as_fd(), &hostile::door_frame(hostile::DOOR_MATCHED, 0, 0), &[]).unwrap();
-        let ClcMessage::Proposal(p) = hostile::read_clc(&mut c).await.unwrap() else { panic!("{what}: no proposal") };
+        let ClcMessage::Proposal(p) = p else { panic!("{what}: no proposal") };
         let offer = p.shm.expect("the client offers shm");
         assert_eq!(offer.link_group, 0, "{what}: no group yet with this server");
         let group = 0x1000 + u64::from(addr.port());
@@ -458,7 +458,7 @@ async fn hostile_server(
             token: p.token,
             link: LinkInfo::Shm(ShmLinkInfo { link_group: group, rmb_slot: 0, rmb_size: RMB, socket_name: name }),
         };
-        hostile::send_clc(&mut c, ClcMessage::Accept(accept)).await.unwrap();
+        hostile::door_send_clc(&door_conn, &ClcMessage::Accept(accept)).unwrap();
         let token = p.token;
         let make_fds = std::sync::Arc::new(make_fds);
         tokio::task::spawn_blocking(move || {
@@ -477,13 +477,15 @@ async fn hostile_server(
             // Keep the side channel open until the client gives up on it.
             let _ = hostile::side_eof(s.as_fd());
         });
-        let reply = hostile::read_clc(&mut c).await.unwrap();
+        let reply = hostile::door_recv_clc(&door_conn).await.unwrap().expect("the client answers the accept");
         if let ClcMessage::Decline(d) = &reply {
             // The client waits for our final word after its Decline.
-            hostile::send_clc(&mut c, ClcMessage::Decline(*d)).await.unwrap();
+            hostile::door_send_clc(&door_conn, &ClcMessage::Decline(*d)).unwrap();
         }
-        let (mut rd, mut wr) = c.into_split();
+        let mut c = c;
+        let (mut rd, mut wr) = c.split();
         let _ = tokio::io::copy(&mut rd, &mut wr).await;
+        drop(door_conn);
         reply
     });
     (addr, task)

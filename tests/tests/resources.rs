@@ -15,7 +15,6 @@ use smc_tokio::proto::clc::{ClcMessage, DeclineReason, Proposal};
 use smc_tokio::{SmcListener, SmcStream, Transport};
 use tests::{bounded, open_fds};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 /// Descriptors by kind (what `/proc/self/fd` links to).
 fn fd_kinds() -> std::collections::BTreeMap<String, usize> {
@@ -186,24 +185,24 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     // ----- pending handshakes -----
     tokio::time::sleep(Duration::from_millis(800)).await;
     let pbase = settle().await;
-    // (a) 100 clients that registered at the door, then sent half a proposal and stall: one
-    // task and one socket each (plus our own 100 client sockets, as the clients are in this
-    // process); the door connections are closed once the verdict is out.
+    // (a) 100 clients that registered at the door with half a proposal and stall: one task, one
+    // socket and one door connection each on the server (plus our own 100 client sockets and
+    // door connections, as the clients are in this process).
     let p = ClcMessage::Proposal(Proposal { token: hostile::random_token(), rmb_size: 0, shm: None, rdma: None })
         .encode()
         .unwrap();
     let mut stalled = Vec::new();
     for i in 0..100 {
-        let (mut c, verdict) = hostile::register_and_connect(addr, 300_000 + i).await.unwrap();
-        assert_eq!(verdict, hostile::DOOR_MATCHED);
-        c.write_all(&p[..p.len() / 2]).await.unwrap();
-        stalled.push(c);
+        stalled.push(hostile::register_and_connect(addr, 300_000 + i, &p[..p.len() / 2]).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let stalled_fds = report("100 stalled handshakes (100 client + 100 server sockets)", pbase);
-    assert_eq!(stalled_fds - pbase, 200);
+    let stalled_fds = report("100 stalled handshakes (100 sockets + 100 door connections on each side)", pbase);
+    assert_eq!(stalled_fds - pbase, 400);
     drop(stalled);
     tokio::time::sleep(Duration::from_millis(800)).await;
+    // Their stream carried nothing of the handshake, so the server handed them out as TCP once
+    // they timed out; they are parked in the channel: let them go.
+    while rx.try_recv().is_ok() {}
     let pbase = settle().await;
     // (b) 20 proposals answered with an Accept, then declined by the client: the pending link
     // group each one set up (our region memfd + doorbell socket pair, mapped) is dropped as soon as
@@ -216,12 +215,13 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     }
     // The server drops each group after it has read the Decline: wait (bounded) for that.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while open_fds() - pbase > 40 && std::time::Instant::now() < deadline {
+    while open_fds() - pbase > 60 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let declined = report("20 accepted-then-declined handshakes (20 client + 20 server sockets)", pbase);
     eprintln!("RESOURCES pending groups: {} descriptors beyond the 40 sockets", declined - pbase - 40);
-    assert_eq!(declined - pbase, 40, "a declined handshake's pending group is dropped at once");
+    // (Our 20 door connections are still open; the server closed its ends after its answer.)
+    assert_eq!(declined - pbase, 40 + 20, "a declined handshake's pending group is dropped at once");
     drop(hs);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The declined connections were handed out as TCP and parked in the channel: let them go.

@@ -133,6 +133,7 @@ impl InbandGuard {
         loop {
             match st.phase {
                 Phase::Done => {
+                    let _ = flush_reply(tcp, &mut st);
                     self.finish(&mut st);
                     return None;
                 }
@@ -182,33 +183,81 @@ impl InbandGuard {
                     Err(e) => return Some(Poll::Ready(Err(e))),
                 }
             }
-            match self.decide(&mut st, tcp) {
-                Some(()) => continue,
-                None => {
-                    // More bytes are needed.
-                    let mut tmp = [0u8; CLC_MAX_LEN];
-                    let room = CLC_MAX_LEN.saturating_sub(st.held.len()).max(1);
-                    match tcp.try_read(&mut tmp[..room]) {
-                        Ok(0) => st.phase = Phase::Deliver,
-                        Ok(n) => st.held.extend_from_slice(&tmp[..n]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            if st.held.len() < CLC_HEADER_LEN {
-                                let timer =
-                                    st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARTIAL_WAIT)));
-                                if timer.as_mut().poll(cx).is_ready() {
-                                    st.phase = Phase::Deliver;
-                                    continue;
-                                }
-                            }
-                            match tcp.poll_read_ready(cx) {
-                                Poll::Ready(Ok(())) => continue,
-                                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                                Poll::Pending => return Some(Poll::Pending),
-                            }
+            match self.poll_decide(cx, &mut st, tcp) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                Poll::Pending => return Some(Poll::Pending),
+            }
+        }
+    }
+
+    /// A peek through the guard: the bytes the next read would return, without taking them.
+    /// `None`: the guard is done; peek at the socket directly.
+    pub(crate) fn poll_peek(
+        &self,
+        cx: &mut Context<'_>,
+        tcp: &TcpStream,
+        buf: &mut ReadBuf<'_>,
+    ) -> Option<Poll<io::Result<usize>>> {
+        if !self.is_active() {
+            return None;
+        }
+        let mut st = self.lock();
+        loop {
+            match st.phase {
+                Phase::Done => {
+                    let _ = flush_reply(tcp, &mut st);
+                    self.finish(&mut st);
+                    return None;
+                }
+                Phase::Deliver => {
+                    let n = (st.held.len() - st.at).min(buf.remaining());
+                    buf.put_slice(&st.held[st.at..st.at + n]);
+                    return Some(Poll::Ready(Ok(n)));
+                }
+                Phase::Undecided => {}
+            }
+            let _ = flush_reply(tcp, &mut st);
+            match self.poll_decide(cx, &mut st, tcp) {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+                Poll::Pending => return Some(Poll::Pending),
+            }
+        }
+    }
+
+    /// Reads into the held bytes until they decide (a message taken, or data), or the socket
+    /// has nothing more for now (`Pending`, woken by readiness or the partial-prefix timer).
+    fn poll_decide(&self, cx: &mut Context<'_>, st: &mut State, tcp: &TcpStream) -> Poll<io::Result<()>> {
+        loop {
+            if !st.held.is_empty() && self.decide(st, tcp).is_some() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut tmp = [0u8; CLC_MAX_LEN];
+            let room = CLC_MAX_LEN.saturating_sub(st.held.len()).max(1);
+            match tcp.try_read(&mut tmp[..room]) {
+                Ok(0) => {
+                    // The end of the stream: whatever is held is data (nothing at all: the
+                    // application reads the end).
+                    st.phase = if st.held.is_empty() { Phase::Done } else { Phase::Deliver };
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(n) => st.held.extend_from_slice(&tmp[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !st.held.is_empty() && st.held.len() < CLC_HEADER_LEN {
+                        let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARTIAL_WAIT)));
+                        if timer.as_mut().poll(cx).is_ready() {
+                            st.phase = Phase::Deliver;
+                            return Poll::Ready(Ok(()));
                         }
-                        Err(e) => return Some(Poll::Ready(Err(e))),
+                    }
+                    match tcp.poll_read_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
                     }
                 }
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
     }

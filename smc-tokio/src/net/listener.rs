@@ -510,7 +510,10 @@ impl SmcListener {
         let cfg = overrides.resolve();
         let door = match (cfg.policy, &local) {
             (Policy::TcpOnly, _) => None,
-            (_, Ok(local)) => Door::open(*local, cfg.shm.allowed_uids.clone()),
+            (_, Ok(local)) => {
+                let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
+                Door::open(*local, cfg.shm.allowed_uids.clone(), reuseport)
+            }
             (_, Err(e)) => {
                 tracing::warn!(error = %e, "listener without a local address: serving tcp only");
                 None

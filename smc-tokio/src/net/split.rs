@@ -47,6 +47,16 @@ pub(crate) fn split(stream: &mut SmcStream) -> (ReadHalf<'_>, WriteHalf<'_>) {
 }
 
 impl ReadHalf<'_> {
+    /// Receives data without removing it from the queue; see [`SmcStream::peek`].
+    pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream().peek(buf).await
+    }
+
+    /// Polls for data to peek at; see [`SmcStream::poll_peek`].
+    pub fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        self.stream().poll_peek(cx, buf)
+    }
+
     /// The stream this half belongs to.
     pub fn stream(&self) -> &SmcStream {
         self.0

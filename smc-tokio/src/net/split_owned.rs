@@ -87,6 +87,16 @@ impl OwnedReadHalf {
         }
     }
 
+    /// Receives data without removing it from the queue; see [`SmcStream::peek`].
+    pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.peek(buf).await
+    }
+
+    /// Polls for data to peek at; see [`SmcStream::poll_peek`].
+    pub fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        self.inner.poll_peek(cx, buf)
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.inner.peer_addr()

@@ -262,6 +262,57 @@ impl SmcStream {
         r
     }
 
+    /// Receives data without removing it from the queue: the next read returns the same bytes.
+    /// Resolves to the number of bytes copied into `buf` (0 at the end of the stream), waiting
+    /// until there is at least one, as [`TcpStream::peek`] does. Over SMC the bytes are copied
+    /// from the receive ring and stay there.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// tokio::spawn(async move {
+    ///     let (mut c, _) = listener.accept().await?;
+    ///     c.write_all(b"hello").await
+    /// });
+    /// let mut s = SmcStream::connect(addr).await?;
+    /// let mut b = [0u8; 5];
+    /// let n = s.peek(&mut b).await?;
+    /// assert_eq!(&b[..n], &b"hello"[..n]);
+    /// s.read_exact(&mut b).await?; // the peeked bytes are still there
+    /// assert_eq!(&b, b"hello");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            let mut rb = ReadBuf::new(buf);
+            self.poll_peek(cx, &mut rb)
+        })
+        .await
+    }
+
+    /// Polls for data to peek at; see [`peek`](SmcStream::peek). On `Ready(Ok(n))` the first `n`
+    /// bytes of `buf`'s unfilled part hold the data and are marked filled. As with
+    /// [`TcpStream::poll_peek`], only the waker of the most recent call is woken.
+    pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        if let Some(s) = &self.smc {
+            return s.conn.poll_peek(cx, buf);
+        }
+        if let Some(g) = &self.inband {
+            if let Some(p) = g.poll_peek(cx, &self.tcp, buf) {
+                return p;
+            }
+        }
+        self.tcp.poll_peek(cx, buf)
+    }
+
     fn moved(&self, sent: bool, n: usize) {
         stats::bytes(self.transport, sent, n);
         // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.

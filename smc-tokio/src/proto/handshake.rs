@@ -320,6 +320,12 @@ impl ClientHandshake {
         }
     }
 
+    /// Whether this side has confirmed an Accept (it waits for, or has had, the server's final
+    /// word). Before that, a client may still walk away and use the connection as TCP.
+    pub fn has_confirmed(&self) -> bool {
+        matches!(self.state, ClientState::AwaitFinal(Answer::Confirmed { .. }) | ClientState::Done(Outcome::Smc { .. }))
+    }
+
     /// Whether the next byte from the server is the first of its reply to the Proposal. A
     /// driver that may meet a server which handed the connection to its application (and so
     /// will send application bytes instead) looks at that byte without taking it, and calls

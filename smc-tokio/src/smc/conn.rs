@@ -206,6 +206,69 @@ impl SmcConn {
         Poll::Pending
     }
 
+    /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
+    /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
+    pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        for attempt in 0..2 {
+            let mut st = self.lock();
+            if let Some(e) = &st.error {
+                return Poll::Ready(Err(e.to_io()));
+            }
+            let avail = st.engine.rx_available();
+            if avail > 0 {
+                let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
+                return Poll::Ready(self.copy_peek(&mut st, buf, n));
+            }
+            if st.engine.peer_aborted() {
+                return Poll::Ready(Err(ConnError::Reset.to_io()));
+            }
+            if st.engine.rx_eof() {
+                return Poll::Ready(Ok(0));
+            }
+            if attempt == 0 {
+                drop(st);
+                self.spin_for_frames();
+                self.group.progress();
+                continue;
+            }
+            st.rx_waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Copies `n` available bytes from the receive ring without consuming them. Bytes that came
+    /// inline are in the ring too (the peer wrote them there, or, on verbs, we placed them), so
+    /// the ring is read throughout.
+    fn copy_peek(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32) -> io::Result<usize> {
+        let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
+            return Err(io::Error::other("smc connection read before it was established"));
+        };
+        let Some(spans) = st.engine.rx_spans(n) else {
+            return Err(io::Error::other("rx span"));
+        };
+        let mut done = 0usize;
+        for (off, len) in spans {
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: rmb_read writes exactly `len` bytes into this part of the unfilled region
+            // (or fails without claiming them); they are marked initialized only afterwards.
+            let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
+            if let Err(e) = link.rmb_read(link.rx_rmb(self.our_token, peer_token), off, dst) {
+                self.fail_locked(st, ConnError::Link(e.clone()));
+                return Err(ConnError::Link(e).to_io());
+            }
+            done += len as usize;
+        }
+        // SAFETY: the first `done` unfilled bytes were written by rmb_read above.
+        unsafe { buf.assume_init(done) };
+        buf.advance(done);
+        Ok(done)
+    }
+
     fn spin_for_frames(&self) {
         let Some(link) = self.group.link() else {
             return;

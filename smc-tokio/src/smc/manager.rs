@@ -59,6 +59,7 @@ impl AcceptorSlot {
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
+        let own_name = name.clone();
         let task = tokio::spawn(async move {
             let _flag = flag;
             loop {
@@ -67,7 +68,7 @@ impl AcceptorSlot {
                 };
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
                     Ok(Ok(fd)) => {
-                        tokio::spawn(manager.serve_join(fd, timeout));
+                        tokio::spawn(manager.serve_join(fd, timeout, own_name.clone()));
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "side-channel accept");
@@ -90,6 +91,9 @@ impl AcceptorSlot {
 /// A server-side group: who it is for, and our half until the peer joins.
 struct ServerGroup {
     group: Arc<LinkGroup>,
+    /// The side channel (one per listener) it was set up under: a group serves one listener,
+    /// and is joined only through its side channel.
+    acceptor: Vec<u8>,
     pid: u32,
     instance: u64,
     peer_rmb_size: u32,
@@ -331,7 +335,8 @@ impl Manager {
         let group = {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
             let same_client = |g: &&ServerGroup| {
-                g.pid == client.pid
+                g.acceptor == name
+                    && g.pid == client.pid
                     && g.instance == client.instance
                     && g.peer_rmb_size == p.rmb_size
                     && g.group.is_alive()
@@ -369,6 +374,7 @@ impl Manager {
                         id,
                         ServerGroup {
                             group: group.clone(),
+                            acceptor: name.clone(),
                             pid: client.pid,
                             instance: client.instance,
                             peer_rmb_size: p.rmb_size,
@@ -424,11 +430,15 @@ impl Manager {
         }
     }
 
-    async fn serve_join(&'static self, fd: std::os::fd::OwnedFd, timeout: Duration) {
+    async fn serve_join(&'static self, fd: std::os::fd::OwnedFd, timeout: Duration, acceptor: Vec<u8>) {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
-            let g = s.groups.get_mut(&join.link_group).ok_or(JoinRefused::UnknownGroup)?;
+            let g = s
+                .groups
+                .get_mut(&join.link_group)
+                .filter(|g| g.acceptor == acceptor)
+                .ok_or(JoinRefused::UnknownGroup)?;
             if !g.group.has_join_token(join.token) {
                 return Err(JoinRefused::UnknownGroup);
             }

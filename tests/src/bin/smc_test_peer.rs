@@ -11,12 +11,20 @@
 //!                              TCP connection (connect(AF_UNSPEC): an RST), echo-check 1 MiB on
 //!                              B, print "B OK", then stay alive (the side channel stays open)
 //! smc-test-peer hold-clients ADDR N   open N connections, print "READY", hold them until killed
+//! smc-test-peer storm-serve   listen, print "PORT <n>", echo 1 KiB per connection; on each
+//!                              stdin line print "CONNS c SMC s PROPOSALS p" (p: connections
+//!                              whose first bytes reached the application as a CLC eyecatcher)
+//! smc-test-peer squat NAME SECS        bind the abstract SOCK_SEQPACKET name NAME (a door's),
+//!                              accept for SECS, print "SQUAT conns=C bytes=B fds=F"
+//! smc-test-peer claim ADDR PORT SECS   as a door attacker: try to bind PORT (the victim's) with
+//!                              SO_REUSEPORT, register a socket of its own at ADDR's door, print
+//!                              "CLAIM victim_port=<errno|ok> registered=<ok|err> verdict=<kind|none>"
 //! ```
 
 use std::io::Write;
 
 use smc_tokio::{SmcListener, SmcStream};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
@@ -177,6 +185,209 @@ async fn main() -> std::io::Result<()> {
             println!("RUNTIME {:?}", SmcStream::builder().settings());
             Ok(())
         }
-        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings")),
+        Some("storm-serve") => {
+            use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+            static CONNS: AtomicU64 = AtomicU64::new(0);
+            static SMC: AtomicU64 = AtomicU64::new(0);
+            static PROPOSALS: AtomicU64 = AtomicU64::new(0);
+            let l = SmcListener::bind("127.0.0.1:0").await?;
+            println!("PORT {}", l.local_addr()?.port());
+            std::io::stdout().flush()?;
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = l.accept().await {
+                    CONNS.fetch_add(1, Relaxed);
+                    if s.transport().is_smc() {
+                        SMC.fetch_add(1, Relaxed);
+                    }
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 1024];
+                        if s.read_exact(&mut buf).await.is_err() {
+                            return;
+                        }
+                        if buf[..4] == smc_tokio::proto::clc::CLC_EYECATCHER {
+                            PROPOSALS.fetch_add(1, Relaxed);
+                        }
+                        let _ = s.write_all(&buf).await;
+                        let _ = s.read(&mut buf).await;
+                    });
+                }
+            });
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while lines.next_line().await?.is_some() {
+                println!("CONNS {} SMC {} PROPOSALS {}", CONNS.load(Relaxed), SMC.load(Relaxed), PROPOSALS.load(Relaxed));
+                std::io::stdout().flush()?;
+            }
+            Ok(())
+        }
+        Some("squat") => {
+            let name = args.get(1).ok_or_else(|| std::io::Error::other("squat needs NAME"))?.clone();
+            let secs: u64 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(2);
+            let (conns, bytes, fds) = tokio::task::spawn_blocking(move || squat(name.as_bytes(), secs)).await??;
+            println!("SQUAT conns={conns} bytes={bytes} fds={fds}");
+            Ok(())
+        }
+        Some("claim") => {
+            let addr: std::net::SocketAddr =
+                args.get(1).ok_or_else(|| std::io::Error::other("claim needs ADDR"))?.parse().map_err(std::io::Error::other)?;
+            let port: u16 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
+            let secs: u64 = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(2);
+            let out = tokio::task::spawn_blocking(move || claim(addr, port, secs)).await?;
+            println!("{out}");
+            Ok(())
+        }
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|claim ADDR PORT SECS")),
     }
+}
+
+// ----- door attacks, by hand (raw syscalls, nothing of the crate's) -----------------------------
+
+fn cvt(r: libc::c_int) -> std::io::Result<libc::c_int> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path[1..].iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    (addr, (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t)
+}
+
+/// Squats on a door name: accepts whatever connects for `secs` and counts what it is given.
+fn squat(name: &[u8], secs: u64) -> std::io::Result<(usize, usize, usize)> {
+    // SAFETY: plain syscalls on a socket this function owns.
+    let l = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0) })?;
+    let (addr, len) = abstract_addr(name);
+    // SAFETY: as above, with a valid address.
+    cvt(unsafe { libc::bind(l, (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::listen(l, 64) })?;
+    println!("SQUATTING");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let (mut conns, mut bytes, mut fds) = (0, 0, 0);
+    let mut open = Vec::new();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        // SAFETY: as above.
+        let c = unsafe { libc::accept4(l, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK) };
+        if c >= 0 {
+            conns += 1;
+            open.push(c);
+        }
+        for &c in &open {
+            let mut buf = [0u8; 256];
+            let mut cbuf = [0u64; 16];
+            let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            // SAFETY: msghdr is plain data; the buffers outlive the call.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+            // SAFETY: as above.
+            let n = unsafe { libc::recvmsg(c, &mut msg, 0) };
+            if n > 0 {
+                bytes += n as usize;
+                if msg.msg_controllen > 0 {
+                    fds += 1;
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok((conns, bytes, fds))
+}
+
+/// Tries to claim another process's port at a door: bind the victim's `port`, then register a
+/// socket of its own and wait `secs` for a verdict.
+fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
+    let bind_port = |p: u16| -> std::io::Result<libc::c_int> {
+        // SAFETY: plain syscalls on a socket this closure owns.
+        let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) })?;
+        let one: libc::c_int = 1;
+        // SAFETY: valid option value of the size given.
+        cvt(unsafe {
+            libc::setsockopt(s, libc::SOL_SOCKET, libc::SO_REUSEPORT, (&one as *const libc::c_int).cast(), 4)
+        })?;
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: p.to_be(),
+            sin_addr: libc::in_addr { s_addr: 0 },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: valid sockaddr_in.
+        cvt(unsafe { libc::bind(s, (&sin as *const libc::sockaddr_in).cast(), 16) })?;
+        Ok(s)
+    };
+    let victim = match bind_port(port) {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("errno{}", e.raw_os_error().unwrap_or(-1)),
+    };
+    // Register a socket of our own at the door, as a client would.
+    let name = format!("smc-tokio/d2/{addr}/solo");
+    let registered = (|| -> std::io::Result<libc::c_int> {
+        let own = bind_port(0)?;
+        // SAFETY: plain syscalls on a socket this closure owns.
+        let d = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0) })?;
+        let (a, len) = abstract_addr(name.as_bytes());
+        // SAFETY: valid address.
+        cvt(unsafe { libc::connect(d, (&a as *const libc::sockaddr_un).cast(), len) })?;
+        // A registration: the 16-byte door header (version 2, kind 1), then a proposal.
+        let mut frame = [0u8; 16].to_vec();
+        frame[..4].copy_from_slice(b"SMCd");
+        frame[4] = 2;
+        frame[5] = 1;
+        let p = smc_tokio::proto::clc::ClcMessage::Proposal(smc_tokio::proto::clc::Proposal {
+            token: smc_tokio::proto::clc::Token([7; 16]),
+            rmb_size: 0,
+            shm: None,
+            rdma: None,
+        });
+        frame.extend_from_slice(&p.encode().map_err(std::io::Error::other)?);
+        let mut iov = libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: msghdr is plain data; CMSG macros stay within `cbuf`.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            libc::CMSG_DATA(c).cast::<libc::c_int>().write_unaligned(own);
+            cvt(libc::sendmsg(d, &msg, libc::MSG_NOSIGNAL) as libc::c_int)?;
+        }
+        Ok(d)
+    })();
+    let (registered, verdict) = match registered {
+        Ok(d) => {
+            let tv = libc::timeval { tv_sec: secs as libc::time_t, tv_usec: 0 };
+            // SAFETY: valid option value of the size given.
+            unsafe {
+                libc::setsockopt(
+                    d,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&tv as *const libc::timeval).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                )
+            };
+            let mut b = [0u8; 2048];
+            // SAFETY: `b` is a valid buffer of its length.
+            let n = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), 0) };
+            ("ok", if n >= 16 { format!("{}", b[5]) } else { "none".into() })
+        }
+        Err(_) => ("err", "none".into()),
+    };
+    format!("CLAIM victim_port={victim} registered={registered} verdict={verdict}")
 }

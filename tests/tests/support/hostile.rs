@@ -61,39 +61,40 @@ pub async fn send_clc(c: &mut TcpStream, m: ClcMessage) -> io::Result<()> {
     c.write_all(&m.encode().map_err(|e| io::Error::other(format!("{e:?}")))?).await
 }
 
-/// A hostile client's handshake up to the server's Accept: the TCP stream, the token and the
-/// server's shm link details (group id, its RMB slot for us, the side channel's name).
-pub struct ClientHs {
-    pub tcp: TcpStream,
-    pub token: Token,
-    pub rmb_size: u32,
-    pub accept: ShmLinkInfo,
-}
-
 /// Proposes shm to `addr` as client `peer` / `instance` (the server knows a client by its pid,
 /// which the kernel tells it, and the instance it registers with: `peer` is folded into the
 /// instance so that one test process can pose as many clients), naming `link_group` (0: a new
-/// group), with `rmb_size` for the server's receive rings. Registers at the listener's door
-/// first. Panics unless the server accepts with shm.
+/// group), with `rmb_size` for the server's receive rings. The Proposal goes with the
+/// registration at the listener's door; the Accept comes back there. Panics unless the server
+/// accepts with shm.
 pub async fn propose(addr: std::net::SocketAddr, peer: u32, instance: u64, link_group: u64, rmb_size: u32) -> ClientHs {
     let instance = instance ^ (u64::from(peer) << 32);
-    let (mut tcp, verdict) = register_and_connect(addr, instance).await.unwrap();
-    assert_eq!(verdict, DOOR_MATCHED, "the door matched our registration");
     let token = random_token();
-    let p = Proposal { token, rmb_size, shm: Some(ShmOffer { link_group }), rdma: None };
-    send_clc(&mut tcp, ClcMessage::Proposal(p)).await.unwrap();
-    match read_clc(&mut tcp).await.unwrap() {
-        ClcMessage::Accept(Accept { token: t, link: LinkInfo::Shm(info) }) => {
+    let p = ClcMessage::Proposal(Proposal { token, rmb_size, shm: Some(ShmOffer { link_group }), rdma: None });
+    let (tcp, door) = register_and_connect(addr, instance, &p.encode().unwrap()).await.unwrap();
+    match door_recv_clc(&door).await.unwrap() {
+        Some(ClcMessage::Accept(Accept { token: t, link: LinkInfo::Shm(info) })) => {
             assert_eq!(t, token);
-            ClientHs { tcp, token, rmb_size, accept: info }
+            ClientHs { tcp, door, token, rmb_size, accept: info }
         }
         other => panic!("expected an shm accept, got {other:?}"),
     }
 }
 
+/// A hostile client's handshake up to the server's Accept: the TCP stream, the door connection
+/// the handshake runs on, the token and the server's shm link details (group id, its RMB slot
+/// for us, the side channel's name).
+pub struct ClientHs {
+    pub tcp: TcpStream,
+    pub door: OwnedFd,
+    pub token: Token,
+    pub rmb_size: u32,
+    pub accept: ShmLinkInfo,
+}
+
 impl ClientHs {
-    /// Sends the Confirm naming our RMB slot `our_slot` in group `link_group`, and returns the
-    /// server's final word (a Commit, or a Decline).
+    /// Sends the Confirm naming our RMB slot `our_slot`, and returns the server's final word (a
+    /// Commit, or a Decline).
     pub async fn confirm(&mut self, our_slot: u32) -> io::Result<ClcMessage> {
         let link = LinkInfo::Shm(ShmLinkInfo {
             link_group: self.accept.link_group,
@@ -101,14 +102,14 @@ impl ClientHs {
             rmb_size: self.rmb_size,
             socket_name: Vec::new(),
         });
-        send_clc(&mut self.tcp, ClcMessage::Confirm(Confirm { token: self.token, link })).await?;
-        read_clc(&mut self.tcp).await
+        door_send_clc(&self.door, &ClcMessage::Confirm(Confirm { token: self.token, link }))?;
+        door_recv_clc(&self.door).await?.ok_or_else(|| io::Error::other("door closed without a final word"))
     }
 
     /// Declines the Accept and reads the server's answer (its Decline).
     pub async fn decline(&mut self, reason: DeclineReason) -> io::Result<ClcMessage> {
-        send_clc(&mut self.tcp, ClcMessage::Decline(Decline { token: self.token, reason })).await?;
-        read_clc(&mut self.tcp).await
+        door_send_clc(&self.door, &ClcMessage::Decline(Decline { token: self.token, reason }))?;
+        door_recv_clc(&self.door).await?.ok_or_else(|| io::Error::other("door closed without an answer"))
     }
 }
 
@@ -120,26 +121,59 @@ pub fn is_commit(m: &ClcMessage, token: Token) -> bool {
 // ----- the door ----------------------------------------------------------------------------------
 
 pub const DOOR_MAGIC: [u8; 4] = *b"SMCd";
-pub const DOOR_VERSION: u8 = 1;
+pub const DOOR_VERSION: u8 = 2;
 pub const DOOR_REGISTER: u8 = 1;
-pub const DOOR_CANCEL: u8 = 2;
-pub const DOOR_MATCHED: u8 = 3;
-pub const DOOR_UNMATCHED: u8 = 4;
+pub const DOOR_CLC: u8 = 2;
+pub const DOOR_UNMATCHED: u8 = 3;
 
-/// A 16-byte door frame: magic, version, kind, reason, a spare byte, the instance.
-pub fn door_frame(kind: u8, reason: u8, instance: u64) -> [u8; 16] {
-    let mut b = [0u8; 16];
+/// A door frame: magic, version, kind, reason, a spare byte, the instance, then `payload`.
+pub fn door_frame(kind: u8, reason: u8, instance: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; 16];
     b[..4].copy_from_slice(&DOOR_MAGIC);
     b[4] = DOOR_VERSION;
     b[5] = kind;
     b[6] = reason;
     b[8..].copy_from_slice(&instance.to_be_bytes());
+    b.extend_from_slice(payload);
     b
 }
 
-/// The door of a listener on `addr` with `index` in its reuseport group.
-pub fn door_name(addr: std::net::SocketAddr, index: u32) -> Vec<u8> {
-    format!("smc-tokio/d{DOOR_VERSION}/{addr}/{index}").into_bytes()
+/// The door of a listener on `addr` that has no reuseport siblings.
+pub fn door_name(addr: std::net::SocketAddr) -> Vec<u8> {
+    format!("smc-tokio/d{DOOR_VERSION}/{addr}/solo").into_bytes()
+}
+
+/// One door message, read blocking (5 s receive timeout): kind, reason, payload. `None` at EOF.
+pub fn door_recv(door: BorrowedFd<'_>) -> io::Result<Option<(u8, u8, Vec<u8>)>> {
+    let (msg, _) = recv_fds(door)?;
+    if msg.is_empty() {
+        return Ok(None);
+    }
+    if msg.len() < 16 || msg[..4] != DOOR_MAGIC || msg[4] != DOOR_VERSION {
+        return Err(io::Error::other(format!("bad door message {msg:?}")));
+    }
+    Ok(Some((msg[5], msg[6], msg[16..].to_vec())))
+}
+
+/// The server's next CLC message on the door (on a blocking thread); `None` at EOF. A "no
+/// handshake" answer is an error naming its reason.
+pub async fn door_recv_clc(door: &OwnedFd) -> io::Result<Option<ClcMessage>> {
+    let d = door.try_clone()?;
+    let got = tokio::task::spawn_blocking(move || door_recv(d.as_fd())).await.unwrap()?;
+    match got {
+        None => Ok(None),
+        Some((DOOR_CLC, _, payload)) => match decode(&payload).map_err(|e| io::Error::other(format!("{e:?}")))? {
+            Decoded::Message(m, n) if n == payload.len() => Ok(Some(m)),
+            other => Err(io::Error::other(format!("{other:?}"))),
+        },
+        Some((DOOR_UNMATCHED, reason, _)) => Err(io::Error::other(format!("no handshake: reason {reason}"))),
+        Some((kind, ..)) => Err(io::Error::other(format!("unexpected door message kind {kind}"))),
+    }
+}
+
+/// Sends a CLC message on the door.
+pub fn door_send_clc(door: &OwnedFd, m: &ClcMessage) -> io::Result<()> {
+    send_fds(door.as_fd(), &door_frame(DOOR_CLC, 0, 0, &m.encode().unwrap()), &[])
 }
 
 /// A blocking TCP socket bound to a free port, with SO_REUSEPORT (as the crate's clients do).
@@ -174,13 +208,19 @@ pub fn bound_tcp_socket() -> OwnedFd {
     fd
 }
 
-/// Registers a connection to `addr` at its door (index 0) as `instance`, connects it, and waits
-/// for the verdict: returns the stream and the verdict's kind.
-pub async fn register_and_connect(addr: std::net::SocketAddr, instance: u64) -> io::Result<(TcpStream, u8)> {
-    let (std, verdict) = tokio::task::spawn_blocking(move || -> io::Result<(std::net::TcpStream, u8)> {
-        let door = side_connect(&door_name(addr, 0))?;
+/// Registers a connection to `addr` at its (solo) door as `instance`, with `proposal` (a
+/// CLC Proposal, or anything a test wants to send in its place), and connects it: returns the
+/// stream and the door connection (blocking, 5 s receive timeout) the handshake goes on.
+pub async fn register_and_connect(
+    addr: std::net::SocketAddr,
+    instance: u64,
+    proposal: &[u8],
+) -> io::Result<(TcpStream, OwnedFd)> {
+    let proposal = proposal.to_vec();
+    let (std, door) = tokio::task::spawn_blocking(move || -> io::Result<(std::net::TcpStream, OwnedFd)> {
+        let door = side_connect(&door_name(addr))?;
         let sock = bound_tcp_socket();
-        send_fds(door.as_fd(), &door_frame(DOOR_REGISTER, 0, instance), &[sock.as_raw_fd()])?;
+        send_fds(door.as_fd(), &door_frame(DOOR_REGISTER, 0, instance, &proposal), &[sock.as_raw_fd()])?;
         let std = std::net::TcpStream::from(sock);
         // A blocking connect of a bound socket: std's connect goes through a new socket, so call
         // connect(2) on this one.
@@ -198,33 +238,44 @@ pub async fn register_and_connect(addr: std::net::SocketAddr, instance: u64) -> 
                 std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
             )
         })?;
-        let (msg, _) = recv_fds(door.as_fd())?;
-        if msg.len() != 16 || msg[..4] != DOOR_MAGIC {
-            return Err(io::Error::other(format!("bad door verdict {msg:?}")));
-        }
-        Ok((std, msg[5]))
+        Ok((std, door))
     })
     .await
     .unwrap()?;
     std.set_nonblocking(true)?;
-    Ok((TcpStream::from_std(std)?, verdict))
+    Ok((TcpStream::from_std(std)?, door))
 }
 
-/// A fake server's door, by hand: listens on the door name of `addr` (index 0).
+/// A proposal with a shared-memory offer (a new group), as a registration carries it.
+pub fn shm_proposal(rmb_size: u32) -> Vec<u8> {
+    ClcMessage::Proposal(Proposal {
+        token: random_token(),
+        rmb_size,
+        shm: Some(ShmOffer { link_group: 0 }),
+        rdma: None,
+    })
+    .encode()
+    .unwrap()
+}
+
+/// A fake server's door, by hand: listens on the (solo) door name of `addr`.
 pub fn fake_door(addr: std::net::SocketAddr) -> OwnedFd {
-    side_listen(&door_name(addr, 0))
+    side_listen(&door_name(addr))
 }
 
 /// The fake door's side: accepts one registration (blocking, bounded) and returns the door
-/// connection, the registered socket's port and the instance.
-pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u16, u64)> {
+/// connection, the registered socket's port, the instance and the Proposal that came with it.
+pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u16, u64, ClcMessage)> {
     let c = side_accept(door, Duration::from_secs(5))?;
     let (msg, fds) = recv_fds(c.as_fd())?;
-    if msg.len() != 16 || msg[..4] != DOOR_MAGIC || msg[5] != DOOR_REGISTER || fds.len() != 1 {
+    if msg.len() < 16 || msg[..4] != DOOR_MAGIC || msg[5] != DOOR_REGISTER || fds.len() != 1 {
         return Err(io::Error::other(format!("bad registration: {msg:?} with {} fds", fds.len())));
     }
     let local = std::net::TcpStream::from(fds.into_iter().next().unwrap()).local_addr()?;
-    Ok((c, local.port(), u64::from_be_bytes(msg[8..].try_into().unwrap())))
+    let Decoded::Message(p, _) = decode(&msg[16..]).map_err(|e| io::Error::other(format!("{e:?}")))? else {
+        return Err(io::Error::other("registration without a whole proposal"));
+    };
+    Ok((c, local.port(), u64::from_be_bytes(msg[8..16].try_into().unwrap()), p))
 }
 
 // ----- regions ---------------------------------------------------------------------------------

@@ -1,0 +1,265 @@
+//! Establishment: the commit point, stalls on either side, a listener that goes away
+//! mid-handshake, and attacks on the door. Every case ends in SMC or TCP with the bytes intact,
+//! never in an error. Stalls are injected at the handshake's decision points (`faults`, feature
+//! `test-util`), keyed by each test's own listener.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use smc_tokio::faults::{self, Point};
+use smc_tokio::{DeclineReason, FallbackReason, Side, SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, Rng};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+const STEP: Duration = Duration::from_millis(200);
+
+fn declined(reason: DeclineReason, by: Side) -> Transport {
+    Transport::Tcp(FallbackReason::Declined { reason, by })
+}
+
+/// A listener with a 200 ms bound per handshake step whose connections are echoed; each one's
+/// transport is reported.
+async fn echo_listener() -> (SmcListener, SocketAddr) {
+    let l = SmcListener::builder().handshake_timeout(STEP).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr)
+}
+
+fn serve_echo(l: SmcListener) -> mpsc::UnboundedReceiver<Transport> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = tx.send(s.transport());
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = s.into_split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                let _ = wr.shutdown().await;
+            });
+        }
+    });
+    rx
+}
+
+#[tokio::test]
+async fn a_confirm_after_the_servers_deadline_ends_in_tcp_in_step() {
+    let (l, addr) = echo_listener().await;
+    // The client sets its end up, then stalls past the server's wait for its answer.
+    faults::inject(addr, Point::ClientBeforeConfirm, STEP * 3);
+    let mut rx = serve_echo(l);
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    // The server gave up and declined on the door (its final word); the late Confirm went to
+    // the door too, so the stream carries exactly the application's bytes.
+    assert_eq!(s.transport(), declined(DeclineReason::Timeout, Side::Peer));
+    bounded(10, echo_check(s, &Rng::new(1).bytes(64 << 10), 4096, 1)).await;
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), declined(DeclineReason::Timeout, Side::Local));
+    faults::clear(addr);
+}
+
+#[tokio::test]
+async fn a_client_that_stalls_before_proposing_is_served_as_tcp_and_declined() {
+    let (l, addr) = echo_listener().await;
+    faults::inject(addr, Point::ClientBeforeHandshake, STEP * 3);
+    let mut rx = serve_echo(l);
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    // The Proposal went with the registration and the Accept came at once; by the time the
+    // client looks, the server has stopped waiting for its answer (and dropped the group it set
+    // up for it), so the client's link setup fails and it declines; both stay on TCP.
+    assert!(matches!(s.transport(), Transport::Tcp(FallbackReason::Declined { .. })), "{}", s.transport());
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), declined(DeclineReason::Timeout, Side::Local));
+    bounded(10, echo_check(s, &Rng::new(2).bytes(64 << 10), 4096, 2)).await;
+    faults::clear(addr);
+}
+
+#[tokio::test]
+async fn a_stalled_client_of_a_server_that_speaks_first_keeps_the_greeting() {
+    let (l, addr) = echo_listener().await;
+    faults::inject(addr, Point::ClientBeforeHandshake, STEP * 3);
+    let server = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        // Handed out after the server stopped waiting for the client: it greets at once; the
+        // handshake never touched the stream.
+        s.write_all(b"220 ready\r\n").await.unwrap();
+        let mut b = [0u8; 6];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"PING\r\n", "nothing of the handshake reaches the application");
+        s.write_all(b"PONG\r\n").await.unwrap();
+        s.transport()
+    });
+    let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert!(matches!(s.transport(), Transport::Tcp(FallbackReason::Declined { .. })), "{}", s.transport());
+    let mut g = [0u8; 11];
+    bounded(10, s.read_exact(&mut g)).await.unwrap();
+    assert_eq!(&g, b"220 ready\r\n");
+    s.write_all(b"PING\r\n").await.unwrap();
+    let mut p = [0u8; 6];
+    bounded(10, s.read_exact(&mut p)).await.unwrap();
+    assert_eq!(&p, b"PONG\r\n");
+    assert_eq!(bounded(10, server).await.unwrap(), declined(DeclineReason::Timeout, Side::Local));
+    faults::clear(addr);
+}
+
+#[tokio::test]
+async fn a_server_that_misses_its_commit_deadline_declines_in_step() {
+    let (l, addr) = echo_listener().await;
+    faults::inject(addr, Point::ServerBeforeCommit, STEP * 2);
+    let mut rx = serve_echo(l);
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), declined(DeclineReason::Timeout, Side::Peer));
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), declined(DeclineReason::Timeout, Side::Local));
+    bounded(10, echo_check(s, &Rng::new(3).bytes(64 << 10), 4096, 3)).await;
+    faults::clear(addr);
+}
+
+#[tokio::test]
+async fn a_server_stalled_before_accepting_is_waited_for_not_abandoned() {
+    // Within the server's own bound, a slow decision is just slow: still SMC.
+    let l = SmcListener::builder().handshake_timeout(STEP * 5).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    faults::inject(addr, Point::ServerBeforeAccept, STEP * 2);
+    let mut rx = serve_echo(l);
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD);
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+    bounded(10, echo_check(s, b"slow but smc", 4, 4)).await;
+    faults::clear(addr);
+}
+
+#[tokio::test]
+async fn a_listener_dropped_mid_handshake_declines_and_the_client_reads_the_end() {
+    let l = SmcListener::builder().handshake_timeout(Duration::from_secs(5)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(2));
+    let client = tokio::spawn(async move { SmcStream::connect(addr).await });
+    // The handshake is stalled in the server's decision; the listener goes away.
+    tokio::time::sleep(STEP).await;
+    drop(l);
+    let mut s = bounded(10, client).await.unwrap().expect("no error: the server declined in step");
+    assert_eq!(s.transport(), declined(DeclineReason::Timeout, Side::Peer));
+    let mut b = Vec::new();
+    // As with TCP, a connection nobody accepted ends (EOF or reset), without an SMC error.
+    let r = bounded(10, s.read_to_end(&mut b)).await;
+    assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
+    assert!(b.is_empty());
+    faults::clear(addr);
+}
+
+// ----- attacks on the door (a peer process as another uid) ---------------------------------------
+
+async fn peer_as(
+    uid: u32,
+    args: &[&str],
+) -> (tokio::process::Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+        .args(args)
+        .uid(uid)
+        .gid(uid)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+#[tokio::test]
+async fn a_process_squatting_on_a_door_name_gets_nothing() {
+    if !tests::require_root("a_process_squatting_on_a_door_name_gets_nothing") {
+        return;
+    }
+    // Another uid takes the door name of the address our listener is about to bind.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let name = format!("smc-tokio/d2/127.0.0.1:{port}/solo");
+    let (child, mut lines) = peer_as(65534, &["squat", &name, "3"]).await;
+    assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
+    let l = SmcListener::bind(("127.0.0.1", port)).await.unwrap();
+    // Our listener takes the first indexed name instead; clients skip the squatter's door (its
+    // owner is not a uid they trust) and register at ours.
+    assert_eq!(l.door_name().unwrap(), format!("smc-tokio/d2/127.0.0.1:{port}/0"));
+    let addr = l.local_addr().unwrap();
+    let mut rx = serve_echo(l);
+    for i in 0..5 {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+        bounded(10, echo_check(s, b"past the squatter", 4, i)).await;
+    }
+    let out = bounded(20, lines.next_line()).await.unwrap().unwrap();
+    drop(child);
+    // The clients knocked (and left after seeing its uid): not a byte, not a descriptor.
+    assert!(out.starts_with("SQUAT conns=") && out.ends_with("bytes=0 fds=0"), "{out}");
+    assert!(!out.starts_with("SQUAT conns=0 "), "the clients did knock: {out}");
+}
+
+#[tokio::test]
+async fn a_process_of_another_uid_cannot_claim_a_connections_port() {
+    if !tests::require_root("a_process_of_another_uid_cannot_claim_a_connections_port") {
+        return;
+    }
+    // The server even trusts uid 65534 (so the door takes its registrations): the kernel still
+    // keeps it off the ports of live sockets of ours, so it cannot stand in for them.
+    let cfg = smc_tokio::config::ShmConfig::default().allow_uid(65534);
+    let l = SmcListener::builder().shm(cfg).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut rx = serve_echo(l);
+    let smc = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(smc.transport(), Transport::SmcD);
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+    let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    for victim in [smc.local_addr().unwrap().port(), plain.local_addr().unwrap().port()] {
+        let (child, mut lines) = peer_as(65534, &["claim", &addr.to_string(), &victim.to_string(), "1"]).await;
+        let out = bounded(20, lines.next_line()).await.unwrap().unwrap();
+        drop(child);
+        // EADDRINUSE for the victim's port; its own registration is taken, and never matched
+        // (its socket never connects).
+        assert_eq!(out, "CLAIM victim_port=errno98 registered=ok verdict=none", "victim port {victim}");
+    }
+    bounded(10, echo_check(smc, &Rng::new(5).bytes(100_000), 5000, 5)).await;
+    bounded(10, echo_check(plain, &Rng::new(6).bytes(100_000), 5000, 6)).await;
+}
+
+/// Connects `n` plain clients one after another to a greeting server on `addr` and returns the
+/// median and worst time from `connect` to the greeting's first byte.
+async fn time_to_banner(addr: SocketAddr, n: usize) -> (Duration, Duration) {
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut b = [0u8; 1];
+        bounded(10, c.read_exact(&mut b)).await.unwrap();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    (times[n / 2], times[n - 1])
+}
+
+#[tokio::test]
+async fn plain_clients_of_a_server_that_speaks_first_are_greeted_without_a_timer() {
+    // The peek timeout is an hour: if plain clients waited on it, this test would hang.
+    let l = SmcListener::builder().peek_timeout(Duration::from_secs(3600)).bind("127.0.0.1:0").await.unwrap();
+    let smc_addr = l.local_addr().unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let _ = tx.send(s.transport());
+            tokio::spawn(async move { s.write_all(b"220 hello\r\n").await });
+        }
+    });
+    let tl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp_addr = tl.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = tl.accept().await {
+            tokio::spawn(async move { s.write_all(b"220 hello\r\n").await });
+        }
+    });
+    let (smc_p50, smc_max) = time_to_banner(smc_addr, 200).await;
+    let (tcp_p50, tcp_max) = time_to_banner(tcp_addr, 200).await;
+    for _ in 0..200 {
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    }
+    eprintln!(
+        "BANNER time to greeting, 200 plain clients: SmcListener p50 {smc_p50:?} max {smc_max:?}; \
+         tokio TcpListener p50 {tcp_p50:?} max {tcp_max:?}"
+    );
+}
