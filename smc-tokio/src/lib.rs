@@ -2,15 +2,18 @@
 //!
 //! `smc-tokio` is a drop-in for tokio's TCP types: swap [`tokio::net::TcpListener`] and
 //! [`tokio::net::TcpStream`] for [`SmcListener`] and [`SmcStream`] and change nothing else.
-//! Every connection starts as TCP. If both ends speak SMC, they negotiate in-band (the CLC
-//! handshake of RFC 7609) and move the byte stream off the TCP stack; when they cannot, the
-//! connection stays TCP, on the same socket, and loses nothing. Plain TCP clients (curl, wrk,
-//! browsers) talk to an `SmcListener` unchanged.
+//! Every connection starts as TCP. If both ends speak SMC, they negotiate (the CLC handshake of
+//! RFC 7609) and move the byte stream off the TCP stack; when they cannot, the connection stays
+//! TCP, on the same socket, and loses nothing. On one host the negotiation runs beside the
+//! connection, at the listener's *door* (an abstract Unix socket), so the TCP stream never
+//! carries it; across hosts it runs in-band, and only towards destinations the client was told
+//! speak SMC. Plain TCP clients (curl, wrk, browsers) and plain TCP servers never see a byte of
+//! ours.
 //!
 //! | transport | when | how |
 //! |---|---|---|
 //! | SMC-D | both ends on one host, same network namespace | rings in sealed shared memory (memfd), socket doorbells |
-//! | SMC-R | across hosts with RDMA | RDMA WRITE into a registered ring *(planned)* |
+//! | SMC-R | across hosts with RDMA (feature `rdma`), to opted-in peers | RDMA WRITE into a registered ring, CDC as inline SEND |
 //! | TCP | anything else | the connection's own socket |
 //!
 //! # Example

@@ -16,6 +16,13 @@ use crate::proto::engine::ConnEngine;
 use crate::smc::group::LinkGroup;
 use crate::sys;
 
+/// Whether received bytes copied out are consumed (a read) or left for the next read (a peek).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Take {
+    Consume,
+    Peek,
+}
+
 /// Why a connection ended abnormally.
 #[derive(Debug, Clone)]
 enum ConnError {
@@ -174,8 +181,20 @@ impl SmcConn {
     // ----- application side ------------------------------------------------------------------
 
     pub(crate) fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        self.poll_received(cx, buf, Take::Consume).map_ok(drop)
+    }
+
+    /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
+    /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
+    pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        self.poll_received(cx, buf, Take::Peek)
+    }
+
+    /// Waits until bytes (or the end, or an error) are there, then copies them into `buf`,
+    /// consuming them or not; resolves to how many were copied.
+    fn poll_received(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
         if buf.remaining() == 0 {
-            return Poll::Ready(Ok(()));
+            return Poll::Ready(Ok(0));
         }
         for attempt in 0..2 {
             let mut st = self.lock();
@@ -185,13 +204,13 @@ impl SmcConn {
             let avail = st.engine.rx_available();
             if avail > 0 {
                 let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
-                return Poll::Ready(self.copy_out(&mut st, buf, n));
+                return Poll::Ready(self.copy_out(&mut st, buf, n, take).map(|()| n as usize));
             }
             if st.engine.peer_aborted() {
                 return Poll::Ready(Err(ConnError::Reset.to_io()));
             }
             if st.engine.rx_eof() {
-                return Poll::Ready(Ok(()));
+                return Poll::Ready(Ok(0));
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
@@ -204,69 +223,6 @@ impl SmcConn {
             st.rx_waker = Some(cx.waker().clone());
         }
         Poll::Pending
-    }
-
-    /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
-    /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
-    pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        if buf.remaining() == 0 {
-            return Poll::Ready(Ok(0));
-        }
-        for attempt in 0..2 {
-            let mut st = self.lock();
-            if let Some(e) = &st.error {
-                return Poll::Ready(Err(e.to_io()));
-            }
-            let avail = st.engine.rx_available();
-            if avail > 0 {
-                let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
-                return Poll::Ready(self.copy_peek(&mut st, buf, n));
-            }
-            if st.engine.peer_aborted() {
-                return Poll::Ready(Err(ConnError::Reset.to_io()));
-            }
-            if st.engine.rx_eof() {
-                return Poll::Ready(Ok(0));
-            }
-            if attempt == 0 {
-                drop(st);
-                self.spin_for_frames();
-                self.group.progress();
-                continue;
-            }
-            st.rx_waker = Some(cx.waker().clone());
-        }
-        Poll::Pending
-    }
-
-    /// Copies `n` available bytes from the receive ring without consuming them. Bytes that came
-    /// inline are in the ring too (the peer wrote them there, or, on verbs, we placed them), so
-    /// the ring is read throughout.
-    fn copy_peek(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32) -> io::Result<usize> {
-        let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
-            return Err(io::Error::other("smc connection read before it was established"));
-        };
-        let Some(spans) = st.engine.rx_spans(n) else {
-            return Err(io::Error::other("rx span"));
-        };
-        let mut done = 0usize;
-        for (off, len) in spans {
-            if len == 0 {
-                continue;
-            }
-            // SAFETY: rmb_read writes exactly `len` bytes into this part of the unfilled region
-            // (or fails without claiming them); they are marked initialized only afterwards.
-            let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
-            if let Err(e) = link.rmb_read(link.rx_rmb(self.our_token, peer_token), off, dst) {
-                self.fail_locked(st, ConnError::Link(e.clone()));
-                return Err(ConnError::Link(e).to_io());
-            }
-            done += len as usize;
-        }
-        // SAFETY: the first `done` unfilled bytes were written by rmb_read above.
-        unsafe { buf.assume_init(done) };
-        buf.advance(done);
-        Ok(done)
     }
 
     fn spin_for_frames(&self) {
@@ -283,19 +239,24 @@ impl SmcConn {
         }
     }
 
-    fn copy_out(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32) -> io::Result<()> {
+    /// Copies `n` available bytes into `buf`, and, reading, consumes them (and owes the peer a
+    /// consumer update). A read takes bytes that came inline from our copy of the CDC frame (no
+    /// access to the peer's memory: one cache line fewer to pull across cores); a peek reads the
+    /// ring throughout, where those bytes are too (the peer wrote them there, or, on verbs, we
+    /// placed them), and leaves the inline copy for the read.
+    fn copy_out(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32, take: Take) -> io::Result<()> {
         let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
             return Err(io::Error::other("smc connection read before it was established"));
         };
-        // Bytes that came inline are read from our copy of the CDC frame: no access to the
-        // peer's memory (one cache line fewer to pull across cores).
         let mut first = 0usize;
-        if let Some(inl) = st.inline.take() {
-            if st.engine.rx_cons() == inl.at && inl.len <= n as usize {
-                buf.put_slice(&inl.data[..inl.len]);
-                // rx_available covered n >= inl.len bytes.
-                let _ = st.engine.rx_consume(inl.len as u32);
-                first = inl.len;
+        if take == Take::Consume {
+            if let Some(inl) = st.inline.take() {
+                if st.engine.rx_cons() == inl.at && inl.len <= n as usize {
+                    buf.put_slice(&inl.data[..inl.len]);
+                    // rx_available covered n >= inl.len bytes.
+                    let _ = st.engine.rx_consume(inl.len as u32);
+                    first = inl.len;
+                }
             }
         }
         let n = n - first as u32;
@@ -319,9 +280,11 @@ impl SmcConn {
         // SAFETY: the first `done` unfilled bytes were written by rmb_read above.
         unsafe { buf.assume_init(done) };
         buf.advance(done);
-        // rx_spans succeeded for n, so consuming n cannot fail.
-        let _ = st.engine.rx_consume(n);
-        self.flush_cdc(st);
+        if take == Take::Consume {
+            // rx_spans succeeded for n, so consuming n cannot fail.
+            let _ = st.engine.rx_consume(n);
+            self.flush_cdc(st);
+        }
         Ok(())
     }
 
