@@ -3,8 +3,8 @@
 //! ```text
 //! accepted ─▶ registered at the door (a same-host SMC client)?
 //!   yes ─▶ a handshake slot?
-//!            yes: verdict "propose" ─▶ handshake task: CLC in-band ─▶ SMC, or TCP in step
-//!            no (limit_handshake): verdict "no" ─▶ TCP now
+//!            yes: handshake task: CLC on the door connection ─▶ SMC, or TCP in step
+//!            no (limit_handshake): "refused" on the door ─▶ TCP now
 //!   no  ─▶ could it be SMC-R (a listener with an RDMA device, a client on another host)?
 //!            yes: task: wait up to the peek timeout for a Proposal ─▶ handshake, or TCP
 //!            no:  TCP now
@@ -53,14 +53,21 @@ const UNSOLICITED: Owed = Owed::Proposal(DeclineReason::NoCommonTransport);
 /// Decides what an accepted connection is (see the module documentation). Never waits.
 pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAddr) -> Handoff {
     let cfg = shared.settings();
+    let local = tcp.local_addr();
+    let reg = match (&shared.door, local) {
+        (Some(door), Ok(local)) => door.lookup(peer, local),
+        _ => None,
+    };
     if cfg.policy == Policy::TcpOnly {
+        // SMC was turned off after the door opened (a process-wide setting): a client that
+        // registered hears so at once instead of waiting for an answer.
+        if let Some(reg) = reg {
+            reg.refuse(DeclineReason::PeerNoSmc);
+        }
         return hand_out(&cfg, tcp, Transport::Tcp(FallbackReason::Disabled), Some(UNSOLICITED));
     }
-    let local = tcp.local_addr();
-    if let (Some(door), Ok(local)) = (&shared.door, local) {
-        if let Some(reg) = door.lookup(peer, local) {
-            return registered(shared, cfg, tcp, peer, reg);
-        }
+    if let Some(reg) = reg {
+        return registered(shared, cfg, tcp, peer, reg);
     }
     if may_be_smc_r(&cfg, &tcp, peer) {
         spawn(shared, tcp, peer, cfg, Start::Peek, None);
@@ -95,7 +102,12 @@ fn registered(
         Admit::Queue(ticket) => {
             let shared2 = shared.clone();
             tokio::spawn(async move {
-                let slot = ticket.slot(&cfg).await;
+                let Some(slot) = ticket.slot(&cfg).await else {
+                    // The listener closed: the connection is dropped with it, as the kernel
+                    // resets those left in a closed listener's queue.
+                    reg.refuse(DeclineReason::HandshakeCongested);
+                    return;
+                };
                 if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, peer, reg, slot) {
                     shared2.deliver(s, peer);
                 }
@@ -219,7 +231,11 @@ async fn serve(
             }
             let slot = match shared.admit(cfg) {
                 Admit::Now(slot) => slot,
-                Admit::Queue(ticket) => ticket.slot(cfg).await,
+                Admit::Queue(ticket) => match ticket.slot(cfg).await {
+                    Some(slot) => slot,
+                    // The listener closed: the connection goes with it.
+                    None => return None,
+                },
                 Admit::Congested | Admit::Refuse => {
                     // The Proposal is on the stream: answer it, as the guard would.
                     let t = Transport::Tcp(FallbackReason::Declined {

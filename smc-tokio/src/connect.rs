@@ -4,8 +4,8 @@
 //! policy TcpOnly ─────────────────────────────────────────────▶ plain connect (Disabled)
 //! a door at the destination (same host, trusted owner)?
 //!   yes: bind, register the socket at the door, connect, wait for the verdict
-//!        Matched ──▶ CLC in-band (Proposal ▶ Accept ▶ Confirm ▶ Commit) ──▶ SMC or TCP in step
-//!        Unmatched / Gone / no verdict in time ──▶ TCP (nothing was sent)
+//!        answered ──▶ CLC on the door (Accept ▶ Confirm ▶ Commit) ──▶ SMC or TCP in step
+//!        refused / every door said no / closed / no answer in time ──▶ TCP (nothing was sent)
 //!   no:  an in-band peer (or Policy::Always/Never)?
 //!        yes: connect, CLC in-band ──▶ SMC or TCP in step; a plain server ──▶ reconnect plain
 //!        no:  plain connect (NotProposed): the server never sees a byte of ours

@@ -18,15 +18,18 @@
 //!    handshake continues on the door connection (Accept or Decline, Confirm, Commit). Not
 //!    registered: a plain client, handed to the application at once, with no peek and no timer.
 //!
-//! Why the socket itself: holding the descriptor is proof that the sender owns that port. The
-//! server checks it is a bound TCP socket, not listening, without `SO_REUSEADDR`, notes its
-//! address (and its peer, if it has connected by then) and closes it at once (holding it would
-//! keep the client's socket open after the client closes it). Our clients bind with
-//! `SO_REUSEPORT` and nothing else, so while the socket lives no process of another uid can hold
-//! that port on any address; a connection from that port is the registrant's (or another
-//! process of its uid, which could ptrace it anyway). Both ends check each other's uid: a
-//! process squatting on a door's name, or knocking on a door, gets nothing unless it runs as the
-//! same (or an allowed) uid, and the worst either can do is make a connection fall back to TCP.
+//! Why the socket itself: it is the proof. The server keeps the descriptor (a bound TCP socket,
+//! not listening) until the connection arrives, and matches them by the socket's own four-tuple:
+//! a registration belongs to an accepted connection only if the registered socket is, right
+//! then, connected from that peer address to that local address, that is, if it *is* the
+//! client's end of that connection. No port reasoning is involved, so no registration can be
+//! pinned on somebody else's connection, and two registrations can never both fit one. The
+//! descriptor is let go as soon as the connection is matched (or the registration cancelled or
+//! stale), so the client's close is not held up for long. Both ends check each other's uid:
+//! a process squatting on a door's name, or knocking on a door, gets nothing unless it runs as
+//! the same (or an allowed) uid, and the worst it can do is make connections fall back to TCP.
+//! Every descriptor that came through a door (and every door connection, which may hold queued
+//! ones) is closed off the runtime ([`PeerFd`]): closing somebody else's socket can block.
 //!
 //! Closing a door connection is the client's cancel: a client that stops waiting for the
 //! server's first answer closes it and uses the connection as TCP; the server, finding it closed
@@ -48,7 +51,7 @@ use tokio::io::Interest;
 
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token, CLC_MAX_LEN};
-use crate::sys::{self, PeerCred};
+use crate::sys::{self, PeerCred, PeerFd};
 
 /// Door messages: magic, version, kind, reason, one spare byte, the client's instance id, then
 /// (REGISTER and CLC) a CLC message.
@@ -66,10 +69,22 @@ const MAX_DOORS: u32 = 16;
 /// registration older than this has been cancelled, or its client is gone.
 const ENTRY_TTL: Duration = Duration::from_secs(30);
 
-/// Registrations a door holds at once; beyond it, new ones are answered "congested" at once.
-/// Each holds a door connection (a descriptor), so this bounds what a flood of registrations
-/// can cost the server.
+/// Registrations (and door connections not registered yet) a door holds at once, at most;
+/// beyond it, new ones are answered "congested" at once. Each holds two descriptors (the door
+/// connection and the client's socket), so the bound is also at most a quarter of the
+/// process's descriptor limit ([`entry_budget`]): a flood of registrations costs the server
+/// some of its descriptors, never all of them. 4096 is the door's listen backlog.
 const MAX_ENTRIES: usize = 4096;
+
+/// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
+/// batch at a time, between which the listener takes TCP connections.
+const DRAIN_BATCH: usize = 256;
+
+/// How many registrations a door may hold (see [`MAX_ENTRIES`]).
+fn entry_budget() -> usize {
+    let quarter = sys::nofile_limit().map_or(MAX_ENTRIES as u64, |n| n / 4);
+    usize::try_from(quarter).unwrap_or(MAX_ENTRIES).clamp(16, MAX_ENTRIES)
+}
 
 /// How long an accepted door connection may stay silent before its registration arrives. A
 /// client sends it right after connecting to the door.
@@ -83,8 +98,12 @@ enum Kind {
     Register = 1,
     /// Either way: a CLC message of the handshake (Accept, Decline, Confirm, Commit).
     Clc = 2,
-    /// Server to client: "no handshake for this connection" (with a decline reason).
+    /// Server to client: "no handshake with me" (with a decline reason), at registration:
+    /// another door of a reuseport group may still take the connection.
     Unmatched = 3,
+    /// Server to client: "your connection reached me, and it stays TCP" (with a decline
+    /// reason). Final: no other door of the group will see the connection.
+    Refused = 4,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,10 +134,11 @@ impl Frame {
             1 => Kind::Register,
             2 => Kind::Clc,
             3 => Kind::Unmatched,
+            4 => Kind::Refused,
             _ => return None,
         };
         let payload = &b[FRAME_LEN..];
-        if payload.is_empty() != (kind == Kind::Unmatched) {
+        if payload.is_empty() != matches!(kind, Kind::Unmatched | Kind::Refused) {
             return None;
         }
         let instance = u64::from_be_bytes(b[8..FRAME_LEN].try_into().ok()?);
@@ -126,8 +146,8 @@ impl Frame {
     }
 }
 
-/// The door names of a listener on `addr`, without the index: `smc-tokio/d1/127.0.0.1:8080`,
-/// `smc-tokio/d1/[::]:8080`.
+/// The door names of a listener on `addr`, without the index: `smc-tokio/d2/127.0.0.1:8080`,
+/// `smc-tokio/d2/[::]:8080`.
 pub(crate) fn base_name(addr: SocketAddr) -> String {
     format!("smc-tokio/d{VERSION}/{}", sys::unmap(addr))
 }
@@ -144,7 +164,7 @@ fn solo_name(base: &str) -> Vec<u8> {
 
 /// One door message read without blocking: the frame, its payload, and the descriptors that
 /// came with it (only a registration carries one). `Ok(None)`: the peer closed.
-type Received = (Frame, Vec<u8>, Vec<OwnedFd>);
+type Received = (Frame, Vec<u8>, Vec<PeerFd>);
 
 fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<Received>> {
     let mut buf = [0u8; FRAME_LEN + CLC_MAX_LEN + 1];
@@ -179,6 +199,8 @@ pub(crate) struct Door {
     name: Vec<u8>,
     listener: AsyncFd<OwnedFd>,
     allowed_uids: Vec<u32>,
+    /// Registrations and unregistered door connections held at most ([`entry_budget`]).
+    budget: usize,
     state: Mutex<DoorState>,
 }
 
@@ -190,17 +212,15 @@ impl fmt::Debug for Door {
 
 /// A door connection accepted whose registration has not arrived yet.
 struct Waiting {
-    conn: OwnedFd,
+    conn: PeerFd,
     cred: PeerCred,
     since: Instant,
 }
 
 struct Entry {
-    /// The address the client's socket was bound to (the IP may be the wildcard).
-    bound: SocketAddr,
-    /// Where it was connected to when we looked, if it was by then: it must be us.
-    connected: Option<SocketAddr>,
-    conn: OwnedFd,
+    /// The client's TCP socket: the connection it makes is the one whose four-tuple it has.
+    sock: PeerFd,
+    conn: PeerFd,
     cred: PeerCred,
     instance: u64,
     /// The client's Proposal (a CLC message, at most `CLC_MAX_LEN` bytes).
@@ -208,12 +228,25 @@ struct Entry {
     since: Instant,
 }
 
+impl Entry {
+    /// Whether the client still waits (its door connection is open and silent).
+    fn waiting(&self) -> bool {
+        matches!(recv_frame(self.conn.as_fd()), Err(ref err) if err.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
 #[derive(Default)]
 struct DoorState {
     waiting: Vec<Waiting>,
-    /// Registrations by the client's port.
+    /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
+}
+
+impl DoorState {
+    fn held(&self) -> usize {
+        self.count + self.waiting.len()
+    }
 }
 
 /// Who registered a connection, from the kernel (`SO_PEERCRED`) and its registration.
@@ -229,7 +262,7 @@ pub(crate) struct ClientIdentity {
 /// A registration matched to an accepted connection; its client waits for the server's answer
 /// on the door connection.
 pub(crate) struct Registration {
-    conn: OwnedFd,
+    conn: PeerFd,
     pub(crate) client: ClientIdentity,
     proposal: Vec<u8>,
 }
@@ -240,10 +273,14 @@ impl fmt::Debug for Registration {
     }
 }
 
+fn refuse_on(conn: &PeerFd, kind: Kind, reason: DeclineReason) {
+    let _ = send_frame(conn.as_fd(), Frame { kind, reason: reason as u8, instance: 0 }, &[]);
+}
+
 impl Registration {
-    /// Tells the client there will be no handshake (and why): it uses the connection as TCP.
+    /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        let _ = send_frame(self.conn.as_fd(), Frame { kind: Kind::Unmatched, reason: reason as u8, instance: 0 }, &[]);
+        refuse_on(&self.conn, Kind::Refused, reason);
     }
 
     /// The wire the handshake runs over, starting with the client's Proposal. `None` when the
@@ -255,7 +292,7 @@ impl Registration {
             // Closed, or a message out of turn: the client is not waiting for us.
             _ => return None,
         }
-        // SAFETY: the OwnedFd owns its descriptor and moves into the AsyncFd.
+        // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
         let conn = unsafe { sys::register(self.conn, Interest::READABLE) }.ok()?;
         Some(ServerWire { conn, proposal: Some(self.proposal) })
     }
@@ -263,7 +300,7 @@ impl Registration {
 
 /// The server's end of a handshake on the door (see [`Wire`]).
 pub(crate) struct ServerWire {
-    conn: AsyncFd<OwnedFd>,
+    conn: AsyncFd<PeerFd>,
     /// The Proposal that came with the registration, until the machine has read it.
     proposal: Option<Vec<u8>>,
 }
@@ -316,7 +353,8 @@ impl Door {
                             return None;
                         }
                     };
-                    return Some(Door { name, listener, allowed_uids, state: Mutex::default() });
+                    let budget = entry_budget();
+                    return Some(Door { name, listener, allowed_uids, budget, state: Mutex::default() });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
                 Err(e) => {
@@ -340,7 +378,8 @@ impl Door {
 
     /// The registration of the connection from `peer` to our `local` address, if its client
     /// registered one. Drains the door first when it is not known yet, so a registration sent
-    /// before the connection is always found. Never waits.
+    /// before the connection is found (unless a flood of knocks is queued ahead of it). Never
+    /// waits.
     pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let (peer, local) = (sys::unmap(peer), sys::unmap(local));
         let mut st = self.lock();
@@ -351,35 +390,52 @@ impl Door {
         st.take(peer, local)
     }
 
-    /// Registrations waiting for their connections now.
+    /// Registrations and unregistered door connections held now: while there are any, the
+    /// listener sweeps.
     pub(crate) fn pending(&self) -> usize {
-        self.lock().count
+        self.lock().held()
     }
 
-    /// Waits until the door has new connections, then takes them in (for the listener task).
-    /// An error (no descriptor for a new connection, say) is returned so that the caller backs
-    /// off instead of spinning on a door that stays readable.
-    pub(crate) fn poll_drain(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Stops taking registrations: clients that look for the door from now on find it closed,
+    /// and connect as plain TCP (the listener is closing).
+    pub(crate) fn close(&self) {
+        // SAFETY: plain syscall on a descriptor we own; a shut-down listening Unix socket
+        // refuses connections.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(self.listener.get_ref()), libc::SHUT_RDWR) };
+    }
+
+    /// Waits until the door has new connections, then takes a batch in (for the listener
+    /// task). `Ok(true)`: more may be queued (the caller comes back after other work). An error
+    /// (no descriptor for a new connection, say) is returned so that the caller backs off
+    /// instead of spinning on a door that stays readable.
+    pub(crate) fn poll_drain(&self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
         let mut guard = ready!(self.listener.poll_read_ready(cx))?;
         let mut st = self.lock();
         match self.drain(&mut st) {
-            Ok(()) => {
+            Ok(true) => Poll::Ready(Ok(true)),
+            Ok(false) => {
                 guard.clear_ready();
-                Poll::Ready(Ok(()))
+                Poll::Ready(Ok(false))
             }
             Err(e) => Poll::Ready(Err(e)),
         }
     }
 
-    /// Accepts every waiting door connection and reads every registration that has arrived.
-    /// `Ok`: the door's queue was found empty; an error: a connection could not be accepted
-    /// (it stays queued for a later drain).
-    fn drain(&self, st: &mut DoorState) -> io::Result<()> {
-        let res = loop {
+    /// Accepts up to [`DRAIN_BATCH`] waiting door connections and reads every registration
+    /// that has arrived. `Ok(false)`: the door's queue was found empty; `Ok(true)`: the batch
+    /// ended first; an error: a connection could not be accepted (it stays queued for a later
+    /// drain).
+    fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
+        let mut res = Ok(true);
+        for _ in 0..DRAIN_BATCH {
             match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) => match sys::peer_cred(conn.as_fd()) {
                     Ok(cred) if trusted(cred.uid, &self.allowed_uids) => {
-                        st.waiting.push(Waiting { conn, cred, since: Instant::now() })
+                        if st.held() >= self.budget {
+                            refuse_on(&conn, Kind::Unmatched, DeclineReason::HandshakeCongested);
+                        } else {
+                            st.waiting.push(Waiting { conn, cred, since: Instant::now() });
+                        }
                     }
                     Ok(cred) => {
                         tracing::debug!(uid = cred.uid, pid = cred.pid, "refusing a door connection from another uid");
@@ -387,15 +443,19 @@ impl Door {
                     }
                     Err(e) => tracing::debug!(error = %e, "door connection without credentials"),
                 },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    res = Ok(false);
+                    break;
+                }
                 Err(e) => {
                     // EMFILE and friends: the connections stay queued for a later drain; the
                     // clients behind them get no verdict and stay on TCP.
                     tracing::debug!(error = %e, "door accept");
-                    break Err(e);
+                    res = Err(e);
+                    break;
                 }
             }
-        };
+        }
         let waiting = std::mem::take(&mut st.waiting);
         for w in waiting {
             match recv_frame(w.conn.as_fd()) {
@@ -411,16 +471,14 @@ impl Door {
     }
 
     /// Drops registrations whose client cancelled, went away or waited too long, and door
-    /// connections that never registered. Returns whether any are left (the caller sweeps
-    /// again later while there are).
-    pub(crate) fn sweep(&self) -> bool {
+    /// connections that never registered.
+    pub(crate) fn sweep(&self) {
         let mut st = self.lock();
         let _ = self.drain(&mut st);
         let mut removed = 0;
         st.entries.retain(|_, list| {
             list.retain(|e| {
-                let alive = e.since.elapsed() < ENTRY_TTL
-                    && matches!(recv_frame(e.conn.as_fd()), Err(ref err) if err.kind() == io::ErrorKind::WouldBlock);
+                let alive = e.since.elapsed() < ENTRY_TTL && e.waiting();
                 if !alive {
                     removed += 1;
                 }
@@ -429,36 +487,26 @@ impl Door {
             !list.is_empty()
         });
         st.count -= removed;
-        st.count > 0 || !st.waiting.is_empty()
     }
 }
 
 impl DoorState {
-    fn register(&mut self, w: Waiting, frame: Frame, proposal: Vec<u8>, fds: Vec<OwnedFd>) {
-        let refuse = |conn: &OwnedFd, reason: DeclineReason| {
-            let _ = send_frame(conn.as_fd(), Frame { kind: Kind::Unmatched, reason: reason as u8, instance: 0 }, &[]);
+    fn register(&mut self, w: Waiting, frame: Frame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
+        let mut fds = fds.into_iter();
+        let (Some(sock), None) = (fds.next(), fds.next()) else {
+            tracing::debug!("door registration without exactly one socket");
+            return refuse_on(&w.conn, Kind::Unmatched, DeclineReason::SyncError);
         };
-        let [sock] = fds.as_slice() else {
-            tracing::debug!(fds = fds.len(), "door registration without exactly one socket");
-            return refuse(&w.conn, DeclineReason::SyncError);
-        };
-        let (bound, connected) = match sys::registrable_socket(sock.as_fd()) {
-            Ok(a) => a,
+        let port = match sys::registrable_socket(sock.as_fd()) {
+            Ok(p) => p,
             Err(why) => {
                 tracing::debug!(why, "door registration with an unusable socket");
-                return refuse(&w.conn, DeclineReason::SyncError);
+                return refuse_on(&w.conn, Kind::Unmatched, DeclineReason::SyncError);
             }
         };
-        // The socket was proof, and is closed now (with `fds`): holding it would keep the
-        // client's socket open after the client closes it.
-        drop(fds);
-        if self.count >= MAX_ENTRIES {
-            return refuse(&w.conn, DeclineReason::HandshakeCongested);
-        }
         self.count += 1;
-        self.entries.entry(bound.port()).or_default().push(Entry {
-            bound,
-            connected,
+        self.entries.entry(port).or_default().push(Entry {
+            sock,
             conn: w.conn,
             cred: w.cred,
             instance: frame.instance,
@@ -467,55 +515,19 @@ impl DoorState {
         });
     }
 
-    /// Takes the registration for a connection from `peer` to `local`: the one whose socket was
-    /// bound to that port (and that address, or the wildcard), and, if it had connected when we
-    /// looked, to `local`. Two that both fit (two sockets of one uid sharing a port through
-    /// SO_REUSEPORT) are both answered "no": the connection cannot be told apart, so it stays
-    /// plain, and so does the other's.
+    /// Takes the registration for a connection from `peer` to `local`: the one whose socket is
+    /// that connection's client end (its four-tuple, seen from the other side). At most one
+    /// socket in the system has that four-tuple.
     fn take(&mut self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let list = self.entries.get_mut(&peer.port())?;
-        let fits = |e: &Entry| {
-            e.bound.is_ipv4() == peer.is_ipv4()
-                && (e.bound.ip().is_unspecified() || e.bound.ip() == peer.ip())
-                && e.connected.is_none_or(|c| c == local)
-        };
-        let mut n = list.iter().filter(|e| fits(e)).count();
-        if n > 1 {
-            // Cancelled registrations the sweep has not reached yet (their client closed the
-            // door connection) stand in nobody's way.
-            let before = list.len();
-            list.retain(|e| {
-                !fits(e)
-                    || matches!(recv_frame(e.conn.as_fd()), Err(ref err) if err.kind() == io::ErrorKind::WouldBlock)
-            });
-            self.count -= before - list.len();
-            n = list.iter().filter(|e| fits(e)).count();
-        }
-        if n == 0 {
-            return None;
-        }
-        let mut taken: Vec<Entry> = Vec::with_capacity(n);
-        let mut i = 0;
-        while i < list.len() {
-            if fits(&list[i]) {
-                taken.push(list.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
+        let i = list.iter().position(|e| sys::socket_tuple(e.sock.as_fd()) == Some((peer, local)))?;
+        let e = list.swap_remove(i);
         if list.is_empty() {
             self.entries.remove(&peer.port());
         }
-        self.count -= taken.len();
-        if taken.len() > 1 {
-            tracing::debug!(%peer, n = taken.len(), "several registrations for one port: all stay tcp");
-            for e in taken {
-                let client = identity(&e);
-                Registration { conn: e.conn, client, proposal: e.proposal }.refuse(DeclineReason::SyncError);
-            }
-            return None;
-        }
-        taken.pop().map(|e| Registration { client: identity(&e), conn: e.conn, proposal: e.proposal })
+        self.count -= 1;
+        // The proof has served; the socket is let go now (on the closer thread).
+        Some(Registration { client: identity(&e), conn: e.conn, proposal: e.proposal })
     }
 }
 
@@ -528,7 +540,7 @@ fn identity(e: &Entry) -> ClientIdentity {
 /// A client's registration at the doors of one address (one per member of a reuseport group
 /// that has a door). Dropping it closes them: the registration is cancelled.
 pub(crate) struct ClientRegistration {
-    doors: Vec<OwnedFd>,
+    doors: Vec<PeerFd>,
     port: PortClaim,
 }
 
@@ -561,7 +573,7 @@ impl fmt::Debug for ClientRegistration {
 /// address, and, when `dst` is this host's, listeners bound to the wildcard of its port; with
 /// every member of their reuseport groups. Doors owned by an untrusted uid are skipped. Also
 /// says whether a door was found too busy to take a connection.
-fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<OwnedFd>, bool) {
+fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
     let dst = sys::unmap(dst);
     let mut bases = vec![base_name(dst)];
     if sys::is_local_ip(dst.ip()) {
@@ -592,7 +604,7 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<OwnedFd>, bool) {
             match sys::seqpacket_connect_with(fd, &name) {
                 Ok(fd) => match sys::peer_cred(fd.as_fd()) {
                     Ok(cred) if trusted(cred.uid, allowed_uids) => {
-                        doors.push(fd);
+                        doors.push(PeerFd::new(fd));
                         if index == 0 {
                             // A solo listener has no siblings.
                             break;
@@ -696,8 +708,8 @@ impl fmt::Debug for ClientWire {
 /// A client's door connection, registered with the reactor only once it has to be waited for
 /// (the answer is often there by the time the TCP connect completes).
 enum DoorFd {
-    Plain(OwnedFd),
-    Watched(AsyncFd<OwnedFd>),
+    Plain(PeerFd),
+    Watched(AsyncFd<PeerFd>),
 }
 
 impl DoorFd {
@@ -711,7 +723,7 @@ impl DoorFd {
     /// Registers the descriptor in `slot` with the reactor (once).
     fn watch(slot: &mut Option<DoorFd>) -> io::Result<()> {
         *slot = match slot.take() {
-            // SAFETY: the OwnedFd owns its descriptor and moves into the AsyncFd.
+            // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
             Some(DoorFd::Plain(fd)) => Some(DoorFd::Watched(unsafe { sys::register(fd, Interest::READABLE) }?)),
             other => other,
         };
@@ -745,6 +757,12 @@ impl ClientWire {
             Ok(Some((f, _, _))) if f.kind == Kind::Unmatched && self.chosen.is_none() => {
                 self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
                 self.doors[i] = None;
+                self.all_said_no()
+            }
+            // The listener that got the connection says it stays TCP: no other door will answer.
+            Ok(Some((f, _, _))) if f.kind == Kind::Refused && self.chosen.is_none() => {
+                self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
+                self.doors.iter_mut().for_each(|d| *d = None);
                 self.all_said_no()
             }
             // Closed, or nonsense from a door: nothing more from it.
@@ -802,15 +820,14 @@ impl Wire for ClientWire {
                 for d in self.doors.iter().flatten() {
                     let DoorFd::Watched(d) = d else { continue };
                     if let Poll::Ready(r) = d.poll_read_ready(cx) {
-                        if let Ok(mut g) = r {
-                            g.clear_ready();
-                        }
-                        return Poll::Ready(());
+                        let mut g = r?;
+                        g.clear_ready();
+                        return Poll::Ready(Ok::<(), io::Error>(()));
                     }
                 }
                 Poll::Pending
             })
-            .await;
+            .await?;
         }
     }
 }

@@ -327,8 +327,9 @@ pub(crate) fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Accepts one connection (non-blocking; `WouldBlock` when none is waiting).
-pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+/// Accepts one connection (non-blocking; `WouldBlock` when none is waiting). Anyone may have
+/// connected and queued descriptors in it: it is a [`PeerFd`].
+pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<PeerFd> {
     loop {
         // SAFETY: NULL address buffers are allowed; flags are constants.
         let r = unsafe {
@@ -341,7 +342,7 @@ pub(crate) fn seqpacket_accept(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         };
         match cvt(r) {
             // SAFETY: accept4 returned a new descriptor nothing else owns.
-            Ok(c) => return Ok(unsafe { OwnedFd::from_raw_fd(c) }),
+            Ok(c) => return Ok(PeerFd::new(unsafe { OwnedFd::from_raw_fd(c) })),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
@@ -380,6 +381,111 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
             }
             Err(e) => return Err((fd, e)),
         }
+    }
+}
+
+// ----- descriptors another process had a hand in -----------------------------------------
+
+/// A descriptor another process may have had a hand in: one it sent us (`SCM_RIGHTS`), or a
+/// Unix socket it can queue descriptors into (a door or side-channel connection).
+///
+/// Closing such a descriptor can block the closing thread: the last close of a TCP socket with
+/// `SO_LINGER` set and unsent data waits out the linger time, a file on a FUSE mount waits for
+/// its daemon, and closing a Unix socket closes every descriptor still queued in it, in the
+/// closing thread. A local process of any uid can knock on a door, so none of this may run on a
+/// runtime worker: dropping a `PeerFd` hands the descriptor to the closer thread.
+pub(crate) struct PeerFd(Option<OwnedFd>);
+
+impl PeerFd {
+    pub(crate) fn new(fd: OwnedFd) -> PeerFd {
+        PeerFd(Some(fd))
+    }
+}
+
+impl std::fmt::Debug for PeerFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PeerFd").field(&self.as_raw_fd()).finish()
+    }
+}
+
+impl std::os::fd::AsFd for PeerFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.0 {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("a PeerFd is only emptied by drop"),
+        }
+    }
+}
+
+impl AsRawFd for PeerFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.as_fd().as_raw_fd()
+    }
+}
+
+impl Drop for PeerFd {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            close_later(fd);
+        }
+    }
+}
+
+/// Closes `fd` on the closer thread (see [`PeerFd`]), or here if that thread cannot be started.
+pub(crate) fn close_later(fd: OwnedFd) {
+    static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<OwnedFd>>> = std::sync::OnceLock::new();
+    let closer = CLOSER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let spawned = std::thread::Builder::new().name("smc-tokio-closer".into()).spawn(move || {
+            for fd in rx {
+                disarm_linger(std::os::fd::AsFd::as_fd(&fd));
+                drop(fd);
+            }
+        });
+        match spawned {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the descriptor closer thread: closing in place");
+                None
+            }
+        }
+    });
+    if let Some(tx) = closer {
+        if let Err(std::sync::mpsc::SendError(fd)) = tx.send(fd) {
+            drop(fd);
+        }
+    }
+}
+
+/// Turns `SO_LINGER` off on a socket about to be closed, so that its close does not wait (the
+/// kernel still sends what is queued, in the background). Not a socket, or no linger: nothing.
+fn disarm_linger(fd: BorrowedFd<'_>) {
+    // SAFETY: linger is plain data; all-zero is valid.
+    let mut l: libc::linger = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: `l` and `len` are valid for writes; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && l.l_onoff != 0 {
+        let off = libc::linger { l_onoff: 0, l_linger: 0 };
+        // SAFETY: `off` is a valid linger of the length given.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&off as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
     }
 }
 
@@ -431,11 +537,15 @@ pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd
 }
 
 /// Receives one datagram and up to [`MAX_FDS`] descriptors. Returns the datagram's length (0 on
-/// EOF) and the descriptors. A truncated datagram or control message is an error (and the
-/// descriptors that did arrive are closed).
-pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+/// EOF) and the descriptors (as [`PeerFd`]s: those the caller does not keep are closed off the
+/// runtime). A truncated datagram or control message is an error (and the descriptors that did
+/// arrive are closed).
+pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<PeerFd>)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut cbuf = [0u64; 8];
+    // Room for every descriptor one message can carry (the kernel's SCM_MAX_FD, 253, in one
+    // SCM_RIGHTS header: 16 + 253 * 4 bytes): descriptors that do not fit are closed by the
+    // kernel in this thread, which is what `PeerFd` keeps off the runtime.
+    let mut cbuf = [0u64; 130];
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -463,7 +573,7 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
                 let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
                 let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
                 for i in 0..payload / std::mem::size_of::<libc::c_int>() {
-                    fds.push(OwnedFd::from_raw_fd(d.add(i).read_unaligned()));
+                    fds.push(PeerFd::new(OwnedFd::from_raw_fd(d.add(i).read_unaligned())));
                 }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -700,30 +810,15 @@ pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> 
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
 }
 
-/// What a server learns about a socket a client handed it at the door: its local address and,
-/// if it has connected by now (the server reads registrations lazily), its peer's. Refused:
-/// anything but a bound TCP socket, a listening socket, and `SO_REUSEADDR`.
-pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<(SocketAddr, Option<SocketAddr>), &'static str> {
+/// The port of a socket a client handed a server at the door, once it is known to be a bound
+/// TCP socket that is not listening (anything else is refused: it cannot be the client end of
+/// a connection).
+pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<u16, &'static str> {
     // TCP_INFO answers only on a TCP stream socket (EOPNOTSUPP or ENOPROTOOPT on anything else).
     match tcp_state(fd) {
         None => return Err("not a tcp socket"),
         Some(TCP_LISTEN) => return Err("a listening socket"),
         Some(_) => {}
-    }
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || v != 0 {
-        return Err("SO_REUSEADDR would let another uid share its port");
     }
     let sock = socket2::SockRef::from(&fd);
     // An inet address (AF_INET or AF_INET6) or nothing: the family is checked here.
@@ -731,8 +826,24 @@ pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<(SocketAddr, Opti
     if local.port() == 0 {
         return Err("not bound to a port");
     }
-    let peer = sock.peer_addr().ok().and_then(|a| a.as_socket()).map(unmap);
-    Ok((unmap(local), peer))
+    Ok(local.port())
+}
+
+/// A connected socket's (local, peer) addresses, IPv4-mapped ones unmapped; `None` when it is
+/// not (or no longer) connected.
+pub(crate) fn socket_tuple(fd: BorrowedFd<'_>) -> Option<(SocketAddr, SocketAddr)> {
+    let sock = socket2::SockRef::from(&fd);
+    let local = sock.local_addr().ok()?.as_socket()?;
+    let peer = sock.peer_addr().ok()?.as_socket()?;
+    Some((unmap(local), unmap(peer)))
+}
+
+/// The soft limit on open descriptors (`RLIMIT_NOFILE`), if it can be read.
+pub(crate) fn nofile_limit() -> Option<u64> {
+    // SAFETY: rlimit is plain data; all-zero is valid.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `r` is valid for writes.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0).then_some(r.rlim_cur)
 }
 
 /// `TCP_LISTEN` in `tcp_info.tcpi_state` (include/net/tcp_states.h).
@@ -856,25 +967,45 @@ mod door_tests {
     fn a_bound_client_socket_is_registrable_and_others_are_not() {
         let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let s = bound_tcp_socket(dst, |_| false).unwrap();
-        let (bound, peer) = registrable_socket(s.as_fd()).expect("our own client socket");
-        assert!(bound.ip().is_unspecified() && bound.port() != 0 && peer.is_none());
-        // Connected by the time the server looks: its peer is known.
+        let port = registrable_socket(s.as_fd()).expect("our own client socket");
+        assert_eq!(Some(port), s.local_addr().unwrap().as_socket().map(|a| a.port()));
+        assert_eq!(socket_tuple(s.as_fd()), None, "not connected yet");
+        // Connected: its four-tuple is the one the server's accepted end sees, reversed.
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = bound_tcp_socket(dst, |_| false).unwrap();
-        let _ = c.connect(&l.local_addr().unwrap().into());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let (bound, peer) = registrable_socket(c.as_fd()).expect("a connected client socket");
-        assert_eq!(bound.ip(), std::net::Ipv4Addr::LOCALHOST);
-        assert_eq!(peer, Some(l.local_addr().unwrap()));
-        // SO_REUSEADDR lets any uid share the port.
-        s.set_reuse_address(true).unwrap();
-        assert!(registrable_socket(s.as_fd()).is_err());
+        c.connect(&l.local_addr().unwrap().into())
+            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
+            .unwrap();
+        let (server_end, peer) = l.accept().unwrap();
+        assert!(registrable_socket(c.as_fd()).is_ok());
+        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
         // A listener, an unbound socket, a UDP socket.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(registrable_socket(l.as_fd()).is_err());
         let u = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         assert!(registrable_socket(u.as_fd()).is_err());
         let d = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         assert!(registrable_socket(d.as_fd()).is_err());
+    }
+
+    #[test]
+    fn a_dual_stack_view_of_a_v4_connection_unmaps() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", l.local_addr().unwrap().port()).parse().unwrap();
+        let c = bound_tcp_socket(mapped, |_| false).unwrap();
+        c.connect(&mapped.into())
+            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
+            .unwrap();
+        let (server_end, peer) = l.accept().unwrap();
+        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
+    }
+
+    /// A descriptor handed to the closer is closed (its peer reads EOF), off this thread.
+    #[test]
+    fn the_closer_closes() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        close_later(OwnedFd::from(a));
+        b.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut &b, &mut buf).unwrap(), 0);
     }
 }

@@ -141,6 +141,56 @@ async fn a_listener_dropped_mid_handshake_declines_and_the_client_reads_the_end(
     let r = bounded(10, s.read_to_end(&mut b)).await;
     assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
     assert!(b.is_empty());
+    // The port was closed with the listener, not when its last handshake task ended: it can be
+    // bound again at once (tokio's listeners set SO_REUSEADDR, as ours do).
+    let again = tokio::net::TcpListener::bind(addr).await.expect("the dropped listener's port is free");
+    let _c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    bounded(10, again.accept()).await.unwrap();
+    faults::clear(addr);
+}
+
+/// A member of a reuseport group that refuses a connection's handshake (its slots are taken)
+/// tells the client at once that the connection stays TCP: the client does not wait for the
+/// other members' doors, which never see the connection.
+#[tokio::test]
+async fn a_refusal_in_a_reuseport_group_is_final() {
+    let bind = |addr: SocketAddr| {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.set_reuseport(true).unwrap();
+        s.set_reuseaddr(true).unwrap();
+        s.bind(addr).unwrap();
+        SmcListener::builder()
+            .handshake_timeout(Duration::from_secs(5))
+            .limit_handshake(true)
+            .max_pending_handshakes(1)
+            .from_tcp(s.listen(1024).unwrap())
+    };
+    let first = bind("127.0.0.1:0".parse().unwrap());
+    let addr = first.local_addr().unwrap();
+    let second = bind(addr);
+    let mut rx1 = serve_echo(first);
+    let mut rx2 = serve_echo(second);
+    // Every handshake stalls for a second in the server's decision, holding its listener's
+    // only slot: of five concurrent clients at least three land on a listener that is full.
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(1));
+    let clients: Vec<_> = (0..5).map(|_| tokio::spawn(SmcStream::connect(addr))).collect();
+    let congested = declined(DeclineReason::HandshakeCongested, Side::Peer);
+    let mut refused = 0;
+    for c in clients {
+        let s = bounded(20, c).await.unwrap().unwrap();
+        let t = s.transport();
+        assert!(t == Transport::SmcD || t == congested, "{t}: a refusal must not end in the client's timeout");
+        refused += usize::from(t == congested);
+        bounded(10, echo_check(s, b"either way", 3, refused as u64)).await;
+    }
+    assert!(refused >= 3, "{refused} refused");
+    let mut served = 0;
+    while served < 5 {
+        tokio::select! {
+            Some(_) = rx1.recv() => served += 1,
+            Some(_) = rx2.recv() => served += 1,
+        }
+    }
     faults::clear(addr);
 }
 

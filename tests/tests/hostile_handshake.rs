@@ -182,3 +182,96 @@ async fn a_tight_descriptor_limit_gives_clear_errors_or_tcp_never_a_panic() {
     let text = run("2").await;
     assert!(text.contains("CONN 0 tcp (declined locally:") && text.contains("write_ok=true"), "{text}");
 }
+
+/// A registration proves nothing once its socket is closed: a later connection from the same
+/// port (here a plain client's) is served as plain TCP at once, and the door connection that
+/// registered hears nothing of it.
+#[tokio::test]
+async fn a_registration_whose_socket_was_closed_matches_no_later_connection() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = tx.send(s.transport());
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = s.into_split();
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+            });
+        }
+    });
+    let (door, port) = tokio::task::spawn_blocking(move || {
+        let door = hostile::side_connect(&hostile::door_name(addr)).unwrap();
+        let sock = hostile::bound_tcp_socket();
+        let port = hostile::bound_port(sock.as_fd());
+        let frame = hostile::door_frame(hostile::DOOR_REGISTER, 0, 77, &hostile::shm_proposal(64 << 10));
+        hostile::send_fds(door.as_fd(), &frame, &[sock.as_raw_fd()]).unwrap();
+        // The socket goes; the registration (and its door connection) stays.
+        drop(sock);
+        (door, port)
+    })
+    .await
+    .unwrap();
+    // Give the listener time to take the registration in before the connection arrives.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A plain client on the registered port.
+    let plain = tokio::task::spawn_blocking(move || {
+        let fd = hostile::tcp_socket_bound_to(port).expect("bind to the registered port");
+        hostile::connect_v4(fd.as_fd(), addr).unwrap();
+        std::net::TcpStream::from(fd)
+    })
+    .await
+    .unwrap();
+    plain.set_nonblocking(true).unwrap();
+    let plain = TcpStream::from_std(plain).unwrap();
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    bounded(10, echo_check(plain, b"mine, not the registrant's", 7, 1)).await;
+    // Nothing reached the registrant's door connection: no Accept, no verdict.
+    let r = hostile::recv_now(door.as_fd());
+    assert!(r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock), "the door said something: {r:?}");
+}
+
+/// Descriptors that come through the door are closed off the runtime: registered sockets whose
+/// close would block (see `hostile::lingering_socket`), one with a registration the listener keeps
+/// until it goes stale and one queued unread in a door connection it drops, do not stall the
+/// listener. On a current-thread runtime, a close on the runtime thread would stop everything,
+/// the test's own timers included, for the linger time.
+#[tokio::test(flavor = "current_thread")]
+async fn sockets_that_block_on_close_do_not_stall_the_listener() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tests::spawn_echo(l);
+    let (door, knock, sinks) = tokio::task::spawn_blocking(move || {
+        let (a, sink_a) = hostile::lingering_socket();
+        let (b, sink_b) = hostile::lingering_socket();
+        // Registered, then our copy closed: the listener holds the last reference, and lets it
+        // go when the registration goes stale (its door connection closed).
+        let door = hostile::side_connect(&hostile::door_name(addr)).unwrap();
+        let frame = hostile::door_frame(hostile::DOOR_REGISTER, 0, 78, &hostile::shm_proposal(64 << 10));
+        hostile::send_fds(door.as_fd(), &frame, &[a.as_raw_fd()]).unwrap();
+        drop(a);
+        // Sent with garbage: the listener drops the knock and what came with it.
+        let knock = hostile::side_connect(&hostile::door_name(addr)).unwrap();
+        hostile::send_fds(knock.as_fd(), b"garbage", &[b.as_raw_fd()]).unwrap();
+        drop(b);
+        (door, knock, (sink_a, sink_b))
+    })
+    .await
+    .unwrap();
+    drop(door);
+    // The listener sweeps the cancelled registration (within 100 ms) and drops the garbage
+    // knock; meanwhile and after, it serves. A blocked runtime thread blocks tokio's timers
+    // too (a `timeout` whose future is ready when it is next polled reports success however
+    // late), so the stall is caught with the wall clock: a hang detector with the linger time
+    // as its scale, not a performance bound.
+    let start = std::time::Instant::now();
+    for i in 0..20 {
+        let c = bounded(10, TcpStream::connect(addr)).await.unwrap();
+        bounded(10, echo_check(c, b"still serving", 3, i)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(start.elapsed() < Duration::from_secs(30), "the runtime stalled for {:?}", start.elapsed());
+    drop((knock, sinks));
+}

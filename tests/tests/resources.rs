@@ -164,6 +164,8 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     let b = SmcStream::builder().shm(shm.clone());
     let mut conns = vec![bounded(10, b.connect(saddr)).await.unwrap()];
     assert_eq!(conns[0].transport(), Transport::SmcD);
+    // Door connections are closed on the closer thread: let it catch up.
+    settle().await;
     let c_one = report("client, 1 connection", cbase);
     assert_eq!(c_one - cbase, 1 + 3, "client: the TCP socket, two doorbell sockets and the side channel");
     for _ in 0..99 {
@@ -171,6 +173,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
         assert_eq!(s.transport(), Transport::SmcD);
         conns.push(s);
     }
+    settle().await;
     let c_hundred = report("client, 100 connections (1 link group)", cbase);
     assert_eq!(c_hundred - c_one, 99, "client: one descriptor per further connection");
     // Touch every ring once (64 KiB writes into each connection's RMB in our region).

@@ -29,7 +29,7 @@ use tokio::io::ReadBuf;
 use tokio::net::TcpStream;
 
 use crate::proto::clc::{
-    decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Token, CLC_EYECATCHER, CLC_HEADER_LEN, CLC_MAX_LEN,
+    decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Token, CLC_EYECATCHER, CLC_MAX_LEN,
 };
 use crate::stats;
 
@@ -42,9 +42,10 @@ pub(crate) enum Owed {
     Answer,
 }
 
-/// How long a few bytes that match the start of the eyecatcher wait for the rest before they
-/// are taken for application data. Our handshake messages are written whole and are far
-/// smaller than a segment, so they arrive whole: a lone prefix is someone else's bytes. The
+/// How long bytes that start like a handshake message (from a lone first byte of the
+/// eyecatcher to a whole header whose body is missing) wait for more before they are taken for
+/// application data (each new byte starts the wait again). Our handshake messages are written whole and are far smaller than a
+/// segment, so they arrive whole: a prefix that stays a prefix is someone else's bytes. The
 /// wait only covers a segment split by a middlebox.
 const PARTIAL_WAIT: Duration = Duration::from_millis(50);
 
@@ -242,9 +243,13 @@ impl InbandGuard {
                     st.phase = if st.held.is_empty() { Phase::Done } else { Phase::Deliver };
                     return Poll::Ready(Ok(()));
                 }
-                Ok(n) => st.held.extend_from_slice(&tmp[..n]),
+                Ok(n) => {
+                    st.held.extend_from_slice(&tmp[..n]);
+                    // Progress: the wait for the rest starts again.
+                    st.partial = None;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !st.held.is_empty() && st.held.len() < CLC_HEADER_LEN {
+                    if !st.held.is_empty() {
                         let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARTIAL_WAIT)));
                         if timer.as_mut().poll(cx).is_ready() {
                             st.phase = Phase::Deliver;
@@ -368,7 +373,10 @@ fn classify(held: &[u8], owed: Owed, app_wrote: bool) -> Class {
         // declined as the handshake would (the token sits in a body we do not parse).
         Err(ClcError::UnsupportedVersion { len, .. }) if matches!(owed, Owed::Proposal(_)) => {
             let len = usize::from(len);
-            if held.len() < len {
+            if len > CLC_MAX_LEN {
+                // No version of ours sends one this large: not a handshake message.
+                Class::Data
+            } else if held.len() < len {
                 Class::NeedMore
             } else {
                 Class::Take(len, (!app_wrote).then(|| decline(Token::default(), DeclineReason::VersionMismatch)))

@@ -62,9 +62,9 @@ const DOOR_SWEEP: Duration = Duration::from_millis(100);
 /// A proposal that arrives after a connection was handed out is answered with a decline and
 /// never reaches the application.
 ///
-/// Dropping the listener stops its task; handshakes in progress are declined (their clients
-/// continue over TCP and read the end of the connection, as TCP clients of a closed listener
-/// do).
+/// Dropping the listener stops its task and closes its port (new connections are refused, as
+/// with a dropped `TcpListener`); handshakes in progress are declined (their clients continue
+/// over TCP and read the end of the connection, as TCP clients of a closed listener do).
 ///
 /// # Examples
 ///
@@ -165,6 +165,15 @@ impl ListenerShared {
 
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        // The port stops listening now, not when the last handshake task lets go of this
+        // state: new connections are refused, those in the kernel's queue are reset (as when a
+        // listener is closed), and the address can be bound again (by a socket with
+        // SO_REUSEADDR, as tokio's and ours are) while those tasks finish.
+        // SAFETY: plain syscall on a descriptor this state owns.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.tcp), libc::SHUT_RD) };
+        if let Some(d) = &self.door {
+            d.close();
+        }
         self.ready.close();
         self.closing.notify_waiters();
     }
@@ -214,15 +223,29 @@ pub(crate) enum Admit {
 pub(crate) struct QueueTicket(Arc<ListenerShared>);
 
 impl QueueTicket {
-    /// Waits for a slot.
-    pub(crate) async fn slot(self, cfg: &Settings) -> HandshakeSlot {
+    /// Waits for a slot; `None` when the listener closes first.
+    pub(crate) async fn slot(self, cfg: &Settings) -> Option<HandshakeSlot> {
         let max = cfg.max_pending_handshakes.max(1);
         loop {
             let freed = self.0.freed.notified();
-            if let Some(slot) = self.0.try_slot(max) {
-                return slot;
+            if self.0.is_closed() {
+                return None;
             }
-            freed.await;
+            if let Some(slot) = self.0.try_slot(max) {
+                return Some(slot);
+            }
+            let closed = self.0.closed();
+            tokio::pin!(freed, closed);
+            let closed_first = std::future::poll_fn(|cx| {
+                if closed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                freed.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if closed_first {
+                return None;
+            }
         }
     }
 }
@@ -655,7 +678,12 @@ async fn run(shared: Arc<ListenerShared>) {
         if let Some(door) = &shared.door {
             loop {
                 match door.poll_drain(cx) {
-                    Poll::Ready(Ok(())) => continue,
+                    // A full batch: take TCP connections too, then come back.
+                    Poll::Ready(Ok(true)) => {
+                        cx.waker().wake_by_ref();
+                        break;
+                    }
+                    Poll::Ready(Ok(false)) => continue,
                     Poll::Ready(Err(e)) => {
                         tracing::debug!(error = %e, "door");
                         backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));

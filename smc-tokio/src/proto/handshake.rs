@@ -413,7 +413,10 @@ impl ClientHandshake {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
-                self.deadline = now + self.timeouts.peer;
+                // The server may take up to its own decision bound (the same setting on both
+                // ends, as a rule) after our Confirm arrives before it commits: waiting only one
+                // bound could give up on a server that is about to commit.
+                self.deadline = now + self.timeouts.peer.saturating_mul(2);
             }
             Err(_) => self.decline(DeclineReason::Internal, now),
         }

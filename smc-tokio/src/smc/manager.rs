@@ -430,7 +430,7 @@ impl Manager {
         }
     }
 
-    async fn serve_join(&'static self, fd: std::os::fd::OwnedFd, timeout: Duration, acceptor: Vec<u8>) {
+    async fn serve_join(&'static self, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());

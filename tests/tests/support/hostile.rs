@@ -125,6 +125,7 @@ pub const DOOR_VERSION: u8 = 2;
 pub const DOOR_REGISTER: u8 = 1;
 pub const DOOR_CLC: u8 = 2;
 pub const DOOR_UNMATCHED: u8 = 3;
+pub const DOOR_REFUSED: u8 = 4;
 
 /// A door frame: magic, version, kind, reason, a spare byte, the instance, then `payload`.
 pub fn door_frame(kind: u8, reason: u8, instance: u64, payload: &[u8]) -> Vec<u8> {
@@ -166,7 +167,9 @@ pub async fn door_recv_clc(door: &OwnedFd) -> io::Result<Option<ClcMessage>> {
             Decoded::Message(m, n) if n == payload.len() => Ok(Some(m)),
             other => Err(io::Error::other(format!("{other:?}"))),
         },
-        Some((DOOR_UNMATCHED, reason, _)) => Err(io::Error::other(format!("no handshake: reason {reason}"))),
+        Some((DOOR_UNMATCHED | DOOR_REFUSED, reason, _)) => {
+            Err(io::Error::other(format!("no handshake: reason {reason}")))
+        }
         Some((kind, ..)) => Err(io::Error::other(format!("unexpected door message kind {kind}"))),
     }
 }
@@ -206,6 +209,123 @@ pub fn bound_tcp_socket() -> OwnedFd {
     })
     .unwrap();
     fd
+}
+
+/// Sets an integer socket option (tests' sockets only; panics on failure).
+pub fn set_int_opt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .unwrap();
+}
+
+/// The port `fd` is bound to.
+pub fn bound_port(fd: BorrowedFd<'_>) -> u16 {
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    cvt(unsafe { libc::getsockname(fd.as_raw_fd(), (&mut sin as *mut libc::sockaddr_in).cast(), &mut len) }).unwrap();
+    u16::from_be(sin.sin_port)
+}
+
+/// Connects the (bound) socket `fd` to the IPv4 address `addr`, blocking.
+pub fn connect_v4(fd: BorrowedFd<'_>, addr: std::net::SocketAddr) -> io::Result<()> {
+    let std::net::SocketAddr::V4(v4) = addr else { panic!("ipv4 only") };
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: v4.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+        sin_zero: [0; 8],
+    };
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+/// A TCP socket whose close blocks for a minute: SO_LINGER set and unsent data queued to a
+/// receiver that never reads. The receiving end is returned too: it must stay open (closing it
+/// resets the connection, after which the close no longer waits).
+pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
+    let sink = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // A small receive window (inherited by the accepted end) fills fast.
+    set_int_opt(sink.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+    let sock = bound_tcp_socket();
+    set_int_opt(sock.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4096);
+    connect_v4(sock.as_fd(), sink.local_addr().unwrap()).unwrap();
+    let (held, _) = sink.accept().unwrap();
+    let flags = unsafe { libc::fcntl(sock.as_raw_fd(), libc::F_GETFL) };
+    unsafe { libc::fcntl(sock.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    // Send until the window is shut and our queue full: EAGAIN that lasts (a first EAGAIN may
+    // only mean the small send buffer waits for acknowledgements).
+    let chunk = [0u8; 65536];
+    let mut queued = 0usize;
+    let mut full_since: Option<std::time::Instant> = None;
+    while full_since.is_none_or(|t| t.elapsed() < Duration::from_millis(200)) {
+        let n = unsafe { libc::send(sock.as_raw_fd(), chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL) };
+        if n > 0 {
+            queued += n as usize;
+            full_since = None;
+        } else {
+            full_since.get_or_insert_with(std::time::Instant::now);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let mut unsent: libc::c_int = 0;
+    unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut unsent) };
+    assert!(queued > 0 && unsent > 0, "queued {queued}, unsent {unsent}");
+    let linger = libc::linger { l_onoff: 1, l_linger: 60 };
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    (sock, held)
+}
+
+/// A blocking IPv4 TCP socket bound to `0.0.0.0:port` with SO_REUSEPORT.
+pub fn tcp_socket_bound_to(port: u16) -> io::Result<OwnedFd> {
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_int_opt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: 0 },
+        sin_zero: [0; 8],
+    };
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// One message from `fd` without waiting (`WouldBlock` when there is none).
+pub fn recv_now(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut b = [0u8; 4096];
+    let n = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(b[..n as usize].to_vec())
 }
 
 /// Registers a connection to `addr` at its (solo) door as `instance`, with `proposal` (a

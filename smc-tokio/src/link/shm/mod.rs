@@ -25,7 +25,7 @@ use super::{token_slot, Link, LinkError};
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
 use crate::proto::clc::Token;
-use crate::sys::{self, Mmap};
+use crate::sys::{self, Mmap, PeerFd};
 
 pub(crate) mod region;
 
@@ -106,8 +106,8 @@ pub(crate) struct ShmLink {
     _ours_map: Mmap,
     _peer_map: Mmap,
     doorbell: AsyncFd<DoorbellFd>,
-    peer_doorbell: OwnedFd,
-    side: AsyncFd<OwnedFd>,
+    peer_doorbell: PeerFd,
+    side: AsyncFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
     space_epoch: AtomicU64,
@@ -128,9 +128,9 @@ impl ShmLink {
     /// enough for the layout its header claims.
     fn new(
         local: ShmLocal,
-        peer_memfd: OwnedFd,
-        peer_doorbell: OwnedFd,
-        side: AsyncFd<OwnedFd>,
+        peer_memfd: PeerFd,
+        peer_doorbell: PeerFd,
+        side: AsyncFd<PeerFd>,
         busy_poll: Duration,
     ) -> Result<ShmLink, LinkError> {
         let seals =
@@ -485,7 +485,7 @@ impl std::fmt::Display for JoinError {
     }
 }
 
-async fn send_msg(sock: &AsyncFd<OwnedFd>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+async fn send_msg(sock: &AsyncFd<PeerFd>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     loop {
         let mut g = sock.writable().await?;
         match g.try_io(|s| sys::send_with_fds(s.get_ref().as_fd(), msg, fds)) {
@@ -495,7 +495,7 @@ async fn send_msg(sock: &AsyncFd<OwnedFd>, msg: &[u8], fds: &[BorrowedFd<'_>]) -
     }
 }
 
-async fn recv_msg(sock: &AsyncFd<OwnedFd>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+async fn recv_msg(sock: &AsyncFd<PeerFd>) -> io::Result<(Vec<u8>, Vec<PeerFd>)> {
     loop {
         let mut g = sock.readable().await?;
         let mut buf = [0u8; SIDE_MSG_LEN + 1];
@@ -516,8 +516,8 @@ pub(crate) async fn join(
     busy_poll: Duration,
     timeout: Duration,
 ) -> Result<ShmLink, JoinError> {
-    let fd = sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?;
-    // SAFETY: an OwnedFd owns its descriptor.
+    let fd = PeerFd::new(sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?);
+    // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }
         .map_err(|e| JoinError::Refused(e.to_string()))?;
     let exchange = async {
@@ -552,11 +552,11 @@ pub(crate) struct Admission {
 /// the group, the token and the peer's credentials and hands over our half), answers, and
 /// completes the link.
 pub(crate) async fn accept_join(
-    fd: OwnedFd,
+    fd: PeerFd,
     timeout: Duration,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
-    // SAFETY: an OwnedFd owns its descriptor.
+    // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(|e| e.to_string())?;
     let work = async {
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
@@ -591,7 +591,7 @@ mod tests {
     use super::*;
 
     /// A connected socket for the side channel of a hand-built link.
-    fn side() -> AsyncFd<OwnedFd> {
+    fn side() -> AsyncFd<PeerFd> {
         let mut fds = [0; 2];
         // SAFETY: `fds` has room for the two descriptors socketpair writes.
         let r =
@@ -599,8 +599,8 @@ mod tests {
         assert_eq!(r, 0);
         // SAFETY: socketpair returned two new descriptors nobody else owns.
         let (a, _b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: an OwnedFd owns its descriptor.
-        unsafe { sys::register(a, Interest::READABLE) }.unwrap()
+        // SAFETY: a PeerFd owns its descriptor.
+        unsafe { sys::register(PeerFd::new(a), Interest::READABLE) }.unwrap()
     }
 
     fn small() -> Layout {
@@ -616,13 +616,13 @@ mod tests {
     #[tokio::test]
     async fn hostile_regions_and_doorbells_are_refused() {
         let theirs = ShmLocal::create(small()).unwrap();
-        let dup = |fd: &OwnedFd| fd.try_clone().unwrap();
+        let dup = |fd: &OwnedFd| PeerFd::new(fd.try_clone().unwrap());
 
         // An unsealed memfd (it could shrink under us: SIGBUS on the next access).
         let unsealed = sys::memfd(c"hostile", small().total_len).unwrap();
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
-            unsealed,
+            PeerFd::new(unsealed),
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
@@ -634,7 +634,7 @@ mod tests {
         sys::add_seals(grow_only.as_fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).unwrap();
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
-            grow_only,
+            PeerFd::new(grow_only),
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
@@ -654,7 +654,13 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         // SAFETY: pipe returned two new descriptors nobody else owns.
         let (_r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        let e = err_of(ShmLink::new(ShmLocal::create(small()).unwrap(), dup(&theirs.memfd), w, side(), Duration::ZERO));
+        let e = err_of(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            dup(&theirs.memfd),
+            PeerFd::new(w),
+            side(),
+            Duration::ZERO,
+        ));
         assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
 
         // An eventfd (the same O_NONBLOCK problem, on both the ring and the drain).
@@ -663,8 +669,13 @@ mod tests {
         assert!(efd >= 0);
         // SAFETY: a new descriptor nobody else owns.
         let efd = unsafe { OwnedFd::from_raw_fd(efd) };
-        let e =
-            err_of(ShmLink::new(ShmLocal::create(small()).unwrap(), dup(&theirs.memfd), efd, side(), Duration::ZERO));
+        let e = err_of(ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            dup(&theirs.memfd),
+            PeerFd::new(efd),
+            side(),
+            Duration::ZERO,
+        ));
         assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
 
         // Our own doorbell sent back (we would ring ourselves).
@@ -683,7 +694,7 @@ mod tests {
         sys::add_seals(short.as_fd(), sys::REGION_SEALS).unwrap();
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
-            short,
+            PeerFd::new(short),
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
