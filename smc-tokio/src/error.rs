@@ -18,6 +18,11 @@ use crate::transport::FallbackReason;
 /// let err: io::Error = SmcError::FallbackRefused(FallbackReason::PeerNoSmc).into();
 /// assert_eq!(err.kind(), io::ErrorKind::Unsupported);
 /// assert!(matches!(SmcError::from_io(&err), Some(SmcError::FallbackRefused(_))));
+///
+/// // After the handshake: a dead peer, a failed link and a protocol violation are told apart.
+/// let err: io::Error = SmcError::PeerGone.into();
+/// assert_eq!(err.kind(), io::ErrorKind::ConnectionReset);
+/// assert_eq!(SmcError::from_io(&err), Some(&SmcError::PeerGone));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -27,6 +32,20 @@ pub enum SmcError {
     FallbackRefused(FallbackReason),
     /// The handshake failed and left the TCP connection unusable.
     Handshake(HandshakeError),
+    /// The peer went away without closing the connection (its process exited or was killed,
+    /// its link stopped answering, or the TCP connection under the SMC one was reset), while it
+    /// had not read everything this side sent. Reads first return every byte the peer sent;
+    /// this error (kind `ConnectionReset`, as TCP's reset) comes after them. A peer that had
+    /// read everything ends the stream with EOF instead, as TCP's FIN does.
+    PeerGone,
+    /// The link under the connection failed locally (a system call on the link, an RDMA work
+    /// completion): reads first return what arrived before; then this error (kind
+    /// `ConnectionAborted`). The string says what failed.
+    LinkFailed(String),
+    /// The peer broke the SMC protocol (an invalid cursor, a malformed CDC message, a region
+    /// or control word out of bounds): the connection ends at once (kind `InvalidData`). The
+    /// string says what was wrong.
+    Protocol(String),
 }
 
 impl SmcError {
@@ -41,6 +60,9 @@ impl SmcError {
             SmcError::Handshake(HandshakeError::Timeout) => io::ErrorKind::TimedOut,
             SmcError::Handshake(HandshakeError::Eof) => io::ErrorKind::UnexpectedEof,
             SmcError::Handshake(_) => io::ErrorKind::InvalidData,
+            SmcError::PeerGone => io::ErrorKind::ConnectionReset,
+            SmcError::LinkFailed(_) => io::ErrorKind::ConnectionAborted,
+            SmcError::Protocol(_) => io::ErrorKind::InvalidData,
         }
     }
 }
@@ -52,6 +74,9 @@ impl fmt::Display for SmcError {
                 write!(f, "smc required by policy, but the connection would fall back to tcp: {r}")
             }
             SmcError::Handshake(e) => write!(f, "smc handshake failed: {e}"),
+            SmcError::PeerGone => f.write_str("smc peer went away without closing the connection"),
+            SmcError::LinkFailed(w) => write!(f, "smc link failed: {w}"),
+            SmcError::Protocol(w) => write!(f, "smc peer broke the protocol: {w}"),
         }
     }
 }
@@ -60,7 +85,7 @@ impl std::error::Error for SmcError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SmcError::Handshake(e) => Some(e),
-            SmcError::FallbackRefused(_) => None,
+            SmcError::FallbackRefused(_) | SmcError::PeerGone | SmcError::LinkFailed(_) | SmcError::Protocol(_) => None,
         }
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! The model mirrors the protocol step for step with loom's atomics (the real code runs on raw
 //! shared memory, which loom cannot instrument):
-//! - receiver, before sleeping: `armed = epoch` (SeqCst), fence(SeqCst), re-check `cdc_prod`;
+//! - receiver, before sleeping: `armed = epoch` (SeqCst), fence(SeqCst), re-check `cdc_prod`
+//!   (every load of the peer's read-only region is relaxed, with an acquire fence after it);
 //! - sender, after writing a frame: `cdc_prod = n` (Release), fence(SeqCst), load `armed`, ring
 //!   the eventfd when it sees an epoch it has not rung for;
 //! - the eventfd is a counter under a mutex with a condition variable.
@@ -29,7 +30,9 @@ fn receiver(s: &Shared, frames: u64) -> Vec<u64> {
     let mut epoch = 0;
     let mut got = Vec::new();
     while consumed < frames {
-        let prod = s.cdc_prod.load(Ordering::Acquire);
+        // The peer's region is read-only here: a relaxed load, then an acquire fence.
+        let prod = s.cdc_prod.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
         if prod > consumed {
             for i in consumed..prod {
                 // Published before cdc_prod (Release/Acquire): must be the written value.
@@ -42,7 +45,9 @@ fn receiver(s: &Shared, frames: u64) -> Vec<u64> {
         epoch += 1;
         s.armed.store(epoch, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if s.cdc_prod.load(Ordering::Acquire) > consumed {
+        let prod = s.cdc_prod.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if prod > consumed {
             s.armed.store(0, Ordering::SeqCst);
             continue;
         }

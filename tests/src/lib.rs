@@ -133,3 +133,9 @@ pub fn require_root(test: &str) -> bool {
     }
     panic!("{test} needs root (it runs a peer as another uid); run the tests as root, or set SMC_TOKIO_SKIP_ROOT_TESTS=1 to skip it");
 }
+
+/// `n` bytes of a fixed pattern (period 251, so no power-of-two ring size lines up with it): a
+/// reader that compares what it got with `pattern(n)` catches lost, repeated or reordered bytes.
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8 ^ 0x5A).collect()
+}

@@ -1,9 +1,10 @@
 //! A reset of the TCP connection under an established SMC connection. The crate keeps the TCP
 //! socket open for the connection's life and a task watches it (`watch_tcp` in
-//! `smc-tokio/src/net/stream.rs`): a reset (or bytes) fails the SMC connection at once, an EOF
-//! after a grace period unless the peer's SMC close arrived. These tests hold it to that: the
-//! reset connection ends with an error on both sides, never hangs, and the other connections
-//! of the same link group keep every byte.
+//! `smc-tokio/src/net/stream.rs`): when it ends without the peer's SMC close (after every CDC
+//! message the peer published was dispatched), the SMC connection ends too: reads return what
+//! arrived, then a reset (or EOF, for a FIN from a peer that had read everything, as TCP would
+//! say). These tests hold it to that: the reset connection ends with an error on both sides,
+//! never hangs, and the other connections of the same link group keep every byte.
 //!
 //! The reset is made with `connect(fd, AF_UNSPEC)` on the socket (`tcp_disconnect`: an RST for
 //! an established connection), which leaves the SMC connection and its descriptor alone.

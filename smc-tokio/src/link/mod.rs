@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 
+pub(crate) mod peer_mem;
 pub(crate) mod shm;
 #[cfg(feature = "rdma")]
 pub(crate) mod verbs;
@@ -113,6 +114,21 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// The busy-poll budget: how long a waiting task may spin on [`has_pending`](Link::has_pending)
     /// before it sleeps.
     fn busy_poll(&self) -> std::time::Duration;
+    /// A mark of how far this link's sends have gone: taken after a CDC message was handed
+    /// over, it names that message (and every earlier one) for
+    /// [`poll_delivered`](Link::poll_delivered).
+    fn tx_mark(&self) -> u64 {
+        0
+    }
+    /// Ready once every message handed over before `mark` was taken (with the bytes it
+    /// announces) is in the peer's memory, so that it survives this process's exit. Shared
+    /// memory: at once (the bytes and the CDC ring are in our region, which the peer maps).
+    /// RDMA: once the message's SEND completed (a reliable-connection completion means the
+    /// peer's adapter acknowledged it, and the WRITEs before it).
+    fn poll_delivered(&self, cx: &mut Context<'_>, mark: u64) -> Poll<Result<(), LinkError>> {
+        let _ = (cx, mark);
+        Poll::Ready(Ok(()))
+    }
     /// The connection with our token `our_token` is gone (its slot may be reused).
     fn conn_closed(&self, our_token: u32) {
         let _ = our_token;

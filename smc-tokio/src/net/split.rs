@@ -107,7 +107,7 @@ impl AsyncWrite for WriteHalf<'_> {
         self.0.poll_flush_priv(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.0.shutdown_priv())
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.0.poll_shutdown_priv(cx)
     }
 }

@@ -6,7 +6,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -186,8 +186,8 @@ impl AsyncWrite for OwnedWriteHalf {
         self.inner.poll_flush_priv(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let res = self.inner.shutdown_priv();
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let res = ready!(self.inner.poll_shutdown_priv(cx));
         if res.is_ok() {
             Pin::into_inner(self).shutdown_on_drop = false;
         }

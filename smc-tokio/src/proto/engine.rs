@@ -305,11 +305,13 @@ impl ConnEngine {
         self.peer_closed || self.peer_aborted
     }
 
-    /// Records that the peer closed or aborted, without validating the message that said so
-    /// (for a connection that already failed and only waits for the peer's answer).
-    pub fn mark_peer_closed(&mut self) {
+    /// Records that the peer closed (or, `aborted`, aborted), without validating the message
+    /// that said so: for a connection that already ended and only waits for the peer's answer
+    /// to free its buffers. What the application may still read is unchanged (no EOF is
+    /// implied: the connection's end was decided already).
+    pub fn mark_peer_closed(&mut self, aborted: bool) {
         self.peer_closed = true;
-        self.peer_done_writing = true;
+        self.peer_aborted |= aborted;
     }
 
     /// Whether we have announced our close (or abort) to the peer.

@@ -9,6 +9,7 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::ReadBuf;
 use tokio::net::TcpStream;
 
+use crate::error::SmcError;
 use crate::link::LinkError;
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cursor::RingSize;
@@ -28,28 +29,58 @@ enum Take {
 enum ConnError {
     /// The peer aborted (reset) the connection.
     Reset,
-    /// The link group failed (peer process gone, link protocol broken).
-    Link(LinkError),
-    /// The peer broke the connection protocol (bad cursor, sequence, flags).
+    /// The peer went away without an SMC close: its process is gone (the link group's side
+    /// channel closed, RDMA retries ran out), or the TCP connection under the SMC one ended
+    /// (`tcp_reset`: with a reset). Decided after every message the peer published was
+    /// dispatched, so the bytes it sent are all known: reads return them, then the end TCP
+    /// would report ([`ConnError::end_of_stream`]).
+    PeerGone { tcp_reset: bool },
+    /// The link failed under the connection (a local system call, an RDMA work completion):
+    /// reads return the bytes that arrived before, then this error.
+    LinkFailed(String),
+    /// The link group was torn down here (its runtime shut down): nothing more can be read.
+    Closed,
+    /// The peer broke the protocol (a bad cursor, sequence or flags; its region, control words
+    /// or CDC messages invalid): the connection ends at once.
     Protocol(String),
-    /// The TCP connection closed or reset without an SMC close.
-    TcpClosed,
 }
 
 impl ConnError {
+    fn from_link(e: &LinkError) -> ConnError {
+        match e {
+            LinkError::PeerGone => ConnError::PeerGone { tcp_reset: false },
+            LinkError::Io(_, w) => ConnError::LinkFailed(w.clone()),
+            LinkError::Protocol(w) => ConnError::Protocol((*w).to_string()),
+            LinkError::Closed => ConnError::Closed,
+        }
+    }
+
+    /// Whether the bytes received before the end are still read (the end was the peer's or
+    /// the link's, not a lie in what was received).
+    fn drains(&self) -> bool {
+        matches!(self, ConnError::PeerGone { .. } | ConnError::LinkFailed(_))
+    }
+
+    /// What a read returns once the bytes received before the end are read. A peer that went
+    /// away having read everything we sent, over a TCP connection that was not reset, ended
+    /// as a TCP peer that closes ends: EOF. Otherwise as one that closes with unread data (or
+    /// dies under a reset): a reset.
+    fn end_of_stream(&self, engine: &ConnEngine) -> io::Result<usize> {
+        match self {
+            ConnError::PeerGone { tcp_reset: false } if engine.tx_idle() => Ok(0),
+            e => Err(e.to_io()),
+        }
+    }
+
     fn to_io(&self) -> io::Error {
         match self {
             ConnError::Reset => io::Error::new(io::ErrorKind::ConnectionReset, "smc connection reset by peer"),
-            ConnError::Link(LinkError::PeerGone) => {
-                io::Error::new(io::ErrorKind::ConnectionReset, "smc peer process is gone")
+            ConnError::PeerGone { .. } => SmcError::PeerGone.into(),
+            ConnError::LinkFailed(w) => SmcError::LinkFailed(w.clone()).into(),
+            ConnError::Closed => {
+                SmcError::LinkFailed("the link group was torn down (its runtime shut down)".into()).into()
             }
-            ConnError::Link(e) => io::Error::new(io::ErrorKind::ConnectionAborted, format!("smc link failed: {e}")),
-            ConnError::Protocol(w) => {
-                io::Error::new(io::ErrorKind::InvalidData, format!("smc peer broke the protocol: {w}"))
-            }
-            ConnError::TcpClosed => {
-                io::Error::new(io::ErrorKind::ConnectionReset, "tcp connection closed under the smc connection")
-            }
+            ConnError::Protocol(w) => SmcError::Protocol(w.clone()).into(),
         }
     }
 }
@@ -89,6 +120,8 @@ struct ConnState {
     tcp: Option<Arc<TcpStream>>,
     /// The application dropped its handle.
     released: bool,
+    /// The link group failed: nothing can be sent, and the slot went with the group.
+    link_down: bool,
 }
 
 pub(crate) struct SmcConn {
@@ -137,6 +170,7 @@ impl SmcConn {
                 error: None,
                 tcp: None,
                 released: false,
+                link_down: false,
             }),
             me: me.clone(),
         })
@@ -198,7 +232,7 @@ impl SmcConn {
         }
         for attempt in 0..2 {
             let mut st = self.lock();
-            if let Some(e) = &st.error {
+            if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
             }
             let avail = st.engine.rx_available();
@@ -211,6 +245,11 @@ impl SmcConn {
             }
             if st.engine.rx_eof() {
                 return Poll::Ready(Ok(0));
+            }
+            if let Some(e) = &st.error {
+                // The peer or the link ended the connection, and every byte received before
+                // has been read.
+                return Poll::Ready(e.end_of_stream(&st.engine));
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
@@ -272,8 +311,9 @@ impl SmcConn {
             // (or fails without claiming them); they are marked initialized only afterwards.
             let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
             if let Err(e) = link.rmb_read(link.rx_rmb(self.our_token, peer_token), off, dst) {
-                self.fail_locked(st, ConnError::Link(e.clone()));
-                return Err(ConnError::Link(e).to_io());
+                let e = ConnError::from_link(&e);
+                self.fail_locked(st, e.clone());
+                return Err(e.to_io());
             }
             done += len as usize;
         }
@@ -419,8 +459,9 @@ impl SmcConn {
                     Ok(k) => k.min(n),
                     Err(FillError::Io(e)) => return Poll::Ready(Err(e)),
                     Err(FillError::Link(e)) => {
-                        self.fail_locked(&mut st, ConnError::Link(e.clone()));
-                        return Poll::Ready(Err(ConnError::Link(e).to_io()));
+                        let e = ConnError::from_link(&e);
+                        self.fail_locked(&mut st, e.clone());
+                        return Poll::Ready(Err(e.to_io()));
                     }
                 };
                 // tx_spans succeeded for n >= filled, so committing cannot fail.
@@ -458,15 +499,39 @@ impl SmcConn {
         }
     }
 
-    /// Announces everything written so far, cork or not.
-    pub(crate) fn flush(&self) -> io::Result<()> {
+    /// Announces everything written so far, cork or not, and resolves once it is out of this
+    /// process's hands: every CDC message owed is in the link (none waits for CDC space) and
+    /// the link has delivered it ([`Link::poll_delivered`](crate::link::Link::poll_delivered):
+    /// at once over shared memory, on the SEND's completion over RDMA). A process that exits
+    /// after a flush (or a shutdown) loses none of what it wrote, as with TCP, whose bytes are
+    /// the kernel's once written.
+    pub(crate) fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut st = self.lock();
         if let Some(e) = &st.error {
-            return Err(e.to_io());
+            return Poll::Ready(Err(e.to_io()));
         }
         st.engine.push();
+        self.poll_handed_over(cx, st)
+    }
+
+    /// Sends what the engine owes and waits until it is handed over and delivered (see
+    /// [`poll_flush`](Self::poll_flush)).
+    fn poll_handed_over(&self, cx: &mut Context<'_>, mut st: MutexGuard<'_, ConnState>) -> Poll<io::Result<()>> {
         self.flush_cdc(&mut st);
-        Ok(())
+        if let Some(e) = &st.error {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        let Some(link) = self.group.link() else {
+            return Poll::Ready(Ok(()));
+        };
+        if st.peer_token.is_some() && st.engine.poll_cdc().is_some() {
+            // A message waits for CDC space; `retry_cdc` wakes us when it went.
+            st.tx_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        let mark = link.tx_mark();
+        drop(st);
+        link.poll_delivered(cx, mark).map_err(|e| ConnError::from_link(&e).to_io())
     }
 
     /// Test hook: sends the CDC message this connection would send next (or a plain state
@@ -491,7 +556,8 @@ impl SmcConn {
         self.group.id
     }
 
-    /// Half-close: the peer reads EOF after the bytes written so far.
+    /// Half-close without waiting (a dropped write half): the peer reads EOF after the bytes
+    /// written so far.
     pub(crate) fn shutdown(&self) -> io::Result<()> {
         let mut st = self.lock();
         if let Some(e) = &st.error {
@@ -500,6 +566,17 @@ impl SmcConn {
         st.engine.shutdown_write();
         self.flush_cdc(&mut st);
         Ok(())
+    }
+
+    /// Half-close: the peer reads EOF after the bytes written so far. Resolves as
+    /// [`poll_flush`](Self::poll_flush) does, once the close is delivered.
+    pub(crate) fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut st = self.lock();
+        if let Some(e) = &st.error {
+            return Poll::Ready(Err(e.to_io()));
+        }
+        st.engine.shutdown_write();
+        self.poll_handed_over(cx, st)
     }
 
     /// The application dropped the stream: close (or, with unread data, abort, as TCP resets a
@@ -535,7 +612,7 @@ impl SmcConn {
     /// As `flush_cdc`; the first message carries `inline` (the bytes just written on an idle
     /// connection) when they are exactly what it announces.
     fn flush_cdc_inline(&self, st: &mut ConnState, mut inline: Option<&[u8]>) {
-        if st.peer_token.is_none() {
+        if st.peer_token.is_none() || st.link_down {
             return;
         }
         let Some(link) = self.group.link() else {
@@ -562,7 +639,7 @@ impl SmcConn {
                 }
                 Ok(false) => return,
                 Err(e) => {
-                    st.error.get_or_insert(ConnError::Link(e));
+                    st.error.get_or_insert(ConnError::from_link(&e));
                     wake(&mut st.rx_waker);
                     wake(&mut st.tx_waker);
                     return;
@@ -578,6 +655,10 @@ impl SmcConn {
     pub(crate) fn retry_cdc(&self) {
         let mut st = self.lock();
         self.flush_cdc(&mut st);
+        if st.engine.poll_cdc().is_none() {
+            // A flush or shutdown waiting for its message to go can finish.
+            wake(&mut st.tx_waker);
+        }
         self.maybe_finish(st);
     }
 
@@ -593,7 +674,7 @@ impl SmcConn {
     /// abort counts, and is always answered), or the link is gone. A slot is never reused while
     /// the peer may still read it for the old connection.
     fn done(st: &ConnState) -> bool {
-        st.engine.finished() || matches!(st.error, Some(ConnError::Link(_)))
+        st.engine.finished() || st.link_down
     }
 
     /// A CDC message for this connection.
@@ -603,8 +684,9 @@ impl SmcConn {
             // Failed already, and our abort went out: only the peer's close or abort (its answer)
             // matters now, and its cursors are no longer checked.
             use crate::proto::cdc::CdcFlags;
-            if msg.flags.contains(CdcFlags::PEER_CONN_ABORT) || msg.flags.contains(CdcFlags::PEER_CONN_CLOSED) {
-                st.engine.mark_peer_closed();
+            let aborted = msg.flags.contains(CdcFlags::PEER_CONN_ABORT);
+            if aborted || msg.flags.contains(CdcFlags::PEER_CONN_CLOSED) {
+                st.engine.mark_peer_closed(aborted);
             }
             self.maybe_finish(st);
             return;
@@ -621,7 +703,7 @@ impl SmcConn {
                 let placed = match placed {
                     Ok(p) => p,
                     Err(e) => {
-                        self.fail_locked(&mut st, ConnError::Link(e));
+                        self.fail_locked(&mut st, ConnError::from_link(&e));
                         self.maybe_finish(st);
                         return;
                     }
@@ -672,11 +754,13 @@ impl SmcConn {
         self.maybe_finish(st);
     }
 
-    /// The link group failed; the group has already forgotten this connection.
+    /// The link group failed; the group has already forgotten this connection (and, for a
+    /// peer that went away, dispatched every message it had published first).
     pub(crate) fn fail_link(&self, err: &LinkError) {
         let mut st = self.lock();
+        st.link_down = true;
         if st.error.is_none() {
-            st.error = Some(ConnError::Link(err.clone()));
+            st.error = Some(ConnError::from_link(err));
         }
         st.tcp = None;
         wake(&mut st.rx_waker);
@@ -694,12 +778,27 @@ impl SmcConn {
     /// order, that aborts it. Pending CDC messages are taken first, because the peer announces
     /// its close before it closes TCP.
     pub(crate) fn on_tcp_event(&self, res: io::Result<usize>) {
-        self.group.progress();
+        // Everything the peer published before its TCP connection ended is dispatched first: a
+        // live peer announces its close before it lets its TCP socket go, and a dead one
+        // published all it ever will.
+        self.group.drain();
         let mut st = self.lock();
-        let orderly = matches!(res, Ok(0)) && (st.engine.peer_closed() || st.error.is_some());
-        if !orderly {
-            tracing::debug!(token = self.our_token, ?res, "tcp connection ended under smc");
-            self.fail_locked(&mut st, ConnError::TcpClosed);
+        if st.engine.peer_closed() || st.error.is_some() {
+            // Closed in order (or ended already): the TCP close follows the SMC one.
+            return self.maybe_finish(st);
+        }
+        match res {
+            Ok(n) if n > 0 => {
+                tracing::debug!(token = self.our_token, "bytes on the tcp connection under smc");
+                self.fail_locked(&mut st, ConnError::Protocol("bytes on the tcp connection under smc".into()));
+            }
+            res => {
+                tracing::debug!(token = self.our_token, ?res, "tcp connection ended under smc without an smc close");
+                // The peer is gone (or stopped speaking SMC): what it sent is still read, then
+                // the end TCP would report. The abort tells a peer that is still there that we
+                // stopped reading its ring.
+                self.fail_locked(&mut st, ConnError::PeerGone { tcp_reset: res.is_err() });
+            }
         }
         self.maybe_finish(st);
     }

@@ -25,6 +25,11 @@ const RECV_BATCH: usize = 64;
 /// Receive calls per dispatch round before the driver yields to other tasks: bounds the work
 /// one doorbell can cause (a peer that floods its ring gets 4 x 64 frames per turn).
 const ROUNDS_PER_TURN: usize = 4;
+/// Receive calls a final drain ([`LinkGroup::drain`]) makes at most: 256 x 64 frames, sixteen
+/// times the largest CDC ring a region holds (1024 slots, `ShmConfig::cdc_slots`' limit) and 128
+/// times the RDMA receive queue, so a drain empties whatever a peer that has stopped published;
+/// a peer that is still there and floods cannot hold the caller longer than that.
+const DRAIN_ROUNDS: usize = 256;
 
 /// Which side created the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,6 +309,33 @@ impl LinkGroup {
         (dispatched, more)
     }
 
+    /// Dispatches every CDC message waiting on the link, however many tasks are dispatching:
+    /// unlike [`progress`](Self::progress), it waits for the dispatch lock (held for at most
+    /// one bounded round), so when it returns, every message the peer had published by the
+    /// time it was called has reached its connection. Called before an end is decided that
+    /// depends on what the peer sent (its process gone, its TCP connection closed).
+    pub(crate) fn drain(&self) {
+        let Some(link) = self.link.get() else {
+            return;
+        };
+        let mut frames = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..DRAIN_ROUNDS {
+            match link.cdc_recv(&mut frames, RECV_BATCH) {
+                Ok(Some(0)) => break,
+                Ok(Some(_)) => {
+                    for f in frames.drain(..) {
+                        self.dispatch(&f);
+                    }
+                }
+                // The link's receive state is busy this instant (a completion poll that keeps
+                // what it takes for us): try again.
+                Ok(None) => std::thread::yield_now(),
+                // The link's own error: whoever drains decides what it means.
+                Err(_) => break,
+            }
+        }
+    }
+
     fn retry_waiters(&self) {
         let waiters = std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
         if waiters.is_empty() {
@@ -356,8 +388,10 @@ impl LinkGroup {
             }
             st.conns.drain().map(|(_, c)| c).collect()
         };
-        if !conns.is_empty() || err != LinkError::Closed {
-            tracing::debug!(id = self.id, error = %err, conns = conns.len(), "link group failed");
+        if !conns.is_empty() && err != LinkError::Closed {
+            tracing::warn!(id = self.id, role = ?self.role, error = %err, conns = conns.len(), "link group failed under its connections");
+        } else if err != LinkError::Closed {
+            tracing::debug!(id = self.id, error = %err, "idle link group failed");
         }
         for c in conns {
             c.fail_link(&err);
@@ -437,6 +471,12 @@ async fn drive(group: Arc<LinkGroup>) {
         match ev {
             Some(Ok(())) => {}
             Some(Err(e)) => {
+                if matches!(e, LinkError::PeerGone | LinkError::Io(..)) {
+                    // The peer (or the link) is done, but what it published before is good:
+                    // dispatch all of it, so its connections read every byte, before they
+                    // learn the end.
+                    group.drain();
+                }
                 group.fail(e);
                 return;
             }

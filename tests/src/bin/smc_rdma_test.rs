@@ -9,7 +9,14 @@
 //! smc-rdma-test server IP          serve the cases on IP:7471 until killed (two-guest mode)
 //! smc-rdma-test client IP          run the cases against a server on IP:7471
 //! smc-rdma-test serve ADDR         (internal) a server in a child process, for the kill case
+//! smc-rdma-test write-exit ADDR BYTES HOW   (internal) a writer in a child process: connect,
+//!                                  write BYTES of `tests::pattern`, flush, print "WROTE", then
+//!                                  end without a shutdown: HOW = return | exit | kill (sleep
+//!                                  until killed)
 //! ```
+//!
+//! `SMC_RDMA_WRITER_ROUNDS` (default 10) sets how many writers per way of ending the
+//! `writers_exit` case runs.
 //!
 //! Shared memory is switched off in every role, so that two processes on one host meet over
 //! RDMA. Each case prints `PASS name` or `FAIL name: why`, is bounded in time, and the exit
@@ -386,6 +393,80 @@ async fn case_peer_killed(ip: std::net::IpAddr) -> Result<(), String> {
     result
 }
 
+/// The writer side of `case_writers_exit`, in a child process.
+async fn write_exit(addr: SocketAddr, n: usize, how: &str) -> std::io::Result<()> {
+    let mut s = client().connect(addr).await?;
+    if s.transport() != Transport::SmcR {
+        return Err(std::io::Error::other(format!("transport {}", s.transport())));
+    }
+    s.write_all(&tests::pattern(n)).await?;
+    s.flush().await?;
+    println!("WROTE");
+    std::io::stdout().flush()?;
+    match how {
+        "exit" => std::process::exit(0),
+        "kill" => loop {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Writers in child processes write 256 KiB, flush and end without a shutdown (returning from
+/// main, calling exit, or SIGKILLed after "WROTE"): the server reads every byte, then EOF.
+async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
+    const BYTES: usize = 256 << 10;
+    let rounds: usize = std::env::var("SMC_RDMA_WRITER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let l = listener_builder().bind(SocketAddr::new(ip, PORT + 2)).await.map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let want = tests::pattern(BYTES);
+    for how in ["return", "exit", "kill"] {
+        let (mut short, mut errors) = (0, 0);
+        let mut first = None;
+        let t = Instant::now();
+        for i in 0..rounds {
+            let mut child = tokio::process::Command::new(&exe)
+                .args(["write-exit", &addr.to_string(), &BYTES.to_string(), how])
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("spawn: {e}"))?;
+            let mut lines =
+                tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().ok_or("no stdout")?));
+            let (mut s, _) = l.accept().await.map_err(|e| e.to_string())?;
+            if s.transport() != Transport::SmcR {
+                return Err(format!("{how} round {i}: server transport {}", s.transport()));
+            }
+            if how == "kill" {
+                match lines.next_line().await {
+                    Ok(Some(l)) if l == "WROTE" => {}
+                    other => return Err(format!("kill round {i}: writer said {other:?}")),
+                }
+                child.start_kill().map_err(|e| e.to_string())?;
+                let _ = child.wait().await;
+            }
+            let mut got = Vec::with_capacity(BYTES);
+            let end = s.read_to_end(&mut got).await;
+            let _ = child.wait().await;
+            let bad = got != want;
+            short += usize::from(bad);
+            errors += usize::from(end.is_err());
+            if (bad || end.is_err()) && first.is_none() {
+                first = Some(format!("round {i}: read {} of {BYTES}, end {end:?}", got.len()));
+            }
+        }
+        println!(
+            "  writers_exit {how}: {rounds} rounds over smc-r, {short} short or wrong, {errors} errors ({:.1} s)",
+            t.elapsed().as_secs_f64()
+        );
+        if short + errors > 0 {
+            return Err(format!("{how}: first failure {first:?}"));
+        }
+    }
+    Ok(())
+}
+
 async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     let mut failures = 0;
     macro_rules! case {
@@ -416,6 +497,7 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     case!("no_device_falls_back", case_no_device(addr));
     if with_kill {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
+        case!("writers_exit", case_writers_exit(addr.ip()));
     }
     let s = smc_tokio::stats();
     println!("stats: {s}");
@@ -453,6 +535,18 @@ fn main() {
         Some("abi") => {
             print!("{}", smc_tokio::rdma::abi_report());
             0
+        }
+        Some("write-exit") => {
+            let addr: SocketAddr = args.get(1).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));
+            let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));
+            let how = args.get(3).cloned().unwrap_or_default();
+            match rt.block_on(write_exit(addr, n, &how)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("write-exit: {e}");
+                    1
+                }
+            }
         }
         Some("serve") => {
             let addr: SocketAddr = args.get(1).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));

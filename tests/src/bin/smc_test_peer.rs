@@ -19,6 +19,11 @@
 //! smc-test-peer claim ADDR PORT SECS   as a door attacker: try to bind PORT (the victim's) with
 //!                              SO_REUSEPORT, register a socket of its own at ADDR's door, print
 //!                              "CLAIM victim_port=<errno|ok> registered=<ok|err> verdict=<kind|none>"
+//! smc-test-peer write-exit ADDR BYTES HOW   connect, print "TRANSPORT <t>", write BYTES bytes of
+//!                              `tests::pattern`, flush, print "WROTE", then end without a
+//!                              shutdown: HOW = return (return from main: the stream is dropped),
+//!                              exit (std::process::exit: nothing is dropped), kill (sleep until
+//!                              the test's SIGKILL)
 //! ```
 
 use std::io::Write;
@@ -46,6 +51,25 @@ async fn main() -> std::io::Result<()> {
                     let (mut rd, mut wr) = s.into_split();
                     let _ = tokio::io::copy(&mut rd, &mut wr).await;
                 });
+            }
+        }
+        Some("write-exit") => {
+            let addr = args.get(1).ok_or_else(|| std::io::Error::other("write-exit needs ADDR"))?;
+            let n: usize = args.get(2).and_then(|v| v.parse().ok()).ok_or_else(|| std::io::Error::other("BYTES"))?;
+            let how = args.get(3).map_or("return", String::as_str);
+            let mut s = SmcStream::connect(addr.as_str()).await?;
+            println!("TRANSPORT {}", s.transport());
+            std::io::stdout().flush()?;
+            s.write_all(&tests::pattern(n)).await?;
+            s.flush().await?;
+            println!("WROTE");
+            std::io::stdout().flush()?;
+            match how {
+                "exit" => std::process::exit(0),
+                "kill" => loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+                },
+                _ => Ok(()),
             }
         }
         Some("client") => {

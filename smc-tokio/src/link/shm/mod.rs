@@ -267,12 +267,12 @@ impl Link for ShmLink {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
         let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
         // SAFETY: the span was bounds-checked against the peer's validated layout and lies in
-        // our read-only mapping of its region; `dst` is application memory of the same length.
-        // The bytes are untrusted data. A hostile peer that writes them while we copy races with
-        // this plain copy (a data race in Rust's abstract machine, which does not model other
-        // processes); on the hardware the copy still only reads mapped, readable memory, and
-        // the worst outcome is garbage bytes from a peer that could have sent garbage anyway.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+        // our read-only mapping of its region, which the link keeps mapped; `dst` is
+        // application memory of the same length. The peer may write these bytes while we copy
+        // (only a hostile one would): the copy reads every byte with a relaxed atomic load, the
+        // one access Rust allows on read-only memory that another party writes, so that is a
+        // race on untrusted data, not undefined behaviour (see `peer_mem`).
+        unsafe { super::peer_mem::copy_from_peer(p, dst) };
         Ok(())
     }
 
@@ -289,7 +289,14 @@ impl Link for ShmLink {
                     }
                     drop(tx);
                     if ring {
-                        self.ring_peer()?;
+                        // The message is in the ring either way. A peer that is gone will never
+                        // read it; its side channel tells the driver so, which ends the group
+                        // after dispatching what the peer published (failing the send here
+                        // would end this connection before its received bytes are read).
+                        match self.ring_peer() {
+                            Ok(()) | Err(LinkError::PeerGone) => {}
+                            Err(e) => return Err(e),
+                        }
                     }
                     return Ok(true);
                 }
@@ -311,7 +318,13 @@ impl Link for ShmLink {
         let ring = rx.pop(&self.ours, &self.peer, max, out).map_err(|e| LinkError::Protocol(e.0))?;
         drop(rx);
         if ring {
-            self.ring_peer()?;
+            // The peer asked to hear when its CDC ring has room. A peer that is gone cannot
+            // hear it; the frames just taken must still be delivered (its side channel tells
+            // the driver it is gone).
+            match self.ring_peer() {
+                Ok(()) | Err(LinkError::PeerGone) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(Some(out.len() - before))
     }

@@ -17,12 +17,20 @@
 //!        the receive buffer of one connection on the peer's side
 //! ```
 //!
-//! Memory ordering, for each shared atomic:
+//! Memory ordering, for each shared atomic. The peer's region is mapped read-only here, and the
+//! only atomic accesses Rust allows on read-only memory are relaxed loads no wider than a
+//! register; so every load from the peer's region is relaxed, and where it must acquire, a
+//! `fence(Acquire)` follows it (a relaxed load then an acquire fence synchronizes with the
+//! writer's release store exactly as an acquire load would):
 //! - `cdc_prod`: the writer fills a frame, then stores `cdc_prod` with Release; the reader loads
-//!   it with Acquire before reading frames, so it sees whole frames (and the RMB bytes the
-//!   frames announce, written before them).
-//! - `cdc_cons`: the reader stores with Release after copying frames out; the writer loads with
-//!   Acquire before reusing those slots, so it never overwrites a frame being read.
+//!   it (relaxed, then an acquire fence) before reading frames, so it sees whole frames (and the
+//!   RMB bytes the frames announce, written before them).
+//! - `cdc_cons`: the reader stores with Release after copying frames out; the writer loads it
+//!   (relaxed, then an acquire fence) before reusing those slots, so it never overwrites a frame
+//!   being read.
+//! - Frames and RMB bytes in the peer's region are read with relaxed atomic loads (word by word,
+//!   [`read_frame`](RegionView::read_frame) and `peer_mem`): a peer that writes them while we
+//!   read races only with itself.
 //! - `armed` / `want_space` against `cdc_prod` / `cdc_cons`: a Dekker pattern. The sleeper stores
 //!   its flag, issues a SeqCst fence, then re-checks the other side's counter; the other side
 //!   stores its counter, issues a SeqCst fence, then loads the flag. At least one of them sees
@@ -139,9 +147,11 @@ pub(crate) struct RegionView {
 }
 
 // SAFETY: the view is a pointer into a shared mapping that outlives it. Control words and CDC
-// frames are accessed only through atomics; RMB bytes are copied in (ours) or out (the peer's)
-// after the atomics published them. A hostile peer can still race its own RMB bytes with our
-// copy-out: we then read garbage it could have sent anyway, never memory outside the mapping.
+// frames are accessed only through atomics (relaxed loads on the peer's read-only region); RMB
+// bytes are copied in (ours: only we write our region) or out (the peer's, with relaxed atomic
+// loads, `peer_mem`) after the atomics published them. A hostile peer can still race its own
+// RMB bytes with our copy-out: we then read garbage it could have sent anyway, never memory
+// outside the mapping, and never with a non-atomic access it races.
 unsafe impl Send for RegionView {}
 // SAFETY: as above.
 unsafe impl Sync for RegionView {}
@@ -274,7 +284,9 @@ impl CdcTx {
 
     /// Frames the peer has not consumed yet, per its (validated) `cdc_cons`.
     fn in_flight(&self, peer: &RegionView) -> Result<u64, ControlError> {
-        let cons = peer.cdc_cons().load(Ordering::Acquire);
+        // Relaxed on the read-only mapping, then the acquire (module docs).
+        let cons = peer.cdc_cons().load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
         if cons > self.prod {
             return Err(ControlError("peer consumed CDC frames we never sent"));
         }
@@ -327,7 +339,9 @@ impl CdcRx {
     /// Frames waiting in the peer's ring, validated: the peer may not claim more than a whole
     /// ring of unread frames, nor take back frames it published.
     pub(crate) fn pending(&self, peer: &RegionView) -> Result<u64, ControlError> {
-        let prod = peer.cdc_prod().load(Ordering::Acquire);
+        // Relaxed on the read-only mapping, then the acquire (module docs).
+        let prod = peer.cdc_prod().load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
         if prod < self.cons {
             return Err(ControlError("peer CDC producer count went backwards"));
         }

@@ -36,7 +36,7 @@ pub(crate) mod ffi;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -183,6 +183,13 @@ pub(crate) struct VerbsLink {
     failed: AtomicBool,
     closed: AtomicBool,
     busy_poll: Duration,
+    /// CDC messages posted, and of those, completed (acknowledged by the peer's adapter). Every
+    /// SEND is signaled and an RC queue completes in order, so message `n` was delivered once
+    /// `acked >= n` (see [`Link::poll_delivered`]).
+    posted: AtomicU64,
+    acked: AtomicU64,
+    /// Tasks waiting in `poll_delivered`.
+    delivery_waiters: Mutex<Vec<std::task::Waker>>,
 }
 
 impl std::fmt::Debug for VerbsLink {
@@ -242,6 +249,9 @@ impl VerbsLink {
             failed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             busy_poll,
+            posted: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            delivery_waiters: Mutex::new(Vec::new()),
         };
         for i in 0..RQ_DEPTH {
             link.post_recv(i)?;
@@ -363,6 +373,8 @@ impl VerbsLink {
         match unsafe { self.qp.post_send(wr_ptr) } {
             Ok(()) => {
                 self.sq_free.fetch_sub(count, Ordering::SeqCst);
+                // Under the tx lock (the caller holds it): marks follow post order.
+                self.posted.fetch_add(1, Ordering::AcqRel);
                 Ok(count)
             }
             Err(e) => {
@@ -441,9 +453,13 @@ impl VerbsLink {
                 st.frames.push_back(frame);
             }
         } else {
-            // A signaled SEND completed: its whole chain (wr_id WRs) left the send queue.
+            // A signaled SEND completed: its whole chain (wr_id WRs) left the send queue, and
+            // the peer's adapter has it.
             let n = u32::try_from(wc.wr_id).unwrap_or(0).min(WRS_PER_MSG);
             self.sq_free.fetch_add(n, Ordering::SeqCst);
+            self.acked.fetch_add(1, Ordering::AcqRel);
+            let waiters = std::mem::take(&mut *self.delivery_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+            waiters.into_iter().for_each(std::task::Waker::wake);
         }
     }
 
@@ -554,11 +570,12 @@ impl Link for VerbsLink {
     fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
         let p = self.rx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
-        // SAFETY: the span is inside our RMB pool. The peer's HCA wrote these bytes before the
-        // CDC message that announced them completed (RC ordering), and that completion was
-        // polled before this read. A peer that writes again meanwhile only garbles its own
-        // bytes; the memory is ours, mapped and readable.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr().cast::<u8>(), dst.len()) };
+        // SAFETY: the span is inside our RMB pool, mapped for the link's life. The peer's HCA
+        // wrote these bytes before the CDC message that announced them completed (RC
+        // ordering), and that completion was polled before this read. A peer that posts
+        // another WRITE meanwhile has the adapter write while we read: the copy uses relaxed
+        // atomic loads, so that only garbles the peer's own bytes (see `peer_mem`).
+        unsafe { super::peer_mem::copy_from_peer(p, dst) };
         Ok(())
     }
 
@@ -570,9 +587,11 @@ impl Link for VerbsLink {
             }
             let src = data.get(at..at + len as usize).ok_or(LinkError::Protocol("inline span"))?;
             let p = self.rx_pool.span(token_slot(rmb), off, len).ok_or(LinkError::Protocol("inline span"))?;
-            // SAFETY: the span is inside our RMB pool; the peer wrote no bytes there for this
-            // message (it sent them inline instead of writing them).
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+            // SAFETY: the span is inside our RMB pool, mapped for the link's life. A well-behaved
+            // peer wrote no bytes there for this message (it sent them inline instead); a
+            // hostile one may have its adapter write there right now, so the copy uses relaxed
+            // atomic stores (see `peer_mem`).
+            unsafe { super::peer_mem::copy_to_peer(p, src) };
             at += len as usize;
         }
         Ok(true)
@@ -667,6 +686,36 @@ impl Link for VerbsLink {
 
     fn is_rdma(&self) -> bool {
         true
+    }
+
+    fn tx_mark(&self) -> u64 {
+        self.posted.load(Ordering::Acquire)
+    }
+
+    fn poll_delivered(&self, cx: &mut Context<'_>, mark: u64) -> Poll<Result<(), LinkError>> {
+        for attempt in 0..2 {
+            if self.acked.load(Ordering::Acquire) >= mark {
+                return Poll::Ready(Ok(()));
+            }
+            if self.failed.load(Ordering::Acquire) {
+                return Poll::Ready(Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed)));
+            }
+            if self.closed.load(Ordering::Relaxed) {
+                return Poll::Ready(Err(LinkError::Closed));
+            }
+            if attempt == 0 {
+                // Take what has completed ourselves (the driver may be asleep on the channel),
+                // then wait, registered before the last look so no completion is missed.
+                if let Ok(mut st) = self.cqs.try_lock() {
+                    self.reap(&mut st);
+                }
+                let mut w = self.delivery_waiters.lock().unwrap_or_else(|e| e.into_inner());
+                if !w.iter().any(|x| x.will_wake(cx.waker())) {
+                    w.push(cx.waker().clone());
+                }
+            }
+        }
+        Poll::Pending
     }
 
     fn conn_closed(&self, our_token: u32) {

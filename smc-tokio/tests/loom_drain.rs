@@ -1,0 +1,125 @@
+//! loom model of drain-before-fail (smc/group.rs `LinkGroup::drain` and `fail`, link/shm's
+//! side channel): when the peer process goes away, every CDC message it published before
+//! reaches its connection before the connection learns the end, however the dispatching
+//! tasks interleave.
+//!
+//! The model mirrors the code step for step with loom's primitives:
+//! - the peer publishes frames (`frames[i]` relaxed, then `cdc_prod` Release, as `CdcTx::push`)
+//!   and then exits: its side channel closes (Release here; in the kernel, the close of a dead
+//!   process's descriptors happens after all its stores, and our read of the EOF is a system
+//!   call that synchronizes with it);
+//! - an application task takes the fast path (`LinkGroup::progress`): `try_lock` on the
+//!   dispatch lock, pop what is published (`cdc_prod` relaxed, then an acquire fence, as
+//!   `CdcRx::pending`), and dispatch each frame to the connection under that same lock;
+//! - the driver sees the side channel's EOF, drains (`LinkGroup::drain`: the dispatch lock
+//!   taken blocking, pop and dispatch until empty), then fails the group (`fail`: the
+//!   connection is marked ended).
+//!
+//! The assertion: when the connection is marked ended, it has received every frame the peer
+//! published. The variant that drains with `try_lock` (as `progress` does) misses frames popped
+//! by a concurrent dispatcher that has not delivered them yet; loom finds that interleaving.
+
+use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+const FRAMES: u64 = 2;
+
+struct Conn {
+    /// Frames delivered (their payloads, in order).
+    got: Vec<u64>,
+    ended: bool,
+}
+
+struct Shared {
+    frames: [AtomicU64; FRAMES as usize],
+    cdc_prod: AtomicU64,
+    side_closed: AtomicBool,
+    /// The dispatch lock guards our consumer count, as `LinkGroup::dispatch` guards `CdcRx`.
+    dispatch: Mutex<u64>,
+    conn: Mutex<Conn>,
+}
+
+fn shared() -> Arc<Shared> {
+    Arc::new(Shared {
+        frames: [AtomicU64::new(0), AtomicU64::new(0)],
+        cdc_prod: AtomicU64::new(0),
+        side_closed: AtomicBool::new(false),
+        dispatch: Mutex::new(0),
+        conn: Mutex::new(Conn { got: Vec::new(), ended: false }),
+    })
+}
+
+/// Pops every published frame and dispatches it, with the dispatch lock held (`cons`).
+fn pop_and_dispatch(s: &Shared, cons: &mut u64) {
+    let prod = s.cdc_prod.load(Ordering::Relaxed);
+    fence(Ordering::Acquire);
+    while *cons < prod {
+        let v = s.frames[*cons as usize].load(Ordering::Relaxed);
+        *cons += 1;
+        // Dispatch: the connection's state under its own lock (`SmcConn::on_cdc`).
+        let mut c = s.conn.lock().unwrap();
+        if !c.ended {
+            c.got.push(v);
+        }
+    }
+}
+
+fn peer(s: &Shared) {
+    for i in 0..FRAMES {
+        s.frames[i as usize].store(100 + i, Ordering::Relaxed);
+        s.cdc_prod.store(i + 1, Ordering::Release);
+    }
+    // The process exits: its side channel closes.
+    s.side_closed.store(true, Ordering::Release);
+}
+
+fn app_fast_path(s: &Shared) {
+    if let Ok(mut cons) = s.dispatch.try_lock() {
+        pop_and_dispatch(s, &mut cons);
+    }
+}
+
+fn driver(s: &Shared, blocking_drain: bool) {
+    // Wait for the side channel's EOF (the reactor's readiness; a spin in the model).
+    while !s.side_closed.load(Ordering::Acquire) {
+        thread::yield_now();
+    }
+    if blocking_drain {
+        let mut cons = s.dispatch.lock().unwrap();
+        pop_and_dispatch(s, &mut cons);
+    } else if let Ok(mut cons) = s.dispatch.try_lock() {
+        pop_and_dispatch(s, &mut cons);
+    }
+    // fail(): the connection learns the end.
+    let mut c = s.conn.lock().unwrap();
+    c.ended = true;
+    assert_eq!(c.got, vec![100, 101], "the connection ended before every published frame reached it");
+}
+
+fn model(blocking_drain: bool) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let s = shared();
+        let (p, a) = (s.clone(), s.clone());
+        let peer_t = thread::spawn(move || peer(&p));
+        let app_t = thread::spawn(move || app_fast_path(&a));
+        driver(&s, blocking_drain);
+        peer_t.join().unwrap();
+        app_t.join().unwrap();
+    });
+}
+
+#[test]
+fn a_connection_ends_only_after_every_published_frame_reached_it() {
+    model(true);
+}
+
+/// The model can fail: draining the way the fast path dispatches (giving up when another task
+/// holds the dispatch lock) ends the connection while that task still holds popped frames.
+#[test]
+#[should_panic(expected = "the connection ended before every published frame reached it")]
+fn a_drain_that_skips_a_busy_dispatcher_loses_frames() {
+    model(false);
+}
