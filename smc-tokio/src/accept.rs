@@ -445,10 +445,11 @@ async fn choose(
         Err(shm_reason) if p.rdma.is_some() => {
             let (local, peer) = addrs.map(|(l, p)| (l.ip(), p.ip())).ok_or(shm_reason)?;
             crate::smc::rdma::warm_up(cfg).await;
-            match crate::smc::rdma::server_accept(Manager::global(), p, local, peer, cfg, cfg.handshake_timeout) {
+            crate::smc::rdma::warm_port(local, cfg).await;
+            match crate::smc::rdma::server_accept(Manager::global(), p, local, peer, cfg, cfg.handshake_timeout).await {
                 Ok((conn, info, rp)) => {
                     pending.rdma = Some(rp);
-                    pending.conn.set(conn);
+                    pending.conn.adopt(conn);
                     Ok(LinkInfo::Rdma(info))
                 }
                 Err(DeclineReason::NoCommonTransport) => Err(shm_reason),
@@ -484,7 +485,7 @@ async fn check_confirm(link: &LinkInfo, cfg: &Settings, pending: &mut Pending) -
         #[cfg(feature = "rdma")]
         LinkInfo::Rdma(c) => {
             let rp = pending.rdma.as_ref().ok_or("rdma confirm without an rdma accept")?;
-            crate::smc::rdma::server_confirm(conn, rp, c).map_err(|why| {
+            crate::smc::rdma::server_confirm(conn, rp, c).await.map_err(|why| {
                 tracing::debug!(%why, "rdma confirm");
                 "rdma confirm does not match"
             })

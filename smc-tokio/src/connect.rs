@@ -95,7 +95,11 @@ pub(crate) async fn establish(addr: SocketAddr, cfg: &Settings, limit: bool) -> 
         return plain(cfg, addr, FallbackReason::NotProposed).await;
     }
     let mut tcp = TcpStream::connect(addr).await?;
-    let prep = Prepared::new(addr, tcp.local_addr()?.ip(), cfg, false)?;
+    let local_ip = tcp.local_addr()?.ip();
+    // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
+    #[cfg(feature = "rdma")]
+    crate::smc::rdma::warm_port(local_ip, cfg).await;
+    let prep = Prepared::new(addr, local_ip, cfg, false)?;
     // An in-band server is given one bound per step: a plain server that waits for its
     // client never answers.
     let timeouts = Timeouts::uniform(cfg.handshake_timeout);
@@ -130,6 +134,9 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
         return Ok(None);
     }
     let manager = Manager::global();
+    // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
+    #[cfg(feature = "rdma")]
+    crate::smc::rdma::warm_port(addr.ip(), cfg).await;
     for attempt in 0.. {
         // The Proposal is made before the connection exists: nothing in it depends on the
         // connection (a same-host connection's local address is the destination's).
@@ -317,9 +324,11 @@ async fn accepted(
                 rmb_size,
                 cfg,
                 cfg.handshake_timeout,
-            ) {
+            )
+            .await
+            {
                 Ok((conn, confirm)) => {
-                    pending.set(conn);
+                    pending.adopt(conn);
                     hs.confirm(LinkInfo::Rdma(confirm), Instant::now());
                 }
                 Err(reason) => {

@@ -55,3 +55,19 @@ pub(crate) async fn stall(server: SocketAddr, point: Point) {
 #[cfg(not(feature = "test-util"))]
 #[inline(always)]
 pub(crate) async fn stall(_server: SocketAddr, _point: Point) {}
+
+/// Makes RDMA links created from now on send their CDC frames from registered buffers instead
+/// of inline, as on a device that grants no inline data (`false`: as the device allows). For
+/// the soft-RoCE test bed, whose device always grants it.
+#[cfg(all(feature = "test-util", feature = "rdma"))]
+pub fn rdma_without_inline_sends(on: bool) {
+    crate::link::verbs::force_no_inline(on);
+}
+
+/// How many blocking RDMA setup calls (creating verbs objects, registering memory, scanning GID
+/// tables) ran on a runtime thread instead of a blocking one since the process started: 0 is
+/// right. The link logs each at warn.
+#[cfg(all(feature = "test-util", feature = "rdma"))]
+pub fn rdma_setup_calls_on_runtime() -> u64 {
+    crate::link::verbs::device::setup_calls_on_runtime()
+}

@@ -560,15 +560,9 @@ async fn run_peer_as(uid: u32, addr: SocketAddr, trust: &str) -> String {
     text
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[tokio::test]
 async fn a_client_running_as_another_uid_falls_back_to_tcp_with_its_bytes() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to run the peer as uid 65534");
+    if !tests::require_root("a_client_running_as_another_uid_falls_back_to_tcp_with_its_bytes") {
         return;
     }
     let (addr, mut rx) = server(ShmConfig::default()).await;
@@ -596,8 +590,7 @@ async fn a_client_running_as_another_uid_falls_back_to_tcp_with_its_bytes() {
 
 #[tokio::test]
 async fn an_allowed_uid_gets_shared_memory() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to run the peer as uid 65534");
+    if !tests::require_root("an_allowed_uid_gets_shared_memory") {
         return;
     }
     let (addr, mut rx) = server(ShmConfig::default().allow_uid(65534)).await;

@@ -24,6 +24,15 @@ fn has(line: &str, field: &str) -> bool {
     line.contains(field)
 }
 
+/// The fields of the nested struct `name` in a `Debug` line (`shm: ShmConfig { .. }`), so a
+/// field that exists in several (`enabled`) is checked where it belongs.
+fn section<'a>(line: &'a str, name: &str) -> &'a str {
+    let start = line.find(&format!(" {name}: ")).unwrap_or_else(|| panic!("no {name} in {line}"));
+    let open = start + line[start..].find('{').unwrap_or_else(|| panic!("{name} is not a struct in {line}"));
+    let close = open + line[open..].find('}').unwrap_or_else(|| panic!("{name} is not closed in {line}"));
+    &line[open..=close]
+}
+
 #[test]
 fn defaults_without_environment() {
     let o = run(&[]);
@@ -32,8 +41,9 @@ fn defaults_without_environment() {
     assert!(has(g, "limit_handshake: true"), "{g}");
     assert!(has(g, "max_pending_handshakes: 256"), "{g}");
     assert!(has(g, "handshake_timeout: 2s"), "{g}");
-    assert!(has(g, "rmb_size: 262144"), "{g}");
-    assert!(has(g, "enabled: true"), "{g}");
+    assert!(has(section(g, "shm"), "rmb_size: 262144"), "{g}");
+    assert!(has(section(g, "shm"), "enabled: true"), "{g}");
+    assert!(has(section(g, "rdma"), "enabled: true"), "{g}");
 }
 
 #[test]
@@ -53,9 +63,11 @@ fn every_variable_is_read() {
         ("SMC_TOKIO_ADAPTIVE_MIN_BYTES", "1024"),
     ]);
     let g = &o["GLOBAL"];
+    // SMC_TOKIO_SHM switches shared memory off, and only that.
+    assert!(has(section(g, "shm"), "enabled: false"), "{g}");
+    assert!(has(section(g, "rdma"), "enabled: true"), "{g}");
     for want in [
         "policy: TcpOnly",
-        "enabled: false",
         "limit_handshake: false",
         "max_pending_handshakes: 64",
         "handshake_timeout: 500ms",

@@ -35,11 +35,11 @@ pub const LISTEN_BACKLOG: u32 = 1024;
 /// the kernel, whose own backlog then applies.
 const READY_CAP: usize = LISTEN_BACKLOG as usize;
 
-fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+fn bind_tcp(addr: SocketAddr) -> io::Result<tokio::net::TcpSocket> {
     let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     sock.set_reuseaddr(true)?;
     sock.bind(addr)?;
-    sock.listen(LISTEN_BACKLOG)
+    Ok(sock)
 }
 
 /// How often a listener drops door registrations that were cancelled or went stale, while it
@@ -491,10 +491,18 @@ impl SmcListenerBuilder {
     pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
         let mut last = None;
         for a in tokio::net::lookup_host(addr).await? {
-            match bind_tcp(a) {
-                Ok(l) => return Ok(self.from_tcp(l)),
-                Err(e) => last = Some(e),
-            }
+            let sock = match bind_tcp(a) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            // The door opens before the port listens: no client can connect while the
+            // listener has no door yet (it would go plain, finding none).
+            let cfg = self.o.resolve();
+            let door = open_door(&cfg, sock.local_addr(), sock.reuseport().unwrap_or(false));
+            return Ok(SmcListener::start_with(sock.listen(LISTEN_BACKLOG)?, self.o, door));
         }
         Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
@@ -509,6 +517,18 @@ impl SmcListenerBuilder {
     /// should be in non-blocking mode). Must be called inside a tokio runtime.
     pub fn from_std(self, listener: std::net::TcpListener) -> io::Result<SmcListener> {
         Ok(self.from_tcp(TcpListener::from_std(listener)?))
+    }
+}
+
+/// The door of a listener on `local` (none under [`Policy::TcpOnly`], or when it cannot open).
+fn open_door(cfg: &Settings, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
+    match (cfg.policy, local) {
+        (Policy::TcpOnly, _) => None,
+        (_, Ok(local)) => Door::open(local, cfg.shm.allowed_uids.clone(), reuseport),
+        (_, Err(e)) => {
+            tracing::warn!(error = %e, "listener without a local address: serving tcp only");
+            None
+        }
     }
 }
 
@@ -528,20 +548,17 @@ impl SmcListener {
         SmcListenerBuilder::new().from_std(listener)
     }
 
+    /// Wraps a listening socket (one that already listened, so clients that connected before
+    /// its door opened went plain).
     fn start(tcp: TcpListener, overrides: Overrides) -> SmcListener {
-        let local = tcp.local_addr();
+        let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
+        let door = open_door(&overrides.resolve(), tcp.local_addr(), reuseport);
+        SmcListener::start_with(tcp, overrides, door)
+    }
+
+    fn start_with(tcp: TcpListener, overrides: Overrides, door: Option<Door>) -> SmcListener {
+        #[cfg(feature = "rdma")]
         let cfg = overrides.resolve();
-        let door = match (cfg.policy, &local) {
-            (Policy::TcpOnly, _) => None,
-            (_, Ok(local)) => {
-                let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
-                Door::open(*local, cfg.shm.allowed_uids.clone(), reuseport)
-            }
-            (_, Err(e)) => {
-                tracing::warn!(error = %e, "listener without a local address: serving tcp only");
-                None
-            }
-        };
         let shared = Arc::new(ListenerShared {
             tcp,
             door,
@@ -554,13 +571,19 @@ impl SmcListener {
             closed: AtomicBool::new(false),
             closing: Notify::new(),
         });
-        // Open the RDMA devices now, off the runtime, so the first connections can use them.
+        // Open the RDMA devices and look the listening address up now, off the runtime, so
+        // the first connections can use them.
         #[cfg(feature = "rdma")]
         if cfg.rdma.enabled {
-            let cfg = cfg.clone();
-            tokio::spawn(async move { crate::smc::rdma::warm_up(&cfg).await });
+            let local = shared.tcp.local_addr().ok().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
+            tokio::spawn(async move {
+                crate::smc::rdma::warm_up(&cfg).await;
+                if let Some(ip) = local {
+                    crate::smc::rdma::warm_port(ip, &cfg).await;
+                }
+            });
         }
-        let span = tracing::debug_span!("smc_listener", local = ?local.ok());
+        let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok());
         let task = tokio::spawn(run(shared.clone()).instrument(span)).abort_handle();
         SmcListener { shared, task }
     }

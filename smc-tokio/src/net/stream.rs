@@ -168,7 +168,12 @@ impl SmcStream {
     pub(crate) fn from_smc(tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
         let tcp = Arc::new(tcp);
         conn.hold_tcp(tcp.clone());
-        let watcher = tokio::spawn(watch_tcp(tcp.clone(), Arc::downgrade(&conn))).abort_handle();
+        conn.describe(tcp.peer_addr().ok(), transport);
+        let watcher = tokio::spawn(tracing::Instrument::instrument(
+            watch_tcp(tcp.clone(), Arc::downgrade(&conn)),
+            conn.span().clone(),
+        ))
+        .abort_handle();
         SmcStream {
             tcp,
             transport,

@@ -59,12 +59,11 @@ const SECTION_RDMA: u8 = 2;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Token(pub [u8; 16]);
 
+/// Redacted: the token is a secret (it proves a handshake and, on shm, logs a client into a
+/// link group), and `Debug` output ends up in logs.
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str("Token(<redacted>)")
     }
 }
 
@@ -715,6 +714,22 @@ impl ClcMessage {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Handshake messages end up in debug logs; the token they carry must not.
+    #[test]
+    fn debug_output_never_shows_the_token() {
+        let token = Token([0xA7; 16]);
+        let msgs = [
+            ClcMessage::Proposal(Proposal { token, rmb_size: 0, shm: Some(ShmOffer { link_group: 4 }), rdma: None }),
+            ClcMessage::Confirm(Confirm { token, link: shm_link(b"name") }),
+            ClcMessage::Decline(Decline { token, reason: DeclineReason::Timeout }),
+        ];
+        for m in msgs {
+            let d = format!("{m:?} {m:#?}");
+            assert!(!d.to_ascii_lowercase().contains("a7a7") && !d.contains("167"), "{d}");
+            assert!(d.contains("<redacted>"), "{d}");
+        }
+    }
 
     fn shm_link(name: &[u8]) -> LinkInfo {
         LinkInfo::Shm(ShmLinkInfo { link_group: 9, rmb_slot: 3, rmb_size: 65536, socket_name: name.to_vec() })

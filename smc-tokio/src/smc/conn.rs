@@ -127,6 +127,9 @@ struct ConnState {
 pub(crate) struct SmcConn {
     group: Arc<LinkGroup>,
     our_token: u32,
+    /// The connection's span: what the crate logs about the connection after its handshake is
+    /// logged in it, with the peer's address, the transport, the link group and the slot.
+    span: tracing::Span,
     state: Mutex<ConnState>,
     me: Weak<SmcConn>,
 }
@@ -156,9 +159,17 @@ impl SmcConn {
     ) -> Arc<SmcConn> {
         let mut engine = ConnEngine::new(peer_token.unwrap_or(0), tx_ring, rx_ring);
         engine.set_autocork(cfg.autocork);
+        let span = tracing::debug_span!(
+            "smc_conn",
+            group = group.id,
+            slot = crate::link::token_slot(our_token),
+            peer = tracing::field::Empty,
+            transport = tracing::field::Empty,
+        );
         Arc::new_cyclic(|me| SmcConn {
             group,
             our_token,
+            span,
             state: Mutex::new(ConnState {
                 engine,
                 corks: 0,
@@ -182,6 +193,19 @@ impl SmcConn {
 
     pub(crate) fn our_token(&self) -> u32 {
         self.our_token
+    }
+
+    /// The connection's span (see the field).
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Names the connection in its span, once it is handed to the application.
+    pub(crate) fn describe(&self, peer: Option<std::net::SocketAddr>, transport: crate::transport::Transport) {
+        if let Some(p) = peer {
+            self.span.record("peer", tracing::field::display(p));
+        }
+        self.span.record("transport", tracing::field::display(transport));
     }
 
     pub(crate) fn group(&self) -> &Arc<LinkGroup> {
@@ -730,7 +754,7 @@ impl SmcConn {
                 self.flush_cdc(&mut st);
             }
             Err(e) => {
-                tracing::debug!(token = self.our_token, error = %e, "aborting connection: bad CDC message");
+                tracing::debug!(parent: &self.span, error = %e, "aborting connection: bad CDC message");
                 self.fail_locked(&mut st, ConnError::Protocol(e.to_string()));
             }
         }
@@ -757,6 +781,7 @@ impl SmcConn {
     /// The link group failed; the group has already forgotten this connection (and, for a
     /// peer that went away, dispatched every message it had published first).
     pub(crate) fn fail_link(&self, err: &LinkError) {
+        tracing::debug!(parent: &self.span, error = %err, "link group failed under the connection");
         let mut st = self.lock();
         st.link_down = true;
         if st.error.is_none() {
@@ -789,11 +814,11 @@ impl SmcConn {
         }
         match res {
             Ok(n) if n > 0 => {
-                tracing::debug!(token = self.our_token, "bytes on the tcp connection under smc");
+                tracing::debug!(parent: &self.span, "bytes on the tcp connection under smc");
                 self.fail_locked(&mut st, ConnError::Protocol("bytes on the tcp connection under smc".into()));
             }
             res => {
-                tracing::debug!(token = self.our_token, ?res, "tcp connection ended under smc without an smc close");
+                tracing::debug!(parent: &self.span, ?res, "tcp connection ended under smc without an smc close");
                 // The peer is gone (or stopped speaking SMC): what it sent is still read, then
                 // the end TCP would report. The abort tells a peer that is still there that we
                 // stopped reading its ring.
@@ -810,6 +835,20 @@ impl SmcConn {
 pub(crate) struct PendingConn(Option<Arc<SmcConn>>);
 
 impl PendingConn {
+    /// A guard holding `conn`.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn holding(conn: Arc<SmcConn>) -> PendingConn {
+        PendingConn(Some(conn))
+    }
+
+    /// Takes over the connection `other` holds (releasing any this one held).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn adopt(&mut self, mut other: PendingConn) {
+        if let Some(c) = other.take() {
+            self.set(c);
+        }
+    }
+
     pub(crate) fn set(&mut self, conn: Arc<SmcConn>) {
         self.release();
         self.0 = Some(conn);

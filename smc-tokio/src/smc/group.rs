@@ -424,6 +424,20 @@ impl LinkGroup {
     }
 }
 
+impl Drop for LinkGroup {
+    fn drop(&mut self) {
+        // An RDMA link's last reference is usually this one: destroying its queue pair and
+        // completion queue and deregistering its pools takes the process's memory-map lock,
+        // which runtime threads must not wait for (see `on_setup_thread`).
+        #[cfg(feature = "rdma")]
+        if let Some(link) = self.link.take() {
+            if link.is_rdma() {
+                crate::link::verbs::device::drop_on_setup_thread(Box::new(link));
+            }
+        }
+    }
+}
+
 /// Marks the group dead when the driver stops, including when its runtime shuts down and drops
 /// the task: a group nobody drives must not be handed out again.
 struct DriverGuard(Arc<LinkGroup>);

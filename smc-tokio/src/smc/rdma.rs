@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::config::Settings;
-use crate::link::verbs::device::{find_port, gid_of, Port, Remote};
+use crate::link::verbs::device::{find_port, find_port_cached, find_port_off_runtime, gid_of, Port, Remote};
 use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink};
 use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
 use crate::proto::cursor::RingSize;
-use crate::smc::conn::SmcConn;
+use crate::smc::conn::{PendingConn, SmcConn};
 use crate::smc::group::{LinkGroup, Role};
 use crate::smc::manager::Manager;
 
@@ -66,18 +66,42 @@ pub(crate) async fn warm_up(cfg: &Settings) {
 }
 
 /// Whether an RDMA port serves `local` here, without waiting: `false` until the devices have
-/// been opened off the runtime (a listener starts that when it is created, so only the first
-/// connections can miss it).
+/// been opened and the address looked up off the runtime (started here the first time, so only
+/// the first connections to an address can miss it).
 pub(crate) fn serves(local: IpAddr, cfg: &Settings) -> bool {
     if !cfg.rdma.enabled {
         return false;
     }
-    if !crate::link::verbs::device::devices_ready() {
-        let cfg = cfg.clone();
-        tokio::spawn(async move { warm_up(&cfg).await });
-        return false;
+    match find_port_cached(local, &cfg.rdma) {
+        Some(r) => r.is_ok(),
+        None => {
+            let cfg = cfg.clone();
+            tokio::spawn(async move { warm_port(local, &cfg).await });
+            false
+        }
     }
-    find_port(local, &cfg.rdma).is_ok()
+}
+
+/// Looks up the port for `local` off the runtime, so that later lookups (in the proposal, in
+/// the handshake) answer from the cache.
+pub(crate) async fn warm_port(local: IpAddr, cfg: &Settings) {
+    if cfg.rdma.enabled {
+        let _ = find_port_off_runtime(local, &cfg.rdma).await;
+    }
+}
+
+/// Runs a step of link setup on the RDMA setup thread
+/// ([`on_setup_thread`](crate::link::verbs::device::on_setup_thread)): creating protection
+/// domains, completion queues and queue pairs, moving a QP through its states and registering
+/// memory are system calls into the RDMA driver (memory registration pins pages), which must
+/// not stall a runtime worker. The step may spawn tasks (it runs with the runtime entered).
+async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DeclineReason> + Send + 'static,
+) -> Result<T, DeclineReason> {
+    crate::link::verbs::device::on_setup_thread(f).await.unwrap_or_else(|| {
+        tracing::warn!("rdma link setup job was lost");
+        Err(DeclineReason::Internal)
+    })
 }
 
 fn port_for(local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
@@ -114,8 +138,11 @@ fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), Decline
 // ----- client --------------------------------------------------------------------------------
 
 /// The client's RDMA offer to `server` from local address `local`, for a receive ring of
-/// `rx_size` bytes: the port's GID and MTU, and the QP of the group it already has there.
+/// `rx_size` bytes: the port's GID and MTU, and the QP of the group it already has there. Only
+/// from the port cache ([`warm_port`] first): no offer when the address was never looked up.
 pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg: &Settings) -> Option<RdmaOffer> {
+    // (Switched off counts as a known answer: `port_for` records why there is no offer.)
+    let _known = find_port_cached(local, &cfg.rdma)?;
     let port = port_for(local, cfg).ok()?;
     let s = state();
     let existing = s.by_server.get(&server).filter(|e| e.group.is_established() && e.link.port().gid == port.gid);
@@ -129,9 +156,30 @@ pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg:
     })
 }
 
+/// The client's side of an RDMA Accept (see [`client_accept_blocking`]), off the runtime. The
+/// connection comes registered in a [`PendingConn`], so that a handshake abandoned meanwhile
+/// gives its slot back.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn client_accept(
+    manager: &'static Manager,
+    server: SocketAddr,
+    local: IpAddr,
+    a: &RdmaLinkInfo,
+    rx_size: u32,
+    cfg: &Settings,
+    timeout: Duration,
+) -> Result<(PendingConn, RdmaLinkInfo), DeclineReason> {
+    let (a, cfg) = (*a, cfg.clone());
+    off_runtime(move || {
+        let (conn, confirm) = client_accept_blocking(manager, server, local, &a, rx_size, &cfg, timeout)?;
+        Ok((PendingConn::holding(conn), confirm))
+    })
+    .await
+}
+
 /// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
-/// RTS), registers our RMB and the connection. Returns what goes into the Confirm.
-pub(crate) fn client_accept(
+/// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
+fn client_accept_blocking(
     manager: &'static Manager,
     server: SocketAddr,
     local: IpAddr,
@@ -207,7 +255,7 @@ pub(crate) fn client_accept(
 // ----- server --------------------------------------------------------------------------------
 
 /// What a server keeps between its Accept and the client's Confirm.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ServerPending {
     link: Arc<VerbsLink>,
     accepted: RdmaLinkInfo,
@@ -215,10 +263,28 @@ pub(crate) struct ServerPending {
     client_gid: [u8; 16],
 }
 
+/// The server's side of a Proposal with an RDMA offer (see [`server_accept_blocking`]), off the
+/// runtime; the connection comes registered in a [`PendingConn`].
+pub(crate) async fn server_accept(
+    manager: &'static Manager,
+    p: &Proposal,
+    local: IpAddr,
+    peer: IpAddr,
+    cfg: &Settings,
+    timeout: Duration,
+) -> Result<(PendingConn, RdmaLinkInfo, ServerPending), DeclineReason> {
+    let (p, cfg) = (p.clone(), cfg.clone());
+    off_runtime(move || {
+        let (conn, info, pending) = server_accept_blocking(manager, &p, local, peer, &cfg, timeout)?;
+        Ok((PendingConn::holding(conn), info, pending))
+    })
+    .await
+}
+
 /// The server's side of a Proposal with an RDMA offer: reuses the group of the client QP it
 /// names or creates one (QP in INIT), registers our RMB and the connection. Returns what goes
-/// into the Accept.
-pub(crate) fn server_accept(
+/// into the Accept. Blocks.
+fn server_accept_blocking(
     manager: &'static Manager,
     p: &Proposal,
     local: IpAddr,
@@ -286,10 +352,23 @@ pub(crate) fn server_accept(
     Ok((conn, accepted, ServerPending { link, accepted, client_gid: offer.gid }))
 }
 
+/// The server's side of the client's Confirm (see [`server_confirm_blocking`]), off the
+/// runtime.
+pub(crate) async fn server_confirm(
+    conn: &Arc<SmcConn>,
+    pending: &ServerPending,
+    c: &RdmaLinkInfo,
+) -> Result<(), String> {
+    let (conn, pending, c) = (conn.clone(), pending.clone(), *c);
+    crate::link::verbs::device::on_setup_thread(move || server_confirm_blocking(&conn, &pending, &c))
+        .await
+        .unwrap_or_else(|| Err("rdma confirm job was lost".into()))
+}
+
 /// The server's side of the client's Confirm: connects a new group's QP (and confirms the link
 /// to the client) or checks that the client's QP is the reused group's, then binds the
-/// connection to the client's RMB.
-pub(crate) fn server_confirm(conn: &Arc<SmcConn>, pending: &ServerPending, c: &RdmaLinkInfo) -> Result<(), String> {
+/// connection to the client's RMB. Blocks.
+fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &RdmaLinkInfo) -> Result<(), String> {
     let group = conn.group();
     let link = &pending.link;
     if c.rmb_size != link.tx_size() || c.mtu != pending.accepted.mtu {

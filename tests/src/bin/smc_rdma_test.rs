@@ -467,6 +467,122 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// 20 concurrent SMC-R handshakes (server and clients, all new link groups) on a current-thread
+/// runtime, with a ticker task that sleeps 1 ms at a time: every blocking setup call (verbs
+/// objects, memory registration, GID scans) must run on a blocking thread. The count of such
+/// calls on a runtime thread must stay 0; the ticker's longest gap is reported.
+fn case_setup_off_runtime(ip: std::net::IpAddr) -> Result<(), String> {
+    const CLIENTS: usize = 20;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 3)).await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let _ = serve_conn(s).await;
+                });
+            }
+        });
+        let before = smc_tokio::faults::rdma_setup_calls_on_runtime();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut worst = Duration::ZERO;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    worst = worst.max(t.elapsed().saturating_sub(Duration::from_millis(1)));
+                }
+                worst
+            })
+        };
+        let t = Instant::now();
+        let clients: Vec<_> =
+            (0..CLIENTS).map(|i| tokio::spawn(echo(addr, Rng::new(900 + i as u64).bytes(4096)))).collect();
+        for (i, c) in clients.into_iter().enumerate() {
+            c.await.map_err(|e| e.to_string())?.map_err(|e| format!("client {i}: {e}"))?;
+        }
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let worst = ticker.await.map_err(|e| e.to_string())?;
+        let on_runtime = smc_tokio::faults::rdma_setup_calls_on_runtime() - before;
+        // The control: the same ticker while as many blocking threads burn the CPU for as
+        // long, with no handshake at all. On a one-CPU guest the ticker's overrun is then the
+        // scheduler sharing the CPU, not a stall of the runtime thread.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut worst = Duration::ZERO;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    worst = worst.max(t.elapsed().saturating_sub(Duration::from_millis(1)));
+                }
+                worst
+            })
+        };
+        let burners: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                tokio::task::spawn_blocking(move || {
+                    let until = Instant::now() + took;
+                    while Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        for b in burners {
+            let _ = b.await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let control = ticker.await.map_err(|e| e.to_string())?;
+        println!(
+            "  setup_off_runtime: {CLIENTS} handshakes in {:.1} ms, setup calls on the runtime {on_runtime}, longest ticker overrun {:.2} ms (control, {CLIENTS} busy blocking threads and no handshake: {:.2} ms)",
+            took.as_secs_f64() * 1e3,
+            worst.as_secs_f64() * 1e3,
+            control.as_secs_f64() * 1e3
+        );
+        if on_runtime != 0 {
+            return Err(format!("{on_runtime} blocking rdma setup calls ran on the runtime thread"));
+        }
+        Ok(())
+    })
+}
+
+/// Links whose QPs send CDC frames from registered buffers (as on a device that grants no
+/// inline data) carry every byte: both ends of a new group are built that way.
+async fn case_no_inline_sends(ip: std::net::IpAddr) -> Result<(), String> {
+    smc_tokio::faults::rdma_without_inline_sends(true);
+    let result = async {
+        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 4)).await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        let server = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let _ = serve_conn(s).await;
+                });
+            }
+        });
+        let r = async {
+            echo(addr, Rng::new(4242).bytes(1 << 20)).await?;
+            // Small messages ride in the frame itself, from the registered slot.
+            for n in [1usize, 7, 40] {
+                echo(addr, Rng::new(n as u64).bytes(n)).await?;
+            }
+            Ok::<(), String>(())
+        }
+        .await;
+        server.abort();
+        r
+    }
+    .await;
+    smc_tokio::faults::rdma_without_inline_sends(false);
+    result
+}
+
 async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     let mut failures = 0;
     macro_rules! case {
@@ -498,6 +614,11 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     if with_kill {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
         case!("writers_exit", case_writers_exit(addr.ip()));
+        let ip = addr.ip();
+        case!("setup_off_runtime", async move {
+            tokio::task::spawn_blocking(move || case_setup_off_runtime(ip)).await.map_err(|e| e.to_string())?
+        });
+        case!("no_inline_sends", case_no_inline_sends(addr.ip()));
     }
     let s = smc_tokio::stats();
     println!("stats: {s}");

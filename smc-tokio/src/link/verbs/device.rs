@@ -82,6 +82,7 @@ impl Device {
     }
 
     fn query_port(&self, port: u8) -> Option<(ffi::ibv_port_attr, u8)> {
+        note_setup("ibv_query_port");
         let mut attr = ffi::ibv_port_attr::default();
         // SAFETY: `attr` is larger than the structure the library fills; the context is open.
         let r = unsafe { (self.lib.query_port)(self.ctx(), port, &mut attr) };
@@ -93,11 +94,112 @@ impl Device {
     }
 
     fn query_gid(&self, port: u8, index: c_int) -> Option<[u8; 16]> {
+        note_setup("ibv_query_gid");
         let mut gid = ffi::ibv_gid::default();
         // SAFETY: `gid` is a valid out-parameter; the context is open.
         let r = unsafe { (self.lib.query_gid)(self.ctx(), port, index, &mut gid) };
         (r == 0).then_some(gid.raw)
     }
+}
+
+// ----- where setup runs ----------------------------------------------------------------
+
+std::thread_local! {
+    /// Set while this thread runs link setup on purpose (a blocking thread, [`as_setup`]).
+    static SETUP_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Device calls that block (creating and modifying verbs objects, registering memory, scanning
+/// GID tables) made on a runtime thread instead of a blocking one, since the process started.
+static SETUP_ON_RUNTIME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Runs `f`, link setup that blocks, marking this thread as one where that is expected.
+pub(crate) fn as_setup<T>(f: impl FnOnce() -> T) -> T {
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            SETUP_THREAD.with(|c| c.set(false));
+        }
+    }
+    SETUP_THREAD.with(|c| c.set(true));
+    let _unmark = Unmark;
+    f()
+}
+
+/// A job for the setup thread.
+type SetupJob = Box<dyn FnOnce() + Send>;
+
+/// Runs `f` (blocking link setup) on the process's RDMA setup thread, inside the caller's
+/// runtime (so it may spawn tasks and register descriptors), and resolves to its result.
+///
+/// One long-lived thread, not tokio's blocking pool, because what setup blocks on is the
+/// process's memory map: registering memory pins pages with the map's lock held, and mapping a
+/// pool takes it for writing. Setups running side by side on several threads (the blocking
+/// pool starts one per concurrent call, each with a fresh stack `mmap`ed from the calling
+/// runtime thread) queue writers behind pinning readers, and every page fault or `mmap` of the
+/// runtime threads then waits behind them: the soft-RoCE guest measured 330 ms runtime stalls
+/// during 20 concurrent handshakes that way, with no verbs call on the runtime. Serialized on
+/// one thread, setup never holds the lock in two modes at once. `None` if the job was lost
+/// (its thread died).
+pub(crate) async fn on_setup_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job: SetupJob = Box::new(move || {
+        let _rt = handle.enter();
+        let _ = tx.send(as_setup(f));
+    });
+    if let Err(job) = send_setup_job(job) {
+        // No setup thread: the blocking pool does it.
+        let _ = tokio::task::spawn_blocking(job).await;
+    }
+    rx.await.ok()
+}
+
+/// Drops `what` (a link's verbs objects: destroying them and deregistering memory takes the
+/// memory map's lock too) on the setup thread, or here if there is none.
+pub(crate) fn drop_on_setup_thread(what: Box<dyn std::any::Any + Send>) {
+    let job: SetupJob = Box::new(move || as_setup(move || drop(what)));
+    if let Err(job) = send_setup_job(job) {
+        job();
+    }
+}
+
+/// Queues a job for the setup thread (started on first use); gives it back if there is none.
+fn send_setup_job(job: SetupJob) -> Result<(), SetupJob> {
+    static SETUP: OnceLock<Option<Mutex<std::sync::mpsc::Sender<SetupJob>>>> = OnceLock::new();
+    let sender = SETUP.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SetupJob>();
+        let spawned = std::thread::Builder::new().name("smc-tokio-rdma-setup".into()).spawn(move || {
+            for job in rx {
+                job();
+            }
+        });
+        match spawned {
+            Ok(_) => Some(Mutex::new(tx)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the rdma setup thread: using the blocking pool");
+                None
+            }
+        }
+    });
+    match sender {
+        Some(s) => s.lock().unwrap_or_else(|e| e.into_inner()).send(job).map_err(|e| e.0),
+        None => Err(job),
+    }
+}
+
+/// Notes a blocking device call: one made on a runtime thread (a task's, not a blocking
+/// thread running [`as_setup`]) is counted and logged, as the bug it is.
+fn note_setup(what: &'static str) {
+    if !SETUP_THREAD.with(std::cell::Cell::get) && tokio::runtime::Handle::try_current().is_ok() {
+        SETUP_ON_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(what, "blocking rdma setup call on a runtime thread");
+    }
+}
+
+/// How many blocking device calls ran on a runtime thread (see [`note_setup`]); 0 is right.
+pub(crate) fn setup_calls_on_runtime() -> u64 {
+    SETUP_ON_RUNTIME.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A protection domain. Each link group has its own (as the kernel's SMC-R has one per link):
@@ -115,6 +217,7 @@ unsafe impl Sync for Pd {}
 
 impl Pd {
     pub(crate) fn new(dev: &Arc<Device>) -> io::Result<Arc<Pd>> {
+        note_setup("ibv_alloc_pd");
         // SAFETY: the context is open.
         let pd = unsafe { (dev.lib.alloc_pd)(dev.ctx()) };
         let pd = NonNull::new(pd).ok_or_else(io::Error::last_os_error)?;
@@ -126,6 +229,7 @@ impl Pd {
     /// # Safety
     /// `addr..addr + len` must stay mapped until the returned region is dropped.
     pub(crate) unsafe fn reg_mr(self: &Arc<Self>, addr: *mut u8, len: usize, access: c_int) -> io::Result<Mr> {
+        note_setup("ibv_reg_mr");
         // SAFETY: the PD is open; the caller keeps the memory mapped for the MR's life.
         let mr = unsafe { (self.dev.lib.reg_mr)(self.pd.as_ptr(), addr.cast(), len, access) };
         let mr = NonNull::new(mr).ok_or_else(io::Error::last_os_error)?;
@@ -228,6 +332,7 @@ unsafe impl Sync for CompChannel {}
 
 impl CompChannel {
     pub(crate) fn new(dev: &Arc<Device>) -> io::Result<CompChannel> {
+        note_setup("ibv_create_comp_channel");
         // SAFETY: the context is open.
         let ch = unsafe { (dev.lib.create_comp_channel)(dev.ctx()) };
         let ch = NonNull::new(ch).ok_or_else(io::Error::last_os_error)?;
@@ -315,6 +420,7 @@ unsafe fn op<F: Copy>(ctx: *mut c_void, offset: usize) -> io::Result<F> {
 
 impl Cq {
     pub(crate) fn new(dev: &Arc<Device>, entries: u32, channel: &CompChannel) -> io::Result<Cq> {
+        note_setup("ibv_create_cq");
         // SAFETY: the context and channel are open.
         let cq =
             unsafe { (dev.lib.create_cq)(dev.ctx(), entries as c_int, std::ptr::null_mut(), channel.ch.as_ptr(), 0) };
@@ -377,6 +483,9 @@ pub(crate) struct Qp {
     _pd: Arc<Pd>,
     qp: NonNull<c_void>,
     pub(crate) qpn: u32,
+    /// The inline data the device granted per send work request (at least what we asked for
+    /// when creation with a request succeeded; 0 when it only worked without).
+    pub(crate) max_inline: u32,
     post_send: ffi::PostSendFn,
     post_recv: ffi::PostRecvFn,
 }
@@ -398,8 +507,21 @@ pub(crate) struct Remote {
 }
 
 impl Qp {
-    /// An RC QP on `cq` for both queues, moved to INIT on `port`.
-    pub(crate) fn new(pd: &Arc<Pd>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
+    /// An RC QP on `cq` for both queues, moved to INIT on `port`, able to send `inline` bytes
+    /// inline if the device grants it (see [`max_inline`](Qp::max_inline); a device that
+    /// cannot gets a QP without inline sends).
+    pub(crate) fn new(pd: &Arc<Pd>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
+        match Self::create(pd, cq, port, send_wr, recv_wr, inline) {
+            Err(e) if inline > 0 => {
+                tracing::debug!(error = %e, inline, "qp with inline sends refused: creating one without");
+                Self::create(pd, cq, port, send_wr, recv_wr, 0)
+            }
+            r => r,
+        }
+    }
+
+    fn create(pd: &Arc<Pd>, cq: &Cq, port: u8, send_wr: u32, recv_wr: u32, inline: u32) -> io::Result<Qp> {
+        note_setup("ibv_create_qp");
         let dev = &pd.dev;
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
@@ -411,7 +533,7 @@ impl Qp {
                 max_recv_wr: recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 1,
-                max_inline_data: crate::proto::cdc::CDC_MSG_LEN as u32,
+                max_inline_data: inline,
             },
             qp_type: ffi::IBV_QPT_RC,
             sq_sig_all: 0,
@@ -428,7 +550,10 @@ impl Qp {
                 op(dev.ctx(), ffi::CTX_OPS_POST_RECV),
             )
         };
-        let me = Qp { dev: dev.clone(), _pd: pd.clone(), qp, qpn, post_send: post_send?, post_recv: post_recv? };
+        // ibv_create_qp writes the capabilities it granted back into `init`.
+        let max_inline = init.cap.max_inline_data;
+        let me =
+            Qp { dev: dev.clone(), _pd: pd.clone(), qp, qpn, max_inline, post_send: post_send?, post_recv: post_recv? };
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_INIT,
             pkey_index: 0,
@@ -441,6 +566,7 @@ impl Qp {
     }
 
     fn modify(&self, a: &mut ffi::ibv_qp_attr, mask: c_int) -> io::Result<()> {
+        note_setup("ibv_modify_qp");
         // SAFETY: the QP is live; `a` is a valid attribute structure for `mask`.
         let r = unsafe { (self.dev.lib.modify_qp)(self.qp.as_ptr(), a, mask) };
         if r == 0 {
@@ -506,7 +632,10 @@ impl Qp {
     /// transfer fails.
     pub(crate) fn set_error(&self) {
         let mut a = ffi::ibv_qp_attr { qp_state: ffi::IBV_QPS_ERR, ..Default::default() };
-        let _ = self.modify(&mut a, ffi::IBV_QP_STATE);
+        // Not counted as setup: the move to ERR is what tears a failed link down, from the
+        // runtime; it is one call that flushes the queues and never waits for the peer.
+        // SAFETY: the QP is live; `a` is a valid attribute structure for the mask.
+        let _ = unsafe { (self.dev.lib.modify_qp)(self.qp.as_ptr(), &mut a, ffi::IBV_QP_STATE) };
     }
 
     /// Posts a chain of send work requests.
@@ -569,23 +698,18 @@ static DEVS: OnceLock<Result<Vec<Arc<Device>>, Unavailable>> = OnceLock::new();
 /// runtime worker stalls inside a handshake. Later calls return at once.
 pub(crate) async fn init_devices() {
     if DEVS.get().is_none() {
-        let _ = tokio::task::spawn_blocking(|| {
+        let _ = on_setup_thread(|| {
             let _ = devices();
         })
         .await;
     }
 }
 
-/// Whether the devices have been opened (by [`init_devices`]), so [`find_port`] does not load
-/// anything.
-pub(crate) fn devices_ready() -> bool {
-    DEVS.get().is_some()
-}
-
 /// Every device on the host, opened once per process (devices rarely come and go; a process
 /// that needs a new one restarts).
 fn devices() -> Result<&'static [Arc<Device>], Unavailable> {
     DEVS.get_or_init(|| {
+        note_setup("ibv_open_device");
         let lib = ffi::lib().map_err(Unavailable::NoLibrary)?;
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-parameter.
@@ -628,38 +752,77 @@ pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
 }
 
 fn gid_type(dev: &str, port: u8, index: c_int) -> Option<String> {
+    note_setup("gid type (sysfs)");
     std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"))
         .ok()
         .map(|s| s.trim().to_owned())
 }
 
+type PortKey = (IpAddr, String, u8, i32);
+/// Hits and misses of [`find_port`]: a miss (an address no RoCE port serves, loopback say)
+/// would otherwise rescan every GID table on each handshake.
+static PORT_CACHE: OnceLock<Mutex<HashMap<PortKey, Option<Port>>>> = OnceLock::new();
+
+fn port_key(local: IpAddr, cfg: &RdmaConfig) -> PortKey {
+    (local, cfg.device.clone().unwrap_or_default(), cfg.port.unwrap_or(0), cfg.gid_index.map_or(-1, i32::from))
+}
+
+/// [`find_port`]'s answer if it is known without touching a device (`None`: it is not, and
+/// finding out blocks).
+pub(crate) fn find_port_cached(local: IpAddr, cfg: &RdmaConfig) -> Option<Result<Port, Unavailable>> {
+    if !cfg.enabled {
+        return Some(Err(Unavailable::Disabled));
+    }
+    match DEVS.get() {
+        None => return None,
+        // No library or no device: known for good.
+        Some(Err(e)) => return Some(Err(e.clone())),
+        Some(Ok(_)) => {}
+    }
+    let cache = PORT_CACHE.get_or_init(Mutex::default);
+    let hit = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&port_key(local, cfg)).cloned();
+    hit.map(|p| p.ok_or(Unavailable::NoPort))
+}
+
+/// [`find_port`] without blocking a runtime worker: the cached answer, or the scan on a
+/// blocking thread.
+pub(crate) async fn find_port_off_runtime(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavailable> {
+    if let Some(r) = find_port_cached(local, cfg) {
+        return r;
+    }
+    init_devices().await;
+    let cfg = cfg.clone();
+    on_setup_thread(move || find_port(local, &cfg)).await.unwrap_or(Err(Unavailable::NoDevice))
+}
+
 /// Finds the device, port and GID that serve `local` (the TCP connection's local address):
 /// an active Ethernet (RoCE) port whose GID table holds the address as a RoCE v2 GID, unless
 /// the settings name a device, port or GID index.
+///
+/// The first look for an address queries the devices' GID tables and reads sysfs, which blocks:
+/// call it on a blocking thread ([`find_port_off_runtime`]), or only after
+/// [`find_port_cached`] answered.
 pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavailable> {
     if !cfg.enabled {
         return Err(Unavailable::Disabled);
     }
-    // Hits and misses are cached: a miss (an address no RoCE port serves, loopback say) would
-    // otherwise rescan every GID table on each handshake.
-    type Key = (IpAddr, String, u8, i32);
-    static CACHE: OnceLock<Mutex<HashMap<Key, Option<Port>>>> = OnceLock::new();
-    let key =
-        (local, cfg.device.clone().unwrap_or_default(), cfg.port.unwrap_or(0), cfg.gid_index.map_or(-1, i32::from));
-    let cache = CACHE.get_or_init(Mutex::default);
-    if let Some(p) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return p.clone().ok_or(Unavailable::NoPort);
+    if let Some(r) = find_port_cached(local, cfg) {
+        return r;
     }
+    let key = port_key(local, cfg);
+    let cache = PORT_CACHE.get_or_init(Mutex::default);
     let want = gid_of(local);
     for dev in devices()? {
         if cfg.device.as_ref().is_some_and(|d| *d != dev.name) {
             continue;
         }
-        for port in 1..=2u8 {
+        // Every port the device has: they are numbered from 1 without gaps, so the first one
+        // that cannot be queried ends the scan.
+        for port in 1..=u8::MAX {
+            let Some((attr, link_layer)) = dev.query_port(port) else { break };
             if cfg.port.is_some_and(|p| p != port) {
                 continue;
             }
-            let Some((attr, link_layer)) = dev.query_port(port) else { continue };
             if attr.state != ffi::IBV_PORT_ACTIVE || link_layer != ffi::IBV_LINK_LAYER_ETHERNET {
                 continue;
             }
@@ -696,8 +859,8 @@ pub fn describe_devices() -> Result<Vec<String>, String> {
     })?;
     let mut out = Vec::new();
     for dev in devs {
-        for port in 1..=2u8 {
-            let Some((attr, ll)) = dev.query_port(port) else { continue };
+        for port in 1..=u8::MAX {
+            let Some((attr, ll)) = dev.query_port(port) else { break };
             let mut line = format!(
                 "{} port {port} state {} link_layer {} mtu {:?}",
                 dev.name,

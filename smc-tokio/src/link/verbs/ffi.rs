@@ -385,6 +385,68 @@ fn load() -> Result<Lib, String> {
     })
 }
 
+// The hand-written layouts are LP64 ones: refuse to build the verbs link anywhere else rather
+// than pass the library structures of another layout.
+#[cfg(not(all(
+    target_os = "linux",
+    target_pointer_width = "64",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("the `rdma` feature supports 64-bit Linux on x86-64 and aarch64 only (the verbs structures are hand-written LP64 layouts)");
+
+/// The layout facts of rdma-core's `<infiniband/verbs.h>` on LP64 (every line of
+/// [`abi_report`], with the values `tests/rdma-vm/abi.c` printed from rdma-core v44's header on
+/// x86-64; the test bed re-checks them against the installed header), held at compile time: a
+/// field moved by an edit fails the build, not a work request at run time.
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(CTX_OPS_POLL_CQ == 96);
+    assert!(CTX_OPS_REQ_NOTIFY_CQ == 104);
+    assert!(CTX_OPS_POST_SEND == 208);
+    assert!(CTX_OPS_POST_RECV == 216);
+    assert!(QP_NUM == 52);
+    assert!(MR_LKEY == 36);
+    assert!(MR_RKEY == 40);
+    assert!(CHANNEL_FD == 8);
+    assert!(PORT_LINK_LAYER == 46);
+    assert!(offset_of!(ibv_port_attr, gid_tbl_len) == 12);
+    assert!(offset_of!(ibv_port_attr, active_mtu) == 8);
+    assert!(size_of::<ibv_qp_init_attr>() == 64);
+    assert!(offset_of!(ibv_qp_init_attr, cap) == 32);
+    assert!(offset_of!(ibv_qp_init_attr, qp_type) == 52);
+    assert!(offset_of!(ibv_qp_init_attr, sq_sig_all) == 56);
+    assert!(size_of::<ibv_qp_attr>() == 144);
+    assert!(offset_of!(ibv_qp_attr, cap) == 36);
+    assert!(offset_of!(ibv_qp_attr, ah_attr) == 56);
+    assert!(offset_of!(ibv_qp_attr, pkey_index) == 120);
+    assert!(offset_of!(ibv_qp_attr, max_rd_atomic) == 126);
+    assert!(offset_of!(ibv_qp_attr, min_rnr_timer) == 128);
+    assert!(offset_of!(ibv_qp_attr, port_num) == 129);
+    assert!(offset_of!(ibv_qp_attr, timeout) == 130);
+    assert!(offset_of!(ibv_qp_attr, retry_cnt) == 131);
+    assert!(offset_of!(ibv_qp_attr, rnr_retry) == 132);
+    assert!(offset_of!(ibv_qp_attr, rate_limit) == 136);
+    assert!(size_of::<ibv_ah_attr>() == 32);
+    assert!(offset_of!(ibv_ah_attr, dlid) == 24);
+    assert!(offset_of!(ibv_ah_attr, is_global) == 29);
+    assert!(offset_of!(ibv_ah_attr, port_num) == 30);
+    assert!(offset_of!(ibv_global_route, sgid_index) == 20);
+    assert!(offset_of!(ibv_global_route, hop_limit) == 21);
+    assert!(size_of::<ibv_send_wr>() == 128);
+    assert!(offset_of!(ibv_send_wr, num_sge) == 24);
+    assert!(offset_of!(ibv_send_wr, opcode) == 28);
+    assert!(offset_of!(ibv_send_wr, send_flags) == 32);
+    assert!(offset_of!(ibv_send_wr, remote_addr) == 40);
+    assert!(offset_of!(ibv_send_wr, rkey) == 48);
+    assert!(size_of::<ibv_recv_wr>() == 32);
+    assert!(size_of::<ibv_sge>() == 16);
+    assert!(size_of::<ibv_wc>() == 48);
+    assert!(offset_of!(ibv_wc, status) == 8);
+    assert!(offset_of!(ibv_wc, opcode) == 12);
+    assert!(offset_of!(ibv_wc, byte_len) == 20);
+    assert!(align_of::<ibv_gid>() == 8);
+};
+
 /// The layout facts this module relies on, one `name value` per line, in the same format as the
 /// test bed's C checker prints them from the real header.
 pub fn abi_report() -> String {

@@ -33,6 +33,21 @@
 pub(crate) mod device;
 pub(crate) mod ffi;
 
+/// Test hook: links created while it is set send CDC frames from registered buffers, as on a
+/// device that grants no inline data (the soft-RoCE device grants it, so the path is otherwise
+/// not reachable in the test bed).
+static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes links created from now on send without inline data (`true`), or as the device allows.
+#[cfg(feature = "test-util")]
+pub(crate) fn force_no_inline(on: bool) {
+    NO_INLINE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn no_inline_forced() -> bool {
+    NO_INLINE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::MaybeUninit;
@@ -169,6 +184,9 @@ pub(crate) struct VerbsLink {
     tx_pool: Pool,
     recv_mr: Mr,
     recv_bufs: Mapping,
+    /// When the QP cannot send a CDC frame inline (the device granted less inline data than a
+    /// frame): registered slots the SENDs go from, one per message that can be in flight.
+    send_frames: Option<(Mr, Mapping)>,
     /// This group's own protection domain (every MR and the QP also hold it).
     pd: Arc<Pd>,
     port: Port,
@@ -222,7 +240,18 @@ impl VerbsLink {
         // SAFETY: CompChannel's fd is owned by its channel, which the AsyncFd owns.
         let chan = unsafe { crate::sys::register(CompChannel::new(&dev)?, tokio::io::Interest::READABLE) }?;
         let cq = Cq::new(&dev, SQ_DEPTH + RQ_DEPTH, chan.get_ref())?;
-        let qp = Qp::new(&pd, &cq, port.port, SQ_DEPTH, RQ_DEPTH)?;
+        let forced = no_inline_forced();
+        let qp = Qp::new(&pd, &cq, port.port, SQ_DEPTH, RQ_DEPTH, if forced { 0 } else { CDC_MSG_LEN as u32 })?;
+        let send_frames = if forced || qp.max_inline < CDC_MSG_LEN as u32 {
+            tracing::debug!(granted = qp.max_inline, "cdc frames go from registered buffers (no inline sends)");
+            let map = Mapping::new(SQ_DEPTH as usize * CDC_MSG_LEN)?;
+            // SAFETY: `map` outlives the MR (field order of VerbsLink: the MR is dropped first,
+            // as the tuple's first element).
+            let mr = unsafe { pd.reg_mr(map.ptr(), map.len(), device_access::LOCAL) }?;
+            Some((mr, map))
+        } else {
+            None
+        };
         let recv_bufs = Mapping::new(RQ_DEPTH as usize * CDC_MSG_LEN)?;
         // SAFETY: `recv_bufs` outlives the MR (field order of VerbsLink).
         let recv_mr = unsafe { pd.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
@@ -237,6 +266,7 @@ impl VerbsLink {
             tx_pool,
             recv_mr,
             recv_bufs,
+            send_frames,
             pd,
             port,
             psn,
@@ -351,10 +381,28 @@ impl VerbsLink {
             wrs[i].rkey = w.rkey;
         }
         let count = n as u32 + 1;
-        sges[n] = ffi::ibv_sge { addr: frame.as_ptr() as u64, length: CDC_MSG_LEN as u32, lkey: 0 };
+        // The message's number: its delivery mark, and its send slot when sends are not inline.
+        let seq = self.posted.fetch_add(1, Ordering::AcqRel);
         wrs[n].opcode = ffi::IBV_WR_SEND;
-        wrs[n].send_flags = ffi::IBV_SEND_SIGNALED | ffi::IBV_SEND_INLINE;
         wrs[n].wr_id = u64::from(count);
+        match &self.send_frames {
+            None => {
+                sges[n] = ffi::ibv_sge { addr: frame.as_ptr() as u64, length: CDC_MSG_LEN as u32, lkey: 0 };
+                wrs[n].send_flags = ffi::IBV_SEND_SIGNALED | ffi::IBV_SEND_INLINE;
+            }
+            Some((mr, map)) => {
+                // At most SQ_DEPTH work requests, so at most SQ_DEPTH messages, are in flight
+                // (`sq_free`), and an RC queue completes in order: the message SQ_DEPTH before
+                // this one has completed, and its slot is free.
+                let slot = (seq % u64::from(SQ_DEPTH)) as usize;
+                let p = map.ptr().wrapping_add(slot * CDC_MSG_LEN);
+                // SAFETY: slot < SQ_DEPTH, so the 64 bytes lie inside `map`; the adapter reads
+                // them only after the post below and is done with them (see above).
+                unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), p, CDC_MSG_LEN) };
+                sges[n] = ffi::ibv_sge { addr: p as u64, length: CDC_MSG_LEN as u32, lkey: mr.lkey };
+                wrs[n].send_flags = ffi::IBV_SEND_SIGNALED;
+            }
+        }
         let sge_ptr = sges.as_mut_ptr();
         let wr_ptr = wrs.as_mut_ptr();
         for i in 0..=n {
@@ -369,12 +417,11 @@ impl VerbsLink {
         }
         // SAFETY: the SGEs and WRs live across the call; WRITE sources are registered send-pool
         // spans that stay unchanged until the peer consumed them (module docs); the SEND is
-        // inline, so `frame` is copied during the call.
+        // inline (`frame` is copied during the call) or goes from its registered slot, which
+        // stays unchanged until it completes (above).
         match unsafe { self.qp.post_send(wr_ptr) } {
             Ok(()) => {
                 self.sq_free.fetch_sub(count, Ordering::SeqCst);
-                // Under the tx lock (the caller holds it): marks follow post order.
-                self.posted.fetch_add(1, Ordering::AcqRel);
                 Ok(count)
             }
             Err(e) => {
