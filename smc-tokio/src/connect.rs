@@ -144,6 +144,12 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
         let (reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes) {
             Registered::Yes(reg, sock) => (reg, sock),
             Registered::NoDoor => return Ok(None),
+            Registered::Starved => {
+                // No descriptor (or memory) to look for doors or register: plain TCP, said as
+                // what it is rather than "no listener".
+                let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
+                return plain(cfg, addr, reason).await.map(Some);
+            }
             Registered::Busy => {
                 // The listener is swamped: plain TCP now, as its own congestion decline would.
                 let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };

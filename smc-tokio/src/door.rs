@@ -573,7 +573,17 @@ impl fmt::Debug for ClientRegistration {
 /// address, and, when `dst` is this host's, listeners bound to the wildcard of its port; with
 /// every member of their reuseport groups. Doors owned by an untrusted uid are skipped. Also
 /// says whether a door was found too busy to take a connection.
-fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
+/// What [`find_doors`] saw at a destination.
+struct Lookup {
+    /// Trusted doors that took a connection.
+    doors: Vec<PeerFd>,
+    /// A door had a full queue.
+    busy: bool,
+    /// The look-up stopped for want of a descriptor or memory.
+    starved: bool,
+}
+
+fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
     let dst = sys::unmap(dst);
     let mut bases = vec![base_name(dst)];
     if sys::is_local_ip(dst.ip()) {
@@ -585,6 +595,7 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
     }
     let mut doors = Vec::new();
     let mut busy = false;
+    let mut starved = false;
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
     for (i, base) in bases.iter().enumerate() {
@@ -598,7 +609,10 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
                 Some(fd) => fd,
                 None => match sys::seqpacket_socket() {
                     Ok(fd) => fd,
-                    Err(_) => return (doors, busy),
+                    Err(e) => {
+                        starved = sys::is_starved(&e);
+                        return Lookup { doors, busy, starved };
+                    }
                 },
             };
             match sys::seqpacket_connect_with(fd, &name) {
@@ -614,7 +628,7 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
                         tracing::debug!(uid = cred.uid, door = %base, "door owned by an untrusted uid: not registering");
                         crate::stats::door_refused();
                     }
-                    Err(_) => {}
+                    Err(e) => starved |= sys::is_starved(&e),
                 },
                 // A door with a full queue: skip it (its listener is swamped; TCP it is there).
                 Err((fd, e)) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -623,8 +637,9 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
                 }
                 // No solo door: look for a reuseport group's. No door at an index: the group
                 // ends here.
-                Err((fd, _)) => {
+                Err((fd, e)) => {
                     probe = Some(fd);
+                    starved |= sys::is_starved(&e);
                     if index > 0 {
                         break;
                     }
@@ -632,7 +647,7 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> (Vec<PeerFd>, bool) {
             }
         }
     }
-    (doors, busy)
+    Lookup { doors, busy, starved }
 }
 
 /// What [`register`] came to.
@@ -643,20 +658,29 @@ pub(crate) enum Registered {
     NoDoor,
     /// The destination's door had no room for us: its listener is swamped.
     Busy,
+    /// This process ran out of descriptors (or memory) looking for doors or making the
+    /// socket: connect as plain TCP, declined locally for resources.
+    Starved,
 }
 
 /// Registers a connection to `dst` at its doors, if `dst` has any we trust, with the CLC
 /// `proposal` it makes.
 pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64, proposal: &[u8]) -> Registered {
-    let (mut doors, busy) = find_doors(dst, allowed_uids);
+    let Lookup { mut doors, busy, starved } = find_doors(dst, allowed_uids);
     if doors.is_empty() {
-        return if busy { Registered::Busy } else { Registered::NoDoor };
+        return if busy {
+            Registered::Busy
+        } else if starved {
+            Registered::Starved
+        } else {
+            Registered::NoDoor
+        };
     }
     let sock = match sys::bound_tcp_socket(dst, |p| ports_in_flight().contains(&p)) {
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
-            return Registered::NoDoor;
+            return if sys::is_starved(&e) { Registered::Starved } else { Registered::NoDoor };
         }
     };
     let Some(port) = sock.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.port()) else {

@@ -579,8 +579,16 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated side-channel message"));
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // The control buffer holds the most descriptors one message can carry (SCM_MAX_FD), so
+        // a cut there means the kernel could not install them here: no descriptor free.
+        return Err(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            "descriptors passed with a side-channel message were dropped: no descriptor free (EMFILE)",
+        ));
     }
     Ok((n, fds))
 }
@@ -859,6 +867,13 @@ pub(crate) fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
         libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
     };
     (r == 0 && len >= 1).then_some(info[0])
+}
+
+/// Whether `e` says this process ran out of descriptors or memory (rather than that the peer
+/// or the network did something).
+pub(crate) fn is_starved(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::OutOfMemory
+        || matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS))
 }
 
 /// `addr` with an IPv4-mapped IPv6 address turned into the IPv4 one, so that a dual-stack

@@ -83,7 +83,7 @@ async fn a_writer_that_calls_exit_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_writer_loses_nothing() {
-    run("kill", 100).await;
+    run("kill", 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

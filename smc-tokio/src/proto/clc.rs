@@ -104,7 +104,7 @@ impl ClcType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DeclineReason {
-    /// No memory for a receive buffer (`SMC_CLC_DECL_MEM`).
+    /// No memory, or no file descriptor, for a receive buffer or a link (`SMC_CLC_DECL_MEM`).
     OutOfMemory = 1,
     /// A handshake step took too long (`SMC_CLC_DECL_TIMEOUT_*`).
     Timeout = 2,
@@ -143,7 +143,7 @@ impl DeclineReason {
     /// A short lower-case name, as used in stats and logs.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::OutOfMemory => "out of memory",
+            Self::OutOfMemory => "out of memory or descriptors",
             Self::Timeout => "timeout",
             Self::PeerNoSmc => "peer has no smc",
             Self::NoCommonTransport => "no common transport",

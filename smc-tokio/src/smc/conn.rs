@@ -823,11 +823,37 @@ impl SmcConn {
                 // the end TCP would report. The abort tells a peer that is still there that we
                 // stopped reading its ring.
                 self.fail_locked(&mut st, ConnError::PeerGone { tcp_reset: res.is_err() });
+                if self.group.link().is_some_and(|l| l.is_rdma()) {
+                    self.expect_abort_answer();
+                }
             }
         }
         self.maybe_finish(st);
     }
+
+    /// Over RDMA nothing else says that a peer process died (shared memory has its side
+    /// channel; the kernel's SMC-R has LLC test-link messages): a send to a destroyed queue pair
+    /// may never complete with an error. A peer that is there answers our abort at once; one
+    /// that has not within [`PEER_ANSWER_BOUND`] is taken for gone, and its link group with it,
+    /// so the group's slots and registered memory are not held forever.
+    fn expect_abort_answer(&self) {
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(PEER_ANSWER_BOUND).await;
+            let Some(c) = me.upgrade() else { return };
+            let unanswered = !Self::done(&c.lock());
+            if unanswered && c.group.is_alive() {
+                tracing::warn!(parent: &c.span, "rdma peer never answered an abort: taking its link group for gone");
+                c.group.drain();
+                c.group.fail(LinkError::PeerGone);
+            }
+        });
+    }
 }
+
+/// How long an RDMA peer may take to answer an abort before its link group is taken for gone:
+/// the kernel's SMC-R default interval between link tests (`SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s).
+const PEER_ANSWER_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A connection registered during a handshake that has not been handed to the application:
 /// dropping the guard (a failed or abandoned handshake) gives its slot back.

@@ -269,8 +269,8 @@ impl Manager {
                 let join = Join { link_group: accept.link_group, token };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
-                    Err(JoinError::Unreachable(e)) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                        tracing::debug!(error = %e, "no descriptor for the shm side channel");
+                    Err(e @ JoinError::Starved(_)) => {
+                        tracing::debug!(error = %e, "shm join");
                         return Err(DeclineReason::OutOfMemory);
                     }
                     Err(e @ JoinError::Unreachable(_)) => {

@@ -421,6 +421,7 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
     let addr = l.local_addr().map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let want = tests::pattern(BYTES);
+    let groups_before = smc_tokio::stats().link_groups;
     for how in ["return", "exit", "kill"] {
         let (mut short, mut errors) = (0, 0);
         let mut first = None;
@@ -456,14 +457,37 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
                 first = Some(format!("round {i}: read {} of {BYTES}, end {end:?}", got.len()));
             }
         }
+        let rss = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| l[6..].trim().to_string()))
+            .unwrap_or_default();
         println!(
-            "  writers_exit {how}: {rounds} rounds over smc-r, {short} short or wrong, {errors} errors ({:.1} s)",
-            t.elapsed().as_secs_f64()
+            "  writers_exit {how}: {rounds} rounds over smc-r, {short} short or wrong, {errors} errors ({:.1} s; link groups now {}, VmRSS {rss})",
+            t.elapsed().as_secs_f64(),
+            smc_tokio::stats().link_groups
         );
         if short + errors > 0 {
             return Err(format!("{how}: first failure {first:?}"));
         }
     }
+    // Every writer is gone: the server's link groups with them go too (orderly ones idle out
+    // after 60 s; those of writers that died without a close once their abort went unanswered
+    // for 30 s), instead of holding their registered memory for good.
+    let t = Instant::now();
+    while smc_tokio::stats().link_groups > groups_before + 1 {
+        if t.elapsed() > Duration::from_secs(100) {
+            return Err(format!(
+                "{} link groups of dead writers still up after {:?}",
+                smc_tokio::stats().link_groups - groups_before,
+                t.elapsed()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "  writers_exit: the writers' link groups were gone {:.1} s after the last one",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -586,11 +610,15 @@ async fn case_no_inline_sends(ip: std::net::IpAddr) -> Result<(), String> {
 async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     let mut failures = 0;
     macro_rules! case {
-        ($name:literal, $f:expr) => {{
+        ($name:literal, $f:expr) => {
+            case!($name, $f, CASE_TIMEOUT)
+        };
+        ($name:literal, $f:expr, $bound:expr) => {{
             let t = Instant::now();
-            let r = match tokio::time::timeout(CASE_TIMEOUT, $f).await {
+            let bound: Duration = $bound;
+            let r = match tokio::time::timeout(bound, $f).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("timed out after {CASE_TIMEOUT:?}")),
+                Err(_) => Err(format!("timed out after {bound:?}")),
             };
             match r {
                 Ok(()) => println!("PASS {} ({:.1} s)", $name, t.elapsed().as_secs_f64()),
@@ -613,7 +641,13 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     case!("no_device_falls_back", case_no_device(addr));
     if with_kill {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
-        case!("writers_exit", case_writers_exit(addr.ip()));
+        // Three ways of ending, SMC_RDMA_WRITER_ROUNDS writers each, at up to a second a writer.
+        let rounds: u64 = std::env::var("SMC_RDMA_WRITER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+        case!(
+            "writers_exit",
+            case_writers_exit(addr.ip()),
+            CASE_TIMEOUT.max(Duration::from_secs(3 * rounds)) + Duration::from_secs(100)
+        );
         let ip = addr.ip();
         case!("setup_off_runtime", async move {
             tokio::task::spawn_blocking(move || case_setup_off_runtime(ip)).await.map_err(|e| e.to_string())?

@@ -178,7 +178,7 @@ async fn main() -> std::io::Result<()> {
                 return Err(std::io::Error::last_os_error());
             }
             let mut held = Vec::new();
-            for i in 0..12 {
+            for i in 0..24 {
                 match SmcStream::connect(addr.as_str()).await {
                     Ok(mut s) => {
                         let t = s.transport();

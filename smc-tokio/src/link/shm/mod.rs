@@ -486,6 +486,8 @@ pub(crate) enum JoinError {
     Refused(String),
     /// The exchange took too long.
     Timeout,
+    /// This process had no descriptor (or memory) for the exchange or the link.
+    Starved(io::Error),
 }
 
 impl std::fmt::Display for JoinError {
@@ -494,6 +496,7 @@ impl std::fmt::Display for JoinError {
             JoinError::Unreachable(e) => write!(f, "server side channel unreachable: {e}"),
             JoinError::Refused(w) => write!(f, "link group join refused: {w}"),
             JoinError::Timeout => f.write_str("link group join timed out"),
+            JoinError::Starved(e) => write!(f, "no resources to join a link group: {e}"),
         }
     }
 }
@@ -529,13 +532,21 @@ pub(crate) async fn join(
     busy_poll: Duration,
     timeout: Duration,
 ) -> Result<ShmLink, JoinError> {
-    let fd = PeerFd::new(sys::seqpacket_connect(name).map_err(JoinError::Unreachable)?);
+    // Descriptor or memory exhaustion is ours, not the server's refusal: said as such.
+    let broke =
+        |e: io::Error| if sys::is_starved(&e) { JoinError::Starved(e) } else { JoinError::Refused(e.to_string()) };
+    let fd = PeerFd::new(sys::seqpacket_connect(name).map_err(|e| {
+        if sys::is_starved(&e) {
+            JoinError::Starved(e)
+        } else {
+            JoinError::Unreachable(e)
+        }
+    })?);
     // SAFETY: a PeerFd owns its descriptor.
-    let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }
-        .map_err(|e| JoinError::Refused(e.to_string()))?;
+    let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
-        send_msg(&sock, &join.encode(), &local.fds()).await.map_err(|e| JoinError::Refused(e.to_string()))?;
-        let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| JoinError::Refused(e.to_string()))?;
+        send_msg(&sock, &join.encode(), &local.fds()).await.map_err(broke)?;
+        let (msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
         if msg.len() != SIDE_MSG_LEN || msg[..8] != WELCOME_MAGIC || msg[8..12] != SIDE_VERSION.to_be_bytes() {
             return Err(JoinError::Refused("malformed welcome".into()));
         }
@@ -552,7 +563,10 @@ pub(crate) async fn join(
     };
     let (peer_memfd, peer_doorbell) =
         tokio::time::timeout(timeout, exchange).await.map_err(|_| JoinError::Timeout)??;
-    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll).map_err(|e| JoinError::Refused(e.to_string()))
+    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll).map_err(|e| match e {
+        LinkError::Io(kind @ io::ErrorKind::OutOfMemory, w) => JoinError::Starved(io::Error::new(kind, w)),
+        e => JoinError::Refused(e.to_string()),
+    })
 }
 
 /// What the server decides about a JOIN.
