@@ -66,9 +66,17 @@ impl Drop for ClientSlot {
 
 /// Connects with `addr` with SMC settings `cfg` (`limit`: the builder turned
 /// `limit_handshake` on).
-pub(crate) async fn establish(addr: SocketAddr, cfg: &Settings, limit: bool) -> io::Result<SmcStream> {
+/// `user`: the socket the application made ([`SmcSocket`](crate::SmcSocket)), connected in
+/// place of one of ours: bound where the application bound it, with its options.
+pub(crate) async fn establish(
+    addr: SocketAddr,
+    cfg: &Settings,
+    limit: bool,
+    mut user: Option<socket2::Socket>,
+) -> io::Result<SmcStream> {
+    let user = &mut user;
     if cfg.policy == Policy::TcpOnly {
-        return plain(cfg, addr, FallbackReason::Disabled).await;
+        return plain(cfg, addr, FallbackReason::Disabled, user).await;
     }
     let Some(_slot) = ClientSlot::take(limit, cfg) else {
         // Too many client handshakes in flight: this one goes plain at once.
@@ -76,25 +84,26 @@ pub(crate) async fn establish(addr: SocketAddr, cfg: &Settings, limit: bool) -> 
             cfg,
             addr,
             FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local },
+            user,
         )
         .await;
     };
     // A server that failed an in-band handshake, or whose SMC connections keep ending too
     // soon to pay off (adaptive fallback), is left alone for a while.
     if NegativeCache::global().contains(addr, Instant::now()) {
-        return plain(cfg, addr, FallbackReason::NegativeCache).await;
+        return plain(cfg, addr, FallbackReason::NegativeCache, user).await;
     }
     // The verbs library is loaded before the connection exists, off the runtime.
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_up(cfg).await;
-    if let Some(s) = via_door(addr, cfg).await? {
+    if let Some(s) = via_door(addr, cfg, user).await? {
         return Ok(s);
     }
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
-        return plain(cfg, addr, FallbackReason::NotProposed).await;
+        return plain(cfg, addr, FallbackReason::NotProposed, user).await;
     }
-    let mut tcp = TcpStream::connect(addr).await?;
+    let mut tcp = tcp_connect(addr, user.take()).await?;
     let local_ip = tcp.local_addr()?.ip();
     // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
@@ -108,11 +117,24 @@ pub(crate) async fn establish(addr: SocketAddr, cfg: &Settings, limit: bool) -> 
 }
 
 /// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused).
-async fn plain(cfg: &Settings, addr: SocketAddr, reason: FallbackReason) -> io::Result<SmcStream> {
+async fn plain(
+    cfg: &Settings,
+    addr: SocketAddr,
+    reason: FallbackReason,
+    user: &mut Option<socket2::Socket>,
+) -> io::Result<SmcStream> {
     if cfg.policy == Policy::Never {
         return Err(SmcError::FallbackRefused(reason).into());
     }
-    Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(reason)))
+    Ok(SmcStream::from_tcp(tcp_connect(addr, user.take()).await?, Transport::Tcp(reason)))
+}
+
+/// A TCP connect from the application's socket, if it gave one, else from a new one.
+async fn tcp_connect(addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<TcpStream> {
+    match user {
+        Some(sock) => tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await,
+        None => TcpStream::connect(addr).await,
+    }
 }
 
 fn tcp_or_refuse(cfg: &Settings, tcp: TcpStream, reason: FallbackReason) -> io::Result<SmcStream> {
@@ -128,7 +150,11 @@ const PORT_ATTEMPTS: usize = 4;
 
 /// The same-host path: the whole handshake on the door, none of it on the TCP stream. `None`:
 /// the destination has no door we trust; nothing was sent.
-async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStream>> {
+async fn via_door(
+    addr: SocketAddr,
+    cfg: &Settings,
+    user: &mut Option<socket2::Socket>,
+) -> io::Result<Option<SmcStream>> {
     let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
     if !offers {
         return Ok(None);
@@ -141,33 +167,36 @@ async fn via_door(addr: SocketAddr, cfg: &Settings) -> io::Result<Option<SmcStre
         // The Proposal is made before the connection exists: nothing in it depends on the
         // connection (a same-host connection's local address is the destination's).
         let prep = Prepared::new(addr, addr.ip(), cfg, true)?;
-        let (reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes) {
+        let (reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes, user) {
             Registered::Yes(reg, sock) => (reg, sock),
             Registered::NoDoor => return Ok(None),
             Registered::Starved => {
                 // No descriptor (or memory) to look for doors or register: plain TCP, said as
                 // what it is rather than "no listener".
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason).await.map(Some);
+                return plain(cfg, addr, reason, user).await.map(Some);
             }
             Registered::Busy => {
                 // The listener is swamped: plain TCP now, as its own congestion decline would.
                 let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-                return plain(cfg, addr, reason).await.map(Some);
+                return plain(cfg, addr, reason, user).await.map(Some);
             }
         };
         stats::door(DoorEvent::Registered);
+        let from_user = reg.is_users();
         let tcp = match tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await {
             Ok(t) => t,
-            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && attempt + 1 < PORT_ATTEMPTS => {
+            // The application's socket cannot be bound again: its error is the caller's, as
+            // tokio's connect from that socket would report it.
+            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && attempt + 1 < PORT_ATTEMPTS && !from_user => {
                 drop(reg);
                 continue;
             }
-            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && !from_user => {
                 drop(reg);
                 tracing::debug!("no free port to register: connecting as plain tcp");
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason).await.map(Some);
+                return plain(cfg, addr, reason, user).await.map(Some);
             }
             Err(e) => return Err(e),
         };

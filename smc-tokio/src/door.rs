@@ -542,6 +542,7 @@ fn identity(e: &Entry) -> ClientIdentity {
 pub(crate) struct ClientRegistration {
     doors: Vec<PeerFd>,
     port: PortClaim,
+    from_user: bool,
 }
 
 /// Ports of this process's registrations in flight. Our client sockets bind with
@@ -665,7 +666,16 @@ pub(crate) enum Registered {
 
 /// Registers a connection to `dst` at its doors, if `dst` has any we trust, with the CLC
 /// `proposal` it makes.
-pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64, proposal: &[u8]) -> Registered {
+/// `user`: the application's socket, registered (and later connected) in place of a new one
+/// of ours when there is a door; it stays in `user` otherwise. An unbound one is bound to the
+/// wildcard address and a port the kernel picks.
+pub(crate) fn register(
+    dst: SocketAddr,
+    allowed_uids: &[u32],
+    instance: u64,
+    proposal: &[u8],
+    user: &mut Option<socket2::Socket>,
+) -> Registered {
     let Lookup { mut doors, busy, starved } = find_doors(dst, allowed_uids);
     if doors.is_empty() {
         return if busy {
@@ -676,19 +686,37 @@ pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64, pro
             Registered::NoDoor
         };
     }
-    let sock = match sys::bound_tcp_socket(dst, |p| ports_in_flight().contains(&p)) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
-            return if sys::is_starved(&e) { Registered::Starved } else { Registered::NoDoor };
+    let from_user = user.is_some();
+    let sock = match user.take() {
+        Some(sock) => match sys::bind_if_unbound(&sock, dst) {
+            Ok(()) => sock,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot bind the application's socket: connecting as plain tcp");
+                *user = Some(sock);
+                return Registered::NoDoor;
+            }
+        },
+        None => match sys::bound_tcp_socket(dst, |p| ports_in_flight().contains(&p)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
+                return if sys::is_starved(&e) { Registered::Starved } else { Registered::NoDoor };
+            }
+        },
+    };
+    let give_back = |sock: socket2::Socket, user: &mut Option<socket2::Socket>| {
+        if from_user {
+            *user = Some(sock);
         }
     };
     let Some(port) = sock.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.port()) else {
+        give_back(sock, user);
         return Registered::NoDoor;
     };
     // Claimed under the set's lock: another registration of ours that bound the same port
     // meanwhile loses, and connects as plain TCP.
     if !ports_in_flight().insert(port) {
+        give_back(sock, user);
         return Registered::NoDoor;
     }
     let port = PortClaim(port);
@@ -697,15 +725,21 @@ pub(crate) fn register(dst: SocketAddr, allowed_uids: &[u32], instance: u64, pro
     // registration.
     doors.retain(|d| sys::send_with_fds(d.as_fd(), &msg, &[sock.as_fd()]).is_ok());
     if doors.is_empty() {
+        give_back(sock, user);
         return Registered::NoDoor;
     }
-    Registered::Yes(ClientRegistration { doors, port }, sock)
+    Registered::Yes(ClientRegistration { doors, port, from_user }, sock)
 }
 
 impl ClientRegistration {
     /// The wire the rest of the handshake runs over, once the TCP connection is up. `token` is
     /// the Proposal's: a door that answers "no handshake" reads to the machine as that
     /// connection's Decline.
+    /// Whether the registered socket is the application's.
+    pub(crate) fn is_users(&self) -> bool {
+        self.from_user
+    }
+
     pub(crate) fn into_wire(self, token: Token) -> io::Result<ClientWire> {
         let doors = self.doors.into_iter().map(|d| Some(DoorFd::Plain(d))).collect();
         Ok(ClientWire { doors, chosen: None, token, last_no: None, _port: self.port })

@@ -105,8 +105,8 @@ pub mod rdma {
 pub use config::Policy;
 pub use error::SmcError;
 pub use net::{
-    CorkGuard, OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcStream,
-    SmcStreamBuilder, WriteHalf,
+    CorkGuard, OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcSocket,
+    SmcStream, SmcStreamBuilder, WriteHalf,
 };
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;

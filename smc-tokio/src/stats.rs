@@ -71,7 +71,9 @@ fn fallback_index(r: FallbackReason) -> usize {
         FallbackReason::ClientSilent => 3,
         FallbackReason::Declined { by: Side::Local, .. } => 4,
         FallbackReason::Declined { by: Side::Peer, .. } => 5,
-        FallbackReason::NotProposed => 6,
+        // Adopted streams never went through a handshake and are not counted as connections;
+        // if one were, "not proposed" is what happened.
+        FallbackReason::NotProposed | FallbackReason::Adopted => 6,
     }
 }
 

@@ -818,6 +818,19 @@ pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> 
     Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
 }
 
+/// Binds the application's socket to the wildcard address of `dst`'s family and a port the
+/// kernel picks, unless it is bound to a port already (a registration names a bound port).
+pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Result<()> {
+    if sock.local_addr().ok().and_then(|a| a.as_socket()).is_some_and(|a| a.port() != 0) {
+        return Ok(());
+    }
+    let any: IpAddr = match dst {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    sock.bind(&SocketAddr::new(any, 0).into())
+}
+
 /// The port of a socket a client handed a server at the door, once it is known to be a bound
 /// TCP socket that is not listening (anything else is refused: it cannot be the client end of
 /// a connection).

@@ -83,6 +83,10 @@ pub enum FallbackReason {
     /// [`SmcStreamBuilder::inband_peers`](crate::SmcStreamBuilder::inband_peers)), so the
     /// server saw a plain TCP client.
     NotProposed,
+    /// The stream was made from a socket that was already connected
+    /// ([`SmcStream::from_std`](crate::SmcStream::from_std), `TryFrom<std::net::TcpStream>`):
+    /// no handshake ran, so it is TCP.
+    Adopted,
     /// A side declined during the handshake; both continue over TCP on the same connection.
     Declined {
         /// The decline reason.
@@ -99,6 +103,7 @@ impl fmt::Display for FallbackReason {
             FallbackReason::PeerNoSmc => f.write_str("peer does not speak smc"),
             FallbackReason::NegativeCache => f.write_str("peer in negative cache"),
             FallbackReason::ClientSilent => f.write_str("client sent nothing before peek timeout"),
+            FallbackReason::Adopted => f.write_str("adopted from a connected socket: no handshake ran"),
             FallbackReason::NotProposed => {
                 f.write_str("smc not proposed: no smc listener on this host, not an in-band peer")
             }

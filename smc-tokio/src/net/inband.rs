@@ -116,6 +116,16 @@ impl InbandGuard {
         self.active.load(Ordering::Acquire)
     }
 
+    /// Whether the guard holds bytes it read off the socket, or owes the peer a reply: the
+    /// socket alone is then not the stream.
+    pub(crate) fn holds_bytes(&self) -> bool {
+        if !self.is_active() {
+            return false;
+        }
+        let st = self.lock();
+        st.at < st.held.len() || !st.reply.is_empty() || st.partial.is_some()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -94,6 +94,22 @@ pub struct SmcListener {
     task: tokio::task::AbortHandle,
 }
 
+impl std::os::fd::AsFd for SmcListener {
+    /// The listening TCP socket, for socket options. Accepting on it directly takes
+    /// connections from under the listener (their clients' SMC handshakes then time out to
+    /// TCP).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shared.tcp.as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for SmcListener {
+    /// The listening TCP socket; see [`AsFd`](#impl-AsFd-for-SmcListener).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.shared.tcp.as_raw_fd()
+    }
+}
+
 impl fmt::Debug for SmcListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmcListener")
@@ -107,7 +123,7 @@ impl fmt::Debug for SmcListener {
 impl Drop for SmcListener {
     fn drop(&mut self) {
         self.task.abort();
-        self.shared.close();
+        self.shared.close(true);
     }
 }
 
@@ -163,8 +179,22 @@ impl ListenerShared {
         }
     }
 
-    fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+    /// Stops the listener: its door closes, waiting handshakes end, queued connections are
+    /// dropped. With `stop_port`, the port stops listening too (the listener was dropped);
+    /// without, the socket keeps listening for whoever took it over (`into_std`).
+    fn close(&self, stop_port: bool) {
+        let first = !self.closed.swap(true, Ordering::AcqRel);
+        if !first {
+            return;
+        }
+        if !stop_port {
+            if let Some(d) = &self.door {
+                d.close();
+            }
+            self.ready.close();
+            self.closing.notify_waiters();
+            return;
+        }
         // The port stops listening now, not when the last handshake task lets go of this
         // state: new connections are refused, those in the kernel's queue are reset (as when a
         // listener is closed), and the address can be bound again (by a socket with
@@ -507,6 +537,38 @@ impl SmcListenerBuilder {
         Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
 
+    /// Listens on `socket` (made, set up and bound by the application) with these settings and
+    /// a backlog of `backlog`, as [`TcpSocket::listen`](tokio::net::TcpSocket::listen) does. The
+    /// door opens before the socket listens. Must be called inside a tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcSocket};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let socket = SmcSocket::new_v4()?;
+    /// socket.set_reuseport(true)?;
+    /// socket.bind("127.0.0.1:0".parse().unwrap())?;
+    /// let listener = SmcListener::builder().max_pending_handshakes(64).listen_socket(socket, 256)?;
+    /// # drop(listener);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn listen_socket(self, socket: crate::SmcSocket, backlog: u32) -> io::Result<SmcListener> {
+        let sock = socket.into_tokio();
+        if sock.local_addr().map_or(true, |a| a.port() == 0) {
+            // Not bound: listen picks the port, so nobody can connect before it is known, and
+            // the door opens after.
+            return Ok(SmcListener::start(sock.listen(backlog)?, self.o));
+        }
+        let cfg = self.o.resolve();
+        let reuseport = sock.reuseport().unwrap_or(false);
+        let door = open_door(&cfg, sock.local_addr(), reuseport);
+        Ok(SmcListener::start_with(sock.listen(backlog)?, self.o, door))
+    }
+
     /// Wraps an already bound tokio listener. Must be called inside a tokio runtime: the
     /// listener's task (which accepts and runs handshakes) starts on it.
     pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
@@ -589,8 +651,82 @@ impl SmcListener {
     }
 
     /// The local address the listener is bound to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(listener.local_addr()?.ip().is_loopback());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.shared.tcp.local_addr()
+    }
+
+    /// Turns the listener into a std one, as [`TcpListener::into_std`] does (the result is in
+    /// non-blocking mode). The listener's door closes, so clients stop proposing SMC to it.
+    ///
+    /// Unlike tokio's listener, ours takes connections from the kernel before `accept` asks
+    /// for them (to run their handshakes): connections it had taken but not handed out (SMC
+    /// handshakes still running, or finished and waiting for `accept`) are closed. Call it
+    /// before clients connect, or accept what is there first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let std_listener = listener.into_std()?;
+    /// assert_eq!(std_listener.local_addr()?, addr);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_std(self) -> io::Result<std::net::TcpListener> {
+        let sock = socket2::SockRef::from(&self.shared.tcp).try_clone()?;
+        self.task.abort();
+        self.shared.close(false);
+        drop(self);
+        sock.set_nonblocking(true)?;
+        Ok(sock.into())
+    }
+
+    /// The `IP_TTL` of the listening socket, as [`TcpListener::ttl`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(listener.ttl()? > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.shared.tcp.ttl()
+    }
+
+    /// Sets `IP_TTL` on the listening socket (accepted connections inherit it), as
+    /// [`TcpListener::set_ttl`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// listener.set_ttl(100)?;
+    /// assert_eq!(listener.ttl()?, 100);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.shared.tcp.set_ttl(ttl)
     }
 
     /// The settings connections accepted now would get (the builder's and the setters' values

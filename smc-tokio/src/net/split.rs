@@ -47,6 +47,183 @@ pub(crate) fn split(stream: &mut SmcStream) -> (ReadHalf<'_>, WriteHalf<'_>) {
 }
 
 impl ReadHalf<'_> {
+    /// The peer's address; see [`SmcStream::peer_addr`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (rd, _wr) = client.split();
+    /// assert_eq!(rd.peer_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.0.peer_addr()
+    }
+
+    /// The local address; see [`SmcStream::local_addr`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (rd, _wr) = client.split();
+    /// assert!(rd.local_addr()?.ip().is_loopback());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+
+    /// Waits for any of the readiness events in `interest` (read ones make sense here); see
+    /// [`SmcStream::ready`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (rd, _wr) = server.split();
+    /// # let (_crd, cwr) = client.split();
+    /// # use tokio::io::AsyncWriteExt;
+    /// # let mut cwr = cwr;
+    /// # cwr.write_all(b"ping").await?;
+    /// let r = rd.ready(tokio::io::Interest::READABLE).await?;
+    /// assert!(r.is_readable());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn ready(&self, interest: tokio::io::Interest) -> io::Result<tokio::io::Ready> {
+        self.0.ready(interest).await
+    }
+
+    /// Waits until the stream is readable; see [`SmcStream::readable`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (rd, _wr) = server.split();
+    /// # let (_crd, cwr) = client.split();
+    /// # use tokio::io::AsyncWriteExt;
+    /// # let mut cwr = cwr;
+    /// # cwr.write_all(b"ping").await?;
+    /// rd.readable().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn readable(&self) -> io::Result<()> {
+        self.0.readable().await
+    }
+
+    /// Reads without waiting; see [`SmcStream::try_read`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (rd, _wr) = server.split();
+    /// # let (_crd, cwr) = client.split();
+    /// # use tokio::io::AsyncWriteExt;
+    /// # let mut cwr = cwr;
+    /// # cwr.write_all(b"ping").await?;
+    /// let mut buf = [0u8; 4];
+    /// let n = loop {
+    ///     rd.readable().await?;
+    ///     match rd.try_read(&mut buf) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => break r?,
+    ///     }
+    /// };
+    /// assert_eq!(&buf[..n], &b"ping"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
+    }
+
+    /// Reads into several buffers without waiting; see [`SmcStream::try_read_vectored`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (rd, _wr) = server.split();
+    /// # let (_crd, cwr) = client.split();
+    /// # use tokio::io::AsyncWriteExt;
+    /// # let mut cwr = cwr;
+    /// # cwr.write_all(b"ping").await?;
+    /// let mut a = [0u8; 4];
+    /// let n = loop {
+    ///     rd.readable().await?;
+    ///     match rd.try_read_vectored(&mut [std::io::IoSliceMut::new(&mut a)]) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => break r?,
+    ///     }
+    /// };
+    /// assert_eq!(&a[..n], &b"ping"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        self.0.try_read_vectored(bufs)
+    }
+
+    /// Reads into a buffer's spare capacity without waiting; see [`SmcStream::try_read_buf`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (rd, _wr) = server.split();
+    /// # let (_crd, cwr) = client.split();
+    /// # use tokio::io::AsyncWriteExt;
+    /// # let mut cwr = cwr;
+    /// # cwr.write_all(b"ping").await?;
+    /// let mut buf = Vec::with_capacity(4);
+    /// while buf.is_empty() {
+    ///     rd.readable().await?;
+    ///     match rd.try_read_buf(&mut buf) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => { r?; }
+    ///     }
+    /// }
+    /// assert!(b"ping".starts_with(&buf));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        self.0.try_read_buf(buf)
+    }
+
     /// Receives data without removing it from the queue; see [`SmcStream::peek`].
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.stream().peek(buf).await
@@ -64,6 +241,123 @@ impl ReadHalf<'_> {
 }
 
 impl WriteHalf<'_> {
+    /// The peer's address; see [`SmcStream::peer_addr`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (_rd, wr) = client.split();
+    /// assert_eq!(wr.peer_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.0.peer_addr()
+    }
+
+    /// The local address; see [`SmcStream::local_addr`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (_rd, wr) = client.split();
+    /// assert!(wr.local_addr()?.ip().is_loopback());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+
+    /// Waits for any of the readiness events in `interest` (write ones make sense here); see
+    /// [`SmcStream::ready`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (_rd, wr) = client.split();
+    /// let r = wr.ready(tokio::io::Interest::WRITABLE).await?;
+    /// assert!(r.is_writable());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn ready(&self, interest: tokio::io::Interest) -> io::Result<tokio::io::Ready> {
+        self.0.ready(interest).await
+    }
+
+    /// Waits until the stream is writable; see [`SmcStream::writable`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (_rd, wr) = client.split();
+    /// wr.writable().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn writable(&self) -> io::Result<()> {
+        self.0.writable().await
+    }
+
+    /// Writes without waiting; see [`SmcStream::try_write`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (_rd, wr) = client.split();
+    /// wr.writable().await?;
+    /// assert_eq!(wr.try_write(b"ping")?, 4);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.0.try_write(buf)
+    }
+
+    /// Writes from several buffers without waiting; see [`SmcStream::try_write_vectored`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # let (_rd, wr) = client.split();
+    /// wr.writable().await?;
+    /// let n = wr.try_write_vectored(&[std::io::IoSlice::new(b"pi"), std::io::IoSlice::new(b"ng")])?;
+    /// assert_eq!(n, 4);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_write_vectored(bufs)
+    }
+
     /// The stream this half belongs to.
     pub fn stream(&self) -> &SmcStream {
         self.0

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
@@ -84,7 +84,10 @@ impl Drop for SmcStream {
             NegativeCache::global().record_smc_conn(peer, self.moved.load(Ordering::Relaxed) >= min, ttl);
         }
         if let Some(s) = &self.smc {
-            s.conn.release();
+            // A zero SO_LINGER (set on the stream, its socket before connecting, or through
+            // its descriptor) asks for an abort, as it makes TCP's close a reset.
+            let abort = socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO));
+            s.conn.release(abort);
             s.watcher.abort();
         }
     }
@@ -112,6 +115,13 @@ async fn watch_tcp(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
     if let Some(c) = conn.upgrade() {
         c.on_tcp_event(res);
     }
+}
+
+fn raw_io_unsupported() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "raw socket i/o on an smc connection: its bytes are not on the tcp socket",
+    )
 }
 
 /// How long a TCP close may precede, over RDMA, the SMC close it follows. The close is a CDC
@@ -318,6 +328,694 @@ impl SmcStream {
             }
         }
         self.tcp.poll_peek(cx, buf)
+    }
+
+    /// Makes a stream of an already connected std TCP stream, as [`TcpStream::from_std`] does
+    /// (the stream should be in non-blocking mode). No handshake runs on a connection that
+    /// exists already: the stream is TCP, with the reason
+    /// [`FallbackReason::Adopted`](crate::FallbackReason::Adopted). Must be called inside a
+    /// tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let std_stream = std::net::TcpStream::connect(listener.local_addr()?)?;
+    /// std_stream.set_nonblocking(true)?;
+    /// let stream = SmcStream::from_std(std_stream)?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::Adopted));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_std(stream: std::net::TcpStream) -> io::Result<SmcStream> {
+        Ok(SmcStream::from_tcp(TcpStream::from_std(stream)?, Transport::Tcp(crate::FallbackReason::Adopted)))
+    }
+
+    /// Turns a TCP connection into a std one, as [`TcpStream::into_std`] does (the result is
+    /// in non-blocking mode).
+    ///
+    /// An SMC connection cannot become one: its bytes are not on the TCP socket, so this
+    /// returns an error of kind [`Unsupported`](io::ErrorKind::Unsupported) and the connection is
+    /// closed (as dropping the stream would). So does a TCP stream that a
+    /// [`cork`](SmcStream::cork) guard still holds, and a server stream that holds bytes it
+    /// read off the socket: the start of what may be a client's late in-band handshake message,
+    /// which the stream answers or hands out once it is whole.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{Policy, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// // Both ends are smc types on one host: the connection is SMC-D, which std cannot hold.
+    /// let smc = SmcStream::connect(addr).await?;
+    /// assert_eq!(smc.into_std().unwrap_err().kind(), std::io::ErrorKind::Unsupported);
+    /// // A TCP connection converts as tokio's does.
+    /// let tcp = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await?;
+    /// let std_stream: std::net::TcpStream = tcp.into_std()?;
+    /// # drop(std_stream);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_std(self) -> io::Result<std::net::TcpStream> {
+        if self.smc.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "an smc connection cannot become a std TcpStream: its bytes are not on the tcp socket",
+            ));
+        }
+        if self.inband.as_ref().is_some_and(|g| g.holds_bytes()) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the stream holds bytes read off its socket (a partial late smc handshake message): read first, then convert",
+            ));
+        }
+        let tcp = self.tcp.clone();
+        drop(self);
+        match Arc::try_unwrap(tcp) {
+            Ok(tcp) => tcp.into_std(),
+            Err(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "a cork guard still holds the stream")),
+        }
+    }
+
+    /// Takes the pending error of the TCP socket (`SO_ERROR`), as [`TcpStream::take_error`]
+    /// does. Errors of an SMC connection are returned by its reads and writes instead.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// assert!(server.take_error()?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.tcp.take_error()
+    }
+
+    /// Waits for any of the readiness events in `interest`, as [`TcpStream::ready`] does.
+    ///
+    /// Over SMC readiness follows tokio's model: a stream is taken to be readable until a read
+    /// finds nothing (then it waits for bytes, the end or an error from the peer), and
+    /// writable until a write finds the peer's ring full (then it waits for room);
+    /// [`READ_CLOSED`](tokio::io::Ready::READ_CLOSED) and
+    /// [`WRITE_CLOSED`](tokio::io::Ready::WRITE_CLOSED) are reported once a direction has
+    /// ended. As with tokio, readiness can be spurious: follow it with a `try_*` call and
+    /// handle [`WouldBlock`](io::ErrorKind::WouldBlock).
+    ///
+    /// Each direction keeps one waiting task (the most recent), as tokio's `poll_*` methods
+    /// do; wait on a direction from one task at a time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tokio::io::{AsyncWriteExt, Interest};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.write_all(b"hi").await?;
+    /// let ready = server.ready(Interest::READABLE | Interest::WRITABLE).await?;
+    /// assert!(ready.is_writable());
+    /// let mut buf = [0u8; 2];
+    /// loop {
+    ///     server.readable().await?;
+    ///     match server.try_read(&mut buf) {
+    ///         Ok(n) => { assert_eq!(&buf[..n], &b"hi"[..n]); break; }
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
+        match &self.smc {
+            Some(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
+            None => match &self.inband {
+                Some(g) if g.is_active() && interest.is_readable() => {
+                    // Bytes may sit in the guard (a late handshake message was taken off the
+                    // socket): readable means "a read returns something", which peek tells.
+                    let mut b = [0u8; 1];
+                    std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
+                    Ok(Ready::READABLE)
+                }
+                _ => self.tcp.ready(interest).await,
+            },
+        }
+    }
+
+    /// Waits until the stream is readable; see [`ready`](SmcStream::ready) for what that
+    /// means over SMC. Usually followed by [`try_read`](SmcStream::try_read).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncWriteExt;
+    /// client.write_all(b"x").await?;
+    /// server.readable().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn readable(&self) -> io::Result<()> {
+        self.ready(Interest::READABLE).await.map(drop)
+    }
+
+    /// Polls for read readiness, as [`TcpStream::poll_read_ready`] does: `Ready(Ok(()))` when
+    /// the stream is readable (see [`ready`](SmcStream::ready)); on `Pending` the waker of
+    /// this call (only the most recent one) is woken when it becomes readable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncWriteExt;
+    /// client.write_all(b"x").await?;
+    /// std::future::poll_fn(|cx| server.poll_read_ready(cx)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.smc {
+            Some(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
+            None => match &self.inband {
+                Some(g) if g.is_active() => {
+                    let mut b = [0u8; 1];
+                    self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
+                }
+                _ => self.tcp.poll_read_ready(cx),
+            },
+        }
+    }
+
+    /// Waits until the stream is writable; see [`ready`](SmcStream::ready). Usually followed by
+    /// [`try_write`](SmcStream::try_write).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.writable().await?;
+    /// assert_eq!(client.try_write(b"hello")?, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn writable(&self) -> io::Result<()> {
+        self.ready(Interest::WRITABLE).await.map(drop)
+    }
+
+    /// Polls for write readiness, as [`TcpStream::poll_write_ready`] does (see
+    /// [`ready`](SmcStream::ready)); on `Pending` only the most recent waker is woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// std::future::poll_fn(|cx| client.poll_write_ready(cx)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.smc {
+            Some(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
+            None => self.tcp.poll_write_ready(cx),
+        }
+    }
+
+    /// Reads without waiting, as [`TcpStream::try_read`] does: the number of bytes read (0 at
+    /// the end of the stream, or when `buf` is empty), or [`WouldBlock`](io::ErrorKind::WouldBlock)
+    /// when nothing has arrived. Over SMC the bytes come from the receive ring.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncWriteExt;
+    /// let mut buf = [0u8; 16];
+    /// assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    /// client.write_all(b"ping").await?;
+    /// let n = loop {
+    ///     server.readable().await?;
+    ///     match server.try_read(&mut buf) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => break r?,
+    ///     }
+    /// };
+    /// assert_eq!(&buf[..n], &b"ping"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut rb = ReadBuf::new(buf);
+        self.try_read_into(&mut rb)
+    }
+
+    /// Reads into several buffers without waiting, filling them in order, as
+    /// [`TcpStream::try_read_vectored`] does; see [`try_read`](SmcStream::try_read).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use std::io::IoSliceMut;
+    /// use tokio::io::AsyncWriteExt;
+    /// client.write_all(b"abcdef").await?;
+    /// let (mut a, mut b) = ([0u8; 3], [0u8; 3]);
+    /// let mut got = 0;
+    /// while got == 0 {
+    ///     server.readable().await?;
+    ///     match server.try_read_vectored(&mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)]) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => got = r?,
+    ///     }
+    /// }
+    /// assert_eq!(&a[..got.min(3)], &b"abc"[..got.min(3)]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        if self.smc.is_none() && !self.inband.as_ref().is_some_and(|g| g.is_active()) {
+            let n = self.tcp.try_read_vectored(bufs)?;
+            self.moved(false, n);
+            return Ok(n);
+        }
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            let want = b.len();
+            let mut rb = ReadBuf::new(b);
+            match self.try_read_into(&mut rb) {
+                Ok(n) => {
+                    total += n;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if total > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if total > 0 => {
+                    // Bytes were taken already: report them; the error comes back next time.
+                    tracing::debug!(error = %e, "try_read_vectored stopped after a partial read");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Reads into the spare capacity of `buf` without waiting, advancing it, as
+    /// [`TcpStream::try_read_buf`] does; see [`try_read`](SmcStream::try_read).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncWriteExt;
+    /// client.write_all(b"ping").await?;
+    /// let mut buf = Vec::with_capacity(16);
+    /// while buf.is_empty() {
+    ///     server.readable().await?;
+    ///     match server.try_read_buf(&mut buf) {
+    ///         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+    ///         r => { r?; }
+    ///     }
+    /// }
+    /// assert!(b"ping".starts_with(&buf));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        let dst = buf.chunk_mut();
+        // SAFETY: UninitSlice is a slice of possibly uninitialized bytes; viewing it as
+        // `[MaybeUninit<u8>]` (same layout) lets ReadBuf track what gets initialized. Nothing
+        // reads the bytes before they are written.
+        let dst = unsafe { &mut *(dst as *mut _ as *mut [std::mem::MaybeUninit<u8>]) };
+        let mut rb = ReadBuf::uninit(dst);
+        let n = self.try_read_into(&mut rb)?;
+        // SAFETY: the read initialized the first `n` bytes of the chunk (ReadBuf's filled part).
+        unsafe { buf.advance_mut(n) };
+        Ok(n)
+    }
+
+    /// One read that does not wait, into `rb`.
+    fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+        let n = match &self.smc {
+            Some(s) => s.conn.try_read(rb)?,
+            None => match &self.inband {
+                Some(g) if g.is_active() => {
+                    let before = rb.filled().len();
+                    match self.poll_read_io(&mut Context::from_waker(std::task::Waker::noop()), rb) {
+                        Poll::Ready(r) => r.map(|()| rb.filled().len() - before)?,
+                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                    }
+                }
+                _ => {
+                    // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
+                    // recv writes at most that many bytes and they are marked initialized only
+                    // after it returned their count.
+                    let unfilled = unsafe { rb.unfilled_mut() };
+                    let fd = self.tcp.as_raw_fd();
+                    let n = self.tcp.try_io(Interest::READABLE, || {
+                        // SAFETY: `fd` is the stream's open socket; pointer and length describe
+                        // the unfilled region borrowed above.
+                        let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+                        if n < 0 {
+                            Err(io::Error::last_os_error())
+                        } else {
+                            Ok(n as usize)
+                        }
+                    })?;
+                    // SAFETY: recv initialized the first `n` unfilled bytes.
+                    unsafe { rb.assume_init(n) };
+                    rb.advance(n);
+                    n
+                }
+            },
+        };
+        self.moved(false, n);
+        Ok(n)
+    }
+
+    /// Writes without waiting, as [`TcpStream::try_write`] does: the number of bytes written
+    /// (possibly fewer than `buf` holds), or [`WouldBlock`](io::ErrorKind::WouldBlock) when there
+    /// is no room. Over SMC the bytes go into the peer's ring and are announced at once (a held
+    /// [`cork`](SmcStream::cork) guard defers that, as it does for writes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.writable().await?;
+    /// let n = client.try_write(b"hello")?;
+    /// assert_eq!(n, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        let n = match &self.smc {
+            Some(s) => s.conn.try_write(buf)?,
+            None => match &self.inband {
+                Some(g) if g.is_active() => {
+                    match self.poll_write_io(&mut Context::from_waker(std::task::Waker::noop()), buf) {
+                        Poll::Ready(r) => r?,
+                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                    }
+                }
+                _ => self.tcp.try_write(buf)?,
+            },
+        };
+        self.moved(true, n);
+        Ok(n)
+    }
+
+    /// Writes from several buffers without waiting, as [`TcpStream::try_write_vectored`] does;
+    /// see [`try_write`](SmcStream::try_write).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use std::io::IoSlice;
+    /// client.writable().await?;
+    /// let n = client.try_write_vectored(&[IoSlice::new(b"hel"), IoSlice::new(b"lo")])?;
+    /// assert_eq!(n, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let n = match &self.smc {
+            Some(s) => s.conn.try_write_vectored(bufs)?,
+            None => match &self.inband {
+                Some(g) if g.is_active() => {
+                    match self.poll_write_vectored_io(&mut Context::from_waker(std::task::Waker::noop()), bufs) {
+                        Poll::Ready(r) => r?,
+                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                    }
+                }
+                _ => self.tcp.try_write_vectored(bufs)?,
+            },
+        };
+        self.moved(true, n);
+        Ok(n)
+    }
+
+    /// Runs `f` on the TCP socket if it is ready for `interest`, as [`TcpStream::try_io`] does:
+    /// for system calls tokio has no method for (`recvmsg` with flags, say).
+    ///
+    /// **On an SMC connection this returns an error of kind
+    /// [`Unsupported`](io::ErrorKind::Unsupported)** and does not call `f`: the connection's
+    /// bytes are not on the TCP socket, so `f`'s reads would find nothing and its writes would
+    /// bypass the stream (and break the SMC connection). Check
+    /// [`transport`](SmcStream::transport) first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{Policy, SmcListener, SmcStream};
+    /// use tokio::io::Interest;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let tcp = SmcStream::builder().policy(Policy::TcpOnly).connect(listener.local_addr()?).await?;
+    /// tcp.writable().await?;
+    /// let n = tcp.try_io(Interest::WRITABLE, || {
+    ///     use std::os::fd::AsRawFd;
+    ///     // SAFETY: a valid socket and buffer.
+    ///     let n = unsafe { libc::send(tcp.as_raw_fd(), b"x".as_ptr().cast(), 1, 0) };
+    ///     if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+    /// })?;
+    /// assert_eq!(n, 1);
+    ///
+    /// let smc = SmcStream::connect(listener.local_addr()?).await?;
+    /// let err = smc.try_io(Interest::READABLE, || Ok(())).unwrap_err();
+    /// assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        if self.smc.is_some() {
+            return Err(raw_io_unsupported());
+        }
+        self.tcp.try_io(interest, f)
+    }
+
+    /// Waits for `interest` and runs `f` on the TCP socket until it does not answer
+    /// `WouldBlock`, as [`TcpStream::async_io`] does. **On an SMC connection it returns an
+    /// error of kind [`Unsupported`](io::ErrorKind::Unsupported)** without calling `f`; see
+    /// [`try_io`](SmcStream::try_io).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::Interest;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// if stream.transport().is_smc() {
+    ///     let err = stream.async_io(Interest::READABLE, || Ok(())).await.unwrap_err();
+    ///     assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn async_io<R>(&self, interest: Interest, f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
+        if self.smc.is_some() {
+            return Err(raw_io_unsupported());
+        }
+        self.tcp.async_io(interest, f).await
+    }
+
+    /// The `TCP_QUICKACK` option of the TCP socket, as [`TcpStream::quickack`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let _on: bool = client.quickack()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quickack(&self) -> io::Result<bool> {
+        self.tcp.quickack()
+    }
+
+    /// Sets `TCP_QUICKACK` on the TCP socket, as [`TcpStream::set_quickack`] does. Over SMC the
+    /// TCP connection carries no data, so it changes nothing there.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.set_quickack(true)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quickack(&self, quickack: bool) -> io::Result<()> {
+        self.tcp.set_quickack(quickack)
+    }
+
+    /// The `SO_LINGER` option of the TCP socket, as [`TcpStream::linger`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// assert_eq!(client.linger()?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        socket2::SockRef::from(&*self.tcp).linger()
+    }
+
+    /// Sets `SO_LINGER` on the TCP socket, as [`TcpStream::set_linger`] does (deprecated there
+    /// too: a non-zero linger makes a drop block the thread until the data is sent or the time
+    /// runs out). Over SMC, data written is in the peer's ring already, so a drop does not
+    /// block for it; a zero linger aborts the connection on drop (see
+    /// [`set_zero_linger`](SmcStream::set_zero_linger)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// # #[allow(deprecated)]
+    /// client.set_linger(Some(std::time::Duration::from_secs(1)))?;
+    /// assert_eq!(client.linger()?, Some(std::time::Duration::from_secs(1)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[deprecated = "`SO_LINGER` causes the socket to block the thread on drop"]
+    pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        socket2::SockRef::from(&*self.tcp).set_linger(dur)
+    }
+
+    /// Sets a zero `SO_LINGER`, as [`TcpStream::set_zero_linger`] does: dropping the stream
+    /// then aborts the connection instead of closing it in order. On TCP the peer gets a reset;
+    /// over SMC it gets the SMC abort (its reads fail with
+    /// [`ConnectionReset`](io::ErrorKind::ConnectionReset)) and the TCP reset under it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// server.set_zero_linger()?;
+    /// assert_eq!(server.linger()?, Some(std::time::Duration::ZERO));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_zero_linger(&self) -> io::Result<()> {
+        socket2::SockRef::from(&*self.tcp).set_linger(Some(Duration::ZERO))
+    }
+
+    /// The `IP_TTL` of the TCP socket, as [`TcpStream::ttl`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// assert!(client.ttl()? > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn ttl(&self) -> io::Result<u32> {
+        self.tcp.ttl()
+    }
+
+    /// Sets `IP_TTL` on the TCP socket, as [`TcpStream::set_ttl`] does. Over SMC the TCP
+    /// connection carries no data after the handshake; SMC-R traffic is not IP-routed by it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.set_ttl(64)?;
+    /// assert_eq!(client.ttl()?, 64);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
+        self.tcp.set_ttl(ttl)
     }
 
     fn moved(&self, sent: bool, n: usize) {
@@ -558,15 +1256,31 @@ impl AsyncWrite for SmcStream {
     }
 }
 
+impl TryFrom<std::net::TcpStream> for SmcStream {
+    type Error = io::Error;
+
+    /// See [`SmcStream::from_std`].
+    fn try_from(stream: std::net::TcpStream) -> io::Result<SmcStream> {
+        SmcStream::from_std(stream)
+    }
+}
+
 impl AsFd for SmcStream {
-    /// The underlying TCP socket (for socket options; reading or writing it directly bypasses
-    /// the SMC link).
+    /// The underlying TCP socket, for socket options.
+    ///
+    /// **Over SMC this socket is idle: the connection's bytes do not pass through it.** Waiting
+    /// on its readiness (with `AsyncFd`, `epoll`, `poll`) never reports the data an SMC peer
+    /// sends, and reading or writing it bypasses the stream and breaks the SMC connection. Use
+    /// the stream's own [`ready`](SmcStream::ready), [`readable`](SmcStream::readable) and
+    /// [`writable`](SmcStream::writable) instead, which work on every transport.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.tcp.as_fd()
     }
 }
 
 impl AsRawFd for SmcStream {
+    /// The underlying TCP socket; see [`AsFd for SmcStream`](#impl-AsFd-for-SmcStream): over
+    /// SMC it carries none of the connection's bytes.
     fn as_raw_fd(&self) -> RawFd {
         self.tcp.as_raw_fd()
     }
@@ -696,7 +1410,9 @@ impl SmcStreamBuilder {
     pub async fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<SmcStream> {
         let mut last_err = None;
         for addr in tokio::net::lookup_host(addr).await? {
-            match self.connect_addr(addr).await {
+            // The handshake's state lives on the heap: a future that awaits a connect stays as
+            // small as one awaiting tokio's.
+            match Box::pin(self.connect_addr(addr)).await {
                 Ok(s) => return Ok(s),
                 Err(e) => last_err = Some(e),
             }
@@ -704,11 +1420,47 @@ impl SmcStreamBuilder {
         Err(last_err.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
 
+    /// Connects `socket` (made and set up by the application, perhaps bound) to `addr` with
+    /// these settings, as [`TcpSocket::connect`](tokio::net::TcpSocket::connect) does: the
+    /// connection is this socket's. A same-host client registers it at the listener's door (an
+    /// unbound one is bound to the wildcard address and a port the kernel picks first).
+    ///
+    /// Toward an in-band peer (see [`inband_peers`](SmcStreamBuilder::inband_peers)) whose
+    /// handshake fails, the plain TCP reconnection that follows uses a new socket without the
+    /// application's options: the first one carried a Proposal and is closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcSocket, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let socket = SmcSocket::new_v4()?;
+    /// socket.set_keepalive(true)?;
+    /// let stream = SmcStream::builder()
+    ///     .handshake_timeout(std::time::Duration::from_secs(1))
+    ///     .connect_socket(socket, listener.local_addr()?)
+    ///     .await?;
+    /// # drop(stream);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_socket(&self, socket: crate::SmcSocket, addr: SocketAddr) -> io::Result<SmcStream> {
+        Box::pin(self.connect_addr_from(addr, Some(socket.into_socket2()))).await
+    }
+
     async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+        self.connect_addr_from(addr, None).await
+    }
+
+    async fn connect_addr_from(&self, addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<SmcStream> {
         let cfg = self.o.resolve();
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
-        let res =
-            crate::connect::establish(addr, &cfg, self.o.limit_handshake == Some(true)).instrument(span.clone()).await;
+        let res = crate::connect::establish(addr, &cfg, self.o.limit_handshake == Some(true), user)
+            .instrument(span.clone())
+            .await;
         let mut s = res?;
         span.record("transport", tracing::field::display(s.transport()));
         stats::connection(false, s.transport());

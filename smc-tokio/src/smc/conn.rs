@@ -122,6 +122,10 @@ struct ConnState {
     released: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
+    /// Readiness as tokio models it: a connection is taken to be readable (writable) until a
+    /// read (write) finds nothing to do; then it waits for the peer. See `poll_ready`.
+    rx_ready_hint: bool,
+    tx_ready_hint: bool,
 }
 
 pub(crate) struct SmcConn {
@@ -166,6 +170,9 @@ impl SmcConn {
             peer = tracing::field::Empty,
             transport = tracing::field::Empty,
         );
+        // tokio takes an accepted socket to be readable until a read finds nothing, and a
+        // connected one to be writable only: the same here.
+        let accepted = group.role == crate::smc::group::Role::Server;
         Arc::new_cyclic(|me| SmcConn {
             group,
             our_token,
@@ -182,6 +189,8 @@ impl SmcConn {
                 tcp: None,
                 released: false,
                 link_down: false,
+                rx_ready_hint: accepted,
+                tx_ready_hint: true,
             }),
             me: me.clone(),
         })
@@ -239,18 +248,32 @@ impl SmcConn {
     // ----- application side ------------------------------------------------------------------
 
     pub(crate) fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.poll_received(cx, buf, Take::Consume).map_ok(drop)
+        self.poll_received(Some(cx), buf, Take::Consume).map_ok(drop)
     }
 
     /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
     /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
     pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        self.poll_received(cx, buf, Take::Peek)
+        self.poll_received(Some(cx), buf, Take::Peek)
+    }
+
+    /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
+    pub(crate) fn try_read(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+        match self.poll_received(None, buf, Take::Consume) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 
     /// Waits until bytes (or the end, or an error) are there, then copies them into `buf`,
-    /// consuming them or not; resolves to how many were copied.
-    fn poll_received(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
+    /// consuming them or not; resolves to how many were copied. Without a context (`try_read`)
+    /// it does not wait: where it would, it answers `WouldBlock` and stores no waker.
+    fn poll_received(
+        &self,
+        mut cx: Option<&mut Context<'_>>,
+        buf: &mut ReadBuf<'_>,
+        take: Take,
+    ) -> Poll<io::Result<usize>> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(0));
         }
@@ -283,7 +306,70 @@ impl SmcConn {
                 self.group.progress();
                 continue;
             }
-            st.rx_waker = Some(cx.waker().clone());
+            st.rx_ready_hint = false;
+            match cx.as_mut() {
+                Some(cx) => st.rx_waker = Some(cx.waker().clone()),
+                None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Readiness for `interest`, as tokio's `TcpStream::poll_read_ready`/`poll_write_ready`
+    /// report it: readable while bytes, the end or an error wait to be read (or until a read
+    /// found nothing since the last time it was readable), writable while the peer's ring has
+    /// room or a write would fail at once (or until a write found no room); `READ_CLOSED` and
+    /// `WRITE_CLOSED` once that direction has ended. Pending registers the task's waker for
+    /// the directions asked (one waker per direction, as tokio keeps for `poll_*`).
+    pub(crate) fn poll_ready(&self, cx: &mut Context<'_>, interest: tokio::io::Interest) -> Poll<tokio::io::Ready> {
+        use tokio::io::Ready;
+        for attempt in 0..2 {
+            let mut st = self.lock();
+            let mut r = Ready::EMPTY;
+            if interest.is_readable() {
+                let closed = st.engine.rx_eof() || st.engine.peer_aborted() || st.error.is_some();
+                if closed {
+                    r |= Ready::READABLE | Ready::READ_CLOSED;
+                } else if st.rx_ready_hint || st.engine.rx_available() > 0 {
+                    r |= Ready::READABLE;
+                }
+            }
+            if interest.is_writable() {
+                let closed = st.error.is_some()
+                    || st.engine.is_write_shutdown()
+                    || st.engine.peer_aborted()
+                    || st.engine.peer_closed();
+                if closed {
+                    r |= Ready::WRITABLE | Ready::WRITE_CLOSED;
+                } else if st.tx_ready_hint || st.engine.tx_free() > 0 {
+                    r |= Ready::WRITABLE;
+                }
+            }
+            if !r.is_empty() {
+                if r.is_readable() {
+                    st.rx_ready_hint = true;
+                }
+                if r.is_writable() {
+                    st.tx_ready_hint = true;
+                }
+                return Poll::Ready(r);
+            }
+            if interest.is_writable() {
+                // The peer sends a consumer update when it frees room only if it knows we wait.
+                st.engine.set_write_blocked();
+                self.flush_cdc(&mut st);
+            }
+            if attempt == 0 {
+                drop(st);
+                self.group.progress();
+                continue;
+            }
+            if interest.is_readable() {
+                st.rx_waker = Some(cx.waker().clone());
+            }
+            if interest.is_writable() {
+                st.tx_waker = Some(cx.waker().clone());
+            }
         }
         Poll::Pending
     }
@@ -353,6 +439,26 @@ impl SmcConn {
     }
 
     pub(crate) fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.write_to(Some(cx), data)
+    }
+
+    /// A write that does not wait: `WouldBlock` when the peer's ring is full.
+    pub(crate) fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        match self.write_to(None, data) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// A vectored write that does not wait: `WouldBlock` when the peer's ring is full.
+    pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self.write_vectored_to(None, bufs) {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    fn write_to(&self, cx: Option<&mut Context<'_>>, data: &[u8]) -> Poll<io::Result<usize>> {
         self.poll_produce(cx, data.len(), Some(data), &mut |link, token, spans, n| {
             let mut at = 0usize;
             for (off, len) in spans {
@@ -370,6 +476,10 @@ impl SmcConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.write_vectored_to(Some(cx), bufs)
+    }
+
+    fn write_vectored_to(&self, cx: Option<&mut Context<'_>>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
         // Inline only when a single buffer carries everything (the common small-write case).
@@ -412,7 +522,7 @@ impl SmcConn {
         while *remaining > 0 {
             let want = usize::try_from(*remaining).unwrap_or(usize::MAX);
             let at = *offset;
-            let res = self.poll_produce(cx, want, None, &mut |link, token, spans, n| {
+            let res = self.poll_produce(Some(&mut *cx), want, None, &mut |link, token, spans, n| {
                 let mut got = 0u32;
                 for (off, len) in spans {
                     if len == 0 {
@@ -447,7 +557,7 @@ impl SmcConn {
     /// it is a plain buffer, so a small write on an idle connection can ride in its CDC message.
     fn poll_produce(
         &self,
-        cx: &mut Context<'_>,
+        mut cx: Option<&mut Context<'_>>,
         want: usize,
         inline: Option<&[u8]>,
         fill: &mut Fill<'_>,
@@ -501,7 +611,11 @@ impl SmcConn {
                 self.group.progress();
                 continue;
             }
-            st.tx_waker = Some(cx.waker().clone());
+            st.tx_ready_hint = false;
+            match cx.as_mut() {
+                Some(cx) => st.tx_waker = Some(cx.waker().clone()),
+                None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+            }
         }
         Poll::Pending
     }
@@ -603,13 +717,13 @@ impl SmcConn {
         self.poll_handed_over(cx, st)
     }
 
-    /// The application dropped the stream: close (or, with unread data, abort, as TCP resets a
-    /// connection closed with unread data).
-    pub(crate) fn release(&self) {
+    /// The application dropped the stream: close (or, with unread data or when `abort` is set
+    /// (a zero `SO_LINGER`), abort, as TCP resets a connection closed with unread data).
+    pub(crate) fn release(&self, abort: bool) {
         let mut st = self.lock();
         st.released = true;
         if st.error.is_none() {
-            if st.engine.rx_available() > 0 && !st.engine.rx_eof() {
+            if abort || st.engine.rx_available() > 0 && !st.engine.rx_eof() {
                 st.engine.abort();
             } else {
                 st.engine.set_corked(false);
