@@ -44,6 +44,7 @@ struct Counters {
     bytes_sent: [AtomicU64; 3],
     bytes_received: [AtomicU64; 3],
     link_groups: AtomicU64,
+    link_groups_rescued: AtomicU64,
     adaptive_fallbacks: AtomicU64,
     rdma_unavailable: [AtomicU64; 4],
     door: [AtomicU64; 5],
@@ -115,6 +116,10 @@ pub(crate) fn bytes(t: Transport, sent: bool, n: usize) {
 
 pub(crate) fn link_group_up() {
     counters().link_groups.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn link_group_rescued() {
+    counters().link_groups_rescued.fetch_add(1, Ordering::Relaxed);
 }
 
 pub(crate) fn link_group_down() {
@@ -242,6 +247,9 @@ pub struct Stats {
     pub bytes_received: [u64; 3],
     /// Live link groups.
     pub link_groups: u64,
+    /// Link groups that outlived the runtime that drove them and moved to the rescue driver
+    /// (their connections belonged to other runtimes, or still could).
+    pub link_groups_rescued: u64,
     /// RMB memory in use, in bytes.
     pub rmb_bytes: u64,
     /// Servers that adaptive fallback stopped proposing to.
@@ -310,6 +318,7 @@ pub fn stats() -> Stats {
         bytes_sent: load(&c.bytes_sent),
         bytes_received: load(&c.bytes_received),
         link_groups: c.link_groups.load(Ordering::Relaxed),
+        link_groups_rescued: c.link_groups_rescued.load(Ordering::Relaxed),
         rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
         adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
         rdma_unavailable: load(&c.rdma_unavailable),

@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 
 pub(crate) mod peer_mem;
+pub(crate) mod reactor;
 pub(crate) mod shm;
 #[cfg(feature = "rdma")]
 pub(crate) mod verbs;
@@ -137,6 +138,9 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn is_rdma(&self) -> bool {
         false
     }
+    /// Moves the link's descriptors (doorbell, side channel, completion channel) to the
+    /// reactor of the runtime this is called on: the runtime that drove the link shut down.
+    fn rehome(&self) -> Result<(), LinkError>;
     /// Tears the link down: the peer sees it as gone.
     fn teardown(&self);
 }

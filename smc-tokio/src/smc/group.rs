@@ -260,7 +260,7 @@ impl LinkGroup {
         let span = tracing::debug_span!("smc_link_group", id = self.id, role = ?self.role);
         tracing::debug!(parent: &span, "link group established");
         let me = self.clone();
-        tokio::spawn(tracing::Instrument::instrument(drive(me), span));
+        tokio::spawn(tracing::Instrument::instrument(drive(me, false), span));
         Ok(())
     }
 
@@ -438,22 +438,94 @@ impl Drop for LinkGroup {
     }
 }
 
-/// Marks the group dead when the driver stops, including when its runtime shuts down and drops
-/// the task: a group nobody drives must not be handed out again.
-struct DriverGuard(Arc<LinkGroup>);
+/// Ends the group when its driver stops, unless the driver's runtime shut down under a group
+/// that is still alive: then the group moves to the rescue driver (see [`rescue`]), because
+/// its connections may belong to other runtimes. A group nobody drives must not be handed out
+/// again, so when it cannot move it fails.
+struct DriverGuard {
+    group: Arc<LinkGroup>,
+    /// The driver returned (the group failed or idled out): nothing to rescue.
+    done: bool,
+    /// The driver runs on the rescue thread already, whose runtime never shuts down: a drop
+    /// there is a panic, and moving again would only repeat it.
+    rescued: bool,
+}
 
 impl Drop for DriverGuard {
     fn drop(&mut self) {
-        self.0.finished.store(true, Ordering::Relaxed);
-        self.0.fail(LinkError::Closed);
+        if !self.done && !self.rescued && !std::thread::panicking() && self.group.is_alive() {
+            match rescue(self.group.clone()) {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(id = self.group.id, error = %e, "link group outlived its runtime and cannot move: ending it")
+                }
+            }
+        }
+        self.group.finished.store(true, Ordering::Relaxed);
+        self.group.fail(LinkError::Closed);
+    }
+}
+
+/// Hands a live group whose runtime shut down to the rescue driver: a thread of this crate's
+/// with a current-thread runtime, started on first use, that moves the link's descriptors to
+/// its reactor and drives the group from then on. Link groups are process-wide (every
+/// runtime's connections to the same peer share one), so a runtime dropped while others still
+/// use its groups (a runtime per request, several runtimes, tests) must not take them along.
+/// Only orphaned groups run there; a group keeps its creator's runtime while that lives, so a
+/// connection's wake-ups stay on its own runtime's threads.
+fn rescue(group: Arc<LinkGroup>) -> Result<(), &'static str> {
+    static RESCUE: OnceLock<Option<tokio::sync::mpsc::UnboundedSender<Arc<LinkGroup>>>> = OnceLock::new();
+    let tx = RESCUE.get_or_init(|| {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<LinkGroup>>();
+        let started = std::thread::Builder::new().name("smc-tokio-rescue".into()).spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no runtime for the link-group rescue driver");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                while let Some(group) = rx.recv().await {
+                    let moved = group.link().map(|l| l.rehome());
+                    match moved {
+                        Some(Ok(())) => {
+                            crate::stats::link_group_rescued();
+                            tracing::debug!(id = group.id, "link group moved to the rescue driver");
+                            let span = tracing::debug_span!("smc_link_group", id = group.id, role = ?group.role);
+                            tokio::spawn(tracing::Instrument::instrument(drive(group, true), span));
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(id = group.id, error = %e, "link group could not move to the rescue driver");
+                            group.finished.store(true, Ordering::Relaxed);
+                            group.fail(e);
+                        }
+                        None => {
+                            group.finished.store(true, Ordering::Relaxed);
+                            group.fail(LinkError::Closed);
+                        }
+                    }
+                }
+            });
+        });
+        started.ok().map(|_| tx)
+    });
+    match tx {
+        Some(tx) => tx.send(group).map_err(|_| "the rescue driver is not running"),
+        None => Err("the rescue driver could not start"),
     }
 }
 
 /// The driver task: dispatch, then wait on the link (doorbell or completion channel) and the
-/// idle timer, until the link fails or the group idles out.
-async fn drive(group: Arc<LinkGroup>) {
-    let guard = DriverGuard(group);
-    let group = &guard.0;
+/// idle timer, until the link fails or the group idles out. `rescued`: it runs on the rescue
+/// driver (see [`rescue`]).
+async fn drive(group: Arc<LinkGroup>, rescued: bool) {
+    let mut guard = DriverGuard { group, done: false, rescued };
+    drive_until_done(&guard.group).await;
+    guard.done = true;
+}
+
+async fn drive_until_done(group: &Arc<LinkGroup>) {
     let Some(link) = group.link.get().cloned() else {
         return;
     };

@@ -18,6 +18,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
+
+use crate::link::reactor::ReactorFd;
 use tokio::io::Interest;
 
 use super::{token_slot, Link, LinkError};
@@ -105,9 +107,9 @@ pub(crate) struct ShmLink {
     peer: RegionView,
     _ours_map: Mmap,
     _peer_map: Mmap,
-    doorbell: AsyncFd<DoorbellFd>,
+    doorbell: ReactorFd<DoorbellFd>,
     peer_doorbell: PeerFd,
-    side: AsyncFd<PeerFd>,
+    side: ReactorFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
     space_epoch: AtomicU64,
@@ -179,9 +181,9 @@ impl ShmLink {
             peer,
             _ours_map: local.map,
             _peer_map: peer_map,
-            doorbell,
+            doorbell: ReactorFd::new(doorbell, Interest::READABLE),
             peer_doorbell,
-            side,
+            side: ReactorFd::new(side, Interest::READABLE | Interest::WRITABLE),
             tx: Mutex::new(CdcTx::new()),
             rx: Mutex::new(CdcRx::new()),
             space_epoch: AtomicU64::new(0),
@@ -215,14 +217,17 @@ impl ShmLink {
     }
 
     fn poll_side(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let Some(side) = self.side.get() else {
+            return Poll::Ready(Err(LinkError::Closed));
+        };
         loop {
-            let mut guard = match self.side.poll_read_ready(cx) {
+            let mut guard = match side.poll_read_ready(cx) {
                 Poll::Ready(Ok(g)) => g,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => return Poll::Pending,
             };
             let mut buf = [0u8; 64];
-            match sys::recv_with_fds(self.side.get_ref().as_fd(), &mut buf) {
+            match sys::recv_with_fds(side.get_ref().as_fd(), &mut buf) {
                 Ok((0, _)) => return Poll::Ready(Err(LinkError::PeerGone)),
                 Ok(_) => return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message"))),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
@@ -336,8 +341,11 @@ impl Link for ShmLink {
         if let Poll::Ready(r) = self.poll_side(cx) {
             return Poll::Ready(r.and(Err(LinkError::PeerGone)));
         }
+        let Some(doorbell) = self.doorbell.get() else {
+            return Poll::Ready(Err(LinkError::Closed));
+        };
         loop {
-            match self.doorbell.poll_read_ready(cx) {
+            match doorbell.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
                     if !self.rung_seen.swap(true, Ordering::Relaxed) {
                         // First sight of this ring: report it at once. The counter is drained on
@@ -346,7 +354,7 @@ impl Link for ShmLink {
                         self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
                         return Poll::Ready(Ok(()));
                     }
-                    match sys::doorbell_drain(self.doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
+                    match sys::doorbell_drain(doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
                         // More rings may be queued (a peer ringing in a loop): keep the readiness
                         // and report work; the driver bounds what one turn does.
                         Ok(n) if n == DOORBELL_DRAIN_MAX => {
@@ -407,10 +415,19 @@ impl Link for ShmLink {
         self.busy_poll
     }
 
+    fn rehome(&self) -> Result<(), LinkError> {
+        self.doorbell.rehome()?;
+        self.side.rehome()?;
+        Ok(())
+    }
+
     fn teardown(&self) {
         if !self.closed.swap(true, Ordering::Relaxed) {
-            // SAFETY: plain syscall on a descriptor we own; the peer sees EOF.
-            unsafe { libc::shutdown(self.side.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+            // A side channel lost in a failed move is closed already: the peer saw EOF then.
+            if let Some(side) = self.side.get() {
+                // SAFETY: plain syscall on a descriptor we own; the peer sees EOF.
+                unsafe { libc::shutdown(side.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+            }
         }
     }
 }

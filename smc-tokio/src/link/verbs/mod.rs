@@ -56,8 +56,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::unix::AsyncFd;
-
 use self::device::{CompChannel, Cq, Mapping, Mr, Pd, Port, Qp, Remote};
 use super::{token_slot, Link, LinkError};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
@@ -179,7 +177,7 @@ pub(crate) struct VerbsLink {
     // Field order is drop order: QP before CQ before channel, MRs before mappings.
     qp: Qp,
     cq: Cq,
-    chan: AsyncFd<CompChannel>,
+    chan: crate::link::reactor::ReactorFd<CompChannel>,
     rx_pool: Pool,
     tx_pool: Pool,
     recv_mr: Mr,
@@ -261,7 +259,7 @@ impl VerbsLink {
         let link = VerbsLink {
             qp,
             cq,
-            chan,
+            chan: crate::link::reactor::ReactorFd::new(chan, tokio::io::Interest::READABLE),
             rx_pool,
             tx_pool,
             recv_mr,
@@ -689,7 +687,10 @@ impl Link for VerbsLink {
                 continue;
             }
             drop(st);
-            match self.chan.poll_read_ready(cx) {
+            let Some(chan) = self.chan.get() else {
+                return Poll::Ready(Err(LinkError::Closed));
+            };
+            match chan.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
                     let mut got = false;
                     loop {
@@ -768,6 +769,11 @@ impl Link for VerbsLink {
     fn conn_closed(&self, our_token: u32) {
         let slot = token_slot(our_token);
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, c| c.our_slot != slot);
+    }
+
+    fn rehome(&self) -> Result<(), LinkError> {
+        // The channel moves; the CQ keeps pointing at the same ibv_comp_channel.
+        self.chan.rehome().map_err(LinkError::from)
     }
 
     fn teardown(&self) {

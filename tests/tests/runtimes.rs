@@ -1,0 +1,117 @@
+//! Link groups are process-wide, so they must not die with the runtime that happened to set
+//! them up: connections of several runtimes share one group, a runtime can be dropped while
+//! the others go on, and a program may build a runtime per request.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+
+/// A runtime with one worker thread of its own: it keeps running what it was given while the
+/// test's thread does other things.
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+}
+
+/// An echo server on its own runtime, for the whole test.
+fn echo_server() -> (Runtime, SocketAddr) {
+    let rt = runtime();
+    let addr = rt.block_on(async {
+        let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tests::spawn_echo(l);
+        addr
+    });
+    (rt, addr)
+}
+
+async fn echo_once(s: &mut SmcStream, round: usize) {
+    let msg = format!("round {round} from {:?}", s.local_addr().unwrap()).into_bytes();
+    s.write_all(&msg).await.unwrap();
+    let mut back = vec![0u8; msg.len()];
+    tests::bounded(10, s.read_exact(&mut back)).await.unwrap();
+    assert_eq!(back, msg);
+}
+
+#[test]
+fn connections_on_other_runtimes_keep_echoing_after_the_groups_runtime_is_dropped() {
+    let (_server_rt, addr) = echo_server();
+    let rescued_before = smc_tokio::stats().link_groups_rescued;
+    // The first runtime's connection sets up the client link group (its driver runs there);
+    // the other two runtimes' connections join that group.
+    let rts: Vec<Runtime> = (0..3).map(|_| runtime()).collect();
+    let mut streams: Vec<SmcStream> = rts
+        .iter()
+        .map(|rt| rt.block_on(async { tests::bounded(10, SmcStream::connect(addr)).await.unwrap() }))
+        .collect();
+    let group = streams[0].link_group();
+    for (i, s) in streams.iter().enumerate() {
+        assert_eq!(s.transport(), Transport::SmcD, "connection {i}");
+        assert_eq!(s.link_group(), group, "connection {i} shares the first one's link group");
+    }
+    for (rt, s) in rts.iter().zip(streams.iter_mut()) {
+        rt.block_on(echo_once(s, 0));
+    }
+    // Drop the runtime that drives the group, with its connection.
+    let mut rts = rts.into_iter();
+    let first = rts.next().unwrap();
+    drop(streams.remove(0));
+    drop(first);
+    // The others keep echoing, on the same group, for many rounds (each waits for the peer,
+    // so the group's driver must be running somewhere).
+    for round in 1..=200 {
+        for (rt, s) in rts.as_slice().iter().zip(streams.iter_mut()) {
+            rt.block_on(echo_once(s, round));
+        }
+    }
+    for s in &streams {
+        assert_eq!(s.link_group(), group);
+    }
+    assert!(smc_tokio::stats().link_groups_rescued > rescued_before, "the group moved to the rescue driver");
+    // New connections from a new runtime still join it.
+    let rt = runtime();
+    let mut s = rt.block_on(async { SmcStream::connect(addr).await.unwrap() });
+    assert_eq!((s.transport(), s.link_group()), (Transport::SmcD, group));
+    rt.block_on(echo_once(&mut s, 0));
+}
+
+#[test]
+fn a_runtime_per_request_for_1000_requests_leaks_no_descriptors() {
+    let (_server_rt, addr) = echo_server();
+    let request = |i: usize| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut s = tests::bounded(10, SmcStream::connect(addr)).await.unwrap();
+            assert_eq!(s.transport(), Transport::SmcD, "request {i}");
+            let body = tests::pattern(1024);
+            s.write_all(&body).await.unwrap();
+            let mut back = vec![0u8; body.len()];
+            tests::bounded(10, s.read_exact(&mut back)).await.unwrap();
+            assert_eq!(back, body, "request {i}");
+            s.link_group()
+        })
+    };
+    // A few requests first: the group, the rescue driver's thread and runtime exist by then.
+    let group = request(0);
+    for i in 1..10 {
+        assert_eq!(request(i), group, "request {i} reuses the group");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let fds_before = tests::open_fds();
+    for i in 10..1000 {
+        assert_eq!(request(i), group, "request {i} reuses the group");
+    }
+    // Closed connections' descriptors go on the server's runtime and a closer thread: give
+    // them a moment, then compare.
+    let mut fds_after = tests::open_fds();
+    for _ in 0..50 {
+        if fds_after <= fds_before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        fds_after = tests::open_fds();
+    }
+    assert!(fds_after <= fds_before, "descriptors grew from {fds_before} to {fds_after} over 990 requests");
+}
