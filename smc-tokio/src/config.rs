@@ -72,12 +72,38 @@ pub struct InbandPeers {
 
 impl InbandPeers {
     /// No peers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::InbandPeers;
+    ///
+    /// let peers = InbandPeers::none();
+    /// assert!(peers.is_empty());
+    /// assert!(!peers.contains("10.0.0.1".parse().unwrap()));
+    /// assert_eq!(peers, InbandPeers::default());
+    /// ```
     pub fn none() -> InbandPeers {
         InbandPeers::default()
     }
 
     /// Adds the network `addr/prefix` (a whole address with prefix 32 or 128). A prefix longer
     /// than the address is clamped to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use smc_tokio::config::InbandPeers;
+    ///
+    /// let net = IpAddr::V4(Ipv4Addr::new(10, 1, 0, 0));
+    /// let peers = InbandPeers::none().with(net, 16);
+    /// assert!(peers.contains("10.1.200.3".parse().unwrap()));
+    /// assert!(!peers.contains("10.2.0.1".parse().unwrap()));
+    /// assert_eq!(peers, "10.1.0.0/16".parse::<InbandPeers>().unwrap());
+    /// // A prefix longer than the address is clamped: /40 on IPv4 is /32.
+    /// assert_eq!(InbandPeers::none().with(net, 40), InbandPeers::none().with(net, 32));
+    /// ```
     pub fn with(mut self, addr: std::net::IpAddr, prefix: u8) -> InbandPeers {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         self.nets.push((addr, prefix.min(max)));
@@ -86,6 +112,19 @@ impl InbandPeers {
 
     /// Whether `ip` falls in one of the networks (an IPv4-mapped IPv6 address counts as its
     /// IPv4 address).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::InbandPeers;
+    ///
+    /// let peers: InbandPeers = "192.168.7.0/24, fd00::/8".parse().unwrap();
+    /// assert!(peers.contains("192.168.7.9".parse().unwrap()));
+    /// assert!(peers.contains("fd12::1".parse().unwrap()));
+    /// assert!(!peers.contains("192.168.8.1".parse().unwrap()));
+    /// // An IPv4-mapped IPv6 address counts as its IPv4 address.
+    /// assert!(peers.contains("::ffff:192.168.7.9".parse().unwrap()));
+    /// ```
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {
         use std::net::IpAddr;
         let ip = match ip {
@@ -106,6 +145,16 @@ impl InbandPeers {
     }
 
     /// Whether the list is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::InbandPeers;
+    ///
+    /// assert!(InbandPeers::none().is_empty());
+    /// assert!("".parse::<InbandPeers>().unwrap().is_empty());
+    /// assert!(!"10.0.0.1".parse::<InbandPeers>().unwrap().is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.nets.is_empty()
     }
@@ -233,23 +282,70 @@ impl Default for ShmConfig {
 
 impl ShmConfig {
     /// Offer (client) or accept (server) shared memory at all. On by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    ///
+    /// let off = ShmConfig::default().enabled(false);
+    /// assert_ne!(off, ShmConfig::default()); // on by default
+    /// // What `SMC_TOKIO_SHM=0` sets for the whole process.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_SHM").then(|| "0".to_string()));
+    /// assert_eq!(env.shm, off);
+    /// ```
     pub fn enabled(mut self, on: bool) -> Self {
         self.enabled = on;
         self
     }
 
     /// Size of each receive ring this side provides (clamped to 4 KiB ..= 64 MiB).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::ShmConfig;
+    ///
+    /// assert_eq!(ShmConfig::default().rmb_size(1 << 20).get_rmb_size(), 1 << 20);
+    /// // Out-of-range sizes are clamped to 4 KiB ..= 64 MiB.
+    /// assert_eq!(ShmConfig::default().rmb_size(100).get_rmb_size(), 4 << 10);
+    /// assert_eq!(ShmConfig::default().rmb_size(u32::MAX).get_rmb_size(), 64 << 20);
+    /// ```
     pub fn rmb_size(mut self, bytes: u32) -> Self {
         self.rmb_size = bytes.clamp(4 << 10, 64 << 20);
         self
     }
 
     /// The receive ring size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig, DEFAULT_RMB_SIZE};
+    ///
+    /// assert_eq!(ShmConfig::default().get_rmb_size(), DEFAULT_RMB_SIZE);
+    /// // `SMC_TOKIO_RMB_SIZE` takes `k`/`m` suffixes.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RMB_SIZE").then(|| "1m".to_string()));
+    /// assert_eq!(env.shm.get_rmb_size(), 1 << 20);
+    /// ```
     pub fn get_rmb_size(&self) -> u32 {
         self.rmb_size
     }
 
     /// Connections per link group (clamped to 1 ..= 65536).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::ShmConfig;
+    ///
+    /// let small = ShmConfig::default().rmbs_per_group(16);
+    /// assert_ne!(small, ShmConfig::default());
+    /// // Clamped to 1 ..= 65536.
+    /// let d = ShmConfig::default();
+    /// assert_eq!(d.clone().rmbs_per_group(0), d.clone().rmbs_per_group(1));
+    /// assert_eq!(d.clone().rmbs_per_group(1 << 20), d.rmbs_per_group(1 << 16));
+    /// ```
     pub fn rmbs_per_group(mut self, n: u32) -> Self {
         self.rmbs_per_group = n.clamp(1, 1 << 16);
         self
@@ -258,12 +354,38 @@ impl ShmConfig {
     /// How long the link group's driver spins on shared memory before it arms the doorbell and
     /// sleeps. Trades a CPU for latency: a wake-up through a doorbell costs about 20 us between
     /// cores on the development VM, a poll of shared memory well under 1 us. Off by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    ///
+    /// let cfg = ShmConfig::default().busy_poll(Duration::from_micros(50));
+    /// // The same as `SMC_TOKIO_BUSY_POLL_US=50`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_BUSY_POLL_US").then(|| "50".to_string()));
+    /// assert_eq!(env.shm, cfg);
+    /// // Budgets above 10 ms are clamped.
+    /// let max = ShmConfig::default().busy_poll(Duration::from_millis(10));
+    /// assert_eq!(ShmConfig::default().busy_poll(Duration::from_secs(1)), max);
+    /// ```
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget.min(Duration::from_millis(10));
         self
     }
 
     /// How long an idle link group lives.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::config::{ShmConfig, DEFAULT_LINK_GROUP_IDLE};
+    ///
+    /// let short = ShmConfig::default().idle_timeout(Duration::from_secs(5));
+    /// assert_ne!(short, ShmConfig::default());
+    /// assert_eq!(ShmConfig::default().idle_timeout(DEFAULT_LINK_GROUP_IDLE), ShmConfig::default());
+    /// ```
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
@@ -272,6 +394,20 @@ impl ShmConfig {
     /// Largest write (in bytes, at most [`CDC_INLINE_MAX`](crate::proto::cdc::CDC_INLINE_MAX))
     /// that travels inside its CDC message when the connection is idle, so the peer reads it
     /// from the message instead of from the ring. 0 turns it off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    /// use smc_tokio::proto::cdc::CDC_INLINE_MAX;
+    ///
+    /// // The default is the whole inline area; larger values are clamped to it.
+    /// assert_eq!(ShmConfig::default().inline_max(CDC_INLINE_MAX), ShmConfig::default());
+    /// assert_eq!(ShmConfig::default().inline_max(4096), ShmConfig::default());
+    /// // Off, as `SMC_TOKIO_INLINE_MAX=0` sets it.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_INLINE_MAX").then(|| "0".to_string()));
+    /// assert_eq!(env.shm, ShmConfig::default().inline_max(0));
+    /// ```
     pub fn inline_max(mut self, bytes: usize) -> Self {
         self.inline_max = bytes.min(crate::proto::cdc::CDC_INLINE_MAX);
         self
@@ -281,6 +417,18 @@ impl ShmConfig {
     /// back until this many bytes wait, or the peer has read everything (the kernel's
     /// `autocorking_size`). The first write on an idle connection is never delayed. 0 turns it
     /// off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    ///
+    /// let cfg = ShmConfig::default().autocork(4096);
+    /// // The same as `SMC_TOKIO_AUTOCORK=4k`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_AUTOCORK").then(|| "4k".to_string()));
+    /// assert_eq!(env.shm, cfg);
+    /// assert_eq!(ShmConfig::default().autocork(0), ShmConfig::default()); // off by default
+    /// ```
     pub fn autocork(mut self, bytes: u32) -> Self {
         self.autocork = bytes;
         self
@@ -290,6 +438,18 @@ impl ShmConfig {
     /// their registrations at its door and their joins to its link groups; a client registers
     /// at doors they own. By default only the same uid is trusted
     /// (`SMC_TOKIO_SHM_ALLOW_UIDS` sets the list per process).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    ///
+    /// let cfg = ShmConfig::default().allow_uid(0).allow_uid(1000);
+    /// assert_ne!(cfg, ShmConfig::default());
+    /// // The same list as `SMC_TOKIO_SHM_ALLOW_UIDS=0,1000`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_SHM_ALLOW_UIDS").then(|| "0,1000".to_string()));
+    /// assert_eq!(env.shm, cfg);
+    /// ```
     pub fn allow_uid(mut self, uid: u32) -> Self {
         self.allowed_uids.push(uid);
         self
@@ -329,34 +489,98 @@ impl Default for RdmaConfig {
 
 impl RdmaConfig {
     /// Offer (client) or accept (server) RDMA at all. On by default (with the `rdma` feature).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::RdmaConfig;
+    ///
+    /// assert!(RdmaConfig::default().is_enabled());
+    /// assert!(!RdmaConfig::default().enabled(false).is_enabled());
+    /// ```
     pub fn enabled(mut self, on: bool) -> Self {
         self.enabled = on;
         self
     }
 
     /// Whether RDMA is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{RdmaConfig, Settings};
+    ///
+    /// assert!(RdmaConfig::default().is_enabled());
+    /// // `SMC_TOKIO_RDMA=0` switches it off for the whole process.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RDMA").then(|| "0".to_string()));
+    /// assert!(!env.rdma.is_enabled());
+    /// ```
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }
 
     /// Use only the device of this name (as `ibv_devices` lists it, e.g. `mlx5_0`, `rxe0`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::RdmaConfig;
+    ///
+    /// let cfg = RdmaConfig::default().device("mlx5_0");
+    /// assert_eq!(cfg.get_device(), Some("mlx5_0"));
+    /// assert_eq!(cfg, RdmaConfig::default().device(String::from("mlx5_0")));
+    /// ```
     pub fn device(mut self, name: impl Into<String>) -> Self {
         self.device = Some(name.into());
         self
     }
 
     /// The device named by [`device`](Self::device), if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{RdmaConfig, Settings};
+    ///
+    /// assert_eq!(RdmaConfig::default().get_device(), None); // any device that serves the address
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RDMA_DEV").then(|| "rxe0".to_string()));
+    /// assert_eq!(env.rdma.get_device(), Some("rxe0"));
+    /// ```
     pub fn get_device(&self) -> Option<&str> {
         self.device.as_deref()
     }
 
     /// Use only this port number (1-based, as in verbs).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{RdmaConfig, Settings};
+    ///
+    /// let cfg = RdmaConfig::default().port(2);
+    /// assert_ne!(cfg, RdmaConfig::default());
+    /// // The same as `SMC_TOKIO_RDMA_PORT=2`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RDMA_PORT").then(|| "2".to_string()));
+    /// assert_eq!(env.rdma, cfg);
+    /// ```
     pub fn port(mut self, port: u8) -> Self {
         self.port = Some(port);
         self
     }
 
     /// Use this GID index instead of the one that holds the connection's local address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{RdmaConfig, Settings};
+    ///
+    /// let cfg = RdmaConfig::default().gid_index(3);
+    /// assert_ne!(cfg, RdmaConfig::default());
+    /// // The same as `SMC_TOKIO_RDMA_GID_INDEX=3`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RDMA_GID_INDEX").then(|| "3".to_string()));
+    /// assert_eq!(env.rdma, cfg);
+    /// ```
     pub fn gid_index(mut self, index: u8) -> Self {
         self.gid_index = Some(index);
         self
@@ -379,6 +603,17 @@ pub fn set_rmb_memory_cap(bytes: u64) {
 }
 
 /// RMB memory this process has allocated to live connections (both roles), in bytes.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::config;
+///
+/// // No connection is open yet, so no receive ring is allocated.
+/// assert_eq!(config::rmb_memory_in_use(), 0);
+/// // `stats()` reports the same figure.
+/// assert_eq!(smc_tokio::stats().rmb_bytes, config::rmb_memory_in_use());
+/// ```
 pub fn rmb_memory_in_use() -> u64 {
     crate::smc::manager::Manager::global().rmb_in_use()
 }
@@ -468,6 +703,22 @@ impl Default for Settings {
 
 impl Settings {
     /// The defaults with the `SMC_TOKIO_*` variables of `lookup` applied.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    /// use smc_tokio::{config::Settings, Policy};
+    ///
+    /// let vars = HashMap::from([("SMC_TOKIO_POLICY", "tcp-only"), ("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS", "500")]);
+    /// let s = Settings::from_vars(|k| vars.get(k).map(|v| v.to_string()));
+    /// assert_eq!(s.policy, Policy::TcpOnly);
+    /// assert_eq!(s.handshake_timeout, Duration::from_millis(500));
+    /// // A value that does not parse is ignored (with a warning).
+    /// let s = Settings::from_vars(|k| (k == "SMC_TOKIO_POLICY").then(|| "sometimes".to_string()));
+    /// assert_eq!(s, Settings::default());
+    /// ```
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Settings {
         let mut s = Settings::default();
         let get = |name: &str| lookup(name).map(|v| v.trim().to_ascii_lowercase());
@@ -597,17 +848,50 @@ pub struct GlobalSettings {
 
 impl GlobalSettings {
     /// A snapshot of the current process-wide settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config;
+    ///
+    /// let before = config::global().get();
+    /// config::global().update(|s| s.max_pending_handshakes += 1);
+    /// // A snapshot: it keeps the values it was taken with.
+    /// assert_eq!(config::global().get().max_pending_handshakes, before.max_pending_handshakes + 1);
+    /// # config::global().update(|s| *s = before);
+    /// ```
     pub fn get(&self) -> Settings {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Changes the process-wide settings; connections made after the call use them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config, Policy};
+    ///
+    /// // From now on, new connections in this process stay on TCP.
+    /// config::global().update(|s| s.policy = Policy::TcpOnly);
+    /// assert_eq!(config::global().get().policy, Policy::TcpOnly);
+    /// # config::global().update(|s| *s = config::Settings::from_vars(|k| std::env::var(k).ok()));
+    /// ```
     pub fn update(&self, f: impl FnOnce(&mut Settings)) {
         f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
 /// The process-wide settings handle.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::config::{self, Settings};
+///
+/// // The `SMC_TOKIO_*` environment, read at first use; the same handle every time.
+/// assert_eq!(config::global().get(), Settings::from_vars(|k| std::env::var(k).ok()));
+/// assert!(std::ptr::eq(config::global(), config::global()));
+/// ```
 pub fn global() -> &'static GlobalSettings {
     static G: std::sync::OnceLock<GlobalSettings> = std::sync::OnceLock::new();
     G.get_or_init(|| GlobalSettings { inner: std::sync::RwLock::new(Settings::from_vars(|k| std::env::var(k).ok())) })

@@ -50,6 +50,21 @@ pub enum SmcError {
 
 impl SmcError {
     /// The `SmcError` inside `err`, if it carries one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::io;
+    /// use smc_tokio::SmcError;
+    ///
+    /// let err: io::Error = SmcError::LinkFailed("ibv_post_send".into()).into();
+    /// assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+    /// assert_eq!(SmcError::from_io(&err), Some(&SmcError::LinkFailed("ibv_post_send".into())));
+    ///
+    /// // An error that did not come from SMC carries none.
+    /// let plain = io::Error::from(io::ErrorKind::ConnectionReset);
+    /// assert_eq!(SmcError::from_io(&plain), None);
+    /// ```
     pub fn from_io(err: &io::Error) -> Option<&SmcError> {
         err.get_ref().and_then(|e| e.downcast_ref::<SmcError>())
     }

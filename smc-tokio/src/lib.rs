@@ -48,6 +48,33 @@
 //! # }
 //! ```
 //!
+//! # Parity with tokio
+//!
+//! [`SmcStream`], [`SmcListener`] and [`SmcSocket`] have the methods of tokio's `TcpStream`,
+//! `TcpListener` and `TcpSocket`, with their signatures, and tokio's own `tests/tcp_*.rs` pass
+//! on them (ported in this repository's `tests/`). Where a connection moved to SMC, a few things
+//! cannot mean what they mean on a TCP socket; each is documented on the method:
+//!
+//! - Readiness ([`SmcStream::ready`], `readable`, `writable`, `poll_read_ready`,
+//!   `poll_write_ready`) and the `try_*` methods follow tokio's model over the SMC rings: a
+//!   stream is taken to be readable (writable) until a read (write) finds nothing to do.
+//! - The TCP socket under an SMC connection is idle: [`AsFd`](std::os::fd::AsFd) gives it for
+//!   socket options, but waiting on its readiness never sees the peer's data, and
+//!   [`SmcStream::try_io`]/[`async_io`](SmcStream::async_io) return
+//!   [`Unsupported`](std::io::ErrorKind::Unsupported) there.
+//! - [`SmcStream::into_std`] of an SMC connection is [`Unsupported`](std::io::ErrorKind::Unsupported):
+//!   its bytes are not on the socket. TCP connections convert as tokio's do.
+//! - A zero linger ([`SmcStream::set_zero_linger`]) aborts an SMC connection on drop, as it
+//!   resets a TCP one.
+//! - The listener takes connections from the kernel before `accept` asks (to run their
+//!   handshakes without waiting for it), so [`SmcListener::into_std`] closes connections it took
+//!   but had not handed out.
+//!
+//! Link groups are shared by the whole process, whatever runtime made them. A group's driver
+//! runs on the runtime that set it up; if that runtime shuts down while the group is alive, the
+//! group moves to a rescue thread of this crate's and its connections on other runtimes go on
+//! ([`Stats::link_groups_rescued`] counts it). A runtime per request works.
+//!
 //! # Layers
 //!
 //! - [`proto`]: the sans-IO protocol core (CLC codec and handshake machines, CDC messages,

@@ -216,6 +216,16 @@ pub struct RoleStats {
 
 impl RoleStats {
     /// All connections of the role.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::RoleStats;
+    ///
+    /// let r = RoleStats { smc_d: 3, smc_r: 1, tcp: 2, fallback_peer_no_smc: 2, ..Default::default() };
+    /// assert_eq!(r.total(), 6); // the fallback counters break `tcp` down; they are not added
+    /// assert_eq!(smc_tokio::stats().client.total(), 0); // no connection made yet
+    /// ```
     pub fn total(&self) -> u64 {
         self.smc_d + self.smc_r + self.tcp
     }

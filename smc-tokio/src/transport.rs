@@ -31,11 +31,31 @@ pub enum Transport {
 
 impl Transport {
     /// Whether the byte stream moved off TCP.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Transport};
+    ///
+    /// assert!(Transport::SmcD.is_smc());
+    /// assert!(Transport::SmcR.is_smc());
+    /// assert!(!Transport::Tcp(FallbackReason::PeerNoSmc).is_smc());
+    /// ```
     pub fn is_smc(&self) -> bool {
         matches!(self, Transport::SmcD | Transport::SmcR)
     }
 
     /// Why the connection stayed on TCP, if it did.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Transport};
+    ///
+    /// let t = Transport::Tcp(FallbackReason::NegativeCache);
+    /// assert_eq!(t.fallback_reason(), Some(FallbackReason::NegativeCache));
+    /// assert_eq!(Transport::SmcD.fallback_reason(), None);
+    /// ```
     pub fn fallback_reason(&self) -> Option<FallbackReason> {
         match self {
             Transport::Tcp(r) => Some(*r),
@@ -44,6 +64,19 @@ impl Transport {
     }
 
     /// `"tcp"`, `"smc-d"` or `"smc-r"`, the names `smcperf` and the stats use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Transport};
+    ///
+    /// assert_eq!(Transport::SmcD.as_str(), "smc-d");
+    /// assert_eq!(Transport::SmcR.as_str(), "smc-r");
+    /// // The name leaves the reason out; `Display` adds it.
+    /// let tcp = Transport::Tcp(FallbackReason::Adopted);
+    /// assert_eq!(tcp.as_str(), "tcp");
+    /// assert!(tcp.to_string().starts_with("tcp ("));
+    /// ```
     pub fn as_str(&self) -> &'static str {
         match self {
             Transport::Tcp(_) => "tcp",

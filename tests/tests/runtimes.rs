@@ -100,6 +100,7 @@ fn a_runtime_per_request_for_1000_requests_leaks_no_descriptors() {
     }
     std::thread::sleep(Duration::from_millis(300));
     let fds_before = tests::open_fds();
+    let t = std::time::Instant::now();
     for i in 10..1000 {
         assert_eq!(request(i), group, "request {i} reuses the group");
     }
@@ -113,5 +114,6 @@ fn a_runtime_per_request_for_1000_requests_leaks_no_descriptors() {
         std::thread::sleep(Duration::from_millis(20));
         fds_after = tests::open_fds();
     }
+    eprintln!("990 requests, a runtime each, in {:?}; descriptors {fds_before} before, {fds_after} after", t.elapsed());
     assert!(fds_after <= fds_before, "descriptors grew from {fds_before} to {fds_after} over 990 requests");
 }

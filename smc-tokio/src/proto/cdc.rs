@@ -83,6 +83,19 @@ impl CdcFlags {
     }
 
     /// Adds the flags of `other`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    ///
+    /// let mut flags = CdcFlags::empty();
+    /// flags.insert(CdcFlags::PEER_DONE_WRITING);
+    /// flags.insert(CdcFlags::PEER_CONN_CLOSED);
+    /// assert!(flags.contains(CdcFlags::PEER_CONN_CLOSED));
+    /// assert_eq!(flags, CdcFlags::PEER_DONE_WRITING.with(CdcFlags::PEER_CONN_CLOSED));
+    /// assert_eq!(flags.bits(), 0x30);
+    /// ```
     pub fn insert(&mut self, other: CdcFlags) {
         self.0 |= other.0;
     }
@@ -198,6 +211,17 @@ impl CdcMsg {
     }
 
     /// The inline payload (empty when there is none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcMsg;
+    ///
+    /// let mut msg = CdcMsg::new(1, 7);
+    /// assert!(msg.inline().is_empty());
+    /// msg.set_inline(b"GET /").unwrap();
+    /// assert_eq!(msg.inline(), b"GET /");
+    /// ```
     pub fn inline(&self) -> &[u8] {
         // inline_len <= CDC_INLINE_MAX is kept by set_inline and checked by decode.
         &self.inline[..usize::from(self.inline_len)]
@@ -205,6 +229,19 @@ impl CdcMsg {
 
     /// Puts `data` inline. Fails, leaving the message unchanged, if it is longer than
     /// [`CDC_INLINE_MAX`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcError, CdcMsg, CDC_INLINE_MAX};
+    ///
+    /// let mut msg = CdcMsg::new(1, 7);
+    /// msg.set_inline(b"ping").unwrap();
+    /// // Too long: refused, and the message keeps its payload.
+    /// let too_long = [0u8; CDC_INLINE_MAX + 1];
+    /// assert_eq!(msg.set_inline(&too_long), Err(CdcError::InlineTooLong(too_long.len() as u8)));
+    /// assert_eq!(msg.inline(), b"ping");
+    /// ```
     pub fn set_inline(&mut self, data: &[u8]) -> Result<(), CdcError> {
         if data.len() > CDC_INLINE_MAX {
             return Err(CdcError::InlineTooLong(data.len().min(255) as u8));
@@ -216,6 +253,17 @@ impl CdcMsg {
     }
 
     /// Encodes the message into one frame.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcMsg, CDC_MSG_LEN, CDC_MSG_TYPE};
+    ///
+    /// let frame: [u8; CDC_MSG_LEN] = CdcMsg::new(1, 0x0102_0304).encode();
+    /// assert_eq!(frame[0], CDC_MSG_TYPE);
+    /// assert_eq!(&frame[4..8], &[0, 0, 0, 1]); // the sequence number, big endian
+    /// assert_eq!(&frame[8..12], &[1, 2, 3, 4]); // the token
+    /// ```
     pub fn encode(&self) -> [u8; CDC_MSG_LEN] {
         let mut b = [0u8; CDC_MSG_LEN];
         b[0] = CDC_MSG_TYPE;
@@ -233,6 +281,18 @@ impl CdcMsg {
 
     /// Decodes one frame. Cursors are returned as sent: validating them against the ring and
     /// the connection's last known state is the engine's job, since only it knows both.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcError, CdcMsg};
+    ///
+    /// let msg = CdcMsg::new(3, 9);
+    /// let mut frame = msg.encode();
+    /// assert_eq!(CdcMsg::decode(&frame), Ok(msg));
+    /// frame[0] = 0x00; // not a CDC message
+    /// assert_eq!(CdcMsg::decode(&frame), Err(CdcError::BadType(0)));
+    /// ```
     pub fn decode(b: &[u8; CDC_MSG_LEN]) -> Result<Self, CdcError> {
         if b[0] != CDC_MSG_TYPE {
             return Err(CdcError::BadType(b[0]));

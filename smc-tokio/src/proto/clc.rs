@@ -136,11 +136,31 @@ impl DeclineReason {
     ];
 
     /// The reason with wire value `v`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::DeclineReason;
+    ///
+    /// assert_eq!(DeclineReason::from_u8(2), Some(DeclineReason::Timeout));
+    /// assert_eq!(DeclineReason::from_u8(DeclineReason::SyncError as u8), Some(DeclineReason::SyncError));
+    /// assert_eq!(DeclineReason::from_u8(0), None);
+    /// ```
     pub fn from_u8(v: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|r| *r as u8 == v)
     }
 
     /// A short lower-case name, as used in stats and logs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::DeclineReason;
+    ///
+    /// assert_eq!(DeclineReason::Timeout.as_str(), "timeout");
+    /// assert_eq!(DeclineReason::NoCommonTransport.as_str(), "no common transport");
+    /// assert_eq!(DeclineReason::HandshakeCongested.to_string(), DeclineReason::HandshakeCongested.as_str());
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::OutOfMemory => "out of memory or descriptors",
@@ -259,6 +279,22 @@ impl LinkInfo {
     }
 
     /// Whether `self` and `other` name the same transport.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::{LinkInfo, RdmaLinkInfo, ShmLinkInfo};
+    ///
+    /// let shm = |rmb_slot| {
+    ///     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// };
+    /// # let rdma = LinkInfo::Rdma(RdmaLinkInfo {
+    /// #     gid: [0; 16], qpn: 1, psn: 1, mtu: 1024, rkey: 1, rmb_addr: 0, rmb_size: 4096, rmb_token: 1,
+    /// #     link_group: 1,
+    /// # });
+    /// assert!(shm(1).same_transport(&shm(2)));
+    /// assert!(!shm(1).same_transport(&rdma));
+    /// ```
     pub fn same_transport(&self, other: &LinkInfo) -> bool {
         self.section_kind() == other.section_kind()
     }
@@ -408,6 +444,18 @@ pub struct ClcHeader {
 impl ClcHeader {
     /// Parses the first [`CLC_HEADER_LEN`] bytes of `buf`; `Ok(None)` if there are fewer. Checks,
     /// in order: eyecatcher, length bounds, version, type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::{ClcError, ClcHeader, ClcMessage, ClcType, Commit, Token, CLC_VERSION};
+    ///
+    /// let bytes = ClcMessage::Commit(Commit { token: Token::default() }).encode().unwrap();
+    /// let h = ClcHeader::parse(&bytes).unwrap().unwrap();
+    /// assert_eq!((h.version, h.kind, h.len), (CLC_VERSION, ClcType::Commit, bytes.len()));
+    /// assert_eq!(ClcHeader::parse(&bytes[..5]), Ok(None)); // not a whole header yet
+    /// assert_eq!(ClcHeader::parse(b"GET / HTTP/1.1"), Err(ClcError::BadEyecatcher));
+    /// ```
     pub fn parse(buf: &[u8]) -> Result<Option<ClcHeader>, ClcError> {
         if !eyecatcher_prefix_matches(buf) {
             return Err(ClcError::BadEyecatcher);
@@ -429,12 +477,36 @@ impl ClcHeader {
 
 /// Whether `buf` (of any length) is consistent with a CLC message so far: its first
 /// `min(len, 4)` bytes match the eyecatcher. An empty buffer matches.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::{eyecatcher_prefix_matches, CLC_EYECATCHER};
+///
+/// assert!(eyecatcher_prefix_matches(&[]));
+/// assert!(eyecatcher_prefix_matches(&CLC_EYECATCHER[..1]));
+/// assert!(!eyecatcher_prefix_matches(b"HTTP/1.1 200 OK"));
+/// ```
 pub fn eyecatcher_prefix_matches(buf: &[u8]) -> bool {
     let n = buf.len().min(CLC_EYECATCHER.len());
     buf[..n] == CLC_EYECATCHER[..n]
 }
 
 /// Decodes one message from the front of `buf`.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::{decode, ClcMessage, Commit, Decoded, Token, CLC_HEADER_LEN};
+///
+/// let msg = ClcMessage::Commit(Commit { token: Token([3; 16]) });
+/// let mut bytes = msg.encode().unwrap();
+/// let len = bytes.len();
+/// assert_eq!(decode(&bytes[..3]), Ok(Decoded::NeedMore(CLC_HEADER_LEN)));
+/// // Whatever follows the message is not consumed.
+/// bytes.extend_from_slice(b"application data");
+/// assert_eq!(decode(&bytes), Ok(Decoded::Message(msg, len)));
+/// ```
 pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
     let Some(header) = ClcHeader::parse(buf)? else {
         return Ok(Decoded::NeedMore(CLC_HEADER_LEN));
@@ -647,6 +719,16 @@ impl Writer {
 
 impl ClcMessage {
     /// The message's type.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::{ClcMessage, ClcType, Decline, DeclineReason, Token};
+    ///
+    /// let msg = ClcMessage::Decline(Decline { token: Token::default(), reason: DeclineReason::Internal });
+    /// assert_eq!(msg.kind(), ClcType::Decline);
+    /// assert_eq!(msg.kind() as u8, 4); // the kernel's number
+    /// ```
     pub fn kind(&self) -> ClcType {
         match self {
             ClcMessage::Proposal(_) => ClcType::Proposal,
@@ -658,6 +740,17 @@ impl ClcMessage {
     }
 
     /// The message's token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::{ClcMessage, Commit, Proposal, Token};
+    ///
+    /// let token = Token([5; 16]);
+    /// let proposal = ClcMessage::Proposal(Proposal { token, rmb_size: 0, shm: None, rdma: None });
+    /// assert_eq!(proposal.token(), token);
+    /// assert_eq!(ClcMessage::Commit(Commit { token }).token(), token);
+    /// ```
     pub fn token(&self) -> Token {
         match self {
             ClcMessage::Proposal(m) => m.token,
@@ -670,6 +763,21 @@ impl ClcMessage {
 
     /// Encodes the message. Fails with [`ClcError::BadField`] when a field is outside the range
     /// that [`decode`] accepts, so that everything encoded also decodes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::{decode, ClcError, ClcMessage, Decoded, Proposal, ShmOffer, Token, CLC_EYECATCHER};
+    ///
+    /// let offer = Some(ShmOffer { link_group: 0 });
+    /// let p = Proposal { token: Token([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
+    /// let bytes = ClcMessage::Proposal(p.clone()).encode().unwrap();
+    /// assert!(bytes.starts_with(&CLC_EYECATCHER) && bytes.ends_with(&CLC_EYECATCHER));
+    /// assert_eq!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(p.clone()), bytes.len())));
+    /// // What `decode` would refuse is not encoded.
+    /// let too_big = ClcMessage::Proposal(Proposal { rmb_size: u32::MAX, ..p });
+    /// assert_eq!(too_big.encode(), Err(ClcError::BadField("proposal rmb size")));
+    /// ```
     pub fn encode(&self) -> Result<Vec<u8>, ClcError> {
         let mut w = Writer { buf: Vec::with_capacity(128) };
         w.buf.extend_from_slice(&CLC_EYECATCHER);

@@ -43,6 +43,20 @@ impl Cursor {
     ///
     /// Fails when `self` is not a valid cursor for `ring` or when `n` exceeds the ring size
     /// (no single step may skip a whole turn).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// assert_eq!(Cursor::new(0, 90).advance(ring, 10), Ok(Cursor::new(1, 0)));
+    /// // The wrap counter rolls over at 2^16.
+    /// assert_eq!(Cursor::new(u16::MAX, 50).advance(ring, 60), Ok(Cursor::new(0, 10)));
+    /// // Not a cursor of this ring, or a step past a whole turn: errors.
+    /// assert!(Cursor::new(0, 100).advance(ring, 1).is_err());
+    /// assert!(Cursor::new(0, 0).advance(ring, 101).is_err());
+    /// ```
     pub fn advance(self, ring: RingSize, n: u32) -> Result<Cursor, CursorError> {
         ring.check(self)?;
         if n > ring.get() {
@@ -145,6 +159,17 @@ impl RingSize {
     }
 
     /// Checks that `cursor` lies inside this ring.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, CursorError, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// assert_eq!(ring.check(Cursor::new(7, 99)), Ok(()));
+    /// let bad = Cursor::new(7, 100);
+    /// assert_eq!(ring.check(bad), Err(CursorError::OutOfRange { cursor: bad, size: 100 }));
+    /// ```
     pub fn check(self, cursor: Cursor) -> Result<(), CursorError> {
         if cursor.count < self.0 {
             Ok(())
@@ -157,6 +182,20 @@ impl RingSize {
     ///
     /// `to` must be at or after `from` and at most one whole ring ahead; anything else is an
     /// error (a cursor that went backwards, or skipped past unread data).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// assert_eq!(ring.distance(Cursor::new(3, 10), Cursor::new(3, 60)), Ok(50));
+    /// assert_eq!(ring.distance(Cursor::new(3, 90), Cursor::new(4, 5)), Ok(15));
+    /// assert_eq!(ring.distance(Cursor::new(3, 40), Cursor::new(4, 40)), Ok(100)); // a whole ring
+    /// // Backwards, or more than a ring ahead: errors.
+    /// assert!(ring.distance(Cursor::new(3, 60), Cursor::new(3, 10)).is_err());
+    /// assert!(ring.distance(Cursor::new(3, 40), Cursor::new(4, 41)).is_err());
+    /// ```
     pub fn distance(self, from: Cursor, to: Cursor) -> Result<u32, CursorError> {
         self.check(from)?;
         self.check(to)?;
@@ -176,17 +215,50 @@ impl RingSize {
     }
 
     /// Bytes written by the producer and not yet consumed: `distance(cons, prod)`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// let (cons, prod) = (Cursor::new(0, 80), Cursor::new(1, 20));
+    /// assert_eq!(ring.used(cons, prod), Ok(40));
+    /// assert_eq!(ring.used(prod, prod), Ok(0)); // empty
+    /// ```
     pub fn used(self, cons: Cursor, prod: Cursor) -> Result<u32, CursorError> {
         self.distance(cons, prod)
     }
 
     /// Bytes the producer may still write: `size - used`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// assert_eq!(ring.free(Cursor::new(0, 80), Cursor::new(1, 20)), Ok(60));
+    /// assert_eq!(ring.free(Cursor::new(0, 30), Cursor::new(1, 30)), Ok(0)); // full
+    /// ```
     pub fn free(self, cons: Cursor, prod: Cursor) -> Result<u32, CursorError> {
         Ok(self.0 - self.used(cons, prod)?)
     }
 
     /// The contiguous spans `[(offset, len); 2]` that cover `len` bytes starting at `at`, split
     /// where the ring wraps. The second span has length 0 when no wrap occurs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(100).unwrap();
+    /// // 30 bytes from offset 90: split where the ring wraps.
+    /// assert_eq!(ring.spans(Cursor::new(0, 90), 30), Ok([(90, 10), (0, 20)]));
+    /// assert_eq!(ring.spans(Cursor::new(0, 10), 30), Ok([(10, 30), (0, 0)]));
+    /// assert!(ring.spans(Cursor::new(0, 0), 101).is_err());
+    /// ```
     pub fn spans(self, at: Cursor, len: u32) -> Result<[(u32, u32); 2], CursorError> {
         self.check(at)?;
         if len > self.0 {

@@ -125,6 +125,20 @@ pub struct ConnEngine {
 impl ConnEngine {
     /// A connection whose outgoing CDC messages carry `token`, writing into a peer ring of
     /// `tx_ring` bytes and reading from our ring of `rx_ring` bytes. All cursors start at 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// // We write into the peer's 64 KiB ring and read from our own 256 KiB one.
+    /// let e = ConnEngine::new(7, RingSize::new(64 << 10).unwrap(), RingSize::new(256 << 10).unwrap());
+    /// assert_eq!(e.token(), 7);
+    /// assert_eq!(e.tx_free(), 64 << 10);
+    /// assert_eq!(e.rx_available(), 0);
+    /// assert!(e.poll_cdc().is_none()); // nothing to tell yet
+    /// ```
     pub fn new(token: u32, tx_ring: RingSize, rx_ring: RingSize) -> Self {
         Self {
             token,
@@ -157,11 +171,54 @@ impl ConnEngine {
     }
 
     /// The token this side puts in its CDC messages.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// let ring = RingSize::new(1024).unwrap();
+    /// let mut e = ConnEngine::new(42, ring, ring);
+    /// assert_eq!(e.token(), 42);
+    /// e.tx_commit(1).unwrap();
+    /// assert_eq!(e.poll_cdc().unwrap().token, 42); // outgoing CDC messages carry it
+    /// ```
     pub fn token(&self) -> u32 {
         self.token
     }
 
     /// Sets the token for outgoing CDC messages (a server learns it from the Confirm).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// let ring = RingSize::new(1024).unwrap();
+    /// let mut e = ConnEngine::new(0, ring, ring);
+    /// e.set_token(0x0001_0005); // learnt from the client's Confirm
+    /// assert_eq!(e.token(), 0x0001_0005);
+    /// e.tx_commit(1).unwrap();
+    /// assert_eq!(e.poll_cdc().unwrap().token, 0x0001_0005);
+    /// ```
     pub fn set_token(&mut self, token: u32) {
         self.token = token;
     }
@@ -169,6 +226,29 @@ impl ConnEngine {
     // ----- tx -----------------------------------------------------------------------------
 
     /// Bytes we may write into the peer's ring now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(70).unwrap();
+    /// assert_eq!(a.tx_free(), 30);
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(70).unwrap();
+    /// flush(&mut b, &mut a); // b's consumer cursor frees the space
+    /// assert_eq!(a.tx_free(), 100);
+    /// ```
     pub fn tx_free(&self) -> u32 {
         // peer_cons <= tx_prod is an invariant kept by on_cdc, so this cannot fail; 0 is the
         // safe answer if it ever did.
@@ -176,6 +256,30 @@ impl ConnEngine {
     }
 
     /// Where the next `len` bytes go in the peer's ring (`len <= tx_free()`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(90).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(90).unwrap();
+    /// flush(&mut b, &mut a);
+    /// // The next 30 bytes wrap: 10 at the end of the peer's ring, 20 at its start.
+    /// assert_eq!(a.tx_spans(30), Some([(90, 10), (0, 20)]));
+    /// assert_eq!(a.tx_spans(101), None); // more than is free
+    /// ```
     pub fn tx_spans(&self, len: u32) -> Option<Spans> {
         if len > self.tx_free() {
             return None;
@@ -185,6 +289,30 @@ impl ConnEngine {
 
     /// Records that `len` bytes were copied at [`tx_spans`](Self::tx_spans). They become
     /// visible to the peer with the next CDC message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert_eq!(a.tx_spans(40), Some([(0, 40), (0, 0)]));
+    /// // ... the driver copies 40 bytes there, then:
+    /// a.tx_commit(40).unwrap();
+    /// assert_eq!(a.tx_free(), 60);
+    /// assert!(a.tx_commit(61).is_err()); // more than is free
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 40);
+    /// ```
     pub fn tx_commit(&mut self, len: u32) -> Result<(), CursorError> {
         if len > self.tx_free() {
             return Err(CursorError::StepTooLarge { step: len, size: self.tx_free() });
@@ -197,34 +325,173 @@ impl ConnEngine {
     }
 
     /// Bytes written but not yet announced to the peer (held by a cork).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.set_corked(true);
+    /// a.tx_commit(10).unwrap();
+    /// assert_eq!(a.tx_unpublished(), 10); // held by the cork
+    /// a.set_corked(false);
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(a.tx_unpublished(), 0);
+    /// assert_eq!(b.rx_available(), 10);
+    /// ```
     pub fn tx_unpublished(&self) -> u32 {
         self.tx_ring.distance(self.tx_prod_sent, self.tx_prod).unwrap_or(0)
     }
 
     /// Bytes the peer has not consumed yet (announced or not).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(30).unwrap();
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(a.tx_in_flight(), 30); // announced, not yet consumed
+    /// b.rx_consume(30).unwrap();
+    /// flush(&mut b, &mut a);
+    /// assert_eq!(a.tx_in_flight(), 0);
+    /// ```
     pub fn tx_in_flight(&self) -> u32 {
         self.tx_ring.used(self.peer_cons, self.tx_prod).unwrap_or(0)
     }
 
     /// Whether every byte we wrote has been announced and consumed by the peer: the connection
     /// is idle in the tx direction.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(a.tx_idle());
+    /// a.tx_commit(50).unwrap();
+    /// flush(&mut a, &mut b);
+    /// assert!(!a.tx_idle()); // the peer has not read it yet
+    /// b.rx_consume(50).unwrap();
+    /// flush(&mut b, &mut a);
+    /// assert!(a.tx_idle());
+    /// ```
     pub fn tx_idle(&self) -> bool {
         self.tx_prod == self.peer_cons
     }
 
     /// Holds back producer-cursor updates while `true` (a cork); releasing it makes the next
     /// [`poll_cdc`](Self::poll_cdc) announce everything written meanwhile.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.set_corked(true);
+    /// a.tx_commit(10).unwrap();
+    /// a.tx_commit(20).unwrap();
+    /// assert!(a.poll_cdc().is_none()); // held back
+    /// a.set_corked(false);
+    /// // Both writes are announced in one message.
+    /// assert_eq!(a.poll_cdc().unwrap().prod, Cursor::new(0, 30));
+    /// ```
     pub fn set_corked(&mut self, corked: bool) {
         self.corked = corked;
     }
 
     /// Whether producer updates are held back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(!a.corked());
+    /// a.set_corked(true);
+    /// assert!(a.corked());
+    /// ```
     pub fn corked(&self) -> bool {
         self.corked
     }
 
     /// Records that a writer found no space: the next CDC message tells the peer
     /// (`write_blocked`), so that it answers with its consumer cursor as soon as it frees any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(100).unwrap(); // the peer's ring is full
+    /// a.set_write_blocked();
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert!(msg.flags.contains(CdcFlags::WRITE_BLOCKED));
+    /// a.on_cdc_sent(&msg);
+    /// b.on_cdc(&msg).unwrap();
+    /// assert!(b.peer_write_blocked()); // b answers once it frees space
+    /// ```
     pub fn set_write_blocked(&mut self) {
         if !self.write_blocked {
             self.write_blocked = true;
@@ -233,22 +500,120 @@ impl ConnEngine {
     }
 
     /// We will write no more: the next CDC says `peer_done_writing` (a half-close).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(5).unwrap();
+    /// a.shutdown_write();
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 5); // b reads the 5 bytes, then EOF
+    /// assert!(b.rx_eof());
+    /// // The other direction still flows.
+    /// b.tx_commit(7).unwrap();
+    /// flush(&mut b, &mut a);
+    /// assert_eq!(a.rx_available(), 7);
+    /// ```
     pub fn shutdown_write(&mut self) {
         self.done_writing = true;
     }
 
     /// Whether [`shutdown_write`](Self::shutdown_write) was called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(!a.is_write_shutdown());
+    /// a.shutdown_write();
+    /// assert!(a.is_write_shutdown());
+    /// // A close shuts writing down too.
+    /// b.close();
+    /// assert!(b.is_write_shutdown());
+    /// ```
     pub fn is_write_shutdown(&self) -> bool {
         self.done_writing
     }
 
     /// The application closed the connection: the next CDC says done writing and closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.close();
+    /// flush(&mut a, &mut b);
+    /// assert!(b.peer_closed() && b.rx_eof());
+    /// assert!(!a.finished()); // b has not closed yet
+    /// b.close();
+    /// flush(&mut b, &mut a);
+    /// assert!(a.finished() && b.finished());
+    /// ```
     pub fn close(&mut self) {
         self.done_writing = true;
         self.closed = true;
     }
 
     /// Aborts the connection: the next CDC says `peer_conn_abort`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(5).unwrap();
+    /// a.abort();
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert!(msg.flags.contains(CdcFlags::PEER_CONN_ABORT));
+    /// a.on_cdc_sent(&msg);
+    /// b.on_cdc(&msg).unwrap();
+    /// assert!(b.peer_aborted());
+    /// assert_eq!(b.rx_available(), 0); // the unannounced bytes are discarded
+    /// ```
     pub fn abort(&mut self) {
         self.aborted = true;
         self.done_writing = true;
@@ -258,11 +623,60 @@ impl ConnEngine {
     // ----- rx -----------------------------------------------------------------------------
 
     /// Bytes the peer produced that the application has not read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert_eq!(b.rx_available(), 0);
+    /// a.tx_commit(25).unwrap();
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 25);
+    /// b.rx_consume(10).unwrap();
+    /// assert_eq!(b.rx_available(), 15);
+    /// ```
     pub fn rx_available(&self) -> u32 {
         self.rx_ring.used(self.rx_cons, self.peer_prod).unwrap_or(0)
     }
 
     /// Where the next `len` readable bytes are in our ring (`len <= rx_available()`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(90).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(90).unwrap();
+    /// flush(&mut b, &mut a);
+    /// a.tx_commit(30).unwrap();
+    /// flush(&mut a, &mut b);
+    /// // The 30 readable bytes wrap in b's ring.
+    /// assert_eq!(b.rx_spans(30), Some([(90, 10), (0, 20)]));
+    /// assert_eq!(b.rx_spans(31), None); // more than there is
+    /// ```
     pub fn rx_spans(&self, len: u32) -> Option<Spans> {
         if len > self.rx_available() {
             return None;
@@ -271,6 +685,30 @@ impl ConnEngine {
     }
 
     /// Records that the application consumed `len` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(40).unwrap();
+    /// flush(&mut a, &mut b);
+    /// // ... the application reads 15 bytes from `b.rx_spans(15)`, then:
+    /// b.rx_consume(15).unwrap();
+    /// assert_eq!(b.rx_available(), 25);
+    /// assert_eq!(b.rx_cons(), Cursor::new(0, 15));
+    /// assert!(b.rx_consume(26).is_err()); // more than there is
+    /// ```
     pub fn rx_consume(&mut self, len: u32) -> Result<(), CursorError> {
         if len > self.rx_available() {
             return Err(CursorError::StepTooLarge { step: len, size: self.rx_available() });
@@ -280,27 +718,138 @@ impl ConnEngine {
     }
 
     /// Our consumer cursor: how far the application has read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(60).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(60).unwrap();
+    /// assert_eq!(b.rx_cons(), Cursor::new(0, 60));
+    /// // The next CDC message tells a.
+    /// assert_eq!(b.poll_cdc().unwrap().cons, b.rx_cons());
+    /// ```
     pub fn rx_cons(&self) -> Cursor {
         self.rx_cons
     }
 
     /// The peer's producer cursor: how far it has announced data.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert_eq!(b.peer_prod(), Cursor::default());
+    /// a.tx_commit(60).unwrap();
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.peer_prod(), Cursor::new(0, 60));
+    /// ```
     pub fn peer_prod(&self) -> Cursor {
         self.peer_prod
     }
 
     /// The peer will send no more: reads return EOF once [`rx_available`](Self::rx_available)
     /// is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(3).unwrap();
+    /// a.shutdown_write();
+    /// assert!(!b.rx_eof());
+    /// flush(&mut a, &mut b);
+    /// assert!(b.rx_eof());
+    /// assert_eq!(b.rx_available(), 3); // EOF comes after these
+    /// ```
     pub fn rx_eof(&self) -> bool {
         self.peer_done_writing
     }
 
     /// The peer aborted the connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(!b.peer_aborted());
+    /// a.abort();
+    /// flush(&mut a, &mut b);
+    /// assert!(b.peer_aborted());
+    /// assert!(b.peer_closed()); // an abort is a close too
+    /// ```
     pub fn peer_aborted(&self) -> bool {
         self.peer_aborted
     }
 
     /// The peer closed the connection (orderly or not).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(!b.peer_closed());
+    /// a.close();
+    /// flush(&mut a, &mut b);
+    /// assert!(b.peer_closed());
+    /// assert!(!b.peer_aborted()); // an orderly close
+    /// ```
     pub fn peer_closed(&self) -> bool {
         self.peer_closed || self.peer_aborted
     }
@@ -309,23 +858,118 @@ impl ConnEngine {
     /// that said so: for a connection that already ended and only waits for the peer's answer
     /// to free its buffers. What the application may still read is unchanged (no EOF is
     /// implied: the connection's end was decided already).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// b.close();
+    /// let msg = b.poll_cdc().unwrap();
+    /// b.on_cdc_sent(&msg);
+    /// assert!(!b.finished()); // waits for the peer's close
+    /// // The peer is known to be gone: free the connection without its answer.
+    /// b.mark_peer_closed(true);
+    /// assert!(b.peer_aborted() && b.finished());
+    /// ```
     pub fn mark_peer_closed(&mut self, aborted: bool) {
         self.peer_closed = true;
         self.peer_aborted |= aborted;
     }
 
     /// Whether we have announced our close (or abort) to the peer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.close();
+    /// assert!(!a.close_sent());
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert!(msg.flags.contains(CdcFlags::PEER_CONN_CLOSED));
+    /// a.on_cdc_sent(&msg);
+    /// assert!(a.close_sent());
+    /// ```
     pub fn close_sent(&self) -> bool {
         self.closed_sent || self.aborted_sent
     }
 
     /// Whether both sides have closed and our close has been sent: the connection's buffers can
     /// be reused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.close();
+    /// flush(&mut a, &mut b);
+    /// b.close();
+    /// assert!(!b.finished()); // b's close is not sent yet
+    /// flush(&mut b, &mut a);
+    /// assert!(a.finished() && b.finished()); // both rings can be reused
+    /// ```
     pub fn finished(&self) -> bool {
         self.close_sent() && self.peer_closed()
     }
 
     /// The peer's most recent flags told us it is blocked for space.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(100).unwrap();
+    /// a.set_write_blocked();
+    /// flush(&mut a, &mut b);
+    /// assert!(b.peer_write_blocked());
+    /// b.rx_consume(100).unwrap();
+    /// flush(&mut b, &mut a); // b's consumer cursor answers it
+    /// assert!(!b.peer_write_blocked());
+    /// assert_eq!(a.tx_free(), 100);
+    /// ```
     pub fn peer_write_blocked(&self) -> bool {
         self.peer_write_blocked
     }
@@ -337,6 +981,32 @@ impl ConnEngine {
     /// Inline data (issue: the inline first message) is accepted when the message's producer
     /// cursor covers it: the payload is the last `inline.len()` bytes before `msg.prod`, and
     /// the returned spans say where the driver must copy it in our ring *before* reading.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(10).unwrap();
+    /// let msg = a.poll_cdc().unwrap();
+    /// a.on_cdc_sent(&msg);
+    /// let (effect, inline) = b.on_cdc(&msg).unwrap();
+    /// assert_eq!(effect, CdcEffect { readable: true, writable: false }); // wake b's reader
+    /// assert_eq!(inline, None);
+    /// // A replay breaks the sequence: refused, and nothing changes.
+    /// assert_eq!(b.on_cdc(&msg), Err(EngineError::BadSequence { expected: 2, got: 1 }));
+    /// assert_eq!(b.rx_available(), 10);
+    /// ```
     pub fn on_cdc(&mut self, msg: &CdcMsg) -> Result<(CdcEffect, Option<Spans>), EngineError> {
         let expected = self.seq_in.wrapping_add(1);
         if msg.seq != expected {
@@ -394,6 +1064,29 @@ impl ConnEngine {
     /// the peer is blocked for space and either half the ring is free again or we have read
     /// everything (nothing else would make us send). A blocked writer usually sleeps, so waking
     /// it for a sliver of space wastes the wake-up; waiting for half the ring amortises it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(50).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(9).unwrap();
+    /// assert!(!b.cons_update_due()); // less than a tenth of the ring freed
+    /// b.rx_consume(1).unwrap();
+    /// assert!(b.cons_update_due());
+    /// ```
     pub fn cons_update_due(&self) -> bool {
         let freed = self.rx_ring.distance(self.rx_cons_sent, self.rx_cons).unwrap_or(0);
         if freed == 0 {
@@ -408,6 +1101,30 @@ impl ConnEngine {
     /// The CDC message to send now, if anything needs telling. Call
     /// [`on_cdc_sent`](Self::on_cdc_sent) once it was handed to the link; until then the engine
     /// keeps offering it (so a full CDC ring loses nothing).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// assert!(a.poll_cdc().is_none()); // nothing to tell
+    /// a.tx_commit(10).unwrap();
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert_eq!((msg.seq, msg.prod), (1, Cursor::new(0, 10)));
+    /// assert_eq!(a.poll_cdc(), Some(msg)); // offered until it is handed to the link
+    /// a.on_cdc_sent(&msg);
+    /// assert!(a.poll_cdc().is_none());
+    /// ```
     pub fn poll_cdc(&self) -> Option<CdcMsg> {
         let prod = if self.holding() { self.tx_prod_sent } else { self.tx_prod };
         let prod_due = prod != self.tx_prod_sent;
@@ -466,6 +1183,31 @@ impl ConnEngine {
     }
 
     /// Announces everything written so far with the next CDC message, cork or not (a flush).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.set_corked(true);
+    /// a.tx_commit(10).unwrap();
+    /// assert!(a.poll_cdc().is_none());
+    /// a.push(); // a flush: announce what is there
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 10);
+    /// a.tx_commit(5).unwrap();
+    /// assert!(a.poll_cdc().is_none()); // the cork stays for later writes
+    /// ```
     pub fn push(&mut self) {
         if self.tx_prod != self.tx_prod_sent {
             self.push_once = true;
@@ -474,6 +1216,30 @@ impl ConnEngine {
 
     /// Coalesces small writes while earlier data is unconsumed, up to `limit` bytes (0: off),
     /// as the kernel's `autocorking_size`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.set_autocork(50);
+    /// a.tx_commit(10).unwrap();
+    /// flush(&mut a, &mut b); // the first write on an idle connection goes at once
+    /// a.tx_commit(10).unwrap();
+    /// assert!(a.poll_cdc().is_none()); // held: b has not read the first write yet
+    /// a.tx_commit(40).unwrap();
+    /// assert!(a.poll_cdc().is_some()); // 50 bytes wait: sent
+    /// ```
     pub fn set_autocork(&mut self, limit: u32) {
         self.autocork = limit;
     }
@@ -482,6 +1248,30 @@ impl ConnEngine {
     /// connection was idle and they fit: `data` must be exactly the bytes written since the
     /// last announcement (the driver keeps them). The bytes are still in the ring too, so the
     /// peer may read them from either place.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(5).unwrap(); // after copying b"hello" to `a.tx_spans(5)`
+    /// let msg = a.poll_cdc_inline(b"hello").unwrap();
+    /// assert_eq!(msg.inline(), b"hello");
+    /// a.on_cdc_sent(&msg);
+    /// // b copies the payload into its ring at the spans on_cdc returns.
+    /// let (_, spans) = b.on_cdc(&msg).unwrap();
+    /// assert_eq!(spans, Some([(0, 5), (0, 0)]));
+    /// ```
     pub fn poll_cdc_inline(&self, data: &[u8]) -> Option<CdcMsg> {
         let mut msg = self.poll_cdc()?;
         let new = self.tx_ring.distance(self.tx_prod_sent, msg.prod).unwrap_or(0) as usize;
@@ -494,6 +1284,29 @@ impl ConnEngine {
 
     /// A message that restates the current announced state (the next sequence number, the
     /// cursors already announced, no flags), for tests and diagnostics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(10).unwrap();
+    /// flush(&mut a, &mut b);
+    /// let msg = a.state_msg(a.token());
+    /// assert_eq!((msg.seq, msg.prod, msg.flags), (2, Cursor::new(0, 10), CdcFlags::empty()));
+    /// // It tells b nothing new.
+    /// assert_eq!(b.on_cdc(&msg).unwrap().0, CdcEffect::default());
+    /// ```
     pub fn state_msg(&self, token: u32) -> CdcMsg {
         let mut msg = CdcMsg::new(self.seq_out.wrapping_add(1), token);
         msg.prod = self.tx_prod_sent;
@@ -502,6 +1315,29 @@ impl ConnEngine {
     }
 
     /// Records that `msg` (from [`poll_cdc`](Self::poll_cdc)) was handed to the link.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(100).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.tx_commit(10).unwrap();
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert_eq!(a.tx_unpublished(), 10);
+    /// a.on_cdc_sent(&msg);
+    /// assert_eq!(a.tx_unpublished(), 0);
+    /// assert!(a.poll_cdc().is_none()); // nothing more to tell
+    /// ```
     pub fn on_cdc_sent(&mut self, msg: &CdcMsg) {
         let freed_now = self.rx_ring.distance(self.rx_cons_sent, msg.cons).unwrap_or(0);
         self.seq_out = msg.seq;

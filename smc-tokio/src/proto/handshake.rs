@@ -144,6 +144,19 @@ pub struct Timeouts {
 
 impl Timeouts {
     /// The same bound for every step.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use smc_tokio::proto::handshake::{ServerHandshake, Timeouts};
+    ///
+    /// let d = Duration::from_millis(500);
+    /// let timeouts = Timeouts::uniform(d);
+    /// assert_eq!(timeouts, Timeouts { peer: d, local: d });
+    /// let now = Instant::now();
+    /// assert_eq!(ServerHandshake::new(now, timeouts).poll_timeout(), Some(now + timeouts.peer));
+    /// ```
     pub fn uniform(d: Duration) -> Timeouts {
         Timeouts { peer: d, local: d }
     }
@@ -279,6 +292,33 @@ pub struct ClientHandshake {
 impl ClientHandshake {
     /// Starts a handshake: queues the Proposal, sent at `now`; the server's reply is awaited
     /// until `now + timeouts.peer`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let offer = Some(ShmOffer { link_group: 0 });
+    /// let proposal = Proposal { token: Token([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// let bytes = c.poll_transmit().unwrap(); // the Proposal, to write to the stream
+    /// assert_eq!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(proposal.clone()), bytes.len())));
+    /// // A Proposal that cannot be encoded is refused.
+    /// assert!(ClientHandshake::new(Proposal { rmb_size: u32::MAX, ..proposal }, now, timeouts).is_err());
+    /// ```
     pub fn new(proposal: Proposal, now: Instant, timeouts: Timeouts) -> Result<Self, HandshakeError> {
         let transmit = encode(&ClcMessage::Proposal(proposal.clone()))?;
         Ok(Self {
@@ -293,26 +333,153 @@ impl ClientHandshake {
     }
 
     /// The connection token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let c = ClientHandshake::new(Proposal { token: Token([9; 16]), ..proposal }, now, timeouts).unwrap();
+    /// assert_eq!(c.token(), Token([9; 16])); // the Proposal's
+    /// assert_eq!(format!("{:?}", c.token()), "Token(<redacted>)"); // a secret: kept out of logs
+    /// ```
     pub fn token(&self) -> Token {
         self.token
     }
 
     /// Bytes to send now, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// let bytes = c.poll_transmit().unwrap(); // write these to the stream
+    /// assert!(matches!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(_), _))));
+    /// assert_eq!(c.poll_transmit(), None); // handed out once
+    /// ```
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
         (!self.transmit.is_empty()).then(|| std::mem::take(&mut self.transmit))
     }
 
     /// An event that needs the driver's decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// # c.poll_transmit();
+    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// // `c` has received the server's Accept.
+    /// let Some(ClientEvent::Accepted(accept)) = c.poll_event() else { panic!("no accept") };
+    /// assert_eq!(accept.link, shm_link(1)); // the server's link details
+    /// assert_eq!(c.poll_event(), None); // handed out once; now confirm or decline
+    /// ```
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
         self.event.take()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, if the handshake is not done.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// let deadline = c.poll_timeout().unwrap();
+    /// assert_eq!(deadline, now + timeouts.peer); // for the server's reply
+    /// c.handle_timeout(deadline);
+    /// assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
+    /// assert_eq!(c.poll_timeout(), None);
+    /// ```
     pub fn poll_timeout(&self) -> Option<Instant> {
         (!self.is_done()).then_some(self.deadline)
     }
 
     /// How many bytes to read from the stream next (0: read nothing now).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// let reply = ClcMessage::Decline(Decline { token, reason: DeclineReason::Timeout }).encode().unwrap();
+    /// assert_eq!(c.wanted(), CLC_HEADER_LEN); // the reply's header first
+    /// assert_eq!(c.handle_input(&reply, now), CLC_HEADER_LEN); // it takes no more
+    /// assert_eq!(c.wanted(), reply.len() - CLC_HEADER_LEN); // then exactly the rest
+    /// c.handle_input(&reply[CLC_HEADER_LEN..], now);
+    /// assert_eq!(c.wanted(), 0);
+    /// ```
     pub fn wanted(&self) -> usize {
         match self.state {
             ClientState::AwaitReply | ClientState::AwaitFinal(_) => self.inbox.wanted(),
@@ -322,6 +489,33 @@ impl ClientHandshake {
 
     /// Whether this side has confirmed an Accept (it waits for, or has had, the server's final
     /// word). Before that, a client may still walk away and use the connection as TCP.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// # c.poll_transmit();
+    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// // `c` has received the server's Accept.
+    /// assert!(!c.has_confirmed()); // it may still walk away
+    /// c.confirm(shm_link(2), now);
+    /// assert!(c.has_confirmed());
+    /// ```
     pub fn has_confirmed(&self) -> bool {
         matches!(self.state, ClientState::AwaitFinal(Answer::Confirmed { .. }) | ClientState::Done(Outcome::Smc { .. }))
     }
@@ -330,6 +524,30 @@ impl ClientHandshake {
     /// driver that may meet a server which handed the connection to its application (and so
     /// will send application bytes instead) looks at that byte without taking it, and calls
     /// [`peer_sent_data`](Self::peer_sent_data) when it is not the eyecatcher's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// assert!(c.awaits_reply_start());
+    /// c.handle_input(&CLC_EYECATCHER[..1], now); // the reply has begun
+    /// assert!(!c.awaits_reply_start());
+    /// ```
     pub fn awaits_reply_start(&self) -> bool {
         matches!(self.state, ClientState::AwaitReply) && self.inbox.is_empty()
     }
@@ -337,6 +555,33 @@ impl ClientHandshake {
     /// The server's first bytes are not a CLC message (nothing was taken from the stream): the
     /// outcome becomes [`HandshakeError::NotSmc`]. Does nothing unless
     /// [`awaits_reply_start`](Self::awaits_reply_start).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// // The driver peeks at the server's first byte: not the eyecatcher's.
+    /// let first = b"HTTP/1.1 400 Bad Request\r\n"[0];
+    /// if c.awaits_reply_start() && !eyecatcher_prefix_matches(&[first]) {
+    ///     c.peer_sent_data();
+    /// }
+    /// assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::NotSmc)));
+    /// ```
     pub fn peer_sent_data(&mut self) {
         if self.awaits_reply_start() {
             self.finish(Outcome::Failed(HandshakeError::NotSmc));
@@ -345,6 +590,35 @@ impl ClientHandshake {
 
     /// Feeds bytes received at `now`; returns how many were used (at most
     /// [`wanted`](Self::wanted)). An empty `data` means the peer closed the stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// let mut stream = ClcMessage::Decline(Decline { token, reason: DeclineReason::PeerNoSmc }).encode().unwrap();
+    /// stream.extend_from_slice(b"application bytes");
+    /// let mut at = 0;
+    /// while c.wanted() > 0 {
+    ///     at += c.handle_input(&stream[at..], now);
+    /// }
+    /// assert_eq!(&stream[at..], b"application bytes"); // left on the stream
+    /// assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer }));
+    /// ```
     pub fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
         if !matches!(self.state, ClientState::AwaitReply | ClientState::AwaitFinal(_)) {
             return 0;
@@ -398,6 +672,40 @@ impl ClientHandshake {
     /// awaited next. Past the decision's deadline it declines with
     /// [`DeclineReason::Timeout`] instead. Does nothing unless an [`ClientEvent::Accepted`] is
     /// waiting for a decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// # c.poll_transmit();
+    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// // `c` has received the server's Accept of `shm_link(1)`; our end of the link is ready.
+    /// c.confirm(shm_link(2), now);
+    /// let confirm = c.poll_transmit().unwrap();
+    /// assert!(matches!(decode(&confirm), Ok(Decoded::Message(ClcMessage::Confirm(_), _))));
+    /// // The server's Commit ends the handshake.
+    /// let commit = ClcMessage::Commit(Commit { token }).encode().unwrap();
+    /// let mut at = 0;
+    /// while c.wanted() > 0 {
+    ///     at += c.handle_input(&commit[at..], now);
+    /// }
+    /// assert_eq!(c.outcome(), Some(&Outcome::Smc { token, local: shm_link(2), peer: shm_link(1) }));
+    /// ```
     pub fn confirm(&mut self, local: LinkInfo, now: Instant) {
         let ClientState::AwaitDecision(peer) = &self.state else {
             return;
@@ -424,6 +732,37 @@ impl ClientHandshake {
 
     /// Declines an Accept at `now`: the server's answer (its Decline) is awaited next, then
     /// the outcome is a local fallback. Does nothing unless a decision is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// # c.poll_transmit();
+    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// // `c` has received the server's Accept, and cannot set up its end of the link.
+    /// c.decline(DeclineReason::OutOfMemory, now);
+    /// let sent = c.poll_transmit().unwrap();
+    /// assert!(matches!(decode(&sent), Ok(Decoded::Message(ClcMessage::Decline(_), _))));
+    /// assert!(!c.is_done()); // the server's final word is still due
+    /// # feed!(c, ClcMessage::Decline(Decline { token, reason: DeclineReason::OutOfMemory }).encode().unwrap(), now);
+    /// // ... it arrives (the server's Decline):
+    /// assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::OutOfMemory, by: Side::Local }));
+    /// ```
     pub fn decline(&mut self, reason: DeclineReason, now: Instant) {
         if !matches!(self.state, ClientState::AwaitDecision(_)) {
             return;
@@ -437,6 +776,38 @@ impl ClientHandshake {
     /// Tells the machine the time. Past the deadline: a pending local decision declines with
     /// [`DeclineReason::Timeout`] (the stream stays in step); a wait for the server fails the
     /// connection, since the server may still answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// # c.poll_transmit();
+    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// // `c` has received the server's Accept at `now`; the local decision has `timeouts.local`.
+    /// c.handle_timeout(now + timeouts.local);
+    /// let sent = c.poll_transmit().unwrap(); // declined for us, in step with the server
+    /// let declined = Decline { token, reason: DeclineReason::Timeout };
+    /// assert_eq!(decode(&sent), Ok(Decoded::Message(ClcMessage::Decline(declined), sent.len())));
+    /// // A wait for the server fails the connection instead.
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// c.handle_timeout(now + timeouts.peer);
+    /// assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
+    /// ```
     pub fn handle_timeout(&mut self, now: Instant) {
         if now < self.deadline {
             return;
@@ -451,12 +822,64 @@ impl ClientHandshake {
     }
 
     /// Whether the handshake has ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// assert!(!c.is_done());
+    /// c.handle_input(&[], now); // the server closed the connection
+    /// assert!(c.is_done());
+    /// assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Eof)));
+    /// ```
     pub fn is_done(&self) -> bool {
         matches!(self.state, ClientState::Done(_))
     }
 
     /// The outcome, once done. Bytes from [`poll_transmit`](Self::poll_transmit) must still be
     /// sent before acting on it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
+    /// assert_eq!(c.outcome(), None); // still waiting for the server
+    /// # let decline = Decline { token, reason: DeclineReason::HandshakeCongested };
+    /// # feed!(c, ClcMessage::Decline(decline).encode().unwrap(), now);
+    /// // ... the server declines: continue over TCP on the same connection.
+    /// let Some(Outcome::Fallback { reason, by }) = c.outcome() else { panic!("{:?}", c.outcome()) };
+    /// assert_eq!((*reason, *by), (DeclineReason::HandshakeCongested, Side::Peer));
+    /// ```
     pub fn outcome(&self) -> Option<&Outcome> {
         match &self.state {
             ClientState::Done(o) => Some(o),
@@ -543,6 +966,31 @@ pub struct ServerHandshake {
 
 impl ServerHandshake {
     /// Starts waiting, from `now`, for a Proposal (until `now + timeouts.peer`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let timeouts = Timeouts { peer: Duration::from_millis(200), local: Duration::from_secs(1) };
+    /// let s = ServerHandshake::new(now, timeouts);
+    /// assert_eq!(s.wanted(), CLC_HEADER_LEN); // the Proposal's header first
+    /// assert_eq!(s.poll_timeout(), Some(now + timeouts.peer));
+    /// assert!(!s.is_done());
+    /// ```
     pub fn new(now: Instant, timeouts: Timeouts) -> Self {
         Self {
             token: Token::default(),
@@ -557,26 +1005,166 @@ impl ServerHandshake {
     }
 
     /// The connection token (zero until the Proposal has arrived).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// assert_eq!(s.token(), Token::default()); // zero until the Proposal arrives
+    /// let bytes = ClcMessage::Proposal(proposal).encode().unwrap();
+    /// let mut at = 0;
+    /// while s.wanted() > 0 {
+    ///     at += s.handle_input(&bytes[at..], now);
+    /// }
+    /// assert_eq!(s.token(), token);
+    /// ```
     pub fn token(&self) -> Token {
         self.token
     }
 
     /// Bytes to send now, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// // The client's Proposal has arrived at `s`.
+    /// assert_eq!(s.poll_transmit(), None); // nothing to send before a decision
+    /// s.accept(shm_link(1), now);
+    /// let accept = s.poll_transmit().unwrap(); // write these to the stream
+    /// assert!(matches!(decode(&accept), Ok(Decoded::Message(ClcMessage::Accept(_), _))));
+    /// assert_eq!(s.poll_transmit(), None); // handed out once
+    /// ```
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
         (!self.transmit.is_empty()).then(|| std::mem::take(&mut self.transmit))
     }
 
     /// An event that needs the driver's decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// // The client's Proposal has arrived at `s`.
+    /// let Some(ServerEvent::Proposal(p)) = s.poll_event() else { panic!("no proposal") };
+    /// assert_eq!(p.shm, Some(ShmOffer { link_group: 0 })); // what the client offers
+    /// assert_eq!(s.poll_event(), None); // handed out once; now accept or decline
+    /// ```
     pub fn poll_event(&mut self) -> Option<ServerEvent> {
         self.event.take()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must be called, if not done.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// assert_eq!(s.poll_timeout(), Some(now + timeouts.peer)); // for the Proposal
+    /// let later = now + Duration::from_millis(5);
+    /// let bytes = ClcMessage::Proposal(proposal).encode().unwrap();
+    /// let mut at = 0;
+    /// while s.wanted() > 0 {
+    ///     at += s.handle_input(&bytes[at..], later);
+    /// }
+    /// assert_eq!(s.poll_timeout(), Some(later + timeouts.local)); // for our decision, from the Proposal
+    /// ```
     pub fn poll_timeout(&self) -> Option<Instant> {
         (!self.is_done()).then_some(self.deadline)
     }
 
     /// How many bytes to read from the stream next (0: read nothing now).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// let mut bytes = ClcMessage::Proposal(proposal).encode().unwrap();
+    /// let len = bytes.len();
+    /// bytes.extend_from_slice(b"GET / HTTP/1.1\r\n"); // what the client sends next
+    /// let mut at = 0;
+    /// while s.wanted() > 0 {
+    ///     at += s.handle_input(&bytes[at..], now);
+    /// }
+    /// assert_eq!(at, len); // exactly the Proposal
+    /// ```
     pub fn wanted(&self) -> usize {
         match self.state {
             ServerState::AwaitProposal | ServerState::AwaitAnswer(_) => self.inbox.wanted(),
@@ -586,6 +1174,31 @@ impl ServerHandshake {
 
     /// After the outcome: a client message still on its way that must be taken from the
     /// stream before application bytes (the server stopped waiting for it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// s.handle_timeout(now + timeouts.peer); // no Proposal in time: serve the connection as TCP
+    /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+    /// // The Proposal may still come: take it off the stream before the application reads.
+    /// assert_eq!(s.owed_by_peer(), Some(PeerOwes::Proposal));
+    /// ```
     pub fn owed_by_peer(&self) -> Option<PeerOwes> {
         self.owed
     }
@@ -594,6 +1207,30 @@ impl ServerHandshake {
     /// client that may have given up on SMC (and so sends application bytes instead) looks at
     /// that byte without taking it, and calls [`peer_sent_data`](Self::peer_sent_data) when it
     /// is not the eyecatcher's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// assert!(s.awaits_proposal_start());
+    /// s.handle_input(&CLC_EYECATCHER[..2], now); // a Proposal has begun
+    /// assert!(!s.awaits_proposal_start());
+    /// ```
     pub fn awaits_proposal_start(&self) -> bool {
         matches!(self.state, ServerState::AwaitProposal) && self.inbox.is_empty()
     }
@@ -601,6 +1238,34 @@ impl ServerHandshake {
     /// The client's first bytes are application data, not a Proposal (nothing was taken): the
     /// outcome is a fallback with [`DeclineReason::PeerNoSmc`], the stream intact. Does nothing
     /// unless [`awaits_proposal_start`](Self::awaits_proposal_start).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// // The driver peeks at the client's first byte: not the eyecatcher's.
+    /// let first = b"GET / HTTP/1.1\r\n"[0];
+    /// if s.awaits_proposal_start() && !eyecatcher_prefix_matches(&[first]) {
+    ///     s.peer_sent_data();
+    /// }
+    /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer }));
+    /// assert_eq!(s.poll_transmit(), None); // nothing is sent to such a client
+    /// ```
     pub fn peer_sent_data(&mut self) {
         if self.awaits_proposal_start() {
             self.finish(Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer });
@@ -608,6 +1273,33 @@ impl ServerHandshake {
     }
 
     /// Feeds bytes received at `now`; returns how many were used. An empty `data` means EOF.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// let bytes = ClcMessage::Proposal(proposal.clone()).encode().unwrap();
+    /// // The stream may deliver a byte at a time.
+    /// for b in &bytes {
+    ///     assert_eq!(s.handle_input(std::slice::from_ref(b), now), 1);
+    /// }
+    /// assert_eq!(s.poll_event(), Some(ServerEvent::Proposal(proposal)));
+    /// ```
     pub fn handle_input(&mut self, data: &[u8], now: Instant) -> usize {
         let awaiting_proposal = matches!(self.state, ServerState::AwaitProposal);
         if !awaiting_proposal && !matches!(self.state, ServerState::AwaitAnswer(_)) {
@@ -678,6 +1370,35 @@ impl ServerHandshake {
     /// answer is awaited next. Past the decision's deadline it declines with
     /// [`DeclineReason::Timeout`] instead. Does nothing unless a [`ServerEvent::Proposal`] is
     /// waiting for a decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// // The client's Proposal has arrived at `s`.
+    /// assert!(matches!(s.poll_event(), Some(ServerEvent::Proposal(_))));
+    /// s.accept(shm_link(1), now);
+    /// assert!(matches!(decode(&s.poll_transmit().unwrap()), Ok(Decoded::Message(ClcMessage::Accept(_), _))));
+    /// // The client's Confirm or Decline is awaited next, for `timeouts.peer`.
+    /// assert!(s.wanted() > 0);
+    /// assert_eq!(s.poll_timeout(), Some(now + timeouts.peer));
+    /// ```
     pub fn accept(&mut self, local: LinkInfo, now: Instant) {
         if !matches!(self.state, ServerState::AwaitDecision) {
             return;
@@ -699,6 +1420,38 @@ impl ServerHandshake {
     /// the outcome becomes [`Outcome::Smc`]. Past the decision's deadline it declines with
     /// [`DeclineReason::Timeout`] instead. Does nothing unless a [`ServerEvent::Confirmed`] is
     /// waiting for a decision.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// # s.poll_event();
+    /// # s.accept(shm_link(1), now);
+    /// # s.poll_transmit();
+    /// # feed!(s, ClcMessage::Confirm(Confirm { token, link: shm_link(2) }).encode().unwrap(), now);
+    /// // `s` accepted with `shm_link(1)`; the client's Confirm has arrived.
+    /// let Some(ServerEvent::Confirmed(peer)) = s.poll_event() else { panic!("no confirm") };
+    /// // ... the link to `peer` is ready:
+    /// s.commit(now);
+    /// assert!(matches!(decode(&s.poll_transmit().unwrap()), Ok(Decoded::Message(ClcMessage::Commit(_), _))));
+    /// assert_eq!(s.outcome(), Some(&Outcome::Smc { token, local: shm_link(1), peer }));
+    /// ```
     pub fn commit(&mut self, now: Instant) {
         if !matches!(self.state, ServerState::AwaitCommit { .. }) {
             return;
@@ -717,6 +1470,37 @@ impl ServerHandshake {
 
     /// Declines the pending Proposal or Confirm: the outcome becomes a local fallback. Does
     /// nothing unless a decision is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// # s.poll_event();
+    /// # s.accept(shm_link(1), now);
+    /// # s.poll_transmit();
+    /// # feed!(s, ClcMessage::Confirm(Confirm { token, link: shm_link(2) }).encode().unwrap(), now);
+    /// // `s` accepted with `shm_link(1)`; the client's Confirm has arrived.
+    /// assert!(matches!(s.poll_event(), Some(ServerEvent::Confirmed(_))));
+    /// s.decline(DeclineReason::OutOfMemory, now); // the link could not be set up
+    /// assert!(matches!(decode(&s.poll_transmit().unwrap()), Ok(Decoded::Message(ClcMessage::Decline(_), _))));
+    /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::OutOfMemory, by: Side::Local }));
+    /// ```
     pub fn decline(&mut self, reason: DeclineReason, _now: Instant) {
         if matches!(self.state, ServerState::AwaitDecision | ServerState::AwaitCommit { .. }) {
             self.send_decline(reason);
@@ -735,6 +1519,34 @@ impl ServerHandshake {
     ///   goes out (the client is waiting for our final word) and the answer is owed;
     /// - a pending decision declines with [`DeclineReason::Timeout`];
     /// - a message half received fails the connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// # let mut s = ServerHandshake::new(now, timeouts);
+    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// // The client's Proposal arrived at `now`; our decision has `timeouts.local`.
+    /// s.handle_timeout(now + timeouts.local / 2);
+    /// assert!(!s.is_done());
+    /// s.handle_timeout(now + timeouts.local);
+    /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
+    /// assert!(s.poll_transmit().is_some()); // the Decline, for the client
+    /// ```
     pub fn handle_timeout(&mut self, now: Instant) {
         if now < self.deadline {
             return;
@@ -757,11 +1569,66 @@ impl ServerHandshake {
     }
 
     /// Whether the handshake has ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// assert!(!s.is_done());
+    /// s.handle_input(&[], now); // the client closed the connection
+    /// assert!(s.is_done());
+    /// assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Eof)));
+    /// ```
     pub fn is_done(&self) -> bool {
         matches!(self.state, ServerState::Done(_))
     }
 
     /// The outcome, once done (send what [`poll_transmit`](Self::poll_transmit) holds first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use smc_tokio::proto::clc::*;
+    /// # use smc_tokio::proto::handshake::*;
+    /// # let now = Instant::now();
+    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
+    /// # let token = Token([7; 16]);
+    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
+    /// # let shm_link = |rmb_slot| {
+    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
+    /// # };
+    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
+    /// #     let bytes: Vec<u8> = $bytes;
+    /// #     let mut at = 0;
+    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
+    /// # }}; }
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// assert_eq!(s.outcome(), None);
+    /// let mut bytes = ClcMessage::Proposal(proposal).encode().unwrap();
+    /// bytes[4] = 99; // a CLC version this side does not speak
+    /// let mut at = 0;
+    /// while s.wanted() > 0 {
+    ///     at += s.handle_input(&bytes[at..], now);
+    /// }
+    /// // Skipped whole and declined: the stream stays usable as TCP.
+    /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::VersionMismatch, by: Side::Local }));
+    /// ```
     pub fn outcome(&self) -> Option<&Outcome> {
         match &self.state {
             ServerState::Done(o) => Some(o),

@@ -491,6 +491,42 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// A link group outlives the runtime that set it up: runtime A's connection creates the client
+/// group to a fresh listener, runtime B's joins it, A is dropped, and B's connection still echoes
+/// a megabyte over the same group (its completion channel moved to the rescue driver).
+fn case_group_outlives_runtime(ip: std::net::IpAddr) -> Result<(), String> {
+    let rt = |n| tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build();
+    let server = rt(1).map_err(|e| e.to_string())?;
+    let addr = server.block_on(async {
+        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 5)).await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let _ = serve_conn(s).await;
+                });
+            }
+        });
+        Ok::<_, String>(addr)
+    })?;
+    let before = smc_tokio::stats().link_groups_rescued;
+    let a = rt(1).map_err(|e| e.to_string())?;
+    let b = rt(1).map_err(|e| e.to_string())?;
+    let sa = a.block_on(open(addr, b'E'))?;
+    let sb = b.block_on(open(addr, b'E'))?;
+    if sa.link_group().is_none() || sa.link_group() != sb.link_group() {
+        return Err(format!("groups differ: {:?} {:?}", sa.link_group(), sb.link_group()));
+    }
+    drop(sa);
+    drop(a);
+    b.block_on(echo_on(sb, Rng::new(7).bytes(1 << 20))).map_err(|e| format!("after runtime A dropped: {e}"))?;
+    let rescued = smc_tokio::stats().link_groups_rescued - before;
+    if rescued == 0 {
+        return Err("the group was not moved to the rescue driver".into());
+    }
+    Ok(())
+}
+
 /// 20 concurrent SMC-R handshakes (server and clients, all new link groups) on a current-thread
 /// runtime, with a ticker task that sleeps 1 ms at a time: every blocking setup call (verbs
 /// objects, memory registration, GID scans) must run on a blocking thread. The count of such
@@ -653,6 +689,9 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
             tokio::task::spawn_blocking(move || case_setup_off_runtime(ip)).await.map_err(|e| e.to_string())?
         });
         case!("no_inline_sends", case_no_inline_sends(addr.ip()));
+        case!("group_outlives_runtime", async move {
+            tokio::task::spawn_blocking(move || case_group_outlives_runtime(ip)).await.map_err(|e| e.to_string())?
+        });
     }
     let s = smc_tokio::stats();
     println!("stats: {s}");
