@@ -30,12 +30,54 @@ fn table() -> &'static std::sync::Mutex<std::collections::HashMap<(SocketAddr, P
 
 /// Makes handshakes with the listener at `server` stall for `delay` at `point` (both roles in
 /// this process).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use smc_tokio::faults::{self, Point};
+/// use smc_tokio::{SmcListener, SmcStream};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// // The server sits on the Proposal for 100 ms, well inside the handshake timeout.
+/// faults::inject(addr, Point::ServerBeforeAccept, Duration::from_millis(100));
+/// let start = Instant::now();
+/// let stream = SmcStream::connect(addr).await?;
+/// assert!(start.elapsed() >= Duration::from_millis(100));
+/// assert!(stream.transport().is_smc());
+/// faults::clear(addr);
+/// # Ok(())
+/// # }
+/// ```
 #[cfg(feature = "test-util")]
 pub fn inject(server: SocketAddr, point: Point, delay: Duration) {
     table().lock().unwrap_or_else(|e| e.into_inner()).insert((crate::sys::unmap(server), point), delay);
 }
 
 /// Removes every stall for `server`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use smc_tokio::faults::{self, Point};
+/// use smc_tokio::{SmcListener, SmcStream};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// // A stall far past any handshake deadline, removed before anyone connects.
+/// faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(60));
+/// faults::clear(addr);
+/// let stream = SmcStream::connect(addr).await?;
+/// assert!(stream.transport().is_smc());
+/// # Ok(())
+/// # }
+/// ```
 #[cfg(feature = "test-util")]
 pub fn clear(server: SocketAddr) {
     let server = crate::sys::unmap(server);
@@ -59,6 +101,15 @@ pub(crate) async fn stall(_server: SocketAddr, _point: Point) {}
 /// Makes RDMA links created from now on send their CDC frames from registered buffers instead
 /// of inline, as on a device that grants no inline data (`false`: as the device allows). For
 /// the soft-RoCE test bed, whose device always grants it.
+///
+/// # Examples
+///
+/// ```
+/// // RDMA links set up from here on send their CDC frames from registered buffers...
+/// smc_tokio::faults::rdma_without_inline_sends(true);
+/// // ... and from here on, inline again where the device allows it.
+/// smc_tokio::faults::rdma_without_inline_sends(false);
+/// ```
 #[cfg(all(feature = "test-util", feature = "rdma"))]
 pub fn rdma_without_inline_sends(on: bool) {
     crate::link::verbs::force_no_inline(on);
@@ -67,6 +118,19 @@ pub fn rdma_without_inline_sends(on: bool) {
 /// How many blocking RDMA setup calls (creating verbs objects, registering memory, scanning GID
 /// tables) ran on a runtime thread instead of a blocking one since the process started: 0 is
 /// right. The link logs each at warn.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+/// let _stream = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+/// // Looking for RDMA devices (or finding none) happened off the runtime's threads.
+/// assert_eq!(smc_tokio::faults::rdma_setup_calls_on_runtime(), 0);
+/// # Ok(())
+/// # }
+/// ```
 #[cfg(all(feature = "test-util", feature = "rdma"))]
 pub fn rdma_setup_calls_on_runtime() -> u64 {
     crate::link::verbs::device::setup_calls_on_runtime()

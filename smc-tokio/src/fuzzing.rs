@@ -12,6 +12,19 @@ use crate::proto::engine::ConnEngine;
 use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake, Timeouts};
 
 /// CLC decoding: never panics; whatever decodes re-encodes and decodes to itself.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
+///
+/// // A whole message, a truncated one and noise: each call returns.
+/// let msg = ClcMessage::Decline(Decline { token: Token([7; 16]), reason: DeclineReason::Timeout });
+/// let bytes = msg.encode().unwrap();
+/// smc_tokio::fuzzing::clc_decode(&bytes);
+/// smc_tokio::fuzzing::clc_decode(&bytes[..bytes.len() - 1]);
+/// smc_tokio::fuzzing::clc_decode(b"\xE2\xD4\xC3\xE3 not a header");
+/// ```
 pub fn clc_decode(data: &[u8]) {
     match decode(data) {
         Ok(Decoded::Message(m, n)) => {
@@ -25,6 +38,17 @@ pub fn clc_decode(data: &[u8]) {
 }
 
 /// CDC decoding of 64-byte frames: never panics; decoded inline payloads fit.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::cdc::CdcMsg;
+///
+/// // Two frames back to back: a valid one, then one of noise (rejected, not a panic).
+/// let mut data = CdcMsg::new(1, 42).encode().to_vec();
+/// data.extend_from_slice(&[0xA5; 64]);
+/// smc_tokio::fuzzing::cdc_decode(&data);
+/// ```
 pub fn cdc_decode(data: &[u8]) {
     for chunk in data.chunks_exact(CDC_MSG_LEN) {
         let frame: [u8; CDC_MSG_LEN] = chunk.try_into().unwrap_or([0; CDC_MSG_LEN]);
@@ -53,6 +77,18 @@ fn shm_link(slot: u32) -> LinkInfo {
 /// The server's handshake fed an arbitrary byte stream in arbitrary pieces, with decisions and
 /// timeouts taken from the bytes: never panics, never reads more than it wants, always ends
 /// or keeps a deadline.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::{ClcMessage, Proposal, Token};
+///
+/// // The seed corpus starts from real messages; any other input must be survived as well.
+/// let proposal = Proposal { token: Token([1; 16]), rmb_size: 4096, shm: None, rdma: None };
+/// smc_tokio::fuzzing::handshake_server(&ClcMessage::Proposal(proposal).encode().unwrap());
+/// smc_tokio::fuzzing::handshake_server(&[]);
+/// smc_tokio::fuzzing::handshake_server(&[0xFF; 300]);
+/// ```
 pub fn handshake_server(data: &[u8]) {
     let t0 = Instant::now();
     let mut hs = ServerHandshake::new(t0, Timeouts::uniform(Duration::from_secs(1)));
@@ -83,6 +119,15 @@ pub fn handshake_server(data: &[u8]) {
 }
 
 /// The client's handshake fed an arbitrary reply stream: the same properties.
+///
+/// # Examples
+///
+/// ```
+/// // The first byte also picks a well-formed Accept (even) or Decline (odd) to start the
+/// // replies with, so that the later states are reached.
+/// smc_tokio::fuzzing::handshake_client(&[0x00, 0x10, 0x20]);
+/// smc_tokio::fuzzing::handshake_client(&[0x01; 100]);
+/// ```
 pub fn handshake_client(data: &[u8]) {
     let t0 = Instant::now();
     let token = crate::proto::clc::Token([3; 16]);
@@ -131,6 +176,14 @@ pub fn handshake_client(data: &[u8]) {
 /// (header, counters, CDC frames), read through the same code as a real link, and the frames
 /// that decode are fed to a connection engine. Nothing may panic or go out of bounds; the
 /// engine's counts stay within its rings.
+///
+/// # Examples
+///
+/// ```
+/// // A region of zeros (no frames) and one of noise: the receive path survives both.
+/// smc_tokio::fuzzing::shm_rx(&[0; 8192]);
+/// smc_tokio::fuzzing::shm_rx(&[0xFF; 8192]);
+/// ```
 pub fn shm_rx(data: &[u8]) {
     // A fixed small layout; the region's first page (header and counters) and CDC ring come
     // from the input, the rest is zero.

@@ -27,11 +27,47 @@ pub struct SmcConnectInfo {
 
 impl SmcConnectInfo {
     /// The connect info of `stream`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcConnectInfo;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// let info = SmcConnectInfo::of(&stream)?;
+    /// assert_eq!(info.peer, listener.local_addr()?);
+    /// assert_eq!(info.transport, stream.transport());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn of(stream: &SmcStream) -> std::io::Result<SmcConnectInfo> {
         Ok(SmcConnectInfo { peer: stream.peer_addr()?, transport: stream.transport() })
     }
 
     /// Why the connection stayed on TCP, if it did.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, SmcListener, SmcStream};
+    /// use smc_tower::SmcConnectInfo;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let smc = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert_eq!(SmcConnectInfo::of(&smc)?.fallback_reason(), None);
+    /// // A plain TCP server: nothing was proposed to it.
+    /// let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let tcp = SmcStream::connect(plain.local_addr()?).await?;
+    /// assert_eq!(SmcConnectInfo::of(&tcp)?.fallback_reason(), Some(FallbackReason::NotProposed));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fallback_reason(&self) -> Option<FallbackReason> {
         self.transport.fallback_reason()
     }

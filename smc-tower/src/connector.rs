@@ -43,16 +43,75 @@ pub struct SmcConnector {
 
 impl SmcConnector {
     /// A connector with the default settings (and the process-wide ones).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    /// use smc_tower::SmcConnector;
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // `Service<SocketAddr>`: an `SmcStream`.
+    /// let stream = SmcConnector::new().oneshot(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// // `Service<Uri>`, for hyper-util's client: an `SmcConnection`.
+    /// let uri: http::Uri = format!("http://{}/", listener.local_addr()?).parse().unwrap();
+    /// let conn = SmcConnector::new().oneshot(uri).await?;
+    /// assert!(conn.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// A connector that connects with `builder`'s settings.
+    ///
+    /// # Examples
+    ///
+    /// Every connection gets the builder's settings: here, SMC or an error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{Policy, SmcListener, SmcStream};
+    /// use smc_tower::SmcConnector;
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let builder = SmcStream::builder().policy(Policy::Never).handshake_timeout(Duration::from_millis(500));
+    /// let connector = SmcConnector::from_builder(builder);
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(connector.clone().oneshot(listener.local_addr()?).await?.transport().is_smc());
+    /// let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// assert!(connector.oneshot(plain.local_addr()?).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_builder(builder: SmcStreamBuilder) -> Self {
         SmcConnector { builder }
     }
 
     /// Sets the fallback policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Policy, SmcListener, Transport};
+    /// use smc_tower::SmcConnector;
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcConnector::new().policy(Policy::TcpOnly).oneshot(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::Disabled));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.set_policy(policy);
         self
@@ -127,17 +186,77 @@ pub struct SmcConnection {
 
 impl SmcConnection {
     /// Wraps a connected stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use hyper_util::client::legacy::connect::Connection;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::{SmcConnectInfo, SmcConnection};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let conn = SmcConnection::new(SmcStream::connect(listener.local_addr()?).await?)?;
+    /// // What hyper-util copies into the extensions of every response on this connection.
+    /// let mut extensions = http::Extensions::new();
+    /// conn.connected().get_extras(&mut extensions);
+    /// let info = extensions.get::<SmcConnectInfo>().unwrap();
+    /// assert_eq!(info.peer, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(stream: SmcStream) -> io::Result<SmcConnection> {
         let info = SmcConnectInfo::of(&stream)?;
         Ok(SmcConnection { io: TokioIo::new(stream), info })
     }
 
     /// The connection's transport.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcConnection;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// let transport = stream.transport();
+    /// let conn = SmcConnection::new(stream)?;
+    /// assert_eq!(conn.transport(), transport);
+    /// assert!(conn.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn transport(&self) -> Transport {
         self.info.transport
     }
 
     /// The stream back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcConnection;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let conn = SmcConnection::new(SmcStream::connect(listener.local_addr()?).await?)?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// // Back to the stream, with tokio's I/O traits.
+    /// let mut stream = conn.into_inner();
+    /// stream.write_all(b"hi").await?;
+    /// let mut buf = [0u8; 2];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"hi");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn into_inner(self) -> SmcStream {
         self.io.into_inner()
     }

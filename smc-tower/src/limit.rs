@@ -33,11 +33,55 @@ pub struct HandshakeLimitLayer {
 
 impl HandshakeLimitLayer {
     /// At most `max` handshakes at once; beyond, connect as TCP.
+    ///
+    /// # Examples
+    ///
+    /// Two connects at once and one slot: the one that finds it taken goes TCP at once.
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, SmcListener, Transport};
+    /// use smc_tower::{HandshakeLimitLayer, SmcConnector};
+    /// use tower::ServiceExt;
+    /// use tower_layer::Layer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let limited = HandshakeLimitLayer::new(1).layer(SmcConnector::new());
+    /// let (a, b) = tokio::try_join!(limited.clone().oneshot(addr), limited.clone().oneshot(addr))?;
+    /// let tcp = Transport::Tcp(FallbackReason::Disabled);
+    /// assert!(a.transport().is_smc() != b.transport().is_smc());
+    /// assert!(a.transport() == tcp || b.transport() == tcp);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(max: usize) -> Self {
         HandshakeLimitLayer { max: max.max(1), wait: false }
     }
 
     /// Wait for a slot instead of going TCP.
+    ///
+    /// # Examples
+    ///
+    /// Two connects at once and one slot: the second waits for the first, and both get SMC.
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    /// use smc_tower::{HandshakeLimitLayer, SmcConnector};
+    /// use tower::ServiceExt;
+    /// use tower_layer::Layer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let limited = HandshakeLimitLayer::new(1).wait().layer(SmcConnector::new());
+    /// let (a, b) = tokio::try_join!(limited.clone().oneshot(addr), limited.clone().oneshot(addr))?;
+    /// assert!(a.transport().is_smc() && b.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait(mut self) -> Self {
         self.wait = true;
         self
@@ -66,6 +110,30 @@ pub struct HandshakeLimit<S> {
 
 impl<S> HandshakeLimit<S> {
     /// Handshake slots free now.
+    ///
+    /// # Examples
+    ///
+    /// A connect holds its slot from the call until it is done.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use smc_tokio::SmcListener;
+    /// use smc_tower::{HandshakeLimitLayer, SmcConnector};
+    /// use tower::{Service, ServiceExt};
+    /// use tower_layer::Layer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut limited = HandshakeLimitLayer::new(4).layer(SmcConnector::new());
+    /// assert_eq!(limited.available(), 4);
+    /// let connect = ServiceExt::<SocketAddr>::ready(&mut limited).await?.call(listener.local_addr()?);
+    /// assert_eq!(limited.available(), 3);
+    /// assert!(connect.await?.transport().is_smc());
+    /// assert_eq!(limited.available(), 4);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn available(&self) -> usize {
         self.slots.available_permits()
     }

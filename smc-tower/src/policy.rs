@@ -29,6 +29,24 @@ pub struct FallbackPolicyLayer {
 
 impl FallbackPolicyLayer {
     /// A layer applying `policy`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Policy, SmcListener, Transport};
+    /// use smc_tower::{FallbackPolicyLayer, SmcConnector};
+    /// use tower::ServiceExt;
+    /// use tower_layer::Layer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let tcp_only = FallbackPolicyLayer::new(Policy::TcpOnly).layer(SmcConnector::new());
+    /// let stream = tcp_only.oneshot(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::Disabled));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(policy: Policy) -> Self {
         FallbackPolicyLayer { policy }
     }

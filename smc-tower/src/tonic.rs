@@ -33,6 +33,28 @@ pub struct SmcIncoming {
 
 impl SmcIncoming {
     /// Wraps a listener.
+    ///
+    /// # Examples
+    ///
+    /// Takes the next connection, as tonic's server does.
+    ///
+    /// ```
+    /// use std::pin::Pin;
+    /// use futures_core::Stream;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcIncoming;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let mut incoming = SmcIncoming::new(listener);
+    /// let _client = SmcStream::connect(addr).await?;
+    /// let io = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx)).await.unwrap()?;
+    /// assert!(io.into_inner().transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(listener: SmcListener) -> Self {
         SmcIncoming { listener }
     }
@@ -60,6 +82,30 @@ pub struct SmcIo {
 
 impl SmcIo {
     /// The stream back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::pin::Pin;
+    /// use futures_core::Stream;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcIncoming;
+    /// use tonic::transport::server::Connected;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let mut incoming = SmcIncoming::new(listener);
+    /// let client = SmcStream::connect(addr).await?;
+    /// let io = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx)).await.unwrap()?;
+    /// // What a handler finds in its request's extensions, then the stream itself.
+    /// let info = io.connect_info();
+    /// assert_eq!(info.peer, client.local_addr()?);
+    /// assert_eq!(io.into_inner().transport(), info.transport);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn into_inner(self) -> SmcStream {
         self.stream
     }

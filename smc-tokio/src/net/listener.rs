@@ -462,17 +462,69 @@ impl SmcListenerBuilder {
     /// Default settings: [`Policy::Auto`],
     /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT),
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config, SmcListenerBuilder, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // Nothing set: the process-wide settings (the defaults, unless `SMC_TOKIO_*` says otherwise).
+    /// let listener = SmcListenerBuilder::new().bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings(), config::global().get());
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self { o: Overrides::default() }
     }
 
     /// Shared-memory (SMC-D) settings for connections accepted by this listener.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::ShmConfig;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // Receive rings of 64 KiB on the server side of this listener's connections.
+    /// let shm = ShmConfig::default().rmb_size(64 << 10);
+    /// let listener = SmcListener::builder().shm(shm).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings().shm.get_rmb_size(), 64 << 10);
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn shm(mut self, config: ShmConfig) -> Self {
         self.o.shm = Some(config);
         self
     }
 
     /// RDMA (SMC-R) settings for connections accepted by this listener (with the `rdma` feature).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::RdmaConfig;
+    /// use smc_tokio::{SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // No SMC-R: clients on this host still get shared memory.
+    /// let no_rdma = RdmaConfig::default().enabled(false);
+    /// let listener = SmcListener::builder().rdma(no_rdma).bind("127.0.0.1:0").await?;
+    /// assert!(!listener.settings().rdma.is_enabled());
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::SmcD);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn rdma(mut self, config: crate::config::RdmaConfig) -> Self {
         self.o.rdma = Some(config);
         self
@@ -481,6 +533,22 @@ impl SmcListenerBuilder {
     /// What to do with connections that cannot use SMC. Under [`Policy::Never`] they are closed
     /// instead of handed out; under [`Policy::TcpOnly`] the listener opens no door and every
     /// in-band proposal is declined.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Policy, SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // A listener that never does SMC opens no door: clients on this host connect as plain TCP.
+    /// let listener = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.door_name(), None);
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::NotProposed));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.o.policy = Some(policy);
         self
@@ -490,18 +558,71 @@ impl SmcListenerBuilder {
     /// host before handing it out as TCP (see
     /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT)). Same-host clients and
     /// listeners without RDMA never wait.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder().peek_timeout(Duration::from_secs(30)).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings().peek_timeout, Duration::from_secs(30));
+    /// // A plain client on this host is handed out at once, not after the timeout.
+    /// let _plain = tokio::net::TcpStream::connect(listener.local_addr()?).await?;
+    /// let accepted = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await;
+    /// let (stream, _) = accepted.expect("not held back for the peek timeout")?;
+    /// assert!(!stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peek_timeout(mut self, timeout: Duration) -> Self {
         self.o.peek_timeout = Some(timeout);
         self
     }
 
     /// Bound on each step of a handshake (each wait for the client, each decision of ours).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let timeout = Duration::from_millis(500);
+    /// let listener = SmcListener::builder().handshake_timeout(timeout).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings().handshake_timeout, timeout);
+    /// // On one host a handshake takes far less.
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.o.handshake_timeout = Some(timeout);
         self
     }
 
     /// Handshakes this listener runs at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder().max_pending_handshakes(64).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings().max_pending_handshakes, 64);
+    /// // At least one: 0 means 1.
+    /// let one = SmcListener::builder().max_pending_handshakes(0).bind("127.0.0.1:0").await?;
+    /// assert_eq!(one.settings().max_pending_handshakes, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn max_pending_handshakes(mut self, n: usize) -> Self {
         self.o.max_pending_handshakes = Some(n.max(1));
         self
@@ -511,6 +632,24 @@ impl SmcListenerBuilder {
     /// running is declined as congested and handed out as TCP at once; with `false` it waits
     /// for a slot, in a queue as long as `max_pending_handshakes`, and is refused (closed) when
     /// that queue is full too.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // Under load, queue connections for a handshake slot instead of serving them as TCP.
+    /// let listener = SmcListener::builder()
+    ///     .max_pending_handshakes(16)
+    ///     .limit_handshake(false)
+    ///     .bind("127.0.0.1:0")
+    ///     .await?;
+    /// assert!(!listener.settings().limit_handshake);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn limit_handshake(mut self, on: bool) -> Self {
         self.o.limit_handshake = Some(on);
         self
@@ -518,6 +657,20 @@ impl SmcListenerBuilder {
 
     /// Binds a new listener to `addr` (each address it resolves to in turn, as
     /// [`TcpListener::bind`] does), with `SO_REUSEADDR` and a backlog of [`LISTEN_BACKLOG`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder().bind("127.0.0.1:0").await?;
+    /// assert_ne!(listener.local_addr()?.port(), 0); // the kernel picked a port
+    /// assert!(socket2::SockRef::from(&listener).reuse_address()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
         let mut last = None;
         for a in tokio::net::lookup_host(addr).await? {
@@ -571,12 +724,46 @@ impl SmcListenerBuilder {
 
     /// Wraps an already bound tokio listener. Must be called inside a tokio runtime: the
     /// listener's task (which accepts and runs handshakes) starts on it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let listener = SmcListener::builder().handshake_timeout(Duration::from_secs(1)).from_tcp(tcp);
+    /// // The wrapped listener has a door: clients on this host that come now get SMC.
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
         SmcListener::start(tcp, self.o)
     }
 
     /// Wraps an already bound std listener, as [`TcpListener::from_std`] does (the listener
     /// should be in non-blocking mode). Must be called inside a tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// std_listener.set_nonblocking(true)?;
+    /// let listener = SmcListener::builder().max_pending_handshakes(32).from_std(std_listener)?;
+    /// assert_eq!(listener.settings().max_pending_handshakes, 32);
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_std(self, listener: std::net::TcpListener) -> io::Result<SmcListener> {
         Ok(self.from_tcp(TcpListener::from_std(listener)?))
     }
@@ -596,16 +783,73 @@ fn open_door(cfg: &Settings, local: io::Result<SocketAddr>, reuseport: bool) -> 
 
 impl SmcListener {
     /// Binds a listener to `addr` with the default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// // Both ends are smc-tokio on one host: the bytes go through shared memory.
+    /// assert!(server.transport().is_smc());
+    /// client.write_all(b"hi").await?;
+    /// let mut buf = [0u8; 2];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"hi");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
         SmcListenerBuilder::new().bind(addr).await
     }
 
     /// A builder for listeners with non-default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder()
+    ///     .max_pending_handshakes(16)
+    ///     .handshake_timeout(Duration::from_secs(1))
+    ///     .bind("127.0.0.1:0")
+    ///     .await?;
+    /// assert_eq!(listener.settings().max_pending_handshakes, 16);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn builder() -> SmcListenerBuilder {
         SmcListenerBuilder::new()
     }
 
     /// Wraps an already bound std listener with the default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// std_listener.set_nonblocking(true)?;
+    /// let addr = std_listener.local_addr()?;
+    /// let listener = SmcListener::from_std(std_listener)?;
+    /// assert_eq!(listener.local_addr()?, addr);
+    /// let stream = SmcStream::connect(addr).await?;
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn from_std(listener: std::net::TcpListener) -> io::Result<SmcListener> {
         SmcListenerBuilder::new().from_std(listener)
     }
@@ -731,21 +975,82 @@ impl SmcListener {
 
     /// The settings connections accepted now would get (the builder's and the setters' values
     /// over the process-wide ones).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{config, SmcListener};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder().peek_timeout(Duration::from_millis(20)).bind("127.0.0.1:0").await?;
+    /// let settings = listener.settings();
+    /// assert_eq!(settings.peek_timeout, Duration::from_millis(20)); // the builder's
+    /// assert_eq!(settings.negative_cache_ttl, config::global().get().negative_cache_ttl); // the process's
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn settings(&self) -> Settings {
         self.shared.settings()
     }
 
     /// Changes `limit_handshake` for this listener, from the next connection on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // From now on, connections beyond the bound wait for a handshake slot.
+    /// listener.set_limit_handshake(false);
+    /// assert!(!listener.settings().limit_handshake);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_limit_handshake(&self, on: bool) {
         self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).limit_handshake = Some(on);
     }
 
     /// Changes `max_pending_handshakes` for this listener, from the next connection on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// listener.set_max_pending_handshakes(8);
+    /// assert_eq!(listener.settings().max_pending_handshakes, 8);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_max_pending_handshakes(&self, n: usize) {
         self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).max_pending_handshakes = Some(n.max(1));
     }
 
     /// Handshakes this listener is running now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.pending_handshakes(), 0);
+    /// let _client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (_server, _) = listener.accept().await?;
+    /// assert_eq!(listener.pending_handshakes(), 0); // that handshake is over
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn pending_handshakes(&self) -> usize {
         self.shared.in_flight.load(Ordering::Relaxed)
     }
@@ -753,6 +1058,22 @@ impl SmcListener {
     /// The name of this listener's door (the abstract Unix socket at which same-host clients
     /// announce SMC), if it has one; `None` under [`Policy::TcpOnly`] or when the name was
     /// taken (the listener then serves TCP only).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{Policy, SmcListener};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(listener.door_name().is_some());
+    /// // No door under `Policy::TcpOnly`.
+    /// let tcp_only = SmcListener::builder().policy(Policy::TcpOnly).bind("127.0.0.1:0").await?;
+    /// assert_eq!(tcp_only.door_name(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn door_name(&self) -> Option<String> {
         self.shared.door.as_ref().map(|d| String::from_utf8_lossy(d.name()).into_owned())
     }
@@ -766,12 +1087,49 @@ impl SmcListener {
     /// # Cancel safety
     ///
     /// Cancel safe: a connection is either returned or stays queued for the next call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (stream, peer) = listener.accept().await?;
+    /// assert_eq!(peer, client.local_addr()?);
+    /// assert!(stream.transport().is_smc());
+    ///
+    /// // Plain TCP clients are served too, over TCP.
+    /// let _plain = tokio::net::TcpStream::connect(listener.local_addr()?).await?;
+    /// let (stream, _) = listener.accept().await?;
+    /// assert!(!stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         Accept { listener: self, waiter: Waiter::Future(0) }.await
     }
 
     /// Polls for the next connection; see [`accept`](SmcListener::accept). Only the waker of the
     /// most recent call is woken, as with [`TcpListener::poll_accept`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (stream, peer) = std::future::poll_fn(|cx| listener.poll_accept(cx)).await?;
+    /// assert_eq!(peer, client.local_addr()?);
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         self.poll_next(cx, &mut Waiter::Poll)
     }

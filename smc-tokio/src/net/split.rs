@@ -225,16 +225,71 @@ impl ReadHalf<'_> {
     }
 
     /// Receives data without removing it from the queue; see [`SmcStream::peek`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// client.write_all(b"ping").await?;
+    /// let (mut rd, _wr) = server.split();
+    /// let mut buf = [0u8; 4];
+    /// let n = rd.peek(&mut buf).await?;
+    /// assert_eq!(&buf[..n], &b"ping"[..n]);
+    /// rd.read_exact(&mut buf).await?; // the peeked bytes are still there
+    /// assert_eq!(&buf, b"ping");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.stream().peek(buf).await
     }
 
     /// Polls for data to peek at; see [`SmcStream::poll_peek`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncWriteExt, ReadBuf};
+    /// client.write_all(b"ping").await?;
+    /// let (mut rd, _wr) = server.split();
+    /// let mut buf = [0u8; 8];
+    /// let mut rb = ReadBuf::new(&mut buf);
+    /// let n = std::future::poll_fn(|cx| rd.poll_peek(cx, &mut rb)).await?;
+    /// assert_eq!(rb.filled(), &b"ping"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         self.stream().poll_peek(cx, buf)
     }
 
     /// The stream this half belongs to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (rd, _wr) = client.split();
+    /// // The stream's own methods, through the half.
+    /// assert!(rd.stream().transport().is_smc());
+    /// assert_eq!(rd.stream().peer_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stream(&self) -> &SmcStream {
         self.0
     }
@@ -359,16 +414,74 @@ impl WriteHalf<'_> {
     }
 
     /// The stream this half belongs to.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (_rd, wr) = client.split();
+    /// wr.stream().set_nodelay(true)?;
+    /// assert!(wr.stream().nodelay()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stream(&self) -> &SmcStream {
         self.0
     }
 
     /// Corks the stream until the guard drops; see [`SmcStream::cork`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// let (_rd, mut wr) = client.split();
+    /// let cork = wr.cork();
+    /// wr.write_all(b"he").await?;
+    /// wr.write_all(b"llo").await?;
+    /// drop(cork); // both writes reach the peer in one push
+    /// let mut buf = [0u8; 5];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"hello");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn cork(&self) -> crate::CorkGuard {
         self.0.cork()
     }
 
     /// Sends part of a file without a user-space buffer; see [`SmcStream::sendfile`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncReadExt;
+    /// # let path = std::env::temp_dir().join(format!("smc-doc-split-sendfile-{}", std::process::id()));
+    /// # std::fs::write(&path, b"0123456789")?;
+    /// let file = std::fs::File::open(&path)?; // holds "0123456789"
+    /// let (_rd, mut wr) = client.split();
+    /// assert_eq!(wr.sendfile(&file, 4, 3).await?, 3);
+    /// let mut buf = [0u8; 3];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"456");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn sendfile<F: std::os::fd::AsFd>(&mut self, file: &F, offset: u64, len: u64) -> io::Result<u64> {
         self.0.sendfile_priv(file.as_fd(), offset, len).await
     }

@@ -73,6 +73,26 @@ impl Error for ReuniteError {}
 
 impl OwnedReadHalf {
     /// Puts the halves back together, if they came from the same stream.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{ReuniteError, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let (rd, wr) = SmcStream::connect(addr).await?.into_split();
+    /// let (other_rd, other_wr) = SmcStream::connect(addr).await?.into_split();
+    /// // Halves of different streams are handed back in the error.
+    /// let ReuniteError(rd, other_wr) = rd.reunite(other_wr).unwrap_err();
+    /// let stream = rd.reunite(wr).expect("halves of one stream");
+    /// assert!(stream.transport().is_smc());
+    /// # drop((other_rd, other_wr));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reunite(self, other: OwnedWriteHalf) -> Result<SmcStream, ReuniteError> {
         if Arc::ptr_eq(&self.inner, &other.inner) {
             let mut other = other;
@@ -88,6 +108,26 @@ impl OwnedReadHalf {
     }
 
     /// Receives data without removing it from the queue; see [`SmcStream::peek`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// client.write_all(b"ping").await?;
+    /// let (mut rd, _wr) = server.into_split();
+    /// let mut buf = [0u8; 4];
+    /// let n = rd.peek(&mut buf).await?;
+    /// assert_eq!(&buf[..n], &b"ping"[..n]);
+    /// rd.read_exact(&mut buf).await?; // the peeked bytes are still there
+    /// assert_eq!(&buf, b"ping");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.inner.peek(buf).await
     }
@@ -234,21 +274,84 @@ impl OwnedReadHalf {
     }
 
     /// Polls for data to peek at; see [`SmcStream::poll_peek`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncWriteExt, ReadBuf};
+    /// client.write_all(b"ping").await?;
+    /// let (mut rd, _wr) = server.into_split();
+    /// let mut buf = [0u8; 8];
+    /// let mut rb = ReadBuf::new(&mut buf);
+    /// let n = std::future::poll_fn(|cx| rd.poll_peek(cx, &mut rb)).await?;
+    /// assert_eq!(rb.filled(), &b"ping"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         self.inner.poll_peek(cx, buf)
     }
 
     /// The peer's address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (rd, _wr) = client.into_split();
+    /// assert_eq!(rd.peer_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.inner.peer_addr()
     }
 
     /// The local address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (rd, _wr) = server.into_split();
+    /// assert_eq!(rd.local_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
 
     /// The connection's transport.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let transport = client.transport();
+    /// let (rd, _wr) = client.into_split();
+    /// assert_eq!(rd.transport(), transport);
+    /// assert!(rd.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn transport(&self) -> Transport {
         self.inner.transport()
     }
@@ -256,21 +359,108 @@ impl OwnedReadHalf {
 
 impl OwnedWriteHalf {
     /// Puts the halves back together; see [`OwnedReadHalf::reunite`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// let (rd, wr) = client.into_split();
+    /// let mut client = wr.reunite(rd).expect("halves of one stream");
+    /// // Reuniting does not shut the write direction down: the stream writes on.
+    /// client.write_all(b"still open").await?;
+    /// let mut buf = [0u8; 10];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"still open");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reunite(self, other: OwnedReadHalf) -> Result<SmcStream, ReuniteError> {
         other.reunite(self)
     }
 
     /// Corks the stream until the guard drops; see [`SmcStream::cork`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// let (_rd, mut wr) = client.into_split();
+    /// let cork = wr.cork();
+    /// wr.write_all(b"HTTP/1.1 204 No Content\r\n").await?;
+    /// wr.write_all(b"\r\n").await?;
+    /// drop(cork); // both writes reach the peer in one push
+    /// let mut buf = [0u8; 27];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"HTTP/1.1 204 No Content\r\n\r\n");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn cork(&self) -> crate::CorkGuard {
         self.inner.cork()
     }
 
     /// Sends part of a file without a user-space buffer; see [`SmcStream::sendfile`].
+    ///
+    /// # Examples
+    ///
+    /// The write half sends from a task of its own.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::AsyncReadExt;
+    /// # let path = std::env::temp_dir().join(format!("smc-doc-owned-sendfile-{}", std::process::id()));
+    /// # std::fs::write(&path, b"0123456789")?;
+    /// let file = std::fs::File::open(&path)?; // holds "0123456789"
+    /// let (_rd, mut wr) = client.into_split();
+    /// let sent = tokio::spawn(async move { wr.sendfile(&file, 0, 4).await });
+    /// assert_eq!(sent.await.unwrap()?, 4);
+    /// let mut buf = [0u8; 4];
+    /// server.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"0123");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn sendfile<F: std::os::fd::AsFd>(&mut self, file: &F, offset: u64, len: u64) -> io::Result<u64> {
         self.inner.sendfile_priv(file.as_fd(), offset, len).await
     }
 
     /// Drops the half without shutting the write direction down.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use std::time::Duration;
+    /// use tokio::io::AsyncReadExt;
+    /// let (rd, wr) = client.into_split();
+    /// wr.forget(); // no half-close: the server's read keeps waiting
+    /// let mut buf = [0u8; 1];
+    /// let read = tokio::time::timeout(Duration::from_millis(50), server.read(&mut buf)).await;
+    /// assert!(read.is_err());
+    /// drop(rd); // the last half closes the stream, and the server reads its end
+    /// assert_eq!(server.read(&mut buf).await?, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn forget(mut self) {
         self.shutdown_on_drop = false;
     }
@@ -357,16 +547,59 @@ impl OwnedWriteHalf {
     }
 
     /// The peer's address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (_rd, wr) = client.into_split();
+    /// assert_eq!(wr.peer_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.inner.peer_addr()
     }
 
     /// The local address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (_rd, wr) = server.into_split();
+    /// assert_eq!(wr.local_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
     }
 
     /// The connection's transport.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// let (_rd, wr) = server.into_split();
+    /// assert!(wr.transport().is_smc());
+    /// assert_eq!(wr.transport(), client.transport());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn transport(&self) -> Transport {
         self.inner.transport()
     }

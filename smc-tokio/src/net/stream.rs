@@ -146,11 +146,46 @@ impl SmcStream {
     ///
     /// If `addr` resolves to several addresses, each is tried in turn, as
     /// [`TcpStream::connect`] does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // An smc-tokio listener on this host: the connection moves to shared memory.
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(stream.transport().is_smc());
+    ///
+    /// // A plain TCP server: nothing is proposed to it, and the connection is TCP.
+    /// let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcStream::connect(plain.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::NotProposed));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<SmcStream> {
         SmcStreamBuilder::new().connect(addr).await
     }
 
     /// A builder for connections with non-default settings.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, Policy, SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // SMC switched off for this one connection.
+    /// let stream = SmcStream::builder().policy(Policy::TcpOnly).connect(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::Tcp(FallbackReason::Disabled));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn builder() -> SmcStreamBuilder {
         SmcStreamBuilder::new()
     }
@@ -196,18 +231,76 @@ impl SmcStream {
     }
 
     /// What the connection uses: TCP (with the reason it stayed there), SMC-D or SMC-R.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (server, _) = listener.accept().await?;
+    /// // Both ends are smc-tokio in one process, and agree on what they got.
+    /// assert!(client.transport().is_smc());
+    /// assert_eq!(server.transport(), client.transport());
+    /// println!("{}", client.transport()); // "smc-d"
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn transport(&self) -> Transport {
         self.transport
     }
 
     /// The id of the link group the connection runs on (`None` on TCP). Connections between
     /// the same two processes share one link group, as `smcss` shows for the kernel's SMC.
+    ///
+    /// # Examples
+    ///
+    /// Two connections between the same processes share a link group; a TCP one has none.
+    ///
+    /// ```
+    /// use smc_tokio::{Policy, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let a = SmcStream::connect(addr).await?;
+    /// let b = SmcStream::connect(addr).await?;
+    /// assert!(a.link_group().is_some());
+    /// assert_eq!(a.link_group(), b.link_group());
+    /// let tcp = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await?;
+    /// assert_eq!(tcp.link_group(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn link_group(&self) -> Option<u64> {
         self.smc.as_ref().map(|s| s.conn.group_id())
     }
 
     /// Test hook (feature `test-util`): sends this connection's next CDC message after
     /// `corrupt` edited its 64 encoded bytes, as a hostile or buggy peer would. Fails on TCP.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcError, SmcListener, SmcStream};
+    /// use tokio::io::AsyncReadExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// // A frame whose type byte is wrong: the server takes it for a protocol violation.
+    /// client.send_corrupt_cdc(|frame| frame[0] = 0)?;
+    /// let err = server.read(&mut [0u8; 1]).await.unwrap_err();
+    /// assert!(matches!(SmcError::from_io(&err), Some(SmcError::Protocol(_))));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn send_corrupt_cdc(&self, corrupt: impl FnOnce(&mut [u8; 64])) -> io::Result<()> {
@@ -218,27 +311,118 @@ impl SmcStream {
     }
 
     /// The local address of the underlying TCP connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (server, peer) = listener.accept().await?;
+    /// assert_eq!(client.local_addr()?, peer);
+    /// assert_eq!(server.local_addr()?, listener.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.tcp.local_addr()
     }
 
     /// The peer's address.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (server, _) = listener.accept().await?;
+    /// assert_eq!(client.peer_addr()?, listener.local_addr()?);
+    /// assert_eq!(server.peer_addr()?, client.local_addr()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.tcp.peer_addr()
     }
 
     /// Sets `TCP_NODELAY` on the underlying TCP connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// client.set_nodelay(true)?;
+    /// assert!(client.nodelay()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
         self.tcp.set_nodelay(nodelay)
     }
 
     /// Whether `TCP_NODELAY` is set.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// assert!(!client.nodelay()?); // off on a new connection
+    /// client.set_nodelay(true)?;
+    /// assert!(client.nodelay()?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn nodelay(&self) -> io::Result<bool> {
         self.tcp.nodelay()
     }
 
     /// Splits into a read half and a write half that borrow the stream; both can be used
     /// concurrently (from one task, e.g. with `tokio::join!`).
+    ///
+    /// # Examples
+    ///
+    /// An echo on the server's halves while the client talks, all on one task.
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// let (mut rd, mut wr) = server.split();
+    /// let echo = async {
+    ///     tokio::io::copy(&mut rd, &mut wr).await?;
+    ///     wr.shutdown().await
+    /// };
+    /// let talk = async {
+    ///     client.write_all(b"ping").await?;
+    ///     client.shutdown().await?; // the echo sees the end, and ends too
+    ///     let mut got = Vec::new();
+    ///     client.read_to_end(&mut got).await.map(|_| got)
+    /// };
+    /// let ((), got) = tokio::try_join!(echo, talk)?;
+    /// assert_eq!(got, b"ping");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
         split(self)
     }
@@ -246,6 +430,31 @@ impl SmcStream {
     /// Splits into owned halves that can move to different tasks. Dropping the write half shuts
     /// the write direction down, as with tokio's `TcpStream`. [`OwnedReadHalf::reunite`] puts
     /// them back together.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// let (mut rd, mut wr) = client.into_split();
+    /// // The write half moves to a task of its own; dropping it there half-closes the stream.
+    /// tokio::spawn(async move { wr.write_all(b"request").await });
+    /// let mut req = Vec::new();
+    /// server.read_to_end(&mut req).await?;
+    /// assert_eq!(req, b"request");
+    /// server.write_all(b"reply").await?;
+    /// let mut buf = [0u8; 5];
+    /// rd.read_exact(&mut buf).await?;
+    /// assert_eq!(&buf, b"reply");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         split_owned(Arc::new(self))
     }
@@ -318,6 +527,24 @@ impl SmcStream {
     /// Polls for data to peek at; see [`peek`](SmcStream::peek). On `Ready(Ok(n))` the first `n`
     /// bytes of `buf`'s unfilled part hold the data and are marked filled. As with
     /// [`TcpStream::poll_peek`], only the waker of the most recent call is woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncWriteExt, ReadBuf};
+    /// client.write_all(b"hello").await?;
+    /// let mut buf = [0u8; 8];
+    /// let mut rb = ReadBuf::new(&mut buf);
+    /// let n = std::future::poll_fn(|cx| server.poll_peek(cx, &mut rb)).await?;
+    /// assert_eq!(rb.filled(), &b"hello"[..n]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         if let Some(s) = &self.smc {
             return s.conn.poll_peek(cx, buf);
@@ -1110,6 +1337,26 @@ impl SmcStream {
 
     /// Corks the stream until the returned guard drops: writes are collected and pushed to the
     /// peer together (see [`CorkGuard`]). Guards nest; the last one to drop pushes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// # let (mut server, _) = listener.accept().await?;
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// let cork = client.cork();
+    /// client.write_all(b"GET / HTTP/1.1\r\n").await?;
+    /// client.write_all(b"host: a\r\n\r\n").await?;
+    /// drop(cork); // both writes reach the peer in one push
+    /// let mut req = [0u8; 27];
+    /// server.read_exact(&mut req).await?;
+    /// assert_eq!(&req, b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn cork(&self) -> CorkGuard {
         match &self.smc {
             Some(s) => CorkGuard::smc(s.conn.clone()),
@@ -1324,23 +1571,93 @@ impl SmcStreamBuilder {
     /// Default settings: [`Policy::Auto`],
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT),
     /// [`DEFAULT_NEGATIVE_CACHE_TTL`](crate::config::DEFAULT_NEGATIVE_CACHE_TTL).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config, SmcListener, SmcStreamBuilder};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // Nothing set: the process-wide settings (the defaults, unless `SMC_TOKIO_*` says otherwise).
+    /// let builder = SmcStreamBuilder::new();
+    /// assert_eq!(builder.settings(), config::global().get());
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(builder.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self { o: Overrides::default() }
     }
 
     /// Shared-memory (SMC-D) settings for this connection's side.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::ShmConfig;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // Receive rings of 64 KiB on this side of the connection.
+    /// let builder = SmcStream::builder().shm(ShmConfig::default().rmb_size(64 << 10));
+    /// assert_eq!(builder.settings().shm.get_rmb_size(), 64 << 10);
+    /// assert!(builder.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn shm(mut self, config: ShmConfig) -> Self {
         self.o.shm = Some(config);
         self
     }
 
     /// RDMA (SMC-R) settings for connections made by this builder (with the `rdma` feature).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::RdmaConfig;
+    /// use smc_tokio::{SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // No SMC-R from this client: a listener on this host is reached over shared memory.
+    /// let builder = SmcStream::builder().rdma(RdmaConfig::default().enabled(false));
+    /// assert!(!builder.settings().rdma.is_enabled());
+    /// let stream = builder.connect(listener.local_addr()?).await?;
+    /// assert_eq!(stream.transport(), Transport::SmcD);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn rdma(mut self, config: crate::config::RdmaConfig) -> Self {
         self.o.rdma = Some(config);
         self
     }
 
     /// When to try SMC, and what to do when it cannot be used (see [`Policy`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{Policy, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // Require SMC: where the connection would fall back to TCP, it fails instead.
+    /// let strict = SmcStream::builder().policy(Policy::Never).handshake_timeout(Duration::from_millis(500));
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(strict.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// // A plain TCP server never answers the proposal.
+    /// let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    /// assert!(strict.connect(plain.local_addr()?).await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn policy(mut self, policy: Policy) -> Self {
         self.o.policy = Some(policy);
         self
@@ -1368,12 +1685,50 @@ impl SmcStreamBuilder {
     /// taken for a plain TCP server that waits for its client: the connection is closed, the
     /// server is left alone for a while (briefly at first: it may only be busy), and a plain
     /// TCP connection is made. A same-host listener matched at its door is given twice as long.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let builder = SmcStream::builder().handshake_timeout(Duration::from_millis(500));
+    /// assert_eq!(builder.settings().handshake_timeout, Duration::from_millis(500));
+    /// // On one host the handshake takes far less.
+    /// assert!(builder.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.o.handshake_timeout = Some(timeout);
         self
     }
 
     /// How long a server that answered as plain TCP is remembered (0 disables the cache).
+    ///
+    /// # Examples
+    ///
+    /// With the cache off, not even adaptive fallback sets a server aside.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{config::ADAPTIVE_STRIKES, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let builder = SmcStream::builder().adaptive_min_bytes(1024).negative_cache_ttl(Duration::ZERO);
+    /// assert_eq!(builder.settings().negative_cache_ttl, Duration::ZERO);
+    /// for _ in 0..=ADAPTIVE_STRIKES {
+    ///     // Each connection moves nothing, and the next one still gets SMC.
+    ///     assert!(builder.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn negative_cache_ttl(mut self, ttl: Duration) -> Self {
         self.o.negative_cache_ttl = Some(ttl);
         self
@@ -1382,12 +1737,43 @@ impl SmcStreamBuilder {
     /// With `true`, a connect that finds `max_pending_handshakes` client handshakes already
     /// running in this process does not propose SMC: it connects as plain TCP at once. Off
     /// unless set here (the process-wide `limit_handshake` is for listeners).
+    ///
+    /// # Examples
+    ///
+    /// One client handshake at a time: a connect that finds it taken goes plain at once.
+    ///
+    /// ```
+    /// use smc_tokio::{DeclineReason, FallbackReason, Side, SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let builder = SmcStream::builder().limit_handshake(true).max_pending_handshakes(1);
+    /// let (a, b) = tokio::try_join!(builder.connect(addr), builder.connect(addr))?;
+    /// let congested = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+    /// assert!(a.transport().is_smc() != b.transport().is_smc());
+    /// assert!([a.transport(), b.transport()].contains(&Transport::Tcp(congested)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn limit_handshake(mut self, on: bool) -> Self {
         self.o.limit_handshake = Some(on);
         self
     }
 
     /// Client handshakes this process runs at once before `limit_handshake` applies.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::SmcStream;
+    ///
+    /// let builder = SmcStream::builder().max_pending_handshakes(16).limit_handshake(true);
+    /// assert_eq!(builder.settings().max_pending_handshakes, 16);
+    /// // At least one: 0 means 1.
+    /// assert_eq!(SmcStream::builder().max_pending_handshakes(0).settings().max_pending_handshakes, 1);
+    /// ```
     pub fn max_pending_handshakes(mut self, n: usize) -> Self {
         self.o.max_pending_handshakes = Some(n.max(1));
         self
@@ -1396,17 +1782,68 @@ impl SmcStreamBuilder {
     /// Adaptive fallback: after [`ADAPTIVE_STRIKES`](crate::config::ADAPTIVE_STRIKES) SMC
     /// connections in a row to one server that moved fewer than `bytes` bytes, stop proposing
     /// to it for the negative-cache TTL (0 turns it off, the default).
+    ///
+    /// # Examples
+    ///
+    /// Connections that move less than 1 KiB each: after a few, the server is left alone for a while.
+    ///
+    /// ```
+    /// use smc_tokio::config::ADAPTIVE_STRIKES;
+    /// use smc_tokio::{FallbackReason, SmcListener, SmcStream, Transport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let builder = SmcStream::builder().adaptive_min_bytes(1024);
+    /// for _ in 0..ADAPTIVE_STRIKES {
+    ///     let short = builder.connect(listener.local_addr()?).await?;
+    ///     assert!(short.transport().is_smc());
+    /// } // each is dropped having moved nothing
+    /// let next = builder.connect(listener.local_addr()?).await?;
+    /// assert_eq!(next.transport(), Transport::Tcp(FallbackReason::NegativeCache));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn adaptive_min_bytes(mut self, bytes: u64) -> Self {
         self.o.adaptive_min_bytes = Some(bytes);
         self
     }
 
     /// The settings a connect would use now: this builder's values over the process-wide ones.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config, Policy, SmcStream};
+    ///
+    /// let settings = SmcStream::builder().policy(Policy::TcpOnly).settings();
+    /// assert_eq!(settings.policy, Policy::TcpOnly); // set on the builder
+    /// assert_eq!(settings.handshake_timeout, config::global().get().handshake_timeout); // the process-wide value
+    /// ```
     pub fn settings(&self) -> Settings {
         self.o.resolve()
     }
 
     /// Connects to `addr`, trying each address it resolves to in turn.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let port = listener.local_addr()?.port();
+    /// let builder = SmcStream::builder().handshake_timeout(Duration::from_secs(1));
+    /// // Whatever `ToSocketAddrs` takes: a `SocketAddr`, `"host:port"`, `(host, port)`.
+    /// let stream = builder.connect(("127.0.0.1", port)).await?;
+    /// assert_eq!(stream.peer_addr()?, listener.local_addr()?);
+    /// assert!(stream.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<SmcStream> {
         let mut last_err = None;
         for addr in tokio::net::lookup_host(addr).await? {

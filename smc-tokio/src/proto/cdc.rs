@@ -53,16 +53,50 @@ impl CdcFlags {
     const ALL: u8 = 0x01 | 0x02 | 0x10 | 0x20 | 0x40;
 
     /// No flags.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    ///
+    /// assert_eq!(CdcFlags::empty().bits(), 0);
+    /// assert_eq!(CdcFlags::empty(), CdcFlags::default());
+    /// assert!(!CdcFlags::empty().contains(CdcFlags::WRITE_BLOCKED));
+    /// ```
     pub const fn empty() -> Self {
         CdcFlags(0)
     }
 
     /// The raw byte.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcFlags, CdcMsg};
+    ///
+    /// let flags = CdcFlags::PEER_DONE_WRITING.with(CdcFlags::PEER_CONN_CLOSED);
+    /// assert_eq!(flags.bits(), 0x30);
+    /// // The byte that goes on the wire, at offset 1 of the frame.
+    /// let mut msg = CdcMsg::new(1, 2);
+    /// msg.flags = flags;
+    /// assert_eq!(msg.encode()[1], flags.bits());
+    /// ```
     pub const fn bits(self) -> u8 {
         self.0
     }
 
     /// Flags from a raw byte, or `None` if it has a bit this version does not define.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    ///
+    /// let both = CdcFlags::WRITE_BLOCKED.with(CdcFlags::PEER_DONE_WRITING);
+    /// assert_eq!(CdcFlags::from_bits(0x11), Some(both));
+    /// // 0x80 is no flag of this version: refused, not dropped.
+    /// assert_eq!(CdcFlags::from_bits(0x80), None);
+    /// ```
     pub const fn from_bits(bits: u8) -> Option<Self> {
         if bits & !Self::ALL == 0 {
             Some(CdcFlags(bits))
@@ -72,11 +106,37 @@ impl CdcFlags {
     }
 
     /// Whether every flag of `other` is set in `self`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    ///
+    /// let flags = CdcFlags::PEER_DONE_WRITING.with(CdcFlags::PEER_CONN_CLOSED);
+    /// assert!(flags.contains(CdcFlags::PEER_CONN_CLOSED));
+    /// assert!(flags.contains(flags));
+    /// assert!(!flags.contains(CdcFlags::PEER_CONN_ABORT));
+    /// assert!(!flags.contains(CdcFlags::PEER_CONN_CLOSED.with(CdcFlags::PEER_CONN_ABORT)));
+    /// ```
     pub const fn contains(self, other: CdcFlags) -> bool {
         self.0 & other.0 == other.0
     }
 
     /// `self` with the flags of `other` added.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    ///
+    /// // A `const fn`, so flag sets can be constants.
+    /// const CLOSING: CdcFlags = CdcFlags::PEER_DONE_WRITING.with(CdcFlags::PEER_CONN_CLOSED);
+    /// assert_eq!(CLOSING.bits(), 0x30);
+    /// // `self` is left as it was.
+    /// let base = CdcFlags::WRITE_BLOCKED;
+    /// let _ = base.with(CdcFlags::CONS_CURS_UPD_REQ);
+    /// assert_eq!(base, CdcFlags::WRITE_BLOCKED);
+    /// ```
     #[must_use]
     pub const fn with(self, other: CdcFlags) -> Self {
         CdcFlags(self.0 | other.0)
@@ -198,6 +258,19 @@ impl std::error::Error for CdcError {}
 impl CdcMsg {
     /// A message for connection `token` with sequence number `seq`, zero cursors, no flags and no
     /// inline payload.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcFlags, CdcMsg};
+    /// use smc_tokio::proto::cursor::Cursor;
+    ///
+    /// let msg = CdcMsg::new(1, 0x0a0b);
+    /// assert_eq!((msg.seq, msg.token), (1, 0x0a0b));
+    /// assert_eq!((msg.prod, msg.cons), (Cursor::new(0, 0), Cursor::new(0, 0)));
+    /// assert_eq!(msg.flags, CdcFlags::empty());
+    /// assert!(msg.inline().is_empty());
+    /// ```
     pub const fn new(seq: u32, token: u32) -> Self {
         Self {
             seq,

@@ -35,6 +35,17 @@ pub struct Cursor {
 
 impl Cursor {
     /// A cursor at `count` after `wrap` turns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::Cursor;
+    ///
+    /// let c = Cursor::new(3, 100);
+    /// assert_eq!((c.wrap, c.count), (3, 100));
+    /// assert_eq!(c.to_string(), "3:100");
+    /// assert_eq!(Cursor::new(0, 0), Cursor::default());
+    /// ```
     pub const fn new(wrap: u16, count: u32) -> Self {
         Self { wrap, count }
     }
@@ -145,6 +156,17 @@ impl RingSize {
     pub const MAX: u32 = 1 << 30;
 
     /// A ring of `size` bytes, or `None` if `size` is 0 or above [`RingSize::MAX`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    ///
+    /// assert_eq!(RingSize::new(4096).map(RingSize::get), Some(4096));
+    /// assert!(RingSize::new(0).is_none());
+    /// assert!(RingSize::new(RingSize::MAX).is_some());
+    /// assert!(RingSize::new(RingSize::MAX + 1).is_none());
+    /// ```
     pub const fn new(size: u32) -> Option<Self> {
         if size == 0 || size > Self::MAX {
             None
@@ -154,6 +176,17 @@ impl RingSize {
     }
 
     /// The size in bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::{Cursor, RingSize};
+    ///
+    /// let ring = RingSize::new(64 << 10).unwrap();
+    /// assert_eq!(ring.get(), 65536);
+    /// // An empty ring is all free space.
+    /// assert_eq!(ring.free(Cursor::default(), Cursor::default()), Ok(ring.get()));
+    /// ```
     pub const fn get(self) -> u32 {
         self.0
     }

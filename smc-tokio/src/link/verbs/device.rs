@@ -852,6 +852,16 @@ pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavail
 }
 
 /// Every active RoCE port with its GIDs, for diagnostics (`smc-rdma-test devices`).
+///
+/// # Examples
+///
+/// ```
+/// // A line per active port; on a host without RDMA, the reason there is none.
+/// match smc_tokio::rdma::describe_devices() {
+///     Ok(ports) => ports.iter().for_each(|p| assert!(p.contains(" port "))),
+///     Err(why) => assert!(!why.is_empty()),
+/// }
+/// ```
 pub fn describe_devices() -> Result<Vec<String>, String> {
     let devs = devices().map_err(|e| match e {
         Unavailable::NoLibrary(m) => m.to_owned(),

@@ -449,6 +449,15 @@ const _: () = {
 
 /// The layout facts this module relies on, one `name value` per line, in the same format as the
 /// test bed's C checker prints them from the real header.
+///
+/// # Examples
+///
+/// ```
+/// // One `name value` line per fact, to compare with what the C checker prints.
+/// let report = smc_tokio::rdma::abi_report();
+/// assert!(report.lines().any(|l| l == "send_wr_size 128"));
+/// assert!(report.lines().all(|l| l.split(' ').count() == 2));
+/// ```
 pub fn abi_report() -> String {
     use std::mem::{align_of, offset_of, size_of};
     let lines: Vec<(&str, usize)> = vec![
