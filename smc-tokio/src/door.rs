@@ -201,6 +201,8 @@ pub(crate) struct Door {
     allowed_uids: Vec<u32>,
     /// Registrations and unregistered door connections held at most ([`entry_budget`]).
     budget: usize,
+    /// The port the listener listens on.
+    port: u16,
     state: Mutex<DoorState>,
 }
 
@@ -354,7 +356,8 @@ impl Door {
                         }
                     };
                     let budget = entry_budget();
-                    return Some(Door { name, listener, allowed_uids, budget, state: Mutex::default() });
+                    let port = local.port();
+                    return Some(Door { name, listener, allowed_uids, budget, port, state: Mutex::default() });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
                 Err(e) => {
@@ -489,11 +492,18 @@ impl Door {
         let mut st = self.lock();
         let _ = self.drain(&mut st);
         let mut removed = 0;
+        let port = self.port;
         st.entries.retain(|_, list| {
-            list.retain(|e| {
+            list.retain_mut(|e| {
                 let alive = e.since.elapsed() < ENTRY_TTL && e.waiting();
                 if !alive {
                     removed += 1;
+                    // A client that stopped waiting uses its connection to us as TCP: its
+                    // socket's options stay as it set them. Any other socket (never connected,
+                    // or connected elsewhere) is nobody's connection of ours.
+                    if sys::socket_tuple(e.sock.as_fd()).is_some_and(|(_, to)| to.port() == port) {
+                        e.sock.keep_options();
+                    }
                 }
                 alive
             });
@@ -534,12 +544,14 @@ impl DoorState {
     fn take(&mut self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let list = self.entries.get_mut(&peer.port())?;
         let i = list.iter().position(|e| sys::socket_tuple(e.sock.as_fd()) == Some((peer, local)))?;
-        let e = list.swap_remove(i);
+        let mut e = list.swap_remove(i);
         if list.is_empty() {
             self.entries.remove(&peer.port());
         }
         self.count -= 1;
-        // The proof has served; the socket is let go now (on the closer thread).
+        // The proof has served; the socket is let go now (on the closer thread), its options
+        // as the client set them: it is the client's connection.
+        e.sock.keep_options();
         Some(Registration { client: identity(&e), conn: e.conn, proposal: e.proposal })
     }
 }

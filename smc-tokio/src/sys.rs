@@ -394,11 +394,26 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
 /// its daemon, and closing a Unix socket closes every descriptor still queued in it, in the
 /// closing thread. A local process of any uid can knock on a door, so none of this may run on a
 /// runtime worker: dropping a `PeerFd` hands the descriptor to the closer thread.
-pub(crate) struct PeerFd(Option<OwnedFd>);
+///
+/// Before the close, the closer turns `SO_LINGER` off on a socket ([`disarm_linger`]) so that a
+/// lingering close cannot hold the closer up, unless [`keep_options`](PeerFd::keep_options)
+/// says the socket is somebody's live connection: socket options belong to the socket, which
+/// its owner shares with us, so changing them changes the owner's socket.
+pub(crate) struct PeerFd {
+    fd: Option<OwnedFd>,
+    disarm: bool,
+}
 
 impl PeerFd {
     pub(crate) fn new(fd: OwnedFd) -> PeerFd {
-        PeerFd(Some(fd))
+        PeerFd { fd: Some(fd), disarm: true }
+    }
+
+    /// Closes the descriptor without touching the socket's options: it is a connection its
+    /// owner still uses (a registered client socket connected to our own listener), whose
+    /// last close is the owner's, not ours, and on one host never waits long.
+    pub(crate) fn keep_options(&mut self) {
+        self.disarm = false;
     }
 }
 
@@ -410,7 +425,7 @@ impl std::fmt::Debug for PeerFd {
 
 impl std::os::fd::AsFd for PeerFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        match &self.0 {
+        match &self.fd {
             Some(fd) => fd.as_fd(),
             None => unreachable!("a PeerFd is only emptied by drop"),
         }
@@ -426,20 +441,24 @@ impl AsRawFd for PeerFd {
 
 impl Drop for PeerFd {
     fn drop(&mut self) {
-        if let Some(fd) = self.0.take() {
-            close_later(fd);
+        if let Some(fd) = self.fd.take() {
+            close_later(fd, self.disarm);
         }
     }
 }
 
-/// Closes `fd` on the closer thread (see [`PeerFd`]), or here if that thread cannot be started.
-pub(crate) fn close_later(fd: OwnedFd) {
-    static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<OwnedFd>>> = std::sync::OnceLock::new();
+/// Closes `fd` on the closer thread (see [`PeerFd`]), or here if that thread cannot be started;
+/// with `disarm`, turns its linger off first.
+pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
+    type Closing = (OwnedFd, bool);
+    static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Closing>>> = std::sync::OnceLock::new();
     let closer = CLOSER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let (tx, rx) = std::sync::mpsc::channel::<Closing>();
         let spawned = std::thread::Builder::new().name("smc-tokio-closer".into()).spawn(move || {
-            for fd in rx {
-                disarm_linger(std::os::fd::AsFd::as_fd(&fd));
+            for (fd, disarm) in rx {
+                if disarm {
+                    disarm_linger(std::os::fd::AsFd::as_fd(&fd));
+                }
                 drop(fd);
             }
         });
@@ -452,7 +471,7 @@ pub(crate) fn close_later(fd: OwnedFd) {
         }
     });
     if let Some(tx) = closer {
-        if let Err(std::sync::mpsc::SendError(fd)) = tx.send(fd) {
+        if let Err(std::sync::mpsc::SendError((fd, _))) = tx.send((fd, disarm)) {
             drop(fd);
         }
     }
@@ -1031,7 +1050,7 @@ mod door_tests {
     #[test]
     fn the_closer_closes() {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        close_later(OwnedFd::from(a));
+        close_later(OwnedFd::from(a), true);
         b.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 1];
         assert_eq!(std::io::Read::read(&mut &b, &mut buf).unwrap(), 0);

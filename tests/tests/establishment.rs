@@ -313,3 +313,25 @@ async fn plain_clients_of_a_server_that_speaks_first_are_greeted_without_a_timer
          tokio TcpListener p50 {tcp_p50:?} max {tcp_max:?}"
     );
 }
+
+#[tokio::test]
+async fn a_registered_socket_keeps_the_applications_options() {
+    // The client hands its own socket to the door; the listener holds a duplicate of it until
+    // the connection arrives, then lets it go. Socket options belong to the socket, not to a
+    // descriptor, so whatever the listener does to its duplicate the client sees: it must
+    // leave them alone (a linger the application set stays set, and so its close semantics).
+    let (l, addr) = echo_listener().await;
+    let _rx = serve_echo(l);
+    for linger in [Duration::from_secs(5), Duration::ZERO] {
+        let socket = smc_tokio::SmcSocket::new_v4().unwrap();
+        #[expect(deprecated, reason = "set_linger is tokio's deprecated way to set a non-zero linger")]
+        socket.set_linger(Some(linger)).unwrap();
+        let s = bounded(10, SmcStream::builder().connect_socket(socket, addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        // The listener let its duplicate go when it matched the connection, before its Accept;
+        // give its closer thread time to act.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(s.linger().unwrap(), Some(linger), "the application's linger is kept");
+        bounded(10, echo_check(s, b"options kept", 64, 1)).await;
+    }
+}
