@@ -230,6 +230,35 @@ pub fn shm_rx(data: &[u8]) {
 #[derive(Clone, Copy)]
 struct AlignedLine([u8; 64]);
 
+/// The copy the receive paths use on peer memory (`rep movsb` for long copies on x86-64, relaxed
+/// word loads otherwise), from `src` into `dst` (the shorter length); with `words`, the word
+/// loop whatever the length. For the benchmark of the two, `benches/benches/peer_copy.rs`.
+///
+/// # Examples
+///
+/// ```
+/// let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+/// let mut dst = vec![0u8; 5000];
+/// smc_tokio::fuzzing::peer_copy(&src, &mut dst, false);
+/// assert_eq!(src, dst);
+/// smc_tokio::fuzzing::peer_copy(&src[3..], &mut dst[..4997], true);
+/// assert_eq!(&src[3..], &dst[..4997]);
+/// ```
+pub fn peer_copy(src: &[u8], dst: &mut [u8], words: bool) {
+    let n = src.len().min(dst.len());
+    // SAFETY: a `u8` slice is a valid `MaybeUninit<u8>` slice of the same length (it is only
+    // written with initialised bytes).
+    let out = unsafe { &mut *(std::ptr::from_mut(&mut dst[..n]) as *mut [std::mem::MaybeUninit<u8>]) };
+    // SAFETY: `src` is readable for `n` bytes and does not overlap `dst` (distinct borrows).
+    unsafe {
+        if words {
+            crate::link::peer_mem::copy_from_peer_words(src.as_ptr(), out);
+        } else {
+            crate::link::peer_mem::copy_from_peer(src.as_ptr(), out);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,34 +370,5 @@ mod tests {
         v.cdc_prod().store(2, std::sync::atomic::Ordering::Relaxed);
         let bytes: Vec<u8> = region.iter().flat_map(|l| l.0).take(4096 + 8 * 64).collect();
         write("shm_rx", "two_frames".into(), &bytes);
-    }
-}
-
-/// The copy the receive paths use on peer memory (`rep movsb` for long copies on x86-64, relaxed
-/// word loads otherwise), from `src` into `dst` (the shorter length); with `words`, the word
-/// loop whatever the length. For the benchmark of the two, `benches/benches/peer_copy.rs`.
-///
-/// # Examples
-///
-/// ```
-/// let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
-/// let mut dst = vec![0u8; 5000];
-/// smc_tokio::fuzzing::peer_copy(&src, &mut dst, false);
-/// assert_eq!(src, dst);
-/// smc_tokio::fuzzing::peer_copy(&src[3..], &mut dst[..4997], true);
-/// assert_eq!(&src[3..], &dst[..4997]);
-/// ```
-pub fn peer_copy(src: &[u8], dst: &mut [u8], words: bool) {
-    let n = src.len().min(dst.len());
-    // SAFETY: a `u8` slice is a valid `MaybeUninit<u8>` slice of the same length (it is only
-    // written with initialised bytes).
-    let out = unsafe { &mut *(std::ptr::from_mut(&mut dst[..n]) as *mut [std::mem::MaybeUninit<u8>]) };
-    // SAFETY: `src` is readable for `n` bytes and does not overlap `dst` (distinct borrows).
-    unsafe {
-        if words {
-            crate::link::peer_mem::copy_from_peer_words(src.as_ptr(), out);
-        } else {
-            crate::link::peer_mem::copy_from_peer(src.as_ptr(), out);
-        }
     }
 }
