@@ -198,6 +198,8 @@ fn note_setup(what: &'static str) {
 }
 
 /// How many blocking device calls ran on a runtime thread (see [`note_setup`]); 0 is right.
+/// Read by the tests through `faults` (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub(crate) fn setup_calls_on_runtime() -> u64 {
     SETUP_ON_RUNTIME.load(std::sync::atomic::Ordering::Relaxed)
 }

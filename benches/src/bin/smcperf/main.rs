@@ -1,39 +1,18 @@
 //! `smcperf`: the project's sockperf/qperf. Measures smc-tokio beside tokio's own `TcpStream` and
-//! `UnixStream` in the same run and prints ratios against TCP.
+//! `UnixStream` in the same run and prints ratios against TCP. `smcperf --help` lists the modes,
+//! scenarios and options; `smcperf local --help` each option's meaning.
 //!
-//! ```text
-//! smcperf local [OPTIONS]                 server and client in one process, separate threads
-//! smcperf server --listen ADDR [--unix PATH]
-//! smcperf client --connect ADDR [--unix PATH] [OPTIONS]
-//!
-//! OPTIONS
-//!   --scenario LIST    rr,stream,crr,file                (default: rr,stream,crr)
-//!   --size LIST        message/write/file sizes in bytes (rr: 14,1024; stream: 65536; crr: 64;
-//!                      file: 4096)
-//!   --transport LIST   smc,tcp,unix                      (default: smc,tcp,unix)
-//!   --conns N          rr: connections, crr/file: concurrent clients (rr: 1, crr: 64, file: 100)
-//!   --duration SECS    measured time per run             (default 1.5)
-//!   --runs N           runs per configuration; medians are reported (default 1)
-//!   --rmb-size BYTES   smc receive ring size per connection and direction (default: crate's)
-//!   --busy-poll US     smc busy-poll budget before sleeping, microseconds (default 0: off)
-//!   --inline-max BYTES smc writes up to this size ride inline in the CDC message when idle (0: off)
-//!   --autocork BYTES   smc autocork size (0: off)
-//!   --limit-handshake on|off  the listeners' handshake limit (process-wide setting)
-//!   --max-pending N    handshakes a listener runs at once (process-wide setting)
-//!   --adaptive-min-bytes N  adaptive fallback threshold for smc clients (0: off)
-//!   --shm on|off       offer/accept shared memory (off: two processes on one host meet over
-//!                      RDMA when built with the `rdma` feature; the soft-RoCE guests use it)
-//!   --pin              pin server and client threads to different CPUs (local)
-//!   --json             print one JSON document instead of the table
-//! ```
-//!
-//! Protocol between client and server: each connection starts with an 8-byte header
-//! (`mode: u32`, `size: u32`, little endian). `rr` and `crr`: the server echoes `size`-byte
-//! messages until EOF. `stream`: the server reads until EOF, then answers with the byte count
-//! (u64), so the client's clock stops when the server has everything. `file`: HTTP/1.1
-//! keep-alive GETs of a `size`-byte file from the `file_server` example's logic, in four
+//! Protocol of the raw scenarios between client and server: each connection starts with an
+//! 8-byte header (`mode: u32`, `size: u32`, little endian). `rr` and `crr`: the server echoes
+//! `size`-byte messages until EOF. `stream`: the server reads until EOF, then answers with the
+//! byte count (u64), so the client's clock stops when the server has everything. `file`:
+//! HTTP/1.1 keep-alive GETs of a `size`-byte file from the `file_server` example's logic, in four
 //! variants: smc with cork + sendfile, smc with plain writes, smc with sendfile and no cork, and
-//! tokio TCP with plain writes (the server's listeners are the main port + 1 and + 2).
+//! tokio TCP with plain writes (the server's listeners are the main port + 1 and + 2). `http`,
+//! `http-close` and `grpc` run hyper, axum and tonic (see `web.rs`; ports + 3 ..= + 6).
+
+mod plot;
+mod web;
 
 use std::io;
 use std::net::SocketAddr;
@@ -55,12 +34,22 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 const MODE_RR: u32 = 1;
 const MODE_STREAM: u32 = 2;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Scenario {
+    /// Request/response on open connections: p50/p99 latency of `--size`-byte messages.
     Rr,
+    /// Bulk writes of `--size` bytes: bytes/s, the clock stopping when the server has all.
     Stream,
+    /// Connect, one `--size`-byte request/response, close, at `--conns` concurrency: conn/s.
     Crr,
+    /// HTTP/1.1 keep-alive GETs of a `--size`-byte file: cork+sendfile, plain writes, sendfile.
     File,
+    /// hyper client (smc-tower's SmcConnector) against axum on SmcListener, keep-alive: req/s.
+    Http,
+    /// The same with `Connection: close`: a new connection per request.
+    HttpClose,
+    /// tonic unary calls through SmcConnector against SmcIncoming, a channel per client.
+    Grpc,
 }
 
 impl Scenario {
@@ -70,14 +59,25 @@ impl Scenario {
             Scenario::Stream => "stream",
             Scenario::Crr => "crr",
             Scenario::File => "file",
+            Scenario::Http => "http",
+            Scenario::HttpClose => "http-close",
+            Scenario::Grpc => "grpc",
         }
+    }
+
+    /// Whether unix sockets have a row (the web scenarios run over tcp and smc only).
+    fn has_unix(self) -> bool {
+        matches!(self, Scenario::Rr | Scenario::Stream | Scenario::Crr)
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Kind {
+    /// smc-tokio (`SmcStream`, `SmcListener`).
     Smc,
+    /// tokio's `TcpStream` and `TcpListener`, the baseline.
     Tcp,
+    /// tokio's `UnixStream` (raw scenarios only).
     Unix,
 }
 
@@ -87,6 +87,38 @@ impl Kind {
             Kind::Smc => "smc",
             Kind::Tcp => "tcp",
             Kind::Unix => "unix",
+        }
+    }
+}
+
+/// `--runtime`: tokio's current-thread runtime, or the multi-threaded one with N workers (per
+/// side in `local`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RuntimeKind {
+    Current,
+    Multi(usize),
+}
+
+impl std::str::FromStr for RuntimeKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "current" => Ok(RuntimeKind::Current),
+            None if s == "multi" => Ok(RuntimeKind::Multi(2)),
+            Some(("multi", n)) => match n.parse() {
+                Ok(n) if (1..=256).contains(&n) => Ok(RuntimeKind::Multi(n)),
+                _ => Err(format!("bad worker count {n:?} (1 ..= 256)")),
+            },
+            _ => Err(format!("{s:?} is not current, multi or multi:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeKind::Current => f.write_str("current"),
+            RuntimeKind::Multi(n) => write!(f, "multi:{n}"),
         }
     }
 }
@@ -105,17 +137,133 @@ struct Opts {
     connect: Option<String>,
     unix: Option<PathBuf>,
     shm: ShmConfig,
+    runtime: RuntimeKind,
+    plot: Option<PathBuf>,
 }
 
-fn usage() -> &'static str {
-    "usage: smcperf <local|server|client> [--scenario rr,stream,crr] [--size N,..] \
-     [--transport smc,tcp,unix] [--conns N] [--duration SECS] [--runs N] [--rmb-size N] \
-     [--busy-poll US] [--shm on|off] [--pin] [--json] \
-     [--listen ADDR] [--connect ADDR] [--unix PATH]"
+/// Measures smc-tokio beside tokio's `TcpStream` and `UnixStream` in the same run, and prints
+/// each result with its ratio against TCP.
+#[derive(Debug, clap::Parser)]
+#[command(name = "smcperf", version, after_help = MODES_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
 }
 
-fn parse_list<T>(v: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    v.split(',').filter(|s| !s.is_empty()).map(|s| f(s.trim())).collect()
+const MODES_HELP: &str = "\
+Examples:
+  smcperf local                                   the default matrix, about 25 s
+  smcperf local --scenario http,grpc --conns 64 --runtime multi:2
+  smcperf local --scenario rr --size 14 --busy-poll 200 --plot rr.svg
+  smcperf server --listen 10.0.0.1:7777           then, on another host:
+  smcperf client --connect 10.0.0.1:7777 --scenario rr,stream";
+
+#[derive(Debug, clap::Subcommand)]
+enum Mode {
+    /// Server and client in one process, on two threads (each with its own runtime).
+    Local(Common),
+    /// Serves every scenario: smc on --listen, the tcp baseline and the others on the next ports.
+    Server {
+        /// Where the smc listener listens (tcp baseline: the next port; file, web: + 1 ..= + 6).
+        #[arg(long, default_value = "0.0.0.0:7777")]
+        listen: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Measures against a server started with `smcperf server`.
+    Client {
+        /// The server's smc address (its --listen).
+        #[arg(long)]
+        connect: SocketAddr,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Debug, clap::Args)]
+struct Common {
+    /// Scenarios, comma-separated.
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Scenario::Rr, Scenario::Stream, Scenario::Crr, Scenario::Http])]
+    scenario: Vec<Scenario>,
+    /// Sizes in bytes, comma-separated, with k/m suffixes [default: rr 14,1024; stream 65536;
+    /// crr, http, http-close, grpc 64; file 4096].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    size: Vec<usize>,
+    /// Transports, comma-separated.
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Kind::Smc, Kind::Tcp, Kind::Unix])]
+    transport: Vec<Kind>,
+    /// rr: connections; crr, file, http, http-close, grpc: concurrent clients [default: rr 1,
+    /// file 100, the others 64].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    conns: Option<u32>,
+    /// Measured seconds per run (a tenth more runs first as warm-up).
+    #[arg(long, default_value_t = 1.5, value_parser = parse_secs)]
+    duration: f64,
+    /// Runs per configuration; medians are reported.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// tokio runtime of client and server: current, multi (2 workers) or multi:N.
+    #[arg(long, default_value_t = RuntimeKind::Current)]
+    runtime: RuntimeKind,
+    /// smc receive ring size per connection and direction [default: the crate's].
+    #[arg(long, value_parser = parse_size)]
+    rmb_size: Option<usize>,
+    /// smc busy-poll budget before sleeping, in microseconds (0: off).
+    #[arg(long, value_name = "US")]
+    busy_poll: Option<u64>,
+    /// smc writes up to this size ride inline in the CDC message when idle (0: off).
+    #[arg(long, value_name = "BYTES")]
+    inline_max: Option<usize>,
+    /// smc autocork size (0: off).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size_or_zero)]
+    autocork: Option<usize>,
+    /// The listeners' handshake limit (a process-wide setting).
+    #[arg(long, value_enum)]
+    limit_handshake: Option<OnOff>,
+    /// Handshakes a listener runs at once (a process-wide setting).
+    #[arg(long, value_name = "N")]
+    max_pending: Option<usize>,
+    /// Adaptive fallback threshold for smc clients, in bytes (0: off).
+    #[arg(long, value_name = "BYTES")]
+    adaptive_min_bytes: Option<u64>,
+    /// Offer and accept shared memory (off: two processes on one host meet over RDMA when built
+    /// with the `rdma` feature, as in the soft-RoCE guests).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    shm: OnOff,
+    /// The unix socket path (local: a temporary one).
+    #[arg(long)]
+    unix: Option<PathBuf>,
+    /// Pin server and client threads to different CPUs (local).
+    #[arg(long)]
+    pin: bool,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also draw every row's latency distribution into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let secs: f64 = s.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    if !(0.05..=3600.0).contains(&secs) {
+        return Err("the duration must be 0.05 ..= 3600 seconds".into());
+    }
+    Ok(secs)
+}
+
+fn parse_size_or_zero(s: &str) -> Result<usize, String> {
+    if s == "0" {
+        Ok(0)
+    } else {
+        parse_size(s)
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -135,101 +283,48 @@ fn parse_size(s: &str) -> Result<usize, String> {
     Ok(n * mul)
 }
 
-fn parse(args: &[String]) -> Result<(String, Opts), String> {
-    let mut it = args.iter();
-    let cmd = it.next().cloned().ok_or_else(|| usage().to_string())?;
-    let mut o = Opts {
-        scenarios: None,
-        sizes: None,
-        transports: vec![Kind::Smc, Kind::Tcp, Kind::Unix],
-        conns: None,
-        duration: Duration::from_millis(1500),
-        runs: 1,
-        pin: false,
-        json: false,
-        listen: None,
-        connect: None,
-        unix: None,
-        shm: ShmConfig::default(),
-    };
-    while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--scenario" => {
-                o.scenarios = Some(parse_list(&val()?, |s| match s {
-                    "rr" => Ok(Scenario::Rr),
-                    "stream" => Ok(Scenario::Stream),
-                    "crr" => Ok(Scenario::Crr),
-                    "file" => Ok(Scenario::File),
-                    _ => Err(format!("unknown scenario {s:?}")),
-                })?)
-            }
-            "--size" => o.sizes = Some(parse_list(&val()?, parse_size)?),
-            "--transport" => {
-                o.transports = parse_list(&val()?, |s| match s {
-                    "smc" => Ok(Kind::Smc),
-                    "tcp" => Ok(Kind::Tcp),
-                    "unix" => Ok(Kind::Unix),
-                    _ => Err(format!("unknown transport {s:?}")),
-                })?
-            }
-            "--conns" => o.conns = Some(val()?.parse().map_err(|_| "bad --conns")?),
-            "--duration" => {
-                let secs: f64 = val()?.parse().map_err(|_| "bad --duration")?;
-                if !(0.05..=3600.0).contains(&secs) {
-                    return Err("--duration must be 0.05 ..= 3600 seconds".into());
-                }
-                o.duration = Duration::from_secs_f64(secs);
-            }
-            "--runs" => o.runs = val()?.parse().map_err(|_| "bad --runs")?,
-            "--rmb-size" => o.shm = o.shm.clone().rmb_size(parse_size(&val()?)? as u32),
-            "--busy-poll" => {
-                let us: u64 = val()?.parse().map_err(|_| "bad --busy-poll")?;
-                o.shm = o.shm.clone().busy_poll(Duration::from_micros(us));
-            }
-            "--inline-max" => o.shm = o.shm.clone().inline_max(val()?.parse().map_err(|_| "bad --inline-max")?),
-            "--autocork" => {
-                let v = val()?;
-                let n = if v == "0" { 0 } else { parse_size(&v)? as u32 };
-                o.shm = o.shm.clone().autocork(n);
-            }
-            "--limit-handshake" => {
-                let on = match val()?.as_str() {
-                    "on" | "1" => true,
-                    "off" | "0" => false,
-                    v => return Err(format!("--limit-handshake takes on|off, not {v:?}")),
-                };
-                smc_tokio::config::global().update(|s| s.limit_handshake = on);
-            }
-            "--adaptive-min-bytes" => {
-                let n: u64 = val()?.parse().map_err(|_| "bad --adaptive-min-bytes")?;
-                smc_tokio::config::global().update(|s| s.adaptive_min_bytes = n);
-            }
-            "--max-pending" => {
-                let n: usize = val()?.parse().map_err(|_| "bad --max-pending")?;
-                smc_tokio::config::global().update(|s| s.max_pending_handshakes = n.max(1));
-            }
-            "--shm" => match val()?.as_str() {
-                "on" => o.shm = o.shm.clone().enabled(true),
-                "off" => o.shm = o.shm.clone().enabled(false),
-                v => return Err(format!("--shm takes on|off, not {v:?}")),
-            },
-            "--pin" => o.pin = true,
-            "--json" => o.json = true,
-            "--listen" => o.listen = Some(val()?),
-            "--connect" => o.connect = Some(val()?),
-            "--unix" => o.unix = Some(PathBuf::from(val()?)),
-            "-h" | "--help" => return Err(usage().to_string()),
-            other => return Err(format!("unknown argument {other:?}\n{}", usage())),
+impl Common {
+    /// The options, with the process-wide settings they name applied.
+    fn into_opts(self, listen: Option<String>, connect: Option<String>) -> Opts {
+        let mut shm = ShmConfig::default().enabled(self.shm == OnOff::On);
+        if let Some(n) = self.rmb_size {
+            shm = shm.rmb_size(n as u32);
+        }
+        if let Some(us) = self.busy_poll {
+            shm = shm.busy_poll(Duration::from_micros(us));
+        }
+        if let Some(n) = self.inline_max {
+            shm = shm.inline_max(n);
+        }
+        if let Some(n) = self.autocork {
+            shm = shm.autocork(n as u32);
+        }
+        if let Some(v) = self.limit_handshake {
+            smc_tokio::config::global().update(|s| s.limit_handshake = v == OnOff::On);
+        }
+        if let Some(n) = self.max_pending {
+            smc_tokio::config::global().update(|s| s.max_pending_handshakes = n.max(1));
+        }
+        if let Some(n) = self.adaptive_min_bytes {
+            smc_tokio::config::global().update(|s| s.adaptive_min_bytes = n);
+        }
+        Opts {
+            scenarios: Some(self.scenario),
+            sizes: (!self.size.is_empty()).then_some(self.size),
+            transports: self.transport,
+            conns: self.conns.map(|n| n as usize),
+            duration: Duration::from_secs_f64(self.duration),
+            runs: self.runs as usize,
+            pin: self.pin,
+            json: self.json,
+            listen,
+            connect,
+            unix: self.unix,
+            shm,
+            runtime: self.runtime,
+            plot: self.plot,
         }
     }
-    if o.runs == 0 || o.conns == Some(0) {
-        return Err("--runs and --conns must be at least 1".into());
-    }
-    if o.transports.is_empty() {
-        return Err("--transport needs at least one transport".into());
-    }
-    Ok((cmd, o))
 }
 
 /// One configuration to measure.
@@ -247,13 +342,13 @@ fn cases(o: &Opts) -> Vec<Case> {
         let sizes = o.sizes.clone().unwrap_or(match s {
             Scenario::Rr => vec![14, 1024],
             Scenario::Stream => vec![65536],
-            Scenario::Crr => vec![64],
+            Scenario::Crr | Scenario::Http | Scenario::HttpClose | Scenario::Grpc => vec![64],
             Scenario::File => vec![4096],
         });
         let conns = o.conns.unwrap_or(match s {
-            Scenario::Crr => 64,
+            Scenario::Rr | Scenario::Stream => 1,
             Scenario::File => 100,
-            _ => 1,
+            Scenario::Crr | Scenario::Http | Scenario::HttpClose | Scenario::Grpc => 64,
         });
         for size in sizes {
             out.push(Case { scenario: s, size, conns });
@@ -272,6 +367,23 @@ struct Measure {
     ops_per_s: f64,
     bytes_per_s: f64,
     errors: u64,
+    /// CPU time (user and system, every thread of this process: in `local`, client and server)
+    /// per operation, from `getrusage`.
+    cpu_us_per_op: f64,
+    /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
+    quantiles: Vec<f64>,
+}
+
+/// This process's CPU time so far (user + system), from `getrusage(RUSAGE_SELF)`.
+fn cpu_time() -> Duration {
+    // SAFETY: rusage is plain data; all-zero is valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is valid for writes; RUSAGE_SELF needs nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Where the client connects.
@@ -283,6 +395,8 @@ struct Target {
     /// The file server: over an `SmcListener`, and over a tokio `TcpListener`.
     file_smc: SocketAddr,
     file_tcp: SocketAddr,
+    /// The http and grpc servers.
+    web: web::WebAddrs,
 }
 
 /// The `file` scenario's rows: transport and how the server writes the response.
@@ -402,6 +516,7 @@ struct ServerHandles {
     unix: Option<PathBuf>,
     file_smc: SocketAddr,
     file_tcp: SocketAddr,
+    web: web::WebAddrs,
 }
 
 /// The directory the file server serves: files `f<size>` of random bytes.
@@ -461,7 +576,7 @@ async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io
     });
     // The file server, on the next two ports when the main one is fixed.
     let port = |k: u16| if smc_addr.port() == 0 || listen.ends_with(":0") { 0 } else { smc_addr.port() + k };
-    let file_smc = SmcListener::builder().shm(shm).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
+    let file_smc = SmcListener::builder().shm(shm.clone()).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
     let file_tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), port(2))).await?;
     let (file_smc_addr, file_tcp_addr) = (file_smc.local_addr()?, file_tcp.local_addr()?);
     let root = Arc::new(www_root());
@@ -489,7 +604,8 @@ async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io
             }
         });
     }
-    Ok((ServerHandles { tcp_addr, unix, file_smc: file_smc_addr, file_tcp: file_tcp_addr }, smc_addr))
+    let web = web::start(smc_addr.ip(), shm, |k| if port(1) == 0 { 0 } else { port(3 + k) }).await?;
+    Ok((ServerHandles { tcp_addr, unix, file_smc: file_smc_addr, file_tcp: file_tcp_addr, web }, smc_addr))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -524,7 +640,7 @@ async fn run_rr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::R
     for mut c in conns {
         let stop = stop.clone();
         let size = case.size;
-        tasks.push(tokio::task::spawn_local(async move {
+        tasks.push(tokio::spawn(async move {
             let msg = vec![0x5au8; size];
             let mut back = vec![0u8; size];
             let mut lat = Vec::with_capacity(1 << 16);
@@ -586,7 +702,7 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
     for _ in 0..case.conns {
         let (stop, errors, negotiated, target) = (stop.clone(), errors.clone(), negotiated.clone(), target.clone());
         let size = case.size;
-        tasks.push(tokio::task::spawn_local(async move {
+        tasks.push(tokio::spawn(async move {
             let msg = vec![0x3cu8; size];
             let mut back = vec![0u8; size];
             let mut lat = Vec::new();
@@ -657,6 +773,8 @@ async fn measure(
         ops_per_s: n / dur.as_secs_f64(),
         bytes_per_s: n * size as f64 / dur.as_secs_f64(),
         errors,
+        cpu_us_per_op: 0.0,
+        quantiles: plot::quantiles(&all),
     })
 }
 
@@ -667,12 +785,23 @@ async fn run_case(
     case: Case,
     dur: Duration,
 ) -> io::Result<Measure> {
-    match case.scenario {
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
         Scenario::Stream => run_stream(kind, target, case, dur).await,
         Scenario::Crr => run_crr(kind, target, case, dur).await,
         Scenario::File => run_file(kind, variant, target, case, dur).await,
+        Scenario::Http => web::run_http(kind, target.web, &target.shm, case, dur, false).await,
+        Scenario::HttpClose => web::run_http(kind, target.web, &target.shm, case, dur, true).await,
+        Scenario::Grpc => web::run_grpc(kind, target.web, &target.shm, case, dur).await,
+    }?;
+    // CPU over the whole run (warm-up, set-up and tear-down included), per operation counted
+    // in the measured window scaled to the run's length.
+    let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
+    if ops > 0.0 {
+        m.cpu_us_per_op = (cpu_time() - cpu0).as_secs_f64() * 1e6 / ops;
     }
+    Ok(m)
 }
 
 /// `conns` keep-alive HTTP/1.1 clients fetching the `size`-byte file as fast as they can; the
@@ -705,7 +834,7 @@ async fn run_file(
         };
         negotiated = c.negotiated().to_string();
         let (stop, request, size) = (stop.clone(), request.clone(), case.size);
-        tasks.push(tokio::task::spawn_local(async move {
+        tasks.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(1 << 14);
             let mut buf = Vec::with_capacity(2 * size + 512);
             while !stop.load(Ordering::Relaxed) {
@@ -769,11 +898,17 @@ fn combine(runs: Vec<Measure>) -> Measure {
         ops_per_s: pick(|m| m.ops_per_s),
         bytes_per_s: pick(|m| m.bytes_per_s),
         errors: runs.iter().map(|m| m.errors).sum(),
+        cpu_us_per_op: pick(|m| m.cpu_us_per_op),
+        // Each percentile step's median over the runs.
+        quantiles: (0..runs.iter().map(|m| m.quantiles.len()).min().unwrap_or(0))
+            .map(|i| median(runs.iter().map(|m| m.quantiles[i]).collect()))
+            .collect(),
     }
 }
 
 /// The ratio against tcp for the row's headline metric: p50 latency for rr (lower is better),
-/// throughput for stream and connections/s for crr (higher is better).
+/// throughput for stream, connections/s for crr and requests (calls)/s for the others (higher
+/// is better).
 fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
     let tcp = rows.iter().find(|r| {
         r.kind == Kind::Tcp
@@ -784,7 +919,7 @@ fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
     let (a, b) = match row.case.scenario {
         Scenario::Rr => (row.m.p50_us, tcp.m.p50_us),
         Scenario::Stream => (row.m.bytes_per_s, tcp.m.bytes_per_s),
-        Scenario::Crr | Scenario::File => (row.m.ops_per_s, tcp.m.ops_per_s),
+        _ => (row.m.ops_per_s, tcp.m.ops_per_s),
     };
     (b > 0.0).then(|| a / b)
 }
@@ -802,8 +937,19 @@ fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<f64> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<7} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>8}  vs tcp",
-        "scen", "size", "conns", "trans", "negotiated", "p50_us", "p99_us", "p999_us", "ops/s", "MB/s", "errors"
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>6}  vs tcp",
+        "scen",
+        "size",
+        "conns",
+        "trans",
+        "negotiated",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "ops/s",
+        "MB/s",
+        "cpu_us/op",
+        "errors"
     );
     for r in rows {
         let vs = match ratio(r, rows) {
@@ -812,7 +958,8 @@ fn print_table(rows: &[Row]) {
                     Scenario::Rr => "p50 latency",
                     Scenario::Stream => "throughput",
                     Scenario::Crr => "conn/s",
-                    Scenario::File => "req/s",
+                    Scenario::File | Scenario::Http | Scenario::HttpClose => "req/s",
+                    Scenario::Grpc => "calls/s",
                 };
                 match ratio_vs_smc_write(r, rows) {
                     Some(y) => format!("{x:.2}x {what} ({y:.2}x smc/write)"),
@@ -822,7 +969,7 @@ fn print_table(rows: &[Row]) {
             None => "-".into(),
         };
         println!(
-            "{:<7} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>8}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>6}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -833,6 +980,7 @@ fn print_table(rows: &[Row]) {
             r.m.p999_us,
             r.m.ops_per_s,
             r.m.bytes_per_s / 1e6,
+            r.m.cpu_us_per_op,
             r.m.errors,
             vs
         );
@@ -855,6 +1003,7 @@ fn print_json(rows: &[Row], opts: &Opts) {
                 "ops_per_s": r.m.ops_per_s,
                 "bytes_per_s": r.m.bytes_per_s,
                 "errors": r.m.errors,
+                "cpu_us_per_op": r.m.cpu_us_per_op,
                 "runs": r.runs,
                 "ratio_vs_tcp": ratio(r, rows),
                 "ratio_vs_smc_write": ratio_vs_smc_write(r, rows),
@@ -864,11 +1013,26 @@ fn print_json(rows: &[Row], opts: &Opts) {
     let doc = json!({
         "tool": "smcperf",
         "duration_s": opts.duration.as_secs_f64(),
+        "runtime": opts.runtime.to_string(),
         "pinned": opts.pin,
         "stats": smc_tokio::stats().to_string(),
         "results": results,
     });
     println!("{doc:#}");
+}
+
+/// `--plot`: a panel per case, a line per transport.
+fn write_plot(path: &std::path::Path, rows: &[Row]) -> io::Result<()> {
+    let mut panels: Vec<plot::Panel> = Vec::new();
+    for r in rows {
+        let title = format!("{} {} B, {} conn(s)", r.case.scenario.name(), r.case.size, r.case.conns);
+        let series = plot::Series { label: r.transport(), quantiles: r.m.quantiles.clone() };
+        match panels.iter_mut().find(|p| p.title == title) {
+            Some(p) => p.series.push(series),
+            None => panels.push(plot::Panel { title, series: vec![series] }),
+        }
+    }
+    std::fs::write(path, plot::svg(&panels))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -887,24 +1051,28 @@ fn pin_to(cpu: usize) {
     }
 }
 
-fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build()
+fn runtime(kind: RuntimeKind, name: &str) -> io::Result<tokio::runtime::Runtime> {
+    match kind {
+        RuntimeKind::Current => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        RuntimeKind::Multi(n) => {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(n).thread_name(name).enable_all().build()
+        }
+    }
 }
 
 fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
-    let rt = runtime()?;
-    let local = tokio::task::LocalSet::new();
+    let rt = runtime(opts.runtime, "smcperf-client")?;
     let mut rows = Vec::new();
     for case in cases(opts) {
         let variants: Vec<(Kind, &'static str)> = if case.scenario == Scenario::File {
             FILE_VARIANTS.to_vec()
         } else {
-            opts.transports.iter().map(|k| (*k, "")).collect()
+            opts.transports.iter().filter(|k| **k != Kind::Unix || case.scenario.has_unix()).map(|k| (*k, "")).collect()
         };
         for (kind, variant) in variants {
             let mut runs = Vec::new();
             for _ in 0..opts.runs {
-                let m = local.block_on(&rt, run_case(kind, variant, target, case, opts.duration)).map_err(|e| {
+                let m = rt.block_on(run_case(kind, variant, target, case, opts.duration)).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
@@ -921,14 +1089,14 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
 fn local(opts: &Opts) -> io::Result<Vec<Row>> {
     let unix = std::env::temp_dir().join(format!("smcperf-{}.sock", std::process::id()));
     let (tx, rx) = std::sync::mpsc::channel();
-    let pin = opts.pin;
+    let (pin, rt_kind) = (opts.pin, opts.runtime);
     let server_unix = unix.clone();
     let server_shm = opts.shm.clone();
     std::thread::Builder::new().name("smcperf-server".into()).spawn(move || {
         if pin {
             pin_to(0);
         }
-        let rt = match runtime() {
+        let rt = match runtime(rt_kind, "smcperf-server") {
             Ok(rt) => rt,
             Err(e) => return drop(tx.send(Err(e))),
         };
@@ -953,6 +1121,7 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
         shm: opts.shm.clone(),
         file_smc: handles.file_smc,
         file_tcp: handles.file_tcp,
+        web: handles.web,
     };
     // One client loop per transport keeps the baseline on tokio's own listener.
     let mut rows = Vec::new();
@@ -984,19 +1153,17 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cmd, opts) = match parse(&args) {
-        Ok(x) => x,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+    let cli = <Cli as clap::Parser>::parse();
+    let (cmd, opts) = match cli.mode {
+        Mode::Local(c) => ("local", c.into_opts(None, None)),
+        Mode::Server { listen, common } => ("server", common.into_opts(Some(listen), None)),
+        Mode::Client { connect, common } => ("client", common.into_opts(None, Some(connect.to_string()))),
     };
-    let result = match cmd.as_str() {
+    let result = match cmd {
         "local" => local(&opts),
         "server" => {
             let listen = opts.listen.clone().unwrap_or_else(|| "0.0.0.0:7777".into());
-            let r = runtime().and_then(|rt| {
+            let r = runtime(opts.runtime, "smcperf-server").and_then(|rt| {
                 rt.block_on(async {
                     let mut sizes = file_sizes(&opts);
                     if sizes.is_empty() {
@@ -1005,45 +1172,40 @@ fn main() -> ExitCode {
                     make_files(&sizes)?;
                     let (h, smc_addr) = start_server(&listen, opts.unix.clone(), opts.shm.clone()).await?;
                     eprintln!(
-                        "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}",
-                        h.tcp_addr, h.unix
+                        "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}, web {:?}",
+                        h.tcp_addr, h.unix, h.web
                     );
                     std::future::pending::<io::Result<()>>().await
                 })
             });
             r.map(|()| Vec::new())
         }
-        "client" => {
-            let Some(connect) = opts.connect.clone() else {
-                eprintln!("client needs --connect ADDR (the server's smc address)");
-                return ExitCode::from(2);
+        _ => {
+            let addr: SocketAddr = match opts.connect.as_deref().map(str::parse) {
+                Some(Ok(a)) => a,
+                _ => unreachable!("clap parsed --connect as a socket address"),
             };
-            match connect.parse::<SocketAddr>() {
-                Ok(addr) => {
-                    // The server's smc listener serves plain tcp clients too, over TCP.
-                    let next = |k: u16| SocketAddr::new(addr.ip(), addr.port() + k);
-                    let target = Target {
-                        tcp: addr,
-                        unix: opts.unix.clone(),
-                        shm: opts.shm.clone(),
-                        file_smc: next(1),
-                        file_tcp: next(2),
-                    };
-                    run_client(&opts, &target)
-                }
-                Err(e) => {
-                    eprintln!("bad --connect {connect:?}: {e}");
-                    return ExitCode::from(2);
-                }
-            }
-        }
-        other => {
-            eprintln!("unknown command {other:?}\n{}", usage());
-            return ExitCode::from(2);
+            // The server's smc listener serves plain tcp clients too, over TCP.
+            let next = |k: u16| SocketAddr::new(addr.ip(), addr.port() + k);
+            let target = Target {
+                tcp: addr,
+                unix: opts.unix.clone(),
+                shm: opts.shm.clone(),
+                file_smc: next(1),
+                file_tcp: next(2),
+                web: web::WebAddrs::at(addr.ip(), addr.port() + 3),
+            };
+            run_client(&opts, &target)
         }
     };
     match result {
         Ok(rows) => {
+            if let Some(path) = &opts.plot {
+                if let Err(e) = write_plot(path, &rows) {
+                    eprintln!("smcperf: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
             if opts.json {
                 print_json(&rows, &opts);
             } else {
