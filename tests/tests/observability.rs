@@ -146,19 +146,34 @@ async fn a_connection_has_a_span_and_a_group_failure_is_a_warning_with_its_count
     let _ = child.wait().await;
     let mut rest = Vec::new();
     let _ = bounded(10, s.read_to_end(&mut rest)).await;
-    let events = c.events.lock().unwrap().clone();
+    // The reader can learn of the end (its TCP socket's reset, or the failure marking it ended)
+    // just before the driver logs the failure: wait for the events, up to a bound.
+    let warned_with_count = |events: &[EventRec]| {
+        events.iter().any(|e| {
+            e.level == Level::WARN
+                && e.fields.get("message").is_some_and(|m| m.contains("link group failed"))
+                && e.fields.get("conns").map(String::as_str) == Some("1")
+        })
+    };
+    let in_conn_span = |events: &[EventRec]| {
+        events.iter().any(|e| {
+            e.parent == Some(conn_span)
+                && e.fields.get("message").is_some_and(|m| m.contains("link group failed under the connection"))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let events = loop {
+        let events = c.events.lock().unwrap().clone();
+        if (warned_with_count(&events) && in_conn_span(&events)) || std::time::Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     let warned: Vec<_> = events
         .iter()
         .filter(|e| e.level == Level::WARN && e.fields.get("message").is_some_and(|m| m.contains("link group failed")))
         .collect();
-    assert!(
-        warned.iter().any(|e| e.fields.get("conns").map(String::as_str) == Some("1")),
-        "a warning with the connection count: {warned:?}"
-    );
+    assert!(warned_with_count(&events), "a warning with the connection count: {warned:?}");
     // And the connection heard of it in its own span.
-    assert!(
-        events.iter().any(|e| e.parent == Some(conn_span)
-            && e.fields.get("message").is_some_and(|m| m.contains("link group failed under the connection"))),
-        "an event in the connection's span"
-    );
+    assert!(in_conn_span(&events), "an event in the connection's span");
 }
