@@ -65,6 +65,11 @@ impl Scenario {
         }
     }
 
+    /// Whether every operation opens a connection (their runs leave sockets in TIME_WAIT).
+    fn opens_connections(self) -> bool {
+        matches!(self, Scenario::Crr | Scenario::HttpClose)
+    }
+
     /// Whether unix sockets have a row (the web scenarios run over tcp and smc only).
     fn has_unix(self) -> bool {
         matches!(self, Scenario::Rr | Scenario::Stream | Scenario::Crr)
@@ -139,6 +144,7 @@ struct Opts {
     shm: ShmConfig,
     runtime: RuntimeKind,
     plot: Option<PathBuf>,
+    settle: bool,
 }
 
 /// Measures smc-tokio beside tokio's `TcpStream` and `UnixStream` in the same run, and prints
@@ -245,6 +251,10 @@ struct Common {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Before each crr or http-close run, wait until few sockets are left in TIME_WAIT by
+    /// earlier runs (they slow connects; up to 70 s a run).
+    #[arg(long)]
+    settle: bool,
     /// Also draw every row's latency distribution into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -323,6 +333,7 @@ impl Common {
             shm,
             runtime: self.runtime,
             plot: self.plot,
+            settle: self.settle,
         }
     }
 }
@@ -1060,6 +1071,47 @@ fn runtime(kind: RuntimeKind, name: &str) -> io::Result<tokio::runtime::Runtime>
     }
 }
 
+/// Sockets in TIME_WAIT on this host (network namespace), from `/proc/net/tcp` and `tcp6`
+/// (state `06`), or `None` where they cannot be read.
+fn time_wait_sockets() -> Option<usize> {
+    let mut n = 0;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).ok()?;
+        n += text.lines().skip(1).filter(|l| l.split_whitespace().nth(3) == Some("06")).count();
+    }
+    Some(n)
+}
+
+/// More TIME_WAIT sockets than this at the start of a run that opens connections get a warning.
+/// On the development VM, the 14.5 k left by a 2 s tcp crr run did not change the next run's
+/// rate (13.9 k against 13.8 k conn/s); with 78 k left by several runs, tcp crr fell from about
+/// 14 k to 5-6 k conn/s.
+const TIME_WAIT_WARN: usize = 20_000;
+
+/// What `--settle` waits for: about none left, so that every run starts alike.
+const TIME_WAIT_SETTLED: usize = 1000;
+
+/// Before a run that opens connections: warns when many sockets linger in TIME_WAIT (they slow
+/// connects, so such runs are not comparable), or with `settle` waits (up to 70 s, past the
+/// kernel's 60 s TIME_WAIT) until about none are left.
+fn settle_time_wait(settle: bool) {
+    let Some(n) = time_wait_sockets() else { return };
+    if n <= if settle { TIME_WAIT_SETTLED } else { TIME_WAIT_WARN } {
+        return;
+    }
+    if !settle {
+        eprintln!(
+            "smcperf: {n} sockets in TIME_WAIT slow the connects of this run; compare connection rates only \
+             from runs that start without them (--settle waits for them)"
+        );
+        return;
+    }
+    let until = Instant::now() + Duration::from_secs(70);
+    while Instant::now() < until && time_wait_sockets().is_some_and(|n| n > TIME_WAIT_SETTLED) {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
     let rt = runtime(opts.runtime, "smcperf-client")?;
     let mut rows = Vec::new();
@@ -1072,6 +1124,9 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
         for (kind, variant) in variants {
             let mut runs = Vec::new();
             for _ in 0..opts.runs {
+                if case.scenario.opens_connections() {
+                    settle_time_wait(opts.settle);
+                }
                 let m = rt.block_on(run_case(kind, variant, target, case, opts.duration)).map_err(|e| {
                     io::Error::new(
                         e.kind(),
