@@ -15,8 +15,8 @@
 //!
 //! On x86-64 and aarch64 a relaxed word load or store compiles to a plain `mov`/`ldr`/`str`, so
 //! the cost of the word loop against `memcpy` is the lost vectorisation: `smcperf local
-//! --scenario stream --size 65536` fell from 10.6-11.5 GB/s (plain `memcpy`) to 7.8-8.0 GB/s
-//! with it on the development VM. So on x86-64, copies of [`REP_MOVSB_MIN`] bytes and more use
+//! --scenario stream --size 65536` fell from 13.7-14.1 GB/s (plain `memcpy`) to 11.3-12.9 GB/s
+//! with it on the development VM (three interleaved runs each). So on x86-64, copies of [`REP_MOVSB_MIN`] bytes and more use
 //! the string instruction `rep movsb` in inline assembly instead, which is what glibc's
 //! `memcpy` itself uses for copies of this size on CPUs with fast strings (ERMS). That is sound
 //! for the same reason: an `asm!` block is opaque to the compiler and only has to behave like

@@ -138,8 +138,6 @@ struct Opts {
     runs: usize,
     pin: bool,
     json: bool,
-    listen: Option<String>,
-    connect: Option<String>,
     unix: Option<PathBuf>,
     shm: ShmConfig,
     runtime: RuntimeKind,
@@ -295,7 +293,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
 
 impl Common {
     /// The options, with the process-wide settings they name applied.
-    fn into_opts(self, listen: Option<String>, connect: Option<String>) -> Opts {
+    fn into_opts(self) -> Opts {
         let mut shm = ShmConfig::default().enabled(self.shm == OnOff::On);
         if let Some(n) = self.rmb_size {
             shm = shm.rmb_size(n as u32);
@@ -327,8 +325,6 @@ impl Common {
             runs: self.runs as usize,
             pin: self.pin,
             json: self.json,
-            listen,
-            connect,
             unix: self.unix,
             shm,
             runtime: self.runtime,
@@ -706,7 +702,7 @@ async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> i
 async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
-    let negotiated = Arc::new(std::sync::Mutex::new(String::new()));
+    let negotiated = Arc::new(Seen::default());
     let warmup = dur / 10;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -734,13 +730,7 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
                         if t.duration_since(start) >= warmup {
                             lat.push(t.elapsed().as_nanos() as u64);
                         }
-                        let mut n = negotiated.lock().unwrap_or_else(|e| e.into_inner());
-                        if n.is_empty() {
-                            *n = neg.to_string();
-                        } else if n.as_str() != neg && !n.contains('+') {
-                            // Mixed outcomes are reported, never hidden.
-                            *n = format!("{n}+{neg}");
-                        }
+                        negotiated.add(neg);
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::Relaxed);
@@ -752,9 +742,30 @@ async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::
         }));
     }
     let mut m = measure(&stop, tasks, dur + warmup, dur, String::new(), 0, 0).await?;
-    m.negotiated = negotiated.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    m.negotiated = negotiated.get();
     m.errors = errors.load(Ordering::Relaxed);
     Ok(m)
+}
+
+/// The negotiated transports seen so far, as the other scenarios report them: one name, or two
+/// joined by `+` when outcomes were mixed.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<String>);
+
+impl Seen {
+    fn add(&self, t: &str) {
+        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if n.is_empty() {
+            *n = t.to_string();
+        } else if n.as_str() != t && !n.contains('+') {
+            // Mixed outcomes are reported, never hidden.
+            *n = format!("{n}+{t}");
+        }
+    }
+
+    fn get(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// Lets the clients run for `run` (warm-up included), stops them, and turns the latencies they
@@ -1209,15 +1220,20 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
 
 fn main() -> ExitCode {
     let cli = <Cli as clap::Parser>::parse();
-    let (cmd, opts) = match cli.mode {
-        Mode::Local(c) => ("local", c.into_opts(None, None)),
-        Mode::Server { listen, common } => ("server", common.into_opts(Some(listen), None)),
-        Mode::Client { connect, common } => ("client", common.into_opts(None, Some(connect.to_string()))),
+    /// What this invocation does, with the options of its mode.
+    enum Run {
+        Local,
+        Server(String),
+        Client(SocketAddr),
+    }
+    let (run, opts) = match cli.mode {
+        Mode::Local(c) => (Run::Local, c.into_opts()),
+        Mode::Server { listen, common } => (Run::Server(listen), common.into_opts()),
+        Mode::Client { connect, common } => (Run::Client(connect), common.into_opts()),
     };
-    let result = match cmd {
-        "local" => local(&opts),
-        "server" => {
-            let listen = opts.listen.clone().unwrap_or_else(|| "0.0.0.0:7777".into());
+    let result = match run {
+        Run::Local => local(&opts),
+        Run::Server(listen) => {
             let r = runtime(opts.runtime, "smcperf-server").and_then(|rt| {
                 rt.block_on(async {
                     let mut sizes = file_sizes(&opts);
@@ -1235,11 +1251,7 @@ fn main() -> ExitCode {
             });
             r.map(|()| Vec::new())
         }
-        _ => {
-            let addr: SocketAddr = match opts.connect.as_deref().map(str::parse) {
-                Some(Ok(a)) => a,
-                _ => unreachable!("clap parsed --connect as a socket address"),
-            };
+        Run::Client(addr) => {
             // The server's smc listener serves plain tcp clients too, over TCP.
             let next = |k: u16| SocketAddr::new(addr.ip(), addr.port() + k);
             let target = Target {

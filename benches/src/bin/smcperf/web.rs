@@ -30,7 +30,7 @@ use smc_tower::{SmcConnectInfo, SmcConnector, SmcIncoming};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
-use crate::{measure, Case, Kind, Measure};
+use crate::{measure, Case, Kind, Measure, Seen};
 
 #[allow(clippy::all, missing_docs, unreachable_pub, dead_code)]
 mod pb {
@@ -117,26 +117,6 @@ pub(crate) async fn start(ip: IpAddr, shm: ShmConfig, port: impl Fn(u16) -> u16)
         tonic::transport::Server::builder().add_service(GreeterServer::new(Hello)).serve_with_incoming(incoming).await
     });
     Ok(addrs)
-}
-
-/// The negotiated transports seen so far, as the other scenarios report them: one name, or two
-/// joined by `+` when outcomes were mixed.
-#[derive(Default)]
-struct Seen(std::sync::Mutex<String>);
-
-impl Seen {
-    fn add(&self, t: &str) {
-        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if n.is_empty() {
-            *n = t.to_string();
-        } else if n.as_str() != t && !n.contains('+') {
-            *n = format!("{n}+{t}");
-        }
-    }
-
-    fn get(&self) -> String {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
 }
 
 /// An HTTP client for `kind`: the smc connector (which reports its transport in every
