@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -69,11 +70,22 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     if let Some(reg) = reg {
         return registered(shared, cfg, tcp, peer, reg);
     }
+    // On the kernel's AF_SMC socket, the kernel has finished its own handshake by now: a
+    // kernel-SMC client is the kernel's (no peek, no in-band guard); any other stays ours.
+    let plain = if shared.kernel {
+        let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::PeerNoSmc));
+        if t.is_kernel_smc() || t == Transport::KernelUnknown {
+            return hand_out(&cfg, tcp, t, None);
+        }
+        t
+    } else {
+        Transport::Tcp(FallbackReason::PeerNoSmc)
+    };
     if may_be_smc_r(&cfg, &tcp, peer) {
         spawn(shared, tcp, peer, cfg, Start::Peek, None);
         return Handoff::Later;
     }
-    hand_out(&cfg, tcp, Transport::Tcp(FallbackReason::PeerNoSmc), Some(UNSOLICITED))
+    hand_out(&cfg, tcp, plain, Some(UNSOLICITED))
 }
 
 /// A TCP stream for the application, or nothing under [`Policy::Never`].

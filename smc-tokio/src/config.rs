@@ -649,6 +649,7 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 /// | `SMC_TOKIO_RDMA_PORT` | use only this port | `1` |
 /// | `SMC_TOKIO_RDMA_GID_INDEX` | use this GID index | `1` |
 /// | `SMC_TOKIO_ADAPTIVE_MIN_BYTES` | adaptive fallback threshold (0: off) | `1024` |
+/// | `SMC_TOKIO_KERNEL` | the kernel's `AF_SMC` sockets: `off`, `auto` (default), `on` | `on` |
 ///
 /// A value that does not parse is ignored with a warning (through `tracing`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -678,6 +679,9 @@ pub struct Settings {
     /// Adaptive fallback: a server whose SMC connections keep ending before they move this
     /// many bytes is not offered SMC for a while (0: off). See [`ADAPTIVE_STRIKES`].
     pub adaptive_min_bytes: u64,
+    /// Whether sockets are the kernel's `AF_SMC` ones, to speak SMC with kernel-SMC peers
+    /// (see [`kernel`](crate::kernel)).
+    pub kernel: crate::kernel::KernelMode,
 }
 
 /// Consecutive short SMC connections to one server before adaptive fallback stops proposing to
@@ -697,6 +701,7 @@ impl Default for Settings {
             shm: ShmConfig::default(),
             rdma: RdmaConfig::default(),
             adaptive_min_bytes: 0,
+            kernel: crate::kernel::KernelMode::Auto,
         }
     }
 }
@@ -821,6 +826,12 @@ impl Settings {
         if let Some(n) = num("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
             s.adaptive_min_bytes = n;
         }
+        if let Some(v) = get("SMC_TOKIO_KERNEL") {
+            match v.parse() {
+                Ok(m) => s.kernel = m,
+                Err(_) => warn("SMC_TOKIO_KERNEL", &v),
+            }
+        }
         s
     }
 }
@@ -910,6 +921,7 @@ pub(crate) struct Overrides {
     pub(crate) shm: Option<ShmConfig>,
     pub(crate) rdma: Option<RdmaConfig>,
     pub(crate) adaptive_min_bytes: Option<u64>,
+    pub(crate) kernel: Option<crate::kernel::KernelMode>,
 }
 
 impl Overrides {
@@ -945,6 +957,9 @@ impl Overrides {
         }
         if let Some(v) = self.adaptive_min_bytes {
             s.adaptive_min_bytes = v;
+        }
+        if let Some(v) = self.kernel {
+            s.kernel = v;
         }
         s
     }

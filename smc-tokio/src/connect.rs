@@ -17,6 +17,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +81,7 @@ pub(crate) async fn establish(
     }
     let Some(_slot) = ClientSlot::take(limit, cfg) else {
         // Too many client handshakes in flight: this one goes plain at once.
+        kernel_socket(cfg, addr, user);
         return plain(
             cfg,
             addr,
@@ -91,6 +93,7 @@ pub(crate) async fn establish(
     // A server that failed an in-band handshake, or whose SMC connections keep ending too
     // soon to pay off (adaptive fallback), is left alone for a while.
     if NegativeCache::global().contains(addr, Instant::now()) {
+        kernel_socket(cfg, addr, user);
         return plain(cfg, addr, FallbackReason::NegativeCache, user).await;
     }
     // The verbs library is loaded before the connection exists, off the runtime.
@@ -99,11 +102,20 @@ pub(crate) async fn establish(
     if let Some(s) = via_door(addr, cfg, user).await? {
         return Ok(s);
     }
+    // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
+    // from the kernel; for any other server the kernel falls back and we go on as over TCP.
+    let kernel = kernel_socket(cfg, addr, user);
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
         return plain(cfg, addr, FallbackReason::NotProposed, user).await;
     }
     let mut tcp = tcp_connect(addr, user.take()).await?;
+    if kernel {
+        let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
+        if t.is_kernel_smc() || t == Transport::KernelUnknown {
+            return Ok(SmcStream::from_tcp(tcp, t));
+        }
+    }
     let local_ip = tcp.local_addr()?.ip();
     // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
@@ -116,17 +128,35 @@ pub(crate) async fn establish(
     finish_inband(cfg, addr, tcp, outcome, conn).await
 }
 
-/// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused).
+/// Puts the kernel's `AF_SMC` socket in `user` when the settings want one and the application
+/// gave no socket of its own; whether it did.
+fn kernel_socket(cfg: &Settings, addr: SocketAddr, user: &mut Option<socket2::Socket>) -> bool {
+    if user.is_some() || cfg.policy == Policy::TcpOnly {
+        return false;
+    }
+    *user = crate::kernel::socket(cfg.kernel, addr);
+    user.is_some()
+}
+
+/// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused). From
+/// the kernel's `AF_SMC` socket, when `user` holds one: then the kernel's SMC, if the server
+/// speaks it.
 async fn plain(
     cfg: &Settings,
     addr: SocketAddr,
     reason: FallbackReason,
     user: &mut Option<socket2::Socket>,
 ) -> io::Result<SmcStream> {
-    if cfg.policy == Policy::Never {
+    let kernel = user.as_ref().is_some_and(|s| crate::kernel::is_smc_socket(s.as_fd()));
+    if cfg.policy == Policy::Never && !kernel {
         return Err(SmcError::FallbackRefused(reason).into());
     }
-    Ok(SmcStream::from_tcp(tcp_connect(addr, user.take()).await?, Transport::Tcp(reason)))
+    let tcp = tcp_connect(addr, user.take()).await?;
+    let t = if kernel { crate::kernel::transport(tcp.as_fd(), Transport::Tcp(reason)) } else { Transport::Tcp(reason) };
+    if cfg.policy == Policy::Never && !t.is_smc() {
+        return Err(SmcError::FallbackRefused(t.fallback_reason().unwrap_or(reason)).into());
+    }
+    Ok(SmcStream::from_tcp(tcp, t))
 }
 
 /// A TCP connect from the application's socket, if it gave one, else from a new one.

@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | SMC-D | both ends on one host, same network namespace | rings in sealed shared memory (memfd), socket doorbells |
 //! | SMC-R | across hosts with RDMA (feature `rdma`), to opted-in peers | RDMA WRITE into a registered ring, CDC as inline SEND |
+//! | kernel SMC-R / SMC-D | a peer that speaks the Linux kernel's SMC (`AF_SMC`), where this kernel has it | the kernel's `AF_SMC` socket ([`kernel`]) |
 //! | TCP | anything else | the connection's own socket |
 //!
 //! # Example
@@ -103,6 +104,7 @@ mod faults;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
+pub mod kernel;
 mod link;
 mod negative_cache;
 pub mod net;
@@ -137,5 +139,5 @@ pub use net::{
 };
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;
-pub use stats::{stats, RoleStats, Stats, HANDSHAKE_BUCKETS};
+pub use stats::{stats, KernelStats, RoleStats, Stats, HANDSHAKE_BUCKETS};
 pub use transport::{FallbackReason, Transport};

@@ -21,12 +21,14 @@ pub const HANDSHAKE_BUCKETS: [Duration; 6] = [
 ];
 
 const REASONS: usize = 8;
-const FALLBACKS: usize = 7;
+const FALLBACKS: usize = 8;
 
 #[derive(Default)]
 struct Role {
     smc_d: AtomicU64,
     smc_r: AtomicU64,
+    kernel_smc_d: AtomicU64,
+    kernel_smc_r: AtomicU64,
     tcp: AtomicU64,
     fallbacks: [AtomicU64; FALLBACKS],
 }
@@ -49,6 +51,21 @@ struct Counters {
     rdma_unavailable: [AtomicU64; 4],
     door: [AtomicU64; 5],
     late_messages: AtomicU64,
+    kernel: Kernel,
+}
+
+/// The kernel-SMC counters (see [`KernelStats`]).
+#[derive(Default)]
+struct Kernel {
+    smc_r: AtomicU64,
+    smc_d: AtomicU64,
+    fallback: AtomicU64,
+    unknown: AtomicU64,
+    unavailable: [AtomicU64; 3],
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    /// Fallbacks by the kernel's reason code: few distinct codes, rarely counted.
+    reasons: std::sync::Mutex<std::collections::BTreeMap<u32, u64>>,
 }
 
 fn counters() -> &'static Counters {
@@ -56,11 +73,13 @@ fn counters() -> &'static Counters {
     C.get_or_init(Counters::default)
 }
 
-fn transport_index(t: Transport) -> usize {
+/// The index of `t` in the byte counters; `None` for the kernel's SMC (counted apart).
+fn transport_index(t: Transport) -> Option<usize> {
     match t {
-        Transport::SmcD => 0,
-        Transport::SmcR => 1,
-        Transport::Tcp(_) => 2,
+        Transport::SmcD => Some(0),
+        Transport::SmcR => Some(1),
+        Transport::Tcp(_) => Some(2),
+        Transport::KernelSmcR | Transport::KernelSmcD | Transport::KernelUnknown => None,
     }
 }
 
@@ -75,6 +94,7 @@ fn fallback_index(r: FallbackReason) -> usize {
         // Adopted streams never went through a handshake and are not counted as connections;
         // if one were, "not proposed" is what happened.
         FallbackReason::NotProposed | FallbackReason::Adopted => 6,
+        FallbackReason::Kernel(_) => 7,
     }
 }
 
@@ -89,6 +109,10 @@ pub(crate) fn connection(server: bool, t: Transport) {
     let n = match t {
         Transport::SmcD => &role.smc_d,
         Transport::SmcR => &role.smc_r,
+        Transport::KernelSmcD => &role.kernel_smc_d,
+        Transport::KernelSmcR => &role.kernel_smc_r,
+        // Its mode is unknown: counted as TCP, and in the kernel stats as unknown.
+        Transport::KernelUnknown => &role.tcp,
         Transport::Tcp(r) => {
             role.fallbacks[fallback_index(r)].fetch_add(1, Ordering::Relaxed);
             &role.tcp
@@ -110,8 +134,41 @@ pub(crate) fn decline(reason: DeclineReason, by: Side) {
 /// Counts bytes moved by the application over `t`.
 pub(crate) fn bytes(t: Transport, sent: bool, n: usize) {
     let c = counters();
-    let a = if sent { &c.bytes_sent } else { &c.bytes_received };
-    a[transport_index(t)].fetch_add(n as u64, Ordering::Relaxed);
+    match transport_index(t) {
+        Some(i) => {
+            let a = if sent { &c.bytes_sent } else { &c.bytes_received };
+            a[i].fetch_add(n as u64, Ordering::Relaxed);
+        }
+        None => {
+            let k = if sent { &c.kernel.bytes_sent } else { &c.kernel.bytes_received };
+            k.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts what the kernel made of an `AF_SMC` connection.
+pub(crate) fn kernel_transport(t: Transport) {
+    let k = &counters().kernel;
+    let n = match t {
+        Transport::KernelSmcR => &k.smc_r,
+        Transport::KernelSmcD => &k.smc_d,
+        Transport::KernelUnknown => &k.unknown,
+        _ => &k.fallback,
+    };
+    n.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a kernel fallback by the kernel's reason code.
+pub(crate) fn kernel_fallback(reason: u32) {
+    let mut m = counters().kernel.reasons.lock().unwrap_or_else(|e| e.into_inner());
+    *m.entry(reason).or_default() += 1;
+}
+
+/// Counts a socket that was wanted as `AF_SMC` but is plain TCP.
+pub(crate) fn kernel_unavailable(why: crate::kernel::KernelUnavailable) {
+    if let Some(c) = counters().kernel.unavailable.get(why.index()) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn link_group_up() {
@@ -196,6 +253,10 @@ pub struct RoleStats {
     pub smc_d: u64,
     /// Over RDMA.
     pub smc_r: u64,
+    /// Over the kernel's SMC-D (an `AF_SMC` socket).
+    pub kernel_smc_d: u64,
+    /// Over the kernel's SMC-R (an `AF_SMC` socket).
+    pub kernel_smc_r: u64,
     /// Over TCP (all fallback reasons).
     pub tcp: u64,
     /// TCP because SMC was off by policy.
@@ -212,6 +273,8 @@ pub struct RoleStats {
     pub fallback_declined_peer: u64,
     /// TCP because SMC was not proposed (client: no door, not an in-band peer).
     pub fallback_not_proposed: u64,
+    /// TCP on an `AF_SMC` socket, for a reason of the kernel's (see [`KernelStats`]).
+    pub fallback_kernel: u64,
 }
 
 impl RoleStats {
@@ -227,7 +290,7 @@ impl RoleStats {
     /// assert_eq!(smc_tokio::stats().client.total(), 0); // no connection made yet
     /// ```
     pub fn total(&self) -> u64 {
-        self.smc_d + self.smc_r + self.tcp
+        self.smc_d + self.smc_r + self.kernel_smc_d + self.kernel_smc_r + self.tcp
     }
 }
 
@@ -275,6 +338,44 @@ pub struct Stats {
     /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
     /// an Accept it timed out on) taken off TCP streams before the application's bytes.
     pub late_messages: u64,
+    /// The kernel's SMC (`AF_SMC` sockets, see [`kernel`](crate::kernel)).
+    pub kernel: KernelStats,
+}
+
+/// What became of connections on the kernel's `AF_SMC` sockets, from the kernel's `smc_diag`,
+/// and of sockets that could not be `AF_SMC`.
+///
+/// # Examples
+///
+/// ```
+/// let k = smc_tokio::stats().kernel;
+/// println!("kernel smc-r {}, smc-d {}, fallback {}", k.smc_r, k.smc_d, k.fallback);
+/// for (code, n) in &k.fallback_reasons {
+///     println!("  {n} x {}", smc_tokio::kernel::KernelFallback { reason: *code, peer_diagnosis: 0 });
+/// }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KernelStats {
+    /// Connections the kernel moved to SMC-R.
+    pub smc_r: u64,
+    /// Connections the kernel moved to SMC-D.
+    pub smc_d: u64,
+    /// Connections the kernel kept on TCP (this crate's own establishment may still have moved
+    /// them: an smc-tokio peer on this host gets this crate's SMC-D).
+    pub fallback: u64,
+    /// Connections whose mode the kernel did not report (`smc_diag` unavailable).
+    pub unknown: u64,
+    /// Kernel fallbacks by the kernel's reason code (`SMC_CLC_DECL_*`), in code order.
+    pub fallback_reasons: Vec<(u32, u64)>,
+    /// Sockets that the settings wanted as `AF_SMC` but are plain TCP, by why (the index is
+    /// [`KernelUnavailable::index`](crate::kernel::KernelUnavailable::index)): the module not
+    /// loaded (mode `auto`), no `AF_SMC` in the kernel, `socket(2)` failed otherwise.
+    pub unavailable: [u64; 3],
+    /// Bytes written by applications over the kernel's SMC.
+    pub bytes_sent: u64,
+    /// Bytes read by applications over the kernel's SMC.
+    pub bytes_received: u64,
 }
 
 /// Counts a handshake without RDMA, by reason index (see [`Stats::rdma_unavailable`]).
@@ -294,6 +395,8 @@ fn role(r: &Role) -> RoleStats {
     RoleStats {
         smc_d: r.smc_d.load(Ordering::Relaxed),
         smc_r: r.smc_r.load(Ordering::Relaxed),
+        kernel_smc_d: r.kernel_smc_d.load(Ordering::Relaxed),
+        kernel_smc_r: r.kernel_smc_r.load(Ordering::Relaxed),
         tcp: r.tcp.load(Ordering::Relaxed),
         fallback_disabled: f[0],
         fallback_peer_no_smc: f[1],
@@ -302,6 +405,7 @@ fn role(r: &Role) -> RoleStats {
         fallback_declined_local: f[4],
         fallback_declined_peer: f[5],
         fallback_not_proposed: f[6],
+        fallback_kernel: f[7],
     }
 }
 
@@ -334,6 +438,20 @@ pub fn stats() -> Stats {
         rdma_unavailable: load(&c.rdma_unavailable),
         door: load(&c.door),
         late_messages: c.late_messages.load(Ordering::Relaxed),
+        kernel: kernel(&c.kernel),
+    }
+}
+
+fn kernel(k: &Kernel) -> KernelStats {
+    KernelStats {
+        smc_r: k.smc_r.load(Ordering::Relaxed),
+        smc_d: k.smc_d.load(Ordering::Relaxed),
+        fallback: k.fallback.load(Ordering::Relaxed),
+        unknown: k.unknown.load(Ordering::Relaxed),
+        fallback_reasons: k.reasons.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(c, n)| (*c, *n)).collect(),
+        unavailable: load(&k.unavailable),
+        bytes_sent: k.bytes_sent.load(Ordering::Relaxed),
+        bytes_received: k.bytes_received.load(Ordering::Relaxed),
     }
 }
 
@@ -342,10 +460,12 @@ impl fmt::Display for Stats {
         for (name, r) in [("client", &self.client), ("server", &self.server)] {
             writeln!(
                 f,
-                "{name}: {} connections: smc-d {}, smc-r {}, tcp {} (disabled {}, peer no smc {}, negative cache {}, client silent {}, declined locally {}, declined by peer {}, not proposed {})",
+                "{name}: {} connections: smc-d {}, smc-r {}, kernel smc-d {}, kernel smc-r {}, tcp {} (disabled {}, peer no smc {}, negative cache {}, client silent {}, declined locally {}, declined by peer {}, not proposed {}, kernel {})",
                 r.total(),
                 r.smc_d,
                 r.smc_r,
+                r.kernel_smc_d,
+                r.kernel_smc_r,
                 r.tcp,
                 r.fallback_disabled,
                 r.fallback_peer_no_smc,
@@ -353,7 +473,8 @@ impl fmt::Display for Stats {
                 r.fallback_client_silent,
                 r.fallback_declined_local,
                 r.fallback_declined_peer,
-                r.fallback_not_proposed
+                r.fallback_not_proposed,
+                r.fallback_kernel
             )?;
         }
         let reasons = |a: &[u64; REASONS]| {
@@ -408,6 +529,22 @@ impl fmt::Display for Stats {
             self.rdma_unavailable[1],
             self.rdma_unavailable[2],
             self.rdma_unavailable[3]
+        )?;
+        let k = &self.kernel;
+        let reasons = k.fallback_reasons.iter().map(|(c, n)| format!("{c:#010x} {n}")).collect::<Vec<_>>().join(", ");
+        write!(
+            f,
+            "\nkernel smc: smc-r {}, smc-d {}, fallback {} [{}], unknown {}; bytes sent/received {}/{}; not AF_SMC: module not loaded {}, no AF_SMC {}, socket failed {}",
+            k.smc_r,
+            k.smc_d,
+            k.fallback,
+            reasons,
+            k.unknown,
+            k.bytes_sent,
+            k.bytes_received,
+            k.unavailable[0],
+            k.unavailable[1],
+            k.unavailable[2]
         )
     }
 }

@@ -27,6 +27,14 @@ pub enum Transport {
     SmcD,
     /// RDMA between hosts (SMC-R).
     SmcR,
+    /// The kernel's own SMC-R carries the connection (an `AF_SMC` socket; see
+    /// [`kernel`](crate::kernel)).
+    KernelSmcR,
+    /// The kernel's own SMC-D carries the connection (an `AF_SMC` socket).
+    KernelSmcD,
+    /// An `AF_SMC` socket whose mode the kernel did not report (`smc_diag` not available):
+    /// the kernel's SMC or TCP, the bytes flow either way.
+    KernelUnknown,
 }
 
 impl Transport {
@@ -42,7 +50,22 @@ impl Transport {
     /// assert!(!Transport::Tcp(FallbackReason::PeerNoSmc).is_smc());
     /// ```
     pub fn is_smc(&self) -> bool {
-        matches!(self, Transport::SmcD | Transport::SmcR)
+        matches!(self, Transport::SmcD | Transport::SmcR | Transport::KernelSmcR | Transport::KernelSmcD)
+    }
+
+    /// Whether the kernel's SMC carries the connection (an `AF_SMC` socket in SMC-R or SMC-D
+    /// mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::Transport;
+    ///
+    /// assert!(Transport::KernelSmcR.is_kernel_smc());
+    /// assert!(!Transport::SmcR.is_kernel_smc());
+    /// ```
+    pub fn is_kernel_smc(&self) -> bool {
+        matches!(self, Transport::KernelSmcR | Transport::KernelSmcD)
     }
 
     /// Why the connection stayed on TCP, if it did.
@@ -63,7 +86,8 @@ impl Transport {
         }
     }
 
-    /// `"tcp"`, `"smc-d"` or `"smc-r"`, the names `smcperf` and the stats use.
+    /// `"tcp"`, `"smc-d"`, `"smc-r"`, or for the kernel's SMC `"ksmc-r"`, `"ksmc-d"` and
+    /// `"ksmc-?"`: the names `smcperf` and the stats use.
     ///
     /// # Examples
     ///
@@ -82,6 +106,9 @@ impl Transport {
             Transport::Tcp(_) => "tcp",
             Transport::SmcD => "smc-d",
             Transport::SmcR => "smc-r",
+            Transport::KernelSmcR => "ksmc-r",
+            Transport::KernelSmcD => "ksmc-d",
+            Transport::KernelUnknown => "ksmc-?",
         }
     }
 }
@@ -120,6 +147,9 @@ pub enum FallbackReason {
     /// ([`SmcStream::from_std`](crate::SmcStream::from_std), `TryFrom<std::net::TcpStream>`):
     /// no handshake ran, so it is TCP.
     Adopted,
+    /// The connection is on an `AF_SMC` socket, and the kernel kept it on TCP for this reason
+    /// (and no smc-tokio establishment moved it either). See [`kernel`](crate::kernel).
+    Kernel(crate::kernel::KernelFallback),
     /// A side declined during the handshake; both continue over TCP on the same connection.
     Declined {
         /// The decline reason.
@@ -140,6 +170,7 @@ impl fmt::Display for FallbackReason {
             FallbackReason::NotProposed => {
                 f.write_str("smc not proposed: no smc listener on this host, not an in-band peer")
             }
+            FallbackReason::Kernel(k) => write!(f, "{k}"),
             FallbackReason::Declined { reason, by: Side::Local } => {
                 write!(f, "declined locally: {reason}")
             }

@@ -35,8 +35,22 @@ pub const LISTEN_BACKLOG: u32 = 1024;
 /// the kernel, whose own backlog then applies.
 const READY_CAP: usize = LISTEN_BACKLOG as usize;
 
-fn bind_tcp(addr: SocketAddr) -> io::Result<tokio::net::TcpSocket> {
-    let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+/// A socket for a listener on `addr`: the kernel's `AF_SMC` one when `cfg` wants it and the
+/// kernel has it (with `SMC_LIMIT_HS` as `cfg.limit_handshake`: the kernel reads it in
+/// `listen`), else TCP.
+fn bind_tcp(addr: SocketAddr, cfg: &Settings) -> io::Result<tokio::net::TcpSocket> {
+    let sock = match crate::kernel::socket(cfg.kernel, addr) {
+        // An AF_SMC socket takes the TCP socket calls (bind, listen, options) and passes them
+        // to its TCP socket; tokio only needs a stream socket's descriptor.
+        Some(s) => {
+            if let Err(e) = crate::kernel::set_socket_limit_handshake(s.as_fd(), cfg.limit_handshake) {
+                tracing::debug!(error = %e, "SMC_LIMIT_HS");
+            }
+            tokio::net::TcpSocket::from_std_stream(s.into())
+        }
+        None if addr.is_ipv4() => tokio::net::TcpSocket::new_v4()?,
+        None => tokio::net::TcpSocket::new_v6()?,
+    };
     sock.set_reuseaddr(true)?;
     sock.bind(addr)?;
     Ok(sock)
@@ -131,6 +145,9 @@ impl Drop for SmcListener {
 pub(crate) struct ListenerShared {
     pub(crate) tcp: TcpListener,
     pub(crate) door: Option<Door>,
+    /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
+    /// `smc_diag` as they are accepted.
+    pub(crate) kernel: bool,
     /// The builder's values, changed at run time by the listener's setters.
     overrides: std::sync::RwLock<Overrides>,
     /// Handshakes running now.
@@ -655,6 +672,31 @@ impl SmcListenerBuilder {
         self
     }
 
+    /// Whether [`bind`](SmcListenerBuilder::bind) listens on the kernel's `AF_SMC` socket, so
+    /// that kernel-SMC clients get the kernel's SMC-R or SMC-D (see [`kernel`](crate::kernel)).
+    /// Plain TCP clients and smc-tokio clients are served on the same listener as before: the
+    /// kernel falls back to TCP for them, and this crate's establishment proceeds on top.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelMode;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// // On a kernel without AF_SMC this is a plain TCP listener, and the stats say why.
+    /// let listener = SmcListener::builder().kernel(KernelMode::On).bind("127.0.0.1:0").await?;
+    /// let client = SmcStream::connect(listener.local_addr()?).await?;
+    /// assert!(client.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn kernel(mut self, mode: crate::kernel::KernelMode) -> Self {
+        self.o.kernel = Some(mode);
+        self
+    }
+
     /// Binds a new listener to `addr` (each address it resolves to in turn, as
     /// [`TcpListener::bind`] does), with `SO_REUSEADDR` and a backlog of [`LISTEN_BACKLOG`].
     ///
@@ -673,8 +715,9 @@ impl SmcListenerBuilder {
     /// ```
     pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
         let mut last = None;
+        let cfg = self.o.resolve();
         for a in tokio::net::lookup_host(addr).await? {
-            let sock = match bind_tcp(a) {
+            let sock = match bind_tcp(a, &cfg) {
                 Ok(s) => s,
                 Err(e) => {
                     last = Some(e);
@@ -683,7 +726,6 @@ impl SmcListenerBuilder {
             };
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
-            let cfg = self.o.resolve();
             let door = open_door(&cfg, sock.local_addr(), sock.reuseport().unwrap_or(false));
             return Ok(SmcListener::start_with(sock.listen(LISTEN_BACKLOG)?, self.o, door));
         }
@@ -865,9 +907,11 @@ impl SmcListener {
     fn start_with(tcp: TcpListener, overrides: Overrides, door: Option<Door>) -> SmcListener {
         #[cfg(feature = "rdma")]
         let cfg = overrides.resolve();
+        let kernel = crate::kernel::is_smc_socket(tcp.as_fd());
         let shared = Arc::new(ListenerShared {
             tcp,
             door,
+            kernel,
             overrides: std::sync::RwLock::new(overrides),
             in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
@@ -889,7 +933,7 @@ impl SmcListener {
                 }
             });
         }
-        let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok());
+        let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok(), kernel);
         let task = tokio::spawn(run(shared.clone()).instrument(span)).abort_handle();
         SmcListener { shared, task }
     }
@@ -995,7 +1039,11 @@ impl SmcListener {
         self.shared.settings()
     }
 
-    /// Changes `limit_handshake` for this listener, from the next connection on.
+    /// Changes `limit_handshake` for this listener, from the next connection on. (On the
+    /// kernel's `AF_SMC` socket the kernel's own `SMC_LIMIT_HS` keeps the value the listener
+    /// was bound with: the kernel reads it only when the socket starts listening.
+    /// [`kernel::set_limit_handshake`](crate::kernel::set_limit_handshake) switches the
+    /// kernel's global limit.)
     ///
     /// # Examples
     ///
@@ -1013,6 +1061,28 @@ impl SmcListener {
     /// ```
     pub fn set_limit_handshake(&self, on: bool) {
         self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).limit_handshake = Some(on);
+    }
+
+    /// Whether the listening socket is the kernel's `AF_SMC` one (see
+    /// [`SmcListenerBuilder::kernel`]): kernel-SMC clients then get the kernel's SMC.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelMode;
+    /// use smc_tokio::SmcListener;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::builder().kernel(KernelMode::Off).bind("127.0.0.1:0").await?;
+    /// assert!(!listener.is_kernel_smc());
+    /// let wanted = SmcListener::builder().kernel(KernelMode::On).bind("127.0.0.1:0").await?;
+    /// assert_eq!(wanted.is_kernel_smc(), smc_tokio::kernel::available());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn is_kernel_smc(&self) -> bool {
+        self.shared.kernel
     }
 
     /// Changes `max_pending_handshakes` for this listener, from the next connection on.

@@ -1809,6 +1809,32 @@ impl SmcStreamBuilder {
         self
     }
 
+    /// Whether to connect through the kernel's `AF_SMC` sockets, to reach kernel-SMC servers
+    /// (see [`kernel`](crate::kernel)). A destination with an smc-tokio listener on this host
+    /// is reached through its door with a plain TCP socket either way; everywhere else the
+    /// kernel falls back to TCP, as it does for any SMC client of a plain server.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelMode;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let builder = SmcStream::builder().kernel(KernelMode::On);
+    /// assert_eq!(builder.settings().kernel, KernelMode::On);
+    /// // An smc-tokio listener on this host: its door, this crate's SMC-D.
+    /// assert!(builder.connect(listener.local_addr()?).await?.transport().is_smc());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn kernel(mut self, mode: crate::kernel::KernelMode) -> Self {
+        self.o.kernel = Some(mode);
+        self
+    }
+
     /// The settings a connect would use now: this builder's values over the process-wide ones.
     ///
     /// # Examples

@@ -1,0 +1,568 @@
+//! The Linux kernel's own SMC (`AF_SMC` sockets, `net/smc`), so that tokio applications speak
+//! SMC with every kernel-SMC peer: IBM Z ISM, RoCE fabrics, programs run under `smc_run`.
+//!
+//! With [`KernelMode::On`] (or [`Auto`](KernelMode::Auto) on a host whose kernel has SMC
+//! loaded), listeners listen on an `AF_SMC` socket and clients connect through one:
+//!
+//! - a kernel-SMC peer gets SMC-R or SMC-D from the kernel (its SYN carries the SMC option);
+//!   [`SmcStream::transport`](crate::SmcStream::transport) says
+//!   [`KernelSmcR`](crate::Transport::KernelSmcR) or [`KernelSmcD`](crate::Transport::KernelSmcD),
+//!   read from the kernel's own diagnostics (`smc_diag`);
+//! - any other peer makes the kernel fall back to TCP on the same socket, and smc-tokio's own
+//!   establishment proceeds on top: smc-tokio peers on this host still get this crate's SMC-D
+//!   through the listener's door, opted-in peers the in-band handshake, plain peers TCP. A
+//!   connection that stays on TCP reports the kernel's fallback reason
+//!   ([`FallbackReason::Kernel`](crate::FallbackReason::Kernel));
+//! - where the kernel has no `AF_SMC`, sockets are plain TCP, as with [`KernelMode::Off`], and
+//!   [`Stats::kernel`](crate::Stats::kernel) counts why.
+//!
+//! On such sockets the crate's batching and limits map to the kernel's: a
+//! [cork guard](crate::SmcStream::cork) sets and clears `TCP_CORK` (the kernel pushes its send
+//! buffer when the cork is cleared), [`sendfile`](crate::SmcStream::sendfile) is `sendfile(2)`,
+//! a listener's `limit_handshake` is the socket option `SMC_LIMIT_HS`, and
+//! [`set_limit_handshake`] switches the kernel's global limit (its generic-netlink knob).
+//!
+//! Every call here is a socket or netlink system call that the kernel answers at once (netlink
+//! requests are sent and read with `MSG_DONTWAIT`), so none blocks a runtime worker.
+
+mod wire;
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+pub use wire::abi_report;
+pub(crate) use wire::DiagMode;
+
+use crate::transport::{FallbackReason, Transport};
+
+/// Whether sockets are the kernel's `AF_SMC` ones. Set per listener or client with the
+/// builders' `kernel` method, per process with `SMC_TOKIO_KERNEL=off|auto|on` (or
+/// [`config::global`](crate::config::global)).
+///
+/// The default is [`Auto`](KernelMode::Auto): a host whose administrator loaded the kernel's
+/// SMC (module `smc`: `smc_run`, `modprobe smc`, a pnet or UEID table) wants SMC with kernel
+/// peers, and on every other host `Auto` costs nothing and changes nothing (no `AF_SMC` socket
+/// is made, so the module is never loaded behind the administrator's back).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelMode;
+///
+/// assert_eq!("on".parse::<KernelMode>(), Ok(KernelMode::On));
+/// assert_eq!(KernelMode::default(), KernelMode::Auto);
+/// assert_eq!(KernelMode::Off.to_string(), "off");
+/// assert!("sometimes".parse::<KernelMode>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelMode {
+    /// Never: sockets are plain TCP (this crate's own SMC only).
+    Off,
+    /// `AF_SMC` when the kernel's SMC module is loaded (`/sys/module/smc`); plain TCP
+    /// otherwise.
+    #[default]
+    Auto,
+    /// Always try `AF_SMC` (which may load the module); plain TCP, with the reason counted,
+    /// where the kernel has none.
+    On,
+}
+
+impl FromStr for KernelMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "no" | "false" => Ok(KernelMode::Off),
+            "auto" => Ok(KernelMode::Auto),
+            "on" | "1" | "yes" | "true" => Ok(KernelMode::On),
+            other => Err(format!("{other:?} is not off, auto or on")),
+        }
+    }
+}
+
+impl fmt::Display for KernelMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelMode::Off => "off",
+            KernelMode::Auto => "auto",
+            KernelMode::On => "on",
+        })
+    }
+}
+
+/// Why a socket that the settings wanted to be `AF_SMC` is plain TCP (the index into
+/// [`KernelStats::unavailable`](crate::KernelStats::unavailable)).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelUnavailable;
+///
+/// assert_eq!(KernelUnavailable::NoAfSmc.index(), 1);
+/// assert_eq!(KernelUnavailable::NoAfSmc.to_string(), "the kernel has no AF_SMC");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelUnavailable {
+    /// [`KernelMode::Auto`] and the kernel's SMC module is not loaded.
+    NotLoaded,
+    /// The kernel has no `AF_SMC` (`socket(2)` said `EAFNOSUPPORT` or `EPROTONOSUPPORT`).
+    NoAfSmc,
+    /// `socket(AF_SMC, ...)` failed otherwise (permissions, a seccomp filter, limits).
+    SocketFailed,
+}
+
+impl KernelUnavailable {
+    /// The index of this reason in [`KernelStats::unavailable`](crate::KernelStats::unavailable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelUnavailable;
+    /// assert_eq!(KernelUnavailable::NotLoaded.index(), 0);
+    /// assert_eq!(KernelUnavailable::SocketFailed.index(), 2);
+    /// ```
+    pub fn index(&self) -> usize {
+        match self {
+            KernelUnavailable::NotLoaded => 0,
+            KernelUnavailable::NoAfSmc => 1,
+            KernelUnavailable::SocketFailed => 2,
+        }
+    }
+}
+
+impl fmt::Display for KernelUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelUnavailable::NotLoaded => "the kernel's smc module is not loaded",
+            KernelUnavailable::NoAfSmc => "the kernel has no AF_SMC",
+            KernelUnavailable::SocketFailed => "socket(AF_SMC) failed",
+        })
+    }
+}
+
+/// Why the kernel kept an `AF_SMC` connection on TCP, as its `smc_diag` reports it: the
+/// kernel's reason code (its `SMC_CLC_DECL_*` values) and the peer's diagnosis (the code in the
+/// peer's decline, when it sent one).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelFallback;
+///
+/// let f = KernelFallback { reason: 0x0301_0000, peer_diagnosis: 0 };
+/// assert_eq!(f.name(), Some("peer has no smc"));
+/// assert_eq!(f.to_string(), "kernel fallback 0x03010000 (peer has no smc)");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelFallback {
+    /// The kernel's fallback reason code (`smc->fallback_rsn`).
+    pub reason: u32,
+    /// The code the peer declined with, if it declined (`smc->peer_diagnosis`), else 0.
+    pub peer_diagnosis: u32,
+}
+
+/// The kernel's `SMC_CLC_DECL_*` reason codes (`net/smc/smc_clc.h`, Linux 6.x) and what they
+/// mean.
+const REASONS: &[(u32, &str)] = &[
+    (0x0101_0000, "insufficient memory resources"),
+    (0x0201_0000, "timeout waiting for the clc proposal"),
+    (0x0202_0000, "timeout waiting for the clc accept"),
+    (0x0300_0000, "configuration error"),
+    (0x0301_0000, "peer has no smc"),
+    (0x0302_0000, "ipsec is in use"),
+    (0x0303_0000, "no smc device found (r or d)"),
+    (0x0303_0001, "no smc-d device found"),
+    (0x0303_0002, "no smc-r device found"),
+    (0x0303_0003, "no smc-dv2 capable ism device"),
+    (0x0303_0004, "peer sent no smcv2 extension"),
+    (0x0303_0005, "peer sent no smc-dv2 extension"),
+    (0x0303_0006, "peer sent no seid"),
+    (0x0303_0007, "no smc-dv2 device found"),
+    (0x0303_0008, "no matching ueid"),
+    (0x0303_0009, "release version error"),
+    (0x0303_000a, "maximum connections reached"),
+    (0x0303_000b, "maximum links reached"),
+    (0x0304_0000, "smc mode not supported"),
+    (0x0305_0000, "peer rmbe eyecatcher mismatch"),
+    (0x0306_0000, "fastopen or another option unsupported"),
+    (0x0307_0000, "different ip prefix"),
+    (0x0308_0000, "getting the vlan id failed"),
+    (0x0309_0000, "ism vlan id setting failed"),
+    (0x030a_0000, "no active smc-r link in the link group"),
+    (0x030b_0000, "smc-r link from the server not found"),
+    (0x030c_0000, "smc version mismatch"),
+    (0x030d_0000, "smc-d dmbs exhausted"),
+    (0x030e_0000, "no route to the peer"),
+    (0x030f_0000, "indirect route not supported"),
+    (0x0400_0000, "synchronization error"),
+    (0x0500_0000, "peer declined during the handshake"),
+    (0x0999_0000, "internal error"),
+    (0x0999_0001, "rtoken handling failed"),
+    (0x0999_0002, "ib_modify_qp to rts failed"),
+    (0x0999_0003, "buffer registration failed"),
+];
+
+impl KernelFallback {
+    /// What the kernel's reason code means, if this crate knows it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelFallback;
+    /// assert_eq!(KernelFallback { reason: 0x0303_0008, peer_diagnosis: 0 }.name(), Some("no matching ueid"));
+    /// assert_eq!(KernelFallback { reason: 0x1234, peer_diagnosis: 0 }.name(), None);
+    /// ```
+    pub fn name(&self) -> Option<&'static str> {
+        REASONS.iter().find(|(c, _)| *c == self.reason).map(|(_, n)| *n)
+    }
+}
+
+impl fmt::Display for KernelFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel fallback {:#010x}", self.reason)?;
+        if let Some(n) = self.name() {
+            write!(f, " ({n})")?;
+        }
+        if self.peer_diagnosis != 0 {
+            write!(f, ", peer's diagnosis {:#010x}", self.peer_diagnosis)?;
+        }
+        Ok(())
+    }
+}
+
+/// How long a look at `/sys/module/smc` is trusted for [`KernelMode::Auto`]: the module is
+/// loaded rarely, and a `stat(2)` per connection would cost more than the connection's own
+/// system calls on a connect-heavy client (crr). One second follows an administrator's
+/// `modprobe` promptly enough.
+const LOADED_RECHECK_MS: u64 = 1000;
+
+fn epoch() -> Instant {
+    static E: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+/// Whether the kernel's SMC module is loaded (or built in): `/sys/module/smc` exists.
+fn smc_loaded() -> bool {
+    static CHECKED_MS: AtomicU64 = AtomicU64::new(u64::MAX);
+    static LOADED: AtomicBool = AtomicBool::new(false);
+    let now = epoch().elapsed().as_millis() as u64;
+    let last = CHECKED_MS.load(Ordering::Relaxed);
+    if last != u64::MAX && now.saturating_sub(last) < LOADED_RECHECK_MS {
+        return LOADED.load(Ordering::Relaxed);
+    }
+    let loaded = std::path::Path::new("/sys/module/smc").exists();
+    LOADED.store(loaded, Ordering::Relaxed);
+    CHECKED_MS.store(now, Ordering::Relaxed);
+    loaded
+}
+
+/// A non-blocking `AF_SMC` stream socket for `addr`'s family, or why there is none (`None`:
+/// the mode is [`KernelMode::Off`], nothing to count). Reasons are counted in the stats.
+pub(crate) fn socket(mode: KernelMode, addr: SocketAddr) -> Option<socket2::Socket> {
+    let why = match mode {
+        KernelMode::Off => return None,
+        KernelMode::Auto if !smc_loaded() => KernelUnavailable::NotLoaded,
+        _ => match open(addr) {
+            Ok(s) => return Some(s),
+            Err(e) => {
+                let why = match e.raw_os_error() {
+                    Some(libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT | libc::ESOCKTNOSUPPORT) => {
+                        KernelUnavailable::NoAfSmc
+                    }
+                    _ => KernelUnavailable::SocketFailed,
+                };
+                tracing::debug!(error = %e, %why, "no AF_SMC socket: using tcp");
+                why
+            }
+        },
+    };
+    crate::stats::kernel_unavailable(why);
+    None
+}
+
+fn open(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let proto = if addr.is_ipv4() { wire::SMCPROTO_SMC } else { wire::SMCPROTO_SMC6 };
+    socket2::Socket::new(
+        socket2::Domain::from(wire::AF_SMC),
+        socket2::Type::STREAM.nonblocking().cloexec(),
+        Some(socket2::Protocol::from(proto)),
+    )
+}
+
+/// Whether `fd` is an `AF_SMC` socket (`SO_DOMAIN`).
+pub(crate) fn is_smc_socket(fd: BorrowedFd<'_>) -> bool {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes of an int and its length; `fd` is borrowed open.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    r == 0 && v == wire::AF_SMC
+}
+
+/// Sets `SMC_LIMIT_HS` on an `AF_SMC` socket that is about to listen: with it on, the kernel
+/// serves TCP when the listener's SMC handshakes pile up (its SYN-ACK then carries no SMC
+/// option, and both sides fall back with "peer has no smc"). The kernel reads it in `listen`,
+/// so it has no effect on a socket that already listens.
+pub(crate) fn set_socket_limit_handshake(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: `v` is a valid int for the call's duration; `fd` is borrowed open.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            wire::SOL_SMC,
+            wire::SMC_LIMIT_HS,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// What the kernel made of the `AF_SMC` connection `fd`, from `smc_diag`.
+pub(crate) fn diag(fd: BorrowedFd<'_>) -> io::Result<DiagMode> {
+    // SAFETY: zeroed is a valid stat; fstat fills it before it is read.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is writable; `fd` is borrowed open.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let inode = st.st_ino;
+    let mut found = None;
+    transact(wire::NETLINK_SOCK_DIAG, &wire::diag_request(next_seq()), true, |m| {
+        if wire::is_diag_entry(m) {
+            let (ino, mode) = wire::diag_entry(m.payload)?;
+            if ino == inode {
+                found = Some(mode);
+            }
+        }
+        Ok(())
+    })?;
+    found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "smc_diag does not list the socket"))
+}
+
+/// The transport of a connection on an `AF_SMC` socket whose own establishment ended with
+/// `ours`: the kernel's SMC if the kernel moved it; ours if we moved it (the kernel fell back,
+/// since our peer did not speak the kernel's SMC); otherwise TCP, for the kernel's reason.
+/// Counted in the stats.
+pub(crate) fn transport(fd: BorrowedFd<'_>, ours: Transport) -> Transport {
+    let t = match diag(fd) {
+        Ok(DiagMode::SmcR) => Transport::KernelSmcR,
+        Ok(DiagMode::SmcD) => Transport::KernelSmcD,
+        Ok(DiagMode::Fallback { reason, peer_diagnosis }) => {
+            crate::stats::kernel_fallback(reason);
+            if ours.is_smc() {
+                ours
+            } else {
+                Transport::Tcp(FallbackReason::Kernel(KernelFallback { reason, peer_diagnosis }))
+            }
+        }
+        Ok(DiagMode::Other(m)) => {
+            tracing::debug!(mode = m, "smc_diag reported a mode this crate does not know");
+            Transport::KernelUnknown
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "smc_diag gave no answer for the socket");
+            Transport::KernelUnknown
+        }
+    };
+    crate::stats::kernel_transport(t);
+    t
+}
+
+/// Whether the kernel's global SMC handshake limitation is on (`SMC_NETLINK_DUMP_HS_LIMITATION`
+/// of the `SMC_GEN_NETLINK` family): with it on, kernel SMC listeners serve TCP when their
+/// handshakes pile up, whatever their own `SMC_LIMIT_HS`.
+///
+/// An error of kind `NotFound` means the kernel has no SMC generic-netlink family (no SMC, or
+/// the module is not loaded).
+///
+/// # Examples
+///
+/// ```
+/// match smc_tokio::kernel::limit_handshake() {
+///     Ok(on) => println!("kernel smc handshake limitation: {on}"),
+///     Err(e) => println!("no kernel smc here: {e}"),
+/// }
+/// ```
+pub fn limit_handshake() -> io::Result<bool> {
+    let family = smc_family()?;
+    let mut value = None;
+    transact(libc::NETLINK_GENERIC, &wire::hs_limitation_get(family, next_seq()), true, |m| {
+        value = Some(wire::hs_limitation_value(m.payload)?);
+        Ok(())
+    })?;
+    value.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "empty handshake limitation dump"))
+}
+
+/// Turns the kernel's global SMC handshake limitation on or off, as `smcd`/`smcr` of smc-tools
+/// do (needs `CAP_NET_ADMIN`; `PermissionDenied` otherwise).
+///
+/// # Examples
+///
+/// ```
+/// // Without kernel SMC (or without the capability) this is an error that says so.
+/// if let Err(e) = smc_tokio::kernel::set_limit_handshake(true) {
+///     println!("cannot switch the kernel's limitation: {e}");
+/// }
+/// ```
+pub fn set_limit_handshake(on: bool) -> io::Result<()> {
+    let family = smc_family()?;
+    transact(libc::NETLINK_GENERIC, &wire::hs_limitation_set(family, on, next_seq()), false, |_| Ok(()))
+}
+
+/// Whether this kernel offers `AF_SMC` sockets now (creates one and closes it, which may load
+/// the module).
+///
+/// # Examples
+///
+/// ```
+/// println!("kernel smc: {}", smc_tokio::kernel::available());
+/// ```
+pub fn available() -> bool {
+    open(SocketAddr::from(([127, 0, 0, 1], 0))).is_ok()
+}
+
+fn smc_family() -> io::Result<u16> {
+    let mut id = None;
+    transact(libc::NETLINK_GENERIC, &wire::genl_family_request(wire::SMC_GENL_FAMILY_NAME, next_seq()), false, |m| {
+        id = Some(wire::genl_family_id(m.payload)?);
+        Ok(())
+    })
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => io::Error::new(io::ErrorKind::NotFound, "the kernel has no SMC_GEN_NETLINK family"),
+        _ => e,
+    })?;
+    id.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no family id in the answer"))
+}
+
+fn next_seq() -> u32 {
+    static SEQ: AtomicU32 = AtomicU32::new(1);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Sends `request` on a new netlink socket of `proto` and hands every data message of the
+/// answer to `each`, until the dump's end (`dump`) or the one answer, error or acknowledgement.
+/// Reads with `MSG_DONTWAIT`: the kernel produces its answer (each part of a dump) within the
+/// calls, so a read that would wait is an error, never a stalled worker.
+fn transact(
+    proto: libc::c_int,
+    request: &[u8],
+    dump: bool,
+    mut each: impl FnMut(&wire::Msg<'_>) -> io::Result<()>,
+) -> io::Result<()> {
+    // SAFETY: plain socket(2); the result is checked before use.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed is a valid sockaddr_nl (pid 0, groups 0: the kernel).
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `request` and `sa` are valid for the given lengths; `fd` is open.
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            request.as_ptr().cast(),
+            request.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let seq = wire::messages(request)?.first().map(|m| m.seq).unwrap_or(0);
+    // A dump part is at most a page or so; 32 KiB holds any the kernel sends by default.
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        // SAFETY: `buf` is valid for writes of its length; `fd` is open.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the kernel did not answer the netlink request"));
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "netlink socket closed"));
+        }
+        for m in wire::messages(&buf[..n as usize])? {
+            if m.seq != seq {
+                continue;
+            }
+            match wire::control(&m)? {
+                wire::Control::Done | wire::Control::Ack => return Ok(()),
+                wire::Control::Error(e) => return Err(io::Error::from_raw_os_error(e)),
+                wire::Control::Data => {
+                    each(&m)?;
+                    if !dump && !wire::is_multi(&m) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print() {
+        for m in [KernelMode::Off, KernelMode::Auto, KernelMode::On] {
+            assert_eq!(m.to_string().parse::<KernelMode>(), Ok(m));
+        }
+        assert_eq!(" ON ".parse::<KernelMode>(), Ok(KernelMode::On));
+        assert!("".parse::<KernelMode>().is_err());
+    }
+
+    #[test]
+    fn fallback_reasons_name_known_codes_only() {
+        let codes: Vec<u32> = REASONS.iter().map(|(c, _)| *c).collect();
+        let mut sorted = codes.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), codes.len(), "a code is listed twice");
+        let f = KernelFallback { reason: 0x0500_0000, peer_diagnosis: 0x0303_0008 };
+        assert_eq!(
+            f.to_string(),
+            "kernel fallback 0x05000000 (peer declined during the handshake), peer's diagnosis 0x03030008"
+        );
+        assert_eq!(KernelFallback { reason: 7, peer_diagnosis: 0 }.to_string(), "kernel fallback 0x00000007");
+    }
+
+    #[test]
+    fn off_makes_no_socket_and_counts_nothing() {
+        let before = crate::stats::stats().kernel.unavailable;
+        assert!(socket(KernelMode::Off, "127.0.0.1:1".parse().unwrap()).is_none());
+        assert_eq!(crate::stats::stats().kernel.unavailable, before);
+    }
+
+    #[test]
+    fn a_tcp_socket_is_not_an_smc_socket() {
+        let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(!is_smc_socket(std::os::fd::AsFd::as_fd(&s)));
+    }
+}
