@@ -10,6 +10,13 @@
  *                                          (plain TCP clients fall back)
  *   ksmc-echo stream smc|tcp IP PORT BYTES echo BYTES, print MB/s each way
  *   ksmc-echo rr smc|tcp IP PORT SIZE N    N round trips of SIZE bytes
+ *   ksmc-echo iserver PORT CONNS           interop server (two-kernel mode): serves
+ *                                          CONNS exchanges (see smc_kernel_test.rs)
+ *   ksmc-echo iclient IP PORT UP DOWN      interop client: one exchange
+ *
+ * The interop commands check each connection's mode with the kernel's smc_diag
+ * (it must be SMC-R) and send their part as the header under TCP_CORK and the
+ * payload by sendfile(2) from a file.
  *
  * Clients retry their connect (refused) for up to 60 s.
  */
@@ -19,6 +26,10 @@
 #include <linux/genetlink.h>
 #include <linux/netlink.h>
 #include <linux/smc.h>
+#include <linux/smc_diag.h>
+#include <linux/sock_diag.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -328,13 +339,204 @@ static int cmd_rr(const char *proto, const char *ip, int port, size_t size, int 
 	return 0;
 }
 
+/* ---- interop: smc_diag, pattern, cork + sendfile ---- */
+
+/* The mode smc_diag reports for the AF_SMC socket fd (matched by inode), with
+ * the fallback reason; -1 when it is not listed. */
+static int diag_mode(int fd, unsigned *reason)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		die("fstat");
+	int nl = socket(AF_NETLINK, SOCK_RAW, NETLINK_SOCK_DIAG);
+	if (nl < 0)
+		die("netlink socket");
+	struct {
+		struct nlmsghdr n;
+		struct smc_diag_req r;
+	} req;
+	memset(&req, 0, sizeof(req));
+	req.n.nlmsg_len = sizeof(req);
+	req.n.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	req.n.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	req.n.nlmsg_seq = 1;
+	req.r.diag_family = AF_SMC;
+	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
+	if (sendto(nl, &req, sizeof(req), 0, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		die("netlink send");
+	static char buf[32768];
+	int mode = -1;
+	*reason = 0;
+	for (;;) {
+		int n = recv(nl, buf, sizeof(buf), 0);
+		if (n < 0)
+			die("netlink recv");
+		for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, n); h = NLMSG_NEXT(h, n)) {
+			if (h->nlmsg_type == NLMSG_DONE) {
+				close(nl);
+				return mode;
+			}
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				fprintf(stderr, "ksmc-echo: smc_diag: error %d\n",
+					((struct nlmsgerr *)NLMSG_DATA(h))->error);
+				exit(1);
+			}
+			struct smc_diag_msg *m = NLMSG_DATA(h);
+			if (m->diag_inode != st.st_ino)
+				continue;
+			mode = m->diag_mode;
+			struct nlattr *a = (struct nlattr *)((char *)m + NLMSG_ALIGN(sizeof(*m)));
+			int left = h->nlmsg_len - NLMSG_LENGTH(sizeof(*m));
+			while (left >= NLA_HDRLEN && a->nla_len >= NLA_HDRLEN && a->nla_len <= left) {
+				if (a->nla_type == SMC_DIAG_FALLBACK)
+					*reason = ((struct smc_diag_fallback *)((char *)a + NLA_HDRLEN))->reason;
+				left -= NLA_ALIGN(a->nla_len);
+				a = (struct nlattr *)((char *)a + NLA_ALIGN(a->nla_len));
+			}
+		}
+	}
+}
+
+/* Prints the connection's mode; returns whether it is SMC-R. */
+static int check_smcr(int fd, const char *who)
+{
+	unsigned reason;
+	int mode = diag_mode(fd, &reason);
+	const char *name = mode == SMC_DIAG_MODE_SMCR ? "SMCR" :
+			   mode == SMC_DIAG_MODE_SMCD ? "SMCD" :
+			   mode == SMC_DIAG_MODE_FALLBACK_TCP ? "TCP" : "unlisted";
+	printf("ksmc-echo: %s: smc_diag mode %s (fallback reason 0x%08x)\n", who, name, reason);
+	return mode == SMC_DIAG_MODE_SMCR;
+}
+
+static unsigned char pattern(unsigned long long i)
+{
+	return (unsigned char)((i * 7 + 3) % 251);
+}
+
+static void read_checked(int fd, unsigned long long len)
+{
+	static unsigned char buf[1 << 16];
+	unsigned long long at = 0;
+	while (at < len) {
+		size_t want = len - at < sizeof(buf) ? len - at : sizeof(buf);
+		ssize_t r = read(fd, buf, want);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			die("read");
+		}
+		if (r == 0) {
+			fprintf(stderr, "ksmc-echo: EOF after %llu of %llu bytes\n", at, len);
+			exit(1);
+		}
+		for (ssize_t i = 0; i < r; i++)
+			if (buf[i] != pattern(at + i)) {
+				fprintf(stderr, "ksmc-echo: wrong byte at %llu\n", at + i);
+				exit(1);
+			}
+		at += r;
+	}
+}
+
+/* header under TCP_CORK, then len pattern bytes by sendfile(2), then uncork. */
+static void send_corked(int fd, const void *hdr, size_t hlen, unsigned long long len)
+{
+	char path[] = "/tmp/ksmc-echo-XXXXXX";
+	int f = mkstemp(path);
+	if (f < 0)
+		die("mkstemp");
+	unlink(path);
+	static unsigned char chunk[1 << 16];
+	for (unsigned long long at = 0; at < len;) {
+		size_t n = len - at < sizeof(chunk) ? len - at : sizeof(chunk);
+		for (size_t i = 0; i < n; i++)
+			chunk[i] = pattern(at + i);
+		write_all(f, (char *)chunk, n);
+		at += n;
+	}
+	int one = 1, zero = 0;
+	if (setsockopt(fd, IPPROTO_TCP, TCP_CORK, &one, sizeof(one)) < 0)
+		die("TCP_CORK on");
+	write_all(fd, hdr, hlen);
+	off_t off = 0;
+	while ((unsigned long long)off < len) {
+		ssize_t n = sendfile(fd, f, &off, len - off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			die("sendfile");
+		}
+		if (n == 0) {
+			fprintf(stderr, "ksmc-echo: sendfile sent nothing\n");
+			exit(1);
+		}
+	}
+	if (setsockopt(fd, IPPROTO_TCP, TCP_CORK, &zero, sizeof(zero)) < 0)
+		die("TCP_CORK off");
+	close(f);
+}
+
+static int cmd_iserver(int port, int conns)
+{
+	int fd = open_sock("smc");
+	int one = 1, ok = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		die("bind");
+	if (listen(fd, 16) < 0)
+		die("listen");
+	printf("ksmc-echo: interop server on port %d for %d connection(s)\n", port, conns);
+	for (int i = 0; i < conns; i++) {
+		int c = accept(fd, NULL, NULL);
+		if (c < 0)
+			die("accept");
+		ok &= check_smcr(c, "iserver");
+		unsigned long long hdr[2];
+		read_all(c, (char *)hdr, sizeof(hdr));
+		read_checked(c, hdr[0]);
+		send_corked(c, &hdr[1], sizeof(hdr[1]), hdr[1]);
+		char rest;
+		if (read(c, &rest, 1) != 0) {
+			fprintf(stderr, "ksmc-echo: no EOF after the exchange\n");
+			return 1;
+		}
+		printf("ksmc-echo: iserver: received %llu bytes intact, sent %llu (TCP_CORK + sendfile)\n",
+		       hdr[0], hdr[1]);
+		close(c);
+	}
+	return ok ? 0 : 1;
+}
+
+static int cmd_iclient(const char *ip, int port, unsigned long long up, unsigned long long down)
+{
+	int fd = connect_retry("smc", ip, port);
+	int ok = check_smcr(fd, "iclient");
+	unsigned long long hdr[2] = { up, down };
+	send_corked(fd, hdr, sizeof(hdr), up);
+	unsigned long long len;
+	read_all(fd, (char *)&len, sizeof(len));
+	if (len != down) {
+		fprintf(stderr, "ksmc-echo: the server announced %llu bytes, not %llu\n", len, down);
+		return 1;
+	}
+	read_checked(fd, down);
+	shutdown(fd, SHUT_WR);
+	printf("ksmc-echo: iclient: sent %llu bytes (TCP_CORK + sendfile), received %llu intact\n", up, down);
+	close(fd);
+	return ok ? 0 : 1;
+}
+
 static void usage(void)
 {
 	fprintf(stderr,
 		"usage: ksmc-echo ueid UEID\n"
 		"       ksmc-echo server PORT CONNS\n"
 		"       ksmc-echo stream smc|tcp IP PORT BYTES\n"
-		"       ksmc-echo rr smc|tcp IP PORT SIZE ITERS\n");
+		"       ksmc-echo rr smc|tcp IP PORT SIZE ITERS\n"
+		"       ksmc-echo iserver PORT CONNS\n"
+		"       ksmc-echo iclient IP PORT UP DOWN\n");
 	exit(2);
 }
 
@@ -350,6 +552,11 @@ int main(int argc, char **argv)
 	if (argc == 7 && strcmp(argv[1], "rr") == 0)
 		return cmd_rr(argv[2], argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 0),
 			      atoi(argv[6]));
+	if (argc == 4 && strcmp(argv[1], "iserver") == 0)
+		return cmd_iserver(atoi(argv[2]), atoi(argv[3]));
+	if (argc == 6 && strcmp(argv[1], "iclient") == 0)
+		return cmd_iclient(argv[2], atoi(argv[3]), strtoull(argv[4], NULL, 0),
+				   strtoull(argv[5], NULL, 0));
 	usage();
 	return 2;
 }

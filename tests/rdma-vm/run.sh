@@ -13,6 +13,14 @@
 #              B = client 10.0.0.2 (guest-two-client.sh). B's status decides.
 #   two-ksmc   like two, with the kernel's own SMC-R (AF_SMC) echo test:
 #              guest-two-ksmc-server.sh / guest-two-ksmc-client.sh.
+#   two-kernel like two, smc-tokio against the kernel's SMC-R both ways
+#              (guest-two-kernel-*.sh): a C AF_SMC client against an
+#              smc-tokio server, an smc-tokio client against a C AF_SMC
+#              server, each checked with smc_diag; then smcperf with
+#              --transport ksmc,smc,tcp. Builds smc-kernel-test and smcperf
+#              (release, feature rdma) itself unless given with --bin; exits 0
+#              only if both guests pass and both KERNEL-INTEROP lines say
+#              smc-r.
 #
 # OPTIONS
 #   --bin PATH[:NAME]     put PATH in the guest's /bin (as NAME, default its
@@ -103,7 +111,7 @@ INSTALL=1
 need_arg() { [ "$#" -ge 2 ] || die "$1 needs an argument"; }
 while [ "$#" -gt 0 ]; do
     case "$1" in
-        single|two|two-ksmc) MODE=$1 ;;
+        single|two|two-ksmc|two-kernel) MODE=$1 ;;
         --bin) need_arg "$@"; BINS+=("$2"); shift ;;
         --file) need_arg "$@"; FILES+=("$2"); shift ;;
         --env) need_arg "$@"; ENVS+=("$2"); shift ;;
@@ -142,6 +150,13 @@ case "$MODE" in
         : "${SERVER_SCRIPT:=$HERE/guest-two-ksmc-server.sh}"
         : "${CLIENT_SCRIPT:=$HERE/guest-two-ksmc-client.sh}"
         EXTRA_MODULES+=(smc smc_diag)
+        ;;
+    two-kernel)
+        : "${TIMEOUT:=600}"
+        : "${SERVER_SCRIPT:=$HERE/guest-two-kernel-server.sh}"
+        : "${CLIENT_SCRIPT:=$HERE/guest-two-kernel-client.sh}"
+        EXTRA_MODULES+=(smc smc_diag)
+        REQUIRE_SERVER=1
         ;;
 esac
 for v in "$TIMEOUT" "$CMD_TIMEOUT" "$MEM" "$SMP"; do
@@ -517,6 +532,46 @@ free_udp_port() {
 # ------------------------------------------------------------- verbs ABI
 # smc-tokio declares the few libibverbs structures it uses by hand (no bindgen);
 # before anything boots, compare its layout with the installed verbs.h.
+# two-kernel: kabi.c (the installed smc.h/smc_diag.h) and `smc-kernel-test abi`
+# (what smc-tokio's kernel module assumes) must print the same facts.
+kabi_check() { # RUN_DIR
+    local b exe=""
+    for b in "${BINS[@]}"; do
+        if [ "$(basename "${b%%:*}")" = smc-kernel-test ]; then exe=${b%%:*}; fi
+    done
+    [ -n "$exe" ] || return 0
+    gcc -O0 -o "$1/kabi-c" "$HERE/kabi.c" || die "cannot compile kabi.c"
+    "$1/kabi-c" > "$1/kabi-c.txt"
+    "$exe" abi > "$1/kabi-rust.txt"
+    if ! diff -u "$1/kabi-c.txt" "$1/kabi-rust.txt" >&2; then
+        echo "rdma-vm: kernel SMC ABI mismatch: smc-tokio's kernel module disagrees with <linux/smc*.h>" >&2
+        exit 3
+    fi
+    log "kernel SMC ABI: $(wc -l < "$1/kabi-c.txt") facts match <linux/smc.h>, <linux/smc_diag.h>"
+}
+
+# two-kernel builds what it runs unless given: smc-kernel-test and smcperf.
+build_kernel_bins() {
+    local b have_test=0 have_perf=0 root
+    for b in "${BINS[@]}"; do
+        case "$(basename "${b%%:*}")" in
+            smc-kernel-test) have_test=1 ;;
+            smcperf) have_perf=1 ;;
+        esac
+    done
+    root=$(cd "$HERE/../.." && pwd)
+    if [ "$have_test" = 0 ]; then
+        log "building smc-kernel-test (release)"
+        (cd "$root" && cargo build --release -q -p tests --bin smc-kernel-test) || die "cannot build smc-kernel-test"
+        BINS+=("$root/target/release/smc-kernel-test")
+    fi
+    if [ "$have_perf" = 0 ]; then
+        log "building smcperf (release, feature rdma)"
+        (cd "$root" && cargo build --release -q -p benches --features rdma --bin smcperf) || die "cannot build smcperf"
+        BINS+=("$root/target/release/smcperf")
+    fi
+}
+
 abi_check() { # RUN_DIR
     local b exe=""
     for b in "${BINS[@]}"; do
@@ -537,6 +592,9 @@ abi_check() { # RUN_DIR
 # ------------------------------------------------------------------- main
 START=$(date +%s)
 install_host_packages
+if [ "$MODE" = two-kernel ]; then
+    build_kernel_bins
+fi
 mkdir -p "$CACHE"
 exec 9> "$CACHE/.lock"
 flock 9
@@ -550,12 +608,13 @@ fi
 RUN=$OUT
 mkdir -p "$RUN"
 abi_check "$RUN"
+kabi_check "$RUN"
 resolve_modules "$RUN/modules.list" "${BASE_MODULES[@]}" "${EXTRA_MODULES[@]}"
 flock -u 9
 
-if [ "$MODE" = two-ksmc ]; then
+if [ "$MODE" = two-ksmc ] || [ "$MODE" = two-kernel ]; then
     # The AF_SMC echo tool, built with the host's C compiler.
-    command -v gcc > /dev/null || die "two-ksmc needs gcc (apt-get install gcc libc6-dev)"
+    command -v gcc > /dev/null || die "$MODE needs gcc (apt-get install gcc libc6-dev)"
     gcc -O2 -Wall -pthread -o "$RUN/ksmc-echo" "$HERE/ksmc-echo.c"
     BINS+=("$RUN/ksmc-echo")
 fi
@@ -605,5 +664,19 @@ if [ "$sst" != 0 ]; then
         exit "$sst"
     fi
     log "WARNING: the server guest's status is $sst (the client's decides; --require-server to fail on it)"
+fi
+if [ "$MODE" = two-kernel ]; then
+    # Both directions must have said smc-r (the guests' statuses already count
+    # every failed step; this checks the verdict lines themselves).
+    ok=1
+    for want in "KERNEL-INTEROP kernel-client->smc-tokio smc-r" "KERNEL-INTEROP smc-tokio-client->kernel smc-r"; do
+        if cat "$RUN/server.log" "$RUN/client.log" 2>/dev/null | tr -d '\r' | grep -qxF "$want"; then
+            log "$want"
+        else
+            log "MISSING: $want"
+            ok=0
+        fi
+    done
+    [ "$ok" = 1 ] || exit 1
 fi
 exit 0

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use smc_tokio::config::ShmConfig;
+use smc_tokio::kernel::KernelMode;
 use smc_tokio::{Policy, SmcListener, SmcStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -84,6 +85,10 @@ enum Kind {
     Tcp,
     /// tokio's `UnixStream` (raw scenarios only).
     Unix,
+    /// smc-tokio through the kernel's `AF_SMC` socket (`KernelMode::On`; raw scenarios only):
+    /// the kernel's SMC-R or SMC-D against a server whose listener is `AF_SMC` too (`--kernel
+    /// on`), as in the soft-RoCE guests.
+    Ksmc,
 }
 
 impl Kind {
@@ -92,6 +97,7 @@ impl Kind {
             Kind::Smc => "smc",
             Kind::Tcp => "tcp",
             Kind::Unix => "unix",
+            Kind::Ksmc => "ksmc",
         }
     }
 }
@@ -190,6 +196,13 @@ enum OnOff {
     Off,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KernelArg {
+    Off,
+    Auto,
+    On,
+}
+
 #[derive(Debug, clap::Args)]
 struct Common {
     /// Scenarios, comma-separated.
@@ -240,6 +253,11 @@ struct Common {
     /// with the `rdma` feature, as in the soft-RoCE guests).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     shm: OnOff,
+    /// The kernel's `AF_SMC` sockets for this process's smc listeners (and `smc` clients
+    /// use them only with `--transport ksmc`): off, auto or on [default: the crate's, or
+    /// `SMC_TOKIO_KERNEL`].
+    #[arg(long, value_enum)]
+    kernel: Option<KernelArg>,
     /// The unix socket path (local: a temporary one).
     #[arg(long)]
     unix: Option<PathBuf>,
@@ -315,6 +333,14 @@ impl Common {
         }
         if let Some(n) = self.adaptive_min_bytes {
             smc_tokio::config::global().update(|s| s.adaptive_min_bytes = n);
+        }
+        if let Some(k) = self.kernel {
+            let mode = match k {
+                KernelArg::Off => KernelMode::Off,
+                KernelArg::Auto => KernelMode::Auto,
+                KernelArg::On => KernelMode::On,
+            };
+            smc_tokio::config::global().update(|s| s.kernel = mode);
         }
         Opts {
             scenarios: Some(self.scenario),
@@ -465,8 +491,14 @@ impl AsyncWrite for Conn {
 
 async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
     Ok(match kind {
-        Kind::Smc => {
-            let s = SmcStream::builder().policy(Policy::Auto).shm(target.shm.clone()).connect(target.tcp).await?;
+        Kind::Smc | Kind::Ksmc => {
+            let kernel = if kind == Kind::Ksmc { KernelMode::On } else { KernelMode::Off };
+            let s = SmcStream::builder()
+                .policy(Policy::Auto)
+                .shm(target.shm.clone())
+                .kernel(kernel)
+                .connect(target.tcp)
+                .await?;
             s.set_nodelay(true)?;
             Conn::Smc(s)
         }
@@ -1130,7 +1162,11 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
         let variants: Vec<(Kind, &'static str)> = if case.scenario == Scenario::File {
             FILE_VARIANTS.to_vec()
         } else {
-            opts.transports.iter().filter(|k| **k != Kind::Unix || case.scenario.has_unix()).map(|k| (*k, "")).collect()
+            opts.transports
+                .iter()
+                .filter(|k| !matches!(k, Kind::Unix | Kind::Ksmc) || case.scenario.has_unix())
+                .map(|k| (*k, ""))
+                .collect()
         };
         for (kind, variant) in variants {
             let mut runs = Vec::new();
