@@ -50,6 +50,7 @@
 #   --keep                keep the initramfs images in the run directory.
 #   --quiet               don't print the guests' consoles, only the summary.
 #   --no-install          don't apt-get install missing host packages.
+#   --no-perf             two-kernel: don't build or run smcperf.
 #   -h, --help            this text.
 #
 # Environment:
@@ -103,6 +104,7 @@ SMP=1
 CPU=max
 EXTRA_MODULES=()
 REQUIRE_SERVER=0
+NO_PERF=0
 OUT=""
 KEEP=0
 QUIET=0
@@ -125,6 +127,7 @@ while [ "$#" -gt 0 ]; do
         --cpu) need_arg "$@"; CPU=$2; shift ;;
         --modules) need_arg "$@"; read -r -a _m <<< "$2"; EXTRA_MODULES+=("${_m[@]}"); shift ;;
         --require-server) REQUIRE_SERVER=1 ;;
+        --no-perf) NO_PERF=1 ;;
         --out) need_arg "$@"; OUT=$2; shift ;;
         --keep) KEEP=1 ;;
         --quiet) QUIET=1 ;;
@@ -565,7 +568,7 @@ build_kernel_bins() {
         (cd "$root" && cargo build --release -q -p tests --bin smc-kernel-test) || die "cannot build smc-kernel-test"
         BINS+=("$root/target/release/smc-kernel-test")
     fi
-    if [ "$have_perf" = 0 ]; then
+    if [ "$have_perf" = 0 ] && [ "$NO_PERF" = 0 ]; then
         log "building smcperf (release, feature rdma)"
         (cd "$root" && cargo build --release -q -p benches --features rdma --bin smcperf) || die "cannot build smcperf"
         BINS+=("$root/target/release/smcperf")

@@ -97,10 +97,7 @@ fn verdict(direction: &str, t: Transport) -> bool {
 }
 
 async fn server(port: u16, conns: usize) -> io::Result<bool> {
-    let listener = SmcListener::builder()
-        .kernel(KernelMode::On)
-        .bind(("0.0.0.0", port))
-        .await?;
+    let listener = SmcListener::builder().kernel(KernelMode::On).bind(("0.0.0.0", port)).await?;
     if !listener.is_kernel_smc() {
         return Err(io::Error::other("the listener is not an AF_SMC socket (no kernel SMC here?)"));
     }
@@ -171,9 +168,7 @@ fn limit() -> io::Result<bool> {
 }
 
 fn usage() -> ! {
-    eprintln!(
-        "usage: smc-kernel-test abi | server PORT CONNS | client IP PORT UP DOWN | limit"
-    );
+    eprintln!("usage: smc-kernel-test abi | server PORT CONNS | client IP PORT UP DOWN | limit");
     std::process::exit(2)
 }
 
