@@ -12,7 +12,7 @@
 //!   establishment proceeds on top: smc-tokio peers on this host still get this crate's SMC-D
 //!   through the listener's door, opted-in peers the in-band handshake, plain peers TCP. A
 //!   connection that stays on TCP reports the kernel's fallback reason
-//!   ([`FallbackReason::Kernel`](crate::FallbackReason::Kernel));
+//!   ([`FallbackReason::Kernel`](crate::FallbackReason));
 //! - where the kernel has no `AF_SMC`, sockets are plain TCP, as with [`KernelMode::Off`], and
 //!   [`Stats::kernel`](crate::Stats::kernel) counts why.
 //!
