@@ -20,8 +20,8 @@ step kernel-client-small "$T" ksmc-echo iclient "$S" 7200 14 14
 step smc-tokio-client "$T" smc-kernel-test client "$S" 7201 1048576 4194304
 
 if [ -x /bin/smcperf ]; then
-    client_step smcperf "$T" 60 env SMC_TOKIO_INBAND_PEERS="$S" smcperf client --connect "$S:7000" \
-        --shm off --transport ksmc,smc,tcp --scenario rr,stream --size 14,65536 --duration 3 --runs 1
+    client_step smcperf 400 60 env SMC_TOKIO_INBAND_PEERS="$S" smcperf client --connect "$S:7000" \
+        --shm off --transport ksmc,smc,tcp --scenario rr,stream --size 14,65536 --duration 2 --runs 3
     peer_done_signal
 fi
 finish

@@ -22,8 +22,8 @@ bg_step smc-tokio-client-to-kernel "$T" ksmc-echo iserver 7201 1
 wait_step smc-tokio-client-to-kernel
 
 if [ -x /bin/smcperf ]; then
-    bg_step smcperf-server "$T" smcperf server --listen "$RDMA_VM_SERVER_IP:7000" --shm off --kernel on
-    peer_done_wait "$T"
+    bg_step smcperf-server 500 smcperf server --listen "$RDMA_VM_SERVER_IP:7000" --shm off --kernel on
+    peer_done_wait 500
     stop_step smcperf-server
 fi
 finish

@@ -417,25 +417,15 @@ static unsigned char pattern(unsigned long long i)
 static void read_checked(int fd, unsigned long long len)
 {
 	static unsigned char buf[1 << 16];
-	unsigned long long at = 0;
-	while (at < len) {
-		size_t want = len - at < sizeof(buf) ? len - at : sizeof(buf);
-		ssize_t r = read(fd, buf, want);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			die("read");
-		}
-		if (r == 0) {
-			fprintf(stderr, "ksmc-echo: EOF after %llu of %llu bytes\n", at, len);
-			exit(1);
-		}
-		for (ssize_t i = 0; i < r; i++)
+	for (unsigned long long at = 0; at < len;) {
+		size_t n = len - at < sizeof(buf) ? len - at : sizeof(buf);
+		read_all(fd, (char *)buf, n);
+		for (size_t i = 0; i < n; i++)
 			if (buf[i] != pattern(at + i)) {
 				fprintf(stderr, "ksmc-echo: wrong byte at %llu\n", at + i);
 				exit(1);
 			}
-		at += r;
+		at += n;
 	}
 }
 

@@ -535,24 +535,6 @@ free_udp_port() {
 # ------------------------------------------------------------- verbs ABI
 # smc-tokio declares the few libibverbs structures it uses by hand (no bindgen);
 # before anything boots, compare its layout with the installed verbs.h.
-# two-kernel: kabi.c (the installed smc.h/smc_diag.h) and `smc-kernel-test abi`
-# (what smc-tokio's kernel module assumes) must print the same facts.
-kabi_check() { # RUN_DIR
-    local b exe=""
-    for b in "${BINS[@]}"; do
-        if [ "$(basename "${b%%:*}")" = smc-kernel-test ]; then exe=${b%%:*}; fi
-    done
-    [ -n "$exe" ] || return 0
-    gcc -O0 -o "$1/kabi-c" "$HERE/kabi.c" || die "cannot compile kabi.c"
-    "$1/kabi-c" > "$1/kabi-c.txt"
-    "$exe" abi > "$1/kabi-rust.txt"
-    if ! diff -u "$1/kabi-c.txt" "$1/kabi-rust.txt" >&2; then
-        echo "rdma-vm: kernel SMC ABI mismatch: smc-tokio's kernel module disagrees with <linux/smc*.h>" >&2
-        exit 3
-    fi
-    log "kernel SMC ABI: $(wc -l < "$1/kabi-c.txt") facts match <linux/smc.h>, <linux/smc_diag.h>"
-}
-
 # two-kernel builds what it runs unless given: smc-kernel-test and smcperf.
 build_kernel_bins() {
     local b have_test=0 have_perf=0 root
@@ -575,21 +557,25 @@ build_kernel_bins() {
     fi
 }
 
-abi_check() { # RUN_DIR
-    local b exe=""
+# abi_compare RUN_DIR BIN C_FILE WHAT: when BIN is among the guest binaries,
+# C_FILE (compiled against the installed headers) and `BIN abi` must print the
+# same facts, or the run stops with status 3.
+abi_compare() {
+    local b exe="" name
     for b in "${BINS[@]}"; do
-        if [ "$(basename "${b%%:*}")" = smc-rdma-test ]; then exe=${b%%:*}; fi
+        if [ "$(basename "${b%%:*}")" = "$2" ]; then exe=${b%%:*}; fi
     done
     [ -n "$exe" ] || return 0
-    command -v gcc > /dev/null || die "gcc is needed for the verbs ABI check"
-    gcc -O0 -o "$1/abi-c" "$HERE/abi.c" || die "cannot compile abi.c"
-    "$1/abi-c" > "$1/abi-c.txt"
-    "$exe" abi > "$1/abi-rust.txt"
-    if ! diff -u "$1/abi-c.txt" "$1/abi-rust.txt" >&2; then
-        echo "rdma-vm: verbs ABI mismatch: smc-tokio's ffi.rs disagrees with <infiniband/verbs.h>" >&2
+    name=$(basename "$3" .c)
+    command -v gcc > /dev/null || die "gcc is needed for the $4 ABI check"
+    gcc -O0 -o "$1/$name-c" "$HERE/$3" || die "cannot compile $3"
+    "$1/$name-c" > "$1/$name-c.txt"
+    "$exe" abi > "$1/$name-rust.txt"
+    if ! diff -u "$1/$name-c.txt" "$1/$name-rust.txt" >&2; then
+        echo "rdma-vm: $4 ABI mismatch: smc-tokio disagrees with the installed headers" >&2
         exit 3
     fi
-    log "verbs ABI: $(wc -l < "$1/abi-c.txt") layout facts match <infiniband/verbs.h>"
+    log "$4 ABI: $(wc -l < "$1/$name-c.txt") facts match the installed headers"
 }
 
 # ------------------------------------------------------------------- main
@@ -610,8 +596,9 @@ if [ -z "$OUT" ]; then
 fi
 RUN=$OUT
 mkdir -p "$RUN"
-abi_check "$RUN"
-kabi_check "$RUN"
+# The verbs FFI (smc-rdma-test) and the kernel SMC module (smc-kernel-test).
+abi_compare "$RUN" smc-rdma-test abi.c verbs
+abi_compare "$RUN" smc-kernel-test kabi.c "kernel SMC"
 resolve_modules "$RUN/modules.list" "${BASE_MODULES[@]}" "${EXTRA_MODULES[@]}"
 flock -u 9
 

@@ -254,14 +254,15 @@ pub(crate) fn genl_family_request(name: &str, seq: u32) -> Vec<u8> {
     finish(buf)
 }
 
+/// The data of the top-level attribute `ty` of a generic-netlink message's payload.
+fn genl_attr(payload: &[u8], ty: u16) -> io::Result<Option<&[u8]>> {
+    let body = payload.get(GENL_HDRLEN..).ok_or_else(|| malformed("short genl header"))?;
+    Ok(attrs(body)?.into_iter().find(|(t, _)| *t == ty).map(|(_, d)| d))
+}
+
 /// The family id in the controller's answer.
 pub(crate) fn genl_family_id(payload: &[u8]) -> io::Result<u16> {
-    let body = payload.get(GENL_HDRLEN..).ok_or_else(|| malformed("short genl header"))?;
-    attrs(body)?
-        .into_iter()
-        .find(|(ty, _)| *ty == CTRL_ATTR_FAMILY_ID)
-        .and_then(|(_, d)| u16_at(d, 0))
-        .ok_or_else(|| malformed("no family id"))
+    genl_attr(payload, CTRL_ATTR_FAMILY_ID)?.and_then(|d| u16_at(d, 0)).ok_or_else(|| malformed("no family id"))
 }
 
 /// Turns the kernel's global SMC handshake limitation on or off (acknowledged).
@@ -288,11 +289,8 @@ pub(crate) fn hs_limitation_get(family: u16, seq: u32) -> Vec<u8> {
 
 /// The limitation's state in a dump entry.
 pub(crate) fn hs_limitation_value(payload: &[u8]) -> io::Result<bool> {
-    let body = payload.get(GENL_HDRLEN..).ok_or_else(|| malformed("short genl header"))?;
-    attrs(body)?
-        .into_iter()
-        .find(|(ty, _)| *ty == SMC_NLA_HS_LIMITATION_ENABLED)
-        .and_then(|(_, d)| d.first().copied())
+    genl_attr(payload, SMC_NLA_HS_LIMITATION_ENABLED)?
+        .and_then(|d| d.first().copied())
         .map(|v| v != 0)
         .ok_or_else(|| malformed("no SMC_NLA_HS_LIMITATION_ENABLED"))
 }
