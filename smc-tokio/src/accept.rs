@@ -77,7 +77,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     // kernel-SMC client is the kernel's (no peek, no in-band guard); any other stays ours.
     let plain = if shared.kernel {
         let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::PeerNoSmc));
-        if t.is_kernel_smc() || t == Transport::KernelUnknown {
+        if t.settled_by_kernel() {
             return hand_out(&cfg, tcp, t, None);
         }
         t

@@ -77,24 +77,25 @@ pub(crate) async fn establish(
 ) -> io::Result<SmcStream> {
     let user = &mut user;
     if cfg.policy == Policy::TcpOnly {
-        return plain(cfg, addr, FallbackReason::Disabled, user).await;
+        return plain(cfg, addr, FallbackReason::Disabled, user, false).await;
     }
     let Some(_slot) = ClientSlot::take(limit, cfg) else {
         // Too many client handshakes in flight: this one goes plain at once.
-        kernel_socket(cfg, addr, user);
+        let kernel = kernel_socket(cfg, addr, user);
         return plain(
             cfg,
             addr,
             FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local },
             user,
+            kernel,
         )
         .await;
     };
     // A server that failed an in-band handshake, or whose SMC connections keep ending too
     // soon to pay off (adaptive fallback), is left alone for a while.
     if NegativeCache::global().contains(addr, Instant::now()) {
-        kernel_socket(cfg, addr, user);
-        return plain(cfg, addr, FallbackReason::NegativeCache, user).await;
+        let kernel = kernel_socket(cfg, addr, user);
+        return plain(cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }
     // The verbs library is loaded before the connection exists, off the runtime.
     #[cfg(feature = "rdma")]
@@ -107,12 +108,12 @@ pub(crate) async fn establish(
     let kernel = kernel_socket(cfg, addr, user);
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
-        return plain(cfg, addr, FallbackReason::NotProposed, user).await;
+        return plain(cfg, addr, FallbackReason::NotProposed, user, kernel).await;
     }
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
         let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
-        if t.is_kernel_smc() || t == Transport::KernelUnknown {
+        if t.settled_by_kernel() {
             return Ok(SmcStream::from_tcp(tcp, t));
         }
     }
@@ -138,16 +139,16 @@ fn kernel_socket(cfg: &Settings, addr: SocketAddr, user: &mut Option<socket2::So
     user.is_some()
 }
 
-/// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused). From
-/// the kernel's `AF_SMC` socket, when `user` holds one: then the kernel's SMC, if the server
-/// speaks it.
+/// A plain TCP connection (or, under [`Policy::Never`], the error that SMC was refused). With
+/// `kernel`, `user` holds the kernel's `AF_SMC` socket (from [`kernel_socket`]): then the
+/// kernel's SMC, if the server speaks it.
 async fn plain(
     cfg: &Settings,
     addr: SocketAddr,
     reason: FallbackReason,
     user: &mut Option<socket2::Socket>,
+    kernel: bool,
 ) -> io::Result<SmcStream> {
-    let kernel = user.as_ref().is_some_and(|s| crate::kernel::is_smc_socket(s.as_fd()));
     if cfg.policy == Policy::Never && !kernel {
         return Err(SmcError::FallbackRefused(reason).into());
     }
@@ -204,12 +205,12 @@ async fn via_door(
                 // No descriptor (or memory) to look for doors or register: plain TCP, said as
                 // what it is rather than "no listener".
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason, user).await.map(Some);
+                return plain(cfg, addr, reason, user, false).await.map(Some);
             }
             Registered::Busy => {
                 // The listener is swamped: plain TCP now, as its own congestion decline would.
                 let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-                return plain(cfg, addr, reason, user).await.map(Some);
+                return plain(cfg, addr, reason, user, false).await.map(Some);
             }
         };
         stats::door(DoorEvent::Registered);
@@ -226,7 +227,7 @@ async fn via_door(
                 drop(reg);
                 tracing::debug!("no free port to register: connecting as plain tcp");
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason, user).await.map(Some);
+                return plain(cfg, addr, reason, user, false).await.map(Some);
             }
             Err(e) => return Err(e),
         };

@@ -130,7 +130,7 @@ pub(crate) fn get_seals(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
 }
 
 /// `fstat(2)`.
-fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
     // SAFETY: `st` is written by fstat before it is read; zeroed is a valid bit pattern.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `st` is a valid, writable stat buffer; `fd` is borrowed open.

@@ -68,6 +68,12 @@ impl Transport {
         matches!(self, Transport::KernelSmcR | Transport::KernelSmcD)
     }
 
+    /// Whether the kernel's SMC took the connection, or may have (its mode unknown): nothing of
+    /// ours is negotiated on it then.
+    pub(crate) fn settled_by_kernel(&self) -> bool {
+        self.is_kernel_smc() || *self == Transport::KernelUnknown
+    }
+
     /// Why the connection stayed on TCP, if it did.
     ///
     /// # Examples

@@ -297,19 +297,7 @@ fn open(addr: SocketAddr) -> io::Result<socket2::Socket> {
 
 /// Whether `fd` is an `AF_SMC` socket (`SO_DOMAIN`).
 pub(crate) fn is_smc_socket(fd: BorrowedFd<'_>) -> bool {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes of an int and its length; `fd` is borrowed open.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    r == 0 && v == wire::AF_SMC
+    socket2::SockRef::from(&fd).domain().is_ok_and(|d| d == socket2::Domain::from(wire::AF_SMC))
 }
 
 /// Sets `SMC_LIMIT_HS` on an `AF_SMC` socket that is about to listen: with it on, the kernel
@@ -337,13 +325,7 @@ pub(crate) fn set_socket_limit_handshake(fd: BorrowedFd<'_>, on: bool) -> io::Re
 
 /// What the kernel made of the `AF_SMC` connection `fd`, from `smc_diag`.
 pub(crate) fn diag(fd: BorrowedFd<'_>) -> io::Result<DiagMode> {
-    // SAFETY: zeroed is a valid stat; fstat fills it before it is read.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is writable; `fd` is borrowed open.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let inode = st.st_ino;
+    let inode = crate::sys::fstat(fd)?.st_ino;
     let mut found = None;
     transact(wire::NETLINK_SOCK_DIAG, &wire::diag_request(next_seq()), true, |m| {
         if wire::is_diag_entry(m) {
