@@ -577,42 +577,39 @@ fn make_files(sizes: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// Serves the raw scenarios on a listener (an `SmcListener` or a tokio `TcpListener`: the same
+/// calls, no common trait) until the runtime ends; an accept error is printed and retried 5 ms
+/// later.
+macro_rules! serve_raw {
+    ($listener:expr) => {{
+        let listener = $listener;
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((s, _)) => {
+                        let _ = s.set_nodelay(true);
+                        tokio::spawn(serve_conn(s));
+                    }
+                    Err(e) => {
+                        eprintln!("smcperf server: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        })
+    }};
+}
+
 /// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
 /// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
 /// `UnixListener`.
 async fn start_server(listen: &str, unix: Option<PathBuf>, shm: ShmConfig) -> io::Result<(ServerHandles, SocketAddr)> {
     let smc = SmcListener::builder().shm(shm.clone()).bind(listen).await?;
     let smc_addr = smc.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            match smc.accept().await {
-                Ok((s, _)) => {
-                    let _ = s.set_nodelay(true);
-                    tokio::spawn(serve_conn(s));
-                }
-                Err(e) => {
-                    eprintln!("smcperf server: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        }
-    });
+    serve_raw!(smc);
     let tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), 0)).await?;
     let tcp_addr = tcp.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            match tcp.accept().await {
-                Ok((s, _)) => {
-                    let _ = s.set_nodelay(true);
-                    tokio::spawn(serve_conn(s));
-                }
-                Err(e) => {
-                    eprintln!("smcperf server: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        }
-    });
+    serve_raw!(tcp);
     // The file server, on the next two ports when the main one is fixed.
     let port = |k: u16| if smc_addr.port() == 0 || listen.ends_with(":0") { 0 } else { smc_addr.port() + k };
     let file_smc = SmcListener::builder().shm(shm.clone()).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
