@@ -197,20 +197,17 @@ pub async fn read_response<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) 
                 .ok_or_else(|| io::Error::other("no content-length"))?;
             break (end + 4, len);
         }
-        let mut chunk = [0u8; 8192];
-        let n = rd.read(&mut chunk).await?;
-        if n == 0 {
+        // Straight into the buffer's spare room: no staging copy, no zeroing.
+        buf.reserve(8192);
+        if rd.read_buf(buf).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        buf.extend_from_slice(&chunk[..n]);
     };
     while buf.len() < end + len {
-        let mut chunk = [0u8; 16384];
-        let n = rd.read(&mut chunk).await?;
-        if n == 0 {
+        buf.reserve(end + len - buf.len());
+        if rd.read_buf(buf).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
-        buf.extend_from_slice(&chunk[..n]);
     }
     buf.drain(..end + len);
     Ok(len)

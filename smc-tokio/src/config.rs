@@ -213,6 +213,12 @@ pub const DEFAULT_NEGATIVE_CACHE_TTL: Duration = Duration::from_secs(60);
 /// depend on it.
 pub const DEFAULT_RMB_SIZE: u32 = 256 << 10;
 
+/// How large a shared-memory connection's ring may grow (RMB autotuning): a writer that fills
+/// its ring doubles it, once the reader drained it, up to this size and within the process
+/// budget ([`set_rmb_memory_cap`]). The region reserves this much address space per slot; pages
+/// are allocated only when a ring grows into them.
+pub const DEFAULT_RMB_MAX: u32 = 1 << 20;
+
 /// Connections one shm link group holds at once (RMB slots per side). 1024 covers the
 /// "1000 concurrent connections on one link group" test; the region is sized for all of them
 /// but pages are only allocated when touched.
@@ -226,6 +232,11 @@ pub const DEFAULT_CDC_SLOTS: u32 = 1024;
 /// short connections reuse it. A minute, as a middle ground between the kernel's ten-minute
 /// link-group linger (`SMC_LGR_FREE_DELAY_SERV`) and returning memory promptly.
 pub const DEFAULT_LINK_GROUP_IDLE: Duration = Duration::from_secs(60);
+
+/// Adaptive polling budget: a reader whose recent waits were shorter than this has its link
+/// group poll for up to this long before sleeping. See the README's performance section for
+/// `smcperf rr` with it off and on.
+pub const DEFAULT_ADAPTIVE_POLL: Duration = Duration::from_micros(50);
 
 /// Inline first message: writes up to this size on an idle connection ride in the CDC message.
 /// The whole 40-byte inline area of a frame; see the README's performance section for the
@@ -255,9 +266,11 @@ pub const DEFAULT_RMB_MEMORY_CAP: u64 = 1 << 30;
 pub struct ShmConfig {
     pub(crate) enabled: bool,
     pub(crate) rmb_size: u32,
+    pub(crate) rmb_max: u32,
     pub(crate) rmbs_per_group: u32,
     pub(crate) cdc_slots: u32,
     pub(crate) busy_poll: Duration,
+    pub(crate) adaptive_poll: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) allowed_uids: Vec<u32>,
     pub(crate) inline_max: usize,
@@ -269,9 +282,11 @@ impl Default for ShmConfig {
         ShmConfig {
             enabled: true,
             rmb_size: DEFAULT_RMB_SIZE,
+            rmb_max: DEFAULT_RMB_MAX,
             rmbs_per_group: DEFAULT_RMBS_PER_GROUP,
             cdc_slots: DEFAULT_CDC_SLOTS,
             busy_poll: Duration::ZERO,
+            adaptive_poll: DEFAULT_ADAPTIVE_POLL,
             idle_timeout: DEFAULT_LINK_GROUP_IDLE,
             allowed_uids: Vec::new(),
             inline_max: DEFAULT_INLINE_MAX,
@@ -332,6 +347,43 @@ impl ShmConfig {
         self.rmb_size
     }
 
+    /// How large each shared-memory receive ring may grow (RMB autotuning; clamped to
+    /// 4 KiB ..= 64 MiB). A ring starts at [`rmb_size`](Self::rmb_size); when its writer fills
+    /// it, the ring doubles once the reader has drained it, up to this size, while the process
+    /// budget ([`set_rmb_memory_cap`]) allows. A value at or below `rmb_size` turns autotuning
+    /// off. SMC-R rings keep `rmb_size`: they are registered (pinned) memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{ShmConfig, DEFAULT_RMB_MAX};
+    ///
+    /// assert_eq!(ShmConfig::default().get_rmb_max(), DEFAULT_RMB_MAX);
+    /// // Fixed 512 KiB rings: no autotuning.
+    /// let fixed = ShmConfig::default().rmb_size(512 << 10).rmb_max(0);
+    /// assert_eq!(fixed.get_rmb_max(), 512 << 10);
+    /// ```
+    pub fn rmb_max(mut self, bytes: u32) -> Self {
+        self.rmb_max = bytes.clamp(4 << 10, 64 << 20);
+        self
+    }
+
+    /// The size a receive ring may grow to: never below [`get_rmb_size`](Self::get_rmb_size).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::config::{Settings, ShmConfig};
+    ///
+    /// // A start above the cap keeps the start: the ring is fixed.
+    /// assert_eq!(ShmConfig::default().rmb_size(4 << 20).get_rmb_max(), 4 << 20);
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RMB_MAX").then(|| "4m".to_string()));
+    /// assert_eq!(env.shm.get_rmb_max(), 4 << 20);
+    /// ```
+    pub fn get_rmb_max(&self) -> u32 {
+        self.rmb_max.max(self.rmb_size)
+    }
+
     /// Connections per link group (clamped to 1 ..= 65536).
     ///
     /// # Examples
@@ -372,6 +424,48 @@ impl ShmConfig {
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget.min(Duration::from_millis(10));
         self
+    }
+
+    /// Adaptive polling budget (0 turns it off; clamped to 10 ms). A reader that starts waiting
+    /// for data, on a connection whose recent waits were shorter than this, has its link
+    /// group's driver poll shared memory for up to this long instead of sleeping on the
+    /// doorbell: the peer then sends without ringing and the reply is seen without a wake-up.
+    /// The driver polls by staying runnable (it looks again on the runtime's next turn), never
+    /// by spinning inside a poll, so other tasks on the thread keep running. Connections whose
+    /// waits are long (idle ones, or a slow peer) do not poll and cost no CPU. Unlike
+    /// [`busy_poll`](Self::busy_poll), which spins before every sleep.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::config::{Settings, ShmConfig, DEFAULT_ADAPTIVE_POLL};
+    ///
+    /// assert_eq!(ShmConfig::default().get_adaptive_poll(), DEFAULT_ADAPTIVE_POLL);
+    /// let off = ShmConfig::default().adaptive_poll(Duration::ZERO);
+    /// // The same as `SMC_TOKIO_ADAPTIVE_POLL_US=0`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_ADAPTIVE_POLL_US").then(|| "0".to_string()));
+    /// assert_eq!(env.shm, off);
+    /// assert_eq!(ShmConfig::default().adaptive_poll(Duration::from_secs(1)).get_adaptive_poll(), Duration::from_millis(10));
+    /// ```
+    pub fn adaptive_poll(mut self, budget: Duration) -> Self {
+        self.adaptive_poll = budget.min(Duration::from_millis(10));
+        self
+    }
+
+    /// The adaptive polling budget.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::config::ShmConfig;
+    ///
+    /// let cfg = ShmConfig::default().adaptive_poll(Duration::from_micros(20));
+    /// assert_eq!(cfg.get_adaptive_poll(), Duration::from_micros(20));
+    /// ```
+    pub fn get_adaptive_poll(&self) -> Duration {
+        self.adaptive_poll
     }
 
     /// How long an idle link group lives.
@@ -641,7 +735,9 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 /// | `SMC_TOKIO_PEEK_TIMEOUT_MS` | wait for an off-host client's first bytes (SMC-R listeners) | `50` |
 /// | `SMC_TOKIO_NEGATIVE_CACHE_TTL_MS` | how long a plain server is remembered | `60000` |
 /// | `SMC_TOKIO_RMB_SIZE` | receive ring size (bytes; `k`/`m` suffixes) | `1m` |
+/// | `SMC_TOKIO_RMB_MAX` | how large a receive ring may grow (autotuning; bytes) | `4m` |
 /// | `SMC_TOKIO_BUSY_POLL_US` | busy-poll budget before sleeping | `50` |
+/// | `SMC_TOKIO_ADAPTIVE_POLL_US` | adaptive polling budget (0: off) | `0` |
 /// | `SMC_TOKIO_AUTOCORK` | autocork size in bytes (0: off) | `4096` |
 /// | `SMC_TOKIO_INLINE_MAX` | largest inline first message | `0` |
 /// | `SMC_TOKIO_RDMA` | RDMA on (`1`) or off (`0`), with the `rdma` feature | `0` |
@@ -802,8 +898,14 @@ impl Settings {
         if let Some(n) = num("SMC_TOKIO_RMB_SIZE") {
             s.shm = s.shm.rmb_size(u32::try_from(n).unwrap_or(u32::MAX));
         }
+        if let Some(n) = num("SMC_TOKIO_RMB_MAX") {
+            s.shm = s.shm.rmb_max(u32::try_from(n).unwrap_or(u32::MAX));
+        }
         if let Some(n) = num("SMC_TOKIO_BUSY_POLL_US") {
             s.shm = s.shm.busy_poll(Duration::from_micros(n));
+        }
+        if let Some(n) = num("SMC_TOKIO_ADAPTIVE_POLL_US") {
+            s.shm = s.shm.adaptive_poll(Duration::from_micros(n));
         }
         if let Some(n) = num("SMC_TOKIO_AUTOCORK") {
             s.shm = s.shm.autocork(u32::try_from(n).unwrap_or(u32::MAX));

@@ -48,6 +48,7 @@ struct Counters {
     link_groups: AtomicU64,
     link_groups_rescued: AtomicU64,
     adaptive_fallbacks: AtomicU64,
+    rmb_grown: AtomicU64,
     rdma_unavailable: [AtomicU64; 4],
     door: [AtomicU64; 5],
     late_messages: AtomicU64,
@@ -181,6 +182,11 @@ pub(crate) fn link_group_rescued() {
 
 pub(crate) fn link_group_down() {
     let _ = counters().link_groups.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+}
+
+/// Counts a shared-memory ring that grew (RMB autotuning).
+pub(crate) fn rmb_grown() {
+    counters().rmb_grown.fetch_add(1, Ordering::Relaxed);
 }
 
 pub(crate) fn adaptive_fallback() {
@@ -325,6 +331,9 @@ pub struct Stats {
     pub link_groups_rescued: u64,
     /// RMB memory in use, in bytes.
     pub rmb_bytes: u64,
+    /// Times a shared-memory ring grew (RMB autotuning: a writer filled its ring and the
+    /// process budget allowed a larger one).
+    pub rmb_grown: u64,
     /// Servers that adaptive fallback stopped proposing to.
     pub adaptive_fallbacks: u64,
     /// Handshakes in which this side could not offer (client) or accept (server) RDMA, by why:
@@ -435,6 +444,7 @@ pub fn stats() -> Stats {
         link_groups_rescued: c.link_groups_rescued.load(Ordering::Relaxed),
         rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
         adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
+        rmb_grown: c.rmb_grown.load(Ordering::Relaxed),
         rdma_unavailable: load(&c.rdma_unavailable),
         door: load(&c.door),
         late_messages: c.late_messages.load(Ordering::Relaxed),
@@ -515,7 +525,7 @@ impl fmt::Display for Stats {
         )?;
         write!(
             f,
-            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; rmb memory {} B; adaptive fallbacks {}; no rdma: off {}, no lib {}, no device {}, no port {}",
+            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; rmb memory {} B, grown {}; adaptive fallbacks {}; no rdma: off {}, no lib {}, no device {}, no port {}",
             self.bytes_sent[0],
             self.bytes_received[0],
             self.bytes_sent[1],
@@ -524,6 +534,7 @@ impl fmt::Display for Stats {
             self.bytes_received[2],
             self.link_groups,
             self.rmb_bytes,
+            self.rmb_grown,
             self.adaptive_fallbacks,
             self.rdma_unavailable[0],
             self.rdma_unavailable[1],

@@ -63,8 +63,14 @@ pub(crate) fn token_slot(token: u32) -> u32 {
 /// our token. Offsets and lengths are ring spans computed by [`crate::proto::engine`], never
 /// wrapping; a backend still checks them against the RMB and refuses what is out of bounds.
 pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
-    /// Size of the RMBs we read from (our receive rings).
+    /// Capacity of each RMB we read from: the largest ring a writer may resize ours to (on shm
+    /// the slot size of the peer's region; on verbs our registered ring, which never grows).
     fn rx_rmb_size(&self) -> u32;
+    /// Gives the memory of our RMB `rmb` from byte `from` back to the kernel, for a slot whose
+    /// connection is gone and whose ring had grown. A no-op where rings do not grow (verbs).
+    fn release_rmb(&self, rmb: u32, from: u32) {
+        let _ = (rmb, from);
+    }
     /// Copies `data` to offset `offset` of the peer's RMB `rmb`.
     fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
     /// Lets `fill` write straight into `len` bytes at `offset` of the peer's RMB `rmb` (for
@@ -107,6 +113,13 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// polls it. `Ready(Ok(()))`: something may have arrived, or space may have been freed;
     /// call [`cdc_recv`](Link::cdc_recv) and retry blocked sends. Errors end the link.
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>>;
+    /// As [`poll_event`](Link::poll_event), for a caller that polls (adaptive polling): it
+    /// never arms the wake-up, and disarms one left from before, so the peer sends without
+    /// ringing. `Pending` registers nothing: the caller must poll again. A link with no cheap
+    /// unarmed check answers as `poll_event`.
+    fn poll_event_unarmed(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.poll_event(cx)
+    }
     /// Stops watching for CDC space: nobody waits for it any more (the connections that did are
     /// gone or have sent).
     fn clear_space_wait(&self);

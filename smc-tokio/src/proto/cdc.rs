@@ -15,6 +15,7 @@
 //! 12..14  producer cursor wrap    14..18 producer cursor count
 //! 18..20  consumer cursor wrap    20..24 consumer cursor count
 //! 24..64  inline payload (only the first `inline length` bytes are meaningful)
+//! 24..28  new ring size, in a message with `RMB_RESIZE` (which carries no inline payload)
 //! ```
 //!
 //! One frame is one 64-byte cache line, so a CDC message on the shared-memory link costs a single
@@ -49,8 +50,15 @@ impl CdcFlags {
     pub const PEER_CONN_CLOSED: CdcFlags = CdcFlags(0x20);
     /// The sender aborted the connection (`peer_conn_abort`): a reset.
     pub const PEER_CONN_ABORT: CdcFlags = CdcFlags(0x40);
+    /// RMB autotuning (ours; the kernel has no such flag): the ring the sender writes into is
+    /// now [`CdcMsg::ring_size`] bytes and its producer cursor starts over at `0:0`. Sent only
+    /// when everything announced before was consumed, so no byte lives in the old ring.
+    pub const RMB_RESIZE: CdcFlags = CdcFlags(0x04);
+    /// The sender applied our last [`RMB_RESIZE`](Self::RMB_RESIZE): this message's consumer
+    /// cursor is in the new ring (until it arrives, consumer cursors are from the old one).
+    pub const RMB_RESIZE_ACK: CdcFlags = CdcFlags(0x08);
 
-    const ALL: u8 = 0x01 | 0x02 | 0x10 | 0x20 | 0x40;
+    const ALL: u8 = 0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20 | 0x40;
 
     /// No flags.
     ///
@@ -169,6 +177,8 @@ impl fmt::Debug for CdcFlags {
             (Self::PEER_DONE_WRITING, "peer_done_writing"),
             (Self::PEER_CONN_CLOSED, "peer_conn_closed"),
             (Self::PEER_CONN_ABORT, "peer_conn_abort"),
+            (Self::RMB_RESIZE, "rmb_resize"),
+            (Self::RMB_RESIZE_ACK, "rmb_resize_ack"),
         ];
         let mut set = f.debug_set();
         for (flag, name) in names {
@@ -212,6 +222,7 @@ pub struct CdcMsg {
     pub flags: CdcFlags,
     inline_len: u8,
     inline: [u8; CDC_INLINE_MAX],
+    ring_size: u32,
 }
 
 impl fmt::Debug for CdcMsg {
@@ -223,6 +234,7 @@ impl fmt::Debug for CdcMsg {
             .field("cons", &self.cons)
             .field("flags", &self.flags)
             .field("inline_len", &self.inline_len)
+            .field("ring_size", &self.ring_size)
             .finish()
     }
 }
@@ -238,6 +250,9 @@ pub enum CdcError {
     InlineTooLong(u8),
     /// The reserved byte is not zero.
     Reserved(u8),
+    /// A resize (`RMB_RESIZE`) that also claims an inline payload of this length: the two
+    /// share the frame's payload area.
+    ResizeWithInline(u8),
 }
 
 impl fmt::Display for CdcError {
@@ -249,6 +264,9 @@ impl fmt::Display for CdcError {
                 write!(f, "CDC inline length {n} exceeds {CDC_INLINE_MAX}")
             }
             CdcError::Reserved(b) => write!(f, "CDC reserved byte is {b:#04x}, expected 0"),
+            CdcError::ResizeWithInline(n) => {
+                write!(f, "CDC ring resize claims {n} inline bytes, which it cannot carry")
+            }
         }
     }
 }
@@ -280,7 +298,48 @@ impl CdcMsg {
             flags: CdcFlags::empty(),
             inline_len: 0,
             inline: [0; CDC_INLINE_MAX],
+            ring_size: 0,
         }
+    }
+
+    /// The new ring size a message with [`CdcFlags::RMB_RESIZE`] announces; `None` without
+    /// the flag.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::{CdcFlags, CdcMsg};
+    ///
+    /// let mut msg = CdcMsg::new(1, 2);
+    /// assert_eq!(msg.ring_size(), None);
+    /// msg.set_resize(1 << 20);
+    /// assert!(msg.flags.contains(CdcFlags::RMB_RESIZE));
+    /// let back = CdcMsg::decode(&msg.encode()).unwrap();
+    /// assert_eq!(back.ring_size(), Some(1 << 20));
+    /// ```
+    pub fn ring_size(&self) -> Option<u32> {
+        self.flags.contains(CdcFlags::RMB_RESIZE).then_some(self.ring_size)
+    }
+
+    /// Makes this a resize message: sets [`CdcFlags::RMB_RESIZE`] and the new ring size, and
+    /// drops any inline payload (the two share the frame's payload area).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcMsg;
+    ///
+    /// let mut msg = CdcMsg::new(1, 2);
+    /// msg.set_inline(b"hi").unwrap();
+    /// msg.set_resize(128 << 10);
+    /// assert_eq!(msg.inline(), b"");
+    /// assert_eq!(msg.ring_size(), Some(128 << 10));
+    /// ```
+    pub fn set_resize(&mut self, size: u32) {
+        self.flags.insert(CdcFlags::RMB_RESIZE);
+        self.ring_size = size;
+        self.inline = [0; CDC_INLINE_MAX];
+        self.inline_len = 0;
     }
 
     /// The inline payload (empty when there is none).
@@ -319,6 +378,9 @@ impl CdcMsg {
         if data.len() > CDC_INLINE_MAX {
             return Err(CdcError::InlineTooLong(data.len().min(255) as u8));
         }
+        if self.flags.contains(CdcFlags::RMB_RESIZE) && !data.is_empty() {
+            return Err(CdcError::ResizeWithInline(data.len() as u8));
+        }
         self.inline[..data.len()].copy_from_slice(data);
         self.inline[data.len()..].fill(0);
         self.inline_len = data.len() as u8;
@@ -348,7 +410,12 @@ impl CdcMsg {
         b[14..18].copy_from_slice(&self.prod.count.to_be_bytes());
         b[18..20].copy_from_slice(&self.cons.wrap.to_be_bytes());
         b[20..24].copy_from_slice(&self.cons.count.to_be_bytes());
-        b[CDC_INLINE_OFFSET..].copy_from_slice(&self.inline);
+        if self.flags.contains(CdcFlags::RMB_RESIZE) {
+            b[2] = 0;
+            b[CDC_INLINE_OFFSET..CDC_INLINE_OFFSET + 4].copy_from_slice(&self.ring_size.to_be_bytes());
+        } else {
+            b[CDC_INLINE_OFFSET..].copy_from_slice(&self.inline);
+        }
         b
     }
 
@@ -380,6 +447,10 @@ impl CdcMsg {
         }
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u16_at = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+        let resize = flags.contains(CdcFlags::RMB_RESIZE);
+        if resize && inline_len != 0 {
+            return Err(CdcError::ResizeWithInline(inline_len));
+        }
         let mut inline = [0u8; CDC_INLINE_MAX];
         // Bytes past inline_len are ignored, so a peer cannot smuggle data through them.
         let n = usize::from(inline_len);
@@ -392,6 +463,7 @@ impl CdcMsg {
             flags,
             inline_len,
             inline,
+            ring_size: if resize { u32_at(CDC_INLINE_OFFSET) } else { 0 },
         })
     }
 }
@@ -416,6 +488,14 @@ mod tests {
         let mut b = good;
         b[3] = 1;
         assert_eq!(CdcMsg::decode(&b), Err(CdcError::Reserved(1)));
+        let mut b = good;
+        b[1] = CdcFlags::RMB_RESIZE.bits();
+        b[2] = 1;
+        assert_eq!(CdcMsg::decode(&b), Err(CdcError::ResizeWithInline(1)));
+        let mut m = CdcMsg::new(1, 2);
+        m.set_resize(4096);
+        assert_eq!(m.set_inline(b"x"), Err(CdcError::ResizeWithInline(1)));
+        assert_eq!(CdcMsg::decode(&m.encode()), Ok(m));
     }
 
     #[test]
@@ -443,11 +523,17 @@ mod tests {
             let mut m = CdcMsg::new(seq, token);
             m.prod = Cursor::new(pw, pc);
             m.cons = Cursor::new(cw, cc);
-            m.flags = CdcFlags(flags & CdcFlags::ALL);
+            m.flags = CdcFlags(flags & CdcFlags::ALL & !CdcFlags::RMB_RESIZE.bits());
             m.set_inline(&data).unwrap();
             let d = CdcMsg::decode(&m.encode()).unwrap();
             prop_assert_eq!(d, m);
             prop_assert_eq!(d.inline(), &data[..]);
+            // The same message as a resize: the size travels, the payload cannot.
+            m.set_resize(pc);
+            let d = CdcMsg::decode(&m.encode()).unwrap();
+            prop_assert_eq!(d, m);
+            prop_assert_eq!(d.ring_size(), Some(pc));
+            prop_assert_eq!(d.inline(), &[][..]);
         }
 
         #[test]

@@ -147,7 +147,7 @@ impl std::error::Error for CursorError {}
 /// assert_eq!(ring.free(cons, prod), Ok(900));
 /// assert!(RingSize::new(0).is_none());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RingSize(u32);
 
 impl RingSize {

@@ -14,6 +14,15 @@
 //! Everything that arrives from the peer is validated before it changes any state
 //! ([`ConnEngine::on_cdc`]): cursors may only move forward, never past what the other side
 //! allows; sequence numbers must follow each other; a closed direction stays closed.
+//!
+//! **RMB autotuning.** A ring may change size while the connection runs, as TCP autotunes its
+//! buffers: a writer that filled the ring asks to grow it ([`ConnEngine::tx_grow_wanted`]); once
+//! the driver allows it ([`ConnEngine::tx_resize`], after charging the memory), the writer lets
+//! the peer drain the ring, then announces the new size with `RMB_RESIZE` and starts its cursor
+//! over at `0:0`. Nothing lives in the old ring at that point, so no byte moves. The reader
+//! answers with `RMB_RESIZE_ACK`; consumer cursors it sent before that are from the old ring and
+//! are ignored. A reader accepts a size only up to the capacity its driver set
+//! ([`ConnEngine::set_rx_max`]: the slot the writer's region reserves for the connection).
 
 use std::fmt;
 
@@ -39,6 +48,18 @@ pub enum EngineError {
     DataAfterDone,
     /// Inline data that does not fit the ring or arrives with other new data.
     BadInline,
+    /// The peer resized our receive ring to a size that is not a ring size or exceeds the
+    /// capacity reserved for it.
+    BadResize {
+        /// The size announced.
+        size: u32,
+        /// The most this connection allows.
+        max: u32,
+    },
+    /// The peer resized our receive ring while bytes it announced were still unread.
+    ResizeWithUnreadData,
+    /// The peer acknowledged a resize we did not make.
+    UnexpectedResizeAck,
 }
 
 impl fmt::Display for EngineError {
@@ -51,6 +72,11 @@ impl fmt::Display for EngineError {
             }
             EngineError::DataAfterDone => f.write_str("peer wrote data after it was done writing"),
             EngineError::BadInline => f.write_str("peer sent inline data that does not fit"),
+            EngineError::BadResize { size, max } => {
+                write!(f, "peer resized its ring to {size} bytes (allowed: 1 ..= {max})")
+            }
+            EngineError::ResizeWithUnreadData => f.write_str("peer resized its ring while data was unread"),
+            EngineError::UnexpectedResizeAck => f.write_str("peer acknowledged a ring resize that was not made"),
         }
     }
 }
@@ -120,6 +146,20 @@ pub struct ConnEngine {
     peer_done_writing: bool,
     peer_closed: bool,
     peer_aborted: bool,
+    /// Largest ring the peer accepts for our writes; growth stops there.
+    tx_max: RingSize,
+    /// Largest ring the peer may resize our receive ring to.
+    rx_max: RingSize,
+    /// The writer found the ring full since the last resize (a reason to grow).
+    tx_filled: bool,
+    /// A resize the driver allowed, applied once the peer has consumed everything.
+    tx_resize_pending: Option<RingSize>,
+    /// The applied resize is not announced yet.
+    tx_resize_due: bool,
+    /// The peer has not acknowledged our last resize: its consumer cursors are from the old ring.
+    tx_resize_unacked: bool,
+    /// We owe the peer an acknowledgement of its resize.
+    rx_resize_ack_due: bool,
 }
 
 impl ConnEngine {
@@ -167,7 +207,239 @@ impl ConnEngine {
             peer_done_writing: false,
             peer_closed: false,
             peer_aborted: false,
+            tx_max: tx_ring,
+            rx_max: rx_ring,
+            tx_filled: false,
+            tx_resize_pending: None,
+            tx_resize_due: false,
+            tx_resize_unacked: false,
+            rx_resize_ack_due: false,
         }
+    }
+
+    /// Lets our writes grow the peer's ring up to `max` bytes (its capacity for this
+    /// connection, which the peer enforces). Without it the ring keeps its first size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.set_tx_max(RingSize::new(16384).unwrap());
+    /// e.tx_commit(4096).unwrap(); // the ring filled: a reason to grow
+    /// assert_eq!(e.tx_grow_wanted().map(RingSize::get), Some(8192));
+    /// ```
+    pub fn set_tx_max(&mut self, max: RingSize) {
+        self.tx_max = max.max(self.tx_ring);
+    }
+
+    /// Lets the peer resize our receive ring up to `max` bytes (the capacity the peer's region
+    /// reserves for this connection). A larger announcement aborts the connection.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcMsg;
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::{ConnEngine, EngineError};
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.set_rx_max(RingSize::new(8192).unwrap());
+    /// let mut msg = CdcMsg::new(1, 1);
+    /// msg.set_resize(16384);
+    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::BadResize { size: 16384, max: 8192 }));
+    /// msg.set_resize(8192);
+    /// assert!(e.on_cdc(&msg).is_ok());
+    /// assert_eq!(e.rx_ring().get(), 8192);
+    /// ```
+    pub fn set_rx_max(&mut self, max: RingSize) {
+        self.rx_max = max.max(self.rx_ring);
+    }
+
+    /// The size of the peer's ring we write into now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let e = ConnEngine::new(1, RingSize::new(4096).unwrap(), RingSize::new(8192).unwrap());
+    /// assert_eq!((e.tx_ring().get(), e.rx_ring().get()), (4096, 8192));
+    /// ```
+    pub fn tx_ring(&self) -> RingSize {
+        self.tx_ring
+    }
+
+    /// The size of our receive ring now (the peer may resize it).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let e = ConnEngine::new(1, RingSize::new(4096).unwrap(), RingSize::new(8192).unwrap());
+    /// assert_eq!(e.rx_ring().get(), 8192);
+    /// ```
+    pub fn rx_ring(&self) -> RingSize {
+        self.rx_ring
+    }
+
+    /// The next ring size worth asking for: twice the current one, up to the peer's capacity,
+    /// when the writer filled the ring since the last resize and no resize is under way or
+    /// the direction is closing. The driver charges the memory and calls
+    /// [`tx_resize`](Self::tx_resize), or leaves it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.set_tx_max(RingSize::new(6000).unwrap());
+    /// assert_eq!(e.tx_grow_wanted(), None); // never filled
+    /// e.set_write_blocked(); // wanted more room than there was
+    /// assert_eq!(e.tx_grow_wanted().map(RingSize::get), Some(6000)); // capped
+    /// ```
+    pub fn tx_grow_wanted(&self) -> Option<RingSize> {
+        if !self.tx_filled
+            || self.tx_resize_pending.is_some()
+            || self.tx_resize_due
+            || self.tx_resize_unacked
+            || self.done_writing
+        {
+            return None;
+        }
+        let next = RingSize::new(self.tx_ring.get().saturating_mul(2).min(self.tx_max.get()))?;
+        (next > self.tx_ring).then_some(next)
+    }
+
+    /// Resizes the peer's ring to `size` (at most the peer's capacity): the writer stops
+    /// (no free space) until the peer has consumed everything announced, then the next CDC
+    /// message announces the new size and the producer cursor starts over. Returns `false`
+    /// (and changes nothing) when `size` exceeds the capacity, equals the current size, or a
+    /// resize is under way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::cdc::CdcFlags;
+    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
+    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
+    /// # let ring = RingSize::new(4096).unwrap();
+    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
+    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
+    /// #     while let Some(msg) = from.poll_cdc() {
+    /// #         from.on_cdc_sent(&msg);
+    /// #         to.on_cdc(&msg).unwrap();
+    /// #     }
+    /// # }
+    /// // `a` writes into `b`'s ring, which `b`'s region can hold up to 16 KiB large.
+    /// let big = RingSize::new(16384).unwrap();
+    /// a.set_tx_max(big);
+    /// b.set_rx_max(big);
+    /// a.tx_commit(4096).unwrap();
+    /// flush(&mut a, &mut b);
+    /// assert!(a.tx_resize(big));
+    /// assert_eq!(a.tx_free(), 0); // waits for b to drain the old ring
+    /// b.rx_consume(4096).unwrap();
+    /// flush(&mut b, &mut a); // b's consumer update: the old ring is empty, the resize applies
+    /// assert_eq!(a.tx_free(), 16384);
+    /// a.tx_commit(10000).unwrap();
+    /// flush(&mut a, &mut b); // RMB_RESIZE, then the data in the new ring
+    /// assert_eq!((b.rx_ring().get(), b.rx_available()), (16384, 10000));
+    /// ```
+    pub fn tx_resize(&mut self, size: RingSize) -> bool {
+        if size > self.tx_max
+            || size == self.tx_ring
+            || self.tx_resize_pending.is_some()
+            || self.tx_resize_due
+            || self.tx_resize_unacked
+        {
+            return false;
+        }
+        self.tx_resize_pending = Some(size);
+        self.apply_tx_resize();
+        self.ask_to_drain();
+        true
+    }
+
+    /// While a resize waits for the peer to drain the ring, tells the peer we are blocked
+    /// (again), so that it reports when it has read everything: it answers a blocked writer at
+    /// half a ring or when empty, and an earlier answer may have used up the last request.
+    fn ask_to_drain(&mut self) {
+        if self.tx_resize_pending.is_some() {
+            self.write_blocked = true;
+            self.write_blocked_sent = false;
+        }
+    }
+
+    /// The driver did not allow the growth [`tx_grow_wanted`](Self::tx_grow_wanted) asked for
+    /// (the memory budget is spent): ask again only after the ring fills again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.set_tx_max(RingSize::new(8192).unwrap());
+    /// e.set_write_blocked();
+    /// assert!(e.tx_grow_wanted().is_some());
+    /// e.tx_grow_declined();
+    /// assert!(e.tx_grow_wanted().is_none());
+    /// ```
+    pub fn tx_grow_declined(&mut self) {
+        self.tx_filled = false;
+    }
+
+    /// Whether a resize the driver allowed is still waiting for the peer to drain the ring.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.set_tx_max(RingSize::new(8192).unwrap());
+    /// e.tx_commit(1).unwrap();
+    /// assert!(e.tx_resize(RingSize::new(8192).unwrap()));
+    /// assert!(e.tx_resize_waiting()); // one byte is still unread
+    /// ```
+    pub fn tx_resize_waiting(&self) -> bool {
+        self.tx_resize_pending.is_some()
+    }
+
+    /// Applies the pending resize if everything written was announced and consumed.
+    fn apply_tx_resize(&mut self) {
+        let Some(size) = self.tx_resize_pending else { return };
+        if self.done_writing {
+            // Nothing more will be written: a larger ring would serve nobody.
+            self.tx_resize_pending = None;
+            return;
+        }
+        if self.tx_prod != self.peer_cons || self.tx_prod != self.tx_prod_sent || self.aborted {
+            return;
+        }
+        self.tx_resize_pending = None;
+        self.tx_ring = size;
+        self.tx_prod = Cursor::default();
+        self.tx_prod_sent = Cursor::default();
+        self.peer_cons = Cursor::default();
+        self.tx_filled = false;
+        self.tx_resize_due = true;
+        self.tx_resize_unacked = true;
     }
 
     /// The token this side puts in its CDC messages.
@@ -250,6 +522,10 @@ impl ConnEngine {
     /// assert_eq!(a.tx_free(), 100);
     /// ```
     pub fn tx_free(&self) -> u32 {
+        if self.tx_resize_pending.is_some() {
+            // Draining the old ring for a resize: nothing more goes into it.
+            return 0;
+        }
         // peer_cons <= tx_prod is an invariant kept by on_cdc, so this cannot fail; 0 is the
         // safe answer if it ever did.
         self.tx_ring.free(self.peer_cons, self.tx_prod).unwrap_or(0)
@@ -320,6 +596,9 @@ impl ConnEngine {
         self.tx_prod = self.tx_prod.advance(self.tx_ring, len)?;
         if len > 0 {
             self.write_blocked = false;
+            if self.tx_free() == 0 {
+                self.tx_filled = true;
+            }
         }
         Ok(())
     }
@@ -493,6 +772,7 @@ impl ConnEngine {
     /// assert!(b.peer_write_blocked()); // b answers once it frees space
     /// ```
     pub fn set_write_blocked(&mut self) {
+        self.tx_filled = true;
         if !self.write_blocked {
             self.write_blocked = true;
             self.write_blocked_sent = false;
@@ -1012,10 +1292,24 @@ impl ConnEngine {
         if msg.seq != expected {
             return Err(EngineError::BadSequence { expected, got: msg.seq });
         }
+        // A resize starts our ring over at 0:0 in its new size; the peer may make it only
+        // once we consumed everything it announced, and only within the capacity it reserved.
+        let (rx_ring, rx_base, rx_cons) = match msg.ring_size() {
+            Some(size) => {
+                let max = self.rx_max.get();
+                let ring = RingSize::new(size).filter(|r| *r <= self.rx_max);
+                let ring = ring.ok_or(EngineError::BadResize { size, max })?;
+                if self.rx_available() > 0 {
+                    return Err(EngineError::ResizeWithUnreadData);
+                }
+                (ring, Cursor::default(), Cursor::default())
+            }
+            None => (self.rx_ring, self.peer_prod, self.rx_cons),
+        };
         // Producer cursor: forward from the last one, and never more than a ring ahead of
         // what we have consumed (that would overwrite unread data).
-        let advance = self.rx_ring.distance(self.peer_prod, msg.prod).map_err(EngineError::BadProducerCursor)?;
-        self.rx_ring.distance(self.rx_cons, msg.prod).map_err(EngineError::BadProducerCursor)?;
+        let advance = rx_ring.distance(rx_base, msg.prod).map_err(EngineError::BadProducerCursor)?;
+        rx_ring.distance(rx_cons, msg.prod).map_err(EngineError::BadProducerCursor)?;
         if advance > 0 && self.peer_done_writing {
             return Err(EngineError::DataAfterDone);
         }
@@ -1027,17 +1321,44 @@ impl ConnEngine {
             if inline.len() > CDC_INLINE_MAX || advance as usize != inline.len() {
                 return Err(EngineError::BadInline);
             }
-            Some(self.rx_ring.spans(self.peer_prod, advance).map_err(|_| EngineError::BadInline)?)
+            Some(rx_ring.spans(rx_base, advance).map_err(|_| EngineError::BadInline)?)
         };
-        // Consumer cursor: forward from the last one, and never past what we produced.
-        let freed = self.tx_ring.distance(self.peer_cons, msg.cons).map_err(EngineError::BadConsumerCursor)?;
-        self.tx_ring.distance(msg.cons, self.tx_prod).map_err(EngineError::BadConsumerCursor)?;
+        // Consumer cursor: forward from the last one, and never past what we produced. Until
+        // the peer acknowledges our resize, its consumer cursors are from the old ring (all of
+        // which it had consumed): they say nothing new and are not compared with the new one.
+        let acked = msg.flags.contains(CdcFlags::RMB_RESIZE_ACK);
+        if acked && !self.tx_resize_unacked {
+            return Err(EngineError::UnexpectedResizeAck);
+        }
+        let cons_valid = !self.tx_resize_unacked || acked;
+        let freed = if cons_valid {
+            let freed = self.tx_ring.distance(self.peer_cons, msg.cons).map_err(EngineError::BadConsumerCursor)?;
+            self.tx_ring.distance(msg.cons, self.tx_prod).map_err(EngineError::BadConsumerCursor)?;
+            freed
+        } else {
+            0
+        };
 
         let was_eof = self.peer_done_writing;
         let was_closed = self.peer_closed();
         self.seq_in = msg.seq;
+        if msg.ring_size().is_some() {
+            self.rx_ring = rx_ring;
+            self.rx_cons = Cursor::default();
+            self.rx_cons_sent = Cursor::default();
+            self.rx_resize_ack_due = true;
+        }
         self.peer_prod = msg.prod;
-        self.peer_cons = msg.cons;
+        if cons_valid {
+            self.peer_cons = msg.cons;
+            self.tx_resize_unacked = false;
+        }
+        let resizing = self.tx_resize_pending.is_some();
+        self.apply_tx_resize();
+        let resized = resizing && self.tx_resize_pending.is_none();
+        if freed > 0 {
+            self.ask_to_drain();
+        }
         let f = msg.flags;
         self.peer_write_blocked = f.contains(CdcFlags::WRITE_BLOCKED);
         if f.contains(CdcFlags::CONS_CURS_UPD_REQ) {
@@ -1049,7 +1370,7 @@ impl ConnEngine {
         self.peer_aborted |= f.contains(CdcFlags::PEER_CONN_ABORT);
         let effect = CdcEffect {
             readable: advance > 0 || self.peer_done_writing != was_eof || aborted_now,
-            writable: freed > 0 || aborted_now || self.peer_closed() != was_closed,
+            writable: freed > 0 || resized || aborted_now || self.peer_closed() != was_closed,
         };
         Ok((effect, inline_spans))
     }
@@ -1132,7 +1453,9 @@ impl ConnEngine {
         let flags_due = (self.done_writing && !self.done_writing_sent && !held)
             || (self.closed && !self.closed_sent && !held)
             || (self.aborted && !self.aborted_sent)
-            || (self.write_blocked && !self.write_blocked_sent);
+            || (self.write_blocked && !self.write_blocked_sent)
+            || self.tx_resize_due
+            || self.rx_resize_ack_due;
         if !(prod_due || flags_due || self.cons_update_due()) {
             return None;
         }
@@ -1157,7 +1480,13 @@ impl ConnEngine {
         if self.aborted {
             flags.insert(CdcFlags::PEER_CONN_ABORT);
         }
+        if self.rx_resize_ack_due {
+            flags.insert(CdcFlags::RMB_RESIZE_ACK);
+        }
         msg.flags = flags;
+        if self.tx_resize_due {
+            msg.set_resize(self.tx_ring.get());
+        }
         Some(msg)
     }
 
@@ -1275,7 +1604,8 @@ impl ConnEngine {
     pub fn poll_cdc_inline(&self, data: &[u8]) -> Option<CdcMsg> {
         let mut msg = self.poll_cdc()?;
         let new = self.tx_ring.distance(self.tx_prod_sent, msg.prod).unwrap_or(0) as usize;
-        if new > 0 && new == data.len() && new <= CDC_INLINE_MAX {
+        // A resize message has no room for a payload: its bytes are read from the ring.
+        if new > 0 && new == data.len() && new <= CDC_INLINE_MAX && msg.ring_size().is_none() {
             // set_inline cannot fail: the length was checked.
             let _ = msg.set_inline(data);
         }
@@ -1349,6 +1679,12 @@ impl ConnEngine {
         let f = msg.flags;
         if f.contains(CdcFlags::WRITE_BLOCKED) {
             self.write_blocked_sent = true;
+        }
+        if f.contains(CdcFlags::RMB_RESIZE) {
+            self.tx_resize_due = false;
+        }
+        if f.contains(CdcFlags::RMB_RESIZE_ACK) {
+            self.rx_resize_ack_due = false;
         }
         self.done_writing_sent |= f.contains(CdcFlags::PEER_DONE_WRITING);
         self.closed_sent |= f.contains(CdcFlags::PEER_CONN_CLOSED);
@@ -1601,7 +1937,223 @@ mod tests {
         assert_eq!(b.on_cdc(&m), Err(EngineError::BadInline));
     }
 
+    /// Two engines where `a` may grow `b`'s ring from 4 KiB up to 16 KiB.
+    fn growing_pair() -> (ConnEngine, ConnEngine) {
+        let (mut a, mut b) = pair(4096);
+        let max = RingSize::new(16384).unwrap();
+        a.set_tx_max(max);
+        b.set_rx_max(max);
+        (a, b)
+    }
+
+    #[test]
+    fn a_full_ring_grows_after_it_drains_and_nothing_is_lost() {
+        let (mut a, mut b) = growing_pair();
+        a.tx_commit(4096).unwrap();
+        assert_eq!(a.tx_grow_wanted().map(RingSize::get), Some(8192));
+        flush(&mut a, &mut b);
+        assert!(a.tx_resize(RingSize::new(8192).unwrap()));
+        assert_eq!(a.tx_grow_wanted(), None, "one resize at a time");
+        assert!(a.tx_resize_waiting());
+        assert_eq!(a.tx_free(), 0);
+        // b reads half: not empty yet, so the resize waits.
+        b.rx_consume(2048).unwrap();
+        flush(&mut b, &mut a);
+        assert!(a.tx_resize_waiting());
+        a.set_write_blocked();
+        flush(&mut a, &mut b);
+        b.rx_consume(2048).unwrap();
+        let e = flush(&mut b, &mut a);
+        assert!(e.iter().any(|e| e.writable), "the applied resize wakes the writer");
+        assert!(!a.tx_resize_waiting());
+        assert_eq!((a.tx_ring().get(), a.tx_free()), (8192, 8192));
+        a.tx_commit(8000).unwrap();
+        let m = a.poll_cdc().unwrap();
+        assert_eq!((m.ring_size(), m.prod), (Some(8192), Cursor::new(0, 8000)));
+        a.on_cdc_sent(&m);
+        b.on_cdc(&m).unwrap();
+        assert_eq!((b.rx_ring().get(), b.rx_available(), b.rx_spans(8000)), (8192, 8000, Some([(0, 8000), (0, 0)])));
+        // b owes an acknowledgement, even with nothing else to say.
+        let ack = b.poll_cdc().unwrap();
+        assert!(ack.flags.contains(CdcFlags::RMB_RESIZE_ACK));
+        b.on_cdc_sent(&ack);
+        a.on_cdc(&ack).unwrap();
+        assert!(b.poll_cdc().is_none());
+        b.rx_consume(8000).unwrap();
+        flush(&mut b, &mut a);
+        assert_eq!(a.tx_free(), 8192);
+        // Growth stops at the capacity.
+        a.tx_commit(8192).unwrap();
+        assert_eq!(a.tx_grow_wanted().map(RingSize::get), Some(16384));
+        assert!(!a.tx_resize(RingSize::new(32768).unwrap()), "beyond the peer's capacity");
+    }
+
+    #[test]
+    fn consumer_cursors_from_the_old_ring_are_ignored_until_the_ack() {
+        let (mut a, mut b) = growing_pair();
+        a.tx_commit(4096).unwrap();
+        flush(&mut a, &mut b);
+        b.rx_consume(4096).unwrap();
+        flush(&mut b, &mut a);
+        assert!(a.tx_resize(RingSize::new(16384).unwrap()));
+        assert!(!a.tx_resize_waiting(), "an empty ring resizes at once");
+        // b sends something before it sees the resize: its cursor is in the old ring.
+        b.tx_commit(10).unwrap();
+        let before = b.poll_cdc().unwrap();
+        assert_eq!(before.cons, Cursor::new(1, 0));
+        b.on_cdc_sent(&before);
+        a.tx_commit(100).unwrap();
+        a.on_cdc(&before).unwrap();
+        assert_eq!(a.tx_free(), 16384 - 100, "the stale cursor frees nothing");
+        flush(&mut a, &mut b);
+        b.rx_consume(100).unwrap();
+        let ack = b.poll_cdc().unwrap();
+        assert!(ack.flags.contains(CdcFlags::RMB_RESIZE_ACK));
+        b.on_cdc_sent(&ack);
+        a.on_cdc(&ack).unwrap();
+        assert_eq!(a.tx_free(), 16384);
+        // A second ack is a protocol error, and changes nothing.
+        let mut again = b.state_msg(2);
+        again.flags = CdcFlags::RMB_RESIZE_ACK;
+        assert_eq!(a.on_cdc(&again), Err(EngineError::UnexpectedResizeAck));
+    }
+
+    #[test]
+    fn bad_resizes_are_refused_without_change() {
+        let (mut a, mut b) = growing_pair();
+        a.tx_commit(10).unwrap();
+        flush(&mut a, &mut b);
+        // While 10 bytes are unread.
+        let mut m = a.state_msg(1);
+        m.set_resize(8192);
+        assert_eq!(b.on_cdc(&m), Err(EngineError::ResizeWithUnreadData));
+        b.rx_consume(10).unwrap();
+        // Beyond the capacity, or no ring at all.
+        m.set_resize(32768);
+        assert_eq!(b.on_cdc(&m), Err(EngineError::BadResize { size: 32768, max: 16384 }));
+        m.set_resize(0);
+        assert_eq!(b.on_cdc(&m), Err(EngineError::BadResize { size: 0, max: 16384 }));
+        // A producer cursor beyond the new ring.
+        m.set_resize(8192);
+        m.prod = Cursor::new(0, 9000);
+        assert!(matches!(b.on_cdc(&m), Err(EngineError::BadProducerCursor(_))));
+        assert_eq!((b.rx_ring().get(), b.rx_cons(), b.peer_prod()), (4096, Cursor::new(0, 10), Cursor::new(0, 10)));
+        // Without a capacity (the verbs link), growth is refused.
+        let (_, mut fixed) = pair(4096);
+        let mut m = CdcMsg::new(1, 1);
+        m.set_resize(8192);
+        assert_eq!(fixed.on_cdc(&m), Err(EngineError::BadResize { size: 8192, max: 4096 }));
+    }
+
+    /// A corked writer pushing far more than the ring through it, growing as it goes, with
+    /// the driver's loop: grow if wanted, write what fits or report blocked, send.
+    #[test]
+    fn a_corked_writer_grows_the_ring_and_delivers_everything() {
+        let (mut a, mut b) = growing_pair();
+        a.set_corked(true);
+        let (mut left, mut got) = (64u32 << 10, 0u32);
+        for _ in 0..10_000 {
+            if left == 0 && got == 64 << 10 {
+                break;
+            }
+            if let Some(next) = a.tx_grow_wanted() {
+                assert!(a.tx_resize(next));
+            }
+            let free = a.tx_free();
+            if left > 0 {
+                if free > 0 {
+                    let k = free.min(left);
+                    a.tx_commit(k).unwrap();
+                    left -= k;
+                } else {
+                    a.set_write_blocked();
+                }
+            } else {
+                // The tail does not fill the grown ring: the cork holds it until released.
+                a.set_corked(false);
+            }
+            flush(&mut a, &mut b);
+            let k = b.rx_available();
+            b.rx_consume(k).unwrap();
+            got += k;
+            flush(&mut b, &mut a);
+        }
+        assert_eq!((left, got), (0, 64 << 10));
+        assert_eq!(a.tx_ring().get(), 16384);
+    }
+
+    #[test]
+    fn a_closing_writer_does_not_resize() {
+        let (mut a, mut b) = growing_pair();
+        a.tx_commit(4096).unwrap();
+        flush(&mut a, &mut b);
+        assert!(a.tx_resize(RingSize::new(8192).unwrap()));
+        a.shutdown_write();
+        b.rx_consume(4096).unwrap();
+        flush(&mut b, &mut a);
+        assert!(!a.tx_resize_waiting());
+        assert_eq!(a.tx_ring().get(), 4096);
+        let m = a.poll_cdc().unwrap();
+        assert_eq!(m.ring_size(), None);
+        assert!(m.flags.contains(CdcFlags::PEER_DONE_WRITING));
+    }
+
     proptest! {
+        /// Random writes, reads, resizes and CDC exchanges, with real bytes: `a` writes a
+        /// numbered byte stream into a model of `b`'s ring slot (16 KiB) at the spans its
+        /// engine names; `b` reads at its spans and must see the stream in order.
+        #[test]
+        fn random_resizes_keep_the_byte_stream(ops in proptest::collection::vec((0u8..7, 0u32..20000), 1..400)) {
+            let (mut a, mut b) = growing_pair();
+            let mut slot = vec![0u8; 16384];
+            let (mut written, mut read) = (0u64, 0u64);
+            for (op, n) in ops {
+                match op {
+                    0 => {
+                        let k = n.min(a.tx_free());
+                        let spans = a.tx_spans(k).unwrap();
+                        for (off, len) in spans {
+                            for i in 0..len {
+                                slot[(off + i) as usize] = (written % 251) as u8;
+                                written += 1;
+                            }
+                        }
+                        a.tx_commit(k).unwrap();
+                    }
+                    1 => {
+                        let k = n.min(b.rx_available());
+                        for (off, len) in b.rx_spans(k).unwrap() {
+                            for i in 0..len {
+                                prop_assert_eq!(slot[(off + i) as usize], (read % 251) as u8);
+                                read += 1;
+                            }
+                        }
+                        b.rx_consume(k).unwrap();
+                    }
+                    2 => { flush(&mut a, &mut b); }
+                    3 => { flush(&mut b, &mut a); }
+                    4 => { if let Some(next) = a.tx_grow_wanted() { a.tx_resize(next); } }
+                    5 => { if let Some(size) = RingSize::new(n % 16384 + 1) { a.tx_resize(size); } }
+                    _ => { if a.tx_free() == 0 { a.set_write_blocked(); } }
+                }
+                prop_assert!(u64::from(b.rx_available()) <= written - read);
+                prop_assert!(a.tx_in_flight() <= a.tx_ring().get());
+                prop_assert!(b.rx_ring().get() <= 16384);
+            }
+            flush(&mut a, &mut b);
+            prop_assert_eq!(u64::from(b.rx_available()), written - read);
+            // Liveness: with a reader that keeps reading, a waiting resize completes and the
+            // writer gets room again, with no other prompt than the CDC exchange itself.
+            for _ in 0..8 {
+                let k = b.rx_available();
+                b.rx_consume(k).unwrap();
+                flush(&mut b, &mut a);
+                flush(&mut a, &mut b);
+            }
+            prop_assert!(!a.tx_resize_waiting());
+            prop_assert!(a.tx_free() > 0);
+        }
+
         /// Random writes, reads and CDC exchanges between two engines: no byte is lost or
         /// duplicated, the writer never overruns the reader, and both sides agree at the end.
         #[test]

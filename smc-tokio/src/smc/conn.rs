@@ -126,6 +126,49 @@ struct ConnState {
     /// read (write) finds nothing to do; then it waits for the peer. See `poll_ready`.
     rx_ready_hint: bool,
     tx_ready_hint: bool,
+    /// The engine knows how large the peer may grow our receive ring (its region's slot
+    /// size, known once the link is up).
+    rx_max_set: bool,
+    /// Adaptive polling (see [`WaitClock`]).
+    wait: WaitClock,
+}
+
+/// Adaptive polling, one connection's part: how long its reader waited for data lately. When
+/// the recent waits were shorter than the budget, a reader that starts waiting polls the link
+/// for up to the budget (a round trip in progress will likely end within it): its task stays
+/// runnable and looks again on the runtime's next turn, after the thread's other tasks, instead
+/// of sleeping on the doorbell. Otherwise it sleeps at once, so idle and slow connections cost
+/// no CPU.
+#[derive(Debug, Default)]
+struct WaitClock {
+    /// Polling budget in nanoseconds (0: off).
+    budget: u64,
+    /// When the reader started waiting ([`clock_ns`](crate::smc::group::clock_ns)).
+    since: Option<u64>,
+    /// Moving average of recent waits, each counted as at most four budgets (a long wait only
+    /// says "longer than worth polling for"), weight 1/8 for the newest.
+    avg: u64,
+}
+
+impl WaitClock {
+    /// The reader waits (again) at `now` ([`clock_ns`](crate::smc::group::clock_ns)): returns
+    /// until when to poll, if polling is worth it and the budget of this wait is not spent.
+    fn poll_until(&mut self, now: u64) -> Option<u64> {
+        if self.budget == 0 {
+            return None;
+        }
+        let since = *self.since.get_or_insert(now);
+        let until = since.saturating_add(self.budget);
+        (self.avg < self.budget && now < until).then_some(until)
+    }
+
+    /// Data arrived at `now` for a waiting reader: the wait ends.
+    fn end(&mut self, now: u64) {
+        if let Some(since) = self.since.take() {
+            let waited = now.saturating_sub(since).min(self.budget.saturating_mul(4));
+            self.avg = self.avg - self.avg / 8 + waited / 8;
+        }
+    }
 }
 
 pub(crate) struct SmcConn {
@@ -163,6 +206,13 @@ impl SmcConn {
     ) -> Arc<SmcConn> {
         let mut engine = ConnEngine::new(peer_token.unwrap_or(0), tx_ring, rx_ring);
         engine.set_autocork(cfg.autocork);
+        if let Some(max) = RingSize::new(group.tx_rmb_capacity) {
+            engine.set_tx_max(max);
+        }
+        let rx_max = group.link().and_then(|l| RingSize::new(l.rx_rmb_size()));
+        if let Some(max) = rx_max {
+            engine.set_rx_max(max);
+        }
         let span = tracing::debug_span!(
             "smc_conn",
             group = group.id,
@@ -191,6 +241,11 @@ impl SmcConn {
                 link_down: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
+                rx_max_set: rx_max.is_some(),
+                wait: WaitClock {
+                    budget: u64::try_from(cfg.adaptive_poll.as_nanos()).unwrap_or(u64::MAX),
+                    ..WaitClock::default()
+                },
             }),
             me: me.clone(),
         })
@@ -308,7 +363,18 @@ impl SmcConn {
             }
             st.rx_ready_hint = false;
             match cx.as_mut() {
-                Some(cx) => st.rx_waker = Some(cx.waker().clone()),
+                Some(cx) => {
+                    st.rx_waker = Some(cx.waker().clone());
+                    match st.wait.poll_until(crate::smc::group::clock_ns()) {
+                        Some(until) => {
+                            // Look again on the runtime's next turn (attempt 0 drains the
+                            // link); meanwhile the driver leaves the doorbell disarmed.
+                            self.group.poll_until(until);
+                            cx.waker().wake_by_ref();
+                        }
+                        None => self.group.sleeping(),
+                    }
+                }
                 None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             }
         }
@@ -366,6 +432,13 @@ impl SmcConn {
             }
             if interest.is_readable() {
                 st.rx_waker = Some(cx.waker().clone());
+                match st.wait.poll_until(crate::smc::group::clock_ns()) {
+                    Some(until) => {
+                        self.group.poll_until(until);
+                        cx.waker().wake_by_ref();
+                    }
+                    None => self.group.sleeping(),
+                }
             }
             if interest.is_writable() {
                 st.tx_waker = Some(cx.waker().clone());
@@ -578,6 +651,14 @@ impl SmcConn {
             }
             if st.engine.peer_closed() {
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "smc peer closed the connection")));
+            }
+            if let Some(next) = st.engine.tx_grow_wanted() {
+                // RMB autotuning: the ring filled; grow it if the process budget allows.
+                if self.group.grow_slot(self.our_token, next.get()) && st.engine.tx_resize(next) {
+                    tracing::trace!(parent: &self.span, size = next.get(), "growing the peer's ring");
+                } else {
+                    st.engine.tx_grow_declined();
+                }
             }
             let free = st.engine.tx_free();
             if free > 0 {
@@ -829,6 +910,12 @@ impl SmcConn {
             self.maybe_finish(st);
             return;
         }
+        if !st.rx_max_set {
+            if let Some(max) = self.group.link().and_then(|l| RingSize::new(l.rx_rmb_size())) {
+                st.engine.set_rx_max(max);
+                st.rx_max_set = true;
+            }
+        }
         let at = st.engine.peer_prod();
         match st.engine.on_cdc(msg) {
             Ok((effect, inline)) => {
@@ -846,6 +933,11 @@ impl SmcConn {
                         return;
                     }
                 };
+                if msg.ring_size().is_some() {
+                    // The ring started over: an inline copy kept from the old one names a
+                    // position that means something else now.
+                    st.inline = None;
+                }
                 if inline.is_some() && !placed {
                     let mut data = [0u8; crate::proto::cdc::CDC_INLINE_MAX];
                     let len = msg.inline().len();
@@ -853,6 +945,7 @@ impl SmcConn {
                     st.inline = Some(Inline { at, len, data });
                 }
                 if effect.readable {
+                    st.wait.end(crate::smc::group::clock_ns());
                     wake(&mut st.rx_waker);
                 }
                 if effect.writable {
@@ -1012,5 +1105,67 @@ impl PendingConn {
 impl Drop for PendingConn {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WaitClock;
+
+    const US: u64 = 1_000;
+
+    fn clock(budget_us: u64) -> WaitClock {
+        WaitClock { budget: budget_us * US, ..WaitClock::default() }
+    }
+
+    #[test]
+    fn short_waits_poll_for_at_most_the_budget() {
+        let mut w = clock(50);
+        // A new connection polls: its first wait may be a round trip.
+        assert_eq!(w.poll_until(1_000 * US), Some(1_050 * US));
+        // Looking again within the budget keeps the same deadline (from the wait's start).
+        assert_eq!(w.poll_until(1_030 * US), Some(1_050 * US));
+        // Past it, the reader sleeps.
+        assert_eq!(w.poll_until(1_051 * US), None);
+        w.end(1_060 * US);
+        // Round trips of 5 us keep it polling.
+        for i in 0..100 {
+            let t = 2_000 * US + i * 10 * US;
+            assert!(w.poll_until(t).is_some());
+            w.end(t + 5 * US);
+        }
+    }
+
+    #[test]
+    fn long_waits_stop_polling_and_short_ones_bring_it_back() {
+        let mut w = clock(50);
+        // An idle connection: waits of seconds count as four budgets each.
+        let mut t = 0;
+        for _ in 0..20 {
+            w.poll_until(t);
+            t += 5_000_000 * US;
+            w.end(t);
+        }
+        assert!(w.avg > 150 * US && w.avg <= 200 * US, "{}", w.avg);
+        assert_eq!(w.poll_until(t), None, "idle connections sleep at once");
+        w.end(t + 10 * US);
+        // Request/response again: within a few short waits the average drops below the budget.
+        let mut polled_after = None;
+        for i in 0..30 {
+            t += 100 * US;
+            if w.poll_until(t).is_some() && polled_after.is_none() {
+                polled_after = Some(i);
+            }
+            w.end(t + 10 * US);
+        }
+        assert!(matches!(polled_after, Some(n) if n <= 12), "{polled_after:?}");
+    }
+
+    #[test]
+    fn off_never_polls() {
+        let mut w = clock(0);
+        assert_eq!(w.poll_until(5), None);
+        w.end(10);
+        assert_eq!(w.avg, 0);
     }
 }

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::config::ShmConfig;
@@ -31,6 +31,13 @@ const ROUNDS_PER_TURN: usize = 4;
 /// a peer that is still there and floods cannot hold the caller longer than that.
 const DRAIN_ROUNDS: usize = 256;
 
+/// Nanoseconds since a process-wide origin: the clock of the polling deadlines, which live in
+/// atomics.
+pub(crate) fn clock_ns() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Which side created the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -45,13 +52,19 @@ struct GroupState {
     dead: Option<LinkError>,
     idle_since: Option<Instant>,
     join_tokens: Vec<Token>,
+    /// Ring bytes charged to the process budget per slot: the first size when allocated, more
+    /// as its ring grows, 0 when free.
+    charged: Vec<u32>,
 }
 
 pub(crate) struct LinkGroup {
     pub(crate) id: u64,
     pub(crate) role: Role,
-    /// Size of the RMBs in our region (the peer's receive rings).
+    /// Size the RMBs in our region (the peer's receive rings) start at.
     pub(crate) tx_rmb_size: u32,
+    /// Size of each RMB slot in our region: the most a ring may grow to (RMB autotuning; the
+    /// same as `tx_rmb_size` where rings do not grow).
+    pub(crate) tx_rmb_capacity: u32,
     link: OnceLock<Arc<dyn Link>>,
     state: Mutex<GroupState>,
     cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
@@ -67,6 +80,14 @@ pub(crate) struct LinkGroup {
     /// the group alone.
     pins: std::sync::atomic::AtomicUsize,
     manager: &'static Manager,
+    /// Adaptive polling: until this time ([`clock_ns`]) a reader of this group polls the link
+    /// itself, so the driver leaves the doorbell disarmed (the peer sends without ringing).
+    poll_until: AtomicU64,
+    /// The driver left the doorbell disarmed for polling readers: a reader that goes to sleep
+    /// must wake the driver so it arms again.
+    unarmed: AtomicBool,
+    /// The driver's waker while it waits.
+    driver_waker: Mutex<Option<Waker>>,
 }
 
 /// Keeps a link group from idling out while a handshake that names it runs.
@@ -98,6 +119,7 @@ impl LinkGroup {
         role: Role,
         rmb_count: u32,
         tx_rmb_size: u32,
+        tx_rmb_capacity: u32,
         idle_timeout: Duration,
         manager: &'static Manager,
     ) -> Arc<LinkGroup> {
@@ -106,6 +128,7 @@ impl LinkGroup {
             id,
             role,
             tx_rmb_size,
+            tx_rmb_capacity: tx_rmb_capacity.max(tx_rmb_size),
             link: OnceLock::new(),
             state: Mutex::new(GroupState {
                 conns: HashMap::new(),
@@ -115,6 +138,7 @@ impl LinkGroup {
                 dead: None,
                 idle_since: Some(Instant::now()),
                 join_tokens: Vec::new(),
+                charged: vec![0; n],
             }),
             cdc_waiters: Mutex::new(Vec::new()),
             dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
@@ -123,6 +147,9 @@ impl LinkGroup {
             changed: tokio::sync::Notify::new(),
             pins: std::sync::atomic::AtomicUsize::new(0),
             manager,
+            poll_until: AtomicU64::new(0),
+            unarmed: AtomicBool::new(false),
+            driver_waker: Mutex::new(None),
         })
     }
 
@@ -195,19 +222,47 @@ impl LinkGroup {
             st.free.push(slot);
             return None;
         }
+        st.charged[usize::from(slot)] = self.tx_rmb_size;
         // Not idle any more: the idle timer must not tear the group down under this slot.
         st.idle_since = None;
         let g = st.generation[usize::from(slot)];
         Some(u32::from(g) << 16 | u32::from(slot))
     }
 
-    fn free_slot(&self, st: &mut GroupState, token: u32) {
+    /// Frees the slot of `token`; returns whether its ring had grown (so its pages beyond the
+    /// first size should go back to the kernel).
+    fn free_slot(&self, st: &mut GroupState, token: u32) -> bool {
         let slot = (token & 0xFFFF) as usize;
         if slot < st.generation.len() && u32::from(st.generation[slot]) == token >> 16 {
             st.generation[slot] = st.generation[slot].wrapping_add(1);
             st.free.push(slot as u16);
-            self.manager.uncharge_rmb(u64::from(self.tx_rmb_size));
+            let charged = std::mem::take(&mut st.charged[slot]);
+            self.manager.uncharge_rmb(u64::from(charged));
+            return charged > self.tx_rmb_size;
         }
+        false
+    }
+
+    /// Charges the process budget for growing the ring of `token` to `size` bytes; `false`
+    /// when the budget (or the slot's capacity) does not allow it.
+    pub(crate) fn grow_slot(&self, token: u32, size: u32) -> bool {
+        if size > self.tx_rmb_capacity {
+            return false;
+        }
+        let mut st = self.lock();
+        let slot = (token & 0xFFFF) as usize;
+        if st.dead.is_some() || slot >= st.generation.len() || u32::from(st.generation[slot]) != token >> 16 {
+            return false;
+        }
+        let now = st.charged[slot];
+        if size > now {
+            if !self.manager.charge_rmb(u64::from(size - now)) {
+                return false;
+            }
+            st.charged[slot] = size;
+            crate::stats::rmb_grown();
+        }
+        true
     }
 
     /// Connections registered now.
@@ -219,9 +274,12 @@ impl LinkGroup {
     pub(crate) fn unregister(&self, token: u32) {
         let mut st = self.lock();
         if st.conns.remove(&token).is_some() {
-            self.free_slot(&mut st, token);
+            let grown = self.free_slot(&mut st, token);
             if let Some(l) = self.link.get() {
                 l.conn_closed(token);
+                if grown {
+                    l.release_rmb(token, self.tx_rmb_size);
+                }
             }
         }
         if st.conns.is_empty() && st.idle_since.is_none() {
@@ -262,6 +320,39 @@ impl LinkGroup {
         let me = self.clone();
         tokio::spawn(tracing::Instrument::instrument(drive(me, false), span));
         Ok(())
+    }
+
+    /// Adaptive polling: a reader of this group polls the link (on its own task, through
+    /// [`progress`](Self::progress)) until `until` ([`clock_ns`]), expecting a reply by then.
+    /// The driver, next time it waits, leaves the doorbell disarmed until then.
+    pub(crate) fn poll_until(&self, until: u64) {
+        self.poll_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// A reader goes to sleep without polling: if the driver left the doorbell disarmed for
+    /// pollers, wake it to arm again (unless other readers still poll).
+    pub(crate) fn sleeping(&self) {
+        if self.unarmed.load(Ordering::Acquire) {
+            let waker = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    /// How long readers poll from now on (`None`: they do not).
+    fn polling(&self) -> Option<Duration> {
+        let until = self.poll_until.load(Ordering::Acquire);
+        let now = clock_ns();
+        (until > now).then(|| Duration::from_nanos(until - now))
+    }
+
+    /// Keeps the waiting driver's waker for [`sleeping`](Self::sleeping).
+    fn set_driver_waker(&self, waker: &Waker) {
+        let mut w = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.as_ref().is_some_and(|old| old.will_wake(waker)) {
+            *w = Some(waker.clone());
+        }
     }
 
     /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
@@ -382,9 +473,9 @@ impl LinkGroup {
                 // The region goes with the group: every slot still allocated is returned to the
                 // process-wide RMB budget, once.
                 let n = st.generation.len();
-                let allocated = (n - st.free.len()) as u64;
+                let charged: u64 = st.charged.iter_mut().map(|c| u64::from(std::mem::take(c))).sum();
                 st.free = (0..n as u32).rev().map(|s| s as u16).collect();
-                self.manager.uncharge_rmb(allocated * u64::from(self.tx_rmb_size));
+                self.manager.uncharge_rmb(charged);
             }
             st.conns.drain().map(|(_, c)| c).collect()
         };
@@ -530,6 +621,9 @@ async fn drive_until_done(group: &Arc<LinkGroup>) {
         return;
     };
     let mut idle = Box::pin(tokio::time::sleep(group.idle_timeout));
+    // While readers poll, the driver looks again when their polling ends at the latest, so a
+    // reader that went to sleep meanwhile is never left without an armed doorbell.
+    let mut poll_end = Box::pin(tokio::time::sleep(Duration::ZERO));
     loop {
         let (dispatched, more) = group.progress();
         if !group.is_alive() {
@@ -545,7 +639,29 @@ async fn drive_until_done(group: &Arc<LinkGroup>) {
             }
         }
         let ev = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = link.poll_event(cx) {
+            // Adaptive polling: while readers poll for replies they expect soon, leave the
+            // doorbell disarmed, so the peer sends without ringing (a system call on its side,
+            // a wake-up on ours). The waker is stored before `polling` is read: a reader whose
+            // polling ends after that read finds it and wakes us to arm (`sleeping`).
+            group.set_driver_waker(cx.waker());
+            let polling = group.polling();
+            group.unarmed.store(polling.is_some(), Ordering::Release);
+            let event = match polling {
+                Some(left) => {
+                    let end = tokio::time::Instant::now() + left;
+                    if poll_end.deadline() < end {
+                        poll_end.as_mut().reset(end);
+                    }
+                    // A timer that fired is polled again only after a reset.
+                    if poll_end.as_mut().poll(cx).is_ready() {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    link.poll_event_unarmed(cx)
+                }
+                None => link.poll_event(cx),
+            };
+            if let Poll::Ready(r) = event {
                 return Poll::Ready(Some(r));
             }
             match Pin::new(&mut idle).poll(cx) {

@@ -227,7 +227,8 @@ impl Manager {
         let rx_ring = RingSize::new(accept.rmb_size).ok_or(DeclineReason::SyncError)?;
         let group = self.client_group(server, token, accept, our_rmb_size, cfg, timeout).await?;
         let link = group.link().ok_or(DeclineReason::Internal)?;
-        if link.rx_rmb_size() != accept.rmb_size || group.tx_rmb_size != our_rmb_size {
+        // The peer's region holds rings up to its slot size; they start at the Accept's size.
+        if accept.rmb_size > link.rx_rmb_size() || group.tx_rmb_size != our_rmb_size {
             return Err(DeclineReason::SyncError);
         }
         let conn = group.open_conn(Some(accept.rmb_slot), rx_ring, cfg)?;
@@ -263,8 +264,8 @@ impl Manager {
                 if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
                     return Err(DeclineReason::SyncError);
                 }
-                let layout =
-                    Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, our_rmb_size).ok_or(DeclineReason::Internal)?;
+                let capacity = our_rmb_size.max(cfg.get_rmb_max());
+                let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
                 let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
                 let join = Join { link_group: accept.link_group, token };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
@@ -291,6 +292,7 @@ impl Manager {
                     Role::Client,
                     layout.rmb_count,
                     our_rmb_size,
+                    capacity,
                     cfg.idle_timeout,
                     self,
                 );
@@ -352,8 +354,8 @@ impl Manager {
             match reuse {
                 Some(g) => g.group.clone(),
                 None => {
-                    let layout =
-                        Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.rmb_size).ok_or(DeclineReason::Internal)?;
+                    let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max())
+                        .ok_or(DeclineReason::Internal)?;
                     let local = ShmLocal::create(layout).map_err(|e| {
                         tracing::debug!(error = %e, "cannot create shm region");
                         DeclineReason::OutOfMemory
@@ -367,6 +369,7 @@ impl Manager {
                         Role::Server,
                         layout.rmb_count,
                         cfg.rmb_size,
+                        cfg.get_rmb_max(),
                         cfg.idle_timeout.max(handshake_timeout),
                         self,
                     );
@@ -455,8 +458,8 @@ impl Manager {
         .await;
         match (res, joined) {
             (Ok((_, link)), Some((group, peer_rmb_size))) => {
-                if link.rx_rmb_size() != peer_rmb_size {
-                    tracing::debug!("peer region's rmb size differs from its proposal");
+                if peer_rmb_size > link.rx_rmb_size() {
+                    tracing::debug!("peer region's rmb slots are smaller than its proposal's ring");
                     group.fail(crate::link::LinkError::Protocol("rmb size mismatch"));
                     return;
                 }

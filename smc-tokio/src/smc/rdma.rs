@@ -212,6 +212,7 @@ fn client_accept_blocking(
                 Role::Client,
                 cfg.shm.rmbs_per_group,
                 a.rmb_size,
+                a.rmb_size,
                 cfg.shm.idle_timeout,
                 manager,
             );
@@ -321,6 +322,7 @@ fn server_accept_blocking(
                 crate::smc::manager::random_u64(),
                 Role::Server,
                 cfg.shm.rmbs_per_group,
+                p.rmb_size,
                 p.rmb_size,
                 cfg.shm.idle_timeout.max(timeout),
                 manager,

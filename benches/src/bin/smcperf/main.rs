@@ -231,6 +231,13 @@ struct Common {
     /// smc receive ring size per connection and direction [default: the crate's].
     #[arg(long, value_parser = parse_size)]
     rmb_size: Option<usize>,
+    /// smc: how large a receive ring may grow (RMB autotuning; at or below --rmb-size: off)
+    /// [default: the crate's].
+    #[arg(long, value_parser = parse_size_or_zero)]
+    rmb_max: Option<usize>,
+    /// smc adaptive polling budget, in microseconds (0: off) [default: the crate's].
+    #[arg(long, value_name = "US")]
+    adaptive_poll: Option<u64>,
     /// smc busy-poll budget before sleeping, in microseconds (0: off).
     #[arg(long, value_name = "US")]
     busy_poll: Option<u64>,
@@ -315,6 +322,12 @@ impl Common {
         let mut shm = ShmConfig::default().enabled(self.shm == OnOff::On);
         if let Some(n) = self.rmb_size {
             shm = shm.rmb_size(n as u32);
+        }
+        if let Some(n) = self.rmb_max {
+            shm = shm.rmb_max(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        if let Some(us) = self.adaptive_poll {
+            shm = shm.adaptive_poll(Duration::from_micros(us));
         }
         if let Some(us) = self.busy_poll {
             shm = shm.busy_poll(Duration::from_micros(us));

@@ -203,6 +203,79 @@ impl ShmLink {
         })
     }
 
+    /// `poll_event` and `poll_event_unarmed`: `arm` says whether to arm the doorbell (and
+    /// busy-poll first) when nothing is there.
+    fn poll_event_inner(&self, cx: &mut Context<'_>, arm: bool) -> Poll<Result<(), LinkError>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(LinkError::Closed));
+        }
+        if let Poll::Ready(r) = self.poll_side(cx) {
+            return Poll::Ready(r.and(Err(LinkError::PeerGone)));
+        }
+        let Some(doorbell) = self.doorbell.get() else {
+            return Poll::Ready(Err(LinkError::Closed));
+        };
+        loop {
+            match doorbell.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut g)) => {
+                    if !self.rung_seen.swap(true, Ordering::Relaxed) {
+                        // First sight of this ring: report it at once. The counter is drained on
+                        // the next call, after the woken connections had their turn, which keeps
+                        // that system call off the round trip.
+                        self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
+                        return Poll::Ready(Ok(()));
+                    }
+                    match sys::doorbell_drain(doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
+                        // More rings may be queued (a peer ringing in a loop): keep the readiness
+                        // and report work; the driver bounds what one turn does.
+                        Ok(n) if n == DOORBELL_DRAIN_MAX => {
+                            self.rung_seen.store(false, Ordering::Relaxed);
+                            return Poll::Ready(Ok(()));
+                        }
+                        // Clearing after a drain to EAGAIN is safe: tokio only clears the
+                        // readiness it reported, so a ring that raced with the drain survives.
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Poll::Ready(Err(e.into())),
+                    }
+                    g.clear_ready();
+                    self.rung_seen.store(false, Ordering::Relaxed);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+                Poll::Pending => break,
+            }
+        }
+        if self.has_work()? {
+            return Poll::Ready(Ok(()));
+        }
+        if !arm {
+            // The caller polls: the peer need not ring (nor we drain a doorbell).
+            self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
+            return Poll::Pending;
+        }
+        if !self.busy_poll.is_zero() {
+            // Spin on the peer's counters before paying for a doorbell and a wake-up.
+            let until = Instant::now() + self.busy_poll;
+            while Instant::now() < until {
+                if self.has_work()? {
+                    return Poll::Ready(Ok(()));
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if !rx.arm(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
+            return Poll::Ready(Ok(()));
+        }
+        drop(rx);
+        // Space freed between our last look and arming: the peer rang only if it saw our
+        // want_space, which was set before we looked, so re-check once more.
+        if self.waiting_space.load(Ordering::Relaxed) && self.has_work()? {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    }
+
     fn has_work(&self) -> Result<bool, LinkError> {
         let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         if rx.pending(&self.peer).map_err(|e| LinkError::Protocol(e.0))? > 0 {
@@ -240,6 +313,13 @@ impl ShmLink {
 impl Link for ShmLink {
     fn rx_rmb_size(&self) -> u32 {
         self.peer.layout().rmb_size.get()
+    }
+
+    fn release_rmb(&self, rmb: u32, from: u32) {
+        if let Err(e) = self.ours.release_rmb(token_slot(rmb), from) {
+            // The pages stay resident until the group goes: memory, not correctness.
+            tracing::debug!(error = %e, "cannot release a grown ring's pages");
+        }
     }
 
     fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
@@ -335,69 +415,11 @@ impl Link for ShmLink {
     }
 
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(LinkError::Closed));
-        }
-        if let Poll::Ready(r) = self.poll_side(cx) {
-            return Poll::Ready(r.and(Err(LinkError::PeerGone)));
-        }
-        let Some(doorbell) = self.doorbell.get() else {
-            return Poll::Ready(Err(LinkError::Closed));
-        };
-        loop {
-            match doorbell.poll_read_ready(cx) {
-                Poll::Ready(Ok(mut g)) => {
-                    if !self.rung_seen.swap(true, Ordering::Relaxed) {
-                        // First sight of this ring: report it at once. The counter is drained on
-                        // the next call, after the woken connections had their turn, which keeps
-                        // that system call off the round trip.
-                        self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
-                        return Poll::Ready(Ok(()));
-                    }
-                    match sys::doorbell_drain(doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
-                        // More rings may be queued (a peer ringing in a loop): keep the readiness
-                        // and report work; the driver bounds what one turn does.
-                        Ok(n) if n == DOORBELL_DRAIN_MAX => {
-                            self.rung_seen.store(false, Ordering::Relaxed);
-                            return Poll::Ready(Ok(()));
-                        }
-                        // Clearing after a drain to EAGAIN is safe: tokio only clears the
-                        // readiness it reported, so a ring that raced with the drain survives.
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Poll::Ready(Err(e.into())),
-                    }
-                    g.clear_ready();
-                    self.rung_seen.store(false, Ordering::Relaxed);
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
-                Poll::Pending => break,
-            }
-        }
-        if self.has_work()? {
-            return Poll::Ready(Ok(()));
-        }
-        if !self.busy_poll.is_zero() {
-            // Spin on the peer's counters before paying for a doorbell and a wake-up.
-            let until = Instant::now() + self.busy_poll;
-            while Instant::now() < until {
-                if self.has_work()? {
-                    return Poll::Ready(Ok(()));
-                }
-                std::hint::spin_loop();
-            }
-        }
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if !rx.arm(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
-            return Poll::Ready(Ok(()));
-        }
-        drop(rx);
-        // Space freed between our last look and arming: the peer rang only if it saw our
-        // want_space, which was set before we looked, so re-check once more.
-        if self.waiting_space.load(Ordering::Relaxed) && self.has_work()? {
-            return Poll::Ready(Ok(()));
-        }
-        Poll::Pending
+        self.poll_event_inner(cx, true)
+    }
+
+    fn poll_event_unarmed(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        self.poll_event_inner(cx, false)
     }
 
     fn clear_space_wait(&self) {

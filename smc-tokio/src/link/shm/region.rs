@@ -253,6 +253,35 @@ impl RegionView {
         // RMB area, which the layout places inside the mapping.
         Some(unsafe { self.base.add(at) })
     }
+
+    /// Returns the pages of RMB `slot` from byte `from` to its end to the kernel (a ring that
+    /// grew gives back what it grew into when its slot is freed). Only whole pages inside the
+    /// slot are released; the next writer of the slot finds zero pages there. Call it on our
+    /// own (writable) region only, for a slot no connection uses.
+    pub(crate) fn release_rmb(&self, slot: u32, from: u32) -> std::io::Result<()> {
+        const PAGE: usize = 4096;
+        let size = self.layout.rmb_size.get() as usize;
+        if slot >= self.layout.rmb_count || from as usize >= size {
+            return Ok(());
+        }
+        let start = self.layout.rmb_offset + slot as usize * size;
+        let lo = (start + from as usize).next_multiple_of(PAGE);
+        let hi = (start + size) / PAGE * PAGE;
+        if hi <= lo {
+            return Ok(());
+        }
+        // SAFETY: [lo, hi) lies inside the slot (checked above), which the layout places inside
+        // this mapping; MADV_REMOVE only drops the pages' contents (the mapping stays valid and
+        // reads as zeros afterwards), and no connection uses the slot (caller's contract), so
+        // nobody relies on those bytes. The mapping is ours and shared-writable, which
+        // MADV_REMOVE requires.
+        let rc = unsafe { libc::madvise(self.base.add(lo).cast(), hi - lo, libc::MADV_REMOVE) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
 }
 
 /// Our side of the CDC traffic: the frames we publish in our ring.
@@ -329,11 +358,13 @@ pub(crate) struct CdcRx {
     epoch: u64,
     /// The peer's `want_space` epoch we last rang for.
     space_epoch: u64,
+    /// Our `armed` holds an epoch (we stored one and have not cleared it).
+    armed: bool,
 }
 
 impl CdcRx {
     pub(crate) fn new() -> Self {
-        CdcRx { cons: 0, epoch: 0, space_epoch: 0 }
+        CdcRx { cons: 0, epoch: 0, space_epoch: 0, armed: false }
     }
 
     /// Frames waiting in the peer's ring, validated: the peer may not claim more than a whole
@@ -388,12 +419,17 @@ impl CdcRx {
             ours.armed().store(0, Ordering::SeqCst);
             return Ok(false);
         }
+        self.armed = true;
         Ok(true)
     }
 
-    /// Disarms after waking.
-    pub(crate) fn disarm(&self, ours: &RegionView) {
-        ours.armed().store(0, Ordering::Relaxed);
+    /// Disarms after waking, or before polling. Relaxed: a peer that still sees the old epoch
+    /// rings once more, which costs a spurious wake-up and loses nothing. Writes the shared
+    /// line only when armed, so a polling caller does not bounce it between cores.
+    pub(crate) fn disarm(&mut self, ours: &RegionView) {
+        if std::mem::take(&mut self.armed) {
+            ours.armed().store(0, Ordering::Relaxed);
+        }
     }
 }
 
