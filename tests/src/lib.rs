@@ -63,6 +63,19 @@ impl Rng {
 }
 
 /// Fails the test if `fut` takes longer than `secs` seconds: no test may hang.
+/// A connected SMC-D pair (client, server) with `shm` on both sides; asserts that both ends
+/// are on shared memory.
+pub async fn smc_pair(shm: smc_tokio::config::ShmConfig) -> (smc_tokio::SmcStream, smc_tokio::SmcStream) {
+    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let builder = smc_tokio::SmcStream::builder().shm(shm);
+    let (c, s) = tokio::join!(builder.connect(addr), l.accept());
+    let (c, (s, _)) = (c.unwrap(), s.unwrap());
+    assert_eq!(c.transport(), smc_tokio::Transport::SmcD);
+    assert_eq!(s.transport(), smc_tokio::Transport::SmcD);
+    (c, s)
+}
+
 pub async fn bounded<F: Future>(secs: u64, fut: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
 }

@@ -5,21 +5,9 @@
 use std::time::Duration;
 
 use smc_tokio::config::{self, ShmConfig};
-use smc_tokio::{SmcListener, SmcStream, Transport};
-use tests::{bounded, Rng};
+use smc_tokio::SmcStream;
+use tests::{bounded, smc_pair, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A connected SMC-D pair with `shm` on both sides.
-async fn pair(shm: ShmConfig) -> (SmcStream, SmcStream) {
-    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let builder = SmcStream::builder().shm(shm);
-    let (c, s) = tokio::join!(builder.connect(addr), l.accept());
-    let (c, (s, _)) = (c.unwrap(), s.unwrap());
-    assert_eq!(c.transport(), Transport::SmcD);
-    assert_eq!(s.transport(), Transport::SmcD);
-    (c, s)
-}
 
 /// Streams `data` from `w` to `r` (the reader reads in small pieces, so the writer fills the
 /// ring) and checks every byte.
@@ -49,7 +37,7 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
     let base = config::rmb_memory_in_use();
     let grown_before = smc_tokio::stats().rmb_grown;
     let shm = ShmConfig::default().rmb_size(16 << 10).rmb_max(256 << 10);
-    let (mut c, mut s) = bounded(10, pair(shm.clone())).await;
+    let (mut c, mut s) = bounded(10, smc_pair(shm.clone())).await;
     // Two 16 KiB rings (one per side).
     assert_eq!(config::rmb_memory_in_use(), base + 2 * (16 << 10));
     let data = Rng::new(1).bytes(4 << 20);
@@ -79,7 +67,7 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
     .await;
 
     // A budget with no room to grow: the ring stays at its first size and every byte arrives.
-    let (mut c, mut s) = bounded(10, pair(shm)).await;
+    let (mut c, mut s) = bounded(10, smc_pair(shm)).await;
     config::set_rmb_memory_cap(config::rmb_memory_in_use());
     let grown_before = smc_tokio::stats().rmb_grown;
     bounded(30, stream(&mut c, &mut s, &data[..1 << 20])).await;
@@ -88,7 +76,7 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
     drop((c, s));
 
     // Fixed rings (`rmb_max` at or below `rmb_size`) never grow.
-    let (mut c, mut s) = bounded(10, pair(ShmConfig::default().rmb_size(16 << 10).rmb_max(0))).await;
+    let (mut c, mut s) = bounded(10, smc_pair(ShmConfig::default().rmb_size(16 << 10).rmb_max(0))).await;
     let grown_before = smc_tokio::stats().rmb_grown;
     bounded(30, stream(&mut c, &mut s, &data[..1 << 20])).await;
     assert_eq!(smc_tokio::stats().rmb_grown, grown_before);
@@ -99,7 +87,7 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
 /// doorbell again), with polling on (two budgets) and off.
 async fn polling_readers_that_fall_asleep_are_woken() {
     for budget in [Duration::from_micros(50), Duration::from_millis(5), Duration::ZERO] {
-        let (mut c, mut s) = bounded(10, pair(ShmConfig::default().adaptive_poll(budget))).await;
+        let (mut c, mut s) = bounded(10, smc_pair(ShmConfig::default().adaptive_poll(budget))).await;
         let server = tokio::spawn(async move {
             let mut b = [0u8; 64];
             loop {

@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{SmcListener, SmcStream, Transport};
-use tests::{bounded, Rng};
+use tests::{bounded, smc_pair, Rng};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -18,7 +18,7 @@ enum Kind {
 async fn pair(kind: Kind, rmb: u32) -> (SmcStream, SmcStream) {
     let shm = ShmConfig::default().rmb_size(rmb).enabled(kind == Kind::Shm);
     if kind == Kind::Shm {
-        return pair_with(shm).await;
+        return smc_pair(shm).await;
     }
     let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -27,18 +27,6 @@ async fn pair(kind: Kind, rmb: u32) -> (SmcStream, SmcStream) {
     let (c, (s, _)) = (c.unwrap(), s.unwrap());
     assert!(!c.transport().is_smc(), "{:?}", c.transport());
     assert!(!s.transport().is_smc());
-    (c, s)
-}
-
-/// An SMC-D pair with these shared-memory settings on both sides.
-async fn pair_with(shm: ShmConfig) -> (SmcStream, SmcStream) {
-    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let builder = SmcStream::builder().shm(shm);
-    let (c, s) = tokio::join!(builder.connect(addr), l.accept());
-    let (c, (s, _)) = (c.unwrap(), s.unwrap());
-    assert_eq!(c.transport(), Transport::SmcD);
-    assert_eq!(s.transport(), Transport::SmcD);
     (c, s)
 }
 
@@ -116,7 +104,7 @@ async fn cork_on_tcp() {
 async fn a_full_ring_pushes_under_a_cork() {
     // A fixed 4 KiB ring (no autotuning): every 4 KiB fills it, and a full ring must push
     // even under the cork. (A ring that grows holds the tail until the guard drops.)
-    let (mut c, mut s) = pair_with(ShmConfig::default().rmb_size(4096).rmb_max(0)).await;
+    let (mut c, mut s) = smc_pair(ShmConfig::default().rmb_size(4096).rmb_max(0)).await;
     let _guard = c.cork();
     let data = Rng::new(9).bytes(64 << 10);
     let (w, r) = tokio::join!(c.write_all(&data), async {

@@ -363,18 +363,7 @@ impl SmcConn {
             }
             st.rx_ready_hint = false;
             match cx.as_mut() {
-                Some(cx) => {
-                    st.rx_waker = Some(cx.waker().clone());
-                    match st.wait.poll_until(crate::smc::group::clock_ns()) {
-                        Some(until) => {
-                            // Look again on the runtime's next turn (attempt 0 drains the
-                            // link); meanwhile the driver leaves the doorbell disarmed.
-                            self.group.poll_until(until);
-                            cx.waker().wake_by_ref();
-                        }
-                        None => self.group.sleeping(),
-                    }
-                }
+                Some(cx) => self.wait_readable(&mut st, cx),
                 None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             }
         }
@@ -431,20 +420,27 @@ impl SmcConn {
                 continue;
             }
             if interest.is_readable() {
-                st.rx_waker = Some(cx.waker().clone());
-                match st.wait.poll_until(crate::smc::group::clock_ns()) {
-                    Some(until) => {
-                        self.group.poll_until(until);
-                        cx.waker().wake_by_ref();
-                    }
-                    None => self.group.sleeping(),
-                }
+                self.wait_readable(&mut st, cx);
             }
             if interest.is_writable() {
                 st.tx_waker = Some(cx.waker().clone());
             }
         }
         Poll::Pending
+    }
+
+    /// The reader found nothing: keeps `cx`'s waker, then either polls (adaptive polling: the
+    /// task looks again on the runtime's next turn, where attempt 0 drains the link, and the
+    /// driver leaves the doorbell disarmed meanwhile) or sleeps.
+    fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>) {
+        st.rx_waker = Some(cx.waker().clone());
+        match st.wait.poll_until(crate::smc::group::clock_ns()) {
+            Some(until) => {
+                self.group.poll_until(until);
+                cx.waker().wake_by_ref();
+            }
+            None => self.group.sleeping(),
+        }
     }
 
     fn spin_for_frames(&self) {
