@@ -133,41 +133,72 @@ struct ConnState {
     wait: WaitClock,
 }
 
-/// Adaptive polling, one connection's part: how long its reader waited for data lately. When
-/// the recent waits were shorter than the budget, a reader that starts waiting polls the link
-/// for up to the budget (a round trip in progress will likely end within it): its task stays
-/// runnable and looks again on the runtime's next turn, after the thread's other tasks, instead
-/// of sleeping on the doorbell. Otherwise it sleeps at once, so idle and slow connections cost
-/// no CPU.
+/// Adaptive polling, one connection's part: whether its reader polls when it finds nothing.
+/// A poll is for one wait and lasts at most the budget from the wait's start; a reader polls
+/// (its task stays runnable and looks again on the runtime's next turn, after the thread's
+/// other tasks) instead of sleeping on the doorbell. Whether it polls follows what polling
+/// achieved: a poll that saw its data arrive keeps the connection polling; one whose budget ran
+/// out first (an idle connection, a slow peer) makes the next 1, 2, 4, ... 64 waits sleep at
+/// once before it tries again. So request/response connections poll, and idle or slow ones cost
+/// one budget of polling per 64 waits at most. (A first version averaged the waits' lengths;
+/// a connection whose doorbell wake-ups alone exceeded the budget could never come back to
+/// polling, and HTTP with one connection ran at 7 or 97 us per request depending on its start.)
 #[derive(Debug, Default)]
 struct WaitClock {
     /// Polling budget in nanoseconds (0: off).
     budget: u64,
     /// When the reader started waiting ([`clock_ns`](crate::smc::group::clock_ns)).
     since: Option<u64>,
-    /// Moving average of recent waits, each counted as at most four budgets (a long wait only
-    /// says "longer than worth polling for"), weight 1/8 for the newest.
-    avg: u64,
+    /// This wait polls (until the budget runs out).
+    polling: bool,
+    /// Waits left that sleep at once.
+    skip: u32,
+    /// How many waits the last failed poll made sleep (doubles with each failure, up to
+    /// [`MAX_POLL_BACKOFF`]; 0 after a poll that saw its data).
+    backoff: u32,
 }
+
+/// Most waits a failed poll makes sleep before the next try: an idle connection polls one
+/// budget in this many waits.
+const MAX_POLL_BACKOFF: u32 = 64;
 
 impl WaitClock {
     /// The reader waits (again) at `now` ([`clock_ns`](crate::smc::group::clock_ns)): returns
-    /// until when to poll, if polling is worth it and the budget of this wait is not spent.
+    /// until when to poll, if this wait polls and its budget is not spent.
     fn poll_until(&mut self, now: u64) -> Option<u64> {
         if self.budget == 0 {
             return None;
         }
-        let since = *self.since.get_or_insert(now);
+        let since = match self.since {
+            Some(since) => since,
+            None => {
+                // A new wait: poll, unless an earlier failed poll still says to sleep.
+                self.since = Some(now);
+                self.polling = self.skip == 0;
+                self.skip = self.skip.saturating_sub(1);
+                now
+            }
+        };
+        if !self.polling {
+            return None;
+        }
         let until = since.saturating_add(self.budget);
-        (self.avg < self.budget && now < until).then_some(until)
+        if now < until {
+            return Some(until);
+        }
+        // The budget ran out before the data came: sleep now, and for the next waits.
+        self.polling = false;
+        self.backoff = (self.backoff * 2).clamp(1, MAX_POLL_BACKOFF);
+        self.skip = self.backoff;
+        None
     }
 
-    /// Data arrived at `now` for a waiting reader: the wait ends.
-    fn end(&mut self, now: u64) {
-        if let Some(since) = self.since.take() {
-            let waited = now.saturating_sub(since).min(self.budget.saturating_mul(4));
-            self.avg = self.avg - self.avg / 8 + waited / 8;
+    /// Data arrived for a waiting reader: the wait ends. If it was polling, polling worked.
+    fn end(&mut self) {
+        if self.since.take().is_some() && self.polling {
+            self.backoff = 0;
         }
+        self.polling = false;
     }
 }
 
@@ -941,7 +972,7 @@ impl SmcConn {
                     st.inline = Some(Inline { at, len, data });
                 }
                 if effect.readable {
-                    st.wait.end(crate::smc::group::clock_ns());
+                    st.wait.end();
                     wake(&mut st.rx_waker);
                 }
                 if effect.writable {
@@ -1106,7 +1137,7 @@ impl Drop for PendingConn {
 
 #[cfg(test)]
 mod tests {
-    use super::WaitClock;
+    use super::{WaitClock, MAX_POLL_BACKOFF};
 
     const US: u64 = 1_000;
 
@@ -1114,54 +1145,79 @@ mod tests {
         WaitClock { budget: budget_us * US, ..WaitClock::default() }
     }
 
+    /// One wait from `t`: polls, or not, until the data comes `after` later (the reader looks
+    /// again every microsecond while it polls). Returns whether it polled.
+    fn wait(w: &mut WaitClock, t: u64, after: u64) -> bool {
+        let polled = w.poll_until(t).is_some();
+        let mut now = t;
+        while now < t + after && w.poll_until(now).is_some() {
+            now += US;
+        }
+        w.end();
+        polled
+    }
+
     #[test]
-    fn short_waits_poll_for_at_most_the_budget() {
+    fn a_poll_lasts_at_most_the_budget_from_the_wait_start() {
         let mut w = clock(50);
-        // A new connection polls: its first wait may be a round trip.
         assert_eq!(w.poll_until(1_000 * US), Some(1_050 * US));
-        // Looking again within the budget keeps the same deadline (from the wait's start).
-        assert_eq!(w.poll_until(1_030 * US), Some(1_050 * US));
-        // Past it, the reader sleeps.
+        assert_eq!(w.poll_until(1_030 * US), Some(1_050 * US), "the same deadline");
         assert_eq!(w.poll_until(1_051 * US), None);
-        w.end(1_060 * US);
-        // Round trips of 5 us keep it polling.
-        for i in 0..100 {
-            let t = 2_000 * US + i * 10 * US;
-            assert!(w.poll_until(t).is_some());
-            w.end(t + 5 * US);
+        assert_eq!(w.poll_until(1_052 * US), None, "and it stays asleep");
+        w.end();
+    }
+
+    #[test]
+    fn request_response_keeps_polling() {
+        let mut w = clock(50);
+        for i in 0..1000 {
+            assert!(wait(&mut w, i * 100 * US, 5 * US), "wait {i}");
         }
     }
 
     #[test]
-    fn long_waits_stop_polling_and_short_ones_bring_it_back() {
+    fn idle_connections_back_off_to_one_poll_in_64_waits() {
         let mut w = clock(50);
-        // An idle connection: waits of seconds count as four budgets each.
+        let mut polls = 0;
+        let n = 1000;
+        for i in 0..n {
+            polls += u32::from(wait(&mut w, i * 10_000_000 * US, 5_000_000 * US));
+        }
+        // 1 + 1 + 1 + 1 + 1 + 1 + 1 polls while the backoff doubles to 64, then one in 65.
+        assert!(polls <= 7 + n as u32 / (MAX_POLL_BACKOFF + 1), "{polls} polls");
+        assert!(polls >= n as u32 / (MAX_POLL_BACKOFF + 1), "it keeps trying: {polls} polls");
+    }
+
+    #[test]
+    fn a_successful_try_brings_polling_back_at_once() {
+        let mut w = clock(50);
         let mut t = 0;
-        for _ in 0..20 {
-            w.poll_until(t);
-            t += 5_000_000 * US;
-            w.end(t);
+        // Slow replies: polls fail and the backoff grows.
+        for _ in 0..50 {
+            wait(&mut w, t, 500 * US);
+            t += 1_000 * US;
         }
-        assert!(w.avg > 150 * US && w.avg <= 200 * US, "{}", w.avg);
-        assert_eq!(w.poll_until(t), None, "idle connections sleep at once");
-        w.end(t + 10 * US);
-        // Request/response again: within a few short waits the average drops below the budget.
-        let mut polled_after = None;
-        for i in 0..30 {
-            t += 100 * US;
-            if w.poll_until(t).is_some() && polled_after.is_none() {
-                polled_after = Some(i);
+        assert!(w.backoff >= 32);
+        // Fast replies again: at the next try, polling resumes and stays.
+        let mut first = None;
+        for i in 0..200 {
+            if wait(&mut w, t, 5 * US) && first.is_none() {
+                first = Some(i);
             }
-            w.end(t + 10 * US);
+            t += 1_000 * US;
         }
-        assert!(matches!(polled_after, Some(n) if n <= 12), "{polled_after:?}");
+        let first = first.expect("polling came back");
+        assert!(first <= MAX_POLL_BACKOFF as usize, "{first}");
+        for _ in 0..100 {
+            assert!(wait(&mut w, t, 5 * US));
+            t += 1_000 * US;
+        }
     }
 
     #[test]
     fn off_never_polls() {
         let mut w = clock(0);
-        assert_eq!(w.poll_until(5), None);
-        w.end(10);
-        assert_eq!(w.avg, 0);
+        assert!(!wait(&mut w, 5, 10));
+        assert_eq!(w.poll_until(100), None);
     }
 }
