@@ -465,7 +465,10 @@ impl SmcConn {
     /// driver leaves the doorbell disarmed meanwhile) or sleeps.
     fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>) {
         st.rx_waker = Some(cx.waker().clone());
-        match st.wait.poll_until(crate::smc::group::clock_ns()) {
+        let was = st.wait.polling;
+        let until = st.wait.poll_until(crate::smc::group::clock_ns());
+        self.poll_changed(was, st.wait.polling);
+        match until {
             Some(until) => {
                 self.group.poll_until(until);
                 cx.waker().wake_by_ref();
@@ -841,10 +844,22 @@ impl SmcConn {
         }
         st.rx_waker = None;
         st.tx_waker = None;
+        if std::mem::take(&mut st.wait.polling) {
+            self.group.poll_stop();
+        }
         let done = Self::done(&st);
         drop(st);
         if done {
             self.group.unregister(self.our_token);
+        }
+    }
+
+    /// Tells the group when this reader starts or stops polling.
+    fn poll_changed(&self, was: bool, is: bool) {
+        match (was, is) {
+            (false, true) => self.group.poll_start(),
+            (true, false) => self.group.poll_stop(),
+            _ => {}
         }
     }
 
@@ -972,7 +987,9 @@ impl SmcConn {
                     st.inline = Some(Inline { at, len, data });
                 }
                 if effect.readable {
+                    let was = st.wait.polling;
                     st.wait.end();
+                    self.poll_changed(was, st.wait.polling);
                     wake(&mut st.rx_waker);
                 }
                 if effect.writable {

@@ -83,9 +83,13 @@ pub(crate) struct LinkGroup {
     /// Adaptive polling: until this time ([`clock_ns`]) a reader of this group polls the link
     /// itself, so the driver leaves the doorbell disarmed (the peer sends without ringing).
     poll_until: AtomicU64,
-    /// The driver left the doorbell disarmed for polling readers: a reader that goes to sleep
-    /// must wake the driver so it arms again.
+    /// The driver left the doorbell disarmed for polling readers: when the last of them stops,
+    /// or a reader goes to sleep with none polling, the driver is woken to arm again.
     unarmed: AtomicBool,
+    /// Readers polling now. While any polls, it drains the link for every connection of the
+    /// group, so sleeping readers need no doorbell. (The deadline in `poll_until` bounds what a
+    /// count left behind by a reader that stopped mid-poll can do.)
+    pollers: std::sync::atomic::AtomicUsize,
     /// The driver's waker while it waits.
     driver_waker: Mutex<Option<Waker>>,
 }
@@ -149,6 +153,7 @@ impl LinkGroup {
             manager,
             poll_until: AtomicU64::new(0),
             unarmed: AtomicBool::new(false),
+            pollers: std::sync::atomic::AtomicUsize::new(0),
             driver_waker: Mutex::new(None),
         })
     }
@@ -329,9 +334,32 @@ impl LinkGroup {
         self.poll_until.fetch_max(until, Ordering::AcqRel);
     }
 
-    /// A reader goes to sleep without polling: if the driver left the doorbell disarmed for
-    /// pollers, wake it to arm again (unless other readers still poll).
+    /// A reader starts polling (one wait's worth).
+    pub(crate) fn poll_start(&self) {
+        self.pollers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A reader stops polling: the last one wakes an unarmed driver to arm again.
+    pub(crate) fn poll_stop(&self) {
+        let before = self.pollers.fetch_sub(1, Ordering::AcqRel);
+        if before <= 1 {
+            if before == 0 {
+                // Unbalanced: never below zero.
+                self.pollers.store(0, Ordering::Release);
+            }
+            self.wake_unarmed_driver();
+        }
+    }
+
+    /// A reader goes to sleep without polling: with no reader polling, an unarmed driver is
+    /// woken to arm again; while one polls, it drains the link for this reader too.
     pub(crate) fn sleeping(&self) {
+        if self.pollers.load(Ordering::Acquire) == 0 {
+            self.wake_unarmed_driver();
+        }
+    }
+
+    fn wake_unarmed_driver(&self) {
         if self.unarmed.load(Ordering::Acquire) {
             let waker = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(w) = waker {
@@ -340,8 +368,12 @@ impl LinkGroup {
         }
     }
 
-    /// How long readers poll from now on (`None`: they do not).
+    /// How long readers poll from now on (`None`: they do not): while some reader polls, up
+    /// to the latest deadline asked for.
     fn polling(&self) -> Option<Duration> {
+        if self.pollers.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let until = self.poll_until.load(Ordering::Acquire);
         let now = clock_ns();
         (until > now).then(|| Duration::from_nanos(until - now))
