@@ -539,18 +539,23 @@ fn disarm_linger(fd: BorrowedFd<'_>) {
         )
     };
     if r == 0 && l.l_onoff != 0 {
-        let off = libc::linger { l_onoff: 0, l_linger: 0 };
-        // SAFETY: `off` is a valid linger of the length given.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&off as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
+        let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &libc::linger { l_onoff: 0, l_linger: 0 });
     }
+}
+
+/// `setsockopt(2)` with a plain-data option value (`c_int`, `linger`, ...), passed by pointer
+/// with its size.
+pub(crate) fn setsockopt<T: Copy>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(std::mem::size_of::<T>())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket option too large"))?;
+    // SAFETY: `value` is valid for reads of `len` bytes for the call's duration (a plain `Copy`
+    // value, which the kernel only reads); `fd` is borrowed open.
+    cvt(unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), len) }).map(drop)
 }
 
 /// Most descriptors one side-channel message carries.
@@ -726,18 +731,7 @@ pub(crate) fn sendfile(
 
 /// Sets or clears `TCP_CORK`.
 pub(crate) fn set_tcp_cork(sock: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let v: libc::c_int = on.into();
-    // SAFETY: passes a valid c_int of the size given.
-    cvt(unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CORK,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(drop)
+    setsockopt(sock, libc::IPPROTO_TCP, libc::TCP_CORK, &libc::c_int::from(on))
 }
 
 /// Whether `fd` lives on shmem (tmpfs), where memfds live unless created with MFD_HUGETLB.

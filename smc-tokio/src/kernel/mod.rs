@@ -305,22 +305,7 @@ pub(crate) fn is_smc_socket(fd: BorrowedFd<'_>) -> bool {
 /// option, and both sides fall back with "peer has no smc"). The kernel reads it in `listen`,
 /// so it has no effect on a socket that already listens.
 pub(crate) fn set_socket_limit_handshake(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    let v: libc::c_int = on.into();
-    // SAFETY: `v` is a valid int for the call's duration; `fd` is borrowed open.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            wire::SOL_SMC,
-            wire::SMC_LIMIT_HS,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    crate::sys::setsockopt(fd, wire::SOL_SMC, wire::SMC_LIMIT_HS, &libc::c_int::from(on))
 }
 
 /// What the kernel made of the `AF_SMC` connection `fd`, from `smc_diag`.
