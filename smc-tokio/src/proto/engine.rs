@@ -309,12 +309,7 @@ impl ConnEngine {
     /// assert_eq!(e.tx_grow_wanted().map(RingSize::get), Some(6000)); // capped
     /// ```
     pub fn tx_grow_wanted(&self) -> Option<RingSize> {
-        if !self.tx_filled
-            || self.tx_resize_pending.is_some()
-            || self.tx_resize_due
-            || self.tx_resize_unacked
-            || self.done_writing
-        {
+        if !self.tx_filled || self.tx_resizing() || self.done_writing {
             return None;
         }
         let next = RingSize::new(self.tx_ring.get().saturating_mul(2).min(self.tx_max.get()))?;
@@ -357,18 +352,18 @@ impl ConnEngine {
     /// assert_eq!((b.rx_ring().get(), b.rx_available()), (16384, 10000));
     /// ```
     pub fn tx_resize(&mut self, size: RingSize) -> bool {
-        if size > self.tx_max
-            || size == self.tx_ring
-            || self.tx_resize_pending.is_some()
-            || self.tx_resize_due
-            || self.tx_resize_unacked
-        {
+        if size > self.tx_max || size == self.tx_ring || self.tx_resizing() {
             return false;
         }
         self.tx_resize_pending = Some(size);
         self.apply_tx_resize();
         self.ask_to_drain();
         true
+    }
+
+    /// A resize is under way: waiting for the drain, not yet announced, or not yet acknowledged.
+    fn tx_resizing(&self) -> bool {
+        self.tx_resize_pending.is_some() || self.tx_resize_due || self.tx_resize_unacked
     }
 
     /// While a resize waits for the peer to drain the ring, tells the peer we are blocked

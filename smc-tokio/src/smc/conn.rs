@@ -127,7 +127,8 @@ struct ConnState {
     rx_ready_hint: bool,
     tx_ready_hint: bool,
     /// The engine knows how large the peer may grow our receive ring (its region's slot
-    /// size, known once the link is up).
+    /// size, known once the link is up: set at the first CDC message, which only an
+    /// established link delivers).
     rx_max_set: bool,
     /// Adaptive polling (see [`WaitClock`]).
     wait: WaitClock,
@@ -240,10 +241,6 @@ impl SmcConn {
         if let Some(max) = RingSize::new(group.tx_rmb_capacity) {
             engine.set_tx_max(max);
         }
-        let rx_max = group.link().and_then(|l| RingSize::new(l.rx_rmb_size()));
-        if let Some(max) = rx_max {
-            engine.set_rx_max(max);
-        }
         let span = tracing::debug_span!(
             "smc_conn",
             group = group.id,
@@ -272,7 +269,7 @@ impl SmcConn {
                 link_down: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
-                rx_max_set: rx_max.is_some(),
+                rx_max_set: false,
                 wait: WaitClock {
                     budget: u64::try_from(cfg.adaptive_poll.as_nanos()).unwrap_or(u64::MAX),
                     ..WaitClock::default()

@@ -259,7 +259,6 @@ impl RegionView {
     /// slot are released; the next writer of the slot finds zero pages there. Call it on our
     /// own (writable) region only, for a slot no connection uses.
     pub(crate) fn release_rmb(&self, slot: u32, from: u32) -> std::io::Result<()> {
-        const PAGE: usize = 4096;
         let size = self.layout.rmb_size.get() as usize;
         if slot >= self.layout.rmb_count || from as usize >= size {
             return Ok(());
