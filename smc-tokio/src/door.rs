@@ -36,6 +36,9 @@
 //! before or during the handshake, serves the connection as TCP too. Only after its Confirm does
 //! a client wait for the server's final word (Commit or Decline), which the server always sends
 //! before it closes its end.
+//!
+//! The messages on a door connection are [`DoorFrame`]s, whose format is in
+//! [`proto::door`](crate::proto::door).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -50,14 +53,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::handshake::Wire;
-use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token, CLC_MAX_LEN};
+use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
+use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
 use crate::sys::{self, PeerCred, PeerFd};
-
-/// Door messages: magic, version, kind, reason, one spare byte, the client's instance id, then
-/// (REGISTER and CLC) a CLC message.
-const MAGIC: [u8; 4] = *b"SMCd";
-const VERSION: u8 = 2;
-const FRAME_LEN: usize = 16;
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
 /// free index, and a client registers with every door it finds. Sixteen covers a worker per
@@ -90,66 +88,13 @@ fn entry_budget() -> usize {
 /// client sends it right after connecting to the door.
 const WAITING_TTL: Duration = Duration::from_secs(2);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Kind {
-    /// Client to server, with the TCP socket attached and the CLC Proposal as payload: "my next
-    /// connection to you proposes SMC".
-    Register = 1,
-    /// Either way: a CLC message of the handshake (Accept, Decline, Confirm, Commit).
-    Clc = 2,
-    /// Server to client: "no handshake with me" (with a decline reason), at registration:
-    /// another door of a reuseport group may still take the connection.
-    Unmatched = 3,
-    /// Server to client: "your connection reached me, and it stays TCP" (with a decline
-    /// reason). Final: no other door of the group will see the connection.
-    Refused = 4,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Frame {
-    kind: Kind,
-    reason: u8,
-    instance: u64,
-}
-
-impl Frame {
-    fn encode(self, payload: &[u8]) -> Vec<u8> {
-        let mut b = vec![0u8; FRAME_LEN];
-        b[..4].copy_from_slice(&MAGIC);
-        b[4] = VERSION;
-        b[5] = self.kind as u8;
-        b[6] = self.reason;
-        b[8..].copy_from_slice(&self.instance.to_be_bytes());
-        b.extend_from_slice(payload);
-        b
-    }
-
-    /// The frame and its payload (empty but for REGISTER and CLC).
-    fn decode(b: &[u8]) -> Option<(Frame, &[u8])> {
-        if b.len() < FRAME_LEN || b[..4] != MAGIC || b[4] != VERSION {
-            return None;
-        }
-        let kind = match b[5] {
-            1 => Kind::Register,
-            2 => Kind::Clc,
-            3 => Kind::Unmatched,
-            4 => Kind::Refused,
-            _ => return None,
-        };
-        let payload = &b[FRAME_LEN..];
-        if payload.is_empty() != matches!(kind, Kind::Unmatched | Kind::Refused) {
-            return None;
-        }
-        let instance = u64::from_be_bytes(b[8..FRAME_LEN].try_into().ok()?);
-        Some((Frame { kind, reason: b[6], instance }, payload))
-    }
-}
+/// The header of a CLC frame, either way.
+const CLC_FRAME: DoorFrame = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 };
 
 /// The door names of a listener on `addr`, without the index: `smc-tokio/d2/127.0.0.1:8080`,
 /// `smc-tokio/d2/[::]:8080`.
 pub(crate) fn base_name(addr: SocketAddr) -> String {
-    format!("smc-tokio/d{VERSION}/{}", sys::unmap(addr))
+    format!("smc-tokio/d{DOOR_VERSION}/{}", sys::unmap(addr))
 }
 
 fn door_name(base: &str, index: u32) -> Vec<u8> {
@@ -164,32 +109,24 @@ fn solo_name(base: &str) -> Vec<u8> {
 
 /// One door message read without blocking: the frame, its payload, and the descriptors that
 /// came with it (only a registration carries one). `Ok(None)`: the peer closed.
-type Received = (Frame, Vec<u8>, Vec<PeerFd>);
+type Received = (DoorFrame, Vec<u8>, Vec<PeerFd>);
 
+/// A message that is no frame is `InvalidData`. The buffer has room for a byte more than the
+/// longest frame, so a longer message, truncated to it, still decodes as too long.
 fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<Received>> {
-    let mut buf = [0u8; FRAME_LEN + CLC_MAX_LEN + 1];
+    let mut buf = [0u8; DOOR_FRAME_MAX + 1];
     let (n, fds) = sys::recv_with_fds(conn, &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
-    let (frame, payload) =
-        Frame::decode(&buf[..n]).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad door message"))?;
-    if payload.len() > CLC_MAX_LEN {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "door message too long"));
-    }
+    let (frame, payload) = DoorFrame::decode(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Some((frame, payload.to_vec(), fds)))
 }
 
 /// Sends one door message without blocking (a door connection holds a handful of small
 /// messages at most, so it never fills).
-fn send_frame(conn: BorrowedFd<'_>, frame: Frame, payload: &[u8]) -> io::Result<()> {
+fn send_frame(conn: BorrowedFd<'_>, frame: DoorFrame, payload: &[u8]) -> io::Result<()> {
     sys::send_msg(conn, &frame.encode(payload))
-}
-
-fn trusted(uid: u32, allowed: &[u32]) -> bool {
-    // Read each time: a process that drops privileges trusts its new uid, not its old one.
-    // SAFETY: geteuid cannot fail and has no preconditions.
-    uid == unsafe { libc::geteuid() } || allowed.contains(&uid)
 }
 
 // ----- server --------------------------------------------------------------------------------
@@ -275,14 +212,14 @@ impl fmt::Debug for Registration {
     }
 }
 
-fn refuse_on(conn: &PeerFd, kind: Kind, reason: DeclineReason) {
-    let _ = send_frame(conn.as_fd(), Frame { kind, reason: reason as u8, instance: 0 }, &[]);
+fn refuse_on(conn: &PeerFd, kind: DoorKind, reason: DeclineReason) {
+    let _ = send_frame(conn.as_fd(), DoorFrame { kind, reason: reason as u8, instance: 0 }, &[]);
 }
 
 impl Registration {
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        refuse_on(&self.conn, Kind::Refused, reason);
+        refuse_on(&self.conn, DoorKind::Refused, reason);
     }
 
     /// The wire the handshake runs over, starting with the client's Proposal. `None` when the
@@ -315,7 +252,7 @@ impl fmt::Debug for ServerWire {
 
 impl Wire for ServerWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
-        send_frame(self.conn.get_ref().as_fd(), Frame { kind: Kind::Clc, reason: 0, instance: 0 }, msg)
+        send_frame(self.conn.get_ref().as_fd(), CLC_FRAME, msg)
     }
 
     async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {
@@ -325,7 +262,7 @@ impl Wire for ServerWire {
         loop {
             let mut guard = self.conn.readable().await?;
             match guard.try_io(|c| recv_frame(c.get_ref().as_fd())) {
-                Ok(Ok(Some((f, payload, _)))) if f.kind == Kind::Clc => return Ok(Some(payload)),
+                Ok(Ok(Some((f, payload, _)))) if f.kind == DoorKind::Clc => return Ok(Some(payload)),
                 // Closed (the client's cancel), or anything but a CLC message from a client.
                 Ok(Ok(_)) => return Ok(None),
                 Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
@@ -446,15 +383,21 @@ impl Door {
         for _ in 0..DRAIN_BATCH {
             match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) => match sys::peer_cred(conn.as_fd()) {
-                    Ok(cred) if trusted(cred.uid, &self.allowed_uids) => {
+                    Ok(cred) if cred.trusted(&self.allowed_uids) => {
                         if st.held() >= self.budget {
-                            refuse_on(&conn, Kind::Unmatched, DeclineReason::HandshakeCongested);
+                            refuse_on(&conn, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
                         } else {
                             st.waiting.push(Waiting { conn, cred, since: Instant::now() });
                         }
                     }
+                    // Dropped unread: the closer takes out whatever it queued for us, defused.
                     Ok(cred) => {
-                        tracing::debug!(uid = cred.uid, pid = cred.pid, "refusing a door connection from another uid");
+                        tracing::debug!(
+                            uid = cred.uid,
+                            gid = cred.gid,
+                            pid = cred.pid,
+                            "refusing a door connection from an untrusted peer"
+                        );
                         crate::stats::door_refused();
                     }
                     Err(e) => tracing::debug!(error = %e, "door connection without credentials"),
@@ -478,7 +421,9 @@ impl Door {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && w.since.elapsed() < WAITING_TTL => {
                     st.waiting.push(w);
                 }
-                Ok(Some((frame, payload, fds))) if frame.kind == Kind::Register => st.register(w, frame, payload, fds),
+                Ok(Some((frame, payload, fds))) if frame.kind == DoorKind::Register => {
+                    st.register(w, frame, payload, fds)
+                }
                 // A closed connection, a message out of order or garbage: drop it.
                 _ => {}
             }
@@ -514,17 +459,17 @@ impl Door {
 }
 
 impl DoorState {
-    fn register(&mut self, w: Waiting, frame: Frame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
+    fn register(&mut self, w: Waiting, frame: DoorFrame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
         let mut fds = fds.into_iter();
         let (Some(sock), None) = (fds.next(), fds.next()) else {
             tracing::debug!("door registration without exactly one socket");
-            return refuse_on(&w.conn, Kind::Unmatched, DeclineReason::SyncError);
+            return refuse_on(&w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
         };
         let port = match sys::registrable_socket(sock.as_fd()) {
             Ok(p) => p,
             Err(why) => {
                 tracing::debug!(why, "door registration with an unusable socket");
-                return refuse_on(&w.conn, Kind::Unmatched, DeclineReason::SyncError);
+                return refuse_on(&w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
             }
         };
         self.count += 1;
@@ -642,20 +587,25 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
                 },
             };
             match sys::seqpacket_connect_with(fd, &name) {
-                Ok(fd) => match sys::peer_cred(fd.as_fd()) {
-                    Ok(cred) if trusted(cred.uid, allowed_uids) => {
-                        doors.push(PeerFd::new(fd));
-                        if index == 0 {
-                            // A solo listener has no siblings.
-                            break;
+                // Connected: whoever owns the door may have queued descriptors for us already,
+                // so from here on the connection is a PeerFd, closed off this thread.
+                Ok(fd) => {
+                    let fd = PeerFd::new(fd);
+                    match sys::peer_cred(fd.as_fd()) {
+                        Ok(cred) if cred.trusted(allowed_uids) => {
+                            doors.push(fd);
+                            if index == 0 {
+                                // A solo listener has no siblings.
+                                break;
+                            }
                         }
+                        Ok(cred) => {
+                            tracing::debug!(uid = cred.uid, gid = cred.gid, door = %base, "door owned by an untrusted peer: not registering");
+                            crate::stats::door_refused();
+                        }
+                        Err(e) => starved |= sys::is_starved(&e),
                     }
-                    Ok(cred) => {
-                        tracing::debug!(uid = cred.uid, door = %base, "door owned by an untrusted uid: not registering");
-                        crate::stats::door_refused();
-                    }
-                    Err(e) => starved |= sys::is_starved(&e),
-                },
+                }
                 // A door with a full queue: skip it (its listener is swamped; TCP it is there).
                 Err((fd, e)) if e.kind() == io::ErrorKind::WouldBlock => {
                     busy = true;
@@ -745,7 +695,7 @@ pub(crate) fn register(
         return Registered::NoDoor;
     }
     let port = PortClaim(port);
-    let msg = Frame { kind: Kind::Register, reason: 0, instance }.encode(proposal);
+    let msg = DoorFrame { kind: DoorKind::Register, reason: 0, instance }.encode(proposal);
     // A door that refused us meanwhile (an untrusted uid: it closed our connection) takes no
     // registration.
     doors.retain(|d| sys::send_with_fds(d.as_fd(), &msg, &[sock.as_fd()]).is_ok());
@@ -825,7 +775,7 @@ impl ClientWire {
         let d = self.doors[i].as_ref()?;
         match recv_frame(d.fd()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            Ok(Some((f, payload, _))) if f.kind == Kind::Clc => {
+            Ok(Some((f, payload, _))) if f.kind == DoorKind::Clc => {
                 if self.chosen.is_none() {
                     self.chosen = Some(i);
                     // The connection is this door's listener's: cancel the others.
@@ -837,13 +787,13 @@ impl ClientWire {
                 }
                 Some(Ok(Some(payload)))
             }
-            Ok(Some((f, _, _))) if f.kind == Kind::Unmatched && self.chosen.is_none() => {
+            Ok(Some((f, _, _))) if f.kind == DoorKind::Unmatched && self.chosen.is_none() => {
                 self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
                 self.doors[i] = None;
                 self.all_said_no()
             }
             // The listener that got the connection says it stays TCP: no other door will answer.
-            Ok(Some((f, _, _))) if f.kind == Kind::Refused && self.chosen.is_none() => {
+            Ok(Some((f, _, _))) if f.kind == DoorKind::Refused && self.chosen.is_none() => {
                 self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
                 self.doors.iter_mut().for_each(|d| *d = None);
                 self.all_said_no()
@@ -875,7 +825,7 @@ impl Wire for ClientWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         // The client speaks only after a door answered.
         let d = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
-        match send_frame(d.fd(), Frame { kind: Kind::Clc, reason: 0, instance: 0 }, msg) {
+        match send_frame(d.fd(), CLC_FRAME, msg) {
             // The server closed the door: it did so after its final word, which is still
             // queued for us to read; what we sent is moot.
             Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),

@@ -8,8 +8,10 @@ use crate::link::shm::region::{CdcRx, Layout, RegionView};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use crate::proto::clc::{decode, ClcMessage, DeclineReason, Decoded, LinkInfo, ShmLinkInfo};
 use crate::proto::cursor::RingSize;
+use crate::proto::door::{DoorFrame, DOOR_HEADER_LEN};
 use crate::proto::engine::ConnEngine;
 use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake, Timeouts};
+use crate::proto::side::{Join, Welcome};
 
 /// CLC decoding: never panics; whatever decodes re-encodes and decodes to itself.
 ///
@@ -57,6 +59,73 @@ pub fn cdc_decode(data: &[u8]) {
             assert_eq!(CdcMsg::decode(&m.encode()), Ok(m));
         }
     }
+}
+
+/// Whether `again` (a decoded message encoded again) is `data` but for the bytes at offsets
+/// `ignored` holds for, which are zero in `again` (the decoder ignores them, the encoder writes
+/// zeros).
+fn same_but_ignored(again: &[u8], data: &[u8], ignored: impl Fn(usize) -> bool) -> bool {
+    again.len() == data.len()
+        && again.iter().zip(data).enumerate().all(|(i, (a, d))| if ignored(i) { *a == 0 } else { a == d })
+}
+
+/// Door frame decoding (one input is one message): never panics; a frame that decodes has a
+/// payload that fits, re-encodes to the same bytes (its spare byte as zero), and decodes to
+/// itself.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::door::{DoorFrame, DoorKind};
+///
+/// // A registration, the same truncated into its header, and noise: each call returns.
+/// let bytes = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 42 }.encode(b"a proposal");
+/// smc_tokio::fuzzing::door_decode(&bytes);
+/// smc_tokio::fuzzing::door_decode(&bytes[..10]);
+/// smc_tokio::fuzzing::door_decode(b"SMCd\x02\x09 not a frame");
+/// ```
+pub fn door_decode(data: &[u8]) {
+    if let Ok((frame, payload)) = DoorFrame::decode(data) {
+        assert!(payload.len() <= crate::proto::clc::CLC_MAX_LEN);
+        assert_eq!(payload, &data[DOOR_HEADER_LEN..]);
+        assert_eq!(frame.kind.has_payload(), !payload.is_empty());
+        let again = frame.encode(payload);
+        assert!(same_but_ignored(&again, data, |i| i == 7), "re-encoded differently");
+        assert_eq!(DoorFrame::decode(&again), Ok((frame, payload)));
+    }
+}
+
+/// Side-channel decoding (one input is one message, read as a JOIN and as a WELCOME): never
+/// panics; a message that decodes re-encodes to the same bytes (its reserved bytes as zeros)
+/// and decodes to itself.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::Token;
+/// use smc_tokio::proto::side::{Join, Welcome};
+///
+/// // A JOIN, a WELCOME, a short message and noise: each call returns.
+/// let join = Join { link_group: 7, token: Token([1; 16]) }.encode();
+/// smc_tokio::fuzzing::side_decode(&join);
+/// smc_tokio::fuzzing::side_decode(&Welcome::accepted(7).encode());
+/// smc_tokio::fuzzing::side_decode(&join[..40]);
+/// smc_tokio::fuzzing::side_decode(&[0xA5; 64]);
+/// ```
+pub fn side_decode(data: &[u8]) {
+    if let Ok(join) = Join::decode(data) {
+        let again = join.encode();
+        assert!(same_but_ignored(&again, data, |i| (12..16).contains(&i) || i >= 40), "join re-encoded differently");
+        assert_eq!(Join::decode(&again), Ok(join));
+    }
+    if let Ok(welcome) = Welcome::decode(data) {
+        let again = welcome.encode();
+        assert!(same_but_ignored(&again, data, |i| i >= 24), "welcome re-encoded differently");
+        assert_eq!(Welcome::decode(&again), Ok(welcome));
+        assert_eq!(welcome.is_accepted(), welcome.status == crate::proto::side::WELCOME_OK);
+    }
+    // A message is a JOIN or a WELCOME, never both.
+    assert!(Join::decode(data).is_err() || Welcome::decode(data).is_err());
 }
 
 /// Splits `data` into (chunk size, bytes) steps: the first byte of each step is its length.
@@ -272,6 +341,8 @@ mod tests {
         for (target, f) in [
             ("clc_decode", clc_decode as fn(&[u8])),
             ("cdc_decode", cdc_decode),
+            ("door_decode", door_decode),
+            ("side_decode", side_decode),
             ("handshake_server", handshake_server),
             ("handshake_client", handshake_client),
             ("shm_rx", shm_rx),
@@ -370,5 +441,30 @@ mod tests {
         v.cdc_prod().store(2, std::sync::atomic::Ordering::Relaxed);
         let bytes: Vec<u8> = region.iter().flat_map(|l| l.0).take(4096 + 8 * 64).collect();
         write("shm_rx", "two_frames".into(), &bytes);
+        // Door frames of every kind: a registration with its Proposal, the handshake's CLC
+        // messages, and both kinds of "no".
+        use crate::proto::door::DoorKind;
+        let proposal = msgs[1].encode().unwrap();
+        let frames = [
+            (DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0x0001_0002_0003_0004 }, proposal),
+            (DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }, msgs[2].encode().unwrap()),
+            (DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }, msgs[8].encode().unwrap()),
+            (
+                DoorFrame { kind: DoorKind::Unmatched, reason: DeclineReason::HandshakeCongested as u8, instance: 0 },
+                vec![],
+            ),
+            (
+                DoorFrame { kind: DoorKind::Refused, reason: DeclineReason::NoCommonTransport as u8, instance: 0 },
+                vec![],
+            ),
+        ];
+        for (i, (f, payload)) in frames.iter().enumerate() {
+            write("door_decode", format!("frame{i}"), &f.encode(payload));
+        }
+        // A JOIN, a WELCOME that lets the client in, and one that refuses it.
+        use crate::proto::side::JoinRefused;
+        write("side_decode", "join".into(), &Join { link_group: 0xdead_beef, token }.encode());
+        write("side_decode", "welcome".into(), &Welcome::accepted(0xdead_beef).encode());
+        write("side_decode", "refused".into(), &Welcome::refused(0xdead_beef, JoinRefused::UnknownGroup).encode());
     }
 }

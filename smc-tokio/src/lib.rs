@@ -139,5 +139,5 @@ pub use net::{
 };
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;
-pub use stats::{stats, KernelStats, RoleStats, Stats, HANDSHAKE_BUCKETS};
+pub use stats::{stats, CloserStats, KernelStats, RoleStats, Stats, HANDSHAKE_BUCKETS};
 pub use transport::{FallbackReason, Transport};

@@ -342,13 +342,46 @@ pub struct Stats {
     pub rdma_unavailable: [u64; 4],
     /// Same-host registrations at listeners' doors: made (client), matched to a connection
     /// (server: told to propose), answered "no SMC" (server), given up waiting for a verdict
-    /// (client), and door connections or door owners refused for their uid (either side).
+    /// (client), and door connections, door owners and side-channel connections refused
+    /// (either side: credentials not trusted, or, on a side channel, nobody waiting for that
+    /// process or too many waiting already).
     pub door: [u64; 5],
     /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
     /// an Accept it timed out on) taken off TCP streams before the application's bytes.
     pub late_messages: u64,
     /// The kernel's SMC (`AF_SMC` sockets, see [`kernel`](crate::kernel)).
     pub kernel: KernelStats,
+    /// Descriptors from other processes, closed off the runtime.
+    pub closer: CloserStats,
+}
+
+/// Descriptors that other processes had a hand in (door and side-channel connections,
+/// registered sockets, descriptors they sent), which the crate closes on closer threads, never
+/// on a runtime worker: such a close can block (a lingering TCP socket, a Unix socket with
+/// descriptors queued in it). Before closing, a closer takes out what is queued in Unix
+/// sockets and turns every socket's linger off.
+///
+/// # Examples
+///
+/// ```
+/// let c = smc_tokio::stats().closer;
+/// println!("closed {}, found queued {}, stuck closes {}", c.closed, c.drained, c.stalls);
+/// assert!(c.threads <= 16);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CloserStats {
+    /// Descriptors closed, those found queued inside Unix sockets included.
+    pub closed: u64,
+    /// Descriptors found queued inside Unix sockets about to be closed (every one of them was
+    /// put there by another process).
+    pub drained: u64,
+    /// Times every closer was stuck in one close and another closer was started.
+    pub stalls: u64,
+    /// Closer threads running now (at most 16).
+    pub threads: u64,
+    /// Descriptors waiting to be closed now.
+    pub queued: u64,
 }
 
 /// What became of connections on the kernel's `AF_SMC` sockets, from the kernel's `smc_diag`,
@@ -449,6 +482,10 @@ pub fn stats() -> Stats {
         door: load(&c.door),
         late_messages: c.late_messages.load(Ordering::Relaxed),
         kernel: kernel(&c.kernel),
+        closer: {
+            let k = crate::sys::closer_stats();
+            CloserStats { closed: k.closed, drained: k.drained, stalls: k.stalls, threads: k.threads, queued: k.queued }
+        },
     }
 }
 
@@ -520,8 +557,14 @@ impl fmt::Display for Stats {
         let d = &self.door;
         writeln!(
             f,
-            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused (uid); late handshake messages taken: {}",
+            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}",
             d[0], d[1], d[2], d[3], d[4], self.late_messages
+        )?;
+        let c = &self.closer;
+        writeln!(
+            f,
+            "peer descriptors: {} closed, {} found queued, {} stuck closes, {} closers, {} waiting",
+            c.closed, c.drained, c.stalls, c.threads, c.queued
         )?;
         write!(
             f,

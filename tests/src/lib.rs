@@ -147,6 +147,27 @@ pub fn require_root(test: &str) -> bool {
     panic!("{test} needs root (it runs a peer as another uid); run the tests as root, or set SMC_TOKIO_SKIP_ROOT_TESTS=1 to skip it");
 }
 
+/// Starts the test peer `bin` (an integration test passes `env!("CARGO_BIN_EXE_smc-test-peer")`)
+/// as `uid` (and the same gid, no supplementary groups) with `args`; returns it (killed when
+/// dropped) and its output lines.
+pub fn peer_as(
+    bin: &str,
+    uid: u32,
+    args: &[&str],
+) -> (tokio::process::Child, tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(bin)
+        .args(args)
+        .uid(uid)
+        .gid(uid)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
 /// `n` bytes of a fixed pattern (period 251, so no power-of-two ring size lines up with it): a
 /// reader that compares what it got with `pattern(n)` catches lost, repeated or reordered bytes.
 pub fn pattern(n: usize) -> Vec<u8> {

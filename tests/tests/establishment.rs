@@ -9,7 +9,7 @@ use std::time::Duration;
 use smc_tokio::faults::{self, Point};
 use smc_tokio::{DeclineReason, FallbackReason, Side, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, Rng};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 const STEP: Duration = Duration::from_millis(200);
@@ -196,22 +196,6 @@ async fn a_refusal_in_a_reuseport_group_is_final() {
 
 // ----- attacks on the door (a peer process as another uid) ---------------------------------------
 
-async fn peer_as(
-    uid: u32,
-    args: &[&str],
-) -> (tokio::process::Child, tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
-        .args(args)
-        .uid(uid)
-        .gid(uid)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    (child, lines)
-}
-
 #[tokio::test]
 async fn a_process_squatting_on_a_door_name_gets_nothing() {
     if !tests::require_root("a_process_squatting_on_a_door_name_gets_nothing") {
@@ -220,7 +204,7 @@ async fn a_process_squatting_on_a_door_name_gets_nothing() {
     // Another uid takes the door name of the address our listener is about to bind.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let name = format!("smc-tokio/d2/127.0.0.1:{port}/solo");
-    let (child, mut lines) = peer_as(65534, &["squat", &name, "3"]).await;
+    let (child, mut lines) = tests::peer_as(env!("CARGO_BIN_EXE_smc-test-peer"), 65534, &["squat", &name, "3"]);
     assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
     let l = SmcListener::bind(("127.0.0.1", port)).await.unwrap();
     // Our listener takes the first indexed name instead; clients skip the squatter's door (its
@@ -246,9 +230,11 @@ async fn a_process_of_another_uid_cannot_claim_a_connections_port() {
     if !tests::require_root("a_process_of_another_uid_cannot_claim_a_connections_port") {
         return;
     }
-    // The server even trusts uid 65534 (so the door takes its registrations): the kernel still
-    // keeps it off the ports of live sockets of ours, so it cannot stand in for them.
-    let cfg = smc_tokio::config::ShmConfig::default().allow_uid(65534);
+    // The server even trusts the claimer's uid (so the door takes its registrations): the
+    // kernel still keeps it off the ports of live sockets of ours, so it cannot stand in for
+    // them. (Not uid 65534: the overflow uid is never trusted.)
+    const CLAIMER: u32 = 65533;
+    let cfg = smc_tokio::config::ShmConfig::default().allow_uid(CLAIMER);
     let l = SmcListener::builder().shm(cfg).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let mut rx = serve_echo(l);
@@ -258,7 +244,11 @@ async fn a_process_of_another_uid_cannot_claim_a_connections_port() {
     let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
     assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
     for victim in [smc.local_addr().unwrap().port(), plain.local_addr().unwrap().port()] {
-        let (child, mut lines) = peer_as(65534, &["claim", &addr.to_string(), &victim.to_string(), "1"]).await;
+        let (child, mut lines) = tests::peer_as(
+            env!("CARGO_BIN_EXE_smc-test-peer"),
+            CLAIMER,
+            &["claim", &addr.to_string(), &victim.to_string(), "1"],
+        );
         let out = bounded(20, lines.next_line()).await.unwrap().unwrap();
         drop(child);
         // EADDRINUSE for the victim's port; its own registration is taken, and never matched

@@ -7,11 +7,16 @@
 //! - [`clc`]: the handshake messages and their codec.
 //! - [`handshake`]: the client and server handshake state machines.
 //! - [`cdc`]: the connection data control messages that travel over a link.
+//! - [`door`]: the frames of a listener's door, where same-host clients register their
+//!   connections and run the handshake beside them.
+//! - [`side`]: the shared-memory link's side-channel messages (JOIN and WELCOME).
 //! - [`cursor`]: ring cursors and their wrap arithmetic.
 //! - [`engine`]: per-connection flow control and CDC decisions.
 
 pub mod cdc;
 pub mod clc;
 pub mod cursor;
+pub mod door;
 pub mod engine;
 pub mod handshake;
+pub mod side;

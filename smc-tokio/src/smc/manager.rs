@@ -60,6 +60,7 @@ impl AcceptorSlot {
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
         let own_name = name.clone();
+        let unjoined = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let task = tokio::spawn(async move {
             let _flag = flag;
             loop {
@@ -68,7 +69,25 @@ impl AcceptorSlot {
                 };
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
                     Ok(Ok(fd)) => {
-                        tokio::spawn(manager.serve_join(fd, timeout, own_name.clone()));
+                        // Filtered at once, as the door filters its knocks: only a process a
+                        // pending group of ours waits for may join, and only so many at once
+                        // (each for at most the join timeout). Anybody else's connection is
+                        // closed, defused, by the closer.
+                        if unjoined.load(Ordering::Relaxed) >= MAX_UNJOINED {
+                            tracing::debug!("side channel: too many connections waiting to join");
+                            crate::stats::door_refused();
+                            continue;
+                        }
+                        if !manager.expects_join(&fd, &own_name) {
+                            crate::stats::door_refused();
+                            continue;
+                        }
+                        let guard = Unjoined::enter(unjoined.clone());
+                        let serve = manager.serve_join(fd, timeout, own_name.clone());
+                        tokio::spawn(async move {
+                            serve.await;
+                            drop(guard);
+                        });
                     }
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "side-channel accept");
@@ -88,6 +107,28 @@ impl AcceptorSlot {
     }
 }
 
+/// Side-channel connections one acceptor serves at once before their JOIN is done. Only a
+/// trusted process that a pending group of ours waits for gets this far, and a client joins
+/// once per new link group, so a few are in flight at a time; 64 leaves room for a burst of
+/// new clients. Beyond it new connections are closed at once (their clients fall back to TCP).
+const MAX_UNJOINED: usize = 64;
+
+/// Counts a side-channel connection that is being served, until its join is over.
+struct Unjoined(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Unjoined {
+    fn enter(count: Arc<std::sync::atomic::AtomicUsize>) -> Unjoined {
+        count.fetch_add(1, Ordering::Relaxed);
+        Unjoined(count)
+    }
+}
+
+impl Drop for Unjoined {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A server-side group: who it is for, and our half until the peer joins.
 struct ServerGroup {
     group: Arc<LinkGroup>,
@@ -95,6 +136,8 @@ struct ServerGroup {
     /// and is joined only through its side channel.
     acceptor: Vec<u8>,
     pid: u32,
+    /// The client's uid (from the door): only that process, as that uid, may join.
+    uid: u32,
     instance: u64,
     peer_rmb_size: u32,
     local: Option<ShmLocal>,
@@ -379,6 +422,7 @@ impl Manager {
                             group: group.clone(),
                             acceptor: name.clone(),
                             pid: client.pid,
+                            uid: client.uid,
                             instance: client.instance,
                             peer_rmb_size: p.rmb_size,
                             local: Some(local),
@@ -433,6 +477,32 @@ impl Manager {
         }
     }
 
+    /// Whether the peer of a new side-channel connection on `acceptor` is a client that a
+    /// pending group of ours waits for: trusted credentials, and the pid and uid that
+    /// registered at the door.
+    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> bool {
+        let Ok(cred) = sys::peer_cred(fd.as_fd()) else {
+            return false;
+        };
+        let s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        let expected = s.groups.values().any(|g| {
+            g.acceptor == acceptor
+                && g.local.is_some()
+                && i64::from(g.pid) == i64::from(cred.pid)
+                && g.uid == cred.uid
+                && cred.trusted(&g.allowed_uids)
+        });
+        if !expected {
+            tracing::debug!(
+                uid = cred.uid,
+                gid = cred.gid,
+                pid = cred.pid,
+                "side channel: refusing a connection nobody waits for"
+            );
+        }
+        expected
+    }
+
     async fn serve_join(&'static self, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {
@@ -445,10 +515,8 @@ impl Manager {
             if !g.group.has_join_token(join.token) {
                 return Err(JoinRefused::UnknownGroup);
             }
-            // SAFETY: geteuid cannot fail and has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            if cred.uid != me && !g.allowed_uids.contains(&cred.uid) {
-                tracing::debug!(uid = cred.uid, "refusing shm join from another uid");
+            if !cred.trusted(&g.allowed_uids) || cred.uid != g.uid || i64::from(cred.pid) != i64::from(g.pid) {
+                tracing::debug!(uid = cred.uid, pid = cred.pid, "refusing shm join from another process");
                 return Err(JoinRefused::Credentials);
             }
             let local = g.local.take().ok_or(JoinRefused::UnknownGroup)?;

@@ -16,6 +16,17 @@
 //!                              whose first bytes reached the application as a CLC eyecatcher)
 //! smc-test-peer squat NAME SECS        bind the abstract SOCK_SEQPACKET name NAME (a door's),
 //!                              accept for SECS, print "SQUAT conns=C bytes=B fds=F"
+//! smc-test-peer squat-linger SECS NAME...  as squat, on every NAME, and queue a lingering TCP
+//!                              socket (SO_LINGER 3600 s, unsent data towards a peer that never
+//!                              reads) into every connection that arrives; print "SQUATTING",
+//!                              then "SQUAT conns=C bytes=B fds=F queued=Q"
+//! smc-test-peer knock-linger NAME N SECS   connect N times to the abstract name NAME (a door
+//!                              or a side channel), queue a lingering TCP socket in each and
+//!                              close our copies; print "KNOCKED k", hold the sockets' peers for
+//!                              SECS (so their closes would block all that time), then exit
+//! smc-test-peer side-hold NAME N   open N connections to the side channel NAME at once, each with
+//!                              a lingering socket queued; after 1 s print "SIDE opened=O
+//!                              queued=Q open_after=A" (A: connections the server still holds)
 //! smc-test-peer claim ADDR PORT SECS   as a door attacker: try to bind PORT (the victim's) with
 //!                              SO_REUSEPORT, register a socket of its own at ADDR's door, print
 //!                              "CLAIM victim_port=<errno|ok> registered=<ok|err> verdict=<kind|none>"
@@ -28,6 +39,7 @@
 
 use std::io::Write;
 
+use smc_tokio::proto::door::{DoorFrame, DoorKind};
 use smc_tokio::{SmcListener, SmcStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
@@ -246,8 +258,28 @@ async fn main() -> std::io::Result<()> {
         Some("squat") => {
             let name = args.get(1).ok_or_else(|| std::io::Error::other("squat needs NAME"))?.clone();
             let secs: u64 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(2);
-            let (conns, bytes, fds) = tokio::task::spawn_blocking(move || squat(name.as_bytes(), secs)).await??;
-            println!("SQUAT conns={conns} bytes={bytes} fds={fds}");
+            let s = tokio::task::spawn_blocking(move || squat(&[name], secs, false)).await??;
+            println!("SQUAT conns={} bytes={} fds={}", s.conns, s.bytes, s.fds);
+            Ok(())
+        }
+        Some("squat-linger") => {
+            let secs: u64 = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2);
+            let names = args[2.min(args.len())..].to_vec();
+            let s = tokio::task::spawn_blocking(move || squat(&names, secs, true)).await??;
+            println!("SQUAT conns={} bytes={} fds={} queued={}", s.conns, s.bytes, s.fds, s.queued);
+            Ok(())
+        }
+        Some("knock-linger") => {
+            let name = args.get(1).ok_or_else(|| std::io::Error::other("knock-linger needs NAME"))?.clone();
+            let n: usize = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1);
+            let secs: u64 = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(2);
+            tokio::task::spawn_blocking(move || knock_linger(name.as_bytes(), n, secs)).await??;
+            Ok(())
+        }
+        Some("side-hold") => {
+            let name = args.get(1).ok_or_else(|| std::io::Error::other("side-hold needs NAME"))?.clone();
+            let n: usize = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1);
+            tokio::task::spawn_blocking(move || side_hold(name.as_bytes(), n)).await??;
             Ok(())
         }
         Some("claim") => {
@@ -259,11 +291,11 @@ async fn main() -> std::io::Result<()> {
             println!("{out}");
             Ok(())
         }
-        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|claim ADDR PORT SECS")),
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N|claim ADDR PORT SECS")),
     }
 }
 
-// ----- door attacks, by hand (raw syscalls, nothing of the crate's) -----------------------------
+// ----- door attacks, by hand (raw syscalls; of the crate only its public wire formats) ---------
 
 fn cvt(r: libc::c_int) -> std::io::Result<libc::c_int> {
     if r < 0 {
@@ -283,8 +315,16 @@ fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
     (addr, (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t)
 }
 
-/// Squats on a door name: accepts whatever connects for `secs` and counts what it is given.
-fn squat(name: &[u8], secs: u64) -> std::io::Result<(usize, usize, usize)> {
+/// What a squatter saw.
+struct Squat {
+    conns: usize,
+    bytes: usize,
+    fds: usize,
+    /// Lingering sockets it managed to queue into connections.
+    queued: usize,
+}
+
+fn seqpacket_listen(name: &[u8]) -> std::io::Result<libc::c_int> {
     // SAFETY: plain syscalls on a socket this function owns.
     let l = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0) })?;
     let (addr, len) = abstract_addr(name);
@@ -292,18 +332,153 @@ fn squat(name: &[u8], secs: u64) -> std::io::Result<(usize, usize, usize)> {
     cvt(unsafe { libc::bind(l, (&addr as *const libc::sockaddr_un).cast(), len) })?;
     // SAFETY: as above.
     cvt(unsafe { libc::listen(l, 64) })?;
+    Ok(l)
+}
+
+fn seqpacket_connect(name: &[u8]) -> std::io::Result<libc::c_int> {
+    // SAFETY: plain syscalls on a socket this function owns.
+    let d = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0) })?;
+    let (a, len) = abstract_addr(name);
+    // SAFETY: valid address.
+    cvt(unsafe { libc::connect(d, (&a as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(d)
+}
+
+/// Sends `data` on the Unix socket `d` with descriptor `fd` attached (SCM_RIGHTS).
+fn send_with_fd(d: libc::c_int, data: &[u8], fd: libc::c_int) -> std::io::Result<()> {
+    let mut data = data.to_vec();
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+    let mut cbuf = [0u64; 4];
+    // SAFETY: msghdr is plain data; CMSG macros stay within `cbuf` (CMSG_SPACE(4) is 24 bytes).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(4) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        libc::CMSG_DATA(c).cast::<libc::c_int>().write_unaligned(fd);
+        cvt(libc::sendmsg(d, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) as libc::c_int)?;
+    }
+    Ok(())
+}
+
+fn set_int(fd: libc::c_int, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+    // SAFETY: valid option value of the size given.
+    unsafe { libc::setsockopt(fd, level, name, (&v as *const libc::c_int).cast(), 4) };
+}
+
+/// A listener whose connections are accepted and never read, with small buffers: a socket
+/// connected to it and filled holds unsent data, so a lingering close of it waits.
+struct Tarpit {
+    listener: std::net::TcpListener,
+    /// The accepted ends, held (never read) while the attack lasts.
+    held: Vec<std::net::TcpStream>,
+}
+
+impl Tarpit {
+    fn new() -> std::io::Result<Tarpit> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        use std::os::fd::AsRawFd;
+        set_int(listener.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096);
+        Ok(Tarpit { listener, held: Vec::new() })
+    }
+
+    /// A TCP socket whose last close blocks for an hour: SO_LINGER {1, 3600} with unsent data
+    /// towards a peer that never reads.
+    fn lingering(&mut self) -> std::io::Result<libc::c_int> {
+        let addr = self.listener.local_addr()?;
+        // SAFETY: plain syscalls on a socket this function owns.
+        let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) })?;
+        set_int(s, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096);
+        let sin = match addr {
+            std::net::SocketAddr::V4(a) => libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            },
+            std::net::SocketAddr::V6(_) => return Err(std::io::Error::other("v4 only")),
+        };
+        // SAFETY: valid sockaddr_in.
+        cvt(unsafe { libc::connect(s, (&sin as *const libc::sockaddr_in).cast(), 16) })?;
+        let (peer, _) = self.listener.accept()?;
+        self.held.push(peer);
+        // SAFETY: plain fcntl on our socket.
+        unsafe { libc::fcntl(s, libc::F_SETFL, libc::O_NONBLOCK) };
+        let chunk = [0x55u8; 65536];
+        // SAFETY: `chunk` is a valid buffer of its length.
+        while unsafe { libc::send(s, chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL) } > 0 {}
+        let l = libc::linger { l_onoff: 1, l_linger: 3600 };
+        // SAFETY: valid option value of the size given.
+        unsafe {
+            libc::setsockopt(
+                s,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        Ok(s)
+    }
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: the caller owns `fd` and does not use it again.
+    unsafe { libc::close(fd) };
+}
+
+/// Queues the lingering socket `s` into the Unix socket `d` and closes our copy of it; when
+/// the victim closed `d` first (the send failed), turns the linger off before closing, since
+/// then our close is its last. Whether it was queued.
+fn queue_lingering(d: libc::c_int, data: &[u8], s: libc::c_int) -> bool {
+    let queued = send_with_fd(d, data, s).is_ok();
+    if !queued {
+        let l = libc::linger { l_onoff: 0, l_linger: 0 };
+        // SAFETY: valid option value of the size given.
+        unsafe {
+            libc::setsockopt(
+                s,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+    }
+    close(s);
+    queued
+}
+
+/// Squats on door names: accepts whatever connects for `secs` and counts what it is given;
+/// with `linger`, first queues a lingering socket into every connection (and closes its copy,
+/// so that the victim's close of its end is the socket's last).
+fn squat(names: &[String], secs: u64, linger: bool) -> std::io::Result<Squat> {
+    let listeners = names.iter().map(|n| seqpacket_listen(n.as_bytes())).collect::<std::io::Result<Vec<_>>>()?;
     println!("SQUATTING");
-    use std::io::Write;
     std::io::stdout().flush()?;
-    let (mut conns, mut bytes, mut fds) = (0, 0, 0);
+    let mut tarpit = Tarpit::new()?;
+    let mut out = Squat { conns: 0, bytes: 0, fds: 0, queued: 0 };
     let mut open = Vec::new();
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while std::time::Instant::now() < end {
-        // SAFETY: as above.
-        let c = unsafe { libc::accept4(l, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK) };
-        if c >= 0 {
-            conns += 1;
-            open.push(c);
+        let mut idle = true;
+        for &l in &listeners {
+            // SAFETY: plain syscall on our listening socket.
+            let c = unsafe { libc::accept4(l, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK) };
+            if c >= 0 {
+                idle = false;
+                out.conns += 1;
+                if linger {
+                    let s = tarpit.lingering()?;
+                    out.queued += usize::from(queue_lingering(c, b"SQUAT", s));
+                }
+                open.push(c);
+            }
         }
         for &c in &open {
             let mut buf = [0u8; 256];
@@ -318,15 +493,70 @@ fn squat(name: &[u8], secs: u64) -> std::io::Result<(usize, usize, usize)> {
             // SAFETY: as above.
             let n = unsafe { libc::recvmsg(c, &mut msg, 0) };
             if n > 0 {
-                bytes += n as usize;
+                out.bytes += n as usize;
                 if msg.msg_controllen > 0 {
-                    fds += 1;
+                    out.fds += 1;
                 }
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        if idle {
+            // Wait for the next connection on any name (a probe may last only microseconds).
+            let mut pfds: Vec<libc::pollfd> =
+                listeners.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+            // SAFETY: `pfds` is a valid array of its length for the call.
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 5) };
+        }
     }
-    Ok((conns, bytes, fds))
+    Ok(out)
+}
+
+/// Knocks `n` times on the abstract name `name`, each time queueing a lingering socket (and
+/// closing our copies of it and of the connection), then holds the sockets' peers for `secs`.
+fn knock_linger(name: &[u8], n: usize, secs: u64) -> std::io::Result<()> {
+    let mut tarpit = Tarpit::new()?;
+    let mut knocked = 0;
+    for _ in 0..n {
+        let s = tarpit.lingering()?;
+        let Ok(d) = seqpacket_connect(name) else {
+            queue_lingering(-1, b"", s);
+            continue;
+        };
+        knocked += usize::from(queue_lingering(d, b"SMCd knock", s));
+        close(d);
+    }
+    println!("KNOCKED {knocked}");
+    std::io::stdout().flush()?;
+    std::thread::sleep(std::time::Duration::from_secs(secs));
+    Ok(())
+}
+
+/// Opens `n` side-channel connections at once, a lingering socket queued in each, and says
+/// after a second how many the server still holds open.
+fn side_hold(name: &[u8], n: usize) -> std::io::Result<()> {
+    let mut tarpit = Tarpit::new()?;
+    let (mut conns, mut queued) = (Vec::new(), 0);
+    for _ in 0..n {
+        let s = tarpit.lingering()?;
+        let Ok(d) = seqpacket_connect(name) else {
+            queue_lingering(-1, b"", s);
+            continue;
+        };
+        queued += usize::from(queue_lingering(d, b"JOIN?", s));
+        conns.push(d);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let open_after = conns
+        .iter()
+        .filter(|&&d| {
+            let mut b = [0u8; 64];
+            // SAFETY: `b` is a valid buffer of its length.
+            let r = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+            r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        })
+        .count();
+    println!("SIDE opened={} queued={queued} open_after={open_after}", conns.len());
+    std::io::stdout().flush()?;
+    Ok(())
 }
 
 /// Tries to claim another process's port at a door: bind the victim's `port`, then register a
@@ -358,39 +588,17 @@ fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
     let name = format!("smc-tokio/d2/{addr}/solo");
     let registered = (|| -> std::io::Result<libc::c_int> {
         let own = bind_port(0)?;
-        // SAFETY: plain syscalls on a socket this closure owns.
-        let d = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0) })?;
-        let (a, len) = abstract_addr(name.as_bytes());
-        // SAFETY: valid address.
-        cvt(unsafe { libc::connect(d, (&a as *const libc::sockaddr_un).cast(), len) })?;
-        // A registration: the 16-byte door header (version 2, kind 1), then a proposal.
-        let mut frame = [0u8; 16].to_vec();
-        frame[..4].copy_from_slice(b"SMCd");
-        frame[4] = 2;
-        frame[5] = 1;
+        let d = seqpacket_connect(name.as_bytes())?;
+        // A registration: a door frame of kind Register, then a proposal.
         let p = smc_tokio::proto::clc::ClcMessage::Proposal(smc_tokio::proto::clc::Proposal {
             token: smc_tokio::proto::clc::Token([7; 16]),
             rmb_size: 0,
             shm: None,
             rdma: None,
         });
-        frame.extend_from_slice(&p.encode().map_err(std::io::Error::other)?);
-        let mut iov = libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() };
-        let mut cbuf = [0u64; 4];
-        // SAFETY: msghdr is plain data; CMSG macros stay within `cbuf`.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-            libc::CMSG_DATA(c).cast::<libc::c_int>().write_unaligned(own);
-            cvt(libc::sendmsg(d, &msg, libc::MSG_NOSIGNAL) as libc::c_int)?;
-        }
+        let register = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0 };
+        let frame = register.encode(&p.encode().map_err(std::io::Error::other)?);
+        send_with_fd(d, &frame, own)?;
         Ok(d)
     })();
     let (registered, verdict) = match registered {

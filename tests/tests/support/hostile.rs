@@ -1,10 +1,10 @@
 //! A hostile shm peer for the integration tests: speaks the door (REGISTER / MATCHED with
 //! `SCM_RIGHTS`), the CLC handshake and the shm side channel (JOIN / WELCOME) by hand, with
 //! whatever memfd and doorbell a test wants to hand over. Nothing here uses the crate's private
-//! code: the wire formats are written out from `smc-tokio/src/door.rs` (16-byte door frames)
-//! and `smc-tokio/src/link/shm/{mod.rs,region.rs}` (JOIN and WELCOME are 64-byte messages, the
-//! region header is eight native-endian u64 words), so a change there breaks these tests loudly
-//! instead of silently testing nothing.
+//! code: the door frames and the JOIN / WELCOME messages come from the crate's public codecs
+//! (`smc_tokio::proto::door` and `smc_tokio::proto::side`), and the region header is written
+//! out from `smc-tokio/src/link/shm/region.rs` (eight native-endian u64 words), so a change
+//! there breaks these tests loudly instead of silently testing nothing.
 #![allow(dead_code, unreachable_pub, clippy::undocumented_unsafe_blocks)]
 
 use std::io;
@@ -16,15 +16,17 @@ use smc_tokio::proto::clc::{
     decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, ShmLinkInfo,
     ShmOffer, Token, CLC_HEADER_LEN,
 };
+use smc_tokio::proto::door::{DoorFrame, DoorKind};
+use smc_tokio::proto::side::{self, Join};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
-pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
-pub const SIDE_MSG_LEN: usize = 64;
+pub const JOIN_MAGIC: [u8; 8] = side::JOIN_MAGIC;
+pub const WELCOME_MAGIC: [u8; 8] = side::WELCOME_MAGIC;
+pub const SIDE_MSG_LEN: usize = side::SIDE_MSG_LEN;
 /// "SMCTSHM1", the region header's magic (stored as a native-endian u64 of these BE bytes).
 pub const REGION_MAGIC: u64 = u64::from_be_bytes(*b"SMCTSHM1");
-pub const REGION_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+pub const REGION_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -120,22 +122,19 @@ pub fn is_commit(m: &ClcMessage, token: Token) -> bool {
 
 // ----- the door ----------------------------------------------------------------------------------
 
-pub const DOOR_MAGIC: [u8; 4] = *b"SMCd";
-pub const DOOR_VERSION: u8 = 2;
-pub const DOOR_REGISTER: u8 = 1;
-pub const DOOR_CLC: u8 = 2;
-pub const DOOR_UNMATCHED: u8 = 3;
-pub const DOOR_REFUSED: u8 = 4;
+pub const DOOR_MAGIC: [u8; 4] = smc_tokio::proto::door::DOOR_MAGIC;
+pub const DOOR_VERSION: u8 = smc_tokio::proto::door::DOOR_VERSION;
+pub const DOOR_REGISTER: u8 = DoorKind::Register as u8;
+pub const DOOR_CLC: u8 = DoorKind::Clc as u8;
+pub const DOOR_UNMATCHED: u8 = DoorKind::Unmatched as u8;
+pub const DOOR_REFUSED: u8 = DoorKind::Refused as u8;
 
 /// A door frame: magic, version, kind, reason, a spare byte, the instance, then `payload`.
+/// Nothing is checked, so a test can send frames the server must reject (a kind that is none
+/// of the `DOOR_*` ones included: it is written over the encoded frame's kind byte).
 pub fn door_frame(kind: u8, reason: u8, instance: u64, payload: &[u8]) -> Vec<u8> {
-    let mut b = vec![0u8; 16];
-    b[..4].copy_from_slice(&DOOR_MAGIC);
-    b[4] = DOOR_VERSION;
+    let mut b = DoorFrame { kind: DoorKind::from_u8(kind).unwrap_or(DoorKind::Clc), reason, instance }.encode(payload);
     b[5] = kind;
-    b[6] = reason;
-    b[8..].copy_from_slice(&instance.to_be_bytes());
-    b.extend_from_slice(payload);
     b
 }
 
@@ -150,10 +149,9 @@ pub fn door_recv(door: BorrowedFd<'_>) -> io::Result<Option<(u8, u8, Vec<u8>)>> 
     if msg.is_empty() {
         return Ok(None);
     }
-    if msg.len() < 16 || msg[..4] != DOOR_MAGIC || msg[4] != DOOR_VERSION {
-        return Err(io::Error::other(format!("bad door message {msg:?}")));
-    }
-    Ok(Some((msg[5], msg[6], msg[16..].to_vec())))
+    let (frame, payload) =
+        DoorFrame::decode(&msg).map_err(|e| io::Error::other(format!("bad door message {msg:?}: {e}")))?;
+    Ok(Some((frame.kind as u8, frame.reason, payload.to_vec())))
 }
 
 /// The server's next CLC message on the door (on a blocking thread); `None` at EOF. A "no
@@ -388,14 +386,16 @@ pub fn fake_door(addr: std::net::SocketAddr) -> OwnedFd {
 pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u16, u64, ClcMessage)> {
     let c = side_accept(door, Duration::from_secs(5))?;
     let (msg, fds) = recv_fds(c.as_fd())?;
-    if msg.len() < 16 || msg[..4] != DOOR_MAGIC || msg[5] != DOOR_REGISTER || fds.len() != 1 {
-        return Err(io::Error::other(format!("bad registration: {msg:?} with {} fds", fds.len())));
-    }
+    let frame = DoorFrame::decode(&msg);
+    let (frame, payload) = match frame {
+        Ok((f, payload)) if f.kind == DoorKind::Register && fds.len() == 1 => (f, payload),
+        _ => return Err(io::Error::other(format!("bad registration: {msg:?} ({frame:?}) with {} fds", fds.len()))),
+    };
     let local = std::net::TcpStream::from(fds.into_iter().next().unwrap()).local_addr()?;
-    let Decoded::Message(p, _) = decode(&msg[16..]).map_err(|e| io::Error::other(format!("{e:?}")))? else {
+    let Decoded::Message(p, _) = decode(payload).map_err(|e| io::Error::other(format!("{e:?}")))? else {
         return Err(io::Error::other("registration without a whole proposal"));
     };
-    Ok((c, local.port(), u64::from_be_bytes(msg[8..16].try_into().unwrap()), p))
+    Ok((c, local.port(), frame.instance, p))
 }
 
 // ----- regions ---------------------------------------------------------------------------------
@@ -709,21 +709,11 @@ pub fn recv_fds(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
 }
 
 pub fn join_msg(link_group: u64, token: Token) -> [u8; SIDE_MSG_LEN] {
-    let mut b = [0u8; SIDE_MSG_LEN];
-    b[..8].copy_from_slice(&JOIN_MAGIC);
-    b[8..12].copy_from_slice(&1u32.to_be_bytes());
-    b[16..24].copy_from_slice(&link_group.to_be_bytes());
-    b[24..40].copy_from_slice(&token.0);
-    b
+    Join { link_group, token }.encode()
 }
 
 pub fn welcome_msg(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
-    let mut b = [0u8; SIDE_MSG_LEN];
-    b[..8].copy_from_slice(&WELCOME_MAGIC);
-    b[8..12].copy_from_slice(&1u32.to_be_bytes());
-    b[12..16].copy_from_slice(&status.to_be_bytes());
-    b[16..24].copy_from_slice(&link_group.to_be_bytes());
-    b
+    side::Welcome { link_group, status }.encode()
 }
 
 /// A parsed WELCOME: status and the descriptors that came with it.
@@ -735,13 +725,8 @@ pub struct Welcome {
 }
 
 pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
-    assert_eq!(msg.len(), SIDE_MSG_LEN, "welcome length");
-    assert_eq!(msg[..8], WELCOME_MAGIC);
-    Welcome {
-        status: u32::from_be_bytes(msg[12..16].try_into().unwrap()),
-        link_group: u64::from_be_bytes(msg[16..24].try_into().unwrap()),
-        fds,
-    }
+    let w = side::Welcome::decode(msg).unwrap_or_else(|e| panic!("bad welcome {msg:?}: {e}"));
+    Welcome { status: w.status, link_group: w.link_group, fds }
 }
 
 /// Joins the server's pending group with `memfd` and `doorbell` (blocking; run it on a

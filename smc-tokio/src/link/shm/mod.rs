@@ -26,7 +26,8 @@ use super::{token_slot, Link, LinkError};
 #[cfg(test)]
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
-use crate::proto::clc::Token;
+pub(crate) use crate::proto::side::{Join, JoinRefused};
+use crate::proto::side::{Welcome, SIDE_MSG_LEN};
 use crate::sys::{self, Mmap, PeerFd};
 
 pub(crate) mod region;
@@ -71,6 +72,8 @@ const DOORBELL_DRAIN_MAX: usize = 64;
 pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
+    /// A read-only descriptor of `memfd`: the one the peer gets.
+    memfd_theirs: OwnedFd,
     view: RegionView,
     /// Our end of our doorbell: we wait on it.
     doorbell: OwnedFd,
@@ -88,15 +91,18 @@ impl ShmLocal {
         // later of the link).
         let view = unsafe { RegionView::new(map.as_ptr(), layout) };
         view.init_header();
-        // Sealed after our writable mapping exists: it keeps working, but nobody (the peer
-        // included) can make a new writable mapping, shrink it or grow it.
+        // Nobody (the peer included) can shrink or grow it. The peer gets a read-only
+        // descriptor of a file of mode 0400, which it can map only read-only, and cannot open
+        // again for writing unless it is our uid (then it could write only into bytes meant
+        // for itself: we never read our own region back) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
+        let memfd_theirs = sys::read_only_view(memfd.as_fd())?;
         let (doorbell, doorbell_theirs) = sys::doorbell_pair()?;
-        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs })
+        Ok(ShmLocal { map, memfd, memfd_theirs, view, doorbell, doorbell_theirs })
     }
 
     fn fds(&self) -> [BorrowedFd<'_>; 2] {
-        [self.memfd.as_fd(), self.doorbell_theirs.as_fd()]
+        [self.memfd_theirs.as_fd(), self.doorbell_theirs.as_fd()]
     }
 }
 
@@ -137,11 +143,12 @@ impl ShmLink {
     ) -> Result<ShmLink, LinkError> {
         let seals =
             sys::get_seals(peer_memfd.as_fd()).map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
-        // No shrink or grow (an access past a shrunk end is SIGBUS), and no writes through new
-        // mappings or hole punching (FUTURE_WRITE also refuses fallocate's punch-hole).
+        // No shrink or grow: an access past a shrunk end is SIGBUS. (Writes and hole punching
+        // by the peer change only what we read from it, which is untrusted input anyway; a
+        // punched hole reads as zeros.)
         let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals & needed != needed || seals & (libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_WRITE) == 0 {
-            return Err(LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+        if seals & needed != needed {
+            return Err(LinkError::Protocol("peer region is not sealed against shrink and grow"));
         }
         // A shmem (tmpfs) memfd, not hugetlbfs: a hugetlb page fault with an empty pool is SIGBUS.
         if !sys::is_tmpfs(peer_memfd.as_fd())? {
@@ -299,7 +306,7 @@ impl ShmLink {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
                 Poll::Pending => return Poll::Pending,
             };
-            let mut buf = [0u8; 64];
+            let mut buf = [0u8; SIDE_MSG_LEN];
             match sys::recv_with_fds(side.get_ref().as_fd(), &mut buf) {
                 Ok((0, _)) => return Poll::Ready(Err(LinkError::PeerGone)),
                 Ok(_) => return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message"))),
@@ -461,60 +468,7 @@ impl Drop for ShmLink {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Side channel: JOIN (client to server) and WELCOME (server to client), 64 bytes each.
-
-const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
-const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
-const SIDE_VERSION: u32 = 1;
-const SIDE_MSG_LEN: usize = 64;
-
-/// A client's request to join a pending link group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Join {
-    pub(crate) link_group: u64,
-    pub(crate) token: Token,
-}
-
-impl Join {
-    fn encode(&self) -> [u8; SIDE_MSG_LEN] {
-        let mut b = [0u8; SIDE_MSG_LEN];
-        b[..8].copy_from_slice(&JOIN_MAGIC);
-        b[8..12].copy_from_slice(&SIDE_VERSION.to_be_bytes());
-        b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
-        b[24..40].copy_from_slice(&self.token.0);
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Join> {
-        if b.len() != SIDE_MSG_LEN || b[..8] != JOIN_MAGIC || b[8..12] != SIDE_VERSION.to_be_bytes() {
-            return None;
-        }
-        let mut token = [0u8; 16];
-        token.copy_from_slice(&b[24..40]);
-        Some(Join { link_group: u64::from_be_bytes(b[16..24].try_into().ok()?), token: Token(token) })
-    }
-}
-
-/// Why a JOIN was refused; sent back in the WELCOME's status field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub(crate) enum JoinRefused {
-    /// No pending link group with that id, or the token is not one of its handshakes'.
-    UnknownGroup = 1,
-    /// The peer's uid is not allowed.
-    Credentials = 2,
-    /// The peer's region or doorbell was unusable.
-    BadRegion = 3,
-}
-
-fn welcome(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
-    let mut b = [0u8; SIDE_MSG_LEN];
-    b[..8].copy_from_slice(&WELCOME_MAGIC);
-    b[8..12].copy_from_slice(&SIDE_VERSION.to_be_bytes());
-    b[12..16].copy_from_slice(&status.to_be_bytes());
-    b[16..24].copy_from_slice(&link_group.to_be_bytes());
-    b
-}
+// Side channel: JOIN (client to server) and WELCOME (server to client), `proto::side`.
 
 /// Why joining failed, for the client's decline reason.
 #[derive(Debug)]
@@ -586,14 +540,11 @@ pub(crate) async fn join(
     let exchange = async {
         send_msg(&sock, &join.encode(), &local.fds()).await.map_err(broke)?;
         let (msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
-        if msg.len() != SIDE_MSG_LEN || msg[..8] != WELCOME_MAGIC || msg[8..12] != SIDE_VERSION.to_be_bytes() {
-            return Err(JoinError::Refused("malformed welcome".into()));
+        let welcome = Welcome::decode(&msg).map_err(|_| JoinError::Refused("malformed welcome".into()))?;
+        if !welcome.is_accepted() {
+            return Err(JoinError::Refused(format!("server refused with status {}", welcome.status)));
         }
-        let status = u32::from_be_bytes([msg[12], msg[13], msg[14], msg[15]]);
-        if status != 0 {
-            return Err(JoinError::Refused(format!("server refused with status {status}")));
-        }
-        if msg[16..24] != join.link_group.to_be_bytes() || fds.len() != 2 {
+        if welcome.link_group != join.link_group || fds.len() != 2 {
             return Err(JoinError::Refused("welcome for another group".into()));
         }
         let peer_doorbell = fds.pop().ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
@@ -626,9 +577,9 @@ pub(crate) async fn accept_join(
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(|e| e.to_string())?;
     let work = async {
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
-        let join = Join::decode(&msg).ok_or("malformed join")?;
+        let join = Join::decode(&msg).map_err(|_| "malformed join")?;
         let cred = sys::peer_cred(sock.get_ref().as_fd()).map_err(|e| e.to_string())?;
-        let refuse = |why: JoinRefused| welcome(join.link_group, why as u32);
+        let refuse = |why: JoinRefused| Welcome::refused(join.link_group, why).encode();
         if fds.len() != 2 {
             let _ = send_msg(&sock, &refuse(JoinRefused::BadRegion), &[]).await;
             return Err("join without region and doorbell".to_string());
@@ -642,7 +593,9 @@ pub(crate) async fn accept_join(
         };
         let peer_doorbell = fds.pop().ok_or("no doorbell")?;
         let peer_memfd = fds.pop().ok_or("no region")?;
-        send_msg(&sock, &welcome(join.link_group, 0), &admission.local.fds()).await.map_err(|e| e.to_string())?;
+        send_msg(&sock, &Welcome::accepted(join.link_group).encode(), &admission.local.fds())
+            .await
+            .map_err(|e| e.to_string())?;
         Ok::<_, String>((join.link_group, admission, peer_memfd, peer_doorbell))
     };
     let (id, admission, peer_memfd, peer_doorbell) =
@@ -655,6 +608,7 @@ pub(crate) async fn accept_join(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::clc::Token;
 
     /// A connected socket for the side channel of a hand-built link.
     fn side() -> AsyncFd<PeerFd> {
@@ -693,11 +647,11 @@ mod tests {
             side(),
             Duration::ZERO,
         ));
-        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink and grow"));
 
-        // Sealed against shrink and grow but still writable through new mappings.
+        // Sealed against growth but not against shrinking.
         let grow_only = sys::memfd(c"hostile", small().total_len).unwrap();
-        sys::add_seals(grow_only.as_fd(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW).unwrap();
+        sys::add_seals(grow_only.as_fd(), libc::F_SEAL_GROW).unwrap();
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             PeerFd::new(grow_only),
@@ -705,7 +659,7 @@ mod tests {
             side(),
             Duration::ZERO,
         ));
-        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink, grow and writes"));
+        assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink and grow"));
 
         // Our own region sent back.
         let ours = ShmLocal::create(small()).unwrap();
@@ -776,16 +730,6 @@ mod tests {
             Duration::ZERO
         )
         .is_ok());
-    }
-
-    #[test]
-    fn join_codec() {
-        let j = Join { link_group: 0x1122_3344_5566_7788, token: Token([9; 16]) };
-        assert_eq!(Join::decode(&j.encode()), Some(j));
-        let mut b = j.encode();
-        b[0] = b'X';
-        assert_eq!(Join::decode(&b), None);
-        assert_eq!(Join::decode(&b[..10]), None);
     }
 
     #[tokio::test]
@@ -860,5 +804,45 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r, Err(LinkError::PeerGone));
+    }
+
+    /// The peer's descriptor of our region is read-only: it cannot be mapped writable, and
+    /// the file's mode keeps other uids from opening it again for writing.
+    #[test]
+    fn the_peer_gets_a_read_only_region() {
+        let local = ShmLocal::create(small()).unwrap();
+        let theirs = local.memfd_theirs.as_fd();
+        // SAFETY: plain fcntl on a borrowed, open descriptor.
+        let flags = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
+        assert_eq!(sys::fstat(theirs).unwrap().st_mode & 0o777, 0o400);
+        assert!(Mmap::map(theirs, small().total_len, true).is_err(), "a writable mapping of the peer's view");
+        assert!(Mmap::map(theirs, small().total_len, false).is_ok());
+        assert!(sys::same_file(theirs, local.memfd.as_fd()).unwrap());
+    }
+
+    /// A slot's pages are given back for real when it is released: the memfd's allocated
+    /// blocks (what `Shmem` counts for it) drop by the released span.
+    #[test]
+    fn released_rings_give_their_pages_back() {
+        let layout = Layout::new(64, 2, 256 << 10).unwrap();
+        let local = ShmLocal::create(layout).unwrap();
+        let blocks = || sys::fstat(local.memfd.as_fd()).unwrap().st_blocks;
+        let before = blocks();
+        let p = local.view.rmb_ptr(1, 0, 256 << 10).unwrap();
+        // SAFETY: the span lies inside our own writable mapping (rmb_ptr checked it).
+        unsafe { std::ptr::write_bytes(p, 0xAB, 256 << 10) };
+        let touched = blocks();
+        // 512-byte blocks: 256 KiB is 512 of them.
+        assert!(touched >= before + 512, "{before} -> {touched}");
+        local.view.release_rmb(1, 16 << 10).unwrap();
+        let released = blocks();
+        assert_eq!(touched - released, (240 << 10) / 512, "{touched} -> {released}");
+        // What was kept still reads as written; what was released reads as zeros.
+        // SAFETY: both bytes lie inside the slot, in our mapping.
+        unsafe {
+            assert_eq!(*p, 0xAB);
+            assert_eq!(*p.add(200 << 10), 0);
+        }
     }
 }

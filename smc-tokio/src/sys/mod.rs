@@ -28,6 +28,21 @@ pub(crate) fn random_token() -> io::Result<Token> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ids the kernel reports for peers our user namespace does not map are never trusted,
+    /// not even when allowed or equal to our own uid; real ids are trusted as configured.
+    #[test]
+    fn the_overflow_ids_are_never_trusted() {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let (overflow_uid, overflow_gid) = overflow_ids();
+        let cred = |uid, gid| PeerCred { pid: 1, uid, gid };
+        assert_eq!(cred(me, 0).trusted(&[]), me != overflow_uid);
+        assert!(!cred(overflow_uid, 0).trusted(&[overflow_uid]));
+        assert!(!cred(me, overflow_gid).trusted(&[me]));
+        assert!(cred(12345, 1).trusted(&[12345]));
+        assert!(!cred(12345, 1).trusted(&[]));
+    }
     use std::os::fd::AsFd;
 
     #[test]
@@ -112,10 +127,11 @@ pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
 }
 
 /// The seals every shared region carries before it is sent: it can neither shrink (a shrink
-/// would turn the peer's next access into SIGBUS) nor grow, no new writable mapping can be made
-/// (the peer can only map it read-only), and the seals themselves are sealed.
-pub(crate) const REGION_SEALS: libc::c_int =
-    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+/// would turn the peer's next access into SIGBUS) nor grow, and the seals themselves are
+/// sealed. Not `F_SEAL_FUTURE_WRITE`: that seal also refuses hole punching (`MADV_REMOVE`,
+/// `fallocate`), which is how a ring that grew gives its pages back. The peer's read-only
+/// access comes from the descriptor it is given instead ([`read_only_view`]).
+pub(crate) const REGION_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// Adds `seals` to a memfd.
 pub(crate) fn add_seals(fd: BorrowedFd<'_>, seals: libc::c_int) -> io::Result<()> {
@@ -289,6 +305,53 @@ pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
     Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid })
 }
 
+impl PeerCred {
+    /// Whether a peer with these credentials is trusted as a same-host peer: its uid is our
+    /// effective uid or one of `allowed`, and both its uid and gid are real in our user
+    /// namespace. The kernel reports a uid or gid that our namespace does not map as the
+    /// overflow id (`/proc/sys/kernel/overflowuid`, 65534 by default), whoever it really is:
+    /// in a user namespace that maps only ourselves to 65534, every stranger on the host would
+    /// look like us. So the overflow ids are never trusted, not even when they are our own (a
+    /// process running as the overflow uid gets no SMC-D, only TCP).
+    ///
+    /// Our euid is read each time: a process that drops privileges trusts its new uid, not its
+    /// old one.
+    pub(crate) fn trusted(&self, allowed: &[u32]) -> bool {
+        let (overflow_uid, overflow_gid) = overflow_ids();
+        if self.uid == overflow_uid || self.gid == overflow_gid {
+            return false;
+        }
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        self.uid == unsafe { libc::geteuid() } || allowed.contains(&self.uid)
+    }
+}
+
+/// The ids the kernel reports for a uid and a gid our user namespace does not map
+/// (`/proc/sys/kernel/overflowuid` and `overflowgid`; 65534 when they cannot be read, the
+/// kernel's default).
+pub(crate) fn overflow_ids() -> (u32, u32) {
+    static IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *IDS.get_or_init(|| {
+        let read =
+            |path: &str| std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(65534);
+        (read("/proc/sys/kernel/overflowuid"), read("/proc/sys/kernel/overflowgid"))
+    })
+}
+
+/// A read-only descriptor of the memfd `fd`, for a peer to map: the file's mode becomes 0400
+/// first, so that a peer of another uid cannot open it again for writing (through
+/// `/proc/self/fd`), and a read-only file description cannot be mapped writable.
+pub(crate) fn read_only_view(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall on a borrowed, open descriptor.
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), 0o400) })?;
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "descriptor path"))?;
+    // SAFETY: `path` is a valid NUL-terminated string; the flags are constants.
+    let ro = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ro) })
+}
+
 fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -386,162 +449,8 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
 
 // ----- descriptors another process had a hand in -----------------------------------------
 
-/// A descriptor another process may have had a hand in: one it sent us (`SCM_RIGHTS`), or a
-/// Unix socket it can queue descriptors into (a door or side-channel connection).
-///
-/// Closing such a descriptor can block the closing thread: the last close of a TCP socket with
-/// `SO_LINGER` set and unsent data waits out the linger time, a file on a FUSE mount waits for
-/// its daemon, and closing a Unix socket closes every descriptor still queued in it, in the
-/// closing thread. A local process of any uid can knock on a door, so none of this may run on a
-/// runtime worker: dropping a `PeerFd` hands the descriptor to the closer thread.
-///
-/// Before the close, the closer turns `SO_LINGER` off on a socket ([`disarm_linger`]) so that a
-/// lingering close cannot hold the closer up, unless [`keep_options`](PeerFd::keep_options)
-/// says the socket is somebody's live connection: socket options belong to the socket, which
-/// its owner shares with us, so changing them changes the owner's socket.
-pub(crate) struct PeerFd {
-    fd: Option<OwnedFd>,
-    disarm: bool,
-}
-
-impl PeerFd {
-    pub(crate) fn new(fd: OwnedFd) -> PeerFd {
-        PeerFd { fd: Some(fd), disarm: true }
-    }
-
-    /// Closes the descriptor without touching the socket's options: it is a connection its
-    /// owner still uses (a registered client socket connected to our own listener), whose
-    /// last close is the owner's, not ours, and on one host never waits long.
-    pub(crate) fn keep_options(&mut self) {
-        self.disarm = false;
-    }
-}
-
-impl std::fmt::Debug for PeerFd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("PeerFd").field(&self.as_raw_fd()).finish()
-    }
-}
-
-impl std::os::fd::AsFd for PeerFd {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match &self.fd {
-            Some(fd) => fd.as_fd(),
-            None => unreachable!("a PeerFd is only emptied by drop"),
-        }
-    }
-}
-
-impl AsRawFd for PeerFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsFd;
-        self.as_fd().as_raw_fd()
-    }
-}
-
-impl Drop for PeerFd {
-    fn drop(&mut self) {
-        if let Some(fd) = self.fd.take() {
-            close_later(fd, self.disarm);
-        }
-    }
-}
-
-/// How long the closer thread lets descriptors gather after it was woken, before it closes them
-/// all. Descriptors come in bursts (each same-host connection hands it two or three: door
-/// connections and the registered socket), and waking a thread is the expensive part of
-/// handing one over: in `smcperf local --scenario crr --conns 64` a wake per descriptor was
-/// five futex calls per connection and the closer took 8% of all CPU. 200 us keeps the wait
-/// well under a round trip of the slowest client while gathering a dozen per wake-up there. A
-/// registered client socket the listener lets go is closed this much later, which delays
-/// nothing: the client still holds it.
-const CLOSER_GATHER: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// The closer thread's queue.
-struct Closer {
-    state: std::sync::Mutex<Closing>,
-    wake: std::sync::Condvar,
-}
-
-#[derive(Default)]
-struct Closing {
-    /// Descriptors to close, each with whether to turn its linger off first.
-    fds: Vec<(OwnedFd, bool)>,
-    /// The thread waits on `wake` (a push must wake it).
-    idle: bool,
-}
-
-impl Closer {
-    fn run(&self) {
-        loop {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            while st.fds.is_empty() {
-                st.idle = true;
-                st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
-            st.idle = false;
-            drop(st);
-            std::thread::sleep(CLOSER_GATHER);
-            let batch = std::mem::take(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()).fds);
-            for (fd, disarm) in batch {
-                if disarm {
-                    disarm_linger(std::os::fd::AsFd::as_fd(&fd));
-                }
-                drop(fd);
-            }
-        }
-    }
-}
-
-/// Closes `fd` on the closer thread (see [`PeerFd`]), or here if that thread cannot be started;
-/// with `disarm`, turns its linger off first.
-pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
-    static CLOSER: std::sync::OnceLock<Option<&'static Closer>> = std::sync::OnceLock::new();
-    let closer = CLOSER.get_or_init(|| {
-        let closer: &'static Closer =
-            Box::leak(Box::new(Closer { state: std::sync::Mutex::default(), wake: std::sync::Condvar::new() }));
-        match std::thread::Builder::new().name("smc-tokio-closer".into()).spawn(move || closer.run()) {
-            Ok(_) => Some(closer),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start the descriptor closer thread: closing in place");
-                None
-            }
-        }
-    });
-    let Some(closer) = closer else {
-        return drop(fd);
-    };
-    let mut st = closer.state.lock().unwrap_or_else(|p| p.into_inner());
-    st.fds.push((fd, disarm));
-    // Only a waiting thread needs the wake-up (a futex call); a busy one takes the descriptor
-    // with its current batch or the next.
-    let wake = std::mem::take(&mut st.idle);
-    drop(st);
-    if wake {
-        closer.wake.notify_one();
-    }
-}
-
-/// Turns `SO_LINGER` off on a socket about to be closed, so that its close does not wait (the
-/// kernel still sends what is queued, in the background). Not a socket, or no linger: nothing.
-fn disarm_linger(fd: BorrowedFd<'_>) {
-    // SAFETY: linger is plain data; all-zero is valid.
-    let mut l: libc::linger = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-    // SAFETY: `l` and `len` are valid for writes; the kernel writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&mut l as *mut libc::linger).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 && l.l_onoff != 0 {
-        let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &libc::linger { l_onoff: 0, l_linger: 0 });
-    }
-}
+mod closer;
+pub(crate) use closer::{closer_stats, PeerFd};
 
 /// `setsockopt(2)` with a plain-data option value (`c_int`, `linger`, ...), passed by pointer
 /// with its size.
@@ -1083,15 +992,5 @@ mod door_tests {
             .unwrap();
         let (server_end, peer) = l.accept().unwrap();
         assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
-    }
-
-    /// A descriptor handed to the closer is closed (its peer reads EOF), off this thread.
-    #[test]
-    fn the_closer_closes() {
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        close_later(OwnedFd::from(a), true);
-        b.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-        let mut buf = [0u8; 1];
-        assert_eq!(std::io::Read::read(&mut &b, &mut buf).unwrap(), 0);
     }
 }

@@ -1,0 +1,381 @@
+//! The shared-memory link's side channel: JOIN (client to server) and WELCOME (server to
+//! client). After an SMC-D handshake, the client connects to the abstract `SOCK_SEQPACKET`
+//! socket the server named in its Accept and sends a [`Join`] proving the handshake's token,
+//! with its region and doorbell attached (`SCM_RIGHTS`); the server answers with a [`Welcome`],
+//! with its own region and doorbell attached when it lets the client in. The connection then
+//! stays open: its end means the peer process is gone.
+//!
+//! Both messages are [`SIDE_MSG_LEN`] bytes (one `SOCK_SEQPACKET` message each), integers big
+//! endian:
+//!
+//! | offset | size | JOIN                          | WELCOME                                      |
+//! |--------|------|-------------------------------|----------------------------------------------|
+//! | 0..8   | 8    | [`JOIN_MAGIC`] (`"SMCTJOIN"`) | [`WELCOME_MAGIC`] (`"SMCTWELC"`)             |
+//! | 8..12  | 4    | [`SIDE_VERSION`] (u32)        | [`SIDE_VERSION`] (u32)                       |
+//! | 12..16 | 4    | reserved                      | status (u32): 0 welcomed, else a [`JoinRefused`] |
+//! | 16..24 | 8    | link group id (u64)           | link group id (u64)                          |
+//! | 24..40 | 16   | token ([`Token`])             | reserved                                     |
+//! | 40..64 | 24   | reserved                      | reserved                                     |
+//!
+//! Reserved bytes are sent as zeros and ignored. Decoding checks the length, the magic and the
+//! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group
+//! and the token is the caller's job, since only it knows which it expects.
+
+use std::fmt;
+
+use super::clc::Token;
+
+/// First eight bytes of a JOIN.
+pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
+/// First eight bytes of a WELCOME.
+pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
+/// The side-channel version this crate speaks.
+pub const SIDE_VERSION: u32 = 1;
+/// Length of a JOIN and of a WELCOME.
+pub const SIDE_MSG_LEN: usize = 64;
+/// The WELCOME status that lets the client in.
+pub const WELCOME_OK: u32 = 0;
+
+/// Why a side-channel message was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideMsgError {
+    /// The message is not [`SIDE_MSG_LEN`] bytes long; its length.
+    BadLength(usize),
+    /// The first bytes are not the message's magic ([`JOIN_MAGIC`] or [`WELCOME_MAGIC`]).
+    BadMagic,
+    /// A version this crate does not speak.
+    BadVersion(u32),
+}
+
+impl fmt::Display for SideMsgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SideMsgError::BadLength(n) => {
+                write!(f, "side-channel message of {n} bytes, expected {SIDE_MSG_LEN}")
+            }
+            SideMsgError::BadMagic => f.write_str("side-channel message does not start with its magic"),
+            SideMsgError::BadVersion(v) => {
+                write!(f, "side-channel version {v} is not supported (this is {SIDE_VERSION})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SideMsgError {}
+
+/// Checks the length, the magic and the version every side-channel message starts with.
+fn check(b: &[u8], magic: &[u8; 8]) -> Result<[u8; SIDE_MSG_LEN], SideMsgError> {
+    let b: [u8; SIDE_MSG_LEN] = b.try_into().map_err(|_| SideMsgError::BadLength(b.len()))?;
+    if b[..8] != magic[..] {
+        return Err(SideMsgError::BadMagic);
+    }
+    let version = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
+    if version != SIDE_VERSION {
+        return Err(SideMsgError::BadVersion(version));
+    }
+    Ok(b)
+}
+
+/// A header with `magic` and the version, the rest zeros.
+fn header(magic: &[u8; 8]) -> [u8; SIDE_MSG_LEN] {
+    let mut b = [0u8; SIDE_MSG_LEN];
+    b[..8].copy_from_slice(magic);
+    b[8..12].copy_from_slice(&SIDE_VERSION.to_be_bytes());
+    b
+}
+
+fn u64_at(b: &[u8; SIDE_MSG_LEN], i: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[i..i + 8]);
+    u64::from_be_bytes(v)
+}
+
+/// A client's request to join a pending link group: the group the server's Accept named, and
+/// the token of the handshake that led to it (the proof that the client took part in it).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::clc::Token;
+/// use smc_tokio::proto::side::{Join, SIDE_MSG_LEN};
+///
+/// let join = Join { link_group: 7, token: Token([1; 16]) };
+/// let bytes: [u8; SIDE_MSG_LEN] = join.encode();
+/// assert_eq!(Join::decode(&bytes), Ok(join));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Join {
+    /// The link group to join.
+    pub link_group: u64,
+    /// The token of the handshake that named the group.
+    pub token: Token,
+}
+
+impl Join {
+    /// The JOIN message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::Token;
+    /// use smc_tokio::proto::side::{Join, JOIN_MAGIC};
+    ///
+    /// let bytes = Join { link_group: 0x0102, token: Token([9; 16]) }.encode();
+    /// assert_eq!(bytes[..8], JOIN_MAGIC);
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 1]); // the version
+    /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
+    /// assert_eq!(bytes[24..40], [9; 16]); // the token
+    /// ```
+    pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
+        let mut b = header(&JOIN_MAGIC);
+        b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
+        b[24..40].copy_from_slice(&self.token.0);
+        b
+    }
+
+    /// Decodes a JOIN (one whole message).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::clc::Token;
+    /// use smc_tokio::proto::side::{Join, SideMsgError, Welcome};
+    ///
+    /// let bytes = Join { link_group: 3, token: Token([2; 16]) }.encode();
+    /// assert_eq!(Join::decode(&bytes[..40]), Err(SideMsgError::BadLength(40)));
+    /// // A WELCOME is no JOIN.
+    /// assert_eq!(Join::decode(&Welcome::accepted(3).encode()), Err(SideMsgError::BadMagic));
+    /// ```
+    pub fn decode(b: &[u8]) -> Result<Join, SideMsgError> {
+        let b = check(b, &JOIN_MAGIC)?;
+        let mut token = [0u8; 16];
+        token.copy_from_slice(&b[24..40]);
+        Ok(Join { link_group: u64_at(&b, 16), token: Token(token) })
+    }
+}
+
+/// Why a JOIN was refused: the status of the WELCOME that answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum JoinRefused {
+    /// No pending link group with that id, or the token is not one of its handshakes'.
+    UnknownGroup = 1,
+    /// The peer's credentials (its uid) are not allowed.
+    Credentials = 2,
+    /// The peer's region or doorbell was missing or unusable.
+    BadRegion = 3,
+}
+
+impl JoinRefused {
+    /// Every reason, in wire order.
+    pub const ALL: [JoinRefused; 3] = [Self::UnknownGroup, Self::Credentials, Self::BadRegion];
+
+    /// The reason with wire value `v` (a WELCOME's status); `None` for 0 ([`WELCOME_OK`]) and
+    /// for values this version does not define.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::side::JoinRefused;
+    ///
+    /// assert_eq!(JoinRefused::from_u32(2), Some(JoinRefused::Credentials));
+    /// assert_eq!(JoinRefused::from_u32(JoinRefused::BadRegion as u32), Some(JoinRefused::BadRegion));
+    /// assert_eq!(JoinRefused::from_u32(0), None);
+    /// assert_eq!(JoinRefused::from_u32(4), None);
+    /// ```
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| *r as u32 == v)
+    }
+}
+
+/// The server's answer to a JOIN: the group it answers for, and [`WELCOME_OK`] or why the JOIN
+/// was refused ([`JoinRefused`]; kept raw, so that a status this version does not know still
+/// reads as a refusal).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::side::{JoinRefused, Welcome};
+///
+/// let no = Welcome::refused(7, JoinRefused::Credentials);
+/// assert_eq!(Welcome::decode(&no.encode()), Ok(no));
+/// assert!(!no.is_accepted());
+/// assert_eq!(no.refusal(), Some(JoinRefused::Credentials));
+/// assert!(Welcome::accepted(7).is_accepted());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Welcome {
+    /// The link group the JOIN named.
+    pub link_group: u64,
+    /// [`WELCOME_OK`], or a [`JoinRefused`] value.
+    pub status: u32,
+}
+
+impl Welcome {
+    /// A WELCOME that lets the client into `link_group`.
+    pub const fn accepted(link_group: u64) -> Welcome {
+        Welcome { link_group, status: WELCOME_OK }
+    }
+
+    /// A WELCOME that refuses the client's JOIN for `link_group`, saying why.
+    pub const fn refused(link_group: u64, why: JoinRefused) -> Welcome {
+        Welcome { link_group, status: why as u32 }
+    }
+
+    /// Whether the client is let in (the status is [`WELCOME_OK`]).
+    pub const fn is_accepted(&self) -> bool {
+        self.status == WELCOME_OK
+    }
+
+    /// Why the JOIN was refused, when the status is a reason this version defines.
+    pub fn refusal(&self) -> Option<JoinRefused> {
+        JoinRefused::from_u32(self.status)
+    }
+
+    /// The WELCOME message.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::side::{JoinRefused, Welcome, WELCOME_MAGIC};
+    ///
+    /// let bytes = Welcome::refused(0x0102, JoinRefused::BadRegion).encode();
+    /// assert_eq!(bytes[..8], WELCOME_MAGIC);
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 1]); // the version
+    /// assert_eq!(bytes[12..16], [0, 0, 0, 3]); // the status
+    /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
+    /// assert!(bytes[24..].iter().all(|&b| b == 0));
+    /// ```
+    pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
+        let mut b = header(&WELCOME_MAGIC);
+        b[12..16].copy_from_slice(&self.status.to_be_bytes());
+        b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
+        b
+    }
+
+    /// Decodes a WELCOME (one whole message). Any status decodes: whether it lets the client
+    /// in is [`is_accepted`](Self::is_accepted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::side::{SideMsgError, Welcome};
+    ///
+    /// let mut bytes = Welcome { link_group: 5, status: 99 }.encode();
+    /// assert_eq!(Welcome::decode(&bytes), Ok(Welcome { link_group: 5, status: 99 }));
+    /// bytes[11] = 2; // version 2
+    /// assert_eq!(Welcome::decode(&bytes), Err(SideMsgError::BadVersion(2)));
+    /// ```
+    pub fn decode(b: &[u8]) -> Result<Welcome, SideMsgError> {
+        let b = check(b, &WELCOME_MAGIC)?;
+        Ok(Welcome { link_group: u64_at(&b, 16), status: u32::from_be_bytes([b[12], b[13], b[14], b[15]]) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_join_layout() {
+        let j = Join { link_group: 0x1122_3344_5566_7788, token: Token(*b"0123456789abcdef") };
+        let mut want = [0u8; SIDE_MSG_LEN];
+        want[..8].copy_from_slice(b"SMCTJOIN");
+        want[8..12].copy_from_slice(&[0, 0, 0, 1]);
+        want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+        want[24..40].copy_from_slice(b"0123456789abcdef");
+        assert_eq!(j.encode(), want);
+    }
+
+    #[test]
+    fn known_welcome_layout() {
+        let w = Welcome::refused(0x1122_3344_5566_7788, JoinRefused::UnknownGroup);
+        let mut want = [0u8; SIDE_MSG_LEN];
+        want[..8].copy_from_slice(b"SMCTWELC");
+        want[8..12].copy_from_slice(&[0, 0, 0, 1]);
+        want[12..16].copy_from_slice(&[0, 0, 0, 1]);
+        want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+        assert_eq!(w.encode(), want);
+        assert_eq!(Welcome::accepted(0).encode()[12..16], [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn round_trips() {
+        for (group, token) in [(0, [0; 16]), (u64::MAX, [0xFF; 16]), (0x1122_3344_5566_7788, [9; 16])] {
+            let j = Join { link_group: group, token: Token(token) };
+            assert_eq!(Join::decode(&j.encode()), Ok(j));
+            for status in [WELCOME_OK, 1, 2, 3, 4, u32::MAX] {
+                let w = Welcome { link_group: group, status };
+                assert_eq!(Welcome::decode(&w.encode()), Ok(w));
+            }
+        }
+        for why in JoinRefused::ALL {
+            let w = Welcome::refused(1, why);
+            assert_eq!(Welcome::decode(&w.encode()).map(|w| w.refusal()), Ok(Some(why)));
+            assert!(!w.is_accepted());
+        }
+        assert_eq!(Welcome::accepted(1).refusal(), None);
+        assert_eq!(Welcome { link_group: 1, status: 77 }.refusal(), None);
+    }
+
+    #[test]
+    fn reserved_bytes_are_ignored() {
+        let j = Join { link_group: 4, token: Token([6; 16]) };
+        let mut b = j.encode();
+        b[12..16].fill(0xEE);
+        b[40..].fill(0xEE);
+        assert_eq!(Join::decode(&b), Ok(j));
+        let w = Welcome { link_group: 4, status: 0 };
+        let mut b = w.encode();
+        b[24..].fill(0xEE);
+        assert_eq!(Welcome::decode(&b), Ok(w));
+    }
+
+    #[test]
+    fn every_error() {
+        let join = Join { link_group: 1, token: Token([2; 16]) }.encode();
+        let welcome = Welcome::accepted(1).encode();
+        for (bytes, decode) in [
+            (join, (|b| Join::decode(b).map(drop)) as fn(&[u8]) -> Result<(), SideMsgError>),
+            (welcome, |b| Welcome::decode(b).map(drop)),
+        ] {
+            assert_eq!(decode(&bytes), Ok(()));
+            assert_eq!(decode(&[]), Err(SideMsgError::BadLength(0)));
+            assert_eq!(decode(&bytes[..SIDE_MSG_LEN - 1]), Err(SideMsgError::BadLength(63)));
+            let mut long = bytes.to_vec();
+            long.push(0);
+            assert_eq!(decode(&long), Err(SideMsgError::BadLength(65)));
+            let mut b = bytes;
+            b[7] ^= 1;
+            assert_eq!(decode(&b), Err(SideMsgError::BadMagic));
+            let mut b = bytes;
+            b[8] = 1;
+            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0x0100_0001)));
+            let mut b = bytes;
+            b[11] = 0;
+            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0)));
+        }
+        // Each message's magic is only its own.
+        assert_eq!(Join::decode(&welcome), Err(SideMsgError::BadMagic));
+        assert_eq!(Welcome::decode(&join), Err(SideMsgError::BadMagic));
+    }
+
+    #[test]
+    fn errors_display() {
+        assert_eq!(SideMsgError::BadLength(40).to_string(), "side-channel message of 40 bytes, expected 64");
+        assert_eq!(SideMsgError::BadVersion(2).to_string(), "side-channel version 2 is not supported (this is 1)");
+        let err: &dyn std::error::Error = &SideMsgError::BadMagic;
+        assert!(err.to_string().contains("magic"));
+    }
+
+    #[test]
+    fn refusal_values() {
+        assert_eq!(JoinRefused::UnknownGroup as u32, 1);
+        assert_eq!(JoinRefused::Credentials as u32, 2);
+        assert_eq!(JoinRefused::BadRegion as u32, 3);
+        for why in JoinRefused::ALL {
+            assert_eq!(JoinRefused::from_u32(why as u32), Some(why));
+        }
+        assert_eq!(JoinRefused::from_u32(WELCOME_OK), None);
+    }
+}

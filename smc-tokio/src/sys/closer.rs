@@ -1,0 +1,554 @@
+//! Closing descriptors another process had a hand in, where no close can hold us up.
+//!
+//! Closing a descriptor can block the closing thread: the last close of a TCP socket with
+//! `SO_LINGER` set and unsent data waits out the linger time (`sk_stream_wait_close`), a file on
+//! a FUSE mount waits for its daemon, and closing a Unix socket closes every descriptor still
+//! queued in it, in the closing thread, with the same effects (as deep as descriptors nest:
+//! a Unix socket in flight can hold more). Any local user can knock on a door, squat on a door
+//! name or connect to a side channel, and queue such descriptors there. So:
+//!
+//! - Nothing that came from a peer is closed on a runtime worker or on the caller of
+//!   `connect`/`accept`: dropping a [`PeerFd`] hands it to a closer thread.
+//! - A closer defuses before it closes ([`defuse`]): a Unix socket is shut down (so nothing
+//!   more can be queued in it) and every message still queued in it is taken out, with its
+//!   descriptors, which are defused in turn; every socket's `SO_LINGER` is turned off (unless
+//!   it is somebody's live connection, [`PeerFd::keep_options`]). After that, the close of a
+//!   TCP socket returns at once and the kernel sends what is queued in the background.
+//! - What still blocks (a FUSE file, say) holds up one closer, not the others: a watchdog
+//!   starts another closer when every closer has been inside one close for longer than
+//!   [`STALL`], up to [`MAX_CLOSERS`]. Closers beyond the first leave after [`IDLE_EXIT`] idle.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A descriptor another process may have had a hand in: one it sent us (`SCM_RIGHTS`), or a
+/// Unix socket it can queue descriptors into (a door, probe or side-channel connection, a
+/// doorbell). Dropping it hands the descriptor to a closer thread (see the module docs).
+pub(crate) struct PeerFd {
+    fd: Option<OwnedFd>,
+    disarm: bool,
+}
+
+impl PeerFd {
+    pub(crate) fn new(fd: OwnedFd) -> PeerFd {
+        PeerFd { fd: Some(fd), disarm: true }
+    }
+
+    /// Closes the descriptor without touching the socket's options or its queue: it is a
+    /// connection its owner still uses (a registered client socket connected to our own
+    /// listener), whose last close is the owner's, not ours, and on one host never waits long.
+    pub(crate) fn keep_options(&mut self) {
+        self.disarm = false;
+    }
+}
+
+impl std::fmt::Debug for PeerFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PeerFd").field(&self.as_raw_fd()).finish()
+    }
+}
+
+impl AsFd for PeerFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.fd {
+            Some(fd) => fd.as_fd(),
+            None => unreachable!("a PeerFd is only emptied by drop"),
+        }
+    }
+}
+
+impl AsRawFd for PeerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
+impl Drop for PeerFd {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd.take() {
+            close_later(fd, self.disarm);
+        }
+    }
+}
+
+/// How long a closer lets descriptors gather after it was woken, before it closes them.
+/// Descriptors come in bursts (each same-host connection hands it two or three: door
+/// connections and the registered socket), and waking a thread is the expensive part of
+/// handing one over: in `smcperf local --scenario crr --conns 64` a wake per descriptor was
+/// five futex calls per connection and the closer took 8% of all CPU. 200 us keeps the wait
+/// well under a round trip of the slowest client while gathering a dozen per wake-up there.
+const CLOSER_GATHER: Duration = Duration::from_micros(200);
+
+/// A close that has not returned after this long is stuck (a defused close of any socket
+/// returns in microseconds; only a file whose close waits for somebody else, a FUSE daemon,
+/// takes longer): when every closer is stuck, the watchdog starts another. Also how often the
+/// watchdog looks while descriptors wait.
+const STALL: Duration = Duration::from_millis(100);
+
+/// Closers at most. Each costs a thread with a small stack; a peer that can make closes block
+/// for good (a FUSE file it serves) holds one per such descriptor, so this bounds what it can
+/// cost us. Beyond it descriptors wait in the queue until a closer comes free.
+const MAX_CLOSERS: usize = 16;
+
+/// A closer beyond the first that has had nothing to do for this long leaves.
+const IDLE_EXIT: Duration = Duration::from_secs(10);
+
+/// Stack of a closer thread: it only makes system calls.
+const CLOSER_STACK: usize = 128 << 10;
+
+/// Messages taken out of one Unix socket's queue before it is closed. A peer can queue at most
+/// its send buffer's worth (about 200 KiB of the smallest messages, a few thousand); what is
+/// left beyond this is closed by the kernel when the socket is, in the closer.
+const DRAIN_MAX: usize = 8192;
+
+/// Descriptors one defuse handles at most (a socket, what is queued in it, what is queued in
+/// those, ...): the bound on a nested flood; the rest is closed undefused, in the closer.
+const DEFUSE_MAX: usize = 1 << 16;
+
+/// What the closers have done, for [`crate::Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CloserStats {
+    /// Descriptors closed, those found queued inside Unix sockets included.
+    pub(crate) closed: u64,
+    /// Descriptors found queued inside Unix sockets about to be closed.
+    pub(crate) drained: u64,
+    /// Closers started because every closer was stuck in a close.
+    pub(crate) stalls: u64,
+    /// Closer threads running now.
+    pub(crate) threads: u64,
+    /// Descriptors waiting to be closed now.
+    pub(crate) queued: u64,
+}
+
+static CLOSED: AtomicU64 = AtomicU64::new(0);
+static DRAINED: AtomicU64 = AtomicU64::new(0);
+static STALLS: AtomicU64 = AtomicU64::new(0);
+
+/// What the closers have done so far.
+pub(crate) fn closer_stats() -> CloserStats {
+    let (threads, queued) = match pool() {
+        Some(p) => {
+            let st = p.lock();
+            (st.workers.len() as u64, st.queue.len() as u64)
+        }
+        None => (0, 0),
+    };
+    CloserStats {
+        closed: CLOSED.load(Ordering::Relaxed),
+        drained: DRAINED.load(Ordering::Relaxed),
+        stalls: STALLS.load(Ordering::Relaxed),
+        threads,
+        queued,
+    }
+}
+
+/// When a closer entered the close it is in, in nanoseconds since [`Pool::epoch`] plus one;
+/// 0 while it is not closing anything.
+type Busy = Arc<AtomicU64>;
+
+struct Pool {
+    epoch: Instant,
+    state: Mutex<Closing>,
+    /// Closers waiting for work.
+    work: Condvar,
+    /// The watchdog waiting.
+    watch: Condvar,
+}
+
+#[derive(Default)]
+struct Closing {
+    /// Descriptors to close, each with whether to defuse it first.
+    queue: VecDeque<(OwnedFd, bool)>,
+    /// Closers waiting on `work` (a push must wake one).
+    idle: usize,
+    /// Every closer's busy mark.
+    workers: Vec<Busy>,
+    /// The watchdog waits on `watch` without a timeout (the queue was empty).
+    watch_idle: bool,
+    /// The cap was reached while every closer was stuck (said once).
+    capped: bool,
+}
+
+fn pool() -> Option<&'static Pool> {
+    static POOL: OnceLock<Option<&'static Pool>> = OnceLock::new();
+    *POOL.get_or_init(|| {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            epoch: Instant::now(),
+            state: Mutex::default(),
+            work: Condvar::new(),
+            watch: Condvar::new(),
+        }));
+        let mut st = pool.lock();
+        if let Err(e) = pool.spawn_closer(&mut st) {
+            tracing::warn!(error = %e, "cannot start the descriptor closer thread: closing in place");
+            return None;
+        }
+        if let Err(e) = std::thread::Builder::new()
+            .name("smc-tokio-closer-watch".into())
+            .stack_size(CLOSER_STACK)
+            .spawn(move || pool.watchdog())
+        {
+            // One closer still works; only a stuck one would not be replaced.
+            tracing::warn!(error = %e, "cannot start the closer watchdog: a stuck close will hold the others up");
+        }
+        drop(st);
+        Some(pool)
+    })
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, Closing> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn spawn_closer(&'static self, st: &mut Closing) -> io::Result<()> {
+        let busy: Busy = Arc::default();
+        let mine = busy.clone();
+        std::thread::Builder::new()
+            .name("smc-tokio-closer".into())
+            .stack_size(CLOSER_STACK)
+            .spawn(move || self.closer(mine))?;
+        st.workers.push(busy);
+        Ok(())
+    }
+
+    fn closer(&'static self, busy: Busy) {
+        let mut st = self.lock();
+        loop {
+            if st.queue.is_empty() {
+                st.idle += 1;
+                let (next, wait) = self.work.wait_timeout(st, IDLE_EXIT).unwrap_or_else(|p| p.into_inner());
+                st = next;
+                st.idle -= 1;
+                if st.queue.is_empty() {
+                    if wait.timed_out() && st.workers.len() > 1 {
+                        st.workers.retain(|b| !Arc::ptr_eq(b, &busy));
+                        return;
+                    }
+                    continue;
+                }
+                // Woken for a burst: let it gather (see CLOSER_GATHER).
+                drop(st);
+                std::thread::sleep(CLOSER_GATHER);
+                st = self.lock();
+                continue;
+            }
+            let Some((fd, disarm)) = st.queue.pop_front() else { continue };
+            // Ordering: the mark is read by the watchdog only under the pool's lock or as a
+            // hint (Relaxed both ways); the lock orders everything that matters.
+            busy.store(self.now(), Ordering::Relaxed);
+            drop(st);
+            defuse_and_close(fd, disarm);
+            busy.store(0, Ordering::Relaxed);
+            st = self.lock();
+        }
+    }
+
+    /// Starts a closer whenever every closer has been inside one close for longer than
+    /// [`STALL`] while descriptors wait.
+    fn watchdog(&'static self) {
+        let mut st = self.lock();
+        loop {
+            if st.queue.is_empty() {
+                st.watch_idle = true;
+                st = self.watch.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.watch_idle = false;
+                continue;
+            }
+            let now = self.now();
+            let stall = u64::try_from(STALL.as_nanos()).unwrap_or(u64::MAX);
+            let all_stuck = st.idle == 0
+                && st.workers.iter().all(|b| {
+                    let since = b.load(Ordering::Relaxed);
+                    since != 0 && now.saturating_sub(since) > stall
+                });
+            if all_stuck {
+                if st.workers.len() < MAX_CLOSERS {
+                    match self.spawn_closer(&mut st) {
+                        Ok(()) => {
+                            STALLS.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                closers = st.workers.len(),
+                                "every descriptor closer is stuck in a close: started another"
+                            );
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot start another descriptor closer"),
+                    }
+                } else if !std::mem::replace(&mut st.capped, true) {
+                    tracing::warn!(
+                        closers = MAX_CLOSERS,
+                        "every descriptor closer is stuck in a close, and no more are started: descriptors wait"
+                    );
+                }
+            } else {
+                st.capped = false;
+            }
+            st = self.watch.wait_timeout(st, STALL).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// Closes `fd` on a closer thread (see the module docs), or here if no closer can be started;
+/// with `disarm`, defuses it first ([`defuse`]).
+pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
+    let Some(pool) = pool() else {
+        return defuse_and_close(fd, disarm);
+    };
+    let mut st = pool.lock();
+    st.queue.push_back((fd, disarm));
+    // Only a waiting closer needs the wake-up (a futex call); a busy one takes the descriptor
+    // after its current one. The watchdog is woken once per burst (it sleeps only while the
+    // queue is empty).
+    let wake = st.idle > 0;
+    let watch = std::mem::take(&mut st.watch_idle);
+    drop(st);
+    if wake {
+        pool.work.notify_one();
+    }
+    if watch {
+        pool.watch.notify_one();
+    }
+}
+
+fn defuse_and_close(fd: OwnedFd, disarm: bool) {
+    let mut work = vec![(fd, disarm)];
+    let mut handled = 0usize;
+    while let Some((fd, disarm)) = work.pop() {
+        handled += 1;
+        if disarm && handled <= DEFUSE_MAX {
+            defuse(fd.as_fd(), &mut work);
+        }
+        drop(fd);
+        CLOSED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Makes the close of `fd` unable to block on anything a peer did to it: a Unix socket is shut
+/// down and its queue taken out (the descriptors found go to `found`, to be defused in turn);
+/// a socket's linger is turned off. Anything else is left as it is.
+fn defuse(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
+    match socket_domain(fd) {
+        Some(libc::AF_UNIX) => {
+            // SAFETY: plain syscall on a borrowed, open descriptor. After it nothing more can
+            // be queued in this socket (a sender gets EPIPE), while what is queued stays
+            // readable.
+            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+            let before = found.len();
+            drain_queue(fd, found);
+            DRAINED.fetch_add((found.len() - before) as u64, Ordering::Relaxed);
+        }
+        Some(_) => disarm_linger(fd),
+        None => {}
+    }
+}
+
+/// The socket's address family, `None` for a descriptor that is not a socket.
+fn socket_domain(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(v)
+}
+
+/// Takes every message queued in the (shut down) Unix socket `fd` out, without waiting, and
+/// keeps the descriptors they carried in `found`.
+fn drain_queue(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
+    let mut data = [0u8; 4096];
+    // Room for the most descriptors one message can carry (the kernel's SCM_MAX_FD, 253, in
+    // one SCM_RIGHTS header: 16 + 253 * 4 bytes).
+    let mut cbuf = [0u64; 130];
+    for _ in 0..DRAIN_MAX {
+        let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+        // SAFETY: msghdr is plain data; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: `msg` describes valid, writable buffers that live across the call.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // EAGAIN: the queue is empty. Anything else: nothing more to take.
+            return;
+        }
+        let before = found.len();
+        // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR
+        // walk only within it, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4
+        // descriptors, now installed in our table and owned by nobody else here.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                    let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                    for i in 0..payload / std::mem::size_of::<libc::c_int>() {
+                        found.push((OwnedFd::from_raw_fd(d.add(i).read_unaligned()), true));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if n == 0 && found.len() == before {
+            // End of stream (or an empty datagram with nothing attached, which ends nothing,
+            // but then the next call says EAGAIN or 0 again, bounded by DRAIN_MAX).
+            if msg.msg_flags & libc::MSG_CTRUNC == 0 {
+                return;
+            }
+        }
+    }
+}
+
+/// Turns `SO_LINGER` off on a socket about to be closed, so that its close does not wait (the
+/// kernel still sends what is queued, in the background). No linger: nothing.
+fn disarm_linger(fd: BorrowedFd<'_>) {
+    // SAFETY: linger is plain data; all-zero is valid.
+    let mut l: libc::linger = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+    // SAFETY: `l` and `len` are valid for writes; the kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&mut l as *mut libc::linger).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && l.l_onoff != 0 {
+        let _ = super::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &libc::linger { l_onoff: 0, l_linger: 0 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixDatagram, UnixStream};
+
+    fn read_eof(s: &UnixStream) -> usize {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1];
+        (&*s).read(&mut buf).unwrap()
+    }
+
+    /// A descriptor handed to the closer is closed (its peer reads EOF), off this thread.
+    #[test]
+    fn the_closer_closes() {
+        let (a, b) = UnixStream::pair().unwrap();
+        close_later(OwnedFd::from(a), true);
+        assert_eq!(read_eof(&b), 0);
+    }
+
+    /// A socket queued in a Unix socket we close, and one queued in that one (nested), are
+    /// taken out and closed too, with their lingers off.
+    #[test]
+    fn queued_descriptors_are_taken_out_and_defused_as_deep_as_they_nest() {
+        let (outer_ours, outer_theirs) = UnixStream::pair().unwrap();
+        let (inner_a, inner_b) = UnixStream::pair().unwrap();
+        let (leaf, leaf_peer) = UnixStream::pair().unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let lingering = std::net::TcpStream::connect(tcp.local_addr().unwrap()).unwrap();
+        let (_server_end, _) = tcp.accept().unwrap();
+        super::super::setsockopt(
+            lingering.as_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &libc::linger { l_onoff: 1, l_linger: 3600 },
+        )
+        .unwrap();
+        let lingering_dup = lingering.try_clone().unwrap();
+        // leaf goes into inner_b's queue (sent from inner_a), inner_b into outer_ours's queue.
+        super::super::send_with_fds(inner_a.as_fd(), b"leaf", &[leaf.as_fd(), lingering.as_fd()]).unwrap();
+        super::super::send_with_fds(outer_theirs.as_fd(), b"inner", &[inner_b.as_fd()]).unwrap();
+        drop((leaf, inner_b, lingering));
+        let before = closer_stats();
+        close_later(OwnedFd::from(outer_ours), true);
+        // leaf's only other holder was inner_b's queue: closing it there gives its peer EOF.
+        assert_eq!(read_eof(&leaf_peer), 0);
+        // The queued TCP socket's linger was turned off (we still hold a copy to look at).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // SAFETY: linger is plain data; all-zero is valid.
+            let mut l: libc::linger = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+            // SAFETY: `l` and `len` are valid for writes.
+            let r = unsafe {
+                libc::getsockopt(
+                    lingering_dup.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&mut l as *mut libc::linger).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(r, 0);
+            if l.l_onoff == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the queued socket kept its linger");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let after = closer_stats();
+        assert!(after.drained >= before.drained + 3, "{before:?} -> {after:?}");
+        assert!((&outer_theirs).write_all(b"more").is_err(), "our end of the outer socket is closed");
+    }
+
+    /// A close that blocks holds up one closer, not the others: the watchdog starts another.
+    #[test]
+    fn a_stuck_close_does_not_hold_up_the_others() {
+        // A lingering socket with unsent data towards a peer that never reads, whose last
+        // close is ours and is told to keep its options: the closer blocks in it for a minute
+        // (until the peer is dropped at the end, which resets it).
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_send_buffer_size(4096).unwrap();
+        s.connect(&tcp.local_addr().unwrap().into()).unwrap();
+        let (peer, _) = tcp.accept().unwrap();
+        socket2::SockRef::from(&peer).set_recv_buffer_size(4096).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let chunk = [0u8; 65536];
+        while s.send(&chunk).is_ok() {}
+        s.set_linger(Some(Duration::from_secs(60))).unwrap();
+        let stuck = PeerFd { fd: Some(OwnedFd::from(s)), disarm: false };
+        drop(stuck);
+        // Give the closer time to enter the stuck close, then hand it more.
+        std::thread::sleep(Duration::from_millis(20));
+        let (a, b) = UnixStream::pair().unwrap();
+        close_later(OwnedFd::from(a), true);
+        // Within the read's 10 s bound, far inside the stuck close's minute.
+        assert_eq!(read_eof(&b), 0);
+        assert!(closer_stats().stalls >= 1, "{:?}", closer_stats());
+        drop(peer);
+    }
+
+    /// A datagram doorbell's queue is taken out too.
+    #[test]
+    fn a_datagram_sockets_queue_is_taken_out() {
+        let (ours, theirs) = UnixDatagram::pair().unwrap();
+        let (x, y) = UnixStream::pair().unwrap();
+        super::super::send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]).unwrap();
+        drop(x);
+        close_later(OwnedFd::from(ours), true);
+        assert_eq!(read_eof(&y), 0);
+    }
+}

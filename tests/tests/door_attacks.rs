@@ -1,0 +1,276 @@
+//! A stranger on the host against the door and the side channel: a process of uid 65534 (and a
+//! victim in a user namespace) tries what any local user can, and the tests assert what the
+//! user of the crate sees. Descriptors it queues can make a close block for an hour (a TCP
+//! socket with `SO_LINGER` {1, 3600} and unsent data towards a peer that never reads); none of
+//! them may block a thread of ours, leak a descriptor, or stop plain TCP service; a squatter
+//! on a door name gets no socket and no byte, and slows no client down.
+//!
+//! The tests run as root (they start the attacker as another uid); each prints what it
+//! measured with `--nocapture`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use smc_tokio::{SmcListener, SmcStream, Transport};
+use tests::{bounded, echo_check, open_fds, require_root};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PEER: &str = env!("CARGO_BIN_EXE_smc-test-peer");
+const NOBODY: u32 = 65534;
+
+/// A connect that takes longer than this is stuck, not slow: the attacker's sockets would hold
+/// a close for an hour. (A working connect here takes well under a millisecond.)
+const STUCK: Duration = Duration::from_secs(2);
+
+/// Echoes every connection of `l`; returns the accept loop.
+fn serve(l: SmcListener) -> tokio::task::JoinHandle<()> {
+    tests::spawn_echo(l)
+}
+
+/// A plain tokio client round trip against `addr`.
+async fn plain_round_trip(addr: SocketAddr) {
+    let mut c = bounded(10, tokio::net::TcpStream::connect(addr)).await.unwrap();
+    c.write_all(b"plain client").await.unwrap();
+    let mut b = [0u8; 12];
+    bounded(10, c.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"plain client");
+}
+
+/// An SMC client round trip against `addr`; returns its transport.
+async fn smc_round_trip(addr: SocketAddr, seed: u64) -> Transport {
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let t = s.transport();
+    bounded(10, echo_check(s, &tests::Rng::new(seed).bytes(10_000), 1000, seed)).await;
+    t
+}
+
+/// Threads of this process whose kernel stack is inside a TCP close (`/proc/self/task/*/stack`,
+/// readable by root), by name.
+fn threads_in_tcp_close() -> Vec<String> {
+    let mut stuck = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let stack = std::fs::read_to_string(task.path().join("stack")).unwrap_or_default();
+        if stack.contains("sk_stream_wait_close") || stack.contains("tcp_close") {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            stuck.push(comm.trim().to_string());
+        }
+    }
+    stuck
+}
+
+/// Waits up to 5 s for this process's descriptors to come back to `baseline` (plus `slack`
+/// for sockets a runtime may still be closing); returns the last count seen.
+async fn back_to_baseline(baseline: usize, slack: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = open_fds();
+        if now <= baseline + slack || Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The abstract names of this process's side channels (`@smc-tokio.<pid>.<n>` in
+/// `/proc/net/unix`).
+fn side_channel_names() -> Vec<String> {
+    let prefix = format!("@smc-tokio.{}.", std::process::id());
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let mut names: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter(|n| n.starts_with(&prefix))
+        .map(|n| n[1..].to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The tests of this file count the process's descriptors and threads: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs an attack (the test peer's arguments, from `attack` once the listener has served its
+/// first SMC connection) as uid 65534 against listener `l` while plain and SMC clients keep
+/// using it; then checks that our descriptors are back where they were while the attacker
+/// still holds its end, that no thread of ours sits in a TCP close, and that the closers took
+/// out at least as many queued descriptors as `queued` reads from the attacker's report line,
+/// which is returned.
+async fn under_attack(l: SmcListener, attack: impl FnOnce() -> Vec<String>, queued: fn(&str) -> u64) -> String {
+    let addr = l.local_addr().unwrap();
+    let _server = serve(l);
+    // Warm up: the closer threads, a link group, the side channel.
+    assert_eq!(smc_round_trip(addr, 1).await, Transport::SmcD);
+    plain_round_trip(addr).await;
+    let attack = attack();
+    let attack: Vec<&str> = attack.iter().map(String::as_str).collect();
+    let baseline = tests::settle_fds().await;
+    let drained_before = smc_tokio::stats().closer.drained;
+
+    let (_attacker, mut lines) = tests::peer_as(PEER, NOBODY, &attack);
+    let report = bounded(60, lines.next_line()).await.unwrap().expect("the attacker reports");
+    eprintln!("attacker: {report}");
+    let expect_drained = queued(&report);
+    // During: plain TCP and SMC both serve.
+    for i in 0..5 {
+        plain_round_trip(addr).await;
+        assert_eq!(smc_round_trip(addr, 10 + i).await, Transport::SmcD);
+    }
+    let after = back_to_baseline(baseline, 2).await;
+    eprintln!("descriptors: baseline {baseline}, with the attacker still there {after}");
+    assert!(after <= baseline + 2, "descriptors did not come back: {baseline} -> {after}");
+    let stuck = threads_in_tcp_close();
+    assert!(stuck.is_empty(), "threads blocked in a TCP close: {stuck:?}");
+    let c = smc_tokio::stats().closer;
+    eprintln!("closer: {c:?}");
+    assert!(
+        c.drained >= drained_before + expect_drained,
+        "the queued sockets were not taken out: {drained_before} -> {}",
+        c.drained
+    );
+    assert_eq!(c.queued, 0, "descriptors still wait for a closer");
+    // After: still serving.
+    plain_round_trip(addr).await;
+    assert_eq!(smc_round_trip(addr, 99).await, Transport::SmcD);
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lingering_sockets_knocked_into_the_door_block_nothing() {
+    if !require_root("lingering_sockets_knocked_into_the_door_block_nothing") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let door = l.door_name().unwrap();
+    let attack = || vec!["knock-linger".into(), door, "500".into(), "30".into()];
+    let knocked = |r: &str| r.strip_prefix("KNOCKED ").and_then(|n| n.parse().ok()).unwrap();
+    let report = under_attack(l, attack, knocked).await;
+    // Most knocks got their socket into the door connection before the door closed it.
+    assert!(knocked(&report) >= 100, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_side_channel_takes_nobody_it_does_not_wait_for() {
+    if !require_root("the_side_channel_takes_nobody_it_does_not_wait_for") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let before = side_channel_names();
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    // The listener's side channel, started by its first SMC-D connection: 1000 connections at
+    // once, each with a lingering socket queued, all closed at once.
+    let attack = || {
+        let new: Vec<String> = side_channel_names().into_iter().filter(|n| !before.contains(n)).collect();
+        assert_eq!(new.len(), 1, "{new:?}");
+        vec!["side-hold".into(), new[0].clone(), "1000".into()]
+    };
+    // The side channel closes a stranger's connection as soon as it is accepted, so few of the
+    // sockets make it into one; those that do are taken out.
+    let queued = |r: &str| r.split(" queued=").nth(1).and_then(|q| q.split(' ').next()?.parse().ok()).unwrap();
+    let report = under_attack(l, attack, queued).await;
+    eprintln!("{report}");
+    assert!(report.starts_with("SIDE opened=1000 "), "{report}");
+    assert!(report.ends_with(" open_after=0"), "the side channel held a stranger's connections: {report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_squatter_queueing_lingering_sockets_slows_no_client() {
+    if !require_root("a_squatter_queueing_lingering_sockets_slows_no_client") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    // A plain TCP server (no door of ours), and a squatter on every door name of its address.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = server.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let base = format!("smc-tokio/d2/{addr}");
+    let mut names = vec![format!("{base}/solo")];
+    names.extend((0..16).map(|i| format!("{base}/{i}")));
+    let mut args = vec!["squat-linger".to_string(), "5".to_string()];
+    args.extend(names);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_squatter, mut lines) = tests::peer_as(PEER, NOBODY, &args);
+    assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
+    let baseline = tests::settle_fds().await;
+    let drained_before = smc_tokio::stats().closer.drained;
+    let mut worst = Duration::ZERO;
+    let mut times = Vec::new();
+    for i in 0..30 {
+        let t = Instant::now();
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        let took = t.elapsed();
+        times.push(took);
+        worst = worst.max(took);
+        assert!(matches!(s.transport(), Transport::Tcp(_)), "{:?}", s.transport());
+        bounded(10, echo_check(s, &tests::Rng::new(i).bytes(4096), 512, i)).await;
+        assert!(took < STUCK, "connect {i} was stuck behind the squatter for {took:?}");
+    }
+    times.sort();
+    eprintln!("connects past the squatter: median {:?}, worst {worst:?}", times[times.len() / 2]);
+    let after = back_to_baseline(baseline, 2).await;
+    assert!(after <= baseline + 2, "descriptors did not come back: {baseline} -> {after}");
+    let stuck = threads_in_tcp_close();
+    assert!(stuck.is_empty(), "threads blocked in a TCP close: {stuck:?}");
+    let out = bounded(30, lines.next_line()).await.unwrap().unwrap_or_default();
+    eprintln!("squatter: {out}");
+    // It saw the probes, and got nothing from them: not a byte, not a socket.
+    assert!(out.starts_with("SQUAT conns=") && out.contains(" bytes=0 fds=0 "), "{out}");
+    assert!(!out.starts_with("SQUAT conns=0 "), "the clients did probe: {out}");
+    // Every lingering socket it got into a probe connection was taken out by our closer.
+    let queued: u64 = out.split(" queued=").nth(1).and_then(|q| q.parse().ok()).unwrap();
+    let drained = smc_tokio::stats().closer.drained - drained_before;
+    assert!(drained >= queued, "queued {queued}, taken out {drained}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_in_a_user_namespace_does_not_trust_the_overflow_uid() {
+    if !require_root("a_victim_in_a_user_namespace_does_not_trust_the_overflow_uid") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    // A plain TCP echo server, and the host's nobody squatting on its door name. A client in a
+    // user namespace that maps only itself to 65534 sees every unmapped uid (nobody's
+    // included) as 65534, its own euid.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = server.accept().await {
+            let got = got_tx.clone();
+            tokio::spawn(async move {
+                let mut first = vec![0u8; 64];
+                let n = s.read(&mut first).await.unwrap_or(0);
+                let _ = got.send(first[..n].to_vec());
+                s.write_all(&first[..n]).await.unwrap();
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let name = format!("smc-tokio/d2/{addr}/solo");
+    let (_squatter, mut lines) = tests::peer_as(PEER, NOBODY, &["squat", &name, "4"]);
+    assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
+    let victim = tokio::process::Command::new("unshare")
+        .args(["-U", "--map-user=65534", "--map-group=65534", PEER, "client", &addr.to_string()])
+        .output();
+    let victim = bounded(30, victim).await.unwrap();
+    let out = String::from_utf8_lossy(&victim.stdout);
+    eprintln!("victim: {out} {}", String::from_utf8_lossy(&victim.stderr));
+    assert!(victim.status.success(), "{out}");
+    assert!(out.contains("TRANSPORT tcp"), "{out}");
+    assert!(out.contains("OK"), "{out}");
+    // The server saw the victim's own first bytes, nobody else's.
+    let first = bounded(10, got_rx.recv()).await.unwrap();
+    assert!(!first.is_empty() && !first.windows(8).any(|w| w == b"INJECTED"), "{first:?}");
+    let squat = bounded(30, lines.next_line()).await.unwrap().unwrap_or_default();
+    eprintln!("squatter: {squat}");
+    assert!(squat.ends_with("bytes=0 fds=0"), "the squatter got something: {squat}");
+}
