@@ -472,6 +472,9 @@ impl DoorState {
                 return refuse_on(&w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
             }
         };
+        // The registration is the one message that carries a descriptor: from here on the
+        // connection carries CLC frames only, and refuses descriptors where the kernel can.
+        sys::refuse_descriptors(w.conn.as_fd());
         self.count += 1;
         self.entries.entry(port).or_default().push(Entry {
             sock,

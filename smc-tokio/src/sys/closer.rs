@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -36,6 +36,14 @@ pub(crate) struct PeerFd {
 impl PeerFd {
     pub(crate) fn new(fd: OwnedFd) -> PeerFd {
         PeerFd { fd: Some(fd), disarm: true }
+    }
+
+    /// The descriptor, to be closed by the caller (a closer, which defuses it first).
+    fn into_owned(mut self) -> OwnedFd {
+        match self.fd.take() {
+            Some(fd) => fd,
+            None => unreachable!("a PeerFd is only emptied by drop"),
+        }
     }
 
     /// Closes the descriptor without touching the socket's options or its queue: it is a
@@ -371,49 +379,14 @@ fn socket_domain(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
 /// keeps the descriptors they carried in `found`.
 fn drain_queue(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
     let mut data = [0u8; 4096];
-    // Room for the most descriptors one message can carry (the kernel's SCM_MAX_FD, 253, in
-    // one SCM_RIGHTS header: 16 + 253 * 4 bytes).
-    let mut cbuf = [0u64; 130];
     for _ in 0..DRAIN_MAX {
-        let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-        // SAFETY: msghdr is plain data; all-zero is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf);
-        // SAFETY: `msg` describes valid, writable buffers that live across the call.
-        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
+        match super::recvmsg_fds(fd, &mut data, libc::MSG_DONTWAIT) {
+            // End of stream, with nothing attached (an empty datagram that carried descriptors
+            // is not the end).
+            Ok((0, fds, _)) if fds.is_empty() => return,
+            Ok((_, fds, _)) => found.extend(fds.into_iter().map(|f| (f.into_owned(), true))),
             // EAGAIN: the queue is empty. Anything else: nothing more to take.
-            return;
-        }
-        let before = found.len();
-        // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR
-        // walk only within it, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4
-        // descriptors, now installed in our table and owned by nobody else here.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let payload = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
-                    for i in 0..payload / std::mem::size_of::<libc::c_int>() {
-                        found.push((OwnedFd::from_raw_fd(d.add(i).read_unaligned()), true));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        if n == 0 && found.len() == before {
-            // End of stream (or an empty datagram with nothing attached, which ends nothing,
-            // but then the next call says EAGAIN or 0 again, bounded by DRAIN_MAX).
-            if msg.msg_flags & libc::MSG_CTRUNC == 0 {
-                return;
-            }
+            Err(_) => return,
         }
     }
 }

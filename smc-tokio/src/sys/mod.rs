@@ -91,6 +91,41 @@ mod tests {
         assert_eq!(again, io::ErrorKind::WouldBlock);
     }
 
+    /// A peer that sends descriptors with its rings is refused by the kernel where it can
+    /// (SO_PASSRIGHTS); where it cannot, the drain takes them out (for a closer) instead of
+    /// letting the kernel discard them on the draining thread.
+    #[test]
+    fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
+        let (ours, theirs) = doorbell_pair().unwrap();
+        let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sent = send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]);
+        drop(x);
+        let supported = {
+            let mut v: libc::c_int = 1;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into a valid int of the size given.
+            let r = unsafe {
+                libc::getsockopt(
+                    ours.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    SO_PASSRIGHTS,
+                    (&mut v as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            r == 0 && v == 0
+        };
+        if supported {
+            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        } else {
+            sent.unwrap();
+            assert_eq!(doorbell_drain(ours.as_fd(), 8).unwrap(), 1);
+        }
+        // Either way the stream's other end is closed now (its only holder was the message).
+        y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
+    }
+
     #[test]
     fn only_unix_datagram_sockets_are_doorbells() {
         let (a, b) = doorbell_pair().unwrap();
@@ -222,7 +257,21 @@ pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
         )
     })?;
     // SAFETY: two new descriptors nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // Rings are bytes; a peer that sends descriptors with them is refused where the kernel can.
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&ours));
+    Ok((ours, theirs))
+}
+
+/// `SO_PASSRIGHTS` (Linux 6.16, `include/uapi/asm-generic/socket.h`); not in the libc crate yet.
+const SO_PASSRIGHTS: libc::c_int = 83;
+
+/// Makes the Unix socket `fd` refuse descriptors (`SO_PASSRIGHTS` off: a sender's `SCM_RIGHTS`
+/// fails with EPERM), where the kernel has the option (6.16 and later); returns whether it
+/// did. Where it does not, descriptors a peer queues are still taken out and defused by the
+/// closers; this only means they cannot be queued at all.
+pub(crate) fn refuse_descriptors(fd: BorrowedFd<'_>) -> bool {
+    setsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, &0 as &libc::c_int).is_ok()
 }
 
 /// Rings a doorbell: sends a one-byte datagram, never blocking. A full queue (EAGAIN, ENOBUFS)
@@ -251,17 +300,14 @@ pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize
     let mut buf = [0u8; 8];
     let mut n = 0;
     while n < max {
-        // SAFETY: receives into a valid 8-byte buffer from a borrowed descriptor.
-        let r = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            n += 1;
-            continue;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) if n > 0 => return Ok(n),
-            _ => return Err(e),
+        // With a control buffer: descriptors a peer sent with a ring (where the kernel could
+        // not refuse them, see `refuse_descriptors`) come out as PeerFds and are closed by a
+        // closer, not discarded by the kernel here, on a runtime worker, where their last
+        // close could block. A datagram longer than the buffer is still one ring.
+        match recvmsg_fds(fd, &mut buf, libc::MSG_DONTWAIT) {
+            Ok(_) => n += 1,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => return Ok(n),
+            Err(e) => return Err(e),
         }
     }
     Ok(n)
@@ -419,9 +465,13 @@ pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     seqpacket_connect_with(seqpacket()?, name).map_err(|(_, e)| e)
 }
 
-/// A fresh (unconnected) SOCK_SEQPACKET socket, for [`seqpacket_connect_with`].
+/// A fresh (unconnected) SOCK_SEQPACKET socket, for [`seqpacket_connect_with`], that refuses
+/// descriptors where the kernel can ([`refuse_descriptors`]): a client probing door names
+/// never receives one, so a squatter cannot queue any into it.
 pub(crate) fn seqpacket_socket() -> io::Result<OwnedFd> {
-    seqpacket()
+    let fd = seqpacket()?;
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
+    Ok(fd)
 }
 
 /// As [`seqpacket_connect`], with a socket the caller made: a failed connect hands it back, and
@@ -519,6 +569,28 @@ pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd
 /// runtime). A truncated datagram or control message is an error (and the descriptors that did
 /// arrive are closed).
 pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<PeerFd>)> {
+    let (n, fds, flags) = recvmsg_fds(sock, buf, 0)?;
+    if flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated side-channel message"));
+    }
+    if flags & libc::MSG_CTRUNC != 0 {
+        // The control buffer holds the most descriptors one message can carry (SCM_MAX_FD), so
+        // a cut there means the kernel could not install them here: no descriptor free.
+        return Err(io::Error::new(
+            io::ErrorKind::OutOfMemory,
+            "descriptors passed with a side-channel message were dropped: no descriptor free (EMFILE)",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// `recvmsg(2)` of one message with `flags`, with room for every descriptor it can carry:
+/// its length, its descriptors (as [`PeerFd`]s) and the message flags the kernel returned.
+fn recvmsg_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Vec<PeerFd>, libc::c_int)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // Room for every descriptor one message can carry (the kernel's SCM_MAX_FD, 253, in one
     // SCM_RIGHTS header: 16 + 253 * 4 bytes): descriptors that do not fit are closed by the
@@ -532,7 +604,7 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
     let n = loop {
         // SAFETY: `msg` describes valid, writable buffers that live across the call.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
         if n >= 0 {
             break n as usize;
         }
@@ -557,18 +629,7 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated side-channel message"));
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        // The control buffer holds the most descriptors one message can carry (SCM_MAX_FD), so
-        // a cut there means the kernel could not install them here: no descriptor free.
-        return Err(io::Error::new(
-            io::ErrorKind::OutOfMemory,
-            "descriptors passed with a side-channel message were dropped: no descriptor free (EMFILE)",
-        ));
-    }
-    Ok((n, fds))
+    Ok((n, fds, msg.msg_flags))
 }
 
 /// Registers a descriptor with the current tokio reactor.

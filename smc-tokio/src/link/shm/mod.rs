@@ -35,9 +35,10 @@ pub(crate) mod region;
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
 /// Our end of a doorbell (a Unix datagram socket the peer sends rings to) as a
-/// [`mio::event::Source`], so tokio's reactor can wait on it.
+/// [`mio::event::Source`], so tokio's reactor can wait on it. A [`PeerFd`]: the peer can send
+/// to it, so it is closed by a closer.
 #[derive(Debug)]
-pub(crate) struct DoorbellFd(OwnedFd);
+pub(crate) struct DoorbellFd(PeerFd);
 
 impl AsFd for DoorbellFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
@@ -182,7 +183,7 @@ impl ShmLink {
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
         // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
-        let doorbell = unsafe { sys::register(DoorbellFd(local.doorbell), Interest::READABLE) }?;
+        let doorbell = unsafe { sys::register(DoorbellFd(PeerFd::new(local.doorbell)), Interest::READABLE) }?;
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -324,7 +325,9 @@ impl Link for ShmLink {
 
     fn release_rmb(&self, rmb: u32, from: u32) {
         if let Err(e) = self.ours.release_rmb(token_slot(rmb), from) {
-            // The pages stay resident until the group goes: memory, not correctness.
+            // A region this crate made accepts hole punching (it carries no write seal); should
+            // the kernel refuse anyway, the pages stay resident until the group goes: memory,
+            // not correctness.
             tracing::debug!(error = %e, "cannot release a grown ring's pages");
         }
     }
@@ -547,6 +550,8 @@ pub(crate) async fn join(
         if welcome.link_group != join.link_group || fds.len() != 2 {
             return Err(JoinError::Refused("welcome for another group".into()));
         }
+        // The exchange was the one that carries descriptors: none from here on.
+        sys::refuse_descriptors(sock.get_ref().as_fd());
         let peer_doorbell = fds.pop().ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
         let peer_memfd = fds.pop().ok_or_else(|| JoinError::Refused("no region".into()))?;
         Ok((peer_memfd, peer_doorbell))
@@ -591,6 +596,8 @@ pub(crate) async fn accept_join(
                 return Err(format!("join refused: {why:?}"));
             }
         };
+        // The JOIN was the one message that carries descriptors to us: none from here on.
+        sys::refuse_descriptors(sock.get_ref().as_fd());
         let peer_doorbell = fds.pop().ok_or("no doorbell")?;
         let peer_memfd = fds.pop().ok_or("no region")?;
         send_msg(&sock, &Welcome::accepted(join.link_group).encode(), &admission.local.fds())
