@@ -26,6 +26,26 @@ async fn stream(w: &mut SmcStream, r: &mut SmcStream, data: &[u8]) {
     assert!(got == data, "bytes differ");
 }
 
+/// Resident memory of this process's shared-memory regions (both link ends are here), in KiB:
+/// the `Rss` of every mapping of a `memfd:smc-tokio-region` in `/proc/self/smaps`.
+fn region_rss_kib() -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut total = 0;
+    let mut in_region = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if !first.ends_with(':') {
+            // A mapping's header line: `start-end perms offset dev inode path`.
+            in_region = line.contains("memfd:smc-tokio-region");
+        } else if let Some(kib) = line.strip_prefix("Rss:") {
+            if in_region {
+                total += kib.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap();
+            }
+        }
+    }
+    total
+}
+
 // One test function: its parts read the process-wide budget, which parallel tests would move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn autotuning_and_adaptive_polling() {
@@ -57,6 +77,7 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
         bounded(5, s.read_exact(&mut b)).await.unwrap();
         assert_eq!(b, [i; 10]);
     }
+    let resident_grown = region_rss_kib();
     drop((c, s));
     // Both slots are freed once both sides closed: the budget is whole again.
     bounded(10, async {
@@ -65,6 +86,12 @@ async fn rings_grow_within_the_budget_and_give_memory_back() {
         }
     })
     .await;
+    // And the pages the rings grew into are given back for real (the link group lives on):
+    // at least the 2 x 240 KiB they grew by, here where both regions are mapped twice (by
+    // their writer and by their reader).
+    let resident_freed = region_rss_kib();
+    eprintln!("regions resident: {resident_grown} KiB with grown rings, {resident_freed} KiB after they were freed");
+    assert!(resident_freed + 2 * 240 <= resident_grown, "{resident_grown} KiB -> {resident_freed} KiB");
 
     // A budget with no room to grow: the ring stays at its first size and every byte arrives.
     let (mut c, mut s) = bounded(10, smc_pair(shm)).await;

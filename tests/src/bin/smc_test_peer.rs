@@ -24,8 +24,9 @@
 //!                              or a side channel), queue a lingering TCP socket in each and
 //!                              close our copies; print "KNOCKED k", hold the sockets' peers for
 //!                              SECS (so their closes would block all that time), then exit
-//! smc-test-peer side-hold NAME N   open N connections to the side channel NAME at once, each with
-//!                              a lingering socket queued; after 1 s print "SIDE opened=O
+//! smc-test-peer side-hold NAME N [silent]   open N connections to the side channel NAME at
+//!                              once, each with a lingering socket queued (silent: nothing sent);
+//!                              after 1 s print "SIDE opened=O
 //!                              queued=Q open_after=A" (A: connections the server still holds)
 //! smc-test-peer claim ADDR PORT SECS   as a door attacker: try to bind PORT (the victim's) with
 //!                              SO_REUSEPORT, register a socket of its own at ADDR's door, print
@@ -279,7 +280,8 @@ async fn main() -> std::io::Result<()> {
         Some("side-hold") => {
             let name = args.get(1).ok_or_else(|| std::io::Error::other("side-hold needs NAME"))?.clone();
             let n: usize = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1);
-            tokio::task::spawn_blocking(move || side_hold(name.as_bytes(), n)).await??;
+            let silent = args.get(3).is_some_and(|a| a == "silent");
+            tokio::task::spawn_blocking(move || side_hold(name.as_bytes(), n, silent)).await??;
             Ok(())
         }
         Some("claim") => {
@@ -291,7 +293,7 @@ async fn main() -> std::io::Result<()> {
             println!("{out}");
             Ok(())
         }
-        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N|claim ADDR PORT SECS")),
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N [silent]|claim ADDR PORT SECS")),
     }
 }
 
@@ -530,18 +532,17 @@ fn knock_linger(name: &[u8], n: usize, secs: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Opens `n` side-channel connections at once, a lingering socket queued in each, and says
-/// after a second how many the server still holds open.
-fn side_hold(name: &[u8], n: usize) -> std::io::Result<()> {
+/// Opens `n` side-channel connections at once, a lingering socket queued in each (`silent`:
+/// nothing sent at all), and says after a second how many the server still holds open.
+fn side_hold(name: &[u8], n: usize, silent: bool) -> std::io::Result<()> {
     let mut tarpit = Tarpit::new()?;
     let (mut conns, mut queued) = (Vec::new(), 0);
     for _ in 0..n {
-        let s = tarpit.lingering()?;
-        let Ok(d) = seqpacket_connect(name) else {
-            queue_lingering(-1, b"", s);
-            continue;
-        };
-        queued += usize::from(queue_lingering(d, b"JOIN?", s));
+        let Ok(d) = seqpacket_connect(name) else { continue };
+        if !silent {
+            let s = tarpit.lingering()?;
+            queued += usize::from(queue_lingering(d, b"JOIN?", s));
+        }
         conns.push(d);
     }
     std::thread::sleep(std::time::Duration::from_secs(1));
