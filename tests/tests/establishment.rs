@@ -112,6 +112,33 @@ async fn a_server_that_misses_its_commit_deadline_declines_in_step() {
 }
 
 #[tokio::test]
+async fn a_confirmed_client_waits_for_a_late_commit_and_never_splits_the_connection() {
+    // The server's bound is long and it stalls after the Confirm for five of the client's
+    // bounds: the client has confirmed, so only the server's word settles the connection, and
+    // it waits for it. Both ends are SMC, and every byte arrives (before, the client gave up
+    // after two of its bounds and wrote on TCP while the server committed: I/O errors).
+    let l = SmcListener::builder().handshake_timeout(STEP * 20).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    faults::inject(addr, Point::ServerBeforeCommit, STEP * 5);
+    let mut rx = serve_echo(l);
+    let clients: Vec<_> = (0..16u64)
+        .map(|i| {
+            tokio::spawn(async move {
+                let s = SmcStream::builder().handshake_timeout(STEP).connect(addr).await.unwrap();
+                let t = s.transport();
+                echo_check(s, &Rng::new(i).bytes(16 << 10), 4096, i).await;
+                t
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(bounded(20, c).await.unwrap(), Transport::SmcD);
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+    }
+    faults::clear(addr);
+}
+
+#[tokio::test]
 async fn a_server_stalled_before_accepting_is_waited_for_not_abandoned() {
     // Within the server's own bound, a slow decision is just slow: still SMC.
     let l = SmcListener::builder().handshake_timeout(STEP * 5).bind("127.0.0.1:0").await.unwrap();

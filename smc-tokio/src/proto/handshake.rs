@@ -134,6 +134,17 @@ impl std::error::Error for HandshakeError {}
 /// let t = Timeouts::uniform(Duration::from_secs(2));
 /// assert_eq!(t.peer, t.local);
 /// ```
+/// How long a client that confirmed waits for the server's final word, as a multiple of the
+/// peer bound, and at least [`FINAL_WORD_FLOOR`]. A server answers a Confirm within its own
+/// deadline (the handshake timeout, 2 s by default, `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS`), which the
+/// client does not know; sixteen of ours, and never less than a minute, is far past any
+/// server's that still makes progress.
+pub const FINAL_WORD_FACTOR: u32 = 16;
+
+/// The least time a client that confirmed waits for the server's final word (see
+/// [`FINAL_WORD_FACTOR`]).
+pub const FINAL_WORD_FLOOR: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// How long to wait for each of the peer's messages.
@@ -282,6 +293,8 @@ enum ClientState {
 pub struct ClientHandshake {
     token: Token,
     state: ClientState,
+    /// A Confirm was sent: from then on the server may have committed, whatever the outcome.
+    confirmed: bool,
     deadline: Instant,
     timeouts: Timeouts,
     inbox: Inbox,
@@ -324,6 +337,7 @@ impl ClientHandshake {
         Ok(Self {
             token: proposal.token,
             state: ClientState::AwaitReply,
+            confirmed: false,
             deadline: now + timeouts.peer,
             timeouts,
             inbox: Inbox::default(),
@@ -487,8 +501,11 @@ impl ClientHandshake {
         }
     }
 
-    /// Whether this side has confirmed an Accept (it waits for, or has had, the server's final
-    /// word). Before that, a client may still walk away and use the connection as TCP.
+    /// Whether this side has sent a Confirm. Before that, a client may still walk away and use
+    /// the connection as TCP; from then on the server may have committed, so only the server's
+    /// Decline (or its closing the channel without a final word, which it sends before any
+    /// close) makes the connection TCP, and it stays true once the handshake has ended, however
+    /// it ended.
     ///
     /// # Examples
     ///
@@ -517,7 +534,7 @@ impl ClientHandshake {
     /// assert!(c.has_confirmed());
     /// ```
     pub fn has_confirmed(&self) -> bool {
-        matches!(self.state, ClientState::AwaitFinal(Answer::Confirmed { .. }) | ClientState::Done(Outcome::Smc { .. }))
+        self.confirmed
     }
 
     /// Whether the next byte from the server is the first of its reply to the Proposal. A
@@ -721,10 +738,14 @@ impl ClientHandshake {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
-                // The server may take up to its own decision bound (the same setting on both
-                // ends, as a rule) after our Confirm arrives before it commits: waiting only one
-                // bound could give up on a server that is about to commit.
-                self.deadline = now + self.timeouts.peer.saturating_mul(2);
+                self.confirmed = true;
+                // From here on the server may commit, so only its word settles the connection:
+                // it sends a Commit or a Decline within its own deadline, which this side does
+                // not know (a server with a longer handshake timeout, or a loaded one, answers
+                // later). We wait for it far longer than any server's deadline; past that the
+                // server has made no progress at all, and the connection fails rather than
+                // guess (never TCP: the server may have committed).
+                self.deadline = now + self.timeouts.peer.saturating_mul(FINAL_WORD_FACTOR).max(FINAL_WORD_FLOOR);
             }
             Err(_) => self.decline(DeclineReason::Internal, now),
         }
@@ -1641,6 +1662,9 @@ impl ServerHandshake {
         self.state = ServerState::Done(o);
     }
 }
+
+#[cfg(test)]
+mod model;
 
 #[cfg(test)]
 mod tests {
