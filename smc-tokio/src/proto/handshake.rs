@@ -121,6 +121,17 @@ impl fmt::Display for HandshakeError {
 
 impl std::error::Error for HandshakeError {}
 
+/// How long a client that confirmed waits for the server's final word, as a multiple of the
+/// peer bound, and at least [`FINAL_WORD_FLOOR`]. A server answers a Confirm within its own
+/// deadline (the handshake timeout, 2 s by default, `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS`), which the
+/// client does not know; sixteen of ours, and never less than a minute, is far past any
+/// server's that still makes progress.
+pub const FINAL_WORD_FACTOR: u32 = 16;
+
+/// The least time a client that confirmed waits for the server's final word (see
+/// [`FINAL_WORD_FACTOR`]).
+pub const FINAL_WORD_FLOOR: Duration = Duration::from_secs(60);
+
 /// Per-step bounds of a handshake. Each wait starts when the party waited for could first act:
 /// a wait for the peer's message when ours was sent, a local decision when the peer's message
 /// arrived.
@@ -134,17 +145,6 @@ impl std::error::Error for HandshakeError {}
 /// let t = Timeouts::uniform(Duration::from_secs(2));
 /// assert_eq!(t.peer, t.local);
 /// ```
-/// How long a client that confirmed waits for the server's final word, as a multiple of the
-/// peer bound, and at least [`FINAL_WORD_FLOOR`]. A server answers a Confirm within its own
-/// deadline (the handshake timeout, 2 s by default, `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS`), which the
-/// client does not know; sixteen of ours, and never less than a minute, is far past any
-/// server's that still makes progress.
-pub const FINAL_WORD_FACTOR: u32 = 16;
-
-/// The least time a client that confirmed waits for the server's final word (see
-/// [`FINAL_WORD_FACTOR`]).
-pub const FINAL_WORD_FLOOR: Duration = Duration::from_secs(60);
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// How long to wait for each of the peer's messages.
