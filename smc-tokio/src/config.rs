@@ -264,8 +264,11 @@ pub const DEFAULT_RMB_MEMORY_CAP: u64 = 1 << 30;
 /// let cfg = ShmConfig::default().rmb_size(64 << 10).busy_poll(Duration::from_micros(50));
 /// assert_eq!(cfg.get_rmb_size(), 64 << 10);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ShmConfig {
+    /// The fields this value's setters set (bit `1 << ShmField::X`): only those override the
+    /// process-wide settings when a builder takes this value.
+    pub(crate) set: u16,
     pub(crate) enabled: bool,
     pub(crate) rmb_size: u32,
     pub(crate) rmb_max: u32,
@@ -279,9 +282,79 @@ pub struct ShmConfig {
     pub(crate) autocork: u32,
 }
 
+/// The fields of a [`ShmConfig`] a setter can set, as bit positions of its `set` mask.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub(crate) enum ShmField {
+    Enabled,
+    RmbSize,
+    RmbMax,
+    RmbsPerGroup,
+    BusyPoll,
+    AdaptivePoll,
+    IdleTimeout,
+    InlineMax,
+    Autocork,
+    AllowedUids,
+}
+
+impl PartialEq for ShmConfig {
+    /// The values only: which of them a setter set does not count.
+    fn eq(&self, o: &Self) -> bool {
+        (self.enabled, self.rmb_size, self.rmb_max, self.rmbs_per_group, self.cdc_slots, self.busy_poll)
+            == (o.enabled, o.rmb_size, o.rmb_max, o.rmbs_per_group, o.cdc_slots, o.busy_poll)
+            && (self.adaptive_poll, self.idle_timeout, &self.allowed_uids, self.inline_max, self.autocork)
+                == (o.adaptive_poll, o.idle_timeout, &o.allowed_uids, o.inline_max, o.autocork)
+    }
+}
+
+impl Eq for ShmConfig {}
+
+impl ShmConfig {
+    /// `self` (the process-wide value) with every field that `over`'s setters set taken from
+    /// `over` (a builder's): settings resolve field by field.
+    pub(crate) fn overlaid(&self, over: &ShmConfig) -> ShmConfig {
+        let mut r = self.clone();
+        let has = |f: ShmField| over.set & (1 << f as u16) != 0;
+        if has(ShmField::Enabled) {
+            r.enabled = over.enabled.clone();
+        }
+        if has(ShmField::RmbSize) {
+            r.rmb_size = over.rmb_size.clone();
+        }
+        if has(ShmField::RmbMax) {
+            r.rmb_max = over.rmb_max.clone();
+        }
+        if has(ShmField::RmbsPerGroup) {
+            r.rmbs_per_group = over.rmbs_per_group.clone();
+        }
+        if has(ShmField::BusyPoll) {
+            r.busy_poll = over.busy_poll.clone();
+        }
+        if has(ShmField::AdaptivePoll) {
+            r.adaptive_poll = over.adaptive_poll.clone();
+        }
+        if has(ShmField::IdleTimeout) {
+            r.idle_timeout = over.idle_timeout.clone();
+        }
+        if has(ShmField::InlineMax) {
+            r.inline_max = over.inline_max.clone();
+        }
+        if has(ShmField::Autocork) {
+            r.autocork = over.autocork.clone();
+        }
+        if has(ShmField::AllowedUids) {
+            r.allowed_uids = over.allowed_uids.clone();
+        }
+        r.set = self.set | over.set;
+        r
+    }
+}
+
 impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
+            set: 0,
             enabled: true,
             rmb_size: DEFAULT_RMB_SIZE,
             rmb_max: DEFAULT_RMB_MAX,
@@ -313,6 +386,7 @@ impl ShmConfig {
     /// ```
     pub fn enabled(mut self, on: bool) -> Self {
         self.enabled = on;
+        self.set |= 1 << ShmField::Enabled as u16;
         self
     }
 
@@ -330,6 +404,7 @@ impl ShmConfig {
     /// ```
     pub fn rmb_size(mut self, bytes: u32) -> Self {
         self.rmb_size = bytes.clamp(4 << 10, 64 << 20);
+        self.set |= 1 << ShmField::RmbSize as u16;
         self
     }
 
@@ -367,6 +442,7 @@ impl ShmConfig {
     /// ```
     pub fn rmb_max(mut self, bytes: u32) -> Self {
         self.rmb_max = bytes.clamp(4 << 10, 64 << 20);
+        self.set |= 1 << ShmField::RmbMax as u16;
         self
     }
 
@@ -402,6 +478,7 @@ impl ShmConfig {
     /// ```
     pub fn rmbs_per_group(mut self, n: u32) -> Self {
         self.rmbs_per_group = n.clamp(1, 1 << 16);
+        self.set |= 1 << ShmField::RmbsPerGroup as u16;
         self
     }
 
@@ -425,6 +502,7 @@ impl ShmConfig {
     /// ```
     pub fn busy_poll(mut self, budget: Duration) -> Self {
         self.busy_poll = budget.min(Duration::from_millis(10));
+        self.set |= 1 << ShmField::BusyPoll as u16;
         self
     }
 
@@ -453,6 +531,7 @@ impl ShmConfig {
     /// ```
     pub fn adaptive_poll(mut self, budget: Duration) -> Self {
         self.adaptive_poll = budget.min(Duration::from_millis(10));
+        self.set |= 1 << ShmField::AdaptivePoll as u16;
         self
     }
 
@@ -485,6 +564,7 @@ impl ShmConfig {
     /// ```
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self.set |= 1 << ShmField::IdleTimeout as u16;
         self
     }
 
@@ -507,6 +587,7 @@ impl ShmConfig {
     /// ```
     pub fn inline_max(mut self, bytes: usize) -> Self {
         self.inline_max = bytes.min(crate::proto::cdc::CDC_INLINE_MAX);
+        self.set |= 1 << ShmField::InlineMax as u16;
         self
     }
 
@@ -528,6 +609,7 @@ impl ShmConfig {
     /// ```
     pub fn autocork(mut self, bytes: u32) -> Self {
         self.autocork = bytes;
+        self.set |= 1 << ShmField::Autocork as u16;
         self
     }
 
@@ -549,6 +631,7 @@ impl ShmConfig {
     /// ```
     pub fn allow_uid(mut self, uid: u32) -> Self {
         self.allowed_uids.push(uid);
+        self.set |= 1 << ShmField::AllowedUids as u16;
         self
     }
 }
@@ -570,17 +653,60 @@ impl ShmConfig {
 /// assert_eq!(cfg.get_device(), Some("rxe0"));
 /// assert!(cfg.is_enabled());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RdmaConfig {
+    /// The fields this value's setters set (as [`ShmConfig`]'s).
+    pub(crate) set: u16,
     pub(crate) enabled: bool,
     pub(crate) device: Option<String>,
     pub(crate) port: Option<u8>,
     pub(crate) gid_index: Option<u8>,
 }
 
+/// The fields of an [`RdmaConfig`] a setter can set, as bit positions of its `set` mask.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+pub(crate) enum RdmaField {
+    Enabled,
+    Device,
+    Port,
+    GidIndex,
+}
+
+impl PartialEq for RdmaConfig {
+    /// The values only: which of them a setter set does not count.
+    fn eq(&self, o: &Self) -> bool {
+        (self.enabled, &self.device, self.port, self.gid_index) == (o.enabled, &o.device, o.port, o.gid_index)
+    }
+}
+
+impl Eq for RdmaConfig {}
+
+impl RdmaConfig {
+    /// As [`ShmConfig::overlaid`].
+    pub(crate) fn overlaid(&self, over: &RdmaConfig) -> RdmaConfig {
+        let mut r = self.clone();
+        let has = |f: RdmaField| over.set & (1 << f as u16) != 0;
+        if has(RdmaField::Enabled) {
+            r.enabled = over.enabled.clone();
+        }
+        if has(RdmaField::Device) {
+            r.device = over.device.clone();
+        }
+        if has(RdmaField::Port) {
+            r.port = over.port.clone();
+        }
+        if has(RdmaField::GidIndex) {
+            r.gid_index = over.gid_index.clone();
+        }
+        r.set = self.set | over.set;
+        r
+    }
+}
+
 impl Default for RdmaConfig {
     fn default() -> Self {
-        RdmaConfig { enabled: true, device: None, port: None, gid_index: None }
+        RdmaConfig { set: 0, enabled: true, device: None, port: None, gid_index: None }
     }
 }
 
@@ -597,6 +723,7 @@ impl RdmaConfig {
     /// ```
     pub fn enabled(mut self, on: bool) -> Self {
         self.enabled = on;
+        self.set |= 1 << RdmaField::Enabled as u16;
         self
     }
 
@@ -629,6 +756,7 @@ impl RdmaConfig {
     /// ```
     pub fn device(mut self, name: impl Into<String>) -> Self {
         self.device = Some(name.into());
+        self.set |= 1 << RdmaField::Device as u16;
         self
     }
 
@@ -662,6 +790,7 @@ impl RdmaConfig {
     /// ```
     pub fn port(mut self, port: u8) -> Self {
         self.port = Some(port);
+        self.set |= 1 << RdmaField::Port as u16;
         self
     }
 
@@ -680,6 +809,7 @@ impl RdmaConfig {
     /// ```
     pub fn gid_index(mut self, index: u8) -> Self {
         self.gid_index = Some(index);
+        self.set |= 1 << RdmaField::GidIndex as u16;
         self
     }
 }
@@ -1032,7 +1162,12 @@ pub(crate) struct Overrides {
 impl Overrides {
     /// The effective settings now.
     pub(crate) fn resolve(&self) -> Settings {
-        let mut s = global().get();
+        self.resolve_over(global().get())
+    }
+
+    /// The settings with these overrides on top of the process-wide `base`.
+    fn resolve_over(&self, base: Settings) -> Settings {
+        let mut s = base;
         if let Some(v) = self.policy {
             s.policy = v;
         }
@@ -1054,11 +1189,13 @@ impl Overrides {
         if let Some(v) = self.max_pending_handshakes {
             s.max_pending_handshakes = v;
         }
+        // Field by field: a builder that set one shared-memory field keeps the process-wide
+        // value of every other one.
         if let Some(v) = &self.shm {
-            s.shm = v.clone();
+            s.shm = s.shm.overlaid(v);
         }
         if let Some(v) = &self.rdma {
-            s.rdma = v.clone();
+            s.rdma = s.rdma.overlaid(v);
         }
         if let Some(v) = self.adaptive_min_bytes {
             s.adaptive_min_bytes = v;
@@ -1067,5 +1204,142 @@ impl Overrides {
             s.kernel = v;
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each shared-memory and RDMA variable, with the field it sets: it holds with no builder,
+    /// with a builder that set another field of the same group, and a builder that set this
+    /// field wins.
+    #[test]
+    fn every_variable_survives_a_builder_that_sets_another_field() {
+        type Check = fn(&Settings) -> bool;
+        let cases: Vec<(&str, &str, Check, Overrides, Check)> = vec![
+            (
+                "SMC_TOKIO_SHM",
+                "0",
+                |s| !s.shm.enabled,
+                Overrides { shm: Some(ShmConfig::default().enabled(true)), ..Default::default() },
+                |s| s.shm.enabled,
+            ),
+            (
+                "SMC_TOKIO_SHM_ALLOW_UIDS",
+                "1000,2000",
+                |s| s.shm.allowed_uids == [1000, 2000],
+                Overrides { shm: Some(ShmConfig::default().allow_uid(7)), ..Default::default() },
+                |s| s.shm.allowed_uids == [7],
+            ),
+            (
+                "SMC_TOKIO_RMB_SIZE",
+                "64k",
+                |s| s.shm.rmb_size == 64 << 10,
+                Overrides { shm: Some(ShmConfig::default().rmb_size(32 << 10)), ..Default::default() },
+                |s| s.shm.rmb_size == 32 << 10,
+            ),
+            (
+                "SMC_TOKIO_RMB_MAX",
+                "2m",
+                |s| s.shm.rmb_max == 2 << 20,
+                Overrides { shm: Some(ShmConfig::default().rmb_max(512 << 10)), ..Default::default() },
+                |s| s.shm.rmb_max == 512 << 10,
+            ),
+            (
+                "SMC_TOKIO_ADAPTIVE_POLL_US",
+                "0",
+                |s| s.shm.adaptive_poll == Duration::ZERO,
+                Overrides {
+                    shm: Some(ShmConfig::default().adaptive_poll(Duration::from_micros(7))),
+                    ..Default::default()
+                },
+                |s| s.shm.adaptive_poll == Duration::from_micros(7),
+            ),
+            (
+                "SMC_TOKIO_BUSY_POLL_US",
+                "30",
+                |s| s.shm.busy_poll == Duration::from_micros(30),
+                Overrides { shm: Some(ShmConfig::default().busy_poll(Duration::from_micros(9))), ..Default::default() },
+                |s| s.shm.busy_poll == Duration::from_micros(9),
+            ),
+            (
+                "SMC_TOKIO_AUTOCORK",
+                "0",
+                |s| s.shm.autocork == 0,
+                Overrides { shm: Some(ShmConfig::default().autocork(123)), ..Default::default() },
+                |s| s.shm.autocork == 123,
+            ),
+            (
+                "SMC_TOKIO_INLINE_MAX",
+                "0",
+                |s| s.shm.inline_max == 0,
+                Overrides { shm: Some(ShmConfig::default().inline_max(8)), ..Default::default() },
+                |s| s.shm.inline_max == 8,
+            ),
+            (
+                "SMC_TOKIO_RDMA",
+                "0",
+                |s| !s.rdma.enabled,
+                Overrides { rdma: Some(RdmaConfig::default().enabled(true)), ..Default::default() },
+                |s| s.rdma.enabled,
+            ),
+            (
+                "SMC_TOKIO_RDMA_DEV",
+                "rxe7",
+                |s| s.rdma.device.as_deref() == Some("rxe7"),
+                Overrides { rdma: Some(RdmaConfig::default().device("mlx5_0")), ..Default::default() },
+                |s| s.rdma.device.as_deref() == Some("mlx5_0"),
+            ),
+            (
+                "SMC_TOKIO_RDMA_PORT",
+                "2",
+                |s| s.rdma.port == Some(2),
+                Overrides { rdma: Some(RdmaConfig::default().port(1)), ..Default::default() },
+                |s| s.rdma.port == Some(1),
+            ),
+            (
+                "SMC_TOKIO_RDMA_GID_INDEX",
+                "3",
+                |s| s.rdma.gid_index == Some(3),
+                Overrides { rdma: Some(RdmaConfig::default().gid_index(1)), ..Default::default() },
+                |s| s.rdma.gid_index == Some(1),
+            ),
+        ];
+        // A builder that sets one field of each group, never the variable's own.
+        let other_shm = |var: &str| {
+            if var == "SMC_TOKIO_RMB_SIZE" {
+                ShmConfig::default().idle_timeout(Duration::from_secs(9))
+            } else {
+                ShmConfig::default().rmb_size(128 << 10)
+            }
+        };
+        let other_rdma = |var: &str| {
+            if var == "SMC_TOKIO_RDMA_PORT" {
+                RdmaConfig::default().gid_index(5)
+            } else {
+                RdmaConfig::default().port(4)
+            }
+        };
+        for (var, value, holds, same_field, builder_wins) in cases {
+            let base = Settings::from_vars(|k| (k == var).then(|| value.to_string()));
+            assert!(holds(&base), "{var}={value} with no builder");
+            let other = Overrides { shm: Some(other_shm(var)), rdma: Some(other_rdma(var)), ..Default::default() };
+            let s = other.resolve_over(base.clone());
+            assert!(holds(&s), "{var}={value} lost to a builder that set another field");
+            let s = same_field.resolve_over(base);
+            assert!(builder_wins(&s), "a builder that set the field {var} sets must win");
+        }
+    }
+
+    /// The builder's value for a field wins over the process-wide one, and only for that field.
+    #[test]
+    fn overlay_takes_exactly_the_fields_a_setter_set() {
+        let process = ShmConfig { rmb_size: 1 << 20, autocork: 0, enabled: false, ..ShmConfig::default() };
+        let builder = ShmConfig::default().rmb_size(64 << 10);
+        let r = process.overlaid(&builder);
+        assert_eq!((r.rmb_size, r.autocork, r.enabled), (64 << 10, 0, false));
+        // Values compare without regard to which were set.
+        assert_eq!(ShmConfig::default().enabled(true), ShmConfig::default());
     }
 }

@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::config::Overrides;
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
 use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
@@ -135,7 +136,8 @@ fn send_frame(conn: BorrowedFd<'_>, frame: DoorFrame, payload: &[u8]) -> io::Res
 pub(crate) struct Door {
     name: Vec<u8>,
     listener: AsyncFd<OwnedFd>,
-    allowed_uids: Vec<u32>,
+    /// The listener's settings: the uids it trusts are read from them at each drain.
+    settings: Overrides,
     /// Registrations and unregistered door connections held at most ([`entry_budget`]).
     budget: usize,
     /// The port the listener listens on.
@@ -278,7 +280,7 @@ impl Door {
     /// (`reuseport` off), else (or if someone squats on it) the lowest free index for that
     /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
     /// someone squatting on the names): the listener then serves TCP only.
-    pub(crate) fn open(local: SocketAddr, allowed_uids: Vec<u32>, reuseport: bool) -> Option<Door> {
+    pub(crate) fn open(local: SocketAddr, settings: Overrides, reuseport: bool) -> Option<Door> {
         let base = base_name(local);
         let solo = (!reuseport).then(|| solo_name(&base));
         for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&base, i))) {
@@ -294,7 +296,7 @@ impl Door {
                     };
                     let budget = entry_budget();
                     let port = local.port();
-                    return Some(Door { name, listener, allowed_uids, budget, port, state: Mutex::default() });
+                    return Some(Door { name, listener, settings, budget, port, state: Mutex::default() });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
                 Err(e) => {
@@ -380,10 +382,14 @@ impl Door {
     /// drain).
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
         let mut res = Ok(true);
+        // Read when the first knock of this drain comes in: current settings, once a batch.
+        let mut allowed: Option<Vec<u32>> = None;
         for _ in 0..DRAIN_BATCH {
             match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) => match sys::peer_cred(conn.as_fd()) {
-                    Ok(cred) if cred.trusted(&self.allowed_uids) => {
+                    Ok(cred)
+                        if cred.trusted(allowed.get_or_insert_with(|| self.settings.resolve().shm.allowed_uids)) =>
+                    {
                         if st.held() >= self.budget {
                             refuse_on(&conn, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
                         } else {

@@ -274,3 +274,42 @@ async fn a_victim_in_a_user_namespace_does_not_trust_the_overflow_uid() {
     eprintln!("squatter: {squat}");
     assert!(squat.ends_with("bytes=0 fds=0"), "the squatter got something: {squat}");
 }
+
+/// A run-time change of the allowed uids reaches a door that is already open: a peer of a uid
+/// that was not trusted when the listener bound gets shared memory once it is allowed, and
+/// TCP again once it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowed_uids_reach_an_open_door_at_run_time() {
+    if !require_root("the_allowed_uids_reach_an_open_door_at_run_time") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    const PEER_UID: u32 = 65533;
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let _server = serve(l);
+    let peer = || async move {
+        let out = bounded(
+            30,
+            tokio::process::Command::new(PEER)
+                .args(["client", &addr.to_string()])
+                .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+                .uid(PEER_UID)
+                .gid(PEER_UID)
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success() && text.contains("OK"), "{text}");
+        text
+    };
+    assert!(peer().await.contains("TRANSPORT tcp ("), "not trusted at bind");
+    let before = smc_tokio::config::global().get();
+    smc_tokio::config::global().update(|s| s.shm = s.shm.clone().allow_uid(PEER_UID));
+    let allowed = peer().await;
+    smc_tokio::config::global().update(|s| *s = before);
+    assert!(allowed.contains("TRANSPORT smc-d"), "allowed at run time: {allowed}");
+    assert!(peer().await.contains("TRANSPORT tcp ("), "no longer allowed");
+}

@@ -102,3 +102,37 @@ fn bad_values_are_ignored() {
     let g = &o["GLOBAL"];
     assert!(has(g, "max_pending_handshakes: 256") && has(g, "policy: Auto"), "{g}");
 }
+
+/// Every shared-memory variable holds under a builder that set another shared-memory field
+/// (before, the builder's whole `ShmConfig` replaced the environment's), and a connection made
+/// with such builders honours `SMC_TOKIO_SHM=0`.
+#[test]
+fn shared_memory_variables_survive_a_builder_that_sets_another_field() {
+    let o = run(&[
+        ("SMC_TOKIO_SHM", "0"),
+        ("SMC_TOKIO_SHM_ALLOW_UIDS", "1000,2000"),
+        ("SMC_TOKIO_RMB_MAX", "2m"),
+        ("SMC_TOKIO_ADAPTIVE_POLL_US", "0"),
+        ("SMC_TOKIO_BUSY_POLL_US", "30"),
+        ("SMC_TOKIO_AUTOCORK", "0"),
+        ("SMC_TOKIO_INLINE_MAX", "0"),
+    ]);
+    let b = section(&o["SHM_BUILDER"], "shm");
+    for want in [
+        "rmb_size: 65536",
+        "enabled: false",
+        "allowed_uids: [1000, 2000]",
+        "rmb_max: 2097152",
+        "adaptive_poll: 0ns",
+        "busy_poll: 30µs",
+        "autocork: 0",
+        "inline_max: 0",
+    ] {
+        assert!(has(b, want), "missing {want} in {b}");
+    }
+    let c = &o["SHM_CONNECT"];
+    assert!(c.starts_with("client=tcp (") && c.contains("server=tcp ("), "{c}");
+    // Without the variable the same builders get shared memory.
+    let o = run(&[]);
+    assert_eq!(o["SHM_CONNECT"], "client=smc-d server=smc-d");
+}

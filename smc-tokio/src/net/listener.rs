@@ -501,6 +501,10 @@ impl SmcListenerBuilder {
 
     /// Shared-memory (SMC-D) settings for connections accepted by this listener.
     ///
+    /// Only the fields `config`'s setters set override: every other field keeps its
+    /// process-wide value (the `SMC_TOKIO_*` variables, or [`config::global`](crate::config::global)'s update), so
+    /// `ShmConfig::default().rmb_size(64 << 10)` leaves `SMC_TOKIO_SHM=0` in force.
+    ///
     /// # Examples
     ///
     /// ```
@@ -726,7 +730,7 @@ impl SmcListenerBuilder {
             };
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
-            let door = open_door(&cfg, sock.local_addr(), sock.reuseport().unwrap_or(false));
+            let door = open_door(&self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
             return Ok(SmcListener::start_with(sock.listen(LISTEN_BACKLOG)?, self.o, door));
         }
         Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
@@ -758,9 +762,8 @@ impl SmcListenerBuilder {
             // the door opens after.
             return Ok(SmcListener::start(sock.listen(backlog)?, self.o));
         }
-        let cfg = self.o.resolve();
         let reuseport = sock.reuseport().unwrap_or(false);
-        let door = open_door(&cfg, sock.local_addr(), reuseport);
+        let door = open_door(&self.o, sock.local_addr(), reuseport);
         Ok(SmcListener::start_with(sock.listen(backlog)?, self.o, door))
     }
 
@@ -811,11 +814,13 @@ impl SmcListenerBuilder {
     }
 }
 
-/// The door of a listener on `local` (none under [`Policy::TcpOnly`], or when it cannot open).
-fn open_door(cfg: &Settings, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
-    match (cfg.policy, local) {
+/// The door of a listener on `local` (none under [`Policy::TcpOnly`] at bind, or when it
+/// cannot open). The door reads the uids it trusts from `settings` whenever it takes knocks,
+/// so a run-time change of the allowed uids reaches it.
+fn open_door(settings: &Overrides, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
+    match (settings.resolve().policy, local) {
         (Policy::TcpOnly, _) => None,
-        (_, Ok(local)) => Door::open(local, cfg.shm.allowed_uids.clone(), reuseport),
+        (_, Ok(local)) => Door::open(local, settings.clone(), reuseport),
         (_, Err(e)) => {
             tracing::warn!(error = %e, "listener without a local address: serving tcp only");
             None
@@ -900,7 +905,7 @@ impl SmcListener {
     /// its door opened went plain).
     fn start(tcp: TcpListener, overrides: Overrides) -> SmcListener {
         let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
-        let door = open_door(&overrides.resolve(), tcp.local_addr(), reuseport);
+        let door = open_door(&overrides, tcp.local_addr(), reuseport);
         SmcListener::start_with(tcp, overrides, door)
     }
 

@@ -1604,6 +1604,10 @@ impl SmcStreamBuilder {
 
     /// Shared-memory (SMC-D) settings for this connection's side.
     ///
+    /// Only the fields `config`'s setters set override: every other field keeps its
+    /// process-wide value (the `SMC_TOKIO_*` variables, or [`config::global`](crate::config::global)'s update), so
+    /// `ShmConfig::default().rmb_size(64 << 10)` leaves `SMC_TOKIO_SHM=0` in force.
+    ///
     /// # Examples
     ///
     /// ```

@@ -220,6 +220,16 @@ async fn main() -> std::io::Result<()> {
             println!("CHANGED {:?}", l.settings());
             smc_tokio::config::global().update(|s| s.max_pending_handshakes = 99);
             println!("RUNTIME {:?}", SmcStream::builder().settings());
+            // A builder that sets one shared-memory field keeps the process-wide others, and
+            // a connection made with it (to a listener of such a builder) honours them.
+            let shm = smc_tokio::config::ShmConfig::default().rmb_size(64 << 10);
+            let b = SmcStream::builder().shm(shm.clone());
+            println!("SHM_BUILDER {:?}", b.settings());
+            let l = SmcListener::builder().shm(shm).bind("127.0.0.1:0").await?;
+            let addr = l.local_addr()?;
+            let accept = tokio::spawn(async move { l.accept().await.map(|(s, _)| s.transport()) });
+            let c = b.connect(addr).await?;
+            println!("SHM_CONNECT client={} server={}", c.transport(), accept.await.map_err(std::io::Error::other)??);
             Ok(())
         }
         Some("storm-serve") => {
