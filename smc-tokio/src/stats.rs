@@ -52,6 +52,7 @@ struct Counters {
     rdma_unavailable: [AtomicU64; 4],
     door: [AtomicU64; 5],
     late_messages: AtomicU64,
+    partial_waits: AtomicU64,
     kernel: Kernel,
 }
 
@@ -217,6 +218,11 @@ pub(crate) fn late_message() {
     counters().late_messages.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The in-band guard held a partial handshake prefix and started its wait for more.
+pub(crate) fn partial_wait() {
+    counters().partial_waits.fetch_add(1, Ordering::Relaxed);
+}
+
 /// A handshake in flight; records its duration and outcome when finished or dropped.
 #[derive(Debug)]
 pub(crate) struct HandshakeTimer {
@@ -349,6 +355,10 @@ pub struct Stats {
     /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
     /// an Accept it timed out on) taken off TCP streams before the application's bytes.
     pub late_messages: u64,
+    /// Times a TCP stream's first bytes were a strict prefix of a handshake message and were
+    /// held back, up to 50 ms, for the rest (clients on other hosts only: a same-host client's
+    /// bytes are never held for a timer).
+    pub partial_waits: u64,
     /// The kernel's SMC (`AF_SMC` sockets, see [`kernel`](crate::kernel)).
     pub kernel: KernelStats,
     /// Descriptors from other processes, closed off the runtime.
@@ -481,6 +491,7 @@ pub fn stats() -> Stats {
         rdma_unavailable: load(&c.rdma_unavailable),
         door: load(&c.door),
         late_messages: c.late_messages.load(Ordering::Relaxed),
+        partial_waits: c.partial_waits.load(Ordering::Relaxed),
         kernel: kernel(&c.kernel),
         closer: {
             let k = crate::sys::closer_stats();
@@ -557,8 +568,8 @@ impl fmt::Display for Stats {
         let d = &self.door;
         writeln!(
             f,
-            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}",
-            d[0], d[1], d[2], d[3], d[4], self.late_messages
+            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
+            d[0], d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
         )?;
         let c = &self.closer;
         writeln!(

@@ -352,3 +352,24 @@ async fn a_registered_socket_keeps_the_applications_options() {
         bounded(10, echo_check(s, b"options kept", 64, 1)).await;
     }
 }
+
+/// A plain client whose first bytes are a strict prefix of the CLC eyecatcher (`E2`, the first
+/// byte of many UTF-8 characters and binary protocols) is no in-band client to wait for: on one
+/// host it is served at once, its bytes untouched, with no partial-prefix timer.
+#[tokio::test]
+async fn plain_clients_whose_first_bytes_look_like_a_handshake_are_not_held() {
+    let (l, addr) = echo_listener().await;
+    let mut rx = serve_echo(l);
+    let held_before = smc_tokio::stats().partial_waits;
+    for first in [&[0xE2u8][..], &[0xE2, 0xD4, 0xC3][..], b"A"] {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let t = std::time::Instant::now();
+        c.write_all(first).await.unwrap();
+        let mut back = vec![0u8; first.len()];
+        bounded(10, c.read_exact(&mut back)).await.unwrap();
+        eprintln!("first bytes {first:02x?}: echo after {:?}", t.elapsed());
+        assert_eq!(back, first);
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    }
+    assert_eq!(smc_tokio::stats().partial_waits, held_before, "a same-host plain client waited for a timer");
+}

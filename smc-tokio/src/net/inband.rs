@@ -49,6 +49,17 @@ pub(crate) enum Owed {
 /// wait only covers a segment split by a middlebox.
 const PARTIAL_WAIT: Duration = Duration::from_millis(50);
 
+/// How long a guard on a connection from `peer` waits on a partial prefix ([`PARTIAL_WAIT`]
+/// for a client on another host). A client on this host has no middlebox between us: its
+/// handshake messages, written whole, arrive whole, so a prefix is data at once and no plain
+/// client of this host ever waits for a timer.
+pub(crate) fn partial_wait_for(peer: Option<std::net::SocketAddr>) -> Duration {
+    match peer {
+        Some(p) if crate::sys::is_local_ip(p.ip()) => Duration::ZERO,
+        _ => PARTIAL_WAIT,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Nothing decided yet.
@@ -71,6 +82,8 @@ struct State {
     /// A Decline still to be written before the application's next bytes.
     reply: Vec<u8>,
     partial: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// How long a partial prefix waits for more ([`partial_wait_for`]).
+    partial_wait: Duration,
 }
 
 /// See the module documentation.
@@ -96,7 +109,7 @@ enum Class {
 }
 
 impl InbandGuard {
-    pub(crate) fn new(owed: Owed) -> InbandGuard {
+    pub(crate) fn new(owed: Owed, partial_wait: Duration) -> InbandGuard {
         InbandGuard {
             active: AtomicBool::new(true),
             state: Mutex::new(State {
@@ -107,6 +120,7 @@ impl InbandGuard {
                 app_wrote: false,
                 reply: Vec::new(),
                 partial: None,
+                partial_wait,
             }),
         }
     }
@@ -260,7 +274,15 @@ impl InbandGuard {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if !st.held.is_empty() {
-                        let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(PARTIAL_WAIT)));
+                        if st.partial_wait.is_zero() {
+                            st.phase = Phase::Deliver;
+                            return Poll::Ready(Ok(()));
+                        }
+                        if st.partial.is_none() {
+                            stats::partial_wait();
+                        }
+                        let wait = st.partial_wait;
+                        let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
                         if timer.as_mut().poll(cx).is_ready() {
                             st.phase = Phase::Deliver;
                             return Poll::Ready(Ok(()));

@@ -209,8 +209,9 @@ impl SmcStream {
 
     /// A server's TCP stream whose client may still send the handshake message `owed`.
     pub(crate) fn from_tcp_guarded(tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
+        let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok());
         let mut s = SmcStream::from_tcp(tcp, transport);
-        s.inband = Some(InbandGuard::new(owed));
+        s.inband = Some(InbandGuard::new(owed, wait));
         s
     }
 
