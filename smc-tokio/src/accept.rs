@@ -133,8 +133,6 @@ fn registered(
             // No SMC handshake now: the client hears "no" on the door and uses the connection
             // as TCP; nothing of the negotiation was ever on the stream.
             reg.refuse(DeclineReason::HandshakeCongested);
-            stats::door(DoorEvent::Unmatched);
-            stats::decline(DeclineReason::HandshakeCongested, Side::Local);
             let t =
                 Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
             hand_out(&cfg, tcp, t, None)

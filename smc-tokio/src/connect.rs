@@ -108,7 +108,11 @@ pub(crate) async fn establish(
     let kernel = kernel_socket(cfg, addr, user);
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
-        return plain(cfg, addr, FallbackReason::NotProposed, user, kernel).await;
+        // Nothing this side could offer here is switched on (shared memory off, and RDMA off
+        // or not built): said as "disabled", not as "no listener", which was never looked for.
+        let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
+        let why = if offers { FallbackReason::NotProposed } else { FallbackReason::Disabled };
+        return plain(cfg, addr, why, user, kernel).await;
     }
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {

@@ -214,7 +214,12 @@ impl fmt::Debug for Registration {
     }
 }
 
+/// Answers "no SMC" on a door connection, and counts it (every path that refuses comes here:
+/// the door's budget, an unusable registration, a listener turned `TcpOnly`, a full or
+/// congested handshake queue): a door "no SMC" and a decline sent, by its reason.
 fn refuse_on(conn: &PeerFd, kind: DoorKind, reason: DeclineReason) {
+    crate::stats::door(crate::stats::DoorEvent::Unmatched);
+    crate::stats::decline(reason, crate::proto::handshake::Side::Local);
     let _ = send_frame(conn.as_fd(), DoorFrame { kind, reason: reason as u8, instance: 0 }, &[]);
 }
 

@@ -132,7 +132,9 @@ impl fmt::Display for Transport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FallbackReason {
-    /// SMC is switched off on this side ([`Policy::TcpOnly`](crate::Policy::TcpOnly)).
+    /// SMC is switched off on this side: [`Policy::TcpOnly`](crate::Policy::TcpOnly), or
+    /// every transport it could offer is (shared memory off, `SMC_TOKIO_SHM=0`, and RDMA off
+    /// or not built) for a destination it would not propose to in-band.
     Disabled,
     /// The peer does not speak SMC: a plain TCP client met our listener, or our proposal met a
     /// plain TCP server (the client then reconnected as plain TCP).
@@ -168,7 +170,7 @@ pub enum FallbackReason {
 impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FallbackReason::Disabled => f.write_str("smc disabled by policy"),
+            FallbackReason::Disabled => f.write_str("smc disabled on this side (policy or settings)"),
             FallbackReason::PeerNoSmc => f.write_str("peer does not speak smc"),
             FallbackReason::NegativeCache => f.write_str("peer in negative cache"),
             FallbackReason::ClientSilent => f.write_str("client sent nothing before peek timeout"),

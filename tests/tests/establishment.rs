@@ -373,3 +373,84 @@ async fn plain_clients_whose_first_bytes_look_like_a_handshake_are_not_held() {
     }
     assert_eq!(smc_tokio::stats().partial_waits, held_before, "a same-host plain client waited for a timer");
 }
+
+/// Every "no SMC" a door answers is counted, whichever path refused: here a listener with one
+/// handshake place (`limit_handshake`), held by a stalled handshake, refuses the registered
+/// connections that come meanwhile, and each refusal shows as a door "no smc" and a decline
+/// sent for congestion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_door_refusal_is_counted() {
+    let (l, addr) = echo_listener().await;
+    l.set_limit_handshake(true);
+    l.set_max_pending_handshakes(1);
+    faults::inject(addr, Point::ServerBeforeAccept, STEP * 10);
+    let mut rx = serve_echo(l);
+    // The one place, held for two seconds.
+    let first = tokio::spawn(SmcStream::connect(addr));
+    tokio::time::sleep(STEP).await;
+    let before = smc_tokio::stats();
+    let congested = DeclineReason::HandshakeCongested as usize - 1;
+    for i in 0..5 {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), declined(DeclineReason::HandshakeCongested, Side::Peer));
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), declined(DeclineReason::HandshakeCongested, Side::Local));
+        bounded(10, echo_check(s, b"refused but served", 8, i)).await;
+    }
+    let after = smc_tokio::stats();
+    assert!(after.door[2] >= before.door[2] + 5, "door no-smc: {} -> {}", before.door[2], after.door[2]);
+    assert!(
+        after.declines_sent[congested] >= before.declines_sent[congested] + 5,
+        "declines sent (congested): {} -> {}",
+        before.declines_sent[congested],
+        after.declines_sent[congested]
+    );
+    // With `limit_handshake` off the connection waits for a place instead, in a queue as long
+    // as the places; beyond it the connection is refused outright, and that is counted too
+    // (it was not: only the congested answer was).
+    faults::clear(addr);
+    let (l, addr) = echo_listener().await;
+    l.set_limit_handshake(false);
+    l.set_max_pending_handshakes(1);
+    faults::inject(addr, Point::ServerBeforeAccept, STEP * 10);
+    let _rx = serve_echo(l);
+    let held = tokio::spawn(SmcStream::connect(addr));
+    tokio::time::sleep(STEP).await;
+    let queued = tokio::spawn(SmcStream::connect(addr));
+    tokio::time::sleep(STEP).await;
+    let before = smc_tokio::stats();
+    for _ in 0..5 {
+        // The door says "refused" at once; the server drops the connection itself.
+        let _ = bounded(10, SmcStream::connect(addr)).await;
+    }
+    let after = smc_tokio::stats();
+    faults::clear(addr);
+    drop((first, held, queued));
+    assert!(after.door[2] >= before.door[2] + 5, "door no-smc (queue full): {} -> {}", before.door[2], after.door[2]);
+    assert!(after.declines_sent[congested] >= before.declines_sent[congested] + 5);
+}
+
+/// Bytes moved with `sendfile` count as bytes sent on the connection's transport, as a
+/// write's do (on TCP here: a plain server).
+#[tokio::test]
+async fn sendfile_bytes_are_counted() {
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).await.unwrap();
+        all.len()
+    });
+    let path = std::env::temp_dir().join(format!("smc-sendfile-count-{}", std::process::id()));
+    std::fs::write(&path, vec![7u8; 100_000]).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let mut c = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert!(matches!(c.transport(), Transport::Tcp(_)));
+    let before = smc_tokio::stats().bytes_sent[2];
+    assert_eq!(bounded(10, c.sendfile(&file, 0, 100_000)).await.unwrap(), 100_000);
+    let after = smc_tokio::stats().bytes_sent[2];
+    c.shutdown().await.unwrap();
+    assert_eq!(bounded(10, reader).await.unwrap(), 100_000);
+    std::fs::remove_file(&path).unwrap();
+    assert!(after >= before + 100_000, "tcp bytes sent: {before} -> {after}");
+}

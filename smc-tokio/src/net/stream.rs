@@ -1437,6 +1437,9 @@ impl SmcStream {
             None => self.tcp_sendfile(file, &mut at, &mut left).await,
         };
         drop(cork);
+        // Counted as bytes written on this transport, as a write's are (what moved before an
+        // error moved too): adaptive fallback then sees a sendfile upload for what it is.
+        self.moved(true, usize::try_from(at - offset).unwrap_or(usize::MAX));
         res.map(|()| at - offset)
     }
 
