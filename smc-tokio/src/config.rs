@@ -317,31 +317,31 @@ impl ShmConfig {
         let mut r = self.clone();
         let has = |f: ShmField| over.set & (1 << f as u16) != 0;
         if has(ShmField::Enabled) {
-            r.enabled = over.enabled.clone();
+            r.enabled = over.enabled;
         }
         if has(ShmField::RmbSize) {
-            r.rmb_size = over.rmb_size.clone();
+            r.rmb_size = over.rmb_size;
         }
         if has(ShmField::RmbMax) {
-            r.rmb_max = over.rmb_max.clone();
+            r.rmb_max = over.rmb_max;
         }
         if has(ShmField::RmbsPerGroup) {
-            r.rmbs_per_group = over.rmbs_per_group.clone();
+            r.rmbs_per_group = over.rmbs_per_group;
         }
         if has(ShmField::BusyPoll) {
-            r.busy_poll = over.busy_poll.clone();
+            r.busy_poll = over.busy_poll;
         }
         if has(ShmField::AdaptivePoll) {
-            r.adaptive_poll = over.adaptive_poll.clone();
+            r.adaptive_poll = over.adaptive_poll;
         }
         if has(ShmField::IdleTimeout) {
-            r.idle_timeout = over.idle_timeout.clone();
+            r.idle_timeout = over.idle_timeout;
         }
         if has(ShmField::InlineMax) {
-            r.inline_max = over.inline_max.clone();
+            r.inline_max = over.inline_max;
         }
         if has(ShmField::Autocork) {
-            r.autocork = over.autocork.clone();
+            r.autocork = over.autocork;
         }
         if has(ShmField::AllowedUids) {
             r.allowed_uids = over.allowed_uids.clone();
@@ -688,16 +688,16 @@ impl RdmaConfig {
         let mut r = self.clone();
         let has = |f: RdmaField| over.set & (1 << f as u16) != 0;
         if has(RdmaField::Enabled) {
-            r.enabled = over.enabled.clone();
+            r.enabled = over.enabled;
         }
         if has(RdmaField::Device) {
             r.device = over.device.clone();
         }
         if has(RdmaField::Port) {
-            r.port = over.port.clone();
+            r.port = over.port;
         }
         if has(RdmaField::GidIndex) {
-            r.gid_index = over.gid_index.clone();
+            r.gid_index = over.gid_index;
         }
         r.set = self.set | over.set;
         r
