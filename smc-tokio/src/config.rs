@@ -880,7 +880,10 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
 /// | `SMC_TOKIO_ADAPTIVE_MIN_BYTES` | adaptive fallback threshold (0: off) | `1024` |
 /// | `SMC_TOKIO_KERNEL` | the kernel's `AF_SMC` sockets: `off`, `auto` (default), `on` | `on` |
 ///
-/// A value that does not parse is ignored with a warning (through `tracing`).
+/// Durations (`_MS`, `_US`: the unit is in the name) and counts are plain whole numbers; sizes
+/// in bytes take a `k`, `m` or `g` suffix (powers of 1024). A value that does not parse (a
+/// suffix on a duration, say) is ignored with a warning naming the variable (through
+/// `tracing`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Settings {
@@ -959,7 +962,8 @@ impl Settings {
         fn warn(name: &str, v: &str) {
             tracing::warn!(variable = name, value = v, "ignoring an smc-tokio setting that does not parse");
         }
-        let num = |name: &str| -> Option<u64> {
+        // A size in bytes, with an optional `k`, `m` or `g` suffix (powers of 1024).
+        let bytes = |name: &str| -> Option<u64> {
             let v = get(name)?;
             let (digits, mul) = match v.as_bytes().last() {
                 Some(b'k') => (&v[..v.len() - 1], 1u64 << 10),
@@ -971,6 +975,33 @@ impl Settings {
                 Some(n) => Some(n),
                 None => {
                     warn(name, &v);
+                    None
+                }
+            }
+        };
+        // A plain whole number: durations (`_MS`, `_US`: the unit is in the name, so `2k` is
+        // refused rather than read as 2048) and counts.
+        let int = |name: &str| -> Option<u64> {
+            let v = get(name)?;
+            match v.parse::<u64>() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    tracing::warn!(
+                        variable = name,
+                        value = %v,
+                        "ignoring an smc-tokio setting that is not a whole number (no unit suffix: the unit is in the name)"
+                    );
+                    None
+                }
+            }
+        };
+        // A whole number that fits a `u8` (a port or GID index).
+        let small = |name: &str| -> Option<u8> {
+            let n = int(name)?;
+            match u8::try_from(n) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    warn(name, &n.to_string());
                     None
                 }
             }
@@ -1007,17 +1038,17 @@ impl Settings {
         if let Some(on) = flag("SMC_TOKIO_LIMIT_HANDSHAKE") {
             s.limit_handshake = on;
         }
-        if let Some(n) = num("SMC_TOKIO_MAX_PENDING_HANDSHAKES") {
+        if let Some(n) = int("SMC_TOKIO_MAX_PENDING_HANDSHAKES") {
             s.max_pending_handshakes = (n as usize).max(1);
         }
         let ms = |n: u64| Duration::from_millis(n);
-        if let Some(n) = num("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS") {
+        if let Some(n) = int("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS") {
             s.handshake_timeout = ms(n);
         }
-        if let Some(n) = num("SMC_TOKIO_PEEK_TIMEOUT_MS") {
+        if let Some(n) = int("SMC_TOKIO_PEEK_TIMEOUT_MS") {
             s.peek_timeout = ms(n);
         }
-        if let Some(n) = num("SMC_TOKIO_NEGATIVE_CACHE_TTL_MS") {
+        if let Some(n) = int("SMC_TOKIO_NEGATIVE_CACHE_TTL_MS") {
             s.negative_cache_ttl = ms(n);
         }
         if let Some(v) = lookup("SMC_TOKIO_SHM_ALLOW_UIDS") {
@@ -1028,22 +1059,22 @@ impl Settings {
                 Err(_) => warn("SMC_TOKIO_SHM_ALLOW_UIDS", &v),
             }
         }
-        if let Some(n) = num("SMC_TOKIO_RMB_SIZE") {
+        if let Some(n) = bytes("SMC_TOKIO_RMB_SIZE") {
             s.shm = s.shm.rmb_size(u32::try_from(n).unwrap_or(u32::MAX));
         }
-        if let Some(n) = num("SMC_TOKIO_RMB_MAX") {
+        if let Some(n) = bytes("SMC_TOKIO_RMB_MAX") {
             s.shm = s.shm.rmb_max(u32::try_from(n).unwrap_or(u32::MAX));
         }
-        if let Some(n) = num("SMC_TOKIO_BUSY_POLL_US") {
+        if let Some(n) = int("SMC_TOKIO_BUSY_POLL_US") {
             s.shm = s.shm.busy_poll(Duration::from_micros(n));
         }
-        if let Some(n) = num("SMC_TOKIO_ADAPTIVE_POLL_US") {
+        if let Some(n) = int("SMC_TOKIO_ADAPTIVE_POLL_US") {
             s.shm = s.shm.adaptive_poll(Duration::from_micros(n));
         }
-        if let Some(n) = num("SMC_TOKIO_AUTOCORK") {
+        if let Some(n) = bytes("SMC_TOKIO_AUTOCORK") {
             s.shm = s.shm.autocork(u32::try_from(n).unwrap_or(u32::MAX));
         }
-        if let Some(n) = num("SMC_TOKIO_INLINE_MAX") {
+        if let Some(n) = bytes("SMC_TOKIO_INLINE_MAX") {
             s.shm = s.shm.inline_max(n as usize);
         }
         if let Some(on) = flag("SMC_TOKIO_RDMA") {
@@ -1052,13 +1083,13 @@ impl Settings {
         if let Some(v) = lookup("SMC_TOKIO_RDMA_DEV").map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) {
             s.rdma.device = Some(v);
         }
-        if let Some(n) = num("SMC_TOKIO_RDMA_PORT") {
-            s.rdma.port = u8::try_from(n).ok();
+        if let Some(n) = small("SMC_TOKIO_RDMA_PORT") {
+            s.rdma.port = Some(n);
         }
-        if let Some(n) = num("SMC_TOKIO_RDMA_GID_INDEX") {
-            s.rdma.gid_index = u8::try_from(n).ok();
+        if let Some(n) = small("SMC_TOKIO_RDMA_GID_INDEX") {
+            s.rdma.gid_index = Some(n);
         }
-        if let Some(n) = num("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
+        if let Some(n) = bytes("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
             s.adaptive_min_bytes = n;
         }
         if let Some(v) = get("SMC_TOKIO_KERNEL") {
@@ -1330,6 +1361,23 @@ mod tests {
             let s = same_field.resolve_over(base);
             assert!(builder_wins(&s), "a builder that set the field {var} sets must win");
         }
+    }
+
+    /// Durations and counts are plain whole numbers (the unit is in the name): a `k`/`m`/`g`
+    /// suffix is refused, not multiplied in; sizes take the suffixes.
+    #[test]
+    fn units_and_suffixes_parse_strictly() {
+        let one = |k: &str, v: &str| Settings::from_vars(|n| (n == k).then(|| v.to_string()));
+        let d = Settings::default();
+        assert_eq!(one("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS", "2k").handshake_timeout, d.handshake_timeout);
+        assert_eq!(one("SMC_TOKIO_HANDSHAKE_TIMEOUT_MS", "2000").handshake_timeout, Duration::from_secs(2));
+        assert_eq!(one("SMC_TOKIO_BUSY_POLL_US", "1m").shm.busy_poll, d.shm.busy_poll);
+        assert_eq!(one("SMC_TOKIO_MAX_PENDING_HANDSHAKES", "1k").max_pending_handshakes, d.max_pending_handshakes);
+        assert_eq!(one("SMC_TOKIO_RMB_SIZE", "64k").shm.rmb_size, 64 << 10);
+        assert_eq!(one("SMC_TOKIO_ADAPTIVE_MIN_BYTES", "2m").adaptive_min_bytes, 2 << 20);
+        assert_eq!(one("SMC_TOKIO_RDMA_PORT", "300").rdma.port, d.rdma.port);
+        assert_eq!(one("SMC_TOKIO_RDMA_PORT", "2").rdma.port, Some(2));
+        assert_eq!(one("SMC_TOKIO_NEGATIVE_CACHE_TTL_MS", "-5").negative_cache_ttl, d.negative_cache_ttl);
     }
 
     /// The builder's value for a field wins over the process-wide one, and only for that field.
