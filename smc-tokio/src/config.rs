@@ -193,8 +193,8 @@ impl std::str::FromStr for InbandPeers {
 /// answered with a decline, never handed to the application.
 pub const DEFAULT_PEEK_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// Bound on a whole CLC handshake, both roles: the kernel's `CLC_WAIT_TIME` (2 s,
-/// net/smc/smc_clc.h).
+/// Bound on each step of a CLC handshake (each wait for the peer's next message), both roles:
+/// the kernel's `CLC_WAIT_TIME` (2 s, net/smc/smc_clc.h).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a client remembers that a server answered as plain TCP, so it does not pay a
@@ -1141,7 +1141,11 @@ impl GlobalSettings {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Changes the process-wide settings; connections made after the call use them.
+    /// Changes the process-wide settings; connections made after the call use them, on open
+    /// listeners too (each accepted connection resolves its settings anew, and a door reads the
+    /// uids it trusts at each batch of knocks). Fixed at bind: whether a listener has a door at
+    /// all (one bound under [`Policy::TcpOnly`] serves TCP until it is bound again), and any
+    /// field its builder set.
     ///
     /// # Examples
     ///

@@ -27,24 +27,30 @@ async fn wait_idle(l: &SmcListener) {
 }
 
 #[tokio::test]
-async fn a_trickled_proposal_on_a_plain_connection_is_answered_once_whole() {
-    // Not registered, so in-band: the connection is the application's at once; the proposal,
-    // trickled a byte at a time, is taken off the stream when whole and declined.
+async fn a_whole_proposal_on_a_plain_connection_is_answered_and_a_trickled_one_is_data() {
+    // Not registered, so in-band: the connection is the application's at once. A proposal
+    // written whole (as every smc-tokio client writes one) is taken off the stream and
+    // declined; one trickled a byte at a time from this host is no client of ours (nothing
+    // splits a same-host segment): its bytes are the application's, at once, with no timer.
     let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let p = proposal();
+    let expect = p.clone();
     let server = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
         assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
         let mut b = [0u8; 5];
         s.read_exact(&mut b).await.unwrap();
-        assert_eq!(&b, b"after", "the proposal never reaches the application");
+        assert_eq!(&b, b"after", "the whole proposal never reaches the application");
+        s.write_all(b"ok").await.unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut got = vec![0u8; expect.len()];
+        s.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, expect, "the trickled bytes reach the application as they were sent");
         s.write_all(b"ok").await.unwrap();
     });
     let mut c = TcpStream::connect(addr).await.unwrap();
-    for b in proposal() {
-        c.write_all(&[b]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    c.write_all(&p).await.unwrap();
     let mut reply = vec![0u8; smc_tokio::proto::clc::CLC_HEADER_LEN];
     bounded(10, c.read_exact(&mut reply)).await.unwrap();
     assert_eq!(reply[..4], smc_tokio::proto::clc::CLC_EYECATCHER, "a decline comes back");
@@ -54,7 +60,18 @@ async fn a_trickled_proposal_on_a_plain_connection_is_answered_once_whole() {
     c.write_all(b"after").await.unwrap();
     let mut ok = [0u8; 2];
     bounded(10, c.read_exact(&mut ok)).await.unwrap();
+
+    let held = smc_tokio::stats().partial_waits;
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    for b in p {
+        c.write_all(&[b]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut ok = [0u8; 2];
+    bounded(10, c.read_exact(&mut ok)).await.unwrap();
+    assert_eq!(&ok, b"ok", "no decline: the application answered");
     bounded(10, server).await.unwrap();
+    assert_eq!(smc_tokio::stats().partial_waits, held, "a same-host client waited for a timer");
 }
 
 #[tokio::test]

@@ -498,8 +498,8 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
     type MakeFds = fn(&[OwnedFd]) -> Vec<OwnedFd>;
     let cases: Vec<(&'static str, u32, u64, MakeFds)> = vec![
         ("an unsealed memfd", 0, 0, |_| region_and_doorbell(Region::new(layout(), 0))),
-        ("a region still writable", 0, 0, |_| {
-            region_and_doorbell(Region::new(layout(), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW))
+        ("a region that can still shrink", 0, 0, |_| {
+            region_and_doorbell(Region::new(layout(), libc::F_SEAL_GROW | libc::F_SEAL_SEAL))
         }),
         ("a regular file", 0, 0, |_| {
             let f = std::fs::File::open(env!("CARGO_BIN_EXE_smc-test-peer")).unwrap();

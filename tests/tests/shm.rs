@@ -271,11 +271,13 @@ async fn corrupt_cdc_messages_abort_only_their_connection() {
 
 #[tokio::test]
 async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || std::process::Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("SKIPPED a_client_in_another_network_namespace_falls_back_to_tcp: needs root and iproute2");
+    if !tests::require_root("a_client_in_another_network_namespace_falls_back_to_tcp") {
         return;
     }
+    assert!(
+        std::process::Command::new("ip").arg("-V").output().is_ok(),
+        "a_client_in_another_network_namespace_falls_back_to_tcp needs iproute2 (`ip`; .ci/run installs it)"
+    );
     let ns = format!("smct{}", std::process::id());
     let (host, peer) = (format!("vsh{}", std::process::id() % 100000), format!("vsp{}", std::process::id() % 100000));
     let sh = |args: &str| {

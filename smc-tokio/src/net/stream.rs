@@ -1703,7 +1703,9 @@ impl SmcStreamBuilder {
     /// Bound on each step of the handshake. An in-band peer that has not answered by then is
     /// taken for a plain TCP server that waits for its client: the connection is closed, the
     /// server is left alone for a while (briefly at first: it may only be busy), and a plain
-    /// TCP connection is made. A same-host listener matched at its door is given twice as long.
+    /// TCP connection is made. At a same-host listener's door the same bound holds for each
+    /// answer, except the last: after its Confirm the client waits for the server's final
+    /// word (see [`ClientHandshake::has_confirmed`](crate::proto::handshake::ClientHandshake::has_confirmed)).
     ///
     /// # Examples
     ///

@@ -73,8 +73,6 @@ const DOORBELL_DRAIN_MAX: usize = 64;
 pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
-    /// A read-only descriptor of `memfd`: the one the peer gets.
-    memfd_theirs: OwnedFd,
     view: RegionView,
     /// Our end of our doorbell: we wait on it.
     doorbell: OwnedFd,
@@ -97,13 +95,14 @@ impl ShmLocal {
         // again for writing unless it is our uid (then it could write only into bytes meant
         // for itself: we never read our own region back) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        let memfd_theirs = sys::read_only_view(memfd.as_fd())?;
         let (doorbell, doorbell_theirs) = sys::doorbell_pair()?;
-        Ok(ShmLocal { map, memfd, memfd_theirs, view, doorbell, doorbell_theirs })
+        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs })
     }
 
-    fn fds(&self) -> [BorrowedFd<'_>; 2] {
-        [self.memfd_theirs.as_fd(), self.doorbell_theirs.as_fd()]
+    /// What the peer gets: a read-only descriptor of our region (made when it is sent, so a
+    /// pending group holds one descriptor less) and the sending end of our doorbell.
+    fn fds(&self) -> io::Result<(OwnedFd, BorrowedFd<'_>)> {
+        Ok((sys::read_only_view(self.memfd.as_fd())?, self.doorbell_theirs.as_fd()))
     }
 }
 
@@ -541,7 +540,9 @@ pub(crate) async fn join(
     // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
-        send_msg(&sock, &join.encode(), &local.fds()).await.map_err(broke)?;
+        let (region, doorbell) = local.fds().map_err(broke)?;
+        send_msg(&sock, &join.encode(), &[region.as_fd(), doorbell]).await.map_err(broke)?;
+        drop(region);
         let (msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
         let welcome = Welcome::decode(&msg).map_err(|_| JoinError::Refused("malformed welcome".into()))?;
         if !welcome.is_accepted() {
@@ -600,7 +601,8 @@ pub(crate) async fn accept_join(
         sys::refuse_descriptors(sock.get_ref().as_fd());
         let peer_doorbell = fds.pop().ok_or("no doorbell")?;
         let peer_memfd = fds.pop().ok_or("no region")?;
-        send_msg(&sock, &Welcome::accepted(join.link_group).encode(), &admission.local.fds())
+        let (region, doorbell) = admission.local.fds().map_err(|e| e.to_string())?;
+        send_msg(&sock, &Welcome::accepted(join.link_group).encode(), &[region.as_fd(), doorbell])
             .await
             .map_err(|e| e.to_string())?;
         Ok::<_, String>((join.link_group, admission, peer_memfd, peer_doorbell))
@@ -818,7 +820,8 @@ mod tests {
     #[test]
     fn the_peer_gets_a_read_only_region() {
         let local = ShmLocal::create(small()).unwrap();
-        let theirs = local.memfd_theirs.as_fd();
+        let (theirs, _) = local.fds().unwrap();
+        let theirs = theirs.as_fd();
         // SAFETY: plain fcntl on a borrowed, open descriptor.
         let flags = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_GETFL) };
         assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);

@@ -1,9 +1,10 @@
 //! The layout of one side's shared region, and the CDC ring inside it.
 //!
 //! Each side of a shm link group creates one memfd and is its only writer: it maps it
-//! read-write, seals it (no shrink, no grow, no new writable mapping) and sends it to the peer,
-//! which can only map it read-only. So the peer can never write into our memory; everything we
-//! read from the peer's region is still untrusted input, read once, validated, then used.
+//! read-write, seals it (no shrink, no grow) and sends the peer a read-only descriptor of it
+//! (the file's mode 0400), which it can only map read-only. We never read our own region back;
+//! everything we read from the peer's region is untrusted input, read once, validated, then
+//! used.
 //!
 //! ```text
 //! 0      header line (immutable once sent): magic, version, cdc_slots, rmb_count, rmb_size,
