@@ -257,9 +257,10 @@ struct Common {
     #[arg(long, value_name = "BYTES")]
     adaptive_min_bytes: Option<u64>,
     /// Offer and accept shared memory (off: two processes on one host meet over RDMA when built
-    /// with the `rdma` feature, as in the soft-RoCE guests).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    shm: OnOff,
+    /// with the `rdma` feature, as in the soft-RoCE guests) [default: the crate's, or
+    /// `SMC_TOKIO_SHM`].
+    #[arg(long, value_enum)]
+    shm: Option<OnOff>,
     /// The kernel's `AF_SMC` sockets for this process's smc listeners (and `smc` clients
     /// use them only with `--transport ksmc`): off, auto or on [default: the crate's, or
     /// `SMC_TOKIO_KERNEL`].
@@ -319,7 +320,10 @@ fn parse_size(s: &str) -> Result<usize, String> {
 impl Common {
     /// The options, with the process-wide settings they name applied.
     fn into_opts(self) -> Opts {
-        let mut shm = ShmConfig::default().enabled(self.shm == OnOff::On);
+        let mut shm = ShmConfig::default();
+        if let Some(v) = self.shm {
+            shm = shm.enabled(v == OnOff::On);
+        }
         if let Some(n) = self.rmb_size {
             shm = shm.rmb_size(n as u32);
         }
