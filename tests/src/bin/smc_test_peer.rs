@@ -424,19 +424,24 @@ impl Tarpit {
         let chunk = [0x55u8; 65536];
         // SAFETY: `chunk` is a valid buffer of its length.
         while unsafe { libc::send(s, chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL) } > 0 {}
-        let l = libc::linger { l_onoff: 1, l_linger: 3600 };
-        // SAFETY: valid option value of the size given.
-        unsafe {
-            libc::setsockopt(
-                s,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&l as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
+        set_linger(s, Some(3600));
         Ok(s)
     }
+}
+
+/// `SO_LINGER` on `fd`: on for `secs`, or off.
+fn set_linger(fd: libc::c_int, secs: Option<i32>) {
+    let l = libc::linger { l_onoff: i32::from(secs.is_some()), l_linger: secs.unwrap_or(0) };
+    // SAFETY: valid option value of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
 }
 
 fn close(fd: libc::c_int) {
@@ -450,17 +455,7 @@ fn close(fd: libc::c_int) {
 fn queue_lingering(d: libc::c_int, data: &[u8], s: libc::c_int) -> bool {
     let queued = send_with_fd(d, data, s).is_ok();
     if !queued {
-        let l = libc::linger { l_onoff: 0, l_linger: 0 };
-        // SAFETY: valid option value of the size given.
-        unsafe {
-            libc::setsockopt(
-                s,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&l as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
+        set_linger(s, None);
     }
     close(s);
     queued
