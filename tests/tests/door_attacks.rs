@@ -22,9 +22,43 @@ const NOBODY: u32 = 65534;
 /// a close for an hour. (A working connect here takes well under a millisecond.)
 const STUCK: Duration = Duration::from_secs(2);
 
-/// Echoes every connection of `l`; returns the accept loop.
+/// Serves every connection of `l`: a request that starts `GET ` (curl's) is answered
+/// `hello` over HTTP/1.1 and closed; anything else is echoed. Returns the accept loop.
 fn serve(l: SmcListener) -> tokio::task::JoinHandle<()> {
-    tests::spawn_echo(l)
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut rd, mut wr) = conn.into_split();
+                let mut first = [0u8; 4];
+                if rd.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                if &first == b"GET " {
+                    let _ =
+                        wr.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello").await;
+                    let _ = wr.shutdown().await;
+                    return;
+                }
+                let _ = wr.write_all(&first).await;
+                let _ = tokio::io::copy(&mut rd, &mut wr).await;
+                let _ = wr.shutdown().await;
+            });
+        }
+    })
+}
+
+/// curl against `addr` (3 s bound): the body, or what went wrong.
+async fn curl(addr: SocketAddr) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "3", &format!("http://{addr}/")])
+        .output()
+        .await
+        .expect("curl (the test command's .ci/run installs it)");
+    if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        format!("curl failed: {}", out.status)
+    }
 }
 
 /// A plain tokio client round trip against `addr`.
@@ -111,11 +145,12 @@ async fn under_attack(l: SmcListener, attack: impl FnOnce() -> Vec<String>, queu
     let report = bounded(60, lines.next_line()).await.unwrap().expect("the attacker reports");
     eprintln!("attacker: {report}");
     let expect_drained = queued(&report);
-    // During: plain TCP and SMC both serve.
+    // During: plain TCP, curl and SMC all serve.
     for i in 0..5 {
         plain_round_trip(addr).await;
         assert_eq!(smc_round_trip(addr, 10 + i).await, Transport::SmcD);
     }
+    assert_eq!(curl(addr).await, "hello", "curl during the attack");
     let after = back_to_baseline(baseline, 2).await;
     eprintln!("descriptors: baseline {baseline}, with the attacker still there {after}");
     assert!(after <= baseline + 2, "descriptors did not come back: {baseline} -> {after}");
@@ -132,6 +167,7 @@ async fn under_attack(l: SmcListener, attack: impl FnOnce() -> Vec<String>, queu
     // After: still serving.
     plain_round_trip(addr).await;
     assert_eq!(smc_round_trip(addr, 99).await, Transport::SmcD);
+    assert_eq!(curl(addr).await, "hello", "curl after the attack");
     report
 }
 
