@@ -15,27 +15,29 @@
 //! handed out with an [`InbandGuard`](crate::net::inband), which answers a late Proposal with
 //! a Decline instead of passing it to the application.
 
+use std::collections::VecDeque;
+use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::Arc;
-use std::task::Poll;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::config::{Policy, Settings};
-use crate::door::{ClientIdentity, Registration, ServerWire};
-use crate::handshake::{Channel, Step};
-use crate::net::inband::Owed;
-use crate::net::listener::{Admit, HandshakeSlot, ListenerShared};
-use crate::net::SmcStream;
+use crate::config::{Overrides, Policy, Settings};
+use crate::door::{ClientIdentity, Door, Registration, ServerWire};
+use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
-use crate::smc::manager::Manager;
+use crate::smc::manager::{AcceptorSlot, Manager};
 use crate::stats::{self, DoorEvent};
 use crate::transport::{FallbackReason, Transport};
 
@@ -45,7 +47,7 @@ use crate::transport::{FallbackReason, Transport};
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Handoff {
     /// Ready for the application now.
-    Now(SmcStream),
+    Now(Established),
     /// A task finishes it (and queues it for `accept`), or it was closed.
     Later,
 }
@@ -98,10 +100,7 @@ fn hand_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) ->
         return Handoff::Later;
     }
     stats::connection(true, t);
-    Handoff::Now(match owed {
-        Some(o) => SmcStream::from_tcp_guarded(tcp, t, o),
-        None => SmcStream::from_tcp(tcp, t),
-    })
+    Handoff::Now(Established::Tcp { tcp, transport: t, owed })
 }
 
 /// A connection its client registered at our door: it waits for our verdict.
@@ -222,7 +221,7 @@ async fn serve(
     cfg: &Settings,
     start: Start,
     client: Option<ClientIdentity>,
-) -> Option<(SmcStream, Transport)> {
+) -> Option<(Established, Transport)> {
     let (slot, mut wire) = match start {
         Start::Door(slot, wire) => (slot, Some(wire)),
         Start::Peek => {
@@ -304,7 +303,7 @@ async fn serve(
             timer.completed();
             let conn = pending.conn.take()?;
             let t = conn.transport();
-            Some((SmcStream::from_smc(tcp, conn, t), t))
+            Some((Established::Smc { tcp, conn, transport: t }, t))
         }
         Ok(Outcome::Fallback { reason, by }) => {
             stats::decline(reason, by);
@@ -351,15 +350,12 @@ async fn serve(
     }
 }
 
-fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(SmcStream, Transport)> {
+fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(Established, Transport)> {
     if cfg.policy == Policy::Never {
         tracing::debug!(transport = %t, "closing: policy requires smc");
         return None;
     }
-    let s = match owed {
-        Some(o) => SmcStream::from_tcp_guarded(tcp, t, o),
-        None => SmcStream::from_tcp(tcp, t),
-    };
+    let s = Established::Tcp { tcp, transport: t, owed };
     Some((s, t))
 }
 
@@ -566,4 +562,398 @@ mod tests {
         assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
+}
+
+// ----- the listener's side: admission, the ready queue, the accept loop --------------------
+
+/// A finished connection waiting for `accept`, and its peer.
+type Ready = (Established, SocketAddr);
+
+/// The kernel backlog [`SmcListener::bind`](crate::SmcListener::bind) listens with. tokio's `TcpListener::bind` takes
+/// mio's, which follows std's 128; a listener that also runs handshakes is scheduled less
+/// promptly than a bare accept loop, and 1000 concurrent connects overflowed a 128-deep queue
+/// on the 2-vCPU VM (`nstat`: `TcpExtListenOverflows` 937, SYN retransmits 729, connects of
+/// 1 to 6 s) where 1024 absorbed them. The kernel caps it at `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// Finished connections a listener holds for `accept()`, as the kernel's accept queue does:
+/// as many as its backlog. While it is full the listener's task stops taking connections from
+/// the kernel, whose own backlog then applies.
+const READY_CAP: usize = LISTEN_BACKLOG as usize;
+
+/// How often a listener drops door registrations that were cancelled or went stale, while it
+/// has any. Registrations normally live microseconds (matched on accept); the sweep only
+/// reclaims those of clients that gave up or died.
+const DOOR_SWEEP: Duration = Duration::from_millis(100);
+
+/// What a listener, its task and its handshake tasks share.
+pub(crate) struct ListenerShared {
+    pub(crate) tcp: TcpListener,
+    pub(crate) door: Option<Door>,
+    /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
+    /// `smc_diag` as they are accepted.
+    pub(crate) kernel: bool,
+    /// The builder's values, changed at run time by the listener's setters.
+    pub(crate) overrides: std::sync::RwLock<Overrides>,
+    /// Handshakes running now.
+    pub(crate) in_flight: AtomicUsize,
+    /// Connections waiting for a handshake slot (`limit_handshake` off).
+    waiting: AtomicUsize,
+    /// Signalled when a handshake slot frees.
+    freed: Notify,
+    pub(crate) acceptor: AcceptorSlot,
+    pub(crate) ready: ReadyQueue,
+    closed: AtomicBool,
+    closing: Notify,
+}
+
+impl fmt::Debug for ListenerShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerShared").field("local", &self.tcp.local_addr().ok()).finish()
+    }
+}
+
+impl ListenerShared {
+    pub(crate) fn settings(&self) -> Settings {
+        self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve()
+    }
+
+    /// A listener's shared state around its listening socket (and door).
+    pub(crate) fn new(tcp: TcpListener, door: Option<Door>, kernel: bool, overrides: Overrides) -> ListenerShared {
+        ListenerShared {
+            tcp,
+            door,
+            kernel,
+            overrides: std::sync::RwLock::new(overrides),
+            in_flight: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            freed: Notify::new(),
+            acceptor: AcceptorSlot::default(),
+            ready: ReadyQueue::default(),
+            closed: AtomicBool::new(false),
+            closing: Notify::new(),
+        }
+    }
+
+    /// Queues a finished connection for `accept` (dropped if the listener is gone).
+    pub(crate) fn deliver(&self, e: Established, peer: SocketAddr) {
+        self.ready.push((e, peer));
+    }
+
+    /// Whether the listener was dropped.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Resolves when the listener is dropped.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let n = self.closing.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Stops the listener: its door closes, waiting handshakes end, queued connections are
+    /// dropped. With `stop_port`, the port stops listening too (the listener was dropped);
+    /// without, the socket keeps listening for whoever took it over (`into_std`).
+    pub(crate) fn close(&self, stop_port: bool) {
+        let first = !self.closed.swap(true, Ordering::AcqRel);
+        if !first {
+            return;
+        }
+        if !stop_port {
+            if let Some(d) = &self.door {
+                d.close();
+            }
+            self.ready.close();
+            self.closing.notify_waiters();
+            return;
+        }
+        // The port stops listening now, not when the last handshake task lets go of this
+        // state: new connections are refused, those in the kernel's queue are reset (as when a
+        // listener is closed), and the address can be bound again (by a socket with
+        // SO_REUSEADDR, as tokio's and ours are) while those tasks finish.
+        // SAFETY: plain syscall on a descriptor this state owns.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.tcp), libc::SHUT_RD) };
+        if let Some(d) = &self.door {
+            d.close();
+        }
+        self.ready.close();
+        self.closing.notify_waiters();
+    }
+
+    /// Takes a handshake slot if one is free.
+    fn try_slot(self: &Arc<Self>, max: usize) -> Option<HandshakeSlot> {
+        let mut n = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if n >= max {
+                return None;
+            }
+            match self.in_flight.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(HandshakeSlot(self.clone())),
+                Err(cur) => n = cur,
+            }
+        }
+    }
+
+    /// Admits a connection to a handshake: a slot at once; or, when all are taken,
+    /// "congested" (`limit_handshake` on: no SMC, TCP now), or a place in a queue as long as
+    /// the bound (off), or a refusal when the queue is full too.
+    pub(crate) fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
+        let max = cfg.max_pending_handshakes.max(1);
+        if let Some(slot) = self.try_slot(max) {
+            return Admit::Now(slot);
+        }
+        if cfg.limit_handshake {
+            return Admit::Congested;
+        }
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Admit::Refuse;
+        }
+        Admit::Queue(QueueTicket(self.clone()))
+    }
+}
+
+/// The answer of [`ListenerShared::admit`].
+pub(crate) enum Admit {
+    Now(HandshakeSlot),
+    Queue(QueueTicket),
+    Congested,
+    Refuse,
+}
+
+/// A place in the queue for a handshake slot (`limit_handshake` off).
+pub(crate) struct QueueTicket(Arc<ListenerShared>);
+
+impl QueueTicket {
+    /// Waits for a slot; `None` when the listener closes first.
+    pub(crate) async fn slot(self, cfg: &Settings) -> Option<HandshakeSlot> {
+        let max = cfg.max_pending_handshakes.max(1);
+        loop {
+            let freed = self.0.freed.notified();
+            if self.0.is_closed() {
+                return None;
+            }
+            if let Some(slot) = self.0.try_slot(max) {
+                return Some(slot);
+            }
+            let closed = self.0.closed();
+            tokio::pin!(freed, closed);
+            let closed_first = std::future::poll_fn(|cx| {
+                if closed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                freed.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if closed_first {
+                return None;
+            }
+        }
+    }
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A running handshake's place under `max_pending_handshakes`.
+pub(crate) struct HandshakeSlot(Arc<ListenerShared>);
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_one();
+    }
+}
+
+/// Finished connections waiting for `accept`, and who waits for them.
+#[derive(Default)]
+pub(crate) struct ReadyQueue {
+    inner: Mutex<ReadyInner>,
+}
+
+#[derive(Default)]
+struct ReadyInner {
+    items: VecDeque<Ready>,
+    /// `accept()` futures waiting, by id: every one is woken when a connection arrives, so
+    /// none is left asleep while another is cancelled.
+    waiters: Vec<(u64, Waker)>,
+    next_id: u64,
+    /// The waker of the latest `poll_accept` call (tokio's contract for it).
+    poll_waker: Option<Waker>,
+    /// The listener task, waiting for room.
+    room_waker: Option<Waker>,
+    closed: bool,
+}
+
+/// Who is polling for a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiter {
+    /// `poll_accept`: one slot, the latest call's waker.
+    Poll,
+    /// An `accept()` future, registered under this id (0: not yet).
+    Future(u64),
+}
+
+impl ReadyQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadyInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, item: Ready) {
+        let wakers = {
+            let mut q = self.lock();
+            if q.closed {
+                return;
+            }
+            q.items.push_back(item);
+            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
+            w.extend(q.poll_waker.take());
+            w
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// The next connection, or registers `waiter`'s waker.
+    pub(crate) fn pop_or_wait(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Option<Ready> {
+        let mut q = self.lock();
+        if let Some(item) = q.items.pop_front() {
+            if let Some(w) = q.room_waker.take() {
+                w.wake();
+            }
+            return Some(item);
+        }
+        match waiter {
+            Waiter::Poll => q.poll_waker = Some(cx.waker().clone()),
+            Waiter::Future(id) => {
+                if *id == 0 {
+                    q.next_id += 1;
+                    *id = q.next_id;
+                }
+                let id = *id;
+                match q.waiters.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, w)) => w.clone_from(cx.waker()),
+                    None => q.waiters.push((id, cx.waker().clone())),
+                }
+            }
+        }
+        None
+    }
+
+    pub(crate) fn forget(&self, id: u64) {
+        if id != 0 {
+            self.lock().waiters.retain(|(i, _)| *i != id);
+        }
+    }
+
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut q = self.lock();
+        if q.items.len() < READY_CAP || q.closed {
+            return Poll::Ready(());
+        }
+        q.room_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn close(&self) {
+        let (items, wakers) = {
+            let mut q = self.lock();
+            q.closed = true;
+            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
+            w.extend(q.poll_waker.take());
+            (std::mem::take(&mut q.items), w)
+        };
+        // Connections nobody will accept are closed, as the kernel resets those left in a
+        // closed listener's queue.
+        drop(items);
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// Connections the listener's task takes from the kernel per wake-up before it yields to other
+/// tasks (so a storm of connections cannot starve the connections already established).
+const ACCEPT_BATCH: usize = 64;
+
+/// The listener's task: takes connections from the kernel while there is room for them, lets
+/// the door take registrations in, and sweeps stale ones.
+pub(crate) async fn run(shared: Arc<ListenerShared>) {
+    let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    std::future::poll_fn(|cx| {
+        if shared.is_closed() {
+            return Poll::Ready(());
+        }
+        // After an accept or door error (EMFILE and the like), back off instead of spinning on
+        // a queue that stays readable; the connections stay in the kernel's queues meanwhile.
+        if let Some(b) = &mut backoff {
+            if b.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            backoff = None;
+        }
+        if let Some(door) = &shared.door {
+            loop {
+                match door.poll_drain(cx) {
+                    // A full batch: take TCP connections too, then come back.
+                    Poll::Ready(Ok(true)) => {
+                        cx.waker().wake_by_ref();
+                        break;
+                    }
+                    Poll::Ready(Ok(false)) => continue,
+                    Poll::Ready(Err(e)) => {
+                        tracing::debug!(error = %e, "door");
+                        backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if door.pending() > 0 {
+                let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));
+                if t.as_mut().poll(cx).is_ready() {
+                    sweep = None;
+                    door.sweep();
+                    cx.waker().wake_by_ref();
+                }
+            }
+        }
+        for _ in 0..ACCEPT_BATCH {
+            if shared.ready.poll_room(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match shared.tcp.poll_accept(cx) {
+                Poll::Ready(Ok((tcp, peer))) => {
+                    if let Handoff::Now(s) = admit(&shared, tcp, peer) {
+                        shared.deliver(s, peer);
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    // `accept` callers get such errors themselves.
+                    tracing::debug!(error = %e, "accept");
+                    backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        // A full batch: let other tasks run, then go on.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
 }

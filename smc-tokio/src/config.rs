@@ -826,7 +826,44 @@ impl RdmaConfig {
 /// # smc_tokio::config::set_rmb_memory_cap(smc_tokio::config::DEFAULT_RMB_MEMORY_CAP);
 /// ```
 pub fn set_rmb_memory_cap(bytes: u64) {
-    crate::smc::manager::Manager::global().set_rmb_cap(bytes);
+    RmbBudget::process().cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process-wide RMB memory budget: bytes of receive rings held by live connections, and
+/// the cap they may not exceed. (Ordering: both are plain counters, read and updated with
+/// `Relaxed`; the cap is a setting, and a charge that races a cap change may see either.)
+#[derive(Debug)]
+pub(crate) struct RmbBudget {
+    in_use: std::sync::atomic::AtomicU64,
+    cap: std::sync::atomic::AtomicU64,
+}
+
+impl RmbBudget {
+    pub(crate) fn process() -> &'static RmbBudget {
+        static B: RmbBudget = RmbBudget {
+            in_use: std::sync::atomic::AtomicU64::new(0),
+            cap: std::sync::atomic::AtomicU64::new(DEFAULT_RMB_MEMORY_CAP),
+        };
+        &B
+    }
+
+    /// Reserves `bytes` if that stays within the cap.
+    pub(crate) fn charge(&self, bytes: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let cap = self.cap.load(Relaxed);
+        self.in_use.fetch_update(Relaxed, Relaxed, |used| used.checked_add(bytes).filter(|n| *n <= cap)).is_ok()
+    }
+
+    /// Gives `bytes` back.
+    pub(crate) fn uncharge(&self, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.in_use.fetch_update(Relaxed, Relaxed, |used| Some(used.saturating_sub(bytes)));
+    }
+
+    /// Bytes held now.
+    pub(crate) fn in_use(&self) -> u64 {
+        self.in_use.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// RMB memory this process has allocated to live connections (both roles), in bytes.
@@ -842,7 +879,7 @@ pub fn set_rmb_memory_cap(bytes: u64) {
 /// assert_eq!(smc_tokio::stats().rmb_bytes, config::rmb_memory_in_use());
 /// ```
 pub fn rmb_memory_in_use() -> u64 {
-    crate::smc::manager::Manager::global().rmb_in_use()
+    RmbBudget::process().in_use()
 }
 
 /// Handshakes one listener runs at once by default. A handshake that sets up nothing new (the
@@ -913,7 +950,7 @@ pub struct Settings {
     pub adaptive_min_bytes: u64,
     /// Whether sockets are the kernel's `AF_SMC` ones, to speak SMC with kernel-SMC peers
     /// (see [`kernel`](crate::kernel)).
-    pub kernel: crate::kernel::KernelMode,
+    pub kernel: crate::transport::KernelMode,
 }
 
 /// Consecutive short SMC connections to one server before adaptive fallback stops proposing to
@@ -933,7 +970,7 @@ impl Default for Settings {
             shm: ShmConfig::default(),
             rdma: RdmaConfig::default(),
             adaptive_min_bytes: 0,
-            kernel: crate::kernel::KernelMode::Auto,
+            kernel: crate::transport::KernelMode::Auto,
         }
     }
 }
@@ -1191,7 +1228,7 @@ pub(crate) struct Overrides {
     pub(crate) shm: Option<ShmConfig>,
     pub(crate) rdma: Option<RdmaConfig>,
     pub(crate) adaptive_min_bytes: Option<u64>,
-    pub(crate) kernel: Option<crate::kernel::KernelMode>,
+    pub(crate) kernel: Option<crate::transport::KernelMode>,
 }
 
 impl Overrides {

@@ -28,9 +28,8 @@ use crate::config::{Policy, Settings};
 use crate::door::{self, Registered};
 use crate::error::SmcError;
 use crate::faults::{self, Point};
-use crate::handshake::{Channel, Step, Wire};
+use crate::handshake::{Channel, Established, Step, Wire};
 use crate::negative_cache::NegativeCache;
-use crate::net::SmcStream;
 use crate::proto::clc::{ClcMessage, DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, HandshakeError, Outcome, Side, Timeouts};
 use crate::smc::conn::{PendingConn, SmcConn};
@@ -74,7 +73,7 @@ pub(crate) async fn establish(
     cfg: &Settings,
     limit: bool,
     mut user: Option<socket2::Socket>,
-) -> io::Result<SmcStream> {
+) -> io::Result<Established> {
     let user = &mut user;
     if cfg.policy == Policy::TcpOnly {
         return plain(cfg, addr, FallbackReason::Disabled, user, false).await;
@@ -118,7 +117,7 @@ pub(crate) async fn establish(
     if kernel {
         let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
         if t.settled_by_kernel() {
-            return Ok(SmcStream::from_tcp(tcp, t));
+            return Ok(Established::tcp(tcp, t));
         }
     }
     let local_ip = tcp.local_addr()?.ip();
@@ -152,7 +151,7 @@ async fn plain(
     reason: FallbackReason,
     user: &mut Option<socket2::Socket>,
     kernel: bool,
-) -> io::Result<SmcStream> {
+) -> io::Result<Established> {
     if cfg.policy == Policy::Never && !kernel {
         return Err(SmcError::FallbackRefused(reason).into());
     }
@@ -161,7 +160,7 @@ async fn plain(
     if cfg.policy == Policy::Never && !t.is_smc() {
         return Err(SmcError::FallbackRefused(t.fallback_reason().unwrap_or(reason)).into());
     }
-    Ok(SmcStream::from_tcp(tcp, t))
+    Ok(Established::tcp(tcp, t))
 }
 
 /// A TCP connect from the application's socket, if it gave one, else from a new one.
@@ -172,11 +171,11 @@ async fn tcp_connect(addr: SocketAddr, user: Option<socket2::Socket>) -> io::Res
     }
 }
 
-fn tcp_or_refuse(cfg: &Settings, tcp: TcpStream, reason: FallbackReason) -> io::Result<SmcStream> {
+fn tcp_or_refuse(cfg: &Settings, tcp: TcpStream, reason: FallbackReason) -> io::Result<Established> {
     if cfg.policy == Policy::Never {
         return Err(SmcError::FallbackRefused(reason).into());
     }
-    Ok(SmcStream::from_tcp(tcp, Transport::Tcp(reason)))
+    Ok(Established::tcp(tcp, Transport::Tcp(reason)))
 }
 
 /// Times a port this client picked is found taken at connect (its last connection's 4-tuple
@@ -189,7 +188,7 @@ async fn via_door(
     addr: SocketAddr,
     cfg: &Settings,
     user: &mut Option<socket2::Socket>,
-) -> io::Result<Option<SmcStream>> {
+) -> io::Result<Option<Established>> {
     let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
     if !offers {
         return Ok(None);
@@ -427,7 +426,7 @@ fn finish_door(
     conn: Option<Arc<SmcConn>>,
     confirmed: bool,
     answered: bool,
-) -> io::Result<SmcStream> {
+) -> io::Result<Established> {
     let reason = match outcome {
         Ok(Outcome::Smc { .. }) => return smc_stream(tcp, conn),
         Ok(Outcome::Fallback { reason, by }) => {
@@ -457,12 +456,12 @@ fn finish_door(
     tcp_or_refuse(cfg, tcp, reason)
 }
 
-fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<SmcStream> {
+fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<Established> {
     // The machine agreed on a link we have no connection for: cannot happen, since confirm()
     // is only called with one; fail loudly rather than pretend.
     let conn = conn.ok_or_else(|| io::Error::other("handshake agreed on a link without a connection"))?;
     let t = conn.transport();
-    Ok(SmcStream::from_smc(tcp, conn, t))
+    Ok(Established::Smc { tcp, conn, transport: t })
 }
 
 /// How long a server whose handshake timed out is left alone at first (doubling on each further
@@ -477,7 +476,7 @@ async fn finish_inband(
     tcp: TcpStream,
     outcome: io::Result<Outcome>,
     conn: Option<Arc<SmcConn>>,
-) -> io::Result<SmcStream> {
+) -> io::Result<Established> {
     if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
         NegativeCache::global().answered(addr);
     }
@@ -504,6 +503,6 @@ async fn finish_inband(
     tracing::debug!(%err, timed_out, "in-band peer did not complete the handshake; connecting as plain tcp");
     match cfg.policy {
         Policy::Never => Err(err),
-        _ => Ok(SmcStream::from_tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
+        _ => Ok(Established::tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
     }
 }

@@ -56,6 +56,7 @@ use crate::config::Overrides;
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
 use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
+pub(crate) use crate::smc::ClientIdentity;
 use crate::sys::{self, PeerCred, PeerFd};
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
@@ -188,16 +189,6 @@ impl DoorState {
     fn held(&self) -> usize {
         self.count + self.waiting.len()
     }
-}
-
-/// Who registered a connection, from the kernel (`SO_PEERCRED`) and its registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ClientIdentity {
-    pub(crate) pid: u32,
-    pub(crate) uid: u32,
-    /// The client's link-group manager instance: a restarted process with a reused pid is
-    /// another client.
-    pub(crate) instance: u64,
 }
 
 /// A registration matched to an accepted connection; its client waits for the server's answer

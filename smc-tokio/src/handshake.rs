@@ -6,10 +6,39 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proto::clc::{eyecatcher_prefix_matches, CLC_EYECATCHER, CLC_MAX_LEN};
+use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, CLC_EYECATCHER, CLC_MAX_LEN};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, Outcome, ServerEvent, ServerHandshake};
 
 /// The surface both handshake machines share, so one loop drives either.
+/// What a TCP stream handed out while its client may still send a handshake message owes the
+/// peer: the in-band guard (`net::inband`) takes that message off the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owed {
+    /// A Proposal, answered with a Decline of this reason.
+    Proposal(DeclineReason),
+    /// The client's Confirm or Decline answering an Accept we already declined: dropped.
+    Answer,
+}
+
+/// What an establishment (a connect, or an accepted connection) came to: `net` makes the
+/// application's `SmcStream` of it. Negotiation hands this up instead of building streams
+/// itself, so it never imports `net`.
+#[derive(Debug)]
+pub(crate) enum Established {
+    /// A TCP connection, with its transport (and why it is TCP) and, when the peer may still
+    /// send a handshake message, what the stream's guard must take off it.
+    Tcp { tcp: TcpStream, transport: crate::transport::Transport, owed: Option<Owed> },
+    /// An SMC connection over `conn`; its TCP socket stays open underneath and is watched.
+    Smc { tcp: TcpStream, conn: std::sync::Arc<crate::smc::conn::SmcConn>, transport: crate::transport::Transport },
+}
+
+impl Established {
+    /// A TCP connection whose peer owes nothing.
+    pub(crate) fn tcp(tcp: TcpStream, transport: crate::transport::Transport) -> Established {
+        Established::Tcp { tcp, transport, owed: None }
+    }
+}
+
 pub(crate) trait Machine {
     type Event;
     fn poll_transmit(&mut self) -> Option<Vec<u8>>;

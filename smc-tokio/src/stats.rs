@@ -167,7 +167,7 @@ pub(crate) fn kernel_fallback(reason: u32) {
 }
 
 /// Counts a socket that was wanted as `AF_SMC` but is plain TCP.
-pub(crate) fn kernel_unavailable(why: crate::kernel::KernelUnavailable) {
+pub(crate) fn kernel_unavailable(why: crate::transport::KernelUnavailable) {
     if let Some(c) = counters().kernel.unavailable.get(why.index()) {
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -485,7 +485,7 @@ pub fn stats() -> Stats {
         bytes_received: load(&c.bytes_received),
         link_groups: c.link_groups.load(Ordering::Relaxed),
         link_groups_rescued: c.link_groups_rescued.load(Ordering::Relaxed),
-        rmb_bytes: crate::smc::manager::Manager::global().rmb_in_use(),
+        rmb_bytes: crate::config::rmb_memory_in_use(),
         adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
         rmb_grown: c.rmb_grown.load(Ordering::Relaxed),
         rdma_unavailable: load(&c.rdma_unavailable),

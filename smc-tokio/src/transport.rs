@@ -1,6 +1,7 @@
 //! What a connection ended up using, and why.
 
 use std::fmt;
+use std::str::FromStr;
 
 use crate::proto::clc::DeclineReason;
 use crate::proto::handshake::Side;
@@ -157,7 +158,7 @@ pub enum FallbackReason {
     Adopted,
     /// The connection is on an `AF_SMC` socket, and the kernel kept it on TCP for this reason
     /// (and no smc-tokio establishment moved it either). See [`kernel`](crate::kernel).
-    Kernel(crate::kernel::KernelFallback),
+    Kernel(KernelFallback),
     /// A side declined during the handshake; both continue over TCP on the same connection.
     Declined {
         /// The decline reason.
@@ -186,5 +187,204 @@ impl fmt::Display for FallbackReason {
                 write!(f, "declined by peer: {reason}")
             }
         }
+    }
+}
+
+// ----- the kernel's SMC: how it was asked for, why it was not there, why it fell back ---------
+// (Vocabulary of settings and outcomes; `kernel` re-exports them and does the work.)
+
+/// Whether sockets are the kernel's `AF_SMC` ones. Set per listener or client with the
+/// builders' `kernel` method, per process with `SMC_TOKIO_KERNEL=off|auto|on` (or
+/// [`config::global`](crate::config::global)).
+///
+/// The default is [`Auto`](KernelMode::Auto): a host whose administrator loaded the kernel's
+/// SMC (module `smc`: `smc_run`, `modprobe smc`, a pnet or UEID table) wants SMC with kernel
+/// peers, and on every other host `Auto` costs nothing and changes nothing (no `AF_SMC` socket
+/// is made, so the module is never loaded behind the administrator's back).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelMode;
+///
+/// assert_eq!("on".parse::<KernelMode>(), Ok(KernelMode::On));
+/// assert_eq!(KernelMode::default(), KernelMode::Auto);
+/// assert_eq!(KernelMode::Off.to_string(), "off");
+/// assert!("sometimes".parse::<KernelMode>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelMode {
+    /// Never: sockets are plain TCP (this crate's own SMC only).
+    Off,
+    /// `AF_SMC` when the kernel's SMC module is loaded (`/sys/module/smc`); plain TCP
+    /// otherwise.
+    #[default]
+    Auto,
+    /// Always try `AF_SMC` (which may load the module); plain TCP, with the reason counted,
+    /// where the kernel has none.
+    On,
+}
+
+impl FromStr for KernelMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "no" | "false" => Ok(KernelMode::Off),
+            "auto" => Ok(KernelMode::Auto),
+            "on" | "1" | "yes" | "true" => Ok(KernelMode::On),
+            other => Err(format!("{other:?} is not off, auto or on")),
+        }
+    }
+}
+
+impl fmt::Display for KernelMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelMode::Off => "off",
+            KernelMode::Auto => "auto",
+            KernelMode::On => "on",
+        })
+    }
+}
+
+/// Why a socket that the settings wanted to be `AF_SMC` is plain TCP (the index into
+/// [`KernelStats::unavailable`](crate::KernelStats::unavailable)).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelUnavailable;
+///
+/// assert_eq!(KernelUnavailable::NoAfSmc.index(), 1);
+/// assert_eq!(KernelUnavailable::NoAfSmc.to_string(), "the kernel has no AF_SMC");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelUnavailable {
+    /// [`KernelMode::Auto`] and the kernel's SMC module is not loaded.
+    NotLoaded,
+    /// The kernel has no `AF_SMC` (`socket(2)` said `EAFNOSUPPORT` or `EPROTONOSUPPORT`).
+    NoAfSmc,
+    /// `socket(AF_SMC, ...)` failed otherwise (permissions, a seccomp filter, limits).
+    SocketFailed,
+}
+
+impl KernelUnavailable {
+    /// The index of this reason in [`KernelStats::unavailable`](crate::KernelStats::unavailable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelUnavailable;
+    /// assert_eq!(KernelUnavailable::NotLoaded.index(), 0);
+    /// assert_eq!(KernelUnavailable::SocketFailed.index(), 2);
+    /// ```
+    pub fn index(&self) -> usize {
+        match self {
+            KernelUnavailable::NotLoaded => 0,
+            KernelUnavailable::NoAfSmc => 1,
+            KernelUnavailable::SocketFailed => 2,
+        }
+    }
+}
+
+impl fmt::Display for KernelUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelUnavailable::NotLoaded => "the kernel's smc module is not loaded",
+            KernelUnavailable::NoAfSmc => "the kernel has no AF_SMC",
+            KernelUnavailable::SocketFailed => "socket(AF_SMC) failed",
+        })
+    }
+}
+
+/// Why the kernel kept an `AF_SMC` connection on TCP, as its `smc_diag` reports it: the
+/// kernel's reason code (its `SMC_CLC_DECL_*` values) and the peer's diagnosis (the code in the
+/// peer's decline, when it sent one).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::kernel::KernelFallback;
+///
+/// let f = KernelFallback { reason: 0x0301_0000, peer_diagnosis: 0 };
+/// assert_eq!(f.name(), Some("peer has no smc"));
+/// assert_eq!(f.to_string(), "kernel fallback 0x03010000 (peer has no smc)");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelFallback {
+    /// The kernel's fallback reason code (`smc->fallback_rsn`).
+    pub reason: u32,
+    /// The code the peer declined with, if it declined (`smc->peer_diagnosis`), else 0.
+    pub peer_diagnosis: u32,
+}
+
+/// The kernel's `SMC_CLC_DECL_*` reason codes (`net/smc/smc_clc.h`, Linux 6.x) and what they
+/// mean.
+pub(crate) const KERNEL_REASONS: &[(u32, &str)] = &[
+    (0x0101_0000, "insufficient memory resources"),
+    (0x0201_0000, "timeout waiting for the clc proposal"),
+    (0x0202_0000, "timeout waiting for the clc accept"),
+    (0x0300_0000, "configuration error"),
+    (0x0301_0000, "peer has no smc"),
+    (0x0302_0000, "ipsec is in use"),
+    (0x0303_0000, "no smc device found (r or d)"),
+    (0x0303_0001, "no smc-d device found"),
+    (0x0303_0002, "no smc-r device found"),
+    (0x0303_0003, "no smc-dv2 capable ism device"),
+    (0x0303_0004, "peer sent no smcv2 extension"),
+    (0x0303_0005, "peer sent no smc-dv2 extension"),
+    (0x0303_0006, "peer sent no seid"),
+    (0x0303_0007, "no smc-dv2 device found"),
+    (0x0303_0008, "no matching ueid"),
+    (0x0303_0009, "release version error"),
+    (0x0303_000a, "maximum connections reached"),
+    (0x0303_000b, "maximum links reached"),
+    (0x0304_0000, "smc mode not supported"),
+    (0x0305_0000, "peer rmbe eyecatcher mismatch"),
+    (0x0306_0000, "fastopen or another option unsupported"),
+    (0x0307_0000, "different ip prefix"),
+    (0x0308_0000, "getting the vlan id failed"),
+    (0x0309_0000, "ism vlan id setting failed"),
+    (0x030a_0000, "no active smc-r link in the link group"),
+    (0x030b_0000, "smc-r link from the server not found"),
+    (0x030c_0000, "smc version mismatch"),
+    (0x030d_0000, "smc-d dmbs exhausted"),
+    (0x030e_0000, "no route to the peer"),
+    (0x030f_0000, "indirect route not supported"),
+    (0x0400_0000, "synchronization error"),
+    (0x0500_0000, "peer declined during the handshake"),
+    (0x0999_0000, "internal error"),
+    (0x0999_0001, "rtoken handling failed"),
+    (0x0999_0002, "ib_modify_qp to rts failed"),
+    (0x0999_0003, "buffer registration failed"),
+];
+
+impl KernelFallback {
+    /// What the kernel's reason code means, if this crate knows it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::kernel::KernelFallback;
+    /// assert_eq!(KernelFallback { reason: 0x0303_0008, peer_diagnosis: 0 }.name(), Some("no matching ueid"));
+    /// assert_eq!(KernelFallback { reason: 0x1234, peer_diagnosis: 0 }.name(), None);
+    /// ```
+    pub fn name(&self) -> Option<&'static str> {
+        KERNEL_REASONS.iter().find(|(c, _)| *c == self.reason).map(|(_, n)| *n)
+    }
+}
+
+impl fmt::Display for KernelFallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel fallback {:#010x}", self.reason)?;
+        if let Some(n) = self.name() {
+            write!(f, " ({n})")?;
+        }
+        if self.peer_diagnosis != 0 {
+            write!(f, ", peer's diagnosis {:#010x}", self.peer_diagnosis)?;
+        }
+        Ok(())
     }
 }

@@ -33,14 +33,7 @@ use crate::proto::clc::{
 };
 use crate::stats;
 
-/// What the guard takes off the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owed {
-    /// A Proposal, answered with a Decline of this reason.
-    Proposal(DeclineReason),
-    /// The client's Confirm or Decline answering an Accept we already declined: dropped.
-    Answer,
-}
+pub(crate) use crate::handshake::Owed;
 
 /// How long bytes that start like a handshake message (from a lone first byte of the
 /// eyecatcher to a whole header whose body is missing) wait for more before they are taken for

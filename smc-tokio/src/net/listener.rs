@@ -1,39 +1,24 @@
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
-use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::accept::{self, Handoff};
+use crate::accept::{self, Handoff, ListenerShared, Waiter};
 use crate::config::{Overrides, Policy, Settings, ShmConfig};
 use crate::door::Door;
 use crate::net::stream::SmcStream;
-use crate::smc::manager::AcceptorSlot;
 use crate::sys;
 
-type Ready = (SmcStream, SocketAddr);
-
-/// The kernel backlog [`SmcListener::bind`] listens with. tokio's `TcpListener::bind` takes
-/// mio's, which follows std's 128; a listener that also runs handshakes is scheduled less
-/// promptly than a bare accept loop, and 1000 concurrent connects overflowed a 128-deep queue
-/// on the 2-vCPU VM (`nstat`: `TcpExtListenOverflows` 937, SYN retransmits 729, connects of
-/// 1 to 6 s) where 1024 absorbed them. The kernel caps it at `net.core.somaxconn`.
-pub const LISTEN_BACKLOG: u32 = 1024;
-
-/// Finished connections a listener holds for `accept()`, as the kernel's accept queue does:
-/// as many as its backlog. While it is full the listener's task stops taking connections from
-/// the kernel, whose own backlog then applies.
-const READY_CAP: usize = LISTEN_BACKLOG as usize;
+pub use crate::accept::LISTEN_BACKLOG;
 
 /// A socket for a listener on `addr`: the kernel's `AF_SMC` one when `cfg` wants it and the
 /// kernel has it (with `SMC_LIMIT_HS` as `cfg.limit_handshake`: the kernel reads it in
@@ -55,11 +40,6 @@ fn bind_tcp(addr: SocketAddr, cfg: &Settings) -> io::Result<tokio::net::TcpSocke
     sock.bind(addr)?;
     Ok(sock)
 }
-
-/// How often a listener drops door registrations that were cancelled or went stale, while it
-/// has any. Registrations normally live microseconds (matched on accept); the sweep only
-/// reclaims those of clients that gave up or died.
-const DOOR_SWEEP: Duration = Duration::from_millis(100);
 
 /// A TCP listener whose connections move to shared memory or RDMA when the client speaks SMC,
 /// and stay plain TCP, with every byte intact, when it does not.
@@ -141,286 +121,6 @@ impl Drop for SmcListener {
     }
 }
 
-/// What a listener, its task and its handshake tasks share.
-pub(crate) struct ListenerShared {
-    pub(crate) tcp: TcpListener,
-    pub(crate) door: Option<Door>,
-    /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
-    /// `smc_diag` as they are accepted.
-    pub(crate) kernel: bool,
-    /// The builder's values, changed at run time by the listener's setters.
-    overrides: std::sync::RwLock<Overrides>,
-    /// Handshakes running now.
-    in_flight: AtomicUsize,
-    /// Connections waiting for a handshake slot (`limit_handshake` off).
-    waiting: AtomicUsize,
-    /// Signalled when a handshake slot frees.
-    freed: Notify,
-    pub(crate) acceptor: AcceptorSlot,
-    ready: ReadyQueue,
-    closed: AtomicBool,
-    closing: Notify,
-}
-
-impl fmt::Debug for ListenerShared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ListenerShared").field("local", &self.tcp.local_addr().ok()).finish()
-    }
-}
-
-impl ListenerShared {
-    pub(crate) fn settings(&self) -> Settings {
-        self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve()
-    }
-
-    /// Queues a finished connection for `accept` (dropped if the listener is gone).
-    pub(crate) fn deliver(&self, stream: SmcStream, peer: SocketAddr) {
-        self.ready.push((stream, peer));
-    }
-
-    /// Whether the listener was dropped.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Resolves when the listener is dropped.
-    pub(crate) async fn closed(&self) {
-        loop {
-            let n = self.closing.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.is_closed() {
-                return;
-            }
-            n.await;
-        }
-    }
-
-    /// Stops the listener: its door closes, waiting handshakes end, queued connections are
-    /// dropped. With `stop_port`, the port stops listening too (the listener was dropped);
-    /// without, the socket keeps listening for whoever took it over (`into_std`).
-    fn close(&self, stop_port: bool) {
-        let first = !self.closed.swap(true, Ordering::AcqRel);
-        if !first {
-            return;
-        }
-        if !stop_port {
-            if let Some(d) = &self.door {
-                d.close();
-            }
-            self.ready.close();
-            self.closing.notify_waiters();
-            return;
-        }
-        // The port stops listening now, not when the last handshake task lets go of this
-        // state: new connections are refused, those in the kernel's queue are reset (as when a
-        // listener is closed), and the address can be bound again (by a socket with
-        // SO_REUSEADDR, as tokio's and ours are) while those tasks finish.
-        // SAFETY: plain syscall on a descriptor this state owns.
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.tcp), libc::SHUT_RD) };
-        if let Some(d) = &self.door {
-            d.close();
-        }
-        self.ready.close();
-        self.closing.notify_waiters();
-    }
-
-    /// Takes a handshake slot if one is free.
-    fn try_slot(self: &Arc<Self>, max: usize) -> Option<HandshakeSlot> {
-        let mut n = self.in_flight.load(Ordering::Acquire);
-        loop {
-            if n >= max {
-                return None;
-            }
-            match self.in_flight.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(HandshakeSlot(self.clone())),
-                Err(cur) => n = cur,
-            }
-        }
-    }
-
-    /// Admits a connection to a handshake: a slot at once; or, when all are taken,
-    /// "congested" (`limit_handshake` on: no SMC, TCP now), or a place in a queue as long as
-    /// the bound (off), or a refusal when the queue is full too.
-    pub(crate) fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
-        let max = cfg.max_pending_handshakes.max(1);
-        if let Some(slot) = self.try_slot(max) {
-            return Admit::Now(slot);
-        }
-        if cfg.limit_handshake {
-            return Admit::Congested;
-        }
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Admit::Refuse;
-        }
-        Admit::Queue(QueueTicket(self.clone()))
-    }
-}
-
-/// The answer of [`ListenerShared::admit`].
-pub(crate) enum Admit {
-    Now(HandshakeSlot),
-    Queue(QueueTicket),
-    Congested,
-    Refuse,
-}
-
-/// A place in the queue for a handshake slot (`limit_handshake` off).
-pub(crate) struct QueueTicket(Arc<ListenerShared>);
-
-impl QueueTicket {
-    /// Waits for a slot; `None` when the listener closes first.
-    pub(crate) async fn slot(self, cfg: &Settings) -> Option<HandshakeSlot> {
-        let max = cfg.max_pending_handshakes.max(1);
-        loop {
-            let freed = self.0.freed.notified();
-            if self.0.is_closed() {
-                return None;
-            }
-            if let Some(slot) = self.0.try_slot(max) {
-                return Some(slot);
-            }
-            let closed = self.0.closed();
-            tokio::pin!(freed, closed);
-            let closed_first = std::future::poll_fn(|cx| {
-                if closed.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(true);
-                }
-                freed.as_mut().poll(cx).map(|()| false)
-            })
-            .await;
-            if closed_first {
-                return None;
-            }
-        }
-    }
-}
-
-impl Drop for QueueTicket {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A running handshake's place under `max_pending_handshakes`.
-pub(crate) struct HandshakeSlot(Arc<ListenerShared>);
-
-impl Drop for HandshakeSlot {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.freed.notify_one();
-    }
-}
-
-/// Finished connections waiting for `accept`, and who waits for them.
-#[derive(Default)]
-struct ReadyQueue {
-    inner: Mutex<ReadyInner>,
-}
-
-#[derive(Default)]
-struct ReadyInner {
-    items: VecDeque<Ready>,
-    /// `accept()` futures waiting, by id: every one is woken when a connection arrives, so
-    /// none is left asleep while another is cancelled.
-    waiters: Vec<(u64, Waker)>,
-    next_id: u64,
-    /// The waker of the latest `poll_accept` call (tokio's contract for it).
-    poll_waker: Option<Waker>,
-    /// The listener task, waiting for room.
-    room_waker: Option<Waker>,
-    closed: bool,
-}
-
-/// Who is polling for a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Waiter {
-    /// `poll_accept`: one slot, the latest call's waker.
-    Poll,
-    /// An `accept()` future, registered under this id (0: not yet).
-    Future(u64),
-}
-
-impl ReadyQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReadyInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn push(&self, item: Ready) {
-        let wakers = {
-            let mut q = self.lock();
-            if q.closed {
-                return;
-            }
-            q.items.push_back(item);
-            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
-            w.extend(q.poll_waker.take());
-            w
-        };
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    /// The next connection, or registers `waiter`'s waker.
-    fn pop_or_wait(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Option<Ready> {
-        let mut q = self.lock();
-        if let Some(item) = q.items.pop_front() {
-            if let Some(w) = q.room_waker.take() {
-                w.wake();
-            }
-            return Some(item);
-        }
-        match waiter {
-            Waiter::Poll => q.poll_waker = Some(cx.waker().clone()),
-            Waiter::Future(id) => {
-                if *id == 0 {
-                    q.next_id += 1;
-                    *id = q.next_id;
-                }
-                let id = *id;
-                match q.waiters.iter_mut().find(|(i, _)| *i == id) {
-                    Some((_, w)) => w.clone_from(cx.waker()),
-                    None => q.waiters.push((id, cx.waker().clone())),
-                }
-            }
-        }
-        None
-    }
-
-    fn forget(&self, id: u64) {
-        if id != 0 {
-            self.lock().waiters.retain(|(i, _)| *i != id);
-        }
-    }
-
-    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut q = self.lock();
-        if q.items.len() < READY_CAP || q.closed {
-            return Poll::Ready(());
-        }
-        q.room_waker = Some(cx.waker().clone());
-        Poll::Pending
-    }
-
-    fn close(&self) {
-        let (items, wakers) = {
-            let mut q = self.lock();
-            q.closed = true;
-            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
-            w.extend(q.poll_waker.take());
-            (std::mem::take(&mut q.items), w)
-        };
-        // Connections nobody will accept are closed, as the kernel resets those left in a
-        // closed listener's queue.
-        drop(items);
-        for w in wakers {
-            w.wake();
-        }
-    }
-}
-
 /// The future of [`SmcListener::accept`].
 struct Accept<'a> {
     listener: &'a SmcListener,
@@ -428,7 +128,7 @@ struct Accept<'a> {
 }
 
 impl Future for Accept<'_> {
-    type Output = io::Result<Ready>;
+    type Output = io::Result<(SmcStream, SocketAddr)>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -913,19 +613,7 @@ impl SmcListener {
         #[cfg(feature = "rdma")]
         let cfg = overrides.resolve();
         let kernel = crate::kernel::is_smc_socket(tcp.as_fd());
-        let shared = Arc::new(ListenerShared {
-            tcp,
-            door,
-            kernel,
-            overrides: std::sync::RwLock::new(overrides),
-            in_flight: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
-            freed: Notify::new(),
-            acceptor: AcceptorSlot::default(),
-            ready: ReadyQueue::default(),
-            closed: AtomicBool::new(false),
-            closing: Notify::new(),
-        });
+        let shared = Arc::new(ListenerShared::new(tcp, door, kernel, overrides));
         // Open the RDMA devices and look the listening address up now, off the runtime, so
         // the first connections can use them.
         #[cfg(feature = "rdma")]
@@ -939,7 +627,7 @@ impl SmcListener {
             });
         }
         let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok(), kernel);
-        let task = tokio::spawn(run(shared.clone()).instrument(span)).abort_handle();
+        let task = tokio::spawn(accept::run(shared.clone()).instrument(span)).abort_handle();
         SmcListener { shared, task }
     }
 
@@ -1209,18 +897,18 @@ impl SmcListener {
         self.poll_next(cx, &mut Waiter::Poll)
     }
 
-    fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<Ready>> {
+    fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         loop {
-            if let Some(r) = self.shared.ready.pop_or_wait(cx, waiter) {
-                return Poll::Ready(Ok(r));
+            if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
+                return Poll::Ready(Ok((SmcStream::from_established(e), peer)));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
             // returned on the first poll, as tokio's accept returns it.
             match sys::accept_tcp(self.shared.tcp.as_fd()) {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
-                    if let Handoff::Now(s) = accept::admit(&self.shared, tcp, peer) {
-                        return Poll::Ready(Ok((s, peer)));
+                    if let Handoff::Now(e) = accept::admit(&self.shared, tcp, peer) {
+                        return Poll::Ready(Ok((SmcStream::from_established(e), peer)));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
@@ -1244,79 +932,4 @@ impl TryFrom<std::net::TcpListener> for SmcListener {
     fn try_from(listener: std::net::TcpListener) -> io::Result<SmcListener> {
         SmcListener::from_std(listener)
     }
-}
-
-/// Connections the listener's task takes from the kernel per wake-up before it yields to other
-/// tasks (so a storm of connections cannot starve the connections already established).
-const ACCEPT_BATCH: usize = 64;
-
-/// The listener's task: takes connections from the kernel while there is room for them, lets
-/// the door take registrations in, and sweeps stale ones.
-async fn run(shared: Arc<ListenerShared>) {
-    let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
-    std::future::poll_fn(|cx| {
-        if shared.is_closed() {
-            return Poll::Ready(());
-        }
-        // After an accept or door error (EMFILE and the like), back off instead of spinning on
-        // a queue that stays readable; the connections stay in the kernel's queues meanwhile.
-        if let Some(b) = &mut backoff {
-            if b.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            backoff = None;
-        }
-        if let Some(door) = &shared.door {
-            loop {
-                match door.poll_drain(cx) {
-                    // A full batch: take TCP connections too, then come back.
-                    Poll::Ready(Ok(true)) => {
-                        cx.waker().wake_by_ref();
-                        break;
-                    }
-                    Poll::Ready(Ok(false)) => continue,
-                    Poll::Ready(Err(e)) => {
-                        tracing::debug!(error = %e, "door");
-                        backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
-                    Poll::Pending => break,
-                }
-            }
-            if door.pending() > 0 {
-                let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));
-                if t.as_mut().poll(cx).is_ready() {
-                    sweep = None;
-                    door.sweep();
-                    cx.waker().wake_by_ref();
-                }
-            }
-        }
-        for _ in 0..ACCEPT_BATCH {
-            if shared.ready.poll_room(cx).is_pending() {
-                return Poll::Pending;
-            }
-            match shared.tcp.poll_accept(cx) {
-                Poll::Ready(Ok((tcp, peer))) => {
-                    if let Handoff::Now(s) = accept::admit(&shared, tcp, peer) {
-                        shared.deliver(s, peer);
-                    }
-                }
-                Poll::Ready(Err(e)) => {
-                    // `accept` callers get such errors themselves.
-                    tracing::debug!(error = %e, "accept");
-                    backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        // A full batch: let other tasks run, then go on.
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    })
-    .await
 }

@@ -208,6 +208,17 @@ impl SmcStream {
     }
 
     /// A server's TCP stream whose client may still send the handshake message `owed`.
+    /// The application's stream of what an establishment came to.
+    pub(crate) fn from_established(e: crate::handshake::Established) -> SmcStream {
+        match e {
+            crate::handshake::Established::Tcp { tcp, transport, owed: None } => SmcStream::from_tcp(tcp, transport),
+            crate::handshake::Established::Tcp { tcp, transport, owed: Some(o) } => {
+                SmcStream::from_tcp_guarded(tcp, transport, o)
+            }
+            crate::handshake::Established::Smc { tcp, conn, transport } => SmcStream::from_smc(tcp, conn, transport),
+        }
+    }
+
     pub(crate) fn from_tcp_guarded(tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
         let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok());
         let mut s = SmcStream::from_tcp(tcp, transport);
@@ -1945,7 +1956,7 @@ impl SmcStreamBuilder {
         let res = crate::connect::establish(addr, &cfg, self.o.limit_handshake == Some(true), user)
             .instrument(span.clone())
             .await;
-        let mut s = res?;
+        let mut s = SmcStream::from_established(res?);
         span.record("transport", tracing::field::display(s.transport()));
         stats::connection(false, s.transport());
         if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {

@@ -4,14 +4,13 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::io::Interest;
 
-use crate::config::{ShmConfig, DEFAULT_RMB_MEMORY_CAP};
-use crate::door::ClientIdentity;
+use crate::config::{RmbBudget, ShmConfig};
 use crate::link::shm::region::Layout;
 use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
 use crate::link::Link;
@@ -19,6 +18,7 @@ use crate::proto::clc::{DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, S
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{GroupPin, LinkGroup, Role};
+use crate::smc::ClientIdentity;
 use crate::sys;
 
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
@@ -165,8 +165,6 @@ pub(crate) struct Manager {
     instance: u64,
     server: Mutex<ServerSide>,
     client: Mutex<ClientSide>,
-    rmb_in_use: AtomicU64,
-    rmb_cap: AtomicU64,
 }
 
 pub(crate) fn random_u64() -> u64 {
@@ -181,36 +179,16 @@ pub(crate) fn random_u64() -> u64 {
 impl Manager {
     pub(crate) fn global() -> &'static Manager {
         static M: OnceLock<Manager> = OnceLock::new();
-        M.get_or_init(|| Manager {
-            instance: random_u64(),
-            server: Mutex::default(),
-            client: Mutex::default(),
-            rmb_in_use: AtomicU64::new(0),
-            rmb_cap: AtomicU64::new(DEFAULT_RMB_MEMORY_CAP),
-        })
+        M.get_or_init(|| Manager { instance: random_u64(), server: Mutex::default(), client: Mutex::default() })
     }
 
-    /// Reserves `bytes` of RMB memory against the process-wide cap.
+    /// Reserves `bytes` of RMB memory against the process-wide cap ([`RmbBudget`]).
     pub(crate) fn charge_rmb(&self, bytes: u64) -> bool {
-        let cap = self.rmb_cap.load(Ordering::Relaxed);
-        self.rmb_in_use
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| used.checked_add(bytes).filter(|n| *n <= cap))
-            .is_ok()
+        RmbBudget::process().charge(bytes)
     }
 
     pub(crate) fn uncharge_rmb(&self, bytes: u64) {
-        let _ =
-            self.rmb_in_use.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| Some(used.saturating_sub(bytes)));
-    }
-
-    /// Sets the process-wide RMB memory cap.
-    pub(crate) fn set_rmb_cap(&self, bytes: u64) {
-        self.rmb_cap.store(bytes, Ordering::Relaxed);
-    }
-
-    /// RMB memory in use now.
-    pub(crate) fn rmb_in_use(&self) -> u64 {
-        self.rmb_in_use.load(Ordering::Relaxed)
+        RmbBudget::process().uncharge(bytes)
     }
 
     /// Forgets a dead group.
