@@ -360,19 +360,7 @@ fn defuse(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
 
 /// The socket's address family, `None` for a descriptor that is not a socket.
 fn socket_domain(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes; the kernel writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(v)
+    super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, 0 as libc::c_int).ok()
 }
 
 /// Takes every message queued in the (shut down) Unix socket `fd` out, without waiting, and
@@ -394,21 +382,9 @@ fn drain_queue(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
 /// Turns `SO_LINGER` off on a socket about to be closed, so that its close does not wait (the
 /// kernel still sends what is queued, in the background). No linger: nothing.
 fn disarm_linger(fd: BorrowedFd<'_>) {
-    // SAFETY: linger is plain data; all-zero is valid.
-    let mut l: libc::linger = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-    // SAFETY: `l` and `len` are valid for writes; the kernel writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&mut l as *mut libc::linger).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 && l.l_onoff != 0 {
-        let _ = super::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &libc::linger { l_onoff: 0, l_linger: 0 });
+    let off = libc::linger { l_onoff: 0, l_linger: 0 };
+    if super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, off).is_ok_and(|l| l.l_onoff != 0) {
+        let _ = super::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &off);
     }
 }
 
@@ -461,20 +437,8 @@ mod tests {
         // The queued TCP socket's linger was turned off (we still hold a copy to look at).
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            // SAFETY: linger is plain data; all-zero is valid.
-            let mut l: libc::linger = unsafe { std::mem::zeroed() };
-            let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
-            // SAFETY: `l` and `len` are valid for writes.
-            let r = unsafe {
-                libc::getsockopt(
-                    lingering_dup.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_LINGER,
-                    (&mut l as *mut libc::linger).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(r, 0);
+            let off = libc::linger { l_onoff: 0, l_linger: 0 };
+            let l = super::super::getsockopt(lingering_dup.as_fd(), libc::SOL_SOCKET, libc::SO_LINGER, off).unwrap();
             if l.l_onoff == 0 {
                 break;
             }

@@ -100,21 +100,8 @@ mod tests {
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
         let sent = send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]);
         drop(x);
-        let supported = {
-            let mut v: libc::c_int = 1;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt into a valid int of the size given.
-            let r = unsafe {
-                libc::getsockopt(
-                    ours.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    SO_PASSRIGHTS,
-                    (&mut v as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            r == 0 && v == 0
-        };
+        let supported =
+            getsockopt(ours.as_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0);
         if supported {
             assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
         } else {
@@ -315,15 +302,7 @@ pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize
 
 /// Whether `fd` is a Unix datagram socket (a doorbell end).
 pub(crate) fn is_doorbell(fd: BorrowedFd<'_>) -> bool {
-    let opt = |name| {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `v` and `len` are valid out-parameters of the right size.
-        let r = unsafe {
-            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, name, (&mut v as *mut libc::c_int).cast(), &mut len)
-        };
-        (r == 0).then_some(v)
-    };
+    let opt = |name| getsockopt(fd, libc::SOL_SOCKET, name, 0 as libc::c_int).ok();
     opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && opt(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
 }
 
@@ -336,18 +315,7 @@ pub(crate) struct PeerCred {
 }
 
 pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<PeerCred> {
-    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `c` and `len` are valid for writes; the kernel writes at most `len` bytes.
-    cvt(unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut c as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    })?;
+    let c = getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, libc::ucred { pid: 0, uid: 0, gid: 0 })?;
     Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid })
 }
 
@@ -501,6 +469,19 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
 
 mod closer;
 pub(crate) use closer::{closer_stats, PeerFd};
+
+/// `getsockopt(2)` of a plain-data option value (`c_int`, `linger`, `ucred`, ...): `init` is
+/// the buffer the kernel fills (at most its size).
+pub(crate) fn getsockopt<T: Copy>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, init: T) -> io::Result<T> {
+    let mut v = init;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<T>())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "socket option too large"))?;
+    // SAFETY: `v` is valid for writes of `len` bytes for the call's duration (a plain `Copy`
+    // value, any bit pattern the kernel writes into it is one of the option's values); `fd` is
+    // borrowed open.
+    cvt(unsafe { libc::getsockopt(fd.as_raw_fd(), level, name, (&mut v as *mut T).cast(), &mut len) })?;
+    Ok(v)
+}
 
 /// `setsockopt(2)` with a plain-data option value (`c_int`, `linger`, ...), passed by pointer
 /// with its size.
