@@ -24,7 +24,7 @@ use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
@@ -32,12 +32,13 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 
 use crate::config::{Overrides, Policy, Settings};
+use crate::context::Context;
 use crate::door::{ClientIdentity, Door, Registration, ServerWire};
 use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
-use crate::smc::manager::{AcceptorSlot, Manager};
+use crate::smc::manager::AcceptorSlot;
 use crate::stats::{self, DoorEvent};
 use crate::transport::{FallbackReason, Transport};
 
@@ -70,7 +71,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         if let Some(reg) = reg {
             reg.refuse(DeclineReason::PeerNoSmc);
         }
-        return hand_out(&cfg, tcp, Transport::Tcp(FallbackReason::Disabled), Some(UNSOLICITED));
+        return hand_out(&shared.ctx, &cfg, tcp, Transport::Tcp(FallbackReason::Disabled), Some(UNSOLICITED));
     }
     if let Some(reg) = reg {
         return registered(shared, cfg, tcp, peer, reg);
@@ -78,9 +79,9 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     // On the kernel's AF_SMC socket, the kernel has finished its own handshake by now: a
     // kernel-SMC client is the kernel's (no peek, no in-band guard); any other stays ours.
     let plain = if shared.kernel {
-        let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::PeerNoSmc));
+        let t = crate::kernel::transport(shared.ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::PeerNoSmc));
         if t.settled_by_kernel() {
-            return hand_out(&cfg, tcp, t, None);
+            return hand_out(&shared.ctx, &cfg, tcp, t, None);
         }
         t
     } else {
@@ -90,16 +91,16 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         spawn(shared, tcp, peer, cfg, Start::Peek, None);
         return Handoff::Later;
     }
-    hand_out(&cfg, tcp, plain, Some(UNSOLICITED))
+    hand_out(&shared.ctx, &cfg, tcp, plain, Some(UNSOLICITED))
 }
 
 /// A TCP stream for the application, or nothing under [`Policy::Never`].
-fn hand_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Handoff {
+fn hand_out(ctx: &Context, cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Handoff {
     if cfg.policy == Policy::Never {
         tracing::debug!(transport = %t, "closing: policy requires smc");
         return Handoff::Later;
     }
-    stats::connection(true, t);
+    ctx.counters().connection(true, t);
     Handoff::Now(Established::Tcp { tcp, transport: t, owed })
 }
 
@@ -134,7 +135,7 @@ fn registered(
             reg.refuse(DeclineReason::HandshakeCongested);
             let t =
                 Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
-            hand_out(&cfg, tcp, t, None)
+            hand_out(&shared.ctx, &cfg, tcp, t, None)
         }
         Admit::Refuse => {
             reg.refuse(DeclineReason::HandshakeCongested);
@@ -157,9 +158,9 @@ fn start_registered(
         // The client stopped waiting (or went away) before we got to it: it uses the
         // connection as TCP.
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer });
-        return hand_out(&cfg, tcp, t, None);
+        return hand_out(&shared.ctx, &cfg, tcp, t, None);
     };
-    stats::door(DoorEvent::Matched);
+    shared.ctx.counters().door(DoorEvent::Matched);
     spawn(shared, tcp, peer, cfg, Start::Door(slot, wire), Some(client));
     Handoff::Later
 }
@@ -207,7 +208,7 @@ fn spawn(
                 None => return,
             };
             tracing::Span::current().record("transport", tracing::field::display(t));
-            stats::connection(true, t);
+            shared.ctx.counters().connection(true, t);
             shared.deliver(stream, peer);
         }
         .instrument(span),
@@ -254,7 +255,7 @@ async fn serve(
                         reason: DeclineReason::HandshakeCongested,
                         by: Side::Local,
                     });
-                    stats::decline(DeclineReason::HandshakeCongested, Side::Local);
+                    shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
                     return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
                 }
             };
@@ -262,7 +263,7 @@ async fn serve(
         }
     };
     let on_door = wire.is_some();
-    let timer = stats::HandshakeTimer::start();
+    let timer = stats::HandshakeTimer::start(shared.ctx.counters());
     let mut hs = ServerHandshake::new(Instant::now(), Timeouts::uniform(cfg.handshake_timeout));
     let mut pending = Pending::default();
     let outcome = {
@@ -306,7 +307,7 @@ async fn serve(
             Some((Established::Smc { tcp, conn, transport: t }, t))
         }
         Ok(Outcome::Fallback { reason, by }) => {
-            stats::decline(reason, by);
+            shared.ctx.counters().decline(reason, by);
             timer.completed();
             pending.release();
             // On the door the stream carried nothing: it is plain TCP as it is. In-band, a
@@ -374,7 +375,7 @@ impl Pending {
         let Some(conn) = self.conn.take() else { return };
         let group = conn.group().clone();
         group.unregister(conn.our_token());
-        Manager::global().abandon_pending(&group);
+        group.manager().abandon_pending(&group);
         // A new rdma group waits for nobody but this handshake's Confirm.
         #[cfg(feature = "rdma")]
         if self.rdma.is_some() && group.link().is_none() && group.conn_count() == 0 {
@@ -442,7 +443,9 @@ async fn choose(
         return Err(DeclineReason::NoCommonTransport);
     }
     let shm = match (&p.shm, client) {
-        (Some(_), Some(c)) => Manager::global().server_accept(&shared.acceptor, p, c, &cfg.shm, cfg.handshake_timeout),
+        (Some(_), Some(c)) => {
+            shared.ctx.manager().server_accept(&shared.acceptor, p, c, &cfg.shm, cfg.handshake_timeout)
+        }
         _ => Err(DeclineReason::NoCommonTransport),
     };
     match shm {
@@ -455,7 +458,9 @@ async fn choose(
             let (local, peer) = addrs.map(|(l, p)| (l.ip(), p.ip())).ok_or(shm_reason)?;
             crate::smc::rdma::warm_up(cfg).await;
             crate::smc::rdma::warm_port(local, cfg).await;
-            match crate::smc::rdma::server_accept(Manager::global(), p, local, peer, cfg, cfg.handshake_timeout).await {
+            match crate::smc::rdma::server_accept(shared.ctx.manager(), p, local, peer, cfg, cfg.handshake_timeout)
+                .await
+            {
                 Ok((conn, info, rp)) => {
                     pending.rdma = Some(rp);
                     pending.conn.adopt(conn);
@@ -595,6 +600,9 @@ pub(crate) struct ListenerShared {
     pub(crate) kernel: bool,
     /// The builder's values, changed at run time by the listener's setters.
     pub(crate) overrides: std::sync::RwLock<Overrides>,
+    /// The context the listener was bound in: its settings under the overrides, its link
+    /// groups and counters.
+    pub(crate) ctx: Context,
     /// Handshakes running now.
     pub(crate) in_flight: AtomicUsize,
     /// Connections waiting for a handshake slot (`limit_handshake` off).
@@ -615,16 +623,23 @@ impl fmt::Debug for ListenerShared {
 
 impl ListenerShared {
     pub(crate) fn settings(&self) -> Settings {
-        self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve()
+        self.overrides.read().unwrap_or_else(|e| e.into_inner()).resolve(self.ctx.settings())
     }
 
     /// A listener's shared state around its listening socket (and door).
-    pub(crate) fn new(tcp: TcpListener, door: Option<Door>, kernel: bool, overrides: Overrides) -> ListenerShared {
+    pub(crate) fn new(
+        ctx: Context,
+        tcp: TcpListener,
+        door: Option<Door>,
+        kernel: bool,
+        overrides: Overrides,
+    ) -> ListenerShared {
         ListenerShared {
             tcp,
             door,
             kernel,
             overrides: std::sync::RwLock::new(overrides),
+            ctx,
             in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
@@ -826,7 +841,7 @@ impl ReadyQueue {
     }
 
     /// The next connection, or registers `waiter`'s waker.
-    pub(crate) fn pop_or_wait(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Option<Ready> {
+    pub(crate) fn pop_or_wait(&self, cx: &mut std::task::Context<'_>, waiter: &mut Waiter) -> Option<Ready> {
         let mut q = self.lock();
         if let Some(item) = q.items.pop_front() {
             if let Some(w) = q.room_waker.take() {
@@ -857,7 +872,7 @@ impl ReadyQueue {
         }
     }
 
-    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_room(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let mut q = self.lock();
         if q.items.len() < READY_CAP || q.closed {
             return Poll::Ready(());

@@ -826,7 +826,7 @@ impl RdmaConfig {
 /// # smc_tokio::config::set_rmb_memory_cap(smc_tokio::config::DEFAULT_RMB_MEMORY_CAP);
 /// ```
 pub fn set_rmb_memory_cap(bytes: u64) {
-    RmbBudget::process().cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    RmbBudget::process().set_cap(bytes);
 }
 
 /// The process-wide RMB memory budget: bytes of receive rings held by live connections, and
@@ -839,12 +839,24 @@ pub(crate) struct RmbBudget {
 }
 
 impl RmbBudget {
-    pub(crate) fn process() -> &'static RmbBudget {
-        static B: RmbBudget = RmbBudget {
+    /// A budget with nothing charged and the default cap.
+    pub(crate) fn new() -> RmbBudget {
+        RmbBudget {
             in_use: std::sync::atomic::AtomicU64::new(0),
             cap: std::sync::atomic::AtomicU64::new(DEFAULT_RMB_MEMORY_CAP),
-        };
-        &B
+        }
+    }
+
+    /// The default context's budget, which [`set_rmb_memory_cap`] and [`rmb_memory_in_use`]
+    /// speak of.
+    pub(crate) fn process() -> &'static std::sync::Arc<RmbBudget> {
+        static B: std::sync::OnceLock<std::sync::Arc<RmbBudget>> = std::sync::OnceLock::new();
+        B.get_or_init(|| std::sync::Arc::new(RmbBudget::new()))
+    }
+
+    /// Sets the cap.
+    pub(crate) fn set_cap(&self, bytes: u64) {
+        self.cap.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Reserves `bytes` if that stays within the cap.
@@ -1161,6 +1173,11 @@ pub struct GlobalSettings {
 }
 
 impl GlobalSettings {
+    /// A handle holding `settings`.
+    pub(crate) fn new(settings: Settings) -> GlobalSettings {
+        GlobalSettings { inner: std::sync::RwLock::new(settings) }
+    }
+
     /// A snapshot of the current process-wide settings.
     ///
     /// # Examples
@@ -1211,11 +1228,17 @@ impl GlobalSettings {
 /// assert!(std::ptr::eq(config::global(), config::global()));
 /// ```
 pub fn global() -> &'static GlobalSettings {
-    static G: std::sync::OnceLock<GlobalSettings> = std::sync::OnceLock::new();
-    G.get_or_init(|| GlobalSettings { inner: std::sync::RwLock::new(Settings::from_vars(|k| std::env::var(k).ok())) })
+    global_handle()
 }
 
-/// Values a builder set explicitly; everything else comes from [`global`] when used.
+/// The default context's settings (see [`global`]).
+pub(crate) fn global_handle() -> &'static std::sync::Arc<GlobalSettings> {
+    static G: std::sync::OnceLock<std::sync::Arc<GlobalSettings>> = std::sync::OnceLock::new();
+    G.get_or_init(|| std::sync::Arc::new(GlobalSettings::new(Settings::from_vars(|k| std::env::var(k).ok()))))
+}
+
+/// Values a builder set explicitly; everything else comes from its context's settings (the
+/// default context's are [`global`]) when used.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Overrides {
     pub(crate) policy: Option<Policy>,
@@ -1232,9 +1255,9 @@ pub(crate) struct Overrides {
 }
 
 impl Overrides {
-    /// The effective settings now.
-    pub(crate) fn resolve(&self) -> Settings {
-        self.resolve_over(global().get())
+    /// The effective settings now, over the context's `base`.
+    pub(crate) fn resolve(&self, base: &GlobalSettings) -> Settings {
+        self.resolve_over(base.get())
     }
 
     /// The settings with these overrides on top of the process-wide `base`.

@@ -18,49 +18,45 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
 use crate::config::{Policy, Settings};
+use crate::context::Context;
 use crate::door::{self, Registered};
 use crate::error::SmcError;
 use crate::faults::{self, Point};
 use crate::handshake::{Channel, Established, Step, Wire};
-use crate::negative_cache::NegativeCache;
 use crate::proto::clc::{ClcMessage, DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, HandshakeError, Outcome, Side, Timeouts};
 use crate::smc::conn::{PendingConn, SmcConn};
-use crate::smc::manager::Manager;
 use crate::stats::{self, DoorEvent};
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
 
-/// Client handshakes running in this process.
-static CLIENT_HANDSHAKES: AtomicUsize = AtomicUsize::new(0);
+/// One client handshake's place under `max_pending_handshakes`, among the context's.
+struct ClientSlot<'a>(&'a Context);
 
-/// One client handshake's place under `max_pending_handshakes`.
-struct ClientSlot;
-
-impl ClientSlot {
+impl ClientSlot<'_> {
     /// A place, or `None` when the builder turned `limit_handshake` on and all places are
-    /// taken. (The process-wide `limit_handshake` governs listeners, as the kernel's
+    /// taken. (The context's `limit_handshake` governs listeners, as the kernel's
     /// `SMC_LIMIT_HS` does; a client opts in per builder.)
-    fn take(limit: bool, cfg: &Settings) -> Option<ClientSlot> {
-        let n = CLIENT_HANDSHAKES.fetch_add(1, Ordering::AcqRel);
+    fn take<'a>(ctx: &'a Context, limit: bool, cfg: &Settings) -> Option<ClientSlot<'a>> {
+        let n = ctx.client_handshakes().fetch_add(1, Ordering::AcqRel);
         if limit && n >= cfg.max_pending_handshakes {
-            CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+            ctx.client_handshakes().fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(ClientSlot)
+        Some(ClientSlot(ctx))
     }
 }
 
-impl Drop for ClientSlot {
+impl Drop for ClientSlot<'_> {
     fn drop(&mut self) {
-        CLIENT_HANDSHAKES.fetch_sub(1, Ordering::AcqRel);
+        self.0.client_handshakes().fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -69,6 +65,7 @@ impl Drop for ClientSlot {
 /// `user`: the socket the application made ([`SmcSocket`](crate::SmcSocket)), connected in
 /// place of one of ours: bound where the application bound it, with its options.
 pub(crate) async fn establish(
+    ctx: &Context,
     addr: SocketAddr,
     cfg: &Settings,
     limit: bool,
@@ -76,12 +73,13 @@ pub(crate) async fn establish(
 ) -> io::Result<Established> {
     let user = &mut user;
     if cfg.policy == Policy::TcpOnly {
-        return plain(cfg, addr, FallbackReason::Disabled, user, false).await;
+        return plain(ctx, cfg, addr, FallbackReason::Disabled, user, false).await;
     }
-    let Some(_slot) = ClientSlot::take(limit, cfg) else {
+    let Some(_slot) = ClientSlot::take(ctx, limit, cfg) else {
         // Too many client handshakes in flight: this one goes plain at once.
-        let kernel = kernel_socket(cfg, addr, user);
+        let kernel = kernel_socket(ctx, cfg, addr, user);
         return plain(
+            ctx,
             cfg,
             addr,
             FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local },
@@ -92,30 +90,30 @@ pub(crate) async fn establish(
     };
     // A server that failed an in-band handshake, or whose SMC connections keep ending too
     // soon to pay off (adaptive fallback), is left alone for a while.
-    if NegativeCache::global().contains(addr, Instant::now()) {
-        let kernel = kernel_socket(cfg, addr, user);
-        return plain(cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
+    if ctx.negative_cache().contains(addr, Instant::now()) {
+        let kernel = kernel_socket(ctx, cfg, addr, user);
+        return plain(ctx, cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }
     // The verbs library is loaded before the connection exists, off the runtime.
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_up(cfg).await;
-    if let Some(s) = via_door(addr, cfg, user).await? {
+    if let Some(s) = via_door(ctx, addr, cfg, user).await? {
         return Ok(s);
     }
     // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
     // from the kernel; for any other server the kernel falls back and we go on as over TCP.
-    let kernel = kernel_socket(cfg, addr, user);
+    let kernel = kernel_socket(ctx, cfg, addr, user);
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
         // Nothing this side could offer here is switched on (shared memory off, and RDMA off
         // or not built): said as "disabled", not as "no listener", which was never looked for.
         let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
         let why = if offers { FallbackReason::NotProposed } else { FallbackReason::Disabled };
-        return plain(cfg, addr, why, user, kernel).await;
+        return plain(ctx, cfg, addr, why, user, kernel).await;
     }
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
-        let t = crate::kernel::transport(tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
+        let t = crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
         if t.settled_by_kernel() {
             return Ok(Established::tcp(tcp, t));
         }
@@ -124,21 +122,21 @@ pub(crate) async fn establish(
     // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_port(local_ip, cfg).await;
-    let prep = Prepared::new(addr, local_ip, cfg, false)?;
+    let prep = Prepared::new(ctx, addr, local_ip, cfg, false)?;
     // An in-band server is given one bound per step: a plain server that waits for its
     // client never answers.
     let timeouts = Timeouts::uniform(cfg.handshake_timeout);
-    let (outcome, conn, _) = run(Channel::<door::ClientWire>::Tcp(&mut tcp), prep, addr, cfg, timeouts).await;
-    finish_inband(cfg, addr, tcp, outcome, conn).await
+    let (outcome, conn, _) = run(ctx, Channel::<door::ClientWire>::Tcp(&mut tcp), prep, addr, cfg, timeouts).await;
+    finish_inband(ctx, cfg, addr, tcp, outcome, conn).await
 }
 
 /// Puts the kernel's `AF_SMC` socket in `user` when the settings want one and the application
 /// gave no socket of its own; whether it did.
-fn kernel_socket(cfg: &Settings, addr: SocketAddr, user: &mut Option<socket2::Socket>) -> bool {
+fn kernel_socket(ctx: &Context, cfg: &Settings, addr: SocketAddr, user: &mut Option<socket2::Socket>) -> bool {
     if user.is_some() || cfg.policy == Policy::TcpOnly {
         return false;
     }
-    *user = crate::kernel::socket(cfg.kernel, addr);
+    *user = crate::kernel::socket(ctx.counters(), cfg.kernel, addr);
     user.is_some()
 }
 
@@ -146,6 +144,7 @@ fn kernel_socket(cfg: &Settings, addr: SocketAddr, user: &mut Option<socket2::So
 /// `kernel`, `user` holds the kernel's `AF_SMC` socket (from [`kernel_socket`]): then the
 /// kernel's SMC, if the server speaks it.
 async fn plain(
+    ctx: &Context,
     cfg: &Settings,
     addr: SocketAddr,
     reason: FallbackReason,
@@ -156,7 +155,11 @@ async fn plain(
         return Err(SmcError::FallbackRefused(reason).into());
     }
     let tcp = tcp_connect(addr, user.take()).await?;
-    let t = if kernel { crate::kernel::transport(tcp.as_fd(), Transport::Tcp(reason)) } else { Transport::Tcp(reason) };
+    let t = if kernel {
+        crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(reason))
+    } else {
+        Transport::Tcp(reason)
+    };
     if cfg.policy == Policy::Never && !t.is_smc() {
         return Err(SmcError::FallbackRefused(t.fallback_reason().unwrap_or(reason)).into());
     }
@@ -185,6 +188,7 @@ const PORT_ATTEMPTS: usize = 4;
 /// The same-host path: the whole handshake on the door, none of it on the TCP stream. `None`:
 /// the destination has no door we trust; nothing was sent.
 async fn via_door(
+    ctx: &Context,
     addr: SocketAddr,
     cfg: &Settings,
     user: &mut Option<socket2::Socket>,
@@ -193,30 +197,32 @@ async fn via_door(
     if !offers {
         return Ok(None);
     }
-    let manager = Manager::global();
+    let manager = ctx.manager();
     // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_port(addr.ip(), cfg).await;
     for attempt in 0.. {
         // The Proposal is made before the connection exists: nothing in it depends on the
         // connection (a same-host connection's local address is the destination's).
-        let prep = Prepared::new(addr, addr.ip(), cfg, true)?;
-        let (reg, sock) = match door::register(addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes, user) {
-            Registered::Yes(reg, sock) => (reg, sock),
-            Registered::NoDoor => return Ok(None),
-            Registered::Starved => {
-                // No descriptor (or memory) to look for doors or register: plain TCP, said as
-                // what it is rather than "no listener".
-                let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason, user, false).await.map(Some);
-            }
-            Registered::Busy => {
-                // The listener is swamped: plain TCP now, as its own congestion decline would.
-                let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-                return plain(cfg, addr, reason, user, false).await.map(Some);
-            }
-        };
-        stats::door(DoorEvent::Registered);
+        let prep = Prepared::new(ctx, addr, addr.ip(), cfg, true)?;
+        let (reg, sock) =
+            match door::register(ctx.counters(), addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes, user) {
+                Registered::Yes(reg, sock) => (reg, sock),
+                Registered::NoDoor => return Ok(None),
+                Registered::Starved => {
+                    // No descriptor (or memory) to look for doors or register: plain TCP, said as
+                    // what it is rather than "no listener".
+                    let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
+                    return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
+                }
+                Registered::Busy => {
+                    // The listener is swamped: plain TCP now, as its own congestion decline would.
+                    let reason =
+                        FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+                    return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
+                }
+            };
+        ctx.counters().door(DoorEvent::Registered);
         let from_user = reg.is_users();
         let tcp = match tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await {
             Ok(t) => t,
@@ -230,7 +236,7 @@ async fn via_door(
                 drop(reg);
                 tracing::debug!("no free port to register: connecting as plain tcp");
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(cfg, addr, reason, user, false).await.map(Some);
+                return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
             }
             Err(e) => return Err(e),
         };
@@ -247,11 +253,11 @@ async fn via_door(
         // a plain client's first data would nudge it sooner, and we send none). Past the
         // handshake timeout we stop waiting and stay on TCP: overload is never an error.
         let timeouts = Timeouts { peer: cfg.handshake_timeout, local: cfg.handshake_timeout };
-        let (outcome, conn, confirmed) = run(Channel::Wire(&mut wire), prep, addr, cfg, timeouts).await;
+        let (outcome, conn, confirmed) = run(ctx, Channel::Wire(&mut wire), prep, addr, cfg, timeouts).await;
         let answered = wire.answered();
         // Closing the door connection is our cancel, where one is still needed.
         drop(wire);
-        return finish_door(cfg, tcp, outcome, conn, confirmed, answered).map(Some);
+        return finish_door(ctx, cfg, tcp, outcome, conn, confirmed, answered).map(Some);
     }
     unreachable!("the loop returns")
 }
@@ -270,14 +276,21 @@ struct Prepared {
 impl Prepared {
     /// What this client proposes to `addr`, its connection coming from `local_ip`; shared
     /// memory only to a listener found at its door (`same_host`).
-    fn new(addr: SocketAddr, local_ip: std::net::IpAddr, cfg: &Settings, same_host: bool) -> io::Result<Prepared> {
-        let shm = if same_host { Manager::global().client_offer(addr, &cfg.shm) } else { None };
+    fn new(
+        ctx: &Context,
+        addr: SocketAddr,
+        local_ip: std::net::IpAddr,
+        cfg: &Settings,
+        same_host: bool,
+    ) -> io::Result<Prepared> {
+        let shm = if same_host { ctx.manager().client_offer(addr, &cfg.shm) } else { None };
         let (shm_offer, shm_rmb, pin) = match shm {
             Some((o, rmb, pin)) => (Some(o), Some(rmb), pin),
             None => (None, None, None),
         };
         #[cfg(feature = "rdma")]
-        let rdma = crate::smc::rdma::client_offer(addr, local_ip, shm_rmb.unwrap_or(cfg.shm.rmb_size), cfg);
+        let rdma =
+            crate::smc::rdma::client_offer(ctx.manager(), addr, local_ip, shm_rmb.unwrap_or(cfg.shm.rmb_size), cfg);
         #[cfg(not(feature = "rdma"))]
         let rdma = {
             let _ = local_ip;
@@ -305,13 +318,14 @@ impl Prepared {
 /// Runs the client's handshake over `chan` to its outcome: the outcome, the connection set up
 /// for SMC (if it came to that), and whether we confirmed.
 async fn run<W: Wire>(
+    ctx: &Context,
     mut chan: Channel<'_, W>,
     prep: Prepared,
     addr: SocketAddr,
     cfg: &Settings,
     timeouts: Timeouts,
 ) -> (io::Result<Outcome>, Option<Arc<SmcConn>>, bool) {
-    let timer = stats::HandshakeTimer::start();
+    let timer = stats::HandshakeTimer::start(ctx.counters());
     let mut hs = match ClientHandshake::new(prep.proposal.clone(), Instant::now(), timeouts) {
         Ok(h) => h,
         Err(e) => return (Err(SmcError::Handshake(e).into()), None, false),
@@ -326,7 +340,7 @@ async fn run<W: Wire>(
     let outcome = loop {
         match chan.advance(&mut hs).await {
             Ok(Step::Event(ClientEvent::Accepted(accept))) => {
-                accepted(&mut hs, &accept, &mut pending, addr, &prep, cfg).await;
+                accepted(ctx, &mut hs, &accept, &mut pending, addr, &prep, cfg).await;
             }
             Ok(Step::Done(o)) => break Ok(o),
             Err(e) => break Err(e),
@@ -335,7 +349,7 @@ async fn run<W: Wire>(
     match &outcome {
         Ok(Outcome::Smc { .. }) => timer.completed(),
         Ok(Outcome::Fallback { reason, by }) => {
-            stats::decline(*reason, *by);
+            ctx.counters().decline(*reason, *by);
             timer.completed();
         }
         _ => drop(timer),
@@ -359,6 +373,7 @@ struct Offered {
 /// The client's decision on the server's Accept: set our end of the link up and confirm, or
 /// decline.
 async fn accepted(
+    ctx: &Context,
     hs: &mut ClientHandshake,
     accept: &crate::proto::clc::Accept,
     pending: &mut PendingConn,
@@ -366,7 +381,7 @@ async fn accepted(
     prep: &Prepared,
     cfg: &Settings,
 ) {
-    let manager = Manager::global();
+    let manager = ctx.manager();
     let (token, rmb_size, offered) = (prep.proposal.token, prep.rmb_size, &prep.offered);
     match &accept.link {
         LinkInfo::Shm(info) if prep.shm_rmb.is_some() => {
@@ -420,6 +435,7 @@ async fn accepted(
 /// TCP wherever it is not SMC, except after our Confirm, where only the server's final word can
 /// settle it (it always sends one before it closes the door).
 fn finish_door(
+    ctx: &Context,
     cfg: &Settings,
     tcp: TcpStream,
     outcome: io::Result<Outcome>,
@@ -435,7 +451,7 @@ fn finish_door(
         }
         // No answer in time: we stop waiting (overload is not refusal).
         Ok(Outcome::Failed(HandshakeError::Timeout)) if !answered => {
-            stats::door(DoorEvent::TimedOut);
+            ctx.counters().door(DoorEvent::TimedOut);
             FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Local }
         }
         // The door closed: the listener went away (or refused our uid) without a final word.
@@ -471,6 +487,7 @@ const TIMEOUT_BACKOFF: Duration = Duration::from_secs(2);
 
 /// The end of an in-band handshake, where the server may not speak SMC at all.
 async fn finish_inband(
+    ctx: &Context,
     cfg: &Settings,
     addr: SocketAddr,
     tcp: TcpStream,
@@ -478,7 +495,7 @@ async fn finish_inband(
     conn: Option<Arc<SmcConn>>,
 ) -> io::Result<Established> {
     if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
-        NegativeCache::global().answered(addr);
+        ctx.negative_cache().answered(addr);
     }
     let err = match outcome {
         Ok(Outcome::Smc { .. }) => return smc_stream(tcp, conn),
@@ -493,7 +510,7 @@ async fn finish_inband(
     // unless the policy requires SMC, connect again as plain TCP.
     drop(tcp);
     let timed_out = SmcError::from_io(&err) == Some(&SmcError::Handshake(HandshakeError::Timeout));
-    let cache = NegativeCache::global();
+    let cache = ctx.negative_cache();
     if timed_out {
         // Silent: a plain server waiting for its client, or an SMC server too busy to answer.
         cache.insert_backoff(addr, Instant::now(), TIMEOUT_BACKOFF, cfg.negative_cache_ttl);

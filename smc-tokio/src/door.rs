@@ -45,18 +45,20 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Mutex;
-use std::task::{ready, Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::config::Overrides;
+use crate::context::Context;
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
 use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
+use crate::stats::Counters;
 use crate::sys::{self, PeerCred, PeerFd};
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
@@ -139,6 +141,8 @@ pub(crate) struct Door {
     listener: AsyncFd<OwnedFd>,
     /// The listener's settings: the uids it trusts are read from them at each drain.
     settings: Overrides,
+    /// The listener's context: the base of its settings, its counters.
+    ctx: Context,
     /// Registrations and unregistered door connections held at most ([`entry_budget`]).
     budget: usize,
     /// The port the listener listens on.
@@ -195,6 +199,7 @@ impl DoorState {
 /// on the door connection.
 pub(crate) struct Registration {
     conn: PeerFd,
+    counters: Arc<Counters>,
     pub(crate) client: ClientIdentity,
     proposal: Vec<u8>,
 }
@@ -208,16 +213,16 @@ impl fmt::Debug for Registration {
 /// Answers "no SMC" on a door connection, and counts it (every path that refuses comes here:
 /// the door's budget, an unusable registration, a listener turned `TcpOnly`, a full or
 /// congested handshake queue): a door "no SMC" and a decline sent, by its reason.
-fn refuse_on(conn: &PeerFd, kind: DoorKind, reason: DeclineReason) {
-    crate::stats::door(crate::stats::DoorEvent::Unmatched);
-    crate::stats::decline(reason, crate::proto::handshake::Side::Local);
+fn refuse_on(counters: &Counters, conn: &PeerFd, kind: DoorKind, reason: DeclineReason) {
+    counters.door(crate::stats::DoorEvent::Unmatched);
+    counters.decline(reason, crate::proto::handshake::Side::Local);
     let _ = send_frame(conn.as_fd(), DoorFrame { kind, reason: reason as u8, instance: 0 }, &[]);
 }
 
 impl Registration {
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        refuse_on(&self.conn, DoorKind::Refused, reason);
+        refuse_on(&self.counters, &self.conn, DoorKind::Refused, reason);
     }
 
     /// The wire the handshake runs over, starting with the client's Proposal. `None` when the
@@ -276,7 +281,7 @@ impl Door {
     /// (`reuseport` off), else (or if someone squats on it) the lowest free index for that
     /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
     /// someone squatting on the names): the listener then serves TCP only.
-    pub(crate) fn open(local: SocketAddr, settings: Overrides, reuseport: bool) -> Option<Door> {
+    pub(crate) fn open(ctx: Context, local: SocketAddr, settings: Overrides, reuseport: bool) -> Option<Door> {
         let base = base_name(local);
         let solo = (!reuseport).then(|| solo_name(&base));
         for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&base, i))) {
@@ -292,7 +297,7 @@ impl Door {
                     };
                     let budget = entry_budget();
                     let port = local.port();
-                    return Some(Door { name, listener, settings, budget, port, state: Mutex::default() });
+                    return Some(Door { name, listener, settings, ctx, budget, port, state: Mutex::default() });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
                 Err(e) => {
@@ -321,7 +326,7 @@ impl Door {
     pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let (peer, local) = (sys::unmap(peer), sys::unmap(local));
         let mut st = self.lock();
-        if let Some(r) = st.take(peer, local) {
+        if let Some(r) = st.take(self.ctx.counters(), peer, local) {
             return Some(r);
         }
         // The registration was queued before the client's SYN, so it is somewhere in the
@@ -331,7 +336,7 @@ impl Door {
         // is at most the door's backlog deep, so this ends.
         for _ in 0..=MAX_ENTRIES / DRAIN_BATCH {
             let more = self.drain(&mut st);
-            if let Some(r) = st.take(peer, local) {
+            if let Some(r) = st.take(self.ctx.counters(), peer, local) {
                 return Some(r);
             }
             if !matches!(more, Ok(true)) {
@@ -359,7 +364,7 @@ impl Door {
     /// task). `Ok(true)`: more may be queued (the caller comes back after other work). An error
     /// (no descriptor for a new connection, say) is returned so that the caller backs off
     /// instead of spinning on a door that stays readable.
-    pub(crate) fn poll_drain(&self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+    pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<bool>> {
         let mut guard = ready!(self.listener.poll_read_ready(cx))?;
         let mut st = self.lock();
         match self.drain(&mut st) {
@@ -384,10 +389,17 @@ impl Door {
             match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) => match sys::peer_cred(conn.as_fd()) {
                     Ok(cred)
-                        if cred.trusted(allowed.get_or_insert_with(|| self.settings.resolve().shm.allowed_uids)) =>
+                        if cred.trusted(
+                            allowed.get_or_insert_with(|| self.settings.resolve(self.ctx.settings()).shm.allowed_uids),
+                        ) =>
                     {
                         if st.held() >= self.budget {
-                            refuse_on(&conn, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
+                            refuse_on(
+                                self.ctx.counters(),
+                                &conn,
+                                DoorKind::Unmatched,
+                                DeclineReason::HandshakeCongested,
+                            );
                         } else {
                             st.waiting.push(Waiting { conn, cred, since: Instant::now() });
                         }
@@ -400,7 +412,7 @@ impl Door {
                             pid = cred.pid,
                             "refusing a door connection from an untrusted peer"
                         );
-                        crate::stats::door_refused();
+                        self.ctx.counters().door_refused();
                     }
                     Err(e) => tracing::debug!(error = %e, "door connection without credentials"),
                 },
@@ -424,7 +436,7 @@ impl Door {
                     st.waiting.push(w);
                 }
                 Ok(Some((frame, payload, fds))) if frame.kind == DoorKind::Register => {
-                    st.register(w, frame, payload, fds)
+                    st.register(self.ctx.counters(), w, frame, payload, fds)
                 }
                 // A closed connection, a message out of order or garbage: drop it.
                 _ => {}
@@ -461,17 +473,17 @@ impl Door {
 }
 
 impl DoorState {
-    fn register(&mut self, w: Waiting, frame: DoorFrame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
+    fn register(&mut self, counters: &Counters, w: Waiting, frame: DoorFrame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
         let mut fds = fds.into_iter();
         let (Some(sock), None) = (fds.next(), fds.next()) else {
             tracing::debug!("door registration without exactly one socket");
-            return refuse_on(&w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
+            return refuse_on(counters, &w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
         };
         let port = match sys::registrable_socket(sock.as_fd()) {
             Ok(p) => p,
             Err(why) => {
                 tracing::debug!(why, "door registration with an unusable socket");
-                return refuse_on(&w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
+                return refuse_on(counters, &w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
             }
         };
         // The registration is the one message that carries a descriptor: from here on the
@@ -491,7 +503,7 @@ impl DoorState {
     /// Takes the registration for a connection from `peer` to `local`: the one whose socket is
     /// that connection's client end (its four-tuple, seen from the other side). At most one
     /// socket in the system has that four-tuple.
-    fn take(&mut self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
+    fn take(&mut self, counters: &Arc<Counters>, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let list = self.entries.get_mut(&peer.port())?;
         let i = list.iter().position(|e| sys::socket_tuple(e.sock.as_fd()) == Some((peer, local)))?;
         let mut e = list.swap_remove(i);
@@ -502,7 +514,7 @@ impl DoorState {
         // The proof has served; the socket is let go now (on the closer thread), its options
         // as the client set them: it is the client's connection.
         e.sock.keep_options();
-        Some(Registration { client: identity(&e), conn: e.conn, proposal: e.proposal })
+        Some(Registration { client: identity(&e), conn: e.conn, counters: counters.clone(), proposal: e.proposal })
     }
 }
 
@@ -559,7 +571,7 @@ struct Lookup {
     starved: bool,
 }
 
-fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
+fn find_doors(counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
     let dst = sys::unmap(dst);
     let mut bases = vec![base_name(dst)];
     if sys::is_local_ip(dst.ip()) {
@@ -606,7 +618,7 @@ fn find_doors(dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
                         }
                         Ok(cred) => {
                             tracing::debug!(uid = cred.uid, gid = cred.gid, door = %base, "door owned by an untrusted peer: not registering");
-                            crate::stats::door_refused();
+                            counters.door_refused();
                         }
                         Err(e) => starved |= sys::is_starved(&e),
                     }
@@ -650,13 +662,14 @@ pub(crate) enum Registered {
 /// of ours when there is a door; it stays in `user` otherwise. An unbound one is bound to the
 /// wildcard address and a port the kernel picks.
 pub(crate) fn register(
+    counters: &Counters,
     dst: SocketAddr,
     allowed_uids: &[u32],
     instance: u64,
     proposal: &[u8],
     user: &mut Option<socket2::Socket>,
 ) -> Registered {
-    let Lookup { mut doors, busy, starved } = find_doors(dst, allowed_uids);
+    let Lookup { mut doors, busy, starved } = find_doors(counters, dst, allowed_uids);
     if doors.is_empty() {
         return if busy {
             Registered::Busy

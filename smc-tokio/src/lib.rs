@@ -93,6 +93,7 @@
 mod accept;
 pub mod config;
 mod connect;
+mod context;
 mod door;
 mod error;
 #[cfg(feature = "test-util")]
@@ -132,6 +133,7 @@ pub mod rdma {
 }
 
 pub use config::Policy;
+pub use context::Context;
 pub use error::SmcError;
 pub use net::{
     CorkGuard, OwnedReadHalf, OwnedWriteHalf, ReadHalf, ReuniteError, SmcListener, SmcListenerBuilder, SmcSocket,

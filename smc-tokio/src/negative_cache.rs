@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Most peers remembered at once. An entry is ~40 bytes, so the cache stays under 200 KiB; a
@@ -19,12 +19,6 @@ pub(crate) struct NegativeCache {
 }
 
 impl NegativeCache {
-    /// The process-wide cache.
-    pub(crate) fn global() -> &'static NegativeCache {
-        static CACHE: OnceLock<NegativeCache> = OnceLock::new();
-        CACHE.get_or_init(NegativeCache::default)
-    }
-
     /// Whether `peer` is remembered as plain at `now`; expired entries are dropped.
     pub(crate) fn contains(&self, peer: SocketAddr, now: Instant) -> bool {
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -84,11 +78,12 @@ impl NegativeCache {
     /// Adaptive fallback: records how an SMC connection to `peer` ended. After
     /// [`ADAPTIVE_STRIKES`](crate::config::ADAPTIVE_STRIKES) short ones in a row, the server is
     /// remembered for `ttl` like a plain one: for it, the handshake costs more than it saves.
-    pub(crate) fn record_smc_conn(&self, peer: SocketAddr, long_enough: bool, ttl: Duration) {
+    /// Returns whether this connection made the server one to leave alone.
+    pub(crate) fn record_smc_conn(&self, peer: SocketAddr, long_enough: bool, ttl: Duration) -> bool {
         let mut strikes = self.strikes.lock().unwrap_or_else(|e| e.into_inner());
         if long_enough {
             strikes.remove(&peer);
-            return;
+            return false;
         }
         if strikes.len() >= CAPACITY && !strikes.contains_key(&peer) {
             strikes.clear();
@@ -99,9 +94,10 @@ impl NegativeCache {
             strikes.remove(&peer);
             drop(strikes);
             tracing::debug!(%peer, "adaptive fallback: short smc connections; proposing no more for a while");
-            crate::stats::adaptive_fallback();
             self.insert(peer, Instant::now(), ttl);
+            return true;
         }
+        false
     }
 
     #[cfg(test)]
@@ -137,13 +133,13 @@ mod tests {
         let c = NegativeCache::default();
         let ttl = Duration::from_secs(10);
         let now = Instant::now();
-        c.record_smc_conn(addr(9), false, ttl);
-        c.record_smc_conn(addr(9), false, ttl);
-        c.record_smc_conn(addr(9), true, ttl); // a long connection resets the count
-        c.record_smc_conn(addr(9), false, ttl);
-        c.record_smc_conn(addr(9), false, ttl);
+        assert!(!c.record_smc_conn(addr(9), false, ttl));
+        assert!(!c.record_smc_conn(addr(9), false, ttl));
+        assert!(!c.record_smc_conn(addr(9), true, ttl)); // a long connection resets the count
+        assert!(!c.record_smc_conn(addr(9), false, ttl));
+        assert!(!c.record_smc_conn(addr(9), false, ttl));
         assert!(!c.contains(addr(9), now));
-        c.record_smc_conn(addr(9), false, ttl);
+        assert!(c.record_smc_conn(addr(9), false, ttl));
         assert!(c.contains(addr(9), Instant::now()));
     }
 

@@ -33,8 +33,9 @@ struct Role {
     fallbacks: [AtomicU64; FALLBACKS],
 }
 
+/// One context's counters (the default context's are the process's, [`stats`]).
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     client: Role,
     server: Role,
     declines_sent: [AtomicU64; REASONS],
@@ -70,9 +71,12 @@ struct Kernel {
     reasons: std::sync::Mutex<std::collections::BTreeMap<u32, u64>>,
 }
 
-fn counters() -> &'static Counters {
-    static C: std::sync::OnceLock<Counters> = std::sync::OnceLock::new();
-    C.get_or_init(Counters::default)
+impl Counters {
+    /// The default context's counters: what [`stats`] reports.
+    pub(crate) fn process() -> &'static std::sync::Arc<Counters> {
+        static C: std::sync::OnceLock<std::sync::Arc<Counters>> = std::sync::OnceLock::new();
+        C.get_or_init(std::sync::Arc::default)
+    }
 }
 
 /// The index of `t` in the byte counters; `None` for the kernel's SMC (counted apart).
@@ -104,96 +108,6 @@ fn reason_index(r: DeclineReason) -> usize {
     (r as usize).saturating_sub(1).min(REASONS - 1)
 }
 
-/// Counts a connection handed to the application.
-pub(crate) fn connection(server: bool, t: Transport) {
-    let c = counters();
-    let role = if server { &c.server } else { &c.client };
-    let n = match t {
-        Transport::SmcD => &role.smc_d,
-        Transport::SmcR => &role.smc_r,
-        Transport::KernelSmcD => &role.kernel_smc_d,
-        Transport::KernelSmcR => &role.kernel_smc_r,
-        // Its mode is unknown: counted as TCP, and in the kernel stats as unknown.
-        Transport::KernelUnknown => &role.tcp,
-        Transport::Tcp(r) => {
-            role.fallbacks[fallback_index(r)].fetch_add(1, Ordering::Relaxed);
-            &role.tcp
-        }
-    };
-    n.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts a decline this process sent or received.
-pub(crate) fn decline(reason: DeclineReason, by: Side) {
-    let c = counters();
-    let a = match by {
-        Side::Local => &c.declines_sent,
-        Side::Peer => &c.declines_received,
-    };
-    a[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts bytes moved by the application over `t`.
-pub(crate) fn bytes(t: Transport, sent: bool, n: usize) {
-    let c = counters();
-    match transport_index(t) {
-        Some(i) => {
-            let a = if sent { &c.bytes_sent } else { &c.bytes_received };
-            a[i].fetch_add(n as u64, Ordering::Relaxed);
-        }
-        None => {
-            let k = if sent { &c.kernel.bytes_sent } else { &c.kernel.bytes_received };
-            k.fetch_add(n as u64, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Counts what the kernel made of an `AF_SMC` connection.
-pub(crate) fn kernel_transport(t: Transport) {
-    let k = &counters().kernel;
-    let n = match t {
-        Transport::KernelSmcR => &k.smc_r,
-        Transport::KernelSmcD => &k.smc_d,
-        Transport::KernelUnknown => &k.unknown,
-        _ => &k.fallback,
-    };
-    n.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts a kernel fallback by the kernel's reason code.
-pub(crate) fn kernel_fallback(reason: u32) {
-    let mut m = counters().kernel.reasons.lock().unwrap_or_else(|e| e.into_inner());
-    *m.entry(reason).or_default() += 1;
-}
-
-/// Counts a socket that was wanted as `AF_SMC` but is plain TCP.
-pub(crate) fn kernel_unavailable(why: crate::transport::KernelUnavailable) {
-    if let Some(c) = counters().kernel.unavailable.get(why.index()) {
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-pub(crate) fn link_group_up() {
-    counters().link_groups.fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn link_group_rescued() {
-    counters().link_groups_rescued.fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn link_group_down() {
-    let _ = counters().link_groups.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
-}
-
-/// Counts a shared-memory ring that grew (RMB autotuning).
-pub(crate) fn rmb_grown() {
-    counters().rmb_grown.fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn adaptive_fallback() {
-    counters().adaptive_fallbacks.fetch_add(1, Ordering::Relaxed);
-}
-
 /// What happened at a door (see [`Stats::door`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum DoorEvent {
@@ -204,42 +118,134 @@ pub(crate) enum DoorEvent {
     Refused = 4,
 }
 
-pub(crate) fn door(e: DoorEvent) {
-    counters().door[e as usize].fetch_add(1, Ordering::Relaxed);
-}
+impl Counters {
+    /// Counts a connection handed to the application.
+    pub(crate) fn connection(&self, server: bool, t: Transport) {
+        let c = self;
+        let role = if server { &c.server } else { &c.client };
+        let n = match t {
+            Transport::SmcD => &role.smc_d,
+            Transport::SmcR => &role.smc_r,
+            Transport::KernelSmcD => &role.kernel_smc_d,
+            Transport::KernelSmcR => &role.kernel_smc_r,
+            // Its mode is unknown: counted as TCP, and in the kernel stats as unknown.
+            Transport::KernelUnknown => &role.tcp,
+            Transport::Tcp(r) => {
+                role.fallbacks[fallback_index(r)].fetch_add(1, Ordering::Relaxed);
+                &role.tcp
+            }
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
 
-/// A door connection or a door's owner refused for its uid.
-pub(crate) fn door_refused() {
-    door(DoorEvent::Refused);
-}
+    /// Counts a decline this process sent or received.
+    pub(crate) fn decline(&self, reason: DeclineReason, by: Side) {
+        let c = self;
+        let a = match by {
+            Side::Local => &c.declines_sent,
+            Side::Peer => &c.declines_received,
+        };
+        a[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+    }
 
-/// A late handshake message taken off a TCP stream before the application's bytes.
-pub(crate) fn late_message() {
-    counters().late_messages.fetch_add(1, Ordering::Relaxed);
-}
+    /// Counts bytes moved by the application over `t`.
+    pub(crate) fn bytes(&self, t: Transport, sent: bool, n: usize) {
+        let c = self;
+        match transport_index(t) {
+            Some(i) => {
+                let a = if sent { &c.bytes_sent } else { &c.bytes_received };
+                a[i].fetch_add(n as u64, Ordering::Relaxed);
+            }
+            None => {
+                let k = if sent { &c.kernel.bytes_sent } else { &c.kernel.bytes_received };
+                k.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
 
-/// The in-band guard held a partial handshake prefix and started its wait for more.
-pub(crate) fn partial_wait() {
-    counters().partial_waits.fetch_add(1, Ordering::Relaxed);
+    /// Counts what the kernel made of an `AF_SMC` connection.
+    pub(crate) fn kernel_transport(&self, t: Transport) {
+        let k = &self.kernel;
+        let n = match t {
+            Transport::KernelSmcR => &k.smc_r,
+            Transport::KernelSmcD => &k.smc_d,
+            Transport::KernelUnknown => &k.unknown,
+            _ => &k.fallback,
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a kernel fallback by the kernel's reason code.
+    pub(crate) fn kernel_fallback(&self, reason: u32) {
+        let mut m = self.kernel.reasons.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(reason).or_default() += 1;
+    }
+
+    /// Counts a socket that was wanted as `AF_SMC` but is plain TCP.
+    pub(crate) fn kernel_unavailable(&self, why: crate::transport::KernelUnavailable) {
+        if let Some(c) = self.kernel.unavailable.get(why.index()) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn link_group_up(&self) {
+        self.link_groups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn link_group_rescued(&self) {
+        self.link_groups_rescued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn link_group_down(&self) {
+        let _ = self.link_groups.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
+    }
+
+    /// Counts a shared-memory ring that grew (RMB autotuning).
+    pub(crate) fn rmb_grown(&self) {
+        self.rmb_grown.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn adaptive_fallback(&self) {
+        self.adaptive_fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn door(&self, e: DoorEvent) {
+        self.door[e as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A door connection or a door's owner refused for its uid.
+    pub(crate) fn door_refused(&self) {
+        self.door(DoorEvent::Refused);
+    }
+
+    /// A late handshake message taken off a TCP stream before the application's bytes.
+    pub(crate) fn late_message(&self) {
+        self.late_messages.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The in-band guard held a partial handshake prefix and started its wait for more.
+    pub(crate) fn partial_wait(&self) {
+        self.partial_waits.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A handshake in flight; records its duration and outcome when finished or dropped.
-#[derive(Debug)]
 pub(crate) struct HandshakeTimer {
+    counters: std::sync::Arc<Counters>,
     start: Instant,
     done: bool,
 }
 
 impl HandshakeTimer {
-    pub(crate) fn start() -> HandshakeTimer {
-        counters().handshakes_in_flight.fetch_add(1, Ordering::Relaxed);
-        HandshakeTimer { start: Instant::now(), done: false }
+    pub(crate) fn start(counters: &std::sync::Arc<Counters>) -> HandshakeTimer {
+        counters.handshakes_in_flight.fetch_add(1, Ordering::Relaxed);
+        HandshakeTimer { counters: counters.clone(), start: Instant::now(), done: false }
     }
 
     /// The handshake ended with an outcome (SMC or a decline): it completed.
     pub(crate) fn completed(mut self) {
         self.done = true;
-        let c = counters();
+        let c = &self.counters;
         c.handshakes_completed.fetch_add(1, Ordering::Relaxed);
         let t = self.start.elapsed();
         let b = HANDSHAKE_BUCKETS.iter().position(|&limit| t <= limit).unwrap_or(HANDSHAKE_BUCKETS.len());
@@ -249,7 +255,7 @@ impl HandshakeTimer {
 
 impl Drop for HandshakeTimer {
     fn drop(&mut self) {
-        let c = counters();
+        let c = &self.counters;
         let _ =
             c.handshakes_in_flight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(1)));
         if !self.done {
@@ -431,10 +437,12 @@ pub struct KernelStats {
 }
 
 /// Counts a handshake without RDMA, by reason index (see [`Stats::rdma_unavailable`]).
-#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-pub(crate) fn rdma_unavailable(index: usize) {
-    if let Some(c) = counters().rdma_unavailable.get(index) {
-        c.fetch_add(1, Ordering::Relaxed);
+impl Counters {
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn rdma_unavailable(&self, index: usize) {
+        if let Some(c) = self.rdma_unavailable.get(index) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -471,32 +479,45 @@ fn role(r: &Role) -> RoleStats {
 /// assert!(s.server.total() >= s.server.smc_d);
 /// ```
 pub fn stats() -> Stats {
-    let c = counters();
-    Stats {
-        client: role(&c.client),
-        server: role(&c.server),
-        declines_sent: load(&c.declines_sent),
-        declines_received: load(&c.declines_received),
-        handshakes_in_flight: c.handshakes_in_flight.load(Ordering::Relaxed),
-        handshakes_completed: c.handshakes_completed.load(Ordering::Relaxed),
-        handshakes_failed: c.handshakes_failed.load(Ordering::Relaxed),
-        handshake_time: load(&c.handshake_hist),
-        bytes_sent: load(&c.bytes_sent),
-        bytes_received: load(&c.bytes_received),
-        link_groups: c.link_groups.load(Ordering::Relaxed),
-        link_groups_rescued: c.link_groups_rescued.load(Ordering::Relaxed),
-        rmb_bytes: crate::config::rmb_memory_in_use(),
-        adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
-        rmb_grown: c.rmb_grown.load(Ordering::Relaxed),
-        rdma_unavailable: load(&c.rdma_unavailable),
-        door: load(&c.door),
-        late_messages: c.late_messages.load(Ordering::Relaxed),
-        partial_waits: c.partial_waits.load(Ordering::Relaxed),
-        kernel: kernel(&c.kernel),
-        closer: {
-            let k = crate::sys::closer_stats();
-            CloserStats { closed: k.closed, drained: k.drained, stalls: k.stalls, threads: k.threads, queued: k.queued }
-        },
+    Counters::process().snapshot(crate::config::RmbBudget::process())
+}
+
+impl Counters {
+    /// A snapshot, with `budget`'s memory in use.
+    pub(crate) fn snapshot(&self, budget: &crate::config::RmbBudget) -> Stats {
+        let c = self;
+        Stats {
+            client: role(&c.client),
+            server: role(&c.server),
+            declines_sent: load(&c.declines_sent),
+            declines_received: load(&c.declines_received),
+            handshakes_in_flight: c.handshakes_in_flight.load(Ordering::Relaxed),
+            handshakes_completed: c.handshakes_completed.load(Ordering::Relaxed),
+            handshakes_failed: c.handshakes_failed.load(Ordering::Relaxed),
+            handshake_time: load(&c.handshake_hist),
+            bytes_sent: load(&c.bytes_sent),
+            bytes_received: load(&c.bytes_received),
+            link_groups: c.link_groups.load(Ordering::Relaxed),
+            link_groups_rescued: c.link_groups_rescued.load(Ordering::Relaxed),
+            rmb_bytes: budget.in_use(),
+            adaptive_fallbacks: c.adaptive_fallbacks.load(Ordering::Relaxed),
+            rmb_grown: c.rmb_grown.load(Ordering::Relaxed),
+            rdma_unavailable: load(&c.rdma_unavailable),
+            door: load(&c.door),
+            late_messages: c.late_messages.load(Ordering::Relaxed),
+            partial_waits: c.partial_waits.load(Ordering::Relaxed),
+            kernel: kernel(&c.kernel),
+            closer: {
+                let k = crate::sys::closer_stats();
+                CloserStats {
+                    closed: k.closed,
+                    drained: k.drained,
+                    stalls: k.stalls,
+                    threads: k.threads,
+                    queued: k.queued,
+                }
+            },
+        }
     }
 }
 

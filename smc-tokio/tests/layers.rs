@@ -6,7 +6,8 @@
 //! 2. vocabulary and settings: `transport`, `error`, `config`, `stats`;
 //! 3. `link`: links that move bytes (shared memory, verbs) and their reactor glue;
 //! 4. `smc`: SMC connections, link groups and the manager that owns them;
-//! 5. negotiation: `handshake`, `door`, `kernel`, `connect`, `accept`, `negative_cache`, `faults`;
+//! 5. negotiation: `handshake`, `door`, `kernel`, `connect`, `accept`, `negative_cache`, `faults`,
+//!    and `context`, the handle that owns a set of link groups, settings and counters;
 //! 6. `net`: the public types (`SmcListener`, `SmcStream` and friends).
 //!
 //! Modules of one layer may use each other (a connection and its group, a stream and its
@@ -32,6 +33,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("connect", 5),
     ("accept", 5),
     ("negative_cache", 5),
+    ("context", 5),
     ("faults", 5),
     ("net", 6),
     ("fuzzing", 7),

@@ -66,9 +66,17 @@ impl Rng {
 /// A connected SMC-D pair (client, server) with `shm` on both sides; asserts that both ends
 /// are on shared memory.
 pub async fn smc_pair(shm: smc_tokio::config::ShmConfig) -> (smc_tokio::SmcStream, smc_tokio::SmcStream) {
-    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+    smc_pair_in(smc_tokio::Context::global(), shm).await
+}
+
+/// [`smc_pair`], both ends in `ctx`.
+pub async fn smc_pair_in(
+    ctx: &smc_tokio::Context,
+    shm: smc_tokio::config::ShmConfig,
+) -> (smc_tokio::SmcStream, smc_tokio::SmcStream) {
+    let l = SmcListener::builder().context(ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let builder = smc_tokio::SmcStream::builder().shm(shm);
+    let builder = smc_tokio::SmcStream::builder().context(ctx).shm(shm);
     let (c, s) = tokio::join!(builder.connect(addr), l.accept());
     let (c, (s, _)) = (c.unwrap(), s.unwrap());
     assert_eq!(c.transport(), smc_tokio::Transport::SmcD);

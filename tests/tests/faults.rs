@@ -4,7 +4,8 @@
 //! listener keeps accepting SMC and plain clients, and its descriptor count returns to the
 //! baseline once the idle link groups are gone.
 //!
-//! Alone in its test binary, and its tests run one at a time: they count `/proc/self/fd`.
+//! Each test has a context of its own (its link groups and counters are its own), but they run
+//! one at a time: they count `/proc/self/fd`, which is the process's.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
-use smc_tokio::{SmcListener, SmcStream, Transport};
+use smc_tokio::{Context, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, open_fds, Rng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -32,11 +33,11 @@ fn seed() -> u64 {
     s
 }
 
-/// Waits until no link group is left and the descriptor count has held still for 300 ms; returns
-/// the count.
-async fn settle() -> usize {
+/// Waits until `ctx` has no link group left and the descriptor count has held still for 300 ms;
+/// returns the count.
+async fn settle(ctx: &Context) -> usize {
     bounded(30, async {
-        while smc_tokio::stats().link_groups != 0 {
+        while ctx.stats().link_groups != 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tests::settle_fds().await
@@ -115,10 +116,12 @@ fn big_file() -> std::fs::File {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_descriptors() {
     let _serial = SERIAL.lock().await;
+    let ctx = Context::new();
     let mut rng = Rng::new(seed());
     let file = Arc::new(big_file());
     let l = Arc::new(
         SmcListener::builder()
+            .context(&ctx)
             .shm(shm())
             .handshake_timeout(Duration::from_millis(500))
             .bind("127.0.0.1:0")
@@ -166,7 +169,7 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
     assert_eq!(out, "TRANSPORT smc-d");
     assert!(bounded(20, warm.wait()).await.unwrap().success());
     drop(warm);
-    let baseline = settle().await;
+    let baseline = settle(&ctx).await;
     eprintln!("baseline {baseline} descriptors; a peer is connected {to_connected:?} after its spawn");
 
     let phases: [(&str, &str, u8, u64); 3] = [
@@ -177,7 +180,7 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
     for (phase, peer_mode, server_mode, max_delay_ms) in phases {
         mode.store(server_mode, Ordering::SeqCst);
         let mut transports = Vec::new();
-        let before = smc_tokio::stats();
+        let before = ctx.stats();
         for i in 0..ITERATIONS {
             let mut child = peer(&[peer_mode, &addr.to_string()]);
             let delay = Duration::from_micros(rng.range(0, max_delay_ms as usize * 1000) as u64);
@@ -208,7 +211,7 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
             }
         }
         let smc = transports.iter().filter(|t| t.as_str() == "TRANSPORT smc-d").count();
-        let after = smc_tokio::stats();
+        let after = ctx.stats();
         eprintln!(
             "{phase}: {ITERATIONS} kills; {smc} of {} peers were on smc-d when killed; server handed out {} smc-d and {} tcp connections, {} handshakes failed",
             transports.len(),
@@ -225,7 +228,7 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
 
     // Still serving, SMC and plain clients alike.
     mode.store(ECHO, Ordering::SeqCst);
-    let s = bounded(10, SmcStream::builder().shm(shm()).connect(addr)).await.unwrap();
+    let s = bounded(10, SmcStream::builder().context(&ctx).shm(shm()).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::SmcD);
     bounded(20, echo_check(s, &Rng::new(9).bytes(1 << 20), 50_000, 9)).await;
     let c = TcpStream::connect(addr).await.unwrap();
@@ -243,10 +246,12 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_servers_killed_at_random_points_leave_the_client_with_errors_and_no_descriptors() {
     let _serial = SERIAL.lock().await;
+    let ctx = Context::new();
     let mut rng = Rng::new(seed());
     let file = Arc::new(big_file());
     // No negative cache: a killed server's port may come back as a later iteration's server.
     let builder = SmcStream::builder()
+        .context(&ctx)
         .shm(shm())
         .handshake_timeout(Duration::from_millis(500))
         .negative_cache_ttl(Duration::ZERO);
@@ -255,7 +260,7 @@ async fn peer_servers_killed_at_random_points_leave_the_client_with_errors_and_n
     let _ = first_line(&mut warm).await;
     warm.kill().await.unwrap();
     drop(warm);
-    let baseline = settle().await;
+    let baseline = settle(&ctx).await;
     eprintln!("baseline {baseline} descriptors");
     let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
     for phase in ["connect", "mid-stream", "sendfile"] {

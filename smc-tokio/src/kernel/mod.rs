@@ -67,7 +67,7 @@ fn smc_loaded() -> bool {
 
 /// A non-blocking `AF_SMC` stream socket for `addr`'s family, or why there is none (`None`:
 /// the mode is [`KernelMode::Off`], nothing to count). Reasons are counted in the stats.
-pub(crate) fn socket(mode: KernelMode, addr: SocketAddr) -> Option<socket2::Socket> {
+pub(crate) fn socket(counters: &crate::stats::Counters, mode: KernelMode, addr: SocketAddr) -> Option<socket2::Socket> {
     let why = match mode {
         KernelMode::Off => return None,
         KernelMode::Auto if !smc_loaded() => KernelUnavailable::NotLoaded,
@@ -85,7 +85,7 @@ pub(crate) fn socket(mode: KernelMode, addr: SocketAddr) -> Option<socket2::Sock
             }
         },
     };
-    crate::stats::kernel_unavailable(why);
+    counters.kernel_unavailable(why);
     None
 }
 
@@ -131,12 +131,12 @@ pub(crate) fn diag(fd: BorrowedFd<'_>) -> io::Result<DiagMode> {
 /// `ours`: the kernel's SMC if the kernel moved it; ours if we moved it (the kernel fell back,
 /// since our peer did not speak the kernel's SMC); otherwise TCP, for the kernel's reason.
 /// Counted in the stats.
-pub(crate) fn transport(fd: BorrowedFd<'_>, ours: Transport) -> Transport {
+pub(crate) fn transport(counters: &crate::stats::Counters, fd: BorrowedFd<'_>, ours: Transport) -> Transport {
     let t = match diag(fd) {
         Ok(DiagMode::SmcR) => Transport::KernelSmcR,
         Ok(DiagMode::SmcD) => Transport::KernelSmcD,
         Ok(DiagMode::Fallback { reason, peer_diagnosis }) => {
-            crate::stats::kernel_fallback(reason);
+            counters.kernel_fallback(reason);
             if ours.is_smc() {
                 ours
             } else {
@@ -152,7 +152,7 @@ pub(crate) fn transport(fd: BorrowedFd<'_>, ours: Transport) -> Transport {
             Transport::KernelUnknown
         }
     };
-    crate::stats::kernel_transport(t);
+    counters.kernel_transport(t);
     t
 }
 
@@ -325,9 +325,9 @@ mod tests {
 
     #[test]
     fn off_makes_no_socket_and_counts_nothing() {
-        let before = crate::stats::stats().kernel.unavailable;
-        assert!(socket(KernelMode::Off, "127.0.0.1:1".parse().unwrap()).is_none());
-        assert_eq!(crate::stats::stats().kernel.unavailable, before);
+        let counters = crate::stats::Counters::default();
+        assert!(socket(&counters, KernelMode::Off, "127.0.0.1:1".parse().unwrap()).is_none());
+        assert_eq!(counters.snapshot(&crate::config::RmbBudget::new()).kernel.unavailable, [0; 3]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use crate::proto::clc::{
     decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Token, CLC_EYECATCHER, CLC_MAX_LEN,
 };
-use crate::stats;
+use crate::stats::Counters;
 
 pub(crate) use crate::handshake::Owed;
 
@@ -83,6 +83,7 @@ struct State {
 pub(crate) struct InbandGuard {
     active: AtomicBool,
     state: Mutex<State>,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for InbandGuard {
@@ -102,8 +103,9 @@ enum Class {
 }
 
 impl InbandGuard {
-    pub(crate) fn new(owed: Owed, partial_wait: Duration) -> InbandGuard {
+    pub(crate) fn new(owed: Owed, partial_wait: Duration, counters: Arc<Counters>) -> InbandGuard {
         InbandGuard {
+            counters,
             active: AtomicBool::new(true),
             state: Mutex::new(State {
                 owed,
@@ -272,7 +274,7 @@ impl InbandGuard {
                             return Poll::Ready(Ok(()));
                         }
                         if st.partial.is_none() {
-                            stats::partial_wait();
+                            self.counters.partial_wait();
                         }
                         let wait = st.partial_wait;
                         let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
@@ -300,7 +302,7 @@ impl InbandGuard {
             Class::Data => st.phase = Phase::Deliver,
             Class::Take(len, reply) => {
                 st.held.drain(..len);
-                stats::late_message();
+                self.counters.late_message();
                 tracing::debug!(owed = ?st.owed, answered = reply.is_some(), "took a late handshake message off the stream");
                 if let Some(r) = reply {
                     st.reply = r;

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::accept::{self, Handoff, ListenerShared, Waiter};
 use crate::config::{Overrides, Policy, Settings, ShmConfig};
+use crate::context::Context as SmcContext;
 use crate::door::Door;
 use crate::net::stream::SmcStream;
 use crate::sys;
@@ -23,8 +24,8 @@ pub use crate::accept::LISTEN_BACKLOG;
 /// A socket for a listener on `addr`: the kernel's `AF_SMC` one when `cfg` wants it and the
 /// kernel has it (with `SMC_LIMIT_HS` as `cfg.limit_handshake`: the kernel reads it in
 /// `listen`), else TCP.
-fn bind_tcp(addr: SocketAddr, cfg: &Settings) -> io::Result<tokio::net::TcpSocket> {
-    let sock = match crate::kernel::socket(cfg.kernel, addr) {
+fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<tokio::net::TcpSocket> {
+    let sock = match crate::kernel::socket(ctx.counters(), cfg.kernel, addr) {
         // An AF_SMC socket takes the TCP socket calls (bind, listen, options) and passes them
         // to its TCP socket; tokio only needs a stream socket's descriptor.
         Some(s) => {
@@ -167,6 +168,7 @@ impl Drop for Accept<'_> {
 #[derive(Debug, Clone)]
 pub struct SmcListenerBuilder {
     o: Overrides,
+    ctx: SmcContext,
 }
 
 impl Default for SmcListenerBuilder {
@@ -196,7 +198,31 @@ impl SmcListenerBuilder {
     /// # }
     /// ```
     pub fn new() -> Self {
-        Self { o: Overrides::default() }
+        Self { o: Overrides::default(), ctx: SmcContext::global().clone() }
+    }
+
+    /// The context the listener belongs to: its link groups, the settings this builder's
+    /// values override, its counters. Without it, [`Context::global`](crate::Context::global).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config::Settings, Context, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let mut settings = Settings::default();
+    /// settings.max_pending_handshakes = 8;
+    /// let ctx = Context::with_settings(settings);
+    /// let listener = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await?;
+    /// assert_eq!(listener.settings().max_pending_handshakes, 8);
+    /// assert!(listener.context().ptr_eq(&ctx));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn context(mut self, ctx: &SmcContext) -> Self {
+        self.ctx = ctx.clone();
+        self
     }
 
     /// Shared-memory (SMC-D) settings for connections accepted by this listener.
@@ -419,9 +445,9 @@ impl SmcListenerBuilder {
     /// ```
     pub async fn bind<A: ToSocketAddrs>(self, addr: A) -> io::Result<SmcListener> {
         let mut last = None;
-        let cfg = self.o.resolve();
+        let cfg = self.o.resolve(self.ctx.settings());
         for a in tokio::net::lookup_host(addr).await? {
-            let sock = match bind_tcp(a, &cfg) {
+            let sock = match bind_tcp(&self.ctx, a, &cfg) {
                 Ok(s) => s,
                 Err(e) => {
                     last = Some(e);
@@ -430,8 +456,8 @@ impl SmcListenerBuilder {
             };
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
-            let door = open_door(&self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
-            return Ok(SmcListener::start_with(sock.listen(LISTEN_BACKLOG)?, self.o, door));
+            let door = open_door(&self.ctx, &self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
+            return Ok(SmcListener::start_with(self.ctx, sock.listen(LISTEN_BACKLOG)?, self.o, door));
         }
         Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
@@ -460,11 +486,11 @@ impl SmcListenerBuilder {
         if sock.local_addr().map_or(true, |a| a.port() == 0) {
             // Not bound: listen picks the port, so nobody can connect before it is known, and
             // the door opens after.
-            return Ok(SmcListener::start(sock.listen(backlog)?, self.o));
+            return Ok(SmcListener::start(self.ctx, sock.listen(backlog)?, self.o));
         }
         let reuseport = sock.reuseport().unwrap_or(false);
-        let door = open_door(&self.o, sock.local_addr(), reuseport);
-        Ok(SmcListener::start_with(sock.listen(backlog)?, self.o, door))
+        let door = open_door(&self.ctx, &self.o, sock.local_addr(), reuseport);
+        Ok(SmcListener::start_with(self.ctx, sock.listen(backlog)?, self.o, door))
     }
 
     /// Wraps an already bound tokio listener. Must be called inside a tokio runtime: the
@@ -487,7 +513,7 @@ impl SmcListenerBuilder {
     /// # }
     /// ```
     pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
-        SmcListener::start(tcp, self.o)
+        SmcListener::start(self.ctx, tcp, self.o)
     }
 
     /// Wraps an already bound std listener, as [`TcpListener::from_std`] does (the listener
@@ -517,10 +543,10 @@ impl SmcListenerBuilder {
 /// The door of a listener on `local` (none under [`Policy::TcpOnly`] at bind, or when it
 /// cannot open). The door reads the uids it trusts from `settings` whenever it takes knocks,
 /// so a run-time change of the allowed uids reaches it.
-fn open_door(settings: &Overrides, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
-    match (settings.resolve().policy, local) {
+fn open_door(ctx: &SmcContext, settings: &Overrides, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
+    match (settings.resolve(ctx.settings()).policy, local) {
         (Policy::TcpOnly, _) => None,
-        (_, Ok(local)) => Door::open(local, settings.clone(), reuseport),
+        (_, Ok(local)) => Door::open(ctx.clone(), local, settings.clone(), reuseport),
         (_, Err(e)) => {
             tracing::warn!(error = %e, "listener without a local address: serving tcp only");
             None
@@ -603,17 +629,17 @@ impl SmcListener {
 
     /// Wraps a listening socket (one that already listened, so clients that connected before
     /// its door opened went plain).
-    fn start(tcp: TcpListener, overrides: Overrides) -> SmcListener {
+    fn start(ctx: SmcContext, tcp: TcpListener, overrides: Overrides) -> SmcListener {
         let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
-        let door = open_door(&overrides, tcp.local_addr(), reuseport);
-        SmcListener::start_with(tcp, overrides, door)
+        let door = open_door(&ctx, &overrides, tcp.local_addr(), reuseport);
+        SmcListener::start_with(ctx, tcp, overrides, door)
     }
 
-    fn start_with(tcp: TcpListener, overrides: Overrides, door: Option<Door>) -> SmcListener {
+    fn start_with(ctx: SmcContext, tcp: TcpListener, overrides: Overrides, door: Option<Door>) -> SmcListener {
         #[cfg(feature = "rdma")]
-        let cfg = overrides.resolve();
+        let cfg = overrides.resolve(ctx.settings());
         let kernel = crate::kernel::is_smc_socket(tcp.as_fd());
-        let shared = Arc::new(ListenerShared::new(tcp, door, kernel, overrides));
+        let shared = Arc::new(ListenerShared::new(ctx, tcp, door, kernel, overrides));
         // Open the RDMA devices and look the listening address up now, off the runtime, so
         // the first connections can use them.
         #[cfg(feature = "rdma")]
@@ -730,6 +756,22 @@ impl SmcListener {
     /// ```
     pub fn settings(&self) -> Settings {
         self.shared.settings()
+    }
+
+    /// The context the listener was made in ([`SmcListenerBuilder::context`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// assert!(listener.context().ptr_eq(smc_tokio::Context::global()));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn context(&self) -> &SmcContext {
+        &self.shared.ctx
     }
 
     /// Changes `limit_handshake` for this listener, from the next connection on. (On the
@@ -900,7 +942,7 @@ impl SmcListener {
     fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
-                return Poll::Ready(Ok((SmcStream::from_established(e), peer)));
+                return Poll::Ready(Ok((SmcStream::from_established(self.shared.ctx.clone(), e), peer)));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
             // returned on the first poll, as tokio's accept returns it.
@@ -908,7 +950,7 @@ impl SmcListener {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
                     if let Handoff::Now(e) = accept::admit(&self.shared, tcp, peer) {
-                        return Poll::Ready(Ok((SmcStream::from_established(e), peer)));
+                        return Poll::Ready(Ok((SmcStream::from_established(self.shared.ctx.clone(), e), peer)));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,

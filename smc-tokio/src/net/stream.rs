@@ -13,13 +13,12 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
 use crate::config::{InbandPeers, Overrides, Policy, Settings, ShmConfig};
-use crate::negative_cache::NegativeCache;
+use crate::context::Context as SmcContext;
 use crate::net::cork::CorkGuard;
 use crate::net::inband::{InbandGuard, Owed};
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::smc::conn::SmcConn;
-use crate::stats;
 use crate::sys;
 use crate::transport::Transport;
 
@@ -59,6 +58,8 @@ use crate::transport::Transport;
 /// # }
 /// ```
 pub struct SmcStream {
+    /// The context it was made in: its counters, its negative cache.
+    ctx: SmcContext,
     tcp: Arc<TcpStream>,
     transport: Transport,
     smc: Option<SmcInner>,
@@ -85,7 +86,9 @@ struct SmcInner {
 impl Drop for SmcStream {
     fn drop(&mut self) {
         if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc.is_some()) {
-            NegativeCache::global().record_smc_conn(peer, self.moved.load(Ordering::Relaxed) >= min, ttl);
+            if self.ctx.negative_cache().record_smc_conn(peer, self.moved.load(Ordering::Relaxed) >= min, ttl) {
+                self.ctx.counters().adaptive_fallback();
+            }
         }
         if let Some(s) = &self.smc {
             // A zero SO_LINGER (set on the stream, its socket before connecting, or through
@@ -194,8 +197,9 @@ impl SmcStream {
         SmcStreamBuilder::new()
     }
 
-    pub(crate) fn from_tcp(tcp: TcpStream, transport: Transport) -> SmcStream {
+    pub(crate) fn from_tcp(ctx: SmcContext, tcp: TcpStream, transport: Transport) -> SmcStream {
         SmcStream {
+            ctx,
             tcp: Arc::new(tcp),
             transport,
             smc: None,
@@ -209,25 +213,30 @@ impl SmcStream {
 
     /// A server's TCP stream whose client may still send the handshake message `owed`.
     /// The application's stream of what an establishment came to.
-    pub(crate) fn from_established(e: crate::handshake::Established) -> SmcStream {
+    pub(crate) fn from_established(ctx: SmcContext, e: crate::handshake::Established) -> SmcStream {
         match e {
-            crate::handshake::Established::Tcp { tcp, transport, owed: None } => SmcStream::from_tcp(tcp, transport),
-            crate::handshake::Established::Tcp { tcp, transport, owed: Some(o) } => {
-                SmcStream::from_tcp_guarded(tcp, transport, o)
+            crate::handshake::Established::Tcp { tcp, transport, owed: None } => {
+                SmcStream::from_tcp(ctx, tcp, transport)
             }
-            crate::handshake::Established::Smc { tcp, conn, transport } => SmcStream::from_smc(tcp, conn, transport),
+            crate::handshake::Established::Tcp { tcp, transport, owed: Some(o) } => {
+                SmcStream::from_tcp_guarded(ctx, tcp, transport, o)
+            }
+            crate::handshake::Established::Smc { tcp, conn, transport } => {
+                SmcStream::from_smc(ctx, tcp, conn, transport)
+            }
         }
     }
 
-    pub(crate) fn from_tcp_guarded(tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
+    fn from_tcp_guarded(ctx: SmcContext, tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
         let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok());
-        let mut s = SmcStream::from_tcp(tcp, transport);
-        s.inband = Some(InbandGuard::new(owed, wait));
+        let counters = ctx.counters().clone();
+        let mut s = SmcStream::from_tcp(ctx, tcp, transport);
+        s.inband = Some(InbandGuard::new(owed, wait, counters));
         s
     }
 
     /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
-    pub(crate) fn from_smc(tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
+    fn from_smc(ctx: SmcContext, tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
         let tcp = Arc::new(tcp);
         conn.hold_tcp(tcp.clone());
         conn.describe(tcp.peer_addr().ok(), transport);
@@ -237,6 +246,7 @@ impl SmcStream {
         ))
         .abort_handle();
         SmcStream {
+            ctx,
             tcp,
             transport,
             smc: Some(SmcInner { conn, watcher }),
@@ -597,7 +607,11 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn from_std(stream: std::net::TcpStream) -> io::Result<SmcStream> {
-        Ok(SmcStream::from_tcp(TcpStream::from_std(stream)?, Transport::Tcp(crate::FallbackReason::Adopted)))
+        Ok(SmcStream::from_tcp(
+            SmcContext::global().clone(),
+            TcpStream::from_std(stream)?,
+            Transport::Tcp(crate::FallbackReason::Adopted),
+        ))
     }
 
     /// Turns a TCP connection into a std one, as [`TcpStream::into_std`] does (the result is
@@ -1264,7 +1278,7 @@ impl SmcStream {
     }
 
     fn moved(&self, sent: bool, n: usize) {
-        stats::bytes(self.transport, sent, n);
+        self.ctx.counters().bytes(self.transport, sent, n);
         // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.
         if self.adaptive.is_some() {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
@@ -1585,6 +1599,7 @@ impl AsRawFd for SmcStream {
 #[derive(Debug, Clone)]
 pub struct SmcStreamBuilder {
     o: Overrides,
+    ctx: SmcContext,
 }
 
 impl Default for SmcStreamBuilder {
@@ -1614,7 +1629,34 @@ impl SmcStreamBuilder {
     /// # }
     /// ```
     pub fn new() -> Self {
-        Self { o: Overrides::default() }
+        Self { o: Overrides::default(), ctx: SmcContext::global().clone() }
+    }
+
+    /// The context the connection belongs to: the link groups it may share, the settings this
+    /// builder's values override, its negative cache and counters. Without it,
+    /// [`Context::global`](crate::Context::global).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{config::Settings, Context, Policy, SmcListener, SmcStream};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// // A context whose connections stay on TCP, whatever the process-wide settings say.
+    /// let mut settings = Settings::default();
+    /// settings.policy = Policy::TcpOnly;
+    /// let tcp_only = Context::with_settings(settings);
+    /// let stream = SmcStream::builder().context(&tcp_only).connect(listener.local_addr()?).await?;
+    /// assert!(!stream.transport().is_smc());
+    /// assert_eq!(tcp_only.stats().client.fallback_disabled, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn context(mut self, ctx: &SmcContext) -> Self {
+        self.ctx = ctx.clone();
+        self
     }
 
     /// Shared-memory (SMC-D) settings for this connection's side.
@@ -1879,7 +1921,7 @@ impl SmcStreamBuilder {
     /// assert_eq!(settings.handshake_timeout, config::global().get().handshake_timeout); // the process-wide value
     /// ```
     pub fn settings(&self) -> Settings {
-        self.o.resolve()
+        self.o.resolve(self.ctx.settings())
     }
 
     /// Connects to `addr`, trying each address it resolves to in turn.
@@ -1951,14 +1993,14 @@ impl SmcStreamBuilder {
     }
 
     async fn connect_addr_from(&self, addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<SmcStream> {
-        let cfg = self.o.resolve();
+        let cfg = self.o.resolve(self.ctx.settings());
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
-        let res = crate::connect::establish(addr, &cfg, self.o.limit_handshake == Some(true), user)
+        let res = crate::connect::establish(&self.ctx, addr, &cfg, self.o.limit_handshake == Some(true), user)
             .instrument(span.clone())
             .await;
-        let mut s = SmcStream::from_established(res?);
+        let mut s = SmcStream::from_established(self.ctx.clone(), res?);
         span.record("transport", tracing::field::display(s.transport()));
-        stats::connection(false, s.transport());
+        self.ctx.counters().connection(false, s.transport());
         if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {
             s.adaptive = Some((addr, cfg.adaptive_min_bytes, cfg.negative_cache_ttl));
         }

@@ -79,7 +79,7 @@ pub(crate) struct LinkGroup {
     /// Handshakes whose proposal names this group: while any is running, the idle timer leaves
     /// the group alone.
     pins: std::sync::atomic::AtomicUsize,
-    manager: &'static Manager,
+    manager: Arc<Manager>,
     /// Adaptive polling: until this time ([`clock_ns`]) a reader of this group polls the link
     /// itself, so the driver leaves the doorbell disarmed (the peer sends without ringing).
     poll_until: AtomicU64,
@@ -125,7 +125,7 @@ impl LinkGroup {
         tx_rmb_size: u32,
         tx_rmb_capacity: u32,
         idle_timeout: Duration,
-        manager: &'static Manager,
+        manager: Arc<Manager>,
     ) -> Arc<LinkGroup> {
         let n = rmb_count.min(1 << 16) as usize;
         Arc::new(LinkGroup {
@@ -171,6 +171,11 @@ impl LinkGroup {
     /// The link, once established.
     pub(crate) fn link(&self) -> Option<&Arc<dyn Link>> {
         self.link.get()
+    }
+
+    /// The manager (of the context) that owns this group.
+    pub(crate) fn manager(&self) -> &Arc<Manager> {
+        &self.manager
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -265,7 +270,7 @@ impl LinkGroup {
                 return false;
             }
             st.charged[slot] = size;
-            crate::stats::rmb_grown();
+            self.manager.counters.rmb_grown();
         }
         true
     }
@@ -318,7 +323,7 @@ impl LinkGroup {
         if self.link.set(link).is_err() {
             return Err(LinkError::Protocol("link group established twice"));
         }
-        crate::stats::link_group_up();
+        self.manager.counters.link_group_up();
         self.changed.notify_waiters();
         let span = tracing::debug_span!("smc_link_group", id = self.id, role = ?self.role);
         tracing::debug!(parent: &span, "link group established");
@@ -500,7 +505,7 @@ impl LinkGroup {
             if st.dead.is_none() {
                 st.dead = Some(err.clone());
                 if self.link.get().is_some() {
-                    crate::stats::link_group_down();
+                    self.manager.counters.link_group_down();
                 }
                 // The region goes with the group: every slot still allocated is returned to the
                 // process-wide RMB budget, once.
@@ -613,7 +618,7 @@ fn rescue(group: Arc<LinkGroup>) -> Result<(), &'static str> {
                     let moved = group.link().map(|l| l.rehome());
                     match moved {
                         Some(Ok(())) => {
-                            crate::stats::link_group_rescued();
+                            group.manager.counters.link_group_rescued();
                             tracing::debug!(id = group.id, "link group moved to the rescue driver");
                             let span = tracing::debug_span!("smc_link_group", id = group.id, role = ?group.role);
                             tokio::spawn(tracing::Instrument::instrument(drive(group, true), span));

@@ -1,11 +1,11 @@
-//! The process-wide link-group manager: the server's side-channel listener and its link groups,
-//! the client's link groups by server, and the RMB memory budget.
+//! A context's link-group manager: the server's side-channel listener and its link groups,
+//! the client's link groups by server, the RMB memory budget and the counters they feed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::Interest;
@@ -19,6 +19,7 @@ use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{GroupPin, LinkGroup, Role};
 use crate::smc::ClientIdentity;
+use crate::stats::Counters;
 use crate::sys;
 
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
@@ -46,7 +47,7 @@ impl Drop for AcceptorSlot {
 
 impl AcceptorSlot {
     /// The acceptor's abstract name, starting it on the current runtime if it is not running.
-    pub(crate) fn name(&self, manager: &'static Manager, timeout: Duration) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn name(&self, manager: &Arc<Manager>, timeout: Duration) -> std::io::Result<Vec<u8>> {
         let mut slot = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = slot.as_ref() {
             if a.alive.load(Ordering::Relaxed) {
@@ -61,6 +62,7 @@ impl AcceptorSlot {
         let flag = AliveFlag(alive.clone());
         let own_name = name.clone();
         let unjoined = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let manager = manager.clone();
         let task = tokio::spawn(async move {
             let _flag = flag;
             loop {
@@ -75,15 +77,15 @@ impl AcceptorSlot {
                         // closed, defused, by the closer.
                         if unjoined.load(Ordering::Relaxed) >= MAX_UNJOINED {
                             tracing::debug!("side channel: too many connections waiting to join");
-                            crate::stats::door_refused();
+                            manager.counters.door_refused();
                             continue;
                         }
                         if !manager.expects_join(&fd, &own_name) {
-                            crate::stats::door_refused();
+                            manager.counters.door_refused();
                             continue;
                         }
                         let guard = Unjoined::enter(unjoined.clone());
-                        let serve = manager.serve_join(fd, timeout, own_name.clone());
+                        let serve = manager.clone().serve_join(fd, timeout, own_name.clone());
                         tokio::spawn(async move {
                             serve.await;
                             drop(guard);
@@ -165,6 +167,11 @@ pub(crate) struct Manager {
     instance: u64,
     server: Mutex<ServerSide>,
     client: Mutex<ClientSide>,
+    /// The RDMA groups (feature `rdma`).
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: crate::smc::rdma::Registry,
+    pub(crate) counters: Arc<Counters>,
+    budget: Arc<RmbBudget>,
 }
 
 pub(crate) fn random_u64() -> u64 {
@@ -177,24 +184,37 @@ pub(crate) fn random_u64() -> u64 {
 }
 
 impl Manager {
-    pub(crate) fn global() -> &'static Manager {
-        static M: OnceLock<Manager> = OnceLock::new();
-        M.get_or_init(|| Manager { instance: random_u64(), server: Mutex::default(), client: Mutex::default() })
+    /// A manager with no groups, counting into `counters` and charging `budget`.
+    pub(crate) fn new(counters: Arc<Counters>, budget: Arc<RmbBudget>) -> Arc<Manager> {
+        Arc::new(Manager {
+            instance: random_u64(),
+            server: Mutex::default(),
+            client: Mutex::default(),
+            #[cfg(feature = "rdma")]
+            rdma: Default::default(),
+            counters,
+            budget,
+        })
     }
 
-    /// Reserves `bytes` of RMB memory against the process-wide cap ([`RmbBudget`]).
+    /// Reserves `bytes` of RMB memory against the context's cap ([`RmbBudget`]).
     pub(crate) fn charge_rmb(&self, bytes: u64) -> bool {
-        RmbBudget::process().charge(bytes)
+        self.budget.charge(bytes)
     }
 
     pub(crate) fn uncharge_rmb(&self, bytes: u64) {
-        RmbBudget::process().uncharge(bytes)
+        self.budget.uncharge(bytes)
+    }
+
+    /// The RMB memory budget.
+    pub(crate) fn budget(&self) -> &RmbBudget {
+        &self.budget
     }
 
     /// Forgets a dead group.
     pub(crate) fn forget(&self, group: &LinkGroup) {
         #[cfg(feature = "rdma")]
-        crate::smc::rdma::forget(group);
+        self.rdma.forget(group);
         match group.role {
             Role::Server => {
                 let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
@@ -237,7 +257,7 @@ impl Manager {
     /// The client's side of an Accept: finds or joins the group, allocates our RMB and
     /// registers the connection. Returns what goes into the Confirm.
     pub(crate) async fn client_accept(
-        &'static self,
+        self: &Arc<Self>,
         server: SocketAddr,
         token: Token,
         accept: &ShmLinkInfo,
@@ -263,7 +283,7 @@ impl Manager {
     }
 
     async fn client_group(
-        &'static self,
+        self: &Arc<Self>,
         server: SocketAddr,
         token: Token,
         accept: &ShmLinkInfo,
@@ -315,7 +335,7 @@ impl Manager {
                     our_rmb_size,
                     capacity,
                     cfg.idle_timeout,
-                    self,
+                    self.clone(),
                 );
                 group.establish(Arc::new(link)).map_err(|_| DeclineReason::Internal)?;
                 Ok(group)
@@ -339,7 +359,7 @@ impl Manager {
     /// door (so it is on this host): finds or creates the group, allocates our RMB and
     /// registers the (not yet confirmed) connection. Returns what goes into the Accept.
     pub(crate) fn server_accept(
-        &'static self,
+        self: &Arc<Self>,
         acceptor: &AcceptorSlot,
         p: &Proposal,
         client: &ClientIdentity,
@@ -392,7 +412,7 @@ impl Manager {
                         cfg.rmb_size,
                         cfg.get_rmb_max(),
                         cfg.idle_timeout.max(handshake_timeout),
-                        self,
+                        self.clone(),
                     );
                     s.groups.insert(
                         id,
@@ -481,7 +501,7 @@ impl Manager {
         expected
     }
 
-    async fn serve_join(&'static self, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
+    async fn serve_join(self: Arc<Self>, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
         let mut joined = None;
         let res = shm::accept_join(fd, timeout, |join, cred| {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());

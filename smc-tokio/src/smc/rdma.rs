@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::Settings;
@@ -45,17 +45,24 @@ struct State {
     by_server: HashMap<SocketAddr, Entry>,
 }
 
-fn state() -> std::sync::MutexGuard<'static, State> {
-    static S: OnceLock<Mutex<State>> = OnceLock::new();
-    S.get_or_init(Mutex::default).lock().unwrap_or_else(|e| e.into_inner())
+/// A context's RDMA link groups (held by its [`Manager`]).
+#[derive(Default)]
+pub(crate) struct Registry {
+    state: Mutex<State>,
 }
 
-/// Forgets a dead group.
-pub(crate) fn forget(group: &LinkGroup) {
-    let mut s = state();
-    let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
-    s.server.retain(|_, e| !same(e));
-    s.by_server.retain(|_, e| !same(e));
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets a dead group.
+    pub(crate) fn forget(&self, group: &LinkGroup) {
+        let mut s = self.lock();
+        let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
+        s.server.retain(|_, e| !same(e));
+        s.by_server.retain(|_, e| !same(e));
+    }
 }
 
 /// Loads the verbs library and opens the devices off the runtime, once (when RDMA is on).
@@ -104,9 +111,9 @@ async fn off_runtime<T: Send + 'static>(
     })
 }
 
-fn port_for(local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
+fn port_for(manager: &Manager, local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
     find_port(local, &cfg.rdma).map_err(|u| {
-        crate::stats::rdma_unavailable(u.index());
+        manager.counters.rdma_unavailable(u.index());
         tracing::debug!(reason = u.as_str(), %local, "no rdma for this connection");
         DeclineReason::NoCommonTransport
     })
@@ -140,11 +147,17 @@ fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), Decline
 /// The client's RDMA offer to `server` from local address `local`, for a receive ring of
 /// `rx_size` bytes: the port's GID and MTU, and the QP of the group it already has there. Only
 /// from the port cache ([`warm_port`] first): no offer when the address was never looked up.
-pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg: &Settings) -> Option<RdmaOffer> {
+pub(crate) fn client_offer(
+    manager: &Manager,
+    server: SocketAddr,
+    local: IpAddr,
+    rx_size: u32,
+    cfg: &Settings,
+) -> Option<RdmaOffer> {
     // (Switched off counts as a known answer: `port_for` records why there is no offer.)
     let _known = find_port_cached(local, &cfg.rdma)?;
-    let port = port_for(local, cfg).ok()?;
-    let s = state();
+    let port = port_for(manager, local, cfg).ok()?;
+    let s = manager.rdma.lock();
     let existing = s.by_server.get(&server).filter(|e| e.group.is_established() && e.link.port().gid == port.gid);
     let existing = existing.filter(|e| e.link.rx_rmb_size() == rx_size);
     Some(RdmaOffer {
@@ -161,7 +174,7 @@ pub(crate) fn client_offer(server: SocketAddr, local: IpAddr, rx_size: u32, cfg:
 /// gives its slot back.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn client_accept(
-    manager: &'static Manager,
+    manager: &Arc<Manager>,
     server: SocketAddr,
     local: IpAddr,
     a: &RdmaLinkInfo,
@@ -169,9 +182,9 @@ pub(crate) async fn client_accept(
     cfg: &Settings,
     timeout: Duration,
 ) -> Result<(PendingConn, RdmaLinkInfo), DeclineReason> {
-    let (a, cfg) = (*a, cfg.clone());
+    let (a, cfg, manager) = (*a, cfg.clone(), manager.clone());
     off_runtime(move || {
-        let (conn, confirm) = client_accept_blocking(manager, server, local, &a, rx_size, &cfg, timeout)?;
+        let (conn, confirm) = client_accept_blocking(&manager, server, local, &a, rx_size, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), confirm))
     })
     .await
@@ -180,7 +193,7 @@ pub(crate) async fn client_accept(
 /// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
 /// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
 fn client_accept_blocking(
-    manager: &'static Manager,
+    manager: &Arc<Manager>,
     server: SocketAddr,
     local: IpAddr,
     a: &RdmaLinkInfo,
@@ -190,11 +203,13 @@ fn client_accept_blocking(
 ) -> Result<(Arc<SmcConn>, RdmaLinkInfo), DeclineReason> {
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(a.rmb_size).ok_or(DeclineReason::SyncError)?;
-    let port = port_for(local, cfg)?;
+    let port = port_for(manager, local, cfg)?;
     let mtu = a.mtu.min(port.mtu);
     // Reuse only the group this client has with this very server (its address), and only when
     // the Accept names it exactly: a server cannot steer us onto a group with another one.
-    let existing = state()
+    let existing = manager
+        .rdma
+        .lock()
         .by_server
         .get(&server)
         .filter(|e| e.server_id == a.link_group && e.peer == (a.gid, a.qpn) && usable(e, rx_size, a.rmb_size))
@@ -214,7 +229,7 @@ fn client_accept_blocking(
                 a.rmb_size,
                 a.rmb_size,
                 cfg.shm.idle_timeout,
-                manager,
+                manager.clone(),
             );
             group.establish(link.clone()).map_err(|_| DeclineReason::Internal)?;
             // The server confirms the link with its first message; a link that never comes up
@@ -227,7 +242,7 @@ fn client_accept_blocking(
                 }
             });
             let e = Entry { group, link, peer: (a.gid, a.qpn), server_id: a.link_group };
-            state().by_server.insert(server, e.clone());
+            manager.rdma.lock().by_server.insert(server, e.clone());
             e
         }
     };
@@ -267,16 +282,16 @@ pub(crate) struct ServerPending {
 /// The server's side of a Proposal with an RDMA offer (see [`server_accept_blocking`]), off the
 /// runtime; the connection comes registered in a [`PendingConn`].
 pub(crate) async fn server_accept(
-    manager: &'static Manager,
+    manager: &Arc<Manager>,
     p: &Proposal,
     local: IpAddr,
     peer: IpAddr,
     cfg: &Settings,
     timeout: Duration,
 ) -> Result<(PendingConn, RdmaLinkInfo, ServerPending), DeclineReason> {
-    let (p, cfg) = (p.clone(), cfg.clone());
+    let (p, cfg, manager) = (p.clone(), cfg.clone(), manager.clone());
     off_runtime(move || {
-        let (conn, info, pending) = server_accept_blocking(manager, &p, local, peer, &cfg, timeout)?;
+        let (conn, info, pending) = server_accept_blocking(&manager, &p, local, peer, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), info, pending))
     })
     .await
@@ -286,7 +301,7 @@ pub(crate) async fn server_accept(
 /// names or creates one (QP in INIT), registers our RMB and the connection. Returns what goes
 /// into the Accept. Blocks.
 fn server_accept_blocking(
-    manager: &'static Manager,
+    manager: &Arc<Manager>,
     p: &Proposal,
     local: IpAddr,
     peer: IpAddr,
@@ -300,14 +315,16 @@ fn server_accept_blocking(
         tracing::debug!(%peer, "rdma offer's gid is not the client's address");
         return Err(DeclineReason::NoCommonTransport);
     }
-    let port = port_for(local, cfg)?;
+    let port = port_for(manager, local, cfg)?;
     let rx_size = cfg.shm.rmb_size;
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
     let mtu = offer.mtu.min(port.mtu);
     let existing = (offer.link_group != 0)
         .then(|| {
-            state()
+            manager
+                .rdma
+                .lock()
                 .server
                 .get(&offer.link_group)
                 .filter(|e| e.peer == (offer.gid, offer.qpn) && usable(e, rx_size, p.rmb_size))
@@ -325,7 +342,7 @@ fn server_accept_blocking(
                 p.rmb_size,
                 p.rmb_size,
                 cfg.shm.idle_timeout.max(timeout),
-                manager,
+                manager.clone(),
             );
             // A group whose client never confirms is dropped when its handshake has timed out.
             let pending = group.clone();
@@ -381,7 +398,13 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
     }
     let key = (c.gid, c.qpn);
     if group.is_established() {
-        let same = state().server.get(&group.id).is_some_and(|e| Arc::ptr_eq(&e.group, group) && e.peer == key);
+        let same = group
+            .manager()
+            .rdma
+            .lock()
+            .server
+            .get(&group.id)
+            .is_some_and(|e| Arc::ptr_eq(&e.group, group) && e.peer == key);
         if !same {
             return Err("confirm names another client qp than the reused group's".into());
         }
@@ -392,7 +415,7 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
         link.connect(&Remote { gid: c.gid, qpn: c.qpn, psn: c.psn, mtu: c.mtu }).map_err(|e| e.to_string())?;
         group.establish(link.clone()).map_err(|e| e.to_string())?;
         let e = Entry { group: group.clone(), link: link.clone(), peer: key, server_id: group.id };
-        state().server.insert(group.id, e);
+        group.manager().rdma.lock().server.insert(group.id, e);
     }
     let peer = PeerRmb { token: c.rmb_token, addr: c.rmb_addr, rkey: c.rkey, size: c.rmb_size };
     link.bind(conn.our_token(), &peer).map_err(|e| e.to_string())?;
