@@ -6,12 +6,12 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use smc_tokio::proto::cdc::{CdcFlags, CdcMsg};
-use smc_tokio::proto::clc::{decode, ClcMessage, Proposal, RdmaOffer, ShmOffer, Token};
+use smc_tokio::proto::clc::{decode, ClcMessage, Proposal, RdmaOffer, Secret, ShmOffer};
 use smc_tokio::proto::cursor::{Cursor, RingSize};
 
 fn clc(c: &mut Criterion) {
     let msg = ClcMessage::Proposal(Proposal {
-        token: Token([7; 16]),
+        secret: Secret([7; 16]),
         rmb_size: 1 << 16,
         shm: Some(ShmOffer { link_group: 0 }),
         rdma: Some(RdmaOffer { gid: [2; 16], port: 1, mtu: 1024, qpn: 0, link_group: 0 }),

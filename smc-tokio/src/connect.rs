@@ -240,7 +240,7 @@ async fn via_door(
             }
             Err(e) => return Err(e),
         };
-        let mut wire = match reg.into_wire(prep.proposal.token) {
+        let mut wire = match reg.into_wire(prep.proposal.secret) {
             Ok(w) => w,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot watch the door: connecting as plain tcp");
@@ -307,7 +307,7 @@ impl Prepared {
             (None, Some(_)) => cfg.shm.rmb_size,
             _ => 0,
         };
-        let proposal = Proposal { token: sys::random_token()?, rmb_size, shm: shm_offer, rdma };
+        let proposal = Proposal { secret: sys::random_secret()?, rmb_size, shm: shm_offer, rdma };
         let bytes = ClcMessage::Proposal(proposal.clone())
             .encode()
             .map_err(|e| io::Error::from(SmcError::Handshake(HandshakeError::Malformed(e))))?;
@@ -382,11 +382,11 @@ async fn accepted(
     cfg: &Settings,
 ) {
     let manager = ctx.manager();
-    let (token, rmb_size, offered) = (prep.proposal.token, prep.rmb_size, &prep.offered);
+    let (secret, rmb_size, offered) = (prep.proposal.secret, prep.rmb_size, &prep.offered);
     match &accept.link {
         LinkInfo::Shm(info) if prep.shm_rmb.is_some() => {
             let left = hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-            match manager.client_accept(addr, token, info, rmb_size, &cfg.shm, left).await {
+            match manager.client_conn_create(addr, secret, info, rmb_size, &cfg.shm, left).await {
                 Ok((conn, confirm)) => {
                     pending.set(conn);
                     faults::stall(addr, Point::ClientBeforeConfirm).await;
@@ -400,7 +400,7 @@ async fn accepted(
         }
         #[cfg(feature = "rdma")]
         LinkInfo::Rdma(info) if offered.rdma => {
-            match crate::smc::rdma::client_accept(
+            match crate::smc::rdma::client_conn_create(
                 manager,
                 addr,
                 offered.local_ip,

@@ -55,7 +55,7 @@ use tokio::io::Interest;
 use crate::config::Overrides;
 use crate::context::Context;
 use crate::handshake::Wire;
-use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
+use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
 use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
 use crate::stats::Counters;
@@ -725,17 +725,17 @@ pub(crate) fn register(
 }
 
 impl ClientRegistration {
-    /// The wire the rest of the handshake runs over, once the TCP connection is up. `token` is
-    /// the Proposal's: a door that answers "no handshake" reads to the machine as that
-    /// connection's Decline.
     /// Whether the registered socket is the application's.
     pub(crate) fn is_users(&self) -> bool {
         self.from_user
     }
 
-    pub(crate) fn into_wire(self, token: Token) -> io::Result<ClientWire> {
+    /// The wire the rest of the handshake runs over, once the TCP connection is up. `secret` is
+    /// the Proposal's: a door that answers "no handshake" reads to the machine as that
+    /// connection's Decline.
+    pub(crate) fn into_wire(self, secret: Secret) -> io::Result<ClientWire> {
         let doors = self.doors.into_iter().map(|d| Some(DoorFd::Plain(d))).collect();
-        Ok(ClientWire { doors, chosen: None, token, last_no: None, _port: self.port })
+        Ok(ClientWire { doors, chosen: None, secret, last_no: None, _port: self.port })
     }
 }
 
@@ -745,7 +745,7 @@ impl ClientRegistration {
 pub(crate) struct ClientWire {
     doors: Vec<Option<DoorFd>>,
     chosen: Option<usize>,
-    token: Token,
+    secret: Secret,
     last_no: Option<DeclineReason>,
     _port: PortClaim,
 }
@@ -835,7 +835,7 @@ impl ClientWire {
         }
         Some(Ok(self
             .last_no
-            .map(|reason| ClcMessage::Decline(Decline { token: self.token, reason }).encode().unwrap_or_default())))
+            .map(|reason| ClcMessage::Decline(Decline { secret: self.secret, reason }).encode().unwrap_or_default())))
     }
 }
 

@@ -18,10 +18,10 @@ use crate::proto::side::{Join, Welcome};
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Token};
+/// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
 ///
 /// // A whole message, a truncated one and noise: each call returns.
-/// let msg = ClcMessage::Decline(Decline { token: Token([7; 16]), reason: DeclineReason::Timeout });
+/// let msg = ClcMessage::Decline(Decline { secret: Secret([7; 16]), reason: DeclineReason::Timeout });
 /// let bytes = msg.encode().unwrap();
 /// smc_tokio::fuzzing::clc_decode(&bytes);
 /// smc_tokio::fuzzing::clc_decode(&bytes[..bytes.len() - 1]);
@@ -102,11 +102,11 @@ pub fn door_decode(data: &[u8]) {
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::Token;
+/// use smc_tokio::proto::clc::Secret;
 /// use smc_tokio::proto::side::{Join, Welcome};
 ///
 /// // A JOIN, a WELCOME, a short message and noise: each call returns.
-/// let join = Join { link_group: 7, token: Token([1; 16]) }.encode();
+/// let join = Join { link_group: 7, secret: Secret([1; 16]) }.encode();
 /// smc_tokio::fuzzing::side_decode(&join);
 /// smc_tokio::fuzzing::side_decode(&Welcome::accepted(7).encode());
 /// smc_tokio::fuzzing::side_decode(&join[..40]);
@@ -150,10 +150,10 @@ fn shm_link(slot: u32) -> LinkInfo {
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::{ClcMessage, Proposal, Token};
+/// use smc_tokio::proto::clc::{ClcMessage, Proposal, Secret};
 ///
 /// // The seed corpus starts from real messages; any other input must be survived as well.
-/// let proposal = Proposal { token: Token([1; 16]), rmb_size: 4096, shm: None, rdma: None };
+/// let proposal = Proposal { secret: Secret([1; 16]), rmb_size: 4096, shm: None, rdma: None };
 /// smc_tokio::fuzzing::handshake_server(&ClcMessage::Proposal(proposal).encode().unwrap());
 /// smc_tokio::fuzzing::handshake_server(&[]);
 /// smc_tokio::fuzzing::handshake_server(&[0xFF; 300]);
@@ -199,17 +199,17 @@ pub fn handshake_server(data: &[u8]) {
 /// ```
 pub fn handshake_client(data: &[u8]) {
     let t0 = Instant::now();
-    let token = crate::proto::clc::Token([3; 16]);
-    let proposal = crate::proto::clc::Proposal { token, rmb_size: 4096, shm: None, rdma: None };
+    let secret = crate::proto::clc::Secret([3; 16]);
+    let proposal = crate::proto::clc::Proposal { secret, rmb_size: 4096, shm: None, rdma: None };
     let Ok(mut hs) = ClientHandshake::new(proposal, t0, Timeouts::uniform(Duration::from_secs(1))) else { return };
     let _ = hs.poll_transmit();
     // Sometimes start with a well-formed Accept or Decline so the later states are reached.
     let mut prefix = Vec::new();
     if let Some(&b) = data.first() {
         let m = if b & 1 == 0 {
-            ClcMessage::Accept(crate::proto::clc::Accept { token, link: shm_link(u32::from(b)) })
+            ClcMessage::Accept(crate::proto::clc::Accept { secret, link: shm_link(u32::from(b)) })
         } else {
-            ClcMessage::Decline(crate::proto::clc::Decline { token, reason: DeclineReason::Timeout })
+            ClcMessage::Decline(crate::proto::clc::Decline { secret, reason: DeclineReason::Timeout })
         };
         if b & 2 == 0 {
             prefix = m.encode().unwrap_or_default();
@@ -381,22 +381,22 @@ mod tests {
     #[test]
     #[ignore]
     fn write_seed_corpus() {
-        use crate::proto::clc::{Accept, Commit, Confirm, Decline, Proposal, ShmOffer, Token};
+        use crate::proto::clc::{Accept, Commit, Confirm, Decline, Proposal, Secret, ShmOffer};
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
-        let token = Token([3; 16]);
+        let secret = Secret([3; 16]);
         let msgs = [
-            ClcMessage::Proposal(Proposal { token, rmb_size: 4096, shm: None, rdma: None }),
+            ClcMessage::Proposal(Proposal { secret, rmb_size: 4096, shm: None, rdma: None }),
             ClcMessage::Proposal(Proposal {
-                token,
+                secret,
                 rmb_size: 1 << 18,
                 shm: Some(ShmOffer { link_group: 0 }),
                 rdma: None,
             }),
-            ClcMessage::Accept(Accept { token, link: shm_link(5) }),
-            ClcMessage::Confirm(Confirm { token, link: shm_link(6) }),
-            ClcMessage::Decline(Decline { token, reason: DeclineReason::HandshakeCongested }),
+            ClcMessage::Accept(Accept { secret, link: shm_link(5) }),
+            ClcMessage::Confirm(Confirm { secret, link: shm_link(6) }),
+            ClcMessage::Decline(Decline { secret, reason: DeclineReason::HandshakeCongested }),
             ClcMessage::Proposal(Proposal {
-                token,
+                secret,
                 rmb_size: 1 << 18,
                 shm: None,
                 rdma: Some(crate::proto::clc::RdmaOffer {
@@ -407,9 +407,9 @@ mod tests {
                     link_group: 0xdead_beef,
                 }),
             }),
-            ClcMessage::Accept(Accept { token, link: rdma_link(0x22) }),
-            ClcMessage::Confirm(Confirm { token, link: rdma_link(0x33) }),
-            ClcMessage::Commit(Commit { token }),
+            ClcMessage::Accept(Accept { secret, link: rdma_link(0x22) }),
+            ClcMessage::Confirm(Confirm { secret, link: rdma_link(0x33) }),
+            ClcMessage::Commit(Commit { secret }),
         ];
         let write = |target: &str, name: String, bytes: &[u8]| {
             let dir = root.join(target);
@@ -463,7 +463,7 @@ mod tests {
         }
         // A JOIN, a WELCOME that lets the client in, and one that refuses it.
         use crate::proto::side::JoinRefused;
-        write("side_decode", "join".into(), &Join { link_group: 0xdead_beef, token }.encode());
+        write("side_decode", "join".into(), &Join { link_group: 0xdead_beef, secret }.encode());
         write("side_decode", "welcome".into(), &Welcome::accepted(0xdead_beef).encode());
         write("side_decode", "refused".into(), &Welcome::refused(0xdead_beef, JoinRefused::UnknownGroup).encode());
     }

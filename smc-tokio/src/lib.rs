@@ -90,7 +90,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
-mod accept;
 pub mod config;
 mod connect;
 mod context;
@@ -107,6 +106,7 @@ pub mod fuzzing;
 mod handshake;
 pub mod kernel;
 mod link;
+mod listen;
 mod negative_cache;
 pub mod net;
 pub mod proto;

@@ -369,7 +369,7 @@ async fn read_clc(c: &mut TcpStream) -> ClcMessage {
 #[tokio::test]
 async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
     for reason in DeclineReason::ALL {
-        let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { token: p.token(), reason })).await;
+        let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { secret: p.secret(), reason })).await;
         let s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
         assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
         let data = Rng::new(reason as u64).bytes(100_000);
@@ -387,7 +387,7 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         let (mut c, _) = l.accept().await.unwrap();
         let p = read_clc(&mut c).await;
         let accept = ClcMessage::Accept(Accept {
-            token: p.token(),
+            secret: p.secret(),
             link: LinkInfo::Shm(ShmLinkInfo {
                 link_group: 1,
                 rmb_slot: 0,
@@ -397,7 +397,7 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         });
         c.write_all(&accept.encode().unwrap()).await.unwrap();
         let d = read_clc(&mut c).await;
-        assert_eq!(d, ClcMessage::Decline(Decline { token: p.token(), reason: DeclineReason::NoCommonTransport }));
+        assert_eq!(d, ClcMessage::Decline(Decline { secret: p.secret(), reason: DeclineReason::NoCommonTransport }));
         // After an Accept the server always has the last word; the client waits for it.
         c.write_all(&d.encode().unwrap()).await.unwrap();
         let mut b = [0u8; 5];
@@ -430,8 +430,8 @@ async fn fake_client(addr: std::net::SocketAddr, proposal_bytes: &[u8]) -> (TcpS
 }
 
 fn proposal_bytes() -> Vec<u8> {
-    use smc_tokio::proto::clc::{Proposal, Token};
-    ClcMessage::Proposal(Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
+    use smc_tokio::proto::clc::{Proposal, Secret};
+    ClcMessage::Proposal(Proposal { secret: Secret([9; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
 }
 
 #[tokio::test]

@@ -8,14 +8,14 @@ mod hostile;
 
 use std::time::{Duration, Instant};
 
-use smc_tokio::proto::clc::{ClcMessage, Proposal, Token};
+use smc_tokio::proto::clc::{ClcMessage, Proposal, Secret};
 use smc_tokio::{FallbackReason, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn proposal() -> Vec<u8> {
-    ClcMessage::Proposal(Proposal { token: Token([1; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
+    ClcMessage::Proposal(Proposal { secret: Secret([1; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
 }
 
 async fn wait_idle(l: &SmcListener) {

@@ -197,7 +197,7 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
         let pid = 100_000 + i as u32;
         let mut hs = bounded(10, hostile::propose(addr, pid, instance, 0, RMB)).await;
         assert_ne!(Some(hs.accept.link_group), by.group, "{what}: a new group for a new peer");
-        let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+        let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
         let fds = (case.fds)();
         let (sock, welcome) = bounded(
             10,
@@ -254,7 +254,7 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
     }
     // A refused client that declines instead continues over TCP with its bytes.
     let mut hs = bounded(10, hostile::propose(addr, 99_999, instance, 0, RMB)).await;
-    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let (sock, w) = tokio::task::spawn_blocking(move || {
         let r = Region::new(layout(), 0);
         hostile::join(&name, group, token, &[r.fd.as_raw_fd(), hostile::doorbell().as_raw_fd()])
@@ -320,7 +320,7 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
 
     // The link works: confirm, send bytes through our ring, and read the echo from the server's.
     let commit = hs.confirm(0).await.unwrap();
-    assert!(hostile::is_commit(&commit, hs.token), "the server commits: {commit:?}");
+    assert!(hostile::is_commit(&commit, hs.secret), "the server commits: {commit:?}");
     let me = hs.tcp.local_addr().unwrap();
     assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
     let mut region = region;
@@ -372,7 +372,7 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     let (addr, mut rx) = server(ShmConfig::default()).await;
     let mut by = Bystander::new(addr, &mut rx).await;
     let mut hs = bounded(10, hostile::propose(addr, 5151, 78, 0, RMB)).await;
-    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let region = Region::new(layout(), REGION_SEALS);
     let door = hostile::doorbell();
     let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
@@ -383,7 +383,7 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
             move || {
                 let mut statuses = Vec::new();
                 // A token no handshake gave out.
-                let (_s, w) = hostile::join(&name, group, hostile::random_token(), &fds).unwrap();
+                let (_s, w) = hostile::join(&name, group, hostile::random_secret(), &fds).unwrap();
                 statuses.push((w.status, w.fds.len()));
                 // The right token, another group.
                 let (_s, w) = hostile::join(&name, group ^ 0x5555, token, &fds).unwrap();
@@ -418,7 +418,7 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
         .unwrap();
     assert_eq!((w.status, w.fds.len()), (0, 2));
     let commit = hs.confirm(0).await.unwrap();
-    assert!(hostile::is_commit(&commit, hs.token), "the server commits: {commit:?}");
+    assert!(hostile::is_commit(&commit, hs.secret), "the server commits: {commit:?}");
     let me = hs.tcp.local_addr().unwrap();
     assert_eq!(report_for(&mut rx, me).await, Transport::SmcD);
     // A second JOIN for the now established group, even with the right token, is refused:
@@ -457,11 +457,11 @@ async fn hostile_server(
         let name = format!("smct-hostile-{}-{}", std::process::id(), addr.port()).into_bytes();
         let side = hostile::side_listen(&name);
         let accept = Accept {
-            token: p.token,
+            secret: p.secret,
             link: LinkInfo::Shm(ShmLinkInfo { link_group: group, rmb_slot: 0, rmb_size: RMB, socket_name: name }),
         };
         hostile::door_send_clc(&door_conn, &ClcMessage::Accept(accept)).unwrap();
-        let token = p.token;
+        let token = p.secret;
         let make_fds = std::sync::Arc::new(make_fds);
         tokio::task::spawn_blocking(move || {
             let s = hostile::side_accept(side.as_fd(), Duration::from_secs(5)).unwrap();

@@ -195,7 +195,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     // (a) 100 clients that registered at the door with half a proposal and stall: one task, one
     // socket and one door connection each on the server (plus our own 100 client sockets and
     // door connections, as the clients are in this process).
-    let p = ClcMessage::Proposal(Proposal { token: hostile::random_token(), rmb_size: 0, shm: None, rdma: None })
+    let p = ClcMessage::Proposal(Proposal { secret: hostile::random_secret(), rmb_size: 0, shm: None, rdma: None })
         .encode()
         .unwrap();
     let mut stalled = Vec::new();

@@ -2,10 +2,22 @@
 //! carry CDC messages. The connection engine uses them only through [`Link`], so it does not
 //! know whether it runs over shared memory or RDMA.
 //!
+//! The words mean what they mean in the kernel's `net/smc`:
+//!
+//! - An **RMB** is a connection's receive ring: the memory its peer writes and it reads. Each
+//!   end of a connection has one. *Our RMB* is the one we read (`rx_*`); *the peer's RMB* the
+//!   one we write (`tx_*`). Where an RMB lives depends on the link: shared memory keeps it in
+//!   its *writer's* region (the peer's RMB lies in our region, which the peer maps read-only;
+//!   ours in the peer's region), RDMA in its *reader's* registered memory (ours is ours, and we
+//!   write the peer's with RDMA WRITE).
+//! - A **token** is the 32-bit name of an RMB slot in its owner's pool: the low 16 bits the
+//!   slot, the high 16 bits a generation that changes each time the slot is reused, so a stale
+//!   message can never reach the slot's next connection. A connection's CDC messages carry the
+//!   sender's token. (The handshake's 128-bit random value is its *secret*,
+//!   [`Secret`](crate::proto::clc::Secret), not a token.)
+//!
 //! A link belongs to a link group (one per pair of processes for shm, one per pair of RDMA
-//! ports for verbs). RMBs are named by a 32-bit token: the low 16 bits are the slot in the
-//! owner's pool, the high 16 bits a generation that changes each time the slot is reused, so a
-//! stale message can never reach the slot's next connection.
+//! ports for verbs).
 
 use std::fmt;
 use std::io;
@@ -52,39 +64,44 @@ impl From<io::Error> for LinkError {
     }
 }
 
-/// The slot index of an RMB token.
+/// The slot of an RMB token (its low 16 bits).
 pub(crate) fn token_slot(token: u32) -> u32 {
     token & 0xFFFF
 }
 
 /// The small interface between the connection engine and a backend.
 ///
-/// Writes go into the peer's RMB named by the peer's token; reads come from our RMB named by
-/// our token. Offsets and lengths are ring spans computed by [`crate::proto::engine`], never
-/// wrapping; a backend still checks them against the RMB and refuses what is out of bounds.
+/// `tx_*` calls write the peer's RMB and `rx_*` calls read ours (see the module documentation
+/// for where each lives). Offsets and lengths are ring spans computed by
+/// [`crate::proto::engine`], never wrapping; a backend still checks them against the RMB and
+/// refuses what is out of bounds.
 pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Capacity of each RMB we read from: the largest ring a writer may resize ours to (on shm
     /// the slot size of the peer's region; on verbs our registered ring, which never grows).
     fn rx_rmb_size(&self) -> u32;
-    /// Gives the memory of our RMB `rmb` from byte `from` back to the kernel, for a slot whose
-    /// connection is gone and whose ring had grown. A no-op where rings do not grow (verbs).
-    fn release_rmb(&self, rmb: u32, from: u32) {
+    /// Gives back the memory of the peer's RMB with token `rmb` from byte `from` on, for a slot
+    /// whose connection is gone and whose ring had grown. Shared memory: the RMB lies in our
+    /// region, whose pages go back to the kernel. A no-op where rings do not grow (verbs).
+    fn release_tx_rmb(&self, rmb: u32, from: u32) {
         let _ = (rmb, from);
     }
-    /// Copies `data` to offset `offset` of the peer's RMB `rmb`.
-    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
-    /// Lets `fill` write straight into `len` bytes at `offset` of the peer's RMB `rmb` (for
-    /// sendfile: a `pread` lands in the ring, no bounce buffer). Returns what `fill` returned.
-    fn rmb_fill(
+    /// Puts `data` at `offset` of the peer's RMB with token `rmb`. Shared memory: a copy into
+    /// our region, where the peer reads it. RDMA: a copy into our send buffer, from which the
+    /// next CDC message's RDMA WRITE carries it to the peer's RMB.
+    fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
+    /// As [`tx_write`](Link::tx_write), but lets `fill` write the `len` bytes at `offset` in
+    /// place (for sendfile: a `pread` lands where `tx_write` would have copied to, no bounce
+    /// buffer). Returns what `fill` returned.
+    fn tx_fill(
         &self,
         rmb: u32,
         offset: u32,
         len: u32,
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError>;
-    /// The RMB a connection reads from, as [`rmb_read`](Link::rmb_read) names it: on shm the
-    /// writer owns the memory, so it is the peer's slot; on verbs the reader does, so it is ours.
-    fn rx_rmb(&self, our_token: u32, peer_token: u32) -> u32 {
+    /// The token under which [`rx_read`](Link::rx_read) finds our RMB: the RMB's owner names
+    /// it, so on shm (where the peer's region holds it) the peer's token, on verbs ours.
+    fn rx_token(&self, our_token: u32, peer_token: u32) -> u32 {
         let _ = our_token;
         peer_token
     }
@@ -96,8 +113,9 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
         let _ = (rmb, spans, data);
         Ok(false)
     }
-    /// Copies `dst.len()` bytes at `offset` of our RMB `rmb` into `dst`.
-    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError>;
+    /// Copies `dst.len()` bytes at `offset` of our RMB (token `rmb`, from
+    /// [`rx_token`](Link::rx_token)) into `dst`.
+    fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError>;
     /// Hands a CDC message to the peer. `Ok(false)`: the peer's queue is full; the link asks the
     /// peer for space and [`poll_event`](Link::poll_event) reports when to retry.
     fn cdc_send(&self, msg: &CdcMsg) -> Result<bool, LinkError> {

@@ -29,7 +29,7 @@ use tokio::io::ReadBuf;
 use tokio::net::TcpStream;
 
 use crate::proto::clc::{
-    decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Token, CLC_EYECATCHER, CLC_MAX_LEN,
+    decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Secret, CLC_EYECATCHER, CLC_MAX_LEN,
 };
 use crate::stats::Counters;
 
@@ -390,14 +390,14 @@ fn classify(held: &[u8], owed: Owed, app_wrote: bool) -> Class {
         Ok(Decoded::NeedMore(_)) => Class::NeedMore,
         Ok(Decoded::Message(m, len)) => match (owed, m) {
             (Owed::Proposal(reason), ClcMessage::Proposal(p)) => {
-                let reply = (!app_wrote).then(|| decline(p.token, reason));
+                let reply = (!app_wrote).then(|| decline(p.secret, reason));
                 Class::Take(len, reply)
             }
             (Owed::Answer, ClcMessage::Confirm(_) | ClcMessage::Decline(_)) => Class::Take(len, None),
             _ => Class::Data,
         },
         // A proposal in a version we do not speak: its framing is sound, so it is taken and
-        // declined as the handshake would (the token sits in a body we do not parse).
+        // declined as the handshake would (the secret sits in a body we do not parse).
         Err(ClcError::UnsupportedVersion { len, .. }) if matches!(owed, Owed::Proposal(_)) => {
             let len = usize::from(len);
             if len > CLC_MAX_LEN {
@@ -406,15 +406,15 @@ fn classify(held: &[u8], owed: Owed, app_wrote: bool) -> Class {
             } else if held.len() < len {
                 Class::NeedMore
             } else {
-                Class::Take(len, (!app_wrote).then(|| decline(Token::default(), DeclineReason::VersionMismatch)))
+                Class::Take(len, (!app_wrote).then(|| decline(Secret::default(), DeclineReason::VersionMismatch)))
             }
         }
         Err(_) => Class::Data,
     }
 }
 
-fn decline(token: Token, reason: DeclineReason) -> Vec<u8> {
-    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
+fn decline(secret: Secret, reason: DeclineReason) -> Vec<u8> {
+    ClcMessage::Decline(Decline { secret, reason }).encode().unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -423,7 +423,7 @@ mod tests {
     use crate::proto::clc::{Confirm, LinkInfo, Proposal, ShmLinkInfo};
 
     fn proposal() -> Vec<u8> {
-        ClcMessage::Proposal(Proposal { token: Token([5; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
+        ClcMessage::Proposal(Proposal { secret: Secret([5; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
     }
 
     #[test]
@@ -447,7 +447,7 @@ mod tests {
         // Not the message we owe: data.
         assert!(matches!(classify(&p, Owed::Answer, false), Class::Data));
         let confirm = ClcMessage::Confirm(Confirm {
-            token: Token([5; 16]),
+            secret: Secret([5; 16]),
             link: LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot: 1, rmb_size: 4096, socket_name: Vec::new() }),
         })
         .encode()

@@ -12,14 +12,14 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
-use crate::accept::{self, Handoff, ListenerShared, Waiter};
 use crate::config::{Overrides, Policy, Settings, ShmConfig};
 use crate::context::Context as SmcContext;
 use crate::door::Door;
+use crate::listen::{self, Handoff, ListenerShared, Waiter};
 use crate::net::stream::SmcStream;
 use crate::sys;
 
-pub use crate::accept::LISTEN_BACKLOG;
+pub use crate::listen::LISTEN_BACKLOG;
 
 /// A socket for a listener on `addr`: the kernel's `AF_SMC` one when `cfg` wants it and the
 /// kernel has it (with `SMC_LIMIT_HS` as `cfg.limit_handshake`: the kernel reads it in
@@ -653,7 +653,7 @@ impl SmcListener {
             });
         }
         let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok(), kernel);
-        let task = tokio::spawn(accept::run(shared.clone()).instrument(span)).abort_handle();
+        let task = tokio::spawn(listen::run(shared.clone()).instrument(span)).abort_handle();
         SmcListener { shared, task }
     }
 
@@ -949,7 +949,7 @@ impl SmcListener {
             match sys::accept_tcp(self.shared.tcp.as_fd()) {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
-                    if let Handoff::Now(e) = accept::admit(&self.shared, tcp, peer) {
+                    if let Handoff::Now(e) = listen::admit(&self.shared, tcp, peer) {
                         return Poll::Ready(Ok((SmcStream::from_established(self.shared.ctx.clone(), e), peer)));
                     }
                 }

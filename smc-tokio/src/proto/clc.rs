@@ -16,9 +16,9 @@
 //! Bodies (all integers big endian):
 //! - Proposal: token (16), RMB size wish (u32, 0 = no preference), then sections, each
 //!   `kind u8, len u16, value`: kind 1 = shm offer, kind 2 = rdma offer, each at most once.
-//! - Accept and Confirm: token (16), exactly one section: the chosen transport's link details.
-//! - Decline: token (16), reason (u8).
-//! - Commit: token (16).
+//! - Accept and Confirm: secret (16), exactly one section: the chosen transport's link details.
+//! - Decline: secret (16), reason (u8).
+//! - Commit: secret (16).
 //!
 //! Nothing in a message identifies the host or the process: a shared-memory offer names only
 //! the link group the client already has with this server. Same-host intent travels out of
@@ -54,16 +54,17 @@ pub const SHM_SOCKET_NAME_MAX: usize = 107;
 const SECTION_SHM: u8 = 1;
 const SECTION_RDMA: u8 = 2;
 
-/// The 128-bit connection token that ties the handshake messages (and, on shm, the side-channel
-/// login) to one connection.
+/// The handshake's 128-bit secret: random, it ties the handshake messages (and, on shm, the
+/// side-channel login) to one connection. (A *token* is something else: the 32-bit name of a
+/// connection's RMB slot that CDC messages carry, as in the kernel.)
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Token(pub [u8; 16]);
+pub struct Secret(pub [u8; 16]);
 
-/// Redacted: the token is a secret (it proves a handshake and, on shm, logs a client into a
+/// Redacted: the secret (it proves a handshake and, on shm, logs a client into a
 /// link group), and `Debug` output ends up in logs.
-impl fmt::Debug for Token {
+impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
+        f.write_str("Secret(<redacted>)")
     }
 }
 
@@ -211,8 +212,8 @@ pub struct RdmaOffer {
 /// The client's opening message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proposal {
-    /// The connection token.
-    pub token: Token,
+    /// The handshake's secret.
+    pub secret: Secret,
     /// Size of the server's receive buffer for this connection, which the client provides (each
     /// side writes into buffers in its own shared region and the peer reads them), 0 when the
     /// client offers no link.
@@ -303,8 +304,8 @@ impl LinkInfo {
 /// The server's acceptance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accept {
-    /// The token from the proposal.
-    pub token: Token,
+    /// The secret from the proposal.
+    pub secret: Secret,
     /// The chosen transport and the server's details.
     pub link: LinkInfo,
 }
@@ -312,8 +313,8 @@ pub struct Accept {
 /// The client's confirmation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirm {
-    /// The connection token.
-    pub token: Token,
+    /// The handshake's secret.
+    pub secret: Secret,
     /// The client's details for the chosen transport.
     pub link: LinkInfo,
 }
@@ -321,15 +322,15 @@ pub struct Confirm {
 /// The server's commitment to SMC, answering the client's Confirm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Commit {
-    /// The connection token.
-    pub token: Token,
+    /// The handshake's secret.
+    pub secret: Secret,
 }
 
 /// A refusal: both sides continue over TCP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decline {
-    /// The connection token.
-    pub token: Token,
+    /// The handshake's secret.
+    pub secret: Secret,
     /// Why.
     pub reason: DeclineReason,
 }
@@ -339,9 +340,9 @@ pub struct Decline {
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::{decode, ClcMessage, Decline, DeclineReason, Decoded, Token};
+/// use smc_tokio::proto::clc::{decode, ClcMessage, Decline, DeclineReason, Decoded, Secret};
 ///
-/// let msg = ClcMessage::Decline(Decline { token: Token([7; 16]), reason: DeclineReason::Timeout });
+/// let msg = ClcMessage::Decline(Decline { secret: Secret([7; 16]), reason: DeclineReason::Timeout });
 /// let bytes = msg.encode().unwrap();
 ///
 /// // Incremental: a prefix asks for more, the whole message decodes.
@@ -448,9 +449,9 @@ impl ClcHeader {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::{ClcError, ClcHeader, ClcMessage, ClcType, Commit, Token, CLC_VERSION};
+    /// use smc_tokio::proto::clc::{ClcError, ClcHeader, ClcMessage, ClcType, Commit, Secret, CLC_VERSION};
     ///
-    /// let bytes = ClcMessage::Commit(Commit { token: Token::default() }).encode().unwrap();
+    /// let bytes = ClcMessage::Commit(Commit { secret: Secret::default() }).encode().unwrap();
     /// let h = ClcHeader::parse(&bytes).unwrap().unwrap();
     /// assert_eq!((h.version, h.kind, h.len), (CLC_VERSION, ClcType::Commit, bytes.len()));
     /// assert_eq!(ClcHeader::parse(&bytes[..5]), Ok(None)); // not a whole header yet
@@ -497,9 +498,9 @@ pub fn eyecatcher_prefix_matches(buf: &[u8]) -> bool {
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::{decode, ClcMessage, Commit, Decoded, Token, CLC_HEADER_LEN};
+/// use smc_tokio::proto::clc::{decode, ClcMessage, Commit, Decoded, Secret, CLC_HEADER_LEN};
 ///
-/// let msg = ClcMessage::Commit(Commit { token: Token([3; 16]) });
+/// let msg = ClcMessage::Commit(Commit { secret: Secret([3; 16]) });
 /// let mut bytes = msg.encode().unwrap();
 /// let len = bytes.len();
 /// assert_eq!(decode(&bytes[..3]), Ok(Decoded::NeedMore(CLC_HEADER_LEN)));
@@ -519,14 +520,14 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
         return Err(ClcError::BadTrailer);
     }
     let mut r = Reader { buf: body };
-    let token = Token(r.array()?);
+    let secret = Secret(r.array()?);
     let msg = match header.kind {
         ClcType::Proposal => {
             let rmb_size = r.u32()?;
             if rmb_size != 0 && RingSize::new(rmb_size).is_none() {
                 return Err(ClcError::BadField("proposal rmb size"));
             }
-            let mut p = Proposal { token, rmb_size, shm: None, rdma: None };
+            let mut p = Proposal { secret, rmb_size, shm: None, rdma: None };
             while !r.buf.is_empty() {
                 let (kind, mut s) = r.section()?;
                 match kind {
@@ -555,17 +556,17 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, ClcError> {
                 return Err(ClcError::SectionCount(2));
             }
             if header.kind == ClcType::Accept {
-                ClcMessage::Accept(Accept { token, link })
+                ClcMessage::Accept(Accept { secret, link })
             } else {
-                ClcMessage::Confirm(Confirm { token, link })
+                ClcMessage::Confirm(Confirm { secret, link })
             }
         }
         ClcType::Decline => {
             let v = r.u8()?;
             let reason = DeclineReason::from_u8(v).ok_or(ClcError::UnknownDeclineReason(v))?;
-            ClcMessage::Decline(Decline { token, reason })
+            ClcMessage::Decline(Decline { secret, reason })
         }
-        ClcType::Commit => ClcMessage::Commit(Commit { token }),
+        ClcType::Commit => ClcMessage::Commit(Commit { secret }),
     };
     r.finish()?;
     Ok(Decoded::Message(msg, header.len))
@@ -723,9 +724,9 @@ impl ClcMessage {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::{ClcMessage, ClcType, Decline, DeclineReason, Token};
+    /// use smc_tokio::proto::clc::{ClcMessage, ClcType, Decline, DeclineReason, Secret};
     ///
-    /// let msg = ClcMessage::Decline(Decline { token: Token::default(), reason: DeclineReason::Internal });
+    /// let msg = ClcMessage::Decline(Decline { secret: Secret::default(), reason: DeclineReason::Internal });
     /// assert_eq!(msg.kind(), ClcType::Decline);
     /// assert_eq!(msg.kind() as u8, 4); // the kernel's number
     /// ```
@@ -739,25 +740,25 @@ impl ClcMessage {
         }
     }
 
-    /// The message's token.
+    /// The message's secret.
     ///
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::{ClcMessage, Commit, Proposal, Token};
+    /// use smc_tokio::proto::clc::{ClcMessage, Commit, Proposal, Secret};
     ///
-    /// let token = Token([5; 16]);
-    /// let proposal = ClcMessage::Proposal(Proposal { token, rmb_size: 0, shm: None, rdma: None });
-    /// assert_eq!(proposal.token(), token);
-    /// assert_eq!(ClcMessage::Commit(Commit { token }).token(), token);
+    /// let secret = Secret([5; 16]);
+    /// let proposal = ClcMessage::Proposal(Proposal { secret, rmb_size: 0, shm: None, rdma: None });
+    /// assert_eq!(proposal.secret(), secret);
+    /// assert_eq!(ClcMessage::Commit(Commit { secret }).secret(), secret);
     /// ```
-    pub fn token(&self) -> Token {
+    pub fn secret(&self) -> Secret {
         match self {
-            ClcMessage::Proposal(m) => m.token,
-            ClcMessage::Accept(m) => m.token,
-            ClcMessage::Confirm(m) => m.token,
-            ClcMessage::Decline(m) => m.token,
-            ClcMessage::Commit(m) => m.token,
+            ClcMessage::Proposal(m) => m.secret,
+            ClcMessage::Accept(m) => m.secret,
+            ClcMessage::Confirm(m) => m.secret,
+            ClcMessage::Decline(m) => m.secret,
+            ClcMessage::Commit(m) => m.secret,
         }
     }
 
@@ -767,10 +768,10 @@ impl ClcMessage {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::{decode, ClcError, ClcMessage, Decoded, Proposal, ShmOffer, Token, CLC_EYECATCHER};
+    /// use smc_tokio::proto::clc::{decode, ClcError, ClcMessage, Decoded, Proposal, ShmOffer, Secret, CLC_EYECATCHER};
     ///
     /// let offer = Some(ShmOffer { link_group: 0 });
-    /// let p = Proposal { token: Token([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
+    /// let p = Proposal { secret: Secret([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
     /// let bytes = ClcMessage::Proposal(p.clone()).encode().unwrap();
     /// assert!(bytes.starts_with(&CLC_EYECATCHER) && bytes.ends_with(&CLC_EYECATCHER));
     /// assert_eq!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(p.clone()), bytes.len())));
@@ -782,7 +783,7 @@ impl ClcMessage {
         let mut w = Writer { buf: Vec::with_capacity(128) };
         w.buf.extend_from_slice(&CLC_EYECATCHER);
         w.buf.extend_from_slice(&[CLC_VERSION, self.kind() as u8, 0, 0]);
-        w.buf.extend_from_slice(&self.token().0);
+        w.buf.extend_from_slice(&self.secret().0);
         match self {
             ClcMessage::Proposal(p) => {
                 if p.rmb_size != 0 && RingSize::new(p.rmb_size).is_none() {
@@ -823,14 +824,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Handshake messages end up in debug logs; the token they carry must not.
+    /// Handshake messages end up in debug logs; the secret they carry must not.
     #[test]
-    fn debug_output_never_shows_the_token() {
-        let token = Token([0xA7; 16]);
+    fn debug_output_never_shows_the_secret() {
+        let secret = Secret([0xA7; 16]);
         let msgs = [
-            ClcMessage::Proposal(Proposal { token, rmb_size: 0, shm: Some(ShmOffer { link_group: 4 }), rdma: None }),
-            ClcMessage::Confirm(Confirm { token, link: shm_link(b"name") }),
-            ClcMessage::Decline(Decline { token, reason: DeclineReason::Timeout }),
+            ClcMessage::Proposal(Proposal { secret, rmb_size: 0, shm: Some(ShmOffer { link_group: 4 }), rdma: None }),
+            ClcMessage::Confirm(Confirm { secret, link: shm_link(b"name") }),
+            ClcMessage::Decline(Decline { secret, reason: DeclineReason::Timeout }),
         ];
         for m in msgs {
             let d = format!("{m:?} {m:#?}");
@@ -858,21 +859,21 @@ mod tests {
     }
 
     fn samples() -> Vec<ClcMessage> {
-        let t = Token([0x5a; 16]);
+        let t = Secret([0x5a; 16]);
         vec![
-            ClcMessage::Proposal(Proposal { token: t, rmb_size: 0, shm: None, rdma: None }),
+            ClcMessage::Proposal(Proposal { secret: t, rmb_size: 0, shm: None, rdma: None }),
             ClcMessage::Proposal(Proposal {
-                token: t,
+                secret: t,
                 rmb_size: 1 << 16,
                 shm: Some(ShmOffer { link_group: u64::MAX }),
                 rdma: Some(RdmaOffer { gid: [3; 16], port: 1, mtu: 4096, qpn: 0, link_group: 0 }),
             }),
-            ClcMessage::Accept(Accept { token: t, link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]) }),
-            ClcMessage::Accept(Accept { token: t, link: rdma_link() }),
-            ClcMessage::Confirm(Confirm { token: t, link: shm_link(b"") }),
-            ClcMessage::Confirm(Confirm { token: t, link: rdma_link() }),
-            ClcMessage::Decline(Decline { token: t, reason: DeclineReason::HandshakeCongested }),
-            ClcMessage::Commit(Commit { token: t }),
+            ClcMessage::Accept(Accept { secret: t, link: shm_link(&[b'x'; SHM_SOCKET_NAME_MAX]) }),
+            ClcMessage::Accept(Accept { secret: t, link: rdma_link() }),
+            ClcMessage::Confirm(Confirm { secret: t, link: shm_link(b"") }),
+            ClcMessage::Confirm(Confirm { secret: t, link: rdma_link() }),
+            ClcMessage::Decline(Decline { secret: t, reason: DeclineReason::HandshakeCongested }),
+            ClcMessage::Commit(Commit { secret: t }),
         ]
     }
 
@@ -899,7 +900,7 @@ mod tests {
     #[test]
     fn every_decline_reason_round_trips() {
         for r in DeclineReason::ALL {
-            let m = ClcMessage::Decline(Decline { token: Token::default(), reason: r });
+            let m = ClcMessage::Decline(Decline { secret: Secret::default(), reason: r });
             let b = m.encode().unwrap();
             assert_eq!(decode(&b).unwrap(), Decoded::Message(m, b.len()));
             assert_eq!(DeclineReason::from_u8(r as u8), Some(r));
@@ -909,7 +910,7 @@ mod tests {
     }
 
     fn decline_bytes() -> Vec<u8> {
-        ClcMessage::Decline(Decline { token: Token::default(), reason: DeclineReason::Timeout }).encode().unwrap()
+        ClcMessage::Decline(Decline { secret: Secret::default(), reason: DeclineReason::Timeout }).encode().unwrap()
     }
 
     #[test]
@@ -969,7 +970,7 @@ mod tests {
 
         // A proposal with an unknown section kind and one with a duplicate section.
         let p = ClcMessage::Proposal(Proposal {
-            token: Token::default(),
+            secret: Secret::default(),
             rmb_size: 0,
             shm: Some(ShmOffer { link_group: 0 }),
             rdma: None,
@@ -993,19 +994,20 @@ mod tests {
         assert_eq!(decode(&b), Err(ClcError::BadBodyLength));
 
         // Fields out of range are refused by both encode and decode.
-        let bad = ClcMessage::Accept(Accept { token: Token::default(), link: shm_link(&[0; 108]) });
+        let bad = ClcMessage::Accept(Accept { secret: Secret::default(), link: shm_link(&[0; 108]) });
         assert_eq!(bad.encode(), Err(ClcError::BadField("shm socket name")));
         let mut l = rdma_link();
         if let LinkInfo::Rdma(r) = &mut l {
             r.mtu = 1500;
         }
-        let bad = ClcMessage::Confirm(Confirm { token: Token::default(), link: l });
+        let bad = ClcMessage::Confirm(Confirm { secret: Secret::default(), link: l });
         assert_eq!(bad.encode(), Err(ClcError::BadField("rdma mtu")));
-        let bad = ClcMessage::Proposal(Proposal { token: Token::default(), rmb_size: u32::MAX, shm: None, rdma: None });
+        let bad =
+            ClcMessage::Proposal(Proposal { secret: Secret::default(), rmb_size: u32::MAX, shm: None, rdma: None });
         assert_eq!(bad.encode(), Err(ClcError::BadField("proposal rmb size")));
 
         // A commit with a body.
-        let mut b = ClcMessage::Commit(Commit { token: Token::default() }).encode().unwrap();
+        let mut b = ClcMessage::Commit(Commit { secret: Secret::default() }).encode().unwrap();
         b.insert(b.len() - 4, 0);
         let len = b.len() as u16;
         b[6..8].copy_from_slice(&len.to_be_bytes());
@@ -1047,12 +1049,12 @@ mod tests {
         }
 
         #[test]
-        fn proposals_round_trip(token in any::<[u8; 16]>(), rmb in prop_oneof![Just(0u32), 1u32..=RingSize::MAX],
+        fn proposals_round_trip(secret in any::<[u8; 16]>(), rmb in prop_oneof![Just(0u32), 1u32..=RingSize::MAX],
                                 shm in proptest::option::of(any::<u64>()),
                                 rdma in proptest::option::of(any::<([u8; 16], u8, u32, u64)>()), mtu_i in 0usize..5) {
             let mtu = [256u16, 512, 1024, 2048, 4096][mtu_i];
             let m = ClcMessage::Proposal(Proposal {
-                token: Token(token),
+                secret: Secret(secret),
                 rmb_size: rmb,
                 shm: shm.map(|link_group| ShmOffer { link_group }),
                 rdma: rdma.map(|(gid, port, qpn, link_group)| RdmaOffer { gid, port, mtu, qpn, link_group }),

@@ -325,17 +325,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(4096).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(4096);
     /// // `a` writes into `b`'s ring, which `b`'s region can hold up to 16 KiB large.
     /// let big = RingSize::new(16384).unwrap();
     /// a.set_tx_max(big);
@@ -442,17 +435,11 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    /// use smc_tokio::proto::pair::{EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, ring } = EnginePair::new(100);
     /// let ring = RingSize::new(1024).unwrap();
     /// let mut e = ConnEngine::new(42, ring, ring);
     /// assert_eq!(e.token(), 42);
@@ -468,17 +455,11 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::ConnEngine;
+    /// use smc_tokio::proto::pair::{EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, ring } = EnginePair::new(100);
     /// let ring = RingSize::new(1024).unwrap();
     /// let mut e = ConnEngine::new(0, ring, ring);
     /// e.set_token(0x0001_0005); // learnt from the client's Confirm
@@ -497,17 +478,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(70).unwrap();
     /// assert_eq!(a.tx_free(), 30);
@@ -531,17 +504,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(90).unwrap();
     /// flush(&mut a, &mut b);
@@ -564,17 +529,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert_eq!(a.tx_spans(40), Some([(0, 40), (0, 0)]));
     /// // ... the driver copies 40 bytes there, then:
@@ -603,17 +560,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.set_corked(true);
     /// a.tx_commit(10).unwrap();
@@ -632,17 +581,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(30).unwrap();
     /// flush(&mut a, &mut b);
@@ -661,17 +602,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(a.tx_idle());
     /// a.tx_commit(50).unwrap();
@@ -691,17 +624,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.set_corked(true);
     /// a.tx_commit(10).unwrap();
@@ -720,17 +646,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(!a.corked());
     /// a.set_corked(true);
@@ -746,17 +664,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(100).unwrap(); // the peer's ring is full
     /// a.set_write_blocked();
@@ -779,17 +690,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(5).unwrap();
     /// a.shutdown_write();
@@ -810,17 +713,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(!a.is_write_shutdown());
     /// a.shutdown_write();
@@ -838,17 +733,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.close();
     /// flush(&mut a, &mut b);
@@ -868,17 +755,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(5).unwrap();
     /// a.abort();
@@ -902,17 +782,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert_eq!(b.rx_available(), 0);
     /// a.tx_commit(25).unwrap();
@@ -930,17 +802,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(90).unwrap();
     /// flush(&mut a, &mut b);
@@ -964,17 +828,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(40).unwrap();
     /// flush(&mut a, &mut b);
@@ -997,17 +854,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(60).unwrap();
     /// flush(&mut a, &mut b);
@@ -1025,17 +875,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert_eq!(b.peer_prod(), Cursor::default());
     /// a.tx_commit(60).unwrap();
@@ -1052,17 +895,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(3).unwrap();
     /// a.shutdown_write();
@@ -1080,17 +915,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(!b.peer_aborted());
     /// a.abort();
@@ -1107,17 +934,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(!b.peer_closed());
     /// a.close();
@@ -1137,17 +956,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// b.close();
     /// let msg = b.poll_cdc().unwrap();
@@ -1167,17 +978,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.close();
     /// assert!(!a.close_sent());
@@ -1196,17 +1000,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.close();
     /// flush(&mut a, &mut b);
@@ -1224,17 +1020,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(100).unwrap();
     /// a.set_write_blocked();
@@ -1260,17 +1048,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::engine::{CdcEffect, EngineError};
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(10).unwrap();
     /// let msg = a.poll_cdc().unwrap();
@@ -1384,17 +1165,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(50).unwrap();
     /// flush(&mut a, &mut b);
@@ -1421,17 +1194,10 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// assert!(a.poll_cdc().is_none()); // nothing to tell
     /// a.tx_commit(10).unwrap();
@@ -1511,17 +1277,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.set_corked(true);
     /// a.tx_commit(10).unwrap();
@@ -1544,17 +1302,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.set_autocork(50);
     /// a.tx_commit(10).unwrap();
@@ -1576,17 +1326,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(5).unwrap(); // after copying b"hello" to `a.tx_spans(5)`
     /// let msg = a.poll_cdc_inline(b"hello").unwrap();
@@ -1613,17 +1355,12 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::cdc::CdcFlags;
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::engine::CdcEffect;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(10).unwrap();
     /// flush(&mut a, &mut b);
@@ -1644,17 +1381,9 @@ impl ConnEngine {
     /// # Examples
     ///
     /// ```
-    /// # use smc_tokio::proto::cdc::CdcFlags;
-    /// # use smc_tokio::proto::cursor::{Cursor, RingSize};
-    /// # use smc_tokio::proto::engine::{CdcEffect, ConnEngine, EngineError};
-    /// # let ring = RingSize::new(100).unwrap();
-    /// # let (mut a, mut b) = (ConnEngine::new(1, ring, ring), ConnEngine::new(2, ring, ring));
-    /// # fn flush(from: &mut ConnEngine, to: &mut ConnEngine) {
-    /// #     while let Some(msg) = from.poll_cdc() {
-    /// #         from.on_cdc_sent(&msg);
-    /// #         to.on_cdc(&msg).unwrap();
-    /// #     }
-    /// # }
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
     /// // `a` and `b`: the two ends of a connection (100-byte rings); `flush(x, y)` delivers what `x` owes `y`.
     /// a.tx_commit(10).unwrap();
     /// let msg = a.poll_cdc().unwrap();
@@ -1698,19 +1427,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn pair(ring: u32) -> (ConnEngine, ConnEngine) {
-        let r = RingSize::new(ring).unwrap();
-        (ConnEngine::new(1, r, r), ConnEngine::new(2, r, r))
-    }
+    use crate::proto::pair::{flush, EnginePair};
 
-    /// Sends every CDC `from` owes to `to`.
-    fn flush(from: &mut ConnEngine, to: &mut ConnEngine) -> Vec<CdcEffect> {
-        let mut effects = Vec::new();
-        while let Some(m) = from.poll_cdc() {
-            from.on_cdc_sent(&m);
-            effects.push(to.on_cdc(&m).unwrap().0);
-        }
-        effects
+    fn pair(ring: u32) -> (ConnEngine, ConnEngine) {
+        let EnginePair { a, b, .. } = EnginePair::new(ring);
+        (a, b)
     }
 
     #[test]

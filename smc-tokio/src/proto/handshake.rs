@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use super::clc::{
     decode, Accept, ClcError, ClcHeader, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo,
-    Proposal, Token, CLC_HEADER_LEN,
+    Proposal, Secret, CLC_HEADER_LEN,
 };
 
 /// Which side of the connection made a decision.
@@ -58,8 +58,8 @@ pub enum Side {
 pub enum Outcome {
     /// Both sides agreed on SMC.
     Smc {
-        /// The connection token.
-        token: Token,
+        /// The handshake's secret.
+        secret: Secret,
         /// The link details this side sent.
         local: LinkInfo,
         /// The link details the peer sent.
@@ -89,8 +89,8 @@ pub enum HandshakeError {
         /// What arrived.
         got: super::clc::ClcType,
     },
-    /// The peer answered with another connection's token.
-    TokenMismatch,
+    /// The peer answered with another handshake's secret.
+    SecretMismatch,
     /// The peer's Confirm named another transport than the Accept.
     TransportMismatch,
     /// The peer's Confirm does not match the link the Accept offered (link group, buffer
@@ -110,7 +110,7 @@ impl fmt::Display for HandshakeError {
             HandshakeError::Unexpected { got } => {
                 write!(f, "unexpected {got:?} message in the handshake")
             }
-            HandshakeError::TokenMismatch => f.write_str("handshake token mismatch"),
+            HandshakeError::SecretMismatch => f.write_str("handshake secret mismatch"),
             HandshakeError::TransportMismatch => f.write_str("confirm names another transport than the accept"),
             HandshakeError::ConfirmMismatch => f.write_str("confirm does not match the accepted link"),
             HandshakeError::Timeout => f.write_str("handshake timed out"),
@@ -232,9 +232,9 @@ fn encode(msg: &ClcMessage) -> Result<Vec<u8>, HandshakeError> {
     msg.encode().map_err(HandshakeError::Malformed)
 }
 
-fn decline_bytes(token: Token, reason: DeclineReason) -> Vec<u8> {
+fn decline_bytes(secret: Secret, reason: DeclineReason) -> Vec<u8> {
     // A Decline has no variable fields, so it always encodes.
-    ClcMessage::Decline(Decline { token, reason }).encode().unwrap_or_default()
+    ClcMessage::Decline(Decline { secret, reason }).encode().unwrap_or_default()
 }
 
 /// An event for which the driver must decide, on the client side.
@@ -266,18 +266,18 @@ enum ClientState {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Proposal, Token};
+/// use smc_tokio::proto::clc::{ClcMessage, Decline, DeclineReason, Proposal, Secret};
 /// use smc_tokio::proto::handshake::{ClientHandshake, Outcome, Side, Timeouts};
 ///
 /// let now = Instant::now();
-/// let token = Token([1; 16]);
-/// let proposal = Proposal { token, rmb_size: 0, shm: None, rdma: None };
+/// let secret = Secret([1; 16]);
+/// let proposal = Proposal { secret, rmb_size: 0, shm: None, rdma: None };
 /// let mut hs = ClientHandshake::new(proposal, now, Timeouts::uniform(Duration::from_secs(1))).unwrap();
 /// let to_send = hs.poll_transmit().unwrap(); // the Proposal
 /// assert!(!to_send.is_empty());
 ///
 /// // The server declines.
-/// let reply = ClcMessage::Decline(Decline { token, reason: DeclineReason::NoCommonTransport });
+/// let reply = ClcMessage::Decline(Decline { secret, reason: DeclineReason::NoCommonTransport });
 /// let bytes = reply.encode().unwrap();
 /// let mut at = 0;
 /// while hs.wanted() > 0 {
@@ -291,7 +291,7 @@ enum ClientState {
 /// ```
 #[derive(Debug)]
 pub struct ClientHandshake {
-    token: Token,
+    secret: Secret,
     state: ClientState,
     /// A Confirm was sent: from then on the server may have committed, whatever the outcome.
     confirmed: bool,
@@ -309,23 +309,11 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let offer = Some(ShmOffer { link_group: 0 });
-    /// let proposal = Proposal { token: Token([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
+    /// let proposal = Proposal { secret: Secret([1; 16]), rmb_size: 1 << 16, shm: offer, rdma: None };
     /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
     /// let bytes = c.poll_transmit().unwrap(); // the Proposal, to write to the stream
     /// assert_eq!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(proposal.clone()), bytes.len())));
@@ -335,7 +323,7 @@ impl ClientHandshake {
     pub fn new(proposal: Proposal, now: Instant, timeouts: Timeouts) -> Result<Self, HandshakeError> {
         let transmit = encode(&ClcMessage::Proposal(proposal.clone()))?;
         Ok(Self {
-            token: proposal.token,
+            secret: proposal.secret,
             state: ClientState::AwaitReply,
             confirmed: false,
             deadline: now + timeouts.peer,
@@ -346,32 +334,20 @@ impl ClientHandshake {
         })
     }
 
-    /// The connection token.
+    /// The handshake's secret.
     ///
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// let c = ClientHandshake::new(Proposal { token: Token([9; 16]), ..proposal }, now, timeouts).unwrap();
-    /// assert_eq!(c.token(), Token([9; 16])); // the Proposal's
-    /// assert_eq!(format!("{:?}", c.token()), "Token(<redacted>)"); // a secret: kept out of logs
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let c = ClientHandshake::new(Proposal { secret: Secret([9; 16]), ..proposal }, now, timeouts).unwrap();
+    /// assert_eq!(c.secret(), Secret([9; 16])); // the Proposal's
+    /// assert_eq!(format!("{:?}", c.secret()), "Secret(<redacted>)"); // a secret: kept out of logs
     /// ```
-    pub fn token(&self) -> Token {
-        self.token
+    pub fn secret(&self) -> Secret {
+        self.secret
     }
 
     /// Bytes to send now, if any.
@@ -379,21 +355,9 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// let bytes = c.poll_transmit().unwrap(); // write these to the stream
     /// assert!(matches!(decode(&bytes), Ok(Decoded::Message(ClcMessage::Proposal(_), _))));
@@ -408,24 +372,12 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
-    /// # c.poll_transmit();
-    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// c.poll_transmit();
+    /// feed(&mut c, &ClcMessage::Accept(Accept { secret: PAIR_SECRET, link: shm_link(1) }).encode().unwrap(), now);
     /// // `c` has received the server's Accept.
     /// let Some(ClientEvent::Accepted(accept)) = c.poll_event() else { panic!("no accept") };
     /// assert_eq!(accept.link, shm_link(1)); // the server's link details
@@ -440,21 +392,9 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// let deadline = c.poll_timeout().unwrap();
     /// assert_eq!(deadline, now + timeouts.peer); // for the server's reply
@@ -471,23 +411,11 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
-    /// let reply = ClcMessage::Decline(Decline { token, reason: DeclineReason::Timeout }).encode().unwrap();
+    /// let reply = ClcMessage::Decline(Decline { secret: PAIR_SECRET, reason: DeclineReason::Timeout }).encode().unwrap();
     /// assert_eq!(c.wanted(), CLC_HEADER_LEN); // the reply's header first
     /// assert_eq!(c.handle_input(&reply, now), CLC_HEADER_LEN); // it takes no more
     /// assert_eq!(c.wanted(), reply.len() - CLC_HEADER_LEN); // then exactly the rest
@@ -510,24 +438,12 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
-    /// # c.poll_transmit();
-    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// c.poll_transmit();
+    /// feed(&mut c, &ClcMessage::Accept(Accept { secret: PAIR_SECRET, link: shm_link(1) }).encode().unwrap(), now);
     /// // `c` has received the server's Accept.
     /// assert!(!c.has_confirmed()); // it may still walk away
     /// c.confirm(shm_link(2), now);
@@ -545,21 +461,9 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// assert!(c.awaits_reply_start());
     /// c.handle_input(&CLC_EYECATCHER[..1], now); // the reply has begun
@@ -576,21 +480,9 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// // The driver peeks at the server's first byte: not the eyecatcher's.
     /// let first = b"HTTP/1.1 400 Bad Request\r\n"[0];
@@ -611,23 +503,11 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
-    /// let mut stream = ClcMessage::Decline(Decline { token, reason: DeclineReason::PeerNoSmc }).encode().unwrap();
+    /// let mut stream = ClcMessage::Decline(Decline { secret: PAIR_SECRET, reason: DeclineReason::PeerNoSmc }).encode().unwrap();
     /// stream.extend_from_slice(b"application bytes");
     /// let mut at = 0;
     /// while c.wanted() > 0 {
@@ -658,8 +538,8 @@ impl ClientHandshake {
                 return used;
             }
         };
-        if !matches!(msg, ClcMessage::Proposal(_) | ClcMessage::Confirm(_)) && msg.token() != self.token {
-            self.finish(Outcome::Failed(HandshakeError::TokenMismatch));
+        if !matches!(msg, ClcMessage::Proposal(_) | ClcMessage::Confirm(_)) && msg.secret() != self.secret {
+            self.finish(Outcome::Failed(HandshakeError::SecretMismatch));
             return used;
         }
         match (std::mem::replace(&mut self.state, ClientState::AwaitReply), msg) {
@@ -672,7 +552,7 @@ impl ClientHandshake {
                 self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
             }
             (ClientState::AwaitFinal(Answer::Confirmed { local, peer }), ClcMessage::Commit(_)) => {
-                self.finish(Outcome::Smc { token: self.token, local, peer })
+                self.finish(Outcome::Smc { secret: self.secret, local, peer })
             }
             (ClientState::AwaitFinal(Answer::Confirmed { .. }), ClcMessage::Decline(d)) => {
                 self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
@@ -693,35 +573,23 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
-    /// # c.poll_transmit();
-    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// c.poll_transmit();
+    /// feed(&mut c, &ClcMessage::Accept(Accept { secret: PAIR_SECRET, link: shm_link(1) }).encode().unwrap(), now);
     /// // `c` has received the server's Accept of `shm_link(1)`; our end of the link is ready.
     /// c.confirm(shm_link(2), now);
     /// let confirm = c.poll_transmit().unwrap();
     /// assert!(matches!(decode(&confirm), Ok(Decoded::Message(ClcMessage::Confirm(_), _))));
     /// // The server's Commit ends the handshake.
-    /// let commit = ClcMessage::Commit(Commit { token }).encode().unwrap();
+    /// let commit = ClcMessage::Commit(Commit { secret: PAIR_SECRET }).encode().unwrap();
     /// let mut at = 0;
     /// while c.wanted() > 0 {
     ///     at += c.handle_input(&commit[at..], now);
     /// }
-    /// assert_eq!(c.outcome(), Some(&Outcome::Smc { token, local: shm_link(2), peer: shm_link(1) }));
+    /// assert_eq!(c.outcome(), Some(&Outcome::Smc { secret: PAIR_SECRET, local: shm_link(2), peer: shm_link(1) }));
     /// ```
     pub fn confirm(&mut self, local: LinkInfo, now: Instant) {
         let ClientState::AwaitDecision(peer) = &self.state else {
@@ -734,7 +602,7 @@ impl ClientHandshake {
             return self.decline(DeclineReason::Internal, now);
         }
         let peer = peer.clone();
-        match encode(&ClcMessage::Confirm(Confirm { token: self.token, link: local.clone() })) {
+        match encode(&ClcMessage::Confirm(Confirm { secret: self.secret, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
@@ -757,30 +625,18 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
-    /// # c.poll_transmit();
-    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// c.poll_transmit();
+    /// feed(&mut c, &ClcMessage::Accept(Accept { secret: PAIR_SECRET, link: shm_link(1) }).encode().unwrap(), now);
     /// // `c` has received the server's Accept, and cannot set up its end of the link.
     /// c.decline(DeclineReason::OutOfMemory, now);
     /// let sent = c.poll_transmit().unwrap();
     /// assert!(matches!(decode(&sent), Ok(Decoded::Message(ClcMessage::Decline(_), _))));
     /// assert!(!c.is_done()); // the server's final word is still due
-    /// # feed!(c, ClcMessage::Decline(Decline { token, reason: DeclineReason::OutOfMemory }).encode().unwrap(), now);
+    /// feed(&mut c, &ClcMessage::Decline(Decline { secret: PAIR_SECRET, reason: DeclineReason::OutOfMemory }).encode().unwrap(), now);
     /// // ... it arrives (the server's Decline):
     /// assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::OutOfMemory, by: Side::Local }));
     /// ```
@@ -788,7 +644,7 @@ impl ClientHandshake {
         if !matches!(self.state, ClientState::AwaitDecision(_)) {
             return;
         }
-        self.transmit = decline_bytes(self.token, reason);
+        self.transmit = decline_bytes(self.secret, reason);
         self.event = None;
         self.state = ClientState::AwaitFinal(Answer::Declined(reason));
         self.deadline = now + self.timeouts.peer;
@@ -801,28 +657,16 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
-    /// # c.poll_transmit();
-    /// # feed!(c, ClcMessage::Accept(Accept { token, link: shm_link(1) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut c = ClientHandshake::new(proposal.clone(), now, timeouts).unwrap();
+    /// c.poll_transmit();
+    /// feed(&mut c, &ClcMessage::Accept(Accept { secret: PAIR_SECRET, link: shm_link(1) }).encode().unwrap(), now);
     /// // `c` has received the server's Accept at `now`; the local decision has `timeouts.local`.
     /// c.handle_timeout(now + timeouts.local);
     /// let sent = c.poll_transmit().unwrap(); // declined for us, in step with the server
-    /// let declined = Decline { token, reason: DeclineReason::Timeout };
+    /// let declined = Decline { secret: PAIR_SECRET, reason: DeclineReason::Timeout };
     /// assert_eq!(decode(&sent), Ok(Decoded::Message(ClcMessage::Decline(declined), sent.len())));
     /// // A wait for the server fails the connection instead.
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
@@ -847,21 +691,9 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// assert!(!c.is_done());
     /// c.handle_input(&[], now); // the server closed the connection
@@ -878,25 +710,13 @@ impl ClientHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// assert_eq!(c.outcome(), None); // still waiting for the server
-    /// # let decline = Decline { token, reason: DeclineReason::HandshakeCongested };
-    /// # feed!(c, ClcMessage::Decline(decline).encode().unwrap(), now);
+    /// let decline = Decline { secret: PAIR_SECRET, reason: DeclineReason::HandshakeCongested };
+    /// feed(&mut c, &ClcMessage::Decline(decline).encode().unwrap(), now);
     /// // ... the server declines: continue over TCP on the same connection.
     /// let Some(Outcome::Fallback { reason, by }) = c.outcome() else { panic!("{:?}", c.outcome()) };
     /// assert_eq!((*reason, *by), (DeclineReason::HandshakeCongested, Side::Peer));
@@ -952,12 +772,12 @@ enum ServerState {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use smc_tokio::proto::clc::{decode, ClcMessage, Decoded, DeclineReason, Proposal, Token};
+/// use smc_tokio::proto::clc::{decode, ClcMessage, Decoded, DeclineReason, Proposal, Secret};
 /// use smc_tokio::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 ///
 /// let now = Instant::now();
 /// let mut hs = ServerHandshake::new(now, Timeouts::uniform(Duration::from_secs(1)));
-/// let proposal = Proposal { token: Token([9; 16]), rmb_size: 0, shm: None, rdma: None };
+/// let proposal = Proposal { secret: Secret([9; 16]), rmb_size: 0, shm: None, rdma: None };
 /// let bytes = ClcMessage::Proposal(proposal.clone()).encode().unwrap();
 /// let mut at = 0;
 /// while hs.wanted() > 0 {
@@ -975,7 +795,7 @@ enum ServerState {
 /// ```
 #[derive(Debug)]
 pub struct ServerHandshake {
-    token: Token,
+    secret: Secret,
     state: ServerState,
     deadline: Instant,
     timeouts: Timeouts,
@@ -991,21 +811,10 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use std::time::{Duration, Instant};
+    /// use smc_tokio::proto::{clc::*, handshake::*};
+    ///
+    /// let now = Instant::now();
     /// let timeouts = Timeouts { peer: Duration::from_millis(200), local: Duration::from_secs(1) };
     /// let s = ServerHandshake::new(now, timeouts);
     /// assert_eq!(s.wanted(), CLC_HEADER_LEN); // the Proposal's header first
@@ -1014,7 +823,7 @@ impl ServerHandshake {
     /// ```
     pub fn new(now: Instant, timeouts: Timeouts) -> Self {
         Self {
-            token: Token::default(),
+            secret: Secret::default(),
             state: ServerState::AwaitProposal,
             deadline: now + timeouts.peer,
             timeouts,
@@ -1025,37 +834,25 @@ impl ServerHandshake {
         }
     }
 
-    /// The connection token (zero until the Proposal has arrived).
+    /// The handshake's secret (zero until the Proposal has arrived).
     ///
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut s = ServerHandshake::new(now, timeouts);
-    /// assert_eq!(s.token(), Token::default()); // zero until the Proposal arrives
+    /// assert_eq!(s.secret(), Secret::default()); // zero until the Proposal arrives
     /// let bytes = ClcMessage::Proposal(proposal).encode().unwrap();
     /// let mut at = 0;
     /// while s.wanted() > 0 {
     ///     at += s.handle_input(&bytes[at..], now);
     /// }
-    /// assert_eq!(s.token(), token);
+    /// assert_eq!(s.secret(), PAIR_SECRET);
     /// ```
-    pub fn token(&self) -> Token {
-        self.token
+    pub fn secret(&self) -> Secret {
+        self.secret
     }
 
     /// Bytes to send now, if any.
@@ -1063,23 +860,11 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
     /// // The client's Proposal has arrived at `s`.
     /// assert_eq!(s.poll_transmit(), None); // nothing to send before a decision
     /// s.accept(shm_link(1), now);
@@ -1096,23 +881,11 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
     /// // The client's Proposal has arrived at `s`.
     /// let Some(ServerEvent::Proposal(p)) = s.poll_event() else { panic!("no proposal") };
     /// assert_eq!(p.shm, Some(ShmOffer { link_group: 0 })); // what the client offers
@@ -1127,29 +900,13 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// assert_eq!(s.poll_timeout(), Some(now + timeouts.peer)); // for the Proposal
-    /// let later = now + Duration::from_millis(5);
-    /// let bytes = ClcMessage::Proposal(proposal).encode().unwrap();
-    /// let mut at = 0;
-    /// while s.wanted() > 0 {
-    ///     at += s.handle_input(&bytes[at..], later);
-    /// }
+    /// let later = now + std::time::Duration::from_millis(5);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal).encode().unwrap(), later);
     /// assert_eq!(s.poll_timeout(), Some(later + timeouts.local)); // for our decision, from the Proposal
     /// ```
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -1161,21 +918,9 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// let mut bytes = ClcMessage::Proposal(proposal).encode().unwrap();
     /// let len = bytes.len();
@@ -1199,21 +944,8 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// s.handle_timeout(now + timeouts.peer); // no Proposal in time: serve the connection as TCP
     /// assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
@@ -1232,21 +964,8 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// assert!(s.awaits_proposal_start());
     /// s.handle_input(&CLC_EYECATCHER[..2], now); // a Proposal has begun
@@ -1263,21 +982,8 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// // The driver peeks at the client's first byte: not the eyecatcher's.
     /// let first = b"GET / HTTP/1.1\r\n"[0];
@@ -1298,21 +1004,9 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// let bytes = ClcMessage::Proposal(proposal.clone()).encode().unwrap();
     /// // The stream may deliver a byte at a time.
@@ -1334,12 +1028,12 @@ impl ServerHandshake {
         match r {
             Ok(Received::Partial) => {}
             Ok(Received::UnsupportedVersion) if awaiting_proposal => {
-                // Skipped whole; the framing is intact, so decline and stay on TCP. The token is
+                // Skipped whole; the framing is intact, so decline and stay on TCP. The secret is
                 // unknown (it sits in a body we do not parse) and stays zero.
                 self.send_decline(DeclineReason::VersionMismatch)
             }
             Ok(Received::Message(ClcMessage::Proposal(p))) if awaiting_proposal => {
-                self.token = p.token;
+                self.secret = p.secret;
                 self.state = ServerState::AwaitDecision;
                 self.deadline = now + self.timeouts.local;
                 self.event = Some(ServerEvent::Proposal(p));
@@ -1358,9 +1052,9 @@ impl ServerHandshake {
                 let ServerState::AwaitAnswer(local) = &self.state else {
                     return used;
                 };
-                if c.token != self.token || !local.same_transport(&c.link) {
+                if c.secret != self.secret || !local.same_transport(&c.link) {
                     // Framing is sound and the client awaits our final word: decline in step.
-                    tracing::debug!(token_ok = c.token == self.token, "declining a confirm that does not fit");
+                    tracing::debug!(secret_ok = c.secret == self.secret, "declining a confirm that does not fit");
                     self.send_decline(DeclineReason::SyncError)
                 } else {
                     let local = local.clone();
@@ -1370,9 +1064,9 @@ impl ServerHandshake {
                 }
             }
             Ok(Received::Message(ClcMessage::Decline(d))) if !awaiting_proposal => {
-                if d.token == self.token {
+                if d.secret == self.secret {
                     // The client waits for our final word even after declining.
-                    self.transmit = decline_bytes(self.token, d.reason);
+                    self.transmit = decline_bytes(self.secret, d.reason);
                     self.finish(Outcome::Fallback { reason: d.reason, by: Side::Peer })
                 } else {
                     self.send_decline(DeclineReason::SyncError)
@@ -1395,23 +1089,11 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
     /// // The client's Proposal has arrived at `s`.
     /// assert!(matches!(s.poll_event(), Some(ServerEvent::Proposal(_))));
     /// s.accept(shm_link(1), now);
@@ -1427,7 +1109,7 @@ impl ServerHandshake {
         if now >= self.deadline {
             return self.send_decline(DeclineReason::Timeout);
         }
-        match encode(&ClcMessage::Accept(Accept { token: self.token, link: local.clone() })) {
+        match encode(&ClcMessage::Accept(Accept { secret: self.secret, link: local.clone() })) {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ServerState::AwaitAnswer(local);
@@ -1445,33 +1127,21 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
-    /// # s.poll_event();
-    /// # s.accept(shm_link(1), now);
-    /// # s.poll_transmit();
-    /// # feed!(s, ClcMessage::Confirm(Confirm { token, link: shm_link(2) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// s.poll_event();
+    /// s.accept(shm_link(1), now);
+    /// s.poll_transmit();
+    /// feed(&mut s, &ClcMessage::Confirm(Confirm { secret: PAIR_SECRET, link: shm_link(2) }).encode().unwrap(), now);
     /// // `s` accepted with `shm_link(1)`; the client's Confirm has arrived.
     /// let Some(ServerEvent::Confirmed(peer)) = s.poll_event() else { panic!("no confirm") };
     /// // ... the link to `peer` is ready:
     /// s.commit(now);
     /// assert!(matches!(decode(&s.poll_transmit().unwrap()), Ok(Decoded::Message(ClcMessage::Commit(_), _))));
-    /// assert_eq!(s.outcome(), Some(&Outcome::Smc { token, local: shm_link(1), peer }));
+    /// assert_eq!(s.outcome(), Some(&Outcome::Smc { secret: PAIR_SECRET, local: shm_link(1), peer }));
     /// ```
     pub fn commit(&mut self, now: Instant) {
         if !matches!(self.state, ServerState::AwaitCommit { .. }) {
@@ -1485,8 +1155,8 @@ impl ServerHandshake {
             return;
         };
         // A Commit has no variable fields, so it always encodes.
-        self.transmit = ClcMessage::Commit(Commit { token: self.token }).encode().unwrap_or_default();
-        self.finish(Outcome::Smc { token: self.token, local, peer });
+        self.transmit = ClcMessage::Commit(Commit { secret: self.secret }).encode().unwrap_or_default();
+        self.finish(Outcome::Smc { secret: self.secret, local, peer });
     }
 
     /// Declines the pending Proposal or Confirm: the outcome becomes a local fallback. Does
@@ -1495,27 +1165,15 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
-    /// # s.poll_event();
-    /// # s.accept(shm_link(1), now);
-    /// # s.poll_transmit();
-    /// # feed!(s, ClcMessage::Confirm(Confirm { token, link: shm_link(2) }).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// s.poll_event();
+    /// s.accept(shm_link(1), now);
+    /// s.poll_transmit();
+    /// feed(&mut s, &ClcMessage::Confirm(Confirm { secret: PAIR_SECRET, link: shm_link(2) }).encode().unwrap(), now);
     /// // `s` accepted with `shm_link(1)`; the client's Confirm has arrived.
     /// assert!(matches!(s.poll_event(), Some(ServerEvent::Confirmed(_))));
     /// s.decline(DeclineReason::OutOfMemory, now); // the link could not be set up
@@ -1529,7 +1187,7 @@ impl ServerHandshake {
     }
 
     fn send_decline(&mut self, reason: DeclineReason) {
-        self.transmit = decline_bytes(self.token, reason);
+        self.transmit = decline_bytes(self.secret, reason);
         self.finish(Outcome::Fallback { reason, by: Side::Local });
     }
 
@@ -1544,23 +1202,11 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
-    /// # let mut s = ServerHandshake::new(now, timeouts);
-    /// # feed!(s, ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
+    /// let mut s = ServerHandshake::new(now, timeouts);
+    /// feed(&mut s, &ClcMessage::Proposal(proposal.clone()).encode().unwrap(), now);
     /// // The client's Proposal arrived at `now`; our decision has `timeouts.local`.
     /// s.handle_timeout(now + timeouts.local / 2);
     /// assert!(!s.is_done());
@@ -1594,21 +1240,8 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// assert!(!s.is_done());
     /// s.handle_input(&[], now); // the client closed the connection
@@ -1624,21 +1257,9 @@ impl ServerHandshake {
     /// # Examples
     ///
     /// ```
-    /// # use std::time::{Duration, Instant};
-    /// # use smc_tokio::proto::clc::*;
-    /// # use smc_tokio::proto::handshake::*;
-    /// # let now = Instant::now();
-    /// # let timeouts = Timeouts::uniform(Duration::from_secs(2));
-    /// # let token = Token([7; 16]);
-    /// # let proposal = Proposal { token, rmb_size: 4096, shm: Some(ShmOffer { link_group: 0 }), rdma: None };
-    /// # let shm_link = |rmb_slot| {
-    /// #     LinkInfo::Shm(ShmLinkInfo { link_group: 1, rmb_slot, rmb_size: 4096, socket_name: vec![] })
-    /// # };
-    /// # macro_rules! feed { ($hs:ident, $bytes:expr, $now:expr) => {{
-    /// #     let bytes: Vec<u8> = $bytes;
-    /// #     let mut at = 0;
-    /// #     while $hs.wanted() > 0 && at < bytes.len() { at += $hs.handle_input(&bytes[at..], $now); }
-    /// # }}; }
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let proposal = shm_proposal();
     /// let mut s = ServerHandshake::new(now, timeouts);
     /// assert_eq!(s.outcome(), None);
     /// let mut bytes = ClcMessage::Proposal(proposal).encode().unwrap();
@@ -1670,6 +1291,7 @@ mod model;
 mod tests {
     use super::*;
     use crate::proto::clc::{ClcType, ShmLinkInfo, CLC_EYECATCHER, CLC_VERSION};
+    use crate::proto::pair::TakesInput;
 
     const T: Duration = Duration::from_secs(2);
 
@@ -1677,12 +1299,12 @@ mod tests {
         Timeouts::uniform(T)
     }
 
-    fn token() -> Token {
-        Token([0x42; 16])
+    fn secret() -> Secret {
+        Secret([0x42; 16])
     }
 
     fn proposal() -> Proposal {
-        Proposal { token: token(), rmb_size: 0, shm: None, rdma: None }
+        Proposal { secret: secret(), rmb_size: 0, shm: None, rdma: None }
     }
 
     fn shm(slot: u32, name: &[u8]) -> LinkInfo {
@@ -1703,17 +1325,9 @@ mod tests {
         })
     }
 
-    /// Feeds `bytes` in chunks of at most `chunk`, as a driver would; returns bytes left over.
-    fn feed_client(hs: &mut ClientHandshake, bytes: &[u8], chunk: usize, now: Instant) -> usize {
-        let mut at = 0;
-        while hs.wanted() > 0 && at < bytes.len() {
-            let n = hs.wanted().min(chunk).min(bytes.len() - at);
-            at += hs.handle_input(&bytes[at..at + n], now);
-        }
-        bytes.len() - at
-    }
-
-    fn feed_server(hs: &mut ServerHandshake, bytes: &[u8], chunk: usize, now: Instant) -> usize {
+    /// Feeds `bytes` in chunks of at most `chunk` (a short read at a time, as a driver may get
+    /// them); returns bytes left over.
+    fn feed_chunked(hs: &mut impl TakesInput, bytes: &[u8], chunk: usize, now: Instant) -> usize {
         let mut at = 0;
         while hs.wanted() > 0 && at < bytes.len() {
             let n = hs.wanted().min(chunk).min(bytes.len() - at);
@@ -1749,21 +1363,21 @@ mod tests {
         let mut s = ServerHandshake::new(now, t());
         let p = c.poll_transmit().unwrap();
         assert!(c.awaits_reply_start());
-        assert_eq!(feed_server(&mut s, &p, chunk, now), 0);
+        assert_eq!(feed_chunked(&mut s, &p, chunk, now), 0);
         let Some(ServerEvent::Proposal(prop)) = s.poll_event() else { panic!("no proposal") };
         server_decides(&mut s, prop);
         let reply = s.poll_transmit().unwrap();
-        assert_eq!(feed_client(&mut c, &reply, chunk, now), 0);
+        assert_eq!(feed_chunked(&mut c, &reply, chunk, now), 0);
         if let Some(ClientEvent::Accepted(a)) = c.poll_event() {
             client_decides(&mut c, a);
             let answer = c.poll_transmit().expect("the client always answers an accept");
             assert!(!c.is_done(), "the client waits for the server's final word");
-            assert_eq!(feed_server(&mut s, &answer, chunk, now), 0);
+            assert_eq!(feed_chunked(&mut s, &answer, chunk, now), 0);
             if let Some(ServerEvent::Confirmed(peer)) = s.poll_event() {
                 server_commits(&mut s, peer);
             }
             let last = s.poll_transmit().expect("the server always answers the client's answer");
-            assert_eq!(feed_client(&mut c, &last, chunk, now), 0);
+            assert_eq!(feed_chunked(&mut c, &last, chunk, now), 0);
         }
         assert!(c.poll_transmit().is_none() && s.poll_transmit().is_none(), "nothing left to send");
         assert_eq!((c.wanted(), s.wanted()), (0, 0), "nothing left to read");
@@ -1785,8 +1399,8 @@ mod tests {
                 },
                 chunk,
             );
-            assert_eq!(c, Outcome::Smc { token: token(), local: shm(2, b""), peer: shm(1, b"srv") });
-            assert_eq!(s, Outcome::Smc { token: token(), local: shm(1, b"srv"), peer: shm(2, b"") });
+            assert_eq!(c, Outcome::Smc { secret: secret(), local: shm(2, b""), peer: shm(1, b"srv") });
+            assert_eq!(s, Outcome::Smc { secret: secret(), local: shm(1, b"srv"), peer: shm(2, b"") });
         }
     }
 
@@ -1837,20 +1451,20 @@ mod tests {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.poll_transmit();
-        let mut bytes = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::PeerNoSmc }));
+        let mut bytes = msg(ClcMessage::Decline(Decline { secret: secret(), reason: DeclineReason::PeerNoSmc }));
         bytes.extend_from_slice(b"application data");
-        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), b"application data".len());
+        assert_eq!(feed_chunked(&mut c, &bytes, 1 << 20, now), b"application data".len());
         assert!(c.is_done());
         assert_eq!(c.wanted(), 0);
 
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         c.poll_transmit();
-        let mut bytes = msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") }));
-        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), 0);
+        let mut bytes = msg(ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"a") }));
+        assert_eq!(feed_chunked(&mut c, &bytes, 1 << 20, now), 0);
         c.confirm(shm(2, b""), now);
-        bytes = msg(ClcMessage::Commit(Commit { token: token() }));
+        bytes = msg(ClcMessage::Commit(Commit { secret: secret() }));
         bytes.extend_from_slice(b"more");
-        assert_eq!(feed_client(&mut c, &bytes, 1 << 20, now), 4);
+        assert_eq!(feed_chunked(&mut c, &bytes, 1 << 20, now), 4);
         assert!(matches!(c.outcome(), Some(Outcome::Smc { .. })));
     }
 
@@ -1858,7 +1472,7 @@ mod tests {
     fn client_meets_plain_server() {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        feed_client(&mut c, b"HTTP/1.1 400 Bad Request\r\n", 100, now);
+        feed_chunked(&mut c, b"HTTP/1.1 400 Bad Request\r\n", 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::NotSmc)));
 
         // A driver that looked at the first byte without taking it.
@@ -1868,7 +1482,7 @@ mod tests {
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::NotSmc)));
         // Once a reply has started, it no longer applies.
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        feed_client(&mut c, &CLC_EYECATCHER[..2], 100, now);
+        feed_chunked(&mut c, &CLC_EYECATCHER[..2], 100, now);
         assert!(!c.awaits_reply_start());
         c.peer_sent_data();
         assert!(!c.is_done());
@@ -1880,17 +1494,17 @@ mod tests {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         let p = c.poll_transmit().unwrap();
-        feed_client(&mut c, &p, 100, now);
+        feed_chunked(&mut c, &p, 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
     }
 
     #[test]
-    fn client_rejects_wrong_token_eof_timeout_version_and_early_commit() {
+    fn client_rejects_wrong_secret_eof_timeout_version_and_early_commit() {
         let now = Instant::now();
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        let d = msg(ClcMessage::Decline(Decline { token: Token([0; 16]), reason: DeclineReason::Timeout }));
-        feed_client(&mut c, &d, 100, now);
-        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::TokenMismatch)));
+        let d = msg(ClcMessage::Decline(Decline { secret: Secret([0; 16]), reason: DeclineReason::Timeout }));
+        feed_chunked(&mut c, &d, 100, now);
+        assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::SecretMismatch)));
 
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         assert_eq!(c.handle_input(&[], now), 0);
@@ -1905,19 +1519,19 @@ mod tests {
         assert_eq!(c.poll_timeout(), None);
 
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        let mut d = msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }));
+        let mut d = msg(ClcMessage::Decline(Decline { secret: secret(), reason: DeclineReason::Timeout }));
         d[4] = CLC_VERSION + 1;
-        feed_client(&mut c, &d, 100, now);
+        feed_chunked(&mut c, &d, 100, now);
         assert!(matches!(c.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
 
         // A Commit before any Accept, and a Commit answering our Decline.
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        feed_client(&mut c, &msg(ClcMessage::Commit(Commit { token: token() })), 100, now);
+        feed_chunked(&mut c, &msg(ClcMessage::Commit(Commit { secret: secret() })), 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Commit })));
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, now);
+        feed_chunked(&mut c, &msg(ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"a") })), 100, now);
         c.decline(DeclineReason::Internal, now);
-        feed_client(&mut c, &msg(ClcMessage::Commit(Commit { token: token() })), 100, now);
+        feed_chunked(&mut c, &msg(ClcMessage::Commit(Commit { secret: secret() })), 100, now);
         assert_eq!(c.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Commit })));
     }
 
@@ -1929,7 +1543,7 @@ mod tests {
         // The Accept arrives late in the server's window; the local decision gets its own bound
         // from then.
         let later = now + T - Duration::from_millis(1);
-        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, later);
+        feed_chunked(&mut c, &msg(ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"a") })), 100, later);
         assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted(_))));
         assert_eq!(c.poll_timeout(), Some(later + T));
         c.handle_timeout(now + T);
@@ -1938,9 +1552,9 @@ mod tests {
         assert!(!c.is_done(), "declined; the server's answer is awaited");
         let sent = c.poll_transmit().unwrap();
         assert!(matches!(decoded(&sent), ClcMessage::Decline(Decline { reason: DeclineReason::Timeout, .. })));
-        feed_client(
+        feed_chunked(
             &mut c,
-            &msg(ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout })),
+            &msg(ClcMessage::Decline(Decline { secret: secret(), reason: DeclineReason::Timeout })),
             100,
             later,
         );
@@ -1948,7 +1562,7 @@ mod tests {
 
         // A confirm past the deadline declines instead.
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
-        feed_client(&mut c, &msg(ClcMessage::Accept(Accept { token: token(), link: shm(1, b"a") })), 100, now);
+        feed_chunked(&mut c, &msg(ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"a") })), 100, now);
         c.confirm(shm(2, b""), now + T);
         assert!(matches!(decoded(&c.poll_transmit().unwrap()), ClcMessage::Decline(_)));
     }
@@ -1972,7 +1586,7 @@ mod tests {
         let mut p = msg(ClcMessage::Proposal(proposal()));
         p[4] = 7;
         p.extend_from_slice(b"after");
-        assert_eq!(feed_server(&mut s, &p, 3, now), 5);
+        assert_eq!(feed_chunked(&mut s, &p, 3, now), 5);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::VersionMismatch, by: Side::Local }));
         assert!(s.poll_transmit().is_some());
     }
@@ -1981,7 +1595,7 @@ mod tests {
     fn server_declines_malformed_body_but_fails_bad_framing() {
         let now = Instant::now();
         let good = msg(ClcMessage::Proposal(Proposal {
-            token: token(),
+            secret: secret(),
             rmb_size: 0,
             shm: Some(crate::proto::clc::ShmOffer { link_group: 0 }),
             rdma: None,
@@ -1990,7 +1604,7 @@ mod tests {
         let mut b = good.clone();
         b[CLC_HEADER_LEN + 20] = 99;
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &b, 100, now);
+        feed_chunked(&mut s, &b, 100, now);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
 
         // Bad trailer: framing broken, fail.
@@ -1998,21 +1612,21 @@ mod tests {
         let n = b.len();
         b[n - 2] = 0;
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &b, 100, now);
+        feed_chunked(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadTrailer)))));
 
         // Bad length.
         let mut b = good;
         b[6..8].copy_from_slice(&5000u16.to_be_bytes());
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &b, 100, now);
+        feed_chunked(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadLength(5000))))));
 
         // Garbage after the eyecatcher.
         let mut b = Vec::from(CLC_EYECATCHER);
         b.extend_from_slice(&[0xff; 20]);
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &b, 100, now);
+        feed_chunked(&mut s, &b, 100, now);
         assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(_)))));
     }
 
@@ -2020,21 +1634,21 @@ mod tests {
     fn server_rejects_out_of_order_messages() {
         let now = Instant::now();
         for m in [
-            ClcMessage::Accept(Accept { token: token(), link: shm(1, b"") }),
-            ClcMessage::Confirm(Confirm { token: token(), link: shm(1, b"") }),
-            ClcMessage::Decline(Decline { token: token(), reason: DeclineReason::Timeout }),
-            ClcMessage::Commit(Commit { token: token() }),
+            ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"") }),
+            ClcMessage::Confirm(Confirm { secret: secret(), link: shm(1, b"") }),
+            ClcMessage::Decline(Decline { secret: secret(), reason: DeclineReason::Timeout }),
+            ClcMessage::Commit(Commit { secret: secret() }),
         ] {
             let kind = m.kind();
             let mut s = ServerHandshake::new(now, t());
-            feed_server(&mut s, &msg(m), 100, now);
+            feed_chunked(&mut s, &msg(m), 100, now);
             assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: kind })));
         }
     }
 
     fn accepted_server(now: Instant) -> ServerHandshake {
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
         s.poll_event();
         s.accept(shm(1, b"n"), now);
         s.poll_transmit();
@@ -2045,16 +1659,21 @@ mod tests {
     fn server_answers_a_confirm_that_does_not_fit_with_a_decline() {
         let now = Instant::now();
         let mut s = accepted_server(now);
-        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: Token([1; 16]), link: shm(2, b"") })), 100, now);
+        feed_chunked(
+            &mut s,
+            &msg(ClcMessage::Confirm(Confirm { secret: Secret([1; 16]), link: shm(2, b"") })),
+            100,
+            now,
+        );
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
         assert!(matches!(decoded(&s.poll_transmit().unwrap()), ClcMessage::Decline(_)));
 
         let mut s = accepted_server(now);
-        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: rdma() })), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Confirm(Confirm { secret: secret(), link: rdma() })), 100, now);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::SyncError, by: Side::Local }));
 
         let mut s = accepted_server(now);
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Unexpected { got: ClcType::Proposal })));
     }
 
@@ -2070,22 +1689,22 @@ mod tests {
 
         // Half a proposal: the stream is mid-message, fail.
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal()))[..10], 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal()))[..10], 100, now);
         s.handle_timeout(now + T);
         assert_eq!(s.outcome(), Some(&Outcome::Failed(HandshakeError::Timeout)));
 
         // A proposal not decided in time: decline.
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
         s.handle_timeout(now + T);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
         assert_eq!(s.owed_by_peer(), None);
         let d = s.poll_transmit().unwrap();
-        assert!(matches!(decoded(&d), ClcMessage::Decline(Decline { token: t, .. }) if t == token()));
+        assert!(matches!(decoded(&d), ClcMessage::Decline(Decline { secret: t, .. }) if t == secret()));
 
         // An accept decided late declines instead.
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, now);
         s.accept(shm(1, b"n"), now + T);
         assert!(matches!(decoded(&s.poll_transmit().unwrap()), ClcMessage::Decline(_)));
 
@@ -2093,10 +1712,10 @@ mod tests {
         // owed. The client that confirmed meanwhile reads our Decline as the final word.
         let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &c.poll_transmit().unwrap(), 100, now);
+        feed_chunked(&mut s, &c.poll_transmit().unwrap(), 100, now);
         s.poll_event();
         s.accept(shm(1, b"n"), now);
-        feed_client(&mut c, &s.poll_transmit().unwrap(), 100, now);
+        feed_chunked(&mut c, &s.poll_transmit().unwrap(), 100, now);
         c.poll_event();
         s.handle_timeout(now + T);
         assert_eq!(s.owed_by_peer(), Some(PeerOwes::Answer));
@@ -2104,12 +1723,12 @@ mod tests {
         c.confirm(shm(2, b""), now + T / 2);
         let late_confirm = c.poll_transmit().unwrap();
         assert!(matches!(decoded(&late_confirm), ClcMessage::Confirm(_)), "owed by the client, taken by the driver");
-        feed_client(&mut c, &final_word, 100, now + T);
+        feed_chunked(&mut c, &final_word, 100, now + T);
         assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Peer }));
 
         // A confirmed link not committed in time: decline.
         let mut s = accepted_server(now);
-        feed_server(&mut s, &msg(ClcMessage::Confirm(Confirm { token: token(), link: shm(2, b"") })), 100, now);
+        feed_chunked(&mut s, &msg(ClcMessage::Confirm(Confirm { secret: secret(), link: shm(2, b"") })), 100, now);
         assert!(matches!(s.poll_event(), Some(ServerEvent::Confirmed(_))));
         s.commit(now + T);
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::Timeout, by: Side::Local }));
@@ -2126,7 +1745,7 @@ mod tests {
         let mut s = ServerHandshake::new(now, Timeouts { peer: T, local: T / 4 });
         assert_eq!(s.poll_timeout(), Some(now + T));
         let at = now + T / 2;
-        feed_server(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, at);
+        feed_chunked(&mut s, &msg(ClcMessage::Proposal(proposal())), 100, at);
         assert_eq!(s.poll_timeout(), Some(at + T / 4), "the decision is ours, with the local bound");
         s.poll_event();
         let accepted = at + T / 8;
@@ -2143,7 +1762,7 @@ mod tests {
         assert_eq!(s.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::PeerNoSmc, by: Side::Peer }));
         assert!(s.poll_transmit().is_none(), "nothing is sent to such a client");
         let mut s = ServerHandshake::new(now, t());
-        feed_server(&mut s, &CLC_EYECATCHER[..1], 1, now);
+        feed_chunked(&mut s, &CLC_EYECATCHER[..1], 1, now);
         s.peer_sent_data();
         assert!(!s.is_done(), "a proposal has started");
     }

@@ -12,6 +12,7 @@
 //! - [`side`]: the shared-memory link's side-channel messages (JOIN and WELCOME).
 //! - [`cursor`]: ring cursors and their wrap arithmetic.
 //! - [`engine`]: per-connection flow control and CDC decisions.
+//! - [`pair`]: a test harness that wires two machines back to back on a manual clock.
 
 pub mod cdc;
 pub mod clc;
@@ -19,4 +20,5 @@ pub mod cursor;
 pub mod door;
 pub mod engine;
 pub mod handshake;
+pub mod pair;
 pub mod side;

@@ -1,6 +1,6 @@
 //! The shared-memory link's side channel: JOIN (client to server) and WELCOME (server to
 //! client). After an SMC-D handshake, the client connects to the abstract `SOCK_SEQPACKET`
-//! socket the server named in its Accept and sends a [`Join`] proving the handshake's token,
+//! socket the server named in its Accept and sends a [`Join`] proving the handshake's secret,
 //! with its region and doorbell attached (`SCM_RIGHTS`); the server answers with a [`Welcome`],
 //! with its own region and doorbell attached when it lets the client in. The connection then
 //! stays open: its end means the peer process is gone.
@@ -14,16 +14,16 @@
 //! | 8..12  | 4    | [`SIDE_VERSION`] (u32)        | [`SIDE_VERSION`] (u32)                       |
 //! | 12..16 | 4    | reserved                      | status (u32): 0 welcomed, else a [`JoinRefused`] |
 //! | 16..24 | 8    | link group id (u64)           | link group id (u64)                          |
-//! | 24..40 | 16   | token ([`Token`])             | reserved                                     |
+//! | 24..40 | 16   | secret ([`Secret`])            | reserved                                     |
 //! | 40..64 | 24   | reserved                      | reserved                                     |
 //!
 //! Reserved bytes are sent as zeros and ignored. Decoding checks the length, the magic and the
 //! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group
-//! and the token is the caller's job, since only it knows which it expects.
+//! and the secret is the caller's job, since only it knows which it expects.
 
 use std::fmt;
 
-use super::clc::Token;
+use super::clc::Secret;
 
 /// First eight bytes of a JOIN.
 pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
@@ -91,15 +91,15 @@ fn u64_at(b: &[u8; SIDE_MSG_LEN], i: usize) -> u64 {
 }
 
 /// A client's request to join a pending link group: the group the server's Accept named, and
-/// the token of the handshake that led to it (the proof that the client took part in it).
+/// the secret of the handshake that led to it (the proof that the client took part in it).
 ///
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::clc::Token;
+/// use smc_tokio::proto::clc::Secret;
 /// use smc_tokio::proto::side::{Join, SIDE_MSG_LEN};
 ///
-/// let join = Join { link_group: 7, token: Token([1; 16]) };
+/// let join = Join { link_group: 7, secret: Secret([1; 16]) };
 /// let bytes: [u8; SIDE_MSG_LEN] = join.encode();
 /// assert_eq!(Join::decode(&bytes), Ok(join));
 /// ```
@@ -107,8 +107,8 @@ fn u64_at(b: &[u8; SIDE_MSG_LEN], i: usize) -> u64 {
 pub struct Join {
     /// The link group to join.
     pub link_group: u64,
-    /// The token of the handshake that named the group.
-    pub token: Token,
+    /// The secret of the handshake that named the group.
+    pub secret: Secret,
 }
 
 impl Join {
@@ -117,19 +117,19 @@ impl Join {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::Token;
+    /// use smc_tokio::proto::clc::Secret;
     /// use smc_tokio::proto::side::{Join, JOIN_MAGIC};
     ///
-    /// let bytes = Join { link_group: 0x0102, token: Token([9; 16]) }.encode();
+    /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]) }.encode();
     /// assert_eq!(bytes[..8], JOIN_MAGIC);
     /// assert_eq!(bytes[8..12], [0, 0, 0, 1]); // the version
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
-    /// assert_eq!(bytes[24..40], [9; 16]); // the token
+    /// assert_eq!(bytes[24..40], [9; 16]); // the secret
     /// ```
     pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
         let mut b = header(&JOIN_MAGIC);
         b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
-        b[24..40].copy_from_slice(&self.token.0);
+        b[24..40].copy_from_slice(&self.secret.0);
         b
     }
 
@@ -138,19 +138,19 @@ impl Join {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::clc::Token;
+    /// use smc_tokio::proto::clc::Secret;
     /// use smc_tokio::proto::side::{Join, SideMsgError, Welcome};
     ///
-    /// let bytes = Join { link_group: 3, token: Token([2; 16]) }.encode();
+    /// let bytes = Join { link_group: 3, secret: Secret([2; 16]) }.encode();
     /// assert_eq!(Join::decode(&bytes[..40]), Err(SideMsgError::BadLength(40)));
     /// // A WELCOME is no JOIN.
     /// assert_eq!(Join::decode(&Welcome::accepted(3).encode()), Err(SideMsgError::BadMagic));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Join, SideMsgError> {
         let b = check(b, &JOIN_MAGIC)?;
-        let mut token = [0u8; 16];
-        token.copy_from_slice(&b[24..40]);
-        Ok(Join { link_group: u64_at(&b, 16), token: Token(token) })
+        let mut secret = [0u8; 16];
+        secret.copy_from_slice(&b[24..40]);
+        Ok(Join { link_group: u64_at(&b, 16), secret: Secret(secret) })
     }
 }
 
@@ -158,7 +158,7 @@ impl Join {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum JoinRefused {
-    /// No pending link group with that id, or the token is not one of its handshakes'.
+    /// No pending link group with that id, or the secret is not one of its handshakes'.
     UnknownGroup = 1,
     /// The peer's credentials (its uid) are not allowed.
     Credentials = 2,
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn known_join_layout() {
-        let j = Join { link_group: 0x1122_3344_5566_7788, token: Token(*b"0123456789abcdef") };
+        let j = Join { link_group: 0x1122_3344_5566_7788, secret: Secret(*b"0123456789abcdef") };
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTJOIN");
         want[8..12].copy_from_slice(&[0, 0, 0, 1]);
@@ -301,8 +301,8 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        for (group, token) in [(0, [0; 16]), (u64::MAX, [0xFF; 16]), (0x1122_3344_5566_7788, [9; 16])] {
-            let j = Join { link_group: group, token: Token(token) };
+        for (group, secret) in [(0, [0; 16]), (u64::MAX, [0xFF; 16]), (0x1122_3344_5566_7788, [9; 16])] {
+            let j = Join { link_group: group, secret: Secret(secret) };
             assert_eq!(Join::decode(&j.encode()), Ok(j));
             for status in [WELCOME_OK, 1, 2, 3, 4, u32::MAX] {
                 let w = Welcome { link_group: group, status };
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn reserved_bytes_are_ignored() {
-        let j = Join { link_group: 4, token: Token([6; 16]) };
+        let j = Join { link_group: 4, secret: Secret([6; 16]) };
         let mut b = j.encode();
         b[12..16].fill(0xEE);
         b[40..].fill(0xEE);
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn every_error() {
-        let join = Join { link_group: 1, token: Token([2; 16]) }.encode();
+        let join = Join { link_group: 1, secret: Secret([2; 16]) }.encode();
         let welcome = Welcome::accepted(1).encode();
         for (bytes, decode) in [
             (join, (|b| Join::decode(b).map(drop)) as fn(&[u8]) -> Result<(), SideMsgError>),

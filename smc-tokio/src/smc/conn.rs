@@ -517,17 +517,17 @@ impl SmcConn {
             if len == 0 {
                 continue;
             }
-            // SAFETY: rmb_read writes exactly `len` bytes into this part of the unfilled region
+            // SAFETY: rx_read writes exactly `len` bytes into this part of the unfilled region
             // (or fails without claiming them); they are marked initialized only afterwards.
             let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
-            if let Err(e) = link.rmb_read(link.rx_rmb(self.our_token, peer_token), off, dst) {
+            if let Err(e) = link.rx_read(link.rx_token(self.our_token, peer_token), off, dst) {
                 let e = ConnError::from_link(&e);
                 self.fail_locked(st, e.clone());
                 return Err(e.to_io());
             }
             done += len as usize;
         }
-        // SAFETY: the first `done` unfilled bytes were written by rmb_read above.
+        // SAFETY: the first `done` unfilled bytes were written by rx_read above.
         unsafe { buf.assume_init(done) };
         buf.advance(done);
         if take == Take::Consume {
@@ -563,7 +563,7 @@ impl SmcConn {
             let mut at = 0usize;
             for (off, len) in spans {
                 if len > 0 {
-                    link.rmb_write(token, off, &data[at..at + len as usize]).map_err(FillError::Link)?;
+                    link.tx_write(token, off, &data[at..at + len as usize]).map_err(FillError::Link)?;
                     at += len as usize;
                 }
             }
@@ -599,7 +599,7 @@ impl SmcConn {
                         }
                     }
                     let k = cur.len().min(room).min(left);
-                    link.rmb_write(token, off, &cur[..k]).map_err(FillError::Link)?;
+                    link.tx_write(token, off, &cur[..k]).map_err(FillError::Link)?;
                     cur = &cur[k..];
                     off += k as u32;
                     room -= k;
@@ -629,7 +629,7 @@ impl SmcConn {
                         continue;
                     }
                     let filled = link
-                        .rmb_fill(token, off, len, &mut |span| sys::pread_full(file, span, at + u64::from(got)))
+                        .tx_fill(token, off, len, &mut |span| sys::pread_full(file, span, at + u64::from(got)))
                         .map_err(FillError::Link)?
                         .map_err(FillError::Io)?;
                     got += filled as u32;
@@ -960,7 +960,7 @@ impl SmcConn {
             Ok((effect, inline)) => {
                 let placed = match (inline, self.group.link(), st.peer_token) {
                     (Some(spans), Some(link), Some(peer)) => {
-                        link.rx_place_inline(link.rx_rmb(self.our_token, peer), spans, msg.inline())
+                        link.rx_place_inline(link.rx_token(self.our_token, peer), spans, msg.inline())
                     }
                     _ => Ok(false),
                 };

@@ -15,7 +15,7 @@ use crate::config::ShmConfig;
 use crate::link::{Link, LinkError};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use crate::proto::clc::DeclineReason;
-use crate::proto::clc::Token;
+use crate::proto::clc::Secret;
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::manager::Manager;
@@ -51,7 +51,7 @@ struct GroupState {
     generation: Vec<u16>,
     dead: Option<LinkError>,
     idle_since: Option<Instant>,
-    join_tokens: Vec<Token>,
+    join_secrets: Vec<Secret>,
     /// Ring bytes charged to the process budget per slot: the first size when allocated, more
     /// as its ring grows, 0 when free.
     charged: Vec<u32>,
@@ -141,7 +141,7 @@ impl LinkGroup {
                 generation: vec![0; n],
                 dead: None,
                 idle_since: Some(Instant::now()),
-                join_tokens: Vec::new(),
+                join_secrets: Vec::new(),
                 charged: vec![0; n],
             }),
             cdc_waiters: Mutex::new(Vec::new()),
@@ -209,16 +209,16 @@ impl LinkGroup {
     }
 
     /// Records a handshake token that may be presented to join this (pending) group.
-    pub(crate) fn add_join_token(&self, token: Token) {
+    pub(crate) fn add_join_secret(&self, secret: Secret) {
         let mut st = self.lock();
         // Bounded: a pending group accepts at most one token per RMB slot.
-        if st.join_tokens.len() < st.generation.len() {
-            st.join_tokens.push(token);
+        if st.join_secrets.len() < st.generation.len() {
+            st.join_secrets.push(secret);
         }
     }
 
-    pub(crate) fn has_join_token(&self, token: Token) -> bool {
-        self.lock().join_tokens.contains(&token)
+    pub(crate) fn has_join_secret(&self, secret: Secret) -> bool {
+        self.lock().join_secrets.contains(&secret)
     }
 
     /// Allocates an RMB slot in our region: the token `generation << 16 | slot`.
@@ -288,7 +288,7 @@ impl LinkGroup {
             if let Some(l) = self.link.get() {
                 l.conn_closed(token);
                 if grown {
-                    l.release_rmb(token, self.tx_rmb_size);
+                    l.release_tx_rmb(token, self.tx_rmb_size);
                 }
             }
         }

@@ -14,7 +14,7 @@ use crate::config::{RmbBudget, ShmConfig};
 use crate::link::shm::region::Layout;
 use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
 use crate::link::Link;
-use crate::proto::clc::{DeclineReason, Proposal, ShmLinkInfo, ShmOffer, Token, SHM_SOCKET_NAME_MAX};
+use crate::proto::clc::{DeclineReason, Proposal, Secret, ShmLinkInfo, ShmOffer, SHM_SOCKET_NAME_MAX};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{GroupPin, LinkGroup, Role};
@@ -26,18 +26,18 @@ use crate::sys;
 /// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
 /// runtime shuts down); the link groups it set up keep running.
 #[derive(Debug, Default)]
-pub(crate) struct AcceptorSlot {
-    inner: Mutex<Option<Acceptor>>,
+pub(crate) struct SideListener {
+    inner: Mutex<Option<SideTask>>,
 }
 
 #[derive(Debug)]
-struct Acceptor {
+struct SideTask {
     name: Vec<u8>,
     alive: Arc<AtomicBool>,
     task: tokio::task::AbortHandle,
 }
 
-impl Drop for AcceptorSlot {
+impl Drop for SideListener {
     fn drop(&mut self) {
         if let Some(a) = self.inner.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             a.task.abort();
@@ -45,7 +45,7 @@ impl Drop for AcceptorSlot {
     }
 }
 
-impl AcceptorSlot {
+impl SideListener {
     /// The acceptor's abstract name, starting it on the current runtime if it is not running.
     pub(crate) fn name(&self, manager: &Arc<Manager>, timeout: Duration) -> std::io::Result<Vec<u8>> {
         let mut slot = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -54,7 +54,7 @@ impl AcceptorSlot {
                 return Ok(a.name.clone());
             }
         }
-        let name = format!("smc-tokio.{}.{:016x}", std::process::id(), random_u64()).into_bytes();
+        let name = format!("smc-tokio.{}.{:016x}", std::process::id(), sys::random_u64()).into_bytes();
         let fd = sys::seqpacket_listen(&name)?;
         // SAFETY: an OwnedFd owns its descriptor.
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
@@ -102,7 +102,7 @@ impl AcceptorSlot {
             }
         })
         .abort_handle();
-        if let Some(old) = slot.replace(Acceptor { name: name.clone(), alive, task }) {
+        if let Some(old) = slot.replace(SideTask { name: name.clone(), alive, task }) {
             old.task.abort();
         }
         Ok(name)
@@ -174,20 +174,11 @@ pub(crate) struct Manager {
     budget: Arc<RmbBudget>,
 }
 
-pub(crate) fn random_u64() -> u64 {
-    let t = sys::random_token().map(|t| t.0).unwrap_or_else(|_| {
-        // getrandom(2) does not fail on Linux >= 3.17 with these flags; fall back to the clock.
-        let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-        (n ^ u128::from(std::process::id())).to_le_bytes()
-    });
-    u64::from_le_bytes(t[..8].try_into().unwrap_or_default()) | 1
-}
-
 impl Manager {
     /// A manager with no groups, counting into `counters` and charging `budget`.
     pub(crate) fn new(counters: Arc<Counters>, budget: Arc<RmbBudget>) -> Arc<Manager> {
         Arc::new(Manager {
-            instance: random_u64(),
+            instance: sys::random_u64(),
             server: Mutex::default(),
             client: Mutex::default(),
             #[cfg(feature = "rdma")]
@@ -256,17 +247,17 @@ impl Manager {
 
     /// The client's side of an Accept: finds or joins the group, allocates our RMB and
     /// registers the connection. Returns what goes into the Confirm.
-    pub(crate) async fn client_accept(
+    pub(crate) async fn client_conn_create(
         self: &Arc<Self>,
         server: SocketAddr,
-        token: Token,
+        secret: Secret,
         accept: &ShmLinkInfo,
         our_rmb_size: u32,
         cfg: &ShmConfig,
         timeout: Duration,
     ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
         let rx_ring = RingSize::new(accept.rmb_size).ok_or(DeclineReason::SyncError)?;
-        let group = self.client_group(server, token, accept, our_rmb_size, cfg, timeout).await?;
+        let group = self.client_group(server, secret, accept, our_rmb_size, cfg, timeout).await?;
         let link = group.link().ok_or(DeclineReason::Internal)?;
         // The peer's region holds rings up to its slot size; they start at the Accept's size.
         if accept.rmb_size > link.rx_rmb_size() || group.tx_rmb_size != our_rmb_size {
@@ -285,7 +276,7 @@ impl Manager {
     async fn client_group(
         self: &Arc<Self>,
         server: SocketAddr,
-        token: Token,
+        secret: Secret,
         accept: &ShmLinkInfo,
         our_rmb_size: u32,
         cfg: &ShmConfig,
@@ -308,7 +299,7 @@ impl Manager {
                 let capacity = our_rmb_size.max(cfg.get_rmb_max());
                 let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
                 let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
-                let join = Join { link_group: accept.link_group, token };
+                let join = Join { link_group: accept.link_group, secret };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
                     Err(e @ JoinError::Starved(_)) => {
@@ -358,9 +349,9 @@ impl Manager {
     /// The server's side of a Proposal from `client`, which registered its connection at our
     /// door (so it is on this host): finds or creates the group, allocates our RMB and
     /// registers the (not yet confirmed) connection. Returns what goes into the Accept.
-    pub(crate) fn server_accept(
+    pub(crate) fn server_conn_create(
         self: &Arc<Self>,
-        acceptor: &AcceptorSlot,
+        acceptor: &SideListener,
         p: &Proposal,
         client: &ClientIdentity,
         cfg: &ShmConfig,
@@ -401,9 +392,9 @@ impl Manager {
                         tracing::debug!(error = %e, "cannot create shm region");
                         DeclineReason::OutOfMemory
                     })?;
-                    let mut id = random_u64();
+                    let mut id = sys::random_u64();
                     while s.groups.contains_key(&id) {
-                        id = random_u64();
+                        id = sys::random_u64();
                     }
                     let group = LinkGroup::new(
                         id,
@@ -441,7 +432,7 @@ impl Manager {
             }
         };
         if !group.is_established() {
-            group.add_join_token(p.token);
+            group.add_join_secret(p.secret);
         }
         let conn = group.open_conn(None, rx_ring, cfg)?;
         let info = ShmLinkInfo {
@@ -503,14 +494,14 @@ impl Manager {
 
     async fn serve_join(self: Arc<Self>, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
         let mut joined = None;
-        let res = shm::accept_join(fd, timeout, |join, cred| {
+        let res = shm::answer_join(fd, timeout, |join, cred| {
             let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
             let g = s
                 .groups
                 .get_mut(&join.link_group)
                 .filter(|g| g.acceptor == acceptor)
                 .ok_or(JoinRefused::UnknownGroup)?;
-            if !g.group.has_join_token(join.token) {
+            if !g.group.has_join_secret(join.secret) {
                 return Err(JoinRefused::UnknownGroup);
             }
             if !cred.trusted(&g.allowed_uids) || cred.uid != g.uid || i64::from(cred.pid) != i64::from(g.pid) {

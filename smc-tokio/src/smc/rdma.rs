@@ -169,11 +169,11 @@ pub(crate) fn client_offer(
     })
 }
 
-/// The client's side of an RDMA Accept (see [`client_accept_blocking`]), off the runtime. The
+/// The client's side of an RDMA Accept (see [`client_conn_create_blocking`]), off the runtime. The
 /// connection comes registered in a [`PendingConn`], so that a handshake abandoned meanwhile
 /// gives its slot back.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn client_accept(
+pub(crate) async fn client_conn_create(
     manager: &Arc<Manager>,
     server: SocketAddr,
     local: IpAddr,
@@ -184,7 +184,7 @@ pub(crate) async fn client_accept(
 ) -> Result<(PendingConn, RdmaLinkInfo), DeclineReason> {
     let (a, cfg, manager) = (*a, cfg.clone(), manager.clone());
     off_runtime(move || {
-        let (conn, confirm) = client_accept_blocking(&manager, server, local, &a, rx_size, &cfg, timeout)?;
+        let (conn, confirm) = client_conn_create_blocking(&manager, server, local, &a, rx_size, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), confirm))
     })
     .await
@@ -192,7 +192,7 @@ pub(crate) async fn client_accept(
 
 /// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
 /// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
-fn client_accept_blocking(
+fn client_conn_create_blocking(
     manager: &Arc<Manager>,
     server: SocketAddr,
     local: IpAddr,
@@ -223,7 +223,7 @@ fn client_accept_blocking(
                 DeclineReason::Internal
             })?;
             let group = LinkGroup::new(
-                crate::smc::manager::random_u64(),
+                crate::sys::random_u64(),
                 Role::Client,
                 cfg.shm.rmbs_per_group,
                 a.rmb_size,
@@ -279,9 +279,9 @@ pub(crate) struct ServerPending {
     client_gid: [u8; 16],
 }
 
-/// The server's side of a Proposal with an RDMA offer (see [`server_accept_blocking`]), off the
+/// The server's side of a Proposal with an RDMA offer (see [`server_conn_create_blocking`]), off the
 /// runtime; the connection comes registered in a [`PendingConn`].
-pub(crate) async fn server_accept(
+pub(crate) async fn server_conn_create(
     manager: &Arc<Manager>,
     p: &Proposal,
     local: IpAddr,
@@ -291,7 +291,7 @@ pub(crate) async fn server_accept(
 ) -> Result<(PendingConn, RdmaLinkInfo, ServerPending), DeclineReason> {
     let (p, cfg, manager) = (p.clone(), cfg.clone(), manager.clone());
     off_runtime(move || {
-        let (conn, info, pending) = server_accept_blocking(&manager, &p, local, peer, &cfg, timeout)?;
+        let (conn, info, pending) = server_conn_create_blocking(&manager, &p, local, peer, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), info, pending))
     })
     .await
@@ -300,7 +300,7 @@ pub(crate) async fn server_accept(
 /// The server's side of a Proposal with an RDMA offer: reuses the group of the client QP it
 /// names or creates one (QP in INIT), registers our RMB and the connection. Returns what goes
 /// into the Accept. Blocks.
-fn server_accept_blocking(
+fn server_conn_create_blocking(
     manager: &Arc<Manager>,
     p: &Proposal,
     local: IpAddr,
@@ -336,7 +336,7 @@ fn server_accept_blocking(
         None => {
             let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size)?;
             let group = LinkGroup::new(
-                crate::smc::manager::random_u64(),
+                crate::sys::random_u64(),
                 Role::Server,
                 cfg.shm.rmbs_per_group,
                 p.rmb_size,

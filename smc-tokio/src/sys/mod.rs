@@ -1,12 +1,14 @@
-//! The few raw system calls the driver needs.
+//! The raw system calls the driver needs: memfd regions, Unix sockets (doorbells, door and side
+//! channels, descriptor passing), file I/O for sendfile; TCP sockets and addresses in [`tcp`];
+//! descriptors from other processes, closed off the runtime, in [`closer`].
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::proto::clc::Token;
+use crate::proto::clc::Secret;
 
 /// A random connection token from the kernel's CSPRNG (getrandom(2)).
-pub(crate) fn random_token() -> io::Result<Token> {
+pub(crate) fn random_secret() -> io::Result<Secret> {
     let mut t = [0u8; 16];
     let mut filled = 0;
     while filled < t.len() {
@@ -22,7 +24,18 @@ pub(crate) fn random_token() -> io::Result<Token> {
         }
         filled += n as usize;
     }
-    Ok(Token(t))
+    Ok(Secret(t))
+}
+
+/// A random non-zero 64-bit id (link groups, side-channel names, a context's instance, port
+/// choices): from getrandom(2), which does not fail on Linux >= 3.17 with these flags; should
+/// it, from the clock and the pid.
+pub(crate) fn random_u64() -> u64 {
+    let t = random_secret().map(|t| t.0).unwrap_or_else(|_| {
+        let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        (n ^ u128::from(std::process::id())).to_le_bytes()
+    });
+    u64::from_le_bytes(t[..8].try_into().unwrap_or_default()) | 1
 }
 
 #[cfg(test)]
@@ -47,7 +60,7 @@ mod tests {
 
     #[test]
     fn tokens_differ() {
-        assert_ne!(random_token().unwrap(), random_token().unwrap());
+        assert_ne!(random_secret().unwrap(), random_secret().unwrap());
     }
 
     fn clear_nonblocking(fd: BorrowedFd<'_>) {
@@ -716,323 +729,12 @@ pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> io::Result<()> {
     Ok(())
 }
 
-// ---------------------------------------------------------------------------------------------
-// The door (same-host SMC intent): client sockets bound before they connect, and what a server
-// checks about a socket a client hands it.
-
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU32, Ordering};
-
-/// The automatic port range (first, last) and the reserved ranges in it.
-type PortRange = (u16, u16, Vec<(u16, u16)>);
-
-/// The local port range for automatic ports (`/proc/sys/net/ipv4/ip_local_port_range`, which
-/// governs IPv6 too), and the ports reserved from it (`ip_local_reserved_ports`), read once.
-/// Linux's defaults when the files cannot be read: 32768..=60999, nothing reserved.
-fn port_range() -> &'static PortRange {
-    static R: std::sync::OnceLock<PortRange> = std::sync::OnceLock::new();
-    R.get_or_init(|| {
-        let nums = |s: &str| s.split_whitespace().filter_map(|w| w.parse::<u16>().ok()).collect::<Vec<_>>();
-        let (lo, hi) = match std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").map(|s| nums(&s)) {
-            Ok(v) if v.len() == 2 && v[0] > 0 && v[0] <= v[1] => (v[0], v[1]),
-            _ => (32768, 60999),
-        };
-        let reserved = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports")
-            .map(|s| {
-                s.trim()
-                    .split(',')
-                    .filter_map(|part| {
-                        let mut it = part.trim().splitn(2, '-').map(|x| x.parse::<u16>().ok());
-                        match (it.next().flatten(), it.next()) {
-                            (Some(a), None) => Some((a, a)),
-                            (Some(a), Some(Some(b))) => Some((a, b)),
-                            _ => None,
-                        }
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        (lo, hi, reserved)
-    })
-}
-
-/// The next port to try: a per-process cursor walking the automatic range from a random
-/// start, so that one process's ports come back as late as possible (a port's last connection
-/// must have left TIME_WAIT's reuse window before the same 4-tuple can connect again) and two
-/// processes rarely walk the same ports.
-fn next_port() -> u16 {
-    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    static CURSOR: AtomicU32 = AtomicU32::new(0);
-    let (lo, hi, reserved) = port_range();
-    let span = u32::from(*hi - *lo) + 1;
-    let start = *START.get_or_init(|| (crate::smc::manager::random_u64() % u64::from(span)) as u32);
-    let mut port = *lo;
-    // Bounded, in case a range is reserved whole; bind then reports the conflict.
-    for _ in 0..span {
-        let n = start.wrapping_add(CURSOR.fetch_add(1, Ordering::Relaxed));
-        port = (u32::from(*lo) + n % span) as u16;
-        if !reserved.iter().any(|(a, b)| (*a..=*b).contains(&port)) {
-            break;
-        }
-    }
-    port
-}
-
-/// A random port of the automatic range (reserved ones skipped).
-fn random_port() -> u16 {
-    let (lo, hi, reserved) = port_range();
-    let span = u64::from(*hi - *lo) + 1;
-    let mut port = *lo;
-    for _ in 0..16 {
-        port = (u64::from(*lo) + crate::smc::manager::random_u64() % span) as u16;
-        if !reserved.iter().any(|(a, b)| (*a..=*b).contains(&port)) {
-            break;
-        }
-    }
-    port
-}
-
-/// How many ports [`bound_tcp_socket`] tries before it gives up.
-const BIND_ATTEMPTS: usize = 64;
-
-/// A non-blocking TCP socket for a connection to `dst`, bound to the wildcard address and a
-/// port of this process's choosing (never one `taken` says is in use by another of its
-/// registrations: `SO_REUSEPORT` would let it share one), before it connects, so that the port can be registered at
-/// a listener's door. `SO_REUSEPORT` lets it bind over this process's own connections in
-/// TIME_WAIT (which would otherwise exhaust the ports at high connection rates) while the
-/// kernel keeps every other uid off the port as long as the socket lives (a reuseport group
-/// is one uid's); `SO_REUSEADDR` stays off, since it would let any uid share the port.
-pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> io::Result<socket2::Socket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let (domain, any): (Domain, IpAddr) = match dst {
-        SocketAddr::V4(_) => (Domain::IPV4, Ipv4Addr::UNSPECIFIED.into()),
-        SocketAddr::V6(_) => (Domain::IPV6, Ipv6Addr::UNSPECIFIED.into()),
-    };
-    let sock = Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP))?;
-    sock.set_reuse_port(true)?;
-    let mut last = None;
-    for attempt in 0..BIND_ATTEMPTS {
-        // The cursor first; after a conflict, anywhere: ports held by other sockets (plain
-        // connections in TIME_WAIT, whose ports the kernel hands out in runs) come in runs too.
-        let port = if attempt == 0 { next_port() } else { random_port() };
-        if taken(port) {
-            continue;
-        }
-        match sock.bind(&SocketAddr::new(any, port).into()) {
-            Ok(()) => return Ok(sock),
-            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrInUse)))
-}
-
-/// Binds the application's socket to the wildcard address of `dst`'s family and a port the
-/// kernel picks, unless it is bound to a port already (a registration names a bound port).
-pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Result<()> {
-    if sock.local_addr().ok().and_then(|a| a.as_socket()).is_some_and(|a| a.port() != 0) {
-        return Ok(());
-    }
-    let any: IpAddr = match dst {
-        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
-        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
-    };
-    sock.bind(&SocketAddr::new(any, 0).into())
-}
-
-/// The port of a socket a client handed a server at the door, once it is known to be a bound
-/// TCP socket that is not listening (anything else is refused: it cannot be the client end of
-/// a connection).
-pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<u16, &'static str> {
-    // TCP_INFO answers only on a TCP stream socket (EOPNOTSUPP or ENOPROTOOPT on anything else).
-    match tcp_state(fd) {
-        None => return Err("not a tcp socket"),
-        Some(TCP_LISTEN) => return Err("a listening socket"),
-        Some(_) => {}
-    }
-    let sock = socket2::SockRef::from(&fd);
-    // An inet address (AF_INET or AF_INET6) or nothing: the family is checked here.
-    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).ok_or("not an internet socket")?;
-    if local.port() == 0 {
-        return Err("not bound to a port");
-    }
-    Ok(local.port())
-}
-
-/// A connected socket's (local, peer) addresses, IPv4-mapped ones unmapped; `None` when it is
-/// not (or no longer) connected.
-pub(crate) fn socket_tuple(fd: BorrowedFd<'_>) -> Option<(SocketAddr, SocketAddr)> {
-    let sock = socket2::SockRef::from(&fd);
-    let local = sock.local_addr().ok()?.as_socket()?;
-    let peer = sock.peer_addr().ok()?.as_socket()?;
-    Some((unmap(local), unmap(peer)))
-}
-
-/// The soft limit on open descriptors (`RLIMIT_NOFILE`), if it can be read.
-pub(crate) fn nofile_limit() -> Option<u64> {
-    // SAFETY: rlimit is plain data; all-zero is valid.
-    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: `r` is valid for writes.
-    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0).then_some(r.rlim_cur)
-}
-
-/// `TCP_LISTEN` in `tcp_info.tcpi_state` (include/net/tcp_states.h).
-const TCP_LISTEN: u8 = 10;
-
-/// A TCP socket's state (`TCP_INFO`'s first byte).
-pub(crate) fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
-    // The first bytes of struct tcp_info: tcpi_state is byte 0.
-    let mut info = [0u8; 8];
-    let mut len = info.len() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes; the kernel copies at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
-    };
-    (r == 0 && len >= 1).then_some(info[0])
-}
-
-/// Whether `e` says this process ran out of descriptors or memory (rather than that the peer
-/// or the network did something).
-pub(crate) fn is_starved(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::OutOfMemory
-        || matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS))
-}
-
-/// `addr` with an IPv4-mapped IPv6 address turned into the IPv4 one, so that a dual-stack
-/// listener's view of a peer compares equal to the peer's own view.
-pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
-    match addr {
-        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(v4.into(), a.port()),
-            None => addr,
-        },
-        v4 => v4,
-    }
-}
-
-/// Whether `ip` is an address of this host (in this network namespace): a loopback address or
-/// one assigned to an interface. Interface addresses are read with getifaddrs(3) and cached
-/// for a second.
-pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
-    if ip.is_loopback() {
-        return true;
-    }
-    static CACHE: std::sync::Mutex<Option<(std::time::Instant, Vec<IpAddr>)>> = std::sync::Mutex::new(None);
-    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    let fresh = c.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
-    if !fresh {
-        *c = Some((std::time::Instant::now(), interface_addrs().unwrap_or_default()));
-    }
-    c.as_ref().is_some_and(|(_, ips)| ips.contains(&ip))
-}
-
-fn interface_addrs() -> io::Result<Vec<IpAddr>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `head`, freed below with freeifaddrs.
-    cvt(unsafe { libc::getifaddrs(&mut head) })?;
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, alive until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        if !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr points at a sockaddr whose family says how large it is.
-            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-            if family == libc::AF_INET {
-                // SAFETY: an AF_INET sockaddr is a sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
-            } else if family == libc::AF_INET6 {
-                // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
-}
-
 /// Sends a small message without descriptors (non-blocking, no SIGPIPE).
 pub(crate) fn send_msg(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
     send_with_fds(sock, data, &[])
 }
 
-/// Accepts one connection from a listening TCP socket without waiting (`WouldBlock` when none
-/// is queued): non-blocking and close-on-exec, as tokio's own accept makes them.
-pub(crate) fn accept_tcp(listener: BorrowedFd<'_>) -> io::Result<(std::net::TcpStream, SocketAddr)> {
-    use std::os::fd::FromRawFd;
-    let mut storage = socket2::SockAddrStorage::zeroed();
-    let mut len = storage.size_of();
-    let fd = loop {
-        // SAFETY: `storage` (viewed as the sockaddr it stands for, which it is large enough to
-        // hold) and `len` describe a writable buffer for any address; the flags are constants.
-        let r = unsafe {
-            libc::accept4(
-                listener.as_raw_fd(),
-                storage.view_as::<libc::sockaddr>(),
-                &mut len,
-                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            )
-        };
-        match cvt(r) {
-            Ok(fd) => break fd,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    };
-    // SAFETY: accept4 returned a new descriptor nothing else owns.
-    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-    // SAFETY: the kernel wrote a valid address of `len` bytes into `storage`.
-    let addr = unsafe { socket2::SockAddr::new(storage, len) };
-    let peer = addr.as_socket().ok_or_else(|| io::Error::other("accepted a connection without an inet address"))?;
-    Ok((stream, peer))
-}
+// ----- TCP sockets and addresses -----------------------------------------------------------
 
-#[cfg(test)]
-mod door_tests {
-    use super::*;
-    use std::os::fd::AsFd;
-
-    #[test]
-    fn a_bound_client_socket_is_registrable_and_others_are_not() {
-        let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let s = bound_tcp_socket(dst, |_| false).unwrap();
-        let port = registrable_socket(s.as_fd()).expect("our own client socket");
-        assert_eq!(Some(port), s.local_addr().unwrap().as_socket().map(|a| a.port()));
-        assert_eq!(socket_tuple(s.as_fd()), None, "not connected yet");
-        // Connected: its four-tuple is the one the server's accepted end sees, reversed.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = bound_tcp_socket(dst, |_| false).unwrap();
-        c.connect(&l.local_addr().unwrap().into())
-            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
-            .unwrap();
-        let (server_end, peer) = l.accept().unwrap();
-        assert!(registrable_socket(c.as_fd()).is_ok());
-        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
-        // A listener, an unbound socket, a UDP socket.
-        assert!(registrable_socket(l.as_fd()).is_err());
-        let u = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        assert!(registrable_socket(u.as_fd()).is_err());
-        let d = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert!(registrable_socket(d.as_fd()).is_err());
-    }
-
-    #[test]
-    fn a_dual_stack_view_of_a_v4_connection_unmaps() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", l.local_addr().unwrap().port()).parse().unwrap();
-        let c = bound_tcp_socket(mapped, |_| false).unwrap();
-        c.connect(&mapped.into())
-            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
-            .unwrap();
-        let (server_end, peer) = l.accept().unwrap();
-        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
-    }
-}
+mod tcp;
+pub(crate) use tcp::*;

@@ -597,7 +597,7 @@ fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
         let d = seqpacket_connect(name.as_bytes())?;
         // A registration: a door frame of kind Register, then a proposal.
         let p = smc_tokio::proto::clc::ClcMessage::Proposal(smc_tokio::proto::clc::Proposal {
-            token: smc_tokio::proto::clc::Token([7; 16]),
+            secret: smc_tokio::proto::clc::Secret([7; 16]),
             rmb_size: 0,
             shm: None,
             rdma: None,

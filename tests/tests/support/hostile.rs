@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use smc_tokio::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use smc_tokio::proto::clc::{
-    decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, ShmLinkInfo,
-    ShmOffer, Token, CLC_HEADER_LEN,
+    decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, Secret,
+    ShmLinkInfo, ShmOffer, CLC_HEADER_LEN,
 };
 use smc_tokio::proto::door::{DoorFrame, DoorKind};
 use smc_tokio::proto::side::{self, Join};
@@ -36,11 +36,11 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-pub fn random_token() -> Token {
+pub fn random_secret() -> Secret {
     let mut t = [0u8; 16];
     let n = unsafe { libc::getrandom(t.as_mut_ptr().cast(), 16, 0) };
     assert_eq!(n, 16);
-    Token(t)
+    Secret(t)
 }
 
 // ----- CLC over TCP ----------------------------------------------------------------------------
@@ -71,13 +71,13 @@ pub async fn send_clc(c: &mut TcpStream, m: ClcMessage) -> io::Result<()> {
 /// accepts with shm.
 pub async fn propose(addr: std::net::SocketAddr, peer: u32, instance: u64, link_group: u64, rmb_size: u32) -> ClientHs {
     let instance = instance ^ (u64::from(peer) << 32);
-    let token = random_token();
-    let p = ClcMessage::Proposal(Proposal { token, rmb_size, shm: Some(ShmOffer { link_group }), rdma: None });
+    let secret = random_secret();
+    let p = ClcMessage::Proposal(Proposal { secret, rmb_size, shm: Some(ShmOffer { link_group }), rdma: None });
     let (tcp, door) = register_and_connect(addr, instance, &p.encode().unwrap()).await.unwrap();
     match door_recv_clc(&door).await.unwrap() {
-        Some(ClcMessage::Accept(Accept { token: t, link: LinkInfo::Shm(info) })) => {
-            assert_eq!(t, token);
-            ClientHs { tcp, door, token, rmb_size, accept: info }
+        Some(ClcMessage::Accept(Accept { secret: t, link: LinkInfo::Shm(info) })) => {
+            assert_eq!(t, secret);
+            ClientHs { tcp, door, secret, rmb_size, accept: info }
         }
         other => panic!("expected an shm accept, got {other:?}"),
     }
@@ -89,7 +89,7 @@ pub async fn propose(addr: std::net::SocketAddr, peer: u32, instance: u64, link_
 pub struct ClientHs {
     pub tcp: TcpStream,
     pub door: OwnedFd,
-    pub token: Token,
+    pub secret: Secret,
     pub rmb_size: u32,
     pub accept: ShmLinkInfo,
 }
@@ -104,20 +104,20 @@ impl ClientHs {
             rmb_size: self.rmb_size,
             socket_name: Vec::new(),
         });
-        door_send_clc(&self.door, &ClcMessage::Confirm(Confirm { token: self.token, link }))?;
+        door_send_clc(&self.door, &ClcMessage::Confirm(Confirm { secret: self.secret, link }))?;
         door_recv_clc(&self.door).await?.ok_or_else(|| io::Error::other("door closed without a final word"))
     }
 
     /// Declines the Accept and reads the server's answer (its Decline).
     pub async fn decline(&mut self, reason: DeclineReason) -> io::Result<ClcMessage> {
-        door_send_clc(&self.door, &ClcMessage::Decline(Decline { token: self.token, reason }))?;
+        door_send_clc(&self.door, &ClcMessage::Decline(Decline { secret: self.secret, reason }))?;
         door_recv_clc(&self.door).await?.ok_or_else(|| io::Error::other("door closed without an answer"))
     }
 }
 
 /// Whether `m` is the server's Commit for `token`.
-pub fn is_commit(m: &ClcMessage, token: Token) -> bool {
-    matches!(m, ClcMessage::Commit(Commit { token: t }) if *t == token)
+pub fn is_commit(m: &ClcMessage, secret: Secret) -> bool {
+    matches!(m, ClcMessage::Commit(Commit { secret: t }) if *t == secret)
 }
 
 // ----- the door ----------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ pub async fn register_and_connect(
 /// A proposal with a shared-memory offer (a new group), as a registration carries it.
 pub fn shm_proposal(rmb_size: u32) -> Vec<u8> {
     ClcMessage::Proposal(Proposal {
-        token: random_token(),
+        secret: random_secret(),
         rmb_size,
         shm: Some(ShmOffer { link_group: 0 }),
         rdma: None,
@@ -708,8 +708,8 @@ pub fn recv_fds(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     Ok((buf[..n as usize].to_vec(), fds))
 }
 
-pub fn join_msg(link_group: u64, token: Token) -> [u8; SIDE_MSG_LEN] {
-    Join { link_group, token }.encode()
+pub fn join_msg(link_group: u64, secret: Secret) -> [u8; SIDE_MSG_LEN] {
+    Join { link_group, secret }.encode()
 }
 
 pub fn welcome_msg(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
@@ -735,7 +735,7 @@ pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
 /// `layout` and a doorbell (on a blocking thread, bounded), and expects a WELCOME of status 0.
 /// Returns our region, the side channel and the server's region and doorbell.
 pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, OwnedFd, OwnedFd) {
-    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.token);
+    let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let (region, sock, welcome) = tests::bounded(
         10,
         tokio::task::spawn_blocking(move || {
@@ -753,9 +753,9 @@ pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, Ow
     (region, sock, server_memfd, server_door)
 }
 
-pub fn join(name: &[u8], link_group: u64, token: Token, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {
+pub fn join(name: &[u8], link_group: u64, secret: Secret, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {
     let sock = side_connect(name)?;
-    send_fds(sock.as_fd(), &join_msg(link_group, token), fds)?;
+    send_fds(sock.as_fd(), &join_msg(link_group, secret), fds)?;
     let (msg, got) = recv_fds(sock.as_fd())?;
     if msg.is_empty() {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "side channel closed without a welcome"));

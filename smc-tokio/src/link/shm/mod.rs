@@ -3,7 +3,7 @@
 //! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
 //! writes into; the peer maps it read-only. Two Unix datagram socket pairs are the doorbells. A SOCK_SEQPACKET
 //! Unix socket in the abstract namespace (per network namespace) carries the setup (a JOIN that
-//! proves the handshake's token, the region and doorbell descriptors with `SCM_RIGHTS`, the
+//! proves the handshake's secret, the region and doorbell descriptors with `SCM_RIGHTS`, the
 //! peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the peer process is
 //! gone.
 
@@ -34,8 +34,8 @@ pub(crate) mod region;
 
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
-/// Our end of a doorbell (a Unix datagram socket the peer sends rings to) as a
-/// [`mio::event::Source`], so tokio's reactor can wait on it. A [`PeerFd`]: the peer can send
+/// Our end of a doorbell (a Unix datagram socket the peer sends rings to), waited on through
+/// tokio's `AsyncFd` (which needs only its raw descriptor). A [`PeerFd`]: the peer can send
 /// to it, so it is closed by a closer.
 #[derive(Debug)]
 pub(crate) struct DoorbellFd(PeerFd);
@@ -49,18 +49,6 @@ impl AsFd for DoorbellFd {
 impl AsRawFd for DoorbellFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
-    }
-}
-
-impl mio::event::Source for DoorbellFd {
-    fn register(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
-        mio::unix::SourceFd(&self.0.as_raw_fd()).register(registry, token, interests)
-    }
-    fn reregister(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
-        mio::unix::SourceFd(&self.0.as_raw_fd()).reregister(registry, token, interests)
-    }
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        mio::unix::SourceFd(&self.0.as_raw_fd()).deregister(registry)
     }
 }
 
@@ -322,7 +310,7 @@ impl Link for ShmLink {
         self.peer.layout().rmb_size.get()
     }
 
-    fn release_rmb(&self, rmb: u32, from: u32) {
+    fn release_tx_rmb(&self, rmb: u32, from: u32) {
         if let Err(e) = self.ours.release_rmb(token_slot(rmb), from) {
             // A region this crate made accepts hole punching (it carries no write seal); should
             // the kernel refuse anyway, the pages stay resident until the group goes: memory,
@@ -331,7 +319,7 @@ impl Link for ShmLink {
         }
     }
 
-    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
+    fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
         let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
         let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
         // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our writable mapping;
@@ -341,7 +329,7 @@ impl Link for ShmLink {
         Ok(())
     }
 
-    fn rmb_fill(
+    fn tx_fill(
         &self,
         rmb: u32,
         offset: u32,
@@ -349,7 +337,7 @@ impl Link for ShmLink {
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError> {
         let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
-        // SAFETY: as in rmb_write: the span is inside our writable mapping and written only by
+        // SAFETY: as in tx_write: the span is inside our writable mapping and written only by
         // the connection that owns the RMB (it holds its lock for the call). The peer may read
         // the bytes concurrently through its own read-only mapping, which is not a reference in
         // this address space.
@@ -357,7 +345,7 @@ impl Link for ShmLink {
         Ok(fill(span))
     }
 
-    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
+    fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
         let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
         // SAFETY: the span was bounds-checked against the peer's validated layout and lies in
@@ -519,7 +507,7 @@ async fn recv_msg(sock: &AsyncFd<PeerFd>) -> io::Result<(Vec<u8>, Vec<PeerFd>)> 
 }
 
 /// Client side: joins the server's pending link group `link_group` over the side channel
-/// `name`, proving `token`, and completes the link.
+/// `name`, proving `secret`, and completes the link.
 pub(crate) async fn join(
     name: &[u8],
     join: Join,
@@ -572,9 +560,9 @@ pub(crate) struct Admission {
 }
 
 /// Server side: serves one side-channel connection: reads the JOIN, asks `admit` (which checks
-/// the group, the token and the peer's credentials and hands over our half), answers, and
+/// the group, the secret and the peer's credentials and hands over our half), answers, and
 /// completes the link.
-pub(crate) async fn accept_join(
+pub(crate) async fn answer_join(
     fd: PeerFd,
     timeout: Duration,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
@@ -617,7 +605,7 @@ pub(crate) async fn accept_join(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::clc::Token;
+    use crate::proto::clc::Secret;
 
     /// A connected socket for the side channel of a hand-built link.
     fn side() -> AsyncFd<PeerFd> {
@@ -746,7 +734,7 @@ mod tests {
         let name = format!("smc-tokio-test-{}", std::process::id()).into_bytes();
         let listener = sys::seqpacket_listen(&name).unwrap();
         let layout = Layout::new(8, 4, 4096).unwrap();
-        let token = Token([3; 16]);
+        let secret = Secret([3; 16]);
         let server = tokio::spawn(async move {
             // SAFETY: an OwnedFd owns its descriptor.
             let l = unsafe { sys::register(listener, Interest::READABLE) }.unwrap();
@@ -756,8 +744,8 @@ mod tests {
                     break r.unwrap();
                 }
             };
-            accept_join(fd, Duration::from_secs(5), |j, cred| {
-                assert_eq!(j.token, Token([3; 16]));
+            answer_join(fd, Duration::from_secs(5), |j, cred| {
+                assert_eq!(j.secret, Secret([3; 16]));
                 assert_eq!(cred.pid as u32, std::process::id());
                 Ok(Admission { local: ShmLocal::create(layout).unwrap(), busy_poll: Duration::ZERO })
             })
@@ -766,7 +754,7 @@ mod tests {
         });
         let client = join(
             &name,
-            Join { link_group: 7, token },
+            Join { link_group: 7, secret },
             ShmLocal::create(layout).unwrap(),
             Duration::ZERO,
             Duration::from_secs(5),
@@ -777,7 +765,7 @@ mod tests {
         assert_eq!(id, 7);
 
         // Data and a CDC from client to server.
-        client.rmb_write(2, 100, b"hello").unwrap();
+        client.tx_write(2, 100, b"hello").unwrap();
         let mut m = CdcMsg::new(1, 2);
         m.prod = crate::proto::cursor::Cursor::new(0, 105);
         assert!(client.cdc_send(&m).unwrap());
@@ -785,13 +773,13 @@ mod tests {
         assert_eq!(server.cdc_recv(&mut frames, 10).unwrap(), Some(1));
         assert_eq!(CdcMsg::decode(&frames[0]).unwrap(), m);
         let mut buf = [MaybeUninit::new(0u8); 5];
-        server.rmb_read(2, 100, &mut buf).unwrap();
-        // SAFETY: rmb_read initialised all 5 bytes.
+        server.rx_read(2, 100, &mut buf).unwrap();
+        // SAFETY: rx_read initialised all 5 bytes.
         let got: [u8; 5] = unsafe { std::mem::transmute(buf) };
         assert_eq!(&got, b"hello");
         // Out-of-bounds spans are refused.
-        assert!(server.rmb_read(4, 0, &mut [MaybeUninit::new(0u8); 1]).is_err());
-        assert!(client.rmb_write(0, 4095, b"ab").is_err());
+        assert!(server.rx_read(4, 0, &mut [MaybeUninit::new(0u8); 1]).is_err());
+        assert!(client.tx_write(0, 4095, b"ab").is_err());
 
         // The server sleeps; a CDC from the client wakes it through the doorbell.
         let waiter = tokio::spawn(async move {

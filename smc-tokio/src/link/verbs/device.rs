@@ -319,7 +319,8 @@ impl Drop for Mapping {
 }
 
 /// A completion channel: the descriptor that becomes readable when an armed CQ gets a
-/// completion. It is a [`mio::event::Source`], so tokio's reactor waits on it.
+/// completion. The link group's driver waits on it through tokio's `AsyncFd` (which needs
+/// only its raw descriptor).
 pub(crate) struct CompChannel {
     dev: Arc<Device>,
     ch: NonNull<c_void>,
@@ -367,18 +368,6 @@ impl CompChannel {
 impl AsRawFd for CompChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.fd
-    }
-}
-
-impl mio::event::Source for CompChannel {
-    fn register(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
-        mio::unix::SourceFd(&self.fd).register(registry, token, interests)
-    }
-    fn reregister(&mut self, registry: &mio::Registry, token: mio::Token, interests: mio::Interest) -> io::Result<()> {
-        mio::unix::SourceFd(&self.fd).reregister(registry, token, interests)
-    }
-    fn deregister(&mut self, registry: &mio::Registry) -> io::Result<()> {
-        mio::unix::SourceFd(&self.fd).deregister(registry)
     }
 }
 

@@ -4,7 +4,7 @@
 //!   registered with remote-write access the first time a connection uses it, and its address
 //!   and rkey travel in the CLC Accept/Confirm. The peer writes into it; we only read.
 //! - **Send buffers**: each connection has a local buffer the size of the peer's RMB (a slot of
-//!   the send pool, registered for local access). `rmb_write`/`rmb_fill` put bytes there at the
+//!   the send pool, registered for local access). `tx_write`/`tx_fill` put bytes there at the
 //!   ring offset; when the engine sends a CDC message that moves the producer cursor, the link
 //!   posts RDMA WRITEs of exactly the new span(s) to the same offsets of the peer's RMB and then
 //!   the CDC message as an inline SEND, in one chain. RC delivers them in order, so the peer
@@ -18,8 +18,8 @@
 //!   `smcr_max_send_wr` idea); a CDC message that does not fit waits (`cdc_send` returns
 //!   `Ok(false)`) and is retried when completions free room. Only the SEND of each chain is
 //!   signaled; its completion frees the whole chain.
-//! - **Completion channel**: a non-blocking fd, a `mio::event::Source`, waited on by the link
-//!   group's driver through tokio. `poll_event` polls the CQ, arms it, polls again, and only then
+//! - **Completion channel**: a non-blocking fd, waited on by the link group's driver through
+//!   tokio's `AsyncFd`. `poll_event` polls the CQ, arms it, polls again, and only then
 //!   waits; on wake-up it drains every channel event until EAGAIN (tokio readiness is
 //!   edge-triggered) and acks them in batches. Completions taken by other callers (busy-poll,
 //!   `cdc_recv`) are kept in the link's queue, so none is lost between batches.
@@ -255,7 +255,7 @@ impl VerbsLink {
         let recv_mr = unsafe { pd.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
         let rx_pool = Pool::new(rmb_count, rx_size, device_access::REMOTE)?;
         let tx_pool = Pool::new(rmb_count, tx_size, device_access::LOCAL)?;
-        let psn = crate::sys::random_token().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
+        let psn = crate::sys::random_secret().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
         let link = VerbsLink {
             qp,
             cq,
@@ -586,11 +586,11 @@ impl Link for VerbsLink {
         self.rx_pool.size
     }
 
-    fn rx_rmb(&self, our_token: u32, _peer_token: u32) -> u32 {
+    fn rx_token(&self, our_token: u32, _peer_token: u32) -> u32 {
         our_token
     }
 
-    fn rmb_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
+    fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
         let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
         let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
         // SAFETY: the span is inside our send pool; the HCA does not read it now (module docs).
@@ -598,7 +598,7 @@ impl Link for VerbsLink {
         Ok(())
     }
 
-    fn rmb_fill(
+    fn tx_fill(
         &self,
         rmb: u32,
         offset: u32,
@@ -612,7 +612,7 @@ impl Link for VerbsLink {
         Ok(fill(span))
     }
 
-    fn rmb_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
+    fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read span"))?;
         let p = self.rx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read span"))?;
         // SAFETY: the span is inside our RMB pool, mapped for the link's life. The peer's HCA

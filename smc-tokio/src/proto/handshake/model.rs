@@ -87,7 +87,7 @@ impl World {
         let start = Instant::now();
         let timeouts = Timeouts::uniform(Duration::from_secs(2));
         let proposal = Proposal {
-            token: Token([0x42; 16]),
+            secret: Secret([0x42; 16]),
             rmb_size: 0,
             shm: Some(crate::proto::clc::ShmOffer { link_group: 0 }),
             rdma: None,

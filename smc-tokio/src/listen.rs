@@ -38,7 +38,7 @@ use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
-use crate::smc::manager::AcceptorSlot;
+use crate::smc::manager::SideListener;
 use crate::stats::{self, DoorEvent};
 use crate::transport::{FallbackReason, Transport};
 
@@ -444,7 +444,7 @@ async fn choose(
     }
     let shm = match (&p.shm, client) {
         (Some(_), Some(c)) => {
-            shared.ctx.manager().server_accept(&shared.acceptor, p, c, &cfg.shm, cfg.handshake_timeout)
+            shared.ctx.manager().server_conn_create(&shared.side_listener, p, c, &cfg.shm, cfg.handshake_timeout)
         }
         _ => Err(DeclineReason::NoCommonTransport),
     };
@@ -458,7 +458,7 @@ async fn choose(
             let (local, peer) = addrs.map(|(l, p)| (l.ip(), p.ip())).ok_or(shm_reason)?;
             crate::smc::rdma::warm_up(cfg).await;
             crate::smc::rdma::warm_port(local, cfg).await;
-            match crate::smc::rdma::server_accept(shared.ctx.manager(), p, local, peer, cfg, cfg.handshake_timeout)
+            match crate::smc::rdma::server_conn_create(shared.ctx.manager(), p, local, peer, cfg, cfg.handshake_timeout)
                 .await
             {
                 Ok((conn, info, rp)) => {
@@ -609,7 +609,7 @@ pub(crate) struct ListenerShared {
     waiting: AtomicUsize,
     /// Signalled when a handshake slot frees.
     freed: Notify,
-    pub(crate) acceptor: AcceptorSlot,
+    pub(crate) side_listener: SideListener,
     pub(crate) ready: ReadyQueue,
     closed: AtomicBool,
     closing: Notify,
@@ -643,7 +643,7 @@ impl ListenerShared {
             in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
-            acceptor: AcceptorSlot::default(),
+            side_listener: SideListener::default(),
             ready: ReadyQueue::default(),
             closed: AtomicBool::new(false),
             closing: Notify::new(),

@@ -1,0 +1,232 @@
+//! Where the client connects, the stream it connects with (smc-tokio, tokio TCP or a Unix socket), and the servers `local` and `server` start.
+
+use super::*;
+
+/// Where the client connects.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) tcp: SocketAddr,
+    pub(crate) unix: Option<PathBuf>,
+    pub(crate) shm: ShmConfig,
+    /// The file server: over an `SmcListener`, and over a tokio `TcpListener`.
+    pub(crate) file_smc: SocketAddr,
+    pub(crate) file_tcp: SocketAddr,
+    /// The http and grpc servers.
+    pub(crate) web: web::WebAddrs,
+}
+
+/// The `file` scenario's rows: transport and how the server writes the response.
+pub(crate) const FILE_VARIANTS: [(Kind, &str); 4] =
+    [(Kind::Smc, "cork-sendfile"), (Kind::Smc, "write"), (Kind::Smc, "sendfile"), (Kind::Tcp, "write")];
+
+// ---------------------------------------------------------------------------------------------
+// A stream of any of the three kinds.
+
+pub(crate) enum Conn {
+    Smc(SmcStream),
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Conn {
+    pub(crate) fn negotiated(&self) -> &'static str {
+        match self {
+            Conn::Smc(s) => s.transport().as_str(),
+            Conn::Tcp(_) => "tcp",
+            Conn::Unix(_) => "unix",
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Smc(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Smc(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Conn::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Smc(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Conn::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Smc(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+pub(crate) async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
+    Ok(match kind {
+        Kind::Smc | Kind::Ksmc => {
+            let kernel = if kind == Kind::Ksmc { KernelMode::On } else { KernelMode::Off };
+            let s = SmcStream::builder()
+                .policy(Policy::Auto)
+                .shm(target.shm.clone())
+                .kernel(kernel)
+                .connect(target.tcp)
+                .await?;
+            s.set_nodelay(true)?;
+            Conn::Smc(s)
+        }
+        Kind::Tcp => {
+            let s = TcpStream::connect(target.tcp).await?;
+            s.set_nodelay(true)?;
+            Conn::Tcp(s)
+        }
+        Kind::Unix => {
+            let path = target.unix.as_ref().ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
+            Conn::Unix(UnixStream::connect(path).await?)
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+pub(crate) async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> io::Result<()> {
+    let mut hdr = [0u8; 8];
+    s.read_exact(&mut hdr).await?;
+    let mode = u32::from_le_bytes(hdr[..4].try_into().unwrap_or_default());
+    let size = u32::from_le_bytes(hdr[4..].try_into().unwrap_or_default()) as usize;
+    if size == 0 || size > 64 << 20 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad size"));
+    }
+    let mut buf = vec![0u8; size.max(65536)];
+    match mode {
+        MODE_RR => loop {
+            match s.read_exact(&mut buf[..size]).await {
+                Ok(_) => s.write_all(&buf[..size]).await?,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        },
+        MODE_STREAM => {
+            let mut total = 0u64;
+            loop {
+                let n = s.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                total += n as u64;
+            }
+            s.write_all(&total.to_le_bytes()).await?;
+            s.shutdown().await
+        }
+        _ => Err(io::Error::new(io::ErrorKind::InvalidData, "bad mode")),
+    }
+}
+
+pub(crate) struct ServerHandles {
+    pub(crate) tcp_addr: SocketAddr,
+    pub(crate) unix: Option<PathBuf>,
+    pub(crate) file_smc: SocketAddr,
+    pub(crate) file_tcp: SocketAddr,
+    pub(crate) web: web::WebAddrs,
+}
+
+/// The directory the file server serves: files `f<size>` of random bytes.
+pub(crate) fn file_sizes(o: &Opts) -> Vec<usize> {
+    cases(o).iter().filter(|c| c.scenario == Scenario::File).map(|c| c.size).collect()
+}
+
+pub(crate) fn www_root() -> PathBuf {
+    std::env::temp_dir().join(format!("smcperf-www-{}", std::process::id()))
+}
+
+pub(crate) fn make_files(sizes: &[usize]) -> io::Result<()> {
+    let root = www_root();
+    std::fs::create_dir_all(&root)?;
+    for &n in sizes {
+        let data: Vec<u8> = (0..n).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        std::fs::write(root.join(format!("f{n}")), data)?;
+    }
+    Ok(())
+}
+
+/// Serves the raw scenarios on a listener (an `SmcListener` or a tokio `TcpListener`: the same
+/// calls, no common trait) until the runtime ends; an accept error is printed and retried 5 ms
+/// later.
+macro_rules! serve_raw {
+    ($listener:expr) => {{
+        let listener = $listener;
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((s, _)) => {
+                        let _ = s.set_nodelay(true);
+                        tokio::spawn(serve_conn(s));
+                    }
+                    Err(e) => {
+                        eprintln!("smcperf server: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        })
+    }};
+}
+
+/// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
+/// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
+/// `UnixListener`.
+pub(crate) async fn start_server(
+    listen: &str,
+    unix: Option<PathBuf>,
+    shm: ShmConfig,
+) -> io::Result<(ServerHandles, SocketAddr)> {
+    let smc = SmcListener::builder().shm(shm.clone()).bind(listen).await?;
+    let smc_addr = smc.local_addr()?;
+    serve_raw!(smc);
+    let tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), 0)).await?;
+    let tcp_addr = tcp.local_addr()?;
+    serve_raw!(tcp);
+    // The file server, on the next two ports when the main one is fixed.
+    let port = |k: u16| if smc_addr.port() == 0 || listen.ends_with(":0") { 0 } else { smc_addr.port() + k };
+    let file_smc = SmcListener::builder().shm(shm.clone()).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
+    let file_tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), port(2))).await?;
+    let (file_smc_addr, file_tcp_addr) = (file_smc.local_addr()?, file_tcp.local_addr()?);
+    let root = Arc::new(www_root());
+    let r = root.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = file_smc.accept().await {
+            let _ = s.set_nodelay(true);
+            let r = r.clone();
+            tokio::spawn(async move { examples::serve_smc(s, &r, examples::ServeMode::CORK_SENDFILE).await });
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((s, _)) = file_tcp.accept().await {
+            let _ = s.set_nodelay(true);
+            let r = root.clone();
+            tokio::spawn(async move { examples::serve_plain(s, &r).await });
+        }
+    });
+    if let Some(path) = &unix {
+        let _ = std::fs::remove_file(path);
+        let ul = UnixListener::bind(path)?;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = ul.accept().await {
+                tokio::spawn(serve_conn(s));
+            }
+        });
+    }
+    let web = web::start(smc_addr.ip(), shm, |k| if port(1) == 0 { 0 } else { port(3 + k) }).await?;
+    Ok((ServerHandles { tcp_addr, unix, file_smc: file_smc_addr, file_tcp: file_tcp_addr, web }, smc_addr))
+}

@@ -1,0 +1,323 @@
+//! The client side of each scenario: the cases a run measures, and how each is measured.
+
+use super::*;
+
+/// One configuration to measure.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Case {
+    pub(crate) scenario: Scenario,
+    pub(crate) size: usize,
+    pub(crate) conns: usize,
+}
+
+pub(crate) fn cases(o: &Opts) -> Vec<Case> {
+    let scenarios = o.scenarios.clone().unwrap_or(vec![Scenario::Rr, Scenario::Stream, Scenario::Crr]);
+    let mut out = Vec::new();
+    for s in scenarios {
+        let sizes = o.sizes.clone().unwrap_or(match s {
+            Scenario::Rr => vec![14, 1024],
+            Scenario::Stream => vec![65536],
+            Scenario::Crr | Scenario::Http | Scenario::HttpClose | Scenario::Grpc => vec![64],
+            Scenario::File => vec![4096],
+        });
+        let conns = o.conns.unwrap_or(match s {
+            Scenario::Rr | Scenario::Stream => 1,
+            Scenario::File => 100,
+            Scenario::Crr | Scenario::Http | Scenario::HttpClose | Scenario::Grpc => 64,
+        });
+        for size in sizes {
+            out.push(Case { scenario: s, size, conns });
+        }
+    }
+    out
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Measure {
+    pub(crate) negotiated: String,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    pub(crate) ops_per_s: f64,
+    pub(crate) bytes_per_s: f64,
+    pub(crate) errors: u64,
+    /// CPU time (user and system, every thread of this process: in `local`, client and server)
+    /// per operation, from `getrusage`.
+    pub(crate) cpu_us_per_op: f64,
+    /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
+    pub(crate) quantiles: Vec<f64>,
+}
+
+/// This process's CPU time so far (user + system), from `getrusage(RUSAGE_SELF)`.
+pub(crate) fn cpu_time() -> Duration {
+    // SAFETY: rusage is plain data; all-zero is valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is valid for writes; RUSAGE_SELF needs nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client scenarios
+
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+pub(crate) async fn header(c: &mut Conn, mode: u32, size: usize) -> io::Result<()> {
+    let mut h = [0u8; 8];
+    h[..4].copy_from_slice(&mode.to_le_bytes());
+    h[4..].copy_from_slice(&(size as u32).to_le_bytes());
+    c.write_all(&h).await
+}
+
+pub(crate) async fn run_rr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
+    let mut conns = Vec::new();
+    for _ in 0..case.conns {
+        let mut c = connect(kind, target).await?;
+        header(&mut c, MODE_RR, case.size).await?;
+        conns.push(c);
+    }
+    let negotiated = conns[0].negotiated().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let warmup = dur / 10;
+    let mut tasks = Vec::new();
+    for mut c in conns {
+        let stop = stop.clone();
+        let size = case.size;
+        tasks.push(tokio::spawn(async move {
+            let msg = vec![0x5au8; size];
+            let mut back = vec![0u8; size];
+            let mut lat = Vec::with_capacity(1 << 16);
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                c.write_all(&msg).await?;
+                c.read_exact(&mut back).await?;
+                if t.duration_since(start) >= warmup {
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+            }
+            c.shutdown().await?;
+            io::Result::Ok(lat)
+        }));
+    }
+    measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
+}
+
+pub(crate) async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
+    let mut c = connect(kind, target).await?;
+    let negotiated = c.negotiated().to_string();
+    header(&mut c, MODE_STREAM, case.size).await?;
+    let buf = vec![0xa5u8; case.size];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut writes = 0u64;
+    while start.elapsed() < dur {
+        // Check the clock every 64 writes: Instant::now costs ~20 ns, a 64 B write ~1 us.
+        for _ in 0..64 {
+            c.write_all(&buf).await?;
+            sent += buf.len() as u64;
+            writes += 1;
+        }
+    }
+    c.shutdown().await?;
+    let mut total = [0u8; 8];
+    c.read_exact(&mut total).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let got = u64::from_le_bytes(total);
+    if got != sent {
+        return Err(io::Error::other(format!("server counted {got} bytes, client sent {sent}")));
+    }
+    Ok(Measure {
+        negotiated,
+        ops_per_s: writes as f64 / elapsed,
+        bytes_per_s: got as f64 / elapsed,
+        ..Measure::default()
+    })
+}
+
+pub(crate) async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let negotiated = Arc::new(Seen::default());
+    let warmup = dur / 10;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..case.conns {
+        let (stop, errors, negotiated, target) = (stop.clone(), errors.clone(), negotiated.clone(), target.clone());
+        let size = case.size;
+        tasks.push(tokio::spawn(async move {
+            let msg = vec![0x3cu8; size];
+            let mut back = vec![0u8; size];
+            let mut lat = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let once = async {
+                    let mut c = connect(kind, &target).await?;
+                    let mut first = Vec::with_capacity(8 + size);
+                    first.extend_from_slice(&MODE_RR.to_le_bytes());
+                    first.extend_from_slice(&(size as u32).to_le_bytes());
+                    first.extend_from_slice(&msg);
+                    c.write_all(&first).await?;
+                    c.read_exact(&mut back).await?;
+                    io::Result::Ok(c.negotiated())
+                };
+                match once.await {
+                    Ok(neg) => {
+                        if t.duration_since(start) >= warmup {
+                            lat.push(t.elapsed().as_nanos() as u64);
+                        }
+                        negotiated.add(neg);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+            io::Result::Ok(lat)
+        }));
+    }
+    let mut m = measure(&stop, tasks, dur + warmup, dur, String::new(), 0, 0).await?;
+    m.negotiated = negotiated.get();
+    m.errors = errors.load(Ordering::Relaxed);
+    Ok(m)
+}
+
+/// The negotiated transports seen so far, as the other scenarios report them: one name, or two
+/// joined by `+` when outcomes were mixed.
+#[derive(Default)]
+pub(crate) struct Seen(std::sync::Mutex<String>);
+
+impl Seen {
+    pub(crate) fn add(&self, t: &str) {
+        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if n.is_empty() {
+            *n = t.to_string();
+        } else if n.as_str() != t && !n.contains('+') {
+            // Mixed outcomes are reported, never hidden.
+            *n = format!("{n}+{t}");
+        }
+    }
+
+    pub(crate) fn get(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Lets the clients run for `run` (warm-up included), stops them, and turns the latencies they
+/// recorded over the measured `dur` into a [`Measure`] (operations of `size` bytes each).
+pub(crate) async fn measure(
+    stop: &AtomicBool,
+    tasks: Vec<tokio::task::JoinHandle<io::Result<Vec<u64>>>>,
+    run: Duration,
+    dur: Duration,
+    negotiated: String,
+    size: usize,
+    errors: u64,
+) -> io::Result<Measure> {
+    tokio::time::sleep(run).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(io::Error::other)??);
+    }
+    all.sort_unstable();
+    let n = all.len() as f64;
+    Ok(Measure {
+        negotiated,
+        p50_us: percentile(&all, 0.5),
+        p99_us: percentile(&all, 0.99),
+        p999_us: percentile(&all, 0.999),
+        ops_per_s: n / dur.as_secs_f64(),
+        bytes_per_s: n * size as f64 / dur.as_secs_f64(),
+        errors,
+        cpu_us_per_op: 0.0,
+        quantiles: plot::quantiles(&all),
+    })
+}
+
+pub(crate) async fn run_case(
+    kind: Kind,
+    variant: &'static str,
+    target: &Target,
+    case: Case,
+    dur: Duration,
+) -> io::Result<Measure> {
+    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let mut m = match case.scenario {
+        Scenario::Rr => run_rr(kind, target, case, dur).await,
+        Scenario::Stream => run_stream(kind, target, case, dur).await,
+        Scenario::Crr => run_crr(kind, target, case, dur).await,
+        Scenario::File => run_file(kind, variant, target, case, dur).await,
+        Scenario::Http => web::run_http(kind, target.web, &target.shm, case, dur, false).await,
+        Scenario::HttpClose => web::run_http(kind, target.web, &target.shm, case, dur, true).await,
+        Scenario::Grpc => web::run_grpc(kind, target.web, &target.shm, case, dur).await,
+    }?;
+    // CPU over the whole run (warm-up, set-up and tear-down included), per operation counted
+    // in the measured window scaled to the run's length.
+    let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
+    if ops > 0.0 {
+        m.cpu_us_per_op = (cpu_time() - cpu0).as_secs_f64() * 1e6 / ops;
+    }
+    Ok(m)
+}
+
+/// `conns` keep-alive HTTP/1.1 clients fetching the `size`-byte file as fast as they can; the
+/// server writes each response as `variant` says.
+pub(crate) async fn run_file(
+    kind: Kind,
+    variant: &'static str,
+    target: &Target,
+    case: Case,
+    dur: Duration,
+) -> io::Result<Measure> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let warmup = dur / 10;
+    let start = Instant::now();
+    let request = format!("GET /f{}?mode={variant} HTTP/1.1\r\nhost: smcperf\r\n\r\n", case.size).into_bytes();
+    let mut tasks = Vec::new();
+    let mut negotiated = String::new();
+    for _ in 0..case.conns {
+        let mut c = match kind {
+            Kind::Smc => {
+                let s = SmcStream::builder().shm(target.shm.clone()).connect(target.file_smc).await?;
+                s.set_nodelay(true)?;
+                Conn::Smc(s)
+            }
+            _ => {
+                let s = TcpStream::connect(target.file_tcp).await?;
+                s.set_nodelay(true)?;
+                Conn::Tcp(s)
+            }
+        };
+        negotiated = c.negotiated().to_string();
+        let (stop, request, size) = (stop.clone(), request.clone(), case.size);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(1 << 14);
+            let mut buf = Vec::with_capacity(2 * size + 512);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                c.write_all(&request).await?;
+                let n = examples::read_response(&mut c, &mut buf).await?;
+                if n != size {
+                    return Err(io::Error::other(format!("response of {n} bytes, expected {size}")));
+                }
+                if t.duration_since(start) >= warmup {
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+            }
+            io::Result::Ok(lat)
+        }));
+    }
+    measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
+}
