@@ -38,7 +38,7 @@ use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
-use crate::smc::manager::SideListener;
+use crate::smc::shm::SideListener;
 use crate::stats::{self, DoorEvent};
 use crate::transport::{FallbackReason, Transport};
 

@@ -62,19 +62,28 @@ pub struct SmcStream {
     ctx: SmcContext,
     tcp: Arc<TcpStream>,
     transport: Transport,
-    smc: Option<SmcInner>,
+    /// What carries the bytes: the TCP socket, or an SMC connection over it.
+    path: Path,
     /// Bytes the application moved (both directions), for adaptive fallback.
     moved: AtomicU64,
     /// Client side with adaptive fallback on: the server and the threshold.
     adaptive: Option<(SocketAddr, u64, Duration)>,
     /// Cork guards alive on the TCP path.
     tcp_corks: Arc<AtomicUsize>,
-    /// Server side, on TCP: takes a client's late handshake message off the stream.
-    inband: Option<InbandGuard>,
     /// The descriptor `sendfile` last found to be a regular file (-1: none), so a stream that
     /// serves one open file many times pays one `fstat`, not one per call (a system call
     /// costs as much as the rest of a 4 KiB `sendfile` on the development VM).
     sendfile_checked: AtomicI32,
+}
+
+/// What carries a stream's bytes. The two are exclusive: an SMC connection has no in-band
+/// guard (its handshake never touched the stream), and a TCP one no link.
+enum Path {
+    /// The TCP socket. On a server, with the guard that takes a client's late handshake message
+    /// off it before the application's bytes (while the guard is active).
+    Tcp(Option<InbandGuard>),
+    /// An SMC connection; the TCP socket stays open underneath, idle and watched.
+    Smc(SmcInner),
 }
 
 /// The SMC side of a stream that left TCP.
@@ -85,12 +94,12 @@ struct SmcInner {
 
 impl Drop for SmcStream {
     fn drop(&mut self) {
-        if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc.is_some()) {
+        if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc().is_some()) {
             if self.ctx.negative_cache().record_smc_conn(peer, self.moved.load(Ordering::Relaxed) >= min, ttl) {
                 self.ctx.counters().adaptive_fallback();
             }
         }
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             // A zero SO_LINGER (set on the stream, its socket before connecting, or through
             // its descriptor) asks for an abort, as it makes TCP's close a reset.
             let abort = socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO));
@@ -177,6 +186,22 @@ impl SmcStream {
         SmcStreamBuilder::new().connect(addr).await
     }
 
+    /// The SMC connection, if the bytes move over one.
+    fn smc(&self) -> Option<&SmcInner> {
+        match &self.path {
+            Path::Smc(s) => Some(s),
+            Path::Tcp(_) => None,
+        }
+    }
+
+    /// The in-band guard of a server's TCP stream (active or done).
+    fn guard(&self) -> Option<&InbandGuard> {
+        match &self.path {
+            Path::Tcp(g) => g.as_ref(),
+            Path::Smc(_) => None,
+        }
+    }
+
     /// A builder for connections with non-default settings.
     ///
     /// # Examples
@@ -202,11 +227,10 @@ impl SmcStream {
             ctx,
             tcp: Arc::new(tcp),
             transport,
-            smc: None,
+            path: Path::Tcp(None),
             moved: AtomicU64::new(0),
             adaptive: None,
             tcp_corks: Arc::default(),
-            inband: None,
             sendfile_checked: AtomicI32::new(-1),
         }
     }
@@ -231,7 +255,7 @@ impl SmcStream {
         let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok());
         let counters = ctx.counters().clone();
         let mut s = SmcStream::from_tcp(ctx, tcp, transport);
-        s.inband = Some(InbandGuard::new(owed, wait, counters));
+        s.path = Path::Tcp(Some(InbandGuard::new(owed, wait, counters)));
         s
     }
 
@@ -249,11 +273,10 @@ impl SmcStream {
             ctx,
             tcp,
             transport,
-            smc: Some(SmcInner { conn, watcher }),
+            path: Path::Smc(SmcInner { conn, watcher }),
             moved: AtomicU64::new(0),
             adaptive: None,
             tcp_corks: Arc::default(),
-            inband: None,
             sendfile_checked: AtomicI32::new(-1),
         }
     }
@@ -305,7 +328,7 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn link_group(&self) -> Option<u64> {
-        self.smc.as_ref().map(|s| s.conn.group_id())
+        self.smc().map(|s| s.conn.group_id())
     }
 
     /// Test hook (feature `test-util`): sends this connection's next CDC message after
@@ -332,9 +355,9 @@ impl SmcStream {
     #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn send_corrupt_cdc(&self, corrupt: impl FnOnce(&mut [u8; 64])) -> io::Result<()> {
-        match &self.smc {
-            Some(s) => s.conn.send_corrupt_cdc(corrupt),
-            None => Err(io::Error::other("not an smc connection")),
+        match &self.path {
+            Path::Smc(s) => s.conn.send_corrupt_cdc(corrupt),
+            Path::Tcp(_) => Err(io::Error::other("not an smc connection")),
         }
     }
 
@@ -574,10 +597,10 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             return s.conn.poll_peek(cx, buf);
         }
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             if let Some(p) = g.poll_peek(cx, &self.tcp, buf) {
                 return p;
             }
@@ -644,13 +667,13 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn into_std(self) -> io::Result<std::net::TcpStream> {
-        if self.smc.is_some() {
+        if self.smc().is_some() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "an smc connection cannot become a std TcpStream: its bytes are not on the tcp socket",
             ));
         }
-        if self.inband.as_ref().is_some_and(|g| g.holds_bytes()) {
+        if self.guard().is_some_and(|g| g.holds_bytes()) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "the stream holds bytes read off its socket (a partial late smc handshake message): read first, then convert",
@@ -722,18 +745,16 @@ impl SmcStream {
     /// # }
     /// ```
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
-        match &self.smc {
-            Some(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
-            None => match &self.inband {
-                Some(g) if g.is_active() && interest.is_readable() => {
-                    // Bytes may sit in the guard (a late handshake message was taken off the
-                    // socket): readable means "a read returns something", which peek tells.
-                    let mut b = [0u8; 1];
-                    std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
-                    Ok(Ready::READABLE)
-                }
-                _ => self.tcp.ready(interest).await,
-            },
+        match &self.path {
+            Path::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
+            Path::Tcp(Some(g)) if g.is_active() && interest.is_readable() => {
+                // Bytes may sit in the guard (a late handshake message was taken off the
+                // socket): readable means "a read returns something", which peek tells.
+                let mut b = [0u8; 1];
+                std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
+                Ok(Ready::READABLE)
+            }
+            Path::Tcp(_) => self.tcp.ready(interest).await,
         }
     }
 
@@ -777,15 +798,13 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.smc {
-            Some(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
-            None => match &self.inband {
-                Some(g) if g.is_active() => {
-                    let mut b = [0u8; 1];
-                    self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
-                }
-                _ => self.tcp.poll_read_ready(cx),
-            },
+        match &self.path {
+            Path::Smc(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
+            Path::Tcp(Some(g)) if g.is_active() => {
+                let mut b = [0u8; 1];
+                self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
+            }
+            Path::Tcp(_) => self.tcp.poll_read_ready(cx),
         }
     }
 
@@ -825,9 +844,9 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.smc {
-            Some(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
-            None => self.tcp.poll_write_ready(cx),
+        match &self.path {
+            Path::Smc(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
+            Path::Tcp(_) => self.tcp.poll_write_ready(cx),
         }
     }
 
@@ -891,7 +910,7 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
-        if self.smc.is_none() && !self.inband.as_ref().is_some_and(|g| g.is_active()) {
+        if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
             let n = self.tcp.try_read_vectored(bufs)?;
             self.moved(false, n);
             return Ok(n);
@@ -959,38 +978,36 @@ impl SmcStream {
 
     /// One read that does not wait, into `rb`.
     fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
-        let n = match &self.smc {
-            Some(s) => s.conn.try_read(rb)?,
-            None => match &self.inband {
-                Some(g) if g.is_active() => {
-                    let before = rb.filled().len();
-                    match self.poll_read_io(&mut Context::from_waker(std::task::Waker::noop()), rb) {
-                        Poll::Ready(r) => r.map(|()| rb.filled().len() - before)?,
-                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+        let n = match &self.path {
+            Path::Smc(s) => s.conn.try_read(rb)?,
+            Path::Tcp(Some(g)) if g.is_active() => {
+                let before = rb.filled().len();
+                match self.poll_read_io(&mut Context::from_waker(std::task::Waker::noop()), rb) {
+                    Poll::Ready(r) => r.map(|()| rb.filled().len() - before)?,
+                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+            Path::Tcp(_) => {
+                // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
+                // recv writes at most that many bytes and they are marked initialized only
+                // after it returned their count.
+                let unfilled = unsafe { rb.unfilled_mut() };
+                let fd = self.tcp.as_raw_fd();
+                let n = self.tcp.try_io(Interest::READABLE, || {
+                    // SAFETY: `fd` is the stream's open socket; pointer and length describe
+                    // the unfilled region borrowed above.
+                    let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
                     }
-                }
-                _ => {
-                    // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
-                    // recv writes at most that many bytes and they are marked initialized only
-                    // after it returned their count.
-                    let unfilled = unsafe { rb.unfilled_mut() };
-                    let fd = self.tcp.as_raw_fd();
-                    let n = self.tcp.try_io(Interest::READABLE, || {
-                        // SAFETY: `fd` is the stream's open socket; pointer and length describe
-                        // the unfilled region borrowed above.
-                        let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
-                        if n < 0 {
-                            Err(io::Error::last_os_error())
-                        } else {
-                            Ok(n as usize)
-                        }
-                    })?;
-                    // SAFETY: recv initialized the first `n` unfilled bytes.
-                    unsafe { rb.assume_init(n) };
-                    rb.advance(n);
-                    n
-                }
-            },
+                })?;
+                // SAFETY: recv initialized the first `n` unfilled bytes.
+                unsafe { rb.assume_init(n) };
+                rb.advance(n);
+                n
+            }
         };
         self.moved(false, n);
         Ok(n)
@@ -1016,17 +1033,15 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        let n = match &self.smc {
-            Some(s) => s.conn.try_write(buf)?,
-            None => match &self.inband {
-                Some(g) if g.is_active() => {
-                    match self.poll_write_io(&mut Context::from_waker(std::task::Waker::noop()), buf) {
-                        Poll::Ready(r) => r?,
-                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
-                    }
+        let n = match &self.path {
+            Path::Smc(s) => s.conn.try_write(buf)?,
+            Path::Tcp(Some(g)) if g.is_active() => {
+                match self.poll_write_io(&mut Context::from_waker(std::task::Waker::noop()), buf) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
-                _ => self.tcp.try_write(buf)?,
-            },
+            }
+            Path::Tcp(_) => self.tcp.try_write(buf)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1051,17 +1066,15 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let n = match &self.smc {
-            Some(s) => s.conn.try_write_vectored(bufs)?,
-            None => match &self.inband {
-                Some(g) if g.is_active() => {
-                    match self.poll_write_vectored_io(&mut Context::from_waker(std::task::Waker::noop()), bufs) {
-                        Poll::Ready(r) => r?,
-                        Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
-                    }
+        let n = match &self.path {
+            Path::Smc(s) => s.conn.try_write_vectored(bufs)?,
+            Path::Tcp(Some(g)) if g.is_active() => {
+                match self.poll_write_vectored_io(&mut Context::from_waker(std::task::Waker::noop()), bufs) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
-                _ => self.tcp.try_write_vectored(bufs)?,
-            },
+            }
+            Path::Tcp(_) => self.tcp.try_write_vectored(bufs)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1102,7 +1115,7 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_io<R>(&self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        if self.smc.is_some() {
+        if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
         self.tcp.try_io(interest, f)
@@ -1131,7 +1144,7 @@ impl SmcStream {
     /// # }
     /// ```
     pub async fn async_io<R>(&self, interest: Interest, f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
-        if self.smc.is_some() {
+        if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
         self.tcp.async_io(interest, f).await
@@ -1286,10 +1299,10 @@ impl SmcStream {
     }
 
     fn poll_read_io(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             return s.conn.poll_read(cx, buf);
         }
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             if let Some(p) = g.poll_read(cx, &self.tcp, buf) {
                 return p;
             }
@@ -1326,10 +1339,10 @@ impl SmcStream {
     }
 
     fn poll_write_io(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             return s.conn.poll_write(cx, data);
         }
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             ready!(g.poll_before_write(cx, &self.tcp))?;
         }
         loop {
@@ -1342,10 +1355,10 @@ impl SmcStream {
     }
 
     fn poll_write_vectored_io(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             return s.conn.poll_write_vectored(cx, bufs);
         }
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             ready!(g.poll_before_write(cx, &self.tcp))?;
         }
         loop {
@@ -1358,12 +1371,12 @@ impl SmcStream {
     }
 
     pub(crate) fn poll_flush_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.smc {
+        match &self.path {
             // Announces everything written, cork or not, and waits until it is delivered (out
             // of this process's hands, as TCP's bytes are once written).
-            Some(s) => s.conn.poll_flush(cx),
+            Path::Smc(s) => s.conn.poll_flush(cx),
             // TCP sends at once (subject to Nagle and TCP_CORK): a flush under a cork pushes.
-            None => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
+            Path::Tcp(_) => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
         }
     }
 
@@ -1390,9 +1403,9 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn cork(&self) -> CorkGuard {
-        match &self.smc {
-            Some(s) => CorkGuard::smc(s.conn.clone()),
-            None => CorkGuard::tcp(self.tcp.clone(), self.tcp_corks.clone()),
+        match &self.path {
+            Path::Smc(s) => CorkGuard::smc(s.conn.clone()),
+            Path::Tcp(_) => CorkGuard::tcp(self.tcp.clone(), self.tcp_corks.clone()),
         }
     }
 
@@ -1457,9 +1470,9 @@ impl SmcStream {
         }
         let cork = self.cork();
         let (mut at, mut left) = (offset, len);
-        let res = match &self.smc {
-            Some(s) => std::future::poll_fn(|cx| s.conn.poll_sendfile(cx, file, &mut at, &mut left)).await,
-            None => self.tcp_sendfile(file, &mut at, &mut left).await,
+        let res = match &self.path {
+            Path::Smc(s) => std::future::poll_fn(|cx| s.conn.poll_sendfile(cx, file, &mut at, &mut left)).await,
+            Path::Tcp(_) => self.tcp_sendfile(file, &mut at, &mut left).await,
         };
         drop(cork);
         // Counted as bytes written on this transport, as a write's are (what moved before an
@@ -1469,7 +1482,7 @@ impl SmcStream {
     }
 
     async fn tcp_sendfile(&self, file: BorrowedFd<'_>, at: &mut u64, left: &mut u64) -> io::Result<()> {
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             std::future::poll_fn(|cx| g.poll_before_write(cx, &self.tcp)).await?;
         }
         while *left > 0 {
@@ -1487,11 +1500,11 @@ impl SmcStream {
     }
 
     pub(crate) fn poll_shutdown_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             // The close is delivered before the shutdown resolves, as a flush's bytes are.
             return s.conn.poll_shutdown(cx);
         }
-        if let Some(g) = &self.inband {
+        if let Some(g) = self.guard() {
             // A Decline still owed goes out before our FIN.
             ready!(g.poll_before_write(cx, &self.tcp))?;
         }
@@ -1500,7 +1513,7 @@ impl SmcStream {
 
     /// Shuts the write side down without waiting (for a write half dropped unshut).
     pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
-        if let Some(s) = &self.smc {
+        if let Some(s) = self.smc() {
             return s.conn.shutdown();
         }
         match socket2::SockRef::from(&self.tcp).shutdown(Shutdown::Write) {

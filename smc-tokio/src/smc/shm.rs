@@ -1,0 +1,514 @@
+//! The shared-memory side of the link-group manager (SMC-D setup, in one place): which groups
+//! exist and to whom, the side channel a listener's groups are joined through, and the steps
+//! that create, join and reuse them. The link itself (regions, doorbells, the JOIN exchange) is
+//! [`link::shm`](crate::link::shm).
+//!
+//! A client's first connection to a server process creates a group: the server makes its
+//! region and a pending group at the Accept, the client makes its own and joins through the
+//! side channel the Accept named, and both sides have the link when the JOIN is answered. Later
+//! connections between the two processes name the group in their Proposal and cost an RMB slot
+//! each.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::Interest;
+
+use crate::config::ShmConfig;
+use crate::link::shm::region::Layout;
+use crate::link::shm::{self, Admission, Join, JoinError, JoinRefused, ShmLocal};
+use crate::link::Link;
+use crate::proto::clc::{DeclineReason, Proposal, Secret, ShmLinkInfo, ShmOffer, SHM_SOCKET_NAME_MAX};
+use crate::proto::cursor::RingSize;
+use crate::smc::conn::SmcConn;
+use crate::smc::group::{GroupPin, LinkGroup, Role};
+use crate::smc::manager::Manager;
+use crate::smc::ClientIdentity;
+use crate::sys;
+
+/// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
+/// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
+/// runtime shuts down); the link groups it set up keep running.
+#[derive(Debug, Default)]
+pub(crate) struct SideListener {
+    inner: Mutex<Option<SideTask>>,
+}
+
+#[derive(Debug)]
+struct SideTask {
+    name: Vec<u8>,
+    alive: Arc<AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for SideListener {
+    fn drop(&mut self) {
+        if let Some(a) = self.inner.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            a.task.abort();
+        }
+    }
+}
+
+impl SideListener {
+    /// The acceptor's abstract name, starting it on the current runtime if it is not running.
+    pub(crate) fn name(&self, manager: &Arc<Manager>, timeout: Duration) -> std::io::Result<Vec<u8>> {
+        let mut slot = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = slot.as_ref() {
+            if a.alive.load(Ordering::Relaxed) {
+                return Ok(a.name.clone());
+            }
+        }
+        let name = format!("smc-tokio.{}.{:016x}", std::process::id(), sys::random_u64()).into_bytes();
+        let fd = sys::seqpacket_listen(&name)?;
+        // SAFETY: an OwnedFd owns its descriptor.
+        let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = AliveFlag(alive.clone());
+        let own_name = name.clone();
+        let unjoined = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let manager = manager.clone();
+        let task = tokio::spawn(async move {
+            let _flag = flag;
+            loop {
+                let Ok(mut g) = listener.readable().await else {
+                    return;
+                };
+                match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
+                    Ok(Ok(fd)) => {
+                        // Filtered at once, as the door filters its knocks: only a process a
+                        // pending group of ours waits for may join, and only so many at once
+                        // (each for at most the join timeout). Anybody else's connection is
+                        // closed, defused, by the closer.
+                        if unjoined.load(Ordering::Relaxed) >= MAX_UNJOINED {
+                            tracing::debug!("side channel: too many connections waiting to join");
+                            manager.counters.door_refused();
+                            continue;
+                        }
+                        if !manager.expects_join(&fd, &own_name) {
+                            manager.counters.door_refused();
+                            continue;
+                        }
+                        let guard = Unjoined::enter(unjoined.clone());
+                        let serve = manager.clone().serve_join(fd, timeout, own_name.clone());
+                        tokio::spawn(async move {
+                            serve.await;
+                            drop(guard);
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "side-channel accept");
+                        if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    Err(_would_block) => {}
+                }
+            }
+        })
+        .abort_handle();
+        if let Some(old) = slot.replace(SideTask { name: name.clone(), alive, task }) {
+            old.task.abort();
+        }
+        Ok(name)
+    }
+}
+
+/// Side-channel connections one acceptor serves at once before their JOIN is done. Only a
+/// trusted process that a pending group of ours waits for gets this far, and a client joins
+/// once per new link group, so a few are in flight at a time; 64 leaves room for a burst of
+/// new clients. Beyond it new connections are closed at once (their clients fall back to TCP).
+const MAX_UNJOINED: usize = 64;
+
+/// Counts a side-channel connection that is being served, until its join is over.
+struct Unjoined(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Unjoined {
+    fn enter(count: Arc<std::sync::atomic::AtomicUsize>) -> Unjoined {
+        count.fetch_add(1, Ordering::Relaxed);
+        Unjoined(count)
+    }
+}
+
+impl Drop for Unjoined {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A server-side group: who it is for, and our half until the peer joins.
+struct ServerGroup {
+    group: Arc<LinkGroup>,
+    /// The side channel (one per listener) it was set up under: a group serves one listener,
+    /// and is joined only through its side channel.
+    acceptor: Vec<u8>,
+    pid: u32,
+    /// The client's uid (from the door): only that process, as that uid, may join.
+    uid: u32,
+    instance: u64,
+    peer_rmb_size: u32,
+    local: Option<ShmLocal>,
+    busy_poll: Duration,
+    allowed_uids: Vec<u32>,
+}
+
+#[derive(Default)]
+struct ServerSide {
+    groups: HashMap<u64, ServerGroup>,
+}
+
+#[derive(Default)]
+struct ClientSide {
+    /// The group a proposal to this server names (the newest one set up with it).
+    by_server: HashMap<SocketAddr, Arc<LinkGroup>>,
+    /// Every live client group, by id, with the side-channel name of the server it joined: an
+    /// Accept may name any of them (concurrent first connections set up several), but only
+    /// for the server that owns it.
+    by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>)>,
+    establishing: HashMap<u64, Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>>,
+}
+
+/// A context's shared-memory groups (held by its [`Manager`]).
+#[derive(Default)]
+pub(crate) struct Registry {
+    server: Mutex<ServerSide>,
+    client: Mutex<ClientSide>,
+}
+
+impl Registry {
+    /// Forgets a dead group.
+    pub(crate) fn forget(&self, group: &LinkGroup) {
+        match group.role {
+            Role::Server => {
+                let mut s = self.server.lock().unwrap_or_else(|e| e.into_inner());
+                if s.groups.get(&group.id).is_some_and(|g| std::ptr::eq(Arc::as_ptr(&g.group), group)) {
+                    s.groups.remove(&group.id);
+                }
+            }
+            Role::Client => {
+                let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
+                c.by_server.retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
+                c.by_id.retain(|_, (_, g)| !std::ptr::eq(Arc::as_ptr(g), group));
+            }
+        }
+    }
+}
+
+impl Manager {
+    /// What the client offers to `server`: the group it already has there (pinned, so its idle
+    /// timer cannot tear it down while the proposal names it) and the receive ring size.
+    pub(crate) fn client_offer(
+        &self,
+        server: SocketAddr,
+        cfg: &ShmConfig,
+    ) -> Option<(ShmOffer, u32, Option<GroupPin>)> {
+        if !cfg.enabled {
+            return None;
+        }
+        let c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
+        let existing = c.by_server.get(&server).filter(|g| g.is_established());
+        let offer = ShmOffer { link_group: existing.map_or(0, |g| g.id) };
+        Some((offer, existing.map_or(cfg.rmb_size, |g| g.tx_rmb_size), existing.map(|g| g.pin())))
+    }
+
+    /// The client's side of an Accept: finds or joins the group, allocates our RMB and
+    /// registers the connection. Returns what goes into the Confirm.
+    pub(crate) async fn client_conn_create(
+        self: &Arc<Self>,
+        server: SocketAddr,
+        secret: Secret,
+        accept: &ShmLinkInfo,
+        our_rmb_size: u32,
+        cfg: &ShmConfig,
+        timeout: Duration,
+    ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
+        let rx_ring = RingSize::new(accept.rmb_size).ok_or(DeclineReason::SyncError)?;
+        let group = self.client_group(server, secret, accept, our_rmb_size, cfg, timeout).await?;
+        let link = group.link().ok_or(DeclineReason::Internal)?;
+        // The peer's region holds rings up to its slot size; they start at the Accept's size.
+        if accept.rmb_size > link.rx_rmb_size() || group.tx_rmb_size != our_rmb_size {
+            return Err(DeclineReason::SyncError);
+        }
+        let conn = group.open_conn(Some(accept.rmb_slot), rx_ring, cfg)?;
+        let confirm = ShmLinkInfo {
+            link_group: group.id,
+            rmb_slot: conn.our_token(),
+            rmb_size: group.tx_rmb_size,
+            socket_name: Vec::new(),
+        };
+        Ok((conn, confirm))
+    }
+
+    async fn client_group(
+        self: &Arc<Self>,
+        server: SocketAddr,
+        secret: Secret,
+        accept: &ShmLinkInfo,
+        our_rmb_size: u32,
+        cfg: &ShmConfig,
+        timeout: Duration,
+    ) -> Result<Arc<LinkGroup>, DeclineReason> {
+        let cell = {
+            let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((name, g)) = c.by_id.get(&accept.link_group) {
+                if *name == accept.socket_name && g.is_established() {
+                    return Ok(g.clone());
+                }
+            }
+            c.establishing.entry(accept.link_group).or_default().clone()
+        };
+        let res = cell
+            .get_or_try_init(|| async {
+                if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
+                    return Err(DeclineReason::SyncError);
+                }
+                let capacity = our_rmb_size.max(cfg.get_rmb_max());
+                let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
+                let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
+                let join = Join { link_group: accept.link_group, secret };
+                let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
+                    Ok(l) => l,
+                    Err(e @ JoinError::Starved(_)) => {
+                        tracing::debug!(error = %e, "shm join");
+                        return Err(DeclineReason::OutOfMemory);
+                    }
+                    Err(e @ JoinError::Unreachable(_)) => {
+                        tracing::debug!(error = %e, "shm side channel unreachable: other host or network namespace");
+                        return Err(DeclineReason::NoCommonTransport);
+                    }
+                    Err(e @ JoinError::Timeout) => {
+                        tracing::debug!(error = %e, "shm join");
+                        return Err(DeclineReason::Timeout);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "shm join");
+                        return Err(DeclineReason::Internal);
+                    }
+                };
+                let group = LinkGroup::new(
+                    accept.link_group,
+                    Role::Client,
+                    layout.rmb_count,
+                    our_rmb_size,
+                    capacity,
+                    cfg.idle_timeout,
+                    self.clone(),
+                );
+                group.establish(Arc::new(link)).map_err(|_| DeclineReason::Internal)?;
+                Ok(group)
+            })
+            .await
+            .cloned();
+        let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
+        c.establishing.remove(&accept.link_group);
+        if let Ok(g) = &res {
+            if g.is_alive() {
+                c.by_server.insert(server, g.clone());
+                c.by_id.insert(g.id, (accept.socket_name.clone(), g.clone()));
+            }
+        }
+        res
+    }
+
+    // ----- server ----------------------------------------------------------------------------
+
+    /// The server's side of a Proposal from `client`, which registered its connection at our
+    /// door (so it is on this host): finds or creates the group, allocates our RMB and
+    /// registers the (not yet confirmed) connection. Returns what goes into the Accept.
+    pub(crate) fn server_conn_create(
+        self: &Arc<Self>,
+        acceptor: &SideListener,
+        p: &Proposal,
+        client: &ClientIdentity,
+        cfg: &ShmConfig,
+        handshake_timeout: Duration,
+    ) -> Result<(Arc<SmcConn>, ShmLinkInfo), DeclineReason> {
+        let offer = p.shm.as_ref().ok_or(DeclineReason::NoCommonTransport)?;
+        if !cfg.enabled {
+            return Err(DeclineReason::NoCommonTransport);
+        }
+        let rx_ring = RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
+        let name = acceptor.name(self, handshake_timeout).map_err(|e| {
+            tracing::debug!(error = %e, "cannot listen for shm side channels");
+            DeclineReason::Internal
+        })?;
+        let group = {
+            let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
+            let same_client = |g: &&ServerGroup| {
+                g.acceptor == name
+                    && g.pid == client.pid
+                    && g.instance == client.instance
+                    && g.peer_rmb_size == p.rmb_size
+                    && g.group.is_alive()
+            };
+            // The group the proposal names; else, since the door told us who the client is, a
+            // group it is still joining: a burst of first connections from one process shares
+            // one group instead of setting one up each.
+            let reuse = s
+                .groups
+                .get(&offer.link_group)
+                .filter(same_client)
+                .or_else(|| s.groups.values().filter(same_client).find(|g| g.local.is_some()));
+            match reuse {
+                Some(g) => g.group.clone(),
+                None => {
+                    let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max())
+                        .ok_or(DeclineReason::Internal)?;
+                    let local = ShmLocal::create(layout).map_err(|e| {
+                        tracing::debug!(error = %e, "cannot create shm region");
+                        DeclineReason::OutOfMemory
+                    })?;
+                    let mut id = sys::random_u64();
+                    while s.groups.contains_key(&id) {
+                        id = sys::random_u64();
+                    }
+                    let group = LinkGroup::new(
+                        id,
+                        Role::Server,
+                        layout.rmb_count,
+                        cfg.rmb_size,
+                        cfg.get_rmb_max(),
+                        cfg.idle_timeout.max(handshake_timeout),
+                        self.clone(),
+                    );
+                    s.groups.insert(
+                        id,
+                        ServerGroup {
+                            group: group.clone(),
+                            acceptor: name.clone(),
+                            pid: client.pid,
+                            uid: client.uid,
+                            instance: client.instance,
+                            peer_rmb_size: p.rmb_size,
+                            local: Some(local),
+                            busy_poll: cfg.busy_poll,
+                            allowed_uids: cfg.allowed_uids.clone(),
+                        },
+                    );
+                    // A pending group nobody joins is removed when its handshakes time out.
+                    let pending = group.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(handshake_timeout * 2).await;
+                        if pending.link().is_none() {
+                            pending.fail(crate::link::LinkError::Closed);
+                        }
+                    });
+                    group
+                }
+            }
+        };
+        if !group.is_established() {
+            group.add_join_secret(p.secret);
+        }
+        let conn = group.open_conn(None, rx_ring, cfg)?;
+        let info = ShmLinkInfo {
+            link_group: group.id,
+            rmb_slot: conn.our_token(),
+            rmb_size: group.tx_rmb_size,
+            socket_name: name,
+        };
+        Ok((conn, info))
+    }
+
+    /// A handshake that created or used a pending group ended without SMC: if nobody has
+    /// joined the group (its region was never handed over) and no other connection uses it,
+    /// nobody will join it any more, so it is dropped now rather than at the pending timer.
+    /// Checked under the lock that admits joins, so it never races with one.
+    pub(crate) fn abandon_pending(&self, group: &Arc<LinkGroup>) {
+        let removed = {
+            let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
+            let unjoined = s.groups.get(&group.id).is_some_and(|g| {
+                Arc::ptr_eq(&g.group, group) && g.local.is_some() && group.link().is_none() && group.conn_count() == 0
+            });
+            if unjoined {
+                s.groups.remove(&group.id)
+            } else {
+                None
+            }
+        };
+        if let Some(g) = removed {
+            tracing::debug!(id = group.id, "dropping a pending link group nobody joined");
+            g.group.fail(crate::link::LinkError::Closed);
+        }
+    }
+
+    /// Whether the peer of a new side-channel connection on `acceptor` is a client that a
+    /// pending group of ours waits for: trusted credentials, and the pid and uid that
+    /// registered at the door.
+    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> bool {
+        let Ok(cred) = sys::peer_cred(fd.as_fd()) else {
+            return false;
+        };
+        let s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
+        let expected = s.groups.values().any(|g| {
+            g.acceptor == acceptor
+                && g.local.is_some()
+                && i64::from(g.pid) == i64::from(cred.pid)
+                && g.uid == cred.uid
+                && cred.trusted(&g.allowed_uids)
+        });
+        if !expected {
+            tracing::debug!(
+                uid = cred.uid,
+                gid = cred.gid,
+                pid = cred.pid,
+                "side channel: refusing a connection nobody waits for"
+            );
+        }
+        expected
+    }
+
+    async fn serve_join(self: Arc<Self>, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
+        let mut joined = None;
+        let res = shm::answer_join(fd, timeout, |join, cred| {
+            let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
+            let g = s
+                .groups
+                .get_mut(&join.link_group)
+                .filter(|g| g.acceptor == acceptor)
+                .ok_or(JoinRefused::UnknownGroup)?;
+            if !g.group.has_join_secret(join.secret) {
+                return Err(JoinRefused::UnknownGroup);
+            }
+            if !cred.trusted(&g.allowed_uids) || cred.uid != g.uid || i64::from(cred.pid) != i64::from(g.pid) {
+                tracing::debug!(uid = cred.uid, pid = cred.pid, "refusing shm join from another process");
+                return Err(JoinRefused::Credentials);
+            }
+            let local = g.local.take().ok_or(JoinRefused::UnknownGroup)?;
+            joined = Some((g.group.clone(), g.peer_rmb_size));
+            Ok(Admission { local, busy_poll: g.busy_poll })
+        })
+        .await;
+        match (res, joined) {
+            (Ok((_, link)), Some((group, peer_rmb_size))) => {
+                if peer_rmb_size > link.rx_rmb_size() {
+                    tracing::debug!("peer region's rmb slots are smaller than its proposal's ring");
+                    group.fail(crate::link::LinkError::Protocol("rmb size mismatch"));
+                    return;
+                }
+                if let Err(e) = group.establish(Arc::new(link)) {
+                    group.fail(e);
+                }
+            }
+            (Err(e), Some((group, _))) => {
+                tracing::debug!(error = %e, "shm join failed");
+                group.fail(crate::link::LinkError::Protocol("join failed"));
+            }
+            (Err(e), None) => tracing::debug!(error = %e, "shm join refused"),
+            (Ok(_), None) => {}
+        }
+    }
+}
+
+/// Clears the acceptor's liveness flag when its task ends (or its runtime drops it), so the
+/// next handshake starts a new listener.
+struct AliveFlag(Arc<AtomicBool>);
+
+impl Drop for AliveFlag {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
