@@ -54,8 +54,8 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
     /// let (rd, _wr) = client.split();
     /// assert_eq!(rd.peer_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -72,8 +72,8 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
     /// let (rd, _wr) = client.split();
     /// assert!(rd.local_addr()?.ip().is_loopback());
     /// # Ok(())
@@ -91,9 +91,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.split();
     /// # let (_crd, cwr) = client.split();
     /// # use tokio::io::AsyncWriteExt;
@@ -115,9 +115,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.split();
     /// # let (_crd, cwr) = client.split();
     /// # use tokio::io::AsyncWriteExt;
@@ -138,9 +138,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.split();
     /// # let (_crd, cwr) = client.split();
     /// # use tokio::io::AsyncWriteExt;
@@ -169,9 +169,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.split();
     /// # let (_crd, cwr) = client.split();
     /// # use tokio::io::AsyncWriteExt;
@@ -200,9 +200,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.split();
     /// # let (_crd, cwr) = client.split();
     /// # use tokio::io::AsyncWriteExt;
@@ -231,9 +231,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// client.write_all(b"ping").await?;
     /// let (mut rd, _wr) = server.split();
@@ -256,9 +256,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncWriteExt, ReadBuf};
     /// client.write_all(b"ping").await?;
     /// let (mut rd, _wr) = server.split();
@@ -280,9 +280,9 @@ impl ReadHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (rd, _wr) = client.split();
     /// // The stream's own methods, through the half.
     /// assert!(rd.stream().transport().is_smc());
@@ -303,8 +303,8 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
     /// let (_rd, wr) = client.split();
     /// assert_eq!(wr.peer_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -321,8 +321,8 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
     /// let (_rd, wr) = client.split();
     /// assert!(wr.local_addr()?.ip().is_loopback());
     /// # Ok(())
@@ -340,9 +340,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.split();
     /// let r = wr.ready(tokio::io::Interest::WRITABLE).await?;
     /// assert!(r.is_writable());
@@ -360,9 +360,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.split();
     /// wr.writable().await?;
     /// # Ok(())
@@ -379,9 +379,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.split();
     /// wr.writable().await?;
     /// assert_eq!(wr.try_write(b"ping")?, 4);
@@ -399,9 +399,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.split();
     /// wr.writable().await?;
     /// let n = wr.try_write_vectored(&[std::io::IoSlice::new(b"pi"), std::io::IoSlice::new(b"ng")])?;
@@ -420,9 +420,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (_rd, wr) = client.split();
     /// wr.stream().set_nodelay(true)?;
     /// assert!(wr.stream().nodelay()?);
@@ -440,9 +440,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// let (_rd, mut wr) = client.split();
     /// let cork = wr.cork();
@@ -466,9 +466,9 @@ impl WriteHalf<'_> {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncReadExt;
     /// # let path = std::env::temp_dir().join(format!("smc-doc-split-sendfile-{}", std::process::id()));
     /// # std::fs::write(&path, b"0123456789")?;

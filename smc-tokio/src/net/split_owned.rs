@@ -114,9 +114,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// client.write_all(b"ping").await?;
     /// let (mut rd, _wr) = server.into_split();
@@ -140,9 +140,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.into_split();
     /// # let (_crd, cwr) = client.into_split();
     /// # use tokio::io::AsyncWriteExt;
@@ -164,9 +164,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.into_split();
     /// # let (_crd, cwr) = client.into_split();
     /// # use tokio::io::AsyncWriteExt;
@@ -187,9 +187,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.into_split();
     /// # let (_crd, cwr) = client.into_split();
     /// # use tokio::io::AsyncWriteExt;
@@ -218,9 +218,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.into_split();
     /// # let (_crd, cwr) = client.into_split();
     /// # use tokio::io::AsyncWriteExt;
@@ -249,9 +249,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (rd, _wr) = server.into_split();
     /// # let (_crd, cwr) = client.into_split();
     /// # use tokio::io::AsyncWriteExt;
@@ -280,9 +280,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncWriteExt, ReadBuf};
     /// client.write_all(b"ping").await?;
     /// let (mut rd, _wr) = server.into_split();
@@ -304,9 +304,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (rd, _wr) = client.into_split();
     /// assert_eq!(rd.peer_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -323,9 +323,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (rd, _wr) = server.into_split();
     /// assert_eq!(rd.local_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -342,9 +342,9 @@ impl OwnedReadHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let transport = client.transport();
     /// let (rd, _wr) = client.into_split();
     /// assert_eq!(rd.transport(), transport);
@@ -365,9 +365,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// let (rd, wr) = client.into_split();
     /// let mut client = wr.reunite(rd).expect("halves of one stream");
@@ -390,9 +390,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// let (_rd, mut wr) = client.into_split();
     /// let cork = wr.cork();
@@ -418,9 +418,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncReadExt;
     /// # let path = std::env::temp_dir().join(format!("smc-doc-owned-sendfile-{}", std::process::id()));
     /// # std::fs::write(&path, b"0123456789")?;
@@ -446,9 +446,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use std::time::Duration;
     /// use tokio::io::AsyncReadExt;
     /// let (rd, wr) = client.into_split();
@@ -473,9 +473,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.into_split();
     /// let r = wr.ready(tokio::io::Interest::WRITABLE).await?;
     /// assert!(r.is_writable());
@@ -493,9 +493,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.into_split();
     /// wr.writable().await?;
     /// # Ok(())
@@ -512,9 +512,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.into_split();
     /// wr.writable().await?;
     /// assert_eq!(wr.try_write(b"ping")?, 4);
@@ -532,9 +532,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # let (_rd, wr) = client.into_split();
     /// wr.writable().await?;
     /// let n = wr.try_write_vectored(&[std::io::IoSlice::new(b"pi"), std::io::IoSlice::new(b"ng")])?;
@@ -553,9 +553,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (_rd, wr) = client.into_split();
     /// assert_eq!(wr.peer_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -572,9 +572,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (_rd, wr) = server.into_split();
     /// assert_eq!(wr.local_addr()?, listener.local_addr()?);
     /// # Ok(())
@@ -591,9 +591,9 @@ impl OwnedWriteHalf {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let (_rd, wr) = server.into_split();
     /// assert!(wr.transport().is_smc());
     /// assert_eq!(wr.transport(), client.transport());

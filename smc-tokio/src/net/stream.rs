@@ -60,6 +60,8 @@ use crate::transport::Transport;
 pub struct SmcStream {
     /// The context it was made in: its counters, its negative cache.
     ctx: SmcContext,
+    /// The context's counters, held directly: every read and write counts its bytes.
+    counters: Arc<crate::stats::Counters>,
     tcp: Arc<TcpStream>,
     transport: Transport,
     /// What carries the bytes: the TCP socket, or an SMC connection over it.
@@ -224,6 +226,7 @@ impl SmcStream {
 
     pub(crate) fn from_tcp(ctx: SmcContext, tcp: TcpStream, transport: Transport) -> SmcStream {
         SmcStream {
+            counters: ctx.counters().clone(),
             ctx,
             tcp: Arc::new(tcp),
             transport,
@@ -270,6 +273,7 @@ impl SmcStream {
         ))
         .abort_handle();
         SmcStream {
+            counters: ctx.counters().clone(),
             ctx,
             tcp,
             transport,
@@ -410,9 +414,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.set_nodelay(true)?;
     /// assert!(client.nodelay()?);
     /// # Ok(())
@@ -429,9 +433,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// assert!(!client.nodelay()?); // off on a new connection
     /// client.set_nodelay(true)?;
     /// assert!(client.nodelay()?);
@@ -584,9 +588,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncWriteExt, ReadBuf};
     /// client.write_all(b"hello").await?;
     /// let mut buf = [0u8; 8];
@@ -695,9 +699,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// assert!(server.take_error()?.is_none());
     /// # Ok(())
     /// # }
@@ -726,9 +730,9 @@ impl SmcStream {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.write_all(b"hi").await?;
     /// let ready = server.ready(Interest::READABLE | Interest::WRITABLE).await?;
     /// assert!(ready.is_writable());
@@ -766,9 +770,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncWriteExt;
     /// client.write_all(b"x").await?;
     /// server.readable().await?;
@@ -788,9 +792,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncWriteExt;
     /// client.write_all(b"x").await?;
     /// std::future::poll_fn(|cx| server.poll_read_ready(cx)).await?;
@@ -816,9 +820,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.writable().await?;
     /// assert_eq!(client.try_write(b"hello")?, 5);
     /// # Ok(())
@@ -836,9 +840,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// std::future::poll_fn(|cx| client.poll_write_ready(cx)).await?;
     /// # Ok(())
     /// # }
@@ -859,9 +863,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncWriteExt;
     /// let mut buf = [0u8; 16];
     /// assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
@@ -890,9 +894,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use std::io::IoSliceMut;
     /// use tokio::io::AsyncWriteExt;
     /// client.write_all(b"abcdef").await?;
@@ -946,9 +950,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::AsyncWriteExt;
     /// client.write_all(b"ping").await?;
     /// let mut buf = Vec::with_capacity(16);
@@ -1023,9 +1027,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.writable().await?;
     /// let n = client.try_write(b"hello")?;
     /// assert_eq!(n, 5);
@@ -1055,9 +1059,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use std::io::IoSlice;
     /// client.writable().await?;
     /// let n = client.try_write_vectored(&[IoSlice::new(b"hel"), IoSlice::new(b"lo")])?;
@@ -1157,9 +1161,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// let _on: bool = client.quickack()?;
     /// # Ok(())
     /// # }
@@ -1176,9 +1180,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.set_quickack(true)?;
     /// # Ok(())
     /// # }
@@ -1194,9 +1198,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// assert_eq!(client.linger()?, None);
     /// # Ok(())
     /// # }
@@ -1216,9 +1220,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// # #[allow(deprecated)]
     /// client.set_linger(Some(std::time::Duration::from_secs(1)))?;
     /// assert_eq!(client.linger()?, Some(std::time::Duration::from_secs(1)));
@@ -1240,9 +1244,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// server.set_zero_linger()?;
     /// assert_eq!(server.linger()?, Some(std::time::Duration::ZERO));
     /// # Ok(())
@@ -1259,9 +1263,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// assert!(client.ttl()? > 0);
     /// # Ok(())
     /// # }
@@ -1278,9 +1282,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// client.set_ttl(64)?;
     /// assert_eq!(client.ttl()?, 64);
     /// # Ok(())
@@ -1291,7 +1295,7 @@ impl SmcStream {
     }
 
     fn moved(&self, sent: bool, n: usize) {
-        self.ctx.counters().bytes(self.transport, sent, n);
+        self.counters.bytes(self.transport, sent, n);
         // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.
         if self.adaptive.is_some() {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
@@ -1388,9 +1392,9 @@ impl SmcStream {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> std::io::Result<()> {
-    /// # let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
-    /// # let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
-    /// # let (mut server, _) = listener.accept().await?;
+    /// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
     /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
     /// let cork = client.cork();
     /// client.write_all(b"GET / HTTP/1.1\r\n").await?;
