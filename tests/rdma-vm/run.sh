@@ -657,10 +657,12 @@ if [ "$sst" != 0 ]; then
 fi
 if [ "$MODE" = two-kernel ]; then
     # Both directions must have said smc-r (the guests' statuses already count
-    # every failed step; this checks the verdict lines themselves).
+    # every failed step; this checks the verdict lines themselves). grep reads the logs
+    # itself: in a `cat | grep -q` pipeline grep exits at the first match, cat can die
+    # of SIGPIPE, and under pipefail a verdict that is there read as missing.
     ok=1
     for want in "KERNEL-INTEROP kernel-client->smc-tokio smc-r" "KERNEL-INTEROP smc-tokio-client->kernel smc-r"; do
-        if cat "$RUN/server.log" "$RUN/client.log" 2>/dev/null | tr -d '\r' | grep -qxF "$want"; then
+        if grep -qxF -e "$want" -e "$want"$'\r' "$RUN/server.log" "$RUN/client.log" 2>/dev/null; then
             log "$want"
         else
             log "MISSING: $want"
