@@ -60,8 +60,6 @@ use crate::transport::Transport;
 pub struct SmcStream {
     /// The context it was made in: its counters, its negative cache.
     ctx: SmcContext,
-    /// The context's counters, held directly: every read and write counts its bytes.
-    counters: Arc<crate::stats::Counters>,
     tcp: Arc<TcpStream>,
     transport: Transport,
     /// What carries the bytes: the TCP socket, or an SMC connection over it.
@@ -226,7 +224,6 @@ impl SmcStream {
 
     pub(crate) fn from_tcp(ctx: SmcContext, tcp: TcpStream, transport: Transport) -> SmcStream {
         SmcStream {
-            counters: ctx.counters().clone(),
             ctx,
             tcp: Arc::new(tcp),
             transport,
@@ -273,7 +270,6 @@ impl SmcStream {
         ))
         .abort_handle();
         SmcStream {
-            counters: ctx.counters().clone(),
             ctx,
             tcp,
             transport,
@@ -1295,7 +1291,7 @@ impl SmcStream {
     }
 
     fn moved(&self, sent: bool, n: usize) {
-        self.counters.bytes(self.transport, sent, n);
+        self.ctx.counters().bytes(self.transport, sent, n);
         // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.
         if self.adaptive.is_some() {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
