@@ -205,23 +205,31 @@ async fn via_door(
         // The Proposal is made before the connection exists: nothing in it depends on the
         // connection (a same-host connection's local address is the destination's).
         let prep = Prepared::new(ctx, addr, addr.ip(), cfg, true)?;
-        let (reg, sock) =
-            match door::register(ctx.counters(), addr, &cfg.shm.allowed_uids, manager.instance(), &prep.bytes, user) {
-                Registered::Yes(reg, sock) => (reg, sock),
-                Registered::NoDoor => return Ok(None),
-                Registered::Starved => {
-                    // No descriptor (or memory) to look for doors or register: plain TCP, said as
-                    // what it is rather than "no listener".
-                    let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                    return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
-                }
-                Registered::Busy => {
-                    // The listener is swamped: plain TCP now, as its own congestion decline would.
-                    let reason =
-                        FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-                    return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
-                }
-            };
+        let registered = door::register(
+            ctx.doors(),
+            ctx.counters(),
+            addr,
+            &cfg.shm.allowed_uids,
+            manager.instance(),
+            &prep.bytes,
+            user,
+        )
+        .await;
+        let (reg, sock) = match registered {
+            Registered::Yes(reg, sock) => (reg, sock),
+            Registered::NoDoor => return Ok(None),
+            Registered::Starved => {
+                // No descriptor (or memory) to look for doors or register: plain TCP, said as
+                // what it is rather than "no listener".
+                let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
+                return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
+            }
+            Registered::Busy => {
+                // The listener is swamped: plain TCP now, as its own congestion decline would.
+                let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+                return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
+            }
+        };
         ctx.counters().door(DoorEvent::Registered);
         let from_user = reg.is_users();
         let tcp = match tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await {
@@ -240,13 +248,7 @@ async fn via_door(
             }
             Err(e) => return Err(e),
         };
-        let mut wire = match reg.into_wire(prep.proposal.secret) {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot watch the door: connecting as plain tcp");
-                return tcp_or_refuse(cfg, tcp, FallbackReason::PeerNoSmc).map(Some);
-            }
-        };
+        let mut wire = reg.into_wire(prep.proposal.secret);
         // The listener answers when it accepts the connection: microseconds when it runs, later
         // when it is busy or stopped, or when its accept queue overflowed (the kernel then
         // drops our final ACK and takes the connection at its SYN-ACK retransmit, 1 s later;
@@ -255,7 +257,10 @@ async fn via_door(
         let timeouts = Timeouts { peer: cfg.handshake_timeout, local: cfg.handshake_timeout };
         let (outcome, conn, confirmed) = run(ctx, Channel::Wire(&mut wire), prep, addr, cfg, timeouts).await;
         let answered = wire.answered();
-        // Closing the door connection is our cancel, where one is still needed.
+        if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
+            wire.settled();
+        }
+        // Anything still open is cancelled.
         drop(wire);
         return finish_door(ctx, cfg, tcp, outcome, conn, confirmed, answered).map(Some);
     }

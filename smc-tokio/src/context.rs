@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 
 use crate::config::{self, GlobalSettings, RmbBudget, Settings};
+use crate::door::ClientDoors;
 use crate::negative_cache::NegativeCache;
 use crate::smc::manager::Manager;
 use crate::stats::{Counters, Stats};
@@ -57,6 +58,8 @@ struct Shared {
     negative_cache: NegativeCache,
     /// Client handshakes running through this context (`limit_handshake` on a stream builder).
     client_handshakes: AtomicUsize,
+    /// The door connections its clients keep to listeners on this host.
+    doors: ClientDoors,
 }
 
 impl Context {
@@ -103,6 +106,7 @@ impl Context {
                 manager: Manager::new(counters, budget),
                 negative_cache: NegativeCache::default(),
                 client_handshakes: AtomicUsize::new(0),
+                doors: ClientDoors::default(),
             }),
         }
     }
@@ -196,6 +200,16 @@ impl Context {
 
     pub(crate) fn client_handshakes(&self) -> &AtomicUsize {
         &self.shared.client_handshakes
+    }
+
+    /// The door connections this context's clients keep open.
+    pub(crate) fn doors(&self) -> &ClientDoors {
+        &self.shared.doors
+    }
+
+    /// The settings, shared (a listener's door reads them as they change).
+    pub(crate) fn settings_handle(&self) -> &Arc<GlobalSettings> {
+        &self.shared.settings
     }
 }
 

@@ -8,55 +8,58 @@
 //! 1. Each [`SmcListener`](crate::SmcListener) binds an abstract `SOCK_SEQPACKET` socket, its
 //!    door, named after the address it listens on ([`base_name`]; abstract names live in the
 //!    network namespace, which is the same-host boundary that matters).
-//! 2. A client about to connect to an address looks for that door. Only if it finds one (and
-//!    its owner is a uid it trusts, `SO_PEERCRED`) does it bind its TCP socket to a port of its
-//!    choosing and hand the socket itself to the door with `SCM_RIGHTS`, together with its CLC
-//!    Proposal, then connect.
+//! 2. A client about to connect to an address looks for that door. The first time (per
+//!    context, door and runtime) it connects to it and checks that its owner is a uid it
+//!    trusts (`SO_PEERCRED`); the door connection then stays open ([`ClientDoors`]) and carries
+//!    every later registration and handshake to that listener, each under an id of its own.
+//!    A registration names the client's TCP socket (bound to a port of its choosing) by its
+//!    kernel cookie and port, and carries its CLC Proposal; then the client connects.
 //! 3. When the listener accepts a connection, it looks the peer's port up among the
-//!    registrations (draining the door first if it is not there yet: the registration was sent
-//!    before the client's SYN, so it is in the door's queue by then). Registered: the CLC
-//!    handshake continues on the door connection (Accept or Decline, Confirm, Commit). Not
-//!    registered: a plain client, handed to the application at once, with no peek and no timer.
+//!    registrations (reading the door connections first if it is not there yet: the
+//!    registration was sent before the client's SYN, so it is queued by then). Registered: the
+//!    CLC handshake continues on that door connection under the registration's id (Accept or
+//!    Decline, Confirm, Commit). Not registered: a plain client, handed to the application at
+//!    once, with no peek and no timer.
 //!
-//! Why the socket itself: it is the proof. The server keeps the descriptor (a bound TCP socket,
-//! not listening) until the connection arrives, and matches them by the socket's own four-tuple:
-//! a registration belongs to an accepted connection only if the registered socket is, right
-//! then, connected from that peer address to that local address, that is, if it *is* the
-//! client's end of that connection. No port reasoning is involved, so no registration can be
-//! pinned on somebody else's connection, and two registrations can never both fit one. The
-//! descriptor is let go as soon as the connection is matched (or the registration cancelled or
-//! stale), so the client's close is not held up for long. Both ends check each other's uid:
-//! a process squatting on a door's name, or knocking on a door, gets nothing unless it runs as
-//! the same (or an allowed) uid, and the worst it can do is make connections fall back to TCP.
-//! Every descriptor that came through a door (and every door connection, which may hold queued
-//! ones) is closed off the runtime ([`PeerFd`]): closing somebody else's socket can block.
+//! What proves a registration belongs to the connection: the kernel's own record of the
+//! connection's client end, asked by its four-tuple (`sock_diag`, [`sys::TcpDiag`]). The
+//! registration matches only if that socket's cookie is the one registered and its owner is the
+//! uid of the door connection that registered it: a client can claim only a connection made
+//! from a socket of its own uid, the very socket it named. At most one socket has a given
+//! four-tuple, and a cookie names one socket for the kernel's lifetime, so no two registrations
+//! fit one connection. Both ends check each other's uid once, when the door connection opens: a
+//! process squatting on a door's name, or knocking on a door, gets nothing unless it runs as the
+//! same (or an allowed) uid, and the worst it can do is make connections fall back to TCP. No
+//! descriptor crosses a door: the door connections refuse them, and any that arrive anyway are
+//! closed off the runtime ([`PeerFd`]).
 //!
-//! Closing a door connection is the client's cancel: a client that stops waiting for the
-//! server's first answer closes it and uses the connection as TCP; the server, finding it closed
-//! before or during the handshake, serves the connection as TCP too. Only after its Confirm does
-//! a client wait for the server's final word (Commit or Decline), which the server always sends
-//! before it closes its end.
+//! A Cancel frame is the client's cancel: a client that stops waiting for the server's first
+//! answer sends one and uses the connection as TCP; the server, finding the registration
+//! cancelled (or its door connection closed) before or during the handshake, serves the
+//! connection as TCP too. Only after its Confirm does a client wait for the server's final word
+//! (Commit or Decline), which the server always sends before it lets the registration go.
 //!
 //! The messages on a door connection are [`DoorFrame`]s, whose format is in
 //! [`proto::door`](crate::proto::door).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex};
-use std::task::{ready, Poll};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::config::Overrides;
-use crate::context::Context;
+use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
-use crate::proto::door::{DoorFrame, DoorKind, DOOR_FRAME_MAX, DOOR_VERSION};
+use crate::proto::door::{DoorFrame, DoorKind, RegisterHead, DOOR_FRAME_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
 use crate::stats::Counters;
 use crate::sys::{self, PeerCred, PeerFd};
@@ -68,35 +71,43 @@ const MAX_DOORS: u32 = 16;
 
 /// How long a server keeps a registration whose connection has not arrived. A client waits for
 /// its verdict for its handshake timeout (2 s by default) after the connect, then cancels; a
-/// registration older than this has been cancelled, or its client is gone.
+/// registration older than this has been cancelled, or its client misbehaves.
 const ENTRY_TTL: Duration = Duration::from_secs(30);
 
-/// Registrations (and door connections not registered yet) a door holds at once, at most;
-/// beyond it, new ones are answered "congested" at once. Each holds two descriptors (the door
-/// connection and the client's socket), so the bound is also at most a quarter of the
-/// process's descriptor limit ([`entry_budget`]): a flood of registrations costs the server
-/// some of its descriptors, never all of them. 4096 is the door's listen backlog.
-const MAX_ENTRIES: usize = 4096;
+/// Registrations a door holds at once, at most; beyond it, new ones are answered "congested"
+/// at once. A registration costs no descriptor, only its entry and its Proposal (about 200
+/// bytes): 16 384 hold the registrations of 10 000 clients connecting at once with room to spare,
+/// in about 4 MiB.
+const MAX_REGISTRATIONS: usize = 16_384;
+
+/// Door connections a door holds at once (each is one descriptor; one per client process,
+/// runtime and context), at most; also at most a quarter of the process's descriptor limit
+/// ([`conn_budget`]): a flood of door connections costs the server some of its descriptors,
+/// never all of them. 4096 is the door's listen backlog.
+const MAX_CONNS: usize = 4096;
 
 /// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
 
-/// How many registrations a door may hold (see [`MAX_ENTRIES`]).
-fn entry_budget() -> usize {
-    let quarter = sys::nofile_limit().map_or(MAX_ENTRIES as u64, |n| n / 4);
-    usize::try_from(quarter).unwrap_or(MAX_ENTRIES).clamp(16, MAX_ENTRIES)
+/// How long a client keeps a door connection that no registration uses: a client that
+/// connects again within it registers with one message. Ten seconds covers the pauses of
+/// connection-per-request clients; an idle door connection costs one descriptor on each side.
+const CLIENT_IDLE: Duration = Duration::from_secs(10);
+
+/// How long a sender waits for room on a door connection whose queue is full (thousands of
+/// registrations in flight at once) before it gives up on SMC for that connection: half the
+/// default handshake timeout, so a registration that waited still has time for its handshake.
+const SEND_WAIT: Duration = Duration::from_secs(1);
+
+/// How many door connections a door may hold (see [`MAX_CONNS`]).
+fn conn_budget() -> usize {
+    let quarter = sys::nofile_limit().map_or(MAX_CONNS as u64, |n| n / 4);
+    usize::try_from(quarter).unwrap_or(MAX_CONNS).clamp(16, MAX_CONNS)
 }
 
-/// How long an accepted door connection may stay silent before its registration arrives. A
-/// client sends it right after connecting to the door.
-const WAITING_TTL: Duration = Duration::from_secs(2);
-
-/// The header of a CLC frame, either way.
-const CLC_FRAME: DoorFrame = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 };
-
-/// The door names of a listener on `addr`, without the index: `smc-tokio/d2/127.0.0.1:8080`,
-/// `smc-tokio/d2/[::]:8080`.
+/// The door names of a listener on `addr`, without the index: `smc-tokio/d3/127.0.0.1:8080`,
+/// `smc-tokio/d3/[::]:8080`.
 pub(crate) fn base_name(addr: SocketAddr) -> String {
     format!("smc-tokio/d{DOOR_VERSION}/{}", sys::unmap(addr))
 }
@@ -111,42 +122,151 @@ fn solo_name(base: &str) -> Vec<u8> {
     format!("{base}/solo").into_bytes()
 }
 
-/// One door message read without blocking: the frame, its payload, and the descriptors that
-/// came with it (only a registration carries one). `Ok(None)`: the peer closed.
-type Received = (DoorFrame, Vec<u8>, Vec<PeerFd>);
-
-/// A message that is no frame is `InvalidData`. The buffer has room for a byte more than the
-/// longest frame, so a longer message, truncated to it, still decodes as too long.
-fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<Received>> {
+/// One door message read without blocking. `Ok(None)`: the peer closed. A message that is no
+/// frame is `InvalidData`. The buffer has room for a byte more than the longest frame, so a
+/// longer message, truncated to it, still decodes as too long. Descriptors that came with it
+/// (none should: door connections refuse them where the kernel can) go to a closer.
+fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(DoorFrame, Vec<u8>)>> {
     let mut buf = [0u8; DOOR_FRAME_MAX + 1];
-    let (n, fds) = sys::recv_with_fds(conn, &mut buf)?;
+    let (n, _fds) = sys::recv_with_fds(conn, &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
     let (frame, payload) = DoorFrame::decode(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(Some((frame, payload.to_vec(), fds)))
+    Ok(Some((frame, payload.to_vec())))
 }
 
-/// Sends one door message without blocking (a door connection holds a handful of small
-/// messages at most, so it never fills).
-fn send_frame(conn: BorrowedFd<'_>, frame: DoorFrame, payload: &[u8]) -> io::Result<()> {
-    sys::send_msg(conn, &frame.encode(payload))
+/// Sends one door message, waiting up to [`SEND_WAIT`] for room when the connection's queue is
+/// full.
+async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
+    match sys::send_msg(conn.get_ref().as_fd(), msg) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        r => return r,
+    }
+    let wait = async {
+        loop {
+            let mut guard = conn.writable().await?;
+            match guard.try_io(|c| sys::send_msg(c.get_ref().as_fd(), msg)) {
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
+    };
+    tokio::time::timeout(SEND_WAIT, wait).await.unwrap_or_else(|_| Err(io::ErrorKind::WouldBlock.into()))
+}
+
+/// Registers a door connection with the runtime, for reading and for waiting for room.
+fn watch(conn: PeerFd) -> io::Result<AsyncFd<PeerFd>> {
+    // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
+    unsafe { sys::register(conn, Interest::READABLE | Interest::WRITABLE) }
+}
+
+// ----- one registration's messages -------------------------------------------------------------
+
+/// A door message for one registration, as it arrived.
+struct Msg {
+    kind: DoorKind,
+    reason: u8,
+    payload: Vec<u8>,
+}
+
+/// The messages of one registration: filled by whoever reads its door connection, taken by the
+/// handshake that waits for them. Closed when the registration ends (the peer cancelled it or
+/// its door connection closed): what was queued before is still read.
+#[derive(Default)]
+struct Inbox(Mutex<InboxState>);
+
+#[derive(Default)]
+struct InboxState {
+    frames: VecDeque<Msg>,
+    closed: bool,
+    waker: Option<Waker>,
+}
+
+impl Inbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, m: Msg) {
+        let w = {
+            let mut st = self.lock();
+            if st.closed {
+                return;
+            }
+            st.frames.push_back(m);
+            st.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    fn close(&self) {
+        let w = {
+            let mut st = self.lock();
+            st.closed = true;
+            st.waker.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// The next message without waiting: `Some(None)` once closed and empty, `None` when
+    /// nothing is there yet.
+    fn try_next(&self) -> Option<Option<Msg>> {
+        let mut st = self.lock();
+        match st.frames.pop_front() {
+            Some(m) => Some(Some(m)),
+            None if st.closed => Some(None),
+            None => None,
+        }
+    }
+
+    /// Ready when a message is there or the inbox closed; else `cx` is woken when either
+    /// happens.
+    fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let mut st = self.lock();
+        if !st.frames.is_empty() || st.closed {
+            return Poll::Ready(());
+        }
+        match &st.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    async fn next(&self) -> Option<Msg> {
+        loop {
+            if let Some(m) = self.try_next() {
+                return m;
+            }
+            std::future::poll_fn(|cx| self.poll_ready(cx)).await;
+        }
+    }
 }
 
 // ----- server --------------------------------------------------------------------------------
 
-/// A listener's door and the registrations waiting for their connections.
+/// A listener's door, the door connections of its clients, and the registrations waiting for
+/// their connections.
 pub(crate) struct Door {
     name: Vec<u8>,
     listener: AsyncFd<OwnedFd>,
     /// The listener's settings: the uids it trusts are read from them at each drain.
     settings: Overrides,
-    /// The listener's context: the base of its settings, its counters.
-    ctx: Context,
-    /// Registrations and unregistered door connections held at most ([`entry_budget`]).
-    budget: usize,
-    /// The port the listener listens on.
-    port: u16,
+    /// The base under those settings (the listener's context's).
+    base: Arc<GlobalSettings>,
+    counters: Arc<Counters>,
+    /// Asks the kernel who owns a connection's client end.
+    diag: sys::TcpDiag,
+    /// Door connections held at most ([`conn_budget`]).
+    conn_budget: usize,
+    /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
+    /// registrations are answered "no" at once.
+    blind: AtomicBool,
     state: Mutex<DoorState>,
 }
 
@@ -156,49 +276,91 @@ impl fmt::Debug for Door {
     }
 }
 
-/// A door connection accepted whose registration has not arrived yet.
-struct Waiting {
-    conn: PeerFd,
+/// One client's door connection, at the server.
+struct ServerConn {
+    fd: AsyncFd<PeerFd>,
     cred: PeerCred,
-    since: Instant,
+    /// Its registrations not matched yet: id to the port they are filed under.
+    pending: Mutex<HashMap<u64, u16>>,
+    /// Its registrations matched to a connection, whose handshakes read their messages here.
+    live: Mutex<HashMap<u64, Arc<Inbox>>>,
+}
+
+impl ServerConn {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u16>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the client "no SMC" for registration `id` (without waiting: a client that does
+    /// not read its door connection hears nothing, and its connection is TCP all the same).
+    fn refuse(&self, counters: &Counters, id: u64, kind: DoorKind, reason: DeclineReason) {
+        counters.door(crate::stats::DoorEvent::Unmatched);
+        counters.decline(reason, crate::proto::handshake::Side::Local);
+        let frame = DoorFrame { kind, reason: reason as u8, id };
+        let _ = sys::send_msg(self.fd.get_ref().as_fd(), &frame.encode(&[]));
+    }
 }
 
 struct Entry {
-    /// The client's TCP socket: the connection it makes is the one whose four-tuple it has.
-    sock: PeerFd,
-    conn: PeerFd,
-    cred: PeerCred,
+    conn: Arc<ServerConn>,
+    id: u64,
     instance: u64,
+    /// The cookie of the client's TCP socket: the connection it makes is the one whose client
+    /// end has it.
+    cookie: u64,
     /// The client's Proposal (a CLC message, at most `CLC_MAX_LEN` bytes).
     proposal: Vec<u8>,
     since: Instant,
 }
 
-impl Entry {
-    /// Whether the client still waits (its door connection is open and silent).
-    fn waiting(&self) -> bool {
-        matches!(recv_frame(self.conn.as_fd()), Err(ref err) if err.kind() == io::ErrorKind::WouldBlock)
-    }
-}
-
 #[derive(Default)]
 struct DoorState {
-    waiting: Vec<Waiting>,
+    conns: Vec<Arc<ServerConn>>,
+    /// The listener task, which watches the door connections: woken when one is accepted
+    /// elsewhere (at a connection's look-up), so that it watches that one too.
+    watcher: Option<Waker>,
     /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
 }
 
 impl DoorState {
-    fn held(&self) -> usize {
-        self.count + self.waiting.len()
+    /// Drops a registration not matched yet; whether there was one.
+    fn remove(&mut self, conn: &Arc<ServerConn>, id: u64) -> bool {
+        let Some(port) = conn.pending().remove(&id) else { return false };
+        let Some(list) = self.entries.get_mut(&port) else { return false };
+        let Some(i) = list.iter().position(|e| e.id == id && Arc::ptr_eq(&e.conn, conn)) else { return false };
+        list.swap_remove(i);
+        if list.is_empty() {
+            self.entries.remove(&port);
+        }
+        self.count -= 1;
+        true
+    }
+
+    /// Ends a door connection: its registrations are dropped, its handshakes see the end.
+    fn close(&mut self, conn: &Arc<ServerConn>) {
+        let ids: Vec<u64> = conn.pending().keys().copied().collect();
+        for id in ids {
+            self.remove(conn, id);
+        }
+        for (_, inbox) in conn.live().drain() {
+            inbox.close();
+        }
+        self.conns.retain(|c| !Arc::ptr_eq(c, conn));
     }
 }
 
 /// A registration matched to an accepted connection; its client waits for the server's answer
 /// on the door connection.
 pub(crate) struct Registration {
-    conn: PeerFd,
+    conn: Arc<ServerConn>,
+    id: u64,
+    inbox: Arc<Inbox>,
     counters: Arc<Counters>,
     pub(crate) client: ClientIdentity,
     proposal: Vec<u8>,
@@ -206,72 +368,64 @@ pub(crate) struct Registration {
 
 impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registration").field("client", &self.client).finish()
+        f.debug_struct("Registration").field("client", &self.client).field("id", &self.id).finish()
     }
-}
-
-/// Answers "no SMC" on a door connection, and counts it (every path that refuses comes here:
-/// the door's budget, an unusable registration, a listener turned `TcpOnly`, a full or
-/// congested handshake queue): a door "no SMC" and a decline sent, by its reason.
-fn refuse_on(counters: &Counters, conn: &PeerFd, kind: DoorKind, reason: DeclineReason) {
-    counters.door(crate::stats::DoorEvent::Unmatched);
-    counters.decline(reason, crate::proto::handshake::Side::Local);
-    let _ = send_frame(conn.as_fd(), DoorFrame { kind, reason: reason as u8, instance: 0 }, &[]);
 }
 
 impl Registration {
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        refuse_on(&self.counters, &self.conn, DoorKind::Refused, reason);
+        self.conn.live().remove(&self.id);
+        self.conn.refuse(&self.counters, self.id, DoorKind::Refused, reason);
     }
 
     /// The wire the handshake runs over, starting with the client's Proposal. `None` when the
-    /// client closed its door connection first (it stopped waiting and uses the connection as
-    /// TCP), or the connection cannot be watched.
+    /// client cancelled first (it stopped waiting and uses the connection as TCP).
     pub(crate) fn open(self) -> Option<ServerWire> {
-        match recv_frame(self.conn.as_fd()) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            // Closed, or a message out of turn: the client is not waiting for us.
-            _ => return None,
+        if matches!(self.inbox.try_next(), Some(None)) {
+            self.conn.live().remove(&self.id);
+            return None;
         }
-        // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
-        let conn = unsafe { sys::register(self.conn, Interest::READABLE) }.ok()?;
-        Some(ServerWire { conn, proposal: Some(self.proposal) })
+        Some(ServerWire { conn: self.conn, id: self.id, inbox: self.inbox, proposal: Some(self.proposal) })
     }
 }
 
 /// The server's end of a handshake on the door (see [`Wire`]).
 pub(crate) struct ServerWire {
-    conn: AsyncFd<PeerFd>,
+    conn: Arc<ServerConn>,
+    id: u64,
+    inbox: Arc<Inbox>,
     /// The Proposal that came with the registration, until the machine has read it.
     proposal: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for ServerWire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ServerWire").finish_non_exhaustive()
+        f.debug_struct("ServerWire").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+impl Drop for ServerWire {
+    fn drop(&mut self) {
+        self.conn.live().remove(&self.id);
     }
 }
 
 impl Wire for ServerWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
-        send_frame(self.conn.get_ref().as_fd(), CLC_FRAME, msg)
+        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: self.id }.encode(msg);
+        send_waiting(&self.conn.fd, &frame).await
     }
 
     async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {
         if let Some(p) = self.proposal.take() {
             return Ok(Some(p));
         }
-        loop {
-            let mut guard = self.conn.readable().await?;
-            match guard.try_io(|c| recv_frame(c.get_ref().as_fd())) {
-                Ok(Ok(Some((f, payload, _)))) if f.kind == DoorKind::Clc => return Ok(Some(payload)),
-                // Closed (the client's cancel), or anything but a CLC message from a client.
-                Ok(Ok(_)) => return Ok(None),
-                Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
+        match self.inbox.next().await {
+            Some(m) if m.kind == DoorKind::Clc => Ok(Some(m.payload)),
+            // Cancelled (the client's cancel), its door connection closed, or anything but a
+            // CLC message from a client.
+            _ => Ok(None),
         }
     }
 }
@@ -280,11 +434,25 @@ impl Door {
     /// Binds the door of a listener on `local`: the solo name if it has no reuseport siblings
     /// (`reuseport` off), else (or if someone squats on it) the lowest free index for that
     /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
-    /// someone squatting on the names): the listener then serves TCP only.
-    pub(crate) fn open(ctx: Context, local: SocketAddr, settings: Overrides, reuseport: bool) -> Option<Door> {
-        let base = base_name(local);
-        let solo = (!reuseport).then(|| solo_name(&base));
-        for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&base, i))) {
+    /// someone squatting on the names), or the kernel cannot tell who owns a connection
+    /// (no `sock_diag`): the listener then serves TCP only.
+    pub(crate) fn open(
+        base: Arc<GlobalSettings>,
+        counters: Arc<Counters>,
+        local: SocketAddr,
+        settings: Overrides,
+        reuseport: bool,
+    ) -> Option<Door> {
+        let diag = match sys::TcpDiag::new() {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "no sock_diag to prove who owns a connection: this listener serves tcp only");
+                return None;
+            }
+        };
+        let door_base = base_name(local);
+        let solo = (!reuseport).then(|| solo_name(&door_base));
+        for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&door_base, i))) {
             match sys::seqpacket_listen(&name) {
                 Ok(fd) => {
                     // SAFETY: an OwnedFd owns its descriptor.
@@ -295,18 +463,27 @@ impl Door {
                             return None;
                         }
                     };
-                    let budget = entry_budget();
-                    let port = local.port();
-                    return Some(Door { name, listener, settings, ctx, budget, port, state: Mutex::default() });
+                    let conn_budget = conn_budget();
+                    return Some(Door {
+                        name,
+                        listener,
+                        settings,
+                        base,
+                        counters,
+                        diag,
+                        conn_budget,
+                        blind: AtomicBool::new(false),
+                        state: Mutex::default(),
+                    });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, door = %base, "cannot open the smc door: this listener serves tcp only");
+                    tracing::warn!(error = %e, door = %door_base, "cannot open the smc door: this listener serves tcp only");
                     return None;
                 }
             }
         }
-        tracing::warn!(door = %base, "every smc door name for this address is taken: this listener serves tcp only");
+        tracing::warn!(door = %door_base, "every smc door name for this address is taken: this listener serves tcp only");
         None
     }
 
@@ -320,23 +497,21 @@ impl Door {
     }
 
     /// The registration of the connection from `peer` to our `local` address, if its client
-    /// registered one. Drains the door first when it is not known yet, so a registration sent
+    /// registered one. Reads the door first when it is not known yet, so a registration sent
     /// before the connection is found (unless a flood of knocks is queued ahead of it). Never
     /// waits.
     pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
         let (peer, local) = (sys::unmap(peer), sys::unmap(local));
         let mut st = self.lock();
-        if let Some(r) = st.take(self.ctx.counters(), peer, local) {
+        if let Some(r) = self.take(&mut st, peer, local) {
             return Some(r);
         }
         // The registration was queued before the client's SYN, so it is somewhere in the
-        // door's queue: drain batch after batch until it turns up or the queue is empty. A
-        // single batch missed registrations queued behind more than a batch of knocks (a storm
-        // of 2000 connects under load lost about one in 2000 that way, as "no smc"). The queue
-        // is at most the door's backlog deep, so this ends.
-        for _ in 0..=MAX_ENTRIES / DRAIN_BATCH {
+        // door's queues: read batch after batch until it turns up or the queues are empty. The
+        // door's queue is at most its backlog deep, so this ends.
+        for _ in 0..=MAX_CONNS / DRAIN_BATCH {
             let more = self.drain(&mut st);
-            if let Some(r) = st.take(self.ctx.counters(), peer, local) {
+            if let Some(r) = self.take(&mut st, peer, local) {
                 return Some(r);
             }
             if !matches!(more, Ok(true)) {
@@ -346,208 +521,514 @@ impl Door {
         None
     }
 
-    /// Registrations and unregistered door connections held now: while there are any, the
-    /// listener sweeps.
+    /// Registrations held now: while there are any, the listener sweeps.
     pub(crate) fn pending(&self) -> usize {
-        self.lock().held()
+        self.lock().count
     }
 
-    /// Stops taking registrations: clients that look for the door from now on find it closed,
-    /// and connect as plain TCP (the listener is closing).
+    /// Stops taking door connections: clients that look for the door from now on find it
+    /// closed, and connect as plain TCP (the listener is closing). Door connections already open
+    /// stay until their handshakes end and the door is dropped.
     pub(crate) fn close(&self) {
         // SAFETY: plain syscall on a descriptor we own; a shut-down listening Unix socket
         // refuses connections.
         unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(self.listener.get_ref()), libc::SHUT_RDWR) };
     }
 
-    /// Waits until the door has new connections, then takes a batch in (for the listener
-    /// task). `Ok(true)`: more may be queued (the caller comes back after other work). An error
-    /// (no descriptor for a new connection, say) is returned so that the caller backs off
-    /// instead of spinning on a door that stays readable.
+    /// Waits until the door has new connections or a door connection has messages, then takes
+    /// them in (for the listener task, which is what reads door connections while their
+    /// handshakes wait). `Ok(true)`: more may be queued (the caller comes back after other
+    /// work). An error (no descriptor for a new connection, say) is returned so that the caller
+    /// backs off instead of spinning on a door that stays readable.
     pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<bool>> {
-        let mut guard = ready!(self.listener.poll_read_ready(cx))?;
         let mut st = self.lock();
-        match self.drain(&mut st) {
-            Ok(true) => Poll::Ready(Ok(true)),
-            Ok(false) => {
-                guard.clear_ready();
-                Poll::Ready(Ok(false))
-            }
-            Err(e) => Poll::Ready(Err(e)),
+        match &st.watcher {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.watcher = Some(cx.waker().clone()),
         }
-    }
-
-    /// Accepts up to [`DRAIN_BATCH`] waiting door connections and reads every registration
-    /// that has arrived. `Ok(false)`: the door's queue was found empty; `Ok(true)`: the batch
-    /// ended first; an error: a connection could not be accepted (it stays queued for a later
-    /// drain).
-    fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
-        let mut res = Ok(true);
-        // Read when the first knock of this drain comes in: current settings, once a batch.
-        let mut allowed: Option<Vec<u32>> = None;
-        for _ in 0..DRAIN_BATCH {
-            match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
-                Ok(conn) => match sys::peer_cred(conn.as_fd()) {
-                    Ok(cred)
-                        if cred.trusted(
-                            allowed.get_or_insert_with(|| self.settings.resolve(self.ctx.settings()).shm.allowed_uids),
-                        ) =>
-                    {
-                        if st.held() >= self.budget {
-                            refuse_on(
-                                self.ctx.counters(),
-                                &conn,
-                                DoorKind::Unmatched,
-                                DeclineReason::HandshakeCongested,
-                            );
-                        } else {
-                            st.waiting.push(Waiting { conn, cred, since: Instant::now() });
+        let mut progress = false;
+        let conns = st.conns.clone();
+        for conn in conns {
+            if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
+                progress = true;
+                match r {
+                    Ok(mut guard) => {
+                        if self.read_conn(&mut st, &conn) {
+                            guard.clear_ready();
                         }
                     }
-                    // Dropped unread: the closer takes out whatever it queued for us, defused.
-                    Ok(cred) => {
-                        tracing::debug!(
-                            uid = cred.uid,
-                            gid = cred.gid,
-                            pid = cred.pid,
-                            "refusing a door connection from an untrusted peer"
-                        );
-                        self.ctx.counters().door_refused();
-                    }
-                    Err(e) => tracing::debug!(error = %e, "door connection without credentials"),
-                },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    res = Ok(false);
-                    break;
-                }
-                Err(e) => {
-                    // EMFILE and friends: the connections stay queued for a later drain; the
-                    // clients behind them get no verdict and stay on TCP.
-                    tracing::debug!(error = %e, "door accept");
-                    res = Err(e);
-                    break;
+                    Err(_) => st.close(&conn),
                 }
             }
         }
-        let waiting = std::mem::take(&mut st.waiting);
-        for w in waiting {
-            match recv_frame(w.conn.as_fd()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && w.since.elapsed() < WAITING_TTL => {
-                    st.waiting.push(w);
+        let res = match self.listener.poll_read_ready(cx) {
+            Poll::Ready(Ok(mut guard)) => match self.accept_conns(&mut st) {
+                Ok(true) => Ok(true),
+                Ok(false) => {
+                    guard.clear_ready();
+                    Ok(false)
                 }
-                Ok(Some((frame, payload, fds))) if frame.kind == DoorKind::Register => {
-                    st.register(self.ctx.counters(), w, frame, payload, fds)
-                }
-                // A closed connection, a message out of order or garbage: drop it.
-                _ => {}
+                Err(e) => Err(e),
+            },
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending if progress => Ok(false),
+            Poll::Pending => return Poll::Pending,
+        };
+        Poll::Ready(res)
+    }
+
+    /// Accepts waiting door connections and reads every message that has arrived on any. As
+    /// [`accept_conns`](Self::accept_conns) for the result.
+    fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
+        let before = st.conns.len();
+        let res = self.accept_conns(st);
+        if st.conns.len() > before {
+            // New door connections, not watched yet: the listener task polls them next.
+            if let Some(w) = &st.watcher {
+                w.wake_by_ref();
             }
+        }
+        let conns = st.conns.clone();
+        for conn in conns {
+            self.read_conn(st, &conn);
         }
         res
     }
 
-    /// Drops registrations whose client cancelled, went away or waited too long, and door
-    /// connections that never registered.
+    /// Accepts up to [`DRAIN_BATCH`] waiting door connections. `Ok(false)`: the door's queue
+    /// was found empty; `Ok(true)`: the batch ended first; an error: a connection could not be
+    /// accepted (it stays queued for a later drain).
+    fn accept_conns(&self, st: &mut DoorState) -> io::Result<bool> {
+        // Read when the first knock of this drain comes in: current settings, once a batch.
+        let mut allowed: Option<Vec<u32>> = None;
+        for _ in 0..DRAIN_BATCH {
+            let conn = match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
+                Ok(conn) => conn,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => {
+                    // EMFILE and friends: the connections stay queued for a later drain; the
+                    // clients behind them get no verdict and stay on TCP.
+                    tracing::debug!(error = %e, "door accept");
+                    return Err(e);
+                }
+            };
+            let cred = match sys::peer_cred(conn.as_fd()) {
+                Ok(cred) => cred,
+                Err(e) => {
+                    tracing::debug!(error = %e, "door connection without credentials");
+                    continue;
+                }
+            };
+            if !cred.trusted(allowed.get_or_insert_with(|| self.settings.resolve(&self.base).shm.allowed_uids)) {
+                // Dropped unread: the closer takes out whatever it queued for us, defused.
+                tracing::debug!(
+                    uid = cred.uid,
+                    gid = cred.gid,
+                    pid = cred.pid,
+                    "refusing a door connection from an untrusted peer"
+                );
+                self.counters.door_refused();
+                continue;
+            }
+            if st.conns.len() >= self.conn_budget {
+                // Closed: its client's registrations end, and its connections are TCP.
+                tracing::debug!(held = st.conns.len(), "door connection budget spent: refusing a client");
+                continue;
+            }
+            // Registrations carry no descriptors: refuse them where the kernel can.
+            sys::refuse_descriptors(conn.as_fd());
+            match watch(conn) {
+                Ok(fd) => {
+                    st.conns.push(Arc::new(ServerConn { fd, cred, pending: Mutex::default(), live: Mutex::default() }))
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot watch a door connection"),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads every message queued on `conn` (without waiting) and files it. Whether the reads
+    /// ended on an empty queue (so readiness may be cleared); a connection that closed or sent
+    /// nonsense is ended.
+    fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>) -> bool {
+        loop {
+            match recv_frame(conn.fd.get_ref().as_fd()) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Ok(Some((frame, payload))) => {
+                    if !self.file(st, conn, frame, payload) {
+                        st.close(conn);
+                        return false;
+                    }
+                }
+                // Closed, garbage, or an error: the client's registrations and handshakes end.
+                _ => {
+                    st.close(conn);
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Files one message from a client; `false` for one no client sends (the connection ends).
+    fn file(&self, st: &mut DoorState, conn: &Arc<ServerConn>, frame: DoorFrame, payload: Vec<u8>) -> bool {
+        let id = frame.id;
+        match frame.kind {
+            DoorKind::Register => {
+                let (head, proposal) = match RegisterHead::decode(&payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "unusable door registration");
+                        conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::SyncError);
+                        return true;
+                    }
+                };
+                if self.blind.load(Ordering::Relaxed) {
+                    conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
+                    return true;
+                }
+                if st.count >= MAX_REGISTRATIONS || conn.pending().contains_key(&id) || conn.live().contains_key(&id) {
+                    conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
+                    return true;
+                }
+                conn.pending().insert(id, head.port);
+                st.count += 1;
+                st.entries.entry(head.port).or_default().push(Entry {
+                    conn: conn.clone(),
+                    id,
+                    instance: head.instance,
+                    cookie: head.cookie,
+                    proposal: proposal.to_vec(),
+                    since: Instant::now(),
+                });
+                true
+            }
+            DoorKind::Clc => {
+                let inbox = conn.live().get(&id).cloned();
+                match inbox {
+                    Some(inbox) => inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload }),
+                    // A message before the server spoke is out of turn: the registration is void.
+                    None => {
+                        st.remove(conn, id);
+                    }
+                }
+                true
+            }
+            DoorKind::Cancel => {
+                let inbox = conn.live().remove(&id);
+                match inbox {
+                    Some(inbox) => inbox.close(),
+                    None => {
+                        st.remove(conn, id);
+                    }
+                }
+                true
+            }
+            // Only a server says these.
+            DoorKind::Unmatched | DoorKind::Refused => false,
+        }
+    }
+
+    /// The kernel cannot tell who owns a connection (no `tcp_diag` module, a sandbox that
+    /// refuses it): no registration can ever be checked. The door closes (clients from now on
+    /// find none and connect as plain TCP at once) and every registration held is answered
+    /// "no", so that no client waits for a verdict that cannot come.
+    fn go_blind(&self, st: &mut DoorState, why: &str) {
+        if self.blind.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(why, door = %String::from_utf8_lossy(&self.name), "cannot prove who owns a connection: this listener serves tcp only");
+        self.close();
+        let held: Vec<(Arc<ServerConn>, u64)> = st.entries.values().flatten().map(|e| (e.conn.clone(), e.id)).collect();
+        for (conn, id) in held {
+            st.remove(&conn, id);
+            conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
+        }
+    }
+
+    /// Drops registrations that waited too long for their connections.
     pub(crate) fn sweep(&self) {
         let mut st = self.lock();
         let _ = self.drain(&mut st);
-        let mut removed = 0;
-        let port = self.port;
-        st.entries.retain(|_, list| {
-            list.retain_mut(|e| {
-                let alive = e.since.elapsed() < ENTRY_TTL && e.waiting();
-                if !alive {
-                    removed += 1;
-                    // A client that stopped waiting uses its connection to us as TCP: its
-                    // socket's options stay as it set them. Any other socket (never connected,
-                    // or connected elsewhere) is nobody's connection of ours.
-                    if sys::socket_tuple(e.sock.as_fd()).is_some_and(|(_, to)| to.port() == port) {
-                        e.sock.keep_options();
-                    }
-                }
-                alive
-            });
-            !list.is_empty()
-        });
-        st.count -= removed;
+        let stale: Vec<(Arc<ServerConn>, u64)> = st
+            .entries
+            .values()
+            .flatten()
+            .filter(|e| e.since.elapsed() >= ENTRY_TTL)
+            .map(|e| (e.conn.clone(), e.id))
+            .collect();
+        for (conn, id) in stale {
+            st.remove(&conn, id);
+        }
     }
-}
 
-impl DoorState {
-    fn register(&mut self, counters: &Counters, w: Waiting, frame: DoorFrame, proposal: Vec<u8>, fds: Vec<PeerFd>) {
-        let mut fds = fds.into_iter();
-        let (Some(sock), None) = (fds.next(), fds.next()) else {
-            tracing::debug!("door registration without exactly one socket");
-            return refuse_on(counters, &w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
-        };
-        let port = match sys::registrable_socket(sock.as_fd()) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::debug!(why, "door registration with an unusable socket");
-                return refuse_on(counters, &w.conn, DoorKind::Unmatched, DeclineReason::SyncError);
+    /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
+    /// and uid are those of that connection's client end, as the kernel tells them.
+    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
+        let list = st.entries.get(&peer.port())?;
+        if self.blind.load(Ordering::Relaxed) {
+            return None;
+        }
+        let owner = match self.diag.owner(peer, local) {
+            Ok(Some(o)) => o,
+            // The client end is gone already (its client gave up and closed), or the kernel
+            // cannot look sockets up at all: our own end, which exists, tells which.
+            Ok(None) => {
+                if matches!(self.diag.owner(local, peer), Ok(None)) {
+                    self.go_blind(st, "the kernel finds no socket of an accepted connection");
+                }
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
+                if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
+                    self.go_blind(st, "sock_diag fails");
+                }
+                return None;
             }
         };
-        // The registration is the one message that carries a descriptor: from here on the
-        // connection carries CLC frames only, and refuses descriptors where the kernel can.
-        sys::refuse_descriptors(w.conn.as_fd());
-        self.count += 1;
-        self.entries.entry(port).or_default().push(Entry {
-            sock,
-            conn: w.conn,
-            cred: w.cred,
-            instance: frame.instance,
-            proposal,
-            since: Instant::now(),
-        });
-    }
-
-    /// Takes the registration for a connection from `peer` to `local`: the one whose socket is
-    /// that connection's client end (its four-tuple, seen from the other side). At most one
-    /// socket in the system has that four-tuple.
-    fn take(&mut self, counters: &Arc<Counters>, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
-        let list = self.entries.get_mut(&peer.port())?;
-        let i = list.iter().position(|e| sys::socket_tuple(e.sock.as_fd()) == Some((peer, local)))?;
-        let mut e = list.swap_remove(i);
+        let e = list.iter().find(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?;
+        let (conn, id) = (e.conn.clone(), e.id);
+        let port = peer.port();
+        let list = st.entries.get_mut(&port)?;
+        let i = list.iter().position(|e| e.id == id && Arc::ptr_eq(&e.conn, &conn))?;
+        let e = list.swap_remove(i);
         if list.is_empty() {
-            self.entries.remove(&peer.port());
+            st.entries.remove(&port);
         }
-        self.count -= 1;
-        // The proof has served; the socket is let go now (on the closer thread), its options
-        // as the client set them: it is the client's connection.
-        e.sock.keep_options();
-        Some(Registration { client: identity(&e), conn: e.conn, counters: counters.clone(), proposal: e.proposal })
+        st.count -= 1;
+        conn.pending().remove(&id);
+        let inbox = Arc::new(Inbox::default());
+        conn.live().insert(id, inbox.clone());
+        let client =
+            ClientIdentity { pid: u32::try_from(conn.cred.pid).unwrap_or(0), uid: conn.cred.uid, instance: e.instance };
+        Some(Registration { conn, id, inbox, counters: self.counters.clone(), client, proposal: e.proposal })
     }
-}
-
-fn identity(e: &Entry) -> ClientIdentity {
-    ClientIdentity { pid: u32::try_from(e.cred.pid).unwrap_or(0), uid: e.cred.uid, instance: e.instance }
 }
 
 // ----- client --------------------------------------------------------------------------------
 
+/// A client's door connections, one per door name and runtime, shared by every connection that
+/// registers through them; a context holds one set. A door connection lives while its runtime
+/// does, until its listener closes it, or until it has been idle for [`CLIENT_IDLE`].
+#[derive(Default)]
+pub(crate) struct ClientDoors(Arc<Mutex<HashMap<DoorKey, Arc<ClientConn>>>>);
+
+impl fmt::Debug for ClientDoors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientDoors").field("open", &lock_map(&self.0).len()).finish()
+    }
+}
+
+type DoorKey = (Vec<u8>, tokio::runtime::Id);
+type DoorMap = Mutex<HashMap<DoorKey, Arc<ClientConn>>>;
+
+fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Arc<ClientConn>>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One door connection of a client.
+struct ClientConn {
+    fd: AsyncFd<PeerFd>,
+    next_id: AtomicU64,
+    inboxes: Mutex<HashMap<u64, Arc<Inbox>>>,
+    /// Its reader stopped (the door closed, the runtime ended, or it idled out): it takes no
+    /// more registrations.
+    dead: AtomicBool,
+}
+
+impl ClientConn {
+    fn inboxes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
+        self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new registration's id and inbox.
+    fn open_inbox(&self) -> (u64, Arc<Inbox>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let inbox = Arc::new(Inbox::default());
+        self.inboxes().insert(id, inbox.clone());
+        (id, inbox)
+    }
+
+    fn die(&self) {
+        self.dead.store(true, Ordering::Release);
+        for (_, inbox) in self.inboxes().drain() {
+            inbox.close();
+        }
+    }
+
+    /// Reads every message queued (without waiting) into its registration's inbox. `Ok(())`:
+    /// the queue is empty; an error: the door connection is over.
+    fn read_all(&self) -> io::Result<()> {
+        loop {
+            match recv_frame(self.fd.get_ref().as_fd()) {
+                Ok(Some((frame, payload))) => {
+                    let inbox = self.inboxes().get(&frame.id).cloned();
+                    // A late answer to a registration given up is dropped.
+                    if let Some(inbox) = inbox {
+                        inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload });
+                    }
+                }
+                Ok(None) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Reads a client's door connection for as long as it lives, filing what arrives by
+/// registration. Dropped with its runtime: the connection then dies with it.
+async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) {
+    /// Ends the connection however the reader ends (its runtime dropping it included).
+    struct Ending(Weak<DoorMap>, DoorKey, Arc<ClientConn>);
+    impl Drop for Ending {
+        fn drop(&mut self) {
+            if let Some(map) = self.0.upgrade() {
+                let mut m = lock_map(&map);
+                if m.get(&self.1).is_some_and(|c| Arc::ptr_eq(c, &self.2)) {
+                    m.remove(&self.1);
+                }
+            }
+            self.2.die();
+        }
+    }
+    let _ending = Ending(map.clone(), key, conn.clone());
+    let mut idle = Box::pin(tokio::time::sleep(CLIENT_IDLE));
+    loop {
+        let readable = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
+                return Poll::Ready(Some(r));
+            }
+            idle.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        match readable {
+            Some(Ok(mut guard)) => match conn.read_all() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "door connection ended");
+                    return;
+                }
+                Ok(()) => {}
+            },
+            Some(Err(_)) => return,
+            None => {
+                // Idle: closed only if no registration uses it, decided under the map's lock,
+                // under which registrations are opened.
+                let Some(map) = map.upgrade() else { return };
+                let m = lock_map(&map);
+                if conn.inboxes().is_empty() {
+                    drop(m);
+                    return;
+                }
+                drop(m);
+                idle.as_mut().reset(tokio::time::Instant::now() + CLIENT_IDLE);
+            }
+        }
+    }
+}
+
+/// What a client found at one door name.
+enum Found {
+    /// A trusted door, its connection open (new or kept), and a fresh registration on it.
+    Door(Arc<ClientConn>, u64, Arc<Inbox>),
+    /// Nobody there.
+    Absent,
+    /// A door with a full queue.
+    Busy,
+    /// A door owned by an untrusted uid.
+    Untrusted,
+    /// No descriptor or memory to look.
+    Starved,
+}
+
+impl ClientDoors {
+    /// A registration slot on the door `name`: on its open connection in this runtime, or on a
+    /// new one (`probe`: an unconnected socket to connect with, taken and given back).
+    fn open(&self, counters: &Counters, name: &[u8], allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return Found::Absent };
+        let key = (name.to_vec(), rt.id());
+        let mut map = lock_map(&self.0);
+        if let Some(conn) = map.get(&key) {
+            if !conn.dead.load(Ordering::Acquire) {
+                let (id, inbox) = conn.open_inbox();
+                return Found::Door(conn.clone(), id, inbox);
+            }
+            map.remove(&key);
+        }
+        let fd = match probe.take() {
+            Some(fd) => fd,
+            None => match sys::seqpacket_socket() {
+                Ok(fd) => fd,
+                Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
+            },
+        };
+        let fd = match sys::seqpacket_connect_with(fd, name) {
+            Ok(fd) => PeerFd::new(fd),
+            Err((fd, e)) => {
+                *probe = Some(fd);
+                return if e.kind() == io::ErrorKind::WouldBlock {
+                    Found::Busy
+                } else if sys::is_starved(&e) {
+                    Found::Starved
+                } else {
+                    Found::Absent
+                };
+            }
+        };
+        // Connected: whoever owns the door may have queued descriptors for us already, so from
+        // here on the connection is a PeerFd, closed off this thread.
+        match sys::peer_cred(fd.as_fd()) {
+            Ok(cred) if cred.trusted(allowed_uids) => {}
+            Ok(cred) => {
+                tracing::debug!(uid = cred.uid, gid = cred.gid, "door owned by an untrusted peer: not registering");
+                counters.door_refused();
+                return Found::Untrusted;
+            }
+            Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
+        }
+        let fd = match watch(fd) {
+            Ok(fd) => fd,
+            Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
+        };
+        counters.door_connection();
+        let conn = Arc::new(ClientConn {
+            fd,
+            next_id: AtomicU64::new(1),
+            inboxes: Mutex::default(),
+            dead: AtomicBool::new(false),
+        });
+        let (id, inbox) = conn.open_inbox();
+        map.insert(key.clone(), conn.clone());
+        rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
+        Found::Door(conn, id, inbox)
+    }
+}
+
 /// A client's registration at the doors of one address (one per member of a reuseport group
-/// that has a door). Dropping it closes them: the registration is cancelled.
+/// that has a door). Dropping it cancels what is still open.
 pub(crate) struct ClientRegistration {
-    doors: Vec<PeerFd>,
-    port: PortClaim,
+    doors: Vec<Reg>,
     from_user: bool,
 }
 
-/// Ports of this process's registrations in flight. Our client sockets bind with
-/// `SO_REUSEPORT`, so two of them could share a port; a door that holds two registrations for
-/// one port cannot tell their connections apart and serves both as TCP. A port stays claimed
-/// until its handshake is over.
-static PORTS_IN_FLIGHT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
-
-fn ports_in_flight() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<u16>> {
-    PORTS_IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner())
+/// One registration on one door connection.
+struct Reg {
+    conn: Arc<ClientConn>,
+    id: u64,
+    inbox: Arc<Inbox>,
+    /// Sent, and not settled: dropping it sends a Cancel.
+    open: bool,
 }
 
-/// A port claimed for a registration in flight (see [`PORTS_IN_FLIGHT`]).
-struct PortClaim(u16);
-
-impl Drop for PortClaim {
+impl Drop for Reg {
     fn drop(&mut self) {
-        ports_in_flight().remove(&self.0);
+        self.conn.inboxes().remove(&self.id);
+        if self.open {
+            // Without waiting: a Cancel that finds no room is replaced by the server's own
+            // bound (the registration goes stale, the handshake times out).
+            let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: self.id };
+            let _ = sys::send_msg(self.conn.fd.get_ref().as_fd(), &frame.encode(&[]));
+        }
     }
 }
 
@@ -559,19 +1040,17 @@ impl fmt::Debug for ClientRegistration {
 
 /// The doors that may receive a connection to `dst`: the listener bound to exactly that
 /// address, and, when `dst` is this host's, listeners bound to the wildcard of its port; with
-/// every member of their reuseport groups. Doors owned by an untrusted uid are skipped. Also
-/// says whether a door was found too busy to take a connection.
-/// What [`find_doors`] saw at a destination.
+/// every member of their reuseport groups. Doors owned by an untrusted uid are skipped.
 struct Lookup {
-    /// Trusted doors that took a connection.
-    doors: Vec<PeerFd>,
+    /// Trusted doors, each with a fresh registration slot.
+    doors: Vec<(Arc<ClientConn>, u64, Arc<Inbox>)>,
     /// A door had a full queue.
     busy: bool,
     /// The look-up stopped for want of a descriptor or memory.
     starved: bool,
 }
 
-fn find_doors(counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
+fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
     let dst = sys::unmap(dst);
     let mut bases = vec![base_name(dst)];
     if sys::is_local_ip(dst.ip()) {
@@ -581,58 +1060,34 @@ fn find_doors(counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Loo
         bases.push(base_name(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port())));
         bases.dedup();
     }
-    let mut doors = Vec::new();
-    let mut busy = false;
-    let mut starved = false;
+    let mut found = Lookup { doors: Vec::new(), busy: false, starved: false };
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
     for (i, base) in bases.iter().enumerate() {
         // A listener bound to exactly `dst` takes the connection before any wildcard one does.
-        if i > 0 && !doors.is_empty() {
+        if i > 0 && !found.doors.is_empty() {
             break;
         }
         let names = std::iter::once(solo_name(base)).chain((0..MAX_DOORS).map(|i| door_name(base, i)));
         for (index, name) in names.enumerate() {
-            let fd = match probe.take() {
-                Some(fd) => fd,
-                None => match sys::seqpacket_socket() {
-                    Ok(fd) => fd,
-                    Err(e) => {
-                        starved = sys::is_starved(&e);
-                        return Lookup { doors, busy, starved };
+            match doors.open(counters, &name, allowed_uids, &mut probe) {
+                Found::Door(conn, id, inbox) => {
+                    found.doors.push((conn, id, inbox));
+                    if index == 0 {
+                        // A solo listener has no siblings.
+                        break;
                     }
-                },
-            };
-            match sys::seqpacket_connect_with(fd, &name) {
-                // Connected: whoever owns the door may have queued descriptors for us already,
-                // so from here on the connection is a PeerFd, closed off this thread.
-                Ok(fd) => {
-                    let fd = PeerFd::new(fd);
-                    match sys::peer_cred(fd.as_fd()) {
-                        Ok(cred) if cred.trusted(allowed_uids) => {
-                            doors.push(fd);
-                            if index == 0 {
-                                // A solo listener has no siblings.
-                                break;
-                            }
-                        }
-                        Ok(cred) => {
-                            tracing::debug!(uid = cred.uid, gid = cred.gid, door = %base, "door owned by an untrusted peer: not registering");
-                            counters.door_refused();
-                        }
-                        Err(e) => starved |= sys::is_starved(&e),
-                    }
+                }
+                Found::Starved => {
+                    found.starved = true;
+                    return found;
                 }
                 // A door with a full queue: skip it (its listener is swamped; TCP it is there).
-                Err((fd, e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                    busy = true;
-                    probe = Some(fd);
-                }
+                Found::Busy => found.busy = true,
+                Found::Untrusted => {}
                 // No solo door: look for a reuseport group's. No door at an index: the group
                 // ends here.
-                Err((fd, e)) => {
-                    probe = Some(fd);
-                    starved |= sys::is_starved(&e);
+                Found::Absent => {
                     if index > 0 {
                         break;
                     }
@@ -640,7 +1095,7 @@ fn find_doors(counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Loo
             }
         }
     }
-    Lookup { doors, busy, starved }
+    found
 }
 
 /// What [`register`] came to.
@@ -661,7 +1116,8 @@ pub(crate) enum Registered {
 /// `user`: the application's socket, registered (and later connected) in place of a new one
 /// of ours when there is a door; it stays in `user` otherwise. An unbound one is bound to the
 /// wildcard address and a port the kernel picks.
-pub(crate) fn register(
+pub(crate) async fn register(
+    doors: &ClientDoors,
     counters: &Counters,
     dst: SocketAddr,
     allowed_uids: &[u32],
@@ -669,8 +1125,10 @@ pub(crate) fn register(
     proposal: &[u8],
     user: &mut Option<socket2::Socket>,
 ) -> Registered {
-    let Lookup { mut doors, busy, starved } = find_doors(counters, dst, allowed_uids);
-    if doors.is_empty() {
+    let Lookup { doors: found, busy, starved } = find_doors(doors, counters, dst, allowed_uids);
+    // Until sent, a registration has nothing to cancel.
+    let mut regs: Vec<Reg> = found.into_iter().map(|(conn, id, inbox)| Reg { conn, id, inbox, open: false }).collect();
+    if regs.is_empty() {
         return if busy {
             Registered::Busy
         } else if starved {
@@ -680,48 +1138,46 @@ pub(crate) fn register(
         };
     }
     let from_user = user.is_some();
-    let sock = match user.take() {
+    let (sock, port) = match user.take() {
         Some(sock) => match sys::bind_if_unbound(&sock, dst) {
-            Ok(()) => sock,
+            Ok(()) => {
+                let port = sock.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.port());
+                (sock, port)
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot bind the application's socket: connecting as plain tcp");
                 *user = Some(sock);
                 return Registered::NoDoor;
             }
         },
-        None => match sys::bound_tcp_socket(dst, |p| ports_in_flight().contains(&p)) {
-            Ok(s) => s,
+        None => match sys::bound_tcp_socket(dst) {
+            Ok((s, port)) => (s, Some(port)),
             Err(e) => {
                 tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
                 return if sys::is_starved(&e) { Registered::Starved } else { Registered::NoDoor };
             }
         },
     };
-    let give_back = |sock: socket2::Socket, user: &mut Option<socket2::Socket>| {
+    let Some((port, cookie)) = port.zip(sys::socket_cookie(sock.as_fd()).ok()) else {
         if from_user {
             *user = Some(sock);
         }
-    };
-    let Some(port) = sock.local_addr().ok().and_then(|a| a.as_socket()).map(|a| a.port()) else {
-        give_back(sock, user);
         return Registered::NoDoor;
     };
-    // Claimed under the set's lock: another registration of ours that bound the same port
-    // meanwhile loses, and connects as plain TCP.
-    if !ports_in_flight().insert(port) {
-        give_back(sock, user);
-        return Registered::NoDoor;
+    let head = RegisterHead { instance, cookie, port };
+    for reg in &mut regs {
+        let msg = head.encode_frame(reg.id, proposal);
+        reg.open = send_waiting(&reg.conn.fd, &msg).await.is_ok();
     }
-    let port = PortClaim(port);
-    let msg = DoorFrame { kind: DoorKind::Register, reason: 0, instance }.encode(proposal);
-    // A door that refused us meanwhile (an untrusted uid: it closed our connection) takes no
-    // registration.
-    doors.retain(|d| sys::send_with_fds(d.as_fd(), &msg, &[sock.as_fd()]).is_ok());
-    if doors.is_empty() {
-        give_back(sock, user);
-        return Registered::NoDoor;
+    // A door that took no registration (its connection ended, or had no room for it) is left.
+    regs.retain(|r| r.open);
+    if regs.is_empty() {
+        if from_user {
+            *user = Some(sock);
+        }
+        return Registered::Busy;
     }
-    Registered::Yes(ClientRegistration { doors, port, from_user }, sock)
+    Registered::Yes(ClientRegistration { doors: regs, from_user }, sock)
 }
 
 impl ClientRegistration {
@@ -733,52 +1189,25 @@ impl ClientRegistration {
     /// The wire the rest of the handshake runs over, once the TCP connection is up. `secret` is
     /// the Proposal's: a door that answers "no handshake" reads to the machine as that
     /// connection's Decline.
-    pub(crate) fn into_wire(self, secret: Secret) -> io::Result<ClientWire> {
-        let doors = self.doors.into_iter().map(|d| Some(DoorFd::Plain(d))).collect();
-        Ok(ClientWire { doors, chosen: None, secret, last_no: None, _port: self.port })
+    pub(crate) fn into_wire(self, secret: Secret) -> ClientWire {
+        let doors = self.doors.into_iter().map(Some).collect();
+        ClientWire { doors, chosen: None, secret, last_no: None }
     }
 }
 
 /// The client's end of a handshake on the door (see [`Wire`]). Until a door answers, every door
 /// of the address is listened to (the connection reached one member of a reuseport group);
-/// the first to answer is the one, and the others are closed (cancelled).
+/// the first to answer is the one, and the others are cancelled.
 pub(crate) struct ClientWire {
-    doors: Vec<Option<DoorFd>>,
+    doors: Vec<Option<Reg>>,
     chosen: Option<usize>,
     secret: Secret,
     last_no: Option<DeclineReason>,
-    _port: PortClaim,
 }
 
 impl fmt::Debug for ClientWire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientWire").field("chosen", &self.chosen).finish_non_exhaustive()
-    }
-}
-
-/// A client's door connection, registered with the reactor only once it has to be waited for
-/// (the answer is often there by the time the TCP connect completes).
-enum DoorFd {
-    Plain(PeerFd),
-    Watched(AsyncFd<PeerFd>),
-}
-
-impl DoorFd {
-    fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            DoorFd::Plain(fd) => fd.as_fd(),
-            DoorFd::Watched(a) => a.get_ref().as_fd(),
-        }
-    }
-
-    /// Registers the descriptor in `slot` with the reactor (once).
-    fn watch(slot: &mut Option<DoorFd>) -> io::Result<()> {
-        *slot = match slot.take() {
-            // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
-            Some(DoorFd::Plain(fd)) => Some(DoorFd::Watched(unsafe { sys::register(fd, Interest::READABLE) }?)),
-            other => other,
-        };
-        Ok(())
     }
 }
 
@@ -788,12 +1217,19 @@ impl ClientWire {
         self.chosen.is_some()
     }
 
+    /// The handshake with the chosen door came to an end both sides agree on (SMC, or a
+    /// fallback in step): nothing is left to cancel there.
+    pub(crate) fn settled(&mut self) {
+        if let Some(Some(r)) = self.chosen.map(|i| &mut self.doors[i]) {
+            r.open = false;
+        }
+    }
+
     /// Reads what door `i` has; `Some` ends the wait.
     fn take(&mut self, i: usize) -> Option<io::Result<Option<Vec<u8>>>> {
-        let d = self.doors[i].as_ref()?;
-        match recv_frame(d.fd()) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            Ok(Some((f, payload, _))) if f.kind == DoorKind::Clc => {
+        let got = self.doors[i].as_ref()?.inbox.try_next()?;
+        match got {
+            Some(m) if m.kind == DoorKind::Clc => {
                 if self.chosen.is_none() {
                     self.chosen = Some(i);
                     // The connection is this door's listener's: cancel the others.
@@ -803,21 +1239,30 @@ impl ClientWire {
                         }
                     }
                 }
-                Some(Ok(Some(payload)))
+                Some(Ok(Some(m.payload)))
             }
-            Ok(Some((f, _, _))) if f.kind == DoorKind::Unmatched && self.chosen.is_none() => {
-                self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
+            Some(m) if m.kind == DoorKind::Unmatched && self.chosen.is_none() => {
+                self.last_no = Some(DeclineReason::from_u8(m.reason).unwrap_or(DeclineReason::Internal));
+                if let Some(r) = &mut self.doors[i] {
+                    r.open = false;
+                }
                 self.doors[i] = None;
                 self.all_said_no()
             }
             // The listener that got the connection says it stays TCP: no other door will answer.
-            Ok(Some((f, _, _))) if f.kind == DoorKind::Refused && self.chosen.is_none() => {
-                self.last_no = Some(DeclineReason::from_u8(f.reason).unwrap_or(DeclineReason::Internal));
+            Some(m) if m.kind == DoorKind::Refused && self.chosen.is_none() => {
+                self.last_no = Some(DeclineReason::from_u8(m.reason).unwrap_or(DeclineReason::Internal));
+                if let Some(r) = &mut self.doors[i] {
+                    r.open = false;
+                }
                 self.doors.iter_mut().for_each(|d| *d = None);
                 self.all_said_no()
             }
-            // Closed, or nonsense from a door: nothing more from it.
+            // Its door connection closed, or nonsense from a door: nothing more from it.
             _ => {
+                if let Some(r) = &mut self.doors[i] {
+                    r.open = false;
+                }
                 self.doors[i] = None;
                 if self.chosen == Some(i) {
                     return Some(Ok(None));
@@ -842,8 +1287,9 @@ impl ClientWire {
 impl Wire for ClientWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         // The client speaks only after a door answered.
-        let d = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
-        match send_frame(d.fd(), CLC_FRAME, msg) {
+        let r = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
+        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode(msg);
+        match send_waiting(&r.conn.fd, &frame).await {
             // The server closed the door: it did so after its final word, which is still
             // queued for us to read; what we sent is moot.
             Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),
@@ -861,24 +1307,16 @@ impl Wire for ClientWire {
             if let Some(r) = self.all_said_no() {
                 return r;
             }
-            // Wait until a door has something (readiness is edge-triggered: clear it only
-            // where the read found nothing, which the next round checks again). Registering a
-            // descriptor that is already readable reports it at once.
-            for d in self.doors.iter_mut() {
-                DoorFd::watch(d)?;
-            }
             std::future::poll_fn(|cx| {
+                let mut any = Poll::Pending;
                 for d in self.doors.iter().flatten() {
-                    let DoorFd::Watched(d) = d else { continue };
-                    if let Poll::Ready(r) = d.poll_read_ready(cx) {
-                        let mut g = r?;
-                        g.clear_ready();
-                        return Poll::Ready(Ok::<(), io::Error>(()));
+                    if d.inbox.poll_ready(cx).is_ready() {
+                        any = Poll::Ready(());
                     }
                 }
-                Poll::Pending
+                any
             })
-            .await?;
+            .await;
         }
     }
 }

@@ -71,27 +71,35 @@ fn same_but_ignored(again: &[u8], data: &[u8], ignored: impl Fn(usize) -> bool) 
 
 /// Door frame decoding (one input is one message): never panics; a frame that decodes has a
 /// payload that fits, re-encodes to the same bytes (its spare byte as zero), and decodes to
-/// itself.
+/// itself; so does a Register's head and Proposal.
 ///
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::door::{DoorFrame, DoorKind};
+/// use smc_tokio::proto::door::{DoorFrame, DoorKind, RegisterHead};
 ///
 /// // A registration, the same truncated into its header, and noise: each call returns.
-/// let bytes = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 42 }.encode(b"a proposal");
+/// let bytes = RegisterHead { instance: 42, cookie: 7, port: 40_000 }.encode_frame(1, b"a proposal");
 /// smc_tokio::fuzzing::door_decode(&bytes);
 /// smc_tokio::fuzzing::door_decode(&bytes[..10]);
-/// smc_tokio::fuzzing::door_decode(b"SMCd\x02\x09 not a frame");
+/// smc_tokio::fuzzing::door_decode(b"SMCd\x03\x09 not a frame");
+/// smc_tokio::fuzzing::door_decode(&DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 1 }.encode(&[]));
 /// ```
 pub fn door_decode(data: &[u8]) {
     if let Ok((frame, payload)) = DoorFrame::decode(data) {
-        assert!(payload.len() <= crate::proto::clc::CLC_MAX_LEN);
+        assert!(payload.len() <= crate::proto::door::DOOR_FRAME_MAX - DOOR_HEADER_LEN);
         assert_eq!(payload, &data[DOOR_HEADER_LEN..]);
         assert_eq!(frame.kind.has_payload(), !payload.is_empty());
         let again = frame.encode(payload);
         assert!(same_but_ignored(&again, data, |i| i == 7), "re-encoded differently");
         assert_eq!(DoorFrame::decode(&again), Ok((frame, payload)));
+        if frame.kind == crate::proto::door::DoorKind::Register {
+            if let Ok((head, proposal)) = crate::proto::door::RegisterHead::decode(payload) {
+                assert!(!proposal.is_empty() && proposal.len() <= crate::proto::clc::CLC_MAX_LEN);
+                let again = head.encode_frame(frame.id, proposal);
+                assert!(same_but_ignored(&again, data, |i| i == 7), "registration re-encoded differently");
+            }
+        }
     }
 }
 
@@ -441,25 +449,21 @@ mod tests {
         v.cdc_prod().store(2, std::sync::atomic::Ordering::Relaxed);
         let bytes: Vec<u8> = region.iter().flat_map(|l| l.0).take(4096 + 8 * 64).collect();
         write("shm_rx", "two_frames".into(), &bytes);
-        // Door frames of every kind: a registration with its Proposal, the handshake's CLC
-        // messages, and both kinds of "no".
-        use crate::proto::door::DoorKind;
+        // Door frames of every kind: a registration with its head and Proposal, the
+        // handshake's CLC messages, both kinds of "no", and a cancel.
+        use crate::proto::door::{DoorKind, RegisterHead};
         let proposal = msgs[1].encode().unwrap();
+        let register = RegisterHead { instance: 0x0001_0002_0003_0004, cookie: 0x4000, port: 40_000 };
         let frames = [
-            (DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0x0001_0002_0003_0004 }, proposal),
-            (DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }, msgs[2].encode().unwrap()),
-            (DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }, msgs[8].encode().unwrap()),
-            (
-                DoorFrame { kind: DoorKind::Unmatched, reason: DeclineReason::HandshakeCongested as u8, instance: 0 },
-                vec![],
-            ),
-            (
-                DoorFrame { kind: DoorKind::Refused, reason: DeclineReason::NoCommonTransport as u8, instance: 0 },
-                vec![],
-            ),
+            register.encode_frame(1, &proposal),
+            DoorFrame { kind: DoorKind::Clc, reason: 0, id: 1 }.encode(&msgs[2].encode().unwrap()),
+            DoorFrame { kind: DoorKind::Clc, reason: 0, id: 1 }.encode(&msgs[8].encode().unwrap()),
+            DoorFrame { kind: DoorKind::Unmatched, reason: DeclineReason::HandshakeCongested as u8, id: 2 }.encode(&[]),
+            DoorFrame { kind: DoorKind::Refused, reason: DeclineReason::NoCommonTransport as u8, id: 3 }.encode(&[]),
+            DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 4 }.encode(&[]),
         ];
-        for (i, (f, payload)) in frames.iter().enumerate() {
-            write("door_decode", format!("frame{i}"), &f.encode(payload));
+        for (i, f) in frames.iter().enumerate() {
+            write("door_decode", format!("frame{i}"), f);
         }
         // A JOIN, a WELCOME that lets the client in, and one that refuses it.
         use crate::proto::side::JoinRefused;

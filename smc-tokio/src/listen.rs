@@ -60,9 +60,9 @@ const UNSOLICITED: Owed = Owed::Proposal(DeclineReason::NoCommonTransport);
 /// Decides what an accepted connection is (see the module documentation). Never waits.
 pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAddr) -> Handoff {
     let cfg = shared.settings();
-    let local = tcp.local_addr();
+    let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
     let reg = match (&shared.door, local) {
-        (Some(door), Ok(local)) => door.lookup(peer, local),
+        (Some(door), Some(local)) => door.lookup(peer, local),
         _ => None,
     };
     if cfg.policy == Policy::TcpOnly {
@@ -74,7 +74,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         return hand_out(&shared.ctx, &cfg, tcp, Transport::Tcp(FallbackReason::Disabled), Some(UNSOLICITED));
     }
     if let Some(reg) = reg {
-        return registered(shared, cfg, tcp, peer, reg);
+        return registered(shared, cfg, tcp, (local, peer), reg);
     }
     // On the kernel's AF_SMC socket, the kernel has finished its own handshake by now: a
     // kernel-SMC client is the kernel's (no peek, no in-band guard); any other stays ours.
@@ -88,7 +88,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         Transport::Tcp(FallbackReason::PeerNoSmc)
     };
     if may_be_smc_r(&cfg, &tcp, peer) {
-        spawn(shared, tcp, peer, cfg, Start::Peek, None);
+        spawn(shared, tcp, (local, peer), cfg, Start::Peek, None);
         return Handoff::Later;
     }
     hand_out(&shared.ctx, &cfg, tcp, plain, Some(UNSOLICITED))
@@ -109,11 +109,12 @@ fn registered(
     shared: &Arc<ListenerShared>,
     cfg: Settings,
     tcp: TcpStream,
-    peer: SocketAddr,
+    addrs: (Option<SocketAddr>, SocketAddr),
     reg: Registration,
 ) -> Handoff {
+    let peer = addrs.1;
     match shared.admit(&cfg) {
-        Admit::Now(slot) => start_registered(shared, cfg, tcp, peer, reg, slot),
+        Admit::Now(slot) => start_registered(shared, cfg, tcp, addrs, reg, slot),
         Admit::Queue(ticket) => {
             let shared2 = shared.clone();
             tokio::spawn(async move {
@@ -123,7 +124,7 @@ fn registered(
                     reg.refuse(DeclineReason::HandshakeCongested);
                     return;
                 };
-                if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, peer, reg, slot) {
+                if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, addrs, reg, slot) {
                     shared2.deliver(s, peer);
                 }
             });
@@ -149,7 +150,7 @@ fn start_registered(
     shared: &Arc<ListenerShared>,
     cfg: Settings,
     tcp: TcpStream,
-    peer: SocketAddr,
+    addrs: (Option<SocketAddr>, SocketAddr),
     reg: Registration,
     slot: HandshakeSlot,
 ) -> Handoff {
@@ -161,7 +162,7 @@ fn start_registered(
         return hand_out(&shared.ctx, &cfg, tcp, t, None);
     };
     shared.ctx.counters().door(DoorEvent::Matched);
-    spawn(shared, tcp, peer, cfg, Start::Door(slot, wire), Some(client));
+    spawn(shared, tcp, addrs, cfg, Start::Door(slot, wire), Some(client));
     Handoff::Later
 }
 
@@ -191,19 +192,22 @@ enum Start {
     Peek,
 }
 
+/// `addrs`: the connection's local address (if it could be read) and its peer's.
 fn spawn(
     shared: &Arc<ListenerShared>,
     tcp: TcpStream,
-    peer: SocketAddr,
+    addrs: (Option<SocketAddr>, SocketAddr),
     cfg: Settings,
     start: Start,
     client: Option<ClientIdentity>,
 ) {
+    let peer = addrs.1;
+    let addrs = addrs.0.map(|local| (local, peer));
     let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
     let shared = shared.clone();
     tokio::spawn(
         async move {
-            let (stream, t) = match serve(&shared, tcp, &cfg, start, client).await {
+            let (stream, t) = match serve(&shared, tcp, addrs, &cfg, start, client).await {
                 Some(s) => s,
                 None => return,
             };
@@ -219,6 +223,7 @@ fn spawn(
 async fn serve(
     shared: &Arc<ListenerShared>,
     mut tcp: TcpStream,
+    addrs: Option<(SocketAddr, SocketAddr)>,
     cfg: &Settings,
     start: Start,
     client: Option<ClientIdentity>,
@@ -267,7 +272,6 @@ async fn serve(
     let mut hs = ServerHandshake::new(Instant::now(), Timeouts::uniform(cfg.handshake_timeout));
     let mut pending = Pending::default();
     let outcome = {
-        let addrs = tcp.local_addr().and_then(|l| Ok((l, tcp.peer_addr()?))).ok();
         let chan = match &mut wire {
             Some(w) => Channel::Wire(w),
             None => Channel::Tcp(&mut tcp),
@@ -594,6 +598,9 @@ const DOOR_SWEEP: Duration = Duration::from_millis(100);
 /// What a listener, its task and its handshake tasks share.
 pub(crate) struct ListenerShared {
     pub(crate) tcp: TcpListener,
+    /// The address every connection arrives at, when the listener is bound to one (not a
+    /// wildcard): an accepted connection's local address, known without asking.
+    fixed_local: Option<SocketAddr>,
     pub(crate) door: Option<Door>,
     /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
     /// `smc_diag` as they are accepted.
@@ -634,8 +641,10 @@ impl ListenerShared {
         kernel: bool,
         overrides: Overrides,
     ) -> ListenerShared {
+        let fixed_local = tcp.local_addr().ok().filter(|a| !a.ip().is_unspecified());
         ListenerShared {
             tcp,
+            fixed_local,
             door,
             kernel,
             overrides: std::sync::RwLock::new(overrides),

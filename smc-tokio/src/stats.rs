@@ -53,6 +53,7 @@ pub(crate) struct Counters {
     rdma_unavailable: [AtomicU64; 4],
     door: [AtomicU64; 5],
     late_messages: AtomicU64,
+    door_connections: AtomicU64,
     partial_waits: AtomicU64,
     kernel: Kernel,
 }
@@ -218,6 +219,12 @@ impl Counters {
         self.door(DoorEvent::Refused);
     }
 
+    /// A door connection a client opened (it then carries every registration to that
+    /// listener from its runtime).
+    pub(crate) fn door_connection(&self) {
+        self.door_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A late handshake message taken off a TCP stream before the application's bytes.
     pub(crate) fn late_message(&self) {
         self.late_messages.fetch_add(1, Ordering::Relaxed);
@@ -358,6 +365,9 @@ pub struct Stats {
     /// (either side: credentials not trusted, or, on a side channel, nobody waiting for that
     /// process or too many waiting already).
     pub door: [u64; 5],
+    /// Door connections clients opened: one per listener, runtime and context, reused by every
+    /// registration after the first (so far fewer than `door[0]`, the registrations).
+    pub door_connections: u64,
     /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
     /// an Accept it timed out on) taken off TCP streams before the application's bytes.
     pub late_messages: u64,
@@ -505,6 +515,7 @@ impl Counters {
             rdma_unavailable: load(&c.rdma_unavailable),
             door: load(&c.door),
             late_messages: c.late_messages.load(Ordering::Relaxed),
+            door_connections: c.door_connections.load(Ordering::Relaxed),
             partial_waits: c.partial_waits.load(Ordering::Relaxed),
             kernel: kernel(&c.kernel),
             closer: {
@@ -589,8 +600,8 @@ impl fmt::Display for Stats {
         let d = &self.door;
         writeln!(
             f,
-            "doors: {} registered, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
-            d[0], d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
+            "doors: {} registered over {} door connections, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
+            d[0], self.door_connections, d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
         )?;
         let c = &self.closer;
         writeln!(

@@ -80,7 +80,8 @@ DEBIAN_URI=http://deb.debian.org/debian
 CACHE=${SMC_RDMA_VM_CACHE:-$HOME/.cache/smc-tokio-rdma-vm}
 HOST_PKGS=(gcc qemu-system-x86 busybox-static cpio kmod xz-utils rdma-core ibverbs-utils
     ibverbs-providers libibverbs-dev rdmacm-utils perftest iproute2)
-BASE_MODULES=(crc32_generic crc32_pclmul veth virtio_net rdma_rxe ib_uverbs rdma_ucm)
+# inet_diag and tcp_diag: a listener's door asks sock_diag who owns a connection's client end.
+BASE_MODULES=(crc32_generic crc32_pclmul veth virtio_net rdma_rxe ib_uverbs rdma_ucm inet_diag tcp_diag)
 GUEST_TOOLS=(ibv_devinfo ibv_rc_pingpong ibv_ud_pingpong ib_write_bw ib_read_bw ib_send_bw
     ib_send_lat ib_write_lat ib_read_lat rping)
 MULTIARCH=x86_64-linux-gnu

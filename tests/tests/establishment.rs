@@ -230,13 +230,13 @@ async fn a_process_squatting_on_a_door_name_gets_nothing() {
     }
     // Another uid takes the door name of the address our listener is about to bind.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let name = format!("smc-tokio/d2/127.0.0.1:{port}/solo");
+    let name = format!("smc-tokio/d3/127.0.0.1:{port}/solo");
     let (child, mut lines) = tests::peer_as(env!("CARGO_BIN_EXE_smc-test-peer"), 65534, &["squat", &name, "3"]);
     assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
     let l = SmcListener::bind(("127.0.0.1", port)).await.unwrap();
     // Our listener takes the first indexed name instead; clients skip the squatter's door (its
     // owner is not a uid they trust) and register at ours.
-    assert_eq!(l.door_name().unwrap(), format!("smc-tokio/d2/127.0.0.1:{port}/0"));
+    assert_eq!(l.door_name().unwrap(), format!("smc-tokio/d3/127.0.0.1:{port}/0"));
     let addr = l.local_addr().unwrap();
     let mut rx = serve_echo(l);
     for i in 0..5 {
@@ -257,9 +257,11 @@ async fn a_process_of_another_uid_cannot_claim_a_connections_port() {
     if !tests::require_root("a_process_of_another_uid_cannot_claim_a_connections_port") {
         return;
     }
-    // The server even trusts the claimer's uid (so the door takes its registrations): the
-    // kernel still keeps it off the ports of live sockets of ours, so it cannot stand in for
-    // them. (Not uid 65534: the overflow uid is never trusted.)
+    // The server even trusts the claimer's uid (so the door takes its registrations), and the
+    // claimer names the victim socket's port and cookie (which anyone can read): the kernel
+    // says the connection's client end is not the claimer's uid's, so it stays the victim's.
+    // (Not uid 65534: the overflow uid is never trusted.)
+    use std::os::fd::AsRawFd;
     const CLAIMER: u32 = 65533;
     let cfg = smc_tokio::config::ShmConfig::default().allow_uid(CLAIMER);
     let l = SmcListener::builder().shm(cfg).bind("127.0.0.1:0").await.unwrap();
@@ -268,20 +270,47 @@ async fn a_process_of_another_uid_cannot_claim_a_connections_port() {
     let smc = bounded(10, SmcStream::connect(addr)).await.unwrap();
     assert_eq!(smc.transport(), Transport::SmcD);
     assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
-    let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The victim: a plain client whose socket is bound before it connects.
+    let victim = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    victim.set_reuse_port(true).unwrap();
+    victim.bind(&"0.0.0.0:0".parse::<SocketAddr>().unwrap().into()).unwrap();
+    let port = victim.local_addr().unwrap().as_socket().unwrap().port();
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the option's size.
+    let r = unsafe {
+        libc::getsockopt(
+            victim.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0);
+    let (child, mut lines) = tests::peer_as(
+        env!("CARGO_BIN_EXE_smc-test-peer"),
+        CLAIMER,
+        &["claim", &addr.to_string(), &port.to_string(), &cookie.to_string(), "2"],
+    );
+    let out = bounded(20, lines.next_line()).await.unwrap().unwrap();
+    // EADDRINUSE for the victim's port; its registration is sent.
+    assert_eq!(out, "CLAIM victim_port=errno98 registered=ok");
+    // Give the listener time to take the registration in, then the victim connects.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let plain = tokio::task::spawn_blocking(move || {
+        victim.connect(&addr.into()).unwrap();
+        std::net::TcpStream::from(victim)
+    })
+    .await
+    .unwrap();
+    plain.set_nonblocking(true).unwrap();
+    let plain = tokio::net::TcpStream::from_std(plain).unwrap();
     assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::Tcp(FallbackReason::PeerNoSmc));
-    for victim in [smc.local_addr().unwrap().port(), plain.local_addr().unwrap().port()] {
-        let (child, mut lines) = tests::peer_as(
-            env!("CARGO_BIN_EXE_smc-test-peer"),
-            CLAIMER,
-            &["claim", &addr.to_string(), &victim.to_string(), "1"],
-        );
-        let out = bounded(20, lines.next_line()).await.unwrap().unwrap();
-        drop(child);
-        // EADDRINUSE for the victim's port; its own registration is taken, and never matched
-        // (its socket never connects).
-        assert_eq!(out, "CLAIM victim_port=errno98 registered=ok verdict=none", "victim port {victim}");
-    }
+    let verdict = bounded(20, lines.next_line()).await.unwrap().unwrap();
+    drop(child);
+    // Never matched: no Accept, no verdict of any kind.
+    assert_eq!(verdict, "VERDICT none");
     bounded(10, echo_check(smc, &Rng::new(5).bytes(100_000), 5000, 5)).await;
     bounded(10, echo_check(plain, &Rng::new(6).bytes(100_000), 5000, 6)).await;
 }
@@ -375,6 +404,53 @@ async fn plain_clients_whose_first_bytes_look_like_a_handshake_are_not_held() {
 }
 
 /// Every "no SMC" a door answers is counted, whichever path refused: here a listener with one
+/// A client opens one door connection per listener and runtime, however many connections it
+/// makes through it, concurrent or one after another; a second runtime gets its own.
+#[tokio::test]
+async fn one_door_connection_carries_every_registration_of_a_runtime() {
+    let server = smc_tokio::Context::new();
+    let l = SmcListener::builder().context(&server).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut rx = serve_echo(l);
+    let client = smc_tokio::Context::new();
+    for i in 0..20 {
+        let s = bounded(10, SmcStream::builder().context(&client).connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        bounded(10, echo_check(s, b"one after another", 4, i)).await;
+    }
+    let mut concurrent = Vec::new();
+    for i in 0..20u64 {
+        let b = SmcStream::builder().context(&client);
+        concurrent.push(tokio::spawn(async move {
+            let s = bounded(10, b.connect(addr)).await.unwrap();
+            assert_eq!(s.transport(), Transport::SmcD);
+            bounded(10, echo_check(s, b"at once", 4, 100 + i)).await;
+        }));
+    }
+    for t in concurrent {
+        t.await.unwrap();
+    }
+    for _ in 0..40 {
+        assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+    }
+    let st = client.stats();
+    assert_eq!(st.door[0], 40, "registrations");
+    assert_eq!(st.door_connections, 1, "door connections for 40 registrations");
+    // Another runtime (on another thread) opens its own; this one keeps serving meanwhile.
+    let c2 = client.clone();
+    let other = tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let s = bounded(10, SmcStream::builder().context(&c2).connect(addr)).await.unwrap();
+            assert_eq!(s.transport(), Transport::SmcD);
+            bounded(10, echo_check(s, b"from another runtime", 4, 999)).await;
+        });
+    });
+    bounded(20, other).await.unwrap();
+    assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
+    assert_eq!(client.stats().door_connections, 2);
+}
+
 /// handshake place (`limit_handshake`), held by a stalled handshake, refuses the registered
 /// connections that come meanwhile, and each refusal shows as a door "no smc" and a decline
 /// sent for congestion.

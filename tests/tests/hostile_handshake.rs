@@ -207,11 +207,11 @@ async fn a_tight_descriptor_limit_gives_clear_errors_or_tcp_never_a_panic() {
 }
 
 /// A registration proves nothing once its socket is closed: a later connection from the same
-/// port (here a plain client's) is served as plain TCP at once, and the door connection that
-/// registered hears nothing of it.
+/// port (here a plain client's, another socket with another cookie) is served as plain TCP at
+/// once, and the door connection that registered hears nothing of it.
 #[tokio::test]
 async fn a_registration_whose_socket_was_closed_matches_no_later_connection() {
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::AsFd;
     let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -228,8 +228,8 @@ async fn a_registration_whose_socket_was_closed_matches_no_later_connection() {
         let door = hostile::side_connect(&hostile::door_name(addr)).unwrap();
         let sock = hostile::bound_tcp_socket();
         let port = hostile::bound_port(sock.as_fd());
-        let frame = hostile::door_frame(hostile::DOOR_REGISTER, 0, 77, &hostile::shm_proposal(64 << 10));
-        hostile::send_fds(door.as_fd(), &frame, &[sock.as_raw_fd()]).unwrap();
+        let frame = hostile::register_frame(sock.as_fd(), 77, &hostile::shm_proposal(64 << 10));
+        hostile::send_fds(door.as_fd(), &frame, &[]).unwrap();
         // The socket goes; the registration (and its door connection) stays.
         drop(sock);
         (door, port)
@@ -255,9 +255,9 @@ async fn a_registration_whose_socket_was_closed_matches_no_later_connection() {
     assert!(r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock), "the door said something: {r:?}");
 }
 
-/// Descriptors that come through the door are closed off the runtime: registered sockets whose
-/// close would block (see `hostile::lingering_socket`), one with a registration the listener keeps
-/// until it goes stale and one queued unread in a door connection it drops, do not stall the
+/// Descriptors that come through the door (none belongs there) are closed off the runtime:
+/// sockets whose close would block (see `hostile::lingering_socket`), one sent with a
+/// registration and one queued unread in a door connection the listener drops, do not stall the
 /// listener. On a current-thread runtime, a close on the runtime thread would stop everything,
 /// the test's own timers included, for the linger time.
 #[tokio::test(flavor = "current_thread")]
@@ -269,11 +269,13 @@ async fn sockets_that_block_on_close_do_not_stall_the_listener() {
     let (door, knock, sinks) = tokio::task::spawn_blocking(move || {
         let (a, sink_a) = hostile::lingering_socket();
         let (b, sink_b) = hostile::lingering_socket();
-        // Registered, then our copy closed: the listener holds the last reference, and lets it
-        // go when the registration goes stale (its door connection closed).
+        // Sent with a registration, then our copy closed: the listener holds the last reference
+        // (unless the kernel refused it), and lets it go at once.
         let door = hostile::side_connect(&hostile::door_name(addr)).unwrap();
-        let frame = hostile::door_frame(hostile::DOOR_REGISTER, 0, 78, &hostile::shm_proposal(64 << 10));
-        hostile::send_fds(door.as_fd(), &frame, &[a.as_raw_fd()]).unwrap();
+        // A registration with a descriptor attached (none belongs there): taken out and closed
+        // off the runtime, whether or not the kernel refuses it first.
+        let frame = hostile::register_frame(a.as_fd(), 78, &hostile::shm_proposal(64 << 10));
+        let _ = hostile::send_fds(door.as_fd(), &frame, &[a.as_raw_fd()]);
         drop(a);
         // Sent with garbage: the listener drops the knock and what came with it.
         let knock = hostile::side_connect(&hostile::door_name(addr)).unwrap();

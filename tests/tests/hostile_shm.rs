@@ -446,7 +446,7 @@ async fn hostile_server(
     let addr = l.local_addr().unwrap();
     let door = hostile::fake_door(addr);
     let task = tokio::spawn(async move {
-        let (door_conn, port, _instance, p) =
+        let (door_conn, id, port, _instance, p) =
             tokio::task::spawn_blocking(move || hostile::accept_registration(door.as_fd())).await.unwrap().unwrap();
         let (c, peer) = l.accept().await.unwrap();
         assert_eq!(peer.port(), port, "{what}: the registered socket connected");
@@ -460,7 +460,7 @@ async fn hostile_server(
             secret: p.secret,
             link: LinkInfo::Shm(ShmLinkInfo { link_group: group, rmb_slot: 0, rmb_size: RMB, socket_name: name }),
         };
-        hostile::door_send_clc(&door_conn, &ClcMessage::Accept(accept)).unwrap();
+        hostile::door_send_clc_for(&door_conn, id, &ClcMessage::Accept(accept)).unwrap();
         let token = p.secret;
         let make_fds = std::sync::Arc::new(make_fds);
         tokio::task::spawn_blocking(move || {
@@ -482,7 +482,7 @@ async fn hostile_server(
         let reply = hostile::door_recv_clc(&door_conn).await.unwrap().expect("the client answers the accept");
         if let ClcMessage::Decline(d) = &reply {
             // The client waits for our final word after its Decline.
-            hostile::door_send_clc(&door_conn, &ClcMessage::Decline(*d)).unwrap();
+            hostile::door_send_clc_for(&door_conn, id, &ClcMessage::Decline(*d)).unwrap();
         }
         let mut c = c;
         let (mut rd, mut wr) = c.split();

@@ -546,7 +546,9 @@ impl SmcListenerBuilder {
 fn open_door(ctx: &SmcContext, settings: &Overrides, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
     match (settings.resolve(ctx.settings()).policy, local) {
         (Policy::TcpOnly, _) => None,
-        (_, Ok(local)) => Door::open(ctx.clone(), local, settings.clone(), reuseport),
+        (_, Ok(local)) => {
+            Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), local, settings.clone(), reuseport)
+        }
         (_, Err(e)) => {
             tracing::warn!(error = %e, "listener without a local address: serving tcp only");
             None

@@ -1,7 +1,9 @@
 //! Door frames: the messages of the same-host negotiation that travels beside a TCP connection,
-//! over a listener's door (an abstract `SOCK_SEQPACKET` Unix socket). A client registers its
-//! connection there before it connects, with its TCP socket attached (`SCM_RIGHTS`) and its CLC
-//! Proposal as payload; the CLC handshake then runs over the same door connection.
+//! over a listener's door (an abstract `SOCK_SEQPACKET` Unix socket). A client process keeps
+//! one door connection per listener and runtime, and runs every registration and handshake of
+//! its connections to that listener over it, each under an id of its choosing: it registers a
+//! connection before it connects (naming its socket's cookie and port, and carrying its CLC
+//! Proposal), and the CLC handshake then runs under the same id.
 //!
 //! One frame is one `SOCK_SEQPACKET` message, so the message's length delimits the payload. The
 //! header is [`DOOR_HEADER_LEN`] bytes, integers big endian:
@@ -10,15 +12,18 @@
 //! |---------|------|------------------------------------------------------------------------|
 //! | 0..4    | 4    | magic, [`DOOR_MAGIC`] (`"SMCd"`)                                       |
 //! | 4       | 1    | version, [`DOOR_VERSION`]                                              |
-//! | 5       | 1    | kind, [`DoorKind`]: 1 Register, 2 Clc, 3 Unmatched, 4 Refused          |
+//! | 5       | 1    | kind, [`DoorKind`]: 1 Register, 2 Clc, 3 Unmatched, 4 Refused, 5 Cancel |
 //! | 6       | 1    | reason: a [`DeclineReason`](super::clc::DeclineReason) byte for Unmatched and Refused, else 0 |
 //! | 7       | 1    | spare: sent as 0, ignored                                              |
-//! | 8..16   | 8    | instance: the client's link-group manager instance in a Register, else 0 |
-//! | 16..    | n    | payload: one CLC message, at most [`CLC_MAX_LEN`] bytes                |
+//! | 8..16   | 8    | id: the registration the frame is about, chosen by the client          |
+//! | 16..    | n    | payload                                                                |
 //!
-//! Register and Clc frames carry a payload (a Register's is the client's Proposal); Unmatched and
-//! Refused frames carry none. [`DoorFrame::decode`] checks all of it and rejects anything else
-//! with a [`DoorFrameError`]; it never panics. The payload's CLC message itself is decoded by
+//! A Register's payload is a [`RegisterHead`] ([`REGISTER_HEAD_LEN`] bytes: the client's
+//! link-group manager instance, its TCP socket's cookie and port) followed by the client's CLC
+//! Proposal; a Clc frame's is one CLC message (Accept, Decline, Confirm, Commit); Unmatched,
+//! Refused and Cancel frames carry none. A CLC message is at most [`CLC_MAX_LEN`] bytes.
+//! [`DoorFrame::decode`] and [`RegisterHead::decode`] check all of it and reject anything else
+//! with a [`DoorFrameError`]; they never panic. The CLC message itself is decoded by
 //! [`clc::decode`](super::clc::decode).
 
 use std::fmt;
@@ -29,18 +34,20 @@ use super::clc::CLC_MAX_LEN;
 pub const DOOR_MAGIC: [u8; 4] = *b"SMCd";
 /// The door protocol version this crate speaks. It is also part of the doors' names, so
 /// listeners and clients of different versions do not find each other.
-pub const DOOR_VERSION: u8 = 2;
+pub const DOOR_VERSION: u8 = 3;
 /// Length of a door frame's header; the payload follows it.
 pub const DOOR_HEADER_LEN: usize = 16;
-/// Longest door frame: the header and the longest payload.
-pub const DOOR_FRAME_MAX: usize = DOOR_HEADER_LEN + CLC_MAX_LEN;
+/// Length of a Register's [`RegisterHead`], before its Proposal.
+pub const REGISTER_HEAD_LEN: usize = 18;
+/// Longest door frame: the header, a registration's head and the longest CLC message.
+pub const DOOR_FRAME_MAX: usize = DOOR_HEADER_LEN + REGISTER_HEAD_LEN + CLC_MAX_LEN;
 
 /// What a door frame says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DoorKind {
-    /// Client to server, with the client's TCP socket attached and its CLC Proposal as payload:
-    /// "my next connection to you proposes SMC".
+    /// Client to server, with a [`RegisterHead`] and the client's CLC Proposal as payload: "my
+    /// next connection to you, from the socket with this cookie and port, proposes SMC".
     Register = 1,
     /// Either way: a CLC message of the handshake (Accept, Decline, Confirm, Commit) as payload.
     Clc = 2,
@@ -50,11 +57,13 @@ pub enum DoorKind {
     /// Server to client, with a decline reason: "your connection reached me, and it stays TCP".
     /// Final: no other door of the group will see the connection.
     Refused = 4,
+    /// Client to server: "I stopped waiting; the connection is TCP" (before its Confirm).
+    Cancel = 5,
 }
 
 impl DoorKind {
     /// Every kind, in wire order.
-    pub const ALL: [DoorKind; 4] = [Self::Register, Self::Clc, Self::Unmatched, Self::Refused];
+    pub const ALL: [DoorKind; 5] = [Self::Register, Self::Clc, Self::Unmatched, Self::Refused, Self::Cancel];
 
     /// The kind with wire value `v`.
     ///
@@ -64,16 +73,15 @@ impl DoorKind {
     /// use smc_tokio::proto::door::DoorKind;
     ///
     /// assert_eq!(DoorKind::from_u8(2), Some(DoorKind::Clc));
-    /// assert_eq!(DoorKind::from_u8(DoorKind::Refused as u8), Some(DoorKind::Refused));
+    /// assert_eq!(DoorKind::from_u8(DoorKind::Cancel as u8), Some(DoorKind::Cancel));
     /// assert_eq!(DoorKind::from_u8(0), None);
-    /// assert_eq!(DoorKind::from_u8(5), None);
+    /// assert_eq!(DoorKind::from_u8(6), None);
     /// ```
     pub fn from_u8(v: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|k| *k as u8 == v)
     }
 
-    /// Whether frames of this kind carry a payload (a CLC message): Register and Clc do,
-    /// Unmatched and Refused do not.
+    /// Whether frames of this kind carry a payload: Register and Clc do, the others do not.
     ///
     /// # Examples
     ///
@@ -84,9 +92,19 @@ impl DoorKind {
     /// assert!(DoorKind::Clc.has_payload());
     /// assert!(!DoorKind::Unmatched.has_payload());
     /// assert!(!DoorKind::Refused.has_payload());
+    /// assert!(!DoorKind::Cancel.has_payload());
     /// ```
     pub const fn has_payload(self) -> bool {
         matches!(self, Self::Register | Self::Clc)
+    }
+
+    /// The longest payload a frame of this kind may have.
+    const fn max_payload(self) -> usize {
+        match self {
+            Self::Register => REGISTER_HEAD_LEN + CLC_MAX_LEN,
+            Self::Clc => CLC_MAX_LEN,
+            _ => 0,
+        }
     }
 }
 
@@ -97,10 +115,10 @@ impl DoorKind {
 /// ```
 /// use smc_tokio::proto::door::{DoorFrame, DoorKind, DOOR_HEADER_LEN};
 ///
-/// let frame = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0x0102_0304_0506_0708 };
-/// let bytes = frame.encode(b"a proposal");
-/// assert_eq!(bytes.len(), DOOR_HEADER_LEN + 10);
-/// assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &b"a proposal"[..])));
+/// let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0x0102_0304_0506_0708 };
+/// let bytes = frame.encode(b"a CLC message");
+/// assert_eq!(bytes.len(), DOOR_HEADER_LEN + 13);
+/// assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &b"a CLC message"[..])));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DoorFrame {
@@ -109,9 +127,82 @@ pub struct DoorFrame {
     /// For Unmatched and Refused, why: a [`DeclineReason`](super::clc::DeclineReason) byte
     /// (not checked here: a reason this version does not know still ends the wait). 0 otherwise.
     pub reason: u8,
-    /// In a Register, the client's link-group manager instance (a restarted process with a
-    /// reused pid is another client); 0 otherwise.
+    /// The registration the frame is about: chosen by the client in its Register, unique on
+    /// its door connection while the registration lives, and repeated in every frame of its
+    /// handshake, either way.
+    pub id: u64,
+}
+
+/// The head of a Register's payload, before the client's Proposal: who registers, and which
+/// socket the connection will come from.
+///
+/// | offset | size | field                                                              |
+/// |--------|------|--------------------------------------------------------------------|
+/// | 0..8   | 8    | instance: the client's link-group manager (a restarted process with a reused pid is another client) |
+/// | 8..16  | 8    | cookie: the client's TCP socket's `SO_COOKIE`                        |
+/// | 16..18 | 2    | port: the port that socket is bound to                             |
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::door::{DoorFrame, DoorKind, RegisterHead};
+///
+/// let head = RegisterHead { instance: 7, cookie: 0xC00C_1E, port: 40_000 };
+/// let bytes = head.encode_frame(1, b"a proposal");
+/// let (frame, payload) = DoorFrame::decode(&bytes).unwrap();
+/// assert_eq!((frame.kind, frame.id), (DoorKind::Register, 1));
+/// assert_eq!(RegisterHead::decode(payload), Ok((head, &b"a proposal"[..])));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegisterHead {
+    /// The client's link-group manager instance.
     pub instance: u64,
+    /// The kernel's cookie of the client's TCP socket (`SO_COOKIE`).
+    pub cookie: u64,
+    /// The port the client's TCP socket is bound to.
+    pub port: u16,
+}
+
+impl RegisterHead {
+    /// The whole Register frame for registration `id`: header, this head, then `proposal`.
+    pub fn encode_frame(&self, id: u64, proposal: &[u8]) -> Vec<u8> {
+        let mut payload = Vec::with_capacity(REGISTER_HEAD_LEN + proposal.len());
+        payload.extend_from_slice(&self.instance.to_be_bytes());
+        payload.extend_from_slice(&self.cookie.to_be_bytes());
+        payload.extend_from_slice(&self.port.to_be_bytes());
+        payload.extend_from_slice(proposal);
+        DoorFrame { kind: DoorKind::Register, reason: 0, id }.encode(&payload)
+    }
+
+    /// Splits a Register's payload (as [`DoorFrame::decode`] returned it) into its head and
+    /// the Proposal after it, which must not be empty nor longer than [`CLC_MAX_LEN`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::door::{DoorFrameError, RegisterHead};
+    ///
+    /// assert_eq!(RegisterHead::decode(&[0; 18]), Err(DoorFrameError::ShortRegister(18)));
+    /// assert!(RegisterHead::decode(&[0; 19]).is_ok());
+    /// ```
+    pub fn decode(payload: &[u8]) -> Result<(RegisterHead, &[u8]), DoorFrameError> {
+        let Some((head, proposal)) = payload.split_first_chunk::<REGISTER_HEAD_LEN>() else {
+            return Err(DoorFrameError::ShortRegister(payload.len()));
+        };
+        if proposal.is_empty() {
+            return Err(DoorFrameError::ShortRegister(payload.len()));
+        }
+        if proposal.len() > CLC_MAX_LEN {
+            return Err(DoorFrameError::PayloadTooLong(proposal.len()));
+        }
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[at..at + 8]);
+            u64::from_be_bytes(b)
+        };
+        let port = u16::from_be_bytes([head[16], head[17]]);
+        Ok((RegisterHead { instance: u64_at(0), cookie: u64_at(8), port }, proposal))
+    }
 }
 
 /// Why a door frame was rejected.
@@ -125,18 +216,20 @@ pub enum DoorFrameError {
     BadVersion(u8),
     /// A kind this version does not define.
     UnknownKind(u8),
-    /// A frame of a kind that carries no payload (Unmatched, Refused) came with this many bytes
-    /// of it.
+    /// A frame of a kind that carries no payload (Unmatched, Refused, Cancel) came with this
+    /// many bytes of it.
     UnexpectedPayload {
         /// The frame's kind.
         kind: DoorKind,
         /// The payload's length.
         len: usize,
     },
-    /// A frame of a kind that carries a CLC message (Register, Clc) came without one.
+    /// A frame of a kind that carries a payload (Register, Clc) came without one.
     MissingPayload(DoorKind),
-    /// The payload is longer than [`CLC_MAX_LEN`]; its length.
+    /// The payload (or a Register's Proposal) is longer than its kind allows; its length.
     PayloadTooLong(usize),
+    /// A Register's payload of this many bytes has no room for its head and a Proposal.
+    ShortRegister(usize),
 }
 
 impl fmt::Display for DoorFrameError {
@@ -153,9 +246,15 @@ impl fmt::Display for DoorFrameError {
             DoorFrameError::UnexpectedPayload { kind, len } => {
                 write!(f, "door {kind:?} frame carries {len} payload bytes, expected none")
             }
-            DoorFrameError::MissingPayload(kind) => write!(f, "door {kind:?} frame without its CLC message"),
+            DoorFrameError::MissingPayload(kind) => write!(f, "door {kind:?} frame without its payload"),
             DoorFrameError::PayloadTooLong(n) => {
-                write!(f, "door frame payload of {n} bytes exceeds {CLC_MAX_LEN}")
+                write!(f, "door frame payload of {n} bytes is longer than its kind allows")
+            }
+            DoorFrameError::ShortRegister(n) => {
+                write!(
+                    f,
+                    "door registration of {n} bytes has no room for its {REGISTER_HEAD_LEN}-byte head and a proposal"
+                )
             }
         }
     }
@@ -165,17 +264,17 @@ impl std::error::Error for DoorFrameError {}
 
 impl DoorFrame {
     /// The frame with `payload` after its header, ready to send as one message. Nothing is
-    /// checked: a payload belongs to Register and Clc frames only, and is at most
-    /// [`CLC_MAX_LEN`] bytes, or the receiver's [`decode`](Self::decode) rejects the frame.
+    /// checked: a payload belongs to Register and Clc frames only, within their bounds, or the
+    /// receiver's [`decode`](Self::decode) rejects the frame.
     ///
     /// # Examples
     ///
     /// ```
     /// use smc_tokio::proto::door::{DoorFrame, DoorKind};
     ///
-    /// // An Unmatched answer with reason 5 (handshake congested): a header and nothing else.
-    /// let bytes = DoorFrame { kind: DoorKind::Unmatched, reason: 5, instance: 0 }.encode(&[]);
-    /// assert_eq!(bytes, b"SMCd\x02\x03\x05\x00\x00\x00\x00\x00\x00\x00\x00\x00");
+    /// // An Unmatched answer to registration 9 with reason 5 (handshake congested).
+    /// let bytes = DoorFrame { kind: DoorKind::Unmatched, reason: 5, id: 9 }.encode(&[]);
+    /// assert_eq!(bytes, b"SMCd\x03\x03\x05\x00\x00\x00\x00\x00\x00\x00\x00\x09");
     /// ```
     pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
         let mut b = Vec::with_capacity(DOOR_HEADER_LEN + payload.len());
@@ -184,7 +283,7 @@ impl DoorFrame {
         b.push(self.kind as u8);
         b.push(self.reason);
         b.push(0);
-        b.extend_from_slice(&self.instance.to_be_bytes());
+        b.extend_from_slice(&self.id.to_be_bytes());
         b.extend_from_slice(payload);
         b
     }
@@ -197,14 +296,14 @@ impl DoorFrame {
     /// ```
     /// use smc_tokio::proto::door::{DoorFrame, DoorFrameError, DoorKind};
     ///
-    /// let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 };
+    /// let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 3 };
     /// let mut bytes = frame.encode(b"a CLC message");
     /// assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &b"a CLC message"[..])));
     ///
     /// assert_eq!(DoorFrame::decode(&bytes[..15]), Err(DoorFrameError::TooShort(15)));
     /// assert_eq!(DoorFrame::decode(&bytes[..16]), Err(DoorFrameError::MissingPayload(DoorKind::Clc)));
-    /// bytes[4] = 1; // another version
-    /// assert_eq!(DoorFrame::decode(&bytes), Err(DoorFrameError::BadVersion(1)));
+    /// bytes[4] = 2; // another version
+    /// assert_eq!(DoorFrame::decode(&bytes), Err(DoorFrameError::BadVersion(2)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<(DoorFrame, &[u8]), DoorFrameError> {
         let Some((header, payload)) = b.split_first_chunk::<DOOR_HEADER_LEN>() else {
@@ -217,7 +316,7 @@ impl DoorFrame {
             return Err(DoorFrameError::BadVersion(header[4]));
         }
         let kind = DoorKind::from_u8(header[5]).ok_or(DoorFrameError::UnknownKind(header[5]))?;
-        if payload.len() > CLC_MAX_LEN {
+        if payload.len() > kind.max_payload().max(CLC_MAX_LEN) {
             return Err(DoorFrameError::PayloadTooLong(payload.len()));
         }
         match (kind.has_payload(), payload.is_empty()) {
@@ -225,9 +324,12 @@ impl DoorFrame {
             (false, false) => return Err(DoorFrameError::UnexpectedPayload { kind, len: payload.len() }),
             _ => {}
         }
-        let mut instance = [0u8; 8];
-        instance.copy_from_slice(&header[8..]);
-        Ok((DoorFrame { kind, reason: header[6], instance: u64::from_be_bytes(instance) }, payload))
+        if payload.len() > kind.max_payload() {
+            return Err(DoorFrameError::PayloadTooLong(payload.len()));
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&header[8..]);
+        Ok((DoorFrame { kind, reason: header[6], id: u64::from_be_bytes(id) }, payload))
     }
 }
 
@@ -237,38 +339,43 @@ mod tests {
 
     #[test]
     fn known_frame_layout() {
-        let frame = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0x1122_3344_5566_7788 };
-        let bytes = frame.encode(&[0xAA, 0xBB]);
-        assert_eq!(
-            bytes,
-            [b'S', b'M', b'C', b'd', 2, 1, 0, 0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0xAA, 0xBB]
-        );
-        let refused = DoorFrame { kind: DoorKind::Refused, reason: 7, instance: 0 }.encode(&[]);
-        assert_eq!(refused, [b'S', b'M', b'C', b'd', 2, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let head = RegisterHead { instance: 0x1122_3344_5566_7788, cookie: 0x0102_0304_0506_0708, port: 0xABCD };
+        let bytes = head.encode_frame(0x99, &[0xAA, 0xBB]);
+        let mut want = vec![b'S', b'M', b'C', b'd', 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x99];
+        want.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
+        want.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 0xAB, 0xCD, 0xAA, 0xBB]);
+        assert_eq!(bytes, want);
+        let refused = DoorFrame { kind: DoorKind::Refused, reason: 7, id: 0 }.encode(&[]);
+        assert_eq!(refused, [b'S', b'M', b'C', b'd', 3, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
     fn round_trip_every_kind() {
         for kind in DoorKind::ALL {
             let payload: &[u8] = if kind.has_payload() { b"payload" } else { b"" };
-            for (reason, instance) in [(0, 0), (8, u64::MAX), (0xFF, 0x0102_0304_0506_0708)] {
-                let frame = DoorFrame { kind, reason, instance };
+            for (reason, id) in [(0, 0), (8, u64::MAX), (0xFF, 0x0102_0304_0506_0708)] {
+                let frame = DoorFrame { kind, reason, id };
                 let bytes = frame.encode(payload);
                 assert_eq!(bytes.len(), DOOR_HEADER_LEN + payload.len());
                 assert_eq!(DoorFrame::decode(&bytes), Ok((frame, payload)));
             }
         }
-        // The longest payload.
-        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 };
+        // The longest payloads.
+        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 };
         let long = vec![0x5A; CLC_MAX_LEN];
         let bytes = frame.encode(&long);
-        assert_eq!(bytes.len(), DOOR_FRAME_MAX);
         assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &long[..])));
+        let head = RegisterHead { instance: 1, cookie: 2, port: 3 };
+        let bytes = head.encode_frame(4, &long);
+        assert_eq!(bytes.len(), DOOR_FRAME_MAX);
+        let (f, payload) = DoorFrame::decode(&bytes).unwrap();
+        assert_eq!(f, DoorFrame { kind: DoorKind::Register, reason: 0, id: 4 });
+        assert_eq!(RegisterHead::decode(payload), Ok((head, &long[..])));
     }
 
     #[test]
     fn the_spare_byte_is_ignored() {
-        let frame = DoorFrame { kind: DoorKind::Unmatched, reason: 5, instance: 1 };
+        let frame = DoorFrame { kind: DoorKind::Unmatched, reason: 5, id: 1 };
         let mut bytes = frame.encode(&[]);
         bytes[7] = 0xEE;
         assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &[][..])));
@@ -276,7 +383,7 @@ mod tests {
 
     #[test]
     fn every_error() {
-        let good = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 9 }.encode(b"p");
+        let good = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 9 }.encode(b"p");
         assert_eq!(DoorFrame::decode(&[]), Err(DoorFrameError::TooShort(0)));
         assert_eq!(DoorFrame::decode(&good[..DOOR_HEADER_LEN - 1]), Err(DoorFrameError::TooShort(15)));
 
@@ -285,30 +392,37 @@ mod tests {
         assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::BadMagic));
 
         let mut b = good.clone();
-        b[4] = 3;
-        assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::BadVersion(3)));
+        b[4] = 2;
+        assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::BadVersion(2)));
 
-        for k in [0, 5, 0xFF] {
+        for k in [0, 6, 0xFF] {
             let mut b = good.clone();
             b[5] = k;
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::UnknownKind(k)));
         }
 
-        for kind in [DoorKind::Unmatched, DoorKind::Refused] {
-            let b = DoorFrame { kind, reason: 1, instance: 0 }.encode(b"xyz");
+        for kind in [DoorKind::Unmatched, DoorKind::Refused, DoorKind::Cancel] {
+            let b = DoorFrame { kind, reason: 1, id: 0 }.encode(b"xyz");
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::UnexpectedPayload { kind, len: 3 }));
         }
 
         for kind in [DoorKind::Register, DoorKind::Clc] {
-            let b = DoorFrame { kind, reason: 0, instance: 0 }.encode(&[]);
+            let b = DoorFrame { kind, reason: 0, id: 0 }.encode(&[]);
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::MissingPayload(kind)));
         }
 
-        let b = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }.encode(&vec![0; CLC_MAX_LEN + 1]);
+        let b = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 }.encode(&vec![0; CLC_MAX_LEN + 1]);
         assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::PayloadTooLong(CLC_MAX_LEN + 1)));
         // Bounded before anything else about the payload is looked at.
-        let b = DoorFrame { kind: DoorKind::Refused, reason: 0, instance: 0 }.encode(&vec![0; CLC_MAX_LEN + 1]);
+        let b = DoorFrame { kind: DoorKind::Refused, reason: 0, id: 0 }.encode(&vec![0; CLC_MAX_LEN + 1]);
         assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::PayloadTooLong(CLC_MAX_LEN + 1)));
+        let b = DoorFrame { kind: DoorKind::Register, reason: 0, id: 0 }.encode(&vec![0; DOOR_FRAME_MAX]);
+        assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::PayloadTooLong(DOOR_FRAME_MAX)));
+
+        assert_eq!(RegisterHead::decode(&[0; 5]), Err(DoorFrameError::ShortRegister(5)));
+        assert_eq!(RegisterHead::decode(&[0; REGISTER_HEAD_LEN]), Err(DoorFrameError::ShortRegister(18)));
+        let long = vec![0; REGISTER_HEAD_LEN + CLC_MAX_LEN + 1];
+        assert_eq!(RegisterHead::decode(&long), Err(DoorFrameError::PayloadTooLong(CLC_MAX_LEN + 1)));
     }
 
     #[test]
@@ -321,11 +435,13 @@ mod tests {
             DoorFrameError::UnexpectedPayload { kind: DoorKind::Refused, len: 2 },
             DoorFrameError::MissingPayload(DoorKind::Register),
             DoorFrameError::PayloadTooLong(2000),
+            DoorFrameError::ShortRegister(4),
         ];
         let texts: Vec<String> = all.iter().map(ToString::to_string).collect();
         assert_eq!(texts[0], "door frame of 3 bytes is shorter than its 16-byte header");
         assert_eq!(texts[4], "door Refused frame carries 2 payload bytes, expected none");
-        assert_eq!(texts[6], "door frame payload of 2000 bytes exceeds 1024");
+        assert_eq!(texts[6], "door frame payload of 2000 bytes is longer than its kind allows");
+        assert!(texts[7].contains("18-byte head"));
         let err: &dyn std::error::Error = &all[1];
         assert!(err.to_string().contains("SMCd"));
     }
@@ -333,13 +449,18 @@ mod tests {
     #[test]
     fn arbitrary_frames_never_panic() {
         // Every length around the header, every kind byte, with and without a payload.
-        for len in 0..=DOOR_HEADER_LEN + 2 {
-            for kind in 0..=6u8 {
-                let mut b = DoorFrame { kind: DoorKind::Clc, reason: 0, instance: 0 }.encode(&[1, 2]);
+        for len in 0..=DOOR_HEADER_LEN + REGISTER_HEAD_LEN + 2 {
+            for kind in 0..=7u8 {
+                let mut b = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 }.encode(&[1; 24]);
                 b[5] = kind;
                 b.truncate(len);
                 if let Ok((f, payload)) = DoorFrame::decode(&b) {
                     assert_eq!(f.encode(payload), b);
+                    if f.kind == DoorKind::Register {
+                        if let Ok((h, p)) = RegisterHead::decode(payload) {
+                            assert_eq!(h.encode_frame(f.id, p), b);
+                        }
+                    }
                 }
             }
         }

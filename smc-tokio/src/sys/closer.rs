@@ -11,8 +11,7 @@
 //!   `connect`/`accept`: dropping a [`PeerFd`] hands it to a closer thread.
 //! - A closer defuses before it closes ([`defuse`]): a Unix socket is shut down (so nothing
 //!   more can be queued in it) and every message still queued in it is taken out, with its
-//!   descriptors, which are defused in turn; every socket's `SO_LINGER` is turned off (unless
-//!   it is somebody's live connection, [`PeerFd::keep_options`]). After that, the close of a
+//!   descriptors, which are defused in turn; every socket's `SO_LINGER` is turned off. After that, the close of a
 //!   TCP socket returns at once and the kernel sends what is queued in the background.
 //! - What still blocks (a FUSE file, say) holds up one closer, not the others: a watchdog
 //!   starts another closer when every closer has been inside one close for longer than
@@ -44,13 +43,6 @@ impl PeerFd {
             Some(fd) => fd,
             None => unreachable!("a PeerFd is only emptied by drop"),
         }
-    }
-
-    /// Closes the descriptor without touching the socket's options or its queue: it is a
-    /// connection its owner still uses (a registered client socket connected to our own
-    /// listener), whose last close is the owner's, not ours, and on one host never waits long.
-    pub(crate) fn keep_options(&mut self) {
-        self.disarm = false;
     }
 }
 

@@ -738,3 +738,8 @@ pub(crate) fn send_msg(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
 
 mod tcp;
 pub(crate) use tcp::*;
+
+// ----- who owns a TCP socket ---------------------------------------------------------------
+
+mod diag;
+pub(crate) use diag::{socket_cookie, TcpDiag};

@@ -82,13 +82,12 @@ fn random_port() -> u16 {
 const BIND_ATTEMPTS: usize = 64;
 
 /// A non-blocking TCP socket for a connection to `dst`, bound to the wildcard address and a
-/// port of this process's choosing (never one `taken` says is in use by another of its
-/// registrations: `SO_REUSEPORT` would let it share one), before it connects, so that the port can be registered at
-/// a listener's door. `SO_REUSEPORT` lets it bind over this process's own connections in
+/// port of this process's choosing before it connects, so that the port can be registered at
+/// a listener's door; with that port. `SO_REUSEPORT` lets it bind over this process's own connections in
 /// TIME_WAIT (which would otherwise exhaust the ports at high connection rates) while the
 /// kernel keeps every other uid off the port as long as the socket lives (a reuseport group
 /// is one uid's); `SO_REUSEADDR` stays off, since it would let any uid share the port.
-pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> io::Result<socket2::Socket> {
+pub(crate) fn bound_tcp_socket(dst: SocketAddr) -> io::Result<(socket2::Socket, u16)> {
     use socket2::{Domain, Protocol, Socket, Type};
     let (domain, any): (Domain, IpAddr) = match dst {
         SocketAddr::V4(_) => (Domain::IPV4, Ipv4Addr::UNSPECIFIED.into()),
@@ -101,11 +100,8 @@ pub(crate) fn bound_tcp_socket(dst: SocketAddr, taken: impl Fn(u16) -> bool) -> 
         // The cursor first; after a conflict, anywhere: ports held by other sockets (plain
         // connections in TIME_WAIT, whose ports the kernel hands out in runs) come in runs too.
         let port = if attempt == 0 { next_port() } else { random_port() };
-        if taken(port) {
-            continue;
-        }
         match sock.bind(&SocketAddr::new(any, port).into()) {
-            Ok(()) => return Ok(sock),
+            Ok(()) => return Ok((sock, port)),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
             Err(e) => return Err(e),
         }
@@ -126,55 +122,12 @@ pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Re
     sock.bind(&SocketAddr::new(any, 0).into())
 }
 
-/// The port of a socket a client handed a server at the door, once it is known to be a bound
-/// TCP socket that is not listening (anything else is refused: it cannot be the client end of
-/// a connection).
-pub(crate) fn registrable_socket(fd: BorrowedFd<'_>) -> Result<u16, &'static str> {
-    // TCP_INFO answers only on a TCP stream socket (EOPNOTSUPP or ENOPROTOOPT on anything else).
-    match tcp_state(fd) {
-        None => return Err("not a tcp socket"),
-        Some(TCP_LISTEN) => return Err("a listening socket"),
-        Some(_) => {}
-    }
-    let sock = socket2::SockRef::from(&fd);
-    // An inet address (AF_INET or AF_INET6) or nothing: the family is checked here.
-    let local = sock.local_addr().ok().and_then(|a| a.as_socket()).ok_or("not an internet socket")?;
-    if local.port() == 0 {
-        return Err("not bound to a port");
-    }
-    Ok(local.port())
-}
-
-/// A connected socket's (local, peer) addresses, IPv4-mapped ones unmapped; `None` when it is
-/// not (or no longer) connected.
-pub(crate) fn socket_tuple(fd: BorrowedFd<'_>) -> Option<(SocketAddr, SocketAddr)> {
-    let sock = socket2::SockRef::from(&fd);
-    let local = sock.local_addr().ok()?.as_socket()?;
-    let peer = sock.peer_addr().ok()?.as_socket()?;
-    Some((unmap(local), unmap(peer)))
-}
-
 /// The soft limit on open descriptors (`RLIMIT_NOFILE`), if it can be read.
 pub(crate) fn nofile_limit() -> Option<u64> {
     // SAFETY: rlimit is plain data; all-zero is valid.
     let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: `r` is valid for writes.
     (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0).then_some(r.rlim_cur)
-}
-
-/// `TCP_LISTEN` in `tcp_info.tcpi_state` (include/net/tcp_states.h).
-const TCP_LISTEN: u8 = 10;
-
-/// A TCP socket's state (`TCP_INFO`'s first byte).
-pub(crate) fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
-    // The first bytes of struct tcp_info: tcpi_state is byte 0.
-    let mut info = [0u8; 8];
-    let mut len = info.len() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes; the kernel copies at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
-    };
-    (r == 0 && len >= 1).then_some(info[0])
 }
 
 /// Whether `e` says this process ran out of descriptors or memory (rather than that the peer
@@ -281,39 +234,24 @@ mod door_tests {
     use super::*;
     use std::os::fd::AsFd;
 
+    /// A client socket is bound to a port before it connects, and once connected the kernel
+    /// names its owner and cookie by the four-tuple the server's accepted end sees, reversed
+    /// (what a door checks a registration against), for a dual-stack view of it too.
     #[test]
-    fn a_bound_client_socket_is_registrable_and_others_are_not() {
-        let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let s = bound_tcp_socket(dst, |_| false).unwrap();
-        let port = registrable_socket(s.as_fd()).expect("our own client socket");
-        assert_eq!(Some(port), s.local_addr().unwrap().as_socket().map(|a| a.port()));
-        assert_eq!(socket_tuple(s.as_fd()), None, "not connected yet");
-        // Connected: its four-tuple is the one the server's accepted end sees, reversed.
+    fn a_bound_client_socket_is_found_by_its_connection() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = bound_tcp_socket(dst, |_| false).unwrap();
-        c.connect(&l.local_addr().unwrap().into())
-            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
-            .unwrap();
-        let (server_end, peer) = l.accept().unwrap();
-        assert!(registrable_socket(c.as_fd()).is_ok());
-        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
-        // A listener, an unbound socket, a UDP socket.
-        assert!(registrable_socket(l.as_fd()).is_err());
-        let u = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        assert!(registrable_socket(u.as_fd()).is_err());
-        let d = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert!(registrable_socket(d.as_fd()).is_err());
-    }
-
-    #[test]
-    fn a_dual_stack_view_of_a_v4_connection_unmaps() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mapped: SocketAddr = format!("[::ffff:127.0.0.1]:{}", l.local_addr().unwrap().port()).parse().unwrap();
-        let c = bound_tcp_socket(mapped, |_| false).unwrap();
-        c.connect(&mapped.into())
-            .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
-            .unwrap();
-        let (server_end, peer) = l.accept().unwrap();
-        assert_eq!(socket_tuple(c.as_fd()), Some((peer, server_end.local_addr().unwrap())));
+        for dst in
+            [l.local_addr().unwrap(), format!("[::ffff:127.0.0.1]:{}", l.local_addr().unwrap().port()).parse().unwrap()]
+        {
+            let (c, port) = bound_tcp_socket(dst).unwrap();
+            assert_eq!(c.local_addr().unwrap().as_socket().unwrap().port(), port);
+            c.connect(&dst.into())
+                .or_else(|e| if e.raw_os_error() == Some(libc::EINPROGRESS) { Ok(()) } else { Err(e) })
+                .unwrap();
+            let (server_end, peer) = l.accept().unwrap();
+            assert_eq!(peer.port(), port);
+            let owner = crate::sys::TcpDiag::new().unwrap().owner(peer, server_end.local_addr().unwrap()).unwrap();
+            assert_eq!(owner.map(|o| o.cookie), Some(crate::sys::socket_cookie(c.as_fd()).unwrap()));
+        }
     }
 }

@@ -28,9 +28,11 @@
 //!                              once, each with a lingering socket queued (silent: nothing sent);
 //!                              after 1 s print "SIDE opened=O
 //!                              queued=Q open_after=A" (A: connections the server still holds)
-//! smc-test-peer claim ADDR PORT SECS   as a door attacker: try to bind PORT (the victim's) with
-//!                              SO_REUSEPORT, register a socket of its own at ADDR's door, print
-//!                              "CLAIM victim_port=<errno|ok> registered=<ok|err> verdict=<kind|none>"
+//! smc-test-peer claim ADDR PORT COOKIE SECS   as a door attacker: try to bind PORT (the
+//!                              victim's) with SO_REUSEPORT, register PORT and COOKIE (the
+//!                              victim's socket's) at ADDR's door, print "CLAIM victim_port=<errno|ok>
+//!                              registered=<ok|err>", then wait SECS for a verdict and print
+//!                              "VERDICT <kind|none>"
 //! smc-test-peer write-exit ADDR BYTES HOW   connect, print "TRANSPORT <t>", write BYTES bytes of
 //!                              `tests::pattern`, flush, print "WROTE", then end without a
 //!                              shutdown: HOW = return (return from main: the stream is dropped),
@@ -40,7 +42,7 @@
 
 use std::io::Write;
 
-use smc_tokio::proto::door::{DoorFrame, DoorKind};
+use smc_tokio::proto::door::RegisterHead;
 use smc_tokio::{SmcListener, SmcStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
@@ -298,9 +300,9 @@ async fn main() -> std::io::Result<()> {
             let addr: std::net::SocketAddr =
                 args.get(1).ok_or_else(|| std::io::Error::other("claim needs ADDR"))?.parse().map_err(std::io::Error::other)?;
             let port: u16 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0);
-            let secs: u64 = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(2);
-            let out = tokio::task::spawn_blocking(move || claim(addr, port, secs)).await?;
-            println!("{out}");
+            let cookie: u64 = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(0);
+            let secs: u64 = args.get(4).and_then(|n| n.parse().ok()).unwrap_or(2);
+            tokio::task::spawn_blocking(move || claim(addr, port, cookie, secs)).await?;
             Ok(())
         }
         _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N [silent]|claim ADDR PORT SECS")),
@@ -565,11 +567,12 @@ fn side_hold(name: &[u8], n: usize, silent: bool) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Tries to claim another process's port at a door: bind the victim's `port`, then register a
-/// socket of its own and wait `secs` for a verdict.
-fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
-    let bind_port = |p: u16| -> std::io::Result<libc::c_int> {
-        // SAFETY: plain syscalls on a socket this closure owns.
+/// Tries to claim another process's connection at a door: bind the victim's `port`, then
+/// register that port and the victim socket's `cookie` (anyone can read cookies from
+/// `sock_diag`) and wait `secs` for a verdict.
+fn claim(addr: std::net::SocketAddr, port: u16, cookie: u64, secs: u64) {
+    let victim = (|| -> std::io::Result<()> {
+        // SAFETY: plain syscall with constant arguments.
         let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) })?;
         let one: libc::c_int = 1;
         // SAFETY: valid option value of the size given.
@@ -578,36 +581,36 @@ fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
         })?;
         let sin = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: p.to_be(),
+            sin_port: port.to_be(),
             sin_addr: libc::in_addr { s_addr: 0 },
             sin_zero: [0; 8],
         };
         // SAFETY: valid sockaddr_in.
         cvt(unsafe { libc::bind(s, (&sin as *const libc::sockaddr_in).cast(), 16) })?;
-        Ok(s)
-    };
-    let victim = match bind_port(port) {
-        Ok(_) => "ok".to_string(),
+        Ok(())
+    })();
+    let victim = match victim {
+        Ok(()) => "ok".to_string(),
         Err(e) => format!("errno{}", e.raw_os_error().unwrap_or(-1)),
     };
-    // Register a socket of our own at the door, as a client would.
-    let name = format!("smc-tokio/d2/{addr}/solo");
+    let name = format!("smc-tokio/d{}/{addr}/solo", smc_tokio::proto::door::DOOR_VERSION);
     let registered = (|| -> std::io::Result<libc::c_int> {
-        let own = bind_port(0)?;
         let d = seqpacket_connect(name.as_bytes())?;
-        // A registration: a door frame of kind Register, then a proposal.
         let p = smc_tokio::proto::clc::ClcMessage::Proposal(smc_tokio::proto::clc::Proposal {
             secret: smc_tokio::proto::clc::Secret([7; 16]),
-            rmb_size: 0,
-            shm: None,
+            rmb_size: 64 << 10,
+            shm: Some(smc_tokio::proto::clc::ShmOffer { link_group: 0 }),
             rdma: None,
         });
-        let register = DoorFrame { kind: DoorKind::Register, reason: 0, instance: 0 };
-        let frame = register.encode(&p.encode().map_err(std::io::Error::other)?);
-        send_with_fd(d, &frame, own)?;
+        let head = RegisterHead { instance: 1, cookie, port };
+        let frame = head.encode_frame(1, &p.encode().map_err(std::io::Error::other)?);
+        // SAFETY: `frame` is a valid buffer of its length.
+        cvt(unsafe { libc::send(d, frame.as_ptr().cast(), frame.len(), libc::MSG_NOSIGNAL) as libc::c_int })?;
         Ok(d)
     })();
-    let (registered, verdict) = match registered {
+    println!("CLAIM victim_port={victim} registered={}", if registered.is_ok() { "ok" } else { "err" });
+    let _ = std::io::stdout().flush();
+    let verdict = match registered {
         Ok(d) => {
             let tv = libc::timeval { tv_sec: secs as libc::time_t, tv_usec: 0 };
             // SAFETY: valid option value of the size given.
@@ -623,9 +626,14 @@ fn claim(addr: std::net::SocketAddr, port: u16, secs: u64) -> String {
             let mut b = [0u8; 2048];
             // SAFETY: `b` is a valid buffer of its length.
             let n = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), 0) };
-            ("ok", if n >= 16 { format!("{}", b[5]) } else { "none".into() })
+            if n >= 16 {
+                format!("{}", b[5])
+            } else {
+                "none".into()
+            }
         }
-        Err(_) => ("err", "none".into()),
+        Err(_) => "none".into(),
     };
-    format!("CLAIM victim_port={victim} registered={registered} verdict={verdict}")
+    println!("VERDICT {verdict}");
+    let _ = std::io::stdout().flush();
 }

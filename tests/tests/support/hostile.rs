@@ -1,5 +1,5 @@
-//! A hostile shm peer for the integration tests: speaks the door (REGISTER / MATCHED with
-//! `SCM_RIGHTS`), the CLC handshake and the shm side channel (JOIN / WELCOME) by hand, with
+//! A hostile shm peer for the integration tests: speaks the door (REGISTER naming a socket by
+//! its cookie and port, one registration per door connection, id [`HOSTILE_ID`]), the CLC handshake and the shm side channel (JOIN / WELCOME) by hand, with
 //! whatever memfd and doorbell a test wants to hand over. Nothing here uses the crate's private
 //! code: the door frames and the JOIN / WELCOME messages come from the crate's public codecs
 //! (`smc_tokio::proto::door` and `smc_tokio::proto::side`), and the region header is written
@@ -16,7 +16,7 @@ use smc_tokio::proto::clc::{
     decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, Secret,
     ShmLinkInfo, ShmOffer, CLC_HEADER_LEN,
 };
-use smc_tokio::proto::door::{DoorFrame, DoorKind};
+use smc_tokio::proto::door::{DoorFrame, DoorKind, RegisterHead};
 use smc_tokio::proto::side::{self, Join};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -129,13 +129,33 @@ pub const DOOR_CLC: u8 = DoorKind::Clc as u8;
 pub const DOOR_UNMATCHED: u8 = DoorKind::Unmatched as u8;
 pub const DOOR_REFUSED: u8 = DoorKind::Refused as u8;
 
-/// A door frame: magic, version, kind, reason, a spare byte, the instance, then `payload`.
+/// The id a hostile client gives the one registration on each of its door connections.
+pub const HOSTILE_ID: u64 = 1;
+
+/// A door frame: magic, version, kind, reason, a spare byte, the id, then `payload`.
 /// Nothing is checked, so a test can send frames the server must reject (a kind that is none
 /// of the `DOOR_*` ones included: it is written over the encoded frame's kind byte).
-pub fn door_frame(kind: u8, reason: u8, instance: u64, payload: &[u8]) -> Vec<u8> {
-    let mut b = DoorFrame { kind: DoorKind::from_u8(kind).unwrap_or(DoorKind::Clc), reason, instance }.encode(payload);
+pub fn door_frame(kind: u8, reason: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = DoorFrame { kind: DoorKind::from_u8(kind).unwrap_or(DoorKind::Clc), reason, id }.encode(payload);
     b[5] = kind;
     b
+}
+
+/// A Register frame for id [`HOSTILE_ID`], naming the socket `fd` (its cookie and port), with
+/// `proposal` (or whatever a test sends in its place) after its head.
+pub fn register_frame(fd: BorrowedFd<'_>, instance: u64, proposal: &[u8]) -> Vec<u8> {
+    RegisterHead { instance, cookie: socket_cookie(fd), port: bound_port(fd) }.encode_frame(HOSTILE_ID, proposal)
+}
+
+/// The kernel's cookie of a socket (`SO_COOKIE`).
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> u64 {
+    let mut v = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    cvt(unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_COOKIE, (&mut v as *mut u64).cast(), &mut len)
+    })
+    .unwrap();
+    v
 }
 
 /// The door of a listener on `addr` that has no reuseport siblings.
@@ -174,7 +194,7 @@ pub async fn door_recv_clc(door: &OwnedFd) -> io::Result<Option<ClcMessage>> {
 
 /// Sends a CLC message on the door.
 pub fn door_send_clc(door: &OwnedFd, m: &ClcMessage) -> io::Result<()> {
-    send_fds(door.as_fd(), &door_frame(DOOR_CLC, 0, 0, &m.encode().unwrap()), &[])
+    send_fds(door.as_fd(), &door_frame(DOOR_CLC, 0, HOSTILE_ID, &m.encode().unwrap()), &[])
 }
 
 /// A blocking TCP socket bound to a free port, with SO_REUSEPORT (as the crate's clients do).
@@ -338,7 +358,7 @@ pub async fn register_and_connect(
     let (std, door) = tokio::task::spawn_blocking(move || -> io::Result<(std::net::TcpStream, OwnedFd)> {
         let door = side_connect(&door_name(addr))?;
         let sock = bound_tcp_socket();
-        send_fds(door.as_fd(), &door_frame(DOOR_REGISTER, 0, instance, &proposal), &[sock.as_raw_fd()])?;
+        send_fds(door.as_fd(), &register_frame(sock.as_fd(), instance, &proposal), &[])?;
         let std = std::net::TcpStream::from(sock);
         // A blocking connect of a bound socket: std's connect goes through a new socket, so call
         // connect(2) on this one.
@@ -382,20 +402,26 @@ pub fn fake_door(addr: std::net::SocketAddr) -> OwnedFd {
 }
 
 /// The fake door's side: accepts one registration (blocking, bounded) and returns the door
-/// connection, the registered socket's port, the instance and the Proposal that came with it.
-pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u16, u64, ClcMessage)> {
+/// connection, the registration's id, the registered socket's port, the instance and the
+/// Proposal that came with it.
+pub fn accept_registration(door: BorrowedFd<'_>) -> io::Result<(OwnedFd, u64, u16, u64, ClcMessage)> {
     let c = side_accept(door, Duration::from_secs(5))?;
     let (msg, fds) = recv_fds(c.as_fd())?;
     let frame = DoorFrame::decode(&msg);
     let (frame, payload) = match frame {
-        Ok((f, payload)) if f.kind == DoorKind::Register && fds.len() == 1 => (f, payload),
+        Ok((f, payload)) if f.kind == DoorKind::Register && fds.is_empty() => (f, payload),
         _ => return Err(io::Error::other(format!("bad registration: {msg:?} ({frame:?}) with {} fds", fds.len()))),
     };
-    let local = std::net::TcpStream::from(fds.into_iter().next().unwrap()).local_addr()?;
-    let Decoded::Message(p, _) = decode(payload).map_err(|e| io::Error::other(format!("{e:?}")))? else {
+    let (head, proposal) = RegisterHead::decode(payload).map_err(|e| io::Error::other(format!("{e}")))?;
+    let Decoded::Message(p, _) = decode(proposal).map_err(|e| io::Error::other(format!("{e:?}")))? else {
         return Err(io::Error::other("registration without a whole proposal"));
     };
-    Ok((c, local.port(), frame.instance, p))
+    Ok((c, frame.id, head.port, head.instance, p))
+}
+
+/// Sends a CLC message on a fake door's connection, for registration `id`.
+pub fn door_send_clc_for(door: &OwnedFd, id: u64, m: &ClcMessage) -> io::Result<()> {
+    send_fds(door.as_fd(), &door_frame(DOOR_CLC, 0, id, &m.encode().unwrap()), &[])
 }
 
 // ----- regions ---------------------------------------------------------------------------------

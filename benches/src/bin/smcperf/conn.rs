@@ -195,6 +195,37 @@ macro_rules! serve_raw {
     }};
 }
 
+/// A tokio `TcpListener` for the tcp baseline, with `SmcListener`'s backlog
+/// ([`smc_tokio::net::LISTEN_BACKLOG`], 1024) rather than `TcpListener::bind`'s 128 (mio's): with
+/// hundreds of concurrent connects the smaller queue overflows, and the comparison would
+/// measure the backlogs, not the transports.
+pub(crate) fn tcp_listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(smc_tokio::net::LISTEN_BACKLOG)
+}
+
+/// Raises this process's descriptor limit to its hard limit, so that runs with thousands of
+/// concurrent connections (both ends in one process for `local`) have the descriptors they
+/// need. Returns the soft limit now in force.
+pub(crate) fn raise_nofile() -> u64 {
+    // SAFETY: rlimit is plain data; getrlimit and setrlimit read or write only it.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                return want.rlim_cur;
+            }
+        }
+        r.rlim_cur
+    }
+}
+
 /// Starts the listeners on the current runtime: an `SmcListener` (which also serves the plain
 /// `tcp` clients, over TCP), a tokio `TcpListener` on the next port for the tcp baseline, and a
 /// `UnixListener`.
@@ -206,13 +237,13 @@ pub(crate) async fn start_server(
     let smc = SmcListener::builder().shm(shm.clone()).bind(listen).await?;
     let smc_addr = smc.local_addr()?;
     serve_raw!(smc);
-    let tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), 0)).await?;
+    let tcp = tcp_listen(SocketAddr::new(smc_addr.ip(), 0))?;
     let tcp_addr = tcp.local_addr()?;
     serve_raw!(tcp);
     // The file server, on the next two ports when the main one is fixed.
     let port = |k: u16| if smc_addr.port() == 0 || listen.ends_with(":0") { 0 } else { smc_addr.port() + k };
     let file_smc = SmcListener::builder().shm(shm.clone()).bind(SocketAddr::new(smc_addr.ip(), port(1))).await?;
-    let file_tcp = TcpListener::bind(SocketAddr::new(smc_addr.ip(), port(2))).await?;
+    let file_tcp = tcp_listen(SocketAddr::new(smc_addr.ip(), port(2)))?;
     let (file_smc_addr, file_tcp_addr) = (file_smc.local_addr()?, file_tcp.local_addr()?);
     let root = Arc::new(www_root());
     let r = root.clone();

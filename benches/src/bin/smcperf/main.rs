@@ -208,6 +208,11 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
 
 fn main() -> ExitCode {
     let cli = <Cli as clap::Parser>::parse();
+    let nofile = raise_nofile();
+    eprintln!(
+        "smcperf: the tcp baseline listens with a backlog of {} (as SmcListener does); descriptor limit {nofile}",
+        smc_tokio::net::LISTEN_BACKLOG
+    );
     /// What this invocation does, with the options of its mode.
     enum Run {
         Local,

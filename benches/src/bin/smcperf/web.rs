@@ -27,7 +27,6 @@ use hyper_util::rt::TokioExecutor;
 use smc_tokio::config::ShmConfig;
 use smc_tokio::SmcListener;
 use smc_tower::{SmcConnectInfo, SmcConnector, SmcIncoming};
-use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use crate::{measure, Case, Kind, Measure, Seen};
@@ -89,9 +88,9 @@ impl Greeter for Hello {
 /// any).
 pub(crate) async fn start(ip: IpAddr, shm: ShmConfig, port: impl Fn(u16) -> u16) -> io::Result<WebAddrs> {
     let http_smc = SmcListener::builder().shm(shm.clone()).bind(SocketAddr::new(ip, port(0))).await?;
-    let http_tcp = TcpListener::bind(SocketAddr::new(ip, port(1))).await?;
+    let http_tcp = crate::conn::tcp_listen(SocketAddr::new(ip, port(1)))?;
     let grpc_smc = SmcListener::builder().shm(shm).bind(SocketAddr::new(ip, port(2))).await?;
-    let grpc_tcp = TcpListener::bind(SocketAddr::new(ip, port(3))).await?;
+    let grpc_tcp = crate::conn::tcp_listen(SocketAddr::new(ip, port(3)))?;
     let addrs = WebAddrs {
         http_smc: http_smc.local_addr()?,
         http_tcp: http_tcp.local_addr()?,

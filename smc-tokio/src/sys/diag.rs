@@ -1,0 +1,208 @@
+//! Who owns the client end of a TCP connection on this host: the kernel's `sock_diag` netlink
+//! interface (`NETLINK_SOCK_DIAG`, `inet_diag`, see sock_diag(7)), asked for exactly one socket
+//! by its four-tuple. The answer names the socket's owner (the uid that created it, as our user
+//! namespace sees it: an id it does not map is the overflow id) and its cookie (the kernel's
+//! 64-bit id of the socket, `SO_COOKIE`). A door uses it to check a registration without being
+//! handed the socket: the registered cookie must be the client end's, and its uid the door
+//! connection's.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::cvt;
+
+/// `SOCK_DIAG_BY_FAMILY`, the request type of sock_diag(7).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+/// `NLMSG_ERROR`, netlink(7).
+const NLMSG_ERROR: u16 = 2;
+/// `INET_DIAG_NOCOOKIE`: the request names no cookie (the kernel checks none).
+const NO_COOKIE: u32 = !0;
+/// Length of `struct nlmsghdr`.
+const NLMSG_HDR: usize = 16;
+/// Length of `struct inet_diag_req_v2`: family, protocol, ext, pad, states, then the 48-byte
+/// `inet_diag_sockid`.
+const REQ_LEN: usize = 8 + SOCKID_LEN;
+/// Length of `struct inet_diag_sockid`: sport, dport, src[4], dst[4], if, cookie[2].
+const SOCKID_LEN: usize = 48;
+/// Length of `struct inet_diag_msg`: family, state, timer, retrans, the sockid, then expires,
+/// rqueue, wqueue, uid, inode.
+const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
+
+/// What the kernel says of one TCP socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TcpOwner {
+    /// The uid that created the socket, in our user namespace.
+    pub(crate) uid: u32,
+    /// The socket's cookie (`SO_COOKIE`).
+    pub(crate) cookie: u64,
+    /// The socket's TCP state (`TCP_ESTABLISHED` is 1).
+    pub(crate) state: u8,
+}
+
+/// A `NETLINK_SOCK_DIAG` socket, non-blocking. The kernel answers a request for one socket
+/// while the request is being sent, so the answer is queued by the time `sendmsg` returns:
+/// nothing ever waits on it.
+#[derive(Debug)]
+pub(crate) struct TcpDiag {
+    fd: OwnedFd,
+}
+
+impl TcpDiag {
+    /// A new diag socket. Fails where the kernel has no sock_diag (`EPROTONOSUPPORT`) or a
+    /// sandbox refuses netlink.
+    pub(crate) fn new() -> io::Result<TcpDiag> {
+        // SAFETY: plain syscall with constant arguments.
+        let fd = cvt(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        })?;
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(TcpDiag { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// The owner of the TCP socket whose local address is `local` and whose peer is `peer`
+    /// (IPv4-mapped addresses unmapped or not: an IPv4 pair is looked for among IPv4 sockets,
+    /// then among IPv6 ones as mapped addresses). `Ok(None)`: no such socket.
+    pub(crate) fn owner(&self, local: SocketAddr, peer: SocketAddr) -> io::Result<Option<TcpOwner>> {
+        let (local, peer) = (super::unmap(local), super::unmap(peer));
+        match (local.ip(), peer.ip()) {
+            (IpAddr::V4(l), IpAddr::V4(p)) => {
+                if let Some(o) = self.ask(libc::AF_INET as u8, local.port(), &l.octets(), peer.port(), &p.octets())? {
+                    return Ok(Some(o));
+                }
+                let (l, p) = (l.to_ipv6_mapped().octets(), p.to_ipv6_mapped().octets());
+                self.ask(libc::AF_INET6 as u8, local.port(), &l, peer.port(), &p)
+            }
+            (IpAddr::V6(l), IpAddr::V6(p)) => {
+                self.ask(libc::AF_INET6 as u8, local.port(), &l.octets(), peer.port(), &p.octets())
+            }
+            // A pair of mixed families is no connection.
+            _ => Ok(None),
+        }
+    }
+
+    fn ask(&self, family: u8, sport: u16, src: &[u8], dport: u16, dst: &[u8]) -> io::Result<Option<TcpOwner>> {
+        let mut req = [0u8; NLMSG_HDR + REQ_LEN];
+        let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
+        req[0..4].copy_from_slice(&len.to_ne_bytes());
+        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        // NLM_F_REQUEST, no dump: the kernel looks up exactly this socket.
+        req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        let r = &mut req[NLMSG_HDR..];
+        r[0] = family;
+        r[1] = libc::IPPROTO_TCP as u8;
+        // Every state.
+        r[4..8].copy_from_slice(&u32::MAX.to_ne_bytes());
+        let id = &mut r[8..];
+        id[0..2].copy_from_slice(&sport.to_be_bytes());
+        id[2..4].copy_from_slice(&dport.to_be_bytes());
+        id[4..4 + src.len()].copy_from_slice(src);
+        id[20..20 + dst.len()].copy_from_slice(dst);
+        id[40..44].copy_from_slice(&NO_COOKIE.to_ne_bytes());
+        id[44..48].copy_from_slice(&NO_COOKIE.to_ne_bytes());
+        // SAFETY: `req` is a valid buffer of its length; the kernel is the destination (a
+        // netlink socket's default peer).
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), req.as_ptr().cast(), req.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = [0u8; 1024];
+        // SAFETY: `buf` is a valid, writable buffer of its length. The answer is queued before
+        // send returns; MSG_TRUNC would tell a longer one (attributes we did not ask for).
+        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)])
+    }
+}
+
+/// Reads the kernel's answer to one request: an `inet_diag_msg`, or an error (`ENOENT`: no
+/// such socket).
+fn parse_answer(b: &[u8]) -> io::Result<Option<TcpOwner>> {
+    let short = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag answer");
+    let hdr = b.get(..NLMSG_HDR).ok_or_else(short)?;
+    let kind = u16::from_ne_bytes([hdr[4], hdr[5]]);
+    let body = &b[NLMSG_HDR..];
+    if kind == NLMSG_ERROR {
+        let e = i32::from_ne_bytes(body.get(..4).ok_or_else(short)?.try_into().map_err(|_| short())?);
+        return match -e {
+            0 | libc::ENOENT => Ok(None),
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        };
+    }
+    if kind != SOCK_DIAG_BY_FAMILY {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected sock_diag answer"));
+    }
+    let m = body.get(..MSG_LEN).ok_or_else(short)?;
+    let word = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
+    let cookie = u64::from(word(4 + 44)) << 32 | u64::from(word(4 + 40));
+    Ok(Some(TcpOwner { uid: word(4 + SOCKID_LEN + 12), cookie, state: m[1] }))
+}
+
+/// The kernel's cookie of a socket (`SO_COOKIE`): what a door registration names.
+pub(crate) fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_COOKIE, 0u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// The client end of a loopback connection is found by its four-tuple, with our uid and
+    /// its own cookie; the server end by the reverse tuple; a tuple nobody has is `None`.
+    #[test]
+    fn finds_the_client_end_of_a_connection() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let diag = TcpDiag::new().unwrap();
+        let me = c.local_addr().unwrap();
+        let them = c.peer_addr().unwrap();
+        let got = diag.owner(me, them).unwrap().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(got.uid, unsafe { libc::geteuid() });
+        assert_eq!(got.cookie, socket_cookie(c.as_fd()).unwrap());
+        assert_eq!(got.state, 1);
+        let server_end = diag.owner(them, me).unwrap().unwrap();
+        assert_eq!(server_end.cookie, socket_cookie(s.as_fd()).unwrap());
+        assert_ne!(server_end.cookie, got.cookie);
+        let nobody = SocketAddr::new(me.ip(), 1);
+        assert_eq!(diag.owner(nobody, them).unwrap(), None);
+    }
+
+    /// An IPv4 client of a dual-stack IPv6 listener is found as an IPv4 socket, whichever way
+    /// its addresses are written.
+    #[test]
+    fn finds_ipv4_clients_of_a_dual_stack_listener() {
+        let Ok(l) = std::net::TcpListener::bind("[::]:0") else { return };
+        let port = l.local_addr().unwrap().port();
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (_s, peer) = l.accept().unwrap();
+        let diag = TcpDiag::new().unwrap();
+        let server_local: SocketAddr = format!("[::ffff:127.0.0.1]:{port}").parse().unwrap();
+        let got = diag.owner(peer, server_local).unwrap().unwrap();
+        assert_eq!(got.cookie, socket_cookie(c.as_fd()).unwrap());
+    }
+
+    #[test]
+    fn short_and_foreign_answers_are_errors() {
+        assert!(parse_answer(&[0; 8]).is_err());
+        let mut b = [0u8; NLMSG_HDR + 4];
+        b[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        b[NLMSG_HDR..].copy_from_slice(&(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(parse_answer(&b).unwrap(), None);
+        b[NLMSG_HDR..].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
+        assert_eq!(parse_answer(&b).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        b[4..6].copy_from_slice(&99u16.to_ne_bytes());
+        assert!(parse_answer(&b).is_err());
+        let mut m = [0u8; NLMSG_HDR + 10];
+        m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        assert!(parse_answer(&m).is_err());
+    }
+}
