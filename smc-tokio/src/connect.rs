@@ -248,7 +248,8 @@ async fn via_door(
             }
             Err(e) => return Err(e),
         };
-        let mut wire = reg.into_wire(prep.proposal.secret);
+        let connected = tcp.local_addr().ok().map(|local| (local, addr));
+        let mut wire = reg.into_wire(prep.proposal.secret, connected);
         // The listener answers when it accepts the connection: microseconds when it runs, later
         // when it is busy or stopped, or when its accept queue overflowed (the kernel then
         // drops our final ACK and takes the connection at its SYN-ACK retransmit, 1 s later;

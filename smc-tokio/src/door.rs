@@ -59,7 +59,7 @@ use tokio::io::Interest;
 use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
-use crate::proto::door::{DoorFrame, DoorKind, RegisterHead, DOOR_FRAME_MAX, DOOR_VERSION};
+use crate::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_FRAME_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
 use crate::stats::Counters;
 use crate::sys::{self, PeerCred, PeerFd};
@@ -262,8 +262,13 @@ pub(crate) struct Door {
     counters: Arc<Counters>,
     /// Asks the kernel who owns a connection's client end.
     diag: sys::TcpDiag,
+    /// A solo door (a listener without reuseport siblings): every connection to its address
+    /// comes to this listener, so it answers registrations before their connections arrive.
+    solo: bool,
     /// Door connections held at most ([`conn_budget`]).
     conn_budget: usize,
+    /// The port the listener listens on.
+    listen_port: u16,
     /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
     /// registrations are answered "no" at once.
     blind: AtomicBool,
@@ -284,6 +289,9 @@ struct ServerConn {
     pending: Mutex<HashMap<u64, u16>>,
     /// Its registrations matched to a connection, whose handshakes read their messages here.
     live: Mutex<HashMap<u64, Arc<Inbox>>>,
+    /// Its early registrations whose connection was accepted (and checked) before their
+    /// Confirm came: proven already.
+    accepted_early: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl ServerConn {
@@ -315,6 +323,11 @@ struct Entry {
     /// The client's Proposal (a CLC message, at most `CLC_MAX_LEN` bytes).
     proposal: Vec<u8>,
     since: Instant,
+    /// Answered before its connection arrived: where the connection goes when it does.
+    early: Option<tokio::sync::oneshot::Sender<tokio::net::TcpStream>>,
+    /// The connection's four-tuple (peer, local), as the kernel confirmed it for this
+    /// registration before the connection was accepted.
+    verified: Option<(SocketAddr, SocketAddr)>,
 }
 
 #[derive(Default)]
@@ -323,6 +336,9 @@ struct DoorState {
     /// The listener task, which watches the door connections: woken when one is accepted
     /// elsewhere (at a connection's look-up), so that it watches that one too.
     watcher: Option<Waker>,
+    /// Registrations to answer before their connections arrive (a solo door's, with a
+    /// shared-memory offer), for the listener task to start.
+    early: Vec<Registration>,
     /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
@@ -364,6 +380,29 @@ pub(crate) struct Registration {
     counters: Arc<Counters>,
     pub(crate) client: ClientIdentity,
     proposal: Vec<u8>,
+    /// Answered before its connection arrived: the connection, once it is accepted.
+    early: Option<tokio::sync::oneshot::Receiver<tokio::net::TcpStream>>,
+}
+
+/// Names a registration answered before its connection arrived, for the door's checks.
+#[derive(Clone)]
+pub(crate) struct EarlyKey {
+    conn: Arc<ServerConn>,
+    id: u64,
+}
+
+impl fmt::Debug for EarlyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EarlyKey").field("id", &self.id).finish()
+    }
+}
+
+/// What a connection's look-up at the door found.
+pub(crate) enum Matched {
+    /// A registration whose handshake starts now.
+    Handshake(Registration),
+    /// A registration answered before the connection came: its handshake takes the connection.
+    Early(tokio::sync::oneshot::Sender<tokio::net::TcpStream>),
 }
 
 impl fmt::Debug for Registration {
@@ -373,6 +412,13 @@ impl fmt::Debug for Registration {
 }
 
 impl Registration {
+    /// For a registration answered before its connection arrived: its key and where its
+    /// connection will come.
+    pub(crate) fn take_early(&mut self) -> Option<(EarlyKey, tokio::sync::oneshot::Receiver<tokio::net::TcpStream>)> {
+        let rx = self.early.take()?;
+        Some((EarlyKey { conn: self.conn.clone(), id: self.id }, rx))
+    }
+
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
         self.conn.live().remove(&self.id);
@@ -386,7 +432,13 @@ impl Registration {
             self.conn.live().remove(&self.id);
             return None;
         }
-        Some(ServerWire { conn: self.conn, id: self.id, inbox: self.inbox, proposal: Some(self.proposal) })
+        Some(ServerWire {
+            conn: self.conn,
+            id: self.id,
+            inbox: self.inbox,
+            proposal: Some(self.proposal),
+            connected: None,
+        })
     }
 }
 
@@ -397,6 +449,15 @@ pub(crate) struct ServerWire {
     inbox: Arc<Inbox>,
     /// The Proposal that came with the registration, until the machine has read it.
     proposal: Option<Vec<u8>>,
+    /// The four-tuple the client said its connection has (with its first CLC message).
+    connected: Option<ConnectedTuple>,
+}
+
+impl ServerWire {
+    /// The four-tuple the client said its connection has, once it said so.
+    pub(crate) fn connected(&self) -> Option<ConnectedTuple> {
+        self.connected
+    }
 }
 
 impl fmt::Debug for ServerWire {
@@ -423,6 +484,13 @@ impl Wire for ServerWire {
         }
         match self.inbox.next().await {
             Some(m) if m.kind == DoorKind::Clc => Ok(Some(m.payload)),
+            Some(m) if m.kind == DoorKind::Connected => match ConnectedTuple::decode(&m.payload) {
+                Ok((t, clc)) => {
+                    self.connected = Some(t);
+                    Ok(Some(clc.to_vec()))
+                }
+                Err(_) => Ok(None),
+            },
             // Cancelled (the client's cancel), its door connection closed, or anything but a
             // CLC message from a client.
             _ => Ok(None),
@@ -464,6 +532,7 @@ impl Door {
                         }
                     };
                     let conn_budget = conn_budget();
+                    let solo = name.ends_with(b"/solo");
                     return Some(Door {
                         name,
                         listener,
@@ -471,7 +540,9 @@ impl Door {
                         base,
                         counters,
                         diag,
+                        solo,
                         conn_budget,
+                        listen_port: local.port(),
                         blind: AtomicBool::new(false),
                         state: Mutex::default(),
                     });
@@ -500,7 +571,7 @@ impl Door {
     /// registered one. Reads the door first when it is not known yet, so a registration sent
     /// before the connection is found (unless a flood of knocks is queued ahead of it). Never
     /// waits.
-    pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
+    pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
         let (peer, local) = (sys::unmap(peer), sys::unmap(local));
         let mut st = self.lock();
         if let Some(r) = self.take(&mut st, peer, local) {
@@ -638,9 +709,13 @@ impl Door {
             // Registrations carry no descriptors: refuse them where the kernel can.
             sys::refuse_descriptors(conn.as_fd());
             match watch(conn) {
-                Ok(fd) => {
-                    st.conns.push(Arc::new(ServerConn { fd, cred, pending: Mutex::default(), live: Mutex::default() }))
-                }
+                Ok(fd) => st.conns.push(Arc::new(ServerConn {
+                    fd,
+                    cred,
+                    pending: Mutex::default(),
+                    live: Mutex::default(),
+                    accepted_early: Mutex::default(),
+                })),
                 Err(e) => tracing::debug!(error = %e, "cannot watch a door connection"),
             }
         }
@@ -692,6 +767,13 @@ impl Door {
                 }
                 conn.pending().insert(id, head.port);
                 st.count += 1;
+                // A solo door answers a shared-memory offer at once: the connection can only
+                // come here. (RDMA needs the connection's addresses, known at accept.)
+                let early = (self.solo && offers_shm(proposal)).then(tokio::sync::oneshot::channel);
+                let (tx, rx) = match early {
+                    Some((tx, rx)) => (Some(tx), Some(rx)),
+                    None => (None, None),
+                };
                 st.entries.entry(head.port).or_default().push(Entry {
                     conn: conn.clone(),
                     id,
@@ -699,10 +781,28 @@ impl Door {
                     cookie: head.cookie,
                     proposal: proposal.to_vec(),
                     since: Instant::now(),
+                    early: tx,
+                    verified: None,
                 });
+                if let Some(rx) = rx {
+                    let inbox = Arc::new(Inbox::default());
+                    conn.live().insert(id, inbox.clone());
+                    st.early.push(Registration {
+                        conn: conn.clone(),
+                        id,
+                        inbox,
+                        counters: self.counters.clone(),
+                        client: identity(conn, head.instance),
+                        proposal: proposal.to_vec(),
+                        early: Some(rx),
+                    });
+                    if let Some(w) = &st.watcher {
+                        w.wake_by_ref();
+                    }
+                }
                 true
             }
-            DoorKind::Clc => {
+            DoorKind::Clc | DoorKind::Connected => {
                 let inbox = conn.live().get(&id).cloned();
                 match inbox {
                     Some(inbox) => inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload }),
@@ -763,46 +863,148 @@ impl Door {
 
     /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
     /// and uid are those of that connection's client end, as the kernel tells them.
-    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Registration> {
+    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
         let list = st.entries.get(&peer.port())?;
-        if self.blind.load(Ordering::Relaxed) {
-            return None;
-        }
-        let owner = match self.diag.owner(peer, local) {
-            Ok(Some(o)) => o,
-            // The client end is gone already (its client gave up and closed), or the kernel
-            // cannot look sockets up at all: our own end, which exists, tells which.
-            Ok(None) => {
-                if matches!(self.diag.owner(local, peer), Ok(None)) {
-                    self.go_blind(st, "the kernel finds no socket of an accepted connection");
+        let confirmed = list.iter().position(|e| e.verified == Some((peer, local)));
+        let i = match confirmed {
+            Some(i) => i,
+            None => {
+                if self.blind.load(Ordering::Relaxed) {
+                    return None;
                 }
-                return None;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
-                if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
-                    self.go_blind(st, "sock_diag fails");
-                }
-                return None;
+                let owner = match self.diag.owner(peer, local) {
+                    Ok(Some(o)) => o,
+                    // The client end is gone already (its client gave up and closed), or the
+                    // kernel cannot look sockets up at all: our own end, which exists, tells
+                    // which.
+                    Ok(None) => {
+                        if matches!(self.diag.owner(local, peer), Ok(None)) {
+                            self.go_blind(st, "the kernel finds no socket of an accepted connection");
+                        }
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
+                        if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
+                            self.go_blind(st, "sock_diag fails");
+                        }
+                        return None;
+                    }
+                };
+                list.iter().position(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?
             }
         };
-        let e = list.iter().find(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?;
-        let (conn, id) = (e.conn.clone(), e.id);
         let port = peer.port();
         let list = st.entries.get_mut(&port)?;
-        let i = list.iter().position(|e| e.id == id && Arc::ptr_eq(&e.conn, &conn))?;
-        let e = list.swap_remove(i);
+        let mut e = list.swap_remove(i);
         if list.is_empty() {
             st.entries.remove(&port);
         }
         st.count -= 1;
-        conn.pending().remove(&id);
+        e.conn.pending().remove(&e.id);
+        if let Some(tx) = e.early.take() {
+            e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
+            return Some(Matched::Early(tx));
+        }
         let inbox = Arc::new(Inbox::default());
-        conn.live().insert(id, inbox.clone());
-        let client =
-            ClientIdentity { pid: u32::try_from(conn.cred.pid).unwrap_or(0), uid: conn.cred.uid, instance: e.instance };
-        Some(Registration { conn, id, inbox, counters: self.counters.clone(), client, proposal: e.proposal })
+        e.conn.live().insert(e.id, inbox.clone());
+        let client = identity(&e.conn, e.instance);
+        Some(Matched::Handshake(Registration {
+            conn: e.conn,
+            id: e.id,
+            inbox,
+            counters: self.counters.clone(),
+            client,
+            proposal: e.proposal,
+            early: None,
+        }))
     }
+
+    /// Registrations to answer before their connections arrive, taken by the listener task.
+    pub(crate) fn take_early(&self) -> Vec<Registration> {
+        std::mem::take(&mut self.lock().early)
+    }
+
+    /// Whether the connection a client says it made for the early registration `key` is the
+    /// one the kernel has, from a socket with the registered cookie, owned by the registrant's
+    /// uid, established, and towards our port. If so, its accept is matched by that four-tuple.
+    pub(crate) fn verify(&self, key: &EarlyKey, said: Option<ConnectedTuple>) -> bool {
+        // Accepted already: matched at accept by the kernel's record of its client end.
+        if key.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&key.id) {
+            return true;
+        }
+        let Some(t) = said else { return false };
+        let (client, server) = (sys::unmap(t.local), sys::unmap(t.peer));
+        if server.port() != self.port() {
+            return false;
+        }
+        let mut st = self.lock();
+        let Some(port) = key.conn.pending().get(&key.id).copied() else { return false };
+        if port != client.port() {
+            return false;
+        }
+        let owner = match self.diag.owner(client, server) {
+            Ok(Some(o)) => o,
+            _ => return false,
+        };
+        /// `TCP_ESTABLISHED` (include/net/tcp_states.h).
+        const ESTABLISHED: u8 = 1;
+        let Some(e) = st
+            .entries
+            .get_mut(&port)
+            .and_then(|l| l.iter_mut().find(|e| e.id == key.id && Arc::ptr_eq(&e.conn, &key.conn)))
+        else {
+            return false;
+        };
+        if e.cookie != owner.cookie || key.conn.cred.uid != owner.uid || owner.state != ESTABLISHED {
+            return false;
+        }
+        e.verified = Some((client, server));
+        true
+    }
+
+    /// Turns the early registration in `reg` back into one answered when its connection is
+    /// accepted (no handshake slot is free now): `None` when that happened (nothing was said to
+    /// its client yet), else the registration back, its connection accepted already and on its
+    /// way to `reg`'s receiver.
+    pub(crate) fn demote(&self, reg: Registration, key: &EarlyKey) -> Option<Registration> {
+        let mut st = self.lock();
+        let Some(port) = key.conn.pending().get(&key.id).copied() else { return Some(reg) };
+        let Some(e) = st
+            .entries
+            .get_mut(&port)
+            .and_then(|l| l.iter_mut().find(|e| e.id == key.id && Arc::ptr_eq(&e.conn, &key.conn)))
+        else {
+            return Some(reg);
+        };
+        e.early = None;
+        key.conn.live().remove(&key.id);
+        None
+    }
+
+    /// Drops the early registration `key` if its connection has not been accepted yet;
+    /// whether it was still there (if not, its connection is on its way to the handshake).
+    pub(crate) fn forget(&self, key: &EarlyKey) -> bool {
+        self.lock().remove(&key.conn, key.id)
+    }
+
+    /// The port the door's listener listens on.
+    fn port(&self) -> u16 {
+        self.listen_port
+    }
+}
+
+/// Who registered, for link groups: the door connection's pid and uid, and the instance.
+fn identity(conn: &ServerConn, instance: u64) -> ClientIdentity {
+    ClientIdentity { pid: u32::try_from(conn.cred.pid).unwrap_or(0), uid: conn.cred.uid, instance }
+}
+
+/// Whether a Proposal (as registered) offers shared memory.
+fn offers_shm(proposal: &[u8]) -> bool {
+    matches!(
+        crate::proto::clc::decode(proposal),
+        Ok(crate::proto::clc::Decoded::Message(ClcMessage::Proposal(p), _)) if p.shm.is_some()
+    )
 }
 
 // ----- client --------------------------------------------------------------------------------
@@ -1165,17 +1367,22 @@ pub(crate) async fn register(
         return Registered::NoDoor;
     };
     let head = RegisterHead { instance, cookie, port };
+    let mut full = false;
     for reg in &mut regs {
         let msg = head.encode_frame(reg.id, proposal);
-        reg.open = send_waiting(&reg.conn.fd, &msg).await.is_ok();
+        match send_waiting(&reg.conn.fd, &msg).await {
+            Ok(()) => reg.open = true,
+            Err(e) => full |= e.kind() == io::ErrorKind::WouldBlock,
+        }
     }
-    // A door that took no registration (its connection ended, or had no room for it) is left.
+    // A door that took no registration (it closed its connection: it does not trust us; or it
+    // had no room for it: its listener is swamped) is left.
     regs.retain(|r| r.open);
     if regs.is_empty() {
         if from_user {
             *user = Some(sock);
         }
-        return Registered::Busy;
+        return if full { Registered::Busy } else { Registered::NoDoor };
     }
     Registered::Yes(ClientRegistration { doors: regs, from_user }, sock)
 }
@@ -1188,10 +1395,13 @@ impl ClientRegistration {
 
     /// The wire the rest of the handshake runs over, once the TCP connection is up. `secret` is
     /// the Proposal's: a door that answers "no handshake" reads to the machine as that
-    /// connection's Decline.
-    pub(crate) fn into_wire(self, secret: Secret) -> ClientWire {
+    /// connection's Decline. `connected`: the connection's (local, peer) addresses, told to
+    /// the listener with our first message (a listener that answered before the connection
+    /// arrived checks them, and may commit before it accepts).
+    pub(crate) fn into_wire(self, secret: Secret, connected: Option<(SocketAddr, SocketAddr)>) -> ClientWire {
         let doors = self.doors.into_iter().map(Some).collect();
-        ClientWire { doors, chosen: None, secret, last_no: None }
+        let connected = connected.map(|(local, peer)| ConnectedTuple { local, peer });
+        ClientWire { doors, chosen: None, secret, last_no: None, connected }
     }
 }
 
@@ -1203,6 +1413,8 @@ pub(crate) struct ClientWire {
     chosen: Option<usize>,
     secret: Secret,
     last_no: Option<DeclineReason>,
+    /// Told with our first message, then `None`.
+    connected: Option<ConnectedTuple>,
 }
 
 impl fmt::Debug for ClientWire {
@@ -1288,7 +1500,10 @@ impl Wire for ClientWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         // The client speaks only after a door answered.
         let r = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
-        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode(msg);
+        let frame = match self.connected.take() {
+            Some(t) => t.encode_frame(r.id, msg),
+            None => DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode(msg),
+        };
         match send_waiting(&r.conn.fd, &frame).await {
             // The server closed the door: it did so after its final word, which is still
             // queued for us to read; what we sent is moot.

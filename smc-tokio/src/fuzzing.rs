@@ -93,6 +93,14 @@ pub fn door_decode(data: &[u8]) {
         let again = frame.encode(payload);
         assert!(same_but_ignored(&again, data, |i| i == 7), "re-encoded differently");
         assert_eq!(DoorFrame::decode(&again), Ok((frame, payload)));
+        if frame.kind == crate::proto::door::DoorKind::Connected {
+            if let Ok((t, clc)) = crate::proto::door::ConnectedTuple::decode(payload) {
+                assert!(!clc.is_empty() && clc.len() <= crate::proto::clc::CLC_MAX_LEN);
+                let again = t.encode_frame(frame.id, clc);
+                let (_, p2) = DoorFrame::decode(&again).expect("a connected frame re-encodes");
+                assert_eq!(crate::proto::door::ConnectedTuple::decode(p2), Ok((t, clc)));
+            }
+        }
         if frame.kind == crate::proto::door::DoorKind::Register {
             if let Ok((head, proposal)) = crate::proto::door::RegisterHead::decode(payload) {
                 assert!(!proposal.is_empty() && proposal.len() <= crate::proto::clc::CLC_MAX_LEN);
@@ -461,6 +469,11 @@ mod tests {
             DoorFrame { kind: DoorKind::Unmatched, reason: DeclineReason::HandshakeCongested as u8, id: 2 }.encode(&[]),
             DoorFrame { kind: DoorKind::Refused, reason: DeclineReason::NoCommonTransport as u8, id: 3 }.encode(&[]),
             DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 4 }.encode(&[]),
+            crate::proto::door::ConnectedTuple {
+                local: "127.0.0.1:40000".parse().unwrap(),
+                peer: "127.0.0.1:7777".parse().unwrap(),
+            }
+            .encode_frame(1, &msgs[3].encode().unwrap()),
         ];
         for (i, f) in frames.iter().enumerate() {
             write("door_decode", format!("frame{i}"), f);

@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 use crate::config::{Overrides, Policy, Settings};
 use crate::context::Context;
-use crate::door::{ClientIdentity, Door, Registration, ServerWire};
+use crate::door::{ClientIdentity, Door, EarlyKey, Matched, Registration, ServerWire};
 use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
@@ -61,9 +61,19 @@ const UNSOLICITED: Owed = Owed::Proposal(DeclineReason::NoCommonTransport);
 pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAddr) -> Handoff {
     let cfg = shared.settings();
     let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
-    let reg = match (&shared.door, local) {
+    let matched = match (&shared.door, local) {
         (Some(door), Some(local)) => door.lookup(peer, local),
         _ => None,
+    };
+    let reg = match matched {
+        // Answered before it arrived: its handshake (or what came of it) takes it.
+        Some(Matched::Early(tx)) => match tx.send(tcp) {
+            Ok(()) => return Handoff::Later,
+            // Its handshake gave up on it: plain TCP, as its client knows.
+            Err(tcp) => return hand_out(&shared.ctx, &cfg, tcp, Transport::Tcp(FallbackReason::PeerNoSmc), None),
+        },
+        Some(Matched::Handshake(r)) => Some(r),
+        None => None,
     };
     if cfg.policy == Policy::TcpOnly {
         // SMC was turned off after the door opened (a process-wide setting): a client that
@@ -276,7 +286,7 @@ async fn serve(
             Some(w) => Channel::Wire(w),
             None => Channel::Tcp(&mut tcp),
         };
-        let run = drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending);
+        let run = drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending, None);
         let closed = shared.closed();
         let mut run = std::pin::pin!(run);
         let mut closed = std::pin::pin!(closed);
@@ -355,6 +365,202 @@ async fn serve(
     }
 }
 
+/// Starts the handshake of a registration at a solo door before its connection arrives (the
+/// listener task calls this as registrations come in): the Accept travels while the TCP
+/// handshake does, and a Confirm that names a connection the kernel confirms is committed
+/// before the connection is accepted, so that no client waits for the listener's accept.
+pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
+    let Some((key, tcp_rx)) = reg.take_early() else { return };
+    let cfg = shared.settings();
+    if cfg.policy == Policy::TcpOnly {
+        reg.refuse(DeclineReason::PeerNoSmc);
+        spawn_tcp_after(shared, key, tcp_rx, cfg, Transport::Tcp(FallbackReason::Disabled));
+        return;
+    }
+    match shared.admit(&cfg) {
+        Admit::Now(slot) => spawn_early(shared, reg, key, tcp_rx, cfg, slot),
+        Admit::Queue(ticket) => {
+            let shared2 = shared.clone();
+            tokio::spawn(async move {
+                match ticket.slot(&cfg).await {
+                    Some(slot) => spawn_early(&shared2, reg, key, tcp_rx, cfg, slot),
+                    None => reg.refuse(DeclineReason::HandshakeCongested),
+                }
+            });
+        }
+        Admit::Congested | Admit::Refuse => {
+            // No slot now: the registration is answered when its connection is accepted, as
+            // at a door of a reuseport group (where the limit applies as it always did).
+            let Some(door) = &shared.door else { return };
+            let Some(reg) = door.demote(reg, &key) else { return };
+            // Accepted already: its connection comes on `tcp_rx`; decide for it as at accept.
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let Ok(tcp) = tcp_rx.await else { return };
+                let Ok(peer) = tcp.peer_addr() else { return };
+                let local = tcp.local_addr().ok();
+                if let Handoff::Now(s) = registered(&shared, cfg, tcp, (local, peer), reg) {
+                    shared.deliver(s, peer);
+                }
+            });
+        }
+    }
+}
+
+/// An early registration that will not be SMC: its connection, if it is accepted already (its
+/// look-up sent it here), goes to the application as TCP; if not, the registration is dropped
+/// and the accept serves the connection as a plain one.
+fn spawn_tcp_after(
+    shared: &Arc<ListenerShared>,
+    key: EarlyKey,
+    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    cfg: Settings,
+    t: Transport,
+) {
+    let Some(door) = &shared.door else { return };
+    if door.forget(&key) {
+        return;
+    }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        if let Ok(tcp) = tcp_rx.await {
+            deliver_tcp(&shared, &cfg, tcp, t);
+        }
+    });
+}
+
+fn deliver_tcp(shared: &ListenerShared, cfg: &Settings, tcp: TcpStream, t: Transport) {
+    let Ok(peer) = tcp.peer_addr() else { return };
+    if let Some((s, t)) = tcp_out(cfg, tcp, t, None) {
+        shared.ctx.counters().connection(true, t);
+        shared.deliver(s, peer);
+    }
+}
+
+fn spawn_early(
+    shared: &Arc<ListenerShared>,
+    reg: Registration,
+    key: EarlyKey,
+    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    cfg: Settings,
+    slot: HandshakeSlot,
+) {
+    let span = tracing::debug_span!("smc_accept_early", transport = tracing::field::Empty);
+    let shared = shared.clone();
+    tokio::spawn(serve_early(shared, reg, key, tcp_rx, cfg, slot).instrument(span));
+}
+
+/// The handshake of an early registration, then its connection once accepted.
+async fn serve_early(
+    shared: Arc<ListenerShared>,
+    reg: Registration,
+    key: EarlyKey,
+    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    cfg: Settings,
+    slot: HandshakeSlot,
+) {
+    let Some(door) = shared.door.as_ref() else { return };
+    let client = reg.client;
+    let Some(mut wire) = reg.open() else {
+        // Cancelled before we began: the connection, if it comes, is TCP.
+        let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer });
+        return spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
+    };
+    shared.ctx.counters().door(DoorEvent::Matched);
+    let timer = stats::HandshakeTimer::start(shared.ctx.counters());
+    let mut hs = ServerHandshake::new(Instant::now(), Timeouts::uniform(cfg.handshake_timeout));
+    let mut pending = Pending::default();
+    let outcome = {
+        // Stalls (test-util) are keyed by the listener's address; no connection exists yet.
+        let listen = shared.tcp.local_addr().ok().map(|l| (l, l));
+        let run = drive(
+            Channel::Wire(&mut wire),
+            listen,
+            &mut hs,
+            &cfg,
+            &shared,
+            Some(&client),
+            &mut pending,
+            Some((door, &key)),
+        );
+        let closed = shared.closed();
+        let mut run = std::pin::pin!(run);
+        let mut closed = std::pin::pin!(closed);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = run.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            closed.as_mut().poll(cx).map(|()| None)
+        })
+        .await
+    };
+    drop(slot);
+    let Some(outcome) = outcome else {
+        hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        let _ = tokio::time::timeout(Duration::from_secs(1), Channel::Wire(&mut wire).flush(&mut hs)).await;
+        pending.release();
+        door.forget(&key);
+        return;
+    };
+    drop(wire);
+    let t = match outcome {
+        Ok(Outcome::Smc { .. }) => {
+            timer.completed();
+            let Some(conn) = pending.conn.take() else { return };
+            // Committed: the connection is ours to hand out once the listener accepts it (the
+            // sweep drops the registration, and with it the wait, after 30 s; the listener's
+            // close ends it too).
+            let tcp = {
+                let closed = shared.closed();
+                let mut closed = std::pin::pin!(closed);
+                let mut tcp_rx = tcp_rx;
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = Pin::new(&mut tcp_rx).poll(cx) {
+                        return Poll::Ready(r.ok());
+                    }
+                    closed.as_mut().poll(cx).map(|()| None)
+                })
+                .await
+            };
+            match tcp {
+                Some(tcp) => {
+                    let Ok(peer) = tcp.peer_addr() else { return conn.release(true) };
+                    let t = conn.transport();
+                    tracing::Span::current().record("transport", tracing::field::display(t));
+                    shared.ctx.counters().connection(true, t);
+                    shared.deliver(Established::Smc { tcp, conn, transport: t }, peer);
+                }
+                None => {
+                    door.forget(&key);
+                    conn.release(true);
+                }
+            }
+            return;
+        }
+        Ok(Outcome::Fallback { reason, by }) => {
+            shared.ctx.counters().decline(reason, by);
+            timer.completed();
+            Transport::Tcp(FallbackReason::Declined { reason, by })
+        }
+        Ok(Outcome::Failed(e)) => {
+            tracing::debug!(error = %e, "early handshake on the door ended without smc");
+            let reason = match e {
+                crate::proto::handshake::HandshakeError::Eof | crate::proto::handshake::HandshakeError::Timeout => {
+                    DeclineReason::Timeout
+                }
+                _ => DeclineReason::SyncError,
+            };
+            Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer })
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "the door failed during an early handshake");
+            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local })
+        }
+    };
+    pending.release();
+    spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
+}
+
 fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(Established, Transport)> {
     if cfg.policy == Policy::Never {
         tracing::debug!(transport = %t, "closing: policy requires smc");
@@ -389,6 +595,9 @@ impl Pending {
 }
 
 /// Runs the server handshake to its outcome, making the decisions.
+/// `early`: the handshake of a registration answered before its connection arrived, whose
+/// Confirm must name a connection the kernel confirms (see [`Door::verify`]).
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     mut chan: Channel<'_, ServerWire>,
     addrs: Option<(SocketAddr, SocketAddr)>,
@@ -397,6 +606,7 @@ async fn drive(
     shared: &ListenerShared,
     client: Option<&ClientIdentity>,
     pending: &mut Pending,
+    early: Option<(&Door, &EarlyKey)>,
 ) -> io::Result<Outcome> {
     loop {
         match chan.advance(hs).await? {
@@ -419,6 +629,17 @@ async fn drive(
             Step::Event(ServerEvent::Confirmed(link)) => {
                 if let Some((local, _)) = addrs {
                     crate::faults::stall(local, crate::faults::Point::ServerBeforeCommit).await;
+                }
+                if let Some((door, key)) = early {
+                    let said = match &chan {
+                        Channel::Wire(w) => w.connected(),
+                        Channel::Tcp(_) => None,
+                    };
+                    if !door.verify(key, said) {
+                        tracing::debug!(?said, "the confirmed connection is not the registrant's");
+                        hs.decline(DeclineReason::SyncError, Instant::now());
+                        continue;
+                    }
                 }
                 match check_confirm(&link, cfg, pending).await {
                     Ok(()) => hs.commit(Instant::now()),
@@ -945,6 +1166,9 @@ pub(crate) async fn run(shared: Arc<ListenerShared>) {
                     }
                     Poll::Pending => break,
                 }
+            }
+            for reg in door.take_early() {
+                start_early(&shared, reg);
             }
             if door.pending() > 0 {
                 let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));

@@ -12,7 +12,7 @@
 //! |---------|------|------------------------------------------------------------------------|
 //! | 0..4    | 4    | magic, [`DOOR_MAGIC`] (`"SMCd"`)                                       |
 //! | 4       | 1    | version, [`DOOR_VERSION`]                                              |
-//! | 5       | 1    | kind, [`DoorKind`]: 1 Register, 2 Clc, 3 Unmatched, 4 Refused, 5 Cancel |
+//! | 5       | 1    | kind, [`DoorKind`]: 1 Register, 2 Clc, 3 Unmatched, 4 Refused, 5 Cancel, 6 Connected |
 //! | 6       | 1    | reason: a [`DeclineReason`](super::clc::DeclineReason) byte for Unmatched and Refused, else 0 |
 //! | 7       | 1    | spare: sent as 0, ignored                                              |
 //! | 8..16   | 8    | id: the registration the frame is about, chosen by the client          |
@@ -20,7 +20,9 @@
 //!
 //! A Register's payload is a [`RegisterHead`] ([`REGISTER_HEAD_LEN`] bytes: the client's
 //! link-group manager instance, its TCP socket's cookie and port) followed by the client's CLC
-//! Proposal; a Clc frame's is one CLC message (Accept, Decline, Confirm, Commit); Unmatched,
+//! Proposal; a Clc frame's is one CLC message (Accept, Decline, Confirm, Commit); a Connected
+//! frame's is a [`ConnectedTuple`] ([`CONNECTED_LEN`] bytes: the four-tuple of the client's TCP
+//! connection, once it is up) followed by one CLC message (the client's first); Unmatched,
 //! Refused and Cancel frames carry none. A CLC message is at most [`CLC_MAX_LEN`] bytes.
 //! [`DoorFrame::decode`] and [`RegisterHead::decode`] check all of it and reject anything else
 //! with a [`DoorFrameError`]; they never panic. The CLC message itself is decoded by
@@ -39,6 +41,8 @@ pub const DOOR_VERSION: u8 = 3;
 pub const DOOR_HEADER_LEN: usize = 16;
 /// Length of a Register's [`RegisterHead`], before its Proposal.
 pub const REGISTER_HEAD_LEN: usize = 18;
+/// Length of a Connected frame's [`ConnectedTuple`], before its CLC message.
+pub const CONNECTED_LEN: usize = 37;
 /// Longest door frame: the header, a registration's head and the longest CLC message.
 pub const DOOR_FRAME_MAX: usize = DOOR_HEADER_LEN + REGISTER_HEAD_LEN + CLC_MAX_LEN;
 
@@ -59,11 +63,16 @@ pub enum DoorKind {
     Refused = 4,
     /// Client to server: "I stopped waiting; the connection is TCP" (before its Confirm).
     Cancel = 5,
+    /// Client to server, its first CLC message (Confirm or Decline) after a [`ConnectedTuple`]:
+    /// "my connection is up, from here to there". A listener that answered before the
+    /// connection arrived checks the tuple with the kernel, and may commit before it accepts.
+    Connected = 6,
 }
 
 impl DoorKind {
     /// Every kind, in wire order.
-    pub const ALL: [DoorKind; 5] = [Self::Register, Self::Clc, Self::Unmatched, Self::Refused, Self::Cancel];
+    pub const ALL: [DoorKind; 6] =
+        [Self::Register, Self::Clc, Self::Unmatched, Self::Refused, Self::Cancel, Self::Connected];
 
     /// The kind with wire value `v`.
     ///
@@ -75,13 +84,14 @@ impl DoorKind {
     /// assert_eq!(DoorKind::from_u8(2), Some(DoorKind::Clc));
     /// assert_eq!(DoorKind::from_u8(DoorKind::Cancel as u8), Some(DoorKind::Cancel));
     /// assert_eq!(DoorKind::from_u8(0), None);
-    /// assert_eq!(DoorKind::from_u8(6), None);
+    /// assert_eq!(DoorKind::from_u8(7), None);
     /// ```
     pub fn from_u8(v: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|k| *k as u8 == v)
     }
 
-    /// Whether frames of this kind carry a payload: Register and Clc do, the others do not.
+    /// Whether frames of this kind carry a payload: Register, Clc and Connected do, the others
+    /// do not.
     ///
     /// # Examples
     ///
@@ -95,7 +105,7 @@ impl DoorKind {
     /// assert!(!DoorKind::Cancel.has_payload());
     /// ```
     pub const fn has_payload(self) -> bool {
-        matches!(self, Self::Register | Self::Clc)
+        matches!(self, Self::Register | Self::Clc | Self::Connected)
     }
 
     /// The longest payload a frame of this kind may have.
@@ -103,6 +113,7 @@ impl DoorKind {
         match self {
             Self::Register => REGISTER_HEAD_LEN + CLC_MAX_LEN,
             Self::Clc => CLC_MAX_LEN,
+            Self::Connected => CONNECTED_LEN + CLC_MAX_LEN,
             _ => 0,
         }
     }
@@ -205,6 +216,99 @@ impl RegisterHead {
     }
 }
 
+/// The four-tuple of a client's TCP connection, as the client sees it, at the head of a
+/// Connected frame.
+///
+/// | offset | size | field                                                           |
+/// |--------|------|-----------------------------------------------------------------|
+/// | 0      | 1    | family: 4 or 6                                                  |
+/// | 1..17  | 16   | the client's address (IPv4 in the first 4 bytes, the rest 0)    |
+/// | 17..19 | 2    | the client's port                                               |
+/// | 19..35 | 16   | the server's address, as above                                  |
+/// | 35..37 | 2    | the server's port                                               |
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::door::{ConnectedTuple, DoorFrame, DoorKind};
+///
+/// let t = ConnectedTuple { local: "127.0.0.1:40000".parse().unwrap(), peer: "127.0.0.1:8080".parse().unwrap() };
+/// let bytes = t.encode_frame(3, b"a confirm");
+/// let (frame, payload) = DoorFrame::decode(&bytes).unwrap();
+/// assert_eq!((frame.kind, frame.id), (DoorKind::Connected, 3));
+/// assert_eq!(ConnectedTuple::decode(payload), Ok((t, &b"a confirm"[..])));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectedTuple {
+    /// The client's end.
+    pub local: std::net::SocketAddr,
+    /// The server's end.
+    pub peer: std::net::SocketAddr,
+}
+
+impl ConnectedTuple {
+    /// The whole Connected frame for registration `id`: header, this tuple, then `clc`. A pair
+    /// of mixed families is written as IPv6 (IPv4 addresses mapped).
+    pub fn encode_frame(&self, id: u64, clc: &[u8]) -> Vec<u8> {
+        use std::net::IpAddr;
+        let both_v4 = self.local.is_ipv4() && self.peer.is_ipv4();
+        let mut payload = Vec::with_capacity(CONNECTED_LEN + clc.len());
+        payload.push(if both_v4 { 4 } else { 6 });
+        for a in [self.local, self.peer] {
+            let mut ip = [0u8; 16];
+            match (a.ip(), both_v4) {
+                (IpAddr::V4(v4), true) => ip[..4].copy_from_slice(&v4.octets()),
+                (IpAddr::V4(v4), false) => ip = v4.to_ipv6_mapped().octets(),
+                (IpAddr::V6(v6), _) => ip = v6.octets(),
+            }
+            payload.extend_from_slice(&ip);
+            payload.extend_from_slice(&a.port().to_be_bytes());
+        }
+        payload.extend_from_slice(clc);
+        DoorFrame { kind: DoorKind::Connected, reason: 0, id }.encode(&payload)
+    }
+
+    /// Splits a Connected frame's payload into its tuple and the CLC message after it, which
+    /// must not be empty nor longer than [`CLC_MAX_LEN`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::door::{ConnectedTuple, DoorFrameError};
+    ///
+    /// assert_eq!(ConnectedTuple::decode(&[4; 37]), Err(DoorFrameError::ShortConnected(37)));
+    /// let mut b = [0u8; 38];
+    /// b[0] = 5;
+    /// assert_eq!(ConnectedTuple::decode(&b), Err(DoorFrameError::BadFamily(5)));
+    /// ```
+    pub fn decode(payload: &[u8]) -> Result<(ConnectedTuple, &[u8]), DoorFrameError> {
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+        let Some((head, clc)) = payload.split_first_chunk::<CONNECTED_LEN>() else {
+            return Err(DoorFrameError::ShortConnected(payload.len()));
+        };
+        if clc.is_empty() {
+            return Err(DoorFrameError::ShortConnected(payload.len()));
+        }
+        if clc.len() > CLC_MAX_LEN {
+            return Err(DoorFrameError::PayloadTooLong(clc.len()));
+        }
+        let addr = |at: usize| -> Result<SocketAddr, DoorFrameError> {
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&head[at..at + 16]);
+            let port = u16::from_be_bytes([head[at + 16], head[at + 17]]);
+            match head[0] {
+                4 if ip[4..].iter().all(|b| *b == 0) => {
+                    Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3])), port))
+                }
+                4 => Err(DoorFrameError::BadFamily(4)),
+                6 => Ok(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(ip)), port)),
+                f => Err(DoorFrameError::BadFamily(f)),
+            }
+        };
+        Ok((ConnectedTuple { local: addr(1)?, peer: addr(19)? }, clc))
+    }
+}
+
 /// Why a door frame was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DoorFrameError {
@@ -230,6 +334,12 @@ pub enum DoorFrameError {
     PayloadTooLong(usize),
     /// A Register's payload of this many bytes has no room for its head and a Proposal.
     ShortRegister(usize),
+    /// A Connected frame's payload of this many bytes has no room for its tuple and a CLC
+    /// message.
+    ShortConnected(usize),
+    /// A Connected frame's tuple has a family byte that is neither 4 nor 6 (or an IPv4
+    /// address with bytes past its fourth).
+    BadFamily(u8),
 }
 
 impl fmt::Display for DoorFrameError {
@@ -256,6 +366,11 @@ impl fmt::Display for DoorFrameError {
                     "door registration of {n} bytes has no room for its {REGISTER_HEAD_LEN}-byte head and a proposal"
                 )
             }
+            DoorFrameError::ShortConnected(n) => write!(
+                f,
+                "door connected frame of {n} bytes has no room for its {CONNECTED_LEN}-byte tuple and a clc message"
+            ),
+            DoorFrameError::BadFamily(v) => write!(f, "door connected frame with address family {v}"),
         }
     }
 }
@@ -395,7 +510,7 @@ mod tests {
         b[4] = 2;
         assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::BadVersion(2)));
 
-        for k in [0, 6, 0xFF] {
+        for k in [0, 7, 0xFF] {
             let mut b = good.clone();
             b[5] = k;
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::UnknownKind(k)));
@@ -406,7 +521,7 @@ mod tests {
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::UnexpectedPayload { kind, len: 3 }));
         }
 
-        for kind in [DoorKind::Register, DoorKind::Clc] {
+        for kind in [DoorKind::Register, DoorKind::Clc, DoorKind::Connected] {
             let b = DoorFrame { kind, reason: 0, id: 0 }.encode(&[]);
             assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::MissingPayload(kind)));
         }
@@ -426,6 +541,35 @@ mod tests {
     }
 
     #[test]
+    fn connected_tuples_round_trip_in_both_families() {
+        let cases = [
+            ("127.0.0.1:40000", "127.0.0.1:8080"),
+            ("[::1]:40000", "[::1]:8080"),
+            ("127.0.0.1:1", "[::ffff:127.0.0.2]:2"),
+        ];
+        for (l, p) in cases {
+            let t = ConnectedTuple { local: l.parse().unwrap(), peer: p.parse().unwrap() };
+            let bytes = t.encode_frame(9, b"clc");
+            let (f, payload) = DoorFrame::decode(&bytes).unwrap();
+            assert_eq!(f.kind, DoorKind::Connected);
+            let (got, clc) = ConnectedTuple::decode(payload).unwrap();
+            assert_eq!(clc, b"clc");
+            if t.local.is_ipv4() && t.peer.is_ipv4() {
+                assert_eq!(got, t);
+            } else {
+                // Mixed families travel as IPv6, the IPv4 side mapped.
+                assert_eq!(got.peer, t.peer);
+                assert_eq!(got.local.port(), t.local.port());
+            }
+        }
+        let mut bad = ConnectedTuple { local: "1.2.3.4:5".parse().unwrap(), peer: "1.2.3.4:6".parse().unwrap() }
+            .encode_frame(1, b"x");
+        bad[DOOR_HEADER_LEN + 10] = 1;
+        let (_, payload) = DoorFrame::decode(&bad).unwrap();
+        assert_eq!(ConnectedTuple::decode(payload), Err(DoorFrameError::BadFamily(4)));
+    }
+
+    #[test]
     fn errors_display() {
         let all = [
             DoorFrameError::TooShort(3),
@@ -436,6 +580,8 @@ mod tests {
             DoorFrameError::MissingPayload(DoorKind::Register),
             DoorFrameError::PayloadTooLong(2000),
             DoorFrameError::ShortRegister(4),
+            DoorFrameError::ShortConnected(4),
+            DoorFrameError::BadFamily(9),
         ];
         let texts: Vec<String> = all.iter().map(ToString::to_string).collect();
         assert_eq!(texts[0], "door frame of 3 bytes is shorter than its 16-byte header");
@@ -450,7 +596,7 @@ mod tests {
     fn arbitrary_frames_never_panic() {
         // Every length around the header, every kind byte, with and without a payload.
         for len in 0..=DOOR_HEADER_LEN + REGISTER_HEAD_LEN + 2 {
-            for kind in 0..=7u8 {
+            for kind in 0..=8u8 {
                 let mut b = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 }.encode(&[1; 24]);
                 b[5] = kind;
                 b.truncate(len);
@@ -460,6 +606,9 @@ mod tests {
                         if let Ok((h, p)) = RegisterHead::decode(payload) {
                             assert_eq!(h.encode_frame(f.id, p), b);
                         }
+                    }
+                    if f.kind == DoorKind::Connected {
+                        let _ = ConnectedTuple::decode(payload);
                     }
                 }
             }

@@ -610,28 +610,62 @@ fn claim(addr: std::net::SocketAddr, port: u16, cookie: u64, secs: u64) {
     })();
     println!("CLAIM victim_port={victim} registered={}", if registered.is_ok() { "ok" } else { "err" });
     let _ = std::io::stdout().flush();
+    let recv = |d: libc::c_int, secs: u64| -> Option<Vec<u8>> {
+        let tv = libc::timeval { tv_sec: secs as libc::time_t, tv_usec: 0 };
+        // SAFETY: valid option value of the size given.
+        unsafe {
+            libc::setsockopt(
+                d,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        let mut b = [0u8; 2048];
+        // SAFETY: `b` is a valid buffer of its length.
+        let n = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), 0) };
+        (n >= 16).then(|| b[..n as usize].to_vec())
+    };
+    // A listener answers a registration at a solo door at once, for the registrant's own
+    // proposal: an Accept is no verdict on anyone's connection. The claim is the Confirm that
+    // names the victim's connection, once the victim has connected.
+    let clc = |m: &[u8]| match smc_tokio::proto::clc::decode(&m[16..]) {
+        Ok(smc_tokio::proto::clc::Decoded::Message(m, _)) => Some(m),
+        _ => None,
+    };
     let verdict = match registered {
-        Ok(d) => {
-            let tv = libc::timeval { tv_sec: secs as libc::time_t, tv_usec: 0 };
-            // SAFETY: valid option value of the size given.
-            unsafe {
-                libc::setsockopt(
-                    d,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVTIMEO,
-                    (&tv as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                )
-            };
-            let mut b = [0u8; 2048];
-            // SAFETY: `b` is a valid buffer of its length.
-            let n = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), 0) };
-            if n >= 16 {
-                format!("{}", b[5])
-            } else {
-                "none".into()
-            }
-        }
+        Ok(d) => match recv(d, secs) {
+            None => "none".to_string(),
+            Some(m) => match clc(&m) {
+                Some(smc_tokio::proto::clc::ClcMessage::Accept(a)) => {
+                    std::thread::sleep(std::time::Duration::from_secs(secs));
+                    let smc_tokio::proto::clc::LinkInfo::Shm(info) = a.link else { return };
+                    let confirm = smc_tokio::proto::clc::ClcMessage::Confirm(smc_tokio::proto::clc::Confirm {
+                        secret: a.secret,
+                        link: smc_tokio::proto::clc::LinkInfo::Shm(smc_tokio::proto::clc::ShmLinkInfo {
+                            link_group: info.link_group,
+                            rmb_slot: 0,
+                            rmb_size: 64 << 10,
+                            socket_name: Vec::new(),
+                        }),
+                    });
+                    let t = smc_tokio::proto::door::ConnectedTuple {
+                        local: std::net::SocketAddr::new(addr.ip(), port),
+                        peer: addr,
+                    };
+                    let frame = t.encode_frame(1, &confirm.encode().unwrap_or_default());
+                    // SAFETY: `frame` is a valid buffer of its length.
+                    unsafe { libc::send(d, frame.as_ptr().cast(), frame.len(), libc::MSG_NOSIGNAL) };
+                    match recv(d, secs).as_deref().and_then(clc) {
+                        Some(smc_tokio::proto::clc::ClcMessage::Commit(_)) => "accept-then-commit".into(),
+                        Some(smc_tokio::proto::clc::ClcMessage::Decline(_)) => "accept-then-decline".into(),
+                        other => format!("accept-then-{other:?}"),
+                    }
+                }
+                _ => format!("{}", m[5]),
+            },
+        },
         Err(_) => "none".into(),
     };
     println!("VERDICT {verdict}");

@@ -16,7 +16,7 @@ use smc_tokio::proto::clc::{
     decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, Secret,
     ShmLinkInfo, ShmOffer, CLC_HEADER_LEN,
 };
-use smc_tokio::proto::door::{DoorFrame, DoorKind, RegisterHead};
+use smc_tokio::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead};
 use smc_tokio::proto::side::{self, Join};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -104,7 +104,11 @@ impl ClientHs {
             rmb_size: self.rmb_size,
             socket_name: Vec::new(),
         });
-        door_send_clc(&self.door, &ClcMessage::Confirm(Confirm { secret: self.secret, link }))?;
+        // With the four-tuple of our connection, as the crate's clients send it: a listener that
+        // answered before the connection arrived commits only a connection the kernel confirms.
+        let t = ConnectedTuple { local: self.tcp.local_addr()?, peer: self.tcp.peer_addr()? };
+        let m = ClcMessage::Confirm(Confirm { secret: self.secret, link }).encode().unwrap();
+        send_fds(self.door.as_fd(), &t.encode_frame(HOSTILE_ID, &m), &[])?;
         door_recv_clc(&self.door).await?.ok_or_else(|| io::Error::other("door closed without a final word"))
     }
 
@@ -171,6 +175,11 @@ pub fn door_recv(door: BorrowedFd<'_>) -> io::Result<Option<(u8, u8, Vec<u8>)>> 
     }
     let (frame, payload) =
         DoorFrame::decode(&msg).map_err(|e| io::Error::other(format!("bad door message {msg:?}: {e}")))?;
+    if frame.kind == DoorKind::Connected {
+        // A client's first CLC message, after the four-tuple of its connection.
+        let (_, clc) = ConnectedTuple::decode(payload).map_err(|e| io::Error::other(format!("{e}")))?;
+        return Ok(Some((DOOR_CLC, frame.reason, clc.to_vec())));
+    }
     Ok(Some((frame.kind as u8, frame.reason, payload.to_vec())))
 }
 
