@@ -324,7 +324,7 @@ struct Entry {
     proposal: Vec<u8>,
     since: Instant,
     /// Answered before its connection arrived: where the connection goes when it does.
-    early: Option<tokio::sync::oneshot::Sender<tokio::net::TcpStream>>,
+    early: Option<tokio::sync::oneshot::Sender<(tokio::net::TcpStream, SocketAddr)>>,
     /// The connection's four-tuple (peer, local), as the kernel confirmed it for this
     /// registration before the connection was accepted.
     verified: Option<(SocketAddr, SocketAddr)>,
@@ -381,7 +381,7 @@ pub(crate) struct Registration {
     pub(crate) client: ClientIdentity,
     proposal: Vec<u8>,
     /// Answered before its connection arrived: the connection, once it is accepted.
-    early: Option<tokio::sync::oneshot::Receiver<tokio::net::TcpStream>>,
+    early: Option<tokio::sync::oneshot::Receiver<(tokio::net::TcpStream, SocketAddr)>>,
 }
 
 /// Names a registration answered before its connection arrived, for the door's checks.
@@ -402,7 +402,7 @@ pub(crate) enum Matched {
     /// A registration whose handshake starts now.
     Handshake(Registration),
     /// A registration answered before the connection came: its handshake takes the connection.
-    Early(tokio::sync::oneshot::Sender<tokio::net::TcpStream>),
+    Early(tokio::sync::oneshot::Sender<(tokio::net::TcpStream, SocketAddr)>),
 }
 
 impl fmt::Debug for Registration {
@@ -414,7 +414,9 @@ impl fmt::Debug for Registration {
 impl Registration {
     /// For a registration answered before its connection arrived: its key and where its
     /// connection will come.
-    pub(crate) fn take_early(&mut self) -> Option<(EarlyKey, tokio::sync::oneshot::Receiver<tokio::net::TcpStream>)> {
+    pub(crate) fn take_early(
+        &mut self,
+    ) -> Option<(EarlyKey, tokio::sync::oneshot::Receiver<(tokio::net::TcpStream, SocketAddr)>)> {
         let rx = self.early.take()?;
         Some((EarlyKey { conn: self.conn.clone(), id: self.id }, rx))
     }

@@ -67,10 +67,10 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     };
     let reg = match matched {
         // Answered before it arrived: its handshake (or what came of it) takes it.
-        Some(Matched::Early(tx)) => match tx.send(tcp) {
+        Some(Matched::Early(tx)) => match tx.send((tcp, peer)) {
             Ok(()) => return Handoff::Later,
             // Its handshake gave up on it: plain TCP, as its client knows.
-            Err(tcp) => return hand_out(&shared.ctx, &cfg, tcp, Transport::Tcp(FallbackReason::PeerNoSmc), None),
+            Err((tcp, _)) => return hand_out(&shared.ctx, &cfg, tcp, Transport::Tcp(FallbackReason::PeerNoSmc), None),
         },
         Some(Matched::Handshake(r)) => Some(r),
         None => None,
@@ -396,9 +396,8 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
             // Accepted already: its connection comes on `tcp_rx`; decide for it as at accept.
             let shared = shared.clone();
             tokio::spawn(async move {
-                let Ok(tcp) = tcp_rx.await else { return };
-                let Ok(peer) = tcp.peer_addr() else { return };
-                let local = tcp.local_addr().ok();
+                let Ok((tcp, peer)) = tcp_rx.await else { return };
+                let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
                 if let Handoff::Now(s) = registered(&shared, cfg, tcp, (local, peer), reg) {
                     shared.deliver(s, peer);
                 }
@@ -413,7 +412,7 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
 fn spawn_tcp_after(
     shared: &Arc<ListenerShared>,
     key: EarlyKey,
-    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
     cfg: Settings,
     t: Transport,
 ) {
@@ -423,14 +422,13 @@ fn spawn_tcp_after(
     }
     let shared = shared.clone();
     tokio::spawn(async move {
-        if let Ok(tcp) = tcp_rx.await {
-            deliver_tcp(&shared, &cfg, tcp, t);
+        if let Ok((tcp, peer)) = tcp_rx.await {
+            deliver_tcp(&shared, &cfg, tcp, peer, t);
         }
     });
 }
 
-fn deliver_tcp(shared: &ListenerShared, cfg: &Settings, tcp: TcpStream, t: Transport) {
-    let Ok(peer) = tcp.peer_addr() else { return };
+fn deliver_tcp(shared: &ListenerShared, cfg: &Settings, tcp: TcpStream, peer: SocketAddr, t: Transport) {
     if let Some((s, t)) = tcp_out(cfg, tcp, t, None) {
         shared.ctx.counters().connection(true, t);
         shared.deliver(s, peer);
@@ -441,7 +439,7 @@ fn spawn_early(
     shared: &Arc<ListenerShared>,
     reg: Registration,
     key: EarlyKey,
-    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
     cfg: Settings,
     slot: HandshakeSlot,
 ) {
@@ -455,7 +453,7 @@ async fn serve_early(
     shared: Arc<ListenerShared>,
     reg: Registration,
     key: EarlyKey,
-    tcp_rx: tokio::sync::oneshot::Receiver<TcpStream>,
+    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
     cfg: Settings,
     slot: HandshakeSlot,
 ) {
@@ -523,8 +521,7 @@ async fn serve_early(
                 .await
             };
             match tcp {
-                Some(tcp) => {
-                    let Ok(peer) = tcp.peer_addr() else { return conn.release(true) };
+                Some((tcp, peer)) => {
                     let t = conn.transport();
                     tracing::Span::current().record("transport", tracing::field::display(t));
                     shared.ctx.counters().connection(true, t);

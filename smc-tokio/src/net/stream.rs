@@ -263,7 +263,9 @@ impl SmcStream {
     fn from_smc(ctx: SmcContext, tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
         let tcp = Arc::new(tcp);
         conn.hold_tcp(tcp.clone());
-        conn.describe(tcp.peer_addr().ok(), transport);
+        // The peer's address is looked up (a system call) only for a span that records it.
+        let peer = if conn.span().is_disabled() { None } else { tcp.peer_addr().ok() };
+        conn.describe(peer, transport);
         let watcher = tokio::spawn(tracing::Instrument::instrument(
             watch_tcp(tcp.clone(), Arc::downgrade(&conn)),
             conn.span().clone(),

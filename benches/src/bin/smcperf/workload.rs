@@ -148,12 +148,14 @@ pub(crate) async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Dur
 pub(crate) async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
+    let first_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let negotiated = Arc::new(Seen::default());
     let warmup = dur / 10;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..case.conns {
         let (stop, errors, negotiated, target) = (stop.clone(), errors.clone(), negotiated.clone(), target.clone());
+        let first_error = first_error.clone();
         let size = case.size;
         tasks.push(tokio::spawn(async move {
             let msg = vec![0x3cu8; size];
@@ -178,8 +180,9 @@ pub(crate) async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Durati
                         }
                         negotiated.add(neg);
                     }
-                    Err(_) => {
+                    Err(e) => {
                         errors.fetch_add(1, Ordering::Relaxed);
+                        first_error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| e.to_string());
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
@@ -190,6 +193,9 @@ pub(crate) async fn run_crr(kind: Kind, target: &Target, case: Case, dur: Durati
     let mut m = measure(&stop, tasks, dur + warmup, dur, String::new(), 0, 0).await?;
     m.negotiated = negotiated.get();
     m.errors = errors.load(Ordering::Relaxed);
+    if let Some(e) = first_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        eprintln!("smcperf: crr over {}: {} connections failed, the first with: {e}", kind.name(), m.errors);
+    }
     Ok(m)
 }
 
