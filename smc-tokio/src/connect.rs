@@ -466,6 +466,13 @@ fn finish_door(
             tracing::debug!(error = %e, "the door's answer made no sense: staying on tcp");
             FallbackReason::Declined { reason: DeclineReason::SyncError, by: Side::Local }
         }
+        // Our message found no room on the door connection in time and was never sent (a
+        // door message goes whole or not at all): if it was our Confirm, the server, which
+        // commits only on one, cannot have committed. The listener is swamped: TCP.
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            tracing::debug!("no room on the door connection for our answer: staying on tcp");
+            FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local }
+        }
         Err(e) if !confirmed => {
             tracing::debug!(error = %e, "the door failed: staying on tcp");
             FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local }
