@@ -346,6 +346,14 @@ struct DoorState {
 
 impl DoorState {
     /// Drops a registration not matched yet; whether there was one.
+    /// A registration not matched yet, by its door connection and id: the port it is filed
+    /// under, and its entry.
+    fn entry_mut(&mut self, conn: &Arc<ServerConn>, id: u64) -> Option<(u16, &mut Entry)> {
+        let port = conn.pending().get(&id).copied()?;
+        let e = self.entries.get_mut(&port)?.iter_mut().find(|e| e.id == id && Arc::ptr_eq(&e.conn, conn))?;
+        Some((port, e))
+    }
+
     fn remove(&mut self, conn: &Arc<ServerConn>, id: u64) -> bool {
         let Some(port) = conn.pending().remove(&id) else { return false };
         let Some(list) = self.entries.get_mut(&port) else { return false };
@@ -937,11 +945,11 @@ impl Door {
         }
         let Some(t) = said else { return false };
         let (client, server) = (sys::unmap(t.local), sys::unmap(t.peer));
-        if server.port() != self.port() {
+        if server.port() != self.listen_port {
             return false;
         }
         let mut st = self.lock();
-        let Some(port) = key.conn.pending().get(&key.id).copied() else { return false };
+        let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };
         if port != client.port() {
             return false;
         }
@@ -951,13 +959,6 @@ impl Door {
         };
         /// `TCP_ESTABLISHED` (include/net/tcp_states.h).
         const ESTABLISHED: u8 = 1;
-        let Some(e) = st
-            .entries
-            .get_mut(&port)
-            .and_then(|l| l.iter_mut().find(|e| e.id == key.id && Arc::ptr_eq(&e.conn, &key.conn)))
-        else {
-            return false;
-        };
         if e.cookie != owner.cookie || key.conn.cred.uid != owner.uid || owner.state != ESTABLISHED {
             return false;
         }
@@ -971,14 +972,7 @@ impl Door {
     /// way to `reg`'s receiver.
     pub(crate) fn demote(&self, reg: Registration, key: &EarlyKey) -> Option<Registration> {
         let mut st = self.lock();
-        let Some(port) = key.conn.pending().get(&key.id).copied() else { return Some(reg) };
-        let Some(e) = st
-            .entries
-            .get_mut(&port)
-            .and_then(|l| l.iter_mut().find(|e| e.id == key.id && Arc::ptr_eq(&e.conn, &key.conn)))
-        else {
-            return Some(reg);
-        };
+        let Some((_, e)) = st.entry_mut(&key.conn, key.id) else { return Some(reg) };
         e.early = None;
         key.conn.live().remove(&key.id);
         None
@@ -988,11 +982,6 @@ impl Door {
     /// whether it was still there (if not, its connection is on its way to the handshake).
     pub(crate) fn forget(&self, key: &EarlyKey) -> bool {
         self.lock().remove(&key.conn, key.id)
-    }
-
-    /// The port the door's listener listens on.
-    fn port(&self) -> u16 {
-        self.listen_port
     }
 }
 
@@ -1073,6 +1062,7 @@ impl ClientConn {
                     }
                 }
                 Ok(None) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(e),
             }
         }
@@ -1107,12 +1097,11 @@ async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) 
         .await;
         match readable {
             Some(Ok(mut guard)) => match conn.read_all() {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Ok(()) => guard.clear_ready(),
                 Err(e) => {
                     tracing::debug!(error = %e, "door connection ended");
                     return;
                 }
-                Ok(()) => {}
             },
             Some(Err(_)) => return,
             None => {

@@ -286,29 +286,17 @@ async fn serve(
             Some(w) => Channel::Wire(w),
             None => Channel::Tcp(&mut tcp),
         };
-        let run = drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending, None);
-        let closed = shared.closed();
-        let mut run = std::pin::pin!(run);
-        let mut closed = std::pin::pin!(closed);
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = run.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
-            }
-            closed.as_mut().poll(cx).map(|()| None)
-        })
-        .await
+        shared.unless_closed(drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending, None)).await
     };
     drop(slot);
     let Some(outcome) = outcome else {
         // The listener is gone: decline what can still be declined, so the client continues
         // over TCP (and reads the end of the connection) instead of failing, then close.
-        hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
-        let mut chan = match &mut wire {
+        let chan = match &mut wire {
             Some(w) => Channel::Wire(w),
             None => Channel::Tcp(&mut tcp),
         };
-        let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(&mut hs)).await;
-        pending.release();
+        end_at_close(&mut hs, chan, &mut pending).await;
         tracing::debug!("listener dropped during the handshake");
         return None;
     };
@@ -336,21 +324,12 @@ async fn serve(
         // A same-host client that closed its door connection (its cancel), or sent nonsense
         // there: the stream is untouched, so it is a TCP connection.
         Ok(Outcome::Failed(e)) if on_door => {
-            tracing::debug!(error = %e, "handshake on the door ended without smc");
             pending.release();
-            let reason = match e {
-                crate::proto::handshake::HandshakeError::Eof | crate::proto::handshake::HandshakeError::Timeout => {
-                    DeclineReason::Timeout
-                }
-                _ => DeclineReason::SyncError,
-            };
-            tcp_out(cfg, tcp, Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }), None)
+            tcp_out(cfg, tcp, failed_on_door(Ok(e)), None)
         }
         Err(e) if on_door => {
-            tracing::debug!(error = %e, "the door failed during the handshake");
             pending.release();
-            let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local });
-            tcp_out(cfg, tcp, t, None)
+            tcp_out(cfg, tcp, failed_on_door(Err(e)), None)
         }
         Ok(Outcome::Failed(e)) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
@@ -481,22 +460,11 @@ async fn serve_early(
             &mut pending,
             Some((door, &key)),
         );
-        let closed = shared.closed();
-        let mut run = std::pin::pin!(run);
-        let mut closed = std::pin::pin!(closed);
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = run.as_mut().poll(cx) {
-                return Poll::Ready(Some(r));
-            }
-            closed.as_mut().poll(cx).map(|()| None)
-        })
-        .await
+        shared.unless_closed(run).await
     };
     drop(slot);
     let Some(outcome) = outcome else {
-        hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
-        let _ = tokio::time::timeout(Duration::from_secs(1), Channel::Wire(&mut wire).flush(&mut hs)).await;
-        pending.release();
+        end_at_close(&mut hs, Channel::Wire(&mut wire), &mut pending).await;
         door.forget(&key);
         return;
     };
@@ -508,18 +476,7 @@ async fn serve_early(
             // Committed: the connection is ours to hand out once the listener accepts it (the
             // sweep drops the registration, and with it the wait, after 30 s; the listener's
             // close ends it too).
-            let tcp = {
-                let closed = shared.closed();
-                let mut closed = std::pin::pin!(closed);
-                let mut tcp_rx = tcp_rx;
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready(r) = Pin::new(&mut tcp_rx).poll(cx) {
-                        return Poll::Ready(r.ok());
-                    }
-                    closed.as_mut().poll(cx).map(|()| None)
-                })
-                .await
-            };
+            let tcp = shared.unless_closed(tcp_rx).await.and_then(Result::ok);
             match tcp {
                 Some((tcp, peer)) => {
                     let t = conn.transport();
@@ -539,23 +496,41 @@ async fn serve_early(
             timer.completed();
             Transport::Tcp(FallbackReason::Declined { reason, by })
         }
-        Ok(Outcome::Failed(e)) => {
-            tracing::debug!(error = %e, "early handshake on the door ended without smc");
-            let reason = match e {
-                crate::proto::handshake::HandshakeError::Eof | crate::proto::handshake::HandshakeError::Timeout => {
-                    DeclineReason::Timeout
-                }
-                _ => DeclineReason::SyncError,
-            };
-            Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer })
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "the door failed during an early handshake");
-            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local })
-        }
+        Ok(Outcome::Failed(e)) => failed_on_door(Ok(e)),
+        Err(e) => failed_on_door(Err(e)),
     };
     pending.release();
     spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
+}
+
+/// What a connection whose door handshake failed is: TCP, since its stream carried nothing of
+/// the handshake. A client that cancelled (or closed its door connection) or sent nonsense is
+/// the peer's doing; a door that failed us is ours.
+fn failed_on_door(e: Result<crate::proto::handshake::HandshakeError, io::Error>) -> Transport {
+    use crate::proto::handshake::HandshakeError;
+    let (reason, by) = match e {
+        Ok(e) => {
+            tracing::debug!(error = %e, "handshake on the door ended without smc");
+            match e {
+                HandshakeError::Eof | HandshakeError::Timeout => (DeclineReason::Timeout, Side::Peer),
+                _ => (DeclineReason::SyncError, Side::Peer),
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "the door failed during the handshake");
+            (DeclineReason::Internal, Side::Local)
+        }
+    };
+    Transport::Tcp(FallbackReason::Declined { reason, by })
+}
+
+/// The listener is gone mid-handshake: decline what can still be declined, so the client
+/// continues over TCP (and reads the end of the connection) instead of failing, and give the
+/// connection's slot back.
+async fn end_at_close(hs: &mut ServerHandshake, mut chan: Channel<'_, ServerWire>, pending: &mut Pending) {
+    hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+    let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(hs)).await;
+    pending.release();
 }
 
 fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(Established, Transport)> {
@@ -885,6 +860,20 @@ impl ListenerShared {
     /// Whether the listener was dropped.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` to its end, or until the listener is dropped (then `None`).
+    async fn unless_closed<F: Future>(&self, f: F) -> Option<F::Output> {
+        let closed = self.closed();
+        let mut f = std::pin::pin!(f);
+        let mut closed = std::pin::pin!(closed);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = f.as_mut().poll(cx) {
+                return Poll::Ready(Some(r));
+            }
+            closed.as_mut().poll(cx).map(|()| None)
+        })
+        .await
     }
 
     /// Resolves when the listener is dropped.

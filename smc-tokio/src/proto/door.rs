@@ -197,15 +197,7 @@ impl RegisterHead {
     /// assert!(RegisterHead::decode(&[0; 19]).is_ok());
     /// ```
     pub fn decode(payload: &[u8]) -> Result<(RegisterHead, &[u8]), DoorFrameError> {
-        let Some((head, proposal)) = payload.split_first_chunk::<REGISTER_HEAD_LEN>() else {
-            return Err(DoorFrameError::ShortRegister(payload.len()));
-        };
-        if proposal.is_empty() {
-            return Err(DoorFrameError::ShortRegister(payload.len()));
-        }
-        if proposal.len() > CLC_MAX_LEN {
-            return Err(DoorFrameError::PayloadTooLong(proposal.len()));
-        }
+        let (head, proposal) = split_head::<REGISTER_HEAD_LEN>(payload, DoorFrameError::ShortRegister)?;
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&head[at..at + 8]);
@@ -283,15 +275,7 @@ impl ConnectedTuple {
     /// ```
     pub fn decode(payload: &[u8]) -> Result<(ConnectedTuple, &[u8]), DoorFrameError> {
         use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-        let Some((head, clc)) = payload.split_first_chunk::<CONNECTED_LEN>() else {
-            return Err(DoorFrameError::ShortConnected(payload.len()));
-        };
-        if clc.is_empty() {
-            return Err(DoorFrameError::ShortConnected(payload.len()));
-        }
-        if clc.len() > CLC_MAX_LEN {
-            return Err(DoorFrameError::PayloadTooLong(clc.len()));
-        }
+        let (head, clc) = split_head::<CONNECTED_LEN>(payload, DoorFrameError::ShortConnected)?;
         let addr = |at: usize| -> Result<SocketAddr, DoorFrameError> {
             let mut ip = [0u8; 16];
             ip.copy_from_slice(&head[at..at + 16]);
@@ -306,6 +290,19 @@ impl ConnectedTuple {
             }
         };
         Ok((ConnectedTuple { local: addr(1)?, peer: addr(19)? }, clc))
+    }
+}
+
+/// Splits a payload into its fixed `N`-byte head and the CLC message after it, which must not
+/// be empty (`short` of the payload's length) nor longer than [`CLC_MAX_LEN`].
+fn split_head<const N: usize>(
+    payload: &[u8],
+    short: fn(usize) -> DoorFrameError,
+) -> Result<(&[u8; N], &[u8]), DoorFrameError> {
+    match payload.split_first_chunk::<N>() {
+        Some((_, [])) | None => Err(short(payload.len())),
+        Some((_, clc)) if clc.len() > CLC_MAX_LEN => Err(DoorFrameError::PayloadTooLong(clc.len())),
+        Some((head, clc)) => Ok((head, clc)),
     }
 }
 
