@@ -382,7 +382,7 @@ pub struct Stats {
 }
 
 /// Descriptors that other processes had a hand in (door and side-channel connections,
-/// registered sockets, descriptors they sent), which the crate closes on closer threads, never
+/// descriptors they sent), which the crate closes on closer threads, never
 /// on a runtime worker: such a close can block (a lingering TCP socket, a Unix socket with
 /// descriptors queued in it). Before closing, a closer takes out what is queued in Unix
 /// sockets and turns every socket's linger off.

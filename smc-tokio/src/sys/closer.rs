@@ -76,10 +76,10 @@ impl Drop for PeerFd {
 }
 
 /// How long a closer lets descriptors gather after it was woken, before it closes them.
-/// Descriptors come in bursts (each same-host connection hands it two or three: door
-/// connections and the registered socket), and waking a thread is the expensive part of
-/// handing one over: in `smcperf local --scenario crr --conns 64` a wake per descriptor was
-/// five futex calls per connection and the closer took 8% of all CPU. 200 us keeps the wait
+/// Descriptors come in bursts (a flood of knocks, a link group's teardown), and waking a thread
+/// is the expensive part of handing one over: measured when each same-host connection still
+/// handed the closer two or three descriptors, in `smcperf local --scenario crr --conns 64` a
+/// wake per descriptor was five futex calls per connection and the closer took 8% of all CPU. 200 us keeps the wait
 /// well under a round trip of the slowest client while gathering a dozen per wake-up there.
 const CLOSER_GATHER: Duration = Duration::from_micros(200);
 
