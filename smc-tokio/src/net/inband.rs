@@ -26,7 +26,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::ReadBuf;
-use tokio::net::TcpStream;
+
+use crate::net::tcp_io::TcpIo;
 
 use crate::proto::clc::{
     decode, ClcError, ClcMessage, Decline, DeclineReason, Decoded, Secret, CLC_EYECATCHER, CLC_MAX_LEN,
@@ -143,7 +144,7 @@ impl InbandGuard {
     pub(crate) fn poll_read(
         &self,
         cx: &mut Context<'_>,
-        tcp: &TcpStream,
+        tcp: TcpIo<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Option<Poll<io::Result<()>>> {
         if !self.is_active() {
@@ -216,7 +217,7 @@ impl InbandGuard {
     pub(crate) fn poll_peek(
         &self,
         cx: &mut Context<'_>,
-        tcp: &TcpStream,
+        tcp: TcpIo<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Option<Poll<io::Result<usize>>> {
         if !self.is_active() {
@@ -248,7 +249,7 @@ impl InbandGuard {
 
     /// Reads into the held bytes until they decide (a message taken, or data), or the socket
     /// has nothing more for now (`Pending`, woken by readiness or the partial-prefix timer).
-    fn poll_decide(&self, cx: &mut Context<'_>, st: &mut State, tcp: &TcpStream) -> Poll<io::Result<()>> {
+    fn poll_decide(&self, cx: &mut Context<'_>, st: &mut State, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         loop {
             if !st.held.is_empty() && self.decide(st, tcp).is_some() {
                 return Poll::Ready(Ok(()));
@@ -296,7 +297,7 @@ impl InbandGuard {
 
     /// Looks at the held bytes: takes a whole message we expect, or decides they are data.
     /// `None`: a message has started and more bytes are needed.
-    fn decide(&self, st: &mut State, tcp: &TcpStream) -> Option<()> {
+    fn decide(&self, st: &mut State, tcp: TcpIo<'_>) -> Option<()> {
         match classify(&st.held, st.owed, st.app_wrote) {
             Class::NeedMore => return None,
             Class::Data => st.phase = Phase::Deliver,
@@ -317,7 +318,7 @@ impl InbandGuard {
     /// Called before the application writes: answers a Proposal that is already waiting,
     /// writes a Decline still owed, and notes that the application has written (so later
     /// Proposals are dropped silently). `Pending` only while a Decline cannot be written yet.
-    pub(crate) fn poll_before_write(&self, cx: &mut Context<'_>, tcp: &TcpStream) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_before_write(&self, cx: &mut Context<'_>, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         if !self.is_active() {
             return Poll::Ready(Ok(()));
         }
@@ -369,7 +370,7 @@ impl InbandGuard {
 }
 
 /// Writes what is left of a Decline; `WouldBlock` while the socket cannot take it.
-fn flush_reply(tcp: &TcpStream, st: &mut State) -> io::Result<()> {
+fn flush_reply(tcp: TcpIo<'_>, st: &mut State) -> io::Result<()> {
     while !st.reply.is_empty() {
         let n = tcp.try_write(&st.reply)?;
         st.reply.drain(..n);
@@ -377,7 +378,7 @@ fn flush_reply(tcp: &TcpStream, st: &mut State) -> io::Result<()> {
     Ok(())
 }
 
-fn try_read_buf(tcp: &TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+fn try_read_buf(tcp: TcpIo<'_>, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
     let before = buf.filled().len();
     let dst = buf.initialize_unfilled();
     let n = tcp.try_read(dst)?;

@@ -944,7 +944,10 @@ impl SmcListener {
     fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
-                return Poll::Ready(Ok((SmcStream::from_established(self.shared.ctx.clone(), e), peer)));
+                return Poll::Ready(Ok((
+                    SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted(),
+                    peer,
+                )));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
             // returned on the first poll, as tokio's accept returns it.
@@ -952,7 +955,10 @@ impl SmcListener {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
                     if let Handoff::Now(e) = listen::admit(&self.shared, tcp, peer) {
-                        return Poll::Ready(Ok((SmcStream::from_established(self.shared.ctx.clone(), e), peer)));
+                        return Poll::Ready(Ok((
+                            SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted(),
+                            peer,
+                        )));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,

@@ -9,6 +9,7 @@ pub(crate) mod socket;
 pub(crate) mod split;
 pub(crate) mod split_owned;
 pub(crate) mod stream;
+pub(crate) mod tcp_io;
 
 pub use cork::CorkGuard;
 pub use listener::{SmcListener, SmcListenerBuilder, LISTEN_BACKLOG};

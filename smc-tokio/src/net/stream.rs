@@ -18,6 +18,7 @@ use crate::net::cork::CorkGuard;
 use crate::net::inband::{InbandGuard, Owed};
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
+use crate::net::tcp_io::{Assumed, TcpIo};
 use crate::smc::conn::SmcConn;
 use crate::sys;
 use crate::transport::Transport;
@@ -74,6 +75,9 @@ pub struct SmcStream {
     /// serves one open file many times pays one `fstat`, not one per call (a system call
     /// costs as much as the rest of a 4 KiB `sendfile` on the development VM).
     sendfile_checked: AtomicI32,
+    /// The directions of the TCP socket still assumed ready (an accepted stream's, as tokio
+    /// assumes them for accepted sockets); used on the TCP path.
+    assumed: Assumed,
 }
 
 /// What carries a stream's bytes. The two are exclusive: an SMC connection has no in-band
@@ -186,6 +190,25 @@ impl SmcStream {
         SmcStreamBuilder::new().connect(addr).await
     }
 
+    /// The TCP socket as the TCP path uses it (with its assumed readiness).
+    fn io(&self) -> TcpIo<'_> {
+        TcpIo::new(&self.tcp, &self.assumed)
+    }
+
+    /// Marks a stream the listener hands out: as tokio does for an accepted socket, its TCP
+    /// socket is taken to be readable and writable until an operation finds otherwise.
+    pub(crate) fn assume_accepted(self) -> SmcStream {
+        self.assumed.set_accepted();
+        self
+    }
+
+    /// Whether a guarded stream is readable by assumption: its guard holds nothing and its
+    /// socket is assumed readable (an accepted stream before its first empty read), so a
+    /// read tries the socket, as it would on tokio's accepted stream.
+    fn guard_assumed_readable(&self, g: &InbandGuard) -> bool {
+        self.io().assumed_readable() && !g.holds_bytes()
+    }
+
     /// The SMC connection, if the bytes move over one.
     fn smc(&self) -> Option<&SmcInner> {
         match &self.path {
@@ -232,6 +255,7 @@ impl SmcStream {
             adaptive: None,
             tcp_corks: Arc::default(),
             sendfile_checked: AtomicI32::new(-1),
+            assumed: Assumed::default(),
         }
     }
 
@@ -280,6 +304,7 @@ impl SmcStream {
             adaptive: None,
             tcp_corks: Arc::default(),
             sendfile_checked: AtomicI32::new(-1),
+            assumed: Assumed::default(),
         }
     }
 
@@ -603,11 +628,11 @@ impl SmcStream {
             return s.conn.poll_peek(cx, buf);
         }
         if let Some(g) = self.guard() {
-            if let Some(p) = g.poll_peek(cx, &self.tcp, buf) {
+            if let Some(p) = g.poll_peek(cx, self.io(), buf) {
                 return p;
             }
         }
-        self.tcp.poll_peek(cx, buf)
+        self.io().poll_peek(cx, buf)
     }
 
     /// Makes a stream of an already connected std TCP stream, as [`TcpStream::from_std`] does
@@ -749,14 +774,14 @@ impl SmcStream {
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         match &self.path {
             Path::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
-            Path::Tcp(Some(g)) if g.is_active() && interest.is_readable() => {
+            Path::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
                 // Bytes may sit in the guard (a late handshake message was taken off the
                 // socket): readable means "a read returns something", which peek tells.
                 let mut b = [0u8; 1];
                 std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
                 Ok(Ready::READABLE)
             }
-            Path::Tcp(_) => self.tcp.ready(interest).await,
+            Path::Tcp(_) => self.io().ready(interest).await,
         }
     }
 
@@ -802,11 +827,11 @@ impl SmcStream {
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &self.path {
             Path::Smc(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
-            Path::Tcp(Some(g)) if g.is_active() => {
+            Path::Tcp(Some(g)) if g.is_active() && !self.guard_assumed_readable(g) => {
                 let mut b = [0u8; 1];
                 self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
             }
-            Path::Tcp(_) => self.tcp.poll_read_ready(cx),
+            Path::Tcp(_) => self.io().poll_read_ready(cx),
         }
     }
 
@@ -848,7 +873,7 @@ impl SmcStream {
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &self.path {
             Path::Smc(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
-            Path::Tcp(_) => self.tcp.poll_write_ready(cx),
+            Path::Tcp(_) => self.io().poll_write_ready(cx),
         }
     }
 
@@ -913,7 +938,7 @@ impl SmcStream {
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
-            let n = self.tcp.try_read_vectored(bufs)?;
+            let n = self.io().try_read_vectored(bufs)?;
             self.moved(false, n);
             return Ok(n);
         }
@@ -995,7 +1020,7 @@ impl SmcStream {
                 // after it returned their count.
                 let unfilled = unsafe { rb.unfilled_mut() };
                 let fd = self.tcp.as_raw_fd();
-                let n = self.tcp.try_io(Interest::READABLE, || {
+                let n = self.io().try_io(Interest::READABLE, || {
                     // SAFETY: `fd` is the stream's open socket; pointer and length describe
                     // the unfilled region borrowed above.
                     let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
@@ -1043,7 +1068,7 @@ impl SmcStream {
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
             }
-            Path::Tcp(_) => self.tcp.try_write(buf)?,
+            Path::Tcp(_) => self.io().try_write(buf)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1076,7 +1101,7 @@ impl SmcStream {
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
             }
-            Path::Tcp(_) => self.tcp.try_write_vectored(bufs)?,
+            Path::Tcp(_) => self.io().try_write_vectored(bufs)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1120,7 +1145,7 @@ impl SmcStream {
         if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
-        self.tcp.try_io(interest, f)
+        self.io().try_io(interest, f)
     }
 
     /// Waits for `interest` and runs `f` on the TCP socket until it does not answer
@@ -1149,7 +1174,7 @@ impl SmcStream {
         if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
-        self.tcp.async_io(interest, f).await
+        self.io().async_io(interest, f).await
     }
 
     /// The `TCP_QUICKACK` option of the TCP socket, as [`TcpStream::quickack`] reads it.
@@ -1305,18 +1330,18 @@ impl SmcStream {
             return s.conn.poll_read(cx, buf);
         }
         if let Some(g) = self.guard() {
-            if let Some(p) = g.poll_read(cx, &self.tcp, buf) {
+            if let Some(p) = g.poll_read(cx, self.io(), buf) {
                 return p;
             }
         }
         loop {
-            ready!(self.tcp.poll_read_ready(cx))?;
+            ready!(self.io().poll_read_ready(cx))?;
             let fd = self.tcp.as_raw_fd();
             // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
             // writes at most that many bytes and they are marked initialized only after it
             // returned their count.
             let unfilled = unsafe { buf.unfilled_mut() };
-            let res = self.tcp.try_io(Interest::READABLE, || {
+            let res = self.io().try_io(Interest::READABLE, || {
                 // SAFETY: `fd` is the stream's open socket; the pointer and length describe the
                 // unfilled, writable region borrowed above.
                 let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
@@ -1345,11 +1370,11 @@ impl SmcStream {
             return s.conn.poll_write(cx, data);
         }
         if let Some(g) = self.guard() {
-            ready!(g.poll_before_write(cx, &self.tcp))?;
+            ready!(g.poll_before_write(cx, self.io()))?;
         }
         loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            match self.tcp.try_write(data) {
+            ready!(self.io().poll_write_ready(cx))?;
+            match self.io().try_write(data) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 res => return Poll::Ready(res),
             }
@@ -1361,11 +1386,11 @@ impl SmcStream {
             return s.conn.poll_write_vectored(cx, bufs);
         }
         if let Some(g) = self.guard() {
-            ready!(g.poll_before_write(cx, &self.tcp))?;
+            ready!(g.poll_before_write(cx, self.io()))?;
         }
         loop {
-            ready!(self.tcp.poll_write_ready(cx))?;
-            match self.tcp.try_write_vectored(bufs) {
+            ready!(self.io().poll_write_ready(cx))?;
+            match self.io().try_write_vectored(bufs) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 res => return Poll::Ready(res),
             }
@@ -1485,13 +1510,13 @@ impl SmcStream {
 
     async fn tcp_sendfile(&self, file: BorrowedFd<'_>, at: &mut u64, left: &mut u64) -> io::Result<()> {
         if let Some(g) = self.guard() {
-            std::future::poll_fn(|cx| g.poll_before_write(cx, &self.tcp)).await?;
+            std::future::poll_fn(|cx| g.poll_before_write(cx, self.io())).await?;
         }
         while *left > 0 {
             // sendfile(2) moves at most 0x7ffff000 bytes per call.
             let count = usize::try_from(*left).unwrap_or(usize::MAX).min(0x7fff_f000);
-            self.tcp.writable().await?;
-            match self.tcp.try_io(Interest::WRITABLE, || sys::sendfile(self.tcp.as_fd(), file, at, count)) {
+            self.io().ready(Interest::WRITABLE).await?;
+            match self.io().try_io(Interest::WRITABLE, || sys::sendfile(self.tcp.as_fd(), file, at, count)) {
                 Ok(0) => *left = 0, // end of file
                 Ok(n) => *left -= n as u64,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -1508,7 +1533,7 @@ impl SmcStream {
         }
         if let Some(g) = self.guard() {
             // A Decline still owed goes out before our FIN.
-            ready!(g.poll_before_write(cx, &self.tcp))?;
+            ready!(g.poll_before_write(cx, self.io()))?;
         }
         Poll::Ready(self.shutdown_priv())
     }
