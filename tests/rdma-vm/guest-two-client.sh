@@ -6,6 +6,9 @@
 . /etc/rdma-vm/guest-lib.sh
 
 S=$RDMA_VM_SERVER_IP
+# Across hosts a client proposes SMC in-band only to destinations it was told run smc-tokio:
+# the server guest is one.
+export SMC_TOKIO_INBAND_PEERS="$S"
 D=$RDMA_VM_DEV
 G=$RDMA_VM_GID_INDEX
 T=$RDMA_VM_CMD_TIMEOUT

@@ -1,0 +1,36 @@
+//! smc-tokio to smc-tokio SMC-R across two hosts: boots two qemu guests with soft-RoCE
+//! (`rdma_rxe`), linked by qemu's socket network, through the test bed (`tests/rdma-vm/run.sh
+//! two`). The server guest serves `smc-rdma-test server`; the client guest, which names the
+//! server as an in-band peer (`SMC_TOKIO_INBAND_PEERS`, as a cross-host deployment opts in), runs
+//! `smc-rdma-test client` against it: every case asserts that both ends are smc-r before it
+//! checks its bytes, so a change that breaks the cross-host path, or makes it fall back to TCP,
+//! fails here.
+//!
+//! Set `SMC_TOKIO_SKIP_RDMA_VM=1` to leave it out of a local run (it then says so and passes).
+#![cfg(feature = "rdma")]
+
+#[test]
+fn smc_r_between_two_hosts_on_soft_roce() {
+    let bin = env!("CARGO_BIN_EXE_smc-rdma-test");
+    let Some(console) = tests::run_test_bed(
+        &["two", "--bin", bin, "--env", "RDMA_VM_SKIP_BASELINE=1", "--timeout", "900"],
+        &["client.log"],
+        |l| l.starts_with("PASS") || l.starts_with("FAIL") || l.starts_with("stats"),
+    ) else {
+        return;
+    };
+    for case in [
+        "handshake_smc_r",
+        "integrity_random_sizes",
+        "connections_100",
+        "cork_sendfile_from_server",
+        "cork_sendfile_to_server",
+        "half_close",
+        "abort",
+        "corrupt_cdc_fails_one_connection",
+        "no_device_falls_back",
+    ] {
+        assert!(console.contains(&format!("PASS {case} ")), "case {case} did not pass:\n{console}");
+    }
+    assert!(!console.contains("\nFAIL"), "a case failed:\n{console}");
+}
