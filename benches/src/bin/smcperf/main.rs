@@ -13,6 +13,7 @@
 
 mod cli;
 mod conn;
+mod machine;
 mod plot;
 mod report;
 mod web;
@@ -107,7 +108,12 @@ fn settle_time_wait(settle: bool) {
     }
 }
 
-fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
+/// Runs every case on one client runtime: `opts.runs` rounds of it, each round one run of every
+/// transport (file: every variant) in turn, so that the machine's drift lands on both sides of
+/// each round's ratio. One runtime for the whole invocation, as an application has: a runtime
+/// per case would leave each case's link groups to the rescue thread when it ends, and the
+/// next case's connections, which join those groups, would pay its cross-thread wake-ups.
+fn run_client(opts: &Opts, target_for: &dyn Fn(Kind) -> Target) -> io::Result<Vec<Row>> {
     let rt = runtime(opts.runtime, "smcperf-client")?;
     let mut rows = Vec::new();
     for case in cases(opts) {
@@ -120,21 +126,23 @@ fn run_client(opts: &Opts, target: &Target) -> io::Result<Vec<Row>> {
                 .map(|k| (*k, ""))
                 .collect()
         };
-        for (kind, variant) in variants {
-            let mut runs = Vec::new();
-            for _ in 0..opts.runs {
+        let mut runs: Vec<Vec<Measure>> = vec![Vec::new(); variants.len()];
+        for _ in 0..opts.runs {
+            for (i, &(kind, variant)) in variants.iter().enumerate() {
                 if case.scenario.opens_connections() {
                     settle_time_wait(opts.settle);
                 }
-                let m = rt.block_on(run_case(kind, variant, target, case, opts.duration)).map_err(|e| {
+                let m = rt.block_on(run_case(kind, variant, &target_for(kind), case, opts.duration)).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
                     )
                 })?;
-                runs.push(m);
+                runs[i].push(m);
             }
-            rows.push(Row { case, kind, variant, m: combine(runs), runs: opts.runs });
+        }
+        for ((kind, variant), per_run) in variants.into_iter().zip(runs) {
+            rows.push(Row { case, kind, variant, m: combine(per_run.clone()), per_run });
         }
     }
     Ok(rows)
@@ -177,30 +185,7 @@ fn local(opts: &Opts) -> io::Result<Vec<Row>> {
         file_tcp: handles.file_tcp,
         web: handles.web,
     };
-    // One client loop per transport keeps the baseline on tokio's own listener.
-    let mut rows = Vec::new();
-    for case in cases(opts) {
-        if case.scenario == Scenario::File {
-            let one = Opts {
-                scenarios: Some(vec![case.scenario]),
-                sizes: Some(vec![case.size]),
-                conns: Some(case.conns),
-                ..opts.clone()
-            };
-            rows.extend(run_client(&one, &targets(Kind::Smc))?);
-            continue;
-        }
-        for &kind in &opts.transports {
-            let one = Opts {
-                scenarios: Some(vec![case.scenario]),
-                sizes: Some(vec![case.size]),
-                conns: Some(case.conns),
-                transports: vec![kind],
-                ..opts.clone()
-            };
-            rows.extend(run_client(&one, &targets(kind))?);
-        }
-    }
+    let rows = run_client(opts, &targets)?;
     let _ = std::fs::remove_file(&unix);
     let _ = std::fs::remove_dir_all(www_root());
     Ok(rows)
@@ -223,6 +208,12 @@ fn main() -> ExitCode {
         Mode::Local(c) => (Run::Local, c.into_opts()),
         Mode::Server { listen, common } => (Run::Server(listen), common.into_opts()),
         Mode::Client { connect, common } => (Run::Client(connect), common.into_opts()),
+    };
+    // The machine's limits, measured before the transports (with the servers idle), so every
+    // figure of this run is also a ratio to what the machine did in it.
+    let limits = match run {
+        Run::Server(_) => None,
+        _ => Some(machine::measure(opts.pin)),
     };
     let result = match run {
         Run::Local => local(&opts),
@@ -255,7 +246,7 @@ fn main() -> ExitCode {
                 file_tcp: next(2),
                 web: web::WebAddrs::at(addr.ip(), addr.port() + 3),
             };
-            run_client(&opts, &target)
+            run_client(&opts, &|_| target.clone())
         }
     };
     match result {
@@ -266,10 +257,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
+            let limits = limits.unwrap_or(machine::Limits { pingpong_us: 0.0, memcpy_64k: 0.0, memcpy_16m: 0.0 });
             if opts.json {
-                print_json(&rows, &opts);
+                print_json(&rows, &opts, &limits);
             } else {
-                print_table(&rows);
+                print_table(&rows, &limits);
                 println!("\nsmc-tokio stats (this process, both roles):\n{}", smc_tokio::stats());
             }
             ExitCode::SUCCESS

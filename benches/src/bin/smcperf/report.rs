@@ -1,5 +1,6 @@
 //! Results: rows, medians over repeats, ratios against TCP, the table, JSON and the plot.
 
+use super::machine::Limits;
 use super::*;
 
 #[derive(Debug, Clone)]
@@ -8,8 +9,10 @@ pub(crate) struct Row {
     pub(crate) kind: Kind,
     /// The file scenario's response mode; empty elsewhere.
     pub(crate) variant: &'static str,
+    /// The medians over the runs.
     pub(crate) m: Measure,
-    pub(crate) runs: usize,
+    /// Each run, in round order (round `i` of every row of a case ran back to back).
+    pub(crate) per_run: Vec<Measure>,
 }
 
 impl Row {
@@ -51,38 +54,98 @@ pub(crate) fn combine(runs: Vec<Measure>) -> Measure {
     }
 }
 
-/// The ratio against tcp for the row's headline metric: p50 latency for rr (lower is better),
-/// throughput for stream, connections/s for crr and requests (calls)/s for the others (higher
-/// is better).
-pub(crate) fn ratio(row: &Row, rows: &[Row]) -> Option<f64> {
+/// A row's headline metric: p50 latency for rr (lower is better), throughput for stream,
+/// connections/s for crr and requests (calls)/s for the others (higher is better).
+fn headline(scenario: Scenario, m: &Measure) -> f64 {
+    match scenario {
+        Scenario::Rr => m.p50_us,
+        Scenario::Stream => m.bytes_per_s,
+        _ => m.ops_per_s,
+    }
+}
+
+/// Each round's ratio of `row` against `base` (the runs of one round ran back to back).
+fn round_ratios(row: &Row, base: &Row) -> Vec<f64> {
+    let s = row.case.scenario;
+    row.per_run
+        .iter()
+        .zip(&base.per_run)
+        .filter_map(|(a, b)| {
+            let (a, b) = (headline(s, a), headline(s, b));
+            (b > 0.0).then(|| a / b)
+        })
+        .collect()
+}
+
+/// A ratio over the rounds: the median of the rounds' ratios, with their range.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Ratio {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+}
+
+impl Ratio {
+    fn of(v: Vec<f64>) -> Option<Ratio> {
+        if v.is_empty() {
+            return None;
+        }
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Some(Ratio { median: median(v), min, max })
+    }
+}
+
+impl std::fmt::Display for Ratio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{:.2}x", self.median)
+        } else {
+            write!(f, "{:.2}x [{:.2}-{:.2}]", self.median, self.min, self.max)
+        }
+    }
+}
+
+/// The ratio against tcp for the row's headline metric: the median over rounds of each
+/// round's smc (or unix) run against the tcp run next to it.
+pub(crate) fn ratio(row: &Row, rows: &[Row]) -> Option<Ratio> {
     let tcp = rows.iter().find(|r| {
         r.kind == Kind::Tcp
+            && r.variant.is_empty() == row.variant.is_empty()
             && r.case.scenario == row.case.scenario
             && r.case.size == row.case.size
             && r.case.conns == row.case.conns
     })?;
-    let (a, b) = match row.case.scenario {
-        Scenario::Rr => (row.m.p50_us, tcp.m.p50_us),
-        Scenario::Stream => (row.m.bytes_per_s, tcp.m.bytes_per_s),
-        _ => (row.m.ops_per_s, tcp.m.ops_per_s),
-    };
-    (b > 0.0).then(|| a / b)
+    Ratio::of(round_ratios(row, tcp))
 }
 
-/// For the file scenario: each smc row's requests/s against smc with plain writes.
-pub(crate) fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<f64> {
+/// For the file scenario: each smc row's requests/s against smc with plain writes, round by
+/// round.
+pub(crate) fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<Ratio> {
     if row.case.scenario != Scenario::File || row.kind != Kind::Smc {
         return None;
     }
     let base = rows.iter().find(|r| {
         r.kind == Kind::Smc && r.variant == "write" && r.case.size == row.case.size && r.case.conns == row.case.conns
     })?;
-    (base.m.ops_per_s > 0.0).then(|| row.m.ops_per_s / base.m.ops_per_s)
+    Ratio::of(round_ratios(row, base))
 }
 
-pub(crate) fn print_table(rows: &[Row]) {
+/// The row's headline against the machine's limit in the same run: rr's p50 in atomic
+/// ping-pong round trips (lower is better), stream's throughput as a share of one CPU's
+/// 64 KiB memcpy.
+pub(crate) fn vs_machine(row: &Row, limits: &Limits) -> Option<f64> {
+    match row.case.scenario {
+        Scenario::Rr if limits.pingpong_us > 0.0 => Some(row.m.p50_us / limits.pingpong_us),
+        Scenario::Stream if limits.memcpy_64k > 0.0 => Some(row.m.bytes_per_s / limits.memcpy_64k),
+        _ => None,
+    }
+}
+
+pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
+    println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>6}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>6} {:>9}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -94,7 +157,8 @@ pub(crate) fn print_table(rows: &[Row]) {
         "ops/s",
         "MB/s",
         "cpu_us/op",
-        "errors"
+        "errors",
+        "machine"
     );
     for r in rows {
         let vs = match ratio(r, rows) {
@@ -107,14 +171,19 @@ pub(crate) fn print_table(rows: &[Row]) {
                     Scenario::Grpc => "calls/s",
                 };
                 match ratio_vs_smc_write(r, rows) {
-                    Some(y) => format!("{x:.2}x {what} ({y:.2}x smc/write)"),
-                    None => format!("{x:.2}x {what}"),
+                    Some(y) => format!("{x} {what} ({y} smc/write)"),
+                    None => format!("{x} {what}"),
                 }
             }
             None => "-".into(),
         };
+        let machine = match (r.case.scenario, vs_machine(r, limits)) {
+            (Scenario::Rr, Some(x)) => format!("{x:.1}x rt"),
+            (_, Some(x)) => format!("{x:.2} cpy"),
+            (_, None) => "-".into(),
+        };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>6}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>6} {:>9}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -127,12 +196,13 @@ pub(crate) fn print_table(rows: &[Row]) {
             r.m.bytes_per_s / 1e6,
             r.m.cpu_us_per_op,
             r.m.errors,
+            machine,
             vs
         );
     }
 }
 
-pub(crate) fn print_json(rows: &[Row], opts: &Opts) {
+pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
     let results: Vec<_> = rows
         .iter()
         .map(|r| {
@@ -149,9 +219,11 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts) {
                 "bytes_per_s": r.m.bytes_per_s,
                 "errors": r.m.errors,
                 "cpu_us_per_op": r.m.cpu_us_per_op,
-                "runs": r.runs,
-                "ratio_vs_tcp": ratio(r, rows),
-                "ratio_vs_smc_write": ratio_vs_smc_write(r, rows),
+                "runs": r.per_run.len(),
+                "ratio_vs_tcp": ratio(r, rows).map(|x| x.median),
+                "ratio_vs_tcp_range": ratio(r, rows).map(|x| [x.min, x.max]),
+                "ratio_vs_smc_write": ratio_vs_smc_write(r, rows).map(|x| x.median),
+                "ratio_vs_machine": vs_machine(r, limits),
             })
         })
         .collect();
@@ -160,6 +232,11 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts) {
         "duration_s": opts.duration.as_secs_f64(),
         "runtime": opts.runtime.to_string(),
         "pinned": opts.pin,
+        "machine": {
+            "pingpong_round_trip_us": limits.pingpong_us,
+            "memcpy_64k_bytes_per_s": limits.memcpy_64k,
+            "memcpy_16m_bytes_per_s": limits.memcpy_16m,
+        },
         "stats": smc_tokio::stats().to_string(),
         "results": results,
     });
