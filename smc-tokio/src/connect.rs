@@ -490,7 +490,7 @@ fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<Establis
     // is only called with one; fail loudly rather than pretend.
     let conn = conn.ok_or_else(|| io::Error::other("handshake agreed on a link without a connection"))?;
     let t = conn.transport();
-    Ok(Established::Smc { tcp, conn, transport: t })
+    Ok(Established::smc(tcp, conn, t))
 }
 
 /// How long a server whose handshake timed out is left alone at first (doubling on each further

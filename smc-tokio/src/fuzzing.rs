@@ -144,6 +144,51 @@ pub fn side_decode(data: &[u8]) {
     assert!(Join::decode(data).is_err() || Welcome::decode(data).is_err());
 }
 
+/// Drives one side's [`Handback`](crate::proto::handback::Handback) with arbitrary bytes as the
+/// peer's part of the TCP stream: the first eight bytes choose what this side wrote and had
+/// acknowledged, the rest arrive in steps. Checks that it never takes more than the frame
+/// wants, that a frame it accepts re-encodes to the bytes it read, and that what it resends
+/// lies inside what it wrote and had not seen acknowledged.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::handback::HandbackFrame;
+///
+/// let mut input = vec![0, 0, 0, 40, 0, 0, 0, 10, 16];
+/// input.extend_from_slice(&HandbackFrame { consumed: 25 }.encode());
+/// smc_tokio::fuzzing::handback_decode(&input);
+/// smc_tokio::fuzzing::handback_decode(&[1, 2, 3]);
+/// ```
+pub fn handback_decode(data: &[u8]) {
+    use crate::proto::handback::{Handback, HandbackFrame, HANDBACK_FRAME_LEN};
+    if data.len() < 8 {
+        return;
+    }
+    let written = u64::from(u32::from_be_bytes([data[0], data[1], data[2], data[3]]));
+    let acknowledged = u64::from(u32::from_be_bytes([data[4], data[5], data[6], data[7]])).min(written);
+    let mut h = Handback::new(0, acknowledged, written, data[0] & 1 == 1);
+    h.frame_written(HANDBACK_FRAME_LEN);
+    let mut frame = Vec::new();
+    for step in steps(&data[8..]) {
+        let want = h.peer_frame_wanted();
+        match h.on_peer_bytes(step) {
+            Ok(n) => {
+                assert!(n <= want && n <= step.len(), "took more than the frame wants");
+                frame.extend_from_slice(&step[..n]);
+            }
+            Err(_) => return,
+        }
+    }
+    if h.peer_frame_read() {
+        let f = HandbackFrame::decode(frame.as_slice().try_into().expect("a whole frame")).expect("it was accepted");
+        assert_eq!(f.encode().as_slice(), frame.as_slice(), "an accepted frame re-encodes as read");
+        if let Some((from, to)) = h.resend() {
+            assert!(acknowledged <= from && from < to && to == written, "resend outside the copy");
+        }
+    }
+}
+
 /// Splits `data` into (chunk size, bytes) steps: the first byte of each step is its length.
 fn steps(mut data: &[u8]) -> impl Iterator<Item = &[u8]> {
     std::iter::from_fn(move || {
@@ -359,6 +404,7 @@ mod tests {
             ("cdc_decode", cdc_decode),
             ("door_decode", door_decode),
             ("side_decode", side_decode),
+            ("handback_decode", handback_decode),
             ("handshake_server", handshake_server),
             ("handshake_client", handshake_client),
             ("shm_rx", shm_rx),
@@ -483,5 +529,16 @@ mod tests {
         write("side_decode", "join".into(), &Join { link_group: 0xdead_beef, secret }.encode());
         write("side_decode", "welcome".into(), &Welcome::accepted(0xdead_beef).encode());
         write("side_decode", "refused".into(), &Welcome::refused(0xdead_beef, JoinRefused::UnknownGroup).encode());
+        // One side's handback: 40 bytes written, 10 acknowledged; the peer's frame (consumed
+        // 25) in a step of 16, and one that arrives byte by byte.
+        let frame = crate::proto::handback::HandbackFrame { consumed: 25 }.encode();
+        let mut whole = vec![0, 0, 0, 40, 0, 0, 0, 10, 16];
+        whole.extend_from_slice(&frame);
+        write("handback_decode", "frame".into(), &whole);
+        let mut split = vec![0, 0, 0, 40, 0, 0, 0, 10];
+        for b in frame {
+            split.extend_from_slice(&[1, b]);
+        }
+        write("handback_decode", "frame_bytewise".into(), &split);
     }
 }

@@ -29,10 +29,28 @@ pub(crate) enum Established {
     /// send a handshake message, what the stream's guard must take off it.
     Tcp { tcp: TcpStream, transport: crate::transport::Transport, owed: Option<Owed> },
     /// An SMC connection over `conn`; its TCP socket stays open underneath and is watched.
-    Smc { tcp: TcpStream, conn: std::sync::Arc<crate::smc::conn::SmcConn>, transport: crate::transport::Transport },
+    Smc {
+        tcp: std::sync::Arc<TcpStream>,
+        conn: std::sync::Arc<crate::smc::conn::SmcConn>,
+        transport: crate::transport::Transport,
+        watcher: crate::smc::conn::Watcher,
+    },
 }
 
 impl Established {
+    /// An SMC connection over `conn`: its TCP socket is held under it and watched from now on
+    /// (so a peer that moves the connection back to TCP is answered even before the
+    /// application accepted the stream).
+    pub(crate) fn smc(
+        tcp: TcpStream,
+        conn: std::sync::Arc<crate::smc::conn::SmcConn>,
+        transport: crate::transport::Transport,
+    ) -> Established {
+        let tcp = std::sync::Arc::new(tcp);
+        let watcher = conn.watch_tcp(tcp.clone());
+        Established::Smc { tcp, conn, transport, watcher }
+    }
+
     /// A TCP connection whose peer owes nothing.
     pub(crate) fn tcp(tcp: TcpStream, transport: crate::transport::Transport) -> Established {
         Established::Tcp { tcp, transport, owed: None }

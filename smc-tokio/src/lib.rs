@@ -63,8 +63,11 @@
 //!   socket options, but waiting on its readiness never sees the peer's data, and
 //!   [`SmcStream::try_io`]/[`async_io`](SmcStream::async_io) return
 //!   [`Unsupported`](std::io::ErrorKind::Unsupported) there.
-//! - [`SmcStream::into_std`] of an SMC connection is [`Unsupported`](std::io::ErrorKind::Unsupported):
-//!   its bytes are not on the socket. TCP connections convert as tokio's do.
+//! - [`SmcStream::into_std`] of an SMC connection is [`Unsupported`](std::io::ErrorKind::Unsupported)
+//!   while its bytes are not on the socket. [`SmcStream::hand_back`] moves them there, in both
+//!   directions and losing nothing; from then on the stream is a TCP stream, and `into_std`,
+//!   `try_io` and `async_io` are tokio's. A connection whose link fails while both processes
+//!   live moves by itself.
 //! - A zero linger ([`SmcStream::set_zero_linger`]) aborts an SMC connection on drop, as it
 //!   resets a TCP one.
 //! - The listener takes connections from the kernel before `accept` asks (to run their
@@ -142,4 +145,4 @@ pub use net::{
 pub use proto::clc::DeclineReason;
 pub use proto::handshake::Side;
 pub use stats::{stats, CloserStats, KernelStats, RoleStats, Stats, HANDSHAKE_BUCKETS};
-pub use transport::{FallbackReason, Transport};
+pub use transport::{FallbackReason, HandbackCause, Transport};

@@ -306,7 +306,7 @@ async fn serve(
             timer.completed();
             let conn = pending.conn.take()?;
             let t = conn.transport();
-            Some((Established::Smc { tcp, conn, transport: t }, t))
+            Some((Established::smc(tcp, conn, t), t))
         }
         Ok(Outcome::Fallback { reason, by }) => {
             shared.ctx.counters().decline(reason, by);
@@ -482,7 +482,7 @@ async fn serve_early(
                     let t = conn.transport();
                     tracing::Span::current().record("transport", tracing::field::display(t));
                     shared.ctx.counters().connection(true, t);
-                    shared.deliver(Established::Smc { tcp, conn, transport: t }, peer);
+                    shared.deliver(Established::smc(tcp, conn, t), peer);
                 }
                 None => {
                     door.forget(&key);

@@ -55,6 +55,7 @@ pub(crate) struct Counters {
     late_messages: AtomicU64,
     door_connections: AtomicU64,
     partial_waits: AtomicU64,
+    handbacks: [AtomicU64; 2],
     kernel: Kernel,
 }
 
@@ -100,7 +101,8 @@ fn fallback_index(r: FallbackReason) -> usize {
         FallbackReason::Declined { by: Side::Peer, .. } => 5,
         // Adopted streams never went through a handshake and are not counted as connections;
         // if one were, "not proposed" is what happened.
-        FallbackReason::NotProposed | FallbackReason::Adopted => 6,
+        // Handed-back connections were counted when they became SMC (and in `handbacks`).
+        FallbackReason::NotProposed | FallbackReason::Adopted | FallbackReason::HandedBack(_) => 6,
         FallbackReason::Kernel(_) => 7,
     }
 }
@@ -233,6 +235,11 @@ impl Counters {
     /// The in-band guard held a partial handshake prefix and started its wait for more.
     pub(crate) fn partial_wait(&self) {
         self.partial_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An SMC connection finished its move to its TCP socket (`ok`), or the move failed.
+    pub(crate) fn handback(&self, ok: bool) {
+        self.handbacks[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -375,6 +382,10 @@ pub struct Stats {
     /// held back, up to 50 ms, for the rest (clients on other hosts only: a same-host client's
     /// bytes are never held for a timer).
     pub partial_waits: u64,
+    /// SMC connections that moved back to their TCP socket mid-stream, losing nothing
+    /// (`[0]`), and moves that failed (`[1]`: the TCP connection broke during the exchange, or
+    /// the peer's frame was invalid).
+    pub handbacks: [u64; 2],
     /// The kernel's SMC (`AF_SMC` sockets, see [`kernel`](crate::kernel)).
     pub kernel: KernelStats,
     /// Descriptors from other processes, closed off the runtime.
@@ -517,6 +528,7 @@ impl Counters {
             late_messages: c.late_messages.load(Ordering::Relaxed),
             door_connections: c.door_connections.load(Ordering::Relaxed),
             partial_waits: c.partial_waits.load(Ordering::Relaxed),
+            handbacks: load(&c.handbacks),
             kernel: kernel(&c.kernel),
             closer: {
                 let k = crate::sys::closer_stats();
@@ -603,6 +615,7 @@ impl fmt::Display for Stats {
             "doors: {} registered over {} door connections, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
             d[0], self.door_connections, d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
         )?;
+        writeln!(f, "moved to tcp mid-stream: {} ({} failed)", self.handbacks[0], self.handbacks[1])?;
         let c = &self.closer;
         writeln!(
             f,

@@ -166,6 +166,31 @@ pub enum FallbackReason {
         /// Which side declined.
         by: Side,
     },
+    /// The connection was SMC and moved back to its TCP socket mid-stream, losing nothing
+    /// (see [`SmcStream::hand_back`](crate::SmcStream::hand_back)).
+    HandedBack(HandbackCause),
+}
+
+/// Why an SMC connection moved back to its TCP socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HandbackCause {
+    /// This side's application asked ([`SmcStream::hand_back`](crate::SmcStream::hand_back)).
+    Requested,
+    /// The link under the connection failed on this side while both processes lived.
+    LinkFailed,
+    /// The peer moved first (its application asked, or its link failed).
+    Peer,
+}
+
+impl fmt::Display for HandbackCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HandbackCause::Requested => "the application asked",
+            HandbackCause::LinkFailed => "its link failed",
+            HandbackCause::Peer => "the peer moved",
+        })
+    }
 }
 
 impl fmt::Display for FallbackReason {
@@ -186,6 +211,7 @@ impl fmt::Display for FallbackReason {
             FallbackReason::Declined { reason, by: Side::Peer } => {
                 write!(f, "declined by peer: {reason}")
             }
+            FallbackReason::HandedBack(c) => write!(f, "moved from smc mid-stream: {c}"),
         }
     }
 }

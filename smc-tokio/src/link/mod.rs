@@ -89,6 +89,11 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// our region, where the peer reads it. RDMA: a copy into our send buffer, from which the
     /// next CDC message's RDMA WRITE carries it to the peer's RMB.
     fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError>;
+    /// Reads back `dst.len()` bytes we wrote at `offset` of the peer's RMB with token `rmb`,
+    /// from our side's copy (shared memory: our region; RDMA: our send buffer). For a handback:
+    /// the bytes the peer has not reported consumed are still there, since a byte is written
+    /// again only after the peer's consumer cursor passed it.
+    fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), LinkError>;
     /// As [`tx_write`](Link::tx_write), but lets `fill` write the `len` bytes at `offset` in
     /// place (for sendfile: a `pread` lands where `tx_write` would have copied to, no bounce
     /// buffer). Returns what `fill` returned.

@@ -4,7 +4,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -93,7 +93,33 @@ enum Path {
 /// The SMC side of a stream that left TCP.
 struct SmcInner {
     conn: Arc<SmcConn>,
-    watcher: tokio::task::AbortHandle,
+    /// The task watching the TCP socket under the connection (taken when the stream moves back
+    /// to the socket and the task is stopped).
+    watcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl SmcInner {
+    fn stop_watcher(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let w = self.watcher.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        w.abort();
+        Some(w)
+    }
+}
+
+/// What carries a stream's bytes now: a stream whose SMC connection moved back to its TCP
+/// socket is a TCP stream (without an in-band guard: no handshake message follows SMC).
+enum PathRef<'a> {
+    Smc(&'a SmcInner),
+    Tcp(Option<&'a InbandGuard>),
+}
+
+/// `r`, or `None` where it says that the SMC connection moved to its TCP socket meanwhile (the
+/// caller then does the operation on TCP).
+fn unless_moved<T>(r: Poll<io::Result<T>>) -> Option<Poll<io::Result<T>>> {
+    match r {
+        Poll::Ready(Err(e)) if SmcConn::is_moved_error(&e) => None,
+        r => Some(r),
+    }
 }
 
 impl Drop for SmcStream {
@@ -103,37 +129,13 @@ impl Drop for SmcStream {
                 self.ctx.counters().adaptive_fallback();
             }
         }
-        if let Some(s) = self.smc() {
+        if let Path::Smc(s) = &self.path {
             // A zero SO_LINGER (set on the stream, its socket before connecting, or through
             // its descriptor) asks for an abort, as it makes TCP's close a reset.
             let abort = socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO));
             s.conn.release(abort);
-            s.watcher.abort();
+            s.stop_watcher();
         }
-    }
-}
-
-/// Watches the TCP connection under an SMC connection: nothing arrives on it while SMC runs, so
-/// any readiness is its end (or a protocol violation).
-async fn watch_tcp(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
-    let mut b = [0u8; 1];
-    let res = tcp.peek(&mut b).await;
-    // A peer announces its SMC close before it lets its TCP socket go. Over shared memory the
-    // announcement is in our memory by the time the FIN arrives, and `on_tcp_event` drains the
-    // link before it decides. Over RDMA it may still be on the wire (the SEND and the FIN take
-    // different paths), so it gets a grace period to arrive.
-    if matches!(res, Ok(0)) {
-        let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE_RDMA;
-        while tokio::time::Instant::now() < until {
-            match conn.upgrade() {
-                Some(c) if !c.closed_by_peer() && c.transport() == Transport::SmcR => c.group().drain(),
-                _ => break,
-            };
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-    if let Some(c) = conn.upgrade() {
-        c.on_tcp_event(res);
     }
 }
 
@@ -143,12 +145,6 @@ fn raw_io_unsupported() -> io::Error {
         "raw socket i/o on an smc connection: its bytes are not on the tcp socket",
     )
 }
-
-/// How long a TCP close may precede, over RDMA, the SMC close it follows. The close is a CDC
-/// SEND posted before the peer closed TCP; on a live fabric it lands within microseconds, and
-/// on the soft-RoCE guests (the slowest path we run, ~2 ms round trips) well within this. A
-/// peer that died without a close is meanwhile still read to its last byte.
-const TCP_CLOSE_GRACE_RDMA: Duration = Duration::from_millis(500);
 
 impl fmt::Debug for SmcStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -209,11 +205,20 @@ impl SmcStream {
         self.io().assumed_readable() && !g.holds_bytes()
     }
 
+    /// What carries the bytes now (see [`PathRef`]).
+    fn path(&self) -> PathRef<'_> {
+        match &self.path {
+            Path::Smc(s) if !s.conn.on_tcp() => PathRef::Smc(s),
+            Path::Smc(_) => PathRef::Tcp(None),
+            Path::Tcp(g) => PathRef::Tcp(g.as_ref()),
+        }
+    }
+
     /// The SMC connection, if the bytes move over one.
     fn smc(&self) -> Option<&SmcInner> {
-        match &self.path {
-            Path::Smc(s) => Some(s),
-            Path::Tcp(_) => None,
+        match self.path() {
+            PathRef::Smc(s) => Some(s),
+            PathRef::Tcp(_) => None,
         }
     }
 
@@ -269,8 +274,8 @@ impl SmcStream {
             crate::handshake::Established::Tcp { tcp, transport, owed: Some(o) } => {
                 SmcStream::from_tcp_guarded(ctx, tcp, transport, o)
             }
-            crate::handshake::Established::Smc { tcp, conn, transport } => {
-                SmcStream::from_smc(ctx, tcp, conn, transport)
+            crate::handshake::Established::Smc { tcp, conn, transport, watcher } => {
+                SmcStream::from_smc(ctx, tcp, conn, transport, watcher)
             }
         }
     }
@@ -283,23 +288,23 @@ impl SmcStream {
         s
     }
 
-    /// A stream whose bytes move over `conn`; `tcp` stays open underneath and is watched.
-    fn from_smc(ctx: SmcContext, tcp: TcpStream, conn: Arc<SmcConn>, transport: Transport) -> SmcStream {
-        let tcp = Arc::new(tcp);
-        conn.hold_tcp(tcp.clone());
+    /// A stream whose bytes move over `conn`; `tcp` stays open underneath, watched by `watcher`.
+    fn from_smc(
+        ctx: SmcContext,
+        tcp: Arc<TcpStream>,
+        conn: Arc<SmcConn>,
+        transport: Transport,
+        watcher: crate::smc::conn::Watcher,
+    ) -> SmcStream {
         // The peer's address is looked up (a system call) only for a span that records it.
         let peer = if conn.span().is_disabled() { None } else { tcp.peer_addr().ok() };
         conn.describe(peer, transport);
-        let watcher = tokio::spawn(tracing::Instrument::instrument(
-            watch_tcp(tcp.clone(), Arc::downgrade(&conn)),
-            conn.span().clone(),
-        ))
-        .abort_handle();
+        let watcher = watcher.take();
         SmcStream {
             ctx,
             tcp,
             transport,
-            path: Path::Smc(SmcInner { conn, watcher }),
+            path: Path::Smc(SmcInner { conn, watcher: std::sync::Mutex::new(watcher) }),
             moved: AtomicU64::new(0),
             adaptive: None,
             tcp_corks: Arc::default(),
@@ -328,7 +333,13 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn transport(&self) -> Transport {
-        self.transport
+        match &self.path {
+            Path::Smc(s) => match s.conn.moved_to_tcp() {
+                Some(cause) => Transport::Tcp(crate::FallbackReason::HandedBack(cause)),
+                None => self.transport,
+            },
+            Path::Tcp(_) => self.transport,
+        }
     }
 
     /// The id of the link group the connection runs on (`None` on TCP). Connections between
@@ -382,8 +393,24 @@ impl SmcStream {
     #[cfg(feature = "test-util")]
     #[doc(hidden)]
     pub fn send_corrupt_cdc(&self, corrupt: impl FnOnce(&mut [u8; 64])) -> io::Result<()> {
+        match self.path() {
+            PathRef::Smc(s) => s.conn.send_corrupt_cdc(corrupt),
+            PathRef::Tcp(_) => Err(io::Error::other("not an smc connection")),
+        }
+    }
+
+    /// Test hook: fails this connection's link group on this side, as a local link error would
+    /// (an RDMA port that went down, a system call on the link that failed): every connection
+    /// of the group moves to its TCP socket, and the peer follows.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn fail_link(&self) -> io::Result<()> {
         match &self.path {
-            Path::Smc(s) => s.conn.send_corrupt_cdc(corrupt),
+            Path::Smc(s) => {
+                let why = "failed by a test".to_string();
+                s.conn.group().fail(crate::link::LinkError::Io(io::ErrorKind::Other, why));
+                Ok(())
+            }
             Path::Tcp(_) => Err(io::Error::other("not an smc connection")),
         }
     }
@@ -625,7 +652,9 @@ impl SmcStream {
     /// ```
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            return s.conn.poll_peek(cx, buf);
+            if let Some(r) = unless_moved(s.conn.poll_peek(cx, buf)) {
+                return r;
+            }
         }
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_peek(cx, self.io(), buf) {
@@ -664,10 +693,69 @@ impl SmcStream {
         ))
     }
 
+    /// Moves the connection's byte stream back to its TCP socket now, in both directions, losing
+    /// and repeating nothing: bytes the peer sent that this side has not read, and bytes this
+    /// side wrote that the peer has not read, are sent again over TCP, and the peer follows at
+    /// once (see [`proto::handback`](crate::proto::handback)). From then on the stream is a TCP
+    /// stream: [`transport`](SmcStream::transport) says
+    /// [`FallbackReason::HandedBack`](crate::FallbackReason::HandedBack), and
+    /// [`into_std`](SmcStream::into_std), [`try_io`](SmcStream::try_io) and
+    /// [`async_io`](SmcStream::async_io) work as on tokio's stream. A connection whose link
+    /// fails while both processes live moves by itself.
+    ///
+    /// Resolves at once on a TCP connection. Reads and writes wait while the move runs (one
+    /// round trip on the TCP connection). Fails where the connection cannot move any more: it
+    /// ended (closed, aborted, failed), or this side's close went out already.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{FallbackReason, HandbackCause, SmcListener, SmcStream, Transport};
+    /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let mut client = SmcStream::connect(listener.local_addr()?).await?;
+    /// let (mut server, _) = listener.accept().await?;
+    /// client.write_all(b"over shared memory, ").await?;
+    /// client.hand_back().await?;
+    /// assert_eq!(client.transport(), Transport::Tcp(FallbackReason::HandedBack(HandbackCause::Requested)));
+    /// client.write_all(b"then over tcp").await?;
+    /// drop(client);
+    /// let mut all = String::new();
+    /// server.read_to_string(&mut all).await?;
+    /// assert_eq!(all, "over shared memory, then over tcp");
+    /// assert_eq!(server.transport(), Transport::Tcp(FallbackReason::HandedBack(HandbackCause::Peer)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn hand_back(&self) -> io::Result<()> {
+        let Path::Smc(s) = &self.path else {
+            return Ok(());
+        };
+        if !s.conn.on_tcp() {
+            if !s.conn.hand_back(crate::HandbackCause::Requested) {
+                return Err(io::Error::other(
+                    "the smc connection cannot move to its tcp socket: it ended, or its close went out",
+                ));
+            }
+            s.conn.handed_back().await?;
+        }
+        // The watcher of the socket under SMC has no more to watch; once it is gone the stream
+        // holds the socket alone (which `into_std` needs).
+        if let Some(w) = s.stop_watcher() {
+            let _ = w.await;
+        }
+        Ok(())
+    }
+
     /// Turns a TCP connection into a std one, as [`TcpStream::into_std`] does (the result is
     /// in non-blocking mode).
     ///
-    /// An SMC connection cannot become one: its bytes are not on the TCP socket, so this
+    /// An SMC connection becomes one once it moved to its TCP socket: await
+    /// [`hand_back`](SmcStream::hand_back) first (a function that does not wait cannot move it:
+    /// the move needs the peer's answer). Before that its bytes are not on the socket, so this
     /// returns an error of kind [`Unsupported`](io::ErrorKind::Unsupported) and the connection is
     /// closed (as dropping the stream would). So does a TCP stream that a
     /// [`cork`](SmcStream::cork) guard still holds, and a server stream that holds bytes it
@@ -683,9 +771,14 @@ impl SmcStream {
     /// # async fn main() -> std::io::Result<()> {
     /// let listener = SmcListener::bind("127.0.0.1:0").await?;
     /// let addr = listener.local_addr()?;
-    /// // Both ends are smc types on one host: the connection is SMC-D, which std cannot hold.
+    /// // Both ends are smc types on one host: the connection is SMC-D, which std cannot hold
+    /// // until it moved to its TCP socket.
     /// let smc = SmcStream::connect(addr).await?;
     /// assert_eq!(smc.into_std().unwrap_err().kind(), std::io::ErrorKind::Unsupported);
+    /// let smc = SmcStream::connect(addr).await?;
+    /// smc.hand_back().await?;
+    /// let std_stream: std::net::TcpStream = smc.into_std()?;
+    /// # drop(std_stream);
     /// // A TCP connection converts as tokio's does.
     /// let tcp = SmcStream::builder().policy(Policy::TcpOnly).connect(addr).await?;
     /// let std_stream: std::net::TcpStream = tcp.into_std()?;
@@ -697,7 +790,7 @@ impl SmcStream {
         if self.smc().is_some() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "an smc connection cannot become a std TcpStream: its bytes are not on the tcp socket",
+                "an smc connection becomes a std TcpStream only once it moved to its tcp socket: await hand_back() first",
             ));
         }
         if self.guard().is_some_and(|g| g.holds_bytes()) {
@@ -772,16 +865,16 @@ impl SmcStream {
     /// # }
     /// ```
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
-        match &self.path {
-            Path::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
-            Path::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
+        match self.path() {
+            PathRef::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
+            PathRef::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
                 // Bytes may sit in the guard (a late handshake message was taken off the
                 // socket): readable means "a read returns something", which peek tells.
                 let mut b = [0u8; 1];
                 std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
                 Ok(Ready::READABLE)
             }
-            Path::Tcp(_) => self.io().ready(interest).await,
+            PathRef::Tcp(_) => self.io().ready(interest).await,
         }
     }
 
@@ -825,13 +918,13 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.path {
-            Path::Smc(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
-            Path::Tcp(Some(g)) if g.is_active() && !self.guard_assumed_readable(g) => {
+        match self.path() {
+            PathRef::Smc(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
+            PathRef::Tcp(Some(g)) if g.is_active() && !self.guard_assumed_readable(g) => {
                 let mut b = [0u8; 1];
                 self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
             }
-            Path::Tcp(_) => self.io().poll_read_ready(cx),
+            PathRef::Tcp(_) => self.io().poll_read_ready(cx),
         }
     }
 
@@ -871,9 +964,9 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.path {
-            Path::Smc(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
-            Path::Tcp(_) => self.io().poll_write_ready(cx),
+        match self.path() {
+            PathRef::Smc(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
+            PathRef::Tcp(_) => self.io().poll_write_ready(cx),
         }
     }
 
@@ -1005,16 +1098,19 @@ impl SmcStream {
 
     /// One read that does not wait, into `rb`.
     fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
-        let n = match &self.path {
-            Path::Smc(s) => s.conn.try_read(rb)?,
-            Path::Tcp(Some(g)) if g.is_active() => {
+        let n = match self.path() {
+            PathRef::Smc(s) => match s.conn.try_read(rb) {
+                Err(e) if SmcConn::is_moved_error(&e) => return self.try_read_into(rb),
+                r => r?,
+            },
+            PathRef::Tcp(Some(g)) if g.is_active() => {
                 let before = rb.filled().len();
                 match self.poll_read_io(&mut Context::from_waker(std::task::Waker::noop()), rb) {
                     Poll::Ready(r) => r.map(|()| rb.filled().len() - before)?,
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
             }
-            Path::Tcp(_) => {
+            PathRef::Tcp(_) => {
                 // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
                 // recv writes at most that many bytes and they are marked initialized only
                 // after it returned their count.
@@ -1060,15 +1156,18 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        let n = match &self.path {
-            Path::Smc(s) => s.conn.try_write(buf)?,
-            Path::Tcp(Some(g)) if g.is_active() => {
+        let n = match self.path() {
+            PathRef::Smc(s) => match s.conn.try_write(buf) {
+                Err(e) if SmcConn::is_moved_error(&e) => return self.try_write(buf),
+                r => r?,
+            },
+            PathRef::Tcp(Some(g)) if g.is_active() => {
                 match self.poll_write_io(&mut Context::from_waker(std::task::Waker::noop()), buf) {
                     Poll::Ready(r) => r?,
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
             }
-            Path::Tcp(_) => self.io().try_write(buf)?,
+            PathRef::Tcp(_) => self.io().try_write(buf)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1093,15 +1192,18 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
-        let n = match &self.path {
-            Path::Smc(s) => s.conn.try_write_vectored(bufs)?,
-            Path::Tcp(Some(g)) if g.is_active() => {
+        let n = match self.path() {
+            PathRef::Smc(s) => match s.conn.try_write_vectored(bufs) {
+                Err(e) if SmcConn::is_moved_error(&e) => return self.try_write_vectored(bufs),
+                r => r?,
+            },
+            PathRef::Tcp(Some(g)) if g.is_active() => {
                 match self.poll_write_vectored_io(&mut Context::from_waker(std::task::Waker::noop()), bufs) {
                     Poll::Ready(r) => r?,
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
             }
-            Path::Tcp(_) => self.io().try_write_vectored(bufs)?,
+            PathRef::Tcp(_) => self.io().try_write_vectored(bufs)?,
         };
         self.moved(true, n);
         Ok(n)
@@ -1318,7 +1420,7 @@ impl SmcStream {
     }
 
     fn moved(&self, sent: bool, n: usize) {
-        self.ctx.counters().bytes(self.transport, sent, n);
+        self.ctx.counters().bytes(self.transport(), sent, n);
         // Only adaptive fallback reads the per-stream total: keep the hot path to one atomic.
         if self.adaptive.is_some() {
             self.moved.fetch_add(n as u64, Ordering::Relaxed);
@@ -1327,7 +1429,9 @@ impl SmcStream {
 
     fn poll_read_io(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(s) = self.smc() {
-            return s.conn.poll_read(cx, buf);
+            if let Some(r) = unless_moved(s.conn.poll_read(cx, buf)) {
+                return r;
+            }
         }
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_read(cx, self.io(), buf) {
@@ -1367,7 +1471,9 @@ impl SmcStream {
 
     fn poll_write_io(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            return s.conn.poll_write(cx, data);
+            if let Some(r) = unless_moved(s.conn.poll_write(cx, data)) {
+                return r;
+            }
         }
         if let Some(g) = self.guard() {
             ready!(g.poll_before_write(cx, self.io()))?;
@@ -1383,7 +1489,9 @@ impl SmcStream {
 
     fn poll_write_vectored_io(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            return s.conn.poll_write_vectored(cx, bufs);
+            if let Some(r) = unless_moved(s.conn.poll_write_vectored(cx, bufs)) {
+                return r;
+            }
         }
         if let Some(g) = self.guard() {
             ready!(g.poll_before_write(cx, self.io()))?;
@@ -1398,12 +1506,15 @@ impl SmcStream {
     }
 
     pub(crate) fn poll_flush_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &self.path {
+        match self.path() {
             // Announces everything written, cork or not, and waits until it is delivered (out
             // of this process's hands, as TCP's bytes are once written).
-            Path::Smc(s) => s.conn.poll_flush(cx),
+            PathRef::Smc(s) => match unless_moved(s.conn.poll_flush(cx)) {
+                Some(r) => r,
+                None => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
+            },
             // TCP sends at once (subject to Nagle and TCP_CORK): a flush under a cork pushes.
-            Path::Tcp(_) => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
+            PathRef::Tcp(_) => Poll::Ready(crate::net::cork::tcp_push(&self.tcp, &self.tcp_corks)),
         }
     }
 
@@ -1430,9 +1541,9 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn cork(&self) -> CorkGuard {
-        match &self.path {
-            Path::Smc(s) => CorkGuard::smc(s.conn.clone()),
-            Path::Tcp(_) => CorkGuard::tcp(self.tcp.clone(), self.tcp_corks.clone()),
+        match self.path() {
+            PathRef::Smc(s) => CorkGuard::smc(s.conn.clone()),
+            PathRef::Tcp(_) => CorkGuard::tcp(self.tcp.clone(), self.tcp_corks.clone()),
         }
     }
 
@@ -1497,9 +1608,15 @@ impl SmcStream {
         }
         let cork = self.cork();
         let (mut at, mut left) = (offset, len);
-        let res = match &self.path {
-            Path::Smc(s) => std::future::poll_fn(|cx| s.conn.poll_sendfile(cx, file, &mut at, &mut left)).await,
-            Path::Tcp(_) => self.tcp_sendfile(file, &mut at, &mut left).await,
+        let res = match self.path() {
+            PathRef::Smc(s) => {
+                match std::future::poll_fn(|cx| s.conn.poll_sendfile(cx, file, &mut at, &mut left)).await {
+                    // Moved to TCP in the middle: the rest goes there (`at`, `left` say where).
+                    Err(e) if SmcConn::is_moved_error(&e) => self.tcp_sendfile(file, &mut at, &mut left).await,
+                    r => r,
+                }
+            }
+            PathRef::Tcp(_) => self.tcp_sendfile(file, &mut at, &mut left).await,
         };
         drop(cork);
         // Counted as bytes written on this transport, as a write's are (what moved before an
@@ -1529,7 +1646,9 @@ impl SmcStream {
     pub(crate) fn poll_shutdown_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let Some(s) = self.smc() {
             // The close is delivered before the shutdown resolves, as a flush's bytes are.
-            return s.conn.poll_shutdown(cx);
+            if let Some(r) = unless_moved(s.conn.poll_shutdown(cx)) {
+                return r;
+            }
         }
         if let Some(g) = self.guard() {
             // A Decline still owed goes out before our FIN.
@@ -1541,7 +1660,10 @@ impl SmcStream {
     /// Shuts the write side down without waiting (for a write half dropped unshut).
     pub(crate) fn shutdown_priv(&self) -> io::Result<()> {
         if let Some(s) = self.smc() {
-            return s.conn.shutdown();
+            match s.conn.shutdown() {
+                Err(e) if SmcConn::is_moved_error(&e) => {}
+                r => return r,
+            }
         }
         match socket2::SockRef::from(&self.tcp).shutdown(Shutdown::Write) {
             // Shutting down a connection the peer already reset is not an error for the caller.

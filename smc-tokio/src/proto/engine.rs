@@ -29,6 +29,19 @@ use std::fmt;
 use super::cdc::{CdcFlags, CdcMsg, CDC_INLINE_MAX};
 use super::cursor::{Cursor, CursorError, RingSize};
 
+/// What a handback needs to know of a connection ([`ConnEngine::handback_totals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandbackTotals {
+    /// Bytes of the peer's stream the application consumed.
+    pub consumed: u64,
+    /// Bytes of ours the peer reported consumed.
+    pub acknowledged: u64,
+    /// Bytes we wrote.
+    pub written: u64,
+    /// Where the `written - acknowledged` unacknowledged bytes lie in the ring, oldest first.
+    pub unacked: Spans,
+}
+
 /// A CDC message or state change from the peer that breaks the protocol. The connection must be
 /// aborted; other connections are not affected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +173,10 @@ pub struct ConnEngine {
     tx_resize_unacked: bool,
     /// We owe the peer an acknowledgement of its resize.
     rx_resize_ack_due: bool,
+    /// Bytes committed into the peer's rings since the connection began (across resizes).
+    tx_total: u64,
+    /// Bytes the application consumed from our rings since the connection began.
+    rx_total: u64,
 }
 
 impl ConnEngine {
@@ -214,6 +231,8 @@ impl ConnEngine {
             tx_resize_due: false,
             tx_resize_unacked: false,
             rx_resize_ack_due: false,
+            tx_total: 0,
+            rx_total: 0,
         }
     }
 
@@ -546,6 +565,7 @@ impl ConnEngine {
             return Err(CursorError::StepTooLarge { step: len, size: self.tx_free() });
         }
         self.tx_prod = self.tx_prod.advance(self.tx_ring, len)?;
+        self.tx_total += u64::from(len);
         if len > 0 {
             self.write_blocked = false;
             if self.tx_free() == 0 {
@@ -846,7 +866,40 @@ impl ConnEngine {
             return Err(CursorError::StepTooLarge { step: len, size: self.rx_available() });
         }
         self.rx_cons = self.rx_cons.advance(self.rx_ring, len)?;
+        self.rx_total += u64::from(len);
         Ok(())
+    }
+
+    /// How a handback ([`crate::proto::handback`]) sees this connection: the bytes the
+    /// application consumed from the peer since the connection began, the bytes we wrote, of
+    /// which the peer reported consumed `acknowledged`, and where the unacknowledged ones lie
+    /// in the peer's ring (their spans, oldest first; our send-side copy has them at the same
+    /// offsets).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
+    /// a.tx_commit(90).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(30).unwrap();
+    /// flush(&mut b, &mut a); // a learns that 30 were consumed
+    /// a.tx_commit(20).unwrap(); // wraps: 10 at the end of the ring, 10 at its start
+    /// let t = a.handback_totals();
+    /// assert_eq!((t.consumed, t.acknowledged, t.written), (0, 30, 110));
+    /// assert_eq!(t.unacked, [(30, 70), (0, 10)]);
+    /// assert_eq!(b.handback_totals().consumed, 30);
+    /// ```
+    pub fn handback_totals(&self) -> HandbackTotals {
+        let in_flight = self.tx_in_flight();
+        HandbackTotals {
+            consumed: self.rx_total,
+            acknowledged: self.tx_total - u64::from(in_flight),
+            written: self.tx_total,
+            unacked: self.tx_ring.spans(self.peer_cons, in_flight).unwrap_or_default(),
+        }
     }
 
     /// Our consumer cursor: how far the application has read.

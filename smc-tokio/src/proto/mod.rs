@@ -9,6 +9,8 @@
 //! - [`cdc`]: the connection data control messages that travel over a link.
 //! - [`door`]: the frames of a listener's door, where same-host clients register their
 //!   connections and run the handshake beside them.
+//! - [`handback`]: the exchange that moves a connection's byte stream back to its TCP socket
+//!   mid-stream.
 //! - [`side`]: the shared-memory link's side-channel messages (JOIN and WELCOME).
 //! - [`cursor`]: ring cursors and their wrap arithmetic.
 //! - [`engine`]: per-connection flow control and CDC decisions.
@@ -19,6 +21,7 @@ pub mod clc;
 pub mod cursor;
 pub mod door;
 pub mod engine;
+pub mod handback;
 pub mod handshake;
 pub mod pair;
 pub mod side;

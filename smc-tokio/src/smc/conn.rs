@@ -16,6 +16,7 @@ use crate::proto::cursor::RingSize;
 use crate::proto::engine::ConnEngine;
 use crate::smc::group::LinkGroup;
 use crate::sys;
+use crate::transport::HandbackCause;
 
 /// Whether received bytes copied out are consumed (a read) or left for the next read (a peek).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,8 @@ enum ConnError {
     /// The peer broke the protocol (a bad cursor, sequence or flags; its region, control words
     /// or CDC messages invalid): the connection ends at once.
     Protocol(String),
+    /// The TCP connection failed while the connection moved to it (a handback).
+    Tcp(io::ErrorKind, String),
 }
 
 impl ConnError {
@@ -81,9 +84,62 @@ impl ConnError {
                 SmcError::LinkFailed("the link group was torn down (its runtime shut down)".into()).into()
             }
             ConnError::Protocol(w) => SmcError::Protocol(w.clone()).into(),
+            ConnError::Tcp(kind, w) => io::Error::new(*kind, w.clone()),
         }
     }
 }
+
+/// The task that watches a connection's TCP socket ([`SmcConn::watch_tcp`]); dropping it stops
+/// the task.
+#[derive(Debug)]
+pub(crate) struct Watcher(Option<tokio::task::JoinHandle<()>>);
+
+impl Watcher {
+    /// The task, to be stopped by its new owner.
+    pub(crate) fn take(mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.0.take()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Watches the TCP connection under an SMC connection: nothing arrives on it while SMC runs, so
+/// any readiness is its end, the peer's handback frame, or a protocol violation.
+async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
+    let mut b = [0u8; 1];
+    let res = tcp.peek(&mut b).await;
+    // A peer announces its SMC close before it lets its TCP socket go. Over shared memory the
+    // announcement is in our memory by the time the FIN arrives, and `on_tcp_event` drains the
+    // link before it decides. Over RDMA it may still be on the wire (the SEND and the FIN take
+    // different paths), so it gets a grace period to arrive.
+    if matches!(res, Ok(0)) {
+        let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE_RDMA;
+        while tokio::time::Instant::now() < until {
+            match conn.upgrade() {
+                Some(c) if !c.closed_by_peer() && c.transport() == crate::transport::Transport::SmcR => {
+                    c.group().drain()
+                }
+                _ => break,
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    if let Some(c) = conn.upgrade() {
+        c.on_tcp_event(res);
+    }
+}
+
+/// How long a TCP close may precede, over RDMA, the SMC close it follows. The close is a CDC
+/// SEND posted before the peer closed TCP; on a live fabric it lands within microseconds, and
+/// on the soft-RoCE guests (the slowest path we run, ~2 ms round trips) well within this. A
+/// peer that died without a close is meanwhile still read to its last byte.
+const TCP_CLOSE_GRACE_RDMA: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Puts bytes into the peer's ring: `(link, our token, spans, n)` to the bytes it put.
 type Fill<'a> = dyn FnMut(&Arc<dyn crate::link::Link>, u32, [(u32, u32); 2], u32) -> Result<u32, FillError> + 'a;
@@ -132,6 +188,38 @@ struct ConnState {
     rx_max_set: bool,
     /// Adaptive polling (see [`WaitClock`]).
     wait: WaitClock,
+    /// Whether the byte stream is moving, or moved, to the TCP socket (a handback).
+    handback: Handback,
+    /// The application shut its write side while the handback ran: shut TCP's once it is over.
+    shutdown_after_handback: bool,
+}
+
+/// Where a connection's byte stream is (see [`crate::proto::handback`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handback {
+    /// On the link.
+    Smc,
+    /// The exchange on the TCP socket runs: reads and writes wait for it.
+    Moving(HandbackCause),
+    /// On the TCP socket: the stream reads and writes it directly.
+    Moved(HandbackCause),
+}
+
+/// The error a connection's I/O returns once its stream moved to the TCP socket: the stream
+/// repeats the call there ([`SmcConn::is_moved_error`]).
+#[derive(Debug)]
+struct MovedToTcp;
+
+impl std::fmt::Display for MovedToTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the connection moved to its tcp socket")
+    }
+}
+
+impl std::error::Error for MovedToTcp {}
+
+fn moved() -> io::Error {
+    io::Error::other(MovedToTcp)
 }
 
 /// Adaptive polling, one connection's part: whether its reader polls when it finds nothing.
@@ -211,6 +299,12 @@ pub(crate) struct SmcConn {
     span: tracing::Span,
     state: Mutex<ConnState>,
     me: Weak<SmcConn>,
+    /// Notified when a handback ends (moved, or failed).
+    handback_over: tokio::sync::Notify,
+    /// The stream is on the TCP socket (a handback finished): read without the lock on every
+    /// operation of the stream. Release on the store, Acquire on the load: a stream that sees
+    /// it set sees the connection's final state.
+    on_tcp: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SmcConn {
@@ -274,8 +368,12 @@ impl SmcConn {
                     budget: u64::try_from(cfg.adaptive_poll.as_nanos()).unwrap_or(u64::MAX),
                     ..WaitClock::default()
                 },
+                handback: Handback::Smc,
+                shutdown_after_handback: false,
             }),
             me: me.clone(),
+            handback_over: tokio::sync::Notify::new(),
+            on_tcp: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -324,8 +422,13 @@ impl SmcConn {
     }
 
     /// Keeps the connection's TCP socket open until our SMC close is announced.
-    pub(crate) fn hold_tcp(&self, tcp: Arc<TcpStream>) {
-        self.lock().tcp = Some(tcp);
+    /// Holds the connection's TCP socket (kept until our close is announced, or the stream moved
+    /// to it) and starts watching it: its end, or the peer's handback frame, is answered from
+    /// now on, whether or not the application has the stream yet.
+    pub(crate) fn watch_tcp(self: &Arc<Self>, tcp: Arc<TcpStream>) -> Watcher {
+        self.lock().tcp = Some(tcp.clone());
+        let task = tokio::spawn(tracing::Instrument::instrument(watch(tcp, Arc::downgrade(self)), self.span.clone()));
+        Watcher(Some(task))
     }
 
     // ----- application side ------------------------------------------------------------------
@@ -364,6 +467,19 @@ impl SmcConn {
             let mut st = self.lock();
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
+            }
+            match st.handback {
+                Handback::Smc => {}
+                Handback::Moving(_) => {
+                    return match cx {
+                        Some(cx) => {
+                            st.rx_waker = Some(cx.waker().clone());
+                            Poll::Pending
+                        }
+                        None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+                    };
+                }
+                Handback::Moved(_) => return Poll::Ready(Err(moved())),
             }
             let avail = st.engine.rx_available();
             if avail > 0 {
@@ -408,6 +524,16 @@ impl SmcConn {
         use tokio::io::Ready;
         for attempt in 0..2 {
             let mut st = self.lock();
+            match st.handback {
+                Handback::Smc => {}
+                Handback::Moving(_) if st.error.is_none() => {
+                    st.rx_waker = Some(cx.waker().clone());
+                    st.tx_waker = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
+                // Over (or failed): the caller's next operation finds out what happened.
+                _ => return Poll::Ready(Ready::READABLE | Ready::WRITABLE),
+            }
             let mut r = Ready::EMPTY;
             if interest.is_readable() {
                 let closed = st.engine.rx_eof() || st.engine.peer_aborted() || st.error.is_some();
@@ -670,6 +796,19 @@ impl SmcConn {
             if let Some(e) = &st.error {
                 return Poll::Ready(Err(e.to_io()));
             }
+            match st.handback {
+                Handback::Smc => {}
+                Handback::Moving(_) => {
+                    return match cx {
+                        Some(cx) => {
+                            st.tx_waker = Some(cx.waker().clone());
+                            Poll::Pending
+                        }
+                        None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+                    };
+                }
+                Handback::Moved(_) => return Poll::Ready(Err(moved())),
+            }
             if st.engine.is_write_shutdown() {
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")));
             }
@@ -756,6 +895,9 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
+        if let Some(p) = Self::poll_moving(&mut st, cx) {
+            return p;
+        }
         st.engine.push();
         self.poll_handed_over(cx, st)
     }
@@ -809,6 +951,14 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Err(e.to_io());
         }
+        match st.handback {
+            Handback::Smc => {}
+            Handback::Moving(_) => {
+                st.shutdown_after_handback = true;
+                return Ok(());
+            }
+            Handback::Moved(_) => return Err(moved()),
+        }
         st.engine.shutdown_write();
         self.flush_cdc(&mut st);
         Ok(())
@@ -821,6 +971,9 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
+        if let Some(p) = Self::poll_moving(&mut st, cx) {
+            return p;
+        }
         st.engine.shutdown_write();
         self.poll_handed_over(cx, st)
     }
@@ -830,7 +983,7 @@ impl SmcConn {
     pub(crate) fn release(&self, abort: bool) {
         let mut st = self.lock();
         st.released = true;
-        if st.error.is_none() {
+        if st.error.is_none() && st.handback == Handback::Smc {
             if abort || st.engine.rx_available() > 0 && !st.engine.rx_eof() {
                 st.engine.abort();
             } else {
@@ -870,7 +1023,7 @@ impl SmcConn {
     /// As `flush_cdc`; the first message carries `inline` (the bytes just written on an idle
     /// connection) when they are exactly what it announces.
     fn flush_cdc_inline(&self, st: &mut ConnState, mut inline: Option<&[u8]>) {
-        if st.peer_token.is_none() || st.link_down {
+        if st.peer_token.is_none() || st.link_down || st.handback != Handback::Smc {
             return;
         }
         let Some(link) = self.group.link() else {
@@ -938,6 +1091,11 @@ impl SmcConn {
     /// A CDC message for this connection.
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
+        if st.handback != Handback::Smc {
+            // The stream is moving to TCP: what the link still says of it is void (the peer
+            // resends whatever we did not consume).
+            return;
+        }
         if st.error.is_some() {
             // Failed already, and our abort went out: only the peer's close or abort (its answer)
             // matters now, and its cursors are no longer checked.
@@ -1031,13 +1189,207 @@ impl SmcConn {
     pub(crate) fn fail_link(&self, err: &LinkError) {
         tracing::debug!(parent: &self.span, error = %err, "link group failed under the connection");
         let mut st = self.lock();
+        let open = st.tcp.is_some() && st.error.is_none() && !st.engine.peer_closed() && !st.engine.peer_aborted();
+        let moving = st.handback != Handback::Smc
+            || match err {
+                // Our link failed while both processes may live: the stream moves to the TCP
+                // socket (now, before the link is torn down: the copy of our unacknowledged
+                // bytes comes from it), and the peer follows when our frame arrives.
+                LinkError::Io(..) => self.start_handback(&mut st, HandbackCause::LinkFailed),
+                // The peer's side of the link went away: either its process died, or its link
+                // failed and it is moving to TCP. The TCP connection tells which: its end (the
+                // watcher then ends this connection as before, once the bytes in our ring are
+                // read), or the peer's frame (we move too). Until then reads take what is in our
+                // ring, and writes go into it (resent over TCP if the peer moves).
+                LinkError::PeerGone => open,
+                // A peer that broke the protocol is not followed to TCP; a group torn down here
+                // (its runtime shut down) has nothing left to run the move on.
+                LinkError::Protocol(_) | LinkError::Closed => false,
+            };
         st.link_down = true;
+        if moving {
+            return;
+        }
         if st.error.is_none() {
             st.error = Some(ConnError::from_link(err));
         }
         st.tcp = None;
         wake(&mut st.rx_waker);
         wake(&mut st.tx_waker);
+    }
+
+    // ----- the move to the TCP socket (see `proto::handback`) ---------------------------------
+
+    /// Moves the byte stream to the TCP socket because of `cause`, unless it moves already;
+    /// returns whether it moves (or moved). It cannot where the socket is no longer held (our
+    /// close went out), the connection ended (an error, the peer's close or abort), or there is
+    /// no runtime to run the exchange on.
+    pub(crate) fn hand_back(&self, cause: HandbackCause) -> bool {
+        let mut st = self.lock();
+        st.handback != Handback::Smc || self.start_handback(&mut st, cause)
+    }
+
+    /// Whether the stream is on the TCP socket (cheap: the streams ask on every operation).
+    pub(crate) fn on_tcp(&self) -> bool {
+        self.on_tcp.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Where the stream is: `None` on the link (or moving), the cause once on TCP.
+    pub(crate) fn moved_to_tcp(&self) -> Option<HandbackCause> {
+        if !self.on_tcp() {
+            return None;
+        }
+        match self.lock().handback {
+            Handback::Moved(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether `e` is the error of an operation that found the stream on TCP (see [`MovedToTcp`]).
+    pub(crate) fn is_moved_error(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|i| i.is::<MovedToTcp>())
+    }
+
+    /// Resolves once a handback started on this connection is over: `Ok` on TCP, else the
+    /// connection's error.
+    pub(crate) async fn handed_back(&self) -> io::Result<()> {
+        loop {
+            let over = self.handback_over.notified();
+            {
+                let st = self.lock();
+                if let Some(e) = &st.error {
+                    return Err(e.to_io());
+                }
+                match st.handback {
+                    Handback::Moved(_) => return Ok(()),
+                    Handback::Moving(_) => {}
+                    Handback::Smc => return Err(io::Error::other("the connection did not move to its tcp socket")),
+                }
+            }
+            over.await;
+        }
+    }
+
+    /// While a handback runs, flushes and shutdowns wait for it; once over they are TCP's.
+    fn poll_moving(st: &mut ConnState, cx: &mut Context<'_>) -> Option<Poll<io::Result<()>>> {
+        match st.handback {
+            Handback::Smc => None,
+            Handback::Moving(_) => {
+                st.tx_waker = Some(cx.waker().clone());
+                Some(Poll::Pending)
+            }
+            Handback::Moved(_) => Some(Poll::Ready(Err(moved()))),
+        }
+    }
+
+    /// Freezes the SMC side of the stream and starts the exchange (see [`Self::hand_back`]).
+    fn start_handback(&self, st: &mut ConnState, cause: HandbackCause) -> bool {
+        let Some(tcp) = st.tcp.clone() else { return false };
+        if st.error.is_some() || st.engine.peer_closed() || st.engine.peer_aborted() || st.engine.close_sent() {
+            return false;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
+        let Some(me) = self.me.upgrade() else { return false };
+        let t = st.engine.handback_totals();
+        // Our bytes the peer has not reported consumed, from our side's copy of its ring.
+        let mut copy = vec![0u8; usize::try_from(t.written - t.acknowledged).unwrap_or(0)];
+        if !copy.is_empty() {
+            let Some(link) = self.group.link() else { return false };
+            let mut at = 0usize;
+            for (off, len) in t.unacked {
+                let len = len as usize;
+                if len > 0 && link.tx_read(self.our_token, off, &mut copy[at..at + len]).is_err() {
+                    return false;
+                }
+                at += len;
+            }
+        }
+        let hb =
+            crate::proto::handback::Handback::new(t.consumed, t.acknowledged, t.written, st.engine.is_write_shutdown());
+        tracing::debug!(
+            parent: &self.span,
+            %cause,
+            consumed = t.consumed,
+            written = t.written,
+            resend_at_most = copy.len(),
+            "moving the connection to its tcp socket"
+        );
+        st.handback = Handback::Moving(cause);
+        if std::mem::take(&mut st.wait.polling) {
+            self.group.poll_stop();
+        }
+        // Ends the move however the task ends: a task dropped unfinished (its runtime shut
+        // down) fails it, so no reader waits for a move that nobody runs.
+        struct Over {
+            conn: Option<Arc<SmcConn>>,
+            tcp: Arc<TcpStream>,
+        }
+        impl Drop for Over {
+            fn drop(&mut self) {
+                if let Some(c) = self.conn.take() {
+                    let e = io::Error::other("the runtime that ran the move to tcp shut down");
+                    c.handback_over(Err(crate::smc::handback::Failure::Tcp(e)), &self.tcp);
+                }
+            }
+        }
+        let mut over = Over { conn: Some(me), tcp };
+        rt.spawn(tracing::Instrument::instrument(
+            async move {
+                let mut hb = hb;
+                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy).await;
+                if let Some(c) = over.conn.take() {
+                    c.handback_over(res, &over.tcp);
+                }
+            },
+            self.span.clone(),
+        ));
+        true
+    }
+
+    /// The exchange ended: the stream is on TCP, or the connection ends as the result says.
+    fn handback_over(&self, res: Result<(), crate::smc::handback::Failure>, tcp: &TcpStream) {
+        use crate::smc::handback::Failure;
+        let mut st = self.lock();
+        let Handback::Moving(cause) = st.handback else { return };
+        let counters = &self.group.manager().counters;
+        match res {
+            Ok(()) => {
+                if st.shutdown_after_handback {
+                    let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
+                }
+                tracing::debug!(parent: &self.span, %cause, "the connection moved to its tcp socket");
+                st.handback = Handback::Moved(cause);
+                self.on_tcp.store(true, std::sync::atomic::Ordering::Release);
+                counters.handback(true);
+            }
+            Err(Failure::PeerGone { reset }) => {
+                // Not a move: the peer is gone. What it sent is read from the ring, then the
+                // end TCP would report, as for any peer that goes away.
+                tracing::debug!(parent: &self.span, reset, "the peer went away instead of moving to tcp");
+                st.handback = Handback::Smc;
+                st.error.get_or_insert(ConnError::PeerGone { tcp_reset: reset });
+            }
+            Err(Failure::Tcp(e)) => {
+                tracing::debug!(parent: &self.span, error = %e, "the tcp connection failed during the move");
+                st.handback = Handback::Smc;
+                st.error.get_or_insert(ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")));
+                counters.handback(false);
+            }
+            Err(Failure::Protocol(e)) => {
+                tracing::debug!(parent: &self.span, error = %e, "the peer's handback is invalid");
+                st.handback = Handback::Smc;
+                st.error.get_or_insert(ConnError::Protocol(e.to_string()));
+                counters.handback(false);
+            }
+        }
+        // The link has no more use for the connection: its slot goes back to the group.
+        st.link_down = true;
+        st.tcp = None;
+        wake(&mut st.rx_waker);
+        wake(&mut st.tx_waker);
+        drop(st);
+        self.group.unregister(self.our_token);
+        self.handback_over.notify_waiters();
     }
 
     /// Whether the peer closed (or aborted) the SMC connection, or it failed.
@@ -1054,16 +1406,27 @@ impl SmcConn {
         // Everything the peer published before its TCP connection ended is dispatched first: a
         // live peer announces its close before it lets its TCP socket go, and a dead one
         // published all it ever will.
+        if self.lock().handback != Handback::Smc {
+            // The exchange reads the socket now.
+            return;
+        }
         self.group.drain();
         let mut st = self.lock();
+        if st.handback != Handback::Smc {
+            return;
+        }
         if st.engine.peer_closed() || st.error.is_some() {
             // Closed in order (or ended already): the TCP close follows the SMC one.
             return self.maybe_finish(st);
         }
         match res {
             Ok(n) if n > 0 => {
-                tracing::debug!(parent: &self.span, "bytes on the tcp connection under smc");
-                self.fail_locked(&mut st, ConnError::Protocol("bytes on the tcp connection under smc".into()));
+                // The only bytes a peer puts on the socket under SMC: its handback frame (the
+                // exchange checks it). We move too.
+                if !self.start_handback(&mut st, HandbackCause::Peer) {
+                    tracing::debug!(parent: &self.span, "bytes on the tcp connection under smc");
+                    self.fail_locked(&mut st, ConnError::Protocol("bytes on the tcp connection under smc".into()));
+                }
             }
             res => {
                 tracing::debug!(parent: &self.span, ?res, "tcp connection ended under smc without an smc close");

@@ -15,6 +15,7 @@ pub(crate) struct ClientIdentity {
 
 pub(crate) mod conn;
 pub(crate) mod group;
+pub(crate) mod handback;
 pub(crate) mod manager;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;

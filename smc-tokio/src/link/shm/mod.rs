@@ -329,6 +329,16 @@ impl Link for ShmLink {
         Ok(())
     }
 
+    fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), LinkError> {
+        let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read-back span"))?;
+        let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read-back span"))?;
+        // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our own mapping, which
+        // the link keeps mapped; only the connection owning this RMB writes it, and it holds its
+        // lock for this call, so nothing writes the span while we copy. `dst` is our memory.
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
     fn tx_fill(
         &self,
         rmb: u32,

@@ -598,6 +598,15 @@ impl Link for VerbsLink {
         Ok(())
     }
 
+    fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), LinkError> {
+        let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read-back span"))?;
+        let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read-back span"))?;
+        // SAFETY: the span is inside our send pool; only this connection (whose lock the caller
+        // holds) writes it, and the HCA only reads it, so the copy races with no writer.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
     fn tx_fill(
         &self,
         rmb: u32,

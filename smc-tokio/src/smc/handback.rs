@@ -1,0 +1,127 @@
+//! The I/O of a handback ([`crate::proto::handback`]): our frame out, the peer's frame in, our
+//! unacknowledged bytes out again, all on the connection's TCP socket. The connection
+//! ([`SmcConn::hand_back`](crate::smc::conn::SmcConn::hand_back)) decides when to start and what
+//! the result means; this runs the exchange.
+
+use std::io;
+
+use tokio::net::TcpStream;
+
+use crate::proto::handback::{Handback, HandbackError, HANDBACK_FRAME_LEN};
+
+/// How an exchange ended without finishing.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The TCP connection ended (EOF, or a reset: `reset`) before a byte of the peer's frame:
+    /// the peer is gone, not moving.
+    PeerGone { reset: bool },
+    /// The TCP connection failed in the middle of the exchange.
+    Tcp(io::Error),
+    /// The peer's frame is invalid, or the connection ended inside it.
+    Protocol(HandbackError),
+}
+
+/// Runs `hb` to its end on `tcp`, resending from `copy` (our bytes from
+/// [`Handback::copy_start`] on). Reads no byte past the peer's frame: what follows it is the
+/// peer's stream, for the application.
+pub(crate) async fn exchange(tcp: &TcpStream, hb: &mut Handback, copy: &[u8]) -> Result<(), Failure> {
+    while !hb.frame_to_write().is_empty() {
+        match tcp.try_write(hb.frame_to_write()) {
+            Ok(n) => hb.frame_written(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => tcp.writable().await.map_err(Failure::Tcp)?,
+            Err(e) if hb.peer_frame_wanted() == HANDBACK_FRAME_LEN && is_gone(&e) => {
+                return Err(Failure::PeerGone { reset: true })
+            }
+            Err(e) => return Err(Failure::Tcp(e)),
+        }
+    }
+    let mut buf = [0u8; HANDBACK_FRAME_LEN];
+    while !hb.peer_frame_read() {
+        let want = hb.peer_frame_wanted();
+        match tcp.try_read(&mut buf[..want]) {
+            Ok(0) if want == HANDBACK_FRAME_LEN => return Err(Failure::PeerGone { reset: false }),
+            Ok(0) => return Err(Failure::Protocol(hb.peer_eof())),
+            Ok(n) => {
+                hb.on_peer_bytes(&buf[..n]).map_err(Failure::Protocol)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => tcp.readable().await.map_err(Failure::Tcp)?,
+            Err(e) if want == HANDBACK_FRAME_LEN && is_gone(&e) => return Err(Failure::PeerGone { reset: true }),
+            Err(e) => return Err(Failure::Tcp(e)),
+        }
+    }
+    while let Some((from, to)) = hb.resend() {
+        let start = (from - hb.copy_start()) as usize;
+        let end = (to - hb.copy_start()) as usize;
+        match tcp.try_write(&copy[start..end]) {
+            Ok(n) => hb.resent(n as u64),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => tcp.writable().await.map_err(Failure::Tcp)?,
+            Err(e) => return Err(Failure::Tcp(e)),
+        }
+    }
+    if hb.shutdown_wanted() {
+        socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write).map_err(Failure::Tcp)?;
+        hb.shutdown_sent();
+    }
+    Ok(())
+}
+
+/// A TCP error that says the peer's end is closed.
+fn is_gone(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::handback::HandbackFrame;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    #[tokio::test]
+    async fn both_sides_exchange_and_resend_over_a_real_socket() {
+        let (mut a, mut b) = pair().await;
+        // A wrote 1000 bytes (B reported 200 consumed and consumed 600); B wrote 10, A
+        // consumed 3 and had reported none.
+        let a_stream: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+        let b_stream: Vec<u8> = (0..10u8).collect();
+        let mut ha = Handback::new(3, 200, 1000, false);
+        let mut hb = Handback::new(600, 0, 10, true);
+        let (ra, rb) = tokio::join!(exchange(&a, &mut ha, &a_stream[200..]), exchange(&b, &mut hb, &b_stream[..]));
+        ra.unwrap();
+        rb.unwrap();
+        // B reads A's bytes 600.. after A's frame; A reads B's bytes 3.., then B's end.
+        let mut got_b = vec![0u8; 400];
+        tokio::io::AsyncReadExt::read_exact(&mut b, &mut got_b).await.unwrap();
+        assert_eq!(got_b, &a_stream[600..]);
+        let mut got_a = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut a, &mut got_a).await.unwrap();
+        assert_eq!(got_a, &b_stream[3..], "B's write side was shut: A reads its end after the resend");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_closes_before_its_frame_is_gone_and_a_bad_frame_is_refused() {
+        let (a, b) = pair().await;
+        drop(b);
+        let mut h = Handback::new(0, 0, 0, false);
+        assert!(matches!(exchange(&a, &mut h, &[]).await, Err(Failure::PeerGone { .. })));
+
+        let (a, b) = pair().await;
+        b.try_write(b"GET / HTTP/1.1\r\n").unwrap();
+        let mut h = Handback::new(0, 0, 0, false);
+        assert!(matches!(exchange(&a, &mut h, &[]).await, Err(Failure::Protocol(HandbackError::BadMagic(_)))));
+
+        let (a, b) = pair().await;
+        b.try_write(&HandbackFrame { consumed: 5 }.encode()[..7]).unwrap();
+        drop(b);
+        let mut h = Handback::new(0, 0, 9, false);
+        assert!(matches!(
+            exchange(&a, &mut h, &[0; 9]).await,
+            Err(Failure::Protocol(HandbackError::Truncated { got: 7 }))
+        ));
+    }
+}

@@ -1,0 +1,220 @@
+//! SMC connections that move back to their TCP socket mid-stream (`SmcStream::hand_back`, and a
+//! link that fails under live connections): every byte arrives once, in order, in both
+//! directions, and the stream goes on as a TCP stream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use smc_tokio::config::ShmConfig;
+use smc_tokio::{FallbackReason, HandbackCause, SmcStream, Transport};
+use tests::{bounded, smc_pair, Rng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn moved(cause: HandbackCause) -> Transport {
+    Transport::Tcp(FallbackReason::HandedBack(cause))
+}
+
+/// Writes `data` with `try_write` (so a mover can hold `&SmcStream` meanwhile), counting what went.
+async fn write_all_shared(s: &SmcStream, data: &[u8], sent: &AtomicU64) {
+    let mut at = 0;
+    while at < data.len() {
+        s.writable().await.unwrap();
+        // Small and uneven writes, so cut points fall anywhere in a ring.
+        let end = (at + 1 + (at * 7919) % 60_000).min(data.len());
+        match s.try_write(&data[at..end]) {
+            Ok(n) => {
+                at += n;
+                sent.store(at as u64, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+}
+
+/// Reads exactly `n` bytes with `try_read`; also returns the longest wait between two reads
+/// that returned bytes.
+async fn read_n_shared(s: &SmcStream, n: usize) -> (Vec<u8>, Duration) {
+    let mut got = vec![0u8; n];
+    let mut at = 0;
+    let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
+    while at < n {
+        s.readable().await.unwrap();
+        match s.try_read(&mut got[at..]) {
+            Ok(0) => panic!("eof after {at} of {n} bytes"),
+            Ok(k) => {
+                at += k;
+                gap = gap.max(last.elapsed());
+                last = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("read after {at} of {n} bytes: {e}"),
+        }
+    }
+    (got, gap)
+}
+
+/// What moves the connection.
+#[derive(Clone, Copy)]
+enum Mover {
+    /// The client asks.
+    HandBack,
+    /// The client's link fails.
+    FailLink,
+}
+
+/// Both ends write and read at once; when `cut` bytes of the client's stream went out, `mover`
+/// moves the connection. Returns both ends and the longest stall of the server's reads.
+async fn both_ways_with_a_move(size: usize, cut: u64, seed: u64, mover: Mover) -> (SmcStream, SmcStream, Duration) {
+    let (client, server) = smc_pair(ShmConfig::default().rmb_size(64 << 10)).await;
+    let mut rng = Rng::new(seed);
+    let up = rng.bytes(size);
+    let down = rng.bytes(size);
+    let (sent, sent_down) = (AtomicU64::new(0), AtomicU64::new(0));
+    let mover_run = async {
+        while sent.load(Ordering::Relaxed) < cut {
+            tokio::task::yield_now().await;
+        }
+        match mover {
+            Mover::HandBack => client.hand_back().await.unwrap(),
+            Mover::FailLink => client.fail_link().unwrap(),
+        }
+    };
+    let (_, _, (got_up, stall), _, (got_down, _)) = bounded(120, async {
+        tokio::join!(
+            mover_run,
+            write_all_shared(&client, &up, &sent),
+            read_n_shared(&server, size),
+            write_all_shared(&server, &down, &sent_down),
+            read_n_shared(&client, size),
+        )
+    })
+    .await;
+    assert!(got_up == up, "the client's stream arrived whole and in order");
+    assert!(got_down == down, "the server's stream arrived whole and in order");
+    (client, server, stall)
+}
+
+#[tokio::test]
+async fn hand_back_mid_stream_loses_nothing_in_either_direction() {
+    for (i, cut) in [0u64, 1, 65_535, 100_000, 1 << 20].into_iter().enumerate() {
+        let (client, server, _) = both_ways_with_a_move(2 << 20, cut, i as u64, Mover::HandBack).await;
+        assert_eq!(client.transport(), moved(HandbackCause::Requested), "cut {cut}");
+        assert_eq!(server.transport(), moved(HandbackCause::Peer), "cut {cut}");
+    }
+}
+
+#[tokio::test]
+async fn a_link_that_fails_under_a_64_mib_transfer_moves_it_to_tcp() {
+    let before = smc_tokio::stats().handbacks[0];
+    let start = Instant::now();
+    let (client, server, stall) = both_ways_with_a_move(64 << 20, 20 << 20, 7, Mover::FailLink).await;
+    eprintln!(
+        "64 MiB each way, 64 MiB compared each way, link failed at 20 MiB: {:?} in all, longest read stall {stall:?}",
+        start.elapsed()
+    );
+    assert_eq!(client.transport(), moved(HandbackCause::LinkFailed));
+    assert_eq!(server.transport(), moved(HandbackCause::Peer));
+    assert!(smc_tokio::stats().handbacks[0] >= before + 2, "both ends counted their move");
+}
+
+#[tokio::test]
+async fn a_moved_stream_is_a_tcp_stream_into_std_and_raw_io_included() {
+    let (mut client, mut server) = smc_pair(ShmConfig::default()).await;
+    client.write_all(b"before ").await.unwrap();
+    server.write_all(b"unread by the client ").await.unwrap();
+    // Give the server's bytes time to land in the client's ring: they are resent after the move.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    client.hand_back().await.unwrap();
+    let std_client = client.into_std().expect("a moved stream converts");
+    // Raw socket I/O on the server's moved stream means what it means on tokio's.
+    bounded(10, server.hand_back()).await.unwrap();
+    let mut b = [0u8; 7];
+    server.read_exact(&mut b).await.unwrap();
+    assert_eq!(&b, b"before ");
+    let n = server
+        .try_io(tokio::io::Interest::WRITABLE, || {
+            use std::io::Write;
+            (&*socket2::SockRef::from(&server)).write(b"raw")
+        })
+        .unwrap();
+    assert_eq!(n, 3);
+    let t = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std_client;
+        s.set_nonblocking(false).unwrap();
+        let mut got = vec![0u8; b"unread by the client raw".len()];
+        s.read_exact(&mut got).unwrap();
+        s.write_all(b"from std").unwrap();
+        got
+    });
+    let got = bounded(10, t).await.unwrap();
+    assert_eq!(got, b"unread by the client raw");
+    let mut b = [0u8; 8];
+    server.read_exact(&mut b).await.unwrap();
+    assert_eq!(&b, b"from std");
+}
+
+#[tokio::test]
+async fn half_closed_corked_and_sendfile_streams_move_whole() {
+    use std::io::Write;
+    let (mut client, mut server) = smc_pair(ShmConfig::default().rmb_size(16 << 10)).await;
+    // The server's direction: written under a cork (unannounced), then half-closed.
+    let cork = server.cork();
+    server.write_all(b"corked bytes").await.unwrap();
+    // The client's direction: a sendfile larger than the ring, the move in its middle.
+    let mut file = tempfile::tempfile().unwrap();
+    let body = Rng::new(3).bytes(1 << 20);
+    file.write_all(&body).unwrap();
+    let (sent, got) = bounded(60, async {
+        tokio::join!(
+            async {
+                let n = client.sendfile(&file, 0, body.len() as u64).await.unwrap();
+                client.shutdown().await.unwrap();
+                n
+            },
+            async {
+                let mut got = vec![0u8; 100 << 10];
+                server.read_exact(&mut got).await.unwrap();
+                // A third of the file is through: move, with the server's bytes still corked.
+                server.hand_back().await.unwrap();
+                drop(cork);
+                server.shutdown().await.unwrap();
+                let mut rest = Vec::new();
+                server.read_to_end(&mut rest).await.unwrap();
+                got.extend_from_slice(&rest);
+                got
+            }
+        )
+    })
+    .await;
+    assert_eq!(sent, body.len() as u64);
+    assert!(got == body, "the file arrived whole, then the end");
+    let mut all = Vec::new();
+    bounded(10, client.read_to_end(&mut all)).await.unwrap();
+    assert_eq!(all, b"corked bytes", "the corked bytes, then the server's end");
+    assert_eq!(client.transport(), moved(HandbackCause::Peer));
+}
+
+#[tokio::test]
+async fn an_orderly_close_is_no_move() {
+    // The peer closes in order (its close announced over the link, then its TCP socket
+    // closed): the stream reads the bytes in its ring, then the end, and never moves.
+    let (mut client, server) = smc_pair(ShmConfig::default()).await;
+    client.write_all(b"last words").await.unwrap();
+    client.flush().await.unwrap();
+    drop(client);
+    let mut server = server;
+    let mut got = Vec::new();
+    bounded(10, server.read_to_end(&mut got)).await.unwrap();
+    assert_eq!(got, b"last words");
+    assert!(server.transport().is_smc(), "an orderly close is no move");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_on_a_multi_threaded_runtime_lose_nothing_either() {
+    for (i, mover) in [Mover::HandBack, Mover::FailLink, Mover::HandBack, Mover::FailLink].into_iter().enumerate() {
+        let (client, server, _) = both_ways_with_a_move(8 << 20, (i as u64 + 1) << 20, 100 + i as u64, mover).await;
+        assert!(!client.transport().is_smc() && !server.transport().is_smc());
+    }
+}
