@@ -56,7 +56,15 @@ pub(crate) struct Counters {
     door_connections: AtomicU64,
     partial_waits: AtomicU64,
     handbacks: [AtomicU64; 2],
+    doorbells: [AtomicU64; 2],
     kernel: Kernel,
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A snapshot is `Stats`; a handle only says what it is.
+        f.debug_struct("Counters").finish_non_exhaustive()
+    }
 }
 
 /// The kernel-SMC counters (see [`KernelStats`]).
@@ -237,6 +245,11 @@ impl Counters {
         self.partial_waits.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A shared-memory link rang its peer's doorbell (`rung`), or woke up for a ring of its own.
+    pub(crate) fn doorbell(&self, rung: bool) {
+        self.doorbells[usize::from(!rung)].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// An SMC connection finished its move to its TCP socket (`ok`), or the move failed.
     pub(crate) fn handback(&self, ok: bool) {
         self.handbacks[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
@@ -386,6 +399,10 @@ pub struct Stats {
     /// (`[0]`), and moves that failed (`[1]`: the TCP connection broke during the exchange, or
     /// the peer's frame was invalid).
     pub handbacks: [u64; 2],
+    /// Doorbells of shared-memory links: rung for the peer (`[0]`: a system call and, for a
+    /// peer asleep, a wake-up), and rings that woke a link of ours (`[1]`). A doorbell is rung
+    /// only for a peer that armed it before sleeping, so these count the wake-ups SMC-D paid.
+    pub doorbells: [u64; 2],
     /// The kernel's SMC (`AF_SMC` sockets, see [`kernel`](crate::kernel)).
     pub kernel: KernelStats,
     /// Descriptors from other processes, closed off the runtime.
@@ -529,6 +546,7 @@ impl Counters {
             door_connections: c.door_connections.load(Ordering::Relaxed),
             partial_waits: c.partial_waits.load(Ordering::Relaxed),
             handbacks: load(&c.handbacks),
+            doorbells: load(&c.doorbells),
             kernel: kernel(&c.kernel),
             closer: {
                 let k = crate::sys::closer_stats();
@@ -615,7 +633,11 @@ impl fmt::Display for Stats {
             "doors: {} registered over {} door connections, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
             d[0], self.door_connections, d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
         )?;
-        writeln!(f, "moved to tcp mid-stream: {} ({} failed)", self.handbacks[0], self.handbacks[1])?;
+        writeln!(
+            f,
+            "moved to tcp mid-stream: {} ({} failed); doorbells rung {}, woken by {}",
+            self.handbacks[0], self.handbacks[1], self.doorbells[0], self.doorbells[1]
+        )?;
         let c = &self.closer;
         writeln!(
             f,

@@ -182,6 +182,34 @@ pub fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i % 251) as u8 ^ 0x5A).collect()
 }
 
+/// The `smc-rdma-test` cases of every mode (one guest, and the client across two), in their
+/// order; one guest runs more after them.
+pub const RDMA_CASES: [&str; 11] = [
+    "handshake_smc_r",
+    "integrity_random_sizes",
+    "connections_100",
+    "cork_sendfile_from_server",
+    "cork_sendfile_to_server",
+    "half_close",
+    "abort",
+    "corrupt_cdc_fails_one_connection",
+    "no_device_falls_back",
+    "hand_back_mid_stream",
+    "link_failure_moves_to_tcp",
+];
+
+/// Asserts that a test-bed console says `PASS` for every one of `cases` and `FAIL` for none.
+pub fn assert_cases_passed<'a>(console: &str, cases: impl IntoIterator<Item = &'a str>) {
+    for case in cases {
+        assert!(
+            console.contains(&format!("PASS {case} ")),
+            "case {case} did not pass:
+{console}"
+        );
+    }
+    assert!(!console.contains("\nFAIL"), "a case failed:\n{console}");
+}
+
 /// Runs the soft-RoCE test bed (`tests/rdma-vm/run.sh`) with `args` (plus `--quiet` and its
 /// own `--out` directory) and returns the guests' consoles (`consoles`: the files the mode
 /// writes, such as `single.log`), joined, once it exited 0. `None`: `SMC_TOKIO_SKIP_RDMA_VM=1`

@@ -468,18 +468,8 @@ impl SmcConn {
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
             }
-            match st.handback {
-                Handback::Smc => {}
-                Handback::Moving(_) => {
-                    return match cx {
-                        Some(cx) => {
-                            st.rx_waker = Some(cx.waker().clone());
-                            Poll::Pending
-                        }
-                        None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
-                    };
-                }
-                Handback::Moved(_) => return Poll::Ready(Err(moved())),
+            if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), true) {
+                return p;
             }
             let avail = st.engine.rx_available();
             if avail > 0 {
@@ -796,18 +786,8 @@ impl SmcConn {
             if let Some(e) = &st.error {
                 return Poll::Ready(Err(e.to_io()));
             }
-            match st.handback {
-                Handback::Smc => {}
-                Handback::Moving(_) => {
-                    return match cx {
-                        Some(cx) => {
-                            st.tx_waker = Some(cx.waker().clone());
-                            Poll::Pending
-                        }
-                        None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
-                    };
-                }
-                Handback::Moved(_) => return Poll::Ready(Err(moved())),
+            if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), false) {
+                return p;
             }
             if st.engine.is_write_shutdown() {
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")));
@@ -895,7 +875,7 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
-        if let Some(p) = Self::poll_moving(&mut st, cx) {
+        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
             return p;
         }
         st.engine.push();
@@ -971,7 +951,7 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
-        if let Some(p) = Self::poll_moving(&mut st, cx) {
+        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
             return p;
         }
         st.engine.shutdown_write();
@@ -1270,14 +1250,19 @@ impl SmcConn {
         }
     }
 
-    /// While a handback runs, flushes and shutdowns wait for it; once over they are TCP's.
-    fn poll_moving(st: &mut ConnState, cx: &mut Context<'_>) -> Option<Poll<io::Result<()>>> {
+    /// Reads (`read`) and writes while a handback runs wait for it (without a context: they
+    /// would block); once it is over they are TCP's. `None` on the link.
+    fn gate<T>(st: &mut ConnState, cx: Option<&mut Context<'_>>, read: bool) -> Option<Poll<io::Result<T>>> {
         match st.handback {
             Handback::Smc => None,
-            Handback::Moving(_) => {
-                st.tx_waker = Some(cx.waker().clone());
-                Some(Poll::Pending)
-            }
+            Handback::Moving(_) => Some(match cx {
+                Some(cx) => {
+                    let w = if read { &mut st.rx_waker } else { &mut st.tx_waker };
+                    *w = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
+            }),
             Handback::Moved(_) => Some(Poll::Ready(Err(moved()))),
         }
     }

@@ -267,7 +267,8 @@ impl Manager {
                 }
                 let capacity = our_rmb_size.max(cfg.get_rmb_max());
                 let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
-                let local = ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?;
+                let local =
+                    ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?.counting(self.counters.clone());
                 let join = Join { link_group: accept.link_group, secret };
                 let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
@@ -357,10 +358,12 @@ impl Manager {
                 None => {
                     let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max())
                         .ok_or(DeclineReason::Internal)?;
-                    let local = ShmLocal::create(layout).map_err(|e| {
-                        tracing::debug!(error = %e, "cannot create shm region");
-                        DeclineReason::OutOfMemory
-                    })?;
+                    let local = ShmLocal::create(layout)
+                        .map_err(|e| {
+                            tracing::debug!(error = %e, "cannot create shm region");
+                            DeclineReason::OutOfMemory
+                        })?
+                        .counting(self.counters.clone());
                     let mut id = sys::random_u64();
                     while s.groups.contains_key(&id) {
                         id = sys::random_u64();

@@ -157,6 +157,98 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
     Ok(s)
 }
 
+/// Echoes `size` random bytes through a fresh connection and moves it back to its TCP socket
+/// once `cut` bytes went out: by `hand_back` (the application asks), or by failing the client's
+/// link group (`fail`), as a port that went down would: its queue pair is torn down under the
+/// peer, whose side fails too. Every byte must come back once, in order, and the client must
+/// end on TCP, moved for that reason. Prints the longest stall of the reads.
+async fn case_move(addr: SocketAddr, size: usize, cut: usize, fail: bool) -> Result<(), String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // The stream is made and checked in chunks of its own seed, so a 64 MiB echo needs no
+    // 64 MiB buffers (the emulated guest has 1 GiB for every case).
+    const CHUNK: usize = 64 << 10;
+    let chunk = |i: usize| Rng::new(0x5eed ^ i as u64).bytes(CHUNK);
+    let s = open(addr, b'E').await?;
+    let before = s.transport();
+    let sent = AtomicUsize::new(0);
+    let writer = async {
+        let mut at = 0;
+        let mut cur = chunk(0);
+        while at < size {
+            s.writable().await.map_err(|e| format!("writable: {e}"))?;
+            let off = at % CHUNK;
+            let end = (CHUNK - off).min(size - at);
+            match s.try_write(&cur[off..off + end]) {
+                Ok(n) => {
+                    at += n;
+                    sent.store(at, Ordering::Relaxed);
+                    if at % CHUNK == 0 {
+                        cur = chunk(at / CHUNK);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("write after {at} bytes: {e}")),
+            }
+        }
+        Ok::<_, String>(())
+    };
+    let reader = async {
+        let mut buf = vec![0u8; CHUNK];
+        let mut want = chunk(0);
+        let (mut at, mut gap, mut last) = (0, Duration::ZERO, Instant::now());
+        while at < size {
+            s.readable().await.map_err(|e| format!("readable: {e}"))?;
+            let off = at % CHUNK;
+            let room = (CHUNK - off).min(size - at);
+            match s.try_read(&mut buf[..room]) {
+                Ok(0) => return Err(format!("eof after {at} of {size} bytes")),
+                Ok(k) => {
+                    if buf[..k] != want[off..off + k] {
+                        return Err(format!("the echo differs in bytes {at}..{}", at + k));
+                    }
+                    at += k;
+                    if at % CHUNK == 0 {
+                        want = chunk(at / CHUNK);
+                    }
+                    gap = gap.max(last.elapsed());
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("read after {at} bytes: {e}")),
+            }
+        }
+        Ok::<_, String>(gap)
+    };
+    let mover = async {
+        while sent.load(Ordering::Relaxed) < cut {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if fail {
+            s.fail_link().map_err(|e| format!("fail_link: {e}"))
+        } else {
+            s.hand_back().await.map_err(|e| format!("hand_back: {e}"))
+        }
+    };
+    let (w, r, m) = tokio::join!(writer, reader, mover);
+    w?;
+    m?;
+    let gap = r?;
+    let cause = if fail { smc_tokio::HandbackCause::LinkFailed } else { smc_tokio::HandbackCause::Requested };
+    let want = Transport::Tcp(smc_tokio::FallbackReason::HandedBack(cause));
+    if s.transport() != want {
+        return Err(format!("transport after the move is {}, expected {want}", s.transport()));
+    }
+    println!(
+        "  move_{}: {} MiB echoed and compared, moved after {} KiB; transport {before} before, {} after; longest read stall {:.1} ms",
+        if fail { "link_failed" } else { "hand_back" },
+        size >> 20,
+        cut >> 10,
+        s.transport(),
+        gap.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
 /// Echoes `data` through a fresh connection, writing and reading concurrently.
 async fn echo(addr: SocketAddr, data: Vec<u8>) -> Result<(), String> {
     echo_on(open(addr, b'E').await?, data).await
@@ -675,6 +767,8 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     case!("abort", case_abort(addr));
     case!("corrupt_cdc_fails_one_connection", case_corrupt_cdc(addr));
     case!("no_device_falls_back", case_no_device(addr));
+    case!("hand_back_mid_stream", case_move(addr, 16 << 20, 4 << 20, false));
+    case!("link_failure_moves_to_tcp", case_move(addr, 64 << 20, 8 << 20, true), Duration::from_secs(300));
     if with_kill {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
         // Three ways of ending, SMC_RDMA_WRITER_ROUNDS writers each, at up to a second a writer.

@@ -47,6 +47,7 @@ pub(crate) fn combine(runs: Vec<Measure>) -> Measure {
         bytes_per_s: pick(|m| m.bytes_per_s),
         errors: runs.iter().map(|m| m.errors).sum(),
         cpu_us_per_op: pick(|m| m.cpu_us_per_op),
+        doorbells_per_op: pick(|m| m.doorbells_per_op),
         // Each percentile step's median over the runs.
         quantiles: (0..runs.iter().map(|m| m.quantiles.len()).min().unwrap_or(0))
             .map(|i| median(runs.iter().map(|m| m.quantiles[i]).collect()))
@@ -145,7 +146,7 @@ pub(crate) fn vs_machine(row: &Row, limits: &Limits) -> Option<f64> {
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
     println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>6} {:>9}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>6} {:>9}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -157,6 +158,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
         "ops/s",
         "MB/s",
         "cpu_us/op",
+        "bells/op",
         "errors",
         "machine"
     );
@@ -183,7 +185,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (_, None) => "-".into(),
         };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>6} {:>9}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>6} {:>9}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -195,6 +197,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             r.m.ops_per_s,
             r.m.bytes_per_s / 1e6,
             r.m.cpu_us_per_op,
+            r.m.doorbells_per_op,
             r.m.errors,
             machine,
             vs
@@ -219,6 +222,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "bytes_per_s": r.m.bytes_per_s,
                 "errors": r.m.errors,
                 "cpu_us_per_op": r.m.cpu_us_per_op,
+                "doorbells_per_op": r.m.doorbells_per_op,
                 "runs": r.per_run.len(),
                 "ratio_vs_tcp": ratio(r, rows).map(|x| x.median),
                 "ratio_vs_tcp_range": ratio(r, rows).map(|x| [x.min, x.max]),

@@ -45,6 +45,9 @@ pub(crate) struct Measure {
     /// CPU time (user and system, every thread of this process: in `local`, client and server)
     /// per operation, from `getrusage`.
     pub(crate) cpu_us_per_op: f64,
+    /// Shared-memory doorbells rung per operation (`Stats::doorbells`), over the whole run as
+    /// the CPU is.
+    pub(crate) doorbells_per_op: f64,
     /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
     pub(crate) quantiles: Vec<f64>,
 }
@@ -248,6 +251,7 @@ pub(crate) async fn measure(
         bytes_per_s: n * size as f64 / dur.as_secs_f64(),
         errors,
         cpu_us_per_op: 0.0,
+        doorbells_per_op: 0.0,
         quantiles: plot::quantiles(&all),
     })
 }
@@ -259,7 +263,7 @@ pub(crate) async fn run_case(
     case: Case,
     dur: Duration,
 ) -> io::Result<Measure> {
-    let (cpu0, t0) = (cpu_time(), Instant::now());
+    let (cpu0, t0, bells0) = (cpu_time(), Instant::now(), smc_tokio::stats().doorbells[0]);
     let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
         Scenario::Stream => run_stream(kind, target, case, dur).await,
@@ -274,6 +278,8 @@ pub(crate) async fn run_case(
     let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
     if ops > 0.0 {
         m.cpu_us_per_op = (cpu_time() - cpu0).as_secs_f64() * 1e6 / ops;
+        // Doorbells this process rang (in `local`, both sides), per operation, likewise.
+        m.doorbells_per_op = (smc_tokio::stats().doorbells[0] - bells0) as f64 / ops;
     }
     Ok(m)
 }

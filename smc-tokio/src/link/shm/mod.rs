@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::FromRawFd;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,7 @@ use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
 pub(crate) use crate::proto::side::{Join, JoinRefused};
 use crate::proto::side::{Welcome, SIDE_MSG_LEN};
+use crate::stats::Counters;
 use crate::sys::{self, Mmap, PeerFd};
 
 pub(crate) mod region;
@@ -66,6 +67,8 @@ pub(crate) struct ShmLocal {
     doorbell: OwnedFd,
     /// The other end, handed to the peer to ring us with (closed once the link is up).
     doorbell_theirs: OwnedFd,
+    /// Where the link counts its doorbells (its context's counters).
+    counters: Option<Arc<Counters>>,
 }
 
 impl ShmLocal {
@@ -84,7 +87,13 @@ impl ShmLocal {
         // for itself: we never read our own region back) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
         let (doorbell, doorbell_theirs) = sys::doorbell_pair()?;
-        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs })
+        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs, counters: None })
+    }
+
+    /// Makes the link count the doorbells it rings and is woken by into `counters`.
+    pub(crate) fn counting(mut self, counters: Arc<Counters>) -> ShmLocal {
+        self.counters = Some(counters);
+        self
     }
 
     /// What the peer gets: a read-only descriptor of our region (made when it is sent, so a
@@ -112,6 +121,7 @@ pub(crate) struct ShmLink {
     rung_seen: AtomicBool,
     busy_poll: Duration,
     closed: AtomicBool,
+    counters: Option<Arc<Counters>>,
 }
 
 /// Largest peer region we agree to map: 65536 RMBs of 1 GiB would be absurd; 64 GiB of
@@ -186,10 +196,14 @@ impl ShmLink {
             rung_seen: AtomicBool::new(false),
             busy_poll,
             closed: AtomicBool::new(false),
+            counters: local.counters,
         })
     }
 
     fn ring_peer(&self) -> Result<(), LinkError> {
+        if let Some(c) = &self.counters {
+            c.doorbell(true);
+        }
         sys::doorbell_ring(self.peer_doorbell.as_fd()).map_err(|e| match e.raw_os_error() {
             // The peer closed its end of its doorbell: it is gone (its side channel says so
             // too, perhaps a moment later).
@@ -218,6 +232,9 @@ impl ShmLink {
                         // the next call, after the woken connections had their turn, which keeps
                         // that system call off the round trip.
                         self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
+                        if let Some(c) = &self.counters {
+                            c.doorbell(false);
+                        }
                         return Poll::Ready(Ok(()));
                     }
                     match sys::doorbell_drain(doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
