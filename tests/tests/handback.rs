@@ -218,3 +218,24 @@ async fn moves_on_a_multi_threaded_runtime_lose_nothing_either() {
         assert!(!client.transport().is_smc() && !server.transport().is_smc());
     }
 }
+
+#[tokio::test]
+async fn split_halves_reunite_then_move_then_convert() {
+    let (client, mut server) = smc_pair(ShmConfig::default()).await;
+    let (rd, mut wr) = client.into_split();
+    wr.write_all(b"through the halves, ").await.unwrap();
+    let client = rd.reunite(wr).expect("halves of one stream");
+    bounded(10, client.hand_back()).await.unwrap();
+    let std_client = client.into_std().unwrap();
+    let t = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut s = std_client;
+        s.set_nonblocking(false).unwrap();
+        s.write_all(b"then through std").unwrap();
+    });
+    bounded(10, t).await.unwrap();
+    let mut all = Vec::new();
+    bounded(10, server.read_to_end(&mut all)).await.unwrap();
+    assert_eq!(all, b"through the halves, then through std");
+    assert_eq!(server.transport(), moved(HandbackCause::Peer));
+}
