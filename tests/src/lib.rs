@@ -198,6 +198,15 @@ pub const RDMA_CASES: [&str; 11] = [
     "link_failure_moves_to_tcp",
 ];
 
+/// Runs `smc-rdma-test` (`bin`: the test's `CARGO_BIN_EXE_smc-rdma-test`) through the test bed
+/// in `mode` (`single` or `two`), without the perftest baseline, giving the whole run 600 s in
+/// the guest (it takes about two minutes under emulation, past the test bed's 120 s default per
+/// command); see [`run_test_bed`] for `consoles`, `shown` and the result.
+pub fn run_rdma_test(mode: &str, bin: &str, consoles: &[&str], shown: impl Fn(&str) -> bool) -> Option<String> {
+    let args = [mode, "--bin", bin, "--env", "RDMA_VM_SKIP_BASELINE=1", "--env", "SMC_RDMA_TEST_TIMEOUT=600"];
+    run_test_bed(&[&args[..], &["--timeout", "900"]].concat(), consoles, shown)
+}
+
 /// Asserts that a test-bed console says `PASS` for every one of `cases` and `FAIL` for none.
 pub fn assert_cases_passed<'a>(console: &str, cases: impl IntoIterator<Item = &'a str>) {
     for case in cases {

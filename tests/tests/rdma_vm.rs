@@ -21,21 +21,7 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
             || l.starts_with("  setup_off")
             || l.starts_with("  move_")
     };
-    let Some(console) = tests::run_test_bed(
-        &[
-            "single",
-            "--bin",
-            bin,
-            "--env",
-            "RDMA_VM_SKIP_BASELINE=1",
-            "--env",
-            "SMC_RDMA_TEST_TIMEOUT=600",
-            "--timeout",
-            "900",
-        ],
-        &["single.log"],
-        shown,
-    ) else {
+    let Some(console) = tests::run_rdma_test("single", bin, &["single.log"], shown) else {
         return;
     };
     let extra =

@@ -12,21 +12,9 @@
 #[test]
 fn smc_r_between_two_hosts_on_soft_roce() {
     let bin = env!("CARGO_BIN_EXE_smc-rdma-test");
-    let Some(console) = tests::run_test_bed(
-        &[
-            "two",
-            "--bin",
-            bin,
-            "--env",
-            "RDMA_VM_SKIP_BASELINE=1",
-            "--env",
-            "SMC_RDMA_TEST_TIMEOUT=600",
-            "--timeout",
-            "900",
-        ],
-        &["client.log"],
-        |l| l.starts_with("PASS") || l.starts_with("FAIL") || l.starts_with("stats") || l.starts_with("  move_"),
-    ) else {
+    let Some(console) = tests::run_rdma_test("two", bin, &["client.log"], |l| {
+        l.starts_with("PASS") || l.starts_with("FAIL") || l.starts_with("stats") || l.starts_with("  move_")
+    }) else {
         return;
     };
     tests::assert_cases_passed(&console, tests::RDMA_CASES);

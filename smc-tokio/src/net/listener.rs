@@ -942,12 +942,12 @@ impl SmcListener {
     }
 
     fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
+        // The application's stream: taken to be readable and writable, as tokio takes an
+        // accepted socket.
+        let accepted = |e| SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted();
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
-                return Poll::Ready(Ok((
-                    SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted(),
-                    peer,
-                )));
+                return Poll::Ready(Ok((accepted(e), peer)));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
             // returned on the first poll, as tokio's accept returns it.
@@ -955,10 +955,7 @@ impl SmcListener {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
                     if let Handoff::Now(e) = listen::admit(&self.shared, tcp, peer) {
-                        return Poll::Ready(Ok((
-                            SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted(),
-                            peer,
-                        )));
+                        return Poll::Ready(Ok((accepted(e), peer)));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,

@@ -70,8 +70,8 @@ fn ready_of(bits: u8) -> Ready {
 /// The TCP socket of a stream and its assumed readiness, borrowed for one operation.
 #[derive(Clone, Copy)]
 pub(crate) struct TcpIo<'a> {
-    pub(crate) tcp: &'a TcpStream,
-    pub(crate) assumed: &'a Assumed,
+    tcp: &'a TcpStream,
+    assumed: &'a Assumed,
 }
 
 impl<'a> TcpIo<'a> {

@@ -314,33 +314,22 @@ impl Handback {
     }
 }
 
-/// The offset in a ring of `ring` bytes of byte `at` of a stream whose byte `end` would go to
-/// ring offset `end_offset` (the producer cursor's position), for `end - ring <= at <= end`:
-/// where a byte still in the ring lies.
-///
-/// # Examples
-///
-/// ```
-/// use smc_tokio::proto::handback::ring_offset;
-///
-/// // A 16-byte ring; 40 bytes written, so the next goes to offset 8.
-/// assert_eq!(ring_offset(16, 8, 40, 39), Some(7));
-/// assert_eq!(ring_offset(16, 8, 40, 30), Some(14)); // before the wrap
-/// assert_eq!(ring_offset(16, 8, 40, 20), None); // overwritten long ago
-/// ```
-pub fn ring_offset(ring: u32, end_offset: u32, end: u64, at: u64) -> Option<u32> {
-    let back = end.checked_sub(at)?;
-    if back > u64::from(ring) || end_offset >= ring {
-        return None;
-    }
-    let back = back as u32;
-    Some(if back <= end_offset { end_offset - back } else { ring - (back - end_offset) })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The offset in a ring of `ring` bytes of byte `at` of a stream whose byte `end` would go
+    /// to ring offset `end_offset` (the producer cursor's position), for `end - ring <= at <=
+    /// end`: where a byte still in the ring lies (the model's writers read their copies so).
+    fn ring_offset(ring: u32, end_offset: u32, end: u64, at: u64) -> Option<u32> {
+        let back = end.checked_sub(at)?;
+        if back > u64::from(ring) || end_offset >= ring {
+            return None;
+        }
+        let back = back as u32;
+        Some(if back <= end_offset { end_offset - back } else { ring - (back - end_offset) })
+    }
 
     #[test]
     fn frames_round_trip_and_every_field_is_checked() {
@@ -369,6 +358,14 @@ mod tests {
         let mut h = Handback::new(0, 0, 0, false);
         assert_eq!(h.on_peer_bytes(&[0xE2, 0xD4]).unwrap(), 2);
         assert_eq!(h.peer_eof(), HandbackError::Truncated { got: 2 });
+    }
+
+    #[test]
+    fn ring_offsets_of_bytes_still_in_the_ring() {
+        // A 16-byte ring; 40 bytes written, so the next goes to offset 8.
+        assert_eq!(ring_offset(16, 8, 40, 39), Some(7));
+        assert_eq!(ring_offset(16, 8, 40, 30), Some(14)); // before the wrap
+        assert_eq!(ring_offset(16, 8, 40, 20), None); // overwritten long ago
     }
 
     #[test]

@@ -201,8 +201,9 @@ enum Handback {
     Smc,
     /// The exchange on the TCP socket runs: reads and writes wait for it.
     Moving(HandbackCause),
-    /// On the TCP socket: the stream reads and writes it directly.
-    Moved(HandbackCause),
+    /// On the TCP socket: the stream reads and writes it directly (the cause is in
+    /// `SmcConn::on_tcp`, where the streams read it without the lock).
+    Moved,
 }
 
 /// The error a connection's I/O returns once its stream moved to the TCP socket: the stream
@@ -220,6 +221,15 @@ impl std::error::Error for MovedToTcp {}
 
 fn moved() -> io::Error {
     io::Error::other(MovedToTcp)
+}
+
+/// How [`SmcConn::moved_to_tcp`] reads a cause back from `SmcConn::on_tcp` (0: not moved).
+fn cause_code(c: HandbackCause) -> u8 {
+    match c {
+        HandbackCause::Requested => 1,
+        HandbackCause::LinkFailed => 2,
+        HandbackCause::Peer => 3,
+    }
 }
 
 /// Adaptive polling, one connection's part: whether its reader polls when it finds nothing.
@@ -301,10 +311,11 @@ pub(crate) struct SmcConn {
     me: Weak<SmcConn>,
     /// Notified when a handback ends (moved, or failed).
     handback_over: tokio::sync::Notify,
-    /// The stream is on the TCP socket (a handback finished): read without the lock on every
-    /// operation of the stream. Release on the store, Acquire on the load: a stream that sees
-    /// it set sees the connection's final state.
-    on_tcp: std::sync::atomic::AtomicBool,
+    /// Where the stream is, read without the lock on every operation of the stream: 0 on the
+    /// link (or moving), else [`cause_code`] of the cause once a handback finished (it never
+    /// changes again). Release on the store, Acquire on the load: a stream that sees it set
+    /// sees the connection's final state.
+    on_tcp: std::sync::atomic::AtomicU8,
 }
 
 impl std::fmt::Debug for SmcConn {
@@ -373,7 +384,7 @@ impl SmcConn {
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
-            on_tcp: std::sync::atomic::AtomicBool::new(false),
+            on_tcp: std::sync::atomic::AtomicU8::new(0),
         })
     }
 
@@ -421,7 +432,6 @@ impl SmcConn {
         self.flush_cdc(&mut st);
     }
 
-    /// Keeps the connection's TCP socket open until our SMC close is announced.
     /// Holds the connection's TCP socket (kept until our close is announced, or the stream moved
     /// to it) and starts watching it: its end, or the peer's handback frame, is answered from
     /// now on, whether or not the application has the stream yet.
@@ -937,7 +947,7 @@ impl SmcConn {
                 st.shutdown_after_handback = true;
                 return Ok(());
             }
-            Handback::Moved(_) => return Err(moved()),
+            Handback::Moved => return Err(moved()),
         }
         st.engine.shutdown_write();
         self.flush_cdc(&mut st);
@@ -1169,7 +1179,6 @@ impl SmcConn {
     pub(crate) fn fail_link(&self, err: &LinkError) {
         tracing::debug!(parent: &self.span, error = %err, "link group failed under the connection");
         let mut st = self.lock();
-        let open = st.tcp.is_some() && st.error.is_none() && !st.engine.peer_closed() && !st.engine.peer_aborted();
         let moving = st.handback != Handback::Smc
             || match err {
                 // Our link failed while both processes may live: the stream moves to the TCP
@@ -1181,7 +1190,7 @@ impl SmcConn {
                 // watcher then ends this connection as before, once the bytes in our ring are
                 // read), or the peer's frame (we move too). Until then reads take what is in our
                 // ring, and writes go into it (resent over TCP if the peer moves).
-                LinkError::PeerGone => open,
+                LinkError::PeerGone => Self::movable(&st),
                 // A peer that broke the protocol is not followed to TCP; a group torn down here
                 // (its runtime shut down) has nothing left to run the move on.
                 LinkError::Protocol(_) | LinkError::Closed => false,
@@ -1211,16 +1220,15 @@ impl SmcConn {
 
     /// Whether the stream is on the TCP socket (cheap: the streams ask on every operation).
     pub(crate) fn on_tcp(&self) -> bool {
-        self.on_tcp.load(std::sync::atomic::Ordering::Acquire)
+        self.moved_to_tcp().is_some()
     }
 
-    /// Where the stream is: `None` on the link (or moving), the cause once on TCP.
+    /// Where the stream is: `None` on the link (or moving), the cause once on TCP. Lock-free.
     pub(crate) fn moved_to_tcp(&self) -> Option<HandbackCause> {
-        if !self.on_tcp() {
-            return None;
-        }
-        match self.lock().handback {
-            Handback::Moved(c) => Some(c),
+        match self.on_tcp.load(std::sync::atomic::Ordering::Acquire) {
+            1 => Some(HandbackCause::Requested),
+            2 => Some(HandbackCause::LinkFailed),
+            3 => Some(HandbackCause::Peer),
             _ => None,
         }
     }
@@ -1241,7 +1249,7 @@ impl SmcConn {
                     return Err(e.to_io());
                 }
                 match st.handback {
-                    Handback::Moved(_) => return Ok(()),
+                    Handback::Moved => return Ok(()),
                     Handback::Moving(_) => {}
                     Handback::Smc => return Err(io::Error::other("the connection did not move to its tcp socket")),
                 }
@@ -1263,16 +1271,21 @@ impl SmcConn {
                 }
                 None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             }),
-            Handback::Moved(_) => Some(Poll::Ready(Err(moved()))),
+            Handback::Moved => Some(Poll::Ready(Err(moved()))),
         }
+    }
+
+    /// Whether the stream can still move to its TCP socket: we hold the socket (our close has
+    /// not gone out), and the connection has not ended (an error, the peer's close or abort).
+    fn movable(st: &ConnState) -> bool {
+        st.tcp.is_some() && st.error.is_none() && !st.engine.peer_closed() && !st.engine.peer_aborted()
     }
 
     /// Freezes the SMC side of the stream and starts the exchange (see [`Self::hand_back`]).
     fn start_handback(&self, st: &mut ConnState, cause: HandbackCause) -> bool {
-        let Some(tcp) = st.tcp.clone() else { return false };
-        if st.error.is_some() || st.engine.peer_closed() || st.engine.peer_aborted() || st.engine.close_sent() {
+        let Some(tcp) = st.tcp.clone().filter(|_| Self::movable(st) && !st.engine.close_sent()) else {
             return false;
-        }
+        };
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
         let Some(me) = self.me.upgrade() else { return false };
         let t = st.engine.handback_totals();
@@ -1343,28 +1356,24 @@ impl SmcConn {
                     let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
                 }
                 tracing::debug!(parent: &self.span, %cause, "the connection moved to its tcp socket");
-                st.handback = Handback::Moved(cause);
-                self.on_tcp.store(true, std::sync::atomic::Ordering::Release);
+                st.handback = Handback::Moved;
+                self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
                 counters.handback(true);
             }
-            Err(Failure::PeerGone { reset }) => {
-                // Not a move: the peer is gone. What it sent is read from the ring, then the
-                // end TCP would report, as for any peer that goes away.
-                tracing::debug!(parent: &self.span, reset, "the peer went away instead of moving to tcp");
+            Err(f) => {
+                let err = match f {
+                    // Not a move: the peer is gone. What it sent is read from the ring, then the
+                    // end TCP would report, as for any peer that goes away.
+                    Failure::PeerGone { reset } => ConnError::PeerGone { tcp_reset: reset },
+                    Failure::Tcp(e) => ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")),
+                    Failure::Protocol(e) => ConnError::Protocol(e.to_string()),
+                };
+                tracing::debug!(parent: &self.span, error = %err.to_io(), "the move to tcp did not happen");
+                if !matches!(err, ConnError::PeerGone { .. }) {
+                    counters.handback(false);
+                }
                 st.handback = Handback::Smc;
-                st.error.get_or_insert(ConnError::PeerGone { tcp_reset: reset });
-            }
-            Err(Failure::Tcp(e)) => {
-                tracing::debug!(parent: &self.span, error = %e, "the tcp connection failed during the move");
-                st.handback = Handback::Smc;
-                st.error.get_or_insert(ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")));
-                counters.handback(false);
-            }
-            Err(Failure::Protocol(e)) => {
-                tracing::debug!(parent: &self.span, error = %e, "the peer's handback is invalid");
-                st.handback = Handback::Smc;
-                st.error.get_or_insert(ConnError::Protocol(e.to_string()));
-                counters.handback(false);
+                st.error.get_or_insert(err);
             }
         }
         // The link has no more use for the connection: its slot goes back to the group.
