@@ -111,6 +111,10 @@ pub(crate) async fn establish(
         let why = if offers { FallbackReason::NotProposed } else { FallbackReason::Disabled };
         return plain(ctx, cfg, addr, why, user, kernel).await;
     }
+    // Connections opened together to a server we have no link group with wait for the first
+    // one's, then share it (before connecting: the server peeks for the Proposal only briefly).
+    #[cfg(feature = "rdma")]
+    let first = crate::smc::rdma::first_contact(ctx.manager(), addr, cfg).await;
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
         let t = crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
@@ -127,6 +131,8 @@ pub(crate) async fn establish(
     // client never answers.
     let timeouts = Timeouts::uniform(cfg.handshake_timeout);
     let (outcome, conn, _) = run(ctx, Channel::<door::ClientWire>::Tcp(&mut tcp), prep, addr, cfg, timeouts).await;
+    #[cfg(feature = "rdma")]
+    drop(first);
     finish_inband(ctx, cfg, addr, tcp, outcome, conn).await
 }
 

@@ -97,7 +97,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     } else {
         Transport::Tcp(FallbackReason::PeerNoSmc)
     };
-    if may_be_smc_r(&cfg, &tcp, peer) {
+    if may_be_smc_r(&cfg, local, peer) {
         spawn(shared, tcp, (local, peer), cfg, Start::Peek, None);
         return Handoff::Later;
     }
@@ -176,19 +176,19 @@ fn start_registered(
     Handoff::Later
 }
 
-/// Whether an unregistered connection could still be SMC-R: the listener has an RDMA port
-/// for the address the client reached, and the client is on another host (a same-host client
-/// registers at the door).
-fn may_be_smc_r(cfg: &Settings, tcp: &TcpStream, peer: SocketAddr) -> bool {
+/// Whether an unregistered connection could still be SMC-R: the listener may have an RDMA port
+/// for the address the client reached (`local`), and the client is on another host (a
+/// same-host client registers at the door).
+fn may_be_smc_r(cfg: &Settings, local: Option<SocketAddr>, peer: SocketAddr) -> bool {
     #[cfg(feature = "rdma")]
     {
         cfg.rdma.enabled
             && !crate::sys::is_local_ip(peer.ip())
-            && tcp.local_addr().is_ok_and(|l| crate::smc::rdma::serves(l.ip(), cfg))
+            && local.is_some_and(|l| crate::smc::rdma::may_serve(l.ip(), cfg))
     }
     #[cfg(not(feature = "rdma"))]
     {
-        let _ = (cfg, tcp, peer);
+        let _ = (cfg, local, peer);
         false
     }
 }

@@ -20,6 +20,7 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
             || l.starts_with("  writers_exit")
             || l.starts_with("  setup_off")
             || l.starts_with("  move_")
+            || l.starts_with("  connections_")
     };
     let Some(console) = tests::run_rdma_test("single", bin, &["single.log"], shown) else {
         return;

@@ -41,8 +41,13 @@ struct Entry {
 struct State {
     /// Server groups by their id, once confirmed.
     server: HashMap<u64, Entry>,
-    /// The newest client group per server address: the one a proposal names.
-    by_server: HashMap<SocketAddr, Entry>,
+    /// Client groups per server address, oldest first. A proposal names the newest usable
+    /// one; an Accept may name any of them (the server answers a proposal made while another
+    /// connection was making a newer group), and only that group is reused.
+    by_server: HashMap<SocketAddr, Vec<Entry>>,
+    /// Per server address, held by the client handshake making the first group with it (see
+    /// [`first_contact`]).
+    first_contact: HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>,
 }
 
 /// A context's RDMA link groups (held by its [`Manager`]).
@@ -61,7 +66,10 @@ impl Registry {
         let mut s = self.lock();
         let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
         s.server.retain(|_, e| !same(e));
-        s.by_server.retain(|_, e| !same(e));
+        s.by_server.retain(|_, v| {
+            v.retain(|e| !same(e));
+            !v.is_empty()
+        });
     }
 }
 
@@ -72,10 +80,12 @@ pub(crate) async fn warm_up(cfg: &Settings) {
     }
 }
 
-/// Whether an RDMA port serves `local` here, without waiting: `false` until the devices have
-/// been opened and the address looked up off the runtime (started here the first time, so only
-/// the first connections to an address can miss it).
-pub(crate) fn serves(local: IpAddr, cfg: &Settings) -> bool {
+/// Whether an RDMA port may serve `local` here, without waiting: `false` only once the lookup
+/// (devices opened, GID tables read, off the runtime) said no. Until it has answered, the
+/// answer is `true` and the lookup is started, so that a listener peeks at the first
+/// connections to an address instead of serving them as plain TCP while the lookup runs; its
+/// handshake waits for the lookup ([`warm_port`]) before it chooses.
+pub(crate) fn may_serve(local: IpAddr, cfg: &Settings) -> bool {
     if !cfg.rdma.enabled {
         return false;
     }
@@ -84,7 +94,7 @@ pub(crate) fn serves(local: IpAddr, cfg: &Settings) -> bool {
         None => {
             let cfg = cfg.clone();
             tokio::spawn(async move { warm_port(local, &cfg).await });
-            false
+            true
         }
     }
 }
@@ -158,8 +168,11 @@ pub(crate) fn client_offer(
     let _known = find_port_cached(local, &cfg.rdma)?;
     let port = port_for(manager, local, cfg).ok()?;
     let s = manager.rdma.lock();
-    let existing = s.by_server.get(&server).filter(|e| e.group.is_established() && e.link.port().gid == port.gid);
-    let existing = existing.filter(|e| e.link.rx_rmb_size() == rx_size);
+    let existing = s.by_server.get(&server).and_then(|v| {
+        v.iter()
+            .rev()
+            .find(|e| e.group.is_established() && e.link.port().gid == port.gid && e.link.rx_rmb_size() == rx_size)
+    });
     Some(RdmaOffer {
         gid: port.gid,
         port: port.port,
@@ -167,6 +180,63 @@ pub(crate) fn client_offer(
         qpn: existing.map_or(0, |e| e.link.qpn()),
         link_group: existing.map_or(0, |e| e.server_id),
     })
+}
+
+/// Held by a client's handshake with a server it has no established group with, so that
+/// connections opened together share one group instead of making one each: the others wait
+/// for it (as Linux's SMC-R serializes a client's first contacts), then propose its group.
+/// Waiting is bounded by three handshake timeouts (the holder's own bound), after which a
+/// connection goes on alone.
+pub(crate) struct FirstContact {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    manager: Arc<Manager>,
+    server: SocketAddr,
+}
+
+impl Drop for FirstContact {
+    fn drop(&mut self) {
+        let Some(guard) = self.guard.take() else { return };
+        let mut s = self.manager.rdma.lock();
+        // Only the map's copy and this guard's are left: nobody waits, the entry can go.
+        if Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(&guard)) == 2 {
+            s.first_contact.remove(&self.server);
+        }
+        drop(guard);
+    }
+}
+
+/// Waits, when this client has devices but no established group with `server`, until no
+/// other handshake of ours is making the first one (see [`FirstContact`]). `None`: nothing to
+/// wait for.
+pub(crate) async fn first_contact(manager: &Arc<Manager>, server: SocketAddr, cfg: &Settings) -> Option<FirstContact> {
+    if !cfg.rdma.enabled || !crate::link::verbs::device::have_devices() {
+        return None;
+    }
+    let lock = {
+        let mut s = manager.rdma.lock();
+        if has_group(&s, server) {
+            return None;
+        }
+        s.first_contact.entry(server).or_default().clone()
+    };
+    // The holder's handshake ends within its steps' bounds: the waits for the Accept and the
+    // Commit and our setup between them, each at most the handshake timeout.
+    let guard = match tokio::time::timeout(cfg.handshake_timeout.saturating_mul(3), lock.lock_owned()).await {
+        Ok(g) => Some(g),
+        Err(_) => {
+            tracing::debug!(%server, "another handshake still makes the first link group with this server");
+            None
+        }
+    };
+    let first = FirstContact { guard, manager: manager.clone(), server };
+    // The handshake waited for may have made the group: then this one just proposes it.
+    let made = has_group(&manager.rdma.lock(), server);
+    (!made).then_some(first)
+}
+
+/// Whether this client has an established group with `server`.
+fn has_group(s: &State, server: SocketAddr) -> bool {
+    s.by_server.get(&server).is_some_and(|v| v.iter().any(|e| e.group.is_established()))
 }
 
 /// The client's side of an RDMA Accept (see [`client_conn_create_blocking`]), off the runtime. The
@@ -212,7 +282,8 @@ fn client_conn_create_blocking(
         .lock()
         .by_server
         .get(&server)
-        .filter(|e| e.server_id == a.link_group && e.peer == (a.gid, a.qpn) && usable(e, rx_size, a.rmb_size))
+        .and_then(|v| v.iter().find(|e| e.server_id == a.link_group))
+        .filter(|e| e.peer == (a.gid, a.qpn) && usable(e, rx_size, a.rmb_size))
         .cloned();
     let entry = match existing {
         Some(e) => e,
@@ -242,7 +313,7 @@ fn client_conn_create_blocking(
                 }
             });
             let e = Entry { group, link, peer: (a.gid, a.qpn), server_id: a.link_group };
-            manager.rdma.lock().by_server.insert(server, e.clone());
+            manager.rdma.lock().by_server.entry(server).or_default().push(e.clone());
             e
         }
     };
@@ -277,6 +348,21 @@ pub(crate) struct ServerPending {
     accepted: RdmaLinkInfo,
     /// The GID the client proposed from (its TCP address's).
     client_gid: [u8; 16],
+    /// A group made for this Proposal: failed when the last copy goes while it is still not
+    /// established.
+    _unconfirmed: Option<Arc<Unconfirmed>>,
+}
+
+/// A server group awaiting its first Confirm, failed when dropped unless established by then.
+#[derive(Debug)]
+struct Unconfirmed(Arc<LinkGroup>);
+
+impl Drop for Unconfirmed {
+    fn drop(&mut self) {
+        if !self.0.is_established() {
+            self.0.fail(LinkError::Closed);
+        }
+    }
 }
 
 /// The server's side of a Proposal with an RDMA offer (see [`server_conn_create_blocking`]), off the
@@ -344,17 +430,12 @@ fn server_conn_create_blocking(
                 cfg.shm.idle_timeout.max(timeout),
                 manager.clone(),
             );
-            // A group whose client never confirms is dropped when its handshake has timed out.
-            let pending = group.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(timeout.saturating_mul(2)).await;
-                if pending.link().is_none() {
-                    pending.fail(LinkError::Closed);
-                }
-            });
             (group, link)
         }
     };
+    // A new group lives as long as the handshake that made it, unless that confirms it: a
+    // client that never confirms leaves nothing behind, however slowly the host runs.
+    let unconfirmed = (!group.is_established()).then(|| Arc::new(Unconfirmed(group.clone())));
     let conn = group.open_conn(None, rx_ring, &cfg.shm)?;
     let (rmb_addr, rkey) = open_rmb(&link, &conn)?;
     let accepted = RdmaLinkInfo {
@@ -368,7 +449,7 @@ fn server_conn_create_blocking(
         rmb_token: conn.our_token(),
         link_group: group.id,
     };
-    Ok((conn, accepted, ServerPending { link, accepted, client_gid: offer.gid }))
+    Ok((conn, accepted, ServerPending { link, accepted, client_gid: offer.gid, _unconfirmed: unconfirmed }))
 }
 
 /// The server's side of the client's Confirm (see [`server_confirm_blocking`]), off the

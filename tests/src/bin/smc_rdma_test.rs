@@ -6,7 +6,7 @@
 //! smc-rdma-test abi                print the verbs structure layout the crate assumes
 //! smc-rdma-test single IP          every case, server and client on this host (IP is the
 //!                                  address of the rxe device's netdev)
-//! smc-rdma-test server IP          serve the cases on IP:7471 until killed (two-guest mode)
+//! smc-rdma-test server IP          serve the cases on IP:7471 and IP:7477 until killed (two-guest mode)
 //! smc-rdma-test client IP          run the cases against a server on IP:7471
 //! smc-rdma-test serve ADDR         (internal) a server in a child process, for the kill case
 //! smc-rdma-test write-exit ADDR BYTES HOW   (internal) a writer in a child process: connect,
@@ -32,6 +32,9 @@ use tests::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PORT: u16 = 7471;
+/// A second server port, used only by `first_contact_100`: a client's link groups are per
+/// server address, so it has none to this one until that case makes the first.
+const FIRST_CONTACT_PORT: u16 = PORT + 6;
 /// Bound on each case: generous for a TCG guest (about 1/50 of real speed).
 const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -126,6 +129,14 @@ async fn serve_conn(mut s: SmcStream) -> std::io::Result<()> {
         other => return Err(std::io::Error::other(format!("unknown command {other}"))),
     }
     Ok(())
+}
+
+/// The server of the `server` and `single` modes: the cases' port, and [`FIRST_CONTACT_PORT`].
+async fn serve_cases(ip: std::net::IpAddr) -> std::io::Result<()> {
+    let second = tokio::spawn(serve(SocketAddr::new(ip, FIRST_CONTACT_PORT)));
+    let r = serve(SocketAddr::new(ip, PORT)).await;
+    second.abort();
+    r
 }
 
 async fn serve(addr: SocketAddr) -> std::io::Result<()> {
@@ -302,13 +313,23 @@ async fn case_random_sizes(addr: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
-async fn case_many(addr: SocketAddr, conns: usize) -> Result<(), String> {
+/// `conns` connections opened at once share the client's link group with the server: they
+/// make at most one new group between them (the first contact, when there was no group with
+/// that server address; the rest wait and join it), counted `ends_here` times where both of
+/// its ends are in this process.
+async fn case_many(addr: SocketAddr, conns: usize, ends_here: u64) -> Result<(), String> {
+    let groups_before = smc_tokio::stats().link_groups;
     let mut tasks = Vec::new();
     for i in 0..conns {
         tasks.push(tokio::spawn(echo(addr, Rng::new(i as u64 + 1).bytes(16 << 10))));
     }
     for (i, t) in tasks.into_iter().enumerate() {
         t.await.map_err(|e| e.to_string())?.map_err(|e| format!("connection {i}: {e}"))?;
+    }
+    let made = smc_tokio::stats().link_groups.saturating_sub(groups_before);
+    println!("  connections_{conns} to {addr}: {made} new link groups (live before: {groups_before})");
+    if made > ends_here {
+        return Err(format!("{conns} connections opened together made {made} link groups (ends), not at most one"));
     }
     Ok(())
 }
@@ -735,8 +756,11 @@ async fn case_no_inline_sends(ip: std::net::IpAddr) -> Result<(), String> {
     result
 }
 
-async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
+/// `single`: server and client in this process (one guest), where a link group has both its
+/// ends here and the cases that kill a peer run too.
+async fn run_cases(addr: SocketAddr, single: bool) -> usize {
     let mut failures = 0;
+    let ends_here = if single { 2 } else { 1 };
     macro_rules! case {
         ($name:literal, $f:expr) => {
             case!($name, $f, CASE_TIMEOUT)
@@ -760,7 +784,8 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     }
     case!("handshake_smc_r", case_handshake(addr));
     case!("integrity_random_sizes", case_random_sizes(addr));
-    case!("connections_100", case_many(addr, 100));
+    case!("connections_100", case_many(addr, 100, ends_here));
+    case!("first_contact_100", case_many(SocketAddr::new(addr.ip(), FIRST_CONTACT_PORT), 100, ends_here));
     case!("cork_sendfile_from_server", case_sendfile_from_server(addr));
     case!("cork_sendfile_to_server", case_sendfile_to_server(addr));
     case!("half_close", case_half_close(addr));
@@ -769,7 +794,7 @@ async fn run_cases(addr: SocketAddr, with_kill: bool) -> usize {
     case!("no_device_falls_back", case_no_device(addr));
     case!("hand_back_mid_stream", case_move(addr, 16 << 20, 4 << 20, false));
     case!("link_failure_moves_to_tcp", case_move(addr, 64 << 20, 8 << 20, true), Duration::from_secs(300));
-    if with_kill {
+    if single {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
         // Three ways of ending, SMC_RDMA_WRITER_ROUNDS writers each, at up to a second a writer.
         let rounds: u64 = std::env::var("SMC_RDMA_WRITER_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
@@ -841,8 +866,8 @@ fn main() {
             rt.block_on(serve(addr)).map(|_| 0).unwrap_or(1)
         }
         Some("server") => {
-            let addr = SocketAddr::new(ip(1), PORT);
-            rt.block_on(serve(addr)).map(|_| 0).unwrap_or(1)
+            let ip = ip(1);
+            rt.block_on(serve_cases(ip)).map(|_| 0).unwrap_or(1)
         }
         Some("client") => {
             let addr = SocketAddr::new(ip(1), PORT);
@@ -861,7 +886,7 @@ fn main() {
             let addr = SocketAddr::new(ip(1), PORT);
             rt.block_on(async {
                 tokio::spawn(async move {
-                    if let Err(e) = serve(addr).await {
+                    if let Err(e) = serve_cases(addr.ip()).await {
                         eprintln!("server: {e}");
                     }
                 });

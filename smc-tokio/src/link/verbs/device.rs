@@ -696,6 +696,11 @@ pub(crate) async fn init_devices() {
     }
 }
 
+/// Whether the devices were opened and there is at least one ([`init_devices`] ran).
+pub(crate) fn have_devices() -> bool {
+    matches!(DEVS.get(), Some(Ok(_)))
+}
+
 /// Every device on the host, opened once per process (devices rarely come and go; a process
 /// that needs a new one restarts).
 fn devices() -> Result<&'static [Arc<Device>], Unavailable> {

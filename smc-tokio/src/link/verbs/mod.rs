@@ -76,14 +76,26 @@ const LINK_UP_TYPE: u8 = 0xFD;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
 
-/// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, each registered
-/// on first use.
+/// Bytes of slots registered together, as one MR, the first time any of them is used: 8
+/// slots of the default 256 KiB. With one registration per slot, a burst of 100 new
+/// connections queues 200 `ibv_reg_mr` calls on the setup thread of each end (26 in chunks);
+/// in the two-host soft-RoCE test bed on a host loaded with two busy loops, 6 of such a burst
+/// waited past the 2 s handshake step bound and fell back to TCP, and none did in chunks (one
+/// run each). A lone connection pins 2 MiB of a pool instead of 256 KiB.
+const REG_CHUNK_BYTES: u32 = 2 << 20;
+
+/// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, registered a
+/// chunk of slots at a time on first use. A chunk's rkey reaches every slot of the chunk: they
+/// all belong to this link group, whose peer is the one process that may write into any of
+/// them (the group's protection domain keeps it out of every other group's).
 struct Pool {
     // Field order matters: the MRs are dropped before the mapping they cover.
     mrs: Mutex<Vec<Option<Mr>>>,
     map: Mapping,
     size: u32,
     count: u32,
+    /// Slots per MR.
+    chunk: u32,
     access: std::ffi::c_int,
 }
 
@@ -91,23 +103,36 @@ impl Pool {
     fn new(count: u32, size: u32, access: std::ffi::c_int) -> io::Result<Pool> {
         let len =
             usize::try_from(u64::from(count) * u64::from(size)).map_err(|_| io::Error::other("pool too large"))?;
-        Ok(Pool { mrs: Mutex::new((0..count).map(|_| None).collect()), map: Mapping::new(len)?, size, count, access })
+        let chunk = (REG_CHUNK_BYTES / size.max(1)).clamp(1, count.max(1));
+        let chunks = count.div_ceil(chunk);
+        Ok(Pool {
+            mrs: Mutex::new((0..chunks).map(|_| None).collect()),
+            map: Mapping::new(len)?,
+            size,
+            count,
+            chunk,
+            access,
+        })
     }
 
-    /// The slot's (address, lkey, rkey), registering it now if needed.
+    /// The slot's (address, lkey, rkey), registering its chunk now if needed.
     fn slot(&self, pd: &Arc<Pd>, slot: u32) -> io::Result<(u64, u32, u32)> {
         if slot >= self.count {
             return Err(io::Error::other("rmb slot out of range"));
         }
-        let ptr = self.ptr(slot, 0);
+        let c = slot / self.chunk;
+        let first = c * self.chunk;
+        let slots = self.chunk.min(self.count - first);
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
-        let e = &mut mrs[slot as usize];
+        let e = &mut mrs[c as usize];
         if e.is_none() {
-            // SAFETY: the slot lies inside `map`, which outlives the MR (field order above).
-            *e = Some(unsafe { pd.reg_mr(ptr, self.size as usize, self.access) }?);
+            let len = slots as usize * self.size as usize;
+            // SAFETY: the chunk (slots `first..first + slots`) lies inside `map`, which
+            // outlives the MR (field order above).
+            *e = Some(unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?);
         }
         let mr = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
-        Ok((ptr as u64, mr.lkey, mr.rkey))
+        Ok((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey))
     }
 
     fn ptr(&self, slot: u32, offset: u32) -> *mut u8 {
