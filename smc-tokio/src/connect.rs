@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 
 use crate::config::{Policy, Settings};
 use crate::context::Context;
-use crate::door::{self, Registered};
+use crate::door::{self, Registered, Unregistered};
 use crate::error::SmcError;
 use crate::faults::{self, Point};
 use crate::handshake::{Channel, Established, Step, Wire};
@@ -132,7 +132,9 @@ pub(crate) async fn establish(
     let timeouts = Timeouts::uniform(cfg.handshake_timeout);
     let (outcome, conn, _) = run(ctx, Channel::<door::ClientWire>::Tcp(&mut tcp), prep, addr, cfg, timeouts).await;
     #[cfg(feature = "rdma")]
-    drop(first);
+    if let Some(first) = first {
+        first.settle(cfg.handshake_timeout).await;
+    }
     finish_inband(ctx, cfg, addr, tcp, outcome, conn).await
 }
 
@@ -204,37 +206,26 @@ async fn via_door(
         return Ok(None);
     }
     let manager = ctx.manager();
-    // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
-    crate::smc::rdma::warm_port(addr.ip(), cfg).await;
+    let mut first = None;
     for attempt in 0.. {
+        // Doors are looked for before anything is made for them: most destinations have none.
+        let found = door::find_doors(ctx.doors(), ctx.counters(), addr, &cfg.shm.allowed_uids);
+        if let Some(why) = found.none() {
+            return unregistered(ctx, cfg, addr, user, why).await;
+        }
+        #[cfg(feature = "rdma")]
+        if attempt == 0 {
+            // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
+            crate::smc::rdma::warm_port(addr.ip(), cfg).await;
+            first = crate::smc::rdma::first_contact(manager, addr, cfg).await;
+        }
         // The Proposal is made before the connection exists: nothing in it depends on the
         // connection (a same-host connection's local address is the destination's).
         let prep = Prepared::new(ctx, addr, addr.ip(), cfg, true)?;
-        let registered = door::register(
-            ctx.doors(),
-            ctx.counters(),
-            addr,
-            &cfg.shm.allowed_uids,
-            manager.instance(),
-            &prep.bytes,
-            user,
-        )
-        .await;
-        let (reg, sock) = match registered {
+        let (reg, sock) = match door::register(found, addr, manager.instance(), &prep.bytes, user).await {
             Registered::Yes(reg, sock) => (reg, sock),
-            Registered::NoDoor => return Ok(None),
-            Registered::Starved => {
-                // No descriptor (or memory) to look for doors or register: plain TCP, said as
-                // what it is rather than "no listener".
-                let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
-                return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
-            }
-            Registered::Busy => {
-                // The listener is swamped: plain TCP now, as its own congestion decline would.
-                let reason = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
-                return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
-            }
+            Registered::No(why) => return unregistered(ctx, cfg, addr, user, why).await,
         };
         ctx.counters().door(DoorEvent::Registered);
         let from_user = reg.is_users();
@@ -269,9 +260,33 @@ async fn via_door(
         }
         // Anything still open is cancelled.
         drop(wire);
+        #[cfg(feature = "rdma")]
+        if let Some(first) = first {
+            first.settle(cfg.handshake_timeout).await;
+        }
         return finish_door(ctx, cfg, tcp, outcome, conn, confirmed, answered).map(Some);
     }
     unreachable!("the loop returns")
+}
+
+/// A connection that no door took: plain TCP, or nothing done yet when there was no door.
+async fn unregistered(
+    ctx: &Context,
+    cfg: &Settings,
+    addr: SocketAddr,
+    user: &mut Option<socket2::Socket>,
+    why: Unregistered,
+) -> io::Result<Option<Established>> {
+    let reason = match why {
+        Unregistered::NoDoor => return Ok(None),
+        // No descriptor (or memory) to look for doors or register: plain TCP, said as what it
+        // is rather than "no listener".
+        Unregistered::Starved => DeclineReason::OutOfMemory,
+        // The listener is swamped: plain TCP now, as its own congestion decline would.
+        Unregistered::Busy => DeclineReason::HandshakeCongested,
+    };
+    let reason = FallbackReason::Declined { reason, by: Side::Local };
+    plain(ctx, cfg, addr, reason, user, false).await.map(Some)
 }
 
 /// A Proposal, and what it offered.

@@ -1234,7 +1234,7 @@ impl fmt::Debug for ClientRegistration {
 /// The doors that may receive a connection to `dst`: the listener bound to exactly that
 /// address, and, when `dst` is this host's, listeners bound to the wildcard of its port; with
 /// every member of their reuseport groups. Doors owned by an untrusted uid are skipped.
-struct Lookup {
+pub(crate) struct Lookup {
     /// Trusted doors, each with a fresh registration slot.
     doors: Vec<(Arc<ClientConn>, u64, Arc<Inbox>)>,
     /// A door had a full queue.
@@ -1243,7 +1243,7 @@ struct Lookup {
     starved: bool,
 }
 
-fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
+pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
     let dst = sys::unmap(dst);
     let mut bases = vec![base_name(dst)];
     if sys::is_local_ip(dst.ip()) {
@@ -1291,10 +1291,32 @@ fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed
     found
 }
 
+impl Lookup {
+    /// Why there is no door to register at, when there is none.
+    pub(crate) fn none(&self) -> Option<Unregistered> {
+        if !self.doors.is_empty() {
+            None
+        } else if self.busy {
+            Some(Unregistered::Busy)
+        } else if self.starved {
+            Some(Unregistered::Starved)
+        } else {
+            Some(Unregistered::NoDoor)
+        }
+    }
+}
+
 /// What [`register`] came to.
 pub(crate) enum Registered {
     /// Registered: the registration, and the TCP socket (bound, not connected) to connect.
     Yes(ClientRegistration, socket2::Socket),
+    /// Not registered, and why.
+    No(Unregistered),
+}
+
+/// Why a connection was not registered at a door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unregistered {
     /// No door we trust at the destination (or no socket to register): connect as plain TCP.
     NoDoor,
     /// The destination's door had no room for us: its listener is swamped.
@@ -1304,32 +1326,24 @@ pub(crate) enum Registered {
     Starved,
 }
 
-/// Registers a connection to `dst` at its doors, if `dst` has any we trust, with the CLC
-/// `proposal` it makes.
+/// Registers a connection to `dst` at the doors `found` for it (see [`find_doors`]), with
+/// the CLC `proposal` it makes.
 /// `user`: the application's socket, registered (and later connected) in place of a new one
 /// of ours when there is a door; it stays in `user` otherwise. An unbound one is bound to the
 /// wildcard address and a port the kernel picks.
 pub(crate) async fn register(
-    doors: &ClientDoors,
-    counters: &Counters,
+    found: Lookup,
     dst: SocketAddr,
-    allowed_uids: &[u32],
     instance: u64,
     proposal: &[u8],
     user: &mut Option<socket2::Socket>,
 ) -> Registered {
-    let Lookup { doors: found, busy, starved } = find_doors(doors, counters, dst, allowed_uids);
-    // Until sent, a registration has nothing to cancel.
-    let mut regs: Vec<Reg> = found.into_iter().map(|(conn, id, inbox)| Reg { conn, id, inbox, open: false }).collect();
-    if regs.is_empty() {
-        return if busy {
-            Registered::Busy
-        } else if starved {
-            Registered::Starved
-        } else {
-            Registered::NoDoor
-        };
+    if let Some(why) = found.none() {
+        return Registered::No(why);
     }
+    // Until sent, a registration has nothing to cancel.
+    let mut regs: Vec<Reg> =
+        found.doors.into_iter().map(|(conn, id, inbox)| Reg { conn, id, inbox, open: false }).collect();
     let from_user = user.is_some();
     let (sock, port) = match user.take() {
         Some(sock) => match sys::bind_if_unbound(&sock, dst) {
@@ -1340,14 +1354,14 @@ pub(crate) async fn register(
             Err(e) => {
                 tracing::debug!(error = %e, "cannot bind the application's socket: connecting as plain tcp");
                 *user = Some(sock);
-                return Registered::NoDoor;
+                return Registered::No(Unregistered::NoDoor);
             }
         },
         None => match sys::bound_tcp_socket(dst) {
             Ok((s, port)) => (s, Some(port)),
             Err(e) => {
                 tracing::debug!(error = %e, "no socket to register: connecting as plain tcp");
-                return if sys::is_starved(&e) { Registered::Starved } else { Registered::NoDoor };
+                return Registered::No(if sys::is_starved(&e) { Unregistered::Starved } else { Unregistered::NoDoor });
             }
         },
     };
@@ -1355,7 +1369,7 @@ pub(crate) async fn register(
         if from_user {
             *user = Some(sock);
         }
-        return Registered::NoDoor;
+        return Registered::No(Unregistered::NoDoor);
     };
     let head = RegisterHead { instance, cookie, port };
     let mut full = false;
@@ -1373,7 +1387,7 @@ pub(crate) async fn register(
         if from_user {
             *user = Some(sock);
         }
-        return if full { Registered::Busy } else { Registered::NoDoor };
+        return Registered::No(if full { Unregistered::Busy } else { Unregistered::NoDoor });
     }
     Registered::Yes(ClientRegistration { doors: regs, from_user }, sock)
 }

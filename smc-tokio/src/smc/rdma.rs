@@ -46,8 +46,8 @@ struct State {
     /// connection was making a newer group), and only that group is reused.
     by_server: HashMap<SocketAddr, Vec<Entry>>,
     /// Per server address, held by the client handshake making the first group with it (see
-    /// [`first_contact`]).
-    first_contact: HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>,
+    /// [`first_contact`]); inside, whether the last holder ended without making one.
+    first_contact: HashMap<SocketAddr, Arc<tokio::sync::Mutex<bool>>>,
 }
 
 /// A context's RDMA link groups (held by its [`Manager`]).
@@ -169,9 +169,13 @@ pub(crate) fn client_offer(
     let port = port_for(manager, local, cfg).ok()?;
     let s = manager.rdma.lock();
     let existing = s.by_server.get(&server).and_then(|v| {
-        v.iter()
-            .rev()
-            .find(|e| e.group.is_established() && e.link.port().gid == port.gid && e.link.rx_rmb_size() == rx_size)
+        v.iter().rev().find(|e| {
+            // A link the server has not confirmed may be one it does not know yet.
+            e.group.is_established()
+                && e.link.is_up()
+                && e.link.port().gid == port.gid
+                && e.link.rx_rmb_size() == rx_size
+        })
     });
     Some(RdmaOffer {
         gid: port.gid,
@@ -186,23 +190,48 @@ pub(crate) fn client_offer(
 /// connections opened together share one group instead of making one each: the others wait
 /// for it (as Linux's SMC-R serializes a client's first contacts), then propose its group.
 /// Waiting is bounded by three handshake timeouts (the holder's own bound), after which a
-/// connection goes on alone.
+/// connection goes on alone. When the holder ends without a group (the server declined, chose
+/// shared memory, or did not answer), the waiting ones go on together, as if there had been
+/// no wait: a group that is not made is not waited for one handshake at a time.
 pub(crate) struct FirstContact {
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<bool>>,
     manager: Arc<Manager>,
     server: SocketAddr,
 }
 
 impl Drop for FirstContact {
     fn drop(&mut self) {
-        let Some(guard) = self.guard.take() else { return };
+        let Some(mut guard) = self.guard.take() else { return };
         let mut s = self.manager.rdma.lock();
-        // Only the map's copy and this guard's are left: nobody waits, the entry can go.
-        if Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(&guard)) == 2 {
-            s.first_contact.remove(&self.server);
-        }
-        drop(guard);
+        *guard = !has_group(&s, self.server);
+        release(&mut s, self.server, guard);
     }
+}
+
+impl FirstContact {
+    /// Ends the first contact once the group it made (if any) has its link confirmed by the
+    /// server, waiting at most `timeout`: until then, the server may not know the group yet,
+    /// and a connection that proposed it would make another.
+    pub(crate) async fn settle(self, timeout: Duration) {
+        let link = {
+            let s = self.manager.rdma.lock();
+            s.by_server.get(&self.server).and_then(|v| v.last()).filter(|e| e.group.is_alive()).map(|e| e.link.clone())
+        };
+        if let Some(link) = link {
+            if tokio::time::timeout(timeout, link.wait_up()).await.is_err() {
+                tracing::debug!(server = %self.server, "the new link group's link was not confirmed in time");
+            }
+        }
+    }
+}
+
+/// Lets go of a first contact's lock; the last one to hold it removes it from the map.
+fn release(s: &mut State, server: SocketAddr, guard: tokio::sync::OwnedMutexGuard<bool>) {
+    // Only the map's copy and this guard's are left: nobody waits, the entry can go.
+    if Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(&guard)) == 2 {
+        s.first_contact.remove(&server);
+    }
+    drop(guard);
 }
 
 /// Waits, when this client has devices but no established group with `server`, until no
@@ -222,6 +251,11 @@ pub(crate) async fn first_contact(manager: &Arc<Manager>, server: SocketAddr, cf
     // The holder's handshake ends within its steps' bounds: the waits for the Accept and the
     // Commit and our setup between them, each at most the handshake timeout.
     let guard = match tokio::time::timeout(cfg.handshake_timeout.saturating_mul(3), lock.lock_owned()).await {
+        // The one waited for made no group: neither does waiting for the next one.
+        Ok(g) if *g => {
+            release(&mut manager.rdma.lock(), server, g);
+            return None;
+        }
         Ok(g) => Some(g),
         Err(_) => {
             tracing::debug!(%server, "another handshake still makes the first link group with this server");
@@ -234,9 +268,10 @@ pub(crate) async fn first_contact(manager: &Arc<Manager>, server: SocketAddr, cf
     (!made).then_some(first)
 }
 
-/// Whether this client has an established group with `server`.
+/// Whether this client has a group with `server` whose link the server confirmed (one it
+/// certainly knows, so that proposing it reuses it).
 fn has_group(s: &State, server: SocketAddr) -> bool {
-    s.by_server.get(&server).is_some_and(|v| v.iter().any(|e| e.group.is_established()))
+    s.by_server.get(&server).is_some_and(|v| v.iter().any(|e| e.group.is_established() && e.link.is_up()))
 }
 
 /// The client's side of an RDMA Accept (see [`client_conn_create_blocking`]), off the runtime. The
@@ -497,6 +532,8 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
         group.establish(link.clone()).map_err(|e| e.to_string())?;
         let e = Entry { group: group.clone(), link: link.clone(), peer: key, server_id: group.id };
         group.manager().rdma.lock().server.insert(group.id, e);
+        // Confirmed only now that a proposal naming the group finds it.
+        link.confirm_up().map_err(|e| e.to_string())?;
     }
     let peer = PeerRmb { token: c.rmb_token, addr: c.rmb_addr, rkey: c.rkey, size: c.rmb_size };
     link.bind(conn.our_token(), &peer).map_err(|e| e.to_string())?;

@@ -219,6 +219,8 @@ pub(crate) struct VerbsLink {
     cqs: Mutex<CqState>,
     sq_free: AtomicU32,
     up: AtomicBool,
+    /// Told when `up` becomes true on a client.
+    up_changed: tokio::sync::Notify,
     space_wanted: AtomicBool,
     /// Set with `CqState::error`, so senders check it without the CQ lock.
     failed: AtomicBool,
@@ -298,6 +300,7 @@ impl VerbsLink {
             cqs: Mutex::new(CqState::default()),
             sq_free: AtomicU32::new(SQ_DEPTH),
             up: AtomicBool::new(false),
+            up_changed: tokio::sync::Notify::new(),
             space_wanted: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -344,16 +347,38 @@ impl VerbsLink {
         self.up.load(Ordering::SeqCst)
     }
 
-    /// Connects the QP to the peer's (INIT -> RTR -> RTS). A server then confirms the link.
+    /// Connects the QP to the peer's (INIT -> RTR -> RTS). A server then confirms the link
+    /// ([`confirm_up`](Self::confirm_up)).
     pub(crate) fn connect(&self, remote: &Remote) -> Result<(), LinkError> {
         self.qp.connect(self.port.port, self.port.gid_index, self.psn, remote)?;
-        if self.role == LinkRole::Server {
-            let mut frame = [0u8; CDC_MSG_LEN];
-            frame[0] = LINK_UP_TYPE;
-            self.post_frame(&frame, &[])?;
-            self.up.store(true, Ordering::SeqCst);
-        }
         Ok(())
+    }
+
+    /// The server's confirmation of a connected link: the `LINK_UP` frame, after which the
+    /// client may send. Posted once the group can be found by the client's next proposals, so
+    /// that a client that waits for it before proposing the group again finds it known.
+    pub(crate) fn confirm_up(&self) -> Result<(), LinkError> {
+        debug_assert_eq!(self.role, LinkRole::Server);
+        let mut frame = [0u8; CDC_MSG_LEN];
+        frame[0] = LINK_UP_TYPE;
+        self.post_frame(&frame, &[])?;
+        self.up.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Waits until the server's confirmation arrived (see [`is_up`](Self::is_up)); a link
+    /// that fails first is never up, so callers bound the wait.
+    pub(crate) async fn wait_up(&self) {
+        loop {
+            let notified = self.up_changed.notified();
+            tokio::pin!(notified);
+            // Enabled before the check, so a confirmation between the check and the wait wakes us.
+            notified.as_mut().enable();
+            if self.is_up() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Our RMB for the connection with our token `token`: (address, rkey), registered now if
@@ -518,6 +543,7 @@ impl VerbsLink {
             if frame[0] == LINK_UP_TYPE {
                 if self.role == LinkRole::Client {
                     self.up.store(true, Ordering::SeqCst);
+                    self.up_changed.notify_waiters();
                 }
             } else {
                 st.frames.push_back(frame);
