@@ -245,7 +245,18 @@ async fn via_door(
             }
             Err(e) => return Err(e),
         };
-        let connected = tcp.local_addr().ok().map(|local| (local, addr));
+        // Our own address, told to the listener: learned once per destination address (an
+        // application's socket may be bound to any of the host's addresses: asked each time).
+        let known = if from_user { None } else { sys::known_source(addr.ip()) };
+        let local = match known {
+            Some(ip) => Some(SocketAddr::new(ip, reg.port())),
+            None => tcp.local_addr().ok().inspect(|l| {
+                if !from_user {
+                    sys::learn_source(addr.ip(), l.ip());
+                }
+            }),
+        };
+        let connected = local.map(|local| (local, addr));
         let mut wire = reg.into_wire(prep.proposal.secret, connected);
         // The listener answers when it accepts the connection: microseconds when it runs, later
         // when it is busy or stopped, or when its accept queue overflowed (the kernel then
@@ -257,6 +268,10 @@ async fn via_door(
         let answered = wire.answered();
         if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
             wire.settled();
+        }
+        if known.is_some() && !matches!(outcome, Ok(Outcome::Smc { .. })) {
+            // The address we told may be what failed it: the next connection asks the kernel.
+            sys::forget_source(addr.ip());
         }
         // Anything still open is cancelled.
         drop(wire);
@@ -555,5 +570,65 @@ async fn finish_inband(
     match cfg.policy {
         Policy::Never => Err(err),
         _ => Ok(Established::tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::net::{SmcListener, SmcStream};
+    use crate::sys;
+    use crate::transport::Transport;
+    use std::net::{IpAddr, SocketAddr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The source address learned for a destination in 127/8 is the kernel's (127.0.0.1), and
+    /// connections that use it get shared memory. A connection that tells a wrong one loses
+    /// nothing: the listener matches it at accept by the kernel's record, or declines it
+    /// (then it stays TCP and the address is asked again).
+    #[tokio::test]
+    async fn the_learned_source_is_the_kernels_and_a_wrong_one_loses_nothing() {
+        // An address no other test connects to: the learned sources are process-wide.
+        let dst: IpAddr = "127.0.0.77".parse().unwrap();
+        let listener = SmcListener::bind(SocketAddr::new(dst, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 5];
+                    if s.read_exact(&mut b).await.is_ok() {
+                        let _ = s.write_all(&b).await;
+                    }
+                });
+            }
+        });
+        let round = || async move {
+            let mut c = SmcStream::connect(addr).await.unwrap();
+            c.write_all(b"hello").await.unwrap();
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).await.unwrap();
+            assert_eq!(&b, b"hello");
+            c.transport()
+        };
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        sys::forget_source(dst);
+        assert_eq!(round().await, Transport::SmcD);
+        assert_eq!(sys::known_source(dst), Some(loopback));
+        for _ in 0..5 {
+            assert_eq!(round().await, Transport::SmcD, "with the learned source");
+        }
+        let wrong: IpAddr = "127.0.0.9".parse().unwrap();
+        for _ in 0..5 {
+            sys::learn_source(dst, wrong);
+            match round().await {
+                Transport::SmcD => assert_eq!(sys::known_source(dst), Some(wrong)),
+                t => {
+                    assert!(!t.is_smc());
+                    assert_eq!(sys::known_source(dst), None, "a declined connection's source is kept");
+                }
+            }
+        }
+        sys::forget_source(dst);
+        assert_eq!(round().await, Transport::SmcD);
+        assert_eq!(sys::known_source(dst), Some(loopback));
     }
 }

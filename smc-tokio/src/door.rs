@@ -1202,6 +1202,8 @@ impl ClientDoors {
 pub(crate) struct ClientRegistration {
     doors: Vec<Reg>,
     from_user: bool,
+    /// The port the socket is bound to.
+    port: u16,
 }
 
 /// One registration on one door connection.
@@ -1389,13 +1391,18 @@ pub(crate) async fn register(
         }
         return Registered::No(if full { Unregistered::Busy } else { Unregistered::NoDoor });
     }
-    Registered::Yes(ClientRegistration { doors: regs, from_user }, sock)
+    Registered::Yes(ClientRegistration { doors: regs, from_user, port }, sock)
 }
 
 impl ClientRegistration {
     /// Whether the registered socket is the application's.
     pub(crate) fn is_users(&self) -> bool {
         self.from_user
+    }
+
+    /// The port the registered socket is bound to.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// The wire the rest of the handshake runs over, once the TCP connection is up. `secret` is

@@ -449,7 +449,7 @@ async fn serve_early(
     let mut pending = Pending::default();
     let outcome = {
         // Stalls (test-util) are keyed by the listener's address; no connection exists yet.
-        let listen = shared.tcp.local_addr().ok().map(|l| (l, l));
+        let listen = shared.bound.map(|l| (l, l));
         let run = drive(
             Channel::Wire(&mut wire),
             listen,
@@ -794,6 +794,11 @@ pub(crate) struct ListenerShared {
     /// The address every connection arrives at, when the listener is bound to one (not a
     /// wildcard): an accepted connection's local address, known without asking.
     fixed_local: Option<SocketAddr>,
+    /// The listening socket's own address, read once.
+    bound: Option<SocketAddr>,
+    /// The listening socket has the default `SO_LINGER` (off), which its accepted sockets
+    /// inherit: made by us, and its descriptor never lent out.
+    pub(crate) default_linger: std::sync::atomic::AtomicBool,
     pub(crate) door: Option<Door>,
     /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
     /// `smc_diag` as they are accepted.
@@ -834,10 +839,13 @@ impl ListenerShared {
         kernel: bool,
         overrides: Overrides,
     ) -> ListenerShared {
-        let fixed_local = tcp.local_addr().ok().filter(|a| !a.ip().is_unspecified());
+        let bound = tcp.local_addr().ok();
+        let fixed_local = bound.filter(|a| !a.ip().is_unspecified());
         ListenerShared {
             tcp,
             fixed_local,
+            bound,
+            default_linger: std::sync::atomic::AtomicBool::new(false),
             door,
             kernel,
             overrides: std::sync::RwLock::new(overrides),

@@ -163,3 +163,45 @@ async fn a_peer_process_resetting_one_connection_keeps_its_other_connection() {
     assert!(child.try_wait().unwrap().is_none(), "the peer is still alive: its link group did not end A");
     child.kill().await.unwrap();
 }
+
+/// How the peer of an SMC stream dropped with or without a zero `SO_LINGER` sees its end:
+/// `true` for an error (an abort, as TCP's reset), `false` for end of stream after the bytes.
+async fn peer_sees_abort(how: &str) -> bool {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    if how == "listener descriptor" {
+        // Accepted sockets inherit it.
+        socket2::SockRef::from(&listener).set_linger(Some(Duration::ZERO)).unwrap();
+    }
+    let addr = listener.local_addr().unwrap();
+    let client = SmcStream::connect(addr).await.unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    assert_eq!(server.transport(), Transport::SmcD);
+    let (mut dropped, mut peer) = if how == "listener descriptor" { (server, client) } else { (client, server) };
+    match how {
+        "stream" => dropped.set_zero_linger().unwrap(),
+        "stream descriptor" => socket2::SockRef::from(&dropped).set_linger(Some(Duration::ZERO)).unwrap(),
+        _ => {}
+    }
+    dropped.write_all(b"bytes").await.unwrap();
+    let mut got = [0u8; 5];
+    peer.read_exact(&mut got).await.unwrap();
+    drop(dropped);
+    let mut rest = Vec::new();
+    match bounded(10, peer.read_to_end(&mut rest)).await {
+        Ok(0) => false,
+        Ok(n) => panic!("{how}: {n} bytes after the drop"),
+        Err(_) => true,
+    }
+}
+
+/// Dropping an SMC stream aborts it when its socket's `SO_LINGER` is zero however that was set
+/// (on the stream, through its descriptor, or inherited from the listening socket), and ends it
+/// in order otherwise; that the drop need not ask the kernel for the option when nobody could
+/// have set it does not change what it does.
+#[tokio::test]
+async fn a_zero_linger_set_any_way_aborts_an_smc_stream_and_none_ends_it_in_order() {
+    assert!(!peer_sees_abort("none").await, "no linger: end of stream");
+    for how in ["stream", "stream descriptor", "listener descriptor"] {
+        assert!(peer_sees_abort(how).await, "zero linger through the {how}: an abort");
+    }
+}

@@ -94,6 +94,8 @@ impl std::os::fd::AsFd for SmcListener {
     /// connections from under the listener (their clients' SMC handshakes then time out to
     /// TCP).
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // Any option may be set through it, SO_LINGER too, which accepted sockets inherit.
+        self.shared.default_linger.store(false, Ordering::Relaxed);
         self.shared.tcp.as_fd()
     }
 }
@@ -101,6 +103,7 @@ impl std::os::fd::AsFd for SmcListener {
 impl std::os::fd::AsRawFd for SmcListener {
     /// The listening TCP socket; see [`AsFd`](#impl-AsFd-for-SmcListener).
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.shared.default_linger.store(false, Ordering::Relaxed);
         self.shared.tcp.as_raw_fd()
     }
 }
@@ -457,7 +460,10 @@ impl SmcListenerBuilder {
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
             let door = open_door(&self.ctx, &self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
-            return Ok(SmcListener::start_with(self.ctx, sock.listen(LISTEN_BACKLOG)?, self.o, door));
+            let listener = SmcListener::start_with(self.ctx, sock.listen(LISTEN_BACKLOG)?, self.o, door);
+            // Our socket: SO_LINGER off until the application reaches the descriptor.
+            listener.shared.default_linger.store(true, Ordering::Relaxed);
+            return Ok(listener);
         }
         Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
     }
@@ -944,7 +950,14 @@ impl SmcListener {
     fn poll_next(&self, cx: &mut Context<'_>, waiter: &mut Waiter) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         // The application's stream: taken to be readable and writable, as tokio takes an
         // accepted socket.
-        let accepted = |e| SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted();
+        let accepted = |e| {
+            let s = SmcStream::from_established(self.shared.ctx.clone(), e).assume_accepted();
+            if self.shared.default_linger.load(Ordering::Relaxed) {
+                s.default_linger()
+            } else {
+                s
+            }
+        };
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
                 return Poll::Ready(Ok((accepted(e), peer)));

@@ -3,7 +3,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -78,7 +78,20 @@ pub struct SmcStream {
     /// The directions of the TCP socket still assumed ready (an accepted stream's, as tokio
     /// assumes them for accepted sockets); used on the TCP path.
     assumed: Assumed,
+    /// What the TCP socket's `SO_LINGER` is known to be, so that dropping an SMC stream (which
+    /// aborts on a zero linger, as TCP's close resets) asks the kernel only when it cannot
+    /// know: [`LINGER_UNKNOWN`], [`LINGER_NOT_ZERO`] or [`LINGER_ZERO`].
+    linger: AtomicU8,
 }
+
+/// `SO_LINGER` may be anything: the socket was the application's, or its descriptor was lent
+/// out (through `AsFd`/`AsRawFd`), so it is read at drop.
+const LINGER_UNKNOWN: u8 = 0;
+/// `SO_LINGER` is off or non-zero: set so through the stream, or the socket is ours and never
+/// lent out (a new socket's, and an accepted one's from such a listener, is off).
+const LINGER_NOT_ZERO: u8 = 1;
+/// `SO_LINGER` is zero, set through the stream.
+const LINGER_ZERO: u8 = 2;
 
 /// What carries a stream's bytes. The two are exclusive: an SMC connection has no in-band
 /// guard (its handshake never touched the stream), and a TCP one no link.
@@ -132,7 +145,11 @@ impl Drop for SmcStream {
         if let Path::Smc(s) = &self.path {
             // A zero SO_LINGER (set on the stream, its socket before connecting, or through
             // its descriptor) asks for an abort, as it makes TCP's close a reset.
-            let abort = socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO));
+            let abort = match self.linger.load(Ordering::Relaxed) {
+                LINGER_NOT_ZERO => false,
+                LINGER_ZERO => true,
+                _ => socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO)),
+            };
             s.conn.release(abort);
             s.stop_watcher();
         }
@@ -195,6 +212,23 @@ impl SmcStream {
     /// socket is taken to be readable and writable until an operation finds otherwise.
     pub(crate) fn assume_accepted(self) -> SmcStream {
         self.assumed.set_accepted();
+        self
+    }
+
+    /// Sets `SO_LINGER`, and remembers it unless it cannot be known (the socket was the
+    /// application's, or its descriptor was lent out: then it is read at drop).
+    fn store_linger(&self, dur: Option<Duration>) -> io::Result<()> {
+        socket2::SockRef::from(&*self.tcp).set_linger(dur)?;
+        let known = if dur == Some(Duration::ZERO) { LINGER_ZERO } else { LINGER_NOT_ZERO };
+        let _ =
+            self.linger.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| (l != LINGER_UNKNOWN).then_some(known));
+        Ok(())
+    }
+
+    /// Marks a stream whose socket has the default `SO_LINGER` (off): made by us, or accepted
+    /// from a listening socket made by us, and never lent out.
+    pub(crate) fn default_linger(self) -> SmcStream {
+        self.linger.store(LINGER_NOT_ZERO, Ordering::Relaxed);
         self
     }
 
@@ -261,6 +295,7 @@ impl SmcStream {
             tcp_corks: Arc::default(),
             sendfile_checked: AtomicI32::new(-1),
             assumed: Assumed::default(),
+            linger: AtomicU8::new(LINGER_UNKNOWN),
         }
     }
 
@@ -310,6 +345,7 @@ impl SmcStream {
             tcp_corks: Arc::default(),
             sendfile_checked: AtomicI32::new(-1),
             assumed: Assumed::default(),
+            linger: AtomicU8::new(LINGER_UNKNOWN),
         }
     }
 
@@ -1356,7 +1392,7 @@ impl SmcStream {
     /// ```
     #[deprecated = "`SO_LINGER` causes the socket to block the thread on drop"]
     pub fn set_linger(&self, dur: Option<Duration>) -> io::Result<()> {
-        socket2::SockRef::from(&*self.tcp).set_linger(dur)
+        self.store_linger(dur)
     }
 
     /// Sets a zero `SO_LINGER`, as [`TcpStream::set_zero_linger`] does: dropping the stream
@@ -1378,7 +1414,7 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn set_zero_linger(&self) -> io::Result<()> {
-        socket2::SockRef::from(&*self.tcp).set_linger(Some(Duration::ZERO))
+        self.store_linger(Some(Duration::ZERO))
     }
 
     /// The `IP_TTL` of the TCP socket, as [`TcpStream::ttl`] reads it.
@@ -1723,6 +1759,8 @@ impl AsFd for SmcStream {
     /// the stream's own [`ready`](SmcStream::ready), [`readable`](SmcStream::readable) and
     /// [`writable`](SmcStream::writable) instead, which work on every transport.
     fn as_fd(&self) -> BorrowedFd<'_> {
+        // Any option may be set through it: SO_LINGER is read at drop from now on.
+        self.linger.store(LINGER_UNKNOWN, Ordering::Relaxed);
         self.tcp.as_fd()
     }
 }
@@ -1731,6 +1769,7 @@ impl AsRawFd for SmcStream {
     /// The underlying TCP socket; see [`AsFd for SmcStream`](#impl-AsFd-for-SmcStream): over
     /// SMC it carries none of the connection's bytes.
     fn as_raw_fd(&self) -> RawFd {
+        self.linger.store(LINGER_UNKNOWN, Ordering::Relaxed);
         self.tcp.as_raw_fd()
     }
 }
@@ -2156,11 +2195,16 @@ impl SmcStreamBuilder {
 
     async fn connect_addr_from(&self, addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<SmcStream> {
         let cfg = self.o.resolve(self.ctx.settings());
+        // A socket we make has SO_LINGER off; the application's may have anything.
+        let ours = user.is_none();
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
         let res = crate::connect::establish(&self.ctx, addr, &cfg, self.o.limit_handshake == Some(true), user)
             .instrument(span.clone())
             .await;
         let mut s = SmcStream::from_established(self.ctx.clone(), res?);
+        if ours {
+            s = s.default_linger();
+        }
         span.record("transport", tracing::field::display(s.transport()));
         self.ctx.counters().connection(false, s.transport());
         if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {

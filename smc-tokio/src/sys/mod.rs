@@ -7,12 +7,11 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use crate::proto::clc::Secret;
 
-/// A random connection token from the kernel's CSPRNG (getrandom(2)).
-pub(crate) fn random_secret() -> io::Result<Secret> {
-    let mut t = [0u8; 16];
+/// Fills `buf` from the kernel's CSPRNG (getrandom(2)).
+fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     let mut filled = 0;
-    while filled < t.len() {
-        let rest = &mut t[filled..];
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
         // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes for the whole call.
         let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
         if n < 0 {
@@ -24,12 +23,97 @@ pub(crate) fn random_secret() -> io::Result<Secret> {
         }
         filled += n as usize;
     }
+    Ok(())
+}
+
+/// Bytes of the kernel's CSPRNG, drawn a page at a time, so that a connection's secret costs
+/// no system call (a getrandom(2) per connection was one of a same-host connection's calls).
+/// The page is private to its thread and marked `MADV_WIPEONFORK`: a forked child finds it
+/// zeroed, hence empty, and draws its own bytes instead of repeating its parent's. Bytes are
+/// zeroed as they are handed out. Without `MADV_WIPEONFORK` (Linux < 4.14) nothing is pooled.
+struct RandomPage(std::ptr::NonNull<u8>);
+
+/// The page's size, and where its bytes start: its first 8 bytes are the offset of the next
+/// unused byte (0, as a wiped page has it: none left).
+const RANDOM_PAGE: usize = 4096;
+const RANDOM_HEAD: usize = 8;
+
+impl RandomPage {
+    fn new() -> Option<RandomPage> {
+        // SAFETY: an anonymous private mapping of one page; no address is requested.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RANDOM_PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        // SAFETY: `p` is the page just mapped, RANDOM_PAGE bytes long.
+        if unsafe { libc::madvise(p, RANDOM_PAGE, libc::MADV_WIPEONFORK) } != 0 {
+            // SAFETY: unmapping the page mapped above, which nothing else refers to.
+            unsafe { libc::munmap(p, RANDOM_PAGE) };
+            return None;
+        }
+        std::ptr::NonNull::new(p.cast()).map(RandomPage)
+    }
+
+    /// Fills `out` (at most a page's bytes) from the page, refilling it when it runs short.
+    fn take(&mut self, out: &mut [u8]) -> io::Result<()> {
+        let base = self.0.as_ptr();
+        // SAFETY: the page is RANDOM_PAGE bytes, mapped read-write for this value's life and
+        // used by this thread only; its head is 8-aligned (page-aligned mapping).
+        let page = unsafe { std::slice::from_raw_parts_mut(base, RANDOM_PAGE) };
+        let mut next = u64::from_ne_bytes(page[..RANDOM_HEAD].try_into().unwrap_or_default()) as usize;
+        if next < RANDOM_HEAD || next + out.len() > RANDOM_PAGE {
+            getrandom(&mut page[RANDOM_HEAD..])?;
+            next = RANDOM_HEAD;
+        }
+        let taken = &mut page[next..next + out.len()];
+        out.copy_from_slice(taken);
+        taken.fill(0);
+        page[..RANDOM_HEAD].copy_from_slice(&((next + out.len()) as u64).to_ne_bytes());
+        Ok(())
+    }
+}
+
+impl Drop for RandomPage {
+    fn drop(&mut self) {
+        // SAFETY: the page mapped in `new`, which nothing refers to after this value.
+        unsafe { libc::munmap(self.0.as_ptr().cast(), RANDOM_PAGE) };
+    }
+}
+
+thread_local! {
+    /// This thread's random page; `None` where it cannot be had.
+    static RANDOM: std::cell::RefCell<Option<RandomPage>> = std::cell::RefCell::new(RandomPage::new());
+}
+
+/// Fills `out` with bytes of the kernel's CSPRNG, through this thread's page when it has one.
+fn random_bytes(out: &mut [u8]) -> io::Result<()> {
+    let pooled = RANDOM.try_with(|r| r.try_borrow_mut().ok().and_then(|mut p| p.as_mut().map(|p| p.take(out))));
+    match pooled {
+        Ok(Some(r)) => r,
+        // No page (or this thread is exiting): straight from the kernel.
+        _ => getrandom(out),
+    }
+}
+
+/// A random connection token from the kernel's CSPRNG.
+pub(crate) fn random_secret() -> io::Result<Secret> {
+    let mut t = [0u8; 16];
+    random_bytes(&mut t)?;
     Ok(Secret(t))
 }
 
 /// A random non-zero 64-bit id (link groups, side-channel names, a context's instance, port
-/// choices): from getrandom(2), which does not fail on Linux >= 3.17 with these flags; should
-/// it, from the clock and the pid.
+/// choices): from the kernel's CSPRNG, which does not fail on Linux >= 3.17 with these flags;
+/// should it, from the clock and the pid.
 pub(crate) fn random_u64() -> u64 {
     let t = random_secret().map(|t| t.0).unwrap_or_else(|_| {
         let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
@@ -41,6 +125,47 @@ pub(crate) fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Secrets drawn across several refills of the page are all different, and a forked child
+    /// draws its own instead of the one its parent draws next.
+    #[test]
+    fn secrets_differ_across_refills_and_forks() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..3 * RANDOM_PAGE / 16 {
+            assert!(seen.insert(random_secret().unwrap().0), "a secret repeated");
+        }
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only draws a secret (this thread's page exists already: no
+        // allocation, no lock), writes it and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let t = random_secret().map(|t| t.0).unwrap_or([0; 16]);
+            // SAFETY: writing 16 bytes from `t` to the pipe, then leaving without unwinding.
+            unsafe {
+                libc::write(fds[1], t.as_ptr().cast(), t.len());
+                libc::_exit(0);
+            }
+        }
+        let parent = random_secret().unwrap().0;
+        let mut child = [0u8; 16];
+        // SAFETY: reading at most 16 bytes into `child`.
+        let n = unsafe { libc::read(fds[0], child.as_mut_ptr().cast(), child.len()) };
+        let mut status = 0;
+        // SAFETY: waiting for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // SAFETY: closing the pipe's two descriptors, ours.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        assert_eq!(n, 16);
+        assert_ne!(child, [0; 16]);
+        assert_ne!(child, parent, "the child repeated its parent's next secret");
+        assert!(!seen.contains(&child));
+    }
 
     /// The ids the kernel reports for peers our user namespace does not map are never trusted,
     /// not even when allowed or equal to our own uid; real ids are trusted as configured.

@@ -78,6 +78,38 @@ fn random_port() -> u16 {
     port
 }
 
+/// The source address the kernel gave this process's last connection to each local
+/// destination address, learned with `getsockname` on the first one: a same-host connection's
+/// own address is the route's (the destination itself, or 127.0.0.1 across 127/8), which
+/// changes only with the host's addresses. A connection that finds it wrong tells the listener
+/// a four-tuple that the kernel does not know; the listener declines (the connection stays
+/// TCP) and the caller forgets the entry ([`forget_source`]).
+static SOURCES: std::sync::Mutex<Vec<(IpAddr, IpAddr)>> = std::sync::Mutex::new(Vec::new());
+
+/// The most source addresses kept: a host's own addresses, in practice a handful.
+const SOURCES_KEPT: usize = 64;
+
+/// The source address learned for connections to `dst` ([`SOURCES`]).
+pub(crate) fn known_source(dst: IpAddr) -> Option<IpAddr> {
+    let s = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    s.iter().find(|(d, _)| *d == dst).map(|(_, src)| *src)
+}
+
+/// Records that a connection to `dst` came from `src`.
+pub(crate) fn learn_source(dst: IpAddr, src: IpAddr) {
+    let mut s = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    s.retain(|(d, _)| *d != dst);
+    if s.len() >= SOURCES_KEPT {
+        s.remove(0);
+    }
+    s.push((dst, src));
+}
+
+/// Forgets the source address learned for `dst`: the next connection asks the kernel again.
+pub(crate) fn forget_source(dst: IpAddr) {
+    SOURCES.lock().unwrap_or_else(|e| e.into_inner()).retain(|(d, _)| *d != dst);
+}
+
 /// How many ports [`bound_tcp_socket`] tries before it gives up.
 const BIND_ATTEMPTS: usize = 64;
 
