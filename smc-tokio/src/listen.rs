@@ -796,12 +796,6 @@ pub(crate) struct ListenerShared {
     fixed_local: Option<SocketAddr>,
     /// The listening socket's own address, read once.
     bound: Option<SocketAddr>,
-    /// Whether the application's accept should try the kernel's queue itself when nothing is
-    /// ready ([`SmcListener::poll_accept`](crate::SmcListener::poll_accept)): until it once
-    /// found the queue empty. After that the listener task, which accepts every connection as
-    /// its readiness arrives, is left to it: an `accept` that finds nothing costs a system call
-    /// per connection otherwise (0.7 per connection in `crr`).
-    pub(crate) accept_directly: std::sync::atomic::AtomicBool,
     /// The listening socket has the default `SO_LINGER` (off), which its accepted sockets
     /// inherit: made by us, and its descriptor never lent out.
     pub(crate) default_linger: std::sync::atomic::AtomicBool,
@@ -852,7 +846,6 @@ impl ListenerShared {
             fixed_local,
             bound,
             default_linger: std::sync::atomic::AtomicBool::new(false),
-            accept_directly: std::sync::atomic::AtomicBool::new(true),
             door,
             kernel,
             overrides: std::sync::RwLock::new(overrides),

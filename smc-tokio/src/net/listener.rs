@@ -963,12 +963,7 @@ impl SmcListener {
                 return Poll::Ready(Ok((accepted(e), peer)));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
-            // returned on the first poll, as tokio's accept returns it; once the queue was
-            // found empty, the listener task's accepts deliver (it is woken by the socket's
-            // readiness, as tokio's own accept would be).
-            if !self.shared.accept_directly.load(Ordering::Relaxed) && !self.task.is_finished() {
-                return Poll::Pending;
-            }
+            // returned on the first poll, as tokio's accept returns it.
             match sys::accept_tcp(self.shared.tcp.as_fd()) {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
@@ -976,10 +971,7 @@ impl SmcListener {
                         return Poll::Ready(Ok((accepted(e), peer)));
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.shared.accept_directly.store(false, Ordering::Relaxed);
-                    return Poll::Pending;
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
