@@ -311,6 +311,18 @@ impl ServerConn {
         let frame = DoorFrame { kind, reason: reason as u8, id };
         let _ = sys::send_msg(self.fd.get_ref().as_fd(), &frame.encode(&[]));
     }
+
+    /// Ends the connection for a client that stopped reading it: nothing more is sent on it,
+    /// and its client reads what was sent before, then the end. A client takes the end as the
+    /// final word of every handshake still open on the connection (TCP), and the listener
+    /// does the same: an answer that found no room was never sent, and a handshake that sent
+    /// its Commit is settled, since that Commit is read before the end.
+    fn shut(&self) {
+        // SAFETY: plain syscall on the connection's open descriptor, which `self` owns. After
+        // it a send fails (EPIPE) while what is queued stays readable by the client; our own
+        // reads see the end once the client closes its side.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.fd.get_ref().as_fd()), libc::SHUT_RDWR) };
+    }
 }
 
 struct Entry {
@@ -485,7 +497,16 @@ impl Drop for ServerWire {
 impl Wire for ServerWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: self.id }.encode(msg);
-        send_waiting(&self.conn.fd, &frame).await
+        let sent = send_waiting(&self.conn.fd, &frame).await;
+        if sent.is_err() {
+            // An answer we could not send (the client read nothing for SEND_WAIT): this
+            // handshake goes on as TCP here, and its client must learn so too, even when it
+            // confirmed already and waits for our final word (else it waits a minute and its
+            // connection fails). Shutting the connection down tells it, and every other
+            // registration on the connection, at once.
+            self.conn.shut();
+        }
+        sent
     }
 
     async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {
@@ -1545,5 +1566,85 @@ impl Wire for ClientWire {
             })
             .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::FromRawFd;
+
+    use super::*;
+
+    /// A door connection's two ends: ours as the listener holds it, and the client's.
+    fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        // SAFETY: two new descriptors nothing else owns.
+        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let conn = ServerConn {
+            fd: watch(PeerFd::new(ours)).expect("register with the runtime"),
+            cred: PeerCred { pid: 0, uid: 0, gid: 0 },
+            pending: Mutex::default(),
+            live: Mutex::default(),
+            accepted_early: Mutex::default(),
+        };
+        (Arc::new(conn), theirs)
+    }
+
+    /// Reads every frame queued at the client's end, until the queue is empty (`false`) or
+    /// the connection ended (`true`).
+    fn drain(client: &OwnedFd, ids: &mut Vec<u64>) -> bool {
+        loop {
+            match recv_frame(client.as_fd()) {
+                Ok(Some((frame, _))) => ids.push(frame.id),
+                Ok(None) => return true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// A Commit that finds no room within SEND_WAIT fails, and the client then reads what was
+    /// sent before and the end: its confirmed handshake ends as TCP, as ours does, instead of
+    /// waiting for a final word that never comes.
+    #[tokio::test]
+    async fn a_server_answer_that_finds_no_room_ends_the_connection() {
+        let (conn, client) = server_conn();
+        let counters = Counters::default();
+        // Answers the client does not read, far more than its queue holds (about 200).
+        let mut sent = 0;
+        while sys::send_msg(
+            conn.fd.get_ref().as_fd(),
+            &DoorFrame { kind: DoorKind::Refused, reason: 0, id: sent }.encode(&[]),
+        )
+        .is_ok()
+        {
+            sent += 1;
+        }
+        assert!(sent > 0);
+        let mut wire = ServerWire {
+            conn: conn.clone(),
+            id: u64::MAX,
+            inbox: Arc::new(Inbox::default()),
+            proposal: None,
+            connected: None,
+        };
+        let commit = ClcMessage::Commit(crate::proto::clc::Commit { secret: Secret([7; 16]) }).encode().unwrap();
+        assert_eq!(wire.send(&commit).await.map_err(|e| e.kind()), Err(io::ErrorKind::WouldBlock));
+        let mut ids = Vec::new();
+        assert!(drain(&client, &mut ids), "the connection was not shut down");
+        assert_eq!(ids, (0..sent).collect::<Vec<_>>(), "what was sent before the end arrives, in order");
+        // Nothing more is sent on it.
+        conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        assert!(drain(&client, &mut Vec::new()));
     }
 }

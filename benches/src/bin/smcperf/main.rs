@@ -230,7 +230,15 @@ fn main() -> ExitCode {
                         "smcperf server: smc on {smc_addr}, tcp baseline on {}, unix on {:?}, web {:?}",
                         h.tcp_addr, h.unix, h.web
                     );
-                    std::future::pending::<io::Result<()>>().await
+                    // Until SIGINT or SIGTERM; then the server's side of the story (how its
+                    // handshakes and doors went) next to what the client printed.
+                    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                    tokio::select! {
+                        r = tokio::signal::ctrl_c() => r?,
+                        _ = term.recv() => {}
+                    }
+                    eprintln!("\nsmc-tokio stats (server process):\n{}", smc_tokio::stats());
+                    Ok(())
                 })
             });
             r.map(|()| Vec::new())
