@@ -318,10 +318,8 @@ impl ServerConn {
     /// does the same: an answer that found no room was never sent, and a handshake that sent
     /// its Commit is settled, since that Commit is read before the end.
     fn shut(&self) {
-        // SAFETY: plain syscall on the connection's open descriptor, which `self` owns. After
-        // it a send fails (EPIPE) while what is queued stays readable by the client; our own
-        // reads see the end once the client closes its side.
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.fd.get_ref().as_fd()), libc::SHUT_RDWR) };
+        // Our own reads see the end once the client closes its side.
+        let _ = sys::shutdown(self.fd.get_ref().as_fd(), std::net::Shutdown::Both);
     }
 }
 
@@ -632,9 +630,8 @@ impl Door {
     /// closed, and connect as plain TCP (the listener is closing). Door connections already open
     /// stay until their handshakes end and the door is dropped.
     pub(crate) fn close(&self) {
-        // SAFETY: plain syscall on a descriptor we own; a shut-down listening Unix socket
-        // refuses connections.
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(self.listener.get_ref()), libc::SHUT_RDWR) };
+        // A shut-down listening Unix socket refuses connections.
+        let _ = sys::shutdown(self.listener.get_ref().as_fd(), std::net::Shutdown::Both);
     }
 
     /// Waits until the door has new connections or a door connection has messages, then takes
@@ -1571,25 +1568,11 @@ impl Wire for ClientWire {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::FromRawFd;
-
     use super::*;
 
     /// A door connection's two ends: ours as the listener holds it, and the client's.
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors socketpair writes.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        assert_eq!(r, 0, "{}", io::Error::last_os_error());
-        // SAFETY: two new descriptors nothing else owns.
-        let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
         let conn = ServerConn {
             fd: watch(PeerFd::new(ours)).expect("register with the runtime"),
             cred: PeerCred { pid: 0, uid: 0, gid: 0 },

@@ -917,8 +917,7 @@ impl ListenerShared {
         // state: new connections are refused, those in the kernel's queue are reset (as when a
         // listener is closed), and the address can be bound again (by a socket with
         // SO_REUSEADDR, as tokio's and ours are) while those tasks finish.
-        // SAFETY: plain syscall on a descriptor this state owns.
-        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.tcp), libc::SHUT_RD) };
+        let _ = crate::sys::shutdown(std::os::fd::AsFd::as_fd(&self.tcp), std::net::Shutdown::Read);
         if let Some(d) = &self.door {
             d.close();
         }

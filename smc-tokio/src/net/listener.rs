@@ -103,8 +103,7 @@ impl std::os::fd::AsFd for SmcListener {
 impl std::os::fd::AsRawFd for SmcListener {
     /// The listening TCP socket; see [`AsFd`](#impl-AsFd-for-SmcListener).
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.shared.default_linger.store(false, Ordering::Relaxed);
-        self.shared.tcp.as_raw_fd()
+        std::os::fd::AsFd::as_fd(self).as_raw_fd()
     }
 }
 

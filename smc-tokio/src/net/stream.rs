@@ -1769,8 +1769,7 @@ impl AsRawFd for SmcStream {
     /// The underlying TCP socket; see [`AsFd for SmcStream`](#impl-AsFd-for-SmcStream): over
     /// SMC it carries none of the connection's bytes.
     fn as_raw_fd(&self) -> RawFd {
-        self.linger.store(LINGER_UNKNOWN, Ordering::Relaxed);
-        self.tcp.as_raw_fd()
+        self.as_fd().as_raw_fd()
     }
 }
 

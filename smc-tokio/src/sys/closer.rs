@@ -337,10 +337,9 @@ fn defuse_and_close(fd: OwnedFd, disarm: bool) {
 fn defuse(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
     match socket_domain(fd) {
         Some(libc::AF_UNIX) => {
-            // SAFETY: plain syscall on a borrowed, open descriptor. After it nothing more can
-            // be queued in this socket (a sender gets EPIPE), while what is queued stays
+            // After it nothing more can be queued in this socket, while what is queued stays
             // readable.
-            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = super::shutdown(fd, std::net::Shutdown::Both);
             let before = found.len();
             drain_queue(fd, found);
             DRAINED.fetch_add((found.len() - before) as u64, Ordering::Relaxed);

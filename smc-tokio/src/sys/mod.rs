@@ -371,21 +371,34 @@ impl Drop for Mmap {
 /// read or write would block a runtime worker. Sockets take `MSG_DONTWAIT` per call, so no
 /// flag the peer can change makes our calls block.
 pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors socketpair writes.
-    cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: two new descriptors nothing else owns.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (ours, theirs) = unix_pair(libc::SOCK_DGRAM)?;
     // Rings are bytes; a peer that sends descriptors with them is refused where the kernel can.
     refuse_descriptors(std::os::fd::AsFd::as_fd(&ours));
     Ok((ours, theirs))
+}
+
+/// A connected pair of non-blocking Unix sockets of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`).
+pub(crate) fn unix_pair(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    cvt(unsafe {
+        libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
+    })?;
+    // SAFETY: two new descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// shutdown(2) of `fd` in direction `how`. On a Unix socket, after `Both` nothing more can be
+/// queued in it (a sender gets EPIPE) while what is queued stays readable, and its peer reads
+/// the end after it; on a listening socket, the port stops taking connections.
+pub(crate) fn shutdown(fd: BorrowedFd<'_>, how: std::net::Shutdown) -> io::Result<()> {
+    let how = match how {
+        std::net::Shutdown::Read => libc::SHUT_RD,
+        std::net::Shutdown::Write => libc::SHUT_WR,
+        std::net::Shutdown::Both => libc::SHUT_RDWR,
+    };
+    // SAFETY: plain syscall on a borrowed, open descriptor.
+    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), how) }).map(drop)
 }
 
 /// `SO_PASSRIGHTS` (Linux 6.16, `include/uapi/asm-generic/socket.h`); not in the libc crate yet.

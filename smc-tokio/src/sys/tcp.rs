@@ -89,15 +89,18 @@ static SOURCES: std::sync::Mutex<Vec<(IpAddr, IpAddr)>> = std::sync::Mutex::new(
 /// The most source addresses kept: a host's own addresses, in practice a handful.
 const SOURCES_KEPT: usize = 64;
 
+fn sources() -> std::sync::MutexGuard<'static, Vec<(IpAddr, IpAddr)>> {
+    SOURCES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The source address learned for connections to `dst` ([`SOURCES`]).
 pub(crate) fn known_source(dst: IpAddr) -> Option<IpAddr> {
-    let s = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
-    s.iter().find(|(d, _)| *d == dst).map(|(_, src)| *src)
+    sources().iter().find(|(d, _)| *d == dst).map(|(_, src)| *src)
 }
 
 /// Records that a connection to `dst` came from `src`.
 pub(crate) fn learn_source(dst: IpAddr, src: IpAddr) {
-    let mut s = SOURCES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = sources();
     s.retain(|(d, _)| *d != dst);
     if s.len() >= SOURCES_KEPT {
         s.remove(0);
@@ -107,7 +110,7 @@ pub(crate) fn learn_source(dst: IpAddr, src: IpAddr) {
 
 /// Forgets the source address learned for `dst`: the next connection asks the kernel again.
 pub(crate) fn forget_source(dst: IpAddr) {
-    SOURCES.lock().unwrap_or_else(|e| e.into_inner()).retain(|(d, _)| *d != dst);
+    sources().retain(|(d, _)| *d != dst);
 }
 
 /// How many ports [`bound_tcp_socket`] tries before it gives up.

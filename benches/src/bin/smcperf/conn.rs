@@ -126,8 +126,8 @@ pub(crate) async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> i
             // of its CPU in crr (perf), the same for every transport, and diluted their ratios.
             let mut buf = vec![0u8; size];
             loop {
-                match s.read_exact(&mut buf[..size]).await {
-                    Ok(_) => s.write_all(&buf[..size]).await?,
+                match s.read_exact(&mut buf).await {
+                    Ok(_) => s.write_all(&buf).await?,
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                     Err(e) => return Err(e),
                 }

@@ -471,8 +471,8 @@ impl Link for ShmLink {
         if !self.closed.swap(true, Ordering::Relaxed) {
             // A side channel lost in a failed move is closed already: the peer saw EOF then.
             if let Some(side) = self.side.get() {
-                // SAFETY: plain syscall on a descriptor we own; the peer sees EOF.
-                unsafe { libc::shutdown(side.get_ref().as_raw_fd(), libc::SHUT_RDWR) };
+                // The peer sees EOF.
+                let _ = sys::shutdown(side.get_ref().as_fd(), std::net::Shutdown::Both);
             }
         }
     }
@@ -636,13 +636,7 @@ mod tests {
 
     /// A connected socket for the side channel of a hand-built link.
     fn side() -> AsyncFd<PeerFd> {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors socketpair writes.
-        let r =
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0, fds.as_mut_ptr()) };
-        assert_eq!(r, 0);
-        // SAFETY: socketpair returned two new descriptors nobody else owns.
-        let (a, _b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (a, _b) = sys::unix_pair(libc::SOCK_SEQPACKET).unwrap();
         // SAFETY: a PeerFd owns its descriptor.
         unsafe { sys::register(PeerFd::new(a), Interest::READABLE) }.unwrap()
     }
