@@ -894,16 +894,16 @@ pub fn rmb_memory_in_use() -> u64 {
     RmbBudget::process().in_use()
 }
 
-/// Handshakes one listener runs at once by default; beyond it, `limit_handshake` serves TCP. A
-/// handshake that sets up nothing new (the common case: the link group exists) costs the
-/// listener tens of microseconds, but holds its slot until its client answers: with 64
-/// same-host clients that is well under a millisecond, and 256 slots never fill; with 1000
-/// clients in flight on one runtime it is tens of milliseconds, and 256 slots cap SMC
-/// handshakes near 5 k/s (`smcperf` crr, separate processes, 2-vCPU VM: 35% of connections
-/// over SMC-D once every "no SMC" answer reached its client, against 95% with 1024 slots). A
-/// larger default waits for flow control on door connections: with 1024 slots, 10 000 clients
-/// filled their door connection until the listener's answers found no room.
-pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 256;
+/// Handshakes one listener runs at once by default; beyond it, `limit_handshake` serves TCP.
+/// The value is [`SmcListener::bind`](crate::SmcListener::bind)'s listen backlog, as the
+/// kernel's SMC bounds handshakes in flight by its listener's backlog (`net/smc/af_smc.c`,
+/// `smc_tcp_syn_recv_sock`). A handshake that sets up nothing new (the common case: the link
+/// group exists) costs the listener tens of microseconds, but holds its slot until its client
+/// answers: with 1000 clients in flight on one runtime that is tens of milliseconds, and 256
+/// slots capped SMC handshakes near 5 k/s (`smcperf` crr, separate processes, 2-vCPU VM: 45%
+/// of connections over SMC-D, against 95% with 1024). Clients keep a window of registrations
+/// per door connection, so no number of them can fill one with answers.
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// Every setting that can be set per process (environment, run-time handle) and overridden per
 /// listener or stream (builders).

@@ -210,7 +210,7 @@ async fn via_door(
     let mut first = None;
     for attempt in 0.. {
         // Doors are looked for before anything is made for them: most destinations have none.
-        let found = door::find_doors(ctx.doors(), ctx.counters(), addr, &cfg.shm.allowed_uids);
+        let found = find_room(ctx, addr, cfg).await;
         if let Some(why) = found.none() {
             return unregistered(ctx, cfg, addr, user, why).await;
         }
@@ -302,6 +302,22 @@ async fn unregistered(
     };
     let reason = FallbackReason::Declined { reason, by: Side::Local };
     plain(ctx, cfg, addr, reason, user, false).await.map(Some)
+}
+
+/// The doors for `addr`, with a registration slot at each. When this runtime's door
+/// connections to one carry all the registrations they may, waits (up to
+/// [`door::ROOM_WAIT`]) for one to end, before anything is connected: the connection waits
+/// here rather than in the listener's SYN queue. Past the wait, nothing is found (busy).
+async fn find_room(ctx: &Context, addr: SocketAddr, cfg: &Settings) -> door::Lookup {
+    let deadline = tokio::time::Instant::now() + door::ROOM_WAIT;
+    loop {
+        let found = door::find_doors(ctx.doors(), ctx.counters(), addr, &cfg.shm.allowed_uids);
+        let Some(room) = found.room() else { return found };
+        // A registration that ended since the look-up left a permit: no wake-up is lost.
+        if tokio::time::timeout_at(deadline, room.notified()).await.is_err() {
+            return found;
+        }
+    }
 }
 
 /// A Proposal, and what it offered.

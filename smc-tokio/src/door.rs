@@ -100,6 +100,33 @@ const CLIENT_IDLE: Duration = Duration::from_secs(10);
 /// default handshake timeout, so a registration that waited still has time for its handshake.
 const SEND_WAIT: Duration = Duration::from_secs(1);
 
+/// Registrations a client keeps open on one door connection at once. Each draws at most two
+/// answers from the server (its Accept or "no", then its Commit or Decline), so the server's
+/// end of a door connection never has more than 128 answers queued for a client that reads
+/// it, and never finds it full: its send buffer ([`DOOR_SNDBUF`]) holds about 180 answers of
+/// the longest kind and 500 of the usual 100-byte ones (the test
+/// `a_window_of_answers_fits_the_send_buffer` checks the first). A client with more
+/// handshakes in flight opens another door connection ([`CLIENT_POOL`]).
+const WINDOW: usize = 64;
+
+/// Door connections a client keeps to one door from one runtime, at most: [`WINDOW`] times
+/// this many registrations in flight, 1024, the listener's default handshake slots and listen
+/// backlog. A connection beyond them waits for room ([`ROOM_WAIT`]) before it connects, in
+/// our queue instead of the listener's SYN queue: with 10 000 clients connecting at once,
+/// letting all of them register made their connects overflow the listener's backlog (SYNs
+/// dropped, connects of 1 to 7 s, the handshakes waiting on them holding every slot: 16% of
+/// connections over SMC-D), and sending the excess to TCP at once did the same (4%).
+const CLIENT_POOL: usize = 16;
+
+/// How long a connection waits for room on its door connections (see [`CLIENT_POOL`]) before
+/// it connects as plain TCP: as long as a sender waits for room on one ([`SEND_WAIT`]).
+pub(crate) const ROOM_WAIT: Duration = SEND_WAIT;
+
+/// The send buffer asked for on the server's end of a door connection. The kernel caps it at
+/// `net.core.wmem_max` (212 992 by default) and doubles it (socket(7)): at least 416 KiB,
+/// twice the default, so that a [`WINDOW`] of answers fits whatever their length.
+const DOOR_SNDBUF: libc::c_int = 256 * 1024;
+
 /// How many door connections a door may hold (see [`MAX_CONNS`]).
 fn conn_budget() -> usize {
     let quarter = sys::nofile_limit().map_or(MAX_CONNS as u64, |n| n / 4);
@@ -303,13 +330,19 @@ impl ServerConn {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the client "no SMC" for registration `id` (without waiting: a client that does
-    /// not read its door connection hears nothing, and its connection is TCP all the same).
+    /// Tells the client "no SMC" for registration `id`, without waiting. A client that keeps
+    /// to its [`WINDOW`] always has room for it; one whose connection is full (it stopped
+    /// reading, or it registers beyond its window) has the connection shut down instead
+    /// ([`shut`](Self::shut)), which it reads as "TCP" for this registration and every other
+    /// open on it, so that none waits out its handshake timeout for an answer that was lost.
     fn refuse(&self, counters: &Counters, id: u64, kind: DoorKind, reason: DeclineReason) {
         counters.door(crate::stats::DoorEvent::Unmatched);
         counters.decline(reason, crate::proto::handshake::Side::Local);
         let frame = DoorFrame { kind, reason: reason as u8, id };
-        let _ = sys::send_msg(self.fd.get_ref().as_fd(), &frame.encode(&[]));
+        if let Err(e) = sys::send_msg(self.fd.get_ref().as_fd(), &frame.encode(&[])) {
+            tracing::debug!(error = %e, "no room for a door answer: ending the door connection");
+            self.shut();
+        }
     }
 
     /// Ends the connection for a client that stopped reading it: nothing more is sent on it,
@@ -736,6 +769,8 @@ impl Door {
             }
             // Registrations carry no descriptors: refuse them where the kernel can.
             sys::refuse_descriptors(conn.as_fd());
+            // Room for a client's window of answers (else the default serves, with less margin).
+            let _ = sys::setsockopt(conn.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF);
             match watch(conn) {
                 Ok(fd) => st.conns.push(Arc::new(ServerConn {
                     fd,
@@ -1018,22 +1053,33 @@ fn offers_shm(proposal: &[u8]) -> bool {
 
 // ----- client --------------------------------------------------------------------------------
 
-/// A client's door connections, one per door name and runtime, shared by every connection that
-/// registers through them; a context holds one set. A door connection lives while its runtime
-/// does, until its listener closes it, or until it has been idle for [`CLIENT_IDLE`].
+/// A client's door connections, shared by every connection that registers through them; a
+/// context holds one set. Per door name and runtime there is one, or more while more than a
+/// [`WINDOW`] of registrations are in flight (up to [`CLIENT_POOL`]). A door connection lives
+/// while its runtime does, until its listener closes it, or until it has been idle for
+/// [`CLIENT_IDLE`].
 #[derive(Default)]
-pub(crate) struct ClientDoors(Arc<Mutex<HashMap<DoorKey, Arc<ClientConn>>>>);
+pub(crate) struct ClientDoors(Arc<DoorMap>);
 
 impl fmt::Debug for ClientDoors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientDoors").field("open", &lock_map(&self.0).len()).finish()
+        let open: usize = lock_map(&self.0).values().map(|p| p.conns.len()).sum();
+        f.debug_struct("ClientDoors").field("open", &open).finish()
     }
 }
 
 type DoorKey = (Vec<u8>, tokio::runtime::Id);
-type DoorMap = Mutex<HashMap<DoorKey, Arc<ClientConn>>>;
+type DoorMap = Mutex<HashMap<DoorKey, Pool>>;
 
-fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Arc<ClientConn>>> {
+/// A client's door connections to one door from one runtime.
+#[derive(Default)]
+struct Pool {
+    conns: Vec<Arc<ClientConn>>,
+    /// Woken when a registration on one of them ends (room in its window) or one dies.
+    room: Arc<tokio::sync::Notify>,
+}
+
+fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Pool>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -1045,11 +1091,18 @@ struct ClientConn {
     /// Its reader stopped (the door closed, the runtime ended, or it idled out): it takes no
     /// more registrations.
     dead: AtomicBool,
+    /// Its pool's: woken when a registration ends here.
+    room: Arc<tokio::sync::Notify>,
 }
 
 impl ClientConn {
     fn inboxes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
         self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether it has room for another registration (fewer than a [`WINDOW`] open).
+    fn has_room(&self) -> bool {
+        !self.dead.load(Ordering::Acquire) && self.inboxes().len() < WINDOW
     }
 
     /// A new registration's id and inbox.
@@ -1065,6 +1118,8 @@ impl ClientConn {
         for (_, inbox) in self.inboxes().drain() {
             inbox.close();
         }
+        // A dead connection leaves room for a new one in the pool.
+        self.room.notify_waiters();
     }
 
     /// Reads every message queued (without waiting) into its registration's inbox. `Ok(())`:
@@ -1096,8 +1151,11 @@ async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) 
         fn drop(&mut self) {
             if let Some(map) = self.0.upgrade() {
                 let mut m = lock_map(&map);
-                if m.get(&self.1).is_some_and(|c| Arc::ptr_eq(c, &self.2)) {
-                    m.remove(&self.1);
+                if let Some(pool) = m.get_mut(&self.1) {
+                    pool.conns.retain(|c| !Arc::ptr_eq(c, &self.2));
+                    if pool.conns.is_empty() {
+                        m.remove(&self.1);
+                    }
                 }
             }
             self.2.die();
@@ -1141,11 +1199,14 @@ async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) 
 /// What a client found at one door name.
 enum Found {
     /// A trusted door, its connection open (new or kept), and a fresh registration on it.
-    Door(Arc<ClientConn>, u64, Arc<Inbox>),
+    Door(Reg),
     /// Nobody there.
     Absent,
     /// A door with a full queue.
     Busy,
+    /// Every door connection this runtime may have to the door carries a full window: room is
+    /// announced on this.
+    Full(Arc<tokio::sync::Notify>),
     /// A door owned by an untrusted uid.
     Untrusted,
     /// No descriptor or memory to look.
@@ -1153,19 +1214,27 @@ enum Found {
 }
 
 impl ClientDoors {
-    /// A registration slot on the door `name`: on its open connection in this runtime, or on a
-    /// new one (`probe`: an unconnected socket to connect with, taken and given back).
+    /// A registration slot on the door `name`: on an open connection of this runtime with
+    /// room in its window, or on a new one (`probe`: an unconnected socket to connect with,
+    /// taken and given back).
     fn open(&self, counters: &Counters, name: &[u8], allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return Found::Absent };
         let key = (name.to_vec(), rt.id());
         let mut map = lock_map(&self.0);
-        if let Some(conn) = map.get(&key) {
-            if !conn.dead.load(Ordering::Acquire) {
-                let (id, inbox) = conn.open_inbox();
-                return Found::Door(conn.clone(), id, inbox);
+        let room = match map.get_mut(&key) {
+            Some(pool) => {
+                pool.conns.retain(|c| !c.dead.load(Ordering::Acquire));
+                if let Some(conn) = pool.conns.iter().find(|c| c.has_room()) {
+                    let (id, inbox) = conn.open_inbox();
+                    return Found::Door(Reg { conn: conn.clone(), id, inbox, open: false });
+                }
+                if pool.conns.len() >= CLIENT_POOL {
+                    return Found::Full(pool.room.clone());
+                }
+                pool.room.clone()
             }
-            map.remove(&key);
-        }
+            None => Arc::default(),
+        };
         let fd = match probe.take() {
             Some(fd) => fd,
             None => match sys::seqpacket_socket() {
@@ -1197,6 +1266,8 @@ impl ClientDoors {
             }
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
         }
+        // Room for a window of registrations and their Confirms while the listener is busy.
+        let _ = sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF);
         let fd = match watch(fd) {
             Ok(fd) => fd,
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
@@ -1207,11 +1278,12 @@ impl ClientDoors {
             next_id: AtomicU64::new(1),
             inboxes: Mutex::default(),
             dead: AtomicBool::new(false),
+            room: room.clone(),
         });
         let (id, inbox) = conn.open_inbox();
-        map.insert(key.clone(), conn.clone());
+        map.entry(key.clone()).or_insert_with(|| Pool { conns: Vec::new(), room }).conns.push(conn.clone());
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
-        Found::Door(conn, id, inbox)
+        Found::Door(Reg { conn, id, inbox, open: false })
     }
 }
 
@@ -1236,6 +1308,7 @@ struct Reg {
 impl Drop for Reg {
     fn drop(&mut self) {
         self.conn.inboxes().remove(&self.id);
+        self.conn.room.notify_one();
         if self.open {
             // Without waiting: a Cancel that finds no room is replaced by the server's own
             // bound (the registration goes stale, the handshake times out).
@@ -1255,10 +1328,12 @@ impl fmt::Debug for ClientRegistration {
 /// address, and, when `dst` is this host's, listeners bound to the wildcard of its port; with
 /// every member of their reuseport groups. Doors owned by an untrusted uid are skipped.
 pub(crate) struct Lookup {
-    /// Trusted doors, each with a fresh registration slot.
-    doors: Vec<(Arc<ClientConn>, u64, Arc<Inbox>)>,
+    /// Trusted doors, each with a fresh registration slot (given back if dropped unsent).
+    doors: Vec<Reg>,
     /// A door had a full queue.
     busy: bool,
+    /// Our connections to a door had no room: announced on this.
+    full: Option<Arc<tokio::sync::Notify>>,
     /// The look-up stopped for want of a descriptor or memory.
     starved: bool,
 }
@@ -1273,7 +1348,7 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
         bases.push(base_name(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port())));
         bases.dedup();
     }
-    let mut found = Lookup { doors: Vec::new(), busy: false, starved: false };
+    let mut found = Lookup { doors: Vec::new(), busy: false, full: None, starved: false };
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
     for (i, base) in bases.iter().enumerate() {
@@ -1284,8 +1359,8 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
         let names = std::iter::once(solo_name(base)).chain((0..MAX_DOORS).map(|i| door_name(base, i)));
         for (index, name) in names.enumerate() {
             match doors.open(counters, &name, allowed_uids, &mut probe) {
-                Found::Door(conn, id, inbox) => {
-                    found.doors.push((conn, id, inbox));
+                Found::Door(reg) => {
+                    found.doors.push(reg);
                     if index == 0 {
                         // A solo listener has no siblings.
                         break;
@@ -1295,8 +1370,20 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
                     found.starved = true;
                     return found;
                 }
-                // A door with a full queue: skip it (its listener is swamped; TCP it is there).
-                Found::Busy => found.busy = true,
+                // A door with a full queue (its listener is swamped), or no room left on our
+                // connections to it: nowhere to register. Not only at that door: the
+                // connection may land on its listener, which would not know it, and a
+                // registration at the others would wait out its timeout.
+                Found::Busy => {
+                    found.doors.clear();
+                    found.busy = true;
+                    return found;
+                }
+                Found::Full(room) => {
+                    found.doors.clear();
+                    found.full = Some(room);
+                    return found;
+                }
                 Found::Untrusted => {}
                 // No solo door: look for a reuseport group's. No door at an index: the group
                 // ends here.
@@ -1312,11 +1399,17 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
 }
 
 impl Lookup {
+    /// When our connections to a door of the address had no room for the registration: what
+    /// announces room (a registration ended), to look again after.
+    pub(crate) fn room(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.full.clone()
+    }
+
     /// Why there is no door to register at, when there is none.
     pub(crate) fn none(&self) -> Option<Unregistered> {
         if !self.doors.is_empty() {
             None
-        } else if self.busy {
+        } else if self.busy || self.full.is_some() {
             Some(Unregistered::Busy)
         } else if self.starved {
             Some(Unregistered::Starved)
@@ -1362,8 +1455,7 @@ pub(crate) async fn register(
         return Registered::No(why);
     }
     // Until sent, a registration has nothing to cancel.
-    let mut regs: Vec<Reg> =
-        found.doors.into_iter().map(|(conn, id, inbox)| Reg { conn, id, inbox, open: false }).collect();
+    let mut regs = found.doors;
     let from_user = user.is_some();
     let (sock, port) = match user.take() {
         Some(sock) => match sys::bind_if_unbound(&sock, dst) {
@@ -1629,5 +1721,69 @@ mod tests {
         // Nothing more is sent on it.
         conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
         assert!(drain(&client, &mut Vec::new()));
+    }
+
+    /// A "no" that finds no room is not dropped while the client waits for it: the connection
+    /// ends, which the client reads as "TCP" for every registration on it.
+    #[tokio::test]
+    async fn a_refusal_that_finds_no_room_ends_the_connection() {
+        let (conn, client) = server_conn();
+        let counters = Counters::default();
+        let mut sent = 0;
+        while sys::send_msg(
+            conn.fd.get_ref().as_fd(),
+            &DoorFrame { kind: DoorKind::Refused, reason: 0, id: sent }.encode(&[]),
+        )
+        .is_ok()
+        {
+            sent += 1;
+        }
+        conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        let mut ids = Vec::new();
+        assert!(drain(&client, &mut ids), "the connection was not shut down");
+        assert_eq!(ids, (0..sent).collect::<Vec<_>>());
+    }
+
+    /// A client's window of registrations draws at most two answers each; the server's end,
+    /// with the send buffer it asks for, holds all of them at the longest an answer can be, so
+    /// a client that keeps to its window never has an answer refused for room.
+    #[test]
+    fn a_window_of_answers_fits_the_send_buffer() {
+        let (server, _client) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
+        sys::setsockopt(server.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF).expect("SO_SNDBUF");
+        let longest = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 1 }.encode(&[0; crate::proto::clc::CLC_MAX_LEN]);
+        for i in 0..2 * WINDOW {
+            sys::send_msg(server.as_fd(), &longest).unwrap_or_else(|e| panic!("answer {i} of {}: {e}", 2 * WINDOW));
+        }
+    }
+
+    /// A client keeps a window of registrations per door connection, opens another connection
+    /// when all it has are full, and past its pool of them says "full" until one ends.
+    #[tokio::test]
+    async fn a_client_spreads_registrations_over_a_bounded_pool() {
+        let name = format!("smc-tokio/test-pool/{}/{:?}", std::process::id(), std::thread::current().id()).into_bytes();
+        let _door = sys::seqpacket_listen(&name).expect("a door");
+        let doors = ClientDoors::default();
+        let counters = Counters::default();
+        // Our own uid is trusted without being listed.
+        let uid: [u32; 0] = [];
+        let mut regs = Vec::new();
+        for i in 0..WINDOW * CLIENT_POOL {
+            match doors.open(&counters, &name, &uid, &mut None) {
+                Found::Door(reg) => regs.push(reg),
+                _ => panic!("registration {i} found no room"),
+            }
+        }
+        let conns: std::collections::HashSet<*const ClientConn> = regs.iter().map(|r| Arc::as_ptr(&r.conn)).collect();
+        assert_eq!(conns.len(), CLIENT_POOL, "one connection per window");
+        assert!(regs.iter().all(|r| r.conn.inboxes().len() == WINDOW));
+        let Found::Full(room) = doors.open(&counters, &name, &uid, &mut None) else { panic!("room beyond the pool") };
+        // A registration that ends announces room, and makes room on its connection again.
+        let freed = Arc::as_ptr(&regs.pop().expect("one").conn);
+        tokio::time::timeout(Duration::from_secs(5), room.notified()).await.expect("room announced");
+        match doors.open(&counters, &name, &uid, &mut None) {
+            Found::Door(reg) => assert_eq!(Arc::as_ptr(&reg.conn), freed),
+            _ => panic!("no room after a registration ended"),
+        }
     }
 }

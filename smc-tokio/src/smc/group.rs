@@ -182,6 +182,18 @@ impl LinkGroup {
         self.lock().dead.is_none()
     }
 
+    /// Whether a connection could be opened on it now: alive, with a free RMB slot. A hint
+    /// (another handshake may take the slot first), for choosing among groups.
+    pub(crate) fn has_room(&self) -> bool {
+        let st = self.lock();
+        st.dead.is_none() && !st.free.is_empty()
+    }
+
+    /// Whether it carries connections now (so its idle timer is not running on either side).
+    pub(crate) fn in_use(&self) -> bool {
+        !self.lock().conns.is_empty()
+    }
+
     pub(crate) fn is_established(&self) -> bool {
         self.link.get().is_some() && self.is_alive()
     }

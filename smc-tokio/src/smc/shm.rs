@@ -346,13 +346,19 @@ impl Manager {
                     && g.group.is_alive()
             };
             // The group the proposal names; else, since the door told us who the client is, a
-            // group it is still joining: a burst of first connections from one process shares
-            // one group instead of setting one up each.
+            // group it is still joining (a burst of first connections from one process shares
+            // one group instead of setting one up each) or another of its groups in use (not
+            // idle, so the client is not closing it). A full group (every RMB slot taken) is
+            // passed over, and when all are full a new group is set up, as the kernel's SMC
+            // does for a link group at its connection limit: more connections at once than
+            // one group holds are not declined.
+            let open_to_more = |g: &&ServerGroup| g.group.has_room() && (g.local.is_some() || g.group.in_use());
             let reuse = s
                 .groups
                 .get(&offer.link_group)
                 .filter(same_client)
-                .or_else(|| s.groups.values().filter(same_client).find(|g| g.local.is_some()));
+                .filter(|g| g.group.has_room())
+                .or_else(|| s.groups.values().filter(same_client).find(open_to_more));
             match reuse {
                 Some(g) => g.group.clone(),
                 None => {
