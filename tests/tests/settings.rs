@@ -39,7 +39,7 @@ fn defaults_without_environment() {
     let g = &o["GLOBAL"];
     assert!(has(g, "policy: Auto"), "{g}");
     assert!(has(g, "limit_handshake: true"), "{g}");
-    assert!(has(g, "max_pending_handshakes: 256"), "{g}");
+    assert!(has(g, "max_pending_handshakes: 1024"), "{g}");
     assert!(has(g, "handshake_timeout: 2s"), "{g}");
     assert!(has(section(g, "shm"), "rmb_size: 262144"), "{g}");
     assert!(has(section(g, "shm"), "enabled: true"), "{g}");
@@ -100,7 +100,7 @@ fn builders_override_the_environment_and_run_time_changes_apply() {
 fn bad_values_are_ignored() {
     let o = run(&[("SMC_TOKIO_MAX_PENDING_HANDSHAKES", "lots"), ("SMC_TOKIO_POLICY", "sometimes")]);
     let g = &o["GLOBAL"];
-    assert!(has(g, "max_pending_handshakes: 256") && has(g, "policy: Auto"), "{g}");
+    assert!(has(g, "max_pending_handshakes: 1024") && has(g, "policy: Auto"), "{g}");
 }
 
 /// Every shared-memory variable holds under a builder that set another shared-memory field
