@@ -20,17 +20,19 @@ async fn server(root: Arc<std::path::PathBuf>) -> std::net::SocketAddr {
     addr
 }
 
-fn www() -> (Arc<std::path::PathBuf>, Vec<u8>) {
-    let root = std::env::temp_dir().join(format!("smc-tokio-www-{}", std::process::id()));
-    std::fs::create_dir_all(&root).unwrap();
+/// A directory of its own (each test serves and writes its file while the others do theirs),
+/// removed when the test ends, holding the file `f`.
+fn www() -> (tempfile::TempDir, Arc<std::path::PathBuf>, Vec<u8>) {
+    let dir = tempfile::Builder::new().prefix("smc-tokio-www-").tempdir().unwrap();
     let body = Rng::new(42).bytes(300_000);
-    std::fs::write(root.join("f"), &body).unwrap();
-    (Arc::new(root), body)
+    std::fs::write(dir.path().join("f"), &body).unwrap();
+    let root = Arc::new(dir.path().to_path_buf());
+    (dir, root, body)
 }
 
 #[tokio::test]
 async fn keep_alive_requests_in_every_mode_over_smc() {
-    let (root, body) = www();
+    let (_dir, root, body) = www();
     let addr = server(root).await;
     let mut c = SmcStream::connect(addr).await.unwrap();
     assert_eq!(c.transport(), Transport::SmcD);
@@ -69,7 +71,7 @@ impl tokio::io::AsyncRead for ReadTee<'_> {
 
 #[tokio::test]
 async fn curl_fetches_files_intact() {
-    let (root, body) = www();
+    let (_dir, root, body) = www();
     let addr = server(root.clone()).await;
     let out = tokio::process::Command::new("curl")
         .args(["-s", "--max-time", "10", &format!("http://{addr}/f"), &format!("http://{addr}/f?mode=write")])

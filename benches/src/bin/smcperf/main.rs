@@ -241,6 +241,8 @@ fn main() -> ExitCode {
                     Ok(())
                 })
             });
+            // The files it served go with it, however it ended.
+            let _ = std::fs::remove_dir_all(www_root());
             r.map(|()| Vec::new())
         }
         Run::Client(addr) => {
