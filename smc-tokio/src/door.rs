@@ -127,6 +127,12 @@ pub(crate) const ROOM_WAIT: Duration = SEND_WAIT;
 /// twice the default, so that a [`WINDOW`] of answers fits whatever their length.
 const DOOR_SNDBUF: libc::c_int = 256 * 1024;
 
+/// Asks for [`DOOR_SNDBUF`] on one end of a door connection; where the kernel refuses, the
+/// default serves, with less margin.
+fn widen_send_buffer(fd: BorrowedFd<'_>) -> io::Result<()> {
+    sys::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF)
+}
+
 /// How many door connections a door may hold (see [`MAX_CONNS`]).
 fn conn_budget() -> usize {
     let quarter = sys::nofile_limit().map_or(MAX_CONNS as u64, |n| n / 4);
@@ -769,8 +775,8 @@ impl Door {
             }
             // Registrations carry no descriptors: refuse them where the kernel can.
             sys::refuse_descriptors(conn.as_fd());
-            // Room for a client's window of answers (else the default serves, with less margin).
-            let _ = sys::setsockopt(conn.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF);
+            // Room for a client's window of answers.
+            let _ = widen_send_buffer(conn.as_fd());
             match watch(conn) {
                 Ok(fd) => st.conns.push(Arc::new(ServerConn {
                     fd,
@@ -1267,7 +1273,7 @@ impl ClientDoors {
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
         }
         // Room for a window of registrations and their Confirms while the listener is busy.
-        let _ = sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF);
+        let _ = widen_send_buffer(fd.as_fd());
         let fd = match watch(fd) {
             Ok(fd) => fd,
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
@@ -1688,14 +1694,9 @@ mod tests {
         }
     }
 
-    /// A Commit that finds no room within SEND_WAIT fails, and the client then reads what was
-    /// sent before and the end: its confirmed handshake ends as TCP, as ours does, instead of
-    /// waiting for a final word that never comes.
-    #[tokio::test]
-    async fn a_server_answer_that_finds_no_room_ends_the_connection() {
-        let (conn, client) = server_conn();
-        let counters = Counters::default();
-        // Answers the client does not read, far more than its queue holds (about 200).
+    /// Sends the client answers it does not read (ids 0, 1, ...) until its queue is full;
+    /// returns how many were sent.
+    fn fill(conn: &ServerConn) -> u64 {
         let mut sent = 0;
         while sys::send_msg(
             conn.fd.get_ref().as_fd(),
@@ -1705,6 +1706,17 @@ mod tests {
         {
             sent += 1;
         }
+        sent
+    }
+
+    /// A Commit that finds no room within SEND_WAIT fails, and the client then reads what was
+    /// sent before and the end: its confirmed handshake ends as TCP, as ours does, instead of
+    /// waiting for a final word that never comes.
+    #[tokio::test]
+    async fn a_server_answer_that_finds_no_room_ends_the_connection() {
+        let (conn, client) = server_conn();
+        let counters = Counters::default();
+        let sent = fill(&conn);
         assert!(sent > 0);
         let mut wire = ServerWire {
             conn: conn.clone(),
@@ -1729,15 +1741,7 @@ mod tests {
     async fn a_refusal_that_finds_no_room_ends_the_connection() {
         let (conn, client) = server_conn();
         let counters = Counters::default();
-        let mut sent = 0;
-        while sys::send_msg(
-            conn.fd.get_ref().as_fd(),
-            &DoorFrame { kind: DoorKind::Refused, reason: 0, id: sent }.encode(&[]),
-        )
-        .is_ok()
-        {
-            sent += 1;
-        }
+        let sent = fill(&conn);
         conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
         let mut ids = Vec::new();
         assert!(drain(&client, &mut ids), "the connection was not shut down");
@@ -1750,7 +1754,7 @@ mod tests {
     #[test]
     fn a_window_of_answers_fits_the_send_buffer() {
         let (server, _client) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
-        sys::setsockopt(server.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, &DOOR_SNDBUF).expect("SO_SNDBUF");
+        widen_send_buffer(server.as_fd()).expect("SO_SNDBUF");
         let longest = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 1 }.encode(&[0; crate::proto::clc::CLC_MAX_LEN]);
         for i in 0..2 * WINDOW {
             sys::send_msg(server.as_fd(), &longest).unwrap_or_else(|e| panic!("answer {i} of {}: {e}", 2 * WINDOW));
