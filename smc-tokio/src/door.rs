@@ -1074,7 +1074,27 @@ impl fmt::Debug for ClientDoors {
     }
 }
 
-type DoorKey = (Vec<u8>, tokio::runtime::Id);
+/// A door a client looks for: the address its listener is bound to, and its place among that
+/// address's doors. Its name is formatted only to connect to it; a connection that finds an open
+/// door connection formats nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct DoorAt {
+    addr: SocketAddr,
+    /// `None`: the solo door; else a reuseport group member's index.
+    index: Option<u32>,
+}
+
+impl DoorAt {
+    fn name(&self) -> Vec<u8> {
+        let base = base_name(self.addr);
+        match self.index {
+            None => solo_name(&base),
+            Some(i) => door_name(&base, i),
+        }
+    }
+}
+
+type DoorKey = (DoorAt, tokio::runtime::Id);
 type DoorMap = Mutex<HashMap<DoorKey, Pool>>;
 
 /// A client's door connections to one door from one runtime.
@@ -1223,9 +1243,9 @@ impl ClientDoors {
     /// A registration slot on the door `name`: on an open connection of this runtime with
     /// room in its window, or on a new one (`probe`: an unconnected socket to connect with,
     /// taken and given back).
-    fn open(&self, counters: &Counters, name: &[u8], allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
+    fn open(&self, counters: &Counters, at: DoorAt, allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return Found::Absent };
-        let key = (name.to_vec(), rt.id());
+        let key = (at, rt.id());
         let mut map = lock_map(&self.0);
         let room = match map.get_mut(&key) {
             Some(pool) => {
@@ -1248,7 +1268,7 @@ impl ClientDoors {
                 Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
             },
         };
-        let fd = match sys::seqpacket_connect_with(fd, name) {
+        let fd = match sys::seqpacket_connect_with(fd, &at.name()) {
             Ok(fd) => PeerFd::new(fd),
             Err((fd, e)) => {
                 *probe = Some(fd);
@@ -1287,7 +1307,7 @@ impl ClientDoors {
             room: room.clone(),
         });
         let (id, inbox) = conn.open_inbox();
-        map.entry(key.clone()).or_insert_with(|| Pool { conns: Vec::new(), room }).conns.push(conn.clone());
+        map.entry(key).or_insert_with(|| Pool { conns: Vec::new(), room }).conns.push(conn.clone());
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
         Found::Door(Reg { conn, id, inbox, open: false })
     }
@@ -1346,25 +1366,30 @@ pub(crate) struct Lookup {
 
 pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
     let dst = sys::unmap(dst);
-    let mut bases = vec![base_name(dst)];
-    if sys::is_local_ip(dst.ip()) {
-        if dst.is_ipv4() {
-            bases.push(base_name(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), dst.port())));
-        }
-        bases.push(base_name(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port())));
-        bases.dedup();
-    }
     let mut found = Lookup { doors: Vec::new(), busy: false, full: None, starved: false };
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
-    for (i, base) in bases.iter().enumerate() {
-        // A listener bound to exactly `dst` takes the connection before any wildcard one does.
+    // A listener bound to exactly `dst` takes the connection before any wildcard one does, so
+    // the wildcards of a local address are looked at only when it has no door (and asked
+    // whether the address is local only then).
+    let mut addrs = [Some(dst), None, None];
+    for i in 0..addrs.len() {
         if i > 0 && !found.doors.is_empty() {
             break;
         }
-        let names = std::iter::once(solo_name(base)).chain((0..MAX_DOORS).map(|i| door_name(base, i)));
-        for (index, name) in names.enumerate() {
-            match doors.open(counters, &name, allowed_uids, &mut probe) {
+        if i == 1 {
+            if !sys::is_local_ip(dst.ip()) {
+                break;
+            }
+            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), dst.port());
+            let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port());
+            addrs[1] = (dst.is_ipv4() && v4 != dst).then_some(v4);
+            addrs[2] = (v6 != dst).then_some(v6);
+        }
+        let Some(addr) = addrs[i] else { continue };
+        let places = std::iter::once(None).chain((0..MAX_DOORS).map(Some));
+        for (index, place) in places.enumerate() {
+            match doors.open(counters, DoorAt { addr, index: place }, allowed_uids, &mut probe) {
                 Found::Door(reg) => {
                     found.doors.push(reg);
                     if index == 0 {
@@ -1765,15 +1790,18 @@ mod tests {
     /// when all it has are full, and past its pool of them says "full" until one ends.
     #[tokio::test]
     async fn a_client_spreads_registrations_over_a_bounded_pool() {
-        let name = format!("smc-tokio/test-pool/{}/{:?}", std::process::id(), std::thread::current().id()).into_bytes();
-        let _door = sys::seqpacket_listen(&name).expect("a door");
+        // An address of this process's own: door names are abstract, so nothing is bound to it.
+        let pid = std::process::id().to_be_bytes();
+        let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, pid[1], pid[2], pid[3])), 9);
+        let at = DoorAt { addr, index: None };
+        let _door = sys::seqpacket_listen(&at.name()).expect("a door");
         let doors = ClientDoors::default();
         let counters = Counters::default();
         // Our own uid is trusted without being listed.
         let uid: [u32; 0] = [];
         let mut regs = Vec::new();
         for i in 0..WINDOW * CLIENT_POOL {
-            match doors.open(&counters, &name, &uid, &mut None) {
+            match doors.open(&counters, at, &uid, &mut None) {
                 Found::Door(reg) => regs.push(reg),
                 _ => panic!("registration {i} found no room"),
             }
@@ -1781,11 +1809,11 @@ mod tests {
         let conns: std::collections::HashSet<*const ClientConn> = regs.iter().map(|r| Arc::as_ptr(&r.conn)).collect();
         assert_eq!(conns.len(), CLIENT_POOL, "one connection per window");
         assert!(regs.iter().all(|r| r.conn.inboxes().len() == WINDOW));
-        let Found::Full(room) = doors.open(&counters, &name, &uid, &mut None) else { panic!("room beyond the pool") };
+        let Found::Full(room) = doors.open(&counters, at, &uid, &mut None) else { panic!("room beyond the pool") };
         // A registration that ends announces room, and makes room on its connection again.
         let freed = Arc::as_ptr(&regs.pop().expect("one").conn);
         tokio::time::timeout(Duration::from_secs(5), room.notified()).await.expect("room announced");
-        match doors.open(&counters, &name, &uid, &mut None) {
+        match doors.open(&counters, at, &uid, &mut None) {
             Found::Door(reg) => assert_eq!(Arc::as_ptr(&reg.conn), freed),
             _ => panic!("no room after a registration ended"),
         }

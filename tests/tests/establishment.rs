@@ -533,3 +533,62 @@ async fn sendfile_bytes_are_counted() {
     std::fs::remove_file(&path).unwrap();
     assert!(after >= before + 100_000, "tcp bytes sent: {before} -> {after}");
 }
+
+/// A listener bound to the wildcard address is found at its door by a client that connects to
+/// a local address of its port, on IPv4 and, where the host has it, IPv6; and a client that
+/// connects again reuses what it found (its door connection).
+#[tokio::test]
+async fn a_wildcard_listener_is_found_through_a_local_address() {
+    for (bind, dst) in [("0.0.0.0:0", "127.0.0.1"), ("[::]:0", "::1"), ("[::]:0", "127.0.0.1")] {
+        let l = match SmcListener::bind(bind).await {
+            Ok(l) => l,
+            // No IPv6 on this host.
+            Err(_) if bind.starts_with('[') => continue,
+            Err(e) => panic!("bind {bind}: {e}"),
+        };
+        let port = l.local_addr().unwrap().port();
+        let mut seen = serve_echo(l);
+        let addr = SocketAddr::new(dst.parse().unwrap(), port);
+        for round in 0..2 {
+            let s = match SmcStream::connect(addr).await {
+                Ok(s) => s,
+                // A dual-stack listener is not what this host's [::] gives.
+                Err(_) if bind.starts_with('[') => break,
+                Err(e) => panic!("connect {addr} from {bind}: {e}"),
+            };
+            assert!(s.transport().is_smc(), "{bind} via {addr}, round {round}: {:?}", s.transport());
+            echo_check(s, b"wildcard", 8, round).await;
+            assert!(seen.recv().await.expect("accepted").is_smc());
+        }
+    }
+}
+
+/// Every member of a reuseport group has a door, and a client registers at each: whichever
+/// member the kernel gives the connection serves it over SMC.
+#[tokio::test]
+async fn every_member_of_a_reuseport_group_serves_smc() {
+    let first = {
+        let s = smc_tokio::SmcSocket::new_v4().unwrap();
+        s.set_reuseport(true).unwrap();
+        s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        s.listen(1024).unwrap()
+    };
+    let addr = first.local_addr().unwrap();
+    let second = {
+        let s = smc_tokio::SmcSocket::new_v4().unwrap();
+        s.set_reuseport(true).unwrap();
+        s.bind(addr).unwrap();
+        s.listen(1024).unwrap()
+    };
+    let (mut a, mut b) = (serve_echo(first), serve_echo(second));
+    for round in 0..16 {
+        let s = SmcStream::connect(addr).await.unwrap();
+        assert!(s.transport().is_smc(), "round {round}: {:?}", s.transport());
+        echo_check(s, b"group", 5, round).await;
+        let t = tokio::select! {
+            t = a.recv() => t,
+            t = b.recv() => t,
+        };
+        assert!(t.expect("accepted").is_smc());
+    }
+}

@@ -48,6 +48,9 @@ pub(crate) struct Measure {
     /// Shared-memory doorbells rung per operation (`Stats::doorbells`), over the whole run as
     /// the CPU is.
     pub(crate) doorbells_per_op: f64,
+    /// The share of the machine's CPU time its hypervisor took during the run, in percent
+    /// (`/proc/stat`'s steal): a run with much of it measured a slower machine.
+    pub(crate) steal_pct: f64,
     /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
     pub(crate) quantiles: Vec<f64>,
 }
@@ -252,6 +255,7 @@ pub(crate) async fn measure(
         errors,
         cpu_us_per_op: 0.0,
         doorbells_per_op: 0.0,
+        steal_pct: 0.0,
         quantiles: plot::quantiles(&all),
     })
 }
@@ -264,6 +268,7 @@ pub(crate) async fn run_case(
     dur: Duration,
 ) -> io::Result<Measure> {
     let (cpu0, t0, bells0) = (cpu_time(), Instant::now(), smc_tokio::stats().doorbells[0]);
+    let ticks0 = machine::cpu_ticks();
     let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
         Scenario::Stream => run_stream(kind, target, case, dur).await,
@@ -273,6 +278,7 @@ pub(crate) async fn run_case(
         Scenario::HttpClose => web::run_http(kind, target.web, &target.shm, case, dur, true).await,
         Scenario::Grpc => web::run_grpc(kind, target.web, &target.shm, case, dur).await,
     }?;
+    m.steal_pct = machine::steal_percent(ticks0, machine::cpu_ticks());
     // CPU over the whole run (warm-up, set-up and tear-down included), per operation counted
     // in the measured window scaled to the run's length.
     let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
