@@ -514,7 +514,9 @@ impl ShmConfig {
     /// A poll whose budget runs out before the data comes makes the connection's next 1, 2,
     /// 4, ... 64 waits sleep at once, so idle connections and slow peers cost little CPU; a poll
     /// that sees its data keeps the connection polling. Unlike [`busy_poll`](Self::busy_poll),
-    /// which spins before every sleep.
+    /// which spins before every sleep. On a current-thread runtime a link group's driver polls
+    /// by the same rule after each batch of work it dispatched, so that many connections
+    /// answering one another on one thread need neither doorbells nor sleeps.
     ///
     /// # Examples
     ///

@@ -219,3 +219,42 @@ async fn polling_readers_that_fall_asleep_are_woken() {
         bounded(5, server).await.unwrap();
     }
 }
+
+/// Group polling's liveness: on a current-thread runtime, a link group's driver that
+/// dispatched work keeps looking for the next with its doorbell disarmed; after a pause longer
+/// than its window it must have armed the doorbell again, so the peer's next message wakes it.
+/// Sixteen connections on one group keep its driver busy, then all of them pause, three times.
+#[tokio::test(flavor = "current_thread")]
+async fn a_polling_group_that_falls_asleep_is_woken() {
+    let _shared = RESIDENT.read().await;
+    let ctx = Context::new();
+    for budget in [Duration::from_micros(50), Duration::from_millis(5)] {
+        let shm = ShmConfig::default().adaptive_poll(budget);
+        let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let echo = spawn_echo(l);
+        let builder = SmcStream::builder().context(&ctx).shm(shm);
+        let mut clients = Vec::new();
+        for _ in 0..16 {
+            let c = bounded(10, builder.connect(addr)).await.unwrap();
+            assert_eq!(c.transport(), Transport::SmcD);
+            clients.push(c);
+        }
+        for round in 0..3u8 {
+            let rounds = clients.iter_mut().enumerate().map(|(k, c)| async move {
+                for i in 0..100u8 {
+                    let msg = [i ^ round ^ k as u8; 14];
+                    c.write_all(&msg).await.unwrap();
+                    let mut b = [0u8; 14];
+                    c.read_exact(&mut b).await.unwrap();
+                    assert_eq!(b, msg);
+                }
+            });
+            bounded(10, futures::future::join_all(rounds)).await;
+            // Longer than either window: the driver arms its doorbell and sleeps.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        drop(clients);
+        echo.abort();
+    }
+}

@@ -233,6 +233,7 @@ fn cause_code(c: HandbackCause) -> u8 {
 }
 
 /// Adaptive polling, one connection's part: whether its reader polls when it finds nothing.
+/// (A link group's driver keeps one too, for its own waits between batches of work.)
 /// A poll is for one wait and lasts at most the budget from the wait's start; a reader polls
 /// (its task stays runnable and looks again on the runtime's next turn, after the thread's
 /// other tasks) instead of sleeping on the doorbell. Whether it polls follows what polling
@@ -243,7 +244,7 @@ fn cause_code(c: HandbackCause) -> u8 {
 /// a connection whose doorbell wake-ups alone exceeded the budget could never come back to
 /// polling, and HTTP with one connection ran at 7 or 97 us per request depending on its start.)
 #[derive(Debug, Default)]
-struct WaitClock {
+pub(crate) struct WaitClock {
     /// Polling budget in nanoseconds (0: off).
     budget: u64,
     /// When the reader started waiting ([`clock_ns`](crate::smc::group::clock_ns)).
@@ -262,9 +263,14 @@ struct WaitClock {
 const MAX_POLL_BACKOFF: u32 = 64;
 
 impl WaitClock {
+    /// A clock with this polling budget (0: never polls).
+    pub(crate) fn new(budget: std::time::Duration) -> WaitClock {
+        WaitClock { budget: u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX), ..WaitClock::default() }
+    }
+
     /// The reader waits (again) at `now` ([`clock_ns`](crate::smc::group::clock_ns)): returns
     /// until when to poll, if this wait polls and its budget is not spent.
-    fn poll_until(&mut self, now: u64) -> Option<u64> {
+    pub(crate) fn poll_until(&mut self, now: u64) -> Option<u64> {
         if self.budget == 0 {
             return None;
         }
@@ -293,7 +299,7 @@ impl WaitClock {
     }
 
     /// Data arrived for a waiting reader: the wait ends. If it was polling, polling worked.
-    fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         if self.since.take().is_some() && self.polling {
             self.backoff = 0;
         }
@@ -375,10 +381,7 @@ impl SmcConn {
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
                 rx_max_set: false,
-                wait: WaitClock {
-                    budget: u64::try_from(cfg.adaptive_poll.as_nanos()).unwrap_or(u64::MAX),
-                    ..WaitClock::default()
-                },
+                wait: WaitClock::new(cfg.adaptive_poll),
                 handback: Handback::Smc,
                 shutdown_after_handback: false,
             }),

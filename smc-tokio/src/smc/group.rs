@@ -72,6 +72,9 @@ pub(crate) struct LinkGroup {
     /// messages in order even when several tasks (on several threads) call `progress`.
     dispatch: Mutex<Vec<[u8; CDC_MSG_LEN]>>,
     idle_timeout: Duration,
+    /// Group polling: after the driver dispatched work, it keeps looking at the link (runnable,
+    /// the doorbell disarmed) for this long before it arms the doorbell and sleeps (0: never).
+    poll_window: Duration,
     /// Set once the driver ran its teardown; the manager forgets dead groups.
     finished: AtomicBool,
     /// Woken when the group is established or fails.
@@ -92,6 +95,15 @@ pub(crate) struct LinkGroup {
     pollers: std::sync::atomic::AtomicUsize,
     /// The driver's waker while it waits.
     driver_waker: Mutex<Option<Waker>>,
+}
+
+/// A link group's clocks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupTimes {
+    /// How long the group lives without connections.
+    pub(crate) idle_timeout: Duration,
+    /// Its driver's polling budget between batches of work (the adaptive polling budget).
+    pub(crate) poll_window: Duration,
 }
 
 /// Keeps a link group from idling out while a handshake that names it runs.
@@ -124,9 +136,10 @@ impl LinkGroup {
         rmb_count: u32,
         tx_rmb_size: u32,
         tx_rmb_capacity: u32,
-        idle_timeout: Duration,
+        times: GroupTimes,
         manager: Arc<Manager>,
     ) -> Arc<LinkGroup> {
+        let GroupTimes { idle_timeout, poll_window } = times;
         let n = rmb_count.min(1 << 16) as usize;
         Arc::new(LinkGroup {
             id,
@@ -147,6 +160,7 @@ impl LinkGroup {
             cdc_waiters: Mutex::new(Vec::new()),
             dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
             idle_timeout,
+            poll_window,
             finished: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
             pins: std::sync::atomic::AtomicUsize::new(0),
@@ -661,11 +675,22 @@ fn rescue(group: Arc<LinkGroup>) -> Result<(), &'static str> {
 /// driver (see [`rescue`]).
 async fn drive(group: Arc<LinkGroup>, rescued: bool) {
     let mut guard = DriverGuard { group, done: false, rescued };
-    drive_until_done(&guard.group).await;
+    drive_until_done(&guard.group, rescued).await;
     guard.done = true;
 }
 
-async fn drive_until_done(group: &Arc<LinkGroup>) {
+/// The link failed (or its peer is gone): the group ends.
+fn end_on_error(group: &LinkGroup, e: LinkError) {
+    if matches!(e, LinkError::PeerGone | LinkError::Io(..)) {
+        // The peer (or the link) is done, but what it published before is good: dispatch all
+        // of it, so its connections read every byte, before they learn the end.
+        group.drain();
+    }
+    group.fail(e);
+}
+
+/// `rescued`: on the rescue runtime, whose thread serves no connection of the group.
+async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
     let Some(link) = group.link.get().cloned() else {
         return;
     };
@@ -673,12 +698,23 @@ async fn drive_until_done(group: &Arc<LinkGroup>) {
     // While readers poll, the driver looks again when their polling ends at the latest, so a
     // reader that went to sleep meanwhile is never left without an armed doorbell.
     let mut poll_end = Box::pin(tokio::time::sleep(Duration::ZERO));
+    // Group polling, only where the driver shares its thread with the connections it serves
+    // (not on the rescue thread, which would only burn): on a multi-threaded runtime a task that stays runnable keeps a worker from parking and is
+    // stolen between workers, and `smcperf --runtime multi` measured fewer doorbells but more
+    // sleeps and no gain. Its waits follow the readers' rule (`WaitClock`): a wait that
+    // saw work come keeps the group polling, one that ran out makes the next 1, 2, 4, ... 64
+    // arm at once, so a group whose peer is slow or sporadic costs little.
+    let current_thread = !rescued
+        && tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    let mut wait = crate::smc::conn::WaitClock::new(if current_thread { group.poll_window } else { Duration::ZERO });
     loop {
         let (dispatched, more) = group.progress();
         if !group.is_alive() {
             return;
         }
         if dispatched > 0 || more {
+            wait.end();
             // Let the connections just woken run (and answer) before this task re-arms the
             // doorbell; it also bounds the work per turn when more frames wait, and lets another
             // dispatcher finish.
@@ -686,6 +722,18 @@ async fn drive_until_done(group: &Arc<LinkGroup>) {
             if more {
                 continue;
             }
+        }
+        // Group polling: after a batch of work the next is likely on its way (many connections
+        // answering one another), so look again on the runtime's next turn with the doorbell
+        // disarmed: the peer sends without ringing, and this thread does not sleep and wake
+        // for it. A budget without work ends the wait's polling, and the doorbell is armed.
+        if wait.poll_until(clock_ns()).is_some() {
+            match std::future::poll_fn(|cx| Poll::Ready(link.poll_event_unarmed(cx))).await {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return end_on_error(group, e),
+                Poll::Pending => tokio::task::yield_now().await,
+            }
+            continue;
         }
         let ev = std::future::poll_fn(|cx| {
             // Adaptive polling: while readers poll for replies they expect soon, leave the
@@ -719,18 +767,11 @@ async fn drive_until_done(group: &Arc<LinkGroup>) {
             }
         })
         .await;
+        // Whatever woke it, that wait is over.
+        wait.end();
         match ev {
             Some(Ok(())) => {}
-            Some(Err(e)) => {
-                if matches!(e, LinkError::PeerGone | LinkError::Io(..)) {
-                    // The peer (or the link) is done, but what it published before is good:
-                    // dispatch all of it, so its connections read every byte, before they
-                    // learn the end.
-                    group.drain();
-                }
-                group.fail(e);
-                return;
-            }
+            Some(Err(e)) => return end_on_error(group, e),
             None => match group.idle_check() {
                 Ok(()) => {
                     tracing::debug!(id = group.id, "idle link group torn down");

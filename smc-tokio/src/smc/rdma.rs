@@ -20,7 +20,7 @@ use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::{PendingConn, SmcConn};
-use crate::smc::group::{LinkGroup, Role};
+use crate::smc::group::{GroupTimes, LinkGroup, Role};
 use crate::smc::manager::Manager;
 
 type PeerKey = ([u8; 16], u32);
@@ -334,7 +334,7 @@ fn client_conn_create_blocking(
                 cfg.shm.rmbs_per_group,
                 a.rmb_size,
                 a.rmb_size,
-                cfg.shm.idle_timeout,
+                GroupTimes { idle_timeout: cfg.shm.idle_timeout, poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
             group.establish(link.clone()).map_err(|_| DeclineReason::Internal)?;
@@ -462,7 +462,7 @@ fn server_conn_create_blocking(
                 cfg.shm.rmbs_per_group,
                 p.rmb_size,
                 p.rmb_size,
-                cfg.shm.idle_timeout.max(timeout),
+                GroupTimes { idle_timeout: cfg.shm.idle_timeout.max(timeout), poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
             (group, link)

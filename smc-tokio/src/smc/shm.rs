@@ -25,7 +25,7 @@ use crate::link::Link;
 use crate::proto::clc::{DeclineReason, Proposal, Secret, ShmLinkInfo, ShmOffer, SHM_SOCKET_NAME_MAX};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
-use crate::smc::group::{GroupPin, LinkGroup, Role};
+use crate::smc::group::{GroupPin, GroupTimes, LinkGroup, Role};
 use crate::smc::manager::Manager;
 use crate::smc::ClientIdentity;
 use crate::sys;
@@ -295,7 +295,7 @@ impl Manager {
                     layout.rmb_count,
                     our_rmb_size,
                     capacity,
-                    cfg.idle_timeout,
+                    GroupTimes { idle_timeout: cfg.idle_timeout, poll_window: cfg.adaptive_poll },
                     self.clone(),
                 );
                 group.establish(Arc::new(link)).map_err(|_| DeclineReason::Internal)?;
@@ -380,7 +380,10 @@ impl Manager {
                         layout.rmb_count,
                         cfg.rmb_size,
                         cfg.get_rmb_max(),
-                        cfg.idle_timeout.max(handshake_timeout),
+                        GroupTimes {
+                            idle_timeout: cfg.idle_timeout.max(handshake_timeout),
+                            poll_window: cfg.adaptive_poll,
+                        },
                         self.clone(),
                     );
                     s.groups.insert(

@@ -48,6 +48,7 @@ pub(crate) fn combine(runs: Vec<Measure>) -> Measure {
         errors: runs.iter().map(|m| m.errors).sum(),
         cpu_us_per_op: pick(|m| m.cpu_us_per_op),
         doorbells_per_op: pick(|m| m.doorbells_per_op),
+        sleeps_per_op: pick(|m| m.sleeps_per_op),
         steal_pct: pick(|m| m.steal_pct),
         // Each percentile step's median over the runs.
         quantiles: (0..runs.iter().map(|m| m.quantiles.len()).min().unwrap_or(0))
@@ -147,7 +148,7 @@ pub(crate) fn vs_machine(row: &Row, limits: &Limits) -> Option<f64> {
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
     println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>6} {:>6} {:>9}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>9}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -160,6 +161,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
         "MB/s",
         "cpu_us/op",
         "bells/op",
+        "sleeps/op",
         "errors",
         "steal%",
         "machine"
@@ -187,7 +189,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (_, None) => "-".into(),
         };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>6} {:>6.0} {:>9}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>9}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -200,6 +202,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             r.m.bytes_per_s / 1e6,
             r.m.cpu_us_per_op,
             r.m.doorbells_per_op,
+            r.m.sleeps_per_op,
             r.m.errors,
             r.m.steal_pct,
             machine,
@@ -226,6 +229,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "errors": r.m.errors,
                 "cpu_us_per_op": r.m.cpu_us_per_op,
                 "doorbells_per_op": r.m.doorbells_per_op,
+                "sleeps_per_op": r.m.sleeps_per_op,
                 "steal_pct": r.m.steal_pct,
                 "runs": r.per_run.len(),
                 "ratio_vs_tcp": ratio(r, rows).map(|x| x.median),

@@ -48,6 +48,9 @@ pub(crate) struct Measure {
     /// Shared-memory doorbells rung per operation (`Stats::doorbells`), over the whole run as
     /// the CPU is.
     pub(crate) doorbells_per_op: f64,
+    /// Times a thread of this process slept per operation (voluntary context switches; in
+    /// `local`, both sides): each is a wake-up someone paid for, whatever the transport.
+    pub(crate) sleeps_per_op: f64,
     /// The share of the machine's CPU time its hypervisor took during the run, in percent
     /// (`/proc/stat`'s steal): a run with much of it measured a slower machine.
     pub(crate) steal_pct: f64,
@@ -55,16 +58,18 @@ pub(crate) struct Measure {
     pub(crate) quantiles: Vec<f64>,
 }
 
-/// This process's CPU time so far (user + system), from `getrusage(RUSAGE_SELF)`.
-pub(crate) fn cpu_time() -> Duration {
+/// This process's CPU time so far (user + system) and the times its threads slept waiting for
+/// something (voluntary context switches: an `epoll_wait` or a futex wait that blocked), from
+/// `getrusage(RUSAGE_SELF)`.
+pub(crate) fn cpu_time() -> (Duration, u64) {
     // SAFETY: rusage is plain data; all-zero is valid.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `u` is valid for writes; RUSAGE_SELF needs nothing else.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return Duration::ZERO;
+        return (Duration::ZERO, 0);
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(u.ru_utime) + tv(u.ru_stime)
+    (tv(u.ru_utime) + tv(u.ru_stime), u64::try_from(u.ru_nvcsw).unwrap_or(0))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,6 +260,7 @@ pub(crate) async fn measure(
         errors,
         cpu_us_per_op: 0.0,
         doorbells_per_op: 0.0,
+        sleeps_per_op: 0.0,
         steal_pct: 0.0,
         quantiles: plot::quantiles(&all),
     })
@@ -283,7 +289,9 @@ pub(crate) async fn run_case(
     // in the measured window scaled to the run's length.
     let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
     if ops > 0.0 {
-        m.cpu_us_per_op = (cpu_time() - cpu0).as_secs_f64() * 1e6 / ops;
+        let (cpu1, sleeps1) = cpu_time();
+        m.cpu_us_per_op = (cpu1 - cpu0.0).as_secs_f64() * 1e6 / ops;
+        m.sleeps_per_op = sleeps1.saturating_sub(cpu0.1) as f64 / ops;
         // Doorbells this process rang (in `local`, both sides), per operation, likewise.
         m.doorbells_per_op = (smc_tokio::stats().doorbells[0] - bells0) as f64 / ops;
     }
