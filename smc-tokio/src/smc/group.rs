@@ -728,10 +728,26 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         // disarmed: the peer sends without ringing, and this thread does not sleep and wake
         // for it. A budget without work ends the wait's polling, and the doorbell is armed.
         if wait.poll_until(clock_ns()).is_some() {
-            match std::future::poll_fn(|cx| Poll::Ready(link.poll_event_unarmed(cx))).await {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return end_on_error(group, e),
-                Poll::Pending => tokio::task::yield_now().await,
+            // One look per poll of the task: it wakes itself and returns `Pending`, as a
+            // polling reader does, so it runs again after the thread's other tasks without
+            // making the runtime poll its reactor on every turn (`yield_now` would).
+            let mut looked = false;
+            let ev = std::future::poll_fn(|cx| {
+                if looked {
+                    return Poll::Ready(None);
+                }
+                looked = true;
+                match link.poll_event_unarmed(cx) {
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                    Poll::Pending => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                }
+            })
+            .await;
+            if let Some(Err(e)) = ev {
+                return end_on_error(group, e);
             }
             continue;
         }
