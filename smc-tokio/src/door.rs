@@ -1240,7 +1240,7 @@ enum Found {
 }
 
 impl ClientDoors {
-    /// A registration slot on the door `name`: on an open connection of this runtime with
+    /// A registration slot on the door `at`: on an open connection of this runtime with
     /// room in its window, or on a new one (`probe`: an unconnected socket to connect with,
     /// taken and given back).
     fn open(&self, counters: &Counters, at: DoorAt, allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
@@ -1369,64 +1369,78 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
     let mut found = Lookup { doors: Vec::new(), busy: false, full: None, starved: false };
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
+    if look_at(doors, counters, dst, allowed_uids, &mut probe, &mut found).is_break() {
+        return found;
+    }
     // A listener bound to exactly `dst` takes the connection before any wildcard one does, so
     // the wildcards of a local address are looked at only when it has no door (and asked
     // whether the address is local only then).
-    let mut addrs = [Some(dst), None, None];
-    for i in 0..addrs.len() {
-        if i > 0 && !found.doors.is_empty() {
-            break;
-        }
-        if i == 1 {
-            if !sys::is_local_ip(dst.ip()) {
+    if found.doors.is_empty() && sys::is_local_ip(dst.ip()) {
+        let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), dst.port());
+        let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port());
+        let wildcards = [(dst.is_ipv4() && v4 != dst).then_some(v4), (v6 != dst).then_some(v6)];
+        for addr in wildcards.into_iter().flatten() {
+            if !found.doors.is_empty()
+                || look_at(doors, counters, addr, allowed_uids, &mut probe, &mut found).is_break()
+            {
                 break;
-            }
-            let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), dst.port());
-            let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port());
-            addrs[1] = (dst.is_ipv4() && v4 != dst).then_some(v4);
-            addrs[2] = (v6 != dst).then_some(v6);
-        }
-        let Some(addr) = addrs[i] else { continue };
-        let places = std::iter::once(None).chain((0..MAX_DOORS).map(Some));
-        for (index, place) in places.enumerate() {
-            match doors.open(counters, DoorAt { addr, index: place }, allowed_uids, &mut probe) {
-                Found::Door(reg) => {
-                    found.doors.push(reg);
-                    if index == 0 {
-                        // A solo listener has no siblings.
-                        break;
-                    }
-                }
-                Found::Starved => {
-                    found.starved = true;
-                    return found;
-                }
-                // A door with a full queue (its listener is swamped), or no room left on our
-                // connections to it: nowhere to register. Not only at that door: the
-                // connection may land on its listener, which would not know it, and a
-                // registration at the others would wait out its timeout.
-                Found::Busy => {
-                    found.doors.clear();
-                    found.busy = true;
-                    return found;
-                }
-                Found::Full(room) => {
-                    found.doors.clear();
-                    found.full = Some(room);
-                    return found;
-                }
-                Found::Untrusted => {}
-                // No solo door: look for a reuseport group's. No door at an index: the group
-                // ends here.
-                Found::Absent => {
-                    if index > 0 {
-                        break;
-                    }
-                }
             }
         }
     }
     found
+}
+
+/// Looks at the doors of a listener bound to `addr` (its solo door, else its reuseport group's),
+/// adding a registration slot at each trusted one to `found`. `Break`: the look-up is over
+/// (`found` says why: busy, full or starved).
+fn look_at(
+    doors: &ClientDoors,
+    counters: &Counters,
+    addr: SocketAddr,
+    allowed_uids: &[u32],
+    probe: &mut Option<OwnedFd>,
+    found: &mut Lookup,
+) -> std::ops::ControlFlow<()> {
+    use std::ops::ControlFlow::{Break, Continue};
+    let places = std::iter::once(None).chain((0..MAX_DOORS).map(Some));
+    for (index, place) in places.enumerate() {
+        match doors.open(counters, DoorAt { addr, index: place }, allowed_uids, probe) {
+            Found::Door(reg) => {
+                found.doors.push(reg);
+                if index == 0 {
+                    // A solo listener has no siblings.
+                    break;
+                }
+            }
+            Found::Starved => {
+                found.starved = true;
+                return Break(());
+            }
+            // A door with a full queue (its listener is swamped), or no room left on our
+            // connections to it: nowhere to register. Not only at that door: the connection
+            // may land on its listener, which would not know it, and a registration at the
+            // others would wait out its timeout.
+            Found::Busy => {
+                found.doors.clear();
+                found.busy = true;
+                return Break(());
+            }
+            Found::Full(room) => {
+                found.doors.clear();
+                found.full = Some(room);
+                return Break(());
+            }
+            Found::Untrusted => {}
+            // No solo door: look for a reuseport group's. No door at an index: the group ends
+            // here.
+            Found::Absent => {
+                if index > 0 {
+                    break;
+                }
+            }
+        }
+    }
+    Continue(())
 }
 
 impl Lookup {

@@ -698,16 +698,17 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
     // While readers poll, the driver looks again when their polling ends at the latest, so a
     // reader that went to sleep meanwhile is never left without an armed doorbell.
     let mut poll_end = Box::pin(tokio::time::sleep(Duration::ZERO));
-    // Group polling, only where the driver shares its thread with the connections it serves
-    // (not on the rescue thread, which would only burn): on a multi-threaded runtime a task that stays runnable keeps a worker from parking and is
-    // stolen between workers, and `smcperf --runtime multi` measured fewer doorbells but more
-    // sleeps and no gain. Its waits follow the readers' rule (`WaitClock`): a wait that
-    // saw work come keeps the group polling, one that ran out makes the next 1, 2, 4, ... 64
-    // arm at once, so a group whose peer is slow or sporadic costs little.
-    let current_thread = !rescued
+    // Group polling, only where the driver shares its thread with the connections it serves:
+    // not on the rescue thread, which would only burn, nor on a multi-threaded runtime, where a
+    // task that stays runnable keeps a worker from parking and is stolen between workers
+    // (`smcperf --runtime multi` measured fewer doorbells but more sleeps and no gain). Its
+    // waits follow the readers' rule (`WaitClock`): a wait that saw work come keeps the group
+    // polling, one that ran out makes the next 1, 2, 4, ... 64 arm at once, so a group whose
+    // peer is slow or sporadic costs little.
+    let polls = !rescued
         && tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
-    let mut wait = crate::smc::conn::WaitClock::new(if current_thread { group.poll_window } else { Duration::ZERO });
+    let mut wait = crate::smc::conn::WaitClock::new(if polls { group.poll_window } else { Duration::ZERO });
     loop {
         let (dispatched, more) = group.progress();
         if !group.is_alive() {

@@ -273,7 +273,7 @@ pub(crate) async fn run_case(
     case: Case,
     dur: Duration,
 ) -> io::Result<Measure> {
-    let (cpu0, t0, bells0) = (cpu_time(), Instant::now(), smc_tokio::stats().doorbells[0]);
+    let ((cpu0, sleeps0), t0, bells0) = (cpu_time(), Instant::now(), smc_tokio::stats().doorbells[0]);
     let ticks0 = machine::cpu_ticks();
     let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
@@ -290,8 +290,8 @@ pub(crate) async fn run_case(
     let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
     if ops > 0.0 {
         let (cpu1, sleeps1) = cpu_time();
-        m.cpu_us_per_op = (cpu1 - cpu0.0).as_secs_f64() * 1e6 / ops;
-        m.sleeps_per_op = sleeps1.saturating_sub(cpu0.1) as f64 / ops;
+        m.cpu_us_per_op = (cpu1 - cpu0).as_secs_f64() * 1e6 / ops;
+        m.sleeps_per_op = sleeps1.saturating_sub(sleeps0) as f64 / ops;
         // Doorbells this process rang (in `local`, both sides), per operation, likewise.
         m.doorbells_per_op = (smc_tokio::stats().doorbells[0] - bells0) as f64 / ops;
     }
