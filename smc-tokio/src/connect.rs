@@ -305,17 +305,19 @@ async fn unregistered(
 }
 
 /// The doors for `addr`, with a registration slot at each. When this runtime's door
-/// connections to one carry all the registrations they may, waits (up to
-/// [`door::ROOM_WAIT`]) for one to end, before anything is connected: the connection waits
-/// here rather than in the listener's SYN queue. Past the wait, nothing is found (busy).
+/// connections to one carry all the registrations they may, waits in line (first come, first
+/// served) for one to end, before anything is connected: the connection waits here rather
+/// than in the listener's SYN queue. It waits while the line moves, up to its handshake
+/// timeout ([`door::Room::wait`]); past that, nothing is found (busy).
 async fn find_room(ctx: &Context, addr: SocketAddr, cfg: &Settings) -> door::Lookup {
-    let deadline = tokio::time::Instant::now() + door::ROOM_WAIT;
+    let deadline = tokio::time::Instant::now() + cfg.handshake_timeout;
+    let mut reserved = None;
     loop {
-        let found = door::find_doors(ctx.doors(), ctx.counters(), addr, &cfg.shm.allowed_uids);
+        let found = door::find_doors(ctx.doors(), ctx.counters(), addr, &cfg.shm.allowed_uids, reserved.take());
         let Some(room) = found.room() else { return found };
-        // A registration that ended since the look-up left a permit: no wake-up is lost.
-        if tokio::time::timeout_at(deadline, room.notified()).await.is_err() {
-            return found;
+        match room.wait(deadline).await {
+            Some(place) => reserved = Some(place),
+            None => return found,
         }
     }
 }

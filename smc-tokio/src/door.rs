@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
@@ -111,16 +112,21 @@ const WINDOW: usize = 64;
 
 /// Door connections a client keeps to one door from one runtime, at most: [`WINDOW`] times
 /// this many registrations in flight, 1024, the listener's default handshake slots and listen
-/// backlog. A connection beyond them waits for room ([`ROOM_WAIT`]) before it connects, in
-/// our queue instead of the listener's SYN queue: with 10 000 clients connecting at once,
-/// letting all of them register made their connects overflow the listener's backlog (SYNs
-/// dropped, connects of 1 to 7 s, the handshakes waiting on them holding every slot: 16% of
-/// connections over SMC-D), and sending the excess to TCP at once did the same (4%).
+/// backlog. A connection beyond them waits in line for room ([`Room::wait`]) before it
+/// connects, in our queue instead of the listener's SYN queue: with 10 000 clients connecting
+/// at once, letting all of them register made their connects overflow the listener's backlog
+/// (SYNs dropped, connects of 1 to 7 s, the handshakes waiting on them holding every slot: 16%
+/// of connections over SMC-D), and sending the excess to TCP at once did the same (4%).
 const CLIENT_POOL: usize = 16;
 
-/// How long a connection waits for room on its door connections (see [`CLIENT_POOL`]) before
-/// it connects as plain TCP: as long as a sender waits for room on one ([`SEND_WAIT`]).
-pub(crate) const ROOM_WAIT: Duration = SEND_WAIT;
+/// How long the line for room on a pool of door connections may stand still (no registration
+/// on it ending) before a connection waiting in it connects as plain TCP: as long as a sender
+/// waits for room on one ([`SEND_WAIT`]). A line that moves is waited in for up to the
+/// connection's handshake timeout: with 10 000 clients connecting at once, each waits its turn
+/// for about 0.7 s on this project's 2-CPU test machine (the listener takes 12 000 connections
+/// a second), and a fixed one-second wait sent 35-40% of them to TCP, whose connects then
+/// waited out SYN retransmits instead (smcperf crr, 10 000 clients).
+const ROOM_WAIT: Duration = SEND_WAIT;
 
 /// The send buffer asked for on the server's end of a door connection. The kernel caps it at
 /// `net.core.wmem_max` (212 992 by default) and doubles it (socket(7)): at least 416 KiB,
@@ -1098,11 +1104,76 @@ type DoorKey = (DoorAt, tokio::runtime::Id);
 type DoorMap = Mutex<HashMap<DoorKey, Pool>>;
 
 /// A client's door connections to one door from one runtime.
-#[derive(Default)]
 struct Pool {
     conns: Vec<Arc<ClientConn>>,
-    /// Woken when a registration on one of them ends (room in its window) or one dies.
-    room: Arc<tokio::sync::Notify>,
+    room: Arc<Room>,
+}
+
+/// Registrations one pool carries at once: a full window on each of its connections.
+const POOL_PERMITS: usize = WINDOW * CLIENT_POOL;
+
+/// The room on a pool of door connections: a permit per registration it may carry, each held
+/// by a registration ([`Place`]), and a count of registrations that ended (the line moving).
+pub(crate) struct Room {
+    /// Tokio's semaphore is fair: a permit given back goes to the connection that has waited
+    /// longest, never to one that arrived since, so that under a flood the wait for room is
+    /// first come, first served, not a lottery that some lose.
+    permits: Arc<Semaphore>,
+    ended: AtomicU64,
+}
+
+impl Room {
+    fn new() -> Arc<Room> {
+        Arc::new(Room { permits: Arc::new(Semaphore::new(POOL_PERMITS)), ended: AtomicU64::new(0) })
+    }
+
+    /// A place now, or `None` when the pool is full or others wait before us.
+    fn try_take(self: &Arc<Self>) -> Option<Place> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some(Place { room: self.clone(), _permit: permit })
+    }
+
+    /// Waits in line for a place: while the line moves (a registration ended within
+    /// [`ROOM_WAIT`]), until `deadline`. `None`: the line stood still or the deadline passed.
+    pub(crate) async fn wait(self: &Arc<Self>, deadline: tokio::time::Instant) -> Option<Place> {
+        let acquire = self.permits.clone().acquire_owned();
+        tokio::pin!(acquire);
+        // `Relaxed`: a count read to see whether it changed; nothing is published with it.
+        let mut seen = self.ended.load(Ordering::Relaxed);
+        loop {
+            let look = deadline.min(tokio::time::Instant::now() + ROOM_WAIT);
+            match tokio::time::timeout_at(look, &mut acquire).await {
+                Ok(permit) => return permit.ok().map(|permit| Place { room: self.clone(), _permit: permit }),
+                Err(_) => {
+                    let ended = self.ended.load(Ordering::Relaxed);
+                    if ended == seen || tokio::time::Instant::now() >= deadline {
+                        return None;
+                    }
+                    seen = ended;
+                }
+            }
+        }
+    }
+}
+
+/// A registration's place in its pool ([`Room`]): given back to the longest waiter when the
+/// registration ends.
+pub(crate) struct Place {
+    room: Arc<Room>,
+    /// Given back after `drop` has counted the registration's end.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Place {
+    fn of(&self, room: &Arc<Room>) -> bool {
+        Arc::ptr_eq(&self.room, room)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.room.ended.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Pool>> {
@@ -1117,8 +1188,6 @@ struct ClientConn {
     /// Its reader stopped (the door closed, the runtime ended, or it idled out): it takes no
     /// more registrations.
     dead: AtomicBool,
-    /// Its pool's: woken when a registration ends here.
-    room: Arc<tokio::sync::Notify>,
 }
 
 impl ClientConn {
@@ -1141,11 +1210,11 @@ impl ClientConn {
 
     fn die(&self) {
         self.dead.store(true, Ordering::Release);
+        // Its registrations end with their inboxes, giving their permits back: a dead
+        // connection leaves room for a new one in the pool.
         for (_, inbox) in self.inboxes().drain() {
             inbox.close();
         }
-        // A dead connection leaves room for a new one in the pool.
-        self.room.notify_waiters();
     }
 
     /// Reads every message queued (without waiting) into its registration's inbox. `Ok(())`:
@@ -1230,9 +1299,9 @@ enum Found {
     Absent,
     /// A door with a full queue.
     Busy,
-    /// Every door connection this runtime may have to the door carries a full window: room is
-    /// announced on this.
-    Full(Arc<tokio::sync::Notify>),
+    /// Every door connection this runtime may have to the door carries a full window: a place
+    /// is waited for in line here.
+    Full(Arc<Room>),
     /// A door owned by an untrusted uid.
     Untrusted,
     /// No descriptor or memory to look.
@@ -1242,24 +1311,40 @@ enum Found {
 impl ClientDoors {
     /// A registration slot on the door `at`: on an open connection of this runtime with
     /// room in its window, or on a new one (`probe`: an unconnected socket to connect with,
-    /// taken and given back).
-    fn open(&self, counters: &Counters, at: DoorAt, allowed_uids: &[u32], probe: &mut Option<OwnedFd>) -> Found {
+    /// taken and given back; `reserved`: a place waited for, used if it is this door's).
+    fn open(
+        &self,
+        counters: &Counters,
+        at: DoorAt,
+        allowed_uids: &[u32],
+        probe: &mut Option<OwnedFd>,
+        reserved: &mut Option<Place>,
+    ) -> Found {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return Found::Absent };
         let key = (at, rt.id());
         let mut map = lock_map(&self.0);
-        let room = match map.get_mut(&key) {
+        let (room, place) = match map.get_mut(&key) {
             Some(pool) => {
                 pool.conns.retain(|c| !c.dead.load(Ordering::Acquire));
+                let Some(place) = reserved.take_if(|p| p.of(&pool.room)).or_else(|| pool.room.try_take()) else {
+                    return Found::Full(pool.room.clone());
+                };
+                // Every registration holds a place, so a place finds a connection with room,
+                // or room for a new one (unless one died since the look: rare, waited out).
                 if let Some(conn) = pool.conns.iter().find(|c| c.has_room()) {
                     let (id, inbox) = conn.open_inbox();
-                    return Found::Door(Reg { conn: conn.clone(), id, inbox, open: false });
+                    return Found::Door(Reg { conn: conn.clone(), id, inbox, open: false, _place: place });
                 }
                 if pool.conns.len() >= CLIENT_POOL {
                     return Found::Full(pool.room.clone());
                 }
-                pool.room.clone()
+                (pool.room.clone(), place)
             }
-            None => Arc::default(),
+            None => {
+                let room = Room::new();
+                let Some(place) = room.try_take() else { return Found::Full(room) };
+                (room, place)
+            }
         };
         let fd = match probe.take() {
             Some(fd) => fd,
@@ -1304,12 +1389,11 @@ impl ClientDoors {
             next_id: AtomicU64::new(1),
             inboxes: Mutex::default(),
             dead: AtomicBool::new(false),
-            room: room.clone(),
         });
         let (id, inbox) = conn.open_inbox();
         map.entry(key).or_insert_with(|| Pool { conns: Vec::new(), room }).conns.push(conn.clone());
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
-        Found::Door(Reg { conn, id, inbox, open: false })
+        Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }
 }
 
@@ -1329,12 +1413,13 @@ struct Reg {
     inbox: Arc<Inbox>,
     /// Sent, and not settled: dropping it sends a Cancel.
     open: bool,
+    /// Its place in the pool, given back (to the longest waiter) after `drop` has run.
+    _place: Place,
 }
 
 impl Drop for Reg {
     fn drop(&mut self) {
         self.conn.inboxes().remove(&self.id);
-        self.conn.room.notify_one();
         if self.open {
             // Without waiting: a Cancel that finds no room is replaced by the server's own
             // bound (the registration goes stale, the handshake times out).
@@ -1358,18 +1443,28 @@ pub(crate) struct Lookup {
     doors: Vec<Reg>,
     /// A door had a full queue.
     busy: bool,
-    /// Our connections to a door had no room: announced on this.
-    full: Option<Arc<tokio::sync::Notify>>,
+    /// Our connections to a door had no room: a place is waited for here.
+    full: Option<Arc<Room>>,
     /// The look-up stopped for want of a descriptor or memory.
     starved: bool,
 }
 
-pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAddr, allowed_uids: &[u32]) -> Lookup {
+///
+/// `reserved`: a place waited for after an earlier look found a door's pool full (see
+/// [`Lookup::room`]), used at that door instead of a new one.
+pub(crate) fn find_doors(
+    doors: &ClientDoors,
+    counters: &Counters,
+    dst: SocketAddr,
+    allowed_uids: &[u32],
+    mut reserved: Option<Place>,
+) -> Lookup {
     let dst = sys::unmap(dst);
     let mut found = Lookup { doors: Vec::new(), busy: false, full: None, starved: false };
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
-    if look_at(doors, counters, dst, allowed_uids, &mut probe, &mut found).is_break() {
+    let reserved = &mut reserved;
+    if look_at(doors, counters, dst, allowed_uids, &mut probe, reserved, &mut found).is_break() {
         return found;
     }
     // A listener bound to exactly `dst` takes the connection before any wildcard one does, so
@@ -1381,7 +1476,7 @@ pub(crate) fn find_doors(doors: &ClientDoors, counters: &Counters, dst: SocketAd
         let wildcards = [(dst.is_ipv4() && v4 != dst).then_some(v4), (v6 != dst).then_some(v6)];
         for addr in wildcards.into_iter().flatten() {
             if !found.doors.is_empty()
-                || look_at(doors, counters, addr, allowed_uids, &mut probe, &mut found).is_break()
+                || look_at(doors, counters, addr, allowed_uids, &mut probe, reserved, &mut found).is_break()
             {
                 break;
             }
@@ -1399,12 +1494,13 @@ fn look_at(
     addr: SocketAddr,
     allowed_uids: &[u32],
     probe: &mut Option<OwnedFd>,
+    reserved: &mut Option<Place>,
     found: &mut Lookup,
 ) -> std::ops::ControlFlow<()> {
     use std::ops::ControlFlow::{Break, Continue};
     let places = std::iter::once(None).chain((0..MAX_DOORS).map(Some));
     for (index, place) in places.enumerate() {
-        match doors.open(counters, DoorAt { addr, index: place }, allowed_uids, probe) {
+        match doors.open(counters, DoorAt { addr, index: place }, allowed_uids, probe, reserved) {
             Found::Door(reg) => {
                 found.doors.push(reg);
                 if index == 0 {
@@ -1444,9 +1540,9 @@ fn look_at(
 }
 
 impl Lookup {
-    /// When our connections to a door of the address had no room for the registration: what
-    /// announces room (a registration ended), to look again after.
-    pub(crate) fn room(&self) -> Option<Arc<tokio::sync::Notify>> {
+    /// When our connections to a door of the address had no room for the registration: the
+    /// room to wait in line at for a place, and look again with it.
+    pub(crate) fn room(&self) -> Option<Arc<Room>> {
         self.full.clone()
     }
 
@@ -1801,9 +1897,11 @@ mod tests {
     }
 
     /// A client keeps a window of registrations per door connection, opens another connection
-    /// when all it has are full, and past its pool of them says "full" until one ends.
+    /// when all it has are full, and past its pool of them says "full" until one ends; the room
+    /// a registration leaves goes to the connection that waited for it, not to one that
+    /// arrived since.
     #[tokio::test]
-    async fn a_client_spreads_registrations_over_a_bounded_pool() {
+    async fn a_client_spreads_registrations_over_a_bounded_pool_and_serves_waiters_in_turn() {
         // An address of this process's own: door names are abstract, so nothing is bound to it.
         let pid = std::process::id().to_be_bytes();
         let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, pid[1], pid[2], pid[3])), 9);
@@ -1813,9 +1911,10 @@ mod tests {
         let counters = Counters::default();
         // Our own uid is trusted without being listed.
         let uid: [u32; 0] = [];
+        let open = |reserved: &mut Option<Place>| doors.open(&counters, at, &uid, &mut None, reserved);
         let mut regs = Vec::new();
         for i in 0..WINDOW * CLIENT_POOL {
-            match doors.open(&counters, at, &uid, &mut None) {
+            match open(&mut None) {
                 Found::Door(reg) => regs.push(reg),
                 _ => panic!("registration {i} found no room"),
             }
@@ -1823,13 +1922,77 @@ mod tests {
         let conns: std::collections::HashSet<*const ClientConn> = regs.iter().map(|r| Arc::as_ptr(&r.conn)).collect();
         assert_eq!(conns.len(), CLIENT_POOL, "one connection per window");
         assert!(regs.iter().all(|r| r.conn.inboxes().len() == WINDOW));
-        let Found::Full(room) = doors.open(&counters, at, &uid, &mut None) else { panic!("room beyond the pool") };
-        // A registration that ends announces room, and makes room on its connection again.
+        let Found::Full(room) = open(&mut None) else { panic!("room beyond the pool") };
+        // A connection waits in line for room.
+        let far = tokio::time::Instant::now() + Duration::from_secs(60);
+        let waiter = tokio::spawn(async move { room.wait(far).await });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        // A registration that ends makes room on its connection; it goes to the waiter: one
+        // that looks for room now still finds none.
         let freed = Arc::as_ptr(&regs.pop().expect("one").conn);
-        tokio::time::timeout(Duration::from_secs(5), room.notified()).await.expect("room announced");
-        match doors.open(&counters, at, &uid, &mut None) {
+        assert!(matches!(open(&mut None), Found::Full(_)), "a newcomer took the waiter's room");
+        let place = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("room given to the waiter")
+            .expect("the waiter ran")
+            .expect("a place while the line moves");
+        // The waiter registers with it, on the connection that had room.
+        match open(&mut Some(place)) {
             Found::Door(reg) => assert_eq!(Arc::as_ptr(&reg.conn), freed),
-            _ => panic!("no room after a registration ended"),
+            _ => panic!("no room with the permit waited for"),
         }
+    }
+
+    /// A pool whose every place is held, for the tests of the line.
+    fn full_room() -> (Arc<Room>, Vec<Place>) {
+        let room = Room::new();
+        let held = std::iter::from_fn(|| room.try_take()).collect::<Vec<_>>();
+        assert_eq!(held.len(), POOL_PERMITS);
+        (room, held)
+    }
+
+    /// A line that stands still (no registration ends) sends its waiters to TCP after
+    /// ROOM_WAIT, however far their deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_line_that_stands_still_is_left() {
+        let (room, _held) = full_room();
+        let start = tokio::time::Instant::now();
+        assert!(room.wait(start + Duration::from_secs(60)).await.is_none());
+        assert_eq!(start.elapsed(), ROOM_WAIT);
+    }
+
+    /// A line that moves is waited in past ROOM_WAIT, and in order: the second in line gets
+    /// the second place given back, 1.8 s in; a deadline ends the wait even while it moves.
+    #[tokio::test(start_paused = true)]
+    async fn a_line_that_moves_is_waited_in_until_the_deadline() {
+        let (room, mut held) = full_room();
+        let start = tokio::time::Instant::now();
+        let far = start + Duration::from_secs(60);
+        let waiters: Vec<_> = (0..3)
+            .map(|i| {
+                let room = room.clone();
+                let deadline = if i == 2 { start + Duration::from_millis(2500) } else { far };
+                // Each waiter keeps its place (returned with the time it got it).
+                tokio::spawn(async move { room.wait(deadline).await.map(|place| (start.elapsed(), place)) })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        // A place given back every 0.9 s: the line moves, slower than ROOM_WAIT.
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            drop(held.pop());
+        }
+        let mut got = Vec::new();
+        let mut places = Vec::new();
+        for w in waiters {
+            let (at, place) = w.await.expect("the waiter ran").unzip();
+            got.push(at);
+            places.push(place);
+        }
+        assert_eq!(got[0], Some(Duration::from_millis(900)));
+        assert_eq!(got[1], Some(Duration::from_millis(1800)), "the second waiter left a moving line");
+        assert_eq!(got[2], None, "the third waiter outlived its deadline");
+        assert!(start.elapsed() <= Duration::from_millis(2800 + 1000), "{:?}", start.elapsed());
     }
 }
