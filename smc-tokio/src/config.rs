@@ -952,7 +952,9 @@ pub struct Settings {
     /// host (which can only propose in-band). Same-host clients never wait: they announce
     /// themselves at the listener's door before they connect.
     pub peek_timeout: Duration,
-    /// Bound on a handshake.
+    /// Bound on a handshake. A client with more than 1024 connections to one listener in
+    /// flight (from one runtime) also waits in line at most this long for one to end before it
+    /// connects, and goes plain TCP past it, or at once when the line stands still for a second.
     pub handshake_timeout: Duration,
     /// How long a client remembers a plain TCP server.
     pub negative_cache_ttl: Duration,
