@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
@@ -1117,33 +1117,38 @@ const POOL_PERMITS: usize = WINDOW * CLIENT_POOL;
 pub(crate) struct Room {
     /// Tokio's semaphore is fair: a permit given back goes to the connection that has waited
     /// longest, never to one that arrived since, so that under a flood the wait for room is
-    /// first come, first served, not a lottery that some lose.
-    permits: Arc<Semaphore>,
+    /// first come, first served, not a lottery that some lose. A [`Place`] holds one (taken
+    /// out of the semaphore's count, and added back when the place is dropped).
+    permits: Semaphore,
     ended: AtomicU64,
 }
 
 impl Room {
     fn new() -> Arc<Room> {
-        Arc::new(Room { permits: Arc::new(Semaphore::new(POOL_PERMITS)), ended: AtomicU64::new(0) })
+        Arc::new(Room { permits: Semaphore::new(POOL_PERMITS), ended: AtomicU64::new(0) })
     }
 
     /// A place now, or `None` when the pool is full or others wait before us.
     fn try_take(self: &Arc<Self>) -> Option<Place> {
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
-        Some(Place { room: self.clone(), _permit: permit })
+        self.permits.try_acquire().ok()?.forget();
+        Some(Place { room: self.clone() })
     }
 
     /// Waits in line for a place: while the line moves (a registration ended within
     /// [`ROOM_WAIT`]), until `deadline`. `None`: the line stood still or the deadline passed.
     pub(crate) async fn wait(self: &Arc<Self>, deadline: tokio::time::Instant) -> Option<Place> {
-        let acquire = self.permits.clone().acquire_owned();
+        let acquire = self.permits.acquire();
         tokio::pin!(acquire);
         // `Relaxed`: a count read to see whether it changed; nothing is published with it.
         let mut seen = self.ended.load(Ordering::Relaxed);
         loop {
             let look = deadline.min(tokio::time::Instant::now() + ROOM_WAIT);
             match tokio::time::timeout_at(look, &mut acquire).await {
-                Ok(permit) => return permit.ok().map(|permit| Place { room: self.clone(), _permit: permit }),
+                Ok(permit) => {
+                    // Never closed, so never an error.
+                    permit.ok()?.forget();
+                    return Some(Place { room: self.clone() });
+                }
                 Err(_) => {
                     let ended = self.ended.load(Ordering::Relaxed);
                     if ended == seen || tokio::time::Instant::now() >= deadline {
@@ -1160,8 +1165,6 @@ impl Room {
 /// registration ends.
 pub(crate) struct Place {
     room: Arc<Room>,
-    /// Given back after `drop` has counted the registration's end.
-    _permit: OwnedSemaphorePermit,
 }
 
 impl Place {
@@ -1173,6 +1176,7 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         self.room.ended.fetch_add(1, Ordering::Relaxed);
+        self.room.permits.add_permits(1);
     }
 }
 
@@ -1449,7 +1453,7 @@ pub(crate) struct Lookup {
     starved: bool,
 }
 
-///
+/// Looks for the doors of `dst` (see [`Lookup`]), with a registration slot at each.
 /// `reserved`: a place waited for after an earlier look found a door's pool full (see
 /// [`Lookup::room`]), used at that door instead of a new one.
 pub(crate) fn find_doors(
@@ -1940,7 +1944,7 @@ mod tests {
         // The waiter registers with it, on the connection that had room.
         match open(&mut Some(place)) {
             Found::Door(reg) => assert_eq!(Arc::as_ptr(&reg.conn), freed),
-            _ => panic!("no room with the permit waited for"),
+            _ => panic!("no room with the place waited for"),
         }
     }
 
