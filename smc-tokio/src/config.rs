@@ -482,9 +482,14 @@ impl ShmConfig {
         self
     }
 
-    /// How long the link group's driver spins on shared memory before it arms the doorbell and
-    /// sleeps. Trades a CPU for latency: a wake-up through a doorbell costs about 20 us between
-    /// cores on the development VM, a poll of shared memory well under 1 us. Off by default.
+    /// How long the link group's driver keeps looking at shared memory before it arms the
+    /// doorbell and sleeps, and a waiting reader spins before it polls or sleeps. Trades a CPU
+    /// for latency: a wake-up through a doorbell costs about 20 us between cores on the
+    /// development VM, a poll of shared memory well under 1 us. Off by default.
+    ///
+    /// Neither holds a thread from the tasks that share it: the driver looks once per turn of
+    /// the runtime (its other tasks run in between), and a reader spins inside its own poll for
+    /// at most 5 us of the budget, then goes on waiting through the runtime.
     ///
     /// # Examples
     ///

@@ -117,3 +117,81 @@ fn a_runtime_per_request_for_1000_requests_leaks_no_descriptors() {
     eprintln!("990 requests, a runtime each, in {:?}; descriptors {fds_before} before, {fds_after} after", t.elapsed());
     assert!(fds_after <= fds_before, "descriptors grew from {fds_before} to {fds_after} over 990 requests");
 }
+
+/// Reads `len` bytes one at a time from a stream that already holds them all, on a
+/// current-thread runtime, with a second task waiting to run: returns how many bytes had been
+/// read when the second task got its turn.
+async fn bytes_read_before_another_task_ran<R: tokio::io::AsyncRead + Unpin>(r: &mut R, len: usize) -> usize {
+    let mut one = [0u8; 1];
+    // The first byte may need a wait; after it, every read finds bytes at once.
+    r.read_exact(&mut one).await.unwrap();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::Relaxed) });
+    let mut read = 1;
+    let mut seen_at = None;
+    while read < len {
+        read += r.read(&mut one).await.unwrap();
+        if seen_at.is_none() && ran.load(std::sync::atomic::Ordering::Relaxed) {
+            seen_at = Some(read);
+        }
+    }
+    seen_at.unwrap_or(read)
+}
+
+#[test]
+fn a_stream_that_is_always_ready_yields_to_the_other_tasks_as_a_tcp_stream_does() {
+    const LEN: usize = 4096;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        // tokio's TcpStream spends the task's cooperative budget (128 operations) and then
+        // makes the task yield; the other task runs long before the 4096 reads are done.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (c, s) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (mut c, (mut s, _)) = (c.unwrap(), s.unwrap());
+        s.write_all(&[7u8; LEN]).await.unwrap();
+        let tcp = bytes_read_before_another_task_ran(&mut c, LEN).await;
+        assert!(tcp < LEN / 4, "tcp: the other task ran after {tcp} reads");
+
+        let (mut c, mut s) = tests::smc_pair(smc_tokio::config::ShmConfig::default()).await;
+        s.write_all(&[7u8; LEN]).await.unwrap();
+        let smc = bytes_read_before_another_task_ran(&mut c, LEN).await;
+        assert!(smc < LEN / 4, "smc: the other task ran after {smc} of {LEN} reads (tcp: {tcp})");
+    });
+}
+
+/// Busy polling holds no thread: both ends and both link groups' drivers share one
+/// current-thread runtime, with a 10 ms busy-poll budget and adaptive polling off. A driver
+/// that spun inside its task kept the other end from answering until the spin ran out, then
+/// armed its doorbell, and the answer rang it; a driver that looks on the runtime's turns sees
+/// the traffic and never arms while it flows.
+#[test]
+fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let ctx = smc_tokio::Context::new();
+        let shm =
+            smc_tokio::config::ShmConfig::default().busy_poll(Duration::from_millis(10)).adaptive_poll(Duration::ZERO);
+        let (mut c, mut s) = tests::smc_pair_in(&ctx, shm).await;
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 14];
+            while s.read_exact(&mut buf).await.is_ok() {
+                s.write_all(&buf).await.unwrap();
+            }
+        });
+        const ROUNDS: u64 = 2000;
+        let rung_before = ctx.stats().doorbells[0];
+        for i in 0..ROUNDS {
+            let msg = [(i % 251) as u8; 14];
+            c.write_all(&msg).await.unwrap();
+            let mut back = [0u8; 14];
+            tests::bounded(10, c.read_exact(&mut back)).await.unwrap();
+            assert_eq!(back, msg, "round {i}");
+        }
+        let rung = ctx.stats().doorbells[0] - rung_before;
+        // A doorbell now and then is allowed for a thread preempted for more than the budget.
+        assert!(rung < ROUNDS / 20, "{rung} doorbells in {ROUNDS} round trips");
+        drop(c);
+        tests::bounded(10, server).await.unwrap();
+    });
+}

@@ -135,6 +135,26 @@ fn unless_moved<T>(r: Poll<io::Result<T>>) -> Option<Poll<io::Result<T>>> {
     }
 }
 
+/// Runs one operation on the SMC path within the task's cooperative budget, as tokio's own
+/// streams do: once the task has done its share of operations that were ready, the operation
+/// answers `Pending` (and the task is woken at once), so a stream that always has bytes or room
+/// cannot keep the runtime from its timers and other tasks. `None` when the connection moved to
+/// TCP (the TCP path spends the budget itself).
+fn smc_coop<T>(
+    cx: &mut Context<'_>,
+    op: impl FnOnce(&mut Context<'_>) -> Poll<io::Result<T>>,
+) -> Option<Poll<io::Result<T>>> {
+    let coop = match tokio::task::coop::poll_proceed(cx) {
+        Poll::Ready(coop) => coop,
+        Poll::Pending => return Some(Poll::Pending),
+    };
+    let r = unless_moved(op(cx))?;
+    if r.is_ready() {
+        coop.made_progress();
+    }
+    Some(r)
+}
+
 impl Drop for SmcStream {
     fn drop(&mut self) {
         if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc().is_some()) {
@@ -688,7 +708,7 @@ impl SmcStream {
     /// ```
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            if let Some(r) = unless_moved(s.conn.poll_peek(cx, buf)) {
+            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_peek(cx, buf)) {
                 return r;
             }
         }
@@ -1465,7 +1485,7 @@ impl SmcStream {
 
     fn poll_read_io(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(s) = self.smc() {
-            if let Some(r) = unless_moved(s.conn.poll_read(cx, buf)) {
+            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_read(cx, buf)) {
                 return r;
             }
         }
@@ -1507,7 +1527,7 @@ impl SmcStream {
 
     fn poll_write_io(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            if let Some(r) = unless_moved(s.conn.poll_write(cx, data)) {
+            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_write(cx, data)) {
                 return r;
             }
         }
@@ -1525,7 +1545,7 @@ impl SmcStream {
 
     fn poll_write_vectored_io(&self, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            if let Some(r) = unless_moved(s.conn.poll_write_vectored(cx, bufs)) {
+            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_write_vectored(cx, bufs)) {
                 return r;
             }
         }

@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
@@ -265,16 +265,6 @@ impl ShmLink {
             self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
             return Poll::Pending;
         }
-        if !self.busy_poll.is_zero() {
-            // Spin on the peer's counters before paying for a doorbell and a wake-up.
-            let until = Instant::now() + self.busy_poll;
-            while Instant::now() < until {
-                if self.has_work()? {
-                    return Poll::Ready(Ok(()));
-                }
-                std::hint::spin_loop();
-            }
-        }
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         if !rx.arm(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
             return Poll::Ready(Ok(()));
@@ -295,7 +285,7 @@ impl ShmLink {
         }
         drop(rx);
         if self.waiting_space.load(Ordering::Relaxed) {
-            let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             return Ok(tx.space(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? > 0);
         }
         Ok(false)
@@ -393,7 +383,9 @@ impl Link for ShmLink {
         loop {
             match tx.push(&self.ours, &self.peer, frame).map_err(|e| LinkError::Protocol(e.0))? {
                 Push::Sent { ring } => {
-                    if self.waiting_space.swap(false, Ordering::Relaxed) {
+                    // Load first: the swap is a locked instruction, and nearly every send finds
+                    // the flag clear.
+                    if self.waiting_space.load(Ordering::Relaxed) && self.waiting_space.swap(false, Ordering::Relaxed) {
                         clear_want_space(&self.ours);
                     }
                     drop(tx);
@@ -412,7 +404,7 @@ impl Link for ShmLink {
                 Push::Full => {
                     let epoch = self.space_epoch.fetch_add(1, Ordering::Relaxed) + 1;
                     self.waiting_space.store(true, Ordering::Relaxed);
-                    if want_space(&tx, epoch, &self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
+                    if want_space(&mut tx, epoch, &self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
                         return Ok(false);
                     }
                     // Space appeared while we asked: try again.

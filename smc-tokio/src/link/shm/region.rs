@@ -289,6 +289,10 @@ impl RegionView {
 pub(crate) struct CdcTx {
     /// Frames published (the local truth; the shared `cdc_prod` mirrors it).
     prod: u64,
+    /// The peer's `cdc_cons` as last read (validated). A push reads the shared counter again
+    /// only when this says the ring is full: while the peer keeps up, its consumer line stays
+    /// in its own cache and a push costs no cache-line transfer for it.
+    cons_seen: u64,
     /// The peer's `armed` epoch we last rang for, so one sleep costs one doorbell.
     rung_epoch: u64,
 }
@@ -308,17 +312,18 @@ pub(crate) struct ControlError(pub(crate) &'static str);
 
 impl CdcTx {
     pub(crate) fn new() -> Self {
-        CdcTx { prod: 0, rung_epoch: 0 }
+        CdcTx { prod: 0, cons_seen: 0, rung_epoch: 0 }
     }
 
-    /// Frames the peer has not consumed yet, per its (validated) `cdc_cons`.
-    fn in_flight(&self, peer: &RegionView) -> Result<u64, ControlError> {
+    /// Frames the peer has not consumed yet, per its (validated) `cdc_cons`, read now.
+    fn in_flight(&mut self, peer: &RegionView) -> Result<u64, ControlError> {
         // Relaxed on the read-only mapping, then the acquire (module docs).
         let cons = peer.cdc_cons().load(Ordering::Relaxed);
         fence(Ordering::Acquire);
-        if cons > self.prod {
-            return Err(ControlError("peer consumed CDC frames we never sent"));
+        if cons > self.prod || cons < self.cons_seen {
+            return Err(ControlError("peer CDC consumer count is out of range"));
         }
+        self.cons_seen = cons;
         Ok(self.prod - cons)
     }
 
@@ -329,7 +334,8 @@ impl CdcTx {
         peer: &RegionView,
         frame: &[u8; CDC_MSG_LEN],
     ) -> Result<Push, ControlError> {
-        if self.in_flight(peer)? >= u64::from(ours.layout.cdc_slots) {
+        let slots = u64::from(ours.layout.cdc_slots);
+        if self.prod - self.cons_seen >= slots && self.in_flight(peer)? >= slots {
             return Ok(Push::Full);
         }
         ours.write_frame(self.prod, frame);
@@ -345,7 +351,7 @@ impl CdcTx {
     }
 
     /// Free frame slots now.
-    pub(crate) fn space(&self, ours: &RegionView, peer: &RegionView) -> Result<u64, ControlError> {
+    pub(crate) fn space(&mut self, ours: &RegionView, peer: &RegionView) -> Result<u64, ControlError> {
         Ok(u64::from(ours.layout.cdc_slots).saturating_sub(self.in_flight(peer)?))
     }
 }
@@ -436,7 +442,12 @@ impl CdcRx {
 /// Asks the peer for CDC ring space: sets `want_space`, then re-checks. Returns `true` when
 /// the caller must wait for a doorbell (the peer will ring once it consumed), `false` when space
 /// appeared meanwhile.
-pub(crate) fn want_space(tx: &CdcTx, epoch: u64, ours: &RegionView, peer: &RegionView) -> Result<bool, ControlError> {
+pub(crate) fn want_space(
+    tx: &mut CdcTx,
+    epoch: u64,
+    ours: &RegionView,
+    peer: &RegionView,
+) -> Result<bool, ControlError> {
     ours.want_space().store(epoch, Ordering::SeqCst);
     fence(Ordering::SeqCst);
     if tx.space(ours, peer)? > 0 {
@@ -545,7 +556,7 @@ mod tests {
         assert_eq!(tx.push(&a, &b, &frame(5)).unwrap(), Push::Full);
 
         // A asks for space; B's pop answers with a doorbell.
-        assert!(want_space(&tx, 1, &a, &b).unwrap());
+        assert!(want_space(&mut tx, 1, &a, &b).unwrap());
         let mut out = Vec::new();
         assert!(rx.pop(&b, &a, 2, &mut out).unwrap());
         assert_eq!(out, vec![frame(1), frame(2)]);
@@ -575,9 +586,23 @@ mod tests {
         // ... then takes frames back.
         a.cdc_prod().store(3, Ordering::Relaxed);
         assert!(rx.pending(&a).is_err());
-        // A peer that claims to have consumed frames we never sent.
+        // A peer that claims to have consumed frames we never sent. A push reads the peer's
+        // consumer count only once our cached one says the ring is full, so fill it first.
         let mut tx = CdcTx::new();
-        a.cdc_cons().store(1, Ordering::Relaxed);
+        for _ in 0..4 {
+            tx.push(&b, &a, &[0; CDC_MSG_LEN]).unwrap();
+        }
+        a.cdc_cons().store(5, Ordering::Relaxed);
         assert!(tx.push(&b, &a, &[0; CDC_MSG_LEN]).is_err());
+        // ... or takes back a consumption it published.
+        let mut tx = CdcTx::new();
+        a.cdc_cons().store(0, Ordering::Relaxed);
+        for _ in 0..4 {
+            tx.push(&b, &a, &[0; CDC_MSG_LEN]).unwrap();
+        }
+        a.cdc_cons().store(2, Ordering::Relaxed);
+        assert_eq!(tx.space(&b, &a).unwrap(), 2);
+        a.cdc_cons().store(1, Ordering::Relaxed);
+        assert!(tx.space(&b, &a).is_err());
     }
 }
