@@ -665,7 +665,8 @@ impl SmcConn {
 
     /// The reader found nothing: keeps `cx`'s waker, then either polls (adaptive polling: the
     /// task looks again on the runtime's next turn, where attempt 0 drains the link, and the
-    /// driver leaves the doorbell disarmed meanwhile) or sleeps.
+    /// driver leaves the doorbell disarmed meanwhile) or sleeps. Returns whether the caller
+    /// should offer its CPU to other threads ([`Look::yield_cpu`]) once it let go of `st`.
     fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>) -> bool {
         if !st.rx_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             st.rx_waker = Some(cx.waker().clone());

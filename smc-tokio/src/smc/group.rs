@@ -744,6 +744,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         // answering one another), so look again on the runtime's next turn with the doorbell
         // disarmed: the peer sends without ringing, and this thread does not sleep and wake
         // for it. A budget without work ends the wait's polling, and the doorbell is armed.
+        let now = clock_ns();
         let busy_left = busy > 0 && {
             // Traffic that readers drained themselves counts as work too.
             let seen = group.frames_seen.load(Ordering::Relaxed);
@@ -751,10 +752,9 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
                 frames_seen = seen;
                 busy_until = None;
             }
-            let now = clock_ns();
             now < *busy_until.get_or_insert(now.saturating_add(busy))
         };
-        if busy_left || wait.poll_until(clock_ns()).is_some() {
+        if busy_left || wait.poll_until(now).is_some() {
             // One look per poll of the task: it wakes itself and returns `Pending`, as a
             // polling reader does, so it runs again after the thread's other tasks without
             // making the runtime poll its reactor on every turn (`yield_now` would).
