@@ -121,6 +121,17 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Copies `dst.len()` bytes at `offset` of our RMB (token `rmb`, from
     /// [`rx_token`](Link::rx_token)) into `dst`.
     fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError>;
+    /// Where the `len` bytes at `offset` of our RMB `rmb` lie in this process's memory, for a
+    /// reader that lends them to the application instead of copying them, or `None` where this
+    /// link lends nothing: its peer could change the bytes while the application holds them,
+    /// and only a peer trusted with our memory may (see [`ShmLink`](shm::ShmLink)'s). The
+    /// mapping lives as long as the link; the bytes stay as they are while the connection has
+    /// not consumed them and has told the peer nothing that frees its ring (an abort, its
+    /// answer, a handback's count).
+    fn rx_lend(&self, rmb: u32, offset: u32, len: u32) -> Result<Option<std::ptr::NonNull<u8>>, LinkError> {
+        let _ = (rmb, offset, len);
+        Ok(None)
+    }
     /// Hands a CDC message to the peer. `Ok(false)`: the peer's queue is full; the link asks the
     /// peer for space and [`poll_event`](Link::poll_event) reports when to retry.
     fn cdc_send(&self, msg: &CdcMsg) -> Result<bool, LinkError> {

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+pub(crate) mod buf_read;
 mod cork;
 pub(crate) mod inband;
 pub(crate) mod listener;

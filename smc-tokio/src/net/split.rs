@@ -2,10 +2,11 @@
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::net::buf_read::ReadLend;
 use crate::net::stream::SmcStream;
 
 /// The read half of a borrowed split. Reads from the stream.
@@ -36,14 +37,14 @@ use crate::net::stream::SmcStream;
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct ReadHalf<'a>(&'a SmcStream);
+pub struct ReadHalf<'a>(&'a SmcStream, ReadLend);
 
 /// The write half of a borrowed split. Writes to the stream; `shutdown` half-closes it.
 #[derive(Debug)]
 pub struct WriteHalf<'a>(&'a SmcStream);
 
 pub(crate) fn split(stream: &mut SmcStream) -> (ReadHalf<'_>, WriteHalf<'_>) {
-    (ReadHalf(stream), WriteHalf(stream))
+    (ReadHalf(stream, ReadLend::default()), WriteHalf(stream))
 }
 
 impl ReadHalf<'_> {
@@ -490,6 +491,43 @@ impl WriteHalf<'_> {
 impl AsyncRead for ReadHalf<'_> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.0.poll_read_priv(cx, buf)
+    }
+}
+
+/// As [`SmcStream`'s](SmcStream#impl-AsyncBufRead-for-%26mut+SmcStream), except that a borrowed read
+/// half always copies (into a buffer of its own): its [`WriteHalf`] can reach the stream's
+/// reads ([`WriteHalf::stream`]) while bytes would be lent. [`SmcStream::into_split`]'s
+/// [`OwnedReadHalf`](crate::OwnedReadHalf) lends.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+/// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+/// let mut client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+/// let (mut server, _) = listener.accept().await?;
+/// let (mut rd, _wr) = client.split();
+/// server.write_all(b"one\ntwo\n").await?;
+/// let mut line = String::new();
+/// rd.read_line(&mut line).await?;
+/// assert_eq!(line, "one\n");
+/// # Ok(())
+/// # }
+/// ```
+impl AsyncBufRead for ReadHalf<'_> {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        let lent = ready!(this.1.poll_fill(this.0, cx, false))?;
+        // SAFETY: `lent` is what the fill just returned, and it copied (no ring bytes are lent
+        // without `may_lend`); the stream outlives the half.
+        Poll::Ready(Ok(unsafe { this.1.bytes(lent) }))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.1.consume(this.0, amt);
     }
 }
 

@@ -8,8 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::net::buf_read::ReadLend;
 use crate::net::stream::SmcStream;
 use crate::transport::Transport;
 
@@ -44,6 +45,7 @@ use crate::transport::Transport;
 #[derive(Debug)]
 pub struct OwnedReadHalf {
     inner: Arc<SmcStream>,
+    lend: ReadLend,
 }
 
 /// The write half of an owned split. Dropping it shuts the write direction down (a half-close),
@@ -55,7 +57,10 @@ pub struct OwnedWriteHalf {
 }
 
 pub(crate) fn split_owned(stream: Arc<SmcStream>) -> (OwnedReadHalf, OwnedWriteHalf) {
-    (OwnedReadHalf { inner: stream.clone() }, OwnedWriteHalf { inner: stream, shutdown_on_drop: true })
+    (
+        OwnedReadHalf { inner: stream.clone(), lend: ReadLend::default() },
+        OwnedWriteHalf { inner: stream, shutdown_on_drop: true },
+    )
 }
 
 /// The halves given to [`OwnedReadHalf::reunite`] came from different streams; they are handed
@@ -617,6 +622,47 @@ impl Drop for OwnedWriteHalf {
 impl AsyncRead for OwnedReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.inner.poll_read_priv(cx, buf)
+    }
+}
+
+/// As [`SmcStream`'s](SmcStream#impl-AsyncBufRead-for-%26mut+SmcStream): over shared memory with a peer
+/// of our own uid, the receive ring's bytes are lent where they lie.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+/// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+/// let client = smc_tokio::SmcStream::connect(listener.local_addr()?).await?;
+/// let (mut server, _) = listener.accept().await?;
+/// let (mut rd, _wr) = client.into_split();
+/// server.write_all(b"abc").await?;
+/// let mut got = Vec::new();
+/// while got.len() < 3 {
+///     let buf = rd.fill_buf().await?;
+///     let n = buf.len();
+///     got.extend_from_slice(buf);
+///     rd.consume(n);
+/// }
+/// assert_eq!(got, b"abc");
+/// # Ok(())
+/// # }
+/// ```
+impl AsyncBufRead for OwnedReadHalf {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        let lent = ready!(this.lend.poll_fill(&this.inner, cx, true))?;
+        // SAFETY: `lent` is what the fill just returned; the slice borrows this half
+        // exclusively, and no other handle can read the stream (the write half has no reads),
+        // which this half keeps alive.
+        Poll::Ready(Ok(unsafe { this.lend.bytes(lent) }))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        this.lend.consume(&this.inner, amt);
     }
 }
 

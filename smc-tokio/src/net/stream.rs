@@ -8,18 +8,19 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, Interest, ReadBuf, Ready};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tracing::Instrument;
 
 use crate::config::{InbandPeers, Overrides, Policy, Settings, ShmConfig};
 use crate::context::Context as SmcContext;
+use crate::net::buf_read::ReadLend;
 use crate::net::cork::CorkGuard;
 use crate::net::inband::{InbandGuard, Owed};
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::net::tcp_io::{Assumed, TcpIo};
-use crate::smc::conn::SmcConn;
+use crate::smc::conn::{Lent, SmcConn};
 use crate::sys;
 use crate::transport::Transport;
 
@@ -82,6 +83,9 @@ pub struct SmcStream {
     /// aborts on a zero linger, as TCP's close resets) asks the kernel only when it cannot
     /// know: [`LINGER_UNKNOWN`], [`LINGER_NOT_ZERO`] or [`LINGER_ZERO`].
     linger: AtomicU8,
+    /// The stream's own [`AsyncBufRead`] state (each read half has its own), made at its first
+    /// use: a stream that is never read so costs one word.
+    lend: Option<Box<ReadLend>>,
 }
 
 /// `SO_LINGER` may be anything: the socket was the application's, or its descriptor was lent
@@ -316,6 +320,7 @@ impl SmcStream {
             sendfile_checked: AtomicI32::new(-1),
             assumed: Assumed::default(),
             linger: AtomicU8::new(LINGER_UNKNOWN),
+            lend: None,
         }
     }
 
@@ -366,6 +371,7 @@ impl SmcStream {
             sendfile_checked: AtomicI32::new(-1),
             assumed: Assumed::default(),
             linger: AtomicU8::new(LINGER_UNKNOWN),
+            lend: None,
         }
     }
 
@@ -1152,8 +1158,29 @@ impl SmcStream {
         Ok(n)
     }
 
+    /// The SMC side of [`AsyncBufRead::poll_fill_buf`] (see [`SmcConn::poll_lend`]); `None` on
+    /// the TCP path.
+    pub(crate) fn poll_lend(
+        &self,
+        cx: &mut Context<'_>,
+        scratch: &mut Vec<u8>,
+        may_lend: bool,
+    ) -> Option<Poll<io::Result<Lent>>> {
+        let s = self.smc()?;
+        smc_coop(cx, |cx| s.conn.poll_lend(cx, scratch, may_lend))
+    }
+
+    /// Consumes `amt` bytes of what the SMC connection lent (see [`SmcConn::consume`]); returns
+    /// how many of them the stream must skip on TCP, where it moved meanwhile.
+    pub(crate) fn consume_lent(&self, amt: usize) -> usize {
+        let Path::Smc(s) = &self.path else { return 0 };
+        let (n, skip) = s.conn.consume(amt);
+        self.moved(false, n);
+        skip
+    }
+
     /// One read that does not wait, into `rb`.
-    fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+    pub(crate) fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
         let n = match self.path() {
             PathRef::Smc(s) => match s.conn.try_read(rb) {
                 Err(e) if SmcConn::is_moved_error(&e) => return self.try_read_into(rb),
@@ -1732,6 +1759,82 @@ impl SmcStream {
 impl AsyncRead for SmcStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.poll_read_priv(cx, buf)
+    }
+}
+
+/// Received bytes without a copy where the stream is on shared memory with a peer of our own
+/// uid: [`poll_fill_buf`](AsyncBufRead::poll_fill_buf) lends the receive ring's bytes where they
+/// lie, and [`consume`](AsyncBufRead::consume) frees them for the peer. Elsewhere (TCP, RDMA, a
+/// peer of another uid, whose bytes could change while lent) it peeks into a buffer of the
+/// stream's own and `consume` takes the bytes off the queue, so the stream needs no
+/// [`BufReader`](tokio::io::BufReader) either way. Reads, peeks and `try_read` mix freely with
+/// it: the bytes stay queued until consumed.
+///
+/// It is implemented on `&mut SmcStream`, not on `SmcStream`: there,
+/// [`AsyncBufReadExt::split`](tokio::io::AsyncBufReadExt::split) would take the place of
+/// [`SmcStream::split`] in code that imports the trait, which compiles with a `TcpStream` (it has
+/// no `AsyncBufRead`). Call it as `(&mut stream).fill_buf()`, or split the stream:
+/// [`OwnedReadHalf`] lends as well.
+///
+/// While the application holds lent bytes, the peer cannot reuse that part of its ring: the
+/// connection holds back what would free it (an abort, or a move to TCP) until they are
+/// consumed or the stream is read again. Hold lent bytes for the time it takes to parse them.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::{SmcListener, SmcStream};
+/// use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// tokio::spawn(async move {
+///     let (mut c, _) = listener.accept().await?;
+///     c.write_all(b"GET /\nHost: example\n\n").await
+/// });
+/// let mut s = SmcStream::connect(addr).await?;
+/// // Parse lines where they lie: no copy over shared memory.
+/// let mut rd = &mut s;
+/// let mut lines = 0;
+/// loop {
+///     let buf = rd.fill_buf().await?;
+///     let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+///         // Not a whole line yet (a real parser would keep the partial line).
+///         continue;
+///     };
+///     lines += 1;
+///     rd.consume(end + 1);
+///     if end == 0 {
+///         break; // the empty line
+///     }
+/// }
+/// assert_eq!(lines, 3);
+/// # Ok(())
+/// # }
+/// ```
+impl AsyncBufRead for &mut SmcStream {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this: &mut SmcStream = self.get_mut();
+        // The state is taken out while the stream is read through a shared borrow (its scratch
+        // buffer's bytes stay where they are), then put back before the bytes are lent from it.
+        let mut lend = this.lend.take().unwrap_or_default();
+        let r = lend.poll_fill(this, cx, true);
+        let lend = this.lend.insert(lend);
+        let lent = ready!(r)?;
+        // SAFETY: `lent` is what the fill just returned; the returned slice borrows the stream
+        // exclusively, so nothing reads it until the slice is gone, and the stream keeps its
+        // connection alive.
+        Poll::Ready(Ok(unsafe { lend.bytes(lent) }))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this: &mut SmcStream = self.get_mut();
+        if let Some(mut lend) = this.lend.take() {
+            lend.consume(this, amt);
+            this.lend = Some(lend);
+        }
     }
 }
 

@@ -25,6 +25,21 @@ enum Take {
     Peek,
 }
 
+/// The most a copying [`SmcConn::poll_lend`] takes at once: tokio's `BufReader` holds 8 KiB;
+/// twice that halves the calls of a bulk reader, and the buffer exists only on streams whose
+/// `AsyncBufRead` copies (TCP, or a link that lends nothing).
+pub(crate) const SCRATCH_LEN: usize = 16 * 1024;
+
+/// What [`SmcConn::poll_lend`] hands the application.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lent {
+    /// `len` received bytes where they lie in the ring, at `ptr` in the link's mapping (which
+    /// lives as long as the connection's group, so as long as the connection).
+    Ring { ptr: std::ptr::NonNull<u8>, len: usize },
+    /// This many received bytes copied into the caller's buffer (the link lends nothing).
+    Copied(usize),
+}
+
 /// Why a connection ended abnormally.
 #[derive(Debug, Clone)]
 enum ConnError {
@@ -192,6 +207,19 @@ struct ConnState {
     handback: Handback,
     /// The application shut its write side while the handback ran: shut TCP's once it is over.
     shutdown_after_handback: bool,
+    /// Bytes the last [`SmcConn::poll_lend`] handed out that `consume` may still take (0: none);
+    /// a read or the application's release ends them, and a handback's count voids them.
+    lent: u32,
+    /// The application may hold a reference to ring bytes (from `poll_lend` until the next
+    /// `consume`, read or release). Meanwhile nothing may tell the peer that its ring is free:
+    /// an abort or its answer waits (`abort_owed`), and so does a handback's count of consumed
+    /// bytes (the move waits on `lend_over`).
+    live: bool,
+    /// An abort (ours, or the answer to the peer's) held back while bytes are lent.
+    abort_owed: bool,
+    /// What was left of `lent` when a handback counted consumed bytes: the peer sends those
+    /// bytes again on TCP, where a `consume` of them must skip them.
+    voided: u32,
 }
 
 /// Where a connection's byte stream is (see [`crate::proto::handback`]).
@@ -384,6 +412,8 @@ pub(crate) struct SmcConn {
     me: Weak<SmcConn>,
     /// Notified when a handback ends (moved, or failed).
     handback_over: tokio::sync::Notify,
+    /// Notified when lent bytes are given back (see `ConnState::lent`).
+    lend_over: tokio::sync::Notify,
     /// Where the stream is, read without the lock on every operation of the stream: 0 on the
     /// link (or moving), else [`cause_code`] of the cause once a handback finished (it never
     /// changes again). Release on the store, Acquire on the load: a stream that sees it set
@@ -451,9 +481,14 @@ impl SmcConn {
                 wait: WaitClock::new(cfg.adaptive_poll),
                 handback: Handback::Smc,
                 shutdown_after_handback: false,
+                lent: 0,
+                live: false,
+                abort_owed: false,
+                voided: 0,
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
+            lend_over: tokio::sync::Notify::new(),
             on_tcp: std::sync::atomic::AtomicU8::new(0),
         })
     }
@@ -514,18 +549,18 @@ impl SmcConn {
     // ----- application side ------------------------------------------------------------------
 
     pub(crate) fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.poll_received(Some(cx), buf, Take::Consume).map_ok(drop)
+        self.poll_copied(Some(cx), buf, Take::Consume).map_ok(drop)
     }
 
     /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
     /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
     pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        self.poll_received(Some(cx), buf, Take::Peek)
+        self.poll_copied(Some(cx), buf, Take::Peek)
     }
 
     /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
     pub(crate) fn try_read(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
-        match self.poll_received(None, buf, Take::Consume) {
+        match self.poll_copied(None, buf, Take::Consume) {
             Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
@@ -534,17 +569,154 @@ impl SmcConn {
     /// Waits until bytes (or the end, or an error) are there, then copies them into `buf`,
     /// consuming them or not; resolves to how many were copied. Without a context (`try_read`)
     /// it does not wait: where it would, it answers `WouldBlock` and stores no waker.
-    fn poll_received(
-        &self,
-        mut cx: Option<&mut Context<'_>>,
-        buf: &mut ReadBuf<'_>,
-        take: Take,
-    ) -> Poll<io::Result<usize>> {
+    fn poll_copied(&self, cx: Option<&mut Context<'_>>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
         if buf.remaining() == 0 {
+            // Still a read: whatever was lent is given back.
+            self.end_lend(&mut self.lock());
             return Poll::Ready(Ok(0));
         }
+        self.poll_received(cx, 0, |st, avail| {
+            let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
+            self.copy_out(st, buf, n, take).map(|()| n as usize)
+        })
+    }
+
+    /// Waits until received bytes are there, then lends the application the first contiguous
+    /// run of them ([`Lent::Ring`]) where `may_lend` and the link allow it, else copies up to
+    /// [`SCRATCH_LEN`] of them into `scratch` ([`Lent::Copied`]); nothing is consumed until
+    /// [`consume`](Self::consume). `Copied(0)` at the end of the stream. Whatever an earlier
+    /// call lent is given back first.
+    ///
+    /// The caller must hold the only way to read the connection for as long as the application
+    /// holds ring bytes: every read gives them back.
+    pub(crate) fn poll_lend(
+        &self,
+        cx: &mut Context<'_>,
+        scratch: &mut Vec<u8>,
+        may_lend: bool,
+    ) -> Poll<io::Result<Lent>> {
+        self.poll_received(Some(cx), Lent::Copied(0), |st, avail| {
+            let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
+                return Err(io::Error::other("smc connection read before it was established"));
+            };
+            let Some(spans) = st.engine.rx_spans(avail) else {
+                return Err(io::Error::other("rx span"));
+            };
+            // The first span is the run up to the ring's end (or all of it); never empty here.
+            let (off, len) = spans.into_iter().find(|s| s.1 > 0).unwrap_or((0, 0));
+            let lend =
+                if may_lend { link.rx_lend(link.rx_token(self.our_token, peer_token), off, len) } else { Ok(None) };
+            match lend {
+                Ok(Some(ptr)) => {
+                    st.lent = len;
+                    st.live = true;
+                    Ok(Lent::Ring { ptr, len: len as usize })
+                }
+                Ok(None) => {
+                    if scratch.len() < SCRATCH_LEN {
+                        scratch.resize(SCRATCH_LEN, 0);
+                    }
+                    let mut rb = ReadBuf::new(scratch);
+                    let n = avail.min(SCRATCH_LEN as u32);
+                    self.copy_out(st, &mut rb, n, Take::Peek)?;
+                    st.lent = n;
+                    Ok(Lent::Copied(n as usize))
+                }
+                Err(e) => {
+                    let e = ConnError::from_link(&e);
+                    self.fail_locked(st, e.clone());
+                    Err(e.to_io())
+                }
+            }
+        })
+    }
+
+    /// The application is done with `amt` of the bytes the last [`poll_lend`](Self::poll_lend)
+    /// handed out (more are taken as all that is left of them): they are consumed, and, as the
+    /// application holds no reference to them any more, whatever waited for that goes on.
+    /// Returns how many were consumed, and how many of the rest the caller must skip on TCP
+    /// (a move counted them as not consumed: the peer sends them again there). Both are fewer
+    /// than `amt` where a read came between.
+    pub(crate) fn consume(&self, amt: usize) -> (usize, usize) {
+        let mut st = self.lock();
+        let amt = u32::try_from(amt).unwrap_or(u32::MAX);
+        let n = amt.min(st.lent);
+        let skip = (amt - n).min(st.voided);
+        st.voided -= skip;
+        if n > 0 && st.engine.rx_consume(n).is_ok() {
+            // An inline copy is only a shortcut for a read at its position: the bytes are in
+            // the ring too (lending links are shm, copying ones peek at the ring), and the
+            // position is behind us now.
+            st.inline = None;
+            st.lent -= n;
+            self.flush_cdc(&mut st);
+        }
+        self.end_live(&mut st);
+        self.maybe_finish(st);
+        (n as usize, skip as usize)
+    }
+
+    /// Ends whatever was lent (the application reads again, or let go of the stream).
+    fn end_lend(&self, st: &mut ConnState) {
+        st.lent = 0;
+        self.end_live(st);
+    }
+
+    /// The application holds no reference to ring bytes any more: a held-back abort goes out,
+    /// and a handback waiting to count consumed bytes goes on.
+    fn end_live(&self, st: &mut ConnState) {
+        if !std::mem::take(&mut st.live) {
+            return;
+        }
+        if std::mem::take(&mut st.abort_owed) {
+            st.engine.abort();
+            self.flush_cdc(st);
+        }
+        if matches!(st.handback, Handback::Moving(_)) {
+            self.lend_over.notify_waiters();
+        }
+    }
+
+    /// Resolves once the application holds no ring bytes; then the consumed count is final
+    /// for a handback, and what was lent and not consumed is void (the peer sends it again).
+    async fn consumed_for_handback(&self) -> u64 {
+        loop {
+            let over = self.lend_over.notified();
+            {
+                let mut st = self.lock();
+                if !st.live {
+                    st.voided = std::mem::take(&mut st.lent);
+                    return st.engine.handback_totals().consumed;
+                }
+            }
+            over.await;
+        }
+    }
+
+    /// Aborts the connection (ours, or the answer to the peer's), or, while the application may
+    /// hold ring bytes (which the abort would let the peer overwrite), owes it until it lets go.
+    fn abort_or_owe(&self, st: &mut ConnState) {
+        if st.live {
+            st.abort_owed = true;
+        } else {
+            st.engine.abort();
+        }
+    }
+
+    /// The waiting part of every read: until bytes (or the end, or an error) are there; then
+    /// `take` gets the bytes available (more than 0) and says what the read returns, `eof` at
+    /// the end of the stream. Whatever was lent is given back first.
+    fn poll_received<R: Copy>(
+        &self,
+        mut cx: Option<&mut Context<'_>>,
+        eof: R,
+        mut take: impl FnMut(&mut ConnState, u32) -> io::Result<R>,
+    ) -> Poll<io::Result<R>> {
         for attempt in 0..2 {
             let mut st = self.lock();
+            if attempt == 0 {
+                self.end_lend(&mut st);
+            }
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
             }
@@ -553,19 +725,18 @@ impl SmcConn {
             }
             let avail = st.engine.rx_available();
             if avail > 0 {
-                let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
-                return Poll::Ready(self.copy_out(&mut st, buf, n, take).map(|()| n as usize));
+                return Poll::Ready(take(&mut st, avail));
             }
             if st.engine.peer_aborted() {
                 return Poll::Ready(Err(ConnError::Reset.to_io()));
             }
             if st.engine.rx_eof() {
-                return Poll::Ready(Ok(0));
+                return Poll::Ready(Ok(eof));
             }
             if let Some(e) = &st.error {
                 // The peer or the link ended the connection, and every byte received before
                 // has been read.
-                return Poll::Ready(e.end_of_stream(&st.engine));
+                return Poll::Ready(e.end_of_stream(&st.engine).map(|_| eof));
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
@@ -1063,6 +1234,8 @@ impl SmcConn {
     pub(crate) fn release(&self, abort: bool) {
         let mut st = self.lock();
         st.released = true;
+        // The application let go of the stream, and of every byte lent through it.
+        self.end_lend(&mut st);
         if st.error.is_none() && st.handback == Handback::Smc {
             if abort || st.engine.rx_available() > 0 && !st.engine.rx_eof() {
                 st.engine.abort();
@@ -1233,8 +1406,8 @@ impl SmcConn {
                 if st.engine.peer_aborted() {
                     st.error.get_or_insert(ConnError::Reset);
                     // Answer the abort, so the peer knows we stopped reading its ring and may
-                    // reuse the slot.
-                    st.engine.abort();
+                    // reuse the slot (once nothing of it is lent).
+                    self.abort_or_owe(&mut st);
                 }
                 // A blocked writer on the other side waits for our consumer cursor.
                 self.flush_cdc(&mut st);
@@ -1250,7 +1423,7 @@ impl SmcConn {
     fn fail_locked(&self, st: &mut ConnState, err: ConnError) {
         if st.error.is_none() {
             st.error = Some(err);
-            st.engine.abort();
+            self.abort_or_owe(st);
             self.flush_cdc(st);
         }
         wake(&mut st.rx_waker);
@@ -1392,8 +1565,11 @@ impl SmcConn {
                 at += len;
             }
         }
-        let hb =
-            crate::proto::handback::Handback::new(t.consumed, t.acknowledged, t.written, st.engine.is_write_shutdown());
+        let shut = st.engine.is_write_shutdown();
+        let hb = crate::proto::handback::Handback::new(t.consumed, t.acknowledged, t.written, shut);
+        // Bytes lent to the application are not consumed yet, and the peer may reuse its ring
+        // once it has our count: the count waits until the application lets go of them.
+        let lent = st.lent > 0;
         tracing::debug!(
             parent: &self.span,
             %cause,
@@ -1424,6 +1600,10 @@ impl SmcConn {
         rt.spawn(tracing::Instrument::instrument(
             async move {
                 let mut hb = hb;
+                if let (true, Some(c)) = (lent, over.conn.as_ref()) {
+                    let consumed = c.consumed_for_handback().await;
+                    hb = crate::proto::handback::Handback::new(consumed, t.acknowledged, t.written, shut);
+                }
                 let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy).await;
                 if let Some(c) = over.conn.take() {
                     c.handback_over(res, &over.tcp);

@@ -4,6 +4,41 @@ use super::*;
 
 pub(crate) const MODE_RR: u32 = 1;
 pub(crate) const MODE_STREAM: u32 = 2;
+/// The stream scenario with a reader that adds up every byte it reads (`--reader read-sum`).
+pub(crate) const MODE_STREAM_READ_SUM: u32 = 3;
+/// The same reading in place through `AsyncBufRead` (`--reader fill-buf-sum`).
+pub(crate) const MODE_STREAM_BUF_SUM: u32 = 4;
+
+/// How the stream scenario's server reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Reader {
+    /// `read` into a 64 KiB buffer; the bytes are not looked at.
+    Read,
+    /// `read` into a 64 KiB buffer, then every byte is added up (a parser of a copy).
+    ReadSum,
+    /// `fill_buf`, every byte added up where it lies, `consume` (a parser in place): smc-tokio
+    /// lends its receive ring; tokio's streams read through a 64 KiB `BufReader`.
+    FillBufSum,
+}
+
+impl Reader {
+    /// The row's variant: none for the default.
+    pub(crate) fn variant(self) -> &'static str {
+        match self {
+            Reader::Read => "",
+            Reader::ReadSum => "read-sum",
+            Reader::FillBufSum => "fill-buf-sum",
+        }
+    }
+
+    pub(crate) fn of_variant(v: &str) -> Reader {
+        match v {
+            "read-sum" => Reader::ReadSum,
+            "fill-buf-sum" => Reader::FillBufSum,
+            _ => Reader::Read,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Scenario {
@@ -119,6 +154,7 @@ pub(crate) struct Opts {
     pub(crate) runtime: RuntimeKind,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) settle: bool,
+    pub(crate) reader: Reader,
 }
 
 /// Measures smc-tokio beside tokio's `TcpStream` and `UnixStream` in the same run, and prints
@@ -256,6 +292,9 @@ pub(crate) struct Common {
     /// Also draw every row's latency distribution into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
+    /// stream: how the server reads (the rows are named after it, but for `read`).
+    #[arg(long, value_enum, default_value_t = Reader::Read)]
+    pub(crate) reader: Reader,
 }
 
 pub(crate) fn parse_secs(s: &str) -> Result<f64, String> {
@@ -347,6 +386,7 @@ impl Common {
             runtime: self.runtime,
             plot: self.plot,
             settle: self.settle,
+            reader: self.reader,
         }
     }
 }

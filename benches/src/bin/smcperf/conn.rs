@@ -112,7 +112,52 @@ pub(crate) async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
 // ---------------------------------------------------------------------------------------------
 // Server
 
-pub(crate) async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> io::Result<()> {
+/// A stream that can be read in place (`AsyncBufRead`), as its users would: smc-tokio's
+/// stream itself (it lends its receive ring), tokio's through a `BufReader`.
+pub(crate) trait ReadInPlace: AsyncRead + AsyncWrite + Unpin {
+    fn in_place(&mut self) -> impl tokio::io::AsyncBufRead + Unpin + '_;
+}
+
+impl ReadInPlace for SmcStream {
+    fn in_place(&mut self) -> impl tokio::io::AsyncBufRead + Unpin + '_ {
+        self
+    }
+}
+
+impl ReadInPlace for TcpStream {
+    fn in_place(&mut self) -> impl tokio::io::AsyncBufRead + Unpin + '_ {
+        tokio::io::BufReader::with_capacity(65536, self)
+    }
+}
+
+impl ReadInPlace for UnixStream {
+    fn in_place(&mut self) -> impl tokio::io::AsyncBufRead + Unpin + '_ {
+        tokio::io::BufReader::with_capacity(65536, self)
+    }
+}
+
+/// Every byte of `b` added up: the stand-in for a parser that looks at each byte once.
+/// Written to run near memory speed with baseline SSE2 (about 30 GB/s on the development VM
+/// from L2, where a plain `u8` sum ran at 10): 8 bytes at a time into four 16-bit lanes, folded
+/// every 1 KiB, before a lane could overflow (128 words x 510).
+#[inline]
+pub(crate) fn byte_sum(b: &[u8]) -> u64 {
+    const LOW: u64 = 0x00ff_00ff_00ff_00ff;
+    let fold = |acc: u64| (acc & 0xffff) + ((acc >> 16) & 0xffff) + ((acc >> 32) & 0xffff) + (acc >> 48);
+    let mut total = 0u64;
+    let mut blocks = b.chunks_exact(1024);
+    for block in &mut blocks {
+        let mut acc = 0u64;
+        for w in block.chunks_exact(8) {
+            let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
+            acc += (w & LOW) + ((w >> 8) & LOW);
+        }
+        total += fold(acc);
+    }
+    total + blocks.remainder().iter().map(|&x| u64::from(x)).sum::<u64>()
+}
+
+pub(crate) async fn serve_conn<S: ReadInPlace>(mut s: S) -> io::Result<()> {
     let mut hdr = [0u8; 8];
     s.read_exact(&mut hdr).await?;
     let mode = u32::from_le_bytes(hdr[..4].try_into().unwrap_or_default());
@@ -133,17 +178,42 @@ pub(crate) async fn serve_conn<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> i
                 }
             }
         }
-        MODE_STREAM => {
+        MODE_STREAM | MODE_STREAM_READ_SUM => {
             let mut buf = vec![0u8; size.max(65536)];
-            let mut total = 0u64;
+            let (mut total, mut sum) = (0u64, 0u64);
             loop {
                 let n = s.read(&mut buf).await?;
                 if n == 0 {
                     break;
                 }
                 total += n as u64;
+                if mode == MODE_STREAM_READ_SUM {
+                    sum = sum.wrapping_add(byte_sum(&buf[..n]));
+                }
             }
             s.write_all(&total.to_le_bytes()).await?;
+            if mode == MODE_STREAM_READ_SUM {
+                s.write_all(&sum.to_le_bytes()).await?;
+            }
+            s.shutdown().await
+        }
+        MODE_STREAM_BUF_SUM => {
+            use tokio::io::AsyncBufReadExt;
+            let (mut total, mut sum) = (0u64, 0u64);
+            let mut rd = s.in_place();
+            loop {
+                let buf = rd.fill_buf().await?;
+                if buf.is_empty() {
+                    break;
+                }
+                sum = sum.wrapping_add(byte_sum(buf));
+                let n = buf.len();
+                total += n as u64;
+                rd.consume(n);
+            }
+            drop(rd);
+            s.write_all(&total.to_le_bytes()).await?;
+            s.write_all(&sum.to_le_bytes()).await?;
             s.shutdown().await
         }
         _ => Err(io::Error::new(io::ErrorKind::InvalidData, "bad mode")),
@@ -277,4 +347,17 @@ pub(crate) async fn start_server(
     }
     let web = web::start(smc_addr.ip(), shm, |k| if port(1) == 0 { 0 } else { port(3 + k) }).await?;
     Ok((ServerHandles { tcp_addr, unix, file_smc: file_smc_addr, file_tcp: file_tcp_addr, web }, smc_addr))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_sum_adds_up_every_byte() {
+        for n in [0, 1, 7, 8, 1023, 1024, 1025, 65536 + 13] {
+            let b: Vec<u8> = (0..n).map(|i| (i * 131 + 7) as u8).collect();
+            let want: u64 = b.iter().map(|&x| u64::from(x)).sum();
+            assert_eq!(super::byte_sum(&b), want, "{n} bytes");
+        }
+        assert_eq!(super::byte_sum(&[0xff; 4096]), 4096 * 255);
+    }
 }

@@ -123,7 +123,7 @@ fn run_client(opts: &Opts, target_for: &dyn Fn(Kind) -> Target) -> io::Result<Ve
             opts.transports
                 .iter()
                 .filter(|k| !matches!(k, Kind::Unix | Kind::Ksmc) || case.scenario.has_unix())
-                .map(|k| (*k, ""))
+                .map(|k| (*k, if case.scenario == Scenario::Stream { opts.reader.variant() } else { "" }))
                 .collect()
         };
         let mut runs: Vec<Vec<Measure>> = vec![Vec::new(); variants.len()];
@@ -267,7 +267,8 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
-            let limits = limits.unwrap_or(machine::Limits { pingpong_us: 0.0, memcpy_64k: 0.0, memcpy_16m: 0.0 });
+            let limits =
+                limits.unwrap_or(machine::Limits { pingpong_us: 0.0, memcpy_64k: 0.0, memcpy_16m: 0.0, ring_64k: 0.0 });
             if opts.json {
                 print_json(&rows, &opts, &limits);
             } else {

@@ -248,6 +248,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
             "pingpong_round_trip_us": limits.pingpong_us,
             "memcpy_64k_bytes_per_s": limits.memcpy_64k,
             "memcpy_16m_bytes_per_s": limits.memcpy_16m,
+            "ring_64k_bytes_per_s": limits.ring_64k,
         },
         "stats": smc_tokio::stats().to_string(),
         "results": results,

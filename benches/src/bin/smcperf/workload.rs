@@ -124,10 +124,21 @@ pub(crate) async fn run_rr(kind: Kind, target: &Target, case: Case, dur: Duratio
     measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
 }
 
-pub(crate) async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Duration) -> io::Result<Measure> {
+pub(crate) async fn run_stream(
+    kind: Kind,
+    target: &Target,
+    case: Case,
+    dur: Duration,
+    reader: Reader,
+) -> io::Result<Measure> {
     let mut c = connect(kind, target).await?;
     let negotiated = c.negotiated().to_string();
-    header(&mut c, MODE_STREAM, case.size).await?;
+    let mode = match reader {
+        Reader::Read => MODE_STREAM,
+        Reader::ReadSum => MODE_STREAM_READ_SUM,
+        Reader::FillBufSum => MODE_STREAM_BUF_SUM,
+    };
+    header(&mut c, mode, case.size).await?;
     let buf = vec![0xa5u8; case.size];
     let start = Instant::now();
     let mut sent = 0u64;
@@ -147,6 +158,15 @@ pub(crate) async fn run_stream(kind: Kind, target: &Target, case: Case, dur: Dur
     let got = u64::from_le_bytes(total);
     if got != sent {
         return Err(io::Error::other(format!("server counted {got} bytes, client sent {sent}")));
+    }
+    if reader != Reader::Read {
+        // The server's sum of every byte proves it read them all.
+        let mut sum = [0u8; 8];
+        c.read_exact(&mut sum).await?;
+        let want = sent.wrapping_mul(0xa5);
+        if u64::from_le_bytes(sum) != want {
+            return Err(io::Error::other(format!("server's byte sum {} is not {want}", u64::from_le_bytes(sum))));
+        }
     }
     Ok(Measure {
         negotiated,
@@ -281,7 +301,7 @@ pub(crate) async fn run_case(
     let ticks0 = machine::cpu_ticks();
     let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
-        Scenario::Stream => run_stream(kind, target, case, dur).await,
+        Scenario::Stream => run_stream(kind, target, case, dur, Reader::of_variant(variant)).await,
         Scenario::Crr => run_crr(kind, target, case, dur).await,
         Scenario::File => run_file(kind, variant, target, case, dur).await,
         Scenario::Http => web::run_http(kind, target.web, &target.shm, case, dur, false).await,

@@ -122,6 +122,12 @@ pub(crate) struct ShmLink {
     busy_poll: Duration,
     closed: AtomicBool,
     counters: Option<Arc<Counters>>,
+    /// The peer is our own uid (by its side channel's credentials, not the overflow id): a
+    /// process that is already inside our trust domain (it can signal and trace us), so the
+    /// bytes it wrote may be lent to the application without a copy ([`Link::rx_lend`]).
+    /// Another uid, even an allowed one, could change bytes while the application holds a
+    /// reference to them, which Rust does not allow: its bytes are copied out.
+    lends: bool,
 }
 
 /// Largest peer region we agree to map: 65536 RMBs of 1 GiB would be absurd; 64 GiB of
@@ -181,6 +187,7 @@ impl ShmLink {
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
         // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
         let doorbell = unsafe { sys::register(DoorbellFd(PeerFd::new(local.doorbell)), Interest::READABLE) }?;
+        let lends = sys::peer_cred(side.get_ref().as_fd()).is_ok_and(|c| c.trusted(&[]));
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -197,6 +204,7 @@ impl ShmLink {
             busy_poll,
             closed: AtomicBool::new(false),
             counters: local.counters,
+            lends,
         })
     }
 
@@ -373,6 +381,14 @@ impl Link for ShmLink {
         // race on untrusted data, not undefined behaviour (see `peer_mem`).
         unsafe { super::peer_mem::copy_from_peer(p, dst) };
         Ok(())
+    }
+
+    fn rx_lend(&self, rmb: u32, offset: u32, len: u32) -> Result<Option<std::ptr::NonNull<u8>>, LinkError> {
+        if !self.lends {
+            return Ok(None);
+        }
+        let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("lend span"))?;
+        Ok(std::ptr::NonNull::new(p))
     }
 
     fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError> {

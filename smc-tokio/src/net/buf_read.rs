@@ -1,0 +1,126 @@
+//! What [`AsyncBufRead`](tokio::io::AsyncBufRead) needs on a stream or a read half: the bytes
+//! of the last `poll_fill_buf`, and where they came from, so that `consume` takes them off the
+//! right queue.
+//!
+//! Over shared memory with a peer of our own uid, `poll_fill_buf` lends the receive ring's
+//! bytes where they lie (no copy), and `consume` moves the consumer cursor. Anywhere else it
+//! peeks into a buffer of the handle's (the bytes stay queued: the receive ring, or the TCP
+//! socket with its in-band guard) and `consume` takes them off the queue. Either way the queue
+//! stays the one place the bytes are, so every other read of the stream, before or after,
+//! sees the stream as it is.
+
+use std::io;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::ReadBuf;
+
+use crate::net::stream::SmcStream;
+use crate::smc::conn::{Lent, SCRATCH_LEN};
+
+/// A handle's `AsyncBufRead` state.
+#[derive(Debug, Default)]
+pub(crate) struct ReadLend {
+    /// Where copied or peeked bytes go; allocated at the first fill that copies.
+    scratch: Vec<u8>,
+    /// What the last fill handed out and `consume` has not taken yet.
+    last: Last,
+    /// Bytes consumed from the ring that the stream's move to TCP counted as unread: the peer
+    /// sends them again there, and the next fill on TCP takes them off first.
+    skip: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+enum Last {
+    #[default]
+    Nothing,
+    /// Bytes of the SMC connection's ring (lent or copied).
+    Smc(usize),
+    /// Bytes peeked at on the TCP path.
+    Tcp(usize),
+}
+
+impl ReadLend {
+    /// Waits for bytes and hands out the first run of them (see the module documentation);
+    /// `may_lend` says whether ring bytes may be lent where they lie: only by a handle through
+    /// which alone the stream can be read while the caller's borrow lasts.
+    pub(crate) fn poll_fill(
+        &mut self,
+        stream: &SmcStream,
+        cx: &mut Context<'_>,
+        may_lend: bool,
+    ) -> Poll<io::Result<Lent>> {
+        self.last = Last::Nothing;
+        if let Some(r) = stream.poll_lend(cx, &mut self.scratch, may_lend) {
+            let lent = ready!(r)?;
+            self.last = Last::Smc(match lent {
+                Lent::Ring { len, .. } => len,
+                Lent::Copied(n) => n,
+            });
+            return Poll::Ready(Ok(lent));
+        }
+        if self.scratch.len() < SCRATCH_LEN {
+            self.scratch.resize(SCRATCH_LEN, 0);
+        }
+        while self.skip > 0 {
+            let mut rb = ReadBuf::new(&mut self.scratch[..self.skip.min(SCRATCH_LEN)]);
+            ready!(stream.poll_read_priv(cx, &mut rb))?;
+            if rb.filled().is_empty() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the stream ended within bytes consumed before its move to tcp",
+                )));
+            }
+            self.skip -= rb.filled().len();
+        }
+        let mut rb = ReadBuf::new(&mut self.scratch);
+        let n = ready!(stream.poll_peek(cx, &mut rb))?;
+        self.last = Last::Tcp(n);
+        Poll::Ready(Ok(Lent::Copied(n)))
+    }
+
+    /// The bytes of `lent`.
+    ///
+    /// # Safety
+    ///
+    /// `lent` is what the last [`poll_fill`](Self::poll_fill) on this state returned, with no
+    /// `consume` or other read of the stream since; the caller's handle keeps the stream alive,
+    /// and while the returned borrow (of this state) lasts, nothing can read the stream, so
+    /// that ring bytes stay unconsumed (and the peer does not write them).
+    pub(crate) unsafe fn bytes(&self, lent: Lent) -> &[u8] {
+        match lent {
+            // SAFETY: by the caller's contract: the span lies in the link's mapping of the
+            // peer's region, which the connection (kept by the stream) keeps mapped; it holds
+            // unconsumed bytes, which a peer of our uid does not write until we consume them or
+            // tell it the ring is free, and the connection holds both back while they are lent.
+            Lent::Ring { ptr, len } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) },
+            Lent::Copied(n) => &self.scratch[..n.min(self.scratch.len())],
+        }
+    }
+
+    /// Takes `amt` of the bytes the last fill handed out off the stream (at most as many as
+    /// are left of them).
+    pub(crate) fn consume(&mut self, stream: &SmcStream, amt: usize) {
+        match self.last {
+            Last::Nothing => {}
+            Last::Smc(len) => {
+                let n = amt.min(len);
+                self.skip += stream.consume_lent(n);
+                self.last = if n < len { Last::Smc(len - n) } else { Last::Nothing };
+            }
+            Last::Tcp(len) => {
+                // The peeked bytes are queued (in the socket or the guard): taking them cannot
+                // wait. `scratch` holds at least `len` bytes (the peek went there).
+                let mut left = amt.min(len);
+                while left > 0 {
+                    let mut rb = ReadBuf::new(&mut self.scratch[..left]);
+                    match stream.try_read_into(&mut rb) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => left -= k,
+                    }
+                }
+                let taken = amt.min(len) - left;
+                self.last = if taken < len { Last::Tcp(len - taken) } else { Last::Nothing };
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! `AsyncBufRead` on streams and read halves: over shared memory with a peer of our own uid the
+//! receive ring's bytes are lent where they lie; elsewhere they are peeked into a buffer. Either
+//! way every byte arrives once and in order, mixed with plain reads, peeks and `try_read`; and
+//! while bytes are lent the peer cannot reuse their memory (an abort's answer and a move to TCP
+//! wait for them).
+
+use std::time::Duration;
+
+use smc_tokio::config::ShmConfig;
+use smc_tokio::{Policy, SmcListener, SmcStream, Transport};
+use tests::{bounded, pattern, smc_pair, Rng};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+/// Where a `fill_buf` result starts and how long it is.
+fn span(buf: &[u8]) -> (usize, usize) {
+    (buf.as_ptr() as usize, buf.len())
+}
+
+/// Reads `n` bytes from `rd` with a random mix of `fill_buf` and partial `consume`, plain
+/// reads and peeks; returns them and whether a `fill_buf` after a partial `consume` started
+/// where the consumed bytes ended (the bytes lie in the ring: lent) rather than at the start of
+/// the reader's buffer again (copied).
+async fn read_mixed<R: AsyncBufRead + Unpin>(rd: &mut R, n: usize, seed: u64) -> (Vec<u8>, Lending) {
+    let mut rng = Rng::new(seed);
+    let mut got = Vec::with_capacity(n);
+    let mut seen = Lending::default();
+    while got.len() < n {
+        match rng.range(0, 9) {
+            0..=5 => {
+                let buf = bounded(10, rd.fill_buf()).await.unwrap();
+                let (p, len) = span(buf);
+                assert!(len > 0, "eof after {} of {n} bytes", got.len());
+                let take = rng.range(1, len);
+                got.extend_from_slice(&buf[..take]);
+                rd.consume(take);
+                if take < len {
+                    let (q, rest) = span(bounded(10, rd.fill_buf()).await.unwrap());
+                    if q == p + take && rest >= len - take {
+                        seen.advanced += 1;
+                    } else if q == p {
+                        seen.restarted += 1;
+                    }
+                }
+            }
+            6..=7 => {
+                let mut b = vec![0u8; rng.range(1, 4999)];
+                let k = bounded(10, rd.read(&mut b)).await.unwrap();
+                assert!(k > 0, "eof after {} of {n} bytes", got.len());
+                got.extend_from_slice(&b[..k]);
+            }
+            _ => {
+                // A fill without a consume, then a read: the read takes the same bytes.
+                let (_, len) = span(bounded(10, rd.fill_buf()).await.unwrap());
+                let mut b = vec![0u8; len.min(rng.range(1, 299))];
+                bounded(10, rd.read_exact(&mut b)).await.unwrap();
+                got.extend_from_slice(&b);
+            }
+        }
+    }
+    (got, seen)
+}
+
+/// What `read_mixed` saw of where refills start.
+#[derive(Debug, Default)]
+struct Lending {
+    /// A refill started where the consumed bytes ended (lent from the ring).
+    advanced: usize,
+    /// A refill started at the same place again (a buffer of the reader's).
+    restarted: usize,
+}
+
+/// Writes `data` in uneven pieces, then half-closes.
+fn spawn_writer<W: tokio::io::AsyncWrite + Unpin + Send + 'static>(
+    mut w: W,
+    data: Vec<u8>,
+    seed: u64,
+) -> tokio::task::JoinHandle<W> {
+    tokio::spawn(async move {
+        let mut rng = Rng::new(seed);
+        let mut at = 0;
+        while at < data.len() {
+            let end = (at + rng.range(1, 39_999)).min(data.len());
+            w.write_all(&data[at..end]).await.unwrap();
+            at = end;
+        }
+        w.shutdown().await.unwrap();
+        w
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_buf_lends_the_ring_where_it_lies_and_loses_nothing() {
+    // A small ring: the transfer wraps it hundreds of times, and lent runs end at its end.
+    let (c, mut s) = smc_pair(ShmConfig::default().rmb_size(16 * 1024)).await;
+    let data = pattern(3 << 20);
+    let w = spawn_writer(c, data.clone(), 1);
+    // On `&mut SmcStream` (see its documentation).
+    let mut rd = &mut s;
+    let (got, seen) = bounded(60, read_mixed(&mut rd, data.len(), 2)).await;
+    assert!(got == data, "bytes lost, repeated or reordered");
+    assert!(seen.advanced > 10 && seen.restarted == 0, "the ring's bytes were not lent: {seen:?}");
+    // The end of the stream: an empty fill, which consume(0) leaves so.
+    assert!(bounded(10, rd.fill_buf()).await.unwrap().is_empty());
+    rd.consume(0);
+    assert_eq!(s.read(&mut [0u8; 8]).await.unwrap(), 0);
+    bounded(10, w).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_read_half_lends_and_a_borrowed_one_copies() {
+    let (c, s) = smc_pair(ShmConfig::default().rmb_size(16 * 1024)).await;
+    let data = pattern(1 << 20);
+    let (mut rd, _wr) = s.into_split();
+    let w = spawn_writer(c, data.clone(), 3);
+    let (got, seen) = bounded(60, read_mixed(&mut rd, data.len(), 4)).await;
+    assert!(got == data, "owned half: bytes lost, repeated or reordered");
+    assert!(seen.advanced > 5 && seen.restarted == 0, "the owned half did not lend: {seen:?}");
+    let c = bounded(10, w).await.unwrap();
+    drop(c);
+
+    // A borrowed read half copies: its write half can reach the stream's reads.
+    let (c, mut s) = smc_pair(ShmConfig::default().rmb_size(16 * 1024)).await;
+    let w = spawn_writer(c, data.clone(), 5);
+    let (mut rd, _wr) = s.split();
+    let (got, seen) = bounded(60, read_mixed(&mut rd, data.len(), 6)).await;
+    assert!(got == data, "borrowed half: bytes lost, repeated or reordered");
+    assert!(seen.restarted > 5 && seen.advanced == 0, "the borrowed half did not copy: {seen:?}");
+    bounded(10, w).await.unwrap();
+}
+
+#[tokio::test]
+async fn on_tcp_fill_buf_peeks_and_consume_takes_the_bytes_off_the_socket() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let tcp_only = SmcStream::builder().policy(Policy::TcpOnly);
+    let (c, s) = tokio::join!(tcp_only.connect(addr), l.accept());
+    let (c, (mut s, _)) = (c.unwrap(), s.unwrap());
+    assert!(matches!(s.transport(), Transport::Tcp(_)));
+    let data = pattern(1 << 20);
+    let w = spawn_writer(c, data.clone(), 7);
+    let (got, seen) = bounded(60, read_mixed(&mut &mut s, data.len(), 8)).await;
+    assert!(got == data, "bytes lost, repeated or reordered");
+    assert!(seen.restarted > 5 && seen.advanced == 0, "{seen:?}");
+    assert!(bounded(10, (&mut s).fill_buf()).await.unwrap().is_empty(), "the end of the stream");
+    bounded(10, w).await.unwrap();
+    // Lines, as a protocol parser would take them.
+    let (mut c, mut s) = {
+        let tcp_only = SmcStream::builder().policy(Policy::TcpOnly);
+        let (c, s) = tokio::join!(tcp_only.connect(addr), l.accept());
+        (c.unwrap(), s.unwrap().0)
+    };
+    c.write_all(b"one\r\ntwo\r\n\r\n").await.unwrap();
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        bounded(10, (&mut s).read_line(&mut line)).await.unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        lines.push(line);
+    }
+    assert_eq!(lines, ["one\r\n", "two\r\n"]);
+}
+
+/// Connects a client to `l` and accepts it.
+async fn pair_on(l: &SmcListener, shm: &ShmConfig) -> (SmcStream, SmcStream) {
+    let addr = l.local_addr().unwrap();
+    let b = SmcStream::builder().shm(shm.clone());
+    let (c, s) = tokio::join!(b.connect(addr), l.accept());
+    let (c, (s, _)) = (c.unwrap(), s.unwrap());
+    assert_eq!(c.transport(), Transport::SmcD);
+    (c, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lent_bytes_stay_as_they_are_when_the_peer_aborts_and_its_ring_slot_is_wanted() {
+    let shm = ShmConfig::default().rmb_size(4096);
+    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+    let (mut c1, mut s1) = pair_on(&l, &shm).await;
+    let group = c1.link_group();
+    s1.write_all(&[b'A'; 1000]).await.unwrap();
+    let mut r1 = &mut c1;
+    let lent = bounded(10, r1.fill_buf()).await.unwrap();
+    assert!(!lent.is_empty());
+    // The peer aborts (a zero linger): it may reuse the ring we read from once we answer, and
+    // the answer waits until the lent bytes are given back.
+    s1.set_zero_linger().unwrap();
+    drop(s1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // New connections on the same link group write other bytes; kept open, each takes another
+    // slot, and a freed one first.
+    let mut kept = Vec::new();
+    for _ in 0..4 {
+        let (mut c2, mut s2) = pair_on(&l, &shm).await;
+        assert_eq!(c2.link_group(), group);
+        s2.write_all(&[b'B'; 4096]).await.unwrap();
+        let mut b = vec![0u8; 4096];
+        bounded(10, c2.read_exact(&mut b)).await.unwrap();
+        assert!(b.iter().all(|&x| x == b'B'));
+        kept.push((c2, s2));
+    }
+    assert!(lent.iter().all(|&x| x == b'A'), "lent bytes changed under the application");
+    let n = lent.len();
+    r1.consume(n);
+    // Given back: the abort is answered and reported.
+    let mut rest = Vec::new();
+    let r = bounded(10, c1.read_to_end(&mut rest)).await;
+    assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "after {} more bytes", rest.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_tcp_waits_for_lent_bytes_and_resends_only_what_was_not_consumed() {
+    let (mut c, s) = smc_pair(ShmConfig::default().rmb_size(16 * 1024)).await;
+    let data = pattern(200_000);
+    let mut s = s;
+    s.write_all(&data[..10_000]).await.unwrap();
+    let mut rc = &mut c;
+    let held = bounded(10, rc.fill_buf()).await.unwrap();
+    let len = held.len();
+    assert!(len > 100);
+    // The server moves the stream to TCP; the client's side of the move waits for its lent
+    // bytes.
+    let s = std::sync::Arc::new(s);
+    let mover = {
+        let s = s.clone();
+        tokio::spawn(async move { s.hand_back().await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!mover.is_finished(), "the move went on while bytes were lent");
+    assert!(held == &data[..len], "lent bytes changed");
+    // Consuming part of them lets go of the ring: the move counts 100 bytes consumed.
+    rc.consume(100);
+    bounded(10, mover).await.unwrap().unwrap();
+    let mut s = std::sync::Arc::into_inner(s).unwrap();
+    assert!(matches!(s.transport(), Transport::Tcp(_)), "{}", s.transport());
+    s.write_all(&data[10_000..]).await.unwrap();
+    s.shutdown().await.unwrap();
+    // Consuming more of what the fill handed out before the move: the peer sent those bytes
+    // again on TCP, and they are skipped there.
+    rc.consume(50);
+    let again = bounded(10, rc.fill_buf()).await.unwrap();
+    assert!(!again.is_empty() && again == &data[150..150 + again.len()], "the fill after the move");
+    let mut rest = Vec::new();
+    bounded(10, c.read_to_end(&mut rest)).await.unwrap();
+    assert!(rest == data[150..], "after the move: {} bytes, expected {}", rest.len(), data.len() - 150);
+    assert!(matches!(c.transport(), Transport::Tcp(_)), "{}", c.transport());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_of_an_allowed_uid_are_copied_not_lent() {
+    if !tests::require_root("bytes_of_an_allowed_uid_are_copied_not_lent") {
+        return;
+    }
+    const PEER: u32 = 65533;
+    let l = SmcListener::builder().shm(ShmConfig::default().allow_uid(PEER)).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let t = s.transport();
+        let (mut rd, mut wr) = s.into_split();
+        let mut starts = std::collections::HashSet::new();
+        loop {
+            let buf = rd.fill_buf().await.unwrap();
+            if buf.is_empty() {
+                break;
+            }
+            starts.insert(buf.as_ptr() as usize);
+            let n = buf.len();
+            wr.write_all(buf).await.unwrap();
+            rd.consume(n);
+        }
+        wr.shutdown().await.unwrap();
+        (t, starts)
+    });
+    let out = bounded(
+        30,
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+            .args(["client", &addr.to_string()])
+            .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+            .uid(PEER)
+            .gid(PEER)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("TRANSPORT smc-d") && text.contains("OK"), "{text}");
+    let (t, starts) = bounded(10, server).await.unwrap();
+    assert_eq!(t, Transport::SmcD);
+    // Every fill began at the start of the half's own buffer.
+    assert_eq!(starts.len(), 1, "bytes of another uid were lent from its ring");
+}
