@@ -73,6 +73,11 @@
 //! - The listener takes connections from the kernel before `accept` asks (to run their
 //!   handshakes without waiting for it), so [`SmcListener::into_std`] closes connections it took
 //!   but had not handed out.
+//! - Beyond tokio: `&mut SmcStream` and the read halves are
+//!   [`AsyncBufRead`](tokio::io::AsyncBufRead). Over shared memory with a peer of the same uid,
+//!   `fill_buf` lends the receive ring's bytes without a copy (see
+//!   [its implementation](SmcStream#impl-AsyncBufRead-for-%26mut+SmcStream)); it is not on
+//!   `SmcStream` itself, where `AsyncBufReadExt::split` would shadow [`SmcStream::split`].
 //!
 //! Link groups are shared by the whole process, whatever runtime made them. A group's driver
 //! runs on the runtime that set it up; if that runtime shuts down while the group is alive, the
