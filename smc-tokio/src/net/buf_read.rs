@@ -24,9 +24,11 @@ pub(crate) struct ReadLend {
     scratch: Vec<u8>,
     /// What the last fill handed out and `consume` has not taken yet.
     last: Last,
-    /// Bytes consumed from the ring that the stream's move to TCP counted as unread: the peer
-    /// sends them again there, and the next fill on TCP takes them off first.
-    skip: usize,
+    /// Peeked bytes a `consume` could not take off the socket at once (it cannot wait): the
+    /// next fill takes them first.
+    discard: usize,
+    /// Why that `consume` could not: the next fill reports it.
+    failed: Option<io::Error>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -50,6 +52,9 @@ impl ReadLend {
         may_lend: bool,
     ) -> Poll<io::Result<Lent>> {
         self.last = Last::Nothing;
+        if let Some(e) = self.failed.take() {
+            return Poll::Ready(Err(e));
+        }
         if let Some(r) = stream.poll_lend(cx, &mut self.scratch, may_lend) {
             let lent = ready!(r)?;
             self.last = Last::Smc(match lent {
@@ -61,16 +66,15 @@ impl ReadLend {
         if self.scratch.len() < SCRATCH_LEN {
             self.scratch.resize(SCRATCH_LEN, 0);
         }
-        while self.skip > 0 {
-            let mut rb = ReadBuf::new(&mut self.scratch[..self.skip.min(SCRATCH_LEN)]);
+        while self.discard > 0 {
+            let mut rb = ReadBuf::new(&mut self.scratch[..self.discard.min(SCRATCH_LEN)]);
             ready!(stream.poll_read_priv(cx, &mut rb))?;
             if rb.filled().is_empty() {
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the stream ended within bytes consumed before its move to tcp",
-                )));
+                // The bytes were peeked: only a stream that ended under us has none.
+                self.discard = 0;
+                break;
             }
-            self.skip -= rb.filled().len();
+            self.discard -= rb.filled().len();
         }
         let mut rb = ReadBuf::new(&mut self.scratch);
         let n = ready!(stream.poll_peek(cx, &mut rb))?;
@@ -104,22 +108,32 @@ impl ReadLend {
             Last::Nothing => {}
             Last::Smc(len) => {
                 let n = amt.min(len);
-                self.skip += stream.consume_lent(n);
+                stream.consume_lent(n);
                 self.last = if n < len { Last::Smc(len - n) } else { Last::Nothing };
             }
             Last::Tcp(len) => {
                 // The peeked bytes are queued (in the socket or the guard): taking them cannot
                 // wait. `scratch` holds at least `len` bytes (the peek went there).
-                let mut left = amt.min(len);
+                let want = amt.min(len);
+                let mut left = want;
                 while left > 0 {
                     let mut rb = ReadBuf::new(&mut self.scratch[..left]);
                     match stream.try_read_into(&mut rb) {
-                        Ok(0) | Err(_) => break,
+                        Ok(0) => break,
                         Ok(k) => left -= k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            // Readiness cleared under us, or a real error: the bytes are still
+                            // queued, and the next fill takes them first (and reports the error).
+                            if e.kind() != io::ErrorKind::WouldBlock {
+                                self.failed = Some(e);
+                            }
+                            self.discard += left;
+                            left = 0;
+                        }
                     }
                 }
-                let taken = amt.min(len) - left;
-                self.last = if taken < len { Last::Tcp(len - taken) } else { Last::Nothing };
+                self.last = if want < len { Last::Tcp(len - want) } else { Last::Nothing };
             }
         }
     }

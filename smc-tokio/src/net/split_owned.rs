@@ -619,6 +619,14 @@ impl Drop for OwnedWriteHalf {
     }
 }
 
+impl Drop for OwnedReadHalf {
+    fn drop(&mut self) {
+        // Nothing it lent can be held any more: a held-back abort or move need not wait for
+        // the write half to go too.
+        self.inner.give_back();
+    }
+}
+
 impl AsyncRead for OwnedReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.inner.poll_read_priv(cx, buf)

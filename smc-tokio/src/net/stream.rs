@@ -718,6 +718,7 @@ impl SmcStream {
                 return r;
             }
         }
+        ready!(self.poll_skip(Some(cx)))?;
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_peek(cx, self.io(), buf) {
                 return p;
@@ -797,6 +798,9 @@ impl SmcStream {
             return Ok(());
         };
         if !s.conn.on_tcp() {
+            // The stream's own `fill_buf` bytes are gone (this borrow could not be taken while
+            // they were held), and no read half can exist beside it: the move need not wait.
+            s.conn.give_back();
             if !s.conn.hand_back(crate::HandbackCause::Requested) {
                 return Err(io::Error::other(
                     "the smc connection cannot move to its tcp socket: it ended, or its close went out",
@@ -1093,6 +1097,9 @@ impl SmcStream {
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
+            if let Poll::Ready(Err(e)) = self.poll_skip(None) {
+                return Err(e);
+            }
             let n = self.io().try_read_vectored(bufs)?;
             self.moved(false, n);
             return Ok(n);
@@ -1170,13 +1177,62 @@ impl SmcStream {
         smc_coop(cx, |cx| s.conn.poll_lend(cx, scratch, may_lend))
     }
 
+    /// Ends what the SMC connection lent through a handle that is gone (see
+    /// [`SmcConn::give_back`]).
+    pub(crate) fn give_back(&self) {
+        if let Path::Smc(s) = &self.path {
+            s.conn.give_back();
+        }
+    }
+
     /// Consumes `amt` bytes of what the SMC connection lent (see [`SmcConn::consume`]); returns
     /// how many of them the stream must skip on TCP, where it moved meanwhile.
-    pub(crate) fn consume_lent(&self, amt: usize) -> usize {
-        let Path::Smc(s) = &self.path else { return 0 };
-        let (n, skip) = s.conn.consume(amt);
+    pub(crate) fn consume_lent(&self, amt: usize) {
+        let Path::Smc(s) = &self.path else { return };
+        let n = s.conn.consume(amt);
         self.moved(false, n);
-        skip
+    }
+
+    /// On the TCP path of a stream that moved there: takes off the socket the bytes a
+    /// `consume` skipped ([`SmcConn::tcp_skip`]), and tells the connection that the stream now
+    /// reads on TCP. Without a context it does not wait (`WouldBlock`).
+    fn poll_skip(&self, cx: Option<&mut Context<'_>>) -> Poll<io::Result<()>> {
+        let Path::Smc(s) = &self.path else { return Poll::Ready(Ok(())) };
+        s.conn.forget_voided();
+        let mut cx = cx;
+        loop {
+            let left = s.conn.tcp_skip();
+            if left == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let fd = self.tcp.as_raw_fd();
+            let want = usize::try_from(left).unwrap_or(usize::MAX).min(1 << 20);
+            let r = self.io().try_io(Interest::READABLE, || {
+                // SAFETY: `fd` is the stream's open socket; with MSG_TRUNC a TCP socket discards
+                // up to `want` bytes and writes nothing, so no buffer is needed (tcp(7)).
+                let n = unsafe { libc::recv(fd, std::ptr::null_mut(), want, libc::MSG_TRUNC) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match r {
+                Ok(0) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the stream ended within bytes consumed before its move to tcp",
+                    )))
+                }
+                Ok(n) => s.conn.tcp_skipped(n as u64),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match cx.as_deref_mut() {
+                    Some(cx) => ready!(self.io().poll_read_ready(cx))?,
+                    None => return Poll::Ready(Err(e)),
+                },
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 
     /// One read that does not wait, into `rb`.
@@ -1194,6 +1250,9 @@ impl SmcStream {
                 }
             }
             PathRef::Tcp(_) => {
+                if let Poll::Ready(Err(e)) = self.poll_skip(None) {
+                    return Err(e);
+                }
                 // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
                 // recv writes at most that many bytes and they are marked initialized only
                 // after it returned their count.
@@ -1516,6 +1575,7 @@ impl SmcStream {
                 return r;
             }
         }
+        ready!(self.poll_skip(Some(cx)))?;
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_read(cx, self.io(), buf) {
                 return p;

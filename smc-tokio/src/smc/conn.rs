@@ -212,14 +212,11 @@ struct ConnState {
     lent: u32,
     /// The application may hold a reference to ring bytes (from `poll_lend` until the next
     /// `consume`, read or release). Meanwhile nothing may tell the peer that its ring is free:
-    /// an abort or its answer waits (`abort_owed`), and so does a handback's count of consumed
-    /// bytes (the move waits on `lend_over`).
+    /// an abort or its answer waits (`abort_owed`). A move to TCP need not wait: after one,
+    /// neither side ever reuses the ring it wrote into (see `handback_over`).
     live: bool,
     /// An abort (ours, or the answer to the peer's) held back while bytes are lent.
     abort_owed: bool,
-    /// What was left of `lent` when a handback counted consumed bytes: the peer sends those
-    /// bytes again on TCP, where a `consume` of them must skip them.
-    voided: u32,
 }
 
 /// Where a connection's byte stream is (see [`crate::proto::handback`]).
@@ -412,8 +409,17 @@ pub(crate) struct SmcConn {
     me: Weak<SmcConn>,
     /// Notified when a handback ends (moved, or failed).
     handback_over: tokio::sync::Notify,
-    /// Notified when lent bytes are given back (see `ConnState::lent`).
-    lend_over: tokio::sync::Notify,
+    /// What was left of `ConnState::lent` when a handback counted consumed bytes: the peer
+    /// sends those bytes again on TCP, where a `consume` of them must skip them. Set under the
+    /// state's lock when the move starts; taken by `consume`, cleared by the stream's first
+    /// read on TCP (after which a `consume` of them is no longer the next thing on the
+    /// stream). Relaxed: the reading handle's own operations are ordered among themselves,
+    /// and the move's store is ordered before them by the lock and the `on_tcp` flag.
+    voided: std::sync::atomic::AtomicU32,
+    /// Bytes at the head of the TCP socket's stream that the application consumed before the
+    /// stream moved there (a `consume` of `voided` bytes): the stream's reads on TCP take them
+    /// off first. Relaxed, as `voided`: only the reading handle touches it.
+    tcp_skip: std::sync::atomic::AtomicU64,
     /// Where the stream is, read without the lock on every operation of the stream: 0 on the
     /// link (or moving), else [`cause_code`] of the cause once a handback finished (it never
     /// changes again). Release on the store, Acquire on the load: a stream that sees it set
@@ -484,11 +490,11 @@ impl SmcConn {
                 lent: 0,
                 live: false,
                 abort_owed: false,
-                voided: 0,
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
-            lend_over: tokio::sync::Notify::new(),
+            voided: std::sync::atomic::AtomicU32::new(0),
+            tcp_skip: std::sync::atomic::AtomicU64::new(0),
             on_tcp: std::sync::atomic::AtomicU8::new(0),
         })
     }
@@ -634,15 +640,19 @@ impl SmcConn {
     /// The application is done with `amt` of the bytes the last [`poll_lend`](Self::poll_lend)
     /// handed out (more are taken as all that is left of them): they are consumed, and, as the
     /// application holds no reference to them any more, whatever waited for that goes on.
-    /// Returns how many were consumed, and how many of the rest the caller must skip on TCP
-    /// (a move counted them as not consumed: the peer sends them again there). Both are fewer
-    /// than `amt` where a read came between.
-    pub(crate) fn consume(&self, amt: usize) -> (usize, usize) {
+    /// Those a move counted as not consumed (the peer sent them again on TCP) are skipped there
+    /// ([`tcp_skip`](Self::tcp_skip)). Returns how many were consumed here; fewer than `amt`
+    /// where a read came between.
+    pub(crate) fn consume(&self, amt: usize) -> usize {
         let mut st = self.lock();
         let amt = u32::try_from(amt).unwrap_or(u32::MAX);
         let n = amt.min(st.lent);
-        let skip = (amt - n).min(st.voided);
-        st.voided -= skip;
+        let voided = self.voided.load(std::sync::atomic::Ordering::Relaxed);
+        let skip = (amt - n).min(voided);
+        self.voided.store(voided - skip, std::sync::atomic::Ordering::Relaxed);
+        if skip > 0 {
+            self.tcp_skip.fetch_add(u64::from(skip), std::sync::atomic::Ordering::Relaxed);
+        }
         if n > 0 && st.engine.rx_consume(n).is_ok() {
             // An inline copy is only a shortcut for a read at its position: the bytes are in
             // the ring too (lending links are shm, copying ones peek at the ring), and the
@@ -653,7 +663,34 @@ impl SmcConn {
         }
         self.end_live(&mut st);
         self.maybe_finish(st);
-        (n as usize, skip as usize)
+        n as usize
+    }
+
+    /// Bytes the stream must take off the TCP socket before its next read there.
+    pub(crate) fn tcp_skip(&self) -> u64 {
+        self.tcp_skip.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `n` of [`tcp_skip`](Self::tcp_skip)'s bytes were taken off.
+    pub(crate) fn tcp_skipped(&self, n: u64) {
+        self.tcp_skip.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The stream read on TCP after its move: bytes handed out before the move are read again
+    /// now, and a `consume` no longer refers to them.
+    pub(crate) fn forget_voided(&self) {
+        if self.voided.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            self.voided.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Ends whatever was lent, from a handle that can prove the application holds none of it
+    /// any more (see [`SmcStream::hand_back`](crate::SmcStream::hand_back), and the drop of an
+    /// owned read half).
+    pub(crate) fn give_back(&self) {
+        let mut st = self.lock();
+        self.end_lend(&mut st);
+        self.maybe_finish(st);
     }
 
     /// Ends whatever was lent (the application reads again, or let go of the stream).
@@ -662,8 +699,7 @@ impl SmcConn {
         self.end_live(st);
     }
 
-    /// The application holds no reference to ring bytes any more: a held-back abort goes out,
-    /// and a handback waiting to count consumed bytes goes on.
+    /// The application holds no reference to ring bytes any more: a held-back abort goes out.
     fn end_live(&self, st: &mut ConnState) {
         if !std::mem::take(&mut st.live) {
             return;
@@ -671,25 +707,6 @@ impl SmcConn {
         if std::mem::take(&mut st.abort_owed) {
             st.engine.abort();
             self.flush_cdc(st);
-        }
-        if matches!(st.handback, Handback::Moving(_)) {
-            self.lend_over.notify_waiters();
-        }
-    }
-
-    /// Resolves once the application holds no ring bytes; then the consumed count is final
-    /// for a handback, and what was lent and not consumed is void (the peer sends it again).
-    async fn consumed_for_handback(&self) -> u64 {
-        loop {
-            let over = self.lend_over.notified();
-            {
-                let mut st = self.lock();
-                if !st.live {
-                    st.voided = std::mem::take(&mut st.lent);
-                    return st.engine.handback_totals().consumed;
-                }
-            }
-            over.await;
         }
     }
 
@@ -775,8 +792,14 @@ impl SmcConn {
             match st.handback {
                 Handback::Smc => {}
                 Handback::Moving(_) if st.error.is_none() => {
-                    st.rx_waker = Some(cx.waker().clone());
-                    st.tx_waker = Some(cx.waker().clone());
+                    // Only the directions asked: a reader and a writer may wait at once, each in
+                    // its own task, and the end of the move wakes both.
+                    if interest.is_readable() {
+                        st.rx_waker = Some(cx.waker().clone());
+                    }
+                    if interest.is_writable() {
+                        st.tx_waker = Some(cx.waker().clone());
+                    }
                     return Poll::Pending;
                 }
                 // Over (or failed): the caller's next operation finds out what happened.
@@ -1551,6 +1574,10 @@ impl SmcConn {
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
         let Some(me) = self.me.upgrade() else { return false };
+        // What the application was handed and did not consume is not consumed: the peer sends
+        // it again on TCP, where a later `consume` of it skips it. Bytes it may still hold stay
+        // as they are: the peer never reuses the ring after a move (`handback_over`).
+        self.voided.store(std::mem::take(&mut st.lent), std::sync::atomic::Ordering::Relaxed);
         let t = st.engine.handback_totals();
         // Our bytes the peer has not reported consumed, from our side's copy of its ring.
         let mut copy = vec![0u8; usize::try_from(t.written - t.acknowledged).unwrap_or(0)];
@@ -1565,11 +1592,8 @@ impl SmcConn {
                 at += len;
             }
         }
-        let shut = st.engine.is_write_shutdown();
-        let hb = crate::proto::handback::Handback::new(t.consumed, t.acknowledged, t.written, shut);
-        // Bytes lent to the application are not consumed yet, and the peer may reuse its ring
-        // once it has our count: the count waits until the application lets go of them.
-        let lent = st.lent > 0;
+        let hb =
+            crate::proto::handback::Handback::new(t.consumed, t.acknowledged, t.written, st.engine.is_write_shutdown());
         tracing::debug!(
             parent: &self.span,
             %cause,
@@ -1600,10 +1624,6 @@ impl SmcConn {
         rt.spawn(tracing::Instrument::instrument(
             async move {
                 let mut hb = hb;
-                if let (true, Some(c)) = (lent, over.conn.as_ref()) {
-                    let consumed = c.consumed_for_handback().await;
-                    hb = crate::proto::handback::Handback::new(consumed, t.acknowledged, t.written, shut);
-                }
                 let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy).await;
                 if let Some(c) = over.conn.take() {
                     c.handback_over(res, &over.tcp);
@@ -1620,6 +1640,11 @@ impl SmcConn {
         let mut st = self.lock();
         let Handback::Moving(cause) = st.handback else { return };
         let counters = &self.group.manager().counters;
+        // Over shared memory the peer may hold bytes of the ring we write into, lent to its
+        // application in place, across the move (its count does not wait for them, or the
+        // move would wait on the application; a failed move ends without one): that ring is
+        // never given back to the group. One ring per move, which is rare; RDMA lends nothing.
+        let retire = !self.group.link().is_some_and(|l| l.is_rdma());
         match res {
             Ok(()) => {
                 if st.shutdown_after_handback {
@@ -1652,7 +1677,11 @@ impl SmcConn {
         wake(&mut st.rx_waker);
         wake(&mut st.tx_waker);
         drop(st);
-        self.group.unregister(self.our_token);
+        if retire {
+            self.group.unregister_retired(self.our_token);
+        } else {
+            self.group.unregister(self.our_token);
+        }
         self.handback_over.notify_waiters();
     }
 

@@ -327,6 +327,23 @@ impl LinkGroup {
         }
     }
 
+    /// As [`unregister`](Self::unregister), except that the slot is never used again by this
+    /// group (its memory stays, and stays charged, until the group ends): for a connection that
+    /// moved to TCP (or failed to), whose peer may hold bytes of the ring we write into, lent to
+    /// its application in place, for as long as that application likes. One slot per move,
+    /// which is rare.
+    pub(crate) fn unregister_retired(&self, token: u32) {
+        let mut st = self.lock();
+        if st.conns.remove(&token).is_some() {
+            if let Some(l) = self.link.get() {
+                l.conn_closed(token);
+            }
+        }
+        if st.conns.is_empty() && st.idle_since.is_none() {
+            st.idle_since = Some(Instant::now());
+        }
+    }
+
     /// Allocates an RMB slot and registers a new connection on it, reading from a ring of
     /// `rx_ring` bytes; `peer_token` is `None` on a server until the client's Confirm.
     pub(crate) fn open_conn(
