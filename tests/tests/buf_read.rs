@@ -424,3 +424,31 @@ async fn hand_back_after_a_fill_without_a_consume_moves_and_loses_nothing() {
     bounded(10, c.read_to_end(&mut got)).await.unwrap();
     assert!(got == data, "{} bytes, expected {}", got.len(), data.len());
 }
+
+#[tokio::test]
+async fn a_peek_between_fill_buf_and_consume_leaves_the_bytes_to_consume() {
+    for tcp in [false, true] {
+        let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let policy = if tcp { Policy::TcpOnly } else { Policy::default() };
+        let b = SmcStream::builder().policy(policy);
+        let (c, s) = tokio::join!(b.connect(l.local_addr().unwrap()), l.accept());
+        let (mut c, (mut s, _)) = (c.unwrap(), s.unwrap());
+        assert_eq!(s.transport().is_smc(), !tcp, "{}", s.transport());
+        c.write_all(b"abcdefgh").await.unwrap();
+        let mut rd = &mut s;
+        let mut n = 0;
+        while n < 8 {
+            n = bounded(10, rd.fill_buf()).await.unwrap().len();
+            if n < 8 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let mut p = [0u8; 3];
+        assert_eq!(rd.peek(&mut p).await.unwrap(), 3);
+        assert_eq!(&p, b"abc");
+        rd.consume(3);
+        let mut rest = [0u8; 5];
+        rd.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"defgh", "tcp: {tcp}");
+    }
+}

@@ -718,7 +718,7 @@ impl SmcStream {
                 return r;
             }
         }
-        ready!(self.poll_skip(Some(cx)))?;
+        ready!(self.poll_skip(Some(cx), false))?;
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_peek(cx, self.io(), buf) {
                 return p;
@@ -799,7 +799,8 @@ impl SmcStream {
         };
         if !s.conn.on_tcp() {
             // The stream's own `fill_buf` bytes are gone (this borrow could not be taken while
-            // they were held), and no read half can exist beside it: the move need not wait.
+            // they were held), and only a borrowed read half, which never lends, can exist
+            // beside it.
             s.conn.give_back();
             if !s.conn.hand_back(crate::HandbackCause::Requested) {
                 return Err(io::Error::other(
@@ -864,6 +865,21 @@ impl SmcStream {
                 io::ErrorKind::Unsupported,
                 "the stream holds bytes read off its socket (a partial late smc handshake message): read first, then convert",
             ));
+        }
+        if let Path::Smc(s) = &self.path {
+            // Bytes consumed before the move, sent again by the peer: not the std stream's.
+            match self.poll_skip(None, true) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {}
+            }
+            if s.conn.has_tcp_skip() {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "bytes consumed before the move to tcp are still on their way to be skipped: read first, then convert",
+                ));
+            }
         }
         let tcp = self.tcp.clone();
         drop(self);
@@ -1097,7 +1113,7 @@ impl SmcStream {
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
-            if let Poll::Ready(Err(e)) = self.poll_skip(None) {
+            if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
                 return Err(e);
             }
             let n = self.io().try_read_vectored(bufs)?;
@@ -1185,8 +1201,8 @@ impl SmcStream {
         }
     }
 
-    /// Consumes `amt` bytes of what the SMC connection lent (see [`SmcConn::consume`]); returns
-    /// how many of them the stream must skip on TCP, where it moved meanwhile.
+    /// Consumes `amt` bytes of what the SMC connection lent (see [`SmcConn::consume`]; those the
+    /// stream's move to TCP counted as unread are skipped there).
     pub(crate) fn consume_lent(&self, amt: usize) {
         let Path::Smc(s) = &self.path else { return };
         let n = s.conn.consume(amt);
@@ -1194,19 +1210,23 @@ impl SmcStream {
     }
 
     /// On the TCP path of a stream that moved there: takes off the socket the bytes a
-    /// `consume` skipped ([`SmcConn::tcp_skip`]), and tells the connection that the stream now
-    /// reads on TCP. Without a context it does not wait (`WouldBlock`).
-    fn poll_skip(&self, cx: Option<&mut Context<'_>>) -> Poll<io::Result<()>> {
+    /// `consume` skipped ([`SmcConn::claim_tcp_skip`]), and, for a consuming read, tells the
+    /// connection that the stream now reads on TCP (a `consume` of what was handed out before
+    /// the move no longer refers to the head of the stream). Without a context it does not
+    /// wait (`WouldBlock`).
+    fn poll_skip(&self, cx: Option<&mut Context<'_>>, consuming: bool) -> Poll<io::Result<()>> {
         let Path::Smc(s) = &self.path else { return Poll::Ready(Ok(())) };
-        s.conn.forget_voided();
+        if consuming {
+            s.conn.forget_voided();
+        }
         let mut cx = cx;
         loop {
-            let left = s.conn.tcp_skip();
-            if left == 0 {
+            let claimed = s.conn.claim_tcp_skip(1 << 20);
+            if claimed == 0 {
                 return Poll::Ready(Ok(()));
             }
             let fd = self.tcp.as_raw_fd();
-            let want = usize::try_from(left).unwrap_or(usize::MAX).min(1 << 20);
+            let want = usize::try_from(claimed).unwrap_or(1 << 20);
             let r = self.io().try_io(Interest::READABLE, || {
                 // SAFETY: `fd` is the stream's open socket; with MSG_TRUNC a TCP socket discards
                 // up to `want` bytes and writes nothing, so no buffer is needed (tcp(7)).
@@ -1217,14 +1237,20 @@ impl SmcStream {
                     Ok(n as usize)
                 }
             });
+            let took = match &r {
+                Ok(n) => *n as u64,
+                Err(_) => 0,
+            };
+            if took < claimed {
+                s.conn.unclaim_tcp_skip(claimed - took);
+            }
             match r {
                 Ok(0) => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the stream ended within bytes consumed before its move to tcp",
-                    )))
+                    // The stream ended within them: the read that follows sees the end.
+                    s.conn.clear_tcp_skip();
+                    return Poll::Ready(Ok(()));
                 }
-                Ok(n) => s.conn.tcp_skipped(n as u64),
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => match cx.as_deref_mut() {
                     Some(cx) => ready!(self.io().poll_read_ready(cx))?,
@@ -1250,7 +1276,7 @@ impl SmcStream {
                 }
             }
             PathRef::Tcp(_) => {
-                if let Poll::Ready(Err(e)) = self.poll_skip(None) {
+                if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
                     return Err(e);
                 }
                 // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
@@ -1389,6 +1415,12 @@ impl SmcStream {
         if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
+        if interest.is_readable() {
+            // The application's own reads must not see bytes it consumed before a move.
+            if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
+                return Err(e);
+            }
+        }
         self.io().try_io(interest, f)
     }
 
@@ -1417,6 +1449,9 @@ impl SmcStream {
     pub async fn async_io<R>(&self, interest: Interest, f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
         if self.smc().is_some() {
             return Err(raw_io_unsupported());
+        }
+        if interest.is_readable() {
+            std::future::poll_fn(|cx| self.poll_skip(Some(cx), true)).await?;
         }
         self.io().async_io(interest, f).await
     }
@@ -1575,7 +1610,7 @@ impl SmcStream {
                 return r;
             }
         }
-        ready!(self.poll_skip(Some(cx)))?;
+        ready!(self.poll_skip(Some(cx), true))?;
         if let Some(g) = self.guard() {
             if let Some(p) = g.poll_read(cx, self.io(), buf) {
                 return p;

@@ -576,12 +576,13 @@ impl SmcConn {
     /// consuming them or not; resolves to how many were copied. Without a context (`try_read`)
     /// it does not wait: where it would, it answers `WouldBlock` and stores no waker.
     fn poll_copied(&self, cx: Option<&mut Context<'_>>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
+        let consuming = take == Take::Consume;
         if buf.remaining() == 0 {
-            // Still a read: whatever was lent is given back.
-            self.end_lend(&mut self.lock());
+            // Still a read: the application holds no lent bytes.
+            self.end_read(&mut self.lock(), consuming);
             return Poll::Ready(Ok(0));
         }
-        self.poll_received(cx, 0, |st, avail| {
+        self.poll_received(cx, consuming, 0, |st, avail| {
             let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
             self.copy_out(st, buf, n, take).map(|()| n as usize)
         })
@@ -601,7 +602,7 @@ impl SmcConn {
         scratch: &mut Vec<u8>,
         may_lend: bool,
     ) -> Poll<io::Result<Lent>> {
-        self.poll_received(Some(cx), Lent::Copied(0), |st, avail| {
+        self.poll_received(Some(cx), true, Lent::Copied(0), |st, avail| {
             let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
                 return Err(io::Error::other("smc connection read before it was established"));
             };
@@ -610,8 +611,11 @@ impl SmcConn {
             };
             // The first span is the run up to the ring's end (or all of it); never empty here.
             let (off, len) = spans.into_iter().find(|s| s.1 > 0).unwrap_or((0, 0));
+            // Not once the connection ended: an abort may have gone out (the peer then reuses
+            // the ring once it answers), though what is left is still read, by copying.
+            let lendable = may_lend && st.error.is_none() && !st.engine.close_sent();
             let lend =
-                if may_lend { link.rx_lend(link.rx_token(self.our_token, peer_token), off, len) } else { Ok(None) };
+                if lendable { link.rx_lend(link.rx_token(self.our_token, peer_token), off, len) } else { Ok(None) };
             match lend {
                 Ok(Some(ptr)) => {
                     st.lent = len;
@@ -666,14 +670,38 @@ impl SmcConn {
         n as usize
     }
 
-    /// Bytes the stream must take off the TCP socket before its next read there.
-    pub(crate) fn tcp_skip(&self) -> u64 {
-        self.tcp_skip.load(std::sync::atomic::Ordering::Relaxed)
+    /// Claims up to `max` of the bytes the stream must take off the TCP socket before its next
+    /// read there (0: none); a caller that takes fewer gives the rest back with
+    /// [`unclaim_tcp_skip`](Self::unclaim_tcp_skip). Two readers of one stream claim apart, so
+    /// no byte is skipped twice.
+    pub(crate) fn claim_tcp_skip(&self, max: u64) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut left = self.tcp_skip.load(Relaxed);
+        loop {
+            let n = left.min(max);
+            if n == 0 {
+                return 0;
+            }
+            match self.tcp_skip.compare_exchange_weak(left, left - n, Relaxed, Relaxed) {
+                Ok(_) => return n,
+                Err(now) => left = now,
+            }
+        }
     }
 
-    /// `n` of [`tcp_skip`](Self::tcp_skip)'s bytes were taken off.
-    pub(crate) fn tcp_skipped(&self, n: u64) {
-        self.tcp_skip.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    /// Gives back `n` claimed bytes that were not taken off.
+    pub(crate) fn unclaim_tcp_skip(&self, n: u64) {
+        self.tcp_skip.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether bytes are still to skip.
+    pub(crate) fn has_tcp_skip(&self) -> bool {
+        self.tcp_skip.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// Drops every byte still to skip (the stream ended within them).
+    pub(crate) fn clear_tcp_skip(&self) {
+        self.tcp_skip.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The stream read on TCP after its move: bytes handed out before the move are read again
@@ -691,6 +719,17 @@ impl SmcConn {
         let mut st = self.lock();
         self.end_lend(&mut st);
         self.maybe_finish(st);
+    }
+
+    /// A read through the lending handle: the application holds no lent bytes any more, and a
+    /// consuming read also ends what `consume` could still take (a peek leaves it: the bytes
+    /// are still at the head of the stream).
+    fn end_read(&self, st: &mut ConnState, consuming: bool) {
+        if consuming {
+            self.end_lend(st);
+        } else {
+            self.end_live(st);
+        }
     }
 
     /// Ends whatever was lent (the application reads again, or let go of the stream).
@@ -722,17 +761,18 @@ impl SmcConn {
 
     /// The waiting part of every read: until bytes (or the end, or an error) are there; then
     /// `take` gets the bytes available (more than 0) and says what the read returns, `eof` at
-    /// the end of the stream. Whatever was lent is given back first.
+    /// the end of the stream. Whatever was lent is given back first ([`end_read`](Self::end_read)).
     fn poll_received<R: Copy>(
         &self,
         mut cx: Option<&mut Context<'_>>,
+        consuming: bool,
         eof: R,
         mut take: impl FnMut(&mut ConnState, u32) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
         for attempt in 0..2 {
             let mut st = self.lock();
             if attempt == 0 {
-                self.end_lend(&mut st);
+                self.end_read(&mut st, consuming);
             }
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
@@ -1574,10 +1614,6 @@ impl SmcConn {
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
         let Some(me) = self.me.upgrade() else { return false };
-        // What the application was handed and did not consume is not consumed: the peer sends
-        // it again on TCP, where a later `consume` of it skips it. Bytes it may still hold stay
-        // as they are: the peer never reuses the ring after a move (`handback_over`).
-        self.voided.store(std::mem::take(&mut st.lent), std::sync::atomic::Ordering::Relaxed);
         let t = st.engine.handback_totals();
         // Our bytes the peer has not reported consumed, from our side's copy of its ring.
         let mut copy = vec![0u8; usize::try_from(t.written - t.acknowledged).unwrap_or(0)];
@@ -1602,6 +1638,10 @@ impl SmcConn {
             resend_at_most = copy.len(),
             "moving the connection to its tcp socket"
         );
+        // What the application was handed and did not consume is not consumed: the peer sends
+        // it again on TCP, where a later `consume` of it skips it. Bytes it may still hold stay
+        // as they are: the peer never reuses the ring after a move (`handback_over`).
+        self.voided.store(std::mem::take(&mut st.lent), std::sync::atomic::Ordering::Relaxed);
         st.handback = Handback::Moving(cause);
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
@@ -1669,6 +1709,8 @@ impl SmcConn {
                 }
                 st.handback = Handback::Smc;
                 st.error.get_or_insert(err);
+                // The ring is still read (drained): what was handed out is its head again.
+                st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
             }
         }
         // The link has no more use for the connection: its slot goes back to the group.
