@@ -267,3 +267,43 @@ pub fn run_test_bed(args: &[&str], consoles: &[&str], shown: impl Fn(&str) -> bo
     }
     unreachable!("the last attempt returns or panics")
 }
+
+/// Writes `data` with `try_write` (so a mover can hold `&SmcStream` meanwhile), counting what went.
+pub async fn write_all_shared(s: &smc_tokio::SmcStream, data: &[u8], sent: &std::sync::atomic::AtomicU64) {
+    let mut at = 0;
+    while at < data.len() {
+        s.writable().await.unwrap();
+        // Small and uneven writes, so cut points fall anywhere in a ring.
+        let end = (at + 1 + (at * 7919) % 60_000).min(data.len());
+        match s.try_write(&data[at..end]) {
+            Ok(n) => {
+                at += n;
+                sent.store(at as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+}
+
+/// Reads exactly `n` bytes with `try_read`; also returns the longest wait between two reads
+/// that returned bytes.
+pub async fn read_n_shared(s: &smc_tokio::SmcStream, n: usize) -> (Vec<u8>, Duration) {
+    let mut got = vec![0u8; n];
+    let mut at = 0;
+    let (mut last, mut gap) = (std::time::Instant::now(), Duration::ZERO);
+    while at < n {
+        s.readable().await.unwrap();
+        match s.try_read(&mut got[at..]) {
+            Ok(0) => panic!("eof after {at} of {n} bytes"),
+            Ok(k) => {
+                at += k;
+                gap = gap.max(last.elapsed());
+                last = std::time::Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("read after {at} of {n} bytes: {e}"),
+        }
+    }
+    (got, gap)
+}

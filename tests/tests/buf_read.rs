@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{Policy, SmcListener, SmcStream, Transport};
-use tests::{bounded, pattern, smc_pair, Rng};
+use tests::{bounded, pattern, read_n_shared, smc_pair, write_all_shared, Rng};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 /// Where a `fill_buf` result starts and how long it is.
@@ -329,36 +329,6 @@ async fn split_is_the_streams_own_with_async_buf_read_ext_in_scope() {
     assert_eq!(line, "x\n");
 }
 
-/// Writes `data` through `&SmcStream` (so that another task can move the stream meanwhile).
-async fn write_shared(s: &SmcStream, data: &[u8]) {
-    let mut at = 0;
-    while at < data.len() {
-        s.writable().await.unwrap();
-        let end = (at + 1 + (at * 7919) % 30_000).min(data.len());
-        match s.try_write(&data[at..end]) {
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("write: {e}"),
-        }
-    }
-}
-
-/// Reads `n` bytes through `&SmcStream`.
-async fn read_shared(s: &SmcStream, n: usize) -> Vec<u8> {
-    let mut got = vec![0u8; n];
-    let mut at = 0;
-    while at < n {
-        s.readable().await.unwrap();
-        match s.try_read(&mut got[at..]) {
-            Ok(0) => panic!("eof after {at} of {n} bytes"),
-            Ok(k) => at += k,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("read after {at} of {n} bytes: {e}"),
-        }
-    }
-    got
-}
-
 /// A 32 MiB echo: the server writes and reads through `&SmcStream` in two tasks (each waiting
 /// on readiness) while a third moves the stream to TCP early on; the client echoes with
 /// `copy_buf` over its owned (lending) halves, or with `copy` where `lend` is false.
@@ -376,9 +346,9 @@ async fn echo_under_a_move(lend: bool) {
     let (w, r, m) = {
         let (s1, s2, s3) = (s.clone(), s.clone(), s.clone());
         let d = data.clone();
-        let w = tokio::spawn(async move { write_shared(&s1, &d).await });
+        let w = tokio::spawn(async move { write_all_shared(&s1, &d, &Default::default()).await });
         let n = data.len();
-        let r = tokio::spawn(async move { read_shared(&s2, n).await });
+        let r = tokio::spawn(async move { read_n_shared(&s2, n).await.0 });
         let m = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(3)).await;
             s3.hand_back().await

@@ -7,51 +7,11 @@ use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{FallbackReason, HandbackCause, SmcStream, Transport};
-use tests::{bounded, smc_pair, Rng};
+use tests::{bounded, read_n_shared, smc_pair, write_all_shared, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn moved(cause: HandbackCause) -> Transport {
     Transport::Tcp(FallbackReason::HandedBack(cause))
-}
-
-/// Writes `data` with `try_write` (so a mover can hold `&SmcStream` meanwhile), counting what went.
-async fn write_all_shared(s: &SmcStream, data: &[u8], sent: &AtomicU64) {
-    let mut at = 0;
-    while at < data.len() {
-        s.writable().await.unwrap();
-        // Small and uneven writes, so cut points fall anywhere in a ring.
-        let end = (at + 1 + (at * 7919) % 60_000).min(data.len());
-        match s.try_write(&data[at..end]) {
-            Ok(n) => {
-                at += n;
-                sent.store(at as u64, Ordering::Relaxed);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("write: {e}"),
-        }
-    }
-}
-
-/// Reads exactly `n` bytes with `try_read`; also returns the longest wait between two reads
-/// that returned bytes.
-async fn read_n_shared(s: &SmcStream, n: usize) -> (Vec<u8>, Duration) {
-    let mut got = vec![0u8; n];
-    let mut at = 0;
-    let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
-    while at < n {
-        s.readable().await.unwrap();
-        match s.try_read(&mut got[at..]) {
-            Ok(0) => panic!("eof after {at} of {n} bytes"),
-            Ok(k) => {
-                at += k;
-                gap = gap.max(last.elapsed());
-                last = Instant::now();
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("read after {at} of {n} bytes: {e}"),
-        }
-    }
-    (got, gap)
 }
 
 /// What moves the connection.
