@@ -126,8 +126,8 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// link lends nothing: its peer could change the bytes while the application holds them,
     /// and only a peer trusted with our memory may (see [`ShmLink`](shm::ShmLink)'s). The
     /// mapping lives as long as the link; the bytes stay as they are while the connection has
-    /// not consumed them and has told the peer nothing that frees its ring (an abort, its
-    /// answer, a handback's count).
+    /// not consumed them and has told the peer nothing that frees its ring (an abort or its
+    /// answer; after a move to TCP the peer never reuses the ring).
     fn rx_lend(&self, rmb: u32, offset: u32, len: u32) -> Result<Option<std::ptr::NonNull<u8>>, LinkError> {
         let _ = (rmb, offset, len);
         Ok(None)

@@ -95,7 +95,8 @@ impl ReadLend {
             // SAFETY: by the caller's contract: the span lies in the link's mapping of the
             // peer's region, which the connection (kept by the stream) keeps mapped; it holds
             // unconsumed bytes, which a peer of our uid does not write until we consume them or
-            // tell it the ring is free, and the connection holds both back while they are lent.
+            // tell it the ring is free (an abort or its answer), and the connection holds both
+            // back while they are lent; after a move to TCP the peer never reuses the ring.
             Lent::Ring { ptr, len } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) },
             Lent::Copied(n) => &self.scratch[..n.min(self.scratch.len())],
         }

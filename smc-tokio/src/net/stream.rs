@@ -1872,8 +1872,9 @@ impl AsyncRead for SmcStream {
 /// [`OwnedReadHalf`] lends as well.
 ///
 /// While the application holds lent bytes, the peer cannot reuse that part of its ring: the
-/// connection holds back what would free it (an abort, or a move to TCP) until they are
-/// consumed or the stream is read again. Hold lent bytes for the time it takes to parse them.
+/// connection holds back its abort, or its answer to the peer's, until they are consumed or the
+/// stream is read again (after a move to TCP the peer never reuses the ring). Hold lent bytes
+/// for the time it takes to parse them.
 ///
 /// # Examples
 ///
@@ -1892,20 +1893,29 @@ impl AsyncRead for SmcStream {
 /// let mut s = SmcStream::connect(addr).await?;
 /// // Parse lines where they lie: no copy over shared memory.
 /// let mut rd = &mut s;
-/// let mut lines = 0;
+/// let mut lengths = Vec::new();
+/// // Only a line split between two fills (at the ring's end, say) is copied.
+/// let mut partial = Vec::new();
 /// loop {
 ///     let buf = rd.fill_buf().await?;
+///     if buf.is_empty() {
+///         break; // the end of the stream
+///     }
 ///     let Some(end) = buf.iter().position(|&b| b == b'\n') else {
-///         // Not a whole line yet (a real parser would keep the partial line).
+///         partial.extend_from_slice(buf);
+///         let n = buf.len();
+///         rd.consume(n);
 ///         continue;
 ///     };
-///     lines += 1;
+///     let len = partial.len() + end;
+///     lengths.push(len);
+///     partial.clear();
 ///     rd.consume(end + 1);
-///     if end == 0 {
-///         break; // the empty line
+///     if len == 0 {
+///         break; // the empty line ends the header
 ///     }
 /// }
-/// assert_eq!(lines, 3);
+/// assert_eq!(lengths, [5, 13, 0]);
 /// # Ok(())
 /// # }
 /// ```

@@ -208,7 +208,7 @@ struct ConnState {
     /// The application shut its write side while the handback ran: shut TCP's once it is over.
     shutdown_after_handback: bool,
     /// Bytes the last [`SmcConn::poll_lend`] handed out that `consume` may still take (0: none);
-    /// a read or the application's release ends them, and a handback's count voids them.
+    /// a read or the application's release ends them, and a move to TCP voids them (`voided`).
     lent: u32,
     /// The application may hold a reference to ring bytes (from `poll_lend` until the next
     /// `consume`, read or release). Meanwhile nothing may tell the peer that its ring is free:
