@@ -1,13 +1,13 @@
 //! `AsyncBufRead` on streams and read halves: over shared memory with a peer of our own uid the
 //! receive ring's bytes are lent where they lie; elsewhere they are peeked into a buffer. Either
 //! way every byte arrives once and in order, mixed with plain reads, peeks and `try_read`; and
-//! while bytes are lent the peer cannot reuse their memory (an abort's answer and a move to TCP
-//! wait for them).
+//! while bytes are lent the peer cannot reuse their memory (an abort's answer waits for them,
+//! and after a move to TCP a peer that may lend never gets its ring reused).
 
 use std::time::Duration;
 
 use smc_tokio::config::ShmConfig;
-use smc_tokio::{Policy, SmcListener, SmcStream, Transport};
+use smc_tokio::{Context, Policy, SmcListener, SmcStream, Transport};
 use tests::{bounded, pattern, read_n_shared, smc_pair, write_all_shared, Rng};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
@@ -421,4 +421,85 @@ async fn a_peek_between_fill_buf_and_consume_leaves_the_bytes_to_consume() {
         rd.read_exact(&mut rest).await.unwrap();
         assert_eq!(&rest, b"defgh", "tcp: {tcp}");
     }
+}
+
+/// Waits until `ctx` holds `want` bytes of rings, or 10 s; returns what it holds then.
+async fn rings_settle(ctx: &Context, want: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while ctx.rmb_memory_in_use() != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ctx.rmb_memory_in_use()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_tcp_keeps_the_ring_only_from_a_peer_that_may_lend() {
+    const RING: u32 = 16 * 1024;
+    let shm = ShmConfig::default().rmb_size(RING).rmb_max(RING);
+    // A peer of our own uid may hold bytes of our ring lent: after a move, neither side's ring
+    // goes back to the group, even once both streams are gone. A plain close gives both back.
+    let ctx = Context::new();
+    let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let pair = || async {
+        let b = SmcStream::builder().context(&ctx).shm(shm.clone());
+        let (c, s) = tokio::join!(b.connect(addr), l.accept());
+        let (c, (s, _)) = (c.unwrap(), s.unwrap());
+        assert_eq!(c.transport(), Transport::SmcD);
+        (c, s)
+    };
+    let (mut c, mut s) = pair().await;
+    assert_eq!(ctx.rmb_memory_in_use(), 2 * RING as u64);
+    s.write_all(b"one").await.unwrap();
+    let mut b = [0u8; 3];
+    c.read_exact(&mut b).await.unwrap();
+    drop((c, s));
+    assert_eq!(rings_settle(&ctx, 0).await, 0, "a closed connection's rings came back");
+    let (mut c, mut s) = pair().await;
+    bounded(10, s.hand_back()).await.unwrap();
+    s.write_all(b"two").await.unwrap();
+    bounded(10, c.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"two");
+    assert!(matches!(c.transport(), Transport::Tcp(_)), "{}", c.transport());
+    drop((c, s));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ctx.rmb_memory_in_use(), 2 * RING as u64, "rings a peer of our uid may hold were reused");
+
+    // A peer of another uid (allowed) copies: after a move our ring goes back at once.
+    if !tests::require_root("a_move_to_tcp_keeps_the_ring_only_from_a_peer_that_may_lend (other uid)") {
+        return;
+    }
+    const PEER: u32 = 65533;
+    let ctx = Context::new();
+    let l = SmcListener::builder()
+        .context(&ctx)
+        .shm(ShmConfig::default().allow_uid(PEER).rmb_size(RING).rmb_max(RING))
+        .bind("127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = tokio::process::Command::new(env!("CARGO_BIN_EXE_smc-test-peer"))
+        .args(["client", &addr.to_string()])
+        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+        .uid(PEER)
+        .gid(PEER)
+        .kill_on_drop(true)
+        .output();
+    let server = async {
+        let (s, _) = l.accept().await.unwrap();
+        assert_eq!(s.transport(), Transport::SmcD);
+        let held = ctx.rmb_memory_in_use();
+        s.hand_back().await.unwrap();
+        let after = ctx.rmb_memory_in_use();
+        // The peer's 64 KiB echo goes on over TCP.
+        let (mut rd, mut wr) = s.into_split();
+        let _ = tokio::io::copy(&mut rd, &mut wr).await;
+        (held, after)
+    };
+    let (out, (held, after)) = bounded(30, async { tokio::join!(peer, server) }).await;
+    let out = out.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("TRANSPORT smc-d") && text.contains("OK"), "{text}");
+    assert_eq!(held, RING as u64);
+    assert_eq!(after, 0, "the ring written for a peer of another uid was kept after the move");
 }

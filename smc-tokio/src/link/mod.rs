@@ -185,6 +185,13 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn is_rdma(&self) -> bool {
         false
     }
+    /// Whether the peer may lend the bytes we write to its application in place (its
+    /// [`rx_lend`](Link::rx_lend)), and so may still hold some of them after the connection
+    /// left the link (a move to TCP): the ring we write into must then never be reused. `false`
+    /// where the peer reads copies (RDMA writes into its own memory).
+    fn peer_may_lend(&self) -> bool {
+        false
+    }
     /// Moves the link's descriptors (doorbell, side channel, completion channel) to the
     /// reactor of the runtime this is called on: the runtime that drove the link shut down.
     fn rehome(&self) -> Result<(), LinkError>;

@@ -1680,11 +1680,12 @@ impl SmcConn {
         let mut st = self.lock();
         let Handback::Moving(cause) = st.handback else { return };
         let counters = &self.group.manager().counters;
-        // Over shared memory the peer may hold bytes of the ring we write into, lent to its
-        // application in place, across the move (its count does not wait for them, or the
-        // move would wait on the application; a failed move ends without one): that ring is
-        // never given back to the group. One ring per move, which is rare; RDMA lends nothing.
-        let retire = !self.group.link().is_some_and(|l| l.is_rdma());
+        // A peer that may lend (over shared memory, of our uid) may hold bytes of the ring we
+        // write into, lent to its application in place, across the move (its count does not
+        // wait for them, or the move would wait on the application; a failed move ends without
+        // one): that ring is never given back to the group. One ring per move, which is rare.
+        // A peer of another uid copies, and RDMA lends nothing: their rings go back.
+        let retire = self.group.link().is_none_or(|l| l.peer_may_lend());
         match res {
             Ok(()) => {
                 if st.shutdown_after_handback {

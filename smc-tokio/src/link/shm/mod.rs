@@ -128,6 +128,12 @@ pub(crate) struct ShmLink {
     /// Another uid, even an allowed one, could change bytes while the application holds a
     /// reference to them, which Rust does not allow: its bytes are copied out.
     lends: bool,
+    /// The peer may lend the bytes we write ([`Link::peer_may_lend`]): its uid is ours. It lends
+    /// only to a peer of its own uid (above), and a uid is the same from either side of a user
+    /// namespace's mapping, so any peer that sees us as its own uid is our uid here. Wider than
+    /// `lends` (the overflow gid is not looked at), so it never says no to a peer that lends.
+    /// `true` when its credentials cannot be read.
+    peer_may_lend: bool,
 }
 
 /// Largest peer region we agree to map: 65536 RMBs of 1 GiB would be absurd; 64 GiB of
@@ -187,7 +193,10 @@ impl ShmLink {
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
         // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
         let doorbell = unsafe { sys::register(DoorbellFd(PeerFd::new(local.doorbell)), Interest::READABLE) }?;
-        let lends = sys::peer_cred(side.get_ref().as_fd()).is_ok_and(|c| c.trusted(&[]));
+        let cred = sys::peer_cred(side.get_ref().as_fd());
+        let lends = cred.as_ref().is_ok_and(|c| c.trusted(&[]));
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        let peer_may_lend = cred.map_or(true, |c| c.uid == unsafe { libc::geteuid() });
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -205,6 +214,7 @@ impl ShmLink {
             closed: AtomicBool::new(false),
             counters: local.counters,
             lends,
+            peer_may_lend,
         })
     }
 
@@ -389,6 +399,10 @@ impl Link for ShmLink {
         }
         let p = self.peer.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("lend span"))?;
         Ok(std::ptr::NonNull::new(p))
+    }
+
+    fn peer_may_lend(&self) -> bool {
+        self.peer_may_lend
     }
 
     fn cdc_send_frame(&self, frame: &[u8; CDC_MSG_LEN]) -> Result<bool, LinkError> {
