@@ -335,8 +335,16 @@ pub fn shm_rx(data: &[u8]) {
     let mut rx = CdcRx::new();
     let Some(ring) = RingSize::new(4096) else { return };
     let mut engine = ConnEngine::new(1, ring, ring);
+    // Our side writes too, with a ring that starts over when the peer's cursors say it may:
+    // whatever the peer reports, we never write where it has not read.
+    engine.set_tx_restart(Some(64));
     let mut frames = Vec::new();
     for _ in 0..4 {
+        let k = engine.tx_free().min(100);
+        let _ = engine.tx_commit(k);
+        if let Some(m) = engine.poll_cdc() {
+            engine.on_cdc_sent(&m);
+        }
         frames.clear();
         match rx.pop(&ours, &peer, 64, &mut frames) {
             Ok(_) => {}
@@ -352,6 +360,7 @@ pub fn shm_rx(data: &[u8]) {
             }
         }
         let _ = rx.arm(&ours, &peer);
+        assert!(engine.tx_in_flight() <= ring.get());
     }
     assert!(engine.tx_free() <= ring.get());
 }

@@ -503,3 +503,33 @@ async fn a_move_to_tcp_keeps_the_ring_only_from_a_peer_that_may_lend() {
     assert_eq!(held, RING as u64);
     assert_eq!(after, 0, "the ring written for a peer of another uid was kept after the move");
 }
+
+#[tokio::test]
+async fn request_response_over_shared_memory_keeps_to_the_start_of_the_ring() {
+    // Lent bytes show where they lie: with the ring starting over whenever the reader has
+    // consumed everything, 200 exchanges of 1000 bytes stay within the ring's first pages
+    // instead of walking its 64 KiB.
+    let (mut c, mut s) = smc_pair(ShmConfig::default().rmb_size(64 * 1024).rmb_max(64 * 1024)).await;
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    let msg = pattern(1000);
+    for _ in 0..200 {
+        s.write_all(&msg).await.unwrap();
+        let mut got = 0;
+        while got < msg.len() {
+            let mut rc = &mut c;
+            let buf = bounded(10, rc.fill_buf()).await.unwrap();
+            let (at, len) = span(buf);
+            assert!(buf == &msg[got..got + len], "the bytes lent are not the ones written");
+            lo = lo.min(at);
+            hi = hi.max(at + len);
+            got += len;
+            rc.consume(len);
+        }
+        c.write_all(b"k").await.unwrap();
+        let mut k = [0u8; 1];
+        s.read_exact(&mut k).await.unwrap();
+    }
+    // More than one message's span: the bytes were lent from the ring, not copied to one place.
+    assert!(hi - lo > 1000, "the bytes were not lent ({} bytes spanned)", hi - lo);
+    assert!(hi - lo <= 4096 + 1000, "request/response walked {} bytes of the ring", hi - lo);
+}

@@ -173,6 +173,16 @@ pub struct ConnEngine {
     tx_resize_unacked: bool,
     /// We owe the peer an acknowledgement of its resize.
     rx_resize_ack_due: bool,
+    /// That acknowledgement is of a restart (a resize to the same size): it rides on our next
+    /// message instead of forcing one. The peer needs it only to trust our consumer cursors
+    /// again, and every message that carries one carries it.
+    rx_resize_ack_quiet: bool,
+    /// Where the ring starts over once the peer has consumed everything ([`set_tx_restart`]).
+    ///
+    /// [`set_tx_restart`]: Self::set_tx_restart
+    tx_restart_at: Option<u32>,
+    /// The resize to announce is a restart: it rides on the next message instead of forcing one.
+    tx_restart_quiet: bool,
     /// Bytes committed into the peer's rings since the connection began (across resizes).
     tx_total: u64,
     /// Bytes the application consumed from our rings since the connection began.
@@ -231,6 +241,9 @@ impl ConnEngine {
             tx_resize_due: false,
             tx_resize_unacked: false,
             rx_resize_ack_due: false,
+            rx_resize_ack_quiet: false,
+            tx_restart_at: None,
+            tx_restart_quiet: false,
             tx_total: 0,
             rx_total: 0,
         }
@@ -277,6 +290,61 @@ impl ConnEngine {
     /// ```
     pub fn set_rx_max(&mut self, max: RingSize) {
         self.rx_max = max.max(self.rx_ring);
+    }
+
+    /// Lets the ring we write into start over at its beginning whenever the peer has consumed
+    /// everything we wrote and our position is `at` bytes or more into it (`None`: never, the
+    /// default). A request/response connection then keeps writing the same few cache lines
+    /// instead of walking the whole ring, which across many connections no cache holds. The
+    /// restart is announced as a resize to the same size, on the next message we send anyway
+    /// (it forces none), and the peer's consumer cursors count only after it acknowledged it,
+    /// as after a resize. Only for a peer that speaks `RMB_RESIZE` (ours).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cursor::Cursor;
+    /// use smc_tokio::proto::pair::{flush, EnginePair};
+    ///
+    /// let EnginePair { mut a, mut b, .. } = EnginePair::new(4096);
+    /// // `a` and `b`: the two ends of a connection (4 KiB rings); `flush(x, y)` delivers what `x` owes `y`.
+    /// a.set_tx_restart(Some(1024));
+    /// a.tx_commit(1500).unwrap();
+    /// flush(&mut a, &mut b);
+    /// b.rx_consume(1500).unwrap();
+    /// flush(&mut b, &mut a); // everything consumed, 1500 >= 1024 bytes in: a starts over
+    /// assert!(a.poll_cdc().is_none()); // the restart forces no message
+    /// assert_eq!(a.tx_spans(10).unwrap()[0], (0, 10)); // the next bytes go at the start
+    /// a.tx_commit(10).unwrap();
+    /// let msg = a.poll_cdc().unwrap();
+    /// assert_eq!((msg.ring_size(), msg.prod), (Some(4096), Cursor::new(0, 10)));
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 10); // read from the ring's start
+    /// ```
+    pub fn set_tx_restart(&mut self, at: Option<u32>) {
+        self.tx_restart_at = at;
+    }
+
+    /// Starts the ring we write into over at `0:0` if [`set_tx_restart`](Self::set_tx_restart)
+    /// allows it now: everything we wrote was announced and consumed, we are far enough into
+    /// the ring, and no resize is under way and no end was written.
+    fn maybe_restart(&mut self) {
+        let Some(at) = self.tx_restart_at else { return };
+        if self.tx_prod.count < at
+            || self.tx_prod != self.peer_cons
+            || self.tx_prod != self.tx_prod_sent
+            || self.tx_resizing()
+            || self.done_writing
+            || self.aborted
+        {
+            return;
+        }
+        self.tx_prod = Cursor::default();
+        self.tx_prod_sent = Cursor::default();
+        self.peer_cons = Cursor::default();
+        self.tx_resize_due = true;
+        self.tx_resize_unacked = true;
+        self.tx_restart_quiet = true;
     }
 
     /// The size of the peer's ring we write into now.
@@ -447,6 +515,7 @@ impl ConnEngine {
         self.tx_filled = false;
         self.tx_resize_due = true;
         self.tx_resize_unacked = true;
+        self.tx_restart_quiet = false;
     }
 
     /// The token this side puts in its CDC messages.
@@ -1172,6 +1241,9 @@ impl ConnEngine {
         let was_closed = self.peer_closed();
         self.seq_in = msg.seq;
         if msg.ring_size().is_some() {
+            // A resize to the same size is a restart (`set_tx_restart`): its acknowledgement
+            // waits for our next message.
+            self.rx_resize_ack_quiet = rx_ring == self.rx_ring;
             self.rx_ring = rx_ring;
             self.rx_cons = Cursor::default();
             self.rx_cons_sent = Cursor::default();
@@ -1185,6 +1257,7 @@ impl ConnEngine {
         let resizing = self.tx_resize_pending.is_some();
         self.apply_tx_resize();
         let resized = resizing && self.tx_resize_pending.is_none();
+        self.maybe_restart();
         if freed > 0 {
             self.ask_to_drain();
         }
@@ -1268,8 +1341,8 @@ impl ConnEngine {
             || (self.closed && !self.closed_sent && !held)
             || (self.aborted && !self.aborted_sent)
             || (self.write_blocked && !self.write_blocked_sent)
-            || self.tx_resize_due
-            || self.rx_resize_ack_due;
+            || (self.tx_resize_due && !self.tx_restart_quiet)
+            || (self.rx_resize_ack_due && !self.rx_resize_ack_quiet);
         if !(prod_due || flags_due || self.cons_update_due()) {
             return None;
         }
@@ -1459,6 +1532,7 @@ impl ConnEngine {
         }
         if f.contains(CdcFlags::RMB_RESIZE) {
             self.tx_resize_due = false;
+            self.tx_restart_quiet = false;
         }
         if f.contains(CdcFlags::RMB_RESIZE_ACK) {
             self.rx_resize_ack_due = false;
@@ -1867,6 +1941,78 @@ mod tests {
         assert!(m.flags.contains(CdcFlags::PEER_DONE_WRITING));
     }
 
+    /// Request/response traffic of `rounds` messages of `size` bytes each way; returns the
+    /// CDC messages sent and the furthest offset either side wrote at.
+    fn request_response(a: &mut ConnEngine, b: &mut ConnEngine, rounds: u32, size: u32) -> (usize, u32) {
+        fn one(w: &mut ConnEngine, r: &mut ConnEngine, size: u32) -> (usize, u32) {
+            let spans = w.tx_spans(size).expect("room for a message");
+            let reach = spans.iter().map(|(off, len)| off + len).max().unwrap_or(0);
+            w.tx_commit(size).unwrap();
+            // The reader's driver flushes after every message it takes in, as `SmcConn` does.
+            let msgs = flush(w, r).len() + flush(r, w).len();
+            assert_eq!(r.rx_available(), size);
+            r.rx_consume(size).unwrap();
+            (msgs, reach)
+        }
+        let (mut msgs, mut furthest) = (0, 0);
+        for _ in 0..rounds {
+            let (m1, r1) = one(a, b, size);
+            let (m2, r2) = one(b, a, size);
+            msgs += m1 + m2;
+            furthest = furthest.max(r1).max(r2);
+        }
+        // The last consumer updates and acknowledgements.
+        msgs += flush(a, b).len() + flush(b, a).len();
+        (msgs, furthest)
+    }
+
+    #[test]
+    fn a_restarting_ring_keeps_request_response_at_its_start_and_sends_no_more_messages() {
+        let (mut a, mut b) = pair(64 << 10);
+        let (plain, reach) = request_response(&mut a, &mut b, 1000, 1000);
+        assert!(reach > 60 << 10, "without restarts the whole ring is walked ({reach})");
+        let (mut a, mut b) = pair(64 << 10);
+        a.set_tx_restart(Some(4096));
+        b.set_tx_restart(Some(4096));
+        let (restarting, reach) = request_response(&mut a, &mut b, 1000, 1000);
+        assert!(reach <= 4096 + 1000, "a restarting ring went {reach} bytes in");
+        assert_eq!(restarting, plain, "restarts forced CDC messages of their own");
+        assert_eq!((a.tx_total, b.rx_total, b.tx_total, a.rx_total), (1_000_000, 1_000_000, 1_000_000, 1_000_000));
+    }
+
+    #[test]
+    fn a_ring_restarts_only_once_everything_written_was_announced_and_consumed() {
+        let (mut a, mut b) = pair(8192);
+        a.set_tx_restart(Some(1024));
+        // Consumed only in part: no restart.
+        a.tx_commit(2000).unwrap();
+        flush(&mut a, &mut b);
+        b.rx_consume(1999).unwrap();
+        b.set_write_blocked(); // makes b report its consumer cursor at once
+        flush(&mut b, &mut a);
+        a.tx_commit(1).unwrap();
+        assert_eq!(a.tx_spans(1).unwrap()[0].0, 2001);
+        // Written but held by a cork: no restart either.
+        let (mut a, mut b) = pair(8192);
+        a.set_tx_restart(Some(1024));
+        a.tx_commit(2000).unwrap();
+        flush(&mut a, &mut b);
+        a.set_corked(true);
+        a.tx_commit(10).unwrap();
+        b.rx_consume(2000).unwrap();
+        b.set_write_blocked();
+        flush(&mut b, &mut a);
+        assert_eq!(a.tx_spans(1).unwrap()[0].0, 2010);
+        // A reader that gets a restart while bytes are unread refuses it.
+        let (_, mut b) = pair(8192);
+        let mut msg = CdcMsg::new(1, 1);
+        msg.prod = Cursor::new(0, 100);
+        b.on_cdc(&msg).unwrap();
+        let mut restart = CdcMsg::new(2, 1);
+        restart.set_resize(8192);
+        assert_eq!(b.on_cdc(&restart), Err(EngineError::ResizeWithUnreadData));
+    }
+
     proptest! {
         /// Random writes, reads, resizes and CDC exchanges, with real bytes: `a` writes a
         /// numbered byte stream into a model of `b`'s ring slot (16 KiB) at the spans its
@@ -1920,6 +2066,58 @@ mod tests {
                 flush(&mut a, &mut b);
             }
             prop_assert!(!a.tx_resize_waiting());
+            prop_assert!(a.tx_free() > 0);
+        }
+
+        /// As above, with rings that start over whenever they can (at a random depth that
+        /// changes as it runs), in both directions: restarts and resizes mix, and every byte
+        /// arrives where the reader looks for it.
+        #[test]
+        fn random_restarts_keep_the_byte_stream(at in 0u32..16384, ops in proptest::collection::vec((0u8..8, 0u32..20000), 1..400)) {
+            let (mut a, mut b) = growing_pair();
+            a.set_tx_restart(Some(at));
+            let mut slot = vec![0u8; 16384];
+            let (mut written, mut read) = (0u64, 0u64);
+            for (op, n) in ops {
+                match op {
+                    0 | 7 => {
+                        let k = n.min(a.tx_free());
+                        let spans = a.tx_spans(k).unwrap();
+                        for (off, len) in spans {
+                            for i in 0..len {
+                                slot[(off + i) as usize] = (written % 251) as u8;
+                                written += 1;
+                            }
+                        }
+                        a.tx_commit(k).unwrap();
+                    }
+                    1 => {
+                        let k = n.min(b.rx_available());
+                        for (off, len) in b.rx_spans(k).unwrap() {
+                            for i in 0..len {
+                                prop_assert_eq!(slot[(off + i) as usize], (read % 251) as u8);
+                                read += 1;
+                            }
+                        }
+                        b.rx_consume(k).unwrap();
+                    }
+                    2 => { flush(&mut a, &mut b); }
+                    3 => { flush(&mut b, &mut a); }
+                    4 => { if let Some(next) = a.tx_grow_wanted() { a.tx_resize(next); } }
+                    5 => { a.set_tx_restart(Some(n % 16384)); }
+                    _ => { if a.tx_free() == 0 { a.set_write_blocked(); } }
+                }
+                prop_assert!(u64::from(b.rx_available()) <= written - read);
+                prop_assert!(a.tx_in_flight() <= a.tx_ring().get());
+            }
+            flush(&mut a, &mut b);
+            prop_assert_eq!(u64::from(b.rx_available()), written - read);
+            for _ in 0..8 {
+                let k = b.rx_available();
+                b.rx_consume(k).unwrap();
+                flush(&mut b, &mut a);
+                flush(&mut a, &mut b);
+            }
             prop_assert!(a.tx_free() > 0);
         }
 

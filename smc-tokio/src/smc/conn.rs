@@ -507,6 +507,13 @@ impl SmcConn {
         self.our_token
     }
 
+    /// Lets the ring we write into start over at its beginning once the peer consumed
+    /// everything and we are `at` bytes in ([`ConnEngine::set_tx_restart`]): for peers that
+    /// speak `RMB_RESIZE`, set before the connection carries bytes.
+    pub(crate) fn restart_tx_at(&self, at: u32) {
+        self.lock().engine.set_tx_restart(Some(at));
+    }
+
     /// The connection's span (see the field).
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span

@@ -30,6 +30,18 @@ use crate::smc::manager::Manager;
 use crate::smc::ClientIdentity;
 use crate::sys;
 
+/// How deep into a peer's ring our writes go before the ring starts over at its beginning,
+/// whenever the peer has consumed everything (`ConnEngine::set_tx_restart`): request/response
+/// connections then write the same page or two over and over instead of walking the whole
+/// ring, which across many connections no cache holds. From `smcperf local --scenario rr --size
+/// 1024 --conns 200 --runtime multi --transport smc`, interleaved invocations on the 2-vCPU
+/// development VM: without restarts 1.00-1.07 M round trips/s, at 4 KiB 1.10-1.20 M (+10-12% in
+/// each of four pairs; 1.07-1.14 M against 0.97-1.01 M in three more rounds); 1 KiB and 16 KiB
+/// within the noise of 4 KiB, 64 KiB less. Streams and a single connection's round trip did not
+/// move beyond the noise (rr 1 KiB x 1: 616-621 k without, 622-670 k at 4 KiB, 638-693 k at
+/// 16 KiB; docs/benchmarks.md).
+const TX_RESTART_AT: u32 = 4096;
+
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
 /// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
 /// runtime shuts down); the link groups it set up keep running.
@@ -233,6 +245,7 @@ impl Manager {
             return Err(DeclineReason::SyncError);
         }
         let conn = group.open_conn(Some(accept.rmb_slot), rx_ring, cfg)?;
+        conn.restart_tx_at(TX_RESTART_AT);
         let confirm = ShmLinkInfo {
             link_group: group.id,
             rmb_slot: conn.our_token(),
@@ -416,6 +429,7 @@ impl Manager {
             group.add_join_secret(p.secret);
         }
         let conn = group.open_conn(None, rx_ring, cfg)?;
+        conn.restart_tx_at(TX_RESTART_AT);
         let info = ShmLinkInfo {
             link_group: group.id,
             rmb_slot: conn.our_token(),
