@@ -37,9 +37,10 @@ use crate::sys;
 /// 1024 --conns 200 --runtime multi --transport smc`, interleaved invocations on the 2-vCPU
 /// development VM: without restarts 1.00-1.07 M round trips/s, at 4 KiB 1.10-1.20 M (+10-12% in
 /// each of four pairs; 1.07-1.14 M against 0.97-1.01 M in three more rounds); 1 KiB and 16 KiB
-/// within the noise of 4 KiB, 64 KiB less. Streams and a single connection's round trip did not
-/// move beyond the noise (rr 1 KiB x 1: 616-621 k without, 622-670 k at 4 KiB, 638-693 k at
-/// 16 KiB; docs/benchmarks.md).
+/// within the noise of 4 KiB, 64 KiB less. Streams did not move beyond the noise. One
+/// connection's rr 1 KiB is not settled: 616-621 k round trips/s without, 622-670 k at 4 KiB,
+/// 638-693 k at 16 KiB, run alone; but in three pairs of the README's matrix 581-592 k after
+/// against 603-632 k before (docs/benchmarks.md).
 const TX_RESTART_AT: u32 = 4096;
 
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
