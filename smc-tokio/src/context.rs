@@ -7,7 +7,7 @@
 //! link groups to the same peer, count separately and cap their memory separately.
 //!
 //! The drop-in constructors ([`SmcStream::connect`](crate::SmcStream::connect),
-//! [`SmcListener::bind`](crate::SmcListener::bind), [`stats`](crate::stats),
+//! [`SmcListener::bind`](crate::SmcListener::bind), [`stats`](crate::stats()),
 //! [`config::global`]) use the default context, [`Context::global`], whose settings are read
 //! from the `SMC_TOKIO_*` environment at first use.
 
@@ -113,7 +113,7 @@ impl Context {
 
     /// The default context: the one [`SmcStream::connect`](crate::SmcStream::connect),
     /// [`SmcListener::bind`](crate::SmcListener::bind) and builders without a context use.
-    /// Its settings are [`config::global`], its counters [`stats`](crate::stats), its budget
+    /// Its settings are [`config::global`], its counters [`stats`](crate::stats()), its budget
     /// [`config::set_rmb_memory_cap`].
     ///
     /// # Examples

@@ -331,7 +331,7 @@ impl LinkGroup {
     /// group (its memory stays, and stays charged, until the group ends): for a connection that
     /// moved to TCP (or failed to), whose peer may hold bytes of the ring we write into, lent to
     /// its application in place, for as long as that application likes (a peer of our uid over
-    /// shared memory: [`Link::peer_may_lend`](crate::link::Link::peer_may_lend)). One slot per
+    /// shared memory: [`Link::peer_may_lend`]). One slot per
     /// such move, which is rare.
     pub(crate) fn unregister_retired(&self, token: u32) {
         let mut st = self.lock();

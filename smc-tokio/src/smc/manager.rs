@@ -1,5 +1,5 @@
 //! A context's link-group manager: its link groups of both kinds (shared memory in
-//! [`shm`](crate::smc::shm), RDMA in [`rdma`](crate::smc::rdma)), the RMB memory budget they
+//! [`shm`](crate::smc::shm), RDMA in `smc::rdma`, feature `rdma`), the RMB memory budget they
 //! charge and the counters they feed.
 
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! SMC connections over a link: link groups, their driver tasks, and the manager (one per
 //! context) that creates and reuses them, with its shared-memory side in [`shm`] and its RDMA
-//! side in [`rdma`].
+//! side in `rdma` (feature `rdma`).
 
 /// Who a same-host client is, as its door registration proved it: from the kernel
 /// (`SO_PEERCRED`) and the registration. Link groups are found and shared by it.

@@ -23,7 +23,7 @@ const NLMSG_HDR: usize = 16;
 /// Length of `struct inet_diag_req_v2`: family, protocol, ext, pad, states, then the 48-byte
 /// `inet_diag_sockid`.
 const REQ_LEN: usize = 8 + SOCKID_LEN;
-/// Length of `struct inet_diag_sockid`: sport, dport, src[4], dst[4], if, cookie[2].
+/// Length of `struct inet_diag_sockid`: sport, dport, `src[4]`, `dst[4]`, if, `cookie[2]`.
 const SOCKID_LEN: usize = 48;
 /// Length of `struct inet_diag_msg`: family, state, timer, retrans, the sockid, then expires,
 /// rqueue, wqueue, uid, inode.
