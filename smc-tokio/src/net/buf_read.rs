@@ -114,12 +114,12 @@ impl ReadLend {
             }
             Last::Tcp(len) => {
                 // The peeked bytes are queued (in the socket or the guard): taking them cannot
-                // wait. `scratch` holds at least `len` bytes (the peek went there).
+                // wait, and on plain TCP copies nothing. `scratch` holds at least `len` bytes
+                // (the peek went there).
                 let want = amt.min(len);
                 let mut left = want;
                 while left > 0 {
-                    let mut rb = ReadBuf::new(&mut self.scratch[..left]);
-                    match stream.try_read_into(&mut rb) {
+                    match stream.try_discard(left, &mut self.scratch) {
                         Ok(0) => break,
                         Ok(k) => left -= k,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -1304,6 +1304,38 @@ impl SmcStream {
         Ok(n)
     }
 
+    /// Takes up to `len` bytes off the stream without waiting, for a `consume` of bytes a peek
+    /// handed out: on plain TCP the kernel drops them (`MSG_TRUNC`: no copy); where the path
+    /// holds bytes of its own (an active in-band guard, or SMC) they are read into `scratch`,
+    /// which holds at least `len` bytes.
+    pub(crate) fn try_discard(&self, len: usize, scratch: &mut [u8]) -> io::Result<usize> {
+        match self.path() {
+            PathRef::Tcp(g) if !g.is_some_and(|g| g.is_active()) => {
+                if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
+                    return Err(e);
+                }
+                let fd = self.tcp.as_raw_fd();
+                let n = self.io().try_io(Interest::READABLE, || {
+                    // SAFETY: `fd` is the stream's open socket; with MSG_TRUNC a TCP socket
+                    // drops up to `len` queued bytes and writes nothing, so no buffer is needed
+                    // (tcp(7)).
+                    let n = unsafe { libc::recv(fd, std::ptr::null_mut(), len, libc::MSG_TRUNC) };
+                    if n < 0 {
+                        Err(io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                })?;
+                self.moved(false, n);
+                Ok(n)
+            }
+            _ => {
+                let mut rb = ReadBuf::new(&mut scratch[..len]);
+                self.try_read_into(&mut rb)
+            }
+        }
+    }
+
     /// Writes without waiting, as [`TcpStream::try_write`] does: the number of bytes written
     /// (possibly fewer than `buf` holds), or [`WouldBlock`](io::ErrorKind::WouldBlock) when there
     /// is no room. Over SMC the bytes go into the peer's ring and are announced at once (a held
