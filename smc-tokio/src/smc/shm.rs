@@ -76,6 +76,10 @@ impl SideListener {
             }
         }
         let name = format!("smc-tokio.{}.{:016x}", std::process::id(), sys::random_u64()).into_bytes();
+        // Clients see us as the uid we are when the socket starts listening (the kernel records
+        // it then): lending is decided against it (`shm::lend_trust`).
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        let listen_euid = unsafe { libc::geteuid() };
         let fd = sys::seqpacket_listen(&name)?;
         // SAFETY: an OwnedFd owns its descriptor.
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
@@ -106,7 +110,7 @@ impl SideListener {
                             continue;
                         }
                         let guard = Unjoined::enter(unjoined.clone());
-                        let serve = manager.clone().serve_join(fd, timeout, own_name.clone());
+                        let serve = manager.clone().serve_join(fd, timeout, own_name.clone(), listen_euid);
                         tokio::spawn(async move {
                             serve.await;
                             drop(guard);
@@ -488,9 +492,15 @@ impl Manager {
         expected
     }
 
-    async fn serve_join(self: Arc<Self>, fd: crate::sys::PeerFd, timeout: Duration, acceptor: Vec<u8>) {
+    async fn serve_join(
+        self: Arc<Self>,
+        fd: crate::sys::PeerFd,
+        timeout: Duration,
+        acceptor: Vec<u8>,
+        listen_euid: u32,
+    ) {
         let mut joined = None;
-        let res = shm::answer_join(fd, timeout, |join, cred| {
+        let res = shm::answer_join(fd, timeout, listen_euid, |join, cred| {
             let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
             let g = s
                 .groups

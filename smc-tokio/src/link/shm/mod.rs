@@ -126,13 +126,10 @@ pub(crate) struct ShmLink {
     /// process that is already inside our trust domain (it can signal and trace us), so the
     /// bytes it wrote may be lent to the application without a copy ([`Link::rx_lend`]).
     /// Another uid, even an allowed one, could change bytes while the application holds a
-    /// reference to them, which Rust does not allow: its bytes are copied out.
+    /// reference to them, which Rust does not allow: its bytes are copied out. And only while
+    /// we are still the uid the peer sees ([`lend_trust`]).
     lends: bool,
-    /// The peer may lend the bytes we write ([`Link::peer_may_lend`]): its uid is ours. It lends
-    /// only to a peer of its own uid (above), and a uid is the same from either side of a user
-    /// namespace's mapping, so any peer that sees us as its own uid is our uid here. Wider than
-    /// `lends` (the overflow gid is not looked at), so it never says no to a peer that lends.
-    /// `true` when its credentials cannot be read.
+    /// The peer may lend the bytes we write ([`Link::peer_may_lend`]); see [`lend_trust`].
     peer_may_lend: bool,
 }
 
@@ -150,6 +147,7 @@ impl ShmLink {
         peer_doorbell: PeerFd,
         side: AsyncFd<PeerFd>,
         busy_poll: Duration,
+        seen_as: u32,
     ) -> Result<ShmLink, LinkError> {
         let seals =
             sys::get_seals(peer_memfd.as_fd()).map_err(|_| LinkError::Protocol("peer region is not a memfd"))?;
@@ -193,10 +191,9 @@ impl ShmLink {
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
         // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
         let doorbell = unsafe { sys::register(DoorbellFd(PeerFd::new(local.doorbell)), Interest::READABLE) }?;
-        let cred = sys::peer_cred(side.get_ref().as_fd());
-        let lends = cred.as_ref().is_ok_and(|c| c.trusted(&[]));
+        let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
-        let peer_may_lend = cred.map_or(true, |c| c.uid == unsafe { libc::geteuid() });
+        let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() });
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -555,6 +552,35 @@ async fn recv_msg(sock: &AsyncFd<PeerFd>) -> io::Result<(Vec<u8>, Vec<PeerFd>)> 
     }
 }
 
+/// Who may lend ring bytes in place on a link ([`lend_trust`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LendTrust {
+    /// We may lend the peer's bytes to our application (`Link::rx_lend`).
+    pub(crate) lends: bool,
+    /// The peer may lend ours to its application: the ring we write into must never be reused
+    /// after the connection leaves the link (`Link::peer_may_lend`).
+    pub(crate) peer_may_lend: bool,
+}
+
+/// Decides lending on a side channel whose peer's credentials are `peer` (`None`: unreadable),
+/// where the peer sees us as uid `seen_as` and our effective uid is `euid` now.
+///
+/// The kernel records a connecting socket's credentials when it connects and a listening
+/// socket's when it starts listening, so each side may see the other as it was earlier:
+/// `seen_as` is our euid then (the client's before it connects, the server's when its side
+/// channel started listening). We lend only to a peer of our own uid (not the overflow ids),
+/// and only while we are still the uid the peer sees, so that the peer's view of us is exact;
+/// then a peer that lends saw us as its own uid, which was `seen_as`, and we treat the peer as
+/// one that may lend whenever its uid is `seen_as` (or our uid now: wider is safe). A uid is
+/// the same from either side of a user namespace's mapping (only an unmapped one is shown as
+/// the overflow id, which never lends), so the two sides agree.
+pub(crate) fn lend_trust(peer: Option<&sys::PeerCred>, seen_as: u32, euid: u32) -> LendTrust {
+    let Some(c) = peer else { return LendTrust { lends: false, peer_may_lend: true } };
+    let (overflow_uid, overflow_gid) = sys::overflow_ids();
+    let ours = c.uid != overflow_uid && c.gid != overflow_gid && c.uid == euid;
+    LendTrust { lends: ours && seen_as == euid, peer_may_lend: c.uid == seen_as || c.uid == euid }
+}
+
 /// Client side: joins the server's pending link group `link_group` over the side channel
 /// `name`, proving `secret`, and completes the link.
 pub(crate) async fn join(
@@ -567,6 +593,10 @@ pub(crate) async fn join(
     // Descriptor or memory exhaustion is ours, not the server's refusal: said as such.
     let broke =
         |e: io::Error| if sys::is_starved(&e) { JoinError::Starved(e) } else { JoinError::Refused(e.to_string()) };
+    // Our uid as the server will see it: the kernel records a connecting socket's credentials
+    // when it connects.
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    let seen_as = unsafe { libc::geteuid() };
     let fd = PeerFd::new(sys::seqpacket_connect(name).map_err(|e| {
         if sys::is_starved(&e) {
             JoinError::Starved(e)
@@ -596,7 +626,7 @@ pub(crate) async fn join(
     };
     let (peer_memfd, peer_doorbell) =
         tokio::time::timeout(timeout, exchange).await.map_err(|_| JoinError::Timeout)??;
-    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll).map_err(|e| match e {
+    ShmLink::new(local, peer_memfd, peer_doorbell, sock, busy_poll, seen_as).map_err(|e| match e {
         LinkError::Io(kind @ io::ErrorKind::OutOfMemory, w) => JoinError::Starved(io::Error::new(kind, w)),
         e => JoinError::Refused(e.to_string()),
     })
@@ -614,6 +644,7 @@ pub(crate) struct Admission {
 pub(crate) async fn answer_join(
     fd: PeerFd,
     timeout: Duration,
+    listen_euid: u32,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
     // SAFETY: a PeerFd owns its descriptor.
@@ -646,13 +677,42 @@ pub(crate) async fn answer_join(
     };
     let (id, admission, peer_memfd, peer_doorbell) =
         tokio::time::timeout(timeout, work).await.map_err(|_| "join timed out".to_string())??;
-    let link = ShmLink::new(admission.local, peer_memfd, peer_doorbell, sock, admission.busy_poll)
+    let link = ShmLink::new(admission.local, peer_memfd, peer_doorbell, sock, admission.busy_poll, listen_euid)
         .map_err(|e| e.to_string())?;
     Ok((id, link))
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn lending_is_decided_from_what_each_side_sees_of_the_other() {
+        let cred = |uid| sys::PeerCred { pid: 1, uid, gid: uid };
+        let t = |peer: Option<u32>, seen_as, euid| {
+            let c = peer.map(cred);
+            let t = lend_trust(c.as_ref(), seen_as, euid);
+            (t.lends, t.peer_may_lend)
+        };
+        // Both sides 1000 throughout: both lend, both keep the rings after a move.
+        assert_eq!(t(Some(1000), 1000, 1000), (true, true));
+        // Another uid: nobody lends, rings go back.
+        assert_eq!(t(Some(1001), 1000, 1000), (false, false));
+        // A server whose side channel began listening as root and that is 1000 now, with a
+        // client of 1000: the client sees root and does not lend, and the server must not lend
+        // either (the client would give its ring back after a move), but it keeps its own
+        // ring (the client's uid is what it is now).
+        assert_eq!(t(Some(1000), 0, 1000), (false, true));
+        // The client of that server: it sees root, and is 1000 throughout.
+        assert_eq!(t(Some(0), 1000, 1000), (false, false));
+        // A server that listened as 1000 and is root now, with a client of 1000: the client
+        // sees 1000 and lends; the server keeps its ring, and does not lend.
+        assert_eq!(t(Some(1000), 1000, 0), (false, true));
+        // Unreadable credentials: no lending, and the ring is kept.
+        assert_eq!(t(None, 1000, 1000), (false, true));
+        // The overflow uid never lends, but its ring is kept if it could be us.
+        let (ou, _) = sys::overflow_ids();
+        assert_eq!(t(Some(ou), ou, ou), (false, true));
+    }
+
     use super::*;
     use crate::proto::clc::Secret;
 
@@ -686,6 +746,7 @@ mod tests {
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
+            0,
         ));
         assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink and grow"));
 
@@ -698,13 +759,14 @@ mod tests {
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
+            0,
         ));
         assert_eq!(e, LinkError::Protocol("peer region is not sealed against shrink and grow"));
 
         // Our own region sent back.
         let ours = ShmLocal::create(small()).unwrap();
         let own = dup(&ours.memfd);
-        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell_theirs), side(), Duration::ZERO));
+        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell_theirs), side(), Duration::ZERO, 0));
         assert_eq!(e, LinkError::Protocol("peer sent our own region back"));
 
         // A pipe instead of a datagram socket (the peer shares the write end's O_NONBLOCK flag:
@@ -720,6 +782,7 @@ mod tests {
             PeerFd::new(w),
             side(),
             Duration::ZERO,
+            0,
         ));
         assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
 
@@ -735,13 +798,14 @@ mod tests {
             PeerFd::new(efd),
             side(),
             Duration::ZERO,
+            0,
         ));
         assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
 
         // Our own doorbell sent back (we would ring ourselves).
         let ours = ShmLocal::create(small()).unwrap();
         let own = dup(&ours.doorbell_theirs);
-        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO));
+        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
         assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
 
         // A sealed region smaller than its header claims.
@@ -758,6 +822,7 @@ mod tests {
             dup(&theirs.doorbell_theirs),
             side(),
             Duration::ZERO,
+            0,
         ));
         assert_eq!(e, LinkError::Protocol("peer region header"));
 
@@ -767,7 +832,8 @@ mod tests {
             dup(&theirs.memfd),
             dup(&theirs.doorbell_theirs),
             side(),
-            Duration::ZERO
+            Duration::ZERO,
+            0
         )
         .is_ok());
     }
@@ -787,7 +853,7 @@ mod tests {
                     break r.unwrap();
                 }
             };
-            answer_join(fd, Duration::from_secs(5), |j, cred| {
+            answer_join(fd, Duration::from_secs(5), 0, |j, cred| {
                 assert_eq!(j.secret, Secret([3; 16]));
                 assert_eq!(cred.pid as u32, std::process::id());
                 Ok(Admission { local: ShmLocal::create(layout).unwrap(), busy_poll: Duration::ZERO })
