@@ -1225,18 +1225,8 @@ impl SmcStream {
             if claimed == 0 {
                 return Poll::Ready(Ok(()));
             }
-            let fd = self.tcp.as_raw_fd();
             let want = usize::try_from(claimed).unwrap_or(1 << 20);
-            let r = self.io().try_io(Interest::READABLE, || {
-                // SAFETY: `fd` is the stream's open socket; with MSG_TRUNC a TCP socket discards
-                // up to `want` bytes and writes nothing, so no buffer is needed (tcp(7)).
-                let n = unsafe { libc::recv(fd, std::ptr::null_mut(), want, libc::MSG_TRUNC) };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
+            let r = self.io().try_io(Interest::READABLE, || self.drop_queued(want));
             let took = match &r {
                 Ok(n) => *n as u64,
                 Err(_) => 0,
@@ -1304,6 +1294,19 @@ impl SmcStream {
         Ok(n)
     }
 
+    /// Drops up to `len` bytes queued on the TCP socket without copying them (`recv` with
+    /// `MSG_TRUNC`): how many it dropped, 0 at the end of the stream.
+    fn drop_queued(&self, len: usize) -> io::Result<usize> {
+        // SAFETY: the descriptor is the stream's open socket; with MSG_TRUNC a TCP socket drops
+        // up to `len` queued bytes and writes nothing, so no buffer is needed (tcp(7)).
+        let n = unsafe { libc::recv(self.tcp.as_raw_fd(), std::ptr::null_mut(), len, libc::MSG_TRUNC) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
     /// Takes up to `len` bytes off the stream without waiting, for a `consume` of bytes a peek
     /// handed out: on plain TCP the kernel drops them (`MSG_TRUNC`: no copy); where the path
     /// holds bytes of its own (an active in-band guard, or SMC) they are read into `scratch`,
@@ -1314,18 +1317,7 @@ impl SmcStream {
                 if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
                     return Err(e);
                 }
-                let fd = self.tcp.as_raw_fd();
-                let n = self.io().try_io(Interest::READABLE, || {
-                    // SAFETY: `fd` is the stream's open socket; with MSG_TRUNC a TCP socket
-                    // drops up to `len` queued bytes and writes nothing, so no buffer is needed
-                    // (tcp(7)).
-                    let n = unsafe { libc::recv(fd, std::ptr::null_mut(), len, libc::MSG_TRUNC) };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
-                })?;
+                let n = self.io().try_io(Interest::READABLE, || self.drop_queued(len))?;
                 self.moved(false, n);
                 Ok(n)
             }
