@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use smc_tokio::config::ShmConfig;
-use smc_tokio::{Context, Policy, SmcListener, SmcStream, Transport};
+use smc_tokio::{Context, Policy, SmcListener, SmcStream, SmcStreamBuilder, Transport};
 use tests::{bounded, pattern, read_n_shared, smc_pair, write_all_shared, Rng};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
@@ -164,8 +164,12 @@ async fn on_tcp_fill_buf_peeks_and_consume_takes_the_bytes_off_the_socket() {
 
 /// Connects a client to `l` and accepts it.
 async fn pair_on(l: &SmcListener, shm: &ShmConfig) -> (SmcStream, SmcStream) {
+    pair_with(l, SmcStream::builder().shm(shm.clone())).await
+}
+
+/// Connects a client built by `b` to `l` and accepts it; the client must be on SMC-D.
+async fn pair_with(l: &SmcListener, b: SmcStreamBuilder) -> (SmcStream, SmcStream) {
     let addr = l.local_addr().unwrap();
-    let b = SmcStream::builder().shm(shm.clone());
     let (c, s) = tokio::join!(b.connect(addr), l.accept());
     let (c, (s, _)) = (c.unwrap(), s.unwrap());
     assert_eq!(c.transport(), Transport::SmcD);
@@ -440,14 +444,7 @@ async fn a_move_to_tcp_keeps_the_ring_only_from_a_peer_that_may_lend() {
     // goes back to the group, even once both streams are gone. A plain close gives both back.
     let ctx = Context::new();
     let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let pair = || async {
-        let b = SmcStream::builder().context(&ctx).shm(shm.clone());
-        let (c, s) = tokio::join!(b.connect(addr), l.accept());
-        let (c, (s, _)) = (c.unwrap(), s.unwrap());
-        assert_eq!(c.transport(), Transport::SmcD);
-        (c, s)
-    };
+    let pair = || pair_with(&l, SmcStream::builder().context(&ctx).shm(shm.clone()));
     let (mut c, mut s) = pair().await;
     assert_eq!(ctx.rmb_memory_in_use(), 2 * RING as u64);
     s.write_all(b"one").await.unwrap();

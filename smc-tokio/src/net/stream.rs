@@ -868,11 +868,9 @@ impl SmcStream {
         }
         if let Path::Smc(s) = &self.path {
             // Bytes consumed before the move, sent again by the peer: not the std stream's.
-            match self.poll_skip(None, true) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Pending => {}
+            match self.skip_now() {
+                Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(e),
+                _ => {}
             }
             if s.conn.has_tcp_skip() {
                 return Err(io::Error::new(
@@ -1113,9 +1111,7 @@ impl SmcStream {
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
-            if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
-                return Err(e);
-            }
+            self.skip_now()?;
             let n = self.io().try_read_vectored(bufs)?;
             self.moved(false, n);
             return Ok(n);
@@ -1251,6 +1247,16 @@ impl SmcStream {
         }
     }
 
+    /// [`poll_skip`](Self::poll_skip) for an operation that does not wait, before it reads:
+    /// `WouldBlock` while bytes to skip have not arrived.
+    fn skip_now(&self) -> io::Result<()> {
+        match self.poll_skip(None, true) {
+            Poll::Ready(r) => r,
+            // Without a context it never waits.
+            Poll::Pending => Ok(()),
+        }
+    }
+
     /// One read that does not wait, into `rb`.
     pub(crate) fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
         let n = match self.path() {
@@ -1266,9 +1272,7 @@ impl SmcStream {
                 }
             }
             PathRef::Tcp(_) => {
-                if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
-                    return Err(e);
-                }
+                self.skip_now()?;
                 // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
                 // recv writes at most that many bytes and they are marked initialized only
                 // after it returned their count.
@@ -1314,9 +1318,7 @@ impl SmcStream {
     pub(crate) fn try_discard(&self, len: usize, scratch: &mut [u8]) -> io::Result<usize> {
         match self.path() {
             PathRef::Tcp(g) if !g.is_some_and(|g| g.is_active()) => {
-                if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
-                    return Err(e);
-                }
+                self.skip_now()?;
                 let n = self.io().try_io(Interest::READABLE, || self.drop_queued(len))?;
                 self.moved(false, n);
                 Ok(n)
@@ -1441,9 +1443,7 @@ impl SmcStream {
         }
         if interest.is_readable() {
             // The application's own reads must not see bytes it consumed before a move.
-            if let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
-                return Err(e);
-            }
+            self.skip_now()?;
         }
         self.io().try_io(interest, f)
     }

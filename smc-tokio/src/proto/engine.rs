@@ -343,12 +343,7 @@ impl ConnEngine {
         {
             return;
         }
-        self.tx_prod = Cursor::default();
-        self.tx_prod_sent = Cursor::default();
-        self.peer_cons = Cursor::default();
-        self.tx_resize_due = true;
-        self.tx_resize_unacked = true;
-        self.tx_restart_quiet = true;
+        self.start_over(true);
     }
 
     /// The size of the peer's ring we write into now.
@@ -513,13 +508,21 @@ impl ConnEngine {
         }
         self.tx_resize_pending = None;
         self.tx_ring = size;
+        self.tx_filled = false;
+        self.start_over(false);
+    }
+
+    /// Starts the ring we write into over at `0:0` (everything written was announced and
+    /// consumed), to be announced with `RMB_RESIZE`: in a message of its own unless `quiet`
+    /// (a restart then rides on the next message sent anyway). The peer's consumer cursors
+    /// count again once it acknowledged.
+    fn start_over(&mut self, quiet: bool) {
         self.tx_prod = Cursor::default();
         self.tx_prod_sent = Cursor::default();
         self.peer_cons = Cursor::default();
-        self.tx_filled = false;
         self.tx_resize_due = true;
         self.tx_resize_unacked = true;
-        self.tx_restart_quiet = false;
+        self.tx_restart_quiet = quiet;
     }
 
     /// The token this side puts in its CDC messages.

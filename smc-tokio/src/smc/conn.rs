@@ -1721,17 +1721,14 @@ impl SmcConn {
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        // The link has no more use for the connection: its slot goes back to the group.
+        // The link has no more use for the connection: its slot goes back to the group, or is
+        // retired (above).
         st.link_down = true;
         st.tcp = None;
         wake(&mut st.rx_waker);
         wake(&mut st.tx_waker);
         drop(st);
-        if retire {
-            self.group.unregister_retired(self.our_token);
-        } else {
-            self.group.unregister(self.our_token);
-        }
+        self.group.forget_conn(self.our_token, retire);
         self.handback_over.notify_waiters();
     }
 

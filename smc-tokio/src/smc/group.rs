@@ -312,32 +312,24 @@ impl LinkGroup {
 
     /// Forgets a connection and frees its slot.
     pub(crate) fn unregister(&self, token: u32) {
+        self.forget_conn(token, false);
+    }
+
+    /// Forgets a connection. Its slot goes back to the group unless `retire`: then it is never
+    /// used again by this group (its memory stays, and stays charged, until the group ends),
+    /// for a connection that moved to TCP (or failed to), whose peer may hold bytes of the ring
+    /// we write into, lent to its application in place, for as long as that application likes
+    /// (a peer of our uid over shared memory: [`Link::peer_may_lend`]). One slot per such move,
+    /// which is rare.
+    pub(crate) fn forget_conn(&self, token: u32, retire: bool) {
         let mut st = self.lock();
         if st.conns.remove(&token).is_some() {
-            let grown = self.free_slot(&mut st, token);
+            let grown = !retire && self.free_slot(&mut st, token);
             if let Some(l) = self.link.get() {
                 l.conn_closed(token);
                 if grown {
                     l.release_tx_rmb(token, self.tx_rmb_size);
                 }
-            }
-        }
-        if st.conns.is_empty() && st.idle_since.is_none() {
-            st.idle_since = Some(Instant::now());
-        }
-    }
-
-    /// As [`unregister`](Self::unregister), except that the slot is never used again by this
-    /// group (its memory stays, and stays charged, until the group ends): for a connection that
-    /// moved to TCP (or failed to), whose peer may hold bytes of the ring we write into, lent to
-    /// its application in place, for as long as that application likes (a peer of our uid over
-    /// shared memory: [`Link::peer_may_lend`]). One slot per
-    /// such move, which is rare.
-    pub(crate) fn unregister_retired(&self, token: u32) {
-        let mut st = self.lock();
-        if st.conns.remove(&token).is_some() {
-            if let Some(l) = self.link.get() {
-                l.conn_closed(token);
             }
         }
         if st.conns.is_empty() && st.idle_since.is_none() {

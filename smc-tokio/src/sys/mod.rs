@@ -482,12 +482,17 @@ impl PeerCred {
     /// Our euid is read each time: a process that drops privileges trusts its new uid, not its
     /// old one.
     pub(crate) fn trusted(&self, allowed: &[u32]) -> bool {
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        self.trusted_by(unsafe { libc::geteuid() }, allowed)
+    }
+
+    /// As [`trusted`](Self::trusted), by a process whose effective uid is `euid`.
+    pub(crate) fn trusted_by(&self, euid: u32, allowed: &[u32]) -> bool {
         let (overflow_uid, overflow_gid) = overflow_ids();
         if self.uid == overflow_uid || self.gid == overflow_gid {
             return false;
         }
-        // SAFETY: geteuid cannot fail and has no preconditions.
-        self.uid == unsafe { libc::geteuid() } || allowed.contains(&self.uid)
+        self.uid == euid || allowed.contains(&self.uid)
     }
 }
 

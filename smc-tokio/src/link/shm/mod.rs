@@ -576,9 +576,7 @@ pub(crate) struct LendTrust {
 /// the overflow id, which never lends), so the two sides agree.
 pub(crate) fn lend_trust(peer: Option<&sys::PeerCred>, seen_as: u32, euid: u32) -> LendTrust {
     let Some(c) = peer else { return LendTrust { lends: false, peer_may_lend: true } };
-    let (overflow_uid, overflow_gid) = sys::overflow_ids();
-    let ours = c.uid != overflow_uid && c.gid != overflow_gid && c.uid == euid;
-    LendTrust { lends: ours && seen_as == euid, peer_may_lend: c.uid == seen_as || c.uid == euid }
+    LendTrust { lends: c.trusted_by(euid, &[]) && seen_as == euid, peer_may_lend: c.uid == seen_as || c.uid == euid }
 }
 
 /// Client side: joins the server's pending link group `link_group` over the side channel
@@ -684,6 +682,9 @@ pub(crate) async fn answer_join(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::proto::clc::Secret;
+
     #[test]
     fn lending_is_decided_from_what_each_side_sees_of_the_other() {
         let cred = |uid| sys::PeerCred { pid: 1, uid, gid: uid };
@@ -712,9 +713,6 @@ mod tests {
         let (ou, _) = sys::overflow_ids();
         assert_eq!(t(Some(ou), ou, ou), (false, true));
     }
-
-    use super::*;
-    use crate::proto::clc::Secret;
 
     /// A connected socket for the side channel of a hand-built link.
     fn side() -> AsyncFd<PeerFd> {
