@@ -193,6 +193,9 @@ struct ConnState {
     released: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
+    /// The slot must never be reused when it is let go (after a move to TCP towards a peer that
+    /// may hold its bytes lent): every path that lets it go reads this under the lock.
+    retire_slot: bool,
     /// Readiness as tokio models it: a connection is taken to be readable (writable) until a
     /// read (write) finds nothing to do; then it waits for the peer. See `poll_ready`.
     rx_ready_hint: bool,
@@ -481,6 +484,7 @@ impl SmcConn {
                 tcp: None,
                 released: false,
                 link_down: false,
+                retire_slot: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
                 rx_max_set: false,
@@ -1320,10 +1324,10 @@ impl SmcConn {
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
         }
-        let done = Self::done(&st);
+        let (done, retire) = (Self::done(&st), st.retire_slot);
         drop(st);
         if done {
-            self.group.unregister(self.our_token);
+            self.group.forget_conn(self.our_token, retire);
         }
     }
 
@@ -1397,10 +1401,10 @@ impl SmcConn {
     }
 
     fn maybe_finish(&self, st: MutexGuard<'_, ConnState>) {
-        let done = st.released && Self::done(&st);
+        let (done, retire) = (st.released && Self::done(&st), st.retire_slot);
         drop(st);
         if done {
-            self.group.unregister(self.our_token);
+            self.group.forget_conn(self.our_token, retire);
         }
     }
 
@@ -1692,7 +1696,7 @@ impl SmcConn {
         // wait for them, or the move would wait on the application; a failed move ends without
         // one): that ring is never given back to the group. One ring per move, which is rare.
         // A peer of another uid copies, and RDMA lends nothing: their rings go back.
-        let retire = self.group.link().is_none_or(|l| l.peer_may_lend());
+        st.retire_slot = self.group.link().is_none_or(|l| l.peer_may_lend());
         match res {
             Ok(()) => {
                 if st.shutdown_after_handback {
@@ -1727,6 +1731,7 @@ impl SmcConn {
         st.tcp = None;
         wake(&mut st.rx_waker);
         wake(&mut st.tx_waker);
+        let retire = st.retire_slot;
         drop(st);
         self.group.forget_conn(self.our_token, retire);
         self.handback_over.notify_waiters();
