@@ -324,6 +324,13 @@ const LOOKS_PER_CLOCK: u32 = 8;
 /// (adaptive polling, the driver's busy looks).
 const MAX_READER_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
 
+/// Looks at the peer's ring between two readings of the clock in a reader's spin: each look
+/// is one `pause` (tens of nanoseconds) and one load of a line that stays cached until the
+/// peer publishes, so 16 keep the spin within a microsecond of its budget; reading the clock
+/// on every look made it two fifths of the spin's samples (`perf` on `smcperf local --scenario
+/// rr --size 14 --busy-poll 50`).
+const SPINS_PER_CLOCK: u32 = 16;
+
 /// Most waits a failed poll makes sleep before the next try: an idle connection polls one
 /// budget in this many waits.
 const MAX_POLL_BACKOFF: u32 = 64;
@@ -944,8 +951,18 @@ impl SmcConn {
             return;
         }
         let until = std::time::Instant::now() + budget;
-        while !link.has_pending() && std::time::Instant::now() < until {
-            std::hint::spin_loop();
+        // The clock is read once per `SPINS_PER_CLOCK` looks: read on every one, it made most
+        // of each look's time, and a frame that arrived waited for it.
+        loop {
+            for _ in 0..SPINS_PER_CLOCK {
+                if link.has_pending() {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            if std::time::Instant::now() >= until {
+                return;
+            }
         }
     }
 
