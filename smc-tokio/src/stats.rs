@@ -85,7 +85,7 @@ impl Default for Counters {
 
 /// Lanes per set of counters: a power of two, four per CPU (threads take lanes in turn, so a
 /// few more lanes than busy threads keep two busy threads apart), at least 8 and at most 64
-/// (a lane is 6 cache lines).
+/// (a lane is 768 bytes: 12 cache lines).
 fn lane_count() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -805,6 +805,11 @@ mod tests {
         assert_eq!(s.handshakes_completed, threads as u64);
         assert_eq!(s.handshake_time.iter().sum::<u64>(), threads as u64);
         assert_eq!(s.bytes_sent[0], want);
+    }
+
+    #[test]
+    fn a_lane_is_the_size_the_docs_say() {
+        assert_eq!(std::mem::size_of::<Lane>(), 768);
     }
 
     #[test]
