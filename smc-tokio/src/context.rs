@@ -49,9 +49,16 @@ use crate::stats::{Counters, Stats};
 /// ```
 #[derive(Clone)]
 pub struct Context {
-    shared: Arc<Shared>,
+    /// `None`: the default context, whose parts live in a static. Cloning it (every builder,
+    /// connector and stream holds a context, and hyper's client clones its connector for each
+    /// request) then touches no reference count, so threads that clone it share no line
+    /// they write.
+    shared: Option<Arc<Shared>>,
 }
 
+/// Aligned past the reference counts of its `Arc`, which clones write: the fields, read on
+/// every operation, stay in lines nobody writes.
+#[repr(align(128))]
 struct Shared {
     settings: Arc<GlobalSettings>,
     manager: Arc<Manager>,
@@ -100,14 +107,14 @@ impl Context {
     }
 
     fn from_parts(settings: Arc<GlobalSettings>, counters: Arc<Counters>, budget: Arc<RmbBudget>) -> Context {
-        Context {
-            shared: Arc::new(Shared {
-                settings,
-                manager: Manager::new(counters, budget),
-                negative_cache: NegativeCache::default(),
-                client_handshakes: AtomicUsize::new(0),
-                doors: ClientDoors::default(),
-            }),
+        Context { shared: Some(Arc::new(Shared::new(settings, counters, budget))) }
+    }
+
+    /// What the context holds.
+    fn shared(&self) -> &Shared {
+        match &self.shared {
+            Some(s) => s,
+            None => Shared::global(),
         }
     }
 
@@ -125,14 +132,8 @@ impl Context {
     /// assert_eq!(Context::global().stats(), smc_tokio::stats());
     /// ```
     pub fn global() -> &'static Context {
-        static G: OnceLock<Context> = OnceLock::new();
-        G.get_or_init(|| {
-            Context::from_parts(
-                config::global_handle().clone(),
-                Counters::process().clone(),
-                RmbBudget::process().clone(),
-            )
-        })
+        static G: Context = Context { shared: None };
+        &G
     }
 
     /// The context's settings: a snapshot with [`get`](GlobalSettings::get), changed at run
@@ -146,7 +147,7 @@ impl Context {
     /// assert_eq!(ctx.settings().get().max_pending_handshakes, 64);
     /// ```
     pub fn settings(&self) -> &GlobalSettings {
-        &self.shared.settings
+        &self.shared().settings
     }
 
     /// A snapshot of this context's counters.
@@ -159,7 +160,7 @@ impl Context {
     /// println!("{}", ctx.stats());
     /// ```
     pub fn stats(&self) -> Stats {
-        self.shared.manager.counters.snapshot(self.shared.manager.budget())
+        self.shared().manager.counters.snapshot(self.shared().manager.budget())
     }
 
     /// Caps the RMB memory (receive rings) that this context's connections may hold at once;
@@ -173,43 +174,63 @@ impl Context {
     /// assert_eq!(ctx.rmb_memory_in_use(), 0);
     /// ```
     pub fn set_rmb_memory_cap(&self, bytes: u64) {
-        self.shared.manager.budget().set_cap(bytes);
+        self.shared().manager.budget().set_cap(bytes);
     }
 
     /// RMB memory this context's live connections hold, in bytes.
     pub fn rmb_memory_in_use(&self) -> u64 {
-        self.shared.manager.budget().in_use()
+        self.shared().manager.budget().in_use()
     }
 
     /// Whether `self` and `other` are the same context.
     pub fn ptr_eq(&self, other: &Context) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        std::ptr::eq(self.shared(), other.shared())
     }
 
     pub(crate) fn manager(&self) -> &Arc<Manager> {
-        &self.shared.manager
+        &self.shared().manager
     }
 
     pub(crate) fn counters(&self) -> &Arc<Counters> {
-        &self.shared.manager.counters
+        &self.shared().manager.counters
     }
 
     pub(crate) fn negative_cache(&self) -> &NegativeCache {
-        &self.shared.negative_cache
+        &self.shared().negative_cache
     }
 
     pub(crate) fn client_handshakes(&self) -> &AtomicUsize {
-        &self.shared.client_handshakes
+        &self.shared().client_handshakes
     }
 
     /// The door connections this context's clients keep open.
     pub(crate) fn doors(&self) -> &ClientDoors {
-        &self.shared.doors
+        &self.shared().doors
     }
 
     /// The settings, shared (a listener's door reads them as they change).
     pub(crate) fn settings_handle(&self) -> &Arc<GlobalSettings> {
-        &self.shared.settings
+        &self.shared().settings
+    }
+}
+
+impl Shared {
+    fn new(settings: Arc<GlobalSettings>, counters: Arc<Counters>, budget: Arc<RmbBudget>) -> Shared {
+        Shared {
+            settings,
+            manager: Manager::new(counters, budget),
+            negative_cache: NegativeCache::default(),
+            client_handshakes: AtomicUsize::new(0),
+            doors: ClientDoors::default(),
+        }
+    }
+
+    /// The default context's parts, made at first use.
+    fn global() -> &'static Shared {
+        static G: OnceLock<Shared> = OnceLock::new();
+        G.get_or_init(|| {
+            Shared::new(config::global_handle().clone(), Counters::process().clone(), RmbBudget::process().clone())
+        })
     }
 }
 

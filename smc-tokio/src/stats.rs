@@ -70,7 +70,10 @@ struct Lane {
 /// two threads moving bytes (measured with `perf` on `smcperf local --scenario rr --size 14
 /// --busy-poll 50`: 7% of each side's round trip was the byte counter's `fetch_add`).
 /// Gauges (handshakes in flight, live link groups) go up on one lane and may come down on
-/// another: lanes wrap, and the sum of them is the gauge.
+/// another: lanes wrap, and the sum of them is the gauge. Aligned past the reference counts of
+/// its `Arc` (every handshake clones it): the lanes' address, read on every count, stays in a
+/// line nobody writes.
+#[repr(align(128))]
 pub(crate) struct Counters {
     lanes: Box<[Lane]>,
     /// Kernel fallbacks by the kernel's reason code: few distinct codes, rarely counted.
