@@ -159,6 +159,13 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn clear_space_wait(&self);
     /// Whether CDC frames are waiting to be received (a cheap check of the peer's counters).
     fn has_pending(&self) -> bool;
+    /// `true` only when a receive now would find nothing to do (no CDC frame, and nothing else
+    /// the link does when received from), known without a lock or a system call; `false`
+    /// when there may be work, or the link cannot tell cheaply. A hint: a frame that lands
+    /// just after it said `true` is the next look's.
+    fn nothing_waiting(&self) -> bool {
+        false
+    }
     /// The busy-poll budget: how long a waiting task may spin on [`has_pending`](Link::has_pending)
     /// before it sleeps.
     fn busy_poll(&self) -> std::time::Duration;

@@ -68,6 +68,10 @@ pub(crate) struct LinkGroup {
     link: OnceLock<Arc<dyn Link>>,
     state: Mutex<GroupState>,
     cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
+    /// Whether `cdc_waiters` may hold a connection: set with a push (under the lock), cleared
+    /// when they are taken (under the lock). `progress`, which every reader runs on each poll,
+    /// reads it instead of taking the lock when nobody waits for CDC space (the usual case).
+    cdc_waiting: AtomicBool,
     /// Held while frames are taken from the link and dispatched, so that a connection sees its
     /// messages in order even when several tasks (on several threads) call `progress`.
     dispatch: Mutex<Vec<[u8; CDC_MSG_LEN]>>,
@@ -161,6 +165,7 @@ impl LinkGroup {
                 charged: vec![0; n],
             }),
             cdc_waiters: Mutex::new(Vec::new()),
+            cdc_waiting: AtomicBool::new(false),
             dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
             frames_seen: AtomicU64::new(0),
             idle_timeout,
@@ -434,7 +439,9 @@ impl LinkGroup {
 
     /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
     pub(crate) fn wait_cdc_space(&self, conn: &Arc<SmcConn>) {
-        self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(conn));
+        let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        w.push(Arc::downgrade(conn));
+        self.cdc_waiting.store(true, Ordering::Release);
     }
 
     /// Takes received CDC frames from the link and dispatches them to their connections, then
@@ -445,6 +452,13 @@ impl LinkGroup {
         let Some(link) = self.link.get() else {
             return (0, false);
         };
+        if link.nothing_waiting() {
+            // Nothing to take, and the dispatch lock left alone: every reader of the group
+            // looks here on each poll, and on a multi-threaded runtime the lock's line moved
+            // between workers at each look.
+            self.retry_waiters();
+            return (0, false);
+        }
         let Ok(mut frames) = self.dispatch.try_lock() else {
             // Another task is dispatching; it delivers what arrives. Report "more" so a driver
             // yields instead of spinning on the link's readiness meanwhile.
@@ -508,7 +522,17 @@ impl LinkGroup {
     }
 
     fn retry_waiters(&self) {
-        let waiters = std::mem::take(&mut *self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        // A push this load does not see yet is taken by a later call: the connection asked the
+        // link to watch for space after its push, and the watch ends in another `progress`
+        // (as a push just after the lock was taken here always was).
+        if !self.cdc_waiting.load(Ordering::Acquire) {
+            return;
+        }
+        let waiters = {
+            let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.cdc_waiting.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *w)
+        };
         if waiters.is_empty() {
             return;
         }

@@ -115,6 +115,13 @@ pub(crate) struct ShmLink {
     side: ReactorFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
+    /// The peer's CDC frames we have consumed, as `rx` last published it: read without the
+    /// lock by [`has_pending`](Link::has_pending) and [`nothing_waiting`](Link::nothing_waiting),
+    /// so that threads asking whether frames wait do not write the lock's line, which moved
+    /// between the workers of a multi-threaded runtime on every look. Relaxed: a hint, stale
+    /// only while another thread takes frames (and then a look finds frames, and the real
+    /// receive sorts it out).
+    rx_consumed: AtomicU64,
     space_epoch: AtomicU64,
     waiting_space: AtomicBool,
     /// The doorbell's readiness was reported and its counter not yet drained.
@@ -204,6 +211,7 @@ impl ShmLink {
             side: ReactorFd::new(side, Interest::READABLE | Interest::WRITABLE),
             tx: Mutex::new(CdcTx::new()),
             rx: Mutex::new(CdcRx::new()),
+            rx_consumed: AtomicU64::new(0),
             space_epoch: AtomicU64::new(0),
             waiting_space: AtomicBool::new(false),
             rung_seen: AtomicBool::new(false),
@@ -444,6 +452,7 @@ impl Link for ShmLink {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         let before = out.len();
         let ring = rx.pop(&self.ours, &self.peer, max, out).map_err(|e| LinkError::Protocol(e.0))?;
+        self.rx_consumed.store(rx.consumed(), Ordering::Relaxed);
         drop(rx);
         if ring {
             // The peer asked to hear when its CDC ring has room. A peer that is gone cannot
@@ -472,8 +481,13 @@ impl Link for ShmLink {
     }
 
     fn has_pending(&self) -> bool {
-        // A racy read of our own consumer count is enough for a hint; cdc_recv validates.
-        self.rx.try_lock().map(|rx| rx.pending(&self.peer).unwrap_or(1) > 0).unwrap_or(true)
+        !self.nothing_waiting()
+    }
+
+    fn nothing_waiting(&self) -> bool {
+        // Two loads and no lock: a hint (module docs of `region` for the counters; cdc_recv
+        // validates what the peer wrote, here only compared).
+        self.peer.cdc_prod().load(Ordering::Relaxed) == self.rx_consumed.load(Ordering::Relaxed)
     }
 
     fn busy_poll(&self) -> Duration {

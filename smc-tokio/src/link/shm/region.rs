@@ -373,6 +373,11 @@ impl CdcRx {
         CdcRx { cons: 0, epoch: 0, space_epoch: 0, armed: false }
     }
 
+    /// The peer's frames consumed so far (what our `cdc_cons` says).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.cons
+    }
+
     /// Frames waiting in the peer's ring, validated: the peer may not claim more than a whole
     /// ring of unread frames, nor take back frames it published.
     pub(crate) fn pending(&self, peer: &RegionView) -> Result<u64, ControlError> {
