@@ -22,7 +22,8 @@ use crate::stats::{Counters, Stats};
 
 /// What connections share: link groups, settings, negative cache, counters and limits.
 ///
-/// Cheap to clone (a reference count); every clone is the same context. Give one to builders
+/// Cheap to clone (a reference count; none for the default context); every clone is the same
+/// context. Give one to builders
 /// with [`SmcStreamBuilder::context`](crate::SmcStreamBuilder::context) and
 /// [`SmcListenerBuilder::context`](crate::SmcListenerBuilder::context); without, they use
 /// [`Context::global`].
@@ -56,8 +57,8 @@ pub struct Context {
     shared: Option<Arc<Shared>>,
 }
 
-/// Aligned past the reference counts of its `Arc`, which clones write: the fields, read on
-/// every operation, stay in lines nobody writes.
+/// Aligned past the reference counts of its `Arc`, which clones write: the fields read on every
+/// operation (settings, manager) do not share a line with them.
 #[repr(align(128))]
 struct Shared {
     settings: Arc<GlobalSettings>,

@@ -70,7 +70,9 @@ struct Lane {
 /// two threads moving bytes (measured with `perf` on `smcperf local --scenario rr --size 14
 /// --busy-poll 50`: 7% of each side's round trip was the byte counter's `fetch_add`).
 /// Gauges (handshakes in flight, live link groups) go up on one lane and may come down on
-/// another: lanes wrap, and the sum of them is the gauge. Aligned past the reference counts of
+/// another: lanes wrap, and the sum of them is the gauge. A snapshot reads the lanes one after
+/// another, so a gauge that changes meanwhile may read one off for that snapshot (its count
+/// went up on a lane already read and down on one read later). Aligned past the reference counts of
 /// its `Arc` (every handshake clones it): the lanes' address, read on every count, stays in a
 /// line nobody writes.
 #[repr(align(128))]
@@ -566,7 +568,9 @@ impl Counters {
     }
 }
 
-/// A snapshot of the process-wide counters.
+/// A snapshot of the process-wide counters. Each counter is read once, not all at one instant:
+/// counters that change during the call may disagree with one another by what changed, and a
+/// gauge (`handshakes_in_flight`, `link_groups`) may read one off while it changes.
 ///
 /// # Examples
 ///

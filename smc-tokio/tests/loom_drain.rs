@@ -8,8 +8,9 @@
 //!   and then exits: its side channel closes (Release here; in the kernel, the close of a dead
 //!   process's descriptors happens after all its stores, and our read of the EOF is a system
 //!   call that synchronizes with it);
-//! - an application task takes the fast path (`LinkGroup::progress`): `try_lock` on the
-//!   dispatch lock, pop what is published (`cdc_prod` relaxed, then an acquire fence, as
+//! - an application task takes the fast path (`LinkGroup::progress`; before it, a look at the
+//!   counters without a lock may skip it, which only leaves more to the driver): `try_lock` on
+//!   the dispatch lock, pop what is published (`cdc_prod` relaxed, then an acquire fence, as
 //!   `CdcRx::pending`), and dispatch each frame to the connection under that same lock;
 //! - the driver sees the side channel's EOF, drains (`LinkGroup::drain`: the dispatch lock
 //!   taken blocking, pop and dispatch until empty), then fails the group (`fail`: the

@@ -329,7 +329,7 @@ const MAX_READER_SPIN: std::time::Duration = std::time::Duration::from_micros(5)
 /// peer publishes, so 16 keep the spin within a microsecond of its budget; reading the clock
 /// on every look made it two fifths of the spin's samples (`perf` on `smcperf local --scenario
 /// rr --size 14 --busy-poll 50`).
-const SPINS_PER_CLOCK: u32 = 16;
+const SPIN_LOOKS_PER_CLOCK: u32 = 16;
 
 /// Most waits a failed poll makes sleep before the next try: an idle connection polls one
 /// budget in this many waits.
@@ -951,10 +951,10 @@ impl SmcConn {
             return;
         }
         let until = std::time::Instant::now() + budget;
-        // The clock is read once per `SPINS_PER_CLOCK` looks: read on every one, it made most
+        // The clock is read once per `SPIN_LOOKS_PER_CLOCK` looks: read on every one, it made most
         // of each look's time, and a frame that arrived waited for it.
         loop {
-            for _ in 0..SPINS_PER_CLOCK {
+            for _ in 0..SPIN_LOOKS_PER_CLOCK {
                 if link.has_pending() {
                     return;
                 }

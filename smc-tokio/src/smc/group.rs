@@ -543,11 +543,17 @@ impl LinkGroup {
         }
         // A connection still short of space registered again (and asked the link to watch);
         // with none left, stop watching, or the driver would keep waking for space nobody needs.
-        if self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        // Under the lock: a connection that registers meanwhile does so after the watch was
+        // stopped, and its send that follows asks the link to watch again; stopped after the
+        // lock was let go, the watch could end under a connection that had just registered,
+        // and its writer wait for traffic that might never come.
+        let w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_empty() {
             if let Some(l) = self.link.get() {
                 l.clear_space_wait();
             }
         }
+        drop(w);
     }
 
     fn dispatch(&self, frame: &[u8; CDC_MSG_LEN]) {
