@@ -141,8 +141,8 @@ impl Service<SocketAddr> for SmcConnector {
     }
 }
 
-/// Host and port of an `http://` URI.
-fn authority(uri: &Uri) -> io::Result<(String, u16)> {
+/// Host (without an IPv6 address's brackets) and port of an `http://` URI.
+fn authority(uri: &Uri) -> io::Result<(&str, u16)> {
     match uri.scheme_str() {
         Some("http") | None => {}
         Some(other) => {
@@ -153,7 +153,7 @@ fn authority(uri: &Uri) -> io::Result<(String, u16)> {
         }
     }
     let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "URI has no host"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     Ok((host, uri.port_u16().unwrap_or(80)))
 }
 
@@ -170,7 +170,11 @@ impl Service<Uri> for SmcConnector {
         let b = self.builder.clone();
         Box::pin(async move {
             let (host, port) = authority(&uri)?;
-            let stream = b.connect((host.as_str(), port)).await?;
+            // An address needs no lookup (nor the host's copy a lookup takes along).
+            let stream = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => b.connect(SocketAddr::new(ip, port)).await?,
+                Err(_) => b.connect((host, port)).await?,
+            };
             SmcConnection::new(stream)
         })
     }
@@ -310,8 +314,8 @@ mod tests {
 
     #[test]
     fn authorities() {
-        assert_eq!(authority(&"http://a.example:81/x".parse().unwrap()).unwrap(), ("a.example".into(), 81));
-        assert_eq!(authority(&"http://[::1]/".parse().unwrap()).unwrap(), ("::1".into(), 80));
+        assert_eq!(authority(&"http://a.example:81/x".parse().unwrap()).unwrap(), ("a.example", 81));
+        assert_eq!(authority(&"http://[::1]/".parse().unwrap()).unwrap(), ("::1", 80));
         assert_eq!(authority(&"https://a/".parse().unwrap()).unwrap_err().kind(), io::ErrorKind::Unsupported);
     }
 }

@@ -43,6 +43,21 @@ where
 }
 
 #[tokio::test]
+async fn a_uri_with_a_host_name_or_an_address_connects() {
+    let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(SmcConnector::new());
+    let addr = hyper_server(true).await;
+    // A name: looked up (localhost may come back as ::1 first, where nothing listens; the
+    // connector tries each address in turn).
+    let uri = format!("http://localhost:{}/", addr.port()).parse().unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.get(uri)).await.unwrap().unwrap();
+    assert_eq!(resp.extensions().get::<SmcConnectInfo>().map(|i| i.peer), Some(addr));
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "smc-d");
+    // An address: connected to as it is.
+    let (body, info) = get(&client, addr).await;
+    assert_eq!((body.as_str(), info.map(|i| i.peer)), ("smc-d", Some(addr)));
+}
+
+#[tokio::test]
 async fn hyper_client_over_smc_and_over_the_fallback() {
     let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(SmcConnector::new());
     let addr = hyper_server(true).await;
