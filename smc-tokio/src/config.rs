@@ -489,7 +489,9 @@ impl ShmConfig {
     ///
     /// Neither holds a thread from the tasks that share it: the driver looks once per turn of
     /// the runtime (its other tasks run in between), and a reader spins inside its own poll for
-    /// at most 5 us of the budget, then goes on waiting through the runtime.
+    /// at most 5 us of the budget, then goes on waiting through the runtime. A reader spins only
+    /// while it awaits a reply (it wrote since a read last returned bytes: a reader that drains
+    /// until it would block does not), and one reader of a link group at a time.
     ///
     /// # Examples
     ///

@@ -135,3 +135,18 @@ pub fn rdma_without_inline_sends(on: bool) {
 pub fn rdma_setup_calls_on_runtime() -> u64 {
     crate::link::verbs::device::setup_calls_on_runtime()
 }
+
+/// How many times readers of connections in `ctx` started to spin for frames inside their poll
+/// (busy polling): a reader spins only while it awaits a reply (it wrote since a read last
+/// returned bytes), one reader of a link group at a time.
+///
+/// # Examples
+///
+/// ```
+/// // No busy polling, no spins.
+/// assert_eq!(smc_tokio::faults::reader_spins(&smc_tokio::Context::new()), 0);
+/// ```
+#[cfg(feature = "test-util")]
+pub fn reader_spins(ctx: &crate::Context) -> u64 {
+    ctx.counters().reader_spins()
+}

@@ -59,6 +59,8 @@ struct Lane {
     partial_waits: AtomicU64,
     handbacks: [AtomicU64; 2],
     doorbells: [AtomicU64; 2],
+    /// Spins for frames that readers started (busy polling); for tests, not in [`Stats`].
+    reader_spins: AtomicU64,
     kernel: Kernel,
 }
 
@@ -332,6 +334,17 @@ impl Counters {
     /// A shared-memory link rang its peer's doorbell (`rung`), or woke up for a ring of its own.
     pub(crate) fn doorbell(&self, rung: bool) {
         self.lane().doorbells[usize::from(!rung)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A reader started to spin for frames (busy polling).
+    pub(crate) fn reader_spin(&self) {
+        self.lane().reader_spins.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Spins for frames that readers started.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    pub(crate) fn reader_spins(&self) -> u64 {
+        self.sum(|l| &l.reader_spins)
     }
 
     /// An SMC connection finished its move to its TCP socket (`ok`), or the move failed.

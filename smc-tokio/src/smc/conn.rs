@@ -200,6 +200,10 @@ struct ConnState {
     /// read (write) finds nothing to do; then it waits for the peer. See `poll_ready`.
     rx_ready_hint: bool,
     tx_ready_hint: bool,
+    /// Bytes were written since a read last returned some: a reply may be on its way, and a
+    /// reader that finds nothing may spin for it (busy polling). A read that just returned
+    /// bytes and finds nothing more (a reader draining until it would block) does not spin.
+    awaiting_reply: bool,
     /// The engine knows how large the peer may grow our receive ring (its region's slot
     /// size, known once the link is up: set at the first CDC message, which only an
     /// established link delivers).
@@ -494,6 +498,7 @@ impl SmcConn {
                 retire_slot: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
+                awaiting_reply: false,
                 rx_max_set: false,
                 wait: WaitClock::new(cfg.adaptive_poll),
                 handback: Handback::Smc,
@@ -800,6 +805,9 @@ impl SmcConn {
             }
             let avail = st.engine.rx_available();
             if avail > 0 {
+                if consuming {
+                    st.awaiting_reply = false;
+                }
                 return Poll::Ready(take(&mut st, avail));
             }
             if st.engine.peer_aborted() {
@@ -815,9 +823,12 @@ impl SmcConn {
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
-                // spinning first for up to the busy-poll budget.
+                // spinning first for up to the busy-poll budget while a reply is awaited.
+                let spin = st.awaiting_reply;
                 drop(st);
-                self.spin_for_frames();
+                if spin {
+                    self.spin_for_frames();
+                }
                 self.group.progress();
                 continue;
             }
@@ -950,12 +961,19 @@ impl SmcConn {
         if budget.is_zero() {
             return;
         }
+        // One spinner per group: the others wait as without busy polling.
+        let Some(_slot) = self.group.spin_slot() else {
+            return;
+        };
+        self.group.manager().counters.reader_spin();
+        let seen = self.group.frames_seen();
         let until = std::time::Instant::now() + budget;
         // The clock is read once per `SPIN_LOOKS_PER_CLOCK` looks: read on every one, it made most
-        // of each look's time, and a frame that arrived waited for it.
+        // of each look's time, and a frame that arrived waited for it. Frames that another
+        // thread took meanwhile (maybe ours) end the spin too.
         loop {
             for _ in 0..SPIN_LOOKS_PER_CLOCK {
-                if link.has_pending() {
+                if link.has_pending() || self.group.frames_seen() != seen {
                     return;
                 }
                 std::hint::spin_loop();
@@ -1189,6 +1207,7 @@ impl SmcConn {
                 };
                 // tx_spans succeeded for n >= filled, so committing cannot fail.
                 let _ = st.engine.tx_commit(filled);
+                st.awaiting_reply |= filled > 0;
                 let inline = inline.filter(|d| idle && d.len() == filled as usize && d.len() <= st.inline_max);
                 self.flush_cdc_inline(&mut st, inline);
                 return Poll::Ready(Ok(filled as usize));
