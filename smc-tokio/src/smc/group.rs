@@ -452,8 +452,9 @@ impl LinkGroup {
     /// The right to spin for frames inside a reader's poll (busy polling), held by one reader
     /// of the group at a time; `None` while another has it. Every frame of the group ends a
     /// spin, so one spinner sees what many would; many spinning readers held as many threads
-    /// (`smcperf local --scenario http --conns 64 --busy-poll 50 --runtime multi`: 43-49 k
-    /// requests/s, against about 200 k without busy polling).
+    /// (`smcperf local --scenario http --conns 64 --busy-poll 50 --runtime multi`: 43-46 k
+    /// requests/s with every reader spinning, 63-67 k with one at a time, both before a reader
+    /// spun only while awaiting a reply).
     pub(crate) fn spin_slot(&self) -> Option<SpinSlot<'_>> {
         if self.spinning.load(Ordering::Relaxed) || self.spinning.swap(true, Ordering::Acquire) {
             return None;
