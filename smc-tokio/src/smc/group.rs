@@ -537,10 +537,12 @@ impl LinkGroup {
         for _ in 0..DRAIN_ROUNDS {
             match link.cdc_recv(&mut frames, RECV_BATCH) {
                 Ok(Some(0)) => break,
-                Ok(Some(_)) => {
+                Ok(Some(n)) => {
                     for f in frames.drain(..) {
                         self.dispatch(&f);
                     }
+                    // Seen as traffic, as `progress` counts it (a spinning reader stops).
+                    self.frames_seen.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 // The link's receive state is busy this instant (a completion poll that keeps
                 // what it takes for us): try again.
