@@ -23,8 +23,8 @@ use crate::stats::{Counters, Stats};
 /// What connections share: link groups, settings, negative cache, counters and limits.
 ///
 /// Cheap to clone (a reference count; none for the default context); every clone is the same
-/// context. Give one to builders
-/// with [`SmcStreamBuilder::context`](crate::SmcStreamBuilder::context) and
+/// context. Give one to builders with
+/// [`SmcStreamBuilder::context`](crate::SmcStreamBuilder::context) and
 /// [`SmcListenerBuilder::context`](crate::SmcListenerBuilder::context); without, they use
 /// [`Context::global`].
 ///
@@ -161,7 +161,8 @@ impl Context {
     /// println!("{}", ctx.stats());
     /// ```
     pub fn stats(&self) -> Stats {
-        self.shared().manager.counters.snapshot(self.shared().manager.budget())
+        let manager = &self.shared().manager;
+        manager.counters.snapshot(manager.budget())
     }
 
     /// Caps the RMB memory (receive rings) that this context's connections may hold at once;

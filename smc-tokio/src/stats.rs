@@ -66,17 +66,20 @@ struct Lane {
 
 /// One context's counters (the default context's are the process's, [`stats`]).
 ///
-/// Counted on every read and write, so they are striped: each thread adds to a lane of its
-/// own (a thread takes the next lane the first time it counts), and a snapshot sums the
-/// lanes. One shared set of counters put a cache-line transfer on every read and write of
-/// two threads moving bytes (measured with `perf` on `smcperf local --scenario rr --size 14
-/// --busy-poll 50`: 7% of each side's round trip was the byte counter's `fetch_add`).
+/// Counted on every read and write, so they are striped: a thread takes the next lane the first
+/// time it counts and adds to it from then on (threads beyond the lane count share lanes), and
+/// a snapshot sums the lanes. One shared set of counters put a cache-line transfer on every
+/// read and write of two threads moving bytes (measured with `perf` on `smcperf local
+/// --scenario rr --size 14 --busy-poll 50`: 7% of each side's round trip was the byte
+/// counter's `fetch_add`).
+///
 /// Gauges (handshakes in flight, live link groups) go up on one lane and may come down on
 /// another: lanes wrap, and the sum of them is the gauge. A snapshot reads the lanes one after
 /// another, so a gauge that changes meanwhile may read one off for that snapshot (its count
-/// went up on a lane already read and down on one read later). Aligned past the reference counts of
-/// its `Arc` (every handshake clones it): the lanes' address, read on every count, stays in a
-/// line nobody writes.
+/// went up on a lane already read and down on one read later).
+///
+/// Aligned past the reference counts of its `Arc` (every handshake clones it): the lanes'
+/// address, read on every count, stays in a line nobody writes.
 #[repr(align(128))]
 pub(crate) struct Counters {
     lanes: Box<[Lane]>,

@@ -160,6 +160,12 @@ fn a_stream_that_is_always_ready_yields_to_the_other_tasks_as_a_tcp_stream_does(
     });
 }
 
+/// Shared memory with a busy-poll budget of `budget` and adaptive polling off: what a waiting
+/// side does is busy polling's alone.
+fn busy_polling_only(budget: Duration) -> smc_tokio::config::ShmConfig {
+    smc_tokio::config::ShmConfig::default().busy_poll(budget).adaptive_poll(Duration::ZERO)
+}
+
 /// A reader spins for frames only while it awaits a reply: one that never wrote, or that
 /// just read what came and looks again (draining until it would block, as hyper and most
 /// protocol loops do), goes on waiting as without busy polling. Spinning there held the thread
@@ -170,9 +176,7 @@ fn a_reader_spins_only_while_it_awaits_a_reply() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let ctx = smc_tokio::Context::new();
-        let shm =
-            smc_tokio::config::ShmConfig::default().busy_poll(Duration::from_millis(1)).adaptive_poll(Duration::ZERO);
-        let (mut c, mut s) = tests::smc_pair_in(&ctx, shm).await;
+        let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(1))).await;
         let spins = || smc_tokio::faults::reader_spins(&ctx);
         let mut buf = [0u8; 64];
         // The client never wrote: its empty looks do not spin, however many.
@@ -221,9 +225,7 @@ fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let ctx = smc_tokio::Context::new();
-        let shm =
-            smc_tokio::config::ShmConfig::default().busy_poll(Duration::from_millis(10)).adaptive_poll(Duration::ZERO);
-        let (mut c, mut s) = tests::smc_pair_in(&ctx, shm).await;
+        let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(10))).await;
         let server = tokio::spawn(async move {
             let mut buf = [0u8; 14];
             while s.read_exact(&mut buf).await.is_ok() {

@@ -467,6 +467,13 @@ impl LinkGroup {
         self.frames_seen.load(Ordering::Relaxed)
     }
 
+    /// Counts `n` frames taken from the link and dispatched.
+    fn seen(&self, n: usize) {
+        if n > 0 {
+            self.frames_seen.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
     pub(crate) fn wait_cdc_space(&self, conn: &Arc<SmcConn>) {
         let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
@@ -517,9 +524,7 @@ impl LinkGroup {
             }
         }
         drop(frames);
-        if dispatched > 0 {
-            self.frames_seen.fetch_add(dispatched as u64, Ordering::Relaxed);
-        }
+        self.seen(dispatched);
         self.retry_waiters();
         (dispatched, more)
     }
@@ -541,8 +546,8 @@ impl LinkGroup {
                     for f in frames.drain(..) {
                         self.dispatch(&f);
                     }
-                    // Seen as traffic, as `progress` counts it (a spinning reader stops).
-                    self.frames_seen.fetch_add(n as u64, Ordering::Relaxed);
+                    // Traffic, as `progress` counts it (a spinning reader stops).
+                    self.seen(n);
                 }
                 // The link's receive state is busy this instant (a completion poll that keeps
                 // what it takes for us): try again.
@@ -819,7 +824,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         let now = clock_ns();
         let busy_left = busy > 0 && {
             // Traffic that readers drained themselves counts as work too.
-            let seen = group.frames_seen.load(Ordering::Relaxed);
+            let seen = group.frames_seen();
             if seen != frames_seen {
                 frames_seen = seen;
                 busy_until = None;
