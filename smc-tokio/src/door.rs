@@ -101,6 +101,13 @@ const CLIENT_IDLE: Duration = Duration::from_secs(10);
 /// default handshake timeout, so a registration that waited still has time for its handshake.
 const SEND_WAIT: Duration = Duration::from_secs(1);
 
+/// The first wait before a door message that found the queue full is tried again: a peer
+/// that reads frees room within a turn of its runtime.
+const SEND_RETRY_FIRST: Duration = Duration::from_millis(1);
+
+/// The longest wait between two tries of one door message: about 20 tries in [`SEND_WAIT`].
+const SEND_RETRY_MAX: Duration = Duration::from_millis(64);
+
 /// Registrations a client keeps open on one door connection at once. Each draws at most two
 /// answers from the server (its Accept or "no", then its Commit or Decline), so the server's
 /// end of a door connection never has more than 128 answers queued for a client that reads
@@ -176,28 +183,38 @@ fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(DoorFrame, Vec<u8>)>> 
 }
 
 /// Sends one door message, waiting up to [`SEND_WAIT`] for room when the connection's queue is
-/// full.
+/// full. Door connections are not watched for room ([`watch`]): a full queue is rare (the
+/// window keeps a reading peer's queue short), so the send is tried again after waits that
+/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`].
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
     match sys::send_msg(conn.get_ref().as_fd(), msg) {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
         r => return r,
     }
-    let wait = async {
-        loop {
-            let mut guard = conn.writable().await?;
-            match guard.try_io(|c| sys::send_msg(c.get_ref().as_fd(), msg)) {
-                Ok(r) => return r,
-                Err(_would_block) => continue,
-            }
+    let deadline = tokio::time::Instant::now() + SEND_WAIT;
+    let mut pause = SEND_RETRY_FIRST;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(io::ErrorKind::WouldBlock.into());
         }
-    };
-    tokio::time::timeout(SEND_WAIT, wait).await.unwrap_or_else(|_| Err(io::ErrorKind::WouldBlock.into()))
+        tokio::time::sleep_until((now + pause).min(deadline)).await;
+        pause = (pause * 2).min(SEND_RETRY_MAX);
+        match sys::send_msg(conn.get_ref().as_fd(), msg) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+    }
 }
 
-/// Registers a door connection with the runtime, for reading and for waiting for room.
+/// Registers a door connection with the runtime, for reading only. Watched for room too, every
+/// message one end read woke the other end's thread (a socket whose peer frees queue space
+/// signals it as writable, and an epoll registration that asks for writability hears it): on
+/// `smcperf local --scenario http-close`, whose listener thread sleeps between connections,
+/// that was a wake-up of the listener's thread per answer its client read.
 fn watch(conn: PeerFd) -> io::Result<AsyncFd<PeerFd>> {
     // SAFETY: the PeerFd owns its descriptor and moves into the AsyncFd.
-    unsafe { sys::register(conn, Interest::READABLE | Interest::WRITABLE) }
+    unsafe { sys::register(conn, Interest::READABLE) }
 }
 
 // ----- one registration's messages -------------------------------------------------------------
@@ -1811,6 +1828,7 @@ impl Wire for ClientWire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     /// A door connection's two ends: ours as the listener holds it, and the client's.
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
@@ -1877,6 +1895,70 @@ mod tests {
         // Nothing more is sent on it.
         conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
         assert!(drain(&client, &mut Vec::new()));
+    }
+
+    /// An answer that finds the queue full is sent once the client reads and frees room,
+    /// within the wait: a door connection is not watched for room, so the send tries again.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_finds_the_queue_full_goes_out_once_the_client_reads() {
+        let (conn, client) = server_conn();
+        let sent = fill(&conn);
+        let mut wire = ServerWire {
+            conn: conn.clone(),
+            id: u64::MAX,
+            inbox: Arc::new(Inbox::default()),
+            proposal: None,
+            connected: None,
+        };
+        let commit = ClcMessage::Commit(crate::proto::clc::Commit { secret: Secret([7; 16]) }).encode().unwrap();
+        let reader = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut ids = Vec::new();
+            assert!(!drain(&client, &mut ids), "the connection ended while the answer waited");
+            ids
+        };
+        let started = tokio::time::Instant::now();
+        let (answer, ids) = tokio::join!(wire.send(&commit), reader);
+        answer.expect("the answer was not sent once there was room");
+        assert_eq!(ids, (0..sent).collect::<Vec<_>>());
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < SEND_WAIT,
+            "sent after {waited:?}: before the room was freed, or past the wait"
+        );
+        let mut after = Vec::new();
+        assert!(!drain(&client, &mut after));
+        assert_eq!(after, [u64::MAX], "the answer arrives after what was queued before it");
+    }
+
+    /// A door connection is registered for reading only. The kernel signals a Unix socket as
+    /// writable each time its peer reads a message from it (room freed), and a registration
+    /// that asked for writability woke our thread for each of them. Read from the kernel's
+    /// own record of the runtime's registrations (`/proc/self/fdinfo` of its epoll instance).
+    #[tokio::test]
+    async fn a_door_connection_is_watched_for_reading_only() {
+        let (conn, _client) = server_conn();
+        let fd = conn.fd.get_ref().as_fd().as_raw_fd();
+        let mut masks = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let is_epoll =
+                std::fs::read_link(entry.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:[eventpoll]");
+            let info = entry.path().to_string_lossy().replace("/fd/", "/fdinfo/");
+            let Some(text) = is_epoll.then(|| std::fs::read_to_string(info).ok()).flatten() else { continue };
+            for line in text.lines() {
+                let mut words = line.split_whitespace();
+                if words.next() == Some("tfd:") && words.next() == Some(fd.to_string().as_str()) {
+                    if let (Some("events:"), Some(hex)) = (words.next(), words.next()) {
+                        masks.push(u32::from_str_radix(hex, 16).unwrap());
+                    }
+                }
+            }
+        }
+        assert!(!masks.is_empty(), "no epoll instance has the door connection");
+        for m in masks {
+            assert_ne!(m & libc::EPOLLIN as u32, 0, "not watched for reading: {m:#x}");
+            assert_eq!(m & libc::EPOLLOUT as u32, 0, "watched for room: {m:#x}");
+        }
     }
 
     /// A "no" that finds no room is not dropped while the client waits for it: the connection

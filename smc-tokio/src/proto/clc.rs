@@ -780,43 +780,67 @@ impl ClcMessage {
     /// assert_eq!(too_big.encode(), Err(ClcError::BadField("proposal rmb size")));
     /// ```
     pub fn encode(&self) -> Result<Vec<u8>, ClcError> {
-        let mut w = Writer { buf: Vec::with_capacity(128) };
-        w.buf.extend_from_slice(&CLC_EYECATCHER);
-        w.buf.extend_from_slice(&[CLC_VERSION, self.kind() as u8, 0, 0]);
-        w.buf.extend_from_slice(&self.secret().0);
-        match self {
-            ClcMessage::Proposal(p) => {
-                if p.rmb_size != 0 && RingSize::new(p.rmb_size).is_none() {
-                    return Err(ClcError::BadField("proposal rmb size"));
+        encode_with(self.kind(), self.secret(), |w| {
+            match self {
+                ClcMessage::Proposal(p) => {
+                    if p.rmb_size != 0 && RingSize::new(p.rmb_size).is_none() {
+                        return Err(ClcError::BadField("proposal rmb size"));
+                    }
+                    w.buf.extend_from_slice(&p.rmb_size.to_be_bytes());
+                    if let Some(o) = &p.shm {
+                        w.section(SECTION_SHM, |b| b.extend_from_slice(&o.link_group.to_be_bytes()));
+                    }
+                    if let Some(o) = &p.rdma {
+                        check_mtu(o.mtu)?;
+                        w.section(SECTION_RDMA, |b| {
+                            b.extend_from_slice(&o.gid);
+                            b.push(o.port);
+                            b.extend_from_slice(&o.mtu.to_be_bytes());
+                            b.extend_from_slice(&o.qpn.to_be_bytes());
+                            b.extend_from_slice(&o.link_group.to_be_bytes());
+                        });
+                    }
                 }
-                w.buf.extend_from_slice(&p.rmb_size.to_be_bytes());
-                if let Some(o) = &p.shm {
-                    w.section(SECTION_SHM, |b| b.extend_from_slice(&o.link_group.to_be_bytes()));
+                ClcMessage::Accept(Accept { link, .. }) | ClcMessage::Confirm(Confirm { link, .. }) => {
+                    check_link(link)?;
+                    w.link(link);
                 }
-                if let Some(o) = &p.rdma {
-                    check_mtu(o.mtu)?;
-                    w.section(SECTION_RDMA, |b| {
-                        b.extend_from_slice(&o.gid);
-                        b.push(o.port);
-                        b.extend_from_slice(&o.mtu.to_be_bytes());
-                        b.extend_from_slice(&o.qpn.to_be_bytes());
-                        b.extend_from_slice(&o.link_group.to_be_bytes());
-                    });
-                }
+                ClcMessage::Decline(d) => w.buf.push(d.reason as u8),
+                ClcMessage::Commit(_) => {}
             }
-            ClcMessage::Accept(Accept { link, .. }) | ClcMessage::Confirm(Confirm { link, .. }) => {
-                check_link(link)?;
-                w.link(link);
-            }
-            ClcMessage::Decline(d) => w.buf.push(d.reason as u8),
-            ClcMessage::Commit(_) => {}
-        }
-        w.buf.extend_from_slice(&CLC_EYECATCHER);
-        // Bounded fields keep every message far below CLC_MAX_LEN (checked in tests).
-        let len = w.buf.len() as u16;
-        w.buf[6..8].copy_from_slice(&len.to_be_bytes());
-        Ok(w.buf)
+            Ok(())
+        })
     }
+}
+
+/// The bytes of an Accept (`confirm` false) or a Confirm (`true`) with `secret` and `link`, as
+/// [`ClcMessage::encode`] makes them, from a borrowed link: a handshake keeps its link after
+/// sending it, without a copy.
+pub(crate) fn encode_link_message(confirm: bool, secret: Secret, link: &LinkInfo) -> Result<Vec<u8>, ClcError> {
+    let kind = if confirm { ClcType::Confirm } else { ClcType::Accept };
+    encode_with(kind, secret, |w| {
+        check_link(link)?;
+        w.link(link);
+        Ok(())
+    })
+}
+
+/// A message of `kind` with `secret`, its body written by `body`, framed.
+fn encode_with(
+    kind: ClcType,
+    secret: Secret,
+    body: impl FnOnce(&mut Writer) -> Result<(), ClcError>,
+) -> Result<Vec<u8>, ClcError> {
+    let mut w = Writer { buf: Vec::with_capacity(128) };
+    w.buf.extend_from_slice(&CLC_EYECATCHER);
+    w.buf.extend_from_slice(&[CLC_VERSION, kind as u8, 0, 0]);
+    w.buf.extend_from_slice(&secret.0);
+    body(&mut w)?;
+    w.buf.extend_from_slice(&CLC_EYECATCHER);
+    // Bounded fields keep every message far below CLC_MAX_LEN (checked in tests).
+    let len = w.buf.len() as u16;
+    w.buf[6..8].copy_from_slice(&len.to_be_bytes());
+    Ok(w.buf)
 }
 
 #[cfg(test)]
@@ -895,6 +919,24 @@ mod tests {
             longer.extend_from_slice(b"GET / HTTP/1.1");
             assert_eq!(decode(&longer).unwrap(), Decoded::Message(m, b.len()));
         }
+    }
+
+    /// An Accept or a Confirm encoded from a borrowed link is the message's own encoding, and
+    /// a link that cannot be encoded is refused the same way.
+    #[test]
+    fn accepts_and_confirms_encode_alike_from_a_borrowed_link() {
+        for m in samples() {
+            let (confirm, secret, link) = match &m {
+                ClcMessage::Accept(a) => (false, a.secret, &a.link),
+                ClcMessage::Confirm(c) => (true, c.secret, &c.link),
+                _ => continue,
+            };
+            assert_eq!(encode_link_message(confirm, secret, link), m.encode(), "{m:?}");
+        }
+        let long = shm_link(&[b'x'; SHM_SOCKET_NAME_MAX + 1]);
+        let whole = ClcMessage::Accept(Accept { secret: Secret([1; 16]), link: long.clone() }).encode();
+        assert!(whole.is_err());
+        assert_eq!(encode_link_message(false, Secret([1; 16]), &long), whole);
     }
 
     #[test]

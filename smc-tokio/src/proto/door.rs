@@ -177,12 +177,11 @@ pub struct RegisterHead {
 impl RegisterHead {
     /// The whole Register frame for registration `id`: header, this head, then `proposal`.
     pub fn encode_frame(&self, id: u64, proposal: &[u8]) -> Vec<u8> {
-        let mut payload = Vec::with_capacity(REGISTER_HEAD_LEN + proposal.len());
-        payload.extend_from_slice(&self.instance.to_be_bytes());
-        payload.extend_from_slice(&self.cookie.to_be_bytes());
-        payload.extend_from_slice(&self.port.to_be_bytes());
-        payload.extend_from_slice(proposal);
-        DoorFrame { kind: DoorKind::Register, reason: 0, id }.encode(&payload)
+        let mut head = [0u8; REGISTER_HEAD_LEN];
+        head[..8].copy_from_slice(&self.instance.to_be_bytes());
+        head[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        head[16..].copy_from_slice(&self.port.to_be_bytes());
+        DoorFrame { kind: DoorKind::Register, reason: 0, id }.encode_parts(&head, proposal)
     }
 
     /// Splits a Register's payload (as [`DoorFrame::decode`] returned it) into its head and
@@ -244,20 +243,19 @@ impl ConnectedTuple {
     pub fn encode_frame(&self, id: u64, clc: &[u8]) -> Vec<u8> {
         use std::net::IpAddr;
         let both_v4 = self.local.is_ipv4() && self.peer.is_ipv4();
-        let mut payload = Vec::with_capacity(CONNECTED_LEN + clc.len());
-        payload.push(if both_v4 { 4 } else { 6 });
-        for a in [self.local, self.peer] {
-            let mut ip = [0u8; 16];
+        let mut head = [0u8; CONNECTED_LEN];
+        head[0] = if both_v4 { 4 } else { 6 };
+        for (i, a) in [self.local, self.peer].into_iter().enumerate() {
+            let at = 1 + i * 18;
+            let ip = &mut head[at..at + 16];
             match (a.ip(), both_v4) {
                 (IpAddr::V4(v4), true) => ip[..4].copy_from_slice(&v4.octets()),
-                (IpAddr::V4(v4), false) => ip = v4.to_ipv6_mapped().octets(),
-                (IpAddr::V6(v6), _) => ip = v6.octets(),
+                (IpAddr::V4(v4), false) => ip.copy_from_slice(&v4.to_ipv6_mapped().octets()),
+                (IpAddr::V6(v6), _) => ip.copy_from_slice(&v6.octets()),
             }
-            payload.extend_from_slice(&ip);
-            payload.extend_from_slice(&a.port().to_be_bytes());
+            head[at + 16..at + 18].copy_from_slice(&a.port().to_be_bytes());
         }
-        payload.extend_from_slice(clc);
-        DoorFrame { kind: DoorKind::Connected, reason: 0, id }.encode(&payload)
+        DoorFrame { kind: DoorKind::Connected, reason: 0, id }.encode_parts(&head, clc)
     }
 
     /// Splits a Connected frame's payload into its tuple and the CLC message after it, which
@@ -389,14 +387,20 @@ impl DoorFrame {
     /// assert_eq!(bytes, b"SMCd\x03\x03\x05\x00\x00\x00\x00\x00\x00\x00\x00\x09");
     /// ```
     pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
-        let mut b = Vec::with_capacity(DOOR_HEADER_LEN + payload.len());
+        self.encode_parts(&[], payload)
+    }
+
+    /// The frame with a payload of `head` then `rest`, built in one buffer.
+    fn encode_parts(&self, head: &[u8], rest: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(DOOR_HEADER_LEN + head.len() + rest.len());
         b.extend_from_slice(&DOOR_MAGIC);
         b.push(DOOR_VERSION);
         b.push(self.kind as u8);
         b.push(self.reason);
         b.push(0);
         b.extend_from_slice(&self.id.to_be_bytes());
-        b.extend_from_slice(payload);
+        b.extend_from_slice(head);
+        b.extend_from_slice(rest);
         b
     }
 

@@ -40,8 +40,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use super::clc::{
-    decode, Accept, ClcError, ClcHeader, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo,
-    Proposal, Secret, CLC_HEADER_LEN,
+    decode, Accept, ClcError, ClcHeader, ClcMessage, Commit, Decline, DeclineReason, Decoded, LinkInfo, Proposal,
+    Secret, CLC_HEADER_LEN,
 };
 
 /// Which side of the connection made a decision.
@@ -230,6 +230,12 @@ impl Inbox {
 
 fn encode(msg: &ClcMessage) -> Result<Vec<u8>, HandshakeError> {
     msg.encode().map_err(HandshakeError::Malformed)
+}
+
+/// An Accept's or a Confirm's bytes from a borrowed link (see
+/// [`encode_link_message`](super::clc::encode_link_message)).
+fn encode_link(confirm: bool, secret: Secret, link: &LinkInfo) -> Result<Vec<u8>, HandshakeError> {
+    super::clc::encode_link_message(confirm, secret, link).map_err(HandshakeError::Malformed)
 }
 
 fn decline_bytes(secret: Secret, reason: DeclineReason) -> Vec<u8> {
@@ -601,9 +607,15 @@ impl ClientHandshake {
         if !peer.same_transport(&local) {
             return self.decline(DeclineReason::Internal, now);
         }
-        let peer = peer.clone();
-        match encode(&ClcMessage::Confirm(Confirm { secret: self.secret, link: local.clone() })) {
+        match encode_link(true, self.secret, &local) {
             Ok(b) => {
+                let peer = match std::mem::replace(&mut self.state, ClientState::AwaitReply) {
+                    ClientState::AwaitDecision(peer) => peer,
+                    other => {
+                        self.state = other;
+                        return;
+                    }
+                };
                 self.transmit = b;
                 self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
                 self.confirmed = true;
@@ -1057,7 +1069,13 @@ impl ServerHandshake {
                     tracing::debug!(secret_ok = c.secret == self.secret, "declining a confirm that does not fit");
                     self.send_decline(DeclineReason::SyncError)
                 } else {
-                    let local = local.clone();
+                    let local = match std::mem::replace(&mut self.state, ServerState::AwaitDecision) {
+                        ServerState::AwaitAnswer(local) => local,
+                        other => {
+                            self.state = other;
+                            return used;
+                        }
+                    };
                     self.event = Some(ServerEvent::Confirmed(c.link.clone()));
                     self.state = ServerState::AwaitCommit { local, peer: c.link };
                     self.deadline = now + self.timeouts.local;
@@ -1109,7 +1127,7 @@ impl ServerHandshake {
         if now >= self.deadline {
             return self.send_decline(DeclineReason::Timeout);
         }
-        match encode(&ClcMessage::Accept(Accept { secret: self.secret, link: local.clone() })) {
+        match encode_link(false, self.secret, &local) {
             Ok(b) => {
                 self.transmit = b;
                 self.state = ServerState::AwaitAnswer(local);
@@ -1290,7 +1308,7 @@ mod model;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::clc::{ClcType, ShmLinkInfo, CLC_EYECATCHER, CLC_VERSION};
+    use crate::proto::clc::{ClcType, Confirm, ShmLinkInfo, CLC_EYECATCHER, CLC_VERSION};
     use crate::proto::pair::TakesInput;
 
     const T: Duration = Duration::from_secs(2);
