@@ -1871,6 +1871,19 @@ mod tests {
         sent
     }
 
+    /// A handshake's end of `conn` (under id `u64::MAX`), and a Commit for it to send.
+    fn commit_on(conn: &Arc<ServerConn>) -> (ServerWire, Vec<u8>) {
+        let wire = ServerWire {
+            conn: conn.clone(),
+            id: u64::MAX,
+            inbox: Arc::new(Inbox::default()),
+            proposal: None,
+            connected: None,
+        };
+        let commit = ClcMessage::Commit(crate::proto::clc::Commit { secret: Secret([7; 16]) }).encode().unwrap();
+        (wire, commit)
+    }
+
     /// A Commit that finds no room within SEND_WAIT fails, and the client then reads what was
     /// sent before and the end: its confirmed handshake ends as TCP, as ours does, instead of
     /// waiting for a final word that never comes.
@@ -1880,14 +1893,7 @@ mod tests {
         let counters = Counters::default();
         let sent = fill(&conn);
         assert!(sent > 0);
-        let mut wire = ServerWire {
-            conn: conn.clone(),
-            id: u64::MAX,
-            inbox: Arc::new(Inbox::default()),
-            proposal: None,
-            connected: None,
-        };
-        let commit = ClcMessage::Commit(crate::proto::clc::Commit { secret: Secret([7; 16]) }).encode().unwrap();
+        let (mut wire, commit) = commit_on(&conn);
         assert_eq!(wire.send(&commit).await.map_err(|e| e.kind()), Err(io::ErrorKind::WouldBlock));
         let mut ids = Vec::new();
         assert!(drain(&client, &mut ids), "the connection was not shut down");
@@ -1903,14 +1909,7 @@ mod tests {
     async fn an_answer_that_finds_the_queue_full_goes_out_once_the_client_reads() {
         let (conn, client) = server_conn();
         let sent = fill(&conn);
-        let mut wire = ServerWire {
-            conn: conn.clone(),
-            id: u64::MAX,
-            inbox: Arc::new(Inbox::default()),
-            proposal: None,
-            connected: None,
-        };
-        let commit = ClcMessage::Commit(crate::proto::clc::Commit { secret: Secret([7; 16]) }).encode().unwrap();
+        let (mut wire, commit) = commit_on(&conn);
         let reader = async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let mut ids = Vec::new();
