@@ -921,6 +921,25 @@ mod tests {
         }
     }
 
+    /// An Accept's bytes: the header (eyecatcher, version, type, length), the secret, the
+    /// shared-memory section (kind, length, group, slot, size, name), the trailer.
+    #[test]
+    fn known_accept_layout() {
+        let link = LinkInfo::Shm(ShmLinkInfo {
+            link_group: 0x0102_0304_0506_0708,
+            rmb_slot: 9,
+            rmb_size: 0x1_0000,
+            socket_name: b"ab".to_vec(),
+        });
+        let mut want = vec![0xE2, 0xD4, 0xC3, 0xE3, 2, 2, 0, 50];
+        want.extend_from_slice(&[0x77; 16]);
+        want.extend_from_slice(&[1, 0, 19, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 9, 0, 1, 0, 0, 2, b'a', b'b']);
+        want.extend_from_slice(&[0xE2, 0xD4, 0xC3, 0xE3]);
+        assert_eq!(encode_link_message(false, Secret([0x77; 16]), &link).unwrap(), want);
+        let whole = ClcMessage::Accept(Accept { secret: Secret([0x77; 16]), link }).encode().unwrap();
+        assert_eq!(whole, want);
+    }
+
     /// An Accept or a Confirm encoded from a borrowed link is the message's own encoding, and
     /// a link that cannot be encoded is refused the same way.
     #[test]

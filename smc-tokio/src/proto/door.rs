@@ -465,6 +465,24 @@ mod tests {
         assert_eq!(refused, [b'S', b'M', b'C', b'd', 3, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
+    /// A Connected frame's bytes, in both families: four-byte addresses when both ends are
+    /// IPv4 (padded to sixteen), else both as IPv6 (an IPv4 end mapped).
+    #[test]
+    fn known_connected_layout() {
+        let v4 = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: "127.0.0.1:80".parse().unwrap() };
+        let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 4];
+        want.extend_from_slice(&[127, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34]);
+        want.extend_from_slice(&[127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 80]);
+        want.extend_from_slice(b"clc");
+        assert_eq!(v4.encode_frame(5, b"clc"), want);
+        let mixed = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: "[::1]:80".parse().unwrap() };
+        let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 6];
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 127, 0, 0, 2, 0x12, 0x34]);
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 80]);
+        want.extend_from_slice(b"clc");
+        assert_eq!(mixed.encode_frame(5, b"clc"), want);
+    }
+
     #[test]
     fn round_trip_every_kind() {
         for kind in DoorKind::ALL {
