@@ -469,18 +469,21 @@ mod tests {
     /// IPv4 (padded to sixteen), else both as IPv6 (an IPv4 end mapped).
     #[test]
     fn known_connected_layout() {
-        let v4 = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: "127.0.0.1:80".parse().unwrap() };
-        let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 4];
-        want.extend_from_slice(&[127, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34]);
-        want.extend_from_slice(&[127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 80]);
-        want.extend_from_slice(b"clc");
-        assert_eq!(v4.encode_frame(5, b"clc"), want);
-        let mixed = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: "[::1]:80".parse().unwrap() };
-        let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 6];
-        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 127, 0, 0, 2, 0x12, 0x34]);
-        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 80]);
-        want.extend_from_slice(b"clc");
-        assert_eq!(mixed.encode_frame(5, b"clc"), want);
+        let v4_local = [127, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let v4_peer = [127, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mapped_local = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 127, 0, 0, 2];
+        let v6_peer = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let cases = [("127.0.0.1:80", 4, v4_local, v4_peer), ("[::1]:80", 6, mapped_local, v6_peer)];
+        for (peer, family, local_ip, peer_ip) in cases {
+            let tuple = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: peer.parse().unwrap() };
+            let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, family];
+            want.extend_from_slice(&local_ip);
+            want.extend_from_slice(&[0x12, 0x34]);
+            want.extend_from_slice(&peer_ip);
+            want.extend_from_slice(&[0, 80]);
+            want.extend_from_slice(b"clc");
+            assert_eq!(tuple.encode_frame(5, b"clc"), want, "to {peer}");
+        }
     }
 
     #[test]
