@@ -386,14 +386,15 @@ async fn run<W: Wire>(
     timeouts: Timeouts,
 ) -> (io::Result<Outcome>, Option<Arc<SmcConn>>, bool) {
     let timer = stats::HandshakeTimer::start(ctx.counters());
-    let mut hs = match ClientHandshake::new(prep.proposal.clone(), Instant::now(), timeouts) {
-        Ok(h) => h,
-        Err(e) => return (Err(SmcError::Handshake(e).into()), None, false),
+    let mut hs = if matches!(chan, Channel::Wire(_)) {
+        // The Proposal went with the registration.
+        ClientHandshake::after_proposal(prep.proposal.secret, Instant::now(), timeouts)
+    } else {
+        match ClientHandshake::new(prep.proposal.clone(), Instant::now(), timeouts) {
+            Ok(h) => h,
+            Err(e) => return (Err(SmcError::Handshake(e).into()), None, false),
+        }
     };
-    if matches!(chan, Channel::Wire(_)) {
-        // It went with the registration.
-        let _ = hs.poll_transmit();
-    }
     // Given back if the connect is dropped (cancelled) or ends without SMC.
     let mut pending = PendingConn::default();
     faults::stall(addr, Point::ClientBeforeHandshake).await;

@@ -328,16 +328,34 @@ impl ClientHandshake {
     /// ```
     pub fn new(proposal: Proposal, now: Instant, timeouts: Timeouts) -> Result<Self, HandshakeError> {
         let transmit = encode(&ClcMessage::Proposal(proposal.clone()))?;
-        Ok(Self {
-            secret: proposal.secret,
+        Ok(Self { transmit, ..Self::after_proposal(proposal.secret, now, timeouts) })
+    }
+
+    /// Starts a handshake whose Proposal, with `secret`, went out another way at `now` (on a
+    /// listener's door, with the registration): nothing is queued to send, and the server's
+    /// reply is awaited until `now + timeouts.peer`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::{clc::*, handshake::*, pair::*};
+    /// let HandshakePair { now, timeouts, .. } = HandshakePair::new();
+    /// let mut c = ClientHandshake::after_proposal(Secret([1; 16]), now, timeouts);
+    /// assert_eq!(c.poll_transmit(), None);
+    /// assert_eq!(c.poll_timeout(), Some(now + timeouts.peer));
+    /// assert_eq!(c.secret(), Secret([1; 16]));
+    /// ```
+    pub fn after_proposal(secret: Secret, now: Instant, timeouts: Timeouts) -> Self {
+        Self {
+            secret,
             state: ClientState::AwaitReply,
             confirmed: false,
             deadline: now + timeouts.peer,
             timeouts,
             inbox: Inbox::default(),
-            transmit,
+            transmit: Vec::new(),
             event: None,
-        })
+        }
     }
 
     /// The handshake's secret.
