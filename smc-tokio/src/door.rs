@@ -189,23 +189,21 @@ fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(DoorFrame, Vec<u8>)>> 
 /// window keeps a reading peer's queue short), so the send is tried again after waits that
 /// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`].
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
-    match sys::send_msg(conn.get_ref().as_fd(), msg) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-        r => return r,
-    }
-    let deadline = tokio::time::Instant::now() + SEND_WAIT;
+    // Set at the first try that finds the queue full.
+    let mut deadline = None;
     let mut pause = SEND_RETRY_FIRST;
     loop {
+        match sys::send_msg(conn.get_ref().as_fd(), msg) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
         let now = tokio::time::Instant::now();
+        let deadline = *deadline.get_or_insert(now + SEND_WAIT);
         if now >= deadline {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         tokio::time::sleep_until((now + pause).min(deadline)).await;
         pause = (pause * 2).min(SEND_RETRY_MAX);
-        match sys::send_msg(conn.get_ref().as_fd(), msg) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
-        }
     }
 }
 

@@ -171,48 +171,45 @@ fn busy_polling_only(budget: Duration) -> smc_tokio::config::ShmConfig {
 /// protocol loops do), goes on waiting as without busy polling. Spinning there held the thread
 /// for the whole spin on every empty look (`smcperf local --scenario http --conns 64
 /// --busy-poll 50`: 49-50 k requests/s against 216-263 k once it stopped).
-#[test]
-fn a_reader_spins_only_while_it_awaits_a_reply() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let ctx = smc_tokio::Context::new();
-        let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(1))).await;
-        let spins = || smc_tokio::faults::reader_spins(&ctx);
-        let mut buf = [0u8; 64];
-        // The client never wrote: its empty looks do not spin, however many.
-        let before = spins();
-        for _ in 0..100 {
-            assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
-        }
-        assert_eq!(spins(), before, "a reader that never wrote spun");
-        // Messages come, the client reads them, then looks again and finds nothing: no spin.
-        s.write_all(b"one").await.unwrap();
-        s.write_all(b"two").await.unwrap();
-        let mut got = Vec::new();
-        while got.len() < 6 {
-            let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert_eq!(got, b"onetwo");
-        let before = spins();
+#[tokio::test]
+async fn a_reader_spins_only_while_it_awaits_a_reply() {
+    let ctx = smc_tokio::Context::new();
+    let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(1))).await;
+    let spins = || smc_tokio::faults::reader_spins(&ctx);
+    let mut buf = [0u8; 64];
+    // The client never wrote: its empty looks do not spin, however many.
+    let before = spins();
+    for _ in 0..100 {
         assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
-        assert_eq!(spins(), before, "a reader that had just drained spun");
-        // The client asks; the server has not answered yet: the client's look spins (and finds
-        // nothing, since the answer is not written until after it).
-        c.write_all(b"ask").await.unwrap();
-        let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
-        assert_eq!(&buf[..n], b"ask");
-        let before = spins();
-        assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
-        assert_eq!(spins(), before + 1, "a reader awaiting a reply did not spin");
-        s.write_all(b"answer").await.unwrap();
+    }
+    assert_eq!(spins(), before, "a reader that never wrote spun");
+    // Messages come, the client reads them, then looks again and finds nothing: no spin.
+    s.write_all(b"one").await.unwrap();
+    s.write_all(b"two").await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 6 {
         let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
-        assert_eq!(&buf[..n], b"answer");
-        // Answered: the next empty look does not spin.
-        let before = spins();
-        assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
-        assert_eq!(spins(), before, "a reader whose reply came spun");
-    });
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, b"onetwo");
+    let before = spins();
+    assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(spins(), before, "a reader that had just drained spun");
+    // The client asks; the server has not answered yet: the client's look spins (and finds
+    // nothing, since the answer is not written until after it).
+    c.write_all(b"ask").await.unwrap();
+    let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
+    assert_eq!(&buf[..n], b"ask");
+    let before = spins();
+    assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(spins(), before + 1, "a reader awaiting a reply did not spin");
+    s.write_all(b"answer").await.unwrap();
+    let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
+    assert_eq!(&buf[..n], b"answer");
+    // Answered: the next empty look does not spin.
+    let before = spins();
+    assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(spins(), before, "a reader whose reply came spun");
 }
 
 /// Busy polling holds no thread: both ends and both link groups' drivers share one
@@ -220,31 +217,28 @@ fn a_reader_spins_only_while_it_awaits_a_reply() {
 /// that spun inside its task kept the other end from answering until the spin ran out, then
 /// armed its doorbell, and the answer rang it; a driver that looks on the runtime's turns sees
 /// the traffic and never arms while it flows.
-#[test]
-fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let ctx = smc_tokio::Context::new();
-        let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(10))).await;
-        let server = tokio::spawn(async move {
-            let mut buf = [0u8; 14];
-            while s.read_exact(&mut buf).await.is_ok() {
-                s.write_all(&buf).await.unwrap();
-            }
-        });
-        const ROUNDS: u64 = 2000;
-        let rung_before = ctx.stats().doorbells[0];
-        for i in 0..ROUNDS {
-            let msg = [(i % 251) as u8; 14];
-            c.write_all(&msg).await.unwrap();
-            let mut back = [0u8; 14];
-            tests::bounded(10, c.read_exact(&mut back)).await.unwrap();
-            assert_eq!(back, msg, "round {i}");
+#[tokio::test]
+async fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
+    let ctx = smc_tokio::Context::new();
+    let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(10))).await;
+    let server = tokio::spawn(async move {
+        let mut buf = [0u8; 14];
+        while s.read_exact(&mut buf).await.is_ok() {
+            s.write_all(&buf).await.unwrap();
         }
-        let rung = ctx.stats().doorbells[0] - rung_before;
-        // A doorbell now and then is allowed for a thread preempted for more than the budget.
-        assert!(rung < ROUNDS / 20, "{rung} doorbells in {ROUNDS} round trips");
-        drop(c);
-        tests::bounded(10, server).await.unwrap();
     });
+    const ROUNDS: u64 = 2000;
+    let rung_before = ctx.stats().doorbells[0];
+    for i in 0..ROUNDS {
+        let msg = [(i % 251) as u8; 14];
+        c.write_all(&msg).await.unwrap();
+        let mut back = [0u8; 14];
+        tests::bounded(10, c.read_exact(&mut back)).await.unwrap();
+        assert_eq!(back, msg, "round {i}");
+    }
+    let rung = ctx.stats().doorbells[0] - rung_before;
+    // A doorbell now and then is allowed for a thread preempted for more than the budget.
+    assert!(rung < ROUNDS / 20, "{rung} doorbells in {ROUNDS} round trips");
+    drop(c);
+    tests::bounded(10, server).await.unwrap();
 }

@@ -694,7 +694,9 @@ impl Writer {
         let len = (self.buf.len() - at - 2) as u16;
         self.buf[at..at + 2].copy_from_slice(&len.to_be_bytes());
     }
-    fn link(&mut self, link: &LinkInfo) {
+    /// A link's section, its fields checked first ([`check_link`]).
+    fn link(&mut self, link: &LinkInfo) -> Result<(), ClcError> {
+        check_link(link)?;
         match link {
             LinkInfo::Shm(s) => self.section(SECTION_SHM, |b| {
                 b.extend_from_slice(&s.link_group.to_be_bytes());
@@ -715,6 +717,7 @@ impl Writer {
                 b.extend_from_slice(&r.link_group.to_be_bytes());
             }),
         }
+        Ok(())
     }
 }
 
@@ -801,10 +804,7 @@ impl ClcMessage {
                         });
                     }
                 }
-                ClcMessage::Accept(Accept { link, .. }) | ClcMessage::Confirm(Confirm { link, .. }) => {
-                    check_link(link)?;
-                    w.link(link);
-                }
+                ClcMessage::Accept(Accept { link, .. }) | ClcMessage::Confirm(Confirm { link, .. }) => w.link(link)?,
                 ClcMessage::Decline(d) => w.buf.push(d.reason as u8),
                 ClcMessage::Commit(_) => {}
             }
@@ -818,11 +818,7 @@ impl ClcMessage {
 /// sending it, without a copy.
 pub(crate) fn encode_link_message(confirm: bool, secret: Secret, link: &LinkInfo) -> Result<Vec<u8>, ClcError> {
     let kind = if confirm { ClcType::Confirm } else { ClcType::Accept };
-    encode_with(kind, secret, |w| {
-        check_link(link)?;
-        w.link(link);
-        Ok(())
-    })
+    encode_with(kind, secret, |w| w.link(link))
 }
 
 /// A message of `kind` with `secret`, its body written by `body`, framed.

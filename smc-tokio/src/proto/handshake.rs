@@ -616,24 +616,21 @@ impl ClientHandshake {
     /// assert_eq!(c.outcome(), Some(&Outcome::Smc { secret: PAIR_SECRET, local: shm_link(2), peer: shm_link(1) }));
     /// ```
     pub fn confirm(&mut self, local: LinkInfo, now: Instant) {
-        let ClientState::AwaitDecision(peer) = &self.state else {
-            return;
+        let peer = match std::mem::replace(&mut self.state, ClientState::AwaitReply) {
+            ClientState::AwaitDecision(peer) => peer,
+            other => {
+                self.state = other;
+                return;
+            }
         };
         if now >= self.deadline {
-            return self.decline(DeclineReason::Timeout, now);
+            return self.declined(DeclineReason::Timeout, now);
         }
         if !peer.same_transport(&local) {
-            return self.decline(DeclineReason::Internal, now);
+            return self.declined(DeclineReason::Internal, now);
         }
         match encode_link(true, self.secret, &local) {
             Ok(b) => {
-                let peer = match std::mem::replace(&mut self.state, ClientState::AwaitReply) {
-                    ClientState::AwaitDecision(peer) => peer,
-                    other => {
-                        self.state = other;
-                        return;
-                    }
-                };
                 self.transmit = b;
                 self.state = ClientState::AwaitFinal(Answer::Confirmed { local, peer });
                 self.confirmed = true;
@@ -645,7 +642,7 @@ impl ClientHandshake {
                 // guess (never TCP: the server may have committed).
                 self.deadline = now + self.timeouts.peer.saturating_mul(FINAL_WORD_FACTOR).max(FINAL_WORD_FLOOR);
             }
-            Err(_) => self.decline(DeclineReason::Internal, now),
+            Err(_) => self.declined(DeclineReason::Internal, now),
         }
     }
 
@@ -671,9 +668,14 @@ impl ClientHandshake {
     /// assert_eq!(c.outcome(), Some(&Outcome::Fallback { reason: DeclineReason::OutOfMemory, by: Side::Local }));
     /// ```
     pub fn decline(&mut self, reason: DeclineReason, now: Instant) {
-        if !matches!(self.state, ClientState::AwaitDecision(_)) {
-            return;
+        if matches!(self.state, ClientState::AwaitDecision(_)) {
+            self.declined(reason, now);
         }
+    }
+
+    /// Declines the pending decision (the caller checked there was one): the Decline goes out,
+    /// and the server's answer is awaited until `now + timeouts.peer`.
+    fn declined(&mut self, reason: DeclineReason, now: Instant) {
         self.transmit = decline_bytes(self.secret, reason);
         self.event = None;
         self.state = ClientState::AwaitFinal(Answer::Declined(reason));
@@ -1079,21 +1081,19 @@ impl ServerHandshake {
                 self.send_decline(DeclineReason::SyncError)
             }
             Ok(Received::Message(ClcMessage::Confirm(c))) if !awaiting_proposal => {
-                let ServerState::AwaitAnswer(local) = &self.state else {
-                    return used;
+                let local = match std::mem::replace(&mut self.state, ServerState::AwaitDecision) {
+                    ServerState::AwaitAnswer(local) => local,
+                    other => {
+                        self.state = other;
+                        return used;
+                    }
                 };
                 if c.secret != self.secret || !local.same_transport(&c.link) {
-                    // Framing is sound and the client awaits our final word: decline in step.
+                    // Framing is sound and the client awaits our final word: decline in step
+                    // (that ends the machine: the state taken above is not put back).
                     tracing::debug!(secret_ok = c.secret == self.secret, "declining a confirm that does not fit");
                     self.send_decline(DeclineReason::SyncError)
                 } else {
-                    let local = match std::mem::replace(&mut self.state, ServerState::AwaitDecision) {
-                        ServerState::AwaitAnswer(local) => local,
-                        other => {
-                            self.state = other;
-                            return used;
-                        }
-                    };
                     self.event = Some(ServerEvent::Confirmed(c.link.clone()));
                     self.state = ServerState::AwaitCommit { local, peer: c.link };
                     self.deadline = now + self.timeouts.local;
