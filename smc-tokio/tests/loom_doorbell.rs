@@ -1,25 +1,31 @@
 //! loom models of the shared-memory doorbell protocol (link/shm/region.rs): the arm/ring
 //! handshake between a sleeping receiver and a sender, and the publication of CDC frames through
-//! `cdc_prod`. loom explores every interleaving the C11 memory model allows; a lost wake-up shows
+//! the lap mark in each frame's first word. loom explores every interleaving the C11 memory model allows; a lost wake-up shows
 //! as a deadlock (the receiver sleeps while a frame waits), a read of unpublished data as a
 //! failed assertion.
 //!
 //! The model mirrors the protocol step for step with loom's atomics (the real code runs on raw
 //! shared memory, which loom cannot instrument):
-//! - receiver, before sleeping: `armed = epoch` (SeqCst), fence(SeqCst), re-check `cdc_prod`
-//!   (every load of the peer's read-only region is relaxed, with an acquire fence after it);
-//! - sender, after writing a frame: `cdc_prod = n` (Release), fence(SeqCst), load `armed`, ring
-//!   the eventfd when it sees an epoch it has not rung for;
+//! - a frame is two words here: its body, and its first word, which holds the lap mark;
+//! - receiver, before sleeping: `armed = epoch` (SeqCst), fence(SeqCst), re-check the next
+//!   frame's first word for its mark (every load of the peer's read-only region is relaxed, with
+//!   an acquire fence after it);
+//! - sender: the body (relaxed), then the first word with the mark (Release), fence(SeqCst),
+//!   load `armed`, ring the eventfd when it sees an epoch it has not rung for;
 //! - the eventfd is a counter under a mutex with a condition variable.
 
 use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
+/// The lap mark of every frame here: both lie in the ring's first lap.
+const MARK: u64 = 1;
+
 struct Shared {
-    /// The frame payload slots.
+    /// The frames' bodies.
     frames: [AtomicU64; 2],
-    cdc_prod: AtomicU64,
+    /// The frames' first words: `MARK` once written.
+    heads: [AtomicU64; 2],
     armed: AtomicU64,
     doorbell: Mutex<u64>,
     rung: Condvar,
@@ -31,23 +37,21 @@ fn receiver(s: &Shared, frames: u64) -> Vec<u64> {
     let mut got = Vec::new();
     while consumed < frames {
         // The peer's region is read-only here: a relaxed load, then an acquire fence.
-        let prod = s.cdc_prod.load(Ordering::Relaxed);
+        let head = s.heads[consumed as usize].load(Ordering::Relaxed);
         fence(Ordering::Acquire);
-        if prod > consumed {
-            for i in consumed..prod {
-                // Published before cdc_prod (Release/Acquire): must be the written value.
-                got.push(s.frames[i as usize].load(Ordering::Relaxed));
-            }
-            consumed = prod;
+        if head == MARK {
+            // Written before the first word (Release/Acquire): must be the written value.
+            got.push(s.frames[consumed as usize].load(Ordering::Relaxed));
+            consumed += 1;
             continue;
         }
         // Arm, then re-check; sleep only if nothing arrived meanwhile.
         epoch += 1;
         s.armed.store(epoch, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        let prod = s.cdc_prod.load(Ordering::Relaxed);
+        let head = s.heads[consumed as usize].load(Ordering::Relaxed);
         fence(Ordering::Acquire);
-        if prod > consumed {
+        if head == MARK {
             s.armed.store(0, Ordering::SeqCst);
             continue;
         }
@@ -66,7 +70,7 @@ fn sender(s: &Shared, frames: u64) {
     let mut rung_epoch = 0;
     for n in 0..frames {
         s.frames[n as usize].store(100 + n, Ordering::Relaxed);
-        s.cdc_prod.store(n + 1, Ordering::Release);
+        s.heads[n as usize].store(MARK, Ordering::Release);
         fence(Ordering::SeqCst);
         let epoch = s.armed.load(Ordering::Relaxed);
         if epoch != 0 && epoch != rung_epoch {
@@ -80,7 +84,7 @@ fn sender(s: &Shared, frames: u64) {
 fn shared() -> Arc<Shared> {
     Arc::new(Shared {
         frames: [AtomicU64::new(0), AtomicU64::new(0)],
-        cdc_prod: AtomicU64::new(0),
+        heads: [AtomicU64::new(0), AtomicU64::new(0)],
         armed: AtomicU64::new(0),
         doorbell: Mutex::new(0),
         rung: Condvar::new(),

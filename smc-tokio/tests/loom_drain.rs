@@ -4,14 +4,16 @@
 //! tasks interleave.
 //!
 //! The model mirrors the code step for step with loom's primitives:
-//! - the peer publishes frames (`frames[i]` relaxed, then `cdc_prod` Release, as `CdcTx::push`)
+//! - the peer publishes frames (a frame's body relaxed, then its first word with the lap mark
+//!   Release, as `CdcTx::push`)
 //!   and then exits: its side channel closes (Release here; in the kernel, the close of a dead
 //!   process's descriptors happens after all its stores, and our read of the EOF is a system
 //!   call that synchronizes with it);
 //! - an application task takes the fast path (`LinkGroup::progress`; before it, a look at the
-//!   counters without a lock may skip it, which only leaves more to the driver): `try_lock` on
-//!   the dispatch lock, pop what is published (`cdc_prod` relaxed, then an acquire fence, as
-//!   `CdcRx::pending`), and dispatch each frame to the connection under that same lock;
+//!   next frame without a lock may skip it, which only leaves more to the driver): `try_lock` on
+//!   the dispatch lock, pop what is published (each frame's first word relaxed, then an acquire
+//!   fence once it holds the mark, as `CdcRx::pop`), and dispatch each frame to the connection
+//!   under that same lock;
 //! - the driver sees the side channel's EOF, drains (`LinkGroup::drain`: the dispatch lock
 //!   taken blocking, pop and dispatch until empty), then fails the group (`fail`: the
 //!   connection is marked ended).
@@ -32,9 +34,14 @@ struct Conn {
     ended: bool,
 }
 
+/// The lap mark of every frame here: all lie in the ring's first lap.
+const MARK: u64 = 1;
+
 struct Shared {
+    /// The frames' bodies.
     frames: [AtomicU64; FRAMES as usize],
-    cdc_prod: AtomicU64,
+    /// The frames' first words: `MARK` once written.
+    heads: [AtomicU64; FRAMES as usize],
     side_closed: AtomicBool,
     /// The dispatch lock guards our consumer count, as `LinkGroup::dispatch` guards `CdcRx`.
     dispatch: Mutex<u64>,
@@ -44,7 +51,7 @@ struct Shared {
 fn shared() -> Arc<Shared> {
     Arc::new(Shared {
         frames: [AtomicU64::new(0), AtomicU64::new(0)],
-        cdc_prod: AtomicU64::new(0),
+        heads: [AtomicU64::new(0), AtomicU64::new(0)],
         side_closed: AtomicBool::new(false),
         dispatch: Mutex::new(0),
         conn: Mutex::new(Conn { got: Vec::new(), ended: false }),
@@ -53,9 +60,8 @@ fn shared() -> Arc<Shared> {
 
 /// Pops every published frame and dispatches it, with the dispatch lock held (`cons`).
 fn pop_and_dispatch(s: &Shared, cons: &mut u64) {
-    let prod = s.cdc_prod.load(Ordering::Relaxed);
-    fence(Ordering::Acquire);
-    while *cons < prod {
+    while *cons < FRAMES && s.heads[*cons as usize].load(Ordering::Relaxed) == MARK {
+        fence(Ordering::Acquire);
         let v = s.frames[*cons as usize].load(Ordering::Relaxed);
         *cons += 1;
         // Dispatch: the connection's state under its own lock (`SmcConn::on_cdc`).
@@ -69,7 +75,7 @@ fn pop_and_dispatch(s: &Shared, cons: &mut u64) {
 fn peer(s: &Shared) {
     for i in 0..FRAMES {
         s.frames[i as usize].store(100 + i, Ordering::Relaxed);
-        s.cdc_prod.store(i + 1, Ordering::Release);
+        s.heads[i as usize].store(MARK, Ordering::Release);
     }
     // The process exits: its side channel closes.
     s.side_closed.store(true, Ordering::Release);

@@ -105,7 +105,7 @@ async fn flood_while_others_work() {
     drop(hdr);
     let server_map = Map::new(server_memfd.as_fd(), sl.total_len, false).unwrap();
     bounded(30, async {
-        while hostile::peer_cdc_prod(&server_map) == 0 {
+        while hostile::peer_frame(&server_map, sl.cdc_slots, 0).is_none() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })

@@ -278,14 +278,15 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
 
 /// A well-formed, sealed region: the server maps it and serves the connection. Its sender cannot
 /// resize it (or punch holes, or map it writable anew) once sealed, so the server's reads can
-/// never fault; garbage in its control words aborts only that link group.
+/// never fault; a frame in its ring that is no CDC message ends only the connection it names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_reading() {
     let (addr, mut rx) = server(ShmConfig::default()).await;
     let mut by = Bystander::new(addr, &mut rx).await;
     let mut hs = bounded(10, hostile::propose(addr, 4242, 77, 0, RMB)).await;
     let server_token = hs.accept.rmb_slot;
-    let (region, sock, server_memfd, server_door) = hostile::join_genuine(&hs, layout()).await;
+    // The side channel stays open to the end: closing it would end the link group.
+    let (region, _sock, server_memfd, server_door) = hostile::join_genuine(&hs, layout()).await;
 
     // The server's region is sealed too (no shrink, no grow, seals sealed), and what we got is
     // a read-only descriptor of a file of mode 0400: we cannot map it writable, resize it or
@@ -336,13 +337,15 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     assert_eq!(hdr[0], hostile::REGION_MAGIC);
     drop(server_map);
     let server_map = Map::new(server_memfd.as_fd(), server_layout.total_len, false).unwrap();
-    bounded(10, async {
-        while hostile::peer_cdc_prod(&server_map) == 0 {
+    let frame = bounded(10, async {
+        loop {
+            if let Some(f) = hostile::peer_frame(&server_map, server_layout.cdc_slots, 0) {
+                return f;
+            }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
     .await;
-    let frame: [u8; 64] = server_map.read(4096, 64).try_into().unwrap();
     let echo = CdcMsg::decode(&frame).unwrap();
     assert_eq!((echo.seq, echo.token), (1, 0), "the server's first message, for our token");
     assert_eq!(echo.prod, Cursor::new(0, msg.len() as u32));
@@ -351,17 +354,18 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     assert_eq!(server_map.read(at, msg.len()), msg, "the echo in the server's ring");
     assert_eq!(hostile::peer_cdc_cons(&server_map), 1, "the server consumed our frame");
 
-    // Garbage in our control words: the server fails this link group only.
-    region.set_cdc_prod(1_000_000);
+    // A frame in our ring that is no CDC message, for the server's connection: the server
+    // ends that connection, and only it.
+    let mut garbage = CdcMsg::new(2, server_token).encode();
+    garbage[0] = 0;
+    region.push_frame(&garbage);
     hostile::ring(server_door.as_raw_fd()).unwrap();
     let mut b = [0u8; 16];
     match bounded(10, hs.tcp.read(&mut b)).await {
         Ok(0) | Err(_) => {}
         Ok(n) => panic!("{n} bytes on the TCP connection under smc"),
     }
-    let sock2 = sock.try_clone().unwrap();
-    bounded(10, tokio::task::spawn_blocking(move || hostile::side_eof(sock2.as_fd()))).await.unwrap().unwrap();
-    by.check("after the hostile group failed").await;
+    by.check("after the hostile frame").await;
     let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::SmcD);
     bounded(10, echo_check(s, b"still serving", 4, 9)).await;

@@ -26,6 +26,8 @@ pub const WELCOME_MAGIC: [u8; 8] = side::WELCOME_MAGIC;
 pub const SIDE_MSG_LEN: usize = side::SIDE_MSG_LEN;
 /// "SMCTSHM1", the region header's magic (stored as a native-endian u64 of these BE bytes).
 pub const REGION_MAGIC: u64 = u64::from_be_bytes(*b"SMCTSHM1");
+/// The region layout's version: frames found by their lap marks.
+pub const REGION_VERSION: u64 = 2;
 pub const REGION_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -455,7 +457,7 @@ impl Layout {
     pub fn header(&self) -> [u64; 8] {
         [
             REGION_MAGIC,
-            1,
+            REGION_VERSION,
             u64::from(self.cdc_slots),
             u64::from(self.rmb_count),
             u64::from(self.rmb_size),
@@ -534,7 +536,6 @@ pub struct Region {
     prod: u64,
 }
 
-const OFF_CDC_PROD: usize = 64;
 const OFF_CDC_CONS: usize = 128;
 const OFF_ARMED: usize = 192;
 const CDC_RING: usize = 4096;
@@ -559,18 +560,23 @@ impl Region {
         self.map.write(self.layout.rmb_offset + (slot * self.layout.rmb_size + offset) as usize, data);
     }
 
-    /// Publishes one CDC frame (as `CdcTx::push`: frame, then `cdc_prod` with Release).
+    /// Publishes one CDC message (as `CdcTx::push`).
     pub fn push_cdc(&mut self, msg: &CdcMsg) {
-        let slot = (self.prod % u64::from(self.layout.cdc_slots)) as usize;
-        self.map.write(CDC_RING + slot * CDC_MSG_LEN, &msg.encode());
-        self.prod += 1;
-        self.map.word(OFF_CDC_PROD).store(self.prod, std::sync::atomic::Ordering::Release);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.push_frame(&msg.encode());
     }
 
-    /// Writes a raw (hostile) value into our `cdc_prod`.
-    pub fn set_cdc_prod(&self, v: u64) {
-        self.map.word(OFF_CDC_PROD).store(v, std::sync::atomic::Ordering::SeqCst);
+    /// Publishes one raw frame, which need not be a CDC message: its words after the first,
+    /// then the first, with the frame's lap mark in byte 3, with Release.
+    pub fn push_frame(&mut self, frame: &[u8; CDC_MSG_LEN]) {
+        let slots = u64::from(self.layout.cdc_slots);
+        let at = CDC_RING + (self.prod % slots) as usize * CDC_MSG_LEN;
+        self.map.write(at + 8, &frame[8..]);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&frame[..8]);
+        first[3] = lap_mark(self.prod, self.layout.cdc_slots);
+        self.map.word(at).store(u64::from_ne_bytes(first), std::sync::atomic::Ordering::Release);
+        self.prod += 1;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn armed(&self) -> u64 {
@@ -578,9 +584,22 @@ impl Region {
     }
 }
 
-/// Reads the peer's `cdc_prod` / CDC frames through a read-only mapping of its region.
-pub fn peer_cdc_prod(peer: &Map) -> u64 {
-    peer.word(OFF_CDC_PROD).load(std::sync::atomic::Ordering::Acquire)
+/// The lap mark of frame number `index` in a ring of `slots` frames, as the region's format
+/// defines it: `(index / slots) % 255 + 1`.
+pub fn lap_mark(index: u64, slots: u32) -> u8 {
+    ((index / u64::from(slots)) % 255) as u8 + 1
+}
+
+/// Frame number `index` of the peer's CDC ring (of `slots` frames) with its lap mark cleared,
+/// if it is there, through a read-only mapping of its region.
+pub fn peer_frame(peer: &Map, slots: u32, index: u64) -> Option<[u8; CDC_MSG_LEN]> {
+    let at = CDC_RING + (index % u64::from(slots)) as usize * CDC_MSG_LEN;
+    if peer.word(at).load(std::sync::atomic::Ordering::Acquire).to_ne_bytes()[3] != lap_mark(index, slots) {
+        return None;
+    }
+    let mut frame: [u8; CDC_MSG_LEN] = peer.read(at, CDC_MSG_LEN).try_into().unwrap();
+    frame[3] = 0;
+    Some(frame)
 }
 
 pub fn peer_cdc_cons(peer: &Map) -> u64 {

@@ -289,7 +289,7 @@ impl ShmLink {
             return Poll::Pending;
         }
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if !rx.arm(&self.ours, &self.peer).map_err(|e| LinkError::Protocol(e.0))? {
+        if !rx.arm(&self.ours, &self.peer) {
             return Poll::Ready(Ok(()));
         }
         drop(rx);
@@ -303,7 +303,7 @@ impl ShmLink {
 
     fn has_work(&self) -> Result<bool, LinkError> {
         let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if rx.pending(&self.peer).map_err(|e| LinkError::Protocol(e.0))? > 0 {
+        if rx.ready(&self.peer) {
             return Ok(true);
         }
         drop(rx);
@@ -451,7 +451,7 @@ impl Link for ShmLink {
     fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError> {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         let before = out.len();
-        let ring = rx.pop(&self.ours, &self.peer, max, out).map_err(|e| LinkError::Protocol(e.0))?;
+        let ring = rx.pop(&self.ours, &self.peer, max, out);
         self.rx_consumed.store(rx.consumed(), Ordering::Relaxed);
         drop(rx);
         if ring {
@@ -485,9 +485,9 @@ impl Link for ShmLink {
     }
 
     fn nothing_waiting(&self) -> bool {
-        // Two loads and no lock: a hint (module docs of `region` for the counters; cdc_recv
-        // validates what the peer wrote, here only compared).
-        self.peer.cdc_prod().load(Ordering::Relaxed) == self.rx_consumed.load(Ordering::Relaxed)
+        // Two loads and no lock: a hint (module docs of `region` for the lap marks; cdc_recv
+        // reads and checks what the peer wrote, here only compared).
+        !self.peer.frame_ready(self.rx_consumed.load(Ordering::Relaxed))
     }
 
     fn busy_poll(&self) -> Duration {
