@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
@@ -439,6 +440,10 @@ pub(crate) struct SmcConn {
     /// changes again). Release on the store, Acquire on the load: a stream that sees it set
     /// sees the connection's final state.
     on_tcp: std::sync::atomic::AtomicU8,
+    /// The group forgot the connection ([`LinkGroup::forget_conn`] or its end): frames for its
+    /// token are no longer delivered to it. Set under the group's lock, read without it by the
+    /// dispatcher (relaxed: a frame that races the forgetting was delivered before too).
+    forgotten: AtomicBool,
 }
 
 impl std::fmt::Debug for SmcConn {
@@ -512,6 +517,7 @@ impl SmcConn {
             voided: std::sync::atomic::AtomicU32::new(0),
             tcp_skip: std::sync::atomic::AtomicU64::new(0),
             on_tcp: std::sync::atomic::AtomicU8::new(0),
+            forgotten: AtomicBool::new(false),
         })
     }
 
@@ -541,6 +547,16 @@ impl SmcConn {
             self.span.record("peer", tracing::field::display(p));
         }
         self.span.record("transport", tracing::field::display(transport));
+    }
+
+    /// The group forgets the connection (under its lock): no frame is delivered to it after.
+    pub(crate) fn forget(&self) {
+        self.forgotten.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the group forgot the connection.
+    pub(crate) fn forgotten(&self) -> bool {
+        self.forgotten.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn group(&self) -> &Arc<LinkGroup> {

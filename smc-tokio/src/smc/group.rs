@@ -66,6 +66,14 @@ impl Drop for SpinSlot<'_> {
     }
 }
 
+/// What the dispatch lock guards: the batch of frames taken from the link, and the connection
+/// the last one went to.
+struct Dispatch {
+    frames: Vec<[u8; CDC_MSG_LEN]>,
+    /// The last frame's token and connection (weak: the cache keeps no connection alive).
+    last: Option<(u32, Weak<SmcConn>)>,
+}
+
 pub(crate) struct LinkGroup {
     pub(crate) id: u64,
     pub(crate) role: Role,
@@ -83,7 +91,7 @@ pub(crate) struct LinkGroup {
     cdc_waiting: AtomicBool,
     /// Held while frames are taken from the link and dispatched, so that a connection sees its
     /// messages in order even when several tasks (on several threads) call `progress`.
-    dispatch: Mutex<Vec<[u8; CDC_MSG_LEN]>>,
+    dispatch: Mutex<Dispatch>,
     /// CDC frames dispatched so far, by any caller of `progress` (a busy-polling driver takes
     /// frames that readers drained themselves as traffic too). Relaxed: a hint.
     frames_seen: AtomicU64,
@@ -177,7 +185,7 @@ impl LinkGroup {
             }),
             cdc_waiters: Mutex::new(Vec::new()),
             cdc_waiting: AtomicBool::new(false),
-            dispatch: Mutex::new(Vec::with_capacity(RECV_BATCH)),
+            dispatch: Mutex::new(Dispatch { frames: Vec::with_capacity(RECV_BATCH), last: None }),
             frames_seen: AtomicU64::new(0),
             spinning: AtomicBool::new(false),
             idle_timeout,
@@ -340,7 +348,8 @@ impl LinkGroup {
     /// which is rare.
     pub(crate) fn forget_conn(&self, token: u32, retire: bool) {
         let mut st = self.lock();
-        if st.conns.remove(&token).is_some() {
+        if let Some(conn) = st.conns.remove(&token) {
+            conn.forget();
             let grown = !retire && self.free_slot(&mut st, token);
             if let Some(l) = self.link.get() {
                 l.conn_closed(token);
@@ -467,10 +476,11 @@ impl LinkGroup {
         self.frames_seen.load(Ordering::Relaxed)
     }
 
-    /// Counts `n` frames taken from the link and dispatched.
+    /// Counts `n` frames taken from the link and dispatched. Called under the dispatch lock,
+    /// which orders every writer of the count: a load and a store, no locked instruction.
     fn seen(&self, n: usize) {
         if n > 0 {
-            self.frames_seen.fetch_add(n as u64, Ordering::Relaxed);
+            self.frames_seen.store(self.frames_seen.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
         }
     }
 
@@ -496,7 +506,7 @@ impl LinkGroup {
             self.retry_waiters();
             return (0, false);
         }
-        let Ok(mut frames) = self.dispatch.try_lock() else {
+        let Ok(mut d) = self.dispatch.try_lock() else {
             // Another task is dispatching; it delivers what arrives. Report "more" so a driver
             // yields instead of spinning on the link's readiness meanwhile.
             return (0, true);
@@ -504,27 +514,25 @@ impl LinkGroup {
         let mut more = false;
         let mut dispatched = 0;
         for round in 0..ROUNDS_PER_TURN {
-            match link.cdc_recv(&mut frames, RECV_BATCH) {
+            match link.cdc_recv(&mut d.frames, RECV_BATCH) {
                 Ok(None) => break,
                 Ok(Some(n)) => {
                     dispatched += n;
-                    for f in frames.drain(..) {
-                        self.dispatch(&f);
-                    }
+                    self.dispatch_all(&mut d);
                     if n < RECV_BATCH {
                         break;
                     }
                     more = round + 1 == ROUNDS_PER_TURN;
                 }
                 Err(e) => {
-                    drop(frames);
+                    drop(d);
                     self.fail(e);
                     return (dispatched, false);
                 }
             }
         }
-        drop(frames);
         self.seen(dispatched);
+        drop(d);
         self.retry_waiters();
         (dispatched, more)
     }
@@ -538,14 +546,12 @@ impl LinkGroup {
         let Some(link) = self.link.get() else {
             return;
         };
-        let mut frames = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..DRAIN_ROUNDS {
-            match link.cdc_recv(&mut frames, RECV_BATCH) {
+            match link.cdc_recv(&mut d.frames, RECV_BATCH) {
                 Ok(Some(0)) => break,
                 Ok(Some(n)) => {
-                    for f in frames.drain(..) {
-                        self.dispatch(&f);
-                    }
+                    self.dispatch_all(&mut d);
                     // Traffic, as `progress` counts it (a spinning reader stops).
                     self.seen(n);
                 }
@@ -593,9 +599,29 @@ impl LinkGroup {
         drop(w);
     }
 
-    fn dispatch(&self, frame: &[u8; CDC_MSG_LEN]) {
+    /// Dispatches the frames taken (and empties the batch).
+    fn dispatch_all(&self, d: &mut Dispatch) {
+        let Dispatch { frames, last } = d;
+        for f in frames.drain(..) {
+            self.dispatch(&f, last);
+        }
+    }
+
+    /// Delivers one frame to the connection its token names. `last` is the connection the
+    /// previous frame went to: frames come in runs for one connection (a request, then its
+    /// answer's consumer update), and a run after its first frame takes neither the group's lock
+    /// nor a map lookup.
+    fn dispatch(&self, frame: &[u8; CDC_MSG_LEN], last: &mut Option<(u32, Weak<SmcConn>)>) {
         let token = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
-        let conn = self.lock().conns.get(&token).cloned();
+        let cached = match last {
+            Some((t, w)) if *t == token => w.upgrade().filter(|c| !c.forgotten()),
+            _ => None,
+        };
+        let conn = cached.or_else(|| {
+            let c = self.lock().conns.get(&token).cloned();
+            *last = c.as_ref().map(|c| (token, Arc::downgrade(c)));
+            c
+        });
         let Some(conn) = conn else {
             // A message for a connection that is gone (or never was): nothing to deliver to.
             tracing::trace!(token, "CDC message for an unknown connection");
@@ -624,7 +650,13 @@ impl LinkGroup {
                 st.free = (0..n as u32).rev().map(|s| s as u16).collect();
                 self.manager.uncharge_rmb(charged);
             }
-            st.conns.drain().map(|(_, c)| c).collect()
+            st.conns
+                .drain()
+                .map(|(_, c)| {
+                    c.forget();
+                    c
+                })
+                .collect()
         };
         if !conns.is_empty() && err != LinkError::Closed {
             tracing::warn!(id = self.id, role = ?self.role, error = %err, conns = conns.len(), "link group failed under its connections");
