@@ -517,7 +517,9 @@ impl ShmConfig {
     /// polls shared memory for up to this long (from the start of its wait) instead of
     /// sleeping on the doorbell: the peer then sends without ringing and the reply is seen
     /// without a wake-up. It polls by staying runnable (its task looks again on the runtime's
-    /// next turn), never by spinning inside a poll, so other tasks on the thread keep running.
+    /// next turn), so other tasks on the thread keep running; only a connection alone on its
+    /// link group that awaits a reply (it wrote since it last read bytes) first spins inside
+    /// its poll, for at most a microsecond, which a same-host round trip mostly fits.
     /// A poll whose budget runs out before the data comes makes the connection's next 1, 2,
     /// 4, ... 64 waits sleep at once, so idle connections and slow peers cost little CPU; a poll
     /// that sees its data keeps the connection polling. Unlike [`busy_poll`](Self::busy_poll),

@@ -212,6 +212,56 @@ async fn a_reader_spins_only_while_it_awaits_a_reply() {
     assert_eq!(spins(), before, "a reader whose reply came spun");
 }
 
+/// A connection alone on its link group that awaits a reply spins for it inside its poll, by
+/// default (adaptive polling on, busy polling off); once another connection shares the group,
+/// none does (a spin held the thread from the group's other connections), and with adaptive
+/// polling off, neither.
+#[tokio::test]
+async fn only_a_connection_alone_on_its_link_group_spins_for_its_reply() {
+    use smc_tokio::config::ShmConfig;
+    for (shm, alone_spins) in [(ShmConfig::default(), 1), (ShmConfig::default().adaptive_poll(Duration::ZERO), 0)] {
+        let ctx = smc_tokio::Context::new();
+        let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let builder = SmcStream::builder().context(&ctx).shm(shm);
+        let pair = || async {
+            let (c, s) = tokio::join!(builder.connect(addr), l.accept());
+            let (c, (s, _)) = (c.unwrap(), s.unwrap());
+            assert_eq!((c.transport(), s.transport()), (Transport::SmcD, Transport::SmcD));
+            (c, s)
+        };
+        let spins = || smc_tokio::faults::reader_spins(&ctx);
+        // The client asks, the server takes the question, and the client looks for the answer
+        // before it is written: the spins of that one look.
+        async fn ask(c: &mut SmcStream, s: &mut SmcStream, spins: impl Fn() -> u64) -> u64 {
+            let mut buf = [0u8; 16];
+            c.write_all(b"ask").await.unwrap();
+            let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
+            assert_eq!(&buf[..n], b"ask");
+            let before = spins();
+            assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+            let spun = spins() - before;
+            s.write_all(b"answer").await.unwrap();
+            let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
+            assert_eq!(&buf[..n], b"answer");
+            spun
+        }
+        let (mut c, mut s) = pair().await;
+        assert_eq!(ask(&mut c, &mut s, spins).await, alone_spins, "alone on the group");
+        let (mut c2, mut s2) = pair().await;
+        assert_eq!(ask(&mut c, &mut s, spins).await, 0, "a second connection on the group");
+        assert_eq!(ask(&mut c2, &mut s2, spins).await, 0, "the second connection");
+        // The second one goes: the first is alone again once both ends forgot it.
+        drop((c2, s2));
+        tests::bounded(10, async {
+            while ask(&mut c, &mut s, spins).await != alone_spins {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+}
+
 /// Busy polling holds no thread: both ends and both link groups' drivers share one
 /// current-thread runtime, with a 10 ms busy-poll budget and adaptive polling off. A driver
 /// that spun inside its task kept the other end from answering until the spin ran out, then

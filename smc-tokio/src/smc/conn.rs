@@ -329,6 +329,16 @@ const LOOKS_PER_CLOCK: u32 = 8;
 /// (adaptive polling, the driver's busy looks).
 const MAX_READER_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
 
+/// How long a connection alone on its link group spins inside its poll for the reply it awaits,
+/// with adaptive polling on and busy polling off: a same-host 14-byte round trip takes 0.7-0.8
+/// us at p50 on the 2-vCPU VM, so most replies end the spin, and one that does not costs the
+/// thread a microsecond before the wait goes on through the runtime. `smcperf local --scenario
+/// rr --size 14`: 1.13 M round trips/s without, 1.24-1.29 M with a spin of 0.5, 1 or 2 us. Not
+/// where the group serves many connections: each reader that spun held the thread from the
+/// others (`--scenario grpc`: 1.19-1.35x TCP with a 1 us spin for every reader awaiting a
+/// reply, 1.44-1.59x without; `rr --size 1k --conns 200 --runtime multi`: 3.5x against 4.75x).
+const SOLO_SPIN: std::time::Duration = std::time::Duration::from_micros(1);
+
 /// Looks at the peer's ring between two readings of the clock in a reader's spin: each look
 /// is one `pause` (tens of nanoseconds) and one load of a line that stays cached until the
 /// peer publishes, so 16 keep the spin within a microsecond of its budget; reading the clock
@@ -839,11 +849,11 @@ impl SmcConn {
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
-                // spinning first for up to the busy-poll budget while a reply is awaited.
-                let spin = st.awaiting_reply;
+                // spinning first while a reply is awaited (`spin_budget`).
+                let spin = if st.awaiting_reply { self.spin_budget(&st) } else { None };
                 drop(st);
-                if spin {
-                    self.spin_for_frames();
+                if let Some(budget) = spin {
+                    self.spin_for_frames(budget);
                 }
                 self.group.progress();
                 continue;
@@ -969,14 +979,24 @@ impl SmcConn {
         }
     }
 
-    fn spin_for_frames(&self) {
+    /// How long a reader that awaits a reply spins for it inside its poll: the busy-poll
+    /// budget (at most [`MAX_READER_SPIN`]) where it is set, else [`SOLO_SPIN`] for a connection
+    /// alone on its link group that polls adaptively; `None`: it does not spin.
+    fn spin_budget(&self, st: &ConnState) -> Option<std::time::Duration> {
+        let busy = self.group.link()?.busy_poll().min(MAX_READER_SPIN);
+        if !busy.is_zero() {
+            Some(busy)
+        } else if st.wait.budget > 0 && self.group.alone() {
+            Some(SOLO_SPIN)
+        } else {
+            None
+        }
+    }
+
+    fn spin_for_frames(&self, budget: std::time::Duration) {
         let Some(link) = self.group.link() else {
             return;
         };
-        let budget = link.busy_poll().min(MAX_READER_SPIN);
-        if budget.is_zero() {
-            return;
-        }
         // One spinner per group: the others wait as without busy polling.
         let Some(_slot) = self.group.spin_slot() else {
             return;

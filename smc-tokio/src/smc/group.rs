@@ -92,6 +92,9 @@ pub(crate) struct LinkGroup {
     /// Held while frames are taken from the link and dispatched, so that a connection sees its
     /// messages in order even when several tasks (on several threads) call `progress`.
     dispatch: Mutex<Dispatch>,
+    /// How many connections the group has (`conns.len()`), written under the group's lock and
+    /// read without it: a hint for [`alone`](Self::alone).
+    conns_open: std::sync::atomic::AtomicUsize,
     /// CDC frames dispatched so far, by any caller of `progress` (a busy-polling driver takes
     /// frames that readers drained themselves as traffic too). Relaxed: a hint.
     frames_seen: AtomicU64,
@@ -186,6 +189,7 @@ impl LinkGroup {
             cdc_waiters: Mutex::new(Vec::new()),
             cdc_waiting: AtomicBool::new(false),
             dispatch: Mutex::new(Dispatch { frames: Vec::with_capacity(RECV_BATCH), last: None }),
+            conns_open: std::sync::atomic::AtomicUsize::new(0),
             frames_seen: AtomicU64::new(0),
             spinning: AtomicBool::new(false),
             idle_timeout,
@@ -335,6 +339,16 @@ impl LinkGroup {
         self.lock().conns.len()
     }
 
+    /// Whether the group serves one connection only (a hint, read without the lock).
+    pub(crate) fn alone(&self) -> bool {
+        self.conns_open.load(Ordering::Relaxed) == 1
+    }
+
+    /// Mirrors `conns.len()` into [`conns_open`](Self::conns_open); call under the lock.
+    fn count_conns(&self, st: &GroupState) {
+        self.conns_open.store(st.conns.len(), Ordering::Relaxed);
+    }
+
     /// Forgets a connection and frees its slot.
     pub(crate) fn unregister(&self, token: u32) {
         self.forget_conn(token, false);
@@ -350,6 +364,7 @@ impl LinkGroup {
         let mut st = self.lock();
         if let Some(conn) = st.conns.remove(&token) {
             conn.forget();
+            self.count_conns(&st);
             let grown = !retire && self.free_slot(&mut st, token);
             if let Some(l) = self.link.get() {
                 l.conn_closed(token);
@@ -381,6 +396,7 @@ impl LinkGroup {
         }
         st.idle_since = None;
         st.conns.insert(our_token, conn.clone());
+        self.count_conns(&st);
         Ok(conn)
     }
 
@@ -650,13 +666,16 @@ impl LinkGroup {
                 st.free = (0..n as u32).rev().map(|s| s as u16).collect();
                 self.manager.uncharge_rmb(charged);
             }
-            st.conns
+            let conns = st
+                .conns
                 .drain()
                 .map(|(_, c)| {
                     c.forget();
                     c
                 })
-                .collect()
+                .collect();
+            self.count_conns(&st);
+            conns
         };
         if !conns.is_empty() && err != LinkError::Closed {
             tracing::warn!(id = self.id, role = ?self.role, error = %err, conns = conns.len(), "link group failed under its connections");
