@@ -519,7 +519,9 @@ impl ShmConfig {
     /// without a wake-up. It polls by staying runnable (its task looks again on the runtime's
     /// next turn), so other tasks on the thread keep running; only a connection alone on its
     /// link group that awaits a reply (it wrote since it last read bytes) first spins inside
-    /// its poll, for at most a microsecond, which a same-host round trip mostly fits.
+    /// its poll, for about a microsecond at the first look of a wait (a same-host round trip
+    /// mostly fits), and a spin that missed its reply makes the next 1, 2, 4, ... 64 waits
+    /// skip it.
     /// A poll whose budget runs out before the data comes makes the connection's next 1, 2,
     /// 4, ... 64 waits sleep at once, so idle connections and slow peers cost little CPU; a poll
     /// that sees its data keeps the connection polling. Unlike [`busy_poll`](Self::busy_poll),

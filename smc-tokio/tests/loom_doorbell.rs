@@ -114,3 +114,50 @@ fn two_frames_one_doorbell_per_sleep() {
         t.join().unwrap();
     });
 }
+
+/// One slot used for two laps: the writer reuses it only once the reader's consumer count says
+/// the first frame was read (the count stored with Release after the copy, loaded relaxed with
+/// an acquire fence, as `CdcRx::pop` and `CdcTx::push` do), and the reader takes the slot for
+/// the second frame only when it holds the second lap's mark. So the reader never takes the
+/// first frame twice, and never gets the second lap's body under the first lap's mark.
+#[test]
+fn a_slot_is_reused_only_after_its_frame_was_read() {
+    struct Slot {
+        head: AtomicU64,
+        body: AtomicU64,
+        cons: AtomicU64,
+    }
+    // In a ring of one slot, frame `n` is lap `n`: its mark is `n % 255 + 1`.
+    let mark = |n: u64| n % 255 + 1;
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(move || {
+        let s = Arc::new(Slot { head: AtomicU64::new(0), body: AtomicU64::new(0), cons: AtomicU64::new(0) });
+        let w = s.clone();
+        let t = thread::spawn(move || {
+            for n in 0..2u64 {
+                // One slot: frame n needs the reader to have consumed n frames.
+                while w.cons.load(Ordering::Relaxed) < n {
+                    thread::yield_now();
+                }
+                fence(Ordering::Acquire);
+                w.body.store(100 + n, Ordering::Relaxed);
+                w.head.store(mark(n), Ordering::Release);
+            }
+        });
+        let mut got = Vec::new();
+        let mut cons = 0;
+        while cons < 2 {
+            if s.head.load(Ordering::Relaxed) == mark(cons) {
+                fence(Ordering::Acquire);
+                got.push(s.body.load(Ordering::Relaxed));
+                cons += 1;
+                s.cons.store(cons, Ordering::Release);
+            } else {
+                thread::yield_now();
+            }
+        }
+        assert_eq!(got, vec![100, 101]);
+        t.join().unwrap();
+    });
+}

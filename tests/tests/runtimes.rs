@@ -213,9 +213,9 @@ async fn a_reader_spins_only_while_it_awaits_a_reply() {
 }
 
 /// A connection alone on its link group that awaits a reply spins for it inside its poll, by
-/// default (adaptive polling on, busy polling off); once another connection shares the group,
-/// none does (a spin held the thread from the group's other connections), and with adaptive
-/// polling off, neither.
+/// default (adaptive polling on, busy polling off), unless its last spin missed its reply; once
+/// another connection shares the group, none does (a spin held the thread from the group's
+/// other connections), and with adaptive polling off, neither.
 #[tokio::test]
 async fn only_a_connection_alone_on_its_link_group_spins_for_its_reply() {
     use smc_tokio::config::ShmConfig;
@@ -248,6 +248,26 @@ async fn only_a_connection_alone_on_its_link_group_spins_for_its_reply() {
         }
         let (mut c, mut s) = pair().await;
         assert_eq!(ask(&mut c, &mut s, spins).await, alone_spins, "alone on the group");
+        if alone_spins > 0 {
+            // That spin missed (the answer was written after it), so the wait that followed
+            // (the read of the answer) did not spin. Five more looks before an answer: each
+            // spin misses, and the waits after a miss skip the spin, one after the first miss,
+            // then two, then four.
+            let mut buf = [0u8; 16];
+            c.write_all(b"ask").await.unwrap();
+            let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
+            assert_eq!(&buf[..n], b"ask");
+            let mut looks = Vec::new();
+            for _ in 0..5 {
+                let before = spins();
+                assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+                looks.push(spins() - before);
+            }
+            assert_eq!(looks, [1, 0, 0, 1, 0], "spins of looks that missed");
+            s.write_all(b"answer").await.unwrap();
+            let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
+            assert_eq!(&buf[..n], b"answer");
+        }
         let (mut c2, mut s2) = pair().await;
         assert_eq!(ask(&mut c, &mut s, spins).await, 0, "a second connection on the group");
         assert_eq!(ask(&mut c2, &mut s2, spins).await, 0, "the second connection");

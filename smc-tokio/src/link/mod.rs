@@ -157,7 +157,7 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Stops watching for CDC space: nobody waits for it any more (the connections that did are
     /// gone or have sent).
     fn clear_space_wait(&self);
-    /// Whether CDC frames are waiting to be received (a cheap check of the peer's counters).
+    /// Whether CDC frames are waiting to be received (a cheap look at the peer's ring).
     fn has_pending(&self) -> bool;
     /// `true` only when a receive now would find nothing to do (no CDC frame, and nothing else
     /// the link does when received from), known without a lock or a system call; `false`

@@ -211,6 +211,8 @@ struct ConnState {
     rx_max_set: bool,
     /// Adaptive polling (see [`WaitClock`]).
     wait: WaitClock,
+    /// Whether a lone connection's spin for its reply pays (see [`SpinClock`]).
+    solo: SpinClock,
     /// Whether the byte stream is moving, or moved, to the TCP socket (a handback).
     handback: Handback,
     /// The application shut its write side while the handback ran: shut TCP's once it is over.
@@ -330,9 +332,11 @@ const LOOKS_PER_CLOCK: u32 = 8;
 const MAX_READER_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// How long a connection alone on its link group spins inside its poll for the reply it awaits,
-/// with adaptive polling on and busy polling off: a same-host 14-byte round trip takes 0.7-0.8
-/// us at p50 on the 2-vCPU VM, so most replies end the spin, and one that does not costs the
-/// thread a microsecond before the wait goes on through the runtime. `smcperf local --scenario
+/// at the first look of a wait, with adaptive polling on and busy polling off: a same-host
+/// 14-byte round trip takes 0.7-0.8 us at p50 on the 2-vCPU VM, so most replies end the spin,
+/// and one that does not costs the thread about a microsecond (the clock is read once per
+/// [`SPIN_LOOKS_PER_CLOCK`] looks) before the wait goes on through the runtime, and makes the
+/// next waits skip the spin ([`SpinClock`]). `smcperf local --scenario
 /// rr --size 14`: 1.13 M round trips/s without, 1.24-1.29 M with a spin of 0.5, 1 or 2 us. Not
 /// where the group serves many connections: each reader that spun held the thread from the
 /// others (`--scenario grpc`: 1.19-1.35x TCP with a 1 us spin for every reader awaiting a
@@ -350,7 +354,49 @@ const SPIN_LOOKS_PER_CLOCK: u32 = 16;
 /// budget in this many waits.
 const MAX_POLL_BACKOFF: u32 = 64;
 
+/// Whether a lone connection's spin for its reply ([`SOLO_SPIN`]) pays: one whose reply did
+/// not come within it makes the next 1, 2, 4, ... 64 waits skip the spin, as a failed poll
+/// makes waits sleep ([`WaitClock`]); one that saw its reply keeps the connection spinning. So
+/// a server whose clients (each a link group of its own) ask now and then spins once per 64
+/// of their requests, and one whose peer shares its thread (and so cannot answer during the
+/// spin) soon stops.
+#[derive(Debug, Default)]
+pub(crate) struct SpinClock {
+    /// Waits left that do not spin.
+    skip: u32,
+    /// How many waits the last miss made skip (0 after a spin that saw its reply).
+    backoff: u32,
+}
+
+impl SpinClock {
+    /// Whether this wait spins (consuming one skipped wait if not).
+    pub(crate) fn try_spin(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    /// The spin saw its reply.
+    pub(crate) fn paid(&mut self) {
+        self.backoff = 0;
+    }
+
+    /// The spin ended without the reply.
+    pub(crate) fn missed(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(1, MAX_POLL_BACKOFF);
+        self.skip = self.backoff;
+    }
+}
+
 impl WaitClock {
+    /// Whether the reader's next look would start a wait that polls: adaptive polling is on,
+    /// no wait is under way, and no failed poll still says to sleep.
+    pub(crate) fn first_look_polls(&self) -> bool {
+        self.budget > 0 && self.since.is_none() && self.skip == 0
+    }
+
     /// A clock with this polling budget (0: never polls).
     pub(crate) fn new(budget: std::time::Duration) -> WaitClock {
         WaitClock { budget: u64::try_from(budget.as_nanos()).unwrap_or(u64::MAX), ..WaitClock::default() }
@@ -516,6 +562,7 @@ impl SmcConn {
                 awaiting_reply: false,
                 rx_max_set: false,
                 wait: WaitClock::new(cfg.adaptive_poll),
+                solo: SpinClock::default(),
                 handback: Handback::Smc,
                 shutdown_after_handback: false,
                 lent: 0,
@@ -818,6 +865,7 @@ impl SmcConn {
         eof: R,
         mut take: impl FnMut(&mut ConnState, u32) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
+        let mut solo_spun = false;
         for attempt in 0..2 {
             let mut st = self.lock();
             if attempt == 0 {
@@ -833,6 +881,9 @@ impl SmcConn {
             if avail > 0 {
                 if consuming {
                     st.awaiting_reply = false;
+                }
+                if solo_spun {
+                    st.solo.paid();
                 }
                 return Poll::Ready(take(&mut st, avail));
             }
@@ -850,13 +901,18 @@ impl SmcConn {
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
                 // spinning first while a reply is awaited (`spin_budget`).
-                let spin = if st.awaiting_reply { self.spin_budget(&st) } else { None };
+                let spin = if st.awaiting_reply { self.spin_budget(&mut st) } else { None };
                 drop(st);
                 if let Some(budget) = spin {
                     self.spin_for_frames(budget);
                 }
                 self.group.progress();
+                solo_spun = spin.is_some_and(|b| b == SOLO_SPIN);
                 continue;
+            }
+            if solo_spun {
+                // The reply did not come within the spin (bytes would have returned above).
+                st.solo.missed();
             }
             st.rx_ready_hint = false;
             match cx.as_mut() {
@@ -981,12 +1037,14 @@ impl SmcConn {
 
     /// How long a reader that awaits a reply spins for it inside its poll: the busy-poll
     /// budget (at most [`MAX_READER_SPIN`]) where it is set, else [`SOLO_SPIN`] for a connection
-    /// alone on its link group that polls adaptively; `None`: it does not spin.
-    fn spin_budget(&self, st: &ConnState) -> Option<std::time::Duration> {
+    /// alone on its link group that polls adaptively, at the first look of a wait only (the
+    /// looks that follow go through the runtime), while its wait clock polls and its spins
+    /// pay ([`SpinClock`]); `None`: it does not spin.
+    fn spin_budget(&self, st: &mut ConnState) -> Option<std::time::Duration> {
         let busy = self.group.link()?.busy_poll().min(MAX_READER_SPIN);
         if !busy.is_zero() {
             Some(busy)
-        } else if st.wait.budget > 0 && self.group.alone() {
+        } else if st.wait.first_look_polls() && self.group.alone() && st.solo.try_spin() {
             Some(SOLO_SPIN)
         } else {
             None
@@ -1931,7 +1989,35 @@ impl Drop for PendingConn {
 
 #[cfg(test)]
 mod tests {
-    use super::{Look, WaitClock, LOOKS_PER_CLOCK, MAX_POLL_BACKOFF};
+    use super::{Look, SpinClock, WaitClock, LOOKS_PER_CLOCK, MAX_POLL_BACKOFF};
+
+    #[test]
+    fn a_missed_spin_makes_the_next_waits_skip_it_and_a_paid_one_ends_that() {
+        let mut c = SpinClock::default();
+        // Spins that see their replies spin on.
+        for _ in 0..10 {
+            assert!(c.try_spin());
+            c.paid();
+        }
+        // Misses back off: 1, 2, 4, ... 64 waits without a spin, then one spin.
+        let mut skipped = Vec::new();
+        for _ in 0..9 {
+            let mut n = 0;
+            while !c.try_spin() {
+                n += 1;
+            }
+            skipped.push(n);
+            c.missed();
+        }
+        assert_eq!(skipped, [0, 1, 2, 4, 8, 16, 32, 64, 64]);
+        // A spin that pays brings the next wait's spin back at once after the backoff.
+        while !c.try_spin() {}
+        c.paid();
+        assert!(c.try_spin());
+        c.missed();
+        assert!(!c.try_spin(), "one wait skipped after a single miss");
+        assert!(c.try_spin());
+    }
 
     const US: u64 = 1_000;
 

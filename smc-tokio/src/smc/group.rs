@@ -541,6 +541,7 @@ impl LinkGroup {
                     more = round + 1 == ROUNDS_PER_TURN;
                 }
                 Err(e) => {
+                    self.seen(dispatched);
                     drop(d);
                     self.fail(e);
                     return (dispatched, false);

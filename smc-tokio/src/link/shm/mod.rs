@@ -486,8 +486,10 @@ impl Link for ShmLink {
 
     fn nothing_waiting(&self) -> bool {
         // Two loads and no lock: a hint (module docs of `region` for the lap marks; cdc_recv
-        // reads and checks what the peer wrote, here only compared).
-        !self.peer.frame_ready(self.rx_consumed.load(Ordering::Relaxed))
+        // reads and checks what the peer wrote, here only compared). `rx_consumed` may lag
+        // behind another thread's receive; `frame_absent` then errs towards "something waits",
+        // never towards "nothing" while a frame waits.
+        self.peer.frame_absent(self.rx_consumed.load(Ordering::Relaxed))
     }
 
     fn busy_poll(&self) -> Duration {

@@ -68,7 +68,9 @@ const OFF_WANT_SPACE: usize = 256;
 const LAP_MARK_BYTE: usize = 3;
 
 /// The lap mark of frame number `index` in a ring of `slots` frames: 1..=255, different for
-/// consecutive laps, never 0 (module docs).
+/// consecutive laps, never 0 (module docs). Frame numbers are not expected to wrap: at one
+/// frame per nanosecond a `u64` lasts 584 years (past a wrap, the lap after and lap 0 could
+/// share a mark).
 fn lap_mark(index: u64, slots: u32) -> u8 {
     // `% 255` leaves 0..=254, which fits.
     ((index / u64::from(slots)) % 255) as u8 + 1
@@ -260,10 +262,27 @@ impl RegionView {
     }
 
     /// Whether frame number `index` of the peer's ring is there: its slot holds that frame's lap
-    /// mark. A hint, as any load of the peer's memory (relaxed, no fence).
+    /// mark. Relaxed, no fence: whoever reads the frame checks again ([`read_frame`]).
+    ///
+    /// [`read_frame`]: Self::read_frame
     pub(crate) fn frame_ready(&self, index: u64) -> bool {
+        self.mark_at(index) == lap_mark(index, self.layout.cdc_slots)
+    }
+
+    /// Whether the slot of frame number `index` of the peer's ring still holds what it held
+    /// before that frame was written: the lap before's mark, or nothing (0) in the first lap.
+    /// A hint that frame `index` is not there which errs only the other way: asked with an
+    /// index that readers have passed meanwhile, whose slot holds a later lap already, it says
+    /// "there".
+    pub(crate) fn frame_absent(&self, index: u64) -> bool {
+        let slots = u64::from(self.layout.cdc_slots);
+        let before = if index < slots { 0 } else { lap_mark(index - slots, self.layout.cdc_slots) };
+        self.mark_at(index) == before
+    }
+
+    /// The lap mark in the slot of frame number `index` (relaxed).
+    fn mark_at(&self, index: u64) -> u8 {
         self.frame_word(index, 0).load(Ordering::Relaxed).to_ne_bytes()[LAP_MARK_BYTE]
-            == lap_mark(index, self.layout.cdc_slots)
     }
 
     /// Reads frame number `index` of the peer's ring if it is there (its lap mark is in its
@@ -331,7 +350,7 @@ impl RegionView {
 /// Our side of the CDC traffic: the frames we publish in our ring.
 #[derive(Debug)]
 pub(crate) struct CdcTx {
-    /// Frames published (the local truth; the shared `cdc_prod` mirrors it).
+    /// Frames published.
     prod: u64,
     /// The peer's `cdc_cons` as last read (validated). A push reads the shared counter again
     /// only when this says the ring is full: while the peer keeps up, its consumer line stays
@@ -674,6 +693,46 @@ mod tests {
         w[LAP_MARK_BYTE] = lap_mark(6, 4) + 1;
         a.frame_word(6, 0).store(u64::from_ne_bytes(w), Ordering::Relaxed);
         assert!(!rx.ready(&a));
+    }
+
+    #[test]
+    fn hostile_marks_give_at_most_max_frames_a_pop_and_one_lap_a_region() {
+        let (mut pa, mut pb) = (Plain::new(small()), Plain::new(small()));
+        let (a, b) = (pa.view(), pb.view());
+        let mut rx = CdcRx::new();
+        let mut out = Vec::new();
+        // The peer (a) marks every slot as frames of the first lap, with no frame written: a
+        // pop takes at most `max`, and the region at most one lap, however often it is asked.
+        let mark_all = |lap: u64| {
+            for i in 0..4 {
+                let index = lap * 4 + i;
+                let mut w = [0xEE; 8];
+                w[LAP_MARK_BYTE] = lap_mark(index, 4);
+                a.frame_word(index, 0).store(u64::from_ne_bytes(w), Ordering::Relaxed);
+            }
+        };
+        mark_all(0);
+        assert!(!rx.pop(&b, &a, 3, &mut out));
+        assert_eq!(out.len(), 3);
+        for _ in 0..10 {
+            rx.pop(&b, &a, 100, &mut out);
+        }
+        assert_eq!(out.len(), 4, "one lap of frames, then nothing until the peer writes again");
+        assert!(out.iter().all(|f| f[LAP_MARK_BYTE] == 0 && f[0] == 0xEE));
+        // Marks of a lap further on are no frames; the next lap's are, once written.
+        for i in 4..8 {
+            let mut w = [0xEE; 8];
+            w[LAP_MARK_BYTE] = lap_mark(i + 8, 4);
+            a.frame_word(i, 0).store(u64::from_ne_bytes(w), Ordering::Relaxed);
+        }
+        assert!(!rx.ready(&a));
+        assert!(!a.frame_absent(4), "a mark that is neither the frame's nor the lap before's may be work");
+        rx.pop(&b, &a, 100, &mut out);
+        assert_eq!(out.len(), 4);
+        mark_all(1);
+        rx.pop(&b, &a, 100, &mut out);
+        assert_eq!(out.len(), 8);
+        assert!(a.frame_absent(8), "the slot of frame 8 holds frame 4's lap: nothing waits");
     }
 
     #[test]
