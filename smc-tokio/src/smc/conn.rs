@@ -354,6 +354,15 @@ const SPIN_LOOKS_PER_CLOCK: u32 = 16;
 /// budget in this many waits.
 const MAX_POLL_BACKOFF: u32 = 64;
 
+/// A reader's spin for its reply ([`SmcConn::spin_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spin {
+    /// Busy polling, for this long.
+    Busy(std::time::Duration),
+    /// A lone connection's spin ([`SOLO_SPIN`]), whose outcome its [`SpinClock`] learns.
+    Solo,
+}
+
 /// Whether a lone connection's spin for its reply ([`SOLO_SPIN`]) pays: one whose reply did
 /// not come within it makes the next 1, 2, 4, ... 64 waits skip the spin, as a failed poll
 /// makes waits sleep ([`WaitClock`]); one that saw its reply keeps the connection spinning. So
@@ -900,14 +909,18 @@ impl SmcConn {
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
-                // spinning first while a reply is awaited (`spin_budget`).
-                let spin = if st.awaiting_reply { self.spin_budget(&mut st) } else { None };
+                // spinning first while a reply is awaited (`spin_kind`).
+                let spin = if st.awaiting_reply { self.spin_kind(&mut st) } else { None };
                 drop(st);
-                if let Some(budget) = spin {
-                    self.spin_for_frames(budget);
+                match spin {
+                    Some(Spin::Busy(budget)) => self.spin_for_frames(budget),
+                    Some(Spin::Solo) => {
+                        self.spin_for_frames(SOLO_SPIN);
+                        solo_spun = true;
+                    }
+                    None => {}
                 }
                 self.group.progress();
-                solo_spun = spin.is_some_and(|b| b == SOLO_SPIN);
                 continue;
             }
             if solo_spun {
@@ -1035,17 +1048,17 @@ impl SmcConn {
         }
     }
 
-    /// How long a reader that awaits a reply spins for it inside its poll: the busy-poll
-    /// budget (at most [`MAX_READER_SPIN`]) where it is set, else [`SOLO_SPIN`] for a connection
-    /// alone on its link group that polls adaptively, at the first look of a wait only (the
-    /// looks that follow go through the runtime), while its wait clock polls and its spins
-    /// pay ([`SpinClock`]); `None`: it does not spin.
-    fn spin_budget(&self, st: &mut ConnState) -> Option<std::time::Duration> {
+    /// Whether a reader that awaits a reply spins for it inside its poll: for the busy-poll
+    /// budget (at most [`MAX_READER_SPIN`]) where it is set, else for [`SOLO_SPIN`] if the
+    /// connection is alone on its link group and polls adaptively, at the first look of a wait
+    /// only (the looks that follow go through the runtime), while its wait clock polls and its
+    /// spins pay ([`SpinClock`]); `None`: it does not spin.
+    fn spin_kind(&self, st: &mut ConnState) -> Option<Spin> {
         let busy = self.group.link()?.busy_poll().min(MAX_READER_SPIN);
         if !busy.is_zero() {
-            Some(busy)
+            Some(Spin::Busy(busy))
         } else if st.wait.first_look_polls() && self.group.alone() && st.solo.try_spin() {
-            Some(SOLO_SPIN)
+            Some(Spin::Solo)
         } else {
             None
         }
