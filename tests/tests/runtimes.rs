@@ -312,3 +312,56 @@ async fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
     drop(c);
     tests::bounded(10, server).await.unwrap();
 }
+
+/// A task that drains the link itself and finds its own bytes there does not wake itself: it is
+/// running, and a wake would make the runtime poll it once more for nothing after it returns
+/// (an HTTP client's connection task, say, at each response). A wake from elsewhere (bytes the
+/// group's driver dispatched) still comes.
+#[tokio::test]
+async fn a_reader_that_drains_its_own_bytes_does_not_wake_its_own_task() {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    struct Wakes(AtomicUsize);
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    // Adaptive polling off: a reader that finds nothing neither spins nor wakes itself to
+    // look again, so every wake counted here is a delivery's.
+    let shm = smc_tokio::config::ShmConfig::default().adaptive_poll(Duration::ZERO);
+    let (mut c, s) = tests::smc_pair(shm).await;
+    let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = [0u8; 16];
+    for round in 0..3 {
+        let mut rb = ReadBuf::new(&mut buf);
+        assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending(), "round {round}: bytes before any were sent");
+        // The peer answers; nothing of the client's side runs meanwhile (no await).
+        assert_eq!(s.try_write(b"reply").unwrap(), 5);
+        // The task looks again: its read drains the link and takes its own bytes.
+        let mut rb = ReadBuf::new(&mut buf);
+        assert!(matches!(Pin::new(&mut c).poll_read(&mut cx, &mut rb), Poll::Ready(Ok(()))));
+        assert_eq!(rb.filled(), b"reply", "round {round}");
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "round {round}: the reader woke its own task");
+    }
+    // A reader that waits is woken when the group's driver delivers its bytes: the waker held
+    // out during the drain went back before the wait.
+    let mut rb = ReadBuf::new(&mut buf);
+    assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending());
+    assert_eq!(s.try_write(b"later").unwrap(), 5);
+    tests::bounded(10, async {
+        while wakes.0.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let mut rb = ReadBuf::new(&mut buf);
+    assert!(matches!(Pin::new(&mut c).poll_read(&mut cx, &mut rb), Poll::Ready(Ok(()))));
+    assert_eq!(rb.filled(), b"later");
+}

@@ -523,6 +523,37 @@ fn wake(w: &mut Option<Waker>) {
     }
 }
 
+/// Keeps `waker` in `slot`, cloning it only when the slot holds another task's (or none).
+fn register(slot: &mut Option<Waker>, waker: &Waker) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+        *slot = Some(waker.clone());
+    }
+}
+
+/// A polling task's own waker, held out of its slot while the task drains the link itself
+/// (between the two attempts of a poll): a frame for its connection that the drain delivers
+/// would otherwise wake the very task that is running, which the runtime then polls once more
+/// for nothing after it returns. The second attempt looks under the lock for whatever the
+/// drain delivered, and puts the waker back before it waits.
+#[derive(Default)]
+struct HeldWaker(Option<Waker>);
+
+impl HeldWaker {
+    /// Takes `slot`'s waker when it wakes the task of `cx`.
+    fn hold(&mut self, slot: &mut Option<Waker>, cx: Option<&Context<'_>>) {
+        if let Some(cx) = cx {
+            self.0 = slot.take_if(|w| w.will_wake(cx.waker()));
+        }
+    }
+
+    /// Puts the waker back, unless the slot holds another one by now.
+    fn restore(&mut self, slot: &mut Option<Waker>) {
+        if slot.is_none() {
+            *slot = self.0.take();
+        }
+    }
+}
+
 impl SmcConn {
     /// A connection on `group` that writes into the peer's RMBs of `tx_ring` bytes (through our
     /// slot `our_token`) and reads from ours of `rx_ring` bytes.
@@ -875,10 +906,13 @@ impl SmcConn {
         mut take: impl FnMut(&mut ConnState, u32) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
         let mut solo_spun = false;
+        let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
             if attempt == 0 {
                 self.end_read(&mut st, consuming);
+            } else {
+                held.restore(&mut st.rx_waker);
             }
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
@@ -911,6 +945,7 @@ impl SmcConn {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
                 // spinning first while a reply is awaited (`spin_kind`).
                 let spin = if st.awaiting_reply { self.spin_kind(&mut st) } else { None };
+                held.hold(&mut st.rx_waker, cx.as_deref());
                 drop(st);
                 match spin {
                     Some(Spin::Busy(budget)) => self.spin_for_frames(budget),
@@ -951,18 +986,23 @@ impl SmcConn {
     pub(crate) fn poll_ready(&self, cx: &mut Context<'_>, interest: tokio::io::Interest) -> Poll<tokio::io::Ready> {
         use tokio::io::Ready;
         let mut yield_cpu = false;
+        let (mut held_rx, mut held_tx) = (HeldWaker::default(), HeldWaker::default());
         for attempt in 0..2 {
             let mut st = self.lock();
+            if attempt == 1 {
+                held_rx.restore(&mut st.rx_waker);
+                held_tx.restore(&mut st.tx_waker);
+            }
             match st.handback {
                 Handback::Smc => {}
                 Handback::Moving(_) if st.error.is_none() => {
                     // Only the directions asked: a reader and a writer may wait at once, each in
                     // its own task, and the end of the move wakes both.
                     if interest.is_readable() {
-                        st.rx_waker = Some(cx.waker().clone());
+                        register(&mut st.rx_waker, cx.waker());
                     }
                     if interest.is_writable() {
-                        st.tx_waker = Some(cx.waker().clone());
+                        register(&mut st.tx_waker, cx.waker());
                     }
                     return Poll::Pending;
                 }
@@ -1004,6 +1044,12 @@ impl SmcConn {
                 self.flush_cdc(&mut st);
             }
             if attempt == 0 {
+                if interest.is_readable() {
+                    held_rx.hold(&mut st.rx_waker, Some(cx));
+                }
+                if interest.is_writable() {
+                    held_tx.hold(&mut st.tx_waker, Some(cx));
+                }
                 drop(st);
                 self.group.progress();
                 continue;
@@ -1012,7 +1058,7 @@ impl SmcConn {
                 yield_cpu = true;
             }
             if interest.is_writable() {
-                st.tx_waker = Some(cx.waker().clone());
+                register(&mut st.tx_waker, cx.waker());
             }
         }
         if yield_cpu {
@@ -1026,9 +1072,7 @@ impl SmcConn {
     /// driver leaves the doorbell disarmed meanwhile) or sleeps. Returns whether the caller
     /// should offer its CPU to other threads ([`Look::yield_cpu`]) once it let go of `st`.
     fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>) -> bool {
-        if !st.rx_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            st.rx_waker = Some(cx.waker().clone());
-        }
+        register(&mut st.rx_waker, cx.waker());
         let was = st.wait.polling;
         let look = st.wait.look(crate::smc::group::clock_ns);
         self.poll_changed(was, st.wait.polling);
@@ -1268,8 +1312,12 @@ impl SmcConn {
         if want == 0 {
             return Poll::Ready(Ok(0));
         }
+        let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
+            if attempt == 1 {
+                held.restore(&mut st.tx_waker);
+            }
             if let Some(e) = &st.error {
                 return Poll::Ready(Err(e.to_io()));
             }
@@ -1322,13 +1370,14 @@ impl SmcConn {
             st.engine.set_write_blocked();
             self.flush_cdc(&mut st);
             if attempt == 0 {
+                held.hold(&mut st.tx_waker, cx.as_deref());
                 drop(st);
                 self.group.progress();
                 continue;
             }
             st.tx_ready_hint = false;
             match cx.as_mut() {
-                Some(cx) => st.tx_waker = Some(cx.waker().clone()),
+                Some(cx) => register(&mut st.tx_waker, cx.waker()),
                 None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             }
         }
@@ -1382,7 +1431,7 @@ impl SmcConn {
         };
         if st.peer_token.is_some() && st.engine.poll_cdc().is_some() {
             // A message waits for CDC space; `retry_cdc` wakes us when it went.
-            st.tx_waker = Some(cx.waker().clone());
+            register(&mut st.tx_waker, cx.waker());
             return Poll::Pending;
         }
         let mark = link.tx_mark();
@@ -1745,8 +1794,7 @@ impl SmcConn {
             Handback::Smc => None,
             Handback::Moving(_) => Some(match cx {
                 Some(cx) => {
-                    let w = if read { &mut st.rx_waker } else { &mut st.tx_waker };
-                    *w = Some(cx.waker().clone());
+                    register(if read { &mut st.rx_waker } else { &mut st.tx_waker }, cx.waker());
                     Poll::Pending
                 }
                 None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
