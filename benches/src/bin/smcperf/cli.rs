@@ -80,6 +80,11 @@ impl Scenario {
     pub(crate) fn has_unix(self) -> bool {
         matches!(self, Scenario::Rr | Scenario::Stream | Scenario::Crr)
     }
+
+    /// Whether `mem` (an in-process pipe under the same HTTP or gRPC stack) runs it.
+    pub(crate) fn has_mem(self) -> bool {
+        matches!(self, Scenario::Http | Scenario::HttpClose | Scenario::Grpc)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -90,6 +95,10 @@ pub(crate) enum Kind {
     Tcp,
     /// tokio's `UnixStream` (raw scenarios only).
     Unix,
+    /// tokio's in-process pipe (`tokio::io::duplex`) under the same stack (http, http-close and
+    /// grpc, in `local` only): what hyper, axum and tonic reach with no kernel and no transport
+    /// protocol between the two sides, the ceiling of those rows on this machine.
+    Mem,
     /// smc-tokio through the kernel's `AF_SMC` socket (`KernelMode::On`; raw scenarios only):
     /// the kernel's SMC-R or SMC-D against a server whose listener is `AF_SMC` too (`--kernel
     /// on`), as in the soft-RoCE guests.
@@ -103,6 +112,7 @@ impl Kind {
             Kind::Tcp => "tcp",
             Kind::Unix => "unix",
             Kind::Ksmc => "ksmc",
+            Kind::Mem => "mem",
         }
     }
 }
@@ -223,7 +233,7 @@ pub(crate) struct Common {
     #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     pub(crate) size: Vec<usize>,
     /// Transports, comma-separated.
-    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Kind::Smc, Kind::Tcp, Kind::Unix])]
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Kind::Smc, Kind::Tcp, Kind::Unix, Kind::Mem])]
     pub(crate) transport: Vec<Kind>,
     /// rr: connections; crr, file, http, http-close, grpc: concurrent clients [default: rr 1,
     /// file 100, the others 64].

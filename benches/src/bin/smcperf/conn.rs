@@ -106,6 +106,7 @@ pub(crate) async fn connect(kind: Kind, target: &Target) -> io::Result<Conn> {
             let path = target.unix.as_ref().ok_or_else(|| io::Error::other("no --unix path for the unix transport"))?;
             Conn::Unix(UnixStream::connect(path).await?)
         }
+        Kind::Mem => return Err(io::Error::other("mem runs only the http, http-close and grpc scenarios")),
     })
 }
 

@@ -123,6 +123,7 @@ fn run_client(opts: &Opts, target_for: &dyn Fn(Kind) -> Target) -> io::Result<Ve
             opts.transports
                 .iter()
                 .filter(|k| !matches!(k, Kind::Unix | Kind::Ksmc) || case.scenario.has_unix())
+                .filter(|k| **k != Kind::Mem || (case.scenario.has_mem() && web::mem_available()))
                 .map(|k| (*k, if case.scenario == Scenario::Stream { opts.reader.variant() } else { "" }))
                 .collect()
         };

@@ -134,6 +134,22 @@ pub(crate) fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<Ratio> {
     Ratio::of(round_ratios(row, base))
 }
 
+/// For the http, http-close and grpc scenarios: each smc or tcp row against the same stack
+/// over an in-process pipe (the mem row), round by round: how much of the stack's ceiling on
+/// this machine the transport leaves.
+pub(crate) fn ratio_vs_mem(row: &Row, rows: &[Row]) -> Option<Ratio> {
+    if !row.case.scenario.has_mem() || !matches!(row.kind, Kind::Smc | Kind::Tcp) {
+        return None;
+    }
+    let mem = rows.iter().find(|r| {
+        r.kind == Kind::Mem
+            && r.case.scenario == row.case.scenario
+            && r.case.size == row.case.size
+            && r.case.conns == row.case.conns
+    })?;
+    Ratio::of(round_ratios(row, mem))
+}
+
 /// The row's headline against the machine's limit in the same run: rr's p50 in atomic
 /// ping-pong round trips (lower is better), stream's throughput as a share of one CPU's
 /// 64 KiB memcpy.
@@ -176,9 +192,10 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
                     Scenario::File | Scenario::Http | Scenario::HttpClose => "req/s",
                     Scenario::Grpc => "calls/s",
                 };
-                match ratio_vs_smc_write(r, rows) {
-                    Some(y) => format!("{x} {what} ({y} smc/write)"),
-                    None => format!("{x} {what}"),
+                match (ratio_vs_smc_write(r, rows), ratio_vs_mem(r, rows)) {
+                    (Some(y), _) => format!("{x} {what} ({y} smc/write)"),
+                    (None, Some(y)) => format!("{x} {what} ({y} of mem)"),
+                    (None, None) => format!("{x} {what}"),
                 }
             }
             None => "-".into(),
@@ -235,6 +252,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "ratio_vs_tcp": ratio(r, rows).map(|x| x.median),
                 "ratio_vs_tcp_range": ratio(r, rows).map(|x| [x.min, x.max]),
                 "ratio_vs_smc_write": ratio_vs_smc_write(r, rows).map(|x| x.median),
+                "ratio_vs_mem": ratio_vs_mem(r, rows).map(|x| x.median),
                 "ratio_vs_machine": vs_machine(r, limits),
             })
         })

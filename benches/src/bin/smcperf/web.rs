@@ -9,24 +9,34 @@
 //!
 //! The tcp rows run the same clients with hyper-util's `HttpConnector` (and tonic's own
 //! connector) against the same apps on tokio's `TcpListener`, `TCP_NODELAY` on both ends as
-//! on the smc rows.
+//! on the smc rows. The mem rows (in `local` only) run them over tokio's in-process pipe
+//! (`tokio::io::duplex`), handed from the client's connector to the server's listener through
+//! a channel: no kernel and no transport protocol between the two threads, only the stack
+//! itself, a pipe's lock and copy, and the wake-ups between the runtimes. What the stack reaches
+//! there is the ceiling of any transport's row on this machine.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::Path;
 use axum::serve::ListenerExt;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use smc_tokio::config::ShmConfig;
 use smc_tokio::SmcListener;
 use smc_tower::{SmcConnectInfo, SmcConnector, SmcIncoming};
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::sync::mpsc;
+use tonic::codegen::tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::codegen::tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 use crate::{measure, Case, Kind, Measure, Seen};
@@ -78,9 +88,119 @@ struct Hello;
 #[tonic::async_trait]
 impl Greeter for Hello {
     async fn say_hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
-        let transport = req.extensions().get::<SmcConnectInfo>().map_or("tcp", |i| i.transport.as_str());
+        let transport = match req.extensions().get::<SmcConnectInfo>() {
+            Some(i) => i.transport.as_str(),
+            None if req.extensions().get::<MemConnectInfo>().is_some() => "mem",
+            None => "tcp",
+        };
         let name = req.into_inner().name;
         Ok(Response::new(HelloReply { message: name, transport: transport.to_string() }))
+    }
+}
+
+/// Bytes a mem pipe buffers each way: a TCP socket's default send buffer on Linux
+/// (`net.ipv4.tcp_wmem`'s middle value, 16 KiB) would make large bodies take turns; 256 KiB
+/// holds every body these scenarios send at their default sizes many times over.
+const MEM_PIPE: usize = 256 << 10;
+
+/// One end of a mem connection.
+struct MemIo(DuplexStream);
+
+impl AsyncRead for MemIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for MemIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+impl Connection for MemIo {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+/// What the grpc mem server finds in a request's extensions: its calls came over a pipe.
+#[derive(Debug, Clone, Copy)]
+struct MemConnectInfo;
+
+impl tonic::transport::server::Connected for MemIo {
+    type ConnectInfo = MemConnectInfo;
+    fn connect_info(&self) -> MemConnectInfo {
+        MemConnectInfo
+    }
+}
+
+/// Where mem connections go: the server ends of new pipes, to the http and the grpc server.
+struct MemDoors {
+    http: mpsc::UnboundedSender<MemIo>,
+    grpc: mpsc::UnboundedSender<MemIo>,
+}
+
+/// Set by [`start`]: only a client in the servers' process can reach them.
+static MEM_DOORS: OnceLock<MemDoors> = OnceLock::new();
+
+/// Whether mem servers run in this process (`local`).
+pub(crate) fn mem_available() -> bool {
+    MEM_DOORS.get().is_some()
+}
+
+/// A connector (hyper-util's and tonic's) whose connections are new pipes to a mem server.
+#[derive(Clone)]
+struct MemConnector(mpsc::UnboundedSender<MemIo>);
+
+impl MemConnector {
+    fn new(pick: impl Fn(&MemDoors) -> &mpsc::UnboundedSender<MemIo>) -> io::Result<MemConnector> {
+        let doors = MEM_DOORS.get().ok_or_else(|| io::Error::other("mem runs only in `local`"))?;
+        Ok(MemConnector(pick(doors).clone()))
+    }
+}
+
+impl tonic::codegen::Service<hyper::Uri> for MemConnector {
+    type Response = TokioIo<MemIo>;
+    type Error = io::Error;
+    type Future = std::future::Ready<io::Result<TokioIo<MemIo>>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: hyper::Uri) -> Self::Future {
+        let (ours, theirs) = tokio::io::duplex(MEM_PIPE);
+        std::future::ready(match self.0.send(MemIo(theirs)) {
+            Ok(()) => Ok(TokioIo::new(MemIo(ours))),
+            Err(_) => Err(io::Error::new(io::ErrorKind::ConnectionRefused, "the mem server is gone")),
+        })
+    }
+}
+
+/// axum's side of the http mem server: the pipes the connector sends.
+struct MemListener(mpsc::UnboundedReceiver<MemIo>);
+
+impl axum::serve::Listener for MemListener {
+    type Io = MemIo;
+    type Addr = ();
+
+    async fn accept(&mut self) -> (MemIo, ()) {
+        match self.0.recv().await {
+            Some(io) => (io, ()),
+            // Every sender gone (never: the doors live as long as the process).
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -115,6 +235,17 @@ pub(crate) async fn start(ip: IpAddr, shm: ShmConfig, port: impl Fn(u16) -> u16)
     tokio::spawn(async move {
         tonic::transport::Server::builder().add_service(GreeterServer::new(Hello)).serve_with_incoming(incoming).await
     });
+    let ((http_tx, http_rx), (grpc_tx, grpc_rx)) = (mpsc::unbounded_channel(), mpsc::unbounded_channel());
+    if MEM_DOORS.set(MemDoors { http: http_tx, grpc: grpc_tx }).is_ok() {
+        tokio::spawn(async move { axum::serve(MemListener(http_rx), app()).await });
+        let incoming = UnboundedReceiverStream::new(grpc_rx).map(io::Result::Ok);
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(GreeterServer::new(Hello))
+                .serve_with_incoming(incoming)
+                .await
+        });
+    }
     Ok(addrs)
 }
 
@@ -123,23 +254,25 @@ pub(crate) async fn start(ip: IpAddr, shm: ShmConfig, port: impl Fn(u16) -> u16)
 enum HttpClient {
     Smc(Box<Client<SmcConnector, Empty<Bytes>>>),
     Tcp(Box<Client<HttpConnector, Empty<Bytes>>>),
+    Mem(Box<Client<MemConnector, Empty<Bytes>>>),
 }
 
 impl HttpClient {
-    fn new(kind: Kind, shm: &ShmConfig, conns: usize) -> HttpClient {
+    fn new(kind: Kind, shm: &ShmConfig, conns: usize) -> io::Result<HttpClient> {
         let mut b = Client::builder(TokioExecutor::new());
         b.pool_max_idle_per_host(conns);
-        match kind {
+        Ok(match kind {
             Kind::Smc => {
                 let builder = smc_tokio::SmcStream::builder().shm(shm.clone());
                 HttpClient::Smc(Box::new(b.build(SmcConnector::from_builder(builder))))
             }
+            Kind::Mem => HttpClient::Mem(Box::new(b.build(MemConnector::new(|d| &d.http)?))),
             _ => {
                 let mut c = HttpConnector::new();
                 c.set_nodelay(true);
                 HttpClient::Tcp(Box::new(b.build(c)))
             }
-        }
+        })
     }
 
     /// GETs `uri`; the body's length and the transport the response came over.
@@ -152,9 +285,14 @@ impl HttpClient {
         let resp = match self {
             HttpClient::Smc(c) => c.request(req).await,
             HttpClient::Tcp(c) => c.request(req).await,
+            HttpClient::Mem(c) => c.request(req).await,
         }
         .map_err(io::Error::other)?;
-        let transport = resp.extensions().get::<SmcConnectInfo>().map_or("tcp", |i| i.transport.as_str());
+        let transport = match (self, resp.extensions().get::<SmcConnectInfo>()) {
+            (_, Some(i)) => i.transport.as_str(),
+            (HttpClient::Mem(_), None) => "mem",
+            (_, None) => "tcp",
+        };
         if !resp.status().is_success() {
             return Err(io::Error::other(format!("status {}", resp.status())));
         }
@@ -174,7 +312,7 @@ pub(crate) async fn run_http(
 ) -> io::Result<Measure> {
     let addr = if kind == Kind::Smc { addrs.http_smc } else { addrs.http_tcp };
     let uri: hyper::Uri = format!("http://{addr}/bytes/{}", case.size).parse().map_err(io::Error::other)?;
-    let client = Arc::new(HttpClient::new(kind, shm, case.conns));
+    let client = Arc::new(HttpClient::new(kind, shm, case.conns)?);
     let (stop, errors, seen) =
         (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(Seen::default()));
     let warmup = dur / 10;
@@ -229,6 +367,7 @@ pub(crate) async fn run_grpc(
                 let connector = SmcConnector::from_builder(smc_tokio::SmcStream::builder().shm(shm.clone()));
                 endpoint.connect_with_connector(connector).await
             }
+            Kind::Mem => endpoint.connect_with_connector(MemConnector::new(|d| &d.grpc)?).await,
             _ => endpoint.connect().await,
         }
         .map_err(io::Error::other)?;
