@@ -530,11 +530,14 @@ fn register(slot: &mut Option<Waker>, waker: &Waker) {
     }
 }
 
-/// A polling task's own waker, held out of its slot while the task drains the link itself
-/// (between the two attempts of a poll): a frame for its connection that the drain delivers
-/// would otherwise wake the very task that is running, which the runtime then polls once more
-/// for nothing after it returns. The second attempt looks under the lock for whatever the
-/// drain delivered, and puts the waker back before it waits.
+/// A reading task's own waker, held out of `rx_waker` while the task drains the link itself
+/// (between the two attempts of a read or a readable poll): bytes for its connection that the
+/// drain delivers would otherwise wake the very task that is running, which the runtime then
+/// polls once more for nothing after it returns. A wake that finds the slot empty is lost, so
+/// only `rx_waker` is held: every wake of it announces something the second attempt looks at
+/// under the lock (bytes, the end, an error, a move to TCP starting or ending), and that
+/// attempt puts the waker back before it waits. `tx_waker` also waits for CDC space (a flush),
+/// which a write's second attempt does not look at: it is never held.
 #[derive(Default)]
 struct HeldWaker(Option<Waker>);
 
@@ -986,12 +989,11 @@ impl SmcConn {
     pub(crate) fn poll_ready(&self, cx: &mut Context<'_>, interest: tokio::io::Interest) -> Poll<tokio::io::Ready> {
         use tokio::io::Ready;
         let mut yield_cpu = false;
-        let (mut held_rx, mut held_tx) = (HeldWaker::default(), HeldWaker::default());
+        let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
             if attempt == 1 {
-                held_rx.restore(&mut st.rx_waker);
-                held_tx.restore(&mut st.tx_waker);
+                held.restore(&mut st.rx_waker);
             }
             match st.handback {
                 Handback::Smc => {}
@@ -1045,10 +1047,7 @@ impl SmcConn {
             }
             if attempt == 0 {
                 if interest.is_readable() {
-                    held_rx.hold(&mut st.rx_waker, Some(cx));
-                }
-                if interest.is_writable() {
-                    held_tx.hold(&mut st.tx_waker, Some(cx));
+                    held.hold(&mut st.rx_waker, Some(cx));
                 }
                 drop(st);
                 self.group.progress();
@@ -1312,12 +1311,8 @@ impl SmcConn {
         if want == 0 {
             return Poll::Ready(Ok(0));
         }
-        let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
-            if attempt == 1 {
-                held.restore(&mut st.tx_waker);
-            }
             if let Some(e) = &st.error {
                 return Poll::Ready(Err(e.to_io()));
             }
@@ -1370,7 +1365,6 @@ impl SmcConn {
             st.engine.set_write_blocked();
             self.flush_cdc(&mut st);
             if attempt == 0 {
-                held.hold(&mut st.tx_waker, cx.as_deref());
                 drop(st);
                 self.group.progress();
                 continue;

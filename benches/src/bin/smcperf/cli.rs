@@ -76,7 +76,7 @@ impl Scenario {
         matches!(self, Scenario::Crr | Scenario::HttpClose)
     }
 
-    /// Whether unix sockets have a row (the web scenarios run over tcp and smc only).
+    /// Whether unix sockets have a row (the web scenarios run over smc, tcp and mem).
     pub(crate) fn has_unix(self) -> bool {
         matches!(self, Scenario::Rr | Scenario::Stream | Scenario::Crr)
     }

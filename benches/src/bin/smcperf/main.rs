@@ -115,8 +115,12 @@ fn settle_time_wait(settle: bool) {
 /// next case's connections, which join those groups, would pay its cross-thread wake-ups.
 fn run_client(opts: &Opts, target_for: &dyn Fn(Kind) -> Target) -> io::Result<Vec<Row>> {
     let rt = runtime(opts.runtime, "smcperf-client")?;
+    let cases = cases(opts);
+    if opts.transports.contains(&Kind::Mem) && !web::mem_available() && cases.iter().any(|c| c.scenario.has_mem()) {
+        eprintln!("smcperf: mem runs only in `local` (its pipes do not cross processes); its rows are left out");
+    }
     let mut rows = Vec::new();
-    for case in cases(opts) {
+    for case in cases {
         let variants: Vec<(Kind, &'static str)> = if case.scenario == Scenario::File {
             FILE_VARIANTS.to_vec()
         } else {

@@ -183,22 +183,20 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
         "machine"
     );
     for r in rows {
-        let vs = match ratio(r, rows) {
-            Some(x) => {
-                let what = match r.case.scenario {
-                    Scenario::Rr => "p50 latency",
-                    Scenario::Stream => "throughput",
-                    Scenario::Crr => "conn/s",
-                    Scenario::File | Scenario::Http | Scenario::HttpClose => "req/s",
-                    Scenario::Grpc => "calls/s",
-                };
-                match (ratio_vs_smc_write(r, rows), ratio_vs_mem(r, rows)) {
-                    (Some(y), _) => format!("{x} {what} ({y} smc/write)"),
-                    (None, Some(y)) => format!("{x} {what} ({y} of mem)"),
-                    (None, None) => format!("{x} {what}"),
-                }
-            }
-            None => "-".into(),
+        let what = match r.case.scenario {
+            Scenario::Rr => "p50 latency",
+            Scenario::Stream => "throughput",
+            Scenario::Crr => "conn/s",
+            Scenario::File | Scenario::Http | Scenario::HttpClose => "req/s",
+            Scenario::Grpc => "calls/s",
+        };
+        let vs = match (ratio(r, rows), ratio_vs_smc_write(r, rows), ratio_vs_mem(r, rows)) {
+            (Some(x), Some(y), _) => format!("{x} {what} ({y} smc/write)"),
+            (Some(x), None, Some(y)) => format!("{x} {what} ({y} of mem)"),
+            (Some(x), None, None) => format!("{x} {what}"),
+            (None, _, Some(y)) => format!("- ({y} {what} of mem)"),
+            (None, Some(y), None) => format!("- ({y} smc/write)"),
+            (None, None, None) => "-".into(),
         };
         let machine = match (r.case.scenario, vs_machine(r, limits)) {
             (Scenario::Rr, Some(x)) => format!("{x:.1}x rt"),
