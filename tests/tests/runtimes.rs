@@ -316,7 +316,8 @@ async fn busy_polling_drivers_let_the_connections_on_their_thread_answer() {
 /// A task that drains the link itself and finds its own bytes there does not wake itself: it is
 /// running, and a wake would make the runtime poll it once more for nothing after it returns
 /// (an HTTP client's connection task, say, at each response). A wake from elsewhere (bytes the
-/// group's driver dispatched) still comes.
+/// group's driver dispatched) still comes, and so does one a readiness poll of the same task
+/// waits for.
 #[tokio::test]
 async fn a_reader_that_drains_its_own_bytes_does_not_wake_its_own_task() {
     use std::pin::Pin;
@@ -364,4 +365,16 @@ async fn a_reader_that_drains_its_own_bytes_does_not_wake_its_own_task() {
     let mut rb = ReadBuf::new(&mut buf);
     assert!(matches!(Pin::new(&mut c).poll_read(&mut cx, &mut rb), Poll::Ready(Ok(()))));
     assert_eq!(rb.filled(), b"later");
+    wakes.0.store(0, Ordering::SeqCst);
+
+    // A readiness poll of the same task waits on the same waker (`join!(s.readable(),
+    // s.peek(..))`): a peek that drains the bytes leaves them there for it, and must not take
+    // the wake that tells the task to poll it again.
+    assert!(c.poll_read_ready(&mut cx).is_pending(), "readable before any byte was sent");
+    assert_eq!(s.try_write(b"both").unwrap(), 4);
+    let mut rb = ReadBuf::new(&mut buf);
+    assert!(matches!(c.poll_peek(&mut cx, &mut rb), Poll::Ready(Ok(4))));
+    assert_eq!(rb.filled(), b"both");
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the readiness poll's wake-up was lost");
+    assert!(matches!(c.poll_read_ready(&mut cx), Poll::Ready(Ok(()))));
 }

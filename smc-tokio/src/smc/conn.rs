@@ -185,6 +185,13 @@ struct ConnState {
     /// `None` on the server until the client's Confirm arrives.
     peer_token: Option<u32>,
     rx_waker: Option<Waker>,
+    /// A readiness poll (`poll_read_ready`, `readable()`, `ready(READABLE)`) left `rx_waker`
+    /// and has not found the connection readable since: a read of the same task (a `peek`
+    /// joined with a `readable()`) then does not hold the waker out while it drains
+    /// ([`HeldWaker`]), since a wake it kept from that poll would be lost with the bytes it
+    /// leaves for it. Cleared when the poll finds the connection readable; one left set by a
+    /// poll that was dropped only costs the reads that follow their held waker.
+    rx_ready_waits: bool,
     tx_waker: Option<Waker>,
     error: Option<ConnError>,
     /// Kept until our close is announced, so the peer never sees the TCP connection close
@@ -530,14 +537,16 @@ fn register(slot: &mut Option<Waker>, waker: &Waker) {
     }
 }
 
-/// A reading task's own waker, held out of `rx_waker` while the task drains the link itself
-/// (between the two attempts of a read or a readable poll): bytes for its connection that the
+/// A reading task's own waker, held out of `rx_waker` while a read drains the link itself
+/// (between the two attempts of [`SmcConn::poll_received`]): bytes for its connection that the
 /// drain delivers would otherwise wake the very task that is running, which the runtime then
 /// polls once more for nothing after it returns. A wake that finds the slot empty is lost, so
-/// only `rx_waker` is held: every wake of it announces something the second attempt looks at
-/// under the lock (bytes, the end, an error, a move to TCP starting or ending), and that
-/// attempt puts the waker back before it waits. `tx_waker` also waits for CDC space (a flush),
-/// which a write's second attempt does not look at: it is never held.
+/// only `rx_waker` is held, and only by a read: every wake of it announces something the read's
+/// second attempt looks at under the lock (bytes, the end, an error, a move to TCP starting or
+/// ending), and that attempt puts the waker back before it waits. Not while a readiness poll of
+/// the same task waits on it too (`rx_ready_waits`): the read would take the wake that poll
+/// needs. Never `tx_waker`, which also waits for CDC space (a flush) that a write does not look
+/// at again.
 #[derive(Default)]
 struct HeldWaker(Option<Waker>);
 
@@ -594,6 +603,7 @@ impl SmcConn {
                 inline: None,
                 peer_token,
                 rx_waker: None,
+                rx_ready_waits: false,
                 tx_waker: None,
                 error: None,
                 tcp: None,
@@ -948,7 +958,9 @@ impl SmcConn {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
                 // spinning first while a reply is awaited (`spin_kind`).
                 let spin = if st.awaiting_reply { self.spin_kind(&mut st) } else { None };
-                held.hold(&mut st.rx_waker, cx.as_deref());
+                if !st.rx_ready_waits {
+                    held.hold(&mut st.rx_waker, cx.as_deref());
+                }
                 drop(st);
                 match spin {
                     Some(Spin::Busy(budget)) => self.spin_for_frames(budget),
@@ -989,12 +1001,8 @@ impl SmcConn {
     pub(crate) fn poll_ready(&self, cx: &mut Context<'_>, interest: tokio::io::Interest) -> Poll<tokio::io::Ready> {
         use tokio::io::Ready;
         let mut yield_cpu = false;
-        let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
-            if attempt == 1 {
-                held.restore(&mut st.rx_waker);
-            }
             match st.handback {
                 Handback::Smc => {}
                 Handback::Moving(_) if st.error.is_none() => {
@@ -1002,6 +1010,7 @@ impl SmcConn {
                     // its own task, and the end of the move wakes both.
                     if interest.is_readable() {
                         register(&mut st.rx_waker, cx.waker());
+                        st.rx_ready_waits = true;
                     }
                     if interest.is_writable() {
                         register(&mut st.tx_waker, cx.waker());
@@ -1009,7 +1018,10 @@ impl SmcConn {
                     return Poll::Pending;
                 }
                 // Over (or failed): the caller's next operation finds out what happened.
-                _ => return Poll::Ready(Ready::READABLE | Ready::WRITABLE),
+                _ => {
+                    st.rx_ready_waits = false;
+                    return Poll::Ready(Ready::READABLE | Ready::WRITABLE);
+                }
             }
             let mut r = Ready::EMPTY;
             if interest.is_readable() {
@@ -1034,6 +1046,7 @@ impl SmcConn {
             if !r.is_empty() {
                 if r.is_readable() {
                     st.rx_ready_hint = true;
+                    st.rx_ready_waits = false;
                 }
                 if r.is_writable() {
                     st.tx_ready_hint = true;
@@ -1046,15 +1059,15 @@ impl SmcConn {
                 self.flush_cdc(&mut st);
             }
             if attempt == 0 {
-                if interest.is_readable() {
-                    held.hold(&mut st.rx_waker, Some(cx));
-                }
                 drop(st);
                 self.group.progress();
                 continue;
             }
-            if interest.is_readable() && self.wait_readable(&mut st, cx) {
-                yield_cpu = true;
+            if interest.is_readable() {
+                st.rx_ready_waits = true;
+                if self.wait_readable(&mut st, cx) {
+                    yield_cpu = true;
+                }
             }
             if interest.is_writable() {
                 register(&mut st.tx_waker, cx.waker());
