@@ -218,8 +218,8 @@ struct ConnState {
     rx_max_set: bool,
     /// Adaptive polling (see [`WaitClock`]).
     wait: WaitClock,
-    /// Whether a lone connection's spin for its reply pays (see [`SpinClock`]).
-    solo: SpinClock,
+    /// Whether a lone connection's spin for its reply pays (see [`Backoff`]).
+    solo: Backoff,
     /// Whether the byte stream is moving, or moved, to the TCP socket (a handback).
     handback: Handback,
     /// The application shut its write side while the handback ran: shut TCP's once it is over.
@@ -293,11 +293,8 @@ pub(crate) struct WaitClock {
     since: Option<u64>,
     /// This wait polls (until the budget runs out).
     polling: bool,
-    /// Waits left that sleep at once.
-    skip: u32,
-    /// How many waits the last failed poll made sleep (doubles with each failure, up to
-    /// [`MAX_POLL_BACKOFF`]; 0 after a poll that saw its data).
-    backoff: u32,
+    /// Whether polling pays: a failed poll makes the next 1, 2, 4, ... 64 waits sleep at once.
+    tries: Backoff,
     /// Looks in this wait since the clock was last read.
     looks: u32,
 }
@@ -343,7 +340,7 @@ const MAX_READER_SPIN: std::time::Duration = std::time::Duration::from_micros(5)
 /// 14-byte round trip takes 0.7-0.8 us at p50 on the 2-vCPU VM, so most replies end the spin,
 /// and one that does not costs the thread about a microsecond (the clock is read once per
 /// [`SPIN_LOOKS_PER_CLOCK`] looks) before the wait goes on through the runtime, and makes the
-/// next waits skip the spin ([`SpinClock`]). `smcperf local --scenario
+/// next waits skip the spin ([`Backoff`]). `smcperf local --scenario
 /// rr --size 14`: 1.13 M round trips/s without, 1.24-1.29 M with a spin of 0.5, 1 or 2 us. Not
 /// where the group serves many connections: each reader that spun held the thread from the
 /// others (`--scenario grpc`: 1.19-1.35x TCP with a 1 us spin for every reader awaiting a
@@ -366,27 +363,27 @@ const MAX_POLL_BACKOFF: u32 = 64;
 enum Spin {
     /// Busy polling, for this long.
     Busy(std::time::Duration),
-    /// A lone connection's spin ([`SOLO_SPIN`]), whose outcome its [`SpinClock`] learns.
+    /// A lone connection's spin ([`SOLO_SPIN`]), whose outcome its [`Backoff`] learns.
     Solo,
 }
 
-/// Whether a lone connection's spin for its reply ([`SOLO_SPIN`]) pays: one whose reply did
-/// not come within it makes the next 1, 2, 4, ... 64 waits skip the spin, as a failed poll
-/// makes waits sleep ([`WaitClock`]); one that saw its reply keeps the connection spinning. So
-/// a server whose clients (each a link group of its own) ask now and then spins once per 64
-/// of their requests, and one whose peer shares its thread (and so cannot answer during the
-/// spin) soon stops.
+/// Whether a try that may not pay, made at the start of a wait (a reader's poll, a lone
+/// connection's spin), is worth making: one that missed makes the next 1, 2, 4, ...
+/// [`MAX_POLL_BACKOFF`] waits skip it; one that paid makes the next wait try at once. So a
+/// connection whose peer answers within the try keeps trying, and one whose peer is idle, slow
+/// or on its own thread tries once per 64 waits. A spin's: a server whose clients (each a link
+/// group of its own) ask now and then spins once per 64 of their requests.
 #[derive(Debug, Default)]
-pub(crate) struct SpinClock {
-    /// Waits left that do not spin.
+pub(crate) struct Backoff {
+    /// Waits left that do not try.
     skip: u32,
-    /// How many waits the last miss made skip (0 after a spin that saw its reply).
+    /// How many waits the last miss made skip (doubles with each miss; 0 after a try that paid).
     backoff: u32,
 }
 
-impl SpinClock {
-    /// Whether this wait spins (consuming one skipped wait if not).
-    pub(crate) fn try_spin(&mut self) -> bool {
+impl Backoff {
+    /// Whether this wait tries (consuming one skipped wait if not).
+    pub(crate) fn try_now(&mut self) -> bool {
         if self.skip == 0 {
             return true;
         }
@@ -394,12 +391,17 @@ impl SpinClock {
         false
     }
 
-    /// The spin saw its reply.
+    /// Whether the next wait would try.
+    pub(crate) fn ready(&self) -> bool {
+        self.skip == 0
+    }
+
+    /// The try saw what it waited for.
     pub(crate) fn paid(&mut self) {
         self.backoff = 0;
     }
 
-    /// The spin ended without the reply.
+    /// The try ended without it.
     pub(crate) fn missed(&mut self) {
         self.backoff = (self.backoff * 2).clamp(1, MAX_POLL_BACKOFF);
         self.skip = self.backoff;
@@ -410,7 +412,7 @@ impl WaitClock {
     /// Whether the reader's next look would start a wait that polls: adaptive polling is on,
     /// no wait is under way, and no failed poll still says to sleep.
     pub(crate) fn first_look_polls(&self) -> bool {
-        self.budget > 0 && self.since.is_none() && self.skip == 0
+        self.budget > 0 && self.since.is_none() && self.tries.ready()
     }
 
     /// A clock with this polling budget (0: never polls).
@@ -429,8 +431,7 @@ impl WaitClock {
             None => {
                 // A new wait: poll, unless an earlier failed poll still says to sleep.
                 self.since = Some(now);
-                self.polling = self.skip == 0;
-                self.skip = self.skip.saturating_sub(1);
+                self.polling = self.tries.try_now();
                 now
             }
         };
@@ -443,8 +444,7 @@ impl WaitClock {
         }
         // The budget ran out before the data came: sleep now, and for the next waits.
         self.polling = false;
-        self.backoff = (self.backoff * 2).clamp(1, MAX_POLL_BACKOFF);
-        self.skip = self.backoff;
+        self.tries.missed();
         None
     }
 
@@ -480,7 +480,7 @@ impl WaitClock {
     /// Data arrived for a waiting reader: the wait ends. If it was polling, polling worked.
     pub(crate) fn end(&mut self) {
         if self.since.take().is_some() && self.polling {
-            self.backoff = 0;
+            self.tries.paid();
         }
         self.polling = false;
     }
@@ -615,7 +615,7 @@ impl SmcConn {
                 awaiting_reply: false,
                 rx_max_set: false,
                 wait: WaitClock::new(cfg.adaptive_poll),
-                solo: SpinClock::default(),
+                solo: Backoff::default(),
                 handback: Handback::Smc,
                 shutdown_after_handback: false,
                 lent: 0,
@@ -1108,12 +1108,12 @@ impl SmcConn {
     /// budget (at most [`MAX_READER_SPIN`]) where it is set, else for [`SOLO_SPIN`] if the
     /// connection is alone on its link group and polls adaptively, at the first look of a wait
     /// only (the looks that follow go through the runtime), while its wait clock polls and its
-    /// spins pay ([`SpinClock`]); `None`: it does not spin.
+    /// spins pay ([`Backoff`]); `None`: it does not spin.
     fn spin_kind(&self, st: &mut ConnState) -> Option<Spin> {
         let busy = self.group.link()?.busy_poll().min(MAX_READER_SPIN);
         if !busy.is_zero() {
             Some(Spin::Busy(busy))
-        } else if st.wait.first_look_polls() && self.group.alone() && st.solo.try_spin() {
+        } else if st.wait.first_look_polls() && self.group.alone() && st.solo.try_now() {
             Some(Spin::Solo)
         } else {
             None
@@ -2057,21 +2057,21 @@ impl Drop for PendingConn {
 
 #[cfg(test)]
 mod tests {
-    use super::{Look, SpinClock, WaitClock, LOOKS_PER_CLOCK, MAX_POLL_BACKOFF};
+    use super::{Backoff, Look, WaitClock, LOOKS_PER_CLOCK, MAX_POLL_BACKOFF};
 
     #[test]
     fn a_missed_spin_makes_the_next_waits_skip_it_and_a_paid_one_ends_that() {
-        let mut c = SpinClock::default();
+        let mut c = Backoff::default();
         // Spins that see their replies spin on.
         for _ in 0..10 {
-            assert!(c.try_spin());
+            assert!(c.try_now());
             c.paid();
         }
         // Misses back off: 1, 2, 4, ... 64 waits without a spin, then one spin.
         let mut skipped = Vec::new();
         for _ in 0..9 {
             let mut n = 0;
-            while !c.try_spin() {
+            while !c.try_now() {
                 n += 1;
             }
             skipped.push(n);
@@ -2079,12 +2079,12 @@ mod tests {
         }
         assert_eq!(skipped, [0, 1, 2, 4, 8, 16, 32, 64, 64]);
         // A spin that pays brings the next wait's spin back at once after the backoff.
-        while !c.try_spin() {}
+        while !c.try_now() {}
         c.paid();
-        assert!(c.try_spin());
+        assert!(c.try_now());
         c.missed();
-        assert!(!c.try_spin(), "one wait skipped after a single miss");
-        assert!(c.try_spin());
+        assert!(!c.try_now(), "one wait skipped after a single miss");
+        assert!(c.try_now());
     }
 
     const US: u64 = 1_000;
@@ -2145,7 +2145,7 @@ mod tests {
             wait(&mut w, t, 500 * US);
             t += 1_000 * US;
         }
-        assert!(w.backoff >= 32);
+        assert!(w.tries.backoff >= 32);
         // Fast replies again: at the next try, polling resumes and stays.
         let mut first = None;
         for i in 0..200 {
