@@ -112,13 +112,9 @@ impl std::fmt::Display for Ratio {
 /// The ratio against tcp for the row's headline metric: the median over rounds of each
 /// round's smc (or unix) run against the tcp run next to it.
 pub(crate) fn ratio(row: &Row, rows: &[Row]) -> Option<Ratio> {
-    let tcp = rows.iter().find(|r| {
-        r.kind == Kind::Tcp
-            && r.variant.is_empty() == row.variant.is_empty()
-            && r.case.scenario == row.case.scenario
-            && r.case.size == row.case.size
-            && r.case.conns == row.case.conns
-    })?;
+    let tcp = rows
+        .iter()
+        .find(|r| r.kind == Kind::Tcp && r.variant.is_empty() == row.variant.is_empty() && r.case == row.case)?;
     Ratio::of(round_ratios(row, tcp))
 }
 
@@ -128,9 +124,7 @@ pub(crate) fn ratio_vs_smc_write(row: &Row, rows: &[Row]) -> Option<Ratio> {
     if row.case.scenario != Scenario::File || row.kind != Kind::Smc {
         return None;
     }
-    let base = rows.iter().find(|r| {
-        r.kind == Kind::Smc && r.variant == "write" && r.case.size == row.case.size && r.case.conns == row.case.conns
-    })?;
+    let base = rows.iter().find(|r| r.kind == Kind::Smc && r.variant == "write" && r.case == row.case)?;
     Ratio::of(round_ratios(row, base))
 }
 
@@ -141,12 +135,7 @@ pub(crate) fn ratio_vs_mem(row: &Row, rows: &[Row]) -> Option<Ratio> {
     if !row.case.scenario.has_mem() || !matches!(row.kind, Kind::Smc | Kind::Tcp) {
         return None;
     }
-    let mem = rows.iter().find(|r| {
-        r.kind == Kind::Mem
-            && r.case.scenario == row.case.scenario
-            && r.case.size == row.case.size
-            && r.case.conns == row.case.conns
-    })?;
+    let mem = rows.iter().find(|r| r.kind == Kind::Mem && r.case == row.case)?;
     Ratio::of(round_ratios(row, mem))
 }
 

@@ -3,7 +3,7 @@
 use super::*;
 
 /// One configuration to measure.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Case {
     pub(crate) scenario: Scenario,
     pub(crate) size: usize,
