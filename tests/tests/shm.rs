@@ -424,3 +424,49 @@ async fn adaptive_fallback_stops_proposing_to_a_server_of_short_connections() {
     assert!(smc_tokio::stats().adaptive_fallbacks > before);
     bounded(10, echo_check(s, b"served over tcp", 5, 2)).await;
 }
+
+/// Any number of tasks may wait for an SMC stream's readiness at once, as for tokio's streams,
+/// and each is woken: three tasks awaiting `readable()` on one stream, and a read on an owned
+/// read half beside a `ready(READABLE)` on its write half. (One waker per direction, which the
+/// `poll_*_ready` methods keep, woke only the last task to wait; the others slept on with bytes
+/// waiting.)
+#[tokio::test]
+async fn every_task_waiting_for_readiness_is_woken() {
+    use std::sync::Arc;
+    use tokio::io::Interest;
+
+    // Adaptive polling off: a task that finds nothing sleeps on its waker at once, instead of
+    // waking itself to look again.
+    let (mut c, s) = tests::smc_pair(ShmConfig::default().adaptive_poll(Duration::ZERO)).await;
+    assert_eq!((c.transport(), s.transport()), (Transport::SmcD, Transport::SmcD));
+    // A new stream counts as readable until a read finds nothing.
+    let mut b = [0u8; 1];
+    assert_eq!(s.try_read(&mut b).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    let s = Arc::new(s);
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { s.readable().await.unwrap() })
+        })
+        .collect();
+    // Every task waits.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.write_all(b"x").await.unwrap();
+    for w in waiters {
+        bounded(10, w).await.unwrap();
+    }
+    assert_eq!(s.try_read(&mut b).unwrap(), 1);
+
+    let s = Arc::into_inner(s).unwrap();
+    let (mut rd, wr) = s.into_split();
+    let reader = tokio::spawn(async move {
+        let mut b = [0u8; 1];
+        rd.read_exact(&mut b).await.unwrap();
+        b
+    });
+    let watcher = tokio::spawn(async move { wr.ready(Interest::READABLE).await.unwrap().is_readable() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.write_all(b"y").await.unwrap();
+    assert_eq!(&bounded(10, reader).await.unwrap(), b"y");
+    assert!(bounded(10, watcher).await.unwrap());
+}

@@ -69,6 +69,22 @@ pub(crate) fn token_slot(token: u32) -> u32 {
     token & 0xFFFF
 }
 
+/// `m`'s guard if nobody holds it this instant, `None` if somebody does. A lock that a panic
+/// left poisoned is taken back, as every blocking `lock` in this crate takes it, and is no longer
+/// poisoned: read as "held", it would make every caller that tries it (a driver, a dispatcher)
+/// believe another task works on it, forever.
+pub(crate) fn try_lock<T>(m: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+        Err(std::sync::TryLockError::Poisoned(p)) => {
+            let g = p.into_inner();
+            m.clear_poison();
+            Some(g)
+        }
+    }
+}
+
 /// The small interface between the connection engine and a backend.
 ///
 /// `tx_*` calls write the peer's RMB and `rx_*` calls read ours (see the module documentation
@@ -155,8 +171,13 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
         self.poll_event(cx)
     }
     /// Stops watching for CDC space: nobody waits for it any more (the connections that did are
-    /// gone or have sent).
+    /// gone or have sent). Only the link group decides this, under its waiters' lock: a send
+    /// that goes through does not end the watch, since other connections may have been refused
+    /// before it and still wait for the peer's word that space was freed.
     fn clear_space_wait(&self);
+    /// Whether the link watches for CDC space now (a refused send asked it to, and
+    /// [`clear_space_wait`](Self::clear_space_wait) has not ended that): a cheap look, no lock.
+    fn space_wait_on(&self) -> bool;
     /// Whether CDC frames are waiting to be received (a cheap look at the peer's ring).
     fn has_pending(&self) -> bool;
     /// `true` only when a receive now would find nothing to do (no CDC frame, and nothing else
@@ -204,4 +225,30 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn rehome(&self) -> Result<(), LinkError>;
     /// Tears the link down: the peer sees it as gone.
     fn teardown(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    /// A lock a panic poisoned is taken back, not taken for one somebody holds (a dispatcher
+    /// that read it so returned "busy" forever, and its driver spun); one that is held is not.
+    #[test]
+    fn try_lock_takes_a_poisoned_lock_back_and_leaves_a_held_one() {
+        let m = Mutex::new(5u32);
+        std::thread::scope(|s| {
+            let _ = s
+                .spawn(|| {
+                    let _g = m.lock().unwrap();
+                    panic!("a waker panicked under the lock");
+                })
+                .join();
+        });
+        assert!(m.is_poisoned());
+        assert_eq!(super::try_lock(&m).map(|g| *g), Some(5));
+        assert!(!m.is_poisoned(), "taken back once, it stays usable");
+        let held = m.lock().unwrap();
+        assert!(super::try_lock(&m).is_none());
+        drop(held);
+    }
 }

@@ -916,8 +916,9 @@ impl SmcStream {
     /// ended. As with tokio, readiness can be spurious: follow it with a `try_*` call and
     /// handle [`WouldBlock`](io::ErrorKind::WouldBlock).
     ///
-    /// Each direction keeps one waiting task (the most recent), as tokio's `poll_*` methods
-    /// do; wait on a direction from one task at a time.
+    /// Any number of tasks may wait at once, on the stream or on its halves, and each is woken,
+    /// as with tokio; the `poll_read_ready` and `poll_write_ready` methods keep one waker per
+    /// direction (the most recent), as tokio's do.
     ///
     /// # Examples
     ///
@@ -946,7 +947,7 @@ impl SmcStream {
     /// ```
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         match self.path() {
-            PathRef::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready(cx, interest)).await),
+            PathRef::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready_future(cx, interest)).await),
             PathRef::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
                 // Bytes may sit in the guard (a late handshake message was taken off the
                 // socket): readable means "a read returns something", which peek tells.

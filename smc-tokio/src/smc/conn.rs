@@ -193,6 +193,12 @@ struct ConnState {
     /// poll that was dropped only costs the reads that follow their held waker.
     rx_ready_waits: bool,
     tx_waker: Option<Waker>,
+    /// Pending readiness futures (`ready()`, `readable()`, `writable()`) of any number of
+    /// tasks, per direction: tokio wakes every one of them, and keeps one waker only for the
+    /// `poll_*` calls (`rx_waker`, `tx_waker`). Woken with the slot of their direction; a
+    /// future dropped meanwhile leaves its waker until then.
+    rx_futures: Vec<Waker>,
+    tx_futures: Vec<Waker>,
     error: Option<ConnError>,
     /// Kept until our close is announced, so the peer never sees the TCP connection close
     /// before the SMC close.
@@ -537,6 +543,50 @@ fn register(slot: &mut Option<Waker>, waker: &Waker) {
     }
 }
 
+/// Adds `waker` to `list` unless the list holds one that wakes the same task.
+fn register_future(list: &mut Vec<Waker>, waker: &Waker) {
+    if !list.iter().any(|w| w.will_wake(waker)) {
+        list.push(waker.clone());
+    }
+}
+
+impl ConnState {
+    /// Wakes whoever waits to read: the last `poll_*` call's task and every readiness future.
+    fn wake_rx(&mut self) {
+        wake(&mut self.rx_waker);
+        for w in self.rx_futures.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Wakes whoever waits to write, as [`wake_rx`](Self::wake_rx).
+    fn wake_tx(&mut self) {
+        wake(&mut self.tx_waker);
+        for w in self.tx_futures.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Keeps `cx`'s waker for the read direction: in the slot of the `poll_*` calls, or, for
+    /// a readiness future (`future`), beside those of the others.
+    fn register_rx(&mut self, cx: &Context<'_>, future: bool) {
+        if future {
+            register_future(&mut self.rx_futures, cx.waker());
+        } else {
+            register(&mut self.rx_waker, cx.waker());
+        }
+    }
+
+    /// As [`register_rx`](Self::register_rx), for the write direction.
+    fn register_tx(&mut self, cx: &Context<'_>, future: bool) {
+        if future {
+            register_future(&mut self.tx_futures, cx.waker());
+        } else {
+            register(&mut self.tx_waker, cx.waker());
+        }
+    }
+}
+
 /// A reading task's own waker, held out of `rx_waker` while a read drains the link itself
 /// (between the two attempts of [`SmcConn::poll_received`]): bytes for its connection that the
 /// drain delivers would otherwise wake the very task that is running, which the runtime then
@@ -605,6 +655,8 @@ impl SmcConn {
                 rx_waker: None,
                 rx_ready_waits: false,
                 tx_waker: None,
+                rx_futures: Vec::new(),
+                tx_futures: Vec::new(),
                 error: None,
                 tcp: None,
                 released: false,
@@ -732,7 +784,13 @@ impl SmcConn {
             return Poll::Ready(Ok(0));
         }
         self.poll_received(cx, consuming, 0, |st, avail| {
-            let n = avail.min(u32::try_from(buf.remaining()).unwrap_or(u32::MAX));
+            let room = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
+            let n = avail.min(room);
+            if consuming && n < room {
+                // Everything there was read: no longer readable until more comes, as tokio
+                // clears a socket's readiness after a read shorter than its buffer.
+                st.rx_ready_hint = false;
+            }
             self.copy_out(st, buf, n, take).map(|()| n as usize)
         })
     }
@@ -980,7 +1038,7 @@ impl SmcConn {
             st.rx_ready_hint = false;
             match cx.as_mut() {
                 Some(cx) => {
-                    if self.wait_readable(&mut st, cx) {
+                    if self.wait_readable(&mut st, cx, false) {
                         // Not under the connection's lock: another thread may want it.
                         drop(st);
                         std::thread::yield_now();
@@ -999,6 +1057,26 @@ impl SmcConn {
     /// `WRITE_CLOSED` once that direction has ended. Pending registers the task's waker for
     /// the directions asked (one waker per direction, as tokio keeps for `poll_*`).
     pub(crate) fn poll_ready(&self, cx: &mut Context<'_>, interest: tokio::io::Interest) -> Poll<tokio::io::Ready> {
+        self.poll_ready_as(cx, interest, false)
+    }
+
+    /// As [`poll_ready`](Self::poll_ready), for a readiness future (`ready()`, `readable()`,
+    /// `writable()`): its waker is kept beside those of every other pending one, and all are
+    /// woken, as tokio does for its futures.
+    pub(crate) fn poll_ready_future(
+        &self,
+        cx: &mut Context<'_>,
+        interest: tokio::io::Interest,
+    ) -> Poll<tokio::io::Ready> {
+        self.poll_ready_as(cx, interest, true)
+    }
+
+    fn poll_ready_as(
+        &self,
+        cx: &mut Context<'_>,
+        interest: tokio::io::Interest,
+        future: bool,
+    ) -> Poll<tokio::io::Ready> {
         use tokio::io::Ready;
         let mut yield_cpu = false;
         for attempt in 0..2 {
@@ -1009,11 +1087,11 @@ impl SmcConn {
                     // Only the directions asked: a reader and a writer may wait at once, each in
                     // its own task, and the end of the move wakes both.
                     if interest.is_readable() {
-                        register(&mut st.rx_waker, cx.waker());
-                        st.rx_ready_waits = true;
+                        st.register_rx(cx, future);
+                        st.rx_ready_waits |= !future;
                     }
                     if interest.is_writable() {
-                        register(&mut st.tx_waker, cx.waker());
+                        st.register_tx(cx, future);
                     }
                     return Poll::Pending;
                 }
@@ -1064,13 +1142,15 @@ impl SmcConn {
                 continue;
             }
             if interest.is_readable() {
-                st.rx_ready_waits = true;
-                if self.wait_readable(&mut st, cx) {
+                // A read of the same task holds `rx_waker` while it drains; a future's waker
+                // is not in that slot, so no read can take its wake-up.
+                st.rx_ready_waits |= !future;
+                if self.wait_readable(&mut st, cx, future) {
                     yield_cpu = true;
                 }
             }
             if interest.is_writable() {
-                register(&mut st.tx_waker, cx.waker());
+                st.register_tx(cx, future);
             }
         }
         if yield_cpu {
@@ -1083,8 +1163,9 @@ impl SmcConn {
     /// task looks again on the runtime's next turn, where attempt 0 drains the link, and the
     /// driver leaves the doorbell disarmed meanwhile) or sleeps. Returns whether the caller
     /// should offer its CPU to other threads ([`Look::yield_cpu`]) once it let go of `st`.
-    fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>) -> bool {
-        register(&mut st.rx_waker, cx.waker());
+    /// `future`: the waker is a readiness future's ([`ConnState::register_rx`]).
+    fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>, future: bool) -> bool {
+        st.register_rx(cx, future);
         let was = st.wait.polling;
         let look = st.wait.look(crate::smc::group::clock_ns);
         self.poll_changed(was, st.wait.polling);
@@ -1520,6 +1601,8 @@ impl SmcConn {
         }
         st.rx_waker = None;
         st.tx_waker = None;
+        st.rx_futures.clear();
+        st.tx_futures.clear();
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
         }
@@ -1577,8 +1660,8 @@ impl SmcConn {
                 Ok(false) => return,
                 Err(e) => {
                     st.error.get_or_insert(ConnError::from_link(&e));
-                    wake(&mut st.rx_waker);
-                    wake(&mut st.tx_waker);
+                    st.wake_rx();
+                    st.wake_tx();
                     return;
                 }
             }
@@ -1594,7 +1677,7 @@ impl SmcConn {
         self.flush_cdc(&mut st);
         if st.engine.poll_cdc().is_none() {
             // A flush or shutdown waiting for its message to go can finish.
-            wake(&mut st.tx_waker);
+            st.wake_tx();
         }
         self.maybe_finish(st);
     }
@@ -1671,10 +1754,13 @@ impl SmcConn {
                     let was = st.wait.polling;
                     st.wait.end();
                     self.poll_changed(was, st.wait.polling);
-                    wake(&mut st.rx_waker);
+                    // Readable until a read finds nothing, as tokio's readiness is: a task
+                    // woken for these bytes finds the stream readable though another took them.
+                    st.rx_ready_hint = true;
+                    st.wake_rx();
                 }
                 if effect.writable {
-                    wake(&mut st.tx_waker);
+                    st.wake_tx();
                 }
                 if st.engine.peer_aborted() {
                     st.error.get_or_insert(ConnError::Reset);
@@ -1699,8 +1785,8 @@ impl SmcConn {
             self.abort_or_owe(st);
             self.flush_cdc(st);
         }
-        wake(&mut st.rx_waker);
-        wake(&mut st.tx_waker);
+        st.wake_rx();
+        st.wake_tx();
     }
 
     /// The peer sent something that does not decode.
@@ -1739,8 +1825,8 @@ impl SmcConn {
             st.error = Some(ConnError::from_link(err));
         }
         st.tcp = None;
-        wake(&mut st.rx_waker);
-        wake(&mut st.tx_waker);
+        st.wake_rx();
+        st.wake_tx();
     }
 
     // ----- the move to the TCP socket (see `proto::handback`) ---------------------------------
@@ -1927,8 +2013,8 @@ impl SmcConn {
         // retired (above).
         st.link_down = true;
         st.tcp = None;
-        wake(&mut st.rx_waker);
-        wake(&mut st.tx_waker);
+        st.wake_rx();
+        st.wake_tx();
         let retire = st.retire_slot;
         drop(st);
         self.group.forget_conn(self.our_token, retire);

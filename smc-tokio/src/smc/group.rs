@@ -26,10 +26,12 @@ const RECV_BATCH: usize = 64;
 /// one doorbell can cause (a peer that floods its ring gets 4 x 64 frames per turn).
 const ROUNDS_PER_TURN: usize = 4;
 /// Receive calls a final drain ([`LinkGroup::drain`]) makes at most: 256 x 64 frames, sixteen
-/// times the largest CDC ring a region holds (1024 slots, `ShmConfig::cdc_slots`' limit) and 128
-/// times the RDMA receive queue, so a drain empties whatever a peer that has stopped published;
-/// a peer that is still there and floods cannot hold the caller longer than that.
+/// times the largest CDC ring a region may have (`MAX_CDC_SLOTS`, which a peer's header is
+/// checked against) and 128 times the RDMA receive queue, so a drain empties whatever a peer
+/// that has stopped published; a peer that is still there and floods cannot hold the caller
+/// longer than that.
 const DRAIN_ROUNDS: usize = 256;
+const _: () = assert!(DRAIN_ROUNDS * RECV_BATCH >= 16 * crate::link::shm::region::MAX_CDC_SLOTS as usize);
 
 /// Nanoseconds since a process-wide origin: the clock of the polling deadlines, which live in
 /// atomics.
@@ -426,13 +428,18 @@ impl LinkGroup {
         self.pollers.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A reader stops polling: the last one wakes an unarmed driver to arm again.
+    /// A reader stops polling: the last one wakes an unarmed driver to arm again. `pollers`
+    /// and `unarmed` are a store-then-load pair on each side (here the count, then the flag;
+    /// in the driver the flag, then the count), all SeqCst: either the driver sees no reader
+    /// polling and arms, or the last reader sees the driver unarmed and wakes it. (With the
+    /// driver's flag stored after its look at the count, a reader that stopped in between left
+    /// it unarmed until its polling deadline.)
     pub(crate) fn poll_stop(&self) {
-        let before = self.pollers.fetch_sub(1, Ordering::AcqRel);
+        let before = self.pollers.fetch_sub(1, Ordering::SeqCst);
         if before <= 1 {
             if before == 0 {
                 // Unbalanced: never below zero.
-                self.pollers.store(0, Ordering::Release);
+                self.pollers.store(0, Ordering::SeqCst);
             }
             self.wake_unarmed_driver();
         }
@@ -441,13 +448,13 @@ impl LinkGroup {
     /// A reader goes to sleep without polling: with no reader polling, an unarmed driver is
     /// woken to arm again; while one polls, it drains the link for this reader too.
     pub(crate) fn sleeping(&self) {
-        if self.pollers.load(Ordering::Acquire) == 0 {
+        if self.pollers.load(Ordering::SeqCst) == 0 {
             self.wake_unarmed_driver();
         }
     }
 
     fn wake_unarmed_driver(&self) {
-        if self.unarmed.load(Ordering::Acquire) {
+        if self.unarmed.load(Ordering::SeqCst) {
             let waker = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(w) = waker {
                 w.wake();
@@ -458,7 +465,7 @@ impl LinkGroup {
     /// How long readers poll from now on (`None`: they do not): while some reader polls, up
     /// to the latest deadline asked for.
     fn polling(&self) -> Option<Duration> {
-        if self.pollers.load(Ordering::Acquire) == 0 {
+        if self.pollers.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let until = self.poll_until.load(Ordering::Acquire);
@@ -522,7 +529,7 @@ impl LinkGroup {
             self.retry_waiters();
             return (0, false);
         }
-        let Ok(mut d) = self.dispatch.try_lock() else {
+        let Some(mut d) = crate::link::try_lock(&self.dispatch) else {
             // Another task is dispatching; it delivers what arrives. Report "more" so a driver
             // yields instead of spinning on the link's readiness meanwhile.
             return (0, true);
@@ -585,33 +592,32 @@ impl LinkGroup {
         // A push this load does not see yet is taken by a later call: the connection asked the
         // link to watch for space after its push, and the watch ends in another `progress`
         // (as a push just after the lock was taken here always was).
-        if !self.cdc_waiting.load(Ordering::Acquire) {
-            return;
-        }
-        let waiters = {
-            let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
-            self.cdc_waiting.store(false, Ordering::Relaxed);
-            std::mem::take(&mut *w)
-        };
-        if waiters.is_empty() {
-            return;
-        }
-        for w in waiters {
-            if let Some(c) = w.upgrade() {
-                c.retry_cdc();
+        if self.cdc_waiting.load(Ordering::Acquire) {
+            let waiters = {
+                let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+                self.cdc_waiting.store(false, Ordering::Relaxed);
+                std::mem::take(&mut *w)
+            };
+            for w in waiters {
+                if let Some(c) = w.upgrade() {
+                    c.retry_cdc();
+                }
             }
         }
         // A connection still short of space registered again (and asked the link to watch);
         // with none left, stop watching, or the driver would keep waking for space nobody needs.
-        // Under the lock: a connection that registers meanwhile does so after the watch was
-        // stopped, and its send that follows asks the link to watch again; stopped after the
-        // lock was let go, the watch could end under a connection that had just registered,
-        // and its writer wait for traffic that might never come.
+        // Only here, never at a send that went through: connections refused before that send
+        // still wait. Under the lock: a connection that registers meanwhile does so after the
+        // watch was stopped, and its send that follows asks the link to watch again; stopped
+        // after the lock was let go, the watch could end under a connection that had just
+        // registered, and its writer wait for traffic that might never come.
+        let Some(l) = self.link.get() else { return };
+        if !l.space_wait_on() {
+            return;
+        }
         let w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_empty() {
-            if let Some(l) = self.link.get() {
-                l.clear_space_wait();
-            }
+            l.clear_space_wait();
         }
         drop(w);
     }
@@ -910,11 +916,15 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         let ev = std::future::poll_fn(|cx| {
             // Adaptive polling: while readers poll for replies they expect soon, leave the
             // doorbell disarmed, so the peer sends without ringing (a system call on its side,
-            // a wake-up on ours). The waker is stored before `polling` is read: a reader whose
-            // polling ends after that read finds it and wakes us to arm (`sleeping`).
+            // a wake-up on ours). The waker and the flag are stored before `polling` reads
+            // the count (`poll_stop` says why): a reader whose polling ends after that read
+            // finds them and wakes us to arm (`poll_stop`, `sleeping`).
             group.set_driver_waker(cx.waker());
+            group.unarmed.store(true, Ordering::SeqCst);
             let polling = group.polling();
-            group.unarmed.store(polling.is_some(), Ordering::Release);
+            if polling.is_none() {
+                group.unarmed.store(false, Ordering::SeqCst);
+            }
             let event = match polling {
                 Some(left) => {
                     let end = tokio::time::Instant::now() + left;

@@ -418,11 +418,11 @@ impl Link for ShmLink {
         loop {
             match tx.push(&self.ours, &self.peer, frame).map_err(|e| LinkError::Protocol(e.0))? {
                 Push::Sent { ring } => {
-                    // Load first: the swap is a locked instruction, and nearly every send finds
-                    // the flag clear.
-                    if self.waiting_space.load(Ordering::Relaxed) && self.waiting_space.swap(false, Ordering::Relaxed) {
-                        clear_want_space(&self.ours);
-                    }
+                    // The watch for space stays on: connections refused before this send wait
+                    // for the peer's ring, and only the group knows when none waits any more
+                    // (`clear_space_wait`). Ended here, a peer that consumed just before this
+                    // push would find `want_space` clear and ring nobody, and a refused
+                    // connection would wait for unrelated traffic.
                     drop(tx);
                     if ring {
                         // The message is in the ring either way. A peer that is gone will never
@@ -478,6 +478,10 @@ impl Link for ShmLink {
         if self.waiting_space.swap(false, Ordering::Relaxed) {
             clear_want_space(&self.ours);
         }
+    }
+
+    fn space_wait_on(&self) -> bool {
+        self.waiting_space.load(Ordering::Relaxed)
     }
 
     fn has_pending(&self) -> bool {
@@ -852,11 +856,11 @@ mod tests {
         .is_ok());
     }
 
-    #[tokio::test]
-    async fn link_pair_over_a_real_side_channel() {
-        let name = format!("smc-tokio-test-{}", std::process::id()).into_bytes();
+    /// Two ends of a link joined over a real side channel named after `tag`: (client,
+    /// server). The server's check of the join is that of `link_pair_over_a_real_side_channel`.
+    async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
+        let name = format!("smc-tokio-test-{}-{tag}", std::process::id()).into_bytes();
         let listener = sys::seqpacket_listen(&name).unwrap();
-        let layout = Layout::new(8, 4, 4096).unwrap();
         let secret = Secret([3; 16]);
         let server = tokio::spawn(async move {
             // SAFETY: an OwnedFd owns its descriptor.
@@ -886,6 +890,12 @@ mod tests {
         .unwrap();
         let (id, server) = server.await.unwrap();
         assert_eq!(id, 7);
+        (client, server)
+    }
+
+    #[tokio::test]
+    async fn link_pair_over_a_real_side_channel() {
+        let (client, server) = joined(Layout::new(8, 4, 4096).unwrap(), "pair").await;
 
         // Data and a CDC from client to server.
         client.tx_write(2, 100, b"hello").unwrap();
@@ -924,6 +934,39 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r, Err(LinkError::PeerGone));
+    }
+
+    /// A send that goes through after others were refused for want of CDC space leaves the
+    /// watch for space on: the connections refused before it still wait for the peer's word
+    /// that it freed slots, which the peer gives only while our `want_space` says so. Ended by
+    /// that send, a peer that consumed just before it would ring nobody, and a refused
+    /// connection would wait for unrelated traffic. Only `clear_space_wait` (the group, once no
+    /// connection waits) ends the watch.
+    #[tokio::test]
+    async fn a_send_that_goes_through_keeps_the_watch_for_those_refused_before_it() {
+        let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "space").await;
+        let mut m = CdcMsg::new(1, 2);
+        let mut sent = 0;
+        while client.cdc_send(&m).unwrap() {
+            sent += 1;
+            m.seq += 1;
+        }
+        assert_eq!(sent, 4, "the ring holds its four slots");
+        assert!(client.space_wait_on());
+        let wanted = client.ours.want_space().load(Ordering::Relaxed);
+        assert_ne!(wanted, 0, "a refused send asks the peer to ring");
+
+        // The peer takes a frame (and rings: it saw the request), and another send finds room.
+        let mut frames = Vec::new();
+        assert_eq!(server.cdc_recv(&mut frames, 1).unwrap(), Some(1));
+        assert!(client.cdc_send(&m).unwrap());
+        assert!(client.space_wait_on(), "a send that went through ended the watch of those refused before it");
+        assert_eq!(client.ours.want_space().load(Ordering::Relaxed), wanted);
+
+        // The group, finding nobody waiting any more, ends it.
+        client.clear_space_wait();
+        assert!(!client.space_wait_on());
+        assert_eq!(client.ours.want_space().load(Ordering::Relaxed), 0);
     }
 
     /// The peer's descriptor of our region is read-only: it cannot be mapped writable, and

@@ -112,8 +112,12 @@ pub(crate) struct Layout {
 
 /// Most RMBs one region holds: slot indices travel as 16 bits in connection tokens.
 pub(crate) const MAX_RMBS: u32 = 1 << 16;
-/// Most CDC slots: 64 Ki frames (4 MiB), far more than any sane configuration.
-const MAX_CDC_SLOTS: u32 = 1 << 16;
+/// Most CDC slots a region may have, ours or a peer's: the 1024 this crate creates
+/// (`config::DEFAULT_CDC_SLOTS`, one per connection of a full group). A link group's final
+/// drain (`LinkGroup::drain`) takes sixteen times that before it gives up on a peer, so it
+/// empties whatever a stopped peer published; a larger ring could leave announced bytes
+/// behind.
+pub(crate) const MAX_CDC_SLOTS: u32 = 1024;
 
 impl Layout {
     /// The layout for a new region, or `None` if a parameter is out of range.
@@ -569,6 +573,7 @@ mod tests {
         assert!(Layout::new(4, 0, 1).is_none());
         assert!(Layout::new(4, MAX_RMBS + 1, 1).is_none());
         assert!(Layout::new(4, 1, 0).is_none());
+        assert!(Layout::new(MAX_CDC_SLOTS * 2, 1, 4096).is_none(), "more CDC slots than a drain empties");
     }
 
     #[test]

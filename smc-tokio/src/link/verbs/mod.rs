@@ -579,7 +579,7 @@ impl VerbsLink {
         }
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
-            if let Ok(mut st) = self.cqs.try_lock() {
+            if let Some(mut st) = crate::link::try_lock(&self.cqs) {
                 self.reap(&mut st);
             }
             if self.sq_free.load(Ordering::SeqCst) < WRS_PER_MSG {
@@ -711,7 +711,7 @@ impl Link for VerbsLink {
     }
 
     fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError> {
-        let Ok(mut st) = self.cqs.try_lock() else {
+        let Some(mut st) = crate::link::try_lock(&self.cqs) else {
             return Ok(None);
         };
         self.reap(&mut st);
@@ -780,8 +780,12 @@ impl Link for VerbsLink {
         self.space_wanted.store(false, Ordering::SeqCst);
     }
 
+    fn space_wait_on(&self) -> bool {
+        self.space_wanted.load(Ordering::SeqCst)
+    }
+
     fn has_pending(&self) -> bool {
-        let Ok(mut st) = self.cqs.try_lock() else {
+        let Some(mut st) = crate::link::try_lock(&self.cqs) else {
             return false;
         };
         self.reap(&mut st);
@@ -814,7 +818,7 @@ impl Link for VerbsLink {
             if attempt == 0 {
                 // Take what has completed ourselves (the driver may be asleep on the channel),
                 // then wait, registered before the last look so no completion is missed.
-                if let Ok(mut st) = self.cqs.try_lock() {
+                if let Some(mut st) = crate::link::try_lock(&self.cqs) {
                     self.reap(&mut st);
                 }
                 let mut w = self.delivery_waiters.lock().unwrap_or_else(|e| e.into_inner());
