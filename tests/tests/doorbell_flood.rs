@@ -1,8 +1,8 @@
-//! A hostile peer that holds a link and rings our doorbell (the socket it was handed) in a
-//! tight loop. The link group's driver must not starve the runtime: on the same runtime, a
-//! ticker keeps ticking, an SMC connection (another link group) and a plain TCP connection
-//! complete verified transfers, and the flooded link still works once the flood stops. No
-//! speed is asserted, only that the work completes before a generous deadline.
+//! A hostile peer that holds a link and rings our doorbell (on the end it made and kept; we wait on
+//! the other) in a tight loop. The link group's driver must not starve the runtime: on the same
+//! runtime, a ticker keeps ticking, an SMC connection (another link group) and a plain TCP
+//! connection complete verified transfers, and the flooded link still works once the flood stops.
+//! No speed is asserted, only that the work completes before a generous deadline.
 
 #[path = "support/hostile.rs"]
 mod hostile;
@@ -30,15 +30,15 @@ async fn flood_while_others_work() {
     // whose doorbell it can ring.
     let mut hs = bounded(10, hostile::propose(addr, 31337, 1, 0, RMB)).await;
     let server_token = hs.accept.rmb_slot;
-    let (mut region, _sock, server_memfd, server_door) = hostile::join_genuine(&hs, Layout::new(8, 4, RMB)).await;
+    let (mut region, _sock, server_memfd, ring_server) = hostile::join_genuine(&hs, Layout::new(8, 4, RMB)).await;
     hs.confirm(0).await.unwrap();
 
-    // The flood: a thread sending to the server's doorbell socket as fast as it can.
+    // The flood: a thread ringing the server's doorbell as fast as it can.
     let stop = Arc::new(AtomicBool::new(false));
     let rings = Arc::new(AtomicU64::new(0));
     let flooder = {
         let (stop, rings) = (stop.clone(), rings.clone());
-        let door = server_door.try_clone().unwrap();
+        let door = ring_server.try_clone().unwrap();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 if hostile::ring(door.as_raw_fd()).is_ok() {

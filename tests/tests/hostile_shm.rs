@@ -286,7 +286,7 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     let mut hs = bounded(10, hostile::propose(addr, 4242, 77, 0, RMB)).await;
     let server_token = hs.accept.rmb_slot;
     // The side channel stays open to the end: closing it would end the link group.
-    let (region, _sock, server_memfd, server_door) = hostile::join_genuine(&hs, layout()).await;
+    let (region, _sock, server_memfd, ring_server) = hostile::join_genuine(&hs, layout()).await;
 
     // The server's region is sealed too (no shrink, no grow, seals sealed), and what we got is
     // a read-only descriptor of a file of mode 0400: we cannot map it writable, resize it or
@@ -330,7 +330,7 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     let mut cdc = CdcMsg::new(1, server_token);
     cdc.prod = Cursor::new(0, msg.len() as u32);
     region.push_cdc(&cdc);
-    hostile::ring(server_door.as_raw_fd()).unwrap();
+    hostile::ring(ring_server.as_raw_fd()).unwrap();
     let server_map = Map::new(server_memfd.as_fd(), 4096, false).unwrap();
     let hdr: Vec<u64> = (0..8).map(|i| server_map.word(i * 8).load(std::sync::atomic::Ordering::Relaxed)).collect();
     let server_layout = Layout::new(hdr[2] as u32, hdr[3] as u32, hdr[4] as u32);
@@ -359,7 +359,7 @@ async fn a_sealed_region_cannot_be_resized_by_its_sender_and_the_server_keeps_re
     let mut garbage = CdcMsg::new(2, server_token).encode();
     garbage[0] = 0;
     region.push_frame(&garbage);
-    hostile::ring(server_door.as_raw_fd()).unwrap();
+    hostile::ring(ring_server.as_raw_fd()).unwrap();
     let mut b = [0u8; 16];
     match bounded(10, hs.tcp.read(&mut b)).await {
         Ok(0) | Err(_) => {}

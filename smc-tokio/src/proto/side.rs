@@ -3,7 +3,10 @@
 //! socket the server named in its Accept and sends a [`Join`] proving the handshake's secret,
 //! with its region and doorbell attached (`SCM_RIGHTS`); the server answers with a [`Welcome`],
 //! with its own region and doorbell attached when it lets the client in. The connection then
-//! stays open: its end means the peer process is gone.
+//! stays open: its end means the peer process is gone. The doorbell a side attaches is the end
+//! the other side waits on, of a pair the attaching side made and rings on (version 2; in
+//! version 1 a side attached the end the other side was to ring it on, so the ringing end came
+//! from the peer, which could connect it elsewhere).
 //!
 //! Both messages are [`SIDE_MSG_LEN`] bytes (one `SOCK_SEQPACKET` message each), integers big
 //! endian:
@@ -29,8 +32,9 @@ use super::clc::Secret;
 pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
 /// First eight bytes of a WELCOME.
 pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
-/// The side-channel version this crate speaks.
-pub const SIDE_VERSION: u32 = 1;
+/// The side-channel version this crate speaks: 2, where each side hands over the doorbell end
+/// the other waits on (see the module documentation).
+pub const SIDE_VERSION: u32 = 2;
 /// Length of a JOIN and of a WELCOME.
 pub const SIDE_MSG_LEN: usize = 64;
 /// The WELCOME status that lets the client in.
@@ -122,7 +126,7 @@ impl Join {
     ///
     /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]) }.encode();
     /// assert_eq!(bytes[..8], JOIN_MAGIC);
-    /// assert_eq!(bytes[8..12], [0, 0, 0, 1]); // the version
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 2]); // the version
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
     /// assert_eq!(bytes[24..40], [9; 16]); // the secret
     /// ```
@@ -241,7 +245,7 @@ impl Welcome {
     ///
     /// let bytes = Welcome::refused(0x0102, JoinRefused::BadRegion).encode();
     /// assert_eq!(bytes[..8], WELCOME_MAGIC);
-    /// assert_eq!(bytes[8..12], [0, 0, 0, 1]); // the version
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 2]); // the version
     /// assert_eq!(bytes[12..16], [0, 0, 0, 3]); // the status
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
     /// assert!(bytes[24..].iter().all(|&b| b == 0));
@@ -263,8 +267,8 @@ impl Welcome {
     ///
     /// let mut bytes = Welcome { link_group: 5, status: 99 }.encode();
     /// assert_eq!(Welcome::decode(&bytes), Ok(Welcome { link_group: 5, status: 99 }));
-    /// bytes[11] = 2; // version 2
-    /// assert_eq!(Welcome::decode(&bytes), Err(SideMsgError::BadVersion(2)));
+    /// bytes[11] = 3; // version 3
+    /// assert_eq!(Welcome::decode(&bytes), Err(SideMsgError::BadVersion(3)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Welcome, SideMsgError> {
         let b = check(b, &WELCOME_MAGIC)?;
@@ -281,7 +285,7 @@ mod tests {
         let j = Join { link_group: 0x1122_3344_5566_7788, secret: Secret(*b"0123456789abcdef") };
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTJOIN");
-        want[8..12].copy_from_slice(&[0, 0, 0, 1]);
+        want[8..12].copy_from_slice(&[0, 0, 0, 2]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         want[24..40].copy_from_slice(b"0123456789abcdef");
         assert_eq!(j.encode(), want);
@@ -292,7 +296,7 @@ mod tests {
         let w = Welcome::refused(0x1122_3344_5566_7788, JoinRefused::UnknownGroup);
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTWELC");
-        want[8..12].copy_from_slice(&[0, 0, 0, 1]);
+        want[8..12].copy_from_slice(&[0, 0, 0, 2]);
         want[12..16].copy_from_slice(&[0, 0, 0, 1]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         assert_eq!(w.encode(), want);
@@ -350,10 +354,14 @@ mod tests {
             assert_eq!(decode(&b), Err(SideMsgError::BadMagic));
             let mut b = bytes;
             b[8] = 1;
-            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0x0100_0001)));
+            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0x0100_0002)));
             let mut b = bytes;
             b[11] = 0;
             assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0)));
+            // Version 1 handed over the other doorbell end: refused, so such a peer stays on TCP.
+            let mut b = bytes;
+            b[11] = 1;
+            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(1)));
         }
         // Each message's magic is only its own.
         assert_eq!(Join::decode(&welcome), Err(SideMsgError::BadMagic));
@@ -363,7 +371,7 @@ mod tests {
     #[test]
     fn errors_display() {
         assert_eq!(SideMsgError::BadLength(40).to_string(), "side-channel message of 40 bytes, expected 64");
-        assert_eq!(SideMsgError::BadVersion(2).to_string(), "side-channel version 2 is not supported (this is 1)");
+        assert_eq!(SideMsgError::BadVersion(1).to_string(), "side-channel version 1 is not supported (this is 2)");
         let err: &dyn std::error::Error = &SideMsgError::BadMagic;
         assert!(err.to_string().contains("magic"));
     }

@@ -37,6 +37,13 @@ impl PeerFd {
         PeerFd { fd: Some(fd), disarm: true }
     }
 
+    /// A descriptor of a socket the peer holds too and goes on using after we let go of ours (a
+    /// doorbell end we made and handed over): closed on a closer all the same, but not defused,
+    /// since shutting the socket down would cut the peer's use of it.
+    pub(crate) fn shared(fd: OwnedFd) -> PeerFd {
+        PeerFd { fd: Some(fd), disarm: false }
+    }
+
     /// The descriptor, to be closed by the caller (a closer, which defuses it first).
     fn into_owned(mut self) -> OwnedFd {
         match self.fd.take() {

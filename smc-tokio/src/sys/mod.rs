@@ -204,23 +204,24 @@ mod tests {
     fn doorbells_never_block_whatever_the_peer_does_to_the_flags() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let (ours, theirs) = doorbell_pair().unwrap();
+            // The peer's pair: we wait on the end it handed us (`theirs`), it rings on `ring`.
+            let (ring, theirs) = doorbell_pair().unwrap();
             clear_nonblocking(theirs.as_fd());
-            clear_nonblocking(ours.as_fd());
+            clear_nonblocking(ring.as_fd());
             // Far more rings than the receive queue holds: the extra ones are "already rung".
             for _ in 0..100_000 {
-                doorbell_ring(theirs.as_fd()).unwrap();
+                doorbell_ring(ring.as_fd()).unwrap();
             }
             let mut drained = 0;
             loop {
-                match doorbell_drain(ours.as_fd(), 64) {
+                match doorbell_drain(theirs.as_fd(), 64) {
                     Ok(n) => drained += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => panic!("{e}"),
                 }
             }
             // Empty now: another drain reports WouldBlock instead of waiting.
-            let again = doorbell_drain(ours.as_fd(), 64).unwrap_err().kind();
+            let again = doorbell_drain(theirs.as_fd(), 64).unwrap_err().kind();
             tx.send((drained, again)).unwrap();
         });
         let (drained, again) =
@@ -229,26 +230,69 @@ mod tests {
         assert_eq!(again, io::ErrorKind::WouldBlock);
     }
 
-    /// A peer that sends descriptors with its rings is refused by the kernel where it can
-    /// (SO_PASSRIGHTS); where it cannot, the drain takes them out (for a closer) instead of
-    /// letting the kernel discard them on the draining thread.
+    /// A peer that sends descriptors with its rings (on the end it made and kept, to the end it
+    /// handed us) has them taken out by the drain, for a closer, instead of the kernel
+    /// discarding them on the draining thread.
     #[test]
     fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
-        let (ours, theirs) = doorbell_pair().unwrap();
+        let (a, b) = unix_pair(libc::SOCK_DGRAM).unwrap();
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let sent = send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]);
+        send_with_fds(a.as_fd(), b"r", &[x.as_fd()]).unwrap();
         drop(x);
-        let supported =
-            getsockopt(ours.as_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0);
-        if supported {
-            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
-        } else {
-            sent.unwrap();
-            assert_eq!(doorbell_drain(ours.as_fd(), 8).unwrap(), 1);
-        }
-        // Either way the stream's other end is closed now (its only holder was the message).
+        assert_eq!(doorbell_drain(b.as_fd(), 8).unwrap(), 1);
+        // The stream's other end is closed now (its only holder was the message).
         y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
         assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
+    }
+
+    /// Our ringing end takes nothing in: shut down for reading, a peer's send to it fails
+    /// (`EPIPE`), descriptors and all; and it refuses descriptors where the kernel can.
+    #[test]
+    fn nothing_can_be_queued_into_our_ringing_end() {
+        let (ring, theirs) = doorbell_pair().unwrap();
+        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sent = send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]);
+        assert!(matches!(sent.unwrap_err().raw_os_error(), Some(libc::EPIPE | libc::EPERM)));
+        let plain = send_msg(theirs.as_fd(), b"r");
+        assert_eq!(plain.unwrap_err().raw_os_error(), Some(libc::EPIPE));
+        // It still rings.
+        doorbell_ring(ring.as_fd()).unwrap();
+        assert_eq!(doorbell_drain(theirs.as_fd(), 8).unwrap(), 1);
+    }
+
+    /// Whatever a peer does with the end it waits on, our rings go nowhere else: connected to
+    /// another socket, it refuses them (where a sending end handed to us could have been
+    /// connected there, and our rings with it), and shut down, it ends them.
+    #[test]
+    fn a_peer_cannot_send_our_rings_anywhere_else() {
+        let name = format!("smc-tokio-test-third-{}", std::process::id());
+        let third = std::os::unix::net::UnixDatagram::bind_addr(
+            &<std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+                name.as_bytes(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        third.set_nonblocking(true).unwrap();
+        let (ring, theirs) = doorbell_pair().unwrap();
+        let theirs = std::os::unix::net::UnixDatagram::from(theirs);
+        theirs
+            .connect_addr(
+                &<std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+                    name.as_bytes(),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        assert_eq!(doorbell_ring(ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(
+            third.recv(&mut [0u8; 8]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "a ring reached a third socket"
+        );
+        let (ring, theirs) = doorbell_pair().unwrap();
+        shutdown(theirs.as_fd(), std::net::Shutdown::Read).unwrap();
+        assert_eq!(doorbell_ring(ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPIPE));
     }
 
     #[test]
@@ -362,8 +406,17 @@ impl Drop for Mmap {
     }
 }
 
-/// A doorbell: a connected pair of Unix datagram sockets. We keep and wait on the first end;
-/// the peer gets the second and rings by sending to it.
+/// A doorbell: a connected pair of Unix datagram sockets, made by the side that rings. It keeps
+/// the first end and rings by sending on it; the peer gets the second and waits on it.
+///
+/// The ringing end never leaves its process, so every ring goes to the socket it was paired
+/// with. Had the peer made the pair and handed over the end to send on, it could keep a
+/// duplicate of that end and connect it to any datagram socket it can reach (a datagram
+/// socket may be connected again at any time), and have us send there, under our pid and uid.
+/// A peer can do nothing of the kind with the end it waits on: connected elsewhere, it refuses
+/// our rings (`EPERM`), and shut down, it ends them (`EPIPE`), which only cuts off its own
+/// wake-ups. The ringing end is shut down for reading at once, so nothing can be queued into
+/// it.
 ///
 /// Why not an eventfd (or a pipe): a descriptor passed with `SCM_RIGHTS` shares its open file
 /// description, and so its `O_NONBLOCK` flag, with the sender. A hostile peer could clear the
@@ -371,10 +424,10 @@ impl Drop for Mmap {
 /// read or write would block a runtime worker. Sockets take `MSG_DONTWAIT` per call, so no
 /// flag the peer can change makes our calls block.
 pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (ours, theirs) = unix_pair(libc::SOCK_DGRAM)?;
-    // Rings are bytes; a peer that sends descriptors with them is refused where the kernel can.
-    refuse_descriptors(std::os::fd::AsFd::as_fd(&ours));
-    Ok((ours, theirs))
+    let (ring, theirs) = unix_pair(libc::SOCK_DGRAM)?;
+    shutdown(std::os::fd::AsFd::as_fd(&ring), std::net::Shutdown::Read)?;
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&ring));
+    Ok((ring, theirs))
 }
 
 /// A connected pair of non-blocking Unix sockets of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`).

@@ -606,11 +606,9 @@ pub fn peer_cdc_cons(peer: &Map) -> u64 {
     peer.word(OFF_CDC_CONS).load(std::sync::atomic::Ordering::Acquire)
 }
 
-/// A doorbell to hand to the crate: one end of a Unix datagram socket pair (what the crate's
-/// own peers send). The receiving end is kept open for the rest of the test process, so the
-/// crate's rings land somewhere (as an honest peer's would) instead of failing the link.
-pub fn doorbell() -> OwnedFd {
-    static KEEP: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+/// A doorbell as the crate's own peers make theirs: a Unix datagram socket pair, of which the
+/// first end goes to the crate (which waits on it) and the second rings it.
+pub fn doorbell_pair() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     cvt(unsafe {
         libc::socketpair(
@@ -621,9 +619,21 @@ pub fn doorbell() -> OwnedFd {
         )
     })
     .unwrap();
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    KEEP.lock().unwrap_or_else(|e| e.into_inner()).push(ours);
-    theirs
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// Keeps `fd` open for the rest of the test process.
+fn keep(fd: OwnedFd) {
+    static KEEP: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+    KEEP.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
+}
+
+/// A doorbell end to hand to the crate ([`doorbell_pair`]); the ringing end is kept open for
+/// the rest of the test process, as an honest peer keeps it.
+pub fn doorbell() -> OwnedFd {
+    let (handed, ring) = doorbell_pair();
+    keep(ring);
+    handed
 }
 
 pub fn ring(fd: RawFd) -> io::Result<()> {
@@ -787,16 +797,18 @@ pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
 /// blocking thread). Returns the side channel and the WELCOME.
 /// Joins the pending group of an accepted proposal `hs` with a genuine sealed region of
 /// `layout` and a doorbell (on a blocking thread, bounded), and expects a WELCOME of status 0.
-/// Returns our region, the side channel and the server's region and doorbell.
+/// Returns our region, the side channel, the server's region and our doorbell's ringing end
+/// (the server waits on the other end). The server's doorbell end, which we would wait on, is
+/// kept open for the rest of the test process, so the server's rings land somewhere.
 pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, OwnedFd, OwnedFd) {
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
-    let (region, sock, welcome) = tests::bounded(
+    let (region, sock, welcome, ring) = tests::bounded(
         10,
         tokio::task::spawn_blocking(move || {
             let region = Region::new(layout, REGION_SEALS);
-            let door = doorbell();
+            let (door, ring) = doorbell_pair();
             let (sock, w) = join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
-            (region, sock, w)
+            (region, sock, w, ring)
         }),
     )
     .await
@@ -804,7 +816,8 @@ pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, Ow
     assert_eq!(welcome.status, 0, "the server welcomes a genuine region");
     let mut fds = welcome.fds.into_iter();
     let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
-    (region, sock, server_memfd, server_door)
+    keep(server_door);
+    (region, sock, server_memfd, ring)
 }
 
 pub fn join(name: &[u8], link_group: u64, secret: Secret, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {

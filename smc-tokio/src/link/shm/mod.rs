@@ -1,7 +1,8 @@
 //! The shared-memory link (SMC-D): both processes on one host.
 //!
 //! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
-//! writes into; the peer maps it read-only. Two Unix datagram socket pairs are the doorbells. A SOCK_SEQPACKET
+//! writes into; the peer maps it read-only. Two Unix datagram socket pairs are the doorbells,
+//! one made by each side for the rings it sends (`sys::doorbell_pair`). A SOCK_SEQPACKET
 //! Unix socket in the abstract namespace (per network namespace) carries the setup (a JOIN that
 //! proves the handshake's secret, the region and doorbell descriptors with `SCM_RIGHTS`, the
 //! peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the peer process is
@@ -35,9 +36,9 @@ pub(crate) mod region;
 
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
-/// Our end of a doorbell (a Unix datagram socket the peer sends rings to), waited on through
-/// tokio's `AsyncFd` (which needs only its raw descriptor). A [`PeerFd`]: the peer can send
-/// to it, so it is closed by a closer.
+/// The end of the peer's doorbell that we wait on (a Unix datagram socket the peer made, sends
+/// rings to and handed us), through tokio's `AsyncFd` (which needs only its raw descriptor). A
+/// [`PeerFd`]: the peer made it and can queue into it, so it is closed by a closer.
 #[derive(Debug)]
 pub(crate) struct DoorbellFd(PeerFd);
 
@@ -57,16 +58,21 @@ impl AsRawFd for DoorbellFd {
 /// most the socket's receive buffer of them, and we take this many before reporting work again.
 const DOORBELL_DRAIN_MAX: usize = 64;
 
-/// Our half of a link before the peer's half arrives: our sealed region and our doorbell.
+/// Our half of a link before the peer's half arrives: our sealed region and the doorbell we
+/// ring the peer with.
 #[derive(Debug)]
 pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
     view: RegionView,
-    /// Our end of our doorbell: we wait on it.
-    doorbell: OwnedFd,
-    /// The other end, handed to the peer to ring us with (closed once the link is up).
-    doorbell_theirs: OwnedFd,
+    /// Our end of our doorbell: we ring the peer by sending on it. It never leaves this
+    /// process (see `sys::doorbell_pair`).
+    bell: OwnedFd,
+    /// The other end, handed to the peer to wait on (closed once the link is up). A
+    /// [`PeerFd`]: the peer holds it too, can connect it to another socket of its own and queue
+    /// descriptors into it from there, so our close (the last one, if the peer closed first)
+    /// goes to a closer; not defused ([`PeerFd::shared`]), since the peer waits on it.
+    bell_theirs: PeerFd,
     /// Where the link counts its doorbells (its context's counters).
     counters: Option<Arc<Counters>>,
 }
@@ -86,8 +92,8 @@ impl ShmLocal {
         // again for writing unless it is our uid (then it could write only into bytes meant
         // for itself: we never read our own region back) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        let (doorbell, doorbell_theirs) = sys::doorbell_pair()?;
-        Ok(ShmLocal { map, memfd, view, doorbell, doorbell_theirs, counters: None })
+        let (bell, bell_theirs) = sys::doorbell_pair()?;
+        Ok(ShmLocal { map, memfd, view, bell, bell_theirs: PeerFd::shared(bell_theirs), counters: None })
     }
 
     /// Makes the link count the doorbells it rings and is woken by into `counters`.
@@ -97,9 +103,9 @@ impl ShmLocal {
     }
 
     /// What the peer gets: a read-only descriptor of our region (made when it is sent, so a
-    /// pending group holds one descriptor less) and the sending end of our doorbell.
+    /// pending group holds one descriptor less) and the end of our doorbell it waits on.
     fn fds(&self) -> io::Result<(OwnedFd, BorrowedFd<'_>)> {
-        Ok((sys::read_only_view(self.memfd.as_fd())?, self.doorbell_theirs.as_fd()))
+        Ok((sys::read_only_view(self.memfd.as_fd())?, self.bell_theirs.as_fd()))
     }
 }
 
@@ -110,8 +116,10 @@ pub(crate) struct ShmLink {
     peer: RegionView,
     _ours_map: Mmap,
     _peer_map: Mmap,
+    /// The end of the peer's doorbell we wait on.
     doorbell: ReactorFd<DoorbellFd>,
-    peer_doorbell: PeerFd,
+    /// Our doorbell's ringing end.
+    bell: OwnedFd,
     side: ReactorFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
@@ -151,7 +159,7 @@ impl ShmLink {
     fn new(
         local: ShmLocal,
         peer_memfd: PeerFd,
-        peer_doorbell: PeerFd,
+        peer_bell: PeerFd,
         side: AsyncFd<PeerFd>,
         busy_poll: Duration,
         seen_as: u32,
@@ -173,13 +181,14 @@ impl ShmLink {
         if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
             return Err(LinkError::Protocol("peer sent our own region back"));
         }
-        // A doorbell that is a Unix datagram socket (rung with MSG_DONTWAIT, so nothing the
-        // peer does to it can block us), and not one of our own doorbell's ends sent back.
-        if !sys::is_doorbell(peer_doorbell.as_fd()) {
+        // A doorbell to wait on that is a Unix datagram socket (drained with MSG_DONTWAIT, so
+        // nothing the peer does to it can block us), and not one of our own doorbell's ends
+        // sent back.
+        if !sys::is_doorbell(peer_bell.as_fd()) {
             return Err(LinkError::Protocol("peer doorbell is not a unix datagram socket"));
         }
-        if sys::same_file(peer_doorbell.as_fd(), local.doorbell.as_fd())?
-            || sys::same_file(peer_doorbell.as_fd(), local.doorbell_theirs.as_fd())?
+        if sys::same_file(peer_bell.as_fd(), local.bell.as_fd())?
+            || sys::same_file(peer_bell.as_fd(), local.bell_theirs.as_fd())?
         {
             return Err(LinkError::Protocol("peer sent our own doorbell back"));
         }
@@ -197,7 +206,7 @@ impl ShmLink {
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
         // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
-        let doorbell = unsafe { sys::register(DoorbellFd(PeerFd::new(local.doorbell)), Interest::READABLE) }?;
+        let doorbell = unsafe { sys::register(DoorbellFd(peer_bell), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
         let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() });
@@ -207,7 +216,7 @@ impl ShmLink {
             _ours_map: local.map,
             _peer_map: peer_map,
             doorbell: ReactorFd::new(doorbell, Interest::READABLE),
-            peer_doorbell,
+            bell: local.bell,
             side: ReactorFd::new(side, Interest::READABLE | Interest::WRITABLE),
             tx: Mutex::new(CdcTx::new()),
             rx: Mutex::new(CdcRx::new()),
@@ -227,9 +236,9 @@ impl ShmLink {
         if let Some(c) = &self.counters {
             c.doorbell(true);
         }
-        sys::doorbell_ring(self.peer_doorbell.as_fd()).map_err(|e| match e.raw_os_error() {
-            // The peer closed its end of its doorbell: it is gone (its side channel says so
-            // too, perhaps a moment later).
+        sys::doorbell_ring(self.bell.as_fd()).map_err(|e| match e.raw_os_error() {
+            // The peer closed (or shut down) the end it waits on: it is gone (its side channel
+            // says so too, perhaps a moment later), or stopped listening to us.
             Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE) => LinkError::PeerGone,
             _ => LinkError::from(e),
         })
@@ -755,13 +764,15 @@ mod tests {
     async fn hostile_regions_and_doorbells_are_refused() {
         let theirs = ShmLocal::create(small()).unwrap();
         let dup = |fd: &OwnedFd| PeerFd::new(fd.try_clone().unwrap());
+        // The end of a doorbell that a side hands over, to be waited on.
+        let bell = |l: &ShmLocal| PeerFd::new(l.bell_theirs.as_fd().try_clone_to_owned().unwrap());
 
         // An unsealed memfd (it could shrink under us: SIGBUS on the next access).
         let unsealed = sys::memfd(c"hostile", small().total_len).unwrap();
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             PeerFd::new(unsealed),
-            dup(&theirs.doorbell_theirs),
+            bell(&theirs),
             side(),
             Duration::ZERO,
             0,
@@ -774,7 +785,7 @@ mod tests {
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             PeerFd::new(grow_only),
-            dup(&theirs.doorbell_theirs),
+            bell(&theirs),
             side(),
             Duration::ZERO,
             0,
@@ -784,7 +795,7 @@ mod tests {
         // Our own region sent back.
         let ours = ShmLocal::create(small()).unwrap();
         let own = dup(&ours.memfd);
-        let e = err_of(ShmLink::new(ours, own, dup(&theirs.doorbell_theirs), side(), Duration::ZERO, 0));
+        let e = err_of(ShmLink::new(ours, own, bell(&theirs), side(), Duration::ZERO, 0));
         assert_eq!(e, LinkError::Protocol("peer sent our own region back"));
 
         // A pipe instead of a datagram socket (the peer shares the write end's O_NONBLOCK flag:
@@ -820,9 +831,13 @@ mod tests {
         ));
         assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
 
-        // Our own doorbell sent back (we would ring ourselves).
+        // Our own doorbell sent back, either end (we would wait on our own rings).
         let ours = ShmLocal::create(small()).unwrap();
-        let own = dup(&ours.doorbell_theirs);
+        let own = bell(&ours);
+        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
+        assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
+        let ours = ShmLocal::create(small()).unwrap();
+        let own = dup(&ours.bell);
         let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
         assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
 
@@ -837,7 +852,7 @@ mod tests {
         let e = err_of(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             PeerFd::new(short),
-            dup(&theirs.doorbell_theirs),
+            bell(&theirs),
             side(),
             Duration::ZERO,
             0,
@@ -848,7 +863,7 @@ mod tests {
         assert!(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
             dup(&theirs.memfd),
-            dup(&theirs.doorbell_theirs),
+            bell(&theirs),
             side(),
             Duration::ZERO,
             0
