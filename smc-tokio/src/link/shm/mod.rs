@@ -90,7 +90,8 @@ impl ShmLocal {
         // Nobody (the peer included) can shrink or grow it. The peer gets a read-only
         // descriptor of a file of mode 0400, which it can map only read-only, and cannot open
         // again for writing unless it is our uid (then it could write only into bytes meant
-        // for itself: we never read our own region back) or has CAP_DAC_OVERRIDE.
+        // for itself, and into those a move to TCP reads back, which are read as untrusted
+        // peer memory: see `tx_read`) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
         let (bell, bell_theirs) = sys::doorbell_pair()?;
         Ok(ShmLocal { map, memfd, view, bell, bell_theirs: PeerFd::shared(bell_theirs), counters: None })
@@ -371,10 +372,16 @@ impl Link for ShmLink {
     fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), LinkError> {
         let len = u32::try_from(dst.len()).map_err(|_| LinkError::Protocol("read-back span"))?;
         let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read-back span"))?;
+        // Copied as peer memory is, not with a plain copy: the connection owning this RMB is
+        // its only writer in this process (and holds its lock for the call), but a peer of our
+        // uid can reopen the file for writing (`fchmod`) and change the bytes while we copy.
+        // What it gets is its own bytes resent to itself over TCP.
+        // SAFETY: `u8` and `MaybeUninit<u8>` have the same layout, and every byte of `dst` is
+        // initialised, so viewing it as `MaybeUninit` and writing bytes keeps it initialised.
+        let dst = unsafe { &mut *(std::ptr::from_mut::<[u8]>(dst) as *mut [MaybeUninit<u8>]) };
         // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our own mapping, which
-        // the link keeps mapped; only the connection owning this RMB writes it, and it holds its
-        // lock for this call, so nothing writes the span while we copy. `dst` is our memory.
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        // the link keeps mapped for as long as it exists; `dst` is our memory, not in it.
+        unsafe { super::peer_mem::copy_from_peer(p, dst) };
         Ok(())
     }
 

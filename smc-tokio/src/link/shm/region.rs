@@ -2,9 +2,11 @@
 //!
 //! Each side of a shm link group creates one memfd and is its only writer: it maps it
 //! read-write, seals it (no shrink, no grow) and sends the peer a read-only descriptor of it
-//! (the file's mode 0400), which it can only map read-only. We never read our own region back;
-//! everything we read from the peer's region is untrusted input, read once, validated, then
-//! used.
+//! (the file's mode 0400), which it can only map read-only. We read our own region back only
+//! when a connection moves to TCP (the bytes the peer has not consumed, to send again), and
+//! then as we read the peer's: a peer of our uid can reopen the file for writing, so those
+//! bytes may change under us. Everything we read from the peer's region is untrusted input,
+//! read once, validated, then used.
 //!
 //! ```text
 //! 0      header line (immutable once sent): magic, version, cdc_slots, rmb_count, rmb_size,
