@@ -63,8 +63,8 @@
 # the same layout, or the run stops with status 3.
 #
 # Exit status: the guest script's status (two modes: the client's), 124 when a
-# guest hit the host-side timeout, 125 when a guest printed no result marker,
-# 2 on usage errors.
+# guest hit the host-side timeout, 125 when a guest printed no result marker
+# (its kernel crashed or hung), 2 on usage errors.
 #
 # Guest side: /init (tests/rdma-vm/init) prints "RDMA-VM-RESULT: <status>";
 # steps print "RDMA-VM-STEP: <name> <status>" and figures
@@ -445,7 +445,10 @@ start_guest() {
 # wait_guests: wait for every started guest, recording each qemu's status.
 # When a guest ends without its result marker (its kernel crashed), the
 # others get PEER_GRACE seconds, then are stopped rather than left to run
-# into their timeout.
+# into their timeout. A guest whose kernel reports a task blocked in the
+# kernel for minutes (its hung-task watchdog, after 120 s) is stuck there:
+# it is stopped at once (marked .hung) instead of at the host-side timeout,
+# and counts as a guest that ended without a result.
 PEER_GRACE=30
 wait_guests() {
     local i st left crashed_at=""
@@ -455,6 +458,12 @@ wait_guests() {
         for i in "${!QEMU_PIDS[@]}"; do
             [ -n "${done_[$i]:-}" ] && continue
             if kill -0 "${QEMU_PIDS[$i]}" 2>/dev/null; then
+                if grep -q 'INFO: task .* blocked for more than' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null \
+                    && ! grep -q '^RDMA-VM-RESULT: ' "$RUN/${QEMU_NAMES[$i]}.log"; then
+                    log "stopping guest ${QEMU_NAMES[$i]}: a task is stuck in its kernel"
+                    touch "$RUN/${QEMU_NAMES[$i]}.hung"
+                    kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
+                fi
                 left=$((left + 1))
                 continue
             fi
@@ -489,7 +498,11 @@ guest_status() {
     local name=$1 qst res
     qst=$(cat "$RUN/$name.qemu-status" 2>/dev/null || echo 125)
     res=$(tr -d '\r' < "$RUN/$name.log" | sed -n 's/^RDMA-VM-RESULT: \([0-9]*\)$/\1/p' | tail -n 1)
-    if [ -z "$res" ] && [ -f "$RUN/$name.stopped" ]; then
+    if [ -z "$res" ] && [ -f "$RUN/$name.hung" ]; then
+        log "FAIL: guest $name's kernel hung (a task blocked in it for minutes; no RDMA-VM-RESULT marker); console: $RUN/$name.log"
+        tr -d '\r' < "$RUN/$name.log" | grep -m 4 -E 'blocked for more than' | sed 's/^/  /' >&2
+        echo 125
+    elif [ -z "$res" ] && [ -f "$RUN/$name.stopped" ]; then
         log "FAIL: guest $name stopped because the other guest ended without a result; console: $RUN/$name.log"
         echo 125
     elif [ "$qst" = 124 ] || [ "$qst" = 137 ]; then

@@ -416,6 +416,11 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     assert_eq!(attempts.0, vec![(1, 0), (1, 0), (1, 0)], "wrong token or group: refused (status 1) with nothing");
     assert!(attempts.1 && attempts.2, "malformed joins are closed without a welcome");
     // None of that spoiled the pending group: the real token still joins, and the link works.
+    // With a doorbell of its own, as a peer makes one per link: the server defused (shut down)
+    // the copies of the first one that came with the refused joins, as it does every
+    // descriptor it lets go, and a shut-down doorbell ends a link.
+    let door = hostile::doorbell();
+    let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
     let (sock, w) = bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds)))
         .await
         .unwrap()

@@ -470,3 +470,42 @@ async fn every_task_waiting_for_readiness_is_woken() {
     assert_eq!(&bounded(10, reader).await.unwrap(), b"y");
     assert!(bounded(10, watcher).await.unwrap());
 }
+
+/// A waker that panics when a delivery wakes it poisons its link group's dispatch lock, and the
+/// unwinding drops the rest of that batch of messages. The group then ends as if its link had
+/// failed: its connections move to their TCP sockets and lose nothing. (Read as "another task
+/// dispatches", the poisoned lock kept the group's driver yielding in a loop, and nothing was
+/// dispatched again.)
+#[tokio::test]
+async fn a_panic_while_dispatching_ends_the_group_and_loses_nothing() {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    struct Boom;
+    impl Wake for Boom {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics (on purpose)");
+        }
+    }
+    // Adaptive polling off: the reader sleeps on its waker, and the group's driver delivers.
+    let (mut c, mut s) = tests::smc_pair(ShmConfig::default().adaptive_poll(Duration::ZERO)).await;
+    assert_eq!((c.transport(), s.transport()), (Transport::SmcD, Transport::SmcD));
+    let waker = Waker::from(Arc::new(Boom));
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = [0u8; 16];
+    assert!(Pin::new(&mut s).poll_read(&mut cx, &mut ReadBuf::new(&mut buf)).is_pending());
+    c.write_all(b"hello").await.unwrap();
+    // Whoever dispatches the message wakes the waker, which panics.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut got = [0u8; 5];
+    bounded(10, s.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"hello");
+    assert!(matches!(s.transport(), Transport::Tcp(_)), "the group ended: {}", s.transport());
+    // Both directions go on, over TCP.
+    s.write_all(b"back").await.unwrap();
+    let mut back = [0u8; 4];
+    bounded(10, c.read_exact(&mut back)).await.unwrap();
+    assert_eq!(&back, b"back");
+}

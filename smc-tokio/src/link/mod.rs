@@ -71,8 +71,9 @@ pub(crate) fn token_slot(token: u32) -> u32 {
 
 /// `m`'s guard if nobody holds it this instant, `None` if somebody does. A lock that a panic
 /// left poisoned is taken back, as every blocking `lock` in this crate takes it, and is no longer
-/// poisoned: read as "held", it would make every caller that tries it (a driver, a dispatcher)
-/// believe another task works on it, forever.
+/// poisoned: read as "held", it would make every caller that tries it (an RDMA link's completion
+/// poll) believe another task works on it, forever.
+#[cfg(feature = "rdma")]
 pub(crate) fn try_lock<T>(m: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
     match m.try_lock() {
         Ok(g) => Some(g),
@@ -227,12 +228,12 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn teardown(&self);
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "rdma"))]
 mod tests {
     use std::sync::Mutex;
 
-    /// A lock a panic poisoned is taken back, not taken for one somebody holds (a dispatcher
-    /// that read it so returned "busy" forever, and its driver spun); one that is held is not.
+    /// A lock a panic poisoned is taken back, not taken for one somebody holds (a caller that
+    /// read it so would return "busy" forever); one that is held is not.
     #[test]
     fn try_lock_takes_a_poisoned_lock_back_and_leaves_a_held_one() {
         let m = Mutex::new(5u32);

@@ -543,11 +543,25 @@ fn register(slot: &mut Option<Waker>, waker: &Waker) {
     }
 }
 
-/// Adds `waker` to `list` unless the list holds one that wakes the same task.
+/// Most wakers of readiness futures kept per direction. A future dropped before its wake
+/// leaves its waker behind (tokio takes a dropped future's entry out; ours are plain wakers),
+/// so a list that reaches this wakes everyone in it and starts over: readiness may be
+/// spurious, and the futures still pending register again. From the count of tasks a server
+/// might have waiting on one stream at once, not from a measurement.
+const MAX_FUTURE_WAKERS: usize = 32;
+
+/// Adds `waker` to `list` unless the list holds one that wakes the same task; a full list
+/// ([`MAX_FUTURE_WAKERS`]) is woken and emptied first.
 fn register_future(list: &mut Vec<Waker>, waker: &Waker) {
-    if !list.iter().any(|w| w.will_wake(waker)) {
-        list.push(waker.clone());
+    if list.iter().any(|w| w.will_wake(waker)) {
+        return;
     }
+    if list.len() >= MAX_FUTURE_WAKERS {
+        for w in list.drain(..) {
+            w.wake();
+        }
+    }
+    list.push(waker.clone());
 }
 
 impl ConnState {
@@ -778,6 +792,9 @@ impl SmcConn {
     /// it does not wait: where it would, it answers `WouldBlock` and stores no waker.
     fn poll_copied(&self, cx: Option<&mut Context<'_>>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
         let consuming = take == Take::Consume;
+        // A `poll_read`, not a `try_read`: tokio clears readiness after a short `poll_read`
+        // only (a `try_*` call clears it when it would block).
+        let polled = cx.is_some();
         if buf.remaining() == 0 {
             // Still a read: the application holds no lent bytes.
             self.end_read(&mut self.lock(), consuming);
@@ -786,9 +803,9 @@ impl SmcConn {
         self.poll_received(cx, consuming, 0, |st, avail| {
             let room = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
             let n = avail.min(room);
-            if consuming && n < room {
+            if consuming && polled && n < room {
                 // Everything there was read: no longer readable until more comes, as tokio
-                // clears a socket's readiness after a read shorter than its buffer.
+                // clears a socket's readiness after a `poll_read` shorter than its buffer.
                 st.rx_ready_hint = false;
             }
             self.copy_out(st, buf, n, take).map(|()| n as usize)
@@ -870,6 +887,10 @@ impl SmcConn {
             // position is behind us now.
             st.inline = None;
             st.lent -= n;
+            if st.engine.rx_available() == 0 {
+                // Everything there was read, as a short read tells tokio.
+                st.rx_ready_hint = false;
+            }
             self.flush_cdc(&mut st);
         }
         self.end_live(&mut st);
@@ -2143,7 +2164,39 @@ impl Drop for PendingConn {
 
 #[cfg(test)]
 mod tests {
-    use super::{Backoff, Look, WaitClock, LOOKS_PER_CLOCK, MAX_POLL_BACKOFF};
+    use super::{register_future, Backoff, Look, WaitClock, LOOKS_PER_CLOCK, MAX_FUTURE_WAKERS, MAX_POLL_BACKOFF};
+
+    /// Readiness futures dropped before their wake leave their wakers in the list; it never
+    /// holds more than [`MAX_FUTURE_WAKERS`]: one more wakes all it holds (each once, as a
+    /// spurious readiness) and starts over. A task already in it is not added twice.
+    #[test]
+    fn the_wakers_of_readiness_futures_stay_bounded() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::task::{Wake, Waker};
+
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let tasks: Vec<Arc<Count>> = (0..MAX_FUTURE_WAKERS + 5).map(|_| Arc::new(Count(AtomicUsize::new(0)))).collect();
+        let mut list = Vec::new();
+        for t in &tasks[..MAX_FUTURE_WAKERS] {
+            register_future(&mut list, &Waker::from(t.clone()));
+            register_future(&mut list, &Waker::from(t.clone()));
+        }
+        assert_eq!(list.len(), MAX_FUTURE_WAKERS, "each task once");
+        assert!(tasks.iter().all(|t| t.0.load(Ordering::SeqCst) == 0));
+        for t in &tasks[MAX_FUTURE_WAKERS..] {
+            register_future(&mut list, &Waker::from(t.clone()));
+        }
+        assert!(list.len() <= MAX_FUTURE_WAKERS);
+        assert_eq!(list.len(), 5, "the full list was woken and emptied, the newcomers kept");
+        assert!(tasks[..MAX_FUTURE_WAKERS].iter().all(|t| t.0.load(Ordering::SeqCst) == 1));
+        assert!(tasks[MAX_FUTURE_WAKERS..].iter().all(|t| t.0.load(Ordering::SeqCst) == 0));
+    }
 
     #[test]
     fn a_missed_spin_makes_the_next_waits_skip_it_and_a_paid_one_ends_that() {

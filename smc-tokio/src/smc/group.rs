@@ -529,10 +529,16 @@ impl LinkGroup {
             self.retry_waiters();
             return (0, false);
         }
-        let Some(mut d) = crate::link::try_lock(&self.dispatch) else {
+        let mut d = match self.dispatch.try_lock() {
+            Ok(d) => d,
             // Another task is dispatching; it delivers what arrives. Report "more" so a driver
             // yields instead of spinning on the link's readiness meanwhile.
-            return (0, true);
+            Err(std::sync::TryLockError::WouldBlock) => return (0, true),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                drop(p);
+                self.dispatch_panicked();
+                return (0, false);
+            }
         };
         let mut more = false;
         let mut dispatched = 0;
@@ -570,7 +576,13 @@ impl LinkGroup {
         let Some(link) = self.link.get() else {
             return;
         };
-        let mut d = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = match self.dispatch.lock() {
+            Ok(d) => d,
+            Err(p) => {
+                drop(p);
+                return self.dispatch_panicked();
+            }
+        };
         for _ in 0..DRAIN_ROUNDS {
             match link.cdc_recv(&mut d.frames, RECV_BATCH) {
                 Ok(Some(0)) => break,
@@ -620,6 +632,20 @@ impl LinkGroup {
             l.clear_space_wait();
         }
         drop(w);
+    }
+
+    /// A task panicked while it dispatched (a foreign waker's panic, say) and poisoned the
+    /// dispatch lock: the rest of its batch, taken off the link already, went with the
+    /// unwinding, and nothing tells which connections missed which messages. The group ends as
+    /// if its link had failed (its connections move to their TCP sockets, where nothing is
+    /// lost) rather than go on with messages missing; read as "another task dispatches", the
+    /// poisoned lock kept the driver yielding in a loop and nothing was dispatched again.
+    fn dispatch_panicked(&self) {
+        self.dispatch.clear_poison();
+        self.fail(LinkError::Io(
+            std::io::ErrorKind::Other,
+            "a task panicked while dispatching the group's messages".into(),
+        ));
     }
 
     /// Dispatches the frames taken (and empties the batch).
@@ -758,7 +784,15 @@ impl Drop for DriverGuard {
             }
         }
         self.group.finished.store(true, Ordering::Relaxed);
-        self.group.fail(LinkError::Closed);
+        if std::thread::panicking() {
+            // The driver panicked (a foreign waker it woke, say) on a runtime that lives on:
+            // the group ends as a failed link does, and its connections move to their TCP
+            // sockets, losing nothing. (`Closed` would end them with an error, as for a runtime
+            // that is gone and has nothing left to run a move on.)
+            self.group.fail(LinkError::Io(std::io::ErrorKind::Other, "the link group's driver panicked".into()));
+        } else {
+            self.group.fail(LinkError::Closed);
+        }
     }
 }
 

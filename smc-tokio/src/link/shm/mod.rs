@@ -238,9 +238,13 @@ impl ShmLink {
             c.doorbell(true);
         }
         sys::doorbell_ring(self.bell.as_fd()).map_err(|e| match e.raw_os_error() {
-            // The peer closed (or shut down) the end it waits on: it is gone (its side channel
-            // says so too, perhaps a moment later), or stopped listening to us.
-            Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE) => LinkError::PeerGone,
+            // The peer closed the end it waits on (it is gone: its side channel says so too,
+            // perhaps a moment later), or shut it down or connected it to another socket
+            // (`EPIPE`, `EPERM`: it stopped listening to us). Either way the message is in the
+            // ring, and the side channel, not the ring, decides the group's end.
+            Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::EPERM) => {
+                LinkError::PeerGone
+            }
             _ => LinkError::from(e),
         })
     }
@@ -260,6 +264,13 @@ impl ShmLink {
         loop {
             match doorbell.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
+                    if g.ready().is_read_closed() {
+                        // The peer shut down the end it handed us (it holds that socket too):
+                        // readiness that no drain clears, which would keep the driver turning
+                        // for good. A peer that went away does not do this (its side channel
+                        // ends); one that does breaks the link.
+                        return Poll::Ready(Err(LinkError::Protocol("peer shut its doorbell down")));
+                    }
                     if !self.rung_seen.swap(true, Ordering::Relaxed) {
                         // First sight of this ring: report it at once. The counter is drained on
                         // the next call, after the woken connections had their turn, which keeps
@@ -989,6 +1000,21 @@ mod tests {
         client.clear_space_wait();
         assert!(!client.space_wait_on());
         assert_eq!(client.ours.want_space().load(Ordering::Relaxed), 0);
+    }
+
+    /// The peer holds the doorbell end it handed us too; shut down, that socket stays readable
+    /// and read-closed whatever we drain, so the link ends (a protocol error) instead of
+    /// reporting a ring on every look, which kept the group's driver turning for good.
+    #[tokio::test]
+    async fn a_doorbell_the_peer_shut_down_ends_the_link() {
+        let (client, _server) = joined(Layout::new(8, 4, 4096).unwrap(), "shut").await;
+        // What the peer's own copy of the end it handed the client amounts to.
+        let bell = client.doorbell.get().unwrap().get_ref().as_fd().try_clone_to_owned().unwrap();
+        sys::shutdown(bell.as_fd(), std::net::Shutdown::Both).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(|cx| client.poll_event(cx)))
+            .await
+            .expect("the link reports the shut-down doorbell at once");
+        assert_eq!(r, Err(LinkError::Protocol("peer shut its doorbell down")));
     }
 
     /// The peer's descriptor of our region is read-only: it cannot be mapped writable, and
