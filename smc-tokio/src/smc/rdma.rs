@@ -297,6 +297,21 @@ pub(crate) async fn client_conn_create(
 
 /// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
 /// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
+/// Whether the peer's receive ring (`peer_rmb`, from its Proposal or Accept) is one we take:
+/// our send buffer for the connection is as large, registered (pinned) and charged to the
+/// context's RMB budget, so a peer that names 1 GiB would take the whole default budget with
+/// one connection (every other SMC connection of the process then falling back to TCP) and pin
+/// it. Never more than our own largest ring (`ShmConfig::rmb_max`); a larger one is declined
+/// (the connection stays TCP).
+fn peer_ring_fits(peer_rmb: u32, cfg: &Settings) -> Result<(), DeclineReason> {
+    let max = cfg.shm.get_rmb_max();
+    if peer_rmb > max {
+        tracing::debug!(peer_rmb, max, "the peer's rdma receive ring is larger than ours may be: declining");
+        return Err(DeclineReason::OutOfMemory);
+    }
+    Ok(())
+}
+
 fn client_conn_create_blocking(
     manager: &Arc<Manager>,
     server: SocketAddr,
@@ -308,6 +323,7 @@ fn client_conn_create_blocking(
 ) -> Result<(Arc<SmcConn>, RdmaLinkInfo), DeclineReason> {
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(a.rmb_size).ok_or(DeclineReason::SyncError)?;
+    peer_ring_fits(a.rmb_size, cfg)?;
     let port = port_for(manager, local, cfg)?;
     let mtu = a.mtu.min(port.mtu);
     // Reuse only the group this client has with this very server (its address), and only when
@@ -440,6 +456,7 @@ fn server_conn_create_blocking(
     let rx_size = cfg.shm.rmb_size;
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
+    peer_ring_fits(p.rmb_size, cfg)?;
     let mtu = offer.mtu.min(port.mtu);
     let existing = (offer.link_group != 0)
         .then(|| {
@@ -539,4 +556,26 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
     link.bind(conn.our_token(), &peer).map_err(|e| e.to_string())?;
     conn.confirm(c.rmb_token);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_ring_fits;
+    use crate::config::{Settings, ShmConfig};
+    use crate::proto::clc::DeclineReason;
+
+    /// A peer's ring is mirrored by a send buffer of ours, pinned and charged to the RMB
+    /// budget: one larger than our own largest ring is declined, whatever the peer names.
+    #[test]
+    fn a_peer_ring_larger_than_ours_may_be_is_declined() {
+        let mut cfg = Settings { shm: ShmConfig::default().rmb_size(64 << 10).rmb_max(1 << 20), ..Settings::default() };
+        assert_eq!(peer_ring_fits(16 << 10, &cfg), Ok(()));
+        assert_eq!(peer_ring_fits(1 << 20, &cfg), Ok(()));
+        assert_eq!(peer_ring_fits((1 << 20) + 1, &cfg), Err(DeclineReason::OutOfMemory));
+        assert_eq!(peer_ring_fits(1 << 30, &cfg), Err(DeclineReason::OutOfMemory));
+        // Autotuning off (the largest ring is the first one): that size is the bound.
+        cfg.shm = ShmConfig::default().rmb_size(2 << 20).rmb_max(0);
+        assert_eq!(peer_ring_fits(2 << 20, &cfg), Ok(()));
+        assert_eq!(peer_ring_fits(4 << 20, &cfg), Err(DeclineReason::OutOfMemory));
+    }
 }

@@ -475,8 +475,7 @@ impl VerbsLink {
             Err(e) => {
                 tracing::debug!(error = %e, "ibv_post_send failed: ending the link");
                 let e = LinkError::from(e);
-                self.lock_cq().error.get_or_insert(e.clone());
-                self.failed.store(true, Ordering::Release);
+                self.fail_locked(&mut self.lock_cq(), e.clone());
                 self.teardown();
                 Err(e)
             }
@@ -491,8 +490,7 @@ impl VerbsLink {
             let n = match self.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    st.error.get_or_insert(e.into());
-                    self.failed.store(true, Ordering::Release);
+                    self.fail_locked(st, e.into());
                     return;
                 }
             };
@@ -503,6 +501,19 @@ impl VerbsLink {
                 break;
             }
         }
+    }
+
+    /// The link failed: keeps the first reason, and wakes every task waiting for a delivery
+    /// (`poll_delivered`), whose completion will never come.
+    fn fail_locked(&self, st: &mut CqState, err: LinkError) {
+        st.error.get_or_insert(err);
+        self.failed.store(true, Ordering::Release);
+        self.wake_delivery_waiters();
+    }
+
+    fn wake_delivery_waiters(&self) {
+        let waiters = std::mem::take(&mut *self.delivery_waiters.lock().unwrap_or_else(|e| e.into_inner()));
+        waiters.into_iter().for_each(std::task::Waker::wake);
     }
 
     fn completion(&self, st: &mut CqState, wc: &ffi::ibv_wc) {
@@ -519,15 +530,13 @@ impl VerbsLink {
                     )
                 }
             };
-            st.error.get_or_insert(err);
-            self.failed.store(true, Ordering::Release);
+            self.fail_locked(st, err);
             return;
         }
         if wc.opcode & ffi::IBV_WC_RECV != 0 {
             let i = wc.wr_id;
             if i >= u64::from(RQ_DEPTH) || wc.byte_len as usize != CDC_MSG_LEN {
-                st.error.get_or_insert(LinkError::Protocol("CDC message of the wrong length"));
-                self.failed.store(true, Ordering::Release);
+                self.fail_locked(st, LinkError::Protocol("CDC message of the wrong length"));
                 return;
             }
             let mut frame = [0u8; CDC_MSG_LEN];
@@ -536,8 +545,7 @@ impl VerbsLink {
             // completion was polled) and it is not re-posted until after this copy.
             unsafe { std::ptr::copy_nonoverlapping(p, frame.as_mut_ptr(), CDC_MSG_LEN) };
             if let Err(e) = self.post_recv(i as u32) {
-                st.error.get_or_insert(e);
-                self.failed.store(true, Ordering::Release);
+                self.fail_locked(st, e);
                 return;
             }
             if frame[0] == LINK_UP_TYPE {
@@ -554,8 +562,7 @@ impl VerbsLink {
             let n = u32::try_from(wc.wr_id).unwrap_or(0).min(WRS_PER_MSG);
             self.sq_free.fetch_add(n, Ordering::SeqCst);
             self.acked.fetch_add(1, Ordering::AcqRel);
-            let waiters = std::mem::take(&mut *self.delivery_waiters.lock().unwrap_or_else(|e| e.into_inner()));
-            waiters.into_iter().for_each(std::task::Waker::wake);
+            self.wake_delivery_waiters();
         }
     }
 
@@ -844,5 +851,8 @@ impl Link for VerbsLink {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.qp.set_error();
         }
+        // Deliveries that were awaited will not complete now (`poll_delivered` reports the
+        // end once woken).
+        self.wake_delivery_waiters();
     }
 }
