@@ -395,7 +395,8 @@ fn client_conn_create_blocking(
 /// What a server keeps between its Accept and the client's Confirm.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerPending {
-    link: Arc<VerbsLink>,
+    /// Dropped on the setup thread (see `Drop`).
+    link: std::mem::ManuallyDrop<Arc<VerbsLink>>,
     accepted: RdmaLinkInfo,
     /// The GID the client proposed from (its TCP address's).
     client_gid: [u8; 16],
@@ -501,7 +502,29 @@ fn server_conn_create_blocking(
         rmb_token: conn.our_token(),
         link_group: group.id,
     };
-    Ok((conn, accepted, ServerPending { link, accepted, client_gid: offer.gid, _unconfirmed: unconfirmed }))
+    Ok((
+        conn,
+        accepted,
+        ServerPending {
+            link: std::mem::ManuallyDrop::new(link),
+            accepted,
+            client_gid: offer.gid,
+            _unconfirmed: unconfirmed,
+        },
+    ))
+}
+
+impl Drop for ServerPending {
+    /// A new group's link is held only here until the client confirms: when a handshake ends
+    /// without that (a client that proposes and closes, again and again), this is its last
+    /// reference, and destroying its queue pair and completion queue and deregistering its
+    /// memory takes the process's memory-map lock, which a runtime thread must not wait for.
+    /// So the reference goes to the setup thread, as a link group's does.
+    fn drop(&mut self) {
+        // SAFETY: `link` is taken out exactly once, here, and not used after.
+        let link = unsafe { std::mem::ManuallyDrop::take(&mut self.link) };
+        crate::link::verbs::device::drop_on_setup_thread(Box::new(link));
+    }
 }
 
 /// The server's side of the client's Confirm (see [`server_confirm_blocking`]), off the
@@ -522,7 +545,7 @@ pub(crate) async fn server_confirm(
 /// connection to the client's RMB. Blocks.
 fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &RdmaLinkInfo) -> Result<(), String> {
     let group = conn.group();
-    let link = &pending.link;
+    let link: &Arc<VerbsLink> = &pending.link;
     if c.rmb_size != link.tx_size() || c.mtu != pending.accepted.mtu {
         return Err("confirm's rmb size or mtu differs from the accepted link".into());
     }

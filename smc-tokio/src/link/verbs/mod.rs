@@ -396,6 +396,12 @@ impl VerbsLink {
         }
         let (_, lkey, _) = self.tx_pool.slot(&self.pd, token_slot(our))?;
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if tx.get(&peer.token).is_some_and(|c| c.our_slot != token_slot(our)) {
+            // Sends are looked up by the peer's token: a second connection under the same one
+            // would take the first one's place, and the first would then write with the
+            // second's slot and cursor.
+            return Err(LinkError::Protocol("the peer named a ring another connection writes"));
+        }
         tx.retain(|_, c| c.our_slot != token_slot(our));
         tx.insert(
             peer.token,
@@ -570,11 +576,14 @@ impl VerbsLink {
     /// Without `msg` (a frame that does not decode: the test hook's corrupt ones) the frame goes
     /// as it is, with no data.
     fn send(&self, frame: &[u8; CDC_MSG_LEN], msg: Option<&CdcMsg>) -> Result<bool, LinkError> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(LinkError::Closed);
-        }
+        // The failure first: a link that failed tears itself down too (a failed post), and its
+        // reason (an I/O error: its connections move to TCP) must not read as `Closed` (a
+        // teardown by the group: they end).
         if self.failed.load(Ordering::Acquire) {
             return Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
+        }
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(LinkError::Closed);
         }
         // Announce the wait first (SeqCst, as the driver's updates of `up` and `sq_free` and its
         // check in `space_ready`), so a completion reaped concurrently sees it, or we see it.
@@ -733,6 +742,10 @@ impl Link for VerbsLink {
     }
 
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        // The failure's reason before the teardown it caused (see `send`).
+        if self.failed.load(Ordering::Acquire) {
+            return Poll::Ready(Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed)));
+        }
         if self.closed.load(Ordering::Relaxed) {
             return Poll::Ready(Err(LinkError::Closed));
         }
