@@ -9,9 +9,13 @@
 //!   posts RDMA WRITEs of exactly the new span(s) to the same offsets of the peer's RMB and then
 //!   the CDC message as an inline SEND, in one chain. RC delivers them in order, so the peer
 //!   never sees a cursor before the bytes it covers. A send-buffer byte is written again only
-//!   after the peer's consumer cursor passed it, which the peer can only report after it
-//!   received our later SEND, and so after our WRITE was executed: the HCA never reads a buffer
-//!   we are rewriting. When the CDC message carries the new bytes inline, the WRITE is skipped.
+//!   after the peer's consumer cursor passed it, which an honest peer reports only after it
+//!   received our later SEND, and so after our WRITE was executed: the HCA does not read a
+//!   buffer we are rewriting. A peer that reports consumption of bytes it has not received (it
+//!   can guess our producer cursor) can make the adapter read a span while we rewrite it; that
+//!   garbles only the bytes sent to that peer, and is a device's read beside our writes, not
+//!   an access of our program that races with them. When the CDC message carries the new bytes
+//!   inline, the WRITE is skipped.
 //! - **CDC receive**: `RQ_DEPTH` 64-byte receive buffers, pre-posted and re-posted as each
 //!   completes.
 //! - **Send-queue bound**: at most `SQ_DEPTH` work requests outstanding (the kernel's
@@ -35,7 +39,8 @@ pub(crate) mod ffi;
 
 /// Test hook: links created while it is set send CDC frames from registered buffers, as on a
 /// device that grants no inline data (the soft-RoCE device grants it, so the path is otherwise
-/// not reachable in the test bed).
+/// not reachable in the test bed). Relaxed: a switch read when a link is made, through which
+/// nothing else is published.
 static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Makes links created from now on send without inline data (`true`), or as the device allows.
@@ -224,11 +229,16 @@ pub(crate) struct VerbsLink {
     space_wanted: AtomicBool,
     /// Set with `CqState::error`, so senders check it without the CQ lock.
     failed: AtomicBool,
+    /// Torn down (`teardown`). Relaxed: it only ever goes from false to true, and nothing a
+    /// reader does after seeing it depends on other memory written before it (the queue pair's
+    /// error state is the kernel's; a failure's reason is read under the CQ lock).
     closed: AtomicBool,
     busy_poll: Duration,
     /// CDC messages posted, and of those, completed (acknowledged by the peer's adapter). Every
     /// SEND is signaled and an RC queue completes in order, so message `n` was delivered once
-    /// `acked >= n` (see [`Link::poll_delivered`]).
+    /// `acked >= n` (see [`Link::poll_delivered`]). Counters only: `posted` grows under the
+    /// send lock, `acked` as completions are reaped, and a reader compares them with an Acquire
+    /// load; nothing else is published through them.
     posted: AtomicU64,
     acked: AtomicU64,
     /// Tasks waiting in `poll_delivered`.
@@ -470,7 +480,8 @@ impl VerbsLink {
             }
         }
         // SAFETY: the SGEs and WRs live across the call; WRITE sources are registered send-pool
-        // spans that stay unchanged until the peer consumed them (module docs); the SEND is
+        // spans, which we leave unchanged until the peer reports them consumed (module docs:
+        // a peer that reports early gets garbled bytes of its own); the SEND is
         // inline (`frame` is copied during the call) or goes from its registered slot, which
         // stays unchanged until it completes (above).
         match unsafe { self.qp.post_send(wr_ptr) } {
@@ -660,7 +671,10 @@ impl Link for VerbsLink {
     fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
         let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
         let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
-        // SAFETY: the span is inside our send pool; the HCA does not read it now (module docs).
+        // SAFETY: the span is inside our send pool, which lives as long as the link, and only
+        // this connection (whose lock the caller holds) writes it. The HCA reads it only for a
+        // WRITE posted earlier, which an honest peer has seen complete before it freed the span
+        // (module docs); a dishonest one gets garbled bytes of its own.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
         Ok(())
     }
@@ -682,8 +696,10 @@ impl Link for VerbsLink {
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError> {
         let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
-        // SAFETY: the span is inside our send pool, written only by this connection (whose
-        // lock the caller holds) and not read by the HCA now (module docs).
+        // SAFETY: the span is inside our send pool, which lives as long as the link, and
+        // written only by this connection (whose lock the caller holds), so no other access of
+        // this program aliases the slice while `fill` has it. The HCA may read it while it is
+        // filled only for a dishonest peer (see `tx_write`).
         let span = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
         Ok(fill(span))
     }
