@@ -367,9 +367,9 @@ async fn a_reader_that_drains_its_own_bytes_does_not_wake_its_own_task() {
     assert_eq!(rb.filled(), b"later");
     wakes.0.store(0, Ordering::SeqCst);
 
-    // A readiness poll of the same task waits on the same waker (`join!(s.readable(),
-    // s.peek(..))`): a peek that drains the bytes leaves them there for it, and must not take
-    // the wake that tells the task to poll it again.
+    // A readiness poll of the same task waits on the same waker (`poll_read_ready` and
+    // `poll_peek` polled from one task): a peek that drains the bytes leaves them there for it,
+    // and must not take the wake that tells the task to poll it again.
     assert!(c.poll_read_ready(&mut cx).is_pending(), "readable before any byte was sent");
     assert_eq!(s.try_write(b"both").unwrap(), 4);
     let mut rb = ReadBuf::new(&mut buf);

@@ -176,9 +176,6 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// that goes through does not end the watch, since other connections may have been refused
     /// before it and still wait for the peer's word that space was freed.
     fn clear_space_wait(&self);
-    /// Whether the link watches for CDC space now (a refused send asked it to, and
-    /// [`clear_space_wait`](Self::clear_space_wait) has not ended that): a cheap look, no lock.
-    fn space_wait_on(&self) -> bool;
     /// Whether CDC frames are waiting to be received (a cheap look at the peer's ring).
     fn has_pending(&self) -> bool;
     /// `true` only when a receive now would find nothing to do (no CDC frame, and nothing else

@@ -184,21 +184,18 @@ struct ConnState {
     /// The peer's token: its RMB slot we read from, and the token our CDC messages carry.
     /// `None` on the server until the client's Confirm arrives.
     peer_token: Option<u32>,
-    rx_waker: Option<Waker>,
-    /// A readiness poll (`poll_read_ready`, `readable()`, `ready(READABLE)`) left `rx_waker`
-    /// and has not found the connection readable since: a read of the same task (a `peek`
-    /// joined with a `readable()`) then does not hold the waker out while it drains
-    /// ([`HeldWaker`]), since a wake it kept from that poll would be lost with the bytes it
-    /// leaves for it. Cleared when the poll finds the connection readable; one left set by a
-    /// poll that was dropped only costs the reads that follow their held waker.
+    /// Who waits to read ([`Waiters`]).
+    rx_waiters: Waiters,
+    /// A readiness poll (`poll_read_ready`) left its waker in `rx_waiters.task` and has not
+    /// found the connection readable since: a read of the same task (a `poll_peek` beside a
+    /// `poll_read_ready`) then does not hold the waker out while it drains ([`HeldWaker`]),
+    /// since a wake it kept from that poll would be lost with the bytes it leaves for it.
+    /// Cleared when the poll finds the connection readable; one left set by a poll that was
+    /// dropped only costs the reads that follow their held waker. (A readiness future's waker
+    /// is not in that slot, so no read can take its wake.)
     rx_ready_waits: bool,
-    tx_waker: Option<Waker>,
-    /// Pending readiness futures (`ready()`, `readable()`, `writable()`) of any number of
-    /// tasks, per direction: tokio wakes every one of them, and keeps one waker only for the
-    /// `poll_*` calls (`rx_waker`, `tx_waker`). Woken with the slot of their direction; a
-    /// future dropped meanwhile leaves its waker until then.
-    rx_futures: Vec<Waker>,
-    tx_futures: Vec<Waker>,
+    /// Who waits to write ([`Waiters`]).
+    tx_waiters: Waiters,
     error: Option<ConnError>,
     /// Kept until our close is announced, so the peer never sees the TCP connection close
     /// before the SMC close.
@@ -564,52 +561,45 @@ fn register_future(list: &mut Vec<Waker>, waker: &Waker) {
     list.push(waker.clone());
 }
 
-impl ConnState {
-    /// Wakes whoever waits to read: the last `poll_*` call's task and every readiness future.
-    fn wake_rx(&mut self) {
-        wake(&mut self.rx_waker);
-        for w in self.rx_futures.drain(..) {
-            w.wake();
-        }
-    }
+/// Who waits for one direction of a connection: the task of the last `poll_*` call (one, as
+/// tokio keeps for those: reads and writes, `poll_read_ready`, `poll_write_ready`), and every
+/// pending readiness future (`ready()`, `readable()`, `writable()`) of any number of tasks,
+/// all of which tokio wakes. A future dropped before its wake leaves its waker until then.
+#[derive(Default)]
+struct Waiters {
+    task: Option<Waker>,
+    futures: Vec<Waker>,
+}
 
-    /// Wakes whoever waits to write, as [`wake_rx`](Self::wake_rx).
-    fn wake_tx(&mut self) {
-        wake(&mut self.tx_waker);
-        for w in self.tx_futures.drain(..) {
-            w.wake();
-        }
-    }
-
-    /// Keeps `cx`'s waker for the read direction: in the slot of the `poll_*` calls, or, for
-    /// a readiness future (`future`), beside those of the others.
-    fn register_rx(&mut self, cx: &Context<'_>, future: bool) {
+impl Waiters {
+    /// Keeps `cx`'s waker: in the slot of the `poll_*` calls, or, for a readiness future
+    /// (`future`), beside those of the others.
+    fn register(&mut self, cx: &Context<'_>, future: bool) {
         if future {
-            register_future(&mut self.rx_futures, cx.waker());
+            register_future(&mut self.futures, cx.waker());
         } else {
-            register(&mut self.rx_waker, cx.waker());
+            register(&mut self.task, cx.waker());
         }
     }
 
-    /// As [`register_rx`](Self::register_rx), for the write direction.
-    fn register_tx(&mut self, cx: &Context<'_>, future: bool) {
-        if future {
-            register_future(&mut self.tx_futures, cx.waker());
-        } else {
-            register(&mut self.tx_waker, cx.waker());
+    /// Wakes everyone who waits.
+    fn wake(&mut self) {
+        wake(&mut self.task);
+        for w in self.futures.drain(..) {
+            w.wake();
         }
     }
 }
 
-/// A reading task's own waker, held out of `rx_waker` while a read drains the link itself
+/// A reading task's own waker, held out of `rx_waiters.task` while a read drains the link itself
 /// (between the two attempts of [`SmcConn::poll_received`]): bytes for its connection that the
 /// drain delivers would otherwise wake the very task that is running, which the runtime then
 /// polls once more for nothing after it returns. A wake that finds the slot empty is lost, so
-/// only `rx_waker` is held, and only by a read: every wake of it announces something the read's
+/// only that slot is held, and only by a read: every wake of it announces something the read's
 /// second attempt looks at under the lock (bytes, the end, an error, a move to TCP starting or
 /// ending), and that attempt puts the waker back before it waits. Not while a readiness poll of
 /// the same task waits on it too (`rx_ready_waits`): the read would take the wake that poll
-/// needs. Never `tx_waker`, which also waits for CDC space (a flush) that a write does not look
+/// needs. Never `tx_waiters.task`, which also waits for CDC space (a flush) that a write does not look
 /// at again.
 #[derive(Default)]
 struct HeldWaker(Option<Waker>);
@@ -666,11 +656,9 @@ impl SmcConn {
                 inline_max: cfg.inline_max,
                 inline: None,
                 peer_token,
-                rx_waker: None,
+                rx_waiters: Waiters::default(),
                 rx_ready_waits: false,
-                tx_waker: None,
-                rx_futures: Vec::new(),
-                tx_futures: Vec::new(),
+                tx_waiters: Waiters::default(),
                 error: None,
                 tcp: None,
                 released: false,
@@ -1004,7 +992,7 @@ impl SmcConn {
             if attempt == 0 {
                 self.end_read(&mut st, consuming);
             } else {
-                held.restore(&mut st.rx_waker);
+                held.restore(&mut st.rx_waiters.task);
             }
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
                 return Poll::Ready(Err(e.to_io()));
@@ -1038,7 +1026,7 @@ impl SmcConn {
                 // spinning first while a reply is awaited (`spin_kind`).
                 let spin = if st.awaiting_reply { self.spin_kind(&mut st) } else { None };
                 if !st.rx_ready_waits {
-                    held.hold(&mut st.rx_waker, cx.as_deref());
+                    held.hold(&mut st.rx_waiters.task, cx.as_deref());
                 }
                 drop(st);
                 match spin {
@@ -1108,11 +1096,11 @@ impl SmcConn {
                     // Only the directions asked: a reader and a writer may wait at once, each in
                     // its own task, and the end of the move wakes both.
                     if interest.is_readable() {
-                        st.register_rx(cx, future);
+                        st.rx_waiters.register(cx, future);
                         st.rx_ready_waits |= !future;
                     }
                     if interest.is_writable() {
-                        st.register_tx(cx, future);
+                        st.tx_waiters.register(cx, future);
                     }
                     return Poll::Pending;
                 }
@@ -1163,7 +1151,7 @@ impl SmcConn {
                 continue;
             }
             if interest.is_readable() {
-                // A read of the same task holds `rx_waker` while it drains; a future's waker
+                // A read of the same task holds `rx_waiters.task` while it drains; a future's waker
                 // is not in that slot, so no read can take its wake-up.
                 st.rx_ready_waits |= !future;
                 if self.wait_readable(&mut st, cx, future) {
@@ -1171,7 +1159,7 @@ impl SmcConn {
                 }
             }
             if interest.is_writable() {
-                st.register_tx(cx, future);
+                st.tx_waiters.register(cx, future);
             }
         }
         if yield_cpu {
@@ -1184,9 +1172,9 @@ impl SmcConn {
     /// task looks again on the runtime's next turn, where attempt 0 drains the link, and the
     /// driver leaves the doorbell disarmed meanwhile) or sleeps. Returns whether the caller
     /// should offer its CPU to other threads ([`Look::yield_cpu`]) once it let go of `st`.
-    /// `future`: the waker is a readiness future's ([`ConnState::register_rx`]).
+    /// `future`: the waker is a readiness future's ([`Waiters::register`]).
     fn wait_readable(&self, st: &mut ConnState, cx: &Context<'_>, future: bool) -> bool {
-        st.register_rx(cx, future);
+        st.rx_waiters.register(cx, future);
         let was = st.wait.polling;
         let look = st.wait.look(crate::smc::group::clock_ns);
         self.poll_changed(was, st.wait.polling);
@@ -1486,7 +1474,7 @@ impl SmcConn {
             }
             st.tx_ready_hint = false;
             match cx.as_mut() {
-                Some(cx) => register(&mut st.tx_waker, cx.waker()),
+                Some(cx) => st.tx_waiters.register(cx, false),
                 None => return Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
             }
         }
@@ -1540,7 +1528,7 @@ impl SmcConn {
         };
         if st.peer_token.is_some() && st.engine.poll_cdc().is_some() {
             // A message waits for CDC space; `retry_cdc` wakes us when it went.
-            register(&mut st.tx_waker, cx.waker());
+            st.tx_waiters.register(cx, false);
             return Poll::Pending;
         }
         let mark = link.tx_mark();
@@ -1562,7 +1550,15 @@ impl SmcConn {
         let msg = st.engine.poll_cdc().unwrap_or_else(|| st.engine.state_msg(token));
         let mut frame = msg.encode();
         corrupt(&mut frame);
-        link.cdc_send_frame(&frame).map(drop).map_err(|e| io::Error::other(e.to_string()))
+        let sent = link.cdc_send_frame(&frame).map_err(|e| io::Error::other(e.to_string()))?;
+        if !sent {
+            // Refused for want of space: as every refused sender does, wait for it, so the
+            // group ends the link's watch for space once nobody waits (`retry_waiters`).
+            if let Some(me) = self.me.upgrade() {
+                self.group.wait_cdc_space(&me);
+            }
+        }
+        Ok(())
     }
 
     /// The link group's id.
@@ -1620,10 +1616,8 @@ impl SmcConn {
             }
             self.flush_cdc(&mut st);
         }
-        st.rx_waker = None;
-        st.tx_waker = None;
-        st.rx_futures.clear();
-        st.tx_futures.clear();
+        st.rx_waiters = Waiters::default();
+        st.tx_waiters = Waiters::default();
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
         }
@@ -1681,8 +1675,8 @@ impl SmcConn {
                 Ok(false) => return,
                 Err(e) => {
                     st.error.get_or_insert(ConnError::from_link(&e));
-                    st.wake_rx();
-                    st.wake_tx();
+                    st.rx_waiters.wake();
+                    st.tx_waiters.wake();
                     return;
                 }
             }
@@ -1698,7 +1692,7 @@ impl SmcConn {
         self.flush_cdc(&mut st);
         if st.engine.poll_cdc().is_none() {
             // A flush or shutdown waiting for its message to go can finish.
-            st.wake_tx();
+            st.tx_waiters.wake();
         }
         self.maybe_finish(st);
     }
@@ -1778,10 +1772,10 @@ impl SmcConn {
                     // Readable until a read finds nothing, as tokio's readiness is: a task
                     // woken for these bytes finds the stream readable though another took them.
                     st.rx_ready_hint = true;
-                    st.wake_rx();
+                    st.rx_waiters.wake();
                 }
                 if effect.writable {
-                    st.wake_tx();
+                    st.tx_waiters.wake();
                 }
                 if st.engine.peer_aborted() {
                     st.error.get_or_insert(ConnError::Reset);
@@ -1806,8 +1800,8 @@ impl SmcConn {
             self.abort_or_owe(st);
             self.flush_cdc(st);
         }
-        st.wake_rx();
-        st.wake_tx();
+        st.rx_waiters.wake();
+        st.tx_waiters.wake();
     }
 
     /// The peer sent something that does not decode.
@@ -1846,8 +1840,8 @@ impl SmcConn {
             st.error = Some(ConnError::from_link(err));
         }
         st.tcp = None;
-        st.wake_rx();
-        st.wake_tx();
+        st.rx_waiters.wake();
+        st.tx_waiters.wake();
     }
 
     // ----- the move to the TCP socket (see `proto::handback`) ---------------------------------
@@ -1908,7 +1902,7 @@ impl SmcConn {
             Handback::Smc => None,
             Handback::Moving(_) => Some(match cx {
                 Some(cx) => {
-                    register(if read { &mut st.rx_waker } else { &mut st.tx_waker }, cx.waker());
+                    if read { &mut st.rx_waiters } else { &mut st.tx_waiters }.register(cx, false);
                     Poll::Pending
                 }
                 None => Poll::Ready(Err(io::ErrorKind::WouldBlock.into())),
@@ -2034,8 +2028,8 @@ impl SmcConn {
         // retired (above).
         st.link_down = true;
         st.tcp = None;
-        st.wake_rx();
-        st.wake_tx();
+        st.rx_waiters.wake();
+        st.tx_waiters.wake();
         let retire = st.retire_slot;
         drop(st);
         self.group.forget_conn(self.our_token, retire);

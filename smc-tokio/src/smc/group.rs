@@ -604,32 +604,35 @@ impl LinkGroup {
         // A push this load does not see yet is taken by a later call: the connection asked the
         // link to watch for space after its push, and the watch ends in another `progress`
         // (as a push just after the lock was taken here always was).
-        if self.cdc_waiting.load(Ordering::Acquire) {
-            let waiters = {
-                let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
-                self.cdc_waiting.store(false, Ordering::Relaxed);
-                std::mem::take(&mut *w)
-            };
-            for w in waiters {
-                if let Some(c) = w.upgrade() {
-                    c.retry_cdc();
-                }
+        if !self.cdc_waiting.load(Ordering::Acquire) {
+            return;
+        }
+        let waiters = {
+            let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.cdc_waiting.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *w)
+        };
+        if waiters.is_empty() {
+            return;
+        }
+        for w in waiters {
+            if let Some(c) = w.upgrade() {
+                c.retry_cdc();
             }
         }
         // A connection still short of space registered again (and asked the link to watch);
         // with none left, stop watching, or the driver would keep waking for space nobody needs.
         // Only here, never at a send that went through: connections refused before that send
-        // still wait. Under the lock: a connection that registers meanwhile does so after the
-        // watch was stopped, and its send that follows asks the link to watch again; stopped
-        // after the lock was let go, the watch could end under a connection that had just
-        // registered, and its writer wait for traffic that might never come.
-        let Some(l) = self.link.get() else { return };
-        if !l.space_wait_on() {
-            return;
-        }
+        // still wait (every refused sender registers, so the watch always ends here). Under the
+        // lock: a connection that registers meanwhile does so after the watch was stopped, and
+        // its send that follows asks the link to watch again; stopped after the lock was let
+        // go, the watch could end under a connection that had just registered, and its writer
+        // wait for traffic that might never come.
         let w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_empty() {
-            l.clear_space_wait();
+            if let Some(l) = self.link.get() {
+                l.clear_space_wait();
+            }
         }
         drop(w);
     }

@@ -231,18 +231,36 @@ mod tests {
     }
 
     /// A peer that sends descriptors with its rings (on the end it made and kept, to the end it
-    /// handed us) has them taken out by the drain, for a closer, instead of the kernel
-    /// discarding them on the draining thread.
+    /// handed us) is refused by the kernel where it can (SO_PASSRIGHTS, which a pair of ours
+    /// sets on both ends); where it cannot, or on a pair that does not refuse, the drain takes
+    /// them out (for a closer) instead of letting the kernel discard them on the draining
+    /// thread.
     #[test]
     fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
-        let (a, b) = unix_pair(libc::SOCK_DGRAM).unwrap();
+        let (ring, theirs) = doorbell_pair().unwrap();
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
-        send_with_fds(a.as_fd(), b"r", &[x.as_fd()]).unwrap();
+        let sent = send_with_fds(ring.as_fd(), b"r", &[x.as_fd()]);
         drop(x);
+        let supported =
+            getsockopt(theirs.as_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0);
+        if supported {
+            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        } else {
+            sent.unwrap();
+            assert_eq!(doorbell_drain(theirs.as_fd(), 8).unwrap(), 1);
+        }
+        // A pair that does not refuse (a hostile peer's): the drain takes them out.
+        let (a, b) = unix_pair(libc::SOCK_DGRAM).unwrap();
+        let (x2, y2) = std::os::unix::net::UnixStream::pair().unwrap();
+        send_with_fds(a.as_fd(), b"r", &[x2.as_fd()]).unwrap();
+        drop(x2);
         assert_eq!(doorbell_drain(b.as_fd(), 8).unwrap(), 1);
-        // The stream's other end is closed now (its only holder was the message).
-        y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-        assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
+        // Either way the streams' other ends are closed now (their only holders were the
+        // messages).
+        for y in [y, y2] {
+            y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
+        }
     }
 
     /// Our ringing end takes nothing in: shut down for reading, a peer's send to it fails
@@ -265,25 +283,14 @@ mod tests {
     /// connected there, and our rings with it), and shut down, it ends them.
     #[test]
     fn a_peer_cannot_send_our_rings_anywhere_else() {
+        use std::os::linux::net::SocketAddrExt;
         let name = format!("smc-tokio-test-third-{}", std::process::id());
-        let third = std::os::unix::net::UnixDatagram::bind_addr(
-            &<std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
-                name.as_bytes(),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
         third.set_nonblocking(true).unwrap();
         let (ring, theirs) = doorbell_pair().unwrap();
         let theirs = std::os::unix::net::UnixDatagram::from(theirs);
-        theirs
-            .connect_addr(
-                &<std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
-                    name.as_bytes(),
-                )
-                .unwrap(),
-            )
-            .unwrap();
+        theirs.connect_addr(&addr).unwrap();
         assert_eq!(doorbell_ring(ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
         assert_eq!(
             third.recv(&mut [0u8; 8]).unwrap_err().kind(),
@@ -416,7 +423,7 @@ impl Drop for Mmap {
 /// A peer can do nothing of the kind with the end it waits on: connected elsewhere, it refuses
 /// our rings (`EPERM`), and shut down, it ends them (`EPIPE`), which only cuts off its own
 /// wake-ups. The ringing end is shut down for reading at once, so nothing can be queued into
-/// it.
+/// it; both ends refuse descriptors where the kernel can (rings are bytes).
 ///
 /// Why not an eventfd (or a pipe): a descriptor passed with `SCM_RIGHTS` shares its open file
 /// description, and so its `O_NONBLOCK` flag, with the sender. A hostile peer could clear the
@@ -427,6 +434,7 @@ pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let (ring, theirs) = unix_pair(libc::SOCK_DGRAM)?;
     shutdown(std::os::fd::AsFd::as_fd(&ring), std::net::Shutdown::Read)?;
     refuse_descriptors(std::os::fd::AsFd::as_fd(&ring));
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&theirs));
     Ok((ring, theirs))
 }
 

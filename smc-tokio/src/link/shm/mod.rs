@@ -507,10 +507,6 @@ impl Link for ShmLink {
         }
     }
 
-    fn space_wait_on(&self) -> bool {
-        self.waiting_space.load(Ordering::Relaxed)
-    }
-
     fn has_pending(&self) -> bool {
         !self.nothing_waiting()
     }
@@ -890,7 +886,7 @@ mod tests {
     }
 
     /// Two ends of a link joined over a real side channel named after `tag`: (client,
-    /// server). The server's check of the join is that of `link_pair_over_a_real_side_channel`.
+    /// server). The server checks the join's secret and the client's pid as it answers.
     async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
         let name = format!("smc-tokio-test-{}-{tag}", std::process::id()).into_bytes();
         let listener = sys::seqpacket_listen(&name).unwrap();
@@ -985,7 +981,7 @@ mod tests {
             m.seq += 1;
         }
         assert_eq!(sent, 4, "the ring holds its four slots");
-        assert!(client.space_wait_on());
+        assert!(client.waiting_space.load(Ordering::Relaxed));
         let wanted = client.ours.want_space().load(Ordering::Relaxed);
         assert_ne!(wanted, 0, "a refused send asks the peer to ring");
 
@@ -993,12 +989,15 @@ mod tests {
         let mut frames = Vec::new();
         assert_eq!(server.cdc_recv(&mut frames, 1).unwrap(), Some(1));
         assert!(client.cdc_send(&m).unwrap());
-        assert!(client.space_wait_on(), "a send that went through ended the watch of those refused before it");
+        assert!(
+            client.waiting_space.load(Ordering::Relaxed),
+            "a send that went through ended the watch of those refused before it"
+        );
         assert_eq!(client.ours.want_space().load(Ordering::Relaxed), wanted);
 
         // The group, finding nobody waiting any more, ends it.
         client.clear_space_wait();
-        assert!(!client.space_wait_on());
+        assert!(!client.waiting_space.load(Ordering::Relaxed));
         assert_eq!(client.ours.want_space().load(Ordering::Relaxed), 0);
     }
 

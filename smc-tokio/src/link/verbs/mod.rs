@@ -520,6 +520,17 @@ impl VerbsLink {
         }
     }
 
+    /// Why the link no longer works, if it does not: its failure's reason first (a failure
+    /// tears the link down too, as a failed post does, and its reason, an I/O error that moves
+    /// the connections to TCP, must not read as `Closed`, a teardown by the group that ends
+    /// them), else `Closed` once torn down.
+    fn ended(&self) -> Option<LinkError> {
+        if self.failed.load(Ordering::Acquire) {
+            return Some(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
+        }
+        self.closed.load(Ordering::Relaxed).then_some(LinkError::Closed)
+    }
+
     /// The link failed: keeps the first reason, and wakes every task waiting for a delivery
     /// (`poll_delivered`), whose completion will never come.
     fn fail_locked(&self, st: &mut CqState, err: LinkError) {
@@ -587,14 +598,8 @@ impl VerbsLink {
     /// Without `msg` (a frame that does not decode: the test hook's corrupt ones) the frame goes
     /// as it is, with no data.
     fn send(&self, frame: &[u8; CDC_MSG_LEN], msg: Option<&CdcMsg>) -> Result<bool, LinkError> {
-        // The failure first: a link that failed tears itself down too (a failed post), and its
-        // reason (an I/O error: its connections move to TCP) must not read as `Closed` (a
-        // teardown by the group: they end).
-        if self.failed.load(Ordering::Acquire) {
-            return Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed));
-        }
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(LinkError::Closed);
+        if let Some(e) = self.ended() {
+            return Err(e);
         }
         // Announce the wait first (SeqCst, as the driver's updates of `up` and `sq_free` and its
         // check in `space_ready`), so a completion reaped concurrently sees it, or we see it.
@@ -758,12 +763,8 @@ impl Link for VerbsLink {
     }
 
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
-        // The failure's reason before the teardown it caused (see `send`).
-        if self.failed.load(Ordering::Acquire) {
-            return Poll::Ready(Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed)));
-        }
-        if self.closed.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(LinkError::Closed));
+        if let Some(e) = self.ended() {
+            return Poll::Ready(Err(e));
         }
         loop {
             let mut st = self.lock_cq();
@@ -816,10 +817,6 @@ impl Link for VerbsLink {
         self.space_wanted.store(false, Ordering::SeqCst);
     }
 
-    fn space_wait_on(&self) -> bool {
-        self.space_wanted.load(Ordering::SeqCst)
-    }
-
     fn has_pending(&self) -> bool {
         let Some(mut st) = crate::link::try_lock(&self.cqs) else {
             return false;
@@ -845,11 +842,8 @@ impl Link for VerbsLink {
             if self.acked.load(Ordering::Acquire) >= mark {
                 return Poll::Ready(Ok(()));
             }
-            if self.failed.load(Ordering::Acquire) {
-                return Poll::Ready(Err(self.lock_cq().error.clone().unwrap_or(LinkError::Closed)));
-            }
-            if self.closed.load(Ordering::Relaxed) {
-                return Poll::Ready(Err(LinkError::Closed));
+            if let Some(e) = self.ended() {
+                return Poll::Ready(Err(e));
             }
             if attempt == 0 {
                 // Take what has completed ourselves (the driver may be asleep on the channel),
