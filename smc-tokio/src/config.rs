@@ -885,6 +885,12 @@ impl RmbBudget {
         let _ = self.in_use.fetch_update(Relaxed, Relaxed, |used| Some(used.saturating_sub(bytes)));
     }
 
+    /// The cap.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn cap(&self) -> u64 {
+        self.cap.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Bytes held now.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use.load(std::sync::atomic::Ordering::Relaxed)

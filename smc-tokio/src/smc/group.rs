@@ -40,6 +40,13 @@ pub(crate) fn clock_ns() -> u64 {
     u64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// How long a group has had no connection before [`LinkGroup::end_if_idle`] may end it: the
+/// last connection's close, posted as it was forgotten, has reached the peer by then on any
+/// fabric we run (the soft-RoCE guests' round trip is about 2 ms), so the peer sees an orderly
+/// close and not a link that went away under it.
+#[cfg(feature = "rdma")]
+const IDLE_BEFORE_ENDED: Duration = Duration::from_secs(1);
+
 /// Which side created the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -688,8 +695,22 @@ impl LinkGroup {
     /// Ends the group: every connection fails with `err`, the link is torn down and the manager
     /// forgets the group.
     pub(crate) fn fail(&self, err: LinkError) {
+        self.end(err, None::<fn(&GroupState) -> bool>);
+    }
+
+    /// [`fail`](Self::fail); with `only_if`, only a live group of which it holds, looked at in
+    /// the same hold of the lock that marks it dead (so no connection can be opened in
+    /// between). Returns whether the group was alive and is ended now.
+    fn end(&self, err: LinkError, only_if: Option<impl FnOnce(&GroupState) -> bool>) -> bool {
+        let alive;
         let conns: Vec<Arc<SmcConn>> = {
             let mut st = self.lock();
+            alive = st.dead.is_none();
+            if let Some(only_if) = only_if {
+                if !alive || !only_if(&st) {
+                    return false;
+                }
+            }
             if st.dead.is_none() {
                 st.dead = Some(err.clone());
                 if self.link.get().is_some() {
@@ -726,6 +747,33 @@ impl LinkGroup {
         }
         self.manager.forget(self);
         self.changed.notify_waiters();
+        alive
+    }
+
+    /// Ends the group now if it has had no connection for [`IDLE_BEFORE_ENDED`] and no
+    /// handshake pins it, as its idle timeout would later; returns whether it did. Looked at
+    /// and ended in one hold of the group's lock: a connection opened meanwhile finds it gone
+    /// (its handshake declines and it stays TCP).
+    #[cfg(feature = "rdma")]
+    pub(crate) fn end_if_idle(&self) -> bool {
+        let pins = &self.pins;
+        self.end(
+            LinkError::Closed,
+            Some(|st: &GroupState| {
+                st.conns.is_empty()
+                    && pins.load(Ordering::Acquire) == 0
+                    && st.idle_since.is_some_and(|t| t.elapsed() >= IDLE_BEFORE_ENDED)
+            }),
+        )
+    }
+
+    /// Makes the group look idle for `by` longer than it has been.
+    #[cfg(all(test, feature = "rdma"))]
+    pub(crate) fn backdate_idle(&self, by: Duration) {
+        let mut st = self.lock();
+        if let Some(t) = st.idle_since {
+            st.idle_since = Some(t.checked_sub(by).unwrap_or(t));
+        }
     }
 
     /// Tears the group down if it has been idle long enough; returns whether it did, or how

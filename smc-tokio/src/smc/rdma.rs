@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::config::Settings;
 use crate::link::verbs::device::{find_port, find_port_cached, find_port_off_runtime, gid_of, Port, Remote};
-use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink};
+use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink, REG_CHUNK_BYTES};
 use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
 use crate::proto::cursor::RingSize;
@@ -48,6 +48,99 @@ struct State {
     /// Per server address, held by the client handshake making the first group with it (see
     /// [`first_contact`]); inside, whether the last holder ended without making one.
     first_contact: HashMap<SocketAddr, Arc<tokio::sync::Mutex<bool>>>,
+    /// Every server group alive, confirmed or not, by its id: the GID of the client it was
+    /// made for, and the group once made. Counted against [`max_groups_per_peer`] and
+    /// [`max_server_groups`].
+    server_groups: HashMap<u64, ([u8; 16], std::sync::Weak<LinkGroup>)>,
+}
+
+/// What a link group may pin beyond the rings the RMB budget counts: the first registered
+/// chunk of each of its two pools ([`REG_CHUNK_BYTES`], 2 MiB each), and a queue pair.
+const GROUP_PINNED_BYTES: u64 = 2 * REG_CHUNK_BYTES as u64;
+
+/// Link groups a server holds at once, from all clients, confirmed or not: as many as the
+/// context's RMB budget ([`set_rmb_memory_cap`](crate::config::set_rmb_memory_cap), 1 GiB by
+/// default) would hold at [`GROUP_PINNED_BYTES`] each (256 by default), and at least 4. Without
+/// a bound, a client proposing no group, connection after connection, made the server pin
+/// 4 MiB and a queue pair per connection, uncounted.
+fn max_server_groups(manager: &Manager) -> usize {
+    usize::try_from(manager.budget().cap() / GROUP_PINNED_BYTES).unwrap_or(usize::MAX).max(4)
+}
+
+/// Link groups a server holds for one client host (GID), and a client for one server address:
+/// a quarter of [`max_server_groups`] (64 by default). A client of ours proposes the group it
+/// has (one holds 1024 connections by default) and makes another for another ring size, when
+/// one is full, or from another process; the groups of processes that were killed stay until
+/// their connections' abort goes unanswered (30 s). The soft-RoCE test bed, whose processes
+/// all run on one host, needs more than 16.
+fn max_groups_per_peer(manager: &Manager) -> usize {
+    (max_server_groups(manager) / 4).max(2)
+}
+
+/// Counts a new server group `id` for the client at `gid` in ([`max_groups_per_peer`],
+/// [`max_server_groups`]), ending an idle group to make room where needed: at a bound, a
+/// group of that client (or, at the overall bound, of anyone) that has had no connection for
+/// a second ([`LinkGroup::end_if_idle`]), one its idle timeout would end later. RDMA
+/// handshakes do not pin the group they name, so a client whose Proposal named the group
+/// ended meanwhile gets a new one, and one whose Accept named it stays TCP (before any byte
+/// moved). When every group is busy, the Proposal is declined (the connection stays TCP).
+/// Call [`State::made_server_group`] once the group exists.
+fn admit_server_group(manager: &Manager, id: u64, gid: [u8; 16]) -> Result<(), DeclineReason> {
+    let (per_peer, most) = (max_groups_per_peer(manager), max_server_groups(manager));
+    // Each round ends one idle group; a few rounds cover admissions running at once (setup
+    // jobs run on one thread, or on the blocking pool when that thread could not start).
+    for _ in 0..4 {
+        let idle: Vec<Arc<LinkGroup>> = {
+            let mut s = manager.rdma.lock();
+            let of_peer = s.server_groups.values().filter(|(g, _)| *g == gid).count();
+            let all = s.server_groups.len();
+            if of_peer < per_peer && all < most {
+                s.server_groups.insert(id, (gid, std::sync::Weak::new()));
+                return Ok(());
+            }
+            // The peer's own groups when it is at its bound, anyone's otherwise.
+            let full = of_peer >= per_peer;
+            s.server_groups.values().filter(|(g, _)| !full || *g == gid).filter_map(|(_, w)| w.upgrade()).collect()
+        };
+        // Outside the registry's lock: an ended group's manager forgets it, under that lock.
+        if !idle.iter().any(|g| g.end_if_idle()) {
+            tracing::debug!("no room for another rdma link group, and none is idle: declining");
+            return Err(DeclineReason::OutOfMemory);
+        }
+    }
+    Err(DeclineReason::OutOfMemory)
+}
+
+impl State {
+    /// The group admitted as `id` exists now: it can be ended to make room when idle.
+    fn made_server_group(&mut self, group: &Arc<LinkGroup>) {
+        if let Some(e) = self.server_groups.get_mut(&group.id) {
+            e.1 = Arc::downgrade(group);
+        }
+    }
+}
+
+/// Makes sure a client may make another group with `server`: the same bound as a server's per
+/// client ([`max_groups_per_peer`]), so that an Accept naming a new group, connection after
+/// connection, does not make us pin a group's memory for each. At the bound an idle group with
+/// that server is ended to make room (one the server ended already, say, that we would
+/// otherwise keep until its idle timeout).
+fn client_group_room(manager: &Manager, server: SocketAddr) -> Result<(), DeclineReason> {
+    let per_peer = max_groups_per_peer(manager);
+    for _ in 0..4 {
+        let groups: Vec<Arc<LinkGroup>> = {
+            let s = manager.rdma.lock();
+            match s.by_server.get(&server) {
+                Some(v) if v.len() >= per_peer => v.iter().map(|e| e.group.clone()).collect(),
+                _ => return Ok(()),
+            }
+        };
+        if !groups.iter().any(|g| g.end_if_idle()) {
+            tracing::debug!(%server, "no room for another rdma link group with this server, and none is idle: declining");
+            return Err(DeclineReason::OutOfMemory);
+        }
+    }
+    Err(DeclineReason::OutOfMemory)
 }
 
 /// A context's RDMA link groups (held by its [`Manager`]).
@@ -66,6 +159,9 @@ impl Registry {
         let mut s = self.lock();
         let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
         s.server.retain(|_, e| !same(e));
+        if group.role == Role::Server {
+            s.server_groups.remove(&group.id);
+        }
         s.by_server.retain(|_, v| {
             v.retain(|e| !same(e));
             !v.is_empty()
@@ -339,6 +435,7 @@ fn client_conn_create_blocking(
     let entry = match existing {
         Some(e) => e,
         None => {
+            client_group_room(manager, server)?;
             let link = new_link(port.clone(), LinkRole::Client, cfg, rx_size, a.rmb_size)?;
             link.connect(&Remote { gid: a.gid, qpn: a.qpn, psn: a.psn, mtu }).map_err(|e| {
                 tracing::debug!(error = %e, "cannot connect the rdma qp");
@@ -473,9 +570,15 @@ fn server_conn_create_blocking(
     let (group, link) = match existing {
         Some(e) => (e.group, e.link),
         None => {
-            let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size)?;
+            let id = crate::sys::random_u64();
+            admit_server_group(manager, id, offer.gid)?;
+            // From here the group is counted until the manager forgets it (when it fails, which
+            // `Unconfirmed` below makes sure of), or until this fails first.
+            let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size).inspect_err(|_| {
+                manager.rdma.lock().server_groups.remove(&id);
+            })?;
             let group = LinkGroup::new(
-                crate::sys::random_u64(),
+                id,
                 Role::Server,
                 cfg.shm.rmbs_per_group,
                 p.rmb_size,
@@ -483,6 +586,7 @@ fn server_conn_create_blocking(
                 GroupTimes { idle_timeout: cfg.shm.idle_timeout.max(timeout), poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
+            manager.rdma.lock().made_server_group(&group);
             (group, link)
         }
     };
@@ -583,9 +687,97 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
 
 #[cfg(test)]
 mod tests {
-    use super::peer_ring_fits;
-    use crate::config::{Settings, ShmConfig};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{admit_server_group, max_groups_per_peer, max_server_groups, peer_ring_fits};
+    use crate::config::{RmbBudget, Settings, ShmConfig};
     use crate::proto::clc::DeclineReason;
+    use crate::proto::cursor::RingSize;
+    use crate::smc::group::{GroupTimes, LinkGroup, Role};
+    use crate::smc::manager::Manager;
+
+    fn gid(host: u8) -> [u8; 16] {
+        let mut g = [0; 16];
+        g[15] = host;
+        g
+    }
+
+    /// One client host gets at most `max_groups_per_peer` server groups, all clients together
+    /// `max_server_groups`, both from the RMB budget's cap. At a bound a group with no
+    /// connection for a second and no handshake pinning it, of that client (or of anyone, at
+    /// the overall bound), is ended to make room; when none is, the new one is declined. Only
+    /// a server group counts.
+    #[test]
+    fn a_client_cannot_make_a_server_hold_groups_without_bound() {
+        let default = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
+        assert_eq!((max_server_groups(&default), max_groups_per_peer(&default)), (256, 64));
+        // A smaller budget, fewer groups (and a shorter test).
+        let budget = RmbBudget::new();
+        budget.set_cap(64 << 20);
+        let manager = Manager::new(Arc::default(), Arc::new(budget));
+        let (most, per_peer) = (max_server_groups(&manager), max_groups_per_peer(&manager));
+        assert_eq!((most, per_peer), (16, 4));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let ring = RingSize::new(1 << 16).unwrap();
+        let mut next_id = 1;
+        // Admits and makes a group for `host`, idle for long enough to be ended.
+        let mut make = |host: u8| -> Result<Arc<LinkGroup>, DeclineReason> {
+            next_id += 1;
+            admit_server_group(&manager, next_id, gid(host))?;
+            let g = LinkGroup::new(next_id, Role::Server, 2, 1 << 16, 1 << 16, times, manager.clone());
+            manager.rdma.lock().made_server_group(&g);
+            g.backdate_idle(Duration::from_secs(2));
+            Ok(g)
+        };
+        // The first host's groups each carry a connection.
+        let mut first: Vec<_> = (0..per_peer)
+            .map(|_| {
+                let g = make(1).unwrap();
+                let c = g.open_conn(None, ring, &ShmConfig::default()).unwrap();
+                (g, c)
+            })
+            .collect();
+        assert_eq!(make(1).err(), Some(DeclineReason::OutOfMemory), "a host with every group busy gets no more");
+        let other = make(2).expect("another host is not held back by the first");
+
+        // One of the first host's groups loses its connection: once it has been idle for a
+        // while it makes room, and is ended for it.
+        let (idle, conn) = first.pop().unwrap();
+        idle.unregister(conn.our_token());
+        assert_eq!(make(1).err(), Some(DeclineReason::OutOfMemory), "a group idle for an instant is left alone");
+        idle.backdate_idle(Duration::from_secs(2));
+        let again = make(1).expect("an idle group of the host makes room");
+        let _again_pin = again.pin();
+        assert!(!idle.is_alive(), "the idle group was ended");
+        assert!(other.is_alive(), "another host's group was not");
+        assert_eq!(manager.rdma.lock().server_groups.len(), per_peer + 1);
+
+        // All hosts together: groups a handshake pins, up to the bound, then nothing more.
+        let mut rest = Vec::new();
+        let mut host = 3;
+        while manager.rdma.lock().server_groups.len() < most {
+            let g = make(host).unwrap();
+            let pin = g.pin();
+            rest.push((g, pin));
+            host += 1;
+        }
+        let other_pin = other.pin();
+        assert_eq!(make(250).err(), Some(DeclineReason::OutOfMemory), "all hosts together are bounded");
+        // At the overall bound, any host's idle group makes room.
+        let (idle, pin) = rest.pop().unwrap();
+        drop(pin);
+        idle.backdate_idle(Duration::from_secs(2));
+        let _last = make(251).expect("an idle group of another host makes room");
+        assert!(!idle.is_alive());
+        drop(other_pin);
+
+        // A client group of the same id as a server group is not counted, nor forgotten for it.
+        let (busy, _) = &first[0];
+        let client_group = LinkGroup::new(busy.id, Role::Client, 1, 1 << 16, 1 << 16, times, manager.clone());
+        manager.forget(&client_group);
+        assert!(manager.rdma.lock().server_groups.contains_key(&busy.id));
+    }
 
     /// A peer's ring is mirrored by a send buffer of ours, pinned and charged to the RMB
     /// budget: one larger than our own largest ring is declined, whatever the peer names.

@@ -80,6 +80,12 @@ const WRS_PER_MSG: u32 = 3;
 const LINK_UP_TYPE: u8 = 0xFD;
 /// Completions taken per `ibv_poll_cq` call.
 const POLL_BATCH: usize = 16;
+/// Completions one look at the CQ takes at most: as many frames as it may hold
+/// (`4 * RQ_DEPTH`). Frames the peer sends that are not queued for the group (its `LINK_UP`s)
+/// are consumed as they are taken, so without a bound of its own a peer sending them as fast
+/// as we re-post receives kept one look, and the thread it runs on, going for as long as it
+/// liked.
+const REAP_MAX: usize = 4 * RQ_DEPTH as usize;
 
 /// Bytes of slots registered together, as one MR, the first time any of them is used: 8
 /// slots of the default 256 KiB. With one registration per slot, a burst of 100 new
@@ -87,7 +93,7 @@ const POLL_BATCH: usize = 16;
 /// in the two-host soft-RoCE test bed on a host loaded with two busy loops, 6 of such a burst
 /// waited past the 2 s handshake step bound and fell back to TCP, and none did in chunks (one
 /// run each). A lone connection pins 2 MiB of a pool instead of 256 KiB.
-const REG_CHUNK_BYTES: u32 = 2 << 20;
+pub(crate) const REG_CHUNK_BYTES: u32 = 2 << 20;
 
 /// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, registered a
 /// chunk of slots at a time on first use. A chunk's rkey reaches every slot of the chunk: they
@@ -191,6 +197,9 @@ struct CqState {
     frames: VecDeque<[u8; CDC_MSG_LEN]>,
     error: Option<LinkError>,
     armed: bool,
+    /// The last look stopped at its bound ([`REAP_MAX`], or the frames it may hold): more
+    /// completions may wait in the CQ, which raise no event of their own.
+    backlog: bool,
 }
 
 /// The link's role in confirming the QP.
@@ -502,19 +511,25 @@ impl VerbsLink {
     /// Takes every waiting completion into the link's state. Called with the CQ lock held.
     fn reap(&self, st: &mut CqState) {
         let mut wcs = [ffi::ibv_wc::default(); POLL_BATCH];
-        // Bound the frames held (a flooding peer waits in its own send queue, not our memory).
-        while st.frames.len() < 4 * RQ_DEPTH as usize {
+        let mut taken = 0;
+        st.backlog = true;
+        // Bound the frames held (a flooding peer waits in its own send queue, not our memory)
+        // and the completions taken in one look (see `REAP_MAX`).
+        while st.frames.len() < 4 * RQ_DEPTH as usize && taken < REAP_MAX {
             let n = match self.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
+                    st.backlog = false;
                     self.fail_locked(st, e.into());
                     return;
                 }
             };
+            taken += n;
             for wc in &wcs[..n] {
                 self.completion(st, wc);
             }
             if n < POLL_BATCH {
+                st.backlog = false;
                 break;
             }
         }
@@ -774,6 +789,12 @@ impl Link for VerbsLink {
             }
             if !st.frames.is_empty() || self.space_ready() {
                 return Poll::Ready(Ok(()));
+            }
+            if st.backlog {
+                // Completions left in the CQ raise no event: come back for them after the
+                // runtime's other tasks, as a polling reader does.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             if !st.armed {
                 // Arm, then poll again: a completion that landed before the arm raises no event.
