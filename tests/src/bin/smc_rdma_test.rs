@@ -168,6 +168,13 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
     Ok(s)
 }
 
+/// Memory this process has pinned (registered with the adapter), from `/proc/self/status`.
+fn vm_pin_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmPin:"))?;
+    line[6..].trim().trim_end_matches("kB").trim().parse().ok()
+}
+
 /// Echoes `size` random bytes through a fresh connection and moves it back to its TCP socket
 /// once `cut` bytes went out: by `hand_back` (the application asks), or by failing the client's
 /// link group (`fail`), as a port that went down would: its queue pair is torn down under the
@@ -234,16 +241,31 @@ async fn case_move(addr: SocketAddr, size: usize, cut: usize, fail: bool) -> Res
         while sent.load(Ordering::Relaxed) < cut {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        let pinned = vm_pin_kib();
         if fail {
-            s.fail_link().map_err(|e| format!("fail_link: {e}"))
+            s.fail_link().map_err(|e| format!("fail_link: {e}"))?;
         } else {
-            s.hand_back().await.map_err(|e| format!("hand_back: {e}"))
+            s.hand_back().await.map_err(|e| format!("hand_back: {e}"))?;
         }
+        Ok::<_, String>(pinned)
     };
     let (w, r, m) = tokio::join!(writer, reader, mover);
     w?;
-    m?;
+    let pinned_before = m?;
     let gap = r?;
+    if fail {
+        // The failed group's pools (a registered chunk each, 2 MiB) are unpinned when its link
+        // is torn down, though the moved connection still holds the group.
+        let after = vm_pin_kib();
+        println!("  move_link_failed: VmPin {pinned_before:?} kB before the failure, {after:?} kB after the move");
+        match (pinned_before, after) {
+            (Some(b), Some(a)) if a + 4096 <= b => {}
+            (Some(b), Some(a)) => {
+                return Err(format!("the failed group's pools are still pinned: VmPin {b} kB before, {a} kB after"))
+            }
+            _ => return Err("no VmPin in /proc/self/status".into()),
+        }
+    }
     let cause = if fail { smc_tokio::HandbackCause::LinkFailed } else { smc_tokio::HandbackCause::Requested };
     let want = Transport::Tcp(smc_tokio::FallbackReason::HandedBack(cause));
     if s.transport() != want {

@@ -100,9 +100,12 @@ pub(crate) const REG_CHUNK_BYTES: u32 = 2 << 20;
 /// all belong to this link group, whose peer is the one process that may write into any of
 /// them (the group's protection domain keeps it out of every other group's).
 struct Pool {
-    // Field order matters: the MRs are dropped before the mapping they cover.
+    // Field order matters: the MRs are dropped before the mapping they cover. The mapping is
+    // shared with the MRs `release` hands out, which keep it until they are dropped.
     mrs: Mutex<Vec<Option<Mr>>>,
-    map: Mapping,
+    map: Arc<Mapping>,
+    /// `release` gave the registrations back: no chunk is registered again.
+    released: AtomicBool,
     size: u32,
     count: u32,
     /// Slots per MR.
@@ -118,7 +121,8 @@ impl Pool {
         let chunks = count.div_ceil(chunk);
         Ok(Pool {
             mrs: Mutex::new((0..chunks).map(|_| None).collect()),
-            map: Mapping::new(len)?,
+            map: Arc::new(Mapping::new(len)?),
+            released: AtomicBool::new(false),
             size,
             count,
             chunk,
@@ -135,15 +139,30 @@ impl Pool {
         let first = c * self.chunk;
         let slots = self.chunk.min(self.count - first);
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        // Set under this lock (`release`).
+        if self.released.load(Ordering::Relaxed) {
+            return Err(io::Error::other("the link's memory was given back: it is torn down"));
+        }
         let e = &mut mrs[c as usize];
         if e.is_none() {
             let len = slots as usize * self.size as usize;
             // SAFETY: the chunk (slots `first..first + slots`) lies inside `map`, which
-            // outlives the MR (field order above).
+            // outlives the MR (field order above; `release` hands the MR out with a copy of
+            // the mapping that is dropped after it).
             *e = Some(unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?);
         }
         let mr = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
         Ok((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey))
+    }
+
+    /// Gives the pool's registrations back for good: what to drop (off the runtime) to unpin
+    /// its chunks, with the mapping they cover, which they keep until then. The mapping, and
+    /// the bytes in it, stay the pool's too: a connection moving to TCP reads its ring.
+    fn release(&self) -> (Vec<Mr>, Arc<Mapping>) {
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        self.released.store(true, Ordering::Relaxed);
+        // Tuple order: the MRs drop before this copy of the mapping.
+        (mrs.iter_mut().filter_map(Option::take).collect(), self.map.clone())
     }
 
     fn ptr(&self, slot: u32, offset: u32) -> *mut u8 {
@@ -894,6 +913,15 @@ impl Link for VerbsLink {
     fn teardown(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.qp.set_error();
+            // The link is done with its pools: their pinned chunks go back now, not when the
+            // last connection that moved to TCP, holding the group, is dropped (a peer can ask
+            // for such moves and keep the connections open, so this bounds what it makes us
+            // pin to live groups). Deregistration stops the adapter's use of the memory; the
+            // mapping stays valid until the link is dropped, whatever the adapter does.
+            let released = (self.rx_pool.release(), self.tx_pool.release());
+            if !released.0 .0.is_empty() || !released.1 .0.is_empty() {
+                crate::link::verbs::device::drop_on_setup_thread(Box::new(released));
+            }
         }
         // Deliveries that were awaited will not complete now (`poll_delivered` reports the
         // end once woken).
