@@ -203,6 +203,13 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
         let _ = (cx, mark);
         Poll::Ready(Ok(()))
     }
+    /// Test hook: the link fails with `err` as a failed work completion or post would fail it
+    /// (the link first; its group when its driver, or a task waiting on the link, sees it).
+    /// Links that cannot fail that way ignore it.
+    #[cfg(feature = "test-util")]
+    fn fail_for_test(&self, err: LinkError) {
+        let _ = err;
+    }
     /// The connection with our token `our_token` is gone (its slot may be reused).
     fn conn_closed(&self, our_token: u32) {
         let _ = our_token;

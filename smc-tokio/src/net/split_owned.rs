@@ -363,6 +363,13 @@ impl OwnedReadHalf {
 }
 
 impl OwnedWriteHalf {
+    /// Test hook: [`SmcStream::break_link`] on the stream this half writes to.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn break_link(&self) -> io::Result<()> {
+        self.inner.break_link()
+    }
+
     /// Puts the halves back together; see [`OwnedReadHalf::reunite`].
     ///
     /// # Examples

@@ -477,6 +477,24 @@ impl SmcStream {
         }
     }
 
+    /// Test hook: this connection's link fails under it as a failed work completion fails an
+    /// RDMA link: the link first, and its group when its driver (or a task waiting for a
+    /// delivery) sees it. Shared-memory links do not fail that way: an error there.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn break_link(&self) -> io::Result<()> {
+        match &self.path {
+            Path::Smc(s) => match s.conn.group().link() {
+                Some(l) if l.is_rdma() => {
+                    l.fail_for_test(crate::link::LinkError::Io(io::ErrorKind::Other, "broken by a test".into()));
+                    Ok(())
+                }
+                _ => Err(io::Error::other("not an smc-r connection")),
+            },
+            Path::Tcp(_) => Err(io::Error::other("not an smc connection")),
+        }
+    }
+
     /// The local address of the underlying TCP connection.
     ///
     /// # Examples

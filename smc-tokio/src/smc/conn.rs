@@ -1533,7 +1533,34 @@ impl SmcConn {
         }
         let mark = link.tx_mark();
         drop(st);
-        link.poll_delivered(cx, mark).map_err(|e| ConnError::from_link(&e).to_io())
+        match link.poll_delivered(cx, mark) {
+            Poll::Ready(Err(e)) => self.delivery_failed(cx, e),
+            r => r.map_err(|e| ConnError::from_link(&e).to_io()),
+        }
+    }
+
+    /// The link failed before what a flush waits for was delivered. Not the flush's error yet:
+    /// the group ends with the link (as its driver does once it sees the failure; it may not
+    /// have yet), which moves the connection to TCP where it can, and the bytes not delivered
+    /// go again there. So the flush waits for the move and goes on over TCP, or for the
+    /// connection's end, whose error it reports.
+    fn delivery_failed(&self, cx: &mut Context<'_>, e: LinkError) -> Poll<io::Result<()>> {
+        self.group.end_on_link_error(e.clone());
+        let mut st = self.lock();
+        if let Some(err) = &st.error {
+            return Poll::Ready(Err(err.to_io()));
+        }
+        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
+            return p;
+        }
+        if st.link_down {
+            // The peer's side of the link went away (`fail_link`): the TCP connection tells
+            // whether the peer moves (so do we) or is gone (the connection ends); either wakes
+            // the writers.
+            st.tx_waiters.register(cx, false);
+            return Poll::Pending;
+        }
+        Poll::Ready(Err(ConnError::from_link(&e).to_io()))
     }
 
     /// Test hook: sends the CDC message this connection would send next (or a plain state
@@ -1673,6 +1700,15 @@ impl SmcConn {
                     registered = true;
                 }
                 Ok(false) => return,
+                // An RDMA link failed under the send (a failed completion or post, seen before
+                // its group saw it; nothing of this message was announced). Not this
+                // connection's end: the group ends with the link as soon as its driver looks,
+                // and the connection moves to TCP (ours failed) or waits for the TCP
+                // connection's word (the peer's side went away), as `fail_link` says; the
+                // message stays owed, and what it announces goes again over TCP. (A shared-
+                // memory send that fails has put its message in the ring already: it must not
+                // be sent again.)
+                Err(LinkError::Io(..) | LinkError::PeerGone) if link.is_rdma() => return,
                 Err(e) => {
                     st.error.get_or_insert(ConnError::from_link(&e));
                     st.rx_waiters.wake();

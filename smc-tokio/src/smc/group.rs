@@ -750,6 +750,17 @@ impl LinkGroup {
         alive
     }
 
+    /// The link failed with `e` (its driver saw it, or a task waiting on the link): the group
+    /// ends with it, its connections moving to TCP where the error allows. Again, nothing.
+    pub(crate) fn end_on_link_error(&self, e: LinkError) {
+        if matches!(e, LinkError::PeerGone | LinkError::Io(..)) {
+            // The peer (or the link) is done, but what it published before is good: dispatch
+            // all of it, so its connections read every byte, before they learn the end.
+            self.drain();
+        }
+        self.fail(e);
+    }
+
     /// Ends the group now if it has had no connection for [`IDLE_BEFORE_ENDED`] and no
     /// handshake pins it, as its idle timeout would later; returns whether it did. Looked at
     /// and ended in one hold of the group's lock: a connection opened meanwhile finds it gone
@@ -908,12 +919,7 @@ async fn drive(group: Arc<LinkGroup>, rescued: bool) {
 
 /// The link failed (or its peer is gone): the group ends.
 fn end_on_error(group: &LinkGroup, e: LinkError) {
-    if matches!(e, LinkError::PeerGone | LinkError::Io(..)) {
-        // The peer (or the link) is done, but what it published before is good: dispatch all
-        // of it, so its connections read every byte, before they learn the end.
-        group.drain();
-    }
-    group.fail(e);
+    group.end_on_link_error(e);
 }
 
 /// `rescued`: on the rescue runtime, whose thread serves no connection of the group.

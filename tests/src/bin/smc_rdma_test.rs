@@ -168,6 +168,98 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
     Ok(s)
 }
 
+/// Writes and flushes in turns while the link breaks under the connection as a failed work
+/// completion breaks it: the link first, its group when its driver looks. A write right after
+/// the break, or a flush that was waiting for a delivery when it came, meets the failed link
+/// before the group does (a new group with a listener of its own, on a current-thread runtime:
+/// its driver cannot look in between). Neither may end the connection: it moves to TCP (the
+/// flush waits for that and finishes there), and every byte comes back once, in order.
+fn case_flush_across_link_failure(ip: std::net::IpAddr) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 7)).await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let _ = serve_conn(s).await;
+                });
+            }
+        });
+        flush_across_link_failure(addr, false).await?;
+        flush_across_link_failure(addr, true).await
+    })
+}
+
+/// One connection of [`case_flush_across_link_failure`]. `waiting`: the break comes while a
+/// flush waits for its message's delivery (the adapter has not completed it); else at once
+/// after a flushed piece, before a write that meets it.
+async fn flush_across_link_failure(addr: SocketAddr, waiting: bool) -> Result<(), String> {
+    const TOTAL: usize = 8 << 20;
+    const PIECE: usize = 16 << 10;
+    let s = open(addr, b'E').await?;
+    let before = s.transport();
+    let (mut r, mut w) = s.into_split();
+    let data = Rng::new(0xf1a5).bytes(TOTAL);
+    let writer = async {
+        let (mut at, mut broke) = (0, false);
+        while at < TOTAL {
+            let end = (at + PIECE).min(TOTAL);
+            if !broke && !waiting && at >= TOTAL / 4 {
+                w.break_link().map_err(|e| format!("break_link: {e}"))?;
+                broke = true;
+                // At once, before the group's driver can look: a write that meets the failed
+                // link, then the flush.
+                match w.try_write(&data[at..end]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(format!("write right after the break: {e}")),
+                }
+            } else {
+                w.write_all(&data[at..end]).await.map_err(|e| format!("write at {at}: {e}"))?;
+                at = end;
+                // Polled once: a flush that waits for its delivery gets the break under it
+                // (nothing runs between the two on this runtime), then is awaited again.
+                if !broke
+                    && waiting
+                    && at >= TOTAL / 4
+                    && tokio::time::timeout(Duration::ZERO, w.flush()).await.is_err()
+                {
+                    w.break_link().map_err(|e| format!("break_link: {e}"))?;
+                    broke = true;
+                }
+            }
+            w.flush().await.map_err(|e| format!("flush after {at} bytes: {e}"))?;
+        }
+        if !broke {
+            return Err("no flush waited for its delivery: the link was never broken under one".into());
+        }
+        Ok::<_, String>(())
+    };
+    let reader = async {
+        let mut got = vec![0u8; TOTAL];
+        r.read_exact(&mut got).await.map_err(|e| format!("read: {e}"))?;
+        Ok::<_, String>(got)
+    };
+    // A writer that fails ends the case at once (the reader would wait for its bytes).
+    let ((), got) = tokio::try_join!(writer, reader)?;
+    if got != data {
+        return Err("the echo differs".into());
+    }
+    let want = Transport::Tcp(smc_tokio::FallbackReason::HandedBack(smc_tokio::HandbackCause::LinkFailed));
+    if w.transport() != want {
+        return Err(format!("transport after the break is {}, expected {want}", w.transport()));
+    }
+    println!(
+        "  flush_across_link_failure{}: {} MiB written and flushed in {} KiB pieces, echoed and compared; transport {before} before, {} after",
+        if waiting { " (a flush waiting)" } else { "" },
+        TOTAL >> 20,
+        PIECE >> 10,
+        w.transport()
+    );
+    Ok(())
+}
+
 /// Memory this process has pinned (registered with the adapter), from `/proc/self/status`.
 fn vm_pin_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -832,6 +924,9 @@ async fn run_cases(addr: SocketAddr, single: bool) -> usize {
         case!("no_inline_sends", case_no_inline_sends(addr.ip()));
         case!("group_outlives_runtime", async move {
             tokio::task::spawn_blocking(move || case_group_outlives_runtime(ip)).await.map_err(|e| e.to_string())?
+        });
+        case!("flush_across_link_failure", async move {
+            tokio::task::spawn_blocking(move || case_flush_across_link_failure(ip)).await.map_err(|e| e.to_string())?
         });
     }
     let s = smc_tokio::stats();

@@ -910,6 +910,13 @@ impl Link for VerbsLink {
         self.chan.rehome().map_err(LinkError::from)
     }
 
+    #[cfg(feature = "test-util")]
+    fn fail_for_test(&self, err: LinkError) {
+        // What a failed post does (`send`).
+        self.fail_locked(&mut self.lock_cq(), err);
+        self.teardown();
+    }
+
     fn teardown(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.qp.set_error();
