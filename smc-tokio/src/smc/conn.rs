@@ -204,6 +204,10 @@ struct ConnState {
     released: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
+    /// A CDC send met the RDMA link failed before its group did (`flush_cdc_inline`): a flush
+    /// that finds its message still owed ends the group itself ([`SmcConn::delivery_failed`])
+    /// instead of waiting for the driver to look.
+    send_failed: Option<LinkError>,
     /// The slot must never be reused when it is let go (after a move to TCP towards a peer that
     /// may hold its bytes lent): every path that lets it go reads this under the lock.
     retire_slot: bool,
@@ -663,6 +667,7 @@ impl SmcConn {
                 tcp: None,
                 released: false,
                 link_down: false,
+                send_failed: None,
                 retire_slot: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
@@ -1526,6 +1531,11 @@ impl SmcConn {
         let Some(link) = self.group.link() else {
             return Poll::Ready(Ok(()));
         };
+        if let Some(e) = st.send_failed.clone() {
+            // Our message met the failed link: nothing will retry it on the link.
+            drop(st);
+            return self.delivery_failed(cx, e);
+        }
         if st.peer_token.is_some() && st.engine.poll_cdc().is_some() {
             // A message waits for CDC space; `retry_cdc` wakes us when it went.
             st.tx_waiters.register(cx, false);
@@ -1545,7 +1555,9 @@ impl SmcConn {
     /// go again there. So the flush waits for the move and goes on over TCP, or for the
     /// connection's end, whose error it reports.
     fn delivery_failed(&self, cx: &mut Context<'_>, e: LinkError) -> Poll<io::Result<()>> {
-        self.group.end_on_link_error(e.clone());
+        if self.group.is_alive() {
+            self.group.end_on_link_error(e.clone());
+        }
         let mut st = self.lock();
         if let Some(err) = &st.error {
             return Poll::Ready(Err(err.to_io()));
@@ -1555,8 +1567,15 @@ impl SmcConn {
         }
         if st.link_down {
             // The peer's side of the link went away (`fail_link`): the TCP connection tells
-            // whether the peer moves (so do we) or is gone (the connection ends); either wakes
+            // whether the peer moves (so do we) or is gone (the connection ends; a peer host
+            // that went silent is found by the keepalive `fail_link` turned on); either wakes
             // the writers.
+            st.tx_waiters.register(cx, false);
+            return Poll::Pending;
+        }
+        if !self.group.is_alive() && !Self::done(&st) {
+            // Another thread is ending the group and has yet to tell this connection
+            // (`fail_link`, which wakes the writers whatever it decides).
             st.tx_waiters.register(cx, false);
             return Poll::Pending;
         }
@@ -1708,7 +1727,10 @@ impl SmcConn {
                 // message stays owed, and what it announces goes again over TCP. (A shared-
                 // memory send that fails has put its message in the ring already: it must not
                 // be sent again.)
-                Err(LinkError::Io(..) | LinkError::PeerGone) if link.is_rdma() => return,
+                Err(e @ (LinkError::Io(..) | LinkError::PeerGone)) if link.is_rdma() => {
+                    st.send_failed.get_or_insert(e);
+                    return;
+                }
                 Err(e) => {
                     st.error.get_or_insert(ConnError::from_link(&e));
                     st.rx_waiters.wake();
@@ -1869,7 +1891,14 @@ impl SmcConn {
                 LinkError::Protocol(_) | LinkError::Closed => false,
             };
         st.link_down = true;
+        // A flush that found the link failed waits for this word, whatever it is.
+        st.tx_waiters.wake();
         if moving {
+            if matches!(err, LinkError::PeerGone) {
+                if let Some(tcp) = &st.tcp {
+                    probe_peer_host(tcp);
+                }
+            }
             return;
         }
         if st.error.is_none() {
@@ -2139,6 +2168,22 @@ impl SmcConn {
                 c.group.fail(LinkError::PeerGone);
             }
         });
+    }
+}
+
+/// The peer's side of the link went away, and the TCP connection decides whether it moves or
+/// died ([`SmcConn::fail_link`]). A process that died has its TCP connection closed by its
+/// kernel; a host that died or went silent says nothing on a socket that carries no data under
+/// SMC. TCP keepalive asks its kernel, so that such a connection ends (`ETIMEDOUT`) instead of
+/// waiting for good: probes from 5 s of silence, every 2 s, 4 unanswered ones end it (about
+/// 13 s; a live host's kernel answers at once, whatever its process does).
+fn probe_peer_host(tcp: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(5))
+        .with_interval(std::time::Duration::from_secs(2))
+        .with_retries(4);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "cannot turn tcp keepalive on to probe the peer's host");
     }
 }
 
