@@ -177,6 +177,29 @@ impl Pool {
     }
 }
 
+/// What a successful work completion is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completed {
+    /// One of our signaled SENDs (with the WRITEs before it).
+    Send,
+    /// One of the peer's SENDs, into a posted receive buffer.
+    Recv,
+    /// Another receive-side completion: a WRITE with immediate data (`IBV_WC_RECV_RDMA_WITH_IMM`)
+    /// consumes a posted receive without filling its buffer, which still holds an earlier
+    /// message. Our peers never send one: the peer breaks the protocol.
+    Foreign,
+}
+
+/// Classifies a successful completion by its opcode (receive-side opcodes have the
+/// `IBV_WC_RECV` bit, `ibv_wc_opcode` in verbs.h).
+fn completed(opcode: std::ffi::c_uint) -> Completed {
+    match opcode {
+        ffi::IBV_WC_RECV => Completed::Recv,
+        o if o & ffi::IBV_WC_RECV != 0 => Completed::Foreign,
+        _ => Completed::Send,
+    }
+}
+
 /// A connection's send side: where its bytes go in the peer's RMB.
 #[derive(Debug, Clone, Copy)]
 struct ConnTx {
@@ -595,7 +618,12 @@ impl VerbsLink {
             self.fail_locked(st, err);
             return;
         }
-        if wc.opcode & ffi::IBV_WC_RECV != 0 {
+        let kind = completed(wc.opcode);
+        if kind == Completed::Foreign {
+            self.fail_locked(st, LinkError::Protocol("a receive completion that is not a SEND's"));
+            return;
+        }
+        if kind == Completed::Recv {
             let i = wc.wr_id;
             if i >= u64::from(RQ_DEPTH) || wc.byte_len as usize != CDC_MSG_LEN {
                 self.fail_locked(st, LinkError::Protocol("CDC message of the wrong length"));
@@ -933,5 +961,22 @@ impl Link for VerbsLink {
         // Deliveries that were awaited will not complete now (`poll_delivered` reports the
         // end once woken).
         self.wake_delivery_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{completed, Completed};
+
+    /// Only a receive of the peer's SEND is read from its buffer; a WRITE with immediate data,
+    /// which consumes a receive without filling it, is the peer breaking the protocol (its
+    /// buffer would be read as a new message while it holds an old one). Send-side opcodes
+    /// (SEND 0, RDMA WRITE 1) are our own completions.
+    #[test]
+    fn only_a_send_of_the_peer_is_taken_as_a_received_message() {
+        assert_eq!(completed(128), Completed::Recv);
+        assert_eq!(completed(129), Completed::Foreign);
+        assert_eq!(completed(0), Completed::Send);
+        assert_eq!(completed(1), Completed::Send);
     }
 }
