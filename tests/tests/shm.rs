@@ -509,3 +509,58 @@ async fn a_panic_while_dispatching_ends_the_group_and_loses_nothing() {
     bounded(10, c.read_exact(&mut back)).await.unwrap();
     assert_eq!(&back, b"back");
 }
+
+/// The same when the task that dispatched is not the group's driver but a reader of another
+/// connection of the group, which found nothing of its own and drained the link itself: its
+/// task panics and leaves the dispatch lock poisoned, and the next look at a message ends the
+/// group the same way (`dispatch_panicked`), whoever looks.
+#[tokio::test]
+async fn a_panic_in_another_task_while_dispatching_ends_the_group_and_loses_nothing() {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    struct Boom;
+    impl Wake for Boom {
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics (on purpose)");
+        }
+    }
+    let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
+    let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let builder = SmcStream::builder().shm(shm.clone());
+    let connect = || builder.connect(addr);
+    let (c1, a1) = tokio::join!(connect(), l.accept());
+    let (mut c1, (mut s1, _)) = (c1.unwrap(), a1.unwrap());
+    let (c2, a2) = tokio::join!(connect(), l.accept());
+    let (_c2, (mut s2, _)) = (c2.unwrap(), a2.unwrap());
+    assert_eq!((s1.transport(), s2.transport()), (Transport::SmcD, Transport::SmcD));
+    assert_eq!(s1.link_group(), s2.link_group(), "both on one group");
+
+    let waker = Waker::from(Arc::new(Boom));
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = [0u8; 16];
+    assert!(Pin::new(&mut s1).poll_read(&mut cx, &mut ReadBuf::new(&mut buf)).is_pending());
+    c1.write_all(b"hello").await.unwrap();
+    // Spawned before this task yields, on this current-thread runtime: the reader runs before
+    // the group's driver is told of the message, finds nothing for s2, and delivers s1's.
+    let reader = tokio::spawn(async move {
+        let mut b = [0u8; 1];
+        let _ = s2.read(&mut b).await;
+    });
+    let joined = bounded(10, reader).await;
+    assert!(joined.is_err_and(|e| e.is_panic()), "the other reader's task delivered the message, and panicked");
+
+    // The next message finds the dispatch lock poisoned.
+    c1.write_all(b" world").await.unwrap();
+    let mut got = [0u8; 11];
+    bounded(10, s1.read_exact(&mut got)).await.unwrap();
+    assert_eq!(&got, b"hello world");
+    assert!(matches!(s1.transport(), Transport::Tcp(_)), "the group ended: {}", s1.transport());
+    s1.write_all(b"back").await.unwrap();
+    let mut back = [0u8; 4];
+    bounded(10, c1.read_exact(&mut back)).await.unwrap();
+    assert_eq!(&back, b"back");
+}
