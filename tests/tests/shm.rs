@@ -471,6 +471,15 @@ async fn every_task_waiting_for_readiness_is_woken() {
     assert!(bounded(10, watcher).await.unwrap());
 }
 
+/// A waker that panics when woken.
+struct Boom;
+
+impl std::task::Wake for Boom {
+    fn wake(self: std::sync::Arc<Self>) {
+        panic!("a waker that panics (on purpose)");
+    }
+}
+
 /// A waker that panics when a delivery wakes it poisons its link group's dispatch lock, and the
 /// unwinding drops the rest of that batch of messages. The group then ends as if its link had
 /// failed: its connections move to their TCP sockets and lose nothing. (Read as "another task
@@ -480,15 +489,9 @@ async fn every_task_waiting_for_readiness_is_woken() {
 async fn a_panic_while_dispatching_ends_the_group_and_loses_nothing() {
     use std::pin::Pin;
     use std::sync::Arc;
-    use std::task::{Context, Wake, Waker};
+    use std::task::{Context, Waker};
     use tokio::io::{AsyncRead, ReadBuf};
 
-    struct Boom;
-    impl Wake for Boom {
-        fn wake(self: Arc<Self>) {
-            panic!("a waker that panics (on purpose)");
-        }
-    }
     // Adaptive polling off: the reader sleeps on its waker, and the group's driver delivers.
     let (mut c, mut s) = tests::smc_pair(ShmConfig::default().adaptive_poll(Duration::ZERO)).await;
     assert_eq!((c.transport(), s.transport()), (Transport::SmcD, Transport::SmcD));
@@ -499,15 +502,7 @@ async fn a_panic_while_dispatching_ends_the_group_and_loses_nothing() {
     c.write_all(b"hello").await.unwrap();
     // Whoever dispatches the message wakes the waker, which panics.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut got = [0u8; 5];
-    bounded(10, s.read_exact(&mut got)).await.unwrap();
-    assert_eq!(&got, b"hello");
-    assert!(matches!(s.transport(), Transport::Tcp(_)), "the group ended: {}", s.transport());
-    // Both directions go on, over TCP.
-    s.write_all(b"back").await.unwrap();
-    let mut back = [0u8; 4];
-    bounded(10, c.read_exact(&mut back)).await.unwrap();
-    assert_eq!(&back, b"back");
+    reads_then_both_ways_over_tcp(&mut c, &mut s, b"hello").await;
 }
 
 /// The same when the task that dispatched is not the group's driver but a reader of another
@@ -518,15 +513,9 @@ async fn a_panic_while_dispatching_ends_the_group_and_loses_nothing() {
 async fn a_panic_in_another_task_while_dispatching_ends_the_group_and_loses_nothing() {
     use std::pin::Pin;
     use std::sync::Arc;
-    use std::task::{Context, Wake, Waker};
+    use std::task::{Context, Waker};
     use tokio::io::{AsyncRead, ReadBuf};
 
-    struct Boom;
-    impl Wake for Boom {
-        fn wake(self: Arc<Self>) {
-            panic!("a waker that panics (on purpose)");
-        }
-    }
     let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
     let l = SmcListener::builder().shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -555,12 +544,18 @@ async fn a_panic_in_another_task_while_dispatching_ends_the_group_and_loses_noth
 
     // The next message finds the dispatch lock poisoned.
     c1.write_all(b" world").await.unwrap();
-    let mut got = [0u8; 11];
-    bounded(10, s1.read_exact(&mut got)).await.unwrap();
-    assert_eq!(&got, b"hello world");
-    assert!(matches!(s1.transport(), Transport::Tcp(_)), "the group ended: {}", s1.transport());
-    s1.write_all(b"back").await.unwrap();
+    reads_then_both_ways_over_tcp(&mut c1, &mut s1, b"hello world").await;
+}
+
+/// `s` reads `want`, which its peer `c` wrote, its link group having ended under it; then both
+/// directions go on, over TCP.
+async fn reads_then_both_ways_over_tcp(c: &mut SmcStream, s: &mut SmcStream, want: &[u8]) {
+    let mut got = vec![0u8; want.len()];
+    bounded(10, s.read_exact(&mut got)).await.unwrap();
+    assert_eq!(got, want);
+    assert!(matches!(s.transport(), Transport::Tcp(_)), "the group ended: {}", s.transport());
+    s.write_all(b"back").await.unwrap();
     let mut back = [0u8; 4];
-    bounded(10, c1.read_exact(&mut back)).await.unwrap();
+    bounded(10, c.read_exact(&mut back)).await.unwrap();
     assert_eq!(&back, b"back");
 }

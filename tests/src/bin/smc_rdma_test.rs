@@ -168,6 +168,21 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
     Ok(s)
 }
 
+/// A listener of its own at `at`, serving each connection as the cases' server does, on the
+/// current runtime (its tasks, and the link groups it makes, live there); its address.
+async fn serve_on(at: SocketAddr) -> Result<SocketAddr, String> {
+    let l = listener_builder().bind(at).await.map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ = serve_conn(s).await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
 /// Writes and flushes in turns while the link breaks under the connection as a failed work
 /// completion breaks it: the link first, its group when its driver looks. A write right after
 /// the break, or a flush that was waiting for a delivery when it came, meets the failed link
@@ -177,15 +192,7 @@ async fn open(addr: SocketAddr, cmd: u8) -> Result<SmcStream, String> {
 fn case_flush_across_link_failure(ip: std::net::IpAddr) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 7)).await.map_err(|e| e.to_string())?;
-        let addr = l.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let _ = serve_conn(s).await;
-                });
-            }
-        });
+        let addr = serve_on(SocketAddr::new(ip, PORT + 7)).await?;
         flush_across_link_failure(addr, false).await?;
         flush_across_link_failure(addr, true).await
     })
@@ -731,15 +738,7 @@ fn case_group_outlives_runtime(ip: std::net::IpAddr) -> Result<(), String> {
     let rt = |n| tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build();
     let server = rt(1).map_err(|e| e.to_string())?;
     let addr = server.block_on(async {
-        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 5)).await.map_err(|e| e.to_string())?;
-        let addr = l.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let _ = serve_conn(s).await;
-                });
-            }
-        });
+        let addr = serve_on(SocketAddr::new(ip, PORT + 5)).await?;
         Ok::<_, String>(addr)
     })?;
     let before = smc_tokio::stats().link_groups_rescued;
@@ -768,15 +767,7 @@ fn case_setup_off_runtime(ip: std::net::IpAddr) -> Result<(), String> {
     const CLIENTS: usize = 20;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 3)).await.map_err(|e| e.to_string())?;
-        let addr = l.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let _ = serve_conn(s).await;
-                });
-            }
-        });
+        let addr = serve_on(SocketAddr::new(ip, PORT + 3)).await?;
         let before = smc_tokio::faults::rdma_setup_calls_on_runtime();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ticker = {
