@@ -208,6 +208,10 @@ struct ConnState {
     /// that finds its message still owed ends the group itself ([`SmcConn::delivery_failed`])
     /// instead of waiting for the driver to look.
     send_failed: Option<LinkError>,
+    /// The TCP socket's keepalive settings from before `fail_link` turned keepalive on to
+    /// probe a peer whose side of the link went away ([`probe_peer_host`]); put back once the
+    /// connection moved.
+    keepalive_before: Option<Keepalive>,
     /// The slot must never be reused when it is let go (after a move to TCP towards a peer that
     /// may hold its bytes lent): every path that lets it go reads this under the lock.
     retire_slot: bool,
@@ -668,6 +672,7 @@ impl SmcConn {
                 released: false,
                 link_down: false,
                 send_failed: None,
+                keepalive_before: None,
                 retire_slot: false,
                 rx_ready_hint: accepted,
                 tx_ready_hint: true,
@@ -1728,7 +1733,11 @@ impl SmcConn {
                 // memory send that fails has put its message in the ring already: it must not
                 // be sent again.)
                 Err(e @ (LinkError::Io(..) | LinkError::PeerGone)) if link.is_rdma() => {
-                    st.send_failed.get_or_insert(e);
+                    if st.send_failed.is_none() {
+                        st.send_failed = Some(e);
+                        // A flush waiting for CDC space finds it and ends the group.
+                        st.tx_waiters.wake();
+                    }
                     return;
                 }
                 Err(e) => {
@@ -1894,10 +1903,8 @@ impl SmcConn {
         // A flush that found the link failed waits for this word, whatever it is.
         st.tx_waiters.wake();
         if moving {
-            if matches!(err, LinkError::PeerGone) {
-                if let Some(tcp) = &st.tcp {
-                    probe_peer_host(tcp);
-                }
+            if matches!(err, LinkError::PeerGone) && st.keepalive_before.is_none() {
+                st.keepalive_before = st.tcp.as_deref().and_then(probe_peer_host);
             }
             return;
         }
@@ -2067,6 +2074,10 @@ impl SmcConn {
                     let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
                 }
                 tracing::debug!(parent: &self.span, %cause, "the connection moved to its tcp socket");
+                if let Some(before) = st.keepalive_before.take() {
+                    // The socket is the application's stream now: its own settings again.
+                    before.restore(tcp);
+                }
                 st.handback = Handback::Moved;
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
                 counters.handback(true);
@@ -2176,14 +2187,51 @@ impl SmcConn {
 /// kernel; a host that died or went silent says nothing on a socket that carries no data under
 /// SMC. TCP keepalive asks its kernel, so that such a connection ends (`ETIMEDOUT`) instead of
 /// waiting for good: probes from 5 s of silence, every 2 s, 4 unanswered ones end it (about
-/// 13 s; a live host's kernel answers at once, whatever its process does).
-fn probe_peer_host(tcp: &TcpStream) {
+/// 13 s; a live host's kernel answers at once, whatever its process does). The socket's own
+/// settings, returned, go back once the connection moved ([`Keepalive::restore`]); a socket
+/// whose application turned keepalive on is left as it is.
+fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
+    let sock = socket2::SockRef::from(tcp);
+    let before = Keepalive {
+        on: sock.keepalive().ok()?,
+        time: sock.tcp_keepalive_time().ok()?,
+        interval: sock.tcp_keepalive_interval().ok()?,
+        retries: sock.tcp_keepalive_retries().ok()?,
+    };
+    if before.on {
+        // The application's own keepalive probes already.
+        return None;
+    }
     let ka = socket2::TcpKeepalive::new()
         .with_time(std::time::Duration::from_secs(5))
         .with_interval(std::time::Duration::from_secs(2))
         .with_retries(4);
-    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "cannot turn tcp keepalive on to probe the peer's host");
+        before.restore(tcp);
+        return None;
+    }
+    Some(before)
+}
+
+/// A TCP socket's keepalive settings.
+#[derive(Debug, Clone, Copy)]
+struct Keepalive {
+    on: bool,
+    time: std::time::Duration,
+    interval: std::time::Duration,
+    retries: u32,
+}
+
+impl Keepalive {
+    /// Puts these settings back on `tcp`.
+    fn restore(self, tcp: &TcpStream) {
+        let sock = socket2::SockRef::from(tcp);
+        let ka =
+            socket2::TcpKeepalive::new().with_time(self.time).with_interval(self.interval).with_retries(self.retries);
+        if let Err(e) = sock.set_tcp_keepalive(&ka).and_then(|()| sock.set_keepalive(self.on)) {
+            tracing::debug!(error = %e, "cannot put the tcp socket's keepalive settings back");
+        }
     }
 }
 
@@ -2240,6 +2288,39 @@ impl Drop for PendingConn {
 #[cfg(test)]
 mod tests {
     use super::{register_future, Backoff, Look, WaitClock, LOOKS_PER_CLOCK, MAX_FUTURE_WAKERS, MAX_POLL_BACKOFF};
+
+    /// The probe of a peer's host turns keepalive on with its own timing and hands back the
+    /// socket's settings, which go back on as they were; a socket whose application turned
+    /// keepalive on is left alone.
+    #[tokio::test]
+    async fn probing_a_peer_host_puts_the_sockets_keepalive_back() {
+        use std::time::Duration;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let _s = l.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&c);
+        let settings = |sock: &socket2::SockRef<'_>| {
+            (
+                sock.keepalive().unwrap(),
+                sock.tcp_keepalive_time().unwrap(),
+                sock.tcp_keepalive_interval().unwrap(),
+                sock.tcp_keepalive_retries().unwrap(),
+            )
+        };
+        let before = settings(&sock);
+        assert!(!before.0, "a new socket does not keep alive");
+        let saved = super::probe_peer_host(&c).expect("probes");
+        assert_eq!(settings(&sock), (true, Duration::from_secs(5), Duration::from_secs(2), 4));
+        saved.restore(&c);
+        assert_eq!(settings(&sock), before);
+
+        // The application's own keepalive.
+        let ka = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
+        sock.set_tcp_keepalive(&ka).unwrap();
+        let mine = settings(&sock);
+        assert!(super::probe_peer_host(&c).is_none());
+        assert_eq!(settings(&sock), mine);
+    }
 
     /// Readiness futures dropped before their wake leave their wakers in the list; it never
     /// holds more than [`MAX_FUTURE_WAKERS`]: one more wakes all it holds (each once, as a
