@@ -1570,17 +1570,12 @@ impl SmcConn {
         if let Some(p) = Self::gate(&mut st, Some(cx), false) {
             return p;
         }
-        if st.link_down {
-            // The peer's side of the link went away (`fail_link`): the TCP connection tells
-            // whether the peer moves (so do we) or is gone (the connection ends; a peer host
-            // that went silent is found by the keepalive `fail_link` turned on); either wakes
-            // the writers.
-            st.tx_waiters.register(cx, false);
-            return Poll::Pending;
-        }
-        if !self.group.is_alive() && !Self::done(&st) {
-            // Another thread is ending the group and has yet to tell this connection
-            // (`fail_link`, which wakes the writers whatever it decides).
+        // Still on the link with no error, the wait goes on where `fail_link` ran (the peer's side
+        // went away: the TCP connection tells whether the peer moves, and so do we, or is gone,
+        // and the connection ends; a host that went silent is found by the keepalive it turned
+        // on), or where another thread ends the group and has yet to run it for this
+        // connection. Either way `fail_link` or what follows it wakes the writers.
+        if st.link_down || (!self.group.is_alive() && !st.engine.finished()) {
             st.tx_waiters.register(cx, false);
             return Poll::Pending;
         }
@@ -1900,7 +1895,8 @@ impl SmcConn {
                 LinkError::Protocol(_) | LinkError::Closed => false,
             };
         st.link_down = true;
-        // A flush that found the link failed waits for this word, whatever it is.
+        // Writers wake whatever was decided: a flush that found the link failed waits for
+        // this word.
         st.tx_waiters.wake();
         if moving {
             if matches!(err, LinkError::PeerGone) && st.keepalive_before.is_none() {
@@ -1913,7 +1909,6 @@ impl SmcConn {
         }
         st.tcp = None;
         st.rx_waiters.wake();
-        st.tx_waiters.wake();
     }
 
     // ----- the move to the TCP socket (see `proto::handback`) ---------------------------------
@@ -2175,8 +2170,7 @@ impl SmcConn {
             let unanswered = !Self::done(&c.lock());
             if unanswered && c.group.is_alive() {
                 tracing::warn!(parent: &c.span, "rdma peer never answered an abort: taking its link group for gone");
-                c.group.drain();
-                c.group.fail(LinkError::PeerGone);
+                c.group.end_on_link_error(LinkError::PeerGone);
             }
         });
     }

@@ -711,7 +711,7 @@ impl LinkGroup {
                     return false;
                 }
             }
-            if st.dead.is_none() {
+            if alive {
                 st.dead = Some(err.clone());
                 if self.link.get().is_some() {
                     self.manager.counters.link_group_down();
@@ -917,11 +917,6 @@ async fn drive(group: Arc<LinkGroup>, rescued: bool) {
     guard.done = true;
 }
 
-/// The link failed (or its peer is gone): the group ends.
-fn end_on_error(group: &LinkGroup, e: LinkError) {
-    group.end_on_link_error(e);
-}
-
 /// `rescued`: on the rescue runtime, whose thread serves no connection of the group.
 async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
     let Some(link) = group.link.get().cloned() else {
@@ -1000,7 +995,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
             })
             .await;
             if let Some(Err(e)) = ev {
-                return end_on_error(group, e);
+                return group.end_on_link_error(e);
             }
             continue;
         }
@@ -1045,7 +1040,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         busy_until = None;
         match ev {
             Some(Ok(())) => {}
-            Some(Err(e)) => return end_on_error(group, e),
+            Some(Err(e)) => return group.end_on_link_error(e),
             None => match group.idle_check() {
                 Ok(()) => {
                     tracing::debug!(id = group.id, "idle link group torn down");

@@ -87,23 +87,33 @@ fn max_groups_per_peer(manager: &Manager) -> usize {
 /// Call [`State::made_server_group`] once the group exists.
 fn admit_server_group(manager: &Manager, id: u64, gid: [u8; 16]) -> Result<(), DeclineReason> {
     let (per_peer, most) = (max_groups_per_peer(manager), max_server_groups(manager));
-    // Each round ends one idle group; a few rounds cover admissions running at once (setup
-    // jobs run on one thread, or on the blocking pool when that thread could not start).
+    make_room(manager, |s| {
+        let of_peer = s.server_groups.values().filter(|(g, _)| *g == gid).count();
+        if of_peer < per_peer && s.server_groups.len() < most {
+            s.server_groups.insert(id, (gid, std::sync::Weak::new()));
+            return None;
+        }
+        // The peer's own groups when it is at its bound, anyone's otherwise.
+        let full = of_peer >= per_peer;
+        Some(s.server_groups.values().filter(|(g, _)| !full || *g == gid).filter_map(|(_, w)| w.upgrade()).collect())
+    })
+}
+
+/// Room for a new group: `full`, under the registry's lock, takes the room where there is
+/// some (`None`), or names the groups one of which must end to make it. Each round ends one
+/// idle group among them ([`LinkGroup::end_if_idle`]); a few rounds cover admissions running
+/// at once (setup jobs run on one thread, or on the blocking pool when that thread could not
+/// start). When none is idle, the new group is declined.
+fn make_room(
+    manager: &Manager,
+    mut full: impl FnMut(&mut State) -> Option<Vec<Arc<LinkGroup>>>,
+) -> Result<(), DeclineReason> {
     for _ in 0..4 {
-        let idle: Vec<Arc<LinkGroup>> = {
-            let mut s = manager.rdma.lock();
-            let of_peer = s.server_groups.values().filter(|(g, _)| *g == gid).count();
-            let all = s.server_groups.len();
-            if of_peer < per_peer && all < most {
-                s.server_groups.insert(id, (gid, std::sync::Weak::new()));
-                return Ok(());
-            }
-            // The peer's own groups when it is at its bound, anyone's otherwise.
-            let full = of_peer >= per_peer;
-            s.server_groups.values().filter(|(g, _)| !full || *g == gid).filter_map(|(_, w)| w.upgrade()).collect()
+        let Some(candidates) = full(&mut manager.rdma.lock()) else {
+            return Ok(());
         };
         // Outside the registry's lock: an ended group's manager forgets it, under that lock.
-        if !idle.iter().any(|g| g.end_if_idle()) {
+        if !candidates.iter().any(|g| g.end_if_idle()) {
             tracing::debug!("no room for another rdma link group, and none is idle: declining");
             return Err(DeclineReason::OutOfMemory);
         }
@@ -127,20 +137,10 @@ impl State {
 /// otherwise keep until its idle timeout).
 fn client_group_room(manager: &Manager, server: SocketAddr) -> Result<(), DeclineReason> {
     let per_peer = max_groups_per_peer(manager);
-    for _ in 0..4 {
-        let groups: Vec<Arc<LinkGroup>> = {
-            let s = manager.rdma.lock();
-            match s.by_server.get(&server) {
-                Some(v) if v.len() >= per_peer => v.iter().map(|e| e.group.clone()).collect(),
-                _ => return Ok(()),
-            }
-        };
-        if !groups.iter().any(|g| g.end_if_idle()) {
-            tracing::debug!(%server, "no room for another rdma link group with this server, and none is idle: declining");
-            return Err(DeclineReason::OutOfMemory);
-        }
-    }
-    Err(DeclineReason::OutOfMemory)
+    make_room(manager, |s| match s.by_server.get(&server) {
+        Some(v) if v.len() >= per_peer => Some(v.iter().map(|e| e.group.clone()).collect()),
+        _ => None,
+    })
 }
 
 /// A context's RDMA link groups (held by its [`Manager`]).
