@@ -25,7 +25,13 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
     let Some(console) = tests::run_rdma_test("single", bin, &["single.log"], shown) else {
         return;
     };
-    let extra =
-        ["peer_killed_mid_stream", "writers_exit", "setup_off_runtime", "no_inline_sends", "group_outlives_runtime"];
+    let extra = [
+        "peer_killed_mid_stream",
+        "writers_exit",
+        "setup_off_runtime",
+        "no_inline_sends",
+        "group_outlives_runtime",
+        "flush_across_link_failure",
+    ];
     tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(extra));
 }

@@ -4,7 +4,9 @@
 //! server as an in-band peer (`SMC_TOKIO_INBAND_PEERS`, as a cross-host deployment opts in), runs
 //! `smc-rdma-test client` against it: every case asserts that both ends are smc-r before it
 //! checks its bytes, so a change that breaks the cross-host path, or makes it fall back to TCP,
-//! fails here.
+//! fails here. One case takes two hosts: the client guest drops the RoCE packets that reach it
+//! in the middle of an echo, and the connection must move to TCP with nothing lost, though
+//! neither side's link reports more than a peer that stopped answering.
 //!
 //! Set `SMC_TOKIO_SKIP_RDMA_VM=1` to leave it out of a local run (it then says so and passes).
 #![cfg(feature = "rdma")]
@@ -17,5 +19,5 @@ fn smc_r_between_two_hosts_on_soft_roce() {
     }) else {
         return;
     };
-    tests::assert_cases_passed(&console, tests::RDMA_CASES);
+    tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(["path_cut_moves_to_tcp"]));
 }

@@ -1888,7 +1888,9 @@ impl SmcConn {
                 // failed and it is moving to TCP. The TCP connection tells which: its end (the
                 // watcher then ends this connection as before, once the bytes in our ring are
                 // read), or the peer's frame (we move too). Until then reads take what is in our
-                // ring, and writes go into it (resent over TCP if the peer moves).
+                // ring, and writes go into it (resent over TCP if the peer moves). Over RDMA the
+                // path between the hosts may have broken under two live processes, neither of
+                // which then speaks first: if TCP says nothing for `PEER_WORD_BOUND`, we move.
                 LinkError::PeerGone => Self::movable(&st),
                 // A peer that broke the protocol is not followed to TCP; a group torn down here
                 // (its runtime shut down) has nothing left to run the move on.
@@ -1899,8 +1901,13 @@ impl SmcConn {
         // this word.
         st.tx_waiters.wake();
         if moving {
-            if matches!(err, LinkError::PeerGone) && st.keepalive_before.is_none() {
-                st.keepalive_before = st.tcp.as_deref().and_then(probe_peer_host);
+            if matches!(err, LinkError::PeerGone) && st.handback == Handback::Smc {
+                if st.keepalive_before.is_none() {
+                    st.keepalive_before = st.tcp.as_deref().and_then(probe_peer_host);
+                }
+                if self.group.link().is_some_and(|l| l.is_rdma()) {
+                    self.move_unless_told();
+                }
             }
             return;
         }
@@ -1909,6 +1916,26 @@ impl SmcConn {
         }
         st.tcp = None;
         st.rx_waiters.wake();
+    }
+
+    /// The RDMA peer's side of the link went away and its TCP connection has said nothing yet
+    /// (see [`Self::fail_link`]). A peer process that died has had its TCP connection closed
+    /// by its kernel before our queue pair gave up on it (the transport's retries take half a
+    /// second), so a TCP connection still silent after [`PEER_WORD_BOUND`] belongs to a live
+    /// process whose link broke too, waiting as we do: we move first, and it follows our frame.
+    /// A peer host that went silent does not answer the frame either; the probe's timeout
+    /// ([`probe_peer_host`]) ends the move, and the connection, then.
+    fn move_unless_told(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let me = self.me.clone();
+        rt.spawn(async move {
+            tokio::time::sleep(PEER_WORD_BOUND).await;
+            let Some(c) = me.upgrade() else { return };
+            let mut st = c.lock();
+            if st.handback == Handback::Smc && c.start_handback(&mut st, HandbackCause::LinkFailed) {
+                tracing::debug!(parent: &c.span, "the rdma peer's tcp connection is silent: moving first");
+            }
+        });
     }
 
     // ----- the move to the TCP socket (see `proto::handback`) ---------------------------------
@@ -2181,9 +2208,13 @@ impl SmcConn {
 /// kernel; a host that died or went silent says nothing on a socket that carries no data under
 /// SMC. TCP keepalive asks its kernel, so that such a connection ends (`ETIMEDOUT`) instead of
 /// waiting for good: probes from 5 s of silence, every 2 s, 4 unanswered ones end it (about
-/// 13 s; a live host's kernel answers at once, whatever its process does). The socket's own
-/// settings, returned, go back once the connection moved ([`Keepalive::restore`]); a socket
-/// whose application turned keepalive on is left as it is.
+/// 13 s; a live host's kernel answers at once, whatever its process does). The same 13 s bound
+/// unacknowledged data (`TCP_USER_TIMEOUT`): a move we start ourselves
+/// ([`SmcConn::move_unless_told`]) writes its frame, and a frame a silent host never
+/// acknowledges would otherwise be retransmitted for a quarter of an hour (`tcp_retries2`)
+/// before the connection ends. The socket's own settings, returned, go back once the connection
+/// moved ([`Keepalive::restore`]); a socket whose application turned keepalive on is left as it
+/// is.
 fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
     let sock = socket2::SockRef::from(tcp);
     let before = Keepalive {
@@ -2191,6 +2222,7 @@ fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
         time: sock.tcp_keepalive_time().ok()?,
         interval: sock.tcp_keepalive_interval().ok()?,
         retries: sock.tcp_keepalive_retries().ok()?,
+        user_timeout: sock.tcp_user_timeout().ok()?,
     };
     if before.on {
         // The application's own keepalive probes already.
@@ -2200,7 +2232,9 @@ fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
         .with_time(std::time::Duration::from_secs(5))
         .with_interval(std::time::Duration::from_secs(2))
         .with_retries(4);
-    if let Err(e) = sock.set_tcp_keepalive(&ka) {
+    // 5 s + 4 * 2 s: what the probes above take to give up.
+    let unacked = std::time::Duration::from_secs(13);
+    if let Err(e) = sock.set_tcp_keepalive(&ka).and_then(|()| sock.set_tcp_user_timeout(Some(unacked))) {
         tracing::debug!(error = %e, "cannot turn tcp keepalive on to probe the peer's host");
         before.restore(tcp);
         return None;
@@ -2215,6 +2249,8 @@ struct Keepalive {
     time: std::time::Duration,
     interval: std::time::Duration,
     retries: u32,
+    /// `TCP_USER_TIMEOUT` (`None`: the system's retransmission limit).
+    user_timeout: Option<std::time::Duration>,
 }
 
 impl Keepalive {
@@ -2223,11 +2259,22 @@ impl Keepalive {
         let sock = socket2::SockRef::from(tcp);
         let ka =
             socket2::TcpKeepalive::new().with_time(self.time).with_interval(self.interval).with_retries(self.retries);
-        if let Err(e) = sock.set_tcp_keepalive(&ka).and_then(|()| sock.set_keepalive(self.on)) {
+        if let Err(e) = sock
+            .set_tcp_keepalive(&ka)
+            .and_then(|()| sock.set_keepalive(self.on))
+            .and_then(|()| sock.set_tcp_user_timeout(self.user_timeout))
+        {
             tracing::debug!(error = %e, "cannot put the tcp socket's keepalive settings back");
         }
     }
 }
+
+/// How long the TCP connection of an RDMA peer whose side of the link went away may stay
+/// silent before we move to it ([`SmcConn::fail_link`]): a dead process's kernel closes it
+/// within a round trip, and its queue pair stopped answering half a second before ours gave up
+/// (the retry budget set in `link::verbs`), so a second is many round trips on any network
+/// RoCE runs on, and short beside the half second the link took to fail.
+const PEER_WORD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long an RDMA peer may take to answer an abort before its link group is taken for gone:
 /// the kernel's SMC-R default interval between link tests (`SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s).
@@ -2299,12 +2346,19 @@ mod tests {
                 sock.tcp_keepalive_time().unwrap(),
                 sock.tcp_keepalive_interval().unwrap(),
                 sock.tcp_keepalive_retries().unwrap(),
+                sock.tcp_user_timeout().unwrap(),
             )
         };
+        // An application's own bound on unacknowledged data, which the probe's replaces for
+        // a while.
+        sock.set_tcp_user_timeout(Some(Duration::from_secs(7))).unwrap();
         let before = settings(&sock);
         assert!(!before.0, "a new socket does not keep alive");
         let saved = super::probe_peer_host(&c).expect("probes");
-        assert_eq!(settings(&sock), (true, Duration::from_secs(5), Duration::from_secs(2), 4));
+        assert_eq!(
+            settings(&sock),
+            (true, Duration::from_secs(5), Duration::from_secs(2), 4, Some(Duration::from_secs(13)))
+        );
         saved.restore(&c);
         assert_eq!(settings(&sock), before);
 

@@ -274,12 +274,62 @@ fn vm_pin_kib() -> Option<u64> {
     line[6..].trim().trim_end_matches("kB").trim().parse().ok()
 }
 
+/// How [`case_move`] moves its connection to TCP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// The application asks (`hand_back`).
+    HandBack,
+    /// The client's link group fails, as when a port went down: its queue pair is torn down
+    /// under the peer, whose side fails too.
+    FailLink,
+    /// The path between the hosts loses every RoCE packet ([`PathCut`]) while both processes
+    /// and their TCP connection live: each side's queue pair gives up on a peer that no longer
+    /// answers, and neither hears of a failure from the other.
+    CutPath,
+}
+
+/// While it lives, this host drops every RoCE v2 packet (UDP, protocol 17, port 4791) that
+/// arrives on the interface holding `ip`, with a policy-routing rule whose route is a
+/// blackhole; TCP and everything else pass. The rule must come before the table of local
+/// addresses (preference 0, which new rules of preference 0 would follow), so that table moves
+/// behind it while the cut lasts. The protocol goes by number: the guest has no
+/// `/etc/protocols`. Soft-RoCE between two processes of one host never routes its packets (the
+/// device loops them back): this takes two hosts.
+struct PathCut;
+
+impl PathCut {
+    fn new(ip: std::net::IpAddr) -> Result<PathCut, String> {
+        let out = ip_cmd(&["-o", "addr", "show", "to", &ip.to_string()])?;
+        let dev = out.split_whitespace().nth(1).ok_or_else(|| format!("no interface holds {ip}"))?.to_string();
+        ip_cmd(&["rule", "add", "pref", "100", "lookup", "local"])?;
+        let cut = PathCut;
+        ip_cmd(&["rule", "del", "pref", "0"])?;
+        ip_cmd(&["rule", "add", "pref", "10", "iif", &dev, "ipproto", "17", "dport", "4791", "blackhole"])?;
+        Ok(cut)
+    }
+}
+
+impl Drop for PathCut {
+    fn drop(&mut self) {
+        let _ = ip_cmd(&["rule", "add", "pref", "0", "lookup", "local"]);
+        let _ = ip_cmd(&["rule", "del", "pref", "10"]);
+        let _ = ip_cmd(&["rule", "del", "pref", "100"]);
+    }
+}
+
+/// Runs iproute2's `ip` with `args`; its output, or what it said when it failed.
+fn ip_cmd(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("/usr/sbin/ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Echoes `size` random bytes through a fresh connection and moves it back to its TCP socket
-/// once `cut` bytes went out: by `hand_back` (the application asks), or by failing the client's
-/// link group (`fail`), as a port that went down would: its queue pair is torn down under the
-/// peer, whose side fails too. Every byte must come back once, in order, and the client must
-/// end on TCP, moved for that reason. Prints the longest stall of the reads.
-async fn case_move(addr: SocketAddr, size: usize, cut: usize, fail: bool) -> Result<(), String> {
+/// once `cut` bytes went out, as `how` says. Every byte must come back once, in order, and the
+/// client must end on TCP, moved for that reason. Prints the longest stall of the reads.
+async fn case_move(addr: SocketAddr, size: usize, cut: usize, how: Move) -> Result<(), String> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     // The stream is made and checked in chunks of its own seed, so a 64 MiB echo needs no
     // 64 MiB buffers (the emulated guest has 1 GiB for every case).
@@ -341,18 +391,37 @@ async fn case_move(addr: SocketAddr, size: usize, cut: usize, fail: bool) -> Res
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let pinned = vm_pin_kib();
-        if fail {
-            s.fail_link().map_err(|e| format!("fail_link: {e}"))?;
-        } else {
-            s.hand_back().await.map_err(|e| format!("hand_back: {e}"))?;
+        let mut path_cut = None;
+        match how {
+            Move::HandBack => s.hand_back().await.map_err(|e| format!("hand_back: {e}"))?,
+            Move::FailLink => s.fail_link().map_err(|e| format!("fail_link: {e}"))?,
+            Move::CutPath => {
+                let local = s.local_addr().map_err(|e| e.to_string())?.ip();
+                path_cut = Some(PathCut::new(local)?);
+                // The path stays cut until the connection moved: neither side may hear from
+                // the other over RDMA meanwhile.
+                let t = Instant::now();
+                while !matches!(s.transport(), Transport::Tcp(_)) {
+                    if t.elapsed() > Duration::from_secs(60) {
+                        let rules = ip_cmd(&["rule", "show"]).unwrap_or_else(|e| e);
+                        return Err(format!(
+                            "still {} 60 s after the path was cut, {} bytes sent; stats: {}; rules:\n{rules}",
+                            s.transport(),
+                            sent.load(Ordering::Relaxed),
+                            smc_tokio::stats()
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                println!("  move_path_cut: moved {:.1} s after the cut", t.elapsed().as_secs_f64());
+            }
         }
-        Ok::<_, String>(pinned)
+        Ok::<_, String>((pinned, path_cut))
     };
-    let (w, r, m) = tokio::join!(writer, reader, mover);
-    w?;
-    let pinned_before = m?;
-    let gap = r?;
-    if fail {
+    // The first error ends the case (the cut, if any, goes with the mover's result).
+    let ((), gap, (pinned_before, path_cut)) = tokio::try_join!(writer, reader, mover)?;
+    drop(path_cut);
+    if how == Move::FailLink {
         // The failed group's pools (a registered chunk each, 2 MiB) are unpinned when its link
         // is torn down (on the setup thread), though the moved connection still holds the
         // group.
@@ -371,14 +440,24 @@ async fn case_move(addr: SocketAddr, size: usize, cut: usize, fail: bool) -> Res
             _ => return Err("no VmPin in /proc/self/status".into()),
         }
     }
-    let cause = if fail { smc_tokio::HandbackCause::LinkFailed } else { smc_tokio::HandbackCause::Requested };
-    let want = Transport::Tcp(smc_tokio::FallbackReason::HandedBack(cause));
-    if s.transport() != want {
-        return Err(format!("transport after the move is {}, expected {want}", s.transport()));
+    use smc_tokio::HandbackCause::{LinkFailed, Peer, Requested};
+    // Over a cut path either side may give up on the other first, and the other follows its
+    // frame.
+    let causes: &[_] = match how {
+        Move::HandBack => &[Requested],
+        Move::FailLink => &[LinkFailed],
+        Move::CutPath => &[LinkFailed, Peer],
+    };
+    if !causes.iter().any(|c| s.transport() == Transport::Tcp(smc_tokio::FallbackReason::HandedBack(*c))) {
+        return Err(format!("transport after the move is {}, expected a move for {causes:?}", s.transport()));
     }
     println!(
         "  move_{}: {} MiB echoed and compared, moved after {} KiB; transport {before} before, {} after; longest read stall {:.1} ms",
-        if fail { "link_failed" } else { "hand_back" },
+        match how {
+            Move::HandBack => "hand_back",
+            Move::FailLink => "link_failed",
+            Move::CutPath => "path_cut",
+        },
         size >> 20,
         cut >> 10,
         s.transport(),
@@ -903,8 +982,11 @@ async fn run_cases(addr: SocketAddr, single: bool) -> usize {
     case!("abort", case_abort(addr));
     case!("corrupt_cdc_fails_one_connection", case_corrupt_cdc(addr));
     case!("no_device_falls_back", case_no_device(addr));
-    case!("hand_back_mid_stream", case_move(addr, 16 << 20, 4 << 20, false));
-    case!("link_failure_moves_to_tcp", case_move(addr, 64 << 20, 8 << 20, true), Duration::from_secs(300));
+    case!("hand_back_mid_stream", case_move(addr, 16 << 20, 4 << 20, Move::HandBack));
+    case!("link_failure_moves_to_tcp", case_move(addr, 64 << 20, 8 << 20, Move::FailLink), Duration::from_secs(300));
+    if !single {
+        case!("path_cut_moves_to_tcp", case_move(addr, 16 << 20, 4 << 20, Move::CutPath));
+    }
     if single {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
         // Three ways of ending, SMC_RDMA_WRITER_ROUNDS writers each, at up to a second a writer.

@@ -597,10 +597,14 @@ impl Qp {
         )?;
         let mut a = ffi::ibv_qp_attr {
             qp_state: ffi::IBV_QPS_RTS,
-            // 14: 4.096 us * 2^14 = 67 ms per try, 7 tries: a dead peer is noticed in about
-            // half a second (the kernel's smc_ib uses 30 and 7 for real fabrics).
+            // 14: 4.096 us * 2^14 = 67 ms per try, 6 retries: a peer that stopped answering
+            // (its process, its host or the path to it gone) fails the link in about half a
+            // second (the kernel's smc_ib uses 30 and 7 for real fabrics). Not 7: soft-RoCE
+            // (rxe) takes a retry count of 7 for "retry forever", as the specification does only
+            // for `rnr_retry`, and a path that broke under two live processes must fail the
+            // link for their connections to move to TCP (`SmcConn::fail_link`).
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             // 7: retry forever on receiver-not-ready, as the kernel's SMC-R does; flow control
             // above (the peer's ring and our send-queue bound) keeps it rare.
             rnr_retry: 7,
