@@ -1921,10 +1921,12 @@ impl SmcConn {
     /// The RDMA peer's side of the link went away and its TCP connection has said nothing yet
     /// (see [`Self::fail_link`]). A peer process that died has had its TCP connection closed
     /// by its kernel before our queue pair gave up on it (the transport's retries take half a
-    /// second), so a TCP connection still silent after [`PEER_WORD_BOUND`] belongs to a live
-    /// process whose link broke too, waiting as we do: we move first, and it follows our frame.
-    /// A peer host that went silent does not answer the frame either; the probe's timeout
-    /// ([`probe_peer_host`]) ends the move, and the connection, then.
+    /// second), and the watcher acts on that end within its grace for a close in flight
+    /// ([`TCP_CLOSE_GRACE_RDMA`]), so a TCP connection still silent after [`PEER_WORD_BOUND`]
+    /// belongs to a live process whose link broke too, waiting as we do: we move first, and it
+    /// follows our frame. A peer host that went silent does not answer the frame either; the
+    /// probe's bound on unacknowledged data ([`probe_peer_host`]) ends the move, and the
+    /// connection ends as when the peer goes away (the bytes in our ring are read first).
     fn move_unless_told(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let me = self.me.clone();
@@ -1932,7 +1934,9 @@ impl SmcConn {
             tokio::time::sleep(PEER_WORD_BOUND).await;
             let Some(c) = me.upgrade() else { return };
             let mut st = c.lock();
-            if st.handback == Handback::Smc && c.start_handback(&mut st, HandbackCause::LinkFailed) {
+            // Not one the application let go of: its close could not reach the peer, and the
+            // release ends it when the group does.
+            if st.handback == Handback::Smc && !st.released && c.start_handback(&mut st, HandbackCause::LinkFailed) {
                 tracing::debug!(parent: &c.span, "the rdma peer's tcp connection is silent: moving first");
             }
         });
@@ -2209,12 +2213,12 @@ impl SmcConn {
 /// SMC. TCP keepalive asks its kernel, so that such a connection ends (`ETIMEDOUT`) instead of
 /// waiting for good: probes from 5 s of silence, every 2 s, 4 unanswered ones end it (about
 /// 13 s; a live host's kernel answers at once, whatever its process does). The same 13 s bound
-/// unacknowledged data (`TCP_USER_TIMEOUT`): a move we start ourselves
-/// ([`SmcConn::move_unless_told`]) writes its frame, and a frame a silent host never
-/// acknowledges would otherwise be retransmitted for a quarter of an hour (`tcp_retries2`)
-/// before the connection ends. The socket's own settings, returned, go back once the connection
-/// moved ([`Keepalive::restore`]); a socket whose application turned keepalive on is left as it
-/// is.
+/// unacknowledged data (`TCP_USER_TIMEOUT`, or the socket's own bound if shorter): a move we
+/// start ourselves ([`SmcConn::move_unless_told`]) writes its frame, and a frame a silent host
+/// never acknowledges would otherwise be retransmitted for a quarter of an hour (`tcp_retries2`)
+/// before the connection ends, with no keepalive probe meanwhile. The socket's own settings,
+/// returned, go back once the connection moved ([`Keepalive::restore`]); the keepalive of a
+/// socket whose application turned it on is left as it is (the bound still applies).
 fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
     let sock = socket2::SockRef::from(tcp);
     let before = Keepalive {
@@ -2224,17 +2228,21 @@ fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
         retries: sock.tcp_keepalive_retries().ok()?,
         user_timeout: sock.tcp_user_timeout().ok()?,
     };
-    if before.on {
-        // The application's own keepalive probes already.
-        return None;
-    }
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(std::time::Duration::from_secs(5))
-        .with_interval(std::time::Duration::from_secs(2))
-        .with_retries(4);
-    // 5 s + 4 * 2 s: what the probes above take to give up.
+    // 5 s + 4 * 2 s: what the probes below take to give up.
     let unacked = std::time::Duration::from_secs(13);
-    if let Err(e) = sock.set_tcp_keepalive(&ka).and_then(|()| sock.set_tcp_user_timeout(Some(unacked))) {
+    let bound = before.user_timeout.map_or(unacked, |t| t.min(unacked));
+    // The application's own keepalive probes already; while data is unacknowledged (a move's
+    // frame) no probe goes out, so the bound applies whoever probes.
+    let set = if before.on {
+        sock.set_tcp_user_timeout(Some(bound))
+    } else {
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(std::time::Duration::from_secs(5))
+            .with_interval(std::time::Duration::from_secs(2))
+            .with_retries(4);
+        sock.set_tcp_keepalive(&ka).and_then(|()| sock.set_tcp_user_timeout(Some(bound)))
+    };
+    if let Err(e) = set {
         tracing::debug!(error = %e, "cannot turn tcp keepalive on to probe the peer's host");
         before.restore(tcp);
         return None;
@@ -2259,11 +2267,10 @@ impl Keepalive {
         let sock = socket2::SockRef::from(tcp);
         let ka =
             socket2::TcpKeepalive::new().with_time(self.time).with_interval(self.interval).with_retries(self.retries);
-        if let Err(e) = sock
-            .set_tcp_keepalive(&ka)
-            .and_then(|()| sock.set_keepalive(self.on))
-            .and_then(|()| sock.set_tcp_user_timeout(self.user_timeout))
-        {
+        // Each on its own: one that fails leaves the others to go back.
+        let results =
+            [sock.set_tcp_keepalive(&ka), sock.set_keepalive(self.on), sock.set_tcp_user_timeout(self.user_timeout)];
+        for e in results.into_iter().filter_map(Result::err) {
             tracing::debug!(error = %e, "cannot put the tcp socket's keepalive settings back");
         }
     }
@@ -2271,9 +2278,11 @@ impl Keepalive {
 
 /// How long the TCP connection of an RDMA peer whose side of the link went away may stay
 /// silent before we move to it ([`SmcConn::fail_link`]): a dead process's kernel closes it
-/// within a round trip, and its queue pair stopped answering half a second before ours gave up
-/// (the retry budget set in `link::verbs`), so a second is many round trips on any network
-/// RoCE runs on, and short beside the half second the link took to fail.
+/// within a round trip, half a second before our queue pair gives up on its peer (the retry
+/// budget set in `link::verbs`), and the watcher takes that end after at most
+/// [`TCP_CLOSE_GRACE_RDMA`] (500 ms), so a peer process that died has always been found dead
+/// a second after the link failed. Should the move start first anyway, its frame meets the
+/// closed connection, and the connection ends as the watcher would have ended it.
 const PEER_WORD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long an RDMA peer may take to answer an abort before its link group is taken for gone:
@@ -2349,9 +2358,9 @@ mod tests {
                 sock.tcp_user_timeout().unwrap(),
             )
         };
-        // An application's own bound on unacknowledged data, which the probe's replaces for
-        // a while.
-        sock.set_tcp_user_timeout(Some(Duration::from_secs(7))).unwrap();
+        // An application's own bound on unacknowledged data, longer than the probe's, which
+        // replaces it for a while.
+        sock.set_tcp_user_timeout(Some(Duration::from_secs(20))).unwrap();
         let before = settings(&sock);
         assert!(!before.0, "a new socket does not keep alive");
         let saved = super::probe_peer_host(&c).expect("probes");
@@ -2362,11 +2371,21 @@ mod tests {
         saved.restore(&c);
         assert_eq!(settings(&sock), before);
 
-        // The application's own keepalive.
+        // The application's own keepalive is left as it is; unacknowledged data is bounded
+        // all the same, by the shorter of the two bounds.
         let ka = socket2::TcpKeepalive::new().with_time(Duration::from_secs(30));
         sock.set_tcp_keepalive(&ka).unwrap();
+        sock.set_tcp_user_timeout(Some(Duration::from_secs(7))).unwrap();
         let mine = settings(&sock);
-        assert!(super::probe_peer_host(&c).is_none());
+        let saved = super::probe_peer_host(&c).expect("bounds");
+        assert_eq!(settings(&sock), mine, "the application's 7 s are shorter");
+        saved.restore(&c);
+        assert_eq!(settings(&sock), mine);
+        sock.set_tcp_user_timeout(None).unwrap();
+        let mine = settings(&sock);
+        let saved = super::probe_peer_host(&c).expect("bounds");
+        assert_eq!(settings(&sock), (mine.0, mine.1, mine.2, mine.3, Some(Duration::from_secs(13))));
+        saved.restore(&c);
         assert_eq!(settings(&sock), mine);
     }
 

@@ -65,9 +65,18 @@ pub(crate) async fn exchange(tcp: &TcpStream, hb: &mut Handback, copy: &[u8]) ->
     Ok(())
 }
 
-/// A TCP error that says the peer's end is closed.
+/// A TCP error that says the peer's end is closed, or its host out of reach (the bound on
+/// unacknowledged data or the keepalive probes ran out: `ETIMEDOUT`, or an ICMP error for it).
 fn is_gone(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted)
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::TimedOut
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+    )
 }
 
 #[cfg(test)]
@@ -101,6 +110,19 @@ mod tests {
         let mut got_a = Vec::new();
         tokio::io::AsyncReadExt::read_to_end(&mut a, &mut got_a).await.unwrap();
         assert_eq!(got_a, &b_stream[3..], "B's write side was shut: A reads its end after the resend");
+    }
+
+    /// A host out of reach ends the exchange as a peer that went away, not as a failed move:
+    /// what the peer sent before is then read from the ring, as the watcher would have it.
+    #[test]
+    fn a_host_out_of_reach_is_gone() {
+        use io::ErrorKind::*;
+        for kind in [ConnectionReset, BrokenPipe, ConnectionAborted, TimedOut, HostUnreachable, NetworkUnreachable] {
+            assert!(is_gone(&io::Error::from(kind)), "{kind:?}");
+        }
+        for kind in [WouldBlock, Interrupted, InvalidData, OutOfMemory] {
+            assert!(!is_gone(&io::Error::from(kind)), "{kind:?}");
+        }
     }
 
     #[tokio::test]

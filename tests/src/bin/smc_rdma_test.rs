@@ -295,25 +295,33 @@ enum Move {
 /// behind it while the cut lasts. The protocol goes by number: the guest has no
 /// `/etc/protocols`. Soft-RoCE between two processes of one host never routes its packets (the
 /// device loops them back): this takes two hosts.
-struct PathCut;
+struct PathCut {
+    /// The interface whose incoming RoCE packets are dropped.
+    dev: String,
+}
 
 impl PathCut {
     fn new(ip: std::net::IpAddr) -> Result<PathCut, String> {
         let out = ip_cmd(&["-o", "addr", "show", "to", &ip.to_string()])?;
         let dev = out.split_whitespace().nth(1).ok_or_else(|| format!("no interface holds {ip}"))?.to_string();
         ip_cmd(&["rule", "add", "pref", "100", "lookup", "local"])?;
-        let cut = PathCut;
-        ip_cmd(&["rule", "del", "pref", "0"])?;
-        ip_cmd(&["rule", "add", "pref", "10", "iif", &dev, "ipproto", "17", "dport", "4791", "blackhole"])?;
+        let cut = PathCut { dev };
+        ip_cmd(&["rule", "del", "pref", "0", "lookup", "local"])?;
+        ip_cmd(&cut.blackhole("add"))?;
         Ok(cut)
+    }
+
+    /// `ip` arguments that add or delete (`op`) the rule that drops the packets.
+    fn blackhole<'a>(&'a self, op: &'a str) -> [&'a str; 11] {
+        ["rule", op, "pref", "10", "iif", &self.dev, "ipproto", "17", "dport", "4791", "blackhole"]
     }
 }
 
 impl Drop for PathCut {
     fn drop(&mut self) {
         let _ = ip_cmd(&["rule", "add", "pref", "0", "lookup", "local"]);
-        let _ = ip_cmd(&["rule", "del", "pref", "10"]);
-        let _ = ip_cmd(&["rule", "del", "pref", "100"]);
+        let _ = ip_cmd(&self.blackhole("del"));
+        let _ = ip_cmd(&["rule", "del", "pref", "100", "lookup", "local"]);
     }
 }
 
