@@ -19,5 +19,8 @@ fn smc_r_between_two_hosts_on_soft_roce() {
     }) else {
         return;
     };
-    tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(["path_cut_moves_to_tcp"]));
+    tests::assert_cases_passed(
+        &console,
+        tests::RDMA_CASES.into_iter().chain(["path_cut_moves_to_tcp", "silent_host_ends_the_connection"]),
+    );
 }

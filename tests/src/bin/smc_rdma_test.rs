@@ -288,32 +288,39 @@ enum Move {
     CutPath,
 }
 
-/// While it lives, this host drops every RoCE v2 packet (UDP, protocol 17, port 4791) that
-/// arrives on the interface holding `ip`, with a policy-routing rule whose route is a
-/// blackhole; TCP and everything else pass. The rule must come before the table of local
-/// addresses (preference 0, which new rules of preference 0 would follow), so that table moves
-/// behind it while the cut lasts. The protocol goes by number: the guest has no
-/// `/etc/protocols`. Soft-RoCE between two processes of one host never routes its packets (the
-/// device loops them back): this takes two hosts.
+/// While it lives, this host drops the packets that arrive on the interface holding `ip` and
+/// match `what` ([`PathCut::ROCE`]: every RoCE v2 packet, so TCP and everything else pass;
+/// or everything from one host), with a policy-routing rule whose route is a blackhole. The
+/// rule must come before the table of local addresses (preference 0, which new rules of
+/// preference 0 would follow), so that table moves behind it while the cut lasts. Soft-RoCE
+/// between two processes of one host never routes its packets (the device loops them back):
+/// this takes two hosts.
 struct PathCut {
-    /// The interface whose incoming RoCE packets are dropped.
-    dev: String,
+    /// The rule's selector: the interface, then `what`.
+    selector: Vec<String>,
 }
 
 impl PathCut {
-    fn new(ip: std::net::IpAddr) -> Result<PathCut, String> {
+    /// UDP (protocol 17, by number: the guest has no `/etc/protocols`) to RoCE v2's port.
+    const ROCE: [&'static str; 4] = ["ipproto", "17", "dport", "4791"];
+
+    fn new(ip: std::net::IpAddr, what: &[&str]) -> Result<PathCut, String> {
         let out = ip_cmd(&["-o", "addr", "show", "to", &ip.to_string()])?;
-        let dev = out.split_whitespace().nth(1).ok_or_else(|| format!("no interface holds {ip}"))?.to_string();
+        let dev = out.split_whitespace().nth(1).ok_or_else(|| format!("no interface holds {ip}"))?;
+        let selector = ["iif", dev].into_iter().chain(what.iter().copied()).map(String::from).collect();
         ip_cmd(&["rule", "add", "pref", "100", "lookup", "local"])?;
-        let cut = PathCut { dev };
+        let cut = PathCut { selector };
         ip_cmd(&["rule", "del", "pref", "0", "lookup", "local"])?;
         ip_cmd(&cut.blackhole("add"))?;
         Ok(cut)
     }
 
     /// `ip` arguments that add or delete (`op`) the rule that drops the packets.
-    fn blackhole<'a>(&'a self, op: &'a str) -> [&'a str; 11] {
-        ["rule", op, "pref", "10", "iif", &self.dev, "ipproto", "17", "dport", "4791", "blackhole"]
+    fn blackhole<'a>(&'a self, op: &'a str) -> Vec<&'a str> {
+        let mut args = vec!["rule", op, "pref", "10"];
+        args.extend(self.selector.iter().map(String::as_str));
+        args.push("blackhole");
+        args
     }
 }
 
@@ -323,6 +330,61 @@ impl Drop for PathCut {
         let _ = ip_cmd(&self.blackhole("del"));
         let _ = ip_cmd(&["rule", "del", "pref", "100", "lookup", "local"]);
     }
+}
+
+/// The server's host goes silent under an open echo connection (this host drops everything
+/// from it, TCP included): our queue pair gives up on the peer, the connection waits a second
+/// for the TCP connection's word, moves, and the move's frame is never acknowledged. The bound
+/// on unacknowledged data set for that wait (13 s) must end the connection, as a peer that
+/// went away: every byte that came back before is read, in order, then `SmcError::PeerGone`
+/// (not an end of stream: the peer never closed), within the case's bound where the system's
+/// retransmissions would take a quarter of an hour. Prints how long the end took.
+async fn case_silent_host(addr: SocketAddr) -> Result<(), String> {
+    const CHUNK: usize = 64 << 10;
+    let data = Rng::new(0x51_1e47).bytes(CHUNK);
+    let mut s = open(addr, b'E').await?;
+    // Traffic both ways first, all of it echoed.
+    let mut buf = vec![0u8; CHUNK];
+    for _ in 0..4 {
+        s.write_all(&data).await.map_err(|e| format!("write: {e}"))?;
+        s.read_exact(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+        if buf != data {
+            return Err("the echo differs".into());
+        }
+    }
+    let local = s.local_addr().map_err(|e| e.to_string())?.ip();
+    let peer = addr.ip().to_string();
+    let _cut = PathCut::new(local, &["from", &peer])?;
+    let t = Instant::now();
+    // One more chunk: its RDMA writes are what our queue pair gives up on. It fits in the
+    // peer's ring, so the write returns.
+    s.write_all(&data).await.map_err(|e| format!("write after the cut: {e}"))?;
+    let mut got = 0usize;
+    let end = loop {
+        match s.read(&mut buf).await {
+            Ok(0) => return Err(format!("end of stream after {got} bytes of the last chunk: the peer never closed")),
+            Ok(n) => {
+                if buf[..n] != data[got..got + n] {
+                    return Err(format!("the echo differs in bytes {got}..{}", got + n));
+                }
+                got += n;
+            }
+            Err(e) => break e,
+        }
+    };
+    let took = t.elapsed();
+    println!(
+        "  silent_host: ended {:.1} s after the cut ({} after {got} echoed bytes of the last chunk); transport {}",
+        took.as_secs_f64(),
+        end,
+        s.transport()
+    );
+    // Within the case's bound (the system's retransmissions would take a quarter of an hour),
+    // and as a peer that went away, not as a move that failed.
+    if smc_tokio::SmcError::from_io(&end) != Some(&smc_tokio::SmcError::PeerGone) {
+        return Err(format!("the connection ended with {end:?}, expected SmcError::PeerGone"));
+    }
+    Ok(())
 }
 
 /// Runs iproute2's `ip` with `args`; its output, or what it said when it failed.
@@ -405,7 +467,7 @@ async fn case_move(addr: SocketAddr, size: usize, cut: usize, how: Move) -> Resu
             Move::FailLink => s.fail_link().map_err(|e| format!("fail_link: {e}"))?,
             Move::CutPath => {
                 let local = s.local_addr().map_err(|e| e.to_string())?.ip();
-                path_cut = Some(PathCut::new(local)?);
+                path_cut = Some(PathCut::new(local, &PathCut::ROCE)?);
                 // The path stays cut until the connection moved: neither side may hear from
                 // the other over RDMA meanwhile.
                 let t = Instant::now();
@@ -994,6 +1056,7 @@ async fn run_cases(addr: SocketAddr, single: bool) -> usize {
     case!("link_failure_moves_to_tcp", case_move(addr, 64 << 20, 8 << 20, Move::FailLink), Duration::from_secs(300));
     if !single {
         case!("path_cut_moves_to_tcp", case_move(addr, 16 << 20, 4 << 20, Move::CutPath));
+        case!("silent_host_ends_the_connection", case_silent_host(addr));
     }
     if single {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));
