@@ -579,3 +579,64 @@ async fn listener_conversions() {
     let s = SmcStream::connect(addr).await.unwrap();
     bounded(10, echo_check(s, b"from tokio", 2, 1)).await;
 }
+
+/// A plain client's stream, accepted by an `SmcListener`, that has sent nothing yet: its
+/// guard (which takes a late handshake message off the stream) is still on. Returns the
+/// server's stream, after a read that found nothing, and the client.
+async fn silent_plain_client() -> (std::sync::Arc<SmcStream>, TcpStream) {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+    let (server, _) = bounded(10, listener.accept()).await.unwrap();
+    assert_eq!(server.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    let mut buf = [0u8; 16];
+    assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    (std::sync::Arc::new(server), client)
+}
+
+/// Asking for either direction on a plain client's stream that has nothing to read answers
+/// writable at once, as tokio's does: a server that pushes (`ready(READABLE | WRITABLE)` in
+/// a loop) must not wait for its client to speak first.
+#[tokio::test]
+async fn a_silent_plain_clients_stream_is_writable_when_asked_for_either() {
+    use tokio::io::Interest;
+    let (server, _client) = silent_plain_client().await;
+    let ready = bounded(5, server.ready(Interest::READABLE | Interest::WRITABLE)).await.unwrap();
+    assert!(ready.is_writable() && !ready.is_readable(), "{ready:?}");
+    assert_eq!(server.try_write(b"hello").unwrap(), 5);
+}
+
+/// Every task that waits for a plain client's bytes is woken when they come, as with tokio:
+/// two readiness futures, and a `poll_read_ready` caller; `try_read` calls in between (which
+/// find nothing) take no task's place. Then the bytes are the client's, exactly.
+#[tokio::test]
+async fn every_task_waiting_for_a_plain_client_is_woken() {
+    let (server, mut client) = silent_plain_client().await;
+    let mut a = tokio_test::task::spawn(server.readable());
+    let mut b = tokio_test::task::spawn(server.readable());
+    let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
+    assert!(a.poll().is_pending());
+    assert!(b.poll().is_pending());
+    assert!(polled.poll().is_pending());
+    let mut buf = [0u8; 16];
+    assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    client.write_all(b"hi there").await.unwrap();
+    bounded(5, async {
+        while !(a.is_woken() && b.is_woken() && polled.is_woken()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(a.poll().is_ready() && b.poll().is_ready() && polled.poll().is_ready());
+    drop((a, b, polled));
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        server.readable().await.unwrap();
+        match server.try_read(&mut buf) {
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got, b"hi there");
+}

@@ -140,10 +140,12 @@ impl InbandGuard {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A read through the guard. `None`: the guard is done; read the socket directly.
+    /// A read through the guard. `None`: the guard is done; read the socket directly. Without
+    /// a context (`try_read`) a read that would wait answers `Pending` and leaves no waker
+    /// anywhere: the socket keeps one reader's waker, which a `try_*` call must not take.
     pub(crate) fn poll_read(
         &self,
-        cx: &mut Context<'_>,
+        mut cx: Option<&mut Context<'_>>,
         tcp: TcpIo<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Option<Poll<io::Result<()>>> {
@@ -196,7 +198,7 @@ impl InbandGuard {
                         st.held.extend_from_slice(&buf.filled()[before..]);
                         buf.set_filled(before);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_read_ready(cx) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => continue,
                         Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
                         Poll::Pending => return Some(Poll::Pending),
@@ -204,7 +206,7 @@ impl InbandGuard {
                     Err(e) => return Some(Poll::Ready(Err(e))),
                 }
             }
-            match self.poll_decide(cx, &mut st, tcp) {
+            match self.poll_decide(cx.as_deref_mut(), &mut st, tcp) {
                 Poll::Ready(Ok(())) => continue,
                 Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
                 Poll::Pending => return Some(Poll::Pending),
@@ -213,10 +215,11 @@ impl InbandGuard {
     }
 
     /// A peek through the guard: the bytes the next read would return, without taking them.
-    /// `None`: the guard is done; peek at the socket directly.
+    /// `None`: the guard is done; peek at the socket directly. Without a context, as
+    /// [`poll_read`](Self::poll_read).
     pub(crate) fn poll_peek(
         &self,
-        cx: &mut Context<'_>,
+        mut cx: Option<&mut Context<'_>>,
         tcp: TcpIo<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Option<Poll<io::Result<usize>>> {
@@ -239,7 +242,7 @@ impl InbandGuard {
                 Phase::Undecided => {}
             }
             let _ = flush_reply(tcp, &mut st);
-            match self.poll_decide(cx, &mut st, tcp) {
+            match self.poll_decide(cx.as_deref_mut(), &mut st, tcp) {
                 Poll::Ready(Ok(())) => continue,
                 Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
                 Poll::Pending => return Some(Poll::Pending),
@@ -247,9 +250,22 @@ impl InbandGuard {
         }
     }
 
+    /// When held bytes that start like a handshake message stop waiting for the rest and
+    /// become data, if they wait (for a readiness future, which waits for it without the
+    /// guard's timer).
+    pub(crate) fn partial_deadline(&self) -> Option<tokio::time::Instant> {
+        if !self.is_active() {
+            return None;
+        }
+        let st = self.lock();
+        st.partial.as_ref().filter(|_| st.phase == Phase::Undecided).map(|t| t.deadline())
+    }
+
     /// Reads into the held bytes until they decide (a message taken, or data), or the socket
-    /// has nothing more for now (`Pending`, woken by readiness or the partial-prefix timer).
-    fn poll_decide(&self, cx: &mut Context<'_>, st: &mut State, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+    /// has nothing more for now (`Pending`, woken by readiness or the partial-prefix timer if
+    /// there is a context; without one, nothing is registered and the timer is read as a
+    /// deadline).
+    fn poll_decide(&self, mut cx: Option<&mut Context<'_>>, st: &mut State, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         loop {
             if !st.held.is_empty() && self.decide(st, tcp).is_some() {
                 return Poll::Ready(Ok(()));
@@ -279,12 +295,16 @@ impl InbandGuard {
                         }
                         let wait = st.partial_wait;
                         let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
-                        if timer.as_mut().poll(cx).is_ready() {
+                        let over = match cx.as_deref_mut() {
+                            Some(cx) => timer.as_mut().poll(cx).is_ready(),
+                            None => tokio::time::Instant::now() >= timer.deadline(),
+                        };
+                        if over {
                             st.phase = Phase::Deliver;
                             return Poll::Ready(Ok(()));
                         }
                     }
-                    match tcp.poll_read_ready(cx) {
+                    match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => continue,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                         Poll::Pending => return Poll::Pending,
@@ -317,8 +337,9 @@ impl InbandGuard {
 
     /// Called before the application writes: answers a Proposal that is already waiting,
     /// writes a Decline still owed, and notes that the application has written (so later
-    /// Proposals are dropped silently). `Pending` only while a Decline cannot be written yet.
-    pub(crate) fn poll_before_write(&self, cx: &mut Context<'_>, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+    /// Proposals are dropped silently). `Pending` only while a Decline cannot be written yet
+    /// (without a context, `try_write`, nothing is registered for it).
+    pub(crate) fn poll_before_write(&self, mut cx: Option<&mut Context<'_>>, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         if !self.is_active() {
             return Poll::Ready(Ok(()));
         }
@@ -346,10 +367,13 @@ impl InbandGuard {
         loop {
             match flush_reply(tcp, &mut st) {
                 Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match tcp.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => continue,
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => return Poll::Pending,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match cx.as_deref_mut() {
+                    Some(cx) => match tcp.poll_write_ready(cx) {
+                        Poll::Ready(Ok(())) => continue,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    },
+                    None => return Poll::Pending,
                 },
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -366,6 +390,15 @@ impl InbandGuard {
             st.partial = None;
             self.active.store(false, Ordering::Release);
         }
+    }
+}
+
+/// The socket's read readiness for a call with a context; `Pending` without one (the caller
+/// does not wait, and the socket's one reader waker stays whose it is).
+fn poll_read_ready(tcp: TcpIo<'_>, cx: Option<&mut Context<'_>>) -> Poll<io::Result<()>> {
+    match cx {
+        Some(cx) => tcp.poll_read_ready(cx),
+        None => Poll::Pending,
     }
 }
 

@@ -738,7 +738,7 @@ impl SmcStream {
         }
         ready!(self.poll_skip(Some(cx), false))?;
         if let Some(g) = self.guard() {
-            if let Some(p) = g.poll_peek(cx, self.io(), buf) {
+            if let Some(p) = g.poll_peek(Some(cx), self.io(), buf) {
                 return p;
             }
         }
@@ -967,13 +967,73 @@ impl SmcStream {
         match self.path() {
             PathRef::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready_future(cx, interest)).await),
             PathRef::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
-                // Bytes may sit in the guard (a late handshake message was taken off the
-                // socket): readable means "a read returns something", which peek tells.
-                let mut b = [0u8; 1];
-                std::future::poll_fn(|cx| self.poll_peek(cx, &mut ReadBuf::new(&mut b))).await?;
-                Ok(Ready::READABLE)
+                self.guarded_ready(g, interest).await
             }
             PathRef::Tcp(_) => self.io().ready(interest).await,
+        }
+    }
+
+    /// [`ready`](Self::ready) while a plain client's guard may still take a handshake message
+    /// off the stream. Bytes may sit in the guard (a late message was taken off the socket), so
+    /// readable means "a read returns something", which the guard's peek tells; it peeks
+    /// without a context, and the wait is tokio's readiness future on the socket (every waiting
+    /// task is woken, and the socket's one reader waker stays the `poll_*` caller's), or the
+    /// guard's deadline for bytes that start like a message. Any other interest is the
+    /// socket's own, waited for alongside.
+    async fn guarded_ready(&self, g: &InbandGuard, interest: Interest) -> io::Result<Ready> {
+        use std::future::Future;
+        let others = interest.remove(Interest::READABLE);
+        loop {
+            let mut b = [0u8; 1];
+            match g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
+                // The guard is done: the socket is the stream.
+                None => return self.io().ready(interest).await,
+                Some(Poll::Ready(r)) => {
+                    r?;
+                    let mut ready = Ready::READABLE;
+                    if let Some(w) = others {
+                        // The other directions as they are now, not waited for.
+                        let now = std::pin::pin!(self.io().ready(w));
+                        if let Poll::Ready(Ok(r)) = now.poll(&mut Context::from_waker(std::task::Waker::noop())) {
+                            ready |= r;
+                        }
+                    }
+                    return Ok(ready);
+                }
+                Some(Poll::Pending) => {}
+            }
+            let deadline = g.partial_deadline();
+            // The raw socket's readiness, not the assumed one: the peek above found nothing.
+            let mut bytes = std::pin::pin!(self.tcp.ready(Interest::READABLE));
+            let mut other = std::pin::pin!(async {
+                match others {
+                    Some(w) => self.io().ready(w).await,
+                    None => std::future::pending().await,
+                }
+            });
+            let mut timer = std::pin::pin!(async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            });
+            let woke = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = other.as_mut().poll(cx) {
+                    return Poll::Ready(Some(r));
+                }
+                if let Poll::Ready(r) = bytes.as_mut().poll(cx) {
+                    // Bytes (or an error, which the peek meets): look again.
+                    return Poll::Ready(r.err().map(Err));
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                Poll::Pending
+            })
+            .await;
+            if let Some(r) = woke {
+                return r;
+            }
         }
     }
 
@@ -1285,35 +1345,41 @@ impl SmcStream {
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {
                 let before = rb.filled().len();
-                match self.poll_read_io(&mut Context::from_waker(std::task::Waker::noop()), rb) {
-                    Poll::Ready(r) => r.map(|()| rb.filled().len() - before)?,
-                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                // No context: a read that finds nothing leaves the socket's one reader waker
+                // alone, as tokio's `try_read` does. A guard that is done reads on below.
+                match g.poll_read(None, self.io(), rb) {
+                    Some(Poll::Ready(r)) => r.map(|()| rb.filled().len() - before)?,
+                    Some(Poll::Pending) => return Err(io::ErrorKind::WouldBlock.into()),
+                    None => self.try_read_plain(rb)?,
                 }
             }
-            PathRef::Tcp(_) => {
-                self.skip_now()?;
-                // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
-                // recv writes at most that many bytes and they are marked initialized only
-                // after it returned their count.
-                let unfilled = unsafe { rb.unfilled_mut() };
-                let fd = self.tcp.as_raw_fd();
-                let n = self.io().try_io(Interest::READABLE, || {
-                    // SAFETY: `fd` is the stream's open socket; pointer and length describe
-                    // the unfilled region borrowed above.
-                    let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
-                    if n < 0 {
-                        Err(io::Error::last_os_error())
-                    } else {
-                        Ok(n as usize)
-                    }
-                })?;
-                // SAFETY: recv initialized the first `n` unfilled bytes.
-                unsafe { rb.assume_init(n) };
-                rb.advance(n);
-                n
-            }
+            PathRef::Tcp(_) => self.try_read_plain(rb)?,
         };
         self.moved(false, n);
+        Ok(n)
+    }
+
+    /// One read of the TCP socket that does not wait, into `rb` (no guard in the way).
+    fn try_read_plain(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+        self.skip_now()?;
+        // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
+        // recv writes at most that many bytes and they are marked initialized only
+        // after it returned their count.
+        let unfilled = unsafe { rb.unfilled_mut() };
+        let fd = self.tcp.as_raw_fd();
+        let n = self.io().try_io(Interest::READABLE, || {
+            // SAFETY: `fd` is the stream's open socket; pointer and length describe
+            // the unfilled region borrowed above.
+            let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        })?;
+        // SAFETY: recv initialized the first `n` unfilled bytes.
+        unsafe { rb.assume_init(n) };
+        rb.advance(n);
         Ok(n)
     }
 
@@ -1375,10 +1441,13 @@ impl SmcStream {
                 r => r?,
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {
-                match self.poll_write_io(&mut Context::from_waker(std::task::Waker::noop()), buf) {
+                // No context: a write that cannot go now leaves the socket's one writer waker
+                // alone, as tokio's `try_write` does.
+                match g.poll_before_write(None, self.io()) {
                     Poll::Ready(r) => r?,
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
+                self.io().try_write(buf)?
             }
             PathRef::Tcp(_) => self.io().try_write(buf)?,
         };
@@ -1411,10 +1480,11 @@ impl SmcStream {
                 r => r?,
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {
-                match self.poll_write_vectored_io(&mut Context::from_waker(std::task::Waker::noop()), bufs) {
+                match g.poll_before_write(None, self.io()) {
                     Poll::Ready(r) => r?,
                     Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
+                self.io().try_write_vectored(bufs)?
             }
             PathRef::Tcp(_) => self.io().try_write_vectored(bufs)?,
         };
@@ -1655,7 +1725,7 @@ impl SmcStream {
         }
         ready!(self.poll_skip(Some(cx), true))?;
         if let Some(g) = self.guard() {
-            if let Some(p) = g.poll_read(cx, self.io(), buf) {
+            if let Some(p) = g.poll_read(Some(cx), self.io(), buf) {
                 return p;
             }
         }
@@ -1697,7 +1767,7 @@ impl SmcStream {
             }
         }
         if let Some(g) = self.guard() {
-            ready!(g.poll_before_write(cx, self.io()))?;
+            ready!(g.poll_before_write(Some(cx), self.io()))?;
         }
         loop {
             ready!(self.io().poll_write_ready(cx))?;
@@ -1715,7 +1785,7 @@ impl SmcStream {
             }
         }
         if let Some(g) = self.guard() {
-            ready!(g.poll_before_write(cx, self.io()))?;
+            ready!(g.poll_before_write(Some(cx), self.io()))?;
         }
         loop {
             ready!(self.io().poll_write_ready(cx))?;
@@ -1848,7 +1918,7 @@ impl SmcStream {
 
     async fn tcp_sendfile(&self, file: BorrowedFd<'_>, at: &mut u64, left: &mut u64) -> io::Result<()> {
         if let Some(g) = self.guard() {
-            std::future::poll_fn(|cx| g.poll_before_write(cx, self.io())).await?;
+            std::future::poll_fn(|cx| g.poll_before_write(Some(cx), self.io())).await?;
         }
         while *left > 0 {
             // sendfile(2) moves at most 0x7ffff000 bytes per call.
@@ -1873,7 +1943,7 @@ impl SmcStream {
         }
         if let Some(g) = self.guard() {
             // A Decline still owed goes out before our FIN.
-            ready!(g.poll_before_write(cx, self.io()))?;
+            ready!(g.poll_before_write(Some(cx), self.io()))?;
         }
         Poll::Ready(self.shutdown_priv())
     }
