@@ -1362,14 +1362,20 @@ impl SmcStream {
     /// One read of the TCP socket that does not wait, into `rb` (no guard in the way).
     fn try_read_plain(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
         self.skip_now()?;
-        // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length;
-        // recv writes at most that many bytes and they are marked initialized only
-        // after it returned their count.
+        self.recv_into(rb)
+    }
+
+    /// One `recv` of the TCP socket into `rb`'s unfilled part, through the socket's (assumed)
+    /// readiness, as tokio's `try_read` does: the bytes it took.
+    fn recv_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+        // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
+        // writes at most that many bytes and they are marked initialized only after it
+        // returned their count.
         let unfilled = unsafe { rb.unfilled_mut() };
         let fd = self.tcp.as_raw_fd();
         let n = self.io().try_io(Interest::READABLE, || {
-            // SAFETY: `fd` is the stream's open socket; pointer and length describe
-            // the unfilled region borrowed above.
+            // SAFETY: `fd` is the stream's open socket; pointer and length describe the
+            // unfilled region borrowed above.
             let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
             if n < 0 {
                 Err(io::Error::last_os_error())
@@ -1731,28 +1737,8 @@ impl SmcStream {
         }
         loop {
             ready!(self.io().poll_read_ready(cx))?;
-            let fd = self.tcp.as_raw_fd();
-            // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
-            // writes at most that many bytes and they are marked initialized only after it
-            // returned their count.
-            let unfilled = unsafe { buf.unfilled_mut() };
-            let res = self.io().try_io(Interest::READABLE, || {
-                // SAFETY: `fd` is the stream's open socket; the pointer and length describe the
-                // unfilled, writable region borrowed above.
-                let n = unsafe { libc::recv(fd, unfilled.as_mut_ptr().cast(), unfilled.len(), 0) };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
-            match res {
-                Ok(n) => {
-                    // SAFETY: recv initialized the first `n` bytes of the unfilled region.
-                    unsafe { buf.assume_init(n) };
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+            match self.recv_into(buf) {
+                Ok(_) => return Poll::Ready(Ok(())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Poll::Ready(Err(e)),
