@@ -150,3 +150,50 @@ pub fn rdma_setup_calls_on_runtime() -> u64 {
 pub fn reader_spins(ctx: &crate::Context) -> u64 {
     ctx.counters().reader_spins()
 }
+
+#[cfg(feature = "test-util")]
+fn partial_waits() -> &'static std::sync::Mutex<std::collections::HashMap<SocketAddr, Duration>> {
+    static T: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<SocketAddr, Duration>>> =
+        std::sync::OnceLock::new();
+    T.get_or_init(Default::default)
+}
+
+/// Makes plain clients accepted from now on by the listener at `server` wait `wait` for the
+/// rest of bytes that start like a handshake message, as clients on other hosts do (50 ms;
+/// clients on this host never wait), so that the wait can be tested on one host; `None` puts
+/// the rule back.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+/// smc_tokio::faults::set_partial_wait(listener.local_addr()?, Some(Duration::from_millis(50)));
+/// // ... plain clients of `listener` that send a lone 0xE2 byte now wait 50 ms ...
+/// smc_tokio::faults::set_partial_wait(listener.local_addr()?, None);
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "test-util")]
+pub fn set_partial_wait(server: SocketAddr, wait: Option<Duration>) {
+    let mut t = partial_waits().lock().unwrap_or_else(|e| e.into_inner());
+    match wait {
+        Some(w) => t.insert(server, w),
+        None => t.remove(&server),
+    };
+}
+
+/// The wait [`set_partial_wait`] set for the listener at `server`.
+#[cfg(feature = "test-util")]
+pub(crate) fn partial_wait(server: SocketAddr) -> Option<Duration> {
+    partial_waits().lock().unwrap_or_else(|e| e.into_inner()).get(&server).copied()
+}
+
+#[cfg(not(feature = "test-util"))]
+#[inline]
+pub(crate) fn partial_wait(_server: SocketAddr) -> Option<std::time::Duration> {
+    None
+}

@@ -614,9 +614,11 @@ async fn every_task_waiting_for_a_plain_client_is_woken() {
     let mut a = tokio_test::task::spawn(server.readable());
     let mut b = tokio_test::task::spawn(server.readable());
     let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
+    // The `poll_*` caller first: a readiness future that took the socket's one reader slot
+    // after it would leave it unwoken.
+    assert!(polled.poll().is_pending());
     assert!(a.poll().is_pending());
     assert!(b.poll().is_pending());
-    assert!(polled.poll().is_pending());
     let mut buf = [0u8; 16];
     assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
     assert_eq!(server.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
@@ -639,4 +641,77 @@ async fn every_task_waiting_for_a_plain_client_is_woken() {
         }
     }
     assert_eq!(got, b"hi there");
+}
+
+/// Two tasks peeking at a plain client's stream, and a `poll_read_ready` caller, are all woken
+/// when the client's bytes come, and both peeks see them, as with tokio's `peek`.
+#[tokio::test]
+async fn every_task_peeking_at_a_plain_client_is_woken() {
+    let (server, mut client) = silent_plain_client().await;
+    let (mut b1, mut b2) = ([0u8; 8], [0u8; 8]);
+    let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
+    let mut p1 = tokio_test::task::spawn(server.peek(&mut b1));
+    let mut p2 = tokio_test::task::spawn(server.peek(&mut b2));
+    assert!(polled.poll().is_pending());
+    assert!(p1.poll().is_pending());
+    assert!(p2.poll().is_pending());
+    client.write_all(b"peekaboo").await.unwrap();
+    bounded(5, async {
+        while !(p1.is_woken() && p2.is_woken() && polled.is_woken()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (n1, n2) = match (p1.poll(), p2.poll()) {
+        (std::task::Poll::Ready(n1), std::task::Poll::Ready(n2)) => (n1.unwrap(), n2.unwrap()),
+        other => panic!("{other:?}"),
+    };
+    drop((p1, p2, polled));
+    assert!(n1 > 0 && n2 > 0);
+    assert_eq!(&b1[..n1], &b"peekaboo"[..n1]);
+    assert_eq!(&b2[..n2], &b"peekaboo"[..n2]);
+}
+
+/// A plain client whose first byte is the handshake eyecatcher's first, and nothing after it:
+/// the guard holds it for the rest of a possible handshake message, as long as clients on other
+/// hosts are given (set long here, so that "not yet" is certain), then hands it to the
+/// application. A readiness future waits for that deadline (it has no timer of the guard's to
+/// be woken by), and so does a read; neither answers before, and the byte comes out as sent.
+#[tokio::test]
+async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    smc_tokio::faults::set_partial_wait(addr, Some(Duration::from_millis(1500)));
+    for reader in ["readiness future", "read"] {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
+        client.write_all(&[0xE2]).await.unwrap();
+        let mut byte = [0u8; 1];
+        if reader == "read" {
+            let mut read = tokio_test::task::spawn(server.read(&mut byte));
+            assert!(read.poll().is_pending());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(read.poll().is_pending(), "{reader}: answered before the wait ended");
+            let n = bounded(5, read).await.unwrap();
+            assert_eq!(&byte[..n], &[0xE2]);
+        } else {
+            // A fresh stream is taken to be readable until a read finds nothing (tokio's
+            // accepted streams are): this one finds the byte held.
+            let e = server.try_read(&mut byte).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+            let mut ready = tokio_test::task::spawn(server.readable());
+            assert!(ready.poll().is_pending());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(ready.poll().is_pending(), "{reader}: answered before the wait ended");
+            bounded(5, ready).await.unwrap();
+            assert_eq!(server.try_read(&mut byte).unwrap(), 1);
+            assert_eq!(byte, [0xE2]);
+        }
+        // The rest of the stream is the client's, as sent.
+        client.write_all(b"rest").await.unwrap();
+        let mut rest = [0u8; 4];
+        bounded(5, server.read_exact(&mut rest)).await.unwrap();
+        assert_eq!(&rest, b"rest", "{reader}");
+    }
+    smc_tokio::faults::set_partial_wait(addr, None);
 }

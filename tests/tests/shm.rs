@@ -559,3 +559,41 @@ async fn reads_then_both_ways_over_tcp(c: &mut SmcStream, s: &mut SmcStream, wan
     bounded(10, c.read_exact(&mut back)).await.unwrap();
     assert_eq!(&back, b"back");
 }
+
+/// Two tasks peeking at an SMC-D stream, and a `poll_read_ready` caller, are all woken when
+/// the peer's bytes come, and both peeks see them (tokio's `peek` wakes every peeker; the
+/// `poll_*` methods keep one waker).
+#[tokio::test]
+async fn every_task_peeking_over_shared_memory_is_woken() {
+    // No adaptive polling: a polling reader wakes itself, which would hide a lost wake.
+    let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
+    let listener = SmcListener::builder().shm(shm).bind("127.0.0.1:0").await.unwrap();
+    let mut client = smc(listener.local_addr().unwrap()).await;
+    let (server, _) = bounded(10, listener.accept()).await.unwrap();
+    assert_eq!(server.transport(), Transport::SmcD);
+    // Readable until a read finds nothing, as tokio's streams are.
+    let e = server.try_read(&mut [0u8; 8]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    let (mut b1, mut b2) = ([0u8; 8], [0u8; 8]);
+    let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
+    let mut p1 = tokio_test::task::spawn(server.peek(&mut b1));
+    let mut p2 = tokio_test::task::spawn(server.peek(&mut b2));
+    assert!(polled.poll().is_pending());
+    assert!(p1.poll().is_pending());
+    assert!(p2.poll().is_pending());
+    client.write_all(b"peekaboo").await.unwrap();
+    bounded(5, async {
+        while !(p1.is_woken() && p2.is_woken() && polled.is_woken()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (n1, n2) = match (p1.poll(), p2.poll()) {
+        (std::task::Poll::Ready(n1), std::task::Poll::Ready(n2)) => (n1.unwrap(), n2.unwrap()),
+        other => panic!("{other:?}"),
+    };
+    drop((p1, p2, polled));
+    assert!(n1 > 0 && n2 > 0);
+    assert_eq!(&b1[..n1], &b"peekaboo"[..n1]);
+    assert_eq!(&b2[..n2], &b"peekaboo"[..n2]);
+}

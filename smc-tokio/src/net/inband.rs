@@ -47,7 +47,10 @@ const PARTIAL_WAIT: Duration = Duration::from_millis(50);
 /// for a client on another host). A client on this host has no middlebox between us: its
 /// handshake messages, written whole, arrive whole, so a prefix is data at once and no plain
 /// client of this host ever waits for a timer.
-pub(crate) fn partial_wait_for(peer: Option<std::net::SocketAddr>) -> Duration {
+pub(crate) fn partial_wait_for(peer: Option<std::net::SocketAddr>, local: Option<std::net::SocketAddr>) -> Duration {
+    if let Some(wait) = local.and_then(crate::faults::partial_wait) {
+        return wait;
+    }
     match peer {
         Some(p) if crate::sys::is_local_ip(p.ip()) => Duration::ZERO,
         _ => PARTIAL_WAIT,
@@ -75,9 +78,19 @@ struct State {
     app_wrote: bool,
     /// A Decline still to be written before the application's next bytes.
     reply: Vec<u8>,
-    partial: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Held bytes that start like a handshake message wait for the rest until then.
+    partial: Option<Box<Partial>>,
     /// How long a partial prefix waits for more ([`partial_wait_for`]).
     partial_wait: Duration,
+}
+
+/// The wait of held bytes for the rest of a possible handshake message (boxed: rare, and the
+/// stream stays small without it).
+struct Partial {
+    deadline: tokio::time::Instant,
+    /// Made when a call with a context waits for the deadline (a call without one reads the
+    /// deadline, and may come from outside any runtime).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// See the module documentation.
@@ -258,7 +271,7 @@ impl InbandGuard {
             return None;
         }
         let st = self.lock();
-        st.partial.as_ref().filter(|_| st.phase == Phase::Undecided).map(|t| t.deadline())
+        st.partial.as_ref().filter(|_| st.phase == Phase::Undecided).map(|p| p.deadline)
     }
 
     /// Reads into the held bytes until they decide (a message taken, or data), or the socket
@@ -294,10 +307,16 @@ impl InbandGuard {
                             self.counters.partial_wait();
                         }
                         let wait = st.partial_wait;
-                        let timer = st.partial.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+                        let p = st.partial.get_or_insert_with(|| {
+                            Box::new(Partial { deadline: tokio::time::Instant::now() + wait, timer: None })
+                        });
                         let over = match cx.as_deref_mut() {
-                            Some(cx) => timer.as_mut().poll(cx).is_ready(),
-                            None => tokio::time::Instant::now() >= timer.deadline(),
+                            Some(cx) => {
+                                let deadline = p.deadline;
+                                let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                                timer.as_mut().poll(cx).is_ready()
+                            }
+                            None => tokio::time::Instant::now() >= p.deadline,
                         };
                         if over {
                             st.phase = Phase::Deliver;

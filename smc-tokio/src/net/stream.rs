@@ -341,7 +341,7 @@ impl SmcStream {
     }
 
     fn from_tcp_guarded(ctx: SmcContext, tcp: TcpStream, transport: Transport, owed: Owed) -> SmcStream {
-        let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok());
+        let wait = crate::net::inband::partial_wait_for(tcp.peer_addr().ok(), tcp.local_addr().ok());
         let counters = ctx.counters().clone();
         let mut s = SmcStream::from_tcp(ctx, tcp, transport);
         s.path = Path::Tcp(Some(InbandGuard::new(owed, wait, counters)));
@@ -702,11 +702,43 @@ impl SmcStream {
     /// # }
     /// ```
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        std::future::poll_fn(|cx| {
-            let mut rb = ReadBuf::new(buf);
-            self.poll_peek(cx, &mut rb)
-        })
-        .await
+        // As tokio's: a peek that does not wait, and the stream's readiness future between
+        // tries, so that every task peeking is woken (the `poll_*` methods keep one waker).
+        loop {
+            match self.try_peek_into(&mut ReadBuf::new(buf)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
+                r => return r,
+            }
+        }
+    }
+
+    /// A peek that does not wait: `WouldBlock` where there is nothing to see yet.
+    fn try_peek_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+        if let Some(s) = self.smc() {
+            match s.conn.try_peek(rb) {
+                Err(e) if SmcConn::is_moved_error(&e) => {}
+                r => return r,
+            }
+        }
+        if let Poll::Ready(r) = self.poll_skip(None, false) {
+            r?;
+        }
+        if let Some(g) = self.guard() {
+            match g.poll_peek(None, self.io(), rb) {
+                Some(Poll::Ready(r)) => return r,
+                Some(Poll::Pending) => return Err(io::ErrorKind::WouldBlock.into()),
+                None => {}
+            }
+        }
+        // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; the peek
+        // writes at most that many bytes, and only the count it returned is marked
+        // initialized below.
+        let unfilled = unsafe { rb.unfilled_mut() };
+        let n = self.io().try_io(Interest::READABLE, || socket2::SockRef::from(&self.tcp).peek(unfilled))?;
+        // SAFETY: the peek initialized the first `n` bytes of the unfilled region.
+        unsafe { rb.assume_init(n) };
+        rb.advance(n);
+        Ok(n)
     }
 
     /// Polls for data to peek at; see [`peek`](SmcStream::peek). On `Ready(Ok(n))` the first `n`
@@ -1032,7 +1064,14 @@ impl SmcStream {
             })
             .await;
             if let Some(r) = woke {
-                return r;
+                // Another direction is ready; readable too if a read would return something
+                // now, as tokio reports every direction that is ready.
+                let mut ready = r?;
+                let mut b = [0u8; 1];
+                if let Some(Poll::Ready(Ok(_))) = g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
+                    ready |= Ready::READABLE;
+                }
+                return Ok(ready);
             }
         }
     }

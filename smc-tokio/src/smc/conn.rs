@@ -779,7 +779,16 @@ impl SmcConn {
 
     /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
     pub(crate) fn try_read(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
-        match self.poll_copied(None, buf, Take::Consume) {
+        self.try_copied(buf, Take::Consume)
+    }
+
+    /// A peek that does not wait, as [`try_read`](Self::try_read).
+    pub(crate) fn try_peek(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+        self.try_copied(buf, Take::Peek)
+    }
+
+    fn try_copied(&self, buf: &mut ReadBuf<'_>, take: Take) -> io::Result<usize> {
+        match self.poll_copied(None, buf, take) {
             Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
