@@ -88,6 +88,35 @@ pub async fn bounded<F: Future>(secs: u64, fut: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
 }
 
+/// Two tasks peek at `server` and one waits in `poll_read_ready`, all before `client` writes;
+/// all three must be woken when it does, and both peeks see its bytes (tokio wakes every
+/// peeker; the `poll_*` methods keep one waker). `server` must have found nothing to read yet.
+pub async fn every_peeker_is_woken(server: &smc_tokio::SmcStream, client: &mut (impl AsyncWrite + Unpin)) {
+    let (mut b1, mut b2) = ([0u8; 8], [0u8; 8]);
+    let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
+    let mut p1 = tokio_test::task::spawn(server.peek(&mut b1));
+    let mut p2 = tokio_test::task::spawn(server.peek(&mut b2));
+    // The `poll_*` caller first: a peek that took its one slot after it would leave it unwoken.
+    assert!(polled.poll().is_pending());
+    assert!(p1.poll().is_pending());
+    assert!(p2.poll().is_pending());
+    client.write_all(b"peekaboo").await.unwrap();
+    bounded(5, async {
+        while !(p1.is_woken() && p2.is_woken() && polled.is_woken()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let (n1, n2) = match (p1.poll(), p2.poll()) {
+        (std::task::Poll::Ready(n1), std::task::Poll::Ready(n2)) => (n1.unwrap(), n2.unwrap()),
+        other => panic!("{other:?}"),
+    };
+    drop((p1, p2, polled));
+    assert!(n1 > 0 && n2 > 0);
+    assert_eq!(&b1[..n1], &b"peekaboo"[..n1]);
+    assert_eq!(&b2[..n2], &b"peekaboo"[..n2]);
+}
+
 /// Accepts connections forever and echoes each one until EOF, then half-closes.
 pub fn spawn_echo(listener: SmcListener) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

@@ -648,28 +648,7 @@ async fn every_task_waiting_for_a_plain_client_is_woken() {
 #[tokio::test]
 async fn every_task_peeking_at_a_plain_client_is_woken() {
     let (server, mut client) = silent_plain_client().await;
-    let (mut b1, mut b2) = ([0u8; 8], [0u8; 8]);
-    let mut polled = tokio_test::task::spawn(std::future::poll_fn(|cx| server.poll_read_ready(cx)));
-    let mut p1 = tokio_test::task::spawn(server.peek(&mut b1));
-    let mut p2 = tokio_test::task::spawn(server.peek(&mut b2));
-    assert!(polled.poll().is_pending());
-    assert!(p1.poll().is_pending());
-    assert!(p2.poll().is_pending());
-    client.write_all(b"peekaboo").await.unwrap();
-    bounded(5, async {
-        while !(p1.is_woken() && p2.is_woken() && polled.is_woken()) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    let (n1, n2) = match (p1.poll(), p2.poll()) {
-        (std::task::Poll::Ready(n1), std::task::Poll::Ready(n2)) => (n1.unwrap(), n2.unwrap()),
-        other => panic!("{other:?}"),
-    };
-    drop((p1, p2, polled));
-    assert!(n1 > 0 && n2 > 0);
-    assert_eq!(&b1[..n1], &b"peekaboo"[..n1]);
-    assert_eq!(&b2[..n2], &b"peekaboo"[..n2]);
+    tests::every_peeker_is_woken(&server, &mut client).await;
 }
 
 /// A plain client whose first byte is the handshake eyecatcher's first, and nothing after it:
