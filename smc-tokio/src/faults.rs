@@ -161,7 +161,9 @@ fn partial_waits() -> &'static std::sync::Mutex<std::collections::HashMap<Socket
 /// Makes plain clients accepted from now on by the listener at `server` wait `wait` for the
 /// rest of bytes that start like a handshake message, as clients on other hosts do (50 ms;
 /// clients on this host never wait), so that the wait can be tested on one host; `None` puts
-/// the rule back.
+/// the rule back. `server` is matched against each accepted connection's local address: for
+/// a listener bound to an unspecified address (`0.0.0.0`), name the address clients connect
+/// to.
 ///
 /// # Examples
 ///

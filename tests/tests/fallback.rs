@@ -658,19 +658,32 @@ async fn every_task_peeking_at_a_plain_client_is_woken() {
 /// be woken by), and so does a read; neither answers before, and the byte comes out as sent.
 #[tokio::test]
 async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
+    /// Puts the listener's rule back however the test ends.
+    struct Wait(std::net::SocketAddr);
+    impl Drop for Wait {
+        fn drop(&mut self) {
+            smc_tokio::faults::set_partial_wait(self.0, None);
+        }
+    }
+    const WAIT: Duration = Duration::from_millis(1500);
     let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    smc_tokio::faults::set_partial_wait(addr, Some(Duration::from_millis(1500)));
+    smc_tokio::faults::set_partial_wait(addr, Some(WAIT));
+    let _wait = Wait(addr);
     for reader in ["readiness future", "read"] {
         let mut client = TcpStream::connect(addr).await.unwrap();
         let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
+        let sent = std::time::Instant::now();
         client.write_all(&[0xE2]).await.unwrap();
         let mut byte = [0u8; 1];
+        // "Not yet" is certain only before the wait could have ended (a stalled machine may
+        // take longer than the sleep).
+        let not_yet = |pending: bool| pending || sent.elapsed() >= WAIT;
         if reader == "read" {
             let mut read = tokio_test::task::spawn(server.read(&mut byte));
-            assert!(read.poll().is_pending());
+            assert!(not_yet(read.poll().is_pending()));
             tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(read.poll().is_pending(), "{reader}: answered before the wait ended");
+            assert!(not_yet(read.poll().is_pending()), "{reader}: answered before the wait ended");
             let n = bounded(5, read).await.unwrap();
             assert_eq!(&byte[..n], &[0xE2]);
         } else {
@@ -679,9 +692,9 @@ async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
             let e = server.try_read(&mut byte).unwrap_err();
             assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
             let mut ready = tokio_test::task::spawn(server.readable());
-            assert!(ready.poll().is_pending());
+            assert!(not_yet(ready.poll().is_pending()));
             tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(ready.poll().is_pending(), "{reader}: answered before the wait ended");
+            assert!(not_yet(ready.poll().is_pending()), "{reader}: answered before the wait ended");
             bounded(5, ready).await.unwrap();
             assert_eq!(server.try_read(&mut byte).unwrap(), 1);
             assert_eq!(byte, [0xE2]);
@@ -692,5 +705,4 @@ async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
         bounded(5, server.read_exact(&mut rest)).await.unwrap();
         assert_eq!(&rest, b"rest", "{reader}");
     }
-    smc_tokio::faults::set_partial_wait(addr, None);
 }

@@ -576,3 +576,36 @@ async fn every_task_peeking_over_shared_memory_is_woken() {
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
     tests::every_peeker_is_woken(&server, &mut client).await;
 }
+
+/// A loop of peeks that keeps finding too few bytes yields to the runtime, as tokio's `peek`
+/// does (each try spends a unit of the task's cooperative budget), so the rest of the bytes,
+/// written by another task of the same one-thread runtime and taken in by the link group's
+/// driver there, come in. On a thread of its own with a watchdog: a loop that never yields
+/// stops that runtime's timers too.
+#[test]
+fn a_loop_of_peeks_yields_to_the_tasks_of_its_runtime() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let got = rt.block_on(async {
+            let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+            let mut client = smc(listener.local_addr().unwrap()).await;
+            let (server, _) = listener.accept().await.unwrap();
+            assert_eq!(server.transport(), Transport::SmcD);
+            let writer = tokio::spawn(async move {
+                client.write_all(b"ab").await.unwrap();
+                // The reader peeks at "ab" before "cd" is written.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                client.write_all(b"cd").await.unwrap();
+                client
+            });
+            let mut hdr = [0u8; 4];
+            while server.peek(&mut hdr).await.unwrap() < 4 {}
+            drop(writer.await.unwrap());
+            hdr
+        });
+        let _ = done.send(got);
+    });
+    let got = finished.recv_timeout(Duration::from_secs(20)).expect("the loop of peeks never let the writer run");
+    assert_eq!(&got, b"abcd");
+}

@@ -308,7 +308,10 @@ impl InbandGuard {
                         }
                         let wait = st.partial_wait;
                         let p = st.partial.get_or_insert_with(|| {
-                            Box::new(Partial { deadline: tokio::time::Instant::now() + wait, timer: None })
+                            let now = tokio::time::Instant::now();
+                            // A wait too long to add is a wait for good (a year is that).
+                            let deadline = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86_400));
+                            Box::new(Partial { deadline, timer: None })
                         });
                         let over = match cx.as_deref_mut() {
                             Some(cx) => {

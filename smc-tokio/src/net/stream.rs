@@ -703,11 +703,18 @@ impl SmcStream {
     /// ```
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         // As tokio's: a peek that does not wait, and the stream's readiness future between
-        // tries, so that every task peeking is woken (the `poll_*` methods keep one waker).
+        // tries, so that every task peeking is woken (the `poll_*` methods keep one waker);
+        // each try spends a unit of the task's cooperative budget, so that a loop of peeks
+        // that keep finding the same bytes yields to the runtime (where the rest of them, or
+        // the link group's driver that takes them in, waits to run).
         loop {
+            let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
             match self.try_peek_into(&mut ReadBuf::new(buf)) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
-                r => return r,
+                r => {
+                    coop.made_progress();
+                    return r;
+                }
             }
         }
     }
@@ -731,8 +738,8 @@ impl SmcStream {
             }
         }
         // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; the peek
-        // writes at most that many bytes, and only the count it returned is marked
-        // initialized below.
+        // writes at most that many bytes and never de-initializes any, and only the count it
+        // returned is marked initialized below.
         let unfilled = unsafe { rb.unfilled_mut() };
         let n = self.io().try_io(Interest::READABLE, || socket2::SockRef::from(&self.tcp).peek(unfilled))?;
         // SAFETY: the peek initialized the first `n` bytes of the unfilled region.
@@ -1068,7 +1075,8 @@ impl SmcStream {
                 // now, as tokio reports every direction that is ready.
                 let mut ready = r?;
                 let mut b = [0u8; 1];
-                if let Some(Poll::Ready(Ok(_))) = g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
+                // Bytes, the end or an error: what a read would return now.
+                if let Some(Poll::Ready(_)) = g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
                     ready |= Ready::READABLE;
                 }
                 return Ok(ready);
