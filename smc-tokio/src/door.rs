@@ -722,6 +722,12 @@ impl Door {
                 }
             }
         }
+        if self.blind.load(Ordering::Relaxed) {
+            // The door is shut: its listening socket reports a hang-up for good and accepts
+            // nothing, so it is not waited on (it would be ready on every poll); door
+            // connections still open are read, and their registrations refused.
+            return if progress { Poll::Ready(Ok(false)) } else { Poll::Pending };
+        }
         let res = match self.listener.poll_read_ready(cx) {
             Poll::Ready(Ok(mut guard)) => match self.accept_conns(&mut st) {
                 Ok(true) => Ok(true),
@@ -760,6 +766,10 @@ impl Door {
     /// was found empty; `Ok(true)`: the batch ended first; an error: a connection could not be
     /// accepted (it stays queued for a later drain).
     fn accept_conns(&self, st: &mut DoorState) -> io::Result<bool> {
+        if self.blind.load(Ordering::Relaxed) {
+            // Shut (see `go_blind`): accepting would fail with EINVAL.
+            return Ok(false);
+        }
         // Read when the first knock of this drain comes in: current settings, once a batch.
         let mut allowed: Option<Vec<u32>> = None;
         for _ in 0..DRAIN_BATCH {
@@ -935,6 +945,13 @@ impl Door {
             st.remove(&conn, id);
             conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
         }
+    }
+
+    /// Test hook: the door goes blind as when the kernel cannot say who owns a connection.
+    #[cfg(test)]
+    pub(crate) fn go_blind_for_test(&self) {
+        let mut st = self.lock();
+        self.go_blind(&mut st, "test");
     }
 
     /// Drops registrations that waited too long for their connections.

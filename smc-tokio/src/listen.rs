@@ -1095,6 +1095,19 @@ impl ReadyQueue {
         }
     }
 
+    /// Wakes every task waiting for a connection without giving it one: each tries the
+    /// kernel's queue itself, and meets what the listener task met there (EMFILE, say), as
+    /// tokio's accept callers do.
+    fn wake_waiters(&self) {
+        let wakers = {
+            let mut q = self.lock();
+            let mut w: Vec<Waker> = q.waiters.drain(..).map(|(_, w)| w).collect();
+            w.extend(q.poll_waker.take());
+            w
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
     fn poll_room(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let mut q = self.lock();
         if q.items.len() < READY_CAP || q.closed {
@@ -1130,19 +1143,25 @@ const ACCEPT_BATCH: usize = 64;
 pub(crate) async fn run(shared: Arc<ListenerShared>) {
     let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut door_backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     std::future::poll_fn(|cx| {
         if shared.is_closed() {
             return Poll::Ready(());
         }
         // After an accept or door error (EMFILE and the like), back off instead of spinning on
         // a queue that stays readable; the connections stay in the kernel's queues meanwhile.
+        // Each queue backs off on its own: a door that fails does not stop TCP connections from
+        // being taken.
         if let Some(b) = &mut backoff {
             if b.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             backoff = None;
         }
-        if let Some(door) = &shared.door {
+        if door_backoff.as_mut().is_some_and(|b| b.as_mut().poll(cx).is_ready()) {
+            door_backoff = None;
+        }
+        if let Some(door) = shared.door.as_ref().filter(|_| door_backoff.is_none()) {
             loop {
                 match door.poll_drain(cx) {
                     // A full batch: take TCP connections too, then come back.
@@ -1153,9 +1172,11 @@ pub(crate) async fn run(shared: Arc<ListenerShared>) {
                     Poll::Ready(Ok(false)) => continue,
                     Poll::Ready(Err(e)) => {
                         tracing::debug!(error = %e, "door");
-                        backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
+                        let mut b = Box::pin(tokio::time::sleep(Duration::from_millis(10)));
+                        // Registers the wake at its end.
+                        let _ = b.as_mut().poll(cx);
+                        door_backoff = Some(b);
+                        break;
                     }
                     Poll::Pending => break,
                 }
@@ -1183,8 +1204,9 @@ pub(crate) async fn run(shared: Arc<ListenerShared>) {
                     }
                 }
                 Poll::Ready(Err(e)) => {
-                    // `accept` callers get such errors themselves.
+                    // `accept` callers get such errors themselves: those waiting try again.
                     tracing::debug!(error = %e, "accept");
+                    shared.ready.wake_waiters();
                     backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
                     cx.waker().wake_by_ref();
                     return Poll::Pending;

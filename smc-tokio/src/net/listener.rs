@@ -957,8 +957,12 @@ impl SmcListener {
                 s
             }
         };
+        // One unit of the task's cooperative budget per connection handed out, as tokio's
+        // accept spends: a loop of accepts over a full queue yields to the runtime.
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
+                coop.made_progress();
                 return Poll::Ready(Ok((accepted(e), peer)));
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
@@ -967,11 +971,15 @@ impl SmcListener {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
                     if let Handoff::Now(e) = listen::admit(&self.shared, tcp, peer) {
+                        coop.made_progress();
                         return Poll::Ready(Ok((accepted(e), peer)));
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
-                Err(e) => return Poll::Ready(Err(e)),
+                Err(e) => {
+                    coop.made_progress();
+                    return Poll::Ready(Err(e));
+                }
             }
         }
     }
@@ -990,5 +998,59 @@ impl TryFrom<std::net::TcpListener> for SmcListener {
     /// Same as [`SmcListener::from_std`].
     fn try_from(listener: std::net::TcpListener) -> io::Result<SmcListener> {
         SmcListener::from_std(listener)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A listener whose door went blind (the kernel cannot tell who owns a connection; the
+    /// door shuts, and its listening socket reports a hang-up for good) serves TCP: its task
+    /// neither turns on the shut door nor stops taking connections from the kernel, so an
+    /// accept waiting on an empty queue gets the next client.
+    #[tokio::test]
+    async fn a_listener_whose_door_went_blind_still_hands_out_connections() {
+        let listener = Arc::new(SmcListener::bind("127.0.0.1:0").await.unwrap());
+        let addr = listener.local_addr().unwrap();
+        listener.shared.door.as_ref().expect("a door").go_blind_for_test();
+        for round in 0..3 {
+            // The accept first finds nothing (in the listener's queue or the kernel's), and
+            // waits for the listener task to take the client in.
+            let l = listener.clone();
+            let accept = tokio::spawn(async move { l.accept().await.map(|(s, _)| s.transport()) });
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert!(!accept.is_finished(), "round {round}");
+            let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let t = tokio::time::timeout(Duration::from_secs(5), accept).await.expect("accept never woken").unwrap();
+            assert!(!t.unwrap().is_smc(), "round {round}");
+        }
+    }
+
+    /// A loop of accepts over a full queue yields to the runtime, as tokio's does (each accept
+    /// spends a unit of the task's cooperative budget): a task spawned before it runs before
+    /// the loop ends.
+    #[tokio::test]
+    async fn a_loop_of_accepts_yields_to_the_tasks_of_its_runtime() {
+        let listener = SmcListener::builder().policy(crate::Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients = Vec::new();
+        for _ in 0..200 {
+            clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        for i in 0..200 {
+            tokio::time::timeout(Duration::from_secs(5), listener.accept()).await.expect("accept").unwrap();
+            if ran.load(Ordering::Relaxed) {
+                assert!(i > 0, "the other task ran before the first accept");
+                return;
+            }
+        }
+        panic!("200 accepts in a row never let the runtime's other task run");
     }
 }
