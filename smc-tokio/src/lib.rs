@@ -68,6 +68,10 @@
 //!   directions and losing nothing; from then on the stream is a TCP stream, and `into_std`,
 //!   `try_io` and `async_io` are tokio's. A connection whose link fails while both processes
 //!   live moves by itself.
+//! - `flush` on TCP is done at once (the kernel has the bytes); over SMC it waits until the
+//!   bytes written are in the peer's ring (a CDC message announced them; over RDMA, their
+//!   writes completed), and reports the connection's error if it ended. A flush after a write
+//!   that went through is never needed for the bytes to arrive; it tells when they did.
 //! - A zero linger ([`SmcStream::set_zero_linger`]) aborts an SMC connection on drop, as it
 //!   resets a TCP one.
 //! - The listener takes connections from the kernel before `accept` asks (to run their

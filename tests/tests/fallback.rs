@@ -429,6 +429,20 @@ async fn fake_client(addr: std::net::SocketAddr, proposal_bytes: &[u8]) -> (TcpS
     (c, Some(m))
 }
 
+/// A client proposes in-band to a listener that serves it as TCP: it must be declined, then
+/// send "app bytes" and read "ok" on the same connection (the server's part).
+async fn declined_then_served(addr: std::net::SocketAddr) {
+    let (mut c, reply) = bounded(10, fake_client(addr, &proposal_bytes())).await;
+    match reply {
+        Some(ClcMessage::Decline(d)) => assert_eq!(d.reason, DeclineReason::NoCommonTransport),
+        other => panic!("{other:?}"),
+    }
+    c.write_all(b"app bytes").await.unwrap();
+    let mut ok = [0u8; 2];
+    bounded(10, c.read_exact(&mut ok)).await.unwrap();
+    assert_eq!(&ok, b"ok");
+}
+
 fn proposal_bytes() -> Vec<u8> {
     use smc_tokio::proto::clc::{Proposal, Secret};
     ClcMessage::Proposal(Proposal { secret: Secret([9; 16]), rmb_size: 0, shm: None, rdma: None }).encode().unwrap()
@@ -486,15 +500,7 @@ async fn a_late_proposal_on_a_plain_connection_is_declined_never_delivered() {
         assert_eq!(&b, b"app bytes", "the proposal never reaches the application");
         conn.write_all(b"ok").await.unwrap();
     });
-    let (mut c, reply) = bounded(10, fake_client(addr, &proposal_bytes())).await;
-    match reply {
-        Some(ClcMessage::Decline(d)) => assert_eq!(d.reason, DeclineReason::NoCommonTransport),
-        other => panic!("{other:?}"),
-    }
-    c.write_all(b"app bytes").await.unwrap();
-    let mut ok = [0u8; 2];
-    bounded(10, c.read_exact(&mut ok)).await.unwrap();
-    assert_eq!(&ok, b"ok");
+    declined_then_served(addr).await;
     bounded(10, server).await.unwrap();
     assert!(smc_tokio::stats().late_messages >= 1);
 }
@@ -705,4 +711,129 @@ async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
         bounded(5, server.read_exact(&mut rest)).await.unwrap();
         assert_eq!(&rest, b"rest", "{reader}");
     }
+}
+
+/// An accepted plain client's stream spends the task's cooperative budget on each read and
+/// write, as tokio's streams do, also while its socket is still taken to be ready (it is until
+/// a call finds it is not): a loop of small writes that all fit in the socket's buffer, or of
+/// small reads of bytes that are all there, yields to the runtime's other tasks.
+#[tokio::test]
+async fn io_on_a_plain_clients_stream_yields_to_the_tasks_of_its_runtime() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    for way in ["write", "read"] {
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
+        if way == "read" {
+            client.write_all(&[b'x'; 4096]).await.unwrap();
+            // All of it arrived before the loop starts.
+            let mut buf = [0u8; 1];
+            bounded(5, async { while server.peek(&mut buf).await.unwrap() == 0 {} }).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        let mut byte = [0u8; 1];
+        let mut yielded = false;
+        for i in 0..1024 {
+            if way == "write" {
+                server.write_all(b"x").await.unwrap();
+            } else {
+                server.read_exact(&mut byte).await.unwrap();
+            }
+            if ran.load(Ordering::Relaxed) {
+                assert!(i > 0, "{way}: the other task ran before the first call");
+                yielded = true;
+                break;
+            }
+        }
+        assert!(yielded, "{way}: 1024 calls in a row never let the runtime's other task run");
+    }
+}
+
+/// The application's own system calls on a plain client's stream (`async_io`, `try_io`) never
+/// see a late handshake message: it is taken off and declined first, as for reads through the
+/// stream, and the client goes on over TCP on the same connection. A plain client's bytes are
+/// left on the socket for the application's own call.
+#[tokio::test]
+async fn raw_reads_never_see_a_late_proposal_and_plain_bytes_stay_on_the_socket() {
+    use std::os::fd::AsRawFd;
+    /// One `recv` of up to 64 bytes on the stream's socket, through `async_io`.
+    async fn raw_recv(conn: &SmcStream) -> std::io::Result<Vec<u8>> {
+        let fd = conn.as_raw_fd();
+        conn.async_io(tokio::io::Interest::READABLE, || {
+            let mut b = [0u8; 64];
+            // SAFETY: `fd` is the stream's open socket, `b` a writable buffer of 64 bytes.
+            let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(b[..n as usize].to_vec())
+            }
+        })
+        .await
+    }
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        // A client that proposes in-band.
+        let (conn, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 9 {
+            got.extend(raw_recv(&conn).await.unwrap());
+        }
+        assert_eq!(got, b"app bytes", "the proposal never reaches the application");
+        conn.try_io(tokio::io::Interest::WRITABLE, || {
+            std::io::Write::write(&mut &*socket2::SockRef::from(&conn), b"ok")
+        })
+        .unwrap();
+        // A plain client: its bytes are the application's own call's, straight off the socket.
+        let (conn, _) = listener.accept().await.unwrap();
+        assert_eq!(bounded(10, raw_recv(&conn)).await.unwrap(), b"plain");
+    });
+    declined_then_served(addr).await;
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain.write_all(b"plain").await.unwrap();
+    bounded(10, server).await.unwrap();
+}
+
+/// A plain client's stream whose write half is dropped (its end sent) while a Proposal of the
+/// client waits, unread: as before any write of the application's, the Proposal is answered
+/// (declined) before the end goes out, so the client learns it is served as TCP instead of
+/// meeting an end where it waits for an answer; the application then reads only the client's
+/// own bytes.
+#[tokio::test]
+async fn dropping_the_write_half_answers_a_waiting_proposal_first() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let (conn, _) = bounded(10, listener.accept()).await.unwrap();
+    let proposal = proposal_bytes();
+    c.write_all(&proposal).await.unwrap();
+    c.write_all(b"data").await.unwrap();
+    // Until the Proposal is on the server's socket, looked at from outside the stream.
+    bounded(10, async {
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 256];
+        while socket2::SockRef::from(&conn).peek(&mut b).unwrap_or(0) < proposal.len() + 4 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let (mut rd, wr) = conn.into_split();
+    drop(wr);
+    let mut hdr = [0u8; CLC_HEADER_LEN];
+    bounded(10, c.read_exact(&mut hdr)).await.expect("an answer before the end");
+    let Decoded::NeedMore(total) = decode(&hdr).unwrap() else { panic!("{hdr:?}") };
+    let mut msg = hdr.to_vec();
+    msg.resize(total, 0);
+    bounded(10, c.read_exact(&mut msg[CLC_HEADER_LEN..])).await.unwrap();
+    assert!(matches!(decode(&msg).unwrap(), Decoded::Message(ClcMessage::Decline(_), _)));
+    let mut end = [0u8; 1];
+    assert_eq!(bounded(10, c.read(&mut end)).await.unwrap(), 0, "then the end");
+    c.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    bounded(10, rd.read_to_end(&mut got)).await.unwrap();
+    assert_eq!(got, b"data");
 }

@@ -263,6 +263,46 @@ impl InbandGuard {
         }
     }
 
+    /// Before the application's own system calls on the socket for reading (`try_io`,
+    /// `async_io`), which the guard cannot look into: the guard is settled first, without a
+    /// context. A first byte that is not the eyecatcher's, or the end, settles it at once
+    /// (looked at, not taken); bytes that start like a handshake message are taken and
+    /// decided. `Ready(Ok)`: the socket is the stream; `Pending`: nothing to decide on yet;
+    /// an error where bytes the guard took must be read through the stream first.
+    pub(crate) fn settle_for_raw_read(&self, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+        if !self.is_active() {
+            return Poll::Ready(Ok(()));
+        }
+        let mut st = self.lock();
+        let _ = flush_reply(tcp, &mut st);
+        if st.phase == Phase::Undecided && st.held.is_empty() {
+            let mut first = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+            match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp.socket()).peek(&mut first)) {
+                Ok(0) => st.phase = Phase::Done,
+                // SAFETY: the peek returned 1, so it initialized the one byte.
+                Ok(_) if unsafe { first[0].assume_init() } != CLC_EYECATCHER[0] => st.phase = Phase::Done,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        if st.phase == Phase::Undecided {
+            match self.poll_decide(None, &mut st, tcp) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        match st.phase {
+            Phase::Done => {
+                self.finish(&mut st);
+                Poll::Ready(Ok(()))
+            }
+            _ => Poll::Ready(Err(io::Error::other(
+                "the stream holds bytes read off its socket (a partial smc handshake message, or what followed one): read them through the stream first",
+            ))),
+        }
+    }
+
     /// When held bytes that start like a handshake message stop waiting for the rest and
     /// become data, if they wait (for a readiness future, which waits for it without the
     /// guard's timer).
@@ -427,8 +467,18 @@ fn poll_read_ready(tcp: TcpIo<'_>, cx: Option<&mut Context<'_>>) -> Poll<io::Res
 /// Writes what is left of a Decline; `WouldBlock` while the socket cannot take it.
 fn flush_reply(tcp: TcpIo<'_>, st: &mut State) -> io::Result<()> {
     while !st.reply.is_empty() {
-        let n = tcp.try_write(&st.reply)?;
-        st.reply.drain(..n);
+        match tcp.try_write(&st.reply) {
+            Ok(n) => {
+                st.reply.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+            Err(e) => {
+                // The socket will take no more (its write side shut, or the connection
+                // gone): the reply is dropped, so that the guard can finish.
+                st.reply.clear();
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }

@@ -776,8 +776,13 @@ impl SmcStream {
             }
         }
         ready!(self.poll_skip(Some(cx), false))?;
-        if let Some(g) = self.guard() {
+        if let Some(g) = self.guard().filter(|g| g.is_active()) {
+            // As `poll_read_io`.
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
             if let Some(p) = g.poll_peek(Some(cx), self.io(), buf) {
+                if p.is_ready() {
+                    coop.made_progress();
+                }
                 return p;
             }
         }
@@ -1587,7 +1592,35 @@ impl SmcStream {
             // The application's own reads must not see bytes it consumed before a move.
             self.skip_now()?;
         }
+        if self.poll_raw_io_guard(interest)?.is_pending() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         self.io().try_io(interest, f)
+    }
+
+    /// Settles a plain client's guard before the application's own system calls on the
+    /// socket, which it cannot look into: for writes, a Decline owed goes first (and later
+    /// handshake messages are no longer answered); for reads, a handshake message that
+    /// arrived is taken off first ([`InbandGuard::settle_for_raw_read`]). `Ready(())`: the
+    /// socket is the stream for `interest`; `Pending`: not yet (the caller waits for the
+    /// socket, or answers `WouldBlock`).
+    fn poll_raw_io_guard(&self, interest: Interest) -> io::Result<Poll<()>> {
+        let Some(g) = self.guard().filter(|g| g.is_active()) else { return Ok(Poll::Ready(())) };
+        if interest.is_writable() {
+            if let Poll::Ready(r) = g.poll_before_write(None, self.io()) {
+                r?;
+            } else if !interest.is_readable() {
+                return Ok(Poll::Pending);
+            }
+        }
+        if interest.is_readable() {
+            return match g.settle_for_raw_read(self.io()) {
+                Poll::Ready(r) => r.map(Poll::Ready),
+                Poll::Pending if interest.is_writable() => Ok(Poll::Ready(())),
+                Poll::Pending => Ok(Poll::Pending),
+            };
+        }
+        Ok(Poll::Ready(()))
     }
 
     /// Waits for `interest` and runs `f` on the TCP socket until it does not answer
@@ -1612,12 +1645,52 @@ impl SmcStream {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn async_io<R>(&self, interest: Interest, f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
+    pub async fn async_io<R>(&self, interest: Interest, mut f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
         if self.smc().is_some() {
             return Err(raw_io_unsupported());
         }
         if interest.is_readable() {
-            std::future::poll_fn(|cx| self.poll_skip(Some(cx), true)).await?;
+            // Without the `poll_*` methods' one reader waker: a readiness future of the socket.
+            while let Poll::Ready(Err(e)) = self.poll_skip(None, true) {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    return Err(e);
+                }
+                self.tcp.readable().await?;
+            }
+        }
+        let mut first = true;
+        while self.poll_raw_io_guard(interest)?.is_pending() {
+            if std::mem::take(&mut first) && interest.is_readable() {
+                // As tokio's first poll, which tries the closure before it waits: the guard
+                // has just found the socket empty, so the closure finds nothing either, save
+                // bytes that land in between (a handshake message there would reach it; a
+                // window of a system call's length).
+                // Called directly: the guard's look cleared the socket's readiness, which
+                // tokio's `try_io` would answer with `WouldBlock` without calling it.
+                match f() {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return r,
+                }
+            }
+            // The guard needs the socket's bytes (or room) first: wait for the socket itself
+            // (not the stream's readiness, which would have the guard take the bytes), or for
+            // the end of the guard's wait for the rest of a possible handshake message.
+            use std::future::Future;
+            let deadline = self.guard().and_then(InbandGuard::partial_deadline);
+            let mut socket = std::pin::pin!(self.tcp.ready(interest));
+            let mut timer = std::pin::pin!(async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            });
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = socket.as_mut().poll(cx) {
+                    return Poll::Ready(r.map(drop));
+                }
+                timer.as_mut().poll(cx).map(Ok)
+            })
+            .await?;
         }
         self.io().async_io(interest, f).await
     }
@@ -1777,8 +1850,14 @@ impl SmcStream {
             }
         }
         ready!(self.poll_skip(Some(cx), true))?;
-        if let Some(g) = self.guard() {
+        if let Some(g) = self.guard().filter(|g| g.is_active()) {
+            // Bytes the guard holds come without the socket's readiness, which spends the
+            // task's cooperative budget: this read spends it itself.
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
             if let Some(p) = g.poll_read(Some(cx), self.io(), buf) {
+                if p.is_ready() {
+                    coop.made_progress();
+                }
                 return p;
             }
         }
@@ -1988,6 +2067,12 @@ impl SmcStream {
                 Err(e) if SmcConn::is_moved_error(&e) => {}
                 r => return r,
             }
+        }
+        if let Some(g) = self.guard() {
+            // As before any write of the application's: a Proposal already waiting is
+            // answered before the end goes out, and none is answered after it (best effort: a
+            // Decline that cannot go now is not waited for).
+            let _ = g.poll_before_write(None, self.io());
         }
         match socket2::SockRef::from(&self.tcp).shutdown(Shutdown::Write) {
             // Shutting down a connection the peer already reset is not an error for the caller.

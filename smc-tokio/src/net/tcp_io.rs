@@ -67,6 +67,14 @@ fn ready_of(bits: u8) -> Ready {
     r
 }
 
+/// Ready, for a unit of the task's cooperative budget; `Pending` (the task woken to run again
+/// after the others) once the budget is spent.
+fn spend_budget(cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+    coop.made_progress();
+    Poll::Ready(Ok(()))
+}
+
 /// The TCP socket of a stream and its assumed readiness, borrowed for one operation.
 #[derive(Clone, Copy)]
 pub(crate) struct TcpIo<'a> {
@@ -77,6 +85,11 @@ pub(crate) struct TcpIo<'a> {
 impl<'a> TcpIo<'a> {
     pub(crate) fn new(tcp: &'a TcpStream, assumed: &'a Assumed) -> TcpIo<'a> {
         TcpIo { tcp, assumed }
+    }
+
+    /// The socket.
+    pub(crate) fn socket(self) -> &'a TcpStream {
+        self.tcp
     }
 
     /// Runs `f` if the socket is (or is assumed) ready for `interest`, as
@@ -100,9 +113,14 @@ impl<'a> TcpIo<'a> {
     pub(crate) async fn async_io<R>(self, interest: Interest, mut f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
         let b = self.assumed.get(interest);
         if b != 0 {
+            // A unit of the task's cooperative budget, as tokio's readiness spends one.
+            let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
             match f() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.assumed.clear(b),
-                r => return r,
+                r => {
+                    coop.made_progress();
+                    return r;
+                }
             }
         }
         self.tcp.async_io(interest, f).await
@@ -130,16 +148,20 @@ impl<'a> TcpIo<'a> {
         self.assumed.get(Interest::READABLE) != 0
     }
 
+    /// Read readiness, as [`TcpStream::poll_read_ready`]; an assumed direction is ready at once,
+    /// for a unit of the task's cooperative budget, as tokio's readiness spends one (a stream
+    /// whose socket always has bytes would otherwise never yield to the runtime).
     pub(crate) fn poll_read_ready(self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.assumed_readable() {
-            return Poll::Ready(Ok(()));
+            return spend_budget(cx);
         }
         self.tcp.poll_read_ready(cx)
     }
 
+    /// Write readiness; as [`poll_read_ready`](Self::poll_read_ready).
     pub(crate) fn poll_write_ready(self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.assumed.get(Interest::WRITABLE) != 0 {
-            return Poll::Ready(Ok(()));
+            return spend_budget(cx);
         }
         self.tcp.poll_write_ready(cx)
     }
@@ -158,6 +180,7 @@ impl<'a> TcpIo<'a> {
     /// readable.
     pub(crate) fn poll_peek(self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         if self.assumed_readable() {
+            std::task::ready!(spend_budget(cx))?;
             // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
             // writes at most that many bytes, and only the count it returned is marked
             // initialized below.
