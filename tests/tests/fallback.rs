@@ -837,3 +837,42 @@ async fn dropping_the_write_half_answers_a_waiting_proposal_first() {
     bounded(10, rd.read_to_end(&mut got)).await.unwrap();
     assert_eq!(got, b"data");
 }
+
+/// tokio's loop of `readable()` then `try_io(READABLE, recv)` on a plain client's stream whose
+/// bytes arrive after the accept: the guard's look leaves them on the socket, so the
+/// application's own call reads them, in order, also when they start with the handshake
+/// eyecatcher's first byte (0xE2 leads UTF-8's “, — and €).
+#[tokio::test]
+async fn readable_then_try_io_reads_a_plain_clients_bytes() {
+    use std::os::fd::AsRawFd;
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    for data in [&b"plain bytes"[..], "\u{201c}quoted\u{201d} \u{20ac}5".as_bytes()] {
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = bounded(10, listener.accept()).await.unwrap();
+        let mut b = [0u8; 64];
+        assert_eq!(server.try_read(&mut b).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+        client.write_all(data).await.unwrap();
+        let mut got = Vec::new();
+        bounded(10, async {
+            while got.len() < data.len() {
+                server.readable().await.unwrap();
+                let fd = server.as_raw_fd();
+                match server.try_io(tokio::io::Interest::READABLE, || {
+                    // SAFETY: `fd` is the stream's open socket, `b` a writable buffer of 64 bytes.
+                    let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+                    if n < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(n as usize)
+                    }
+                }) {
+                    Ok(n) => got.extend_from_slice(&b[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(got, data);
+    }
+}

@@ -17,7 +17,9 @@ fn lowest_free_fd() -> u64 {
 
 #[tokio::test]
 async fn a_waiting_accept_meets_the_processs_lack_of_descriptors() {
-    let listener = Arc::new(SmcListener::bind("127.0.0.1:0").await.unwrap());
+    // TCP only: no door, so no descriptor of the listener's own opens or closes meanwhile.
+    let listener =
+        Arc::new(SmcListener::builder().policy(smc_tokio::Policy::TcpOnly).bind("127.0.0.1:0").await.unwrap());
     let addr = listener.local_addr().unwrap();
     let l = listener.clone();
     let accept = tokio::spawn(async move { l.accept().await.map(|_| ()) });
@@ -30,9 +32,21 @@ async fn a_waiting_accept_meets_the_processs_lack_of_descriptors() {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `limit` is a valid rlimit for getrlimit to fill.
     assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
-    let lowered = libc::rlimit { rlim_cur: lowest_free_fd(), rlim_max: limit.rlim_max };
-    // SAFETY: a valid rlimit, lowering only the soft limit.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+    // Down to the lowest free descriptor, until a new file cannot be opened (a descriptor that
+    // another thread closed meanwhile lowers it again).
+    loop {
+        let lowered = libc::rlimit { rlim_cur: lowest_free_fd(), rlim_max: limit.rlim_max };
+        // SAFETY: a valid rlimit, lowering only the soft limit.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        match std::fs::File::open("/dev/null") {
+            Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+            Err(e) => panic!("{e}"),
+            Ok(_) => {
+                // SAFETY: as above, the original limit back before looking again.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+            }
+        }
+    }
     let res = async {
         client.connect(&addr.into())?;
         let accepted = tokio::time::timeout(Duration::from_secs(5), accept).await;

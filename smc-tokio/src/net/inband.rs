@@ -5,10 +5,12 @@
 //! reads, and a Proposal is answered with a Decline, so both sides stay in step and the
 //! application sees exactly the client's own bytes.
 //!
-//! Cost on a plain connection: none beyond one byte comparison. The first read goes straight
-//! into the application's buffer; only when its first byte is the eyecatcher's are the bytes
-//! held back until they are known to be (or not to be) a handshake message. Nothing is ever
-//! lost: bytes that turn out not to be one are handed to the application in order.
+//! Cost on a plain connection: one look at the head of the stream (`MSG_PEEK`) before the
+//! first read, and one byte comparison. The guard never takes the application's bytes: it
+//! looks without taking, takes only a whole handshake message, and leaves everything else on
+//! the socket, so whatever reads next (the stream, or the application's own system calls)
+//! reads them in order. Bytes that start like a handshake message wait on the socket for the
+//! rest (for clients on other hosts, [`PARTIAL_WAIT`]) before they are taken for data.
 //!
 //! A Proposal can only be answered while the application has written nothing: a Decline after
 //! application bytes would be read as data. Once the application wrote, a late Proposal is
@@ -24,8 +26,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-use tokio::io::ReadBuf;
 
 use crate::net::tcp_io::TcpIo;
 
@@ -61,31 +61,27 @@ pub(crate) fn partial_wait_for(peer: Option<std::net::SocketAddr>, local: Option
 enum Phase {
     /// Nothing decided yet.
     Undecided,
-    /// The held bytes are application data: hand them out, then read the socket.
-    Deliver,
-    /// Nothing more to do.
+    /// Nothing more to do: the socket is the stream (once a Decline owed is out).
     Done,
 }
 
 struct State {
     owed: Owed,
     phase: Phase,
-    /// Bytes read while undecided (at most one handshake message and what followed it).
-    held: Vec<u8>,
-    /// Deliver: the next held byte to hand out.
-    at: usize,
     /// The application has written: a Proposal can no longer be answered.
     app_wrote: bool,
     /// A Decline still to be written before the application's next bytes.
     reply: Vec<u8>,
-    /// Held bytes that start like a handshake message wait for the rest until then.
+    /// Bytes on the socket that start like a handshake message wait for the rest until then.
     partial: Option<Box<Partial>>,
+    /// How many bytes of such a prefix were there when its wait started: more start it again.
+    seen: usize,
     /// How long a partial prefix waits for more ([`partial_wait_for`]).
     partial_wait: Duration,
 }
 
-/// The wait of held bytes for the rest of a possible handshake message (boxed: rare, and the
-/// stream stays small without it).
+/// The wait of a partial prefix for the rest of a possible handshake message (boxed: rare, and
+/// the stream stays small without it).
 struct Partial {
     deadline: tokio::time::Instant,
     /// Made when a call with a context waits for the deadline (a call without one reads the
@@ -106,11 +102,11 @@ impl std::fmt::Debug for InbandGuard {
     }
 }
 
-/// What the held bytes are.
+/// What the bytes at the head of the stream are.
 enum Class {
     /// Not a handshake message (or not one we expect): application data.
     Data,
-    /// A prefix of a handshake message: read more.
+    /// A prefix of a handshake message: wait for more.
     NeedMore,
     /// A message we take: its length, and the Decline to answer with (if any).
     Take(usize, Option<Vec<u8>>),
@@ -124,11 +120,10 @@ impl InbandGuard {
             state: Mutex::new(State {
                 owed,
                 phase: Phase::Undecided,
-                held: Vec::new(),
-                at: 0,
                 app_wrote: false,
                 reply: Vec::new(),
                 partial: None,
+                seen: 0,
                 partial_wait,
             }),
         }
@@ -139,172 +134,43 @@ impl InbandGuard {
         self.active.load(Ordering::Acquire)
     }
 
-    /// Whether the guard holds bytes it read off the socket, or owes the peer a reply: the
-    /// socket alone is then not the stream.
+    /// Whether the guard owes the peer a reply, or bytes on the socket wait for the rest of a
+    /// possible handshake message: the socket alone is then not the stream.
     pub(crate) fn holds_bytes(&self) -> bool {
         if !self.is_active() {
             return false;
         }
         let st = self.lock();
-        st.at < st.held.len() || !st.reply.is_empty() || st.partial.is_some()
+        !st.reply.is_empty() || st.partial.is_some()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A read through the guard. `None`: the guard is done; read the socket directly. Without
-    /// a context (`try_read`) a read that would wait answers `Pending` and leaves no waker
-    /// anywhere: the socket keeps one reader's waker, which a `try_*` call must not take.
-    pub(crate) fn poll_read(
-        &self,
-        mut cx: Option<&mut Context<'_>>,
-        tcp: TcpIo<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Option<Poll<io::Result<()>>> {
-        if !self.is_active() {
-            return None;
-        }
-        let mut st = self.lock();
-        loop {
-            match st.phase {
-                Phase::Done => {
-                    let _ = flush_reply(tcp, &mut st);
-                    self.finish(&mut st);
-                    return None;
-                }
-                Phase::Deliver => {
-                    if buf.remaining() == 0 {
-                        return Some(Poll::Ready(Ok(())));
-                    }
-                    let n = (st.held.len() - st.at).min(buf.remaining());
-                    buf.put_slice(&st.held[st.at..st.at + n]);
-                    st.at += n;
-                    if st.at == st.held.len() {
-                        st.phase = Phase::Done;
-                        self.finish(&mut st);
-                    }
-                    return Some(Poll::Ready(Ok(())));
-                }
-                Phase::Undecided => {}
-            }
-            let _ = flush_reply(tcp, &mut st);
-            if st.held.is_empty() {
-                // The fast path: read straight into the caller's buffer; only bytes that start
-                // like a handshake message are taken back.
-                if buf.remaining() == 0 {
-                    return Some(Poll::Ready(Ok(())));
-                }
-                let before = buf.filled().len();
-                match try_read_buf(tcp, buf) {
-                    Ok(0) => {
-                        st.phase = Phase::Done;
-                        self.finish(&mut st);
-                        return Some(Poll::Ready(Ok(())));
-                    }
-                    Ok(_) => {
-                        if buf.filled()[before] != CLC_EYECATCHER[0] {
-                            st.phase = Phase::Done;
-                            self.finish(&mut st);
-                            return Some(Poll::Ready(Ok(())));
-                        }
-                        st.held.extend_from_slice(&buf.filled()[before..]);
-                        buf.set_filled(before);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => match poll_read_ready(tcp, cx.as_deref_mut()) {
-                        Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                        Poll::Pending => return Some(Poll::Pending),
-                    },
-                    Err(e) => return Some(Poll::Ready(Err(e))),
-                }
-            }
-            match self.poll_decide(cx.as_deref_mut(), &mut st, tcp) {
-                Poll::Ready(Ok(())) => continue,
-                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                Poll::Pending => return Some(Poll::Pending),
-            }
-        }
-    }
-
-    /// A peek through the guard: the bytes the next read would return, without taking them.
-    /// `None`: the guard is done; peek at the socket directly. Without a context, as
-    /// [`poll_read`](Self::poll_read).
-    pub(crate) fn poll_peek(
-        &self,
-        mut cx: Option<&mut Context<'_>>,
-        tcp: TcpIo<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Option<Poll<io::Result<usize>>> {
-        if !self.is_active() {
-            return None;
-        }
-        let mut st = self.lock();
-        loop {
-            match st.phase {
-                Phase::Done => {
-                    let _ = flush_reply(tcp, &mut st);
-                    self.finish(&mut st);
-                    return None;
-                }
-                Phase::Deliver => {
-                    let n = (st.held.len() - st.at).min(buf.remaining());
-                    buf.put_slice(&st.held[st.at..st.at + n]);
-                    return Some(Poll::Ready(Ok(n)));
-                }
-                Phase::Undecided => {}
-            }
-            let _ = flush_reply(tcp, &mut st);
-            match self.poll_decide(cx.as_deref_mut(), &mut st, tcp) {
-                Poll::Ready(Ok(())) => continue,
-                Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
-                Poll::Pending => return Some(Poll::Pending),
-            }
-        }
-    }
-
-    /// Before the application's own system calls on the socket for reading (`try_io`,
-    /// `async_io`), which the guard cannot look into: the guard is settled first, without a
-    /// context. A first byte that is not the eyecatcher's, or the end, settles it at once
-    /// (looked at, not taken); bytes that start like a handshake message are taken and
-    /// decided. `Ready(Ok)`: the socket is the stream; `Pending`: nothing to decide on yet;
-    /// an error where bytes the guard took must be read through the stream first.
-    pub(crate) fn settle_for_raw_read(&self, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+    /// Before the application reads, peeks, waits for readability or makes its own system
+    /// calls on the socket: the head of the stream is looked at without taking it, and a
+    /// handshake message there is taken off (and declined if owed). `Ready(Ok)`: the socket is
+    /// the stream, the caller reads (or peeks at) it itself; `Pending`: nothing to decide on
+    /// yet, or a prefix waits for the rest. Without a context (`try_*`, readiness futures,
+    /// the application's own calls) nothing is registered: the socket keeps one reader's
+    /// waker, which those calls must not take, and the wait for the rest of a prefix is read
+    /// as a deadline ([`partial_deadline`](Self::partial_deadline)).
+    pub(crate) fn poll_settle(&self, cx: Option<&mut Context<'_>>, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         if !self.is_active() {
             return Poll::Ready(Ok(()));
         }
         let mut st = self.lock();
-        let _ = flush_reply(tcp, &mut st);
-        if st.phase == Phase::Undecided && st.held.is_empty() {
-            let mut first = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-            match tcp.try_io(tokio::io::Interest::READABLE, || socket2::SockRef::from(tcp.socket()).peek(&mut first)) {
-                Ok(0) => st.phase = Phase::Done,
-                // SAFETY: the peek returned 1, so it initialized the one byte.
-                Ok(_) if unsafe { first[0].assume_init() } != CLC_EYECATCHER[0] => st.phase = Phase::Done,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        let r = self.poll_decide(cx, &mut st, tcp);
+        if let Poll::Ready(Ok(())) = r {
+            let _ = flush_reply(tcp, &mut st);
+            self.finish(&mut st);
         }
-        if st.phase == Phase::Undecided {
-            match self.poll_decide(None, &mut st, tcp) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
-        }
-        match st.phase {
-            Phase::Done => {
-                self.finish(&mut st);
-                Poll::Ready(Ok(()))
-            }
-            _ => Poll::Ready(Err(io::Error::other(
-                "the stream holds bytes read off its socket (a partial smc handshake message, or what followed one): read them through the stream first",
-            ))),
-        }
+        r
     }
 
-    /// When held bytes that start like a handshake message stop waiting for the rest and
-    /// become data, if they wait (for a readiness future, which waits for it without the
+    /// When a prefix of a possible handshake message on the socket stops waiting for the rest
+    /// and becomes data, if one waits (for a readiness future, which waits for it without the
     /// guard's timer).
     pub(crate) fn partial_deadline(&self) -> Option<tokio::time::Instant> {
         if !self.is_active() {
@@ -314,87 +180,113 @@ impl InbandGuard {
         st.partial.as_ref().filter(|_| st.phase == Phase::Undecided).map(|p| p.deadline)
     }
 
-    /// Reads into the held bytes until they decide (a message taken, or data), or the socket
-    /// has nothing more for now (`Pending`, woken by readiness or the partial-prefix timer if
-    /// there is a context; without one, nothing is registered and the timer is read as a
-    /// deadline).
+    /// Looks at the head of the stream until it decides (a message taken, or data left where it
+    /// is), or the socket has nothing more for now (`Pending`, woken by readiness or the
+    /// partial-prefix timer if there is a context).
     fn poll_decide(&self, mut cx: Option<&mut Context<'_>>, st: &mut State, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         loop {
-            if !st.held.is_empty() && self.decide(st, tcp).is_some() {
+            if st.phase == Phase::Done {
                 return Poll::Ready(Ok(()));
             }
-            let mut tmp = [0u8; CLC_MAX_LEN];
-            let room = CLC_MAX_LEN.saturating_sub(st.held.len()).max(1);
-            match tcp.try_read(&mut tmp[..room]) {
-                Ok(0) => {
-                    // The end of the stream: whatever is held is data (nothing at all: the
-                    // application reads the end).
-                    st.phase = if st.held.is_empty() { Phase::Done } else { Phase::Deliver };
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(n) => {
-                    st.held.extend_from_slice(&tmp[..n]);
-                    // Progress: the wait for the rest starts again.
-                    st.partial = None;
-                }
+            // A look at the socket itself, whatever its readiness says: a prefix waiting for
+            // the rest was left there with its readiness cleared, and must be looked at again
+            // when its wait ends.
+            let mut head = [std::mem::MaybeUninit::<u8>::uninit(); CLC_MAX_LEN];
+            let n = match socket2::SockRef::from(tcp.socket()).peek(&mut head) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !st.held.is_empty() {
-                        if st.partial_wait.is_zero() {
-                            st.phase = Phase::Deliver;
-                            return Poll::Ready(Ok(()));
-                        }
-                        if st.partial.is_none() {
-                            self.counters.partial_wait();
-                        }
-                        let wait = st.partial_wait;
-                        let p = st.partial.get_or_insert_with(|| {
-                            let now = tokio::time::Instant::now();
-                            // A wait too long to add is a wait for good (a year is that).
-                            let deadline = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86_400));
-                            Box::new(Partial { deadline, timer: None })
-                        });
-                        let over = match cx.as_deref_mut() {
-                            Some(cx) => {
-                                let deadline = p.deadline;
-                                let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                                timer.as_mut().poll(cx).is_ready()
-                            }
-                            None => tokio::time::Instant::now() >= p.deadline,
-                        };
-                        if over {
-                            st.phase = Phase::Deliver;
-                            return Poll::Ready(Ok(()));
-                        }
-                    }
+                    clear_readable(tcp);
                     match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => continue,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
+                        other => return other,
                     }
                 }
                 Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    }
-
-    /// Looks at the held bytes: takes a whole message we expect, or decides they are data.
-    /// `None`: a message has started and more bytes are needed.
-    fn decide(&self, st: &mut State, tcp: TcpIo<'_>) -> Option<()> {
-        match classify(&st.held, st.owed, st.app_wrote) {
-            Class::NeedMore => return None,
-            Class::Data => st.phase = Phase::Deliver,
-            Class::Take(len, reply) => {
-                st.held.drain(..len);
-                self.counters.late_message();
-                tracing::debug!(owed = ?st.owed, answered = reply.is_some(), "took a late handshake message off the stream");
-                if let Some(r) = reply {
-                    st.reply = r;
-                    let _ = flush_reply(tcp, st);
+            };
+            // SAFETY: the peek initialized the first `n` bytes of `head`, and `MaybeUninit<u8>`
+            // has the layout of `u8`.
+            let bytes = unsafe { std::slice::from_raw_parts(head.as_ptr().cast::<u8>(), n) };
+            if n == 0 || bytes[0] != CLC_EYECATCHER[0] {
+                // The end, or data: the fast and usual case, one look.
+                st.phase = Phase::Done;
+                if n > 0 {
+                    tcp.assume_readable();
                 }
-                st.phase = if st.held.is_empty() { Phase::Done } else { Phase::Deliver };
+                continue;
+            }
+            match classify(bytes, st.owed, st.app_wrote) {
+                Class::Data => {
+                    st.phase = Phase::Done;
+                    tcp.assume_readable();
+                }
+                Class::Take(len, reply) => {
+                    // The message is on the socket, whole: taken off, nothing after it.
+                    let mut taken = 0;
+                    let mut sink = [0u8; CLC_MAX_LEN];
+                    while taken < len {
+                        match tcp.try_read(&mut sink[..len - taken]) {
+                            Ok(0) => break,
+                            Ok(k) => taken += k,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Poll::Ready(Err(e)),
+                        }
+                    }
+                    self.counters.late_message();
+                    tracing::debug!(owed = ?st.owed, answered = reply.is_some(), "took a late handshake message off the stream");
+                    if let Some(r) = reply {
+                        st.reply = r;
+                        let _ = flush_reply(tcp, st);
+                    }
+                    st.partial = None;
+                    st.phase = Phase::Done;
+                }
+                Class::NeedMore => {
+                    if n > st.seen {
+                        // Progress: the wait for the rest starts again.
+                        st.seen = n;
+                        st.partial = None;
+                    }
+                    if st.partial_wait.is_zero() {
+                        st.phase = Phase::Done;
+                        tcp.assume_readable();
+                        continue;
+                    }
+                    if st.partial.is_none() {
+                        self.counters.partial_wait();
+                    }
+                    let wait = st.partial_wait;
+                    let p = st.partial.get_or_insert_with(|| {
+                        let now = tokio::time::Instant::now();
+                        // A wait too long to add is a wait for good (a year is that).
+                        let deadline = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86_400));
+                        Box::new(Partial { deadline, timer: None })
+                    });
+                    let over = match cx.as_deref_mut() {
+                        Some(cx) => {
+                            let deadline = p.deadline;
+                            let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                            timer.as_mut().poll(cx).is_ready()
+                        }
+                        None => tokio::time::Instant::now() >= p.deadline,
+                    };
+                    if over {
+                        // A prefix that stays a prefix is someone else's bytes (still on the
+                        // socket, whose readiness was cleared for the wait).
+                        st.phase = Phase::Done;
+                        tcp.assume_readable();
+                        continue;
+                    }
+                    // The bytes stay on the socket, so its readiness stays set: cleared here,
+                    // the wait is for the rest.
+                    clear_readable(tcp);
+                    match poll_read_ready(tcp, cx.as_deref_mut()) {
+                        Poll::Ready(Ok(())) => {}
+                        other => return other,
+                    }
+                }
             }
         }
-        Some(())
     }
 
     /// Called before the application writes: answers a Proposal that is already waiting,
@@ -407,23 +299,9 @@ impl InbandGuard {
         }
         let mut st = self.lock();
         if st.phase == Phase::Undecided && !st.app_wrote {
-            // Take what has arrived, without waiting, so a waiting Proposal is answered before
-            // the application's bytes go out.
-            let mut tmp = [0u8; CLC_MAX_LEN];
-            loop {
-                let room = CLC_MAX_LEN.saturating_sub(st.held.len());
-                if room == 0 {
-                    break;
-                }
-                match tcp.try_read(&mut tmp[..room]) {
-                    Ok(0) => break,
-                    Ok(n) => st.held.extend_from_slice(&tmp[..n]),
-                    Err(_) => break,
-                }
-            }
-            if !st.held.is_empty() {
-                let _ = self.decide(&mut st, tcp);
-            }
+            // What has arrived, without waiting, so a waiting Proposal is answered before the
+            // application's bytes go out.
+            let _ = self.poll_decide(None, &mut st, tcp);
         }
         st.app_wrote = true;
         loop {
@@ -448,11 +326,19 @@ impl InbandGuard {
 
     fn finish(&self, st: &mut State) {
         if st.reply.is_empty() {
-            st.held = Vec::new();
             st.partial = None;
             self.active.store(false, Ordering::Release);
         }
     }
+}
+
+/// Clears the socket's read readiness, assumed and tokio's, so that a wait for it is a wait for
+/// bytes that come from now on.
+fn clear_readable(tcp: TcpIo<'_>) {
+    let would_block = || Err::<(), _>(io::Error::from(io::ErrorKind::WouldBlock));
+    // The first clears an assumed readiness, the second tokio's (each is a no-op where unset).
+    let _ = tcp.try_io(tokio::io::Interest::READABLE, would_block);
+    let _ = tcp.try_io(tokio::io::Interest::READABLE, would_block);
 }
 
 /// The socket's read readiness for a call with a context; `Pending` without one (the caller
@@ -472,6 +358,7 @@ fn flush_reply(tcp: TcpIo<'_>, st: &mut State) -> io::Result<()> {
                 st.reply.drain(..n);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 // The socket will take no more (its write side shut, or the connection
                 // gone): the reply is dropped, so that the guard can finish.
@@ -481,14 +368,6 @@ fn flush_reply(tcp: TcpIo<'_>, st: &mut State) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-fn try_read_buf(tcp: TcpIo<'_>, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
-    let before = buf.filled().len();
-    let dst = buf.initialize_unfilled();
-    let n = tcp.try_read(dst)?;
-    buf.set_filled(before + n);
-    Ok(n)
 }
 
 fn classify(held: &[u8], owed: Owed, app_wrote: bool) -> Class {

@@ -731,10 +731,9 @@ impl SmcStream {
             r?;
         }
         if let Some(g) = self.guard() {
-            match g.poll_peek(None, self.io(), rb) {
-                Some(Poll::Ready(r)) => return r,
-                Some(Poll::Pending) => return Err(io::ErrorKind::WouldBlock.into()),
-                None => {}
+            match g.poll_settle(None, self.io()) {
+                Poll::Ready(r) => r?,
+                Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
             }
         }
         // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; the peek
@@ -776,15 +775,8 @@ impl SmcStream {
             }
         }
         ready!(self.poll_skip(Some(cx), false))?;
-        if let Some(g) = self.guard().filter(|g| g.is_active()) {
-            // As `poll_read_io`.
-            let coop = ready!(tokio::task::coop::poll_proceed(cx));
-            if let Some(p) = g.poll_peek(Some(cx), self.io(), buf) {
-                if p.is_ready() {
-                    coop.made_progress();
-                }
-                return p;
-            }
+        if let Some(g) = self.guard() {
+            ready!(g.poll_settle(Some(cx), self.io()))?;
         }
         self.io().poll_peek(cx, buf)
     }
@@ -925,7 +917,7 @@ impl SmcStream {
         if self.guard().is_some_and(|g| g.holds_bytes()) {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "the stream holds bytes read off its socket (a partial late smc handshake message): read first, then convert",
+                "the stream owes its client a reply, or bytes that may begin an smc handshake message wait for the rest: read first, then convert",
             ));
         }
         if let Path::Smc(s) = &self.path {
@@ -1018,33 +1010,22 @@ impl SmcStream {
     }
 
     /// [`ready`](Self::ready) while a plain client's guard may still take a handshake message
-    /// off the stream. Bytes may sit in the guard (a late message was taken off the socket), so
-    /// readable means "a read returns something", which the guard's peek tells; it peeks
-    /// without a context, and the wait is tokio's readiness future on the socket (every waiting
-    /// task is woken, and the socket's one reader waker stays the `poll_*` caller's), or the
-    /// guard's deadline for bytes that start like a message. Any other interest is the
-    /// socket's own, waited for alongside.
+    /// off the stream: readable once the guard has decided on the head of the stream (a
+    /// message taken off, or data left on the socket), which it does without a context; the
+    /// wait is tokio's readiness future on the socket (every waiting task is woken, and the
+    /// socket's one reader waker stays the `poll_*` caller's), or the guard's deadline for
+    /// bytes that start like a message. Any other interest is the socket's own, waited for
+    /// alongside.
     async fn guarded_ready(&self, g: &InbandGuard, interest: Interest) -> io::Result<Ready> {
         use std::future::Future;
         let others = interest.remove(Interest::READABLE);
         loop {
-            let mut b = [0u8; 1];
-            match g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
-                // The guard is done: the socket is the stream.
-                None => return self.io().ready(interest).await,
-                Some(Poll::Ready(r)) => {
-                    r?;
-                    let mut ready = Ready::READABLE;
-                    if let Some(w) = others {
-                        // The other directions as they are now, not waited for.
-                        let now = std::pin::pin!(self.io().ready(w));
-                        if let Poll::Ready(Ok(r)) = now.poll(&mut Context::from_waker(std::task::Waker::noop())) {
-                            ready |= r;
-                        }
-                    }
-                    return Ok(ready);
-                }
-                Some(Poll::Pending) => {}
+            match g.poll_settle(None, self.io()) {
+                // Decided: the socket is the stream.
+                Poll::Ready(Ok(())) => return self.io().ready(interest).await,
+                // A read returns the error: readable.
+                Poll::Ready(Err(_)) => return Ok(Ready::READABLE),
+                Poll::Pending => {}
             }
             let deadline = g.partial_deadline();
             // The raw socket's readiness, not the assumed one: the peek above found nothing.
@@ -1079,10 +1060,15 @@ impl SmcStream {
                 // Another direction is ready; readable too if a read would return something
                 // now, as tokio reports every direction that is ready.
                 let mut ready = r?;
-                let mut b = [0u8; 1];
-                // Bytes, the end or an error: what a read would return now.
-                if let Some(Poll::Ready(_)) = g.poll_peek(None, self.io(), &mut ReadBuf::new(&mut b)) {
-                    ready |= Ready::READABLE;
+                match g.poll_settle(None, self.io()) {
+                    Poll::Ready(Err(_)) => ready |= Ready::READABLE,
+                    Poll::Ready(Ok(())) => {
+                        let now = std::pin::pin!(self.io().ready(Interest::READABLE));
+                        if let Poll::Ready(Ok(r)) = now.poll(&mut Context::from_waker(std::task::Waker::noop())) {
+                            ready |= r;
+                        }
+                    }
+                    Poll::Pending => {}
                 }
                 return Ok(ready);
             }
@@ -1396,14 +1382,13 @@ impl SmcStream {
                 r => r?,
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {
-                let before = rb.filled().len();
                 // No context: a read that finds nothing leaves the socket's one reader waker
-                // alone, as tokio's `try_read` does. A guard that is done reads on below.
-                match g.poll_read(None, self.io(), rb) {
-                    Some(Poll::Ready(r)) => r.map(|()| rb.filled().len() - before)?,
-                    Some(Poll::Pending) => return Err(io::ErrorKind::WouldBlock.into()),
-                    None => self.try_read_plain(rb)?,
+                // alone, as tokio's `try_read` does.
+                match g.poll_settle(None, self.io()) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
                 }
+                self.try_read_plain(rb)?
             }
             PathRef::Tcp(_) => self.try_read_plain(rb)?,
         };
@@ -1592,7 +1577,7 @@ impl SmcStream {
             // The application's own reads must not see bytes it consumed before a move.
             self.skip_now()?;
         }
-        if self.poll_raw_io_guard(interest)?.is_pending() {
+        if self.poll_raw_io_guard(interest)?.is_some() {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         self.io().try_io(interest, f)
@@ -1601,26 +1586,26 @@ impl SmcStream {
     /// Settles a plain client's guard before the application's own system calls on the
     /// socket, which it cannot look into: for writes, a Decline owed goes first (and later
     /// handshake messages are no longer answered); for reads, a handshake message that
-    /// arrived is taken off first ([`InbandGuard::settle_for_raw_read`]). `Ready(())`: the
-    /// socket is the stream for `interest`; `Pending`: not yet (the caller waits for the
-    /// socket, or answers `WouldBlock`).
-    fn poll_raw_io_guard(&self, interest: Interest) -> io::Result<Poll<()>> {
-        let Some(g) = self.guard().filter(|g| g.is_active()) else { return Ok(Poll::Ready(())) };
+    /// arrived is taken off first ([`InbandGuard::poll_settle`]). `None`: the socket is the
+    /// stream for `interest`; else the direction to wait for first (the caller waits for the
+    /// socket, or answers `WouldBlock`). Asked for both directions, a guard with nothing to
+    /// decide on (the socket empty for reading) lets a call go on for its writes.
+    fn poll_raw_io_guard(&self, interest: Interest) -> io::Result<Option<Interest>> {
+        let Some(g) = self.guard().filter(|g| g.is_active()) else { return Ok(None) };
         if interest.is_writable() {
-            if let Poll::Ready(r) = g.poll_before_write(None, self.io()) {
-                r?;
-            } else if !interest.is_readable() {
-                return Ok(Poll::Pending);
+            match g.poll_before_write(None, self.io()) {
+                Poll::Ready(r) => r?,
+                Poll::Pending => return Ok(Some(Interest::WRITABLE)),
             }
         }
         if interest.is_readable() {
-            return match g.settle_for_raw_read(self.io()) {
-                Poll::Ready(r) => r.map(Poll::Ready),
-                Poll::Pending if interest.is_writable() => Ok(Poll::Ready(())),
-                Poll::Pending => Ok(Poll::Pending),
-            };
+            match g.poll_settle(None, self.io()) {
+                Poll::Ready(r) => r?,
+                Poll::Pending if interest.is_writable() && !g.holds_bytes() => {}
+                Poll::Pending => return Ok(Some(Interest::READABLE)),
+            }
         }
-        Ok(Poll::Ready(()))
+        Ok(None)
     }
 
     /// Waits for `interest` and runs `f` on the TCP socket until it does not answer
@@ -1659,8 +1644,9 @@ impl SmcStream {
             }
         }
         let mut first = true;
-        while self.poll_raw_io_guard(interest)?.is_pending() {
-            if std::mem::take(&mut first) && interest.is_readable() {
+        while let Some(wait) = self.poll_raw_io_guard(interest)? {
+            let empty = !self.guard().is_some_and(InbandGuard::holds_bytes);
+            if std::mem::take(&mut first) && wait == Interest::READABLE && empty {
                 // As tokio's first poll, which tries the closure before it waits: the guard
                 // has just found the socket empty, so the closure finds nothing either, save
                 // bytes that land in between (a handshake message there would reach it; a
@@ -1677,7 +1663,7 @@ impl SmcStream {
             // the end of the guard's wait for the rest of a possible handshake message.
             use std::future::Future;
             let deadline = self.guard().and_then(InbandGuard::partial_deadline);
-            let mut socket = std::pin::pin!(self.tcp.ready(interest));
+            let mut socket = std::pin::pin!(self.tcp.ready(wait));
             let mut timer = std::pin::pin!(async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d).await,
@@ -1850,16 +1836,8 @@ impl SmcStream {
             }
         }
         ready!(self.poll_skip(Some(cx), true))?;
-        if let Some(g) = self.guard().filter(|g| g.is_active()) {
-            // Bytes the guard holds come without the socket's readiness, which spends the
-            // task's cooperative budget: this read spends it itself.
-            let coop = ready!(tokio::task::coop::poll_proceed(cx));
-            if let Some(p) = g.poll_read(Some(cx), self.io(), buf) {
-                if p.is_ready() {
-                    coop.made_progress();
-                }
-                return p;
-            }
+        if let Some(g) = self.guard() {
+            ready!(g.poll_settle(Some(cx), self.io()))?;
         }
         loop {
             ready!(self.io().poll_read_ready(cx))?;

@@ -92,6 +92,12 @@ impl<'a> TcpIo<'a> {
         self.tcp
     }
 
+    /// Takes the socket to be readable again: bytes are known to be queued on it (a look that
+    /// left them there), whatever its readiness says.
+    pub(crate) fn assume_readable(self) {
+        self.assumed.0.fetch_or(READ, Ordering::Relaxed);
+    }
+
     /// Runs `f` if the socket is (or is assumed) ready for `interest`, as
     /// [`TcpStream::try_io`] does.
     pub(crate) fn try_io<R>(self, interest: Interest, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
