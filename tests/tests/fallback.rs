@@ -876,3 +876,45 @@ async fn readable_then_try_io_reads_a_plain_clients_bytes() {
         assert_eq!(got, data);
     }
 }
+
+/// A client that sends the eyecatcher's first byte and then closes: no rest can come, so the
+/// byte is the application's at once (not after the wait for the rest, set to 30 s here), then
+/// the end, whether the application reads or waits for readiness first.
+#[tokio::test]
+async fn a_prefix_followed_by_the_end_is_data_at_once() {
+    struct Wait(std::net::SocketAddr);
+    impl Drop for Wait {
+        fn drop(&mut self) {
+            smc_tokio::faults::set_partial_wait(self.0, None);
+        }
+    }
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    smc_tokio::faults::set_partial_wait(addr, Some(Duration::from_secs(30)));
+    let _wait = Wait(addr);
+    for reader in ["read", "readiness future"] {
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
+        client.write_all(&[0xE2]).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        if reader == "read" {
+            bounded(5, server.read_to_end(&mut got)).await.unwrap();
+        } else {
+            let mut b = [0u8; 8];
+            bounded(5, async {
+                loop {
+                    server.readable().await.unwrap();
+                    match server.try_read(&mut b) {
+                        Ok(0) => break,
+                        Ok(n) => got.extend_from_slice(&b[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            })
+            .await;
+        }
+        assert_eq!(got, [0xE2], "{reader}");
+    }
+}

@@ -192,11 +192,16 @@ impl InbandGuard {
             // the rest was left there with its readiness cleared, and must be looked at again
             // when its wait ends.
             let mut head = [std::mem::MaybeUninit::<u8>::uninit(); CLC_MAX_LEN];
-            let n = match socket2::SockRef::from(tcp.socket()).peek(&mut head) {
+            let n = match peek(tcp, &mut head) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     clear_readable(tcp);
+                    // Bytes that came between the look and the clearing: look again.
+                    match peek(tcp, &mut head) {
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
                     match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => continue,
                         other => return other,
@@ -204,15 +209,14 @@ impl InbandGuard {
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             };
-            // SAFETY: the peek initialized the first `n` bytes of `head`, and `MaybeUninit<u8>`
-            // has the layout of `u8`.
+            // SAFETY: the peek initialized the first `n` bytes of `head` (n <= head.len()),
+            // and `MaybeUninit<u8>` has the layout of `u8`.
             let bytes = unsafe { std::slice::from_raw_parts(head.as_ptr().cast::<u8>(), n) };
             if n == 0 || bytes[0] != CLC_EYECATCHER[0] {
-                // The end, or data: the fast and usual case, one look.
+                // The end, or data: the fast and usual case, one look. Either is there for the
+                // next read, whatever the socket's readiness says yet.
                 st.phase = Phase::Done;
-                if n > 0 {
-                    tcp.assume_readable();
-                }
+                tcp.assume_readable();
                 continue;
             }
             match classify(bytes, st.owed, st.app_wrote) {
@@ -221,16 +225,21 @@ impl InbandGuard {
                     tcp.assume_readable();
                 }
                 Class::Take(len, reply) => {
-                    // The message is on the socket, whole: taken off, nothing after it.
+                    // The message is on the socket, whole (the look saw it): taken off, nothing
+                    // after it, whatever the socket's readiness says.
                     let mut taken = 0;
-                    let mut sink = [0u8; CLC_MAX_LEN];
+                    let sock = socket2::SockRef::from(tcp.socket());
                     while taken < len {
-                        match tcp.try_read(&mut sink[..len - taken]) {
+                        match sock.recv(&mut head[..len - taken]) {
                             Ok(0) => break,
                             Ok(k) => taken += k,
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => return Poll::Ready(Err(e)),
                         }
+                    }
+                    if n > len {
+                        // What follows it is there for the next read.
+                        tcp.assume_readable();
                     }
                     self.counters.late_message();
                     tracing::debug!(owed = ?st.owed, answered = reply.is_some(), "took a late handshake message off the stream");
@@ -270,16 +279,23 @@ impl InbandGuard {
                         }
                         None => tokio::time::Instant::now() >= p.deadline,
                     };
-                    if over {
-                        // A prefix that stays a prefix is someone else's bytes (still on the
-                        // socket, whose readiness was cleared for the wait).
+                    // A prefix that stays a prefix is someone else's bytes (still on the socket,
+                    // whose readiness may have been cleared for the wait); so is one after which
+                    // the peer closed: no rest will come.
+                    if over || read_closed(tcp) {
                         st.phase = Phase::Done;
                         tcp.assume_readable();
                         continue;
                     }
                     // The bytes stay on the socket, so its readiness stays set: cleared here,
-                    // the wait is for the rest.
+                    // the wait is for the rest. More that came meanwhile: look again.
                     clear_readable(tcp);
+                    match peek(tcp, &mut head) {
+                        Ok(m) if m != n => continue,
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
                     match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => {}
                         other => return other,
@@ -330,6 +346,24 @@ impl InbandGuard {
             self.active.store(false, Ordering::Release);
         }
     }
+}
+
+/// Looks at the head of the stream on the socket itself, whatever its readiness says (`EINTR`
+/// retried): how many bytes it copied into `head`.
+fn peek(tcp: TcpIo<'_>, head: &mut [std::mem::MaybeUninit<u8>]) -> io::Result<usize> {
+    loop {
+        match socket2::SockRef::from(tcp.socket()).peek(head) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
+        }
+    }
+}
+
+/// Whether the socket's readiness says the peer closed its side (its end is queued after any
+/// bytes a look sees), without waiting.
+fn read_closed(tcp: TcpIo<'_>) -> bool {
+    let ready = std::pin::pin!(tcp.socket().ready(tokio::io::Interest::READABLE));
+    matches!(ready.poll(&mut Context::from_waker(std::task::Waker::noop())), Poll::Ready(Ok(r)) if r.is_read_closed())
 }
 
 /// Clears the socket's read readiness, assumed and tokio's, so that a wait for it is a wait for

@@ -879,9 +879,9 @@ impl SmcStream {
     /// the move needs the peer's answer). Before that its bytes are not on the socket, so this
     /// returns an error of kind [`Unsupported`](io::ErrorKind::Unsupported) and the connection is
     /// closed (as dropping the stream would). So does a TCP stream that a
-    /// [`cork`](SmcStream::cork) guard still holds, and a server stream that holds bytes it
-    /// read off the socket: the start of what may be a client's late in-band handshake message,
-    /// which the stream answers or hands out once it is whole.
+    /// [`cork`](SmcStream::cork) guard still holds, and a server stream that owes its client
+    /// a reply to a late in-band handshake message, or whose socket holds the start of what may
+    /// be one (left there until it is whole, or taken for data).
     ///
     /// # Examples
     ///

@@ -132,6 +132,8 @@ impl<'a> TcpIo<'a> {
         self.tcp.async_io(interest, f).await
     }
 
+    /// A read that does not wait (the tests' view of the assumed readiness).
+    #[cfg(test)]
     pub(crate) fn try_read(self, buf: &mut [u8]) -> io::Result<usize> {
         self.try_io(Interest::READABLE, || (&*socket2::SockRef::from(self.tcp)).read(buf))
     }
