@@ -657,6 +657,23 @@ async fn every_task_peeking_at_a_plain_client_is_woken() {
     tests::every_peeker_is_woken(&server, &mut client).await;
 }
 
+/// The wait of a listener's plain clients for the rest of a possible handshake message, set
+/// (`faults::set_partial_wait`) for as long as this lives: put back however a test ends.
+struct PartialWait(std::net::SocketAddr);
+
+impl PartialWait {
+    fn set(listener: std::net::SocketAddr, wait: Duration) -> PartialWait {
+        smc_tokio::faults::set_partial_wait(listener, Some(wait));
+        PartialWait(listener)
+    }
+}
+
+impl Drop for PartialWait {
+    fn drop(&mut self) {
+        smc_tokio::faults::set_partial_wait(self.0, None);
+    }
+}
+
 /// A plain client whose first byte is the handshake eyecatcher's first, and nothing after it:
 /// the guard holds it for the rest of a possible handshake message, as long as clients on other
 /// hosts are given (set long here, so that "not yet" is certain), then hands it to the
@@ -664,18 +681,10 @@ async fn every_task_peeking_at_a_plain_client_is_woken() {
 /// be woken by), and so does a read; neither answers before, and the byte comes out as sent.
 #[tokio::test]
 async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
-    /// Puts the listener's rule back however the test ends.
-    struct Wait(std::net::SocketAddr);
-    impl Drop for Wait {
-        fn drop(&mut self) {
-            smc_tokio::faults::set_partial_wait(self.0, None);
-        }
-    }
     const WAIT: Duration = Duration::from_millis(1500);
     let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    smc_tokio::faults::set_partial_wait(addr, Some(WAIT));
-    let _wait = Wait(addr);
+    let _wait = PartialWait::set(addr, WAIT);
     for reader in ["readiness future", "read"] {
         let mut client = TcpStream::connect(addr).await.unwrap();
         let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
@@ -882,16 +891,9 @@ async fn readable_then_try_io_reads_a_plain_clients_bytes() {
 /// the end, whether the application reads or waits for readiness first.
 #[tokio::test]
 async fn a_prefix_followed_by_the_end_is_data_at_once() {
-    struct Wait(std::net::SocketAddr);
-    impl Drop for Wait {
-        fn drop(&mut self) {
-            smc_tokio::faults::set_partial_wait(self.0, None);
-        }
-    }
     let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    smc_tokio::faults::set_partial_wait(addr, Some(Duration::from_secs(30)));
-    let _wait = Wait(addr);
+    let _wait = PartialWait::set(addr, Duration::from_secs(30));
     for reader in ["read", "readiness future"] {
         let mut client = TcpStream::connect(addr).await.unwrap();
         let (mut server, _) = bounded(10, listener.accept()).await.unwrap();
@@ -917,4 +919,20 @@ async fn a_prefix_followed_by_the_end_is_data_at_once() {
         }
         assert_eq!(got, [0xE2], "{reader}");
     }
+}
+
+/// A plain client that resets its connection: the application's read meets the reset, as on
+/// tokio's stream, even where the guard's look met it first (a socket reports a reset once).
+#[tokio::test]
+async fn a_plain_clients_reset_reaches_the_application() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = bounded(10, listener.accept()).await.unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(server.try_read(&mut b).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(client);
+    bounded(5, server.readable()).await.unwrap();
+    let e = server.try_read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
 }

@@ -76,6 +76,9 @@ struct State {
     partial: Option<Box<Partial>>,
     /// How many bytes of such a prefix were there when its wait started: more start it again.
     seen: usize,
+    /// The error a look met (a reset: the socket reports it once, and the look took it), owed
+    /// to the next read.
+    error: Option<i32>,
     /// How long a partial prefix waits for more ([`partial_wait_for`]).
     partial_wait: Duration,
 }
@@ -124,6 +127,7 @@ impl InbandGuard {
                 reply: Vec::new(),
                 partial: None,
                 seen: 0,
+                error: None,
                 partial_wait,
             }),
         }
@@ -157,14 +161,33 @@ impl InbandGuard {
     /// waker, which those calls must not take, and the wait for the rest of a prefix is read
     /// as a deadline ([`partial_deadline`](Self::partial_deadline)).
     pub(crate) fn poll_settle(&self, cx: Option<&mut Context<'_>>, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+        self.poll_settle_as(cx, tcp, true)
+    }
+
+    /// As [`poll_settle`](Self::poll_settle) for a readiness wait, which reports an error the
+    /// look met as readability and leaves it for the read that follows.
+    pub(crate) fn poll_settle_ready(&self, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
+        self.poll_settle_as(None, tcp, false)
+    }
+
+    fn poll_settle_as(&self, cx: Option<&mut Context<'_>>, tcp: TcpIo<'_>, read: bool) -> Poll<io::Result<()>> {
         if !self.is_active() {
             return Poll::Ready(Ok(()));
         }
         let mut st = self.lock();
         let r = self.poll_decide(cx, &mut st, tcp);
-        if let Poll::Ready(Ok(())) = r {
-            let _ = flush_reply(tcp, &mut st);
-            self.finish(&mut st);
+        match &r {
+            Poll::Ready(Ok(())) => {
+                let _ = flush_reply(tcp, &mut st);
+                self.finish(&mut st);
+            }
+            // The read the error was owed to: from now on the socket is the stream.
+            Poll::Ready(Err(_)) if read && st.error.take().is_some() => {
+                st.phase = Phase::Done;
+                let _ = flush_reply(tcp, &mut st);
+                self.finish(&mut st);
+            }
+            _ => {}
         }
         r
     }
@@ -185,6 +208,9 @@ impl InbandGuard {
     /// partial-prefix timer if there is a context).
     fn poll_decide(&self, mut cx: Option<&mut Context<'_>>, st: &mut State, tcp: TcpIo<'_>) -> Poll<io::Result<()>> {
         loop {
+            if let Some(code) = st.error {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(code)));
+            }
             if st.phase == Phase::Done {
                 return Poll::Ready(Ok(()));
             }
@@ -200,14 +226,14 @@ impl InbandGuard {
                     match peek(tcp, &mut head) {
                         Ok(_) => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Poll::Ready(Err(e)),
+                        Err(e) => return owe(st, e),
                     }
                     match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => continue,
                         other => return other,
                     }
                 }
-                Err(e) => return Poll::Ready(Err(e)),
+                Err(e) => return owe(st, e),
             };
             // SAFETY: the peek initialized the first `n` bytes of `head` (n <= head.len()),
             // and `MaybeUninit<u8>` has the layout of `u8`.
@@ -294,7 +320,7 @@ impl InbandGuard {
                         Ok(m) if m != n => continue,
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Poll::Ready(Err(e)),
+                        Err(e) => return owe(st, e),
                     }
                     match poll_read_ready(tcp, cx.as_deref_mut()) {
                         Poll::Ready(Ok(())) => {}
@@ -346,6 +372,15 @@ impl InbandGuard {
             self.active.store(false, Ordering::Release);
         }
     }
+}
+
+/// An error a look met: the socket reported it once (a reset), so it is kept for the read
+/// that follows, whoever looked.
+fn owe(st: &mut State, e: io::Error) -> Poll<io::Result<()>> {
+    if let Some(code) = e.raw_os_error() {
+        st.error = Some(code);
+    }
+    Poll::Ready(Err(e))
 }
 
 /// Looks at the head of the stream on the socket itself, whatever its readiness says (`EINTR`

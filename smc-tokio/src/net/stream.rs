@@ -1020,7 +1020,7 @@ impl SmcStream {
         use std::future::Future;
         let others = interest.remove(Interest::READABLE);
         loop {
-            match g.poll_settle(None, self.io()) {
+            match g.poll_settle_ready(self.io()) {
                 // Decided: the socket is the stream.
                 Poll::Ready(Ok(())) => return self.io().ready(interest).await,
                 // A read returns the error: readable.
@@ -1060,7 +1060,7 @@ impl SmcStream {
                 // Another direction is ready; readable too if a read would return something
                 // now, as tokio reports every direction that is ready.
                 let mut ready = r?;
-                match g.poll_settle(None, self.io()) {
+                match g.poll_settle_ready(self.io()) {
                     Poll::Ready(Err(_)) => ready |= Ready::READABLE,
                     Poll::Ready(Ok(())) => {
                         let now = std::pin::pin!(self.io().ready(Interest::READABLE));
