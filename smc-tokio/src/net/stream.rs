@@ -736,15 +736,7 @@ impl SmcStream {
                 Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
             }
         }
-        // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; the peek
-        // writes at most that many bytes and never de-initializes any, and only the count it
-        // returned is marked initialized below.
-        let unfilled = unsafe { rb.unfilled_mut() };
-        let n = self.io().try_io(Interest::READABLE, || socket2::SockRef::from(&self.tcp).peek(unfilled))?;
-        // SAFETY: the peek initialized the first `n` bytes of the unfilled region.
-        unsafe { rb.assume_init(n) };
-        rb.advance(n);
-        Ok(n)
+        self.io().try_peek(rb)
     }
 
     /// Polls for data to peek at; see [`peek`](SmcStream::peek). On `Ready(Ok(n))` the first `n`
@@ -1027,18 +1019,10 @@ impl SmcStream {
                 Poll::Ready(Err(_)) => return Ok(Ready::READABLE),
                 Poll::Pending => {}
             }
-            let deadline = g.partial_deadline();
-            // The raw socket's readiness, not the assumed one: the peek above found nothing.
-            let mut bytes = std::pin::pin!(self.tcp.ready(Interest::READABLE));
+            let mut guard = std::pin::pin!(self.wait_for_guard(g, Interest::READABLE));
             let mut other = std::pin::pin!(async {
                 match others {
                     Some(w) => self.io().ready(w).await,
-                    None => std::future::pending().await,
-                }
-            });
-            let mut timer = std::pin::pin!(async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
                     None => std::future::pending().await,
                 }
             });
@@ -1046,14 +1030,9 @@ impl SmcStream {
                 if let Poll::Ready(r) = other.as_mut().poll(cx) {
                     return Poll::Ready(Some(r));
                 }
-                if let Poll::Ready(r) = bytes.as_mut().poll(cx) {
-                    // Bytes (or an error, which the peek meets): look again.
-                    return Poll::Ready(r.err().map(Err));
-                }
-                if timer.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
-                }
-                Poll::Pending
+                // Bytes, the end of the wait for the rest of a prefix, or an error (which the
+                // guard's look meets): look again.
+                guard.as_mut().poll(cx).map(|r| r.err().map(Err))
             })
             .await;
             if let Some(r) = woke {
@@ -1073,6 +1052,28 @@ impl SmcStream {
                 return Ok(ready);
             }
         }
+    }
+
+    /// Waits until the guard `g` may decide on `wait`: the socket's own readiness for it (not
+    /// the stream's, which is the guard's decision), or the end of the guard's wait for the rest
+    /// of a possible handshake message, whichever comes first.
+    async fn wait_for_guard(&self, g: &InbandGuard, wait: Interest) -> io::Result<()> {
+        use std::future::Future;
+        let deadline = g.partial_deadline();
+        let mut socket = std::pin::pin!(self.tcp.ready(wait));
+        let mut timer = std::pin::pin!(async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        });
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = socket.as_mut().poll(cx) {
+                return Poll::Ready(r.map(drop));
+            }
+            timer.as_mut().poll(cx).map(Ok)
+        })
+        .await
     }
 
     /// Waits until the stream is readable; see [`ready`](SmcStream::ready) for what that
@@ -1658,25 +1659,9 @@ impl SmcStream {
                     r => return r,
                 }
             }
-            // The guard needs the socket's bytes (or room) first: wait for the socket itself
-            // (not the stream's readiness, which would have the guard take the bytes), or for
-            // the end of the guard's wait for the rest of a possible handshake message.
-            use std::future::Future;
-            let deadline = self.guard().and_then(InbandGuard::partial_deadline);
-            let mut socket = std::pin::pin!(self.tcp.ready(wait));
-            let mut timer = std::pin::pin!(async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            });
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = socket.as_mut().poll(cx) {
-                    return Poll::Ready(r.map(drop));
-                }
-                timer.as_mut().poll(cx).map(Ok)
-            })
-            .await?;
+            if let Some(g) = self.guard() {
+                self.wait_for_guard(g, wait).await?;
+            }
         }
         self.io().async_io(interest, f).await
     }

@@ -189,17 +189,8 @@ impl<'a> TcpIo<'a> {
     pub(crate) fn poll_peek(self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
         if self.assumed_readable() {
             std::task::ready!(spend_budget(cx))?;
-            // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; recv
-            // writes at most that many bytes, and only the count it returned is marked
-            // initialized below.
-            let unfilled = unsafe { buf.unfilled_mut() };
-            match socket2::SockRef::from(self.tcp).peek(unfilled) {
-                Ok(n) => {
-                    // SAFETY: recv initialized the first `n` bytes of the unfilled region.
-                    unsafe { buf.assume_init(n) };
-                    buf.advance(n);
-                    return Poll::Ready(Ok(n));
-                }
+            match peek_into(self.tcp, buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.assumed.clear(READ),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
@@ -207,6 +198,25 @@ impl<'a> TcpIo<'a> {
         }
         self.tcp.poll_peek(cx, buf)
     }
+
+    /// A peek that does not wait, through the socket's (assumed) readiness, as
+    /// [`try_io`](Self::try_io) runs a call.
+    pub(crate) fn try_peek(self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+        self.try_io(Interest::READABLE, || peek_into(self.tcp, buf))
+    }
+}
+
+/// One `MSG_PEEK` of `tcp` into `buf`'s unfilled part, which it fills by what it copied.
+fn peek_into(tcp: &TcpStream, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    // SAFETY: the unfilled part of a ReadBuf is valid for writes of its length; the peek writes
+    // at most that many bytes and never de-initializes any, and only the count it returned is
+    // marked initialized below.
+    let unfilled = unsafe { buf.unfilled_mut() };
+    let n = socket2::SockRef::from(tcp).peek(unfilled)?;
+    // SAFETY: the peek initialized the first `n` bytes of the unfilled region.
+    unsafe { buf.assume_init(n) };
+    buf.advance(n);
+    Ok(n)
 }
 
 #[cfg(test)]
