@@ -55,6 +55,22 @@ impl Established {
     pub(crate) fn tcp(tcp: TcpStream, transport: crate::transport::Transport) -> Established {
         Established::Tcp { tcp, transport, owed: None }
     }
+
+    /// Resets a connection nobody will take (a closed listener's queue), as the kernel resets
+    /// those left in its own queue: a zero linger makes the socket's close a reset, and an SMC
+    /// connection is aborted and gives its slot in the link group back.
+    pub(crate) fn reset(self) {
+        match self {
+            Established::Tcp { tcp, .. } => {
+                let _ = socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
+            }
+            Established::Smc { tcp, conn, watcher, .. } => {
+                let _ = socket2::SockRef::from(&*tcp).set_linger(Some(std::time::Duration::ZERO));
+                drop(watcher);
+                conn.release(true);
+            }
+        }
+    }
 }
 
 pub(crate) trait Machine {

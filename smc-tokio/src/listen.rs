@@ -1125,9 +1125,9 @@ impl ReadyQueue {
             w.extend(q.poll_waker.take());
             (std::mem::take(&mut q.items), w)
         };
-        // Connections nobody will accept are closed, as the kernel resets those left in a
+        // Connections nobody will accept are reset, as the kernel resets those left in a
         // closed listener's queue.
-        drop(items);
+        items.into_iter().for_each(|(e, _)| e.reset());
         for w in wakers {
             w.wake();
         }

@@ -592,3 +592,41 @@ async fn every_member_of_a_reuseport_group_serves_smc() {
         assert!(t.expect("accepted").is_smc());
     }
 }
+
+/// Connections that a listener took in but the application never accepted are reset when the
+/// listener is dropped, as the kernel resets those left in a closed listener's queue: an SMC
+/// client and a plain client both read a reset, not an end, and the server gives the SMC
+/// connection's slot back (its idle link group then goes).
+#[tokio::test]
+async fn connections_left_in_a_dropped_listeners_queue_are_reset() {
+    let server_ctx = smc_tokio::Context::new();
+    let shm = smc_tokio::config::ShmConfig::default().idle_timeout(Duration::from_millis(100));
+    let l = SmcListener::builder().context(&server_ctx).shm(shm).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut smc = SmcStream::connect(addr).await.unwrap();
+    assert!(smc.transport().is_smc(), "{}", smc.transport());
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Both in the listener's own queue before it goes.
+    bounded(10, async {
+        loop {
+            let s = server_ctx.stats().server;
+            if s.smc_d == 1 && s.tcp == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    drop(l);
+    let mut b = [0u8; 8];
+    let e = bounded(10, smc.read(&mut b)).await.expect_err("smc client read an end, not a reset");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    let e = bounded(10, plain.read(&mut b)).await.expect_err("plain client read an end, not a reset");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    bounded(10, async {
+        while server_ctx.stats().link_groups != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}

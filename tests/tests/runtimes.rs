@@ -378,3 +378,25 @@ async fn a_reader_that_drains_its_own_bytes_does_not_wake_its_own_task() {
     assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "the readiness poll's wake-up was lost");
     assert!(matches!(c.poll_read_ready(&mut cx), Poll::Ready(Ok(()))));
 }
+
+/// A program that panics while it holds SMC streams unwinds through its runtime's drop, which
+/// ends the runtime's link groups while the streams are still open: their connections cannot
+/// move to TCP on a runtime that is shutting down, and the panic goes on to the caller instead
+/// of the thread hanging in that drop.
+#[test]
+fn a_panic_that_drops_the_runtime_under_open_smc_streams_unwinds() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let unwound = std::panic::catch_unwind(|| {
+            // Declared before the runtime, so dropped after it: open while it shuts down.
+            let _streams;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let ctx = smc_tokio::Context::new();
+            _streams = rt.block_on(tests::smc_pair_in(&ctx, smc_tokio::config::ShmConfig::default()));
+            panic!("the application's own panic");
+        });
+        let _ = tx.send(unwound.is_err());
+    });
+    let unwound = rx.recv_timeout(Duration::from_secs(30)).expect("the panicking thread hung in its runtime's drop");
+    assert!(unwound);
+}

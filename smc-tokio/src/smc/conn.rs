@@ -2064,20 +2064,36 @@ impl SmcConn {
             self.group.poll_stop();
         }
         // Ends the move however the task ends: a task dropped unfinished (its runtime shut
-        // down) fails it, so no reader waits for a move that nobody runs.
+        // down) fails it, so no reader waits for a move that nobody runs. A runtime that is
+        // shutting down drops the task inside `spawn`, where this thread holds the
+        // connection's lock: that drop only marks the move as never started (`spawn` below
+        // then undoes it under the lock it holds) instead of taking the lock again.
         struct Over {
             conn: Option<Arc<SmcConn>>,
             tcp: Arc<TcpStream>,
+            spawn: Arc<std::sync::atomic::AtomicU8>,
         }
         impl Drop for Over {
             fn drop(&mut self) {
-                if let Some(c) = self.conn.take() {
-                    let e = io::Error::other("the runtime that ran the move to tcp shut down");
-                    c.handback_over(Err(crate::smc::handback::Failure::Tcp(e)), &self.tcp);
+                use std::sync::atomic::Ordering::AcqRel;
+                let Some(c) = self.conn.take() else { return };
+                // AcqRel: the spawning thread's exchange after `spawn` reads this mark.
+                if self
+                    .spawn
+                    .compare_exchange(SPAWNING, DROPPED_IN_SPAWN, AcqRel, std::sync::atomic::Ordering::Acquire)
+                    .is_ok()
+                {
+                    return;
                 }
+                let e = io::Error::other("the runtime that ran the move to tcp shut down");
+                c.handback_over(Err(crate::smc::handback::Failure::Tcp(e)), &self.tcp);
             }
         }
-        let mut over = Over { conn: Some(me), tcp };
+        const SPAWNING: u8 = 0;
+        const SPAWNED: u8 = 1;
+        const DROPPED_IN_SPAWN: u8 = 2;
+        let spawn = Arc::new(std::sync::atomic::AtomicU8::new(SPAWNING));
+        let mut over = Over { conn: Some(me), tcp, spawn: spawn.clone() };
         rt.spawn(tracing::Instrument::instrument(
             async move {
                 let mut hb = hb;
@@ -2088,6 +2104,15 @@ impl SmcConn {
             },
             self.span.clone(),
         ));
+        let ord = std::sync::atomic::Ordering::AcqRel;
+        if spawn.compare_exchange(SPAWNING, SPAWNED, ord, std::sync::atomic::Ordering::Acquire).is_err() {
+            // The runtime is shutting down and dropped the task unrun: no move, the stream
+            // stays as it was (its caller then ends it).
+            tracing::debug!(parent: &self.span, "no move to tcp: the runtime is shutting down");
+            st.handback = Handback::Smc;
+            st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
         true
     }
 
