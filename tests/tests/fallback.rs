@@ -722,6 +722,42 @@ async fn a_lone_eyecatcher_byte_is_held_until_the_partial_wait_ends() {
     }
 }
 
+/// The same held byte, read with `try_read` from a thread outside any runtime (where the guard
+/// can make no timer): no panic, "would block" while the wait lasts, and the byte once it is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_byte_is_read_from_outside_the_runtime_once_the_partial_wait_ends() {
+    const WAIT: Duration = Duration::from_millis(700);
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _wait = PartialWait::set(addr, WAIT);
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    let (server, _) = bounded(10, listener.accept()).await.unwrap();
+    let sent = std::time::Instant::now();
+    client.write_all(&[0xE2]).await.unwrap();
+    // The byte is on the server's socket before the thread looks.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        assert!(tokio::runtime::Handle::try_current().is_err(), "no runtime on this thread");
+        let mut byte = [0u8; 1];
+        let first = (server.try_read(&mut byte).map_err(|e| e.kind()), sent.elapsed());
+        let got = loop {
+            match server.try_read(&mut byte) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && sent.elapsed() < WAIT * 10 => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                r => break (r.map_err(|e| e.kind()), sent.elapsed()),
+            }
+        };
+        let _ = tx.send((first, got, byte, server));
+    });
+    let (first, got, byte, _server) = bounded(20, rx).await.expect("the reading thread panicked");
+    assert!(first.0 == Err(std::io::ErrorKind::WouldBlock) || first.1 >= WAIT, "answered before the wait: {first:?}");
+    assert_eq!(got.0, Ok(1), "the byte after the wait");
+    assert!(got.1 >= WAIT, "the byte came {:?} after it was sent, before the wait of {WAIT:?}", got.1);
+    assert_eq!(byte, [0xE2]);
+}
+
 /// An accepted plain client's stream spends the task's cooperative budget on each read and
 /// write, as tokio's streams do, also while its socket is still taken to be ready (it is until
 /// a call finds it is not): a loop of small writes that all fit in the socket's buffer, or of

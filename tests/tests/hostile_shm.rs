@@ -436,7 +436,10 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     let second =
         bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds))).await.unwrap();
     let err = second.map(|(_, w)| (w.status, w.fds.len())).expect_err("a group is joined once");
-    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "closed without a welcome: {err}");
+    // The server closes the side channel at accept, so the JOIN's own send may meet that close
+    // (a broken pipe, or a reset) before the read for a welcome does (the end).
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    assert!(matches!(err.kind(), UnexpectedEof | BrokenPipe | ConnectionReset), "closed without a welcome: {err}");
     drop((sock, region, door));
     by.check("after the wrong tokens").await;
 }

@@ -459,7 +459,16 @@ impl SmcListenerBuilder {
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
             let door = open_door(&self.ctx, &self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
-            let listener = SmcListener::start_with(self.ctx, sock.listen(LISTEN_BACKLOG)?, self.o, door);
+            // A port another socket bound with SO_REUSEADDR began to listen on since our bind
+            // fails here: the next address is tried, as for a failed bind (the door closes).
+            let tcp = match sock.listen(LISTEN_BACKLOG) {
+                Ok(l) => l,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let listener = SmcListener::start_with(self.ctx, tcp, self.o, door);
             // Our socket: SO_LINGER off until the application reaches the descriptor.
             listener.shared.default_linger.store(true, Ordering::Relaxed);
             return Ok(listener);
@@ -1052,5 +1061,23 @@ mod tests {
             }
         }
         panic!("200 accepts in a row never let the runtime's other task run");
+    }
+
+    /// An address that cannot be taken (another socket listens there) is passed over for the
+    /// next one the argument resolves to, as tokio's `bind` does, and the listener serves SMC
+    /// there. (A `listen` that fails after its `bind` succeeded takes the same path; no test
+    /// can make one fail in between.)
+    #[tokio::test]
+    async fn bind_takes_the_next_address_when_one_is_taken() {
+        let holder = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let addrs = [holder.local_addr().unwrap(), free];
+        let listener = SmcListener::bind(&addrs[..]).await.expect("the second address");
+        assert_eq!(listener.local_addr().unwrap(), free);
+        let (client, server) = tokio::join!(crate::SmcStream::connect(free), listener.accept());
+        assert!(client.unwrap().transport().is_smc());
+        assert!(server.unwrap().0.transport().is_smc());
+        let err = SmcListener::bind(holder.local_addr().unwrap()).await.expect_err("taken");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
 }
