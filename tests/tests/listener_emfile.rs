@@ -1,7 +1,8 @@
 //! An `accept` waiting on an empty queue meets the error the kernel's queue gives when the
 //! process has no descriptor left (EMFILE), as tokio's accept does, instead of waiting until
 //! descriptors free up: servers that shed load on it (or log it) must see it. A test binary
-//! of its own: the descriptor limit is the whole process's.
+//! of its own: the descriptor limit is the whole process's. An accept on an empty queue waits
+//! meanwhile, as tokio's does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,11 @@ async fn a_waiting_accept_meets_the_processs_lack_of_descriptors() {
                 }
             }
         }
+        // An accept that starts now, on an empty queue, waits as tokio's does (the kernel's
+        // accept would fail for want of a descriptor, but there is nothing to accept).
+        let mut fresh = tokio_test::task::spawn(listener.accept());
+        let fresh_waited = fresh.poll().is_pending();
+        drop(fresh);
         let res = async {
             client.connect(&addr.into())?;
             let accepted = tokio::time::timeout(Duration::from_secs(5), accept).await;
@@ -63,6 +69,7 @@ async fn a_waiting_accept_meets_the_processs_lack_of_descriptors() {
         .await;
         // SAFETY: as above; the limit goes back before anything is asserted.
         assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        assert!(fresh_waited, "an accept on an empty queue failed for want of a descriptor");
         match res.unwrap().expect("the waiting accept never met the error").unwrap() {
             Err(e) => break (e, client),
             Ok(()) => continue,

@@ -985,6 +985,16 @@ impl SmcListener {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                // `accept4` takes a descriptor before it looks at the queue, so without one it
+                // fails on an empty queue too; tokio's accept, which asks only once the queue
+                // is readable, waits there. So do we (registered above): the listener task
+                // meets the error when a connection comes, and wakes us to meet it ourselves.
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+                        && !sys::has_pending_connection(self.shared.tcp.as_fd()) =>
+                {
+                    return Poll::Pending
+                }
                 Err(e) => {
                     coop.made_progress();
                     return Poll::Ready(Err(e));

@@ -264,6 +264,21 @@ pub(crate) fn accept_tcp(listener: BorrowedFd<'_>) -> io::Result<(std::net::TcpS
     Ok((stream, peer))
 }
 
+/// Whether a listening socket has a connection waiting to be accepted, without taking it or
+/// waiting (`poll(2)` with no timeout: a listener is readable while its queue is not empty).
+/// Errors count as a connection waiting, so that the caller's `accept` meets them itself.
+pub(crate) fn has_pending_connection(listener: BorrowedFd<'_>) -> bool {
+    let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one valid pollfd, for a descriptor the borrow keeps open; no timeout.
+        match cvt(unsafe { libc::poll(&mut p, 1, 0) }) {
+            Ok(n) => return n > 0,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod door_tests {
     use super::*;
