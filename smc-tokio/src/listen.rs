@@ -242,9 +242,15 @@ async fn serve(
         Start::Door(slot, wire) => (slot, Some(wire)),
         Start::Peek => {
             let deadline = tokio::time::Instant::now() + cfg.peek_timeout;
-            let first = match peek_class(&tcp, deadline).await {
-                Ok(c) => c,
-                Err(e) => {
+            let first = match shared.unless_closed(peek_class(&tcp, deadline)).await {
+                Some(Ok(c)) => c,
+                // The listener closed: the connection goes with it, reset as the kernel resets
+                // those of a closed listener's queue.
+                None => {
+                    Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
+                    return None;
+                }
+                Some(Err(e)) => {
                     tracing::debug!(error = %e, "closing a connection that failed before its first bytes");
                     return None;
                 }
@@ -754,6 +760,21 @@ async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Resu
 mod tests {
     use super::*;
 
+    /// A connection finished after its listener closed (its handshake ended as the listener
+    /// went) is reset, as one left in the queue is: its client reads a reset, not an end.
+    #[tokio::test]
+    async fn a_connection_finished_after_the_listener_closed_is_reset() {
+        use tokio::io::AsyncReadExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, peer) = l.accept().await.unwrap();
+        let q = ReadyQueue::default();
+        q.close();
+        q.push((Established::tcp(server, Transport::Tcp(FallbackReason::PeerNoSmc)), peer));
+        let e = client.read(&mut [0u8; 4]).await.expect_err("an end, not a reset");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
     #[test]
     fn classification() {
         assert_eq!(classify(b""), None);
@@ -1051,6 +1072,9 @@ impl ReadyQueue {
         let wakers = {
             let mut q = self.lock();
             if q.closed {
+                // A handshake that ended as the listener closed: nobody will take it.
+                drop(q);
+                item.0.reset();
                 return;
             }
             q.items.push_back(item);
