@@ -674,7 +674,12 @@ pub struct RdmaConfig {
     pub(crate) device: Option<String>,
     pub(crate) port: Option<u8>,
     pub(crate) gid_index: Option<u8>,
+    pub(crate) link_test: Duration,
 }
+
+/// How long an SMC-R link may carry nothing before it is tested: the kernel's default
+/// interval between LLC test-link messages (`SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s).
+pub const DEFAULT_LINK_TEST_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The fields of an [`RdmaConfig`] a setter can set, as bit positions of its `set` mask.
 #[derive(Debug, Clone, Copy)]
@@ -684,12 +689,14 @@ pub(crate) enum RdmaField {
     Device,
     Port,
     GidIndex,
+    LinkTest,
 }
 
 impl PartialEq for RdmaConfig {
     /// The values only: which of them a setter set does not count.
     fn eq(&self, o: &Self) -> bool {
-        (self.enabled, &self.device, self.port, self.gid_index) == (o.enabled, &o.device, o.port, o.gid_index)
+        (self.enabled, &self.device, self.port, self.gid_index, self.link_test)
+            == (o.enabled, &o.device, o.port, o.gid_index, o.link_test)
     }
 }
 
@@ -712,6 +719,9 @@ impl RdmaConfig {
         if has(RdmaField::GidIndex) {
             r.gid_index = over.gid_index;
         }
+        if has(RdmaField::LinkTest) {
+            r.link_test = over.link_test;
+        }
         r.set = self.set | over.set;
         r
     }
@@ -719,7 +729,14 @@ impl RdmaConfig {
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        RdmaConfig { set: 0, enabled: true, device: None, port: None, gid_index: None }
+        RdmaConfig {
+            set: 0,
+            enabled: true,
+            device: None,
+            port: None,
+            gid_index: None,
+            link_test: DEFAULT_LINK_TEST_INTERVAL,
+        }
     }
 }
 
@@ -824,6 +841,40 @@ impl RdmaConfig {
         self.gid_index = Some(index);
         self.set |= 1 << RdmaField::GidIndex as u16;
         self
+    }
+
+    /// Tests a link that has carried nothing for this long while it serves connections
+    /// (default [`DEFAULT_LINK_TEST_INTERVAL`], the kernel's; zero: never). A queue pair learns
+    /// that the path to its peer broke only when it sends, so without a test an idle
+    /// connection across a broken path would learn it only at its next write. The test is one
+    /// small message that our peers take in and drop; when the path is broken, its delivery
+    /// fails after the queue pair's retries, and the link's connections move to their TCP
+    /// sockets as on any link failure. A broken path is found within two intervals and the
+    /// retries (a link's own test counts as traffic for the next interval). Set on the side
+    /// that creates the link group: a client's connection that joins a group takes the
+    /// group's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use smc_tokio::config::{RdmaConfig, Settings, DEFAULT_LINK_TEST_INTERVAL};
+    ///
+    /// assert_eq!(RdmaConfig::default().get_link_test_interval(), DEFAULT_LINK_TEST_INTERVAL);
+    /// let cfg = RdmaConfig::default().link_test_interval(Duration::from_secs(5));
+    /// // The same as `SMC_TOKIO_RDMA_LINK_TEST_MS=5000`.
+    /// let env = Settings::from_vars(|k| (k == "SMC_TOKIO_RDMA_LINK_TEST_MS").then(|| "5000".to_string()));
+    /// assert_eq!(env.rdma, cfg);
+    /// ```
+    pub fn link_test_interval(mut self, every: Duration) -> Self {
+        self.link_test = every;
+        self.set |= 1 << RdmaField::LinkTest as u16;
+        self
+    }
+
+    /// The interval set by [`link_test_interval`](Self::link_test_interval).
+    pub fn get_link_test_interval(&self) -> Duration {
+        self.link_test
     }
 }
 
@@ -951,6 +1002,7 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 1024;
 /// | `SMC_TOKIO_RDMA_DEV` | use only this RDMA device | `rxe0` |
 /// | `SMC_TOKIO_RDMA_PORT` | use only this port | `1` |
 /// | `SMC_TOKIO_RDMA_GID_INDEX` | use this GID index | `1` |
+/// | `SMC_TOKIO_RDMA_LINK_TEST_MS` | test an idle SMC-R link this often (0: never) | `30000` |
 /// | `SMC_TOKIO_ADAPTIVE_MIN_BYTES` | adaptive fallback threshold (0: off) | `1024` |
 /// | `SMC_TOKIO_KERNEL` | the kernel's `AF_SMC` sockets: `off`, `auto` (default), `on` | `on` |
 ///
@@ -1165,6 +1217,9 @@ impl Settings {
         if let Some(n) = small("SMC_TOKIO_RDMA_GID_INDEX") {
             s.rdma.gid_index = Some(n);
         }
+        if let Some(n) = int("SMC_TOKIO_RDMA_LINK_TEST_MS") {
+            s.rdma.link_test = Duration::from_millis(n);
+        }
         if let Some(n) = bytes("SMC_TOKIO_ADAPTIVE_MIN_BYTES") {
             s.adaptive_min_bytes = n;
         }
@@ -1238,6 +1293,9 @@ impl GlobalSettings {
     /// assert_eq!(config::global().get().policy, Policy::TcpOnly);
     /// # config::global().update(|s| *s = config::Settings::from_vars(|k| std::env::var(k).ok()));
     /// ```
+    ///
+    /// `f` runs under the settings' lock: it changes the settings it is given, and must not
+    /// read or update them through this handle (that would wait on the lock it holds).
     pub fn update(&self, f: impl FnOnce(&mut Settings)) {
         f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
     }
@@ -1426,6 +1484,16 @@ mod tests {
                 |s| s.rdma.gid_index == Some(3),
                 Overrides { rdma: Some(RdmaConfig::default().gid_index(1)), ..Default::default() },
                 |s| s.rdma.gid_index == Some(1),
+            ),
+            (
+                "SMC_TOKIO_RDMA_LINK_TEST_MS",
+                "1500",
+                |s| s.rdma.link_test == Duration::from_millis(1500),
+                Overrides {
+                    rdma: Some(RdmaConfig::default().link_test_interval(Duration::ZERO)),
+                    ..Default::default()
+                },
+                |s| s.rdma.link_test == Duration::ZERO,
             ),
         ];
         // A builder that sets one field of each group, never the variable's own.

@@ -6,7 +6,8 @@
 //! checks its bytes, so a change that breaks the cross-host path, or makes it fall back to TCP,
 //! fails here. One case takes two hosts: the client guest drops the RoCE packets that reach it
 //! in the middle of an echo, and the connection must move to TCP with nothing lost, though
-//! neither side's link reports more than a peer that stopped answering.
+//! neither side's link reports more than a peer that stopped answering; and again with the
+//! connection idle, where only the link's own test finds the broken path.
 //!
 //! Set `SMC_TOKIO_SKIP_RDMA_VM=1` to leave it out of a local run (it then says so and passes).
 #![cfg(feature = "rdma")]
@@ -21,6 +22,10 @@ fn smc_r_between_two_hosts_on_soft_roce() {
     };
     tests::assert_cases_passed(
         &console,
-        tests::RDMA_CASES.into_iter().chain(["path_cut_moves_to_tcp", "silent_host_ends_the_connection"]),
+        tests::RDMA_CASES.into_iter().chain([
+            "path_cut_moves_to_tcp",
+            "silent_host_ends_the_connection",
+            "idle_path_cut_moves_to_tcp",
+        ]),
     );
 }

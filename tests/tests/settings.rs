@@ -61,6 +61,7 @@ fn every_variable_is_read() {
         ("SMC_TOKIO_AUTOCORK", "4k"),
         ("SMC_TOKIO_INLINE_MAX", "0"),
         ("SMC_TOKIO_ADAPTIVE_MIN_BYTES", "1024"),
+        ("SMC_TOKIO_RDMA_LINK_TEST_MS", "1500"),
     ]);
     let g = &o["GLOBAL"];
     // SMC_TOKIO_SHM switches shared memory off, and only that.
@@ -78,6 +79,7 @@ fn every_variable_is_read() {
         "autocork: 4096",
         "inline_max: 0",
         "adaptive_min_bytes: 1024",
+        "link_test: 1.5s",
     ] {
         assert!(has(g, want), "missing {want} in {g}");
     }

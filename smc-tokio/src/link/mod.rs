@@ -214,6 +214,19 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     fn conn_closed(&self, our_token: u32) {
         let _ = our_token;
     }
+    /// How long the link may carry nothing before [`test_if_idle`](Link::test_if_idle) tests
+    /// it; `None`: never (shared memory has no path between the peers that could break while
+    /// both live).
+    fn test_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Tests the link if nothing completed on it since the last call: sends a message the peer
+    /// takes in and drops, whose delivery fails (and fails the link, as any failed delivery
+    /// does) where the path to the peer broke. Does nothing when traffic completed meanwhile
+    /// (the path worked) or sends are in flight (their completions will tell).
+    fn test_if_idle(&self) -> Result<(), LinkError> {
+        Ok(())
+    }
     /// Whether this is an RDMA link (SMC-R) rather than shared memory (SMC-D).
     fn is_rdma(&self) -> bool {
         false

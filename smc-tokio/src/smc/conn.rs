@@ -2096,6 +2096,9 @@ impl SmcConn {
         let mut over = Over { conn: Some(me), tcp, spawn: spawn.clone() };
         rt.spawn(tracing::Instrument::instrument(
             async move {
+                // Polled, so not dropped inside `spawn`: from now on a drop fails the move (on
+                // a multi-threaded runtime this may run before `spawn` returned).
+                over.spawn.store(SPAWNED, std::sync::atomic::Ordering::Release);
                 let mut hb = hb;
                 let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy).await;
                 if let Some(c) = over.conn.take() {
@@ -2105,7 +2108,8 @@ impl SmcConn {
             self.span.clone(),
         ));
         let ord = std::sync::atomic::Ordering::AcqRel;
-        if spawn.compare_exchange(SPAWNING, SPAWNED, ord, std::sync::atomic::Ordering::Acquire).is_err() {
+        let was = spawn.compare_exchange(SPAWNING, SPAWNED, ord, std::sync::atomic::Ordering::Acquire);
+        if was == Err(DROPPED_IN_SPAWN) {
             // The runtime is shutting down and dropped the task unrun: no move, the stream
             // stays as it was (its caller then ends it).
             tracing::debug!(parent: &self.span, "no move to tcp: the runtime is shutting down");

@@ -835,6 +835,13 @@ struct DriverGuard {
     rescued: bool,
 }
 
+impl DriverGuard {
+    /// The driver returned: its group has nothing to be rescued for.
+    fn returned(mut self) {
+        self.done = true;
+    }
+}
+
 impl Drop for DriverGuard {
     fn drop(&mut self) {
         if !self.done && !self.rescued && !std::thread::panicking() && self.group.is_alive() {
@@ -911,10 +918,15 @@ fn rescue(group: Arc<LinkGroup>) -> Result<(), &'static str> {
 /// The driver task: dispatch, then wait on the link (doorbell or completion channel) and the
 /// idle timer, until the link fails or the group idles out. `rescued`: it runs on the rescue
 /// driver (see [`rescue`]).
-async fn drive(group: Arc<LinkGroup>, rescued: bool) {
-    let mut guard = DriverGuard { group, done: false, rescued };
-    drive_until_done(&guard.group, rescued).await;
-    guard.done = true;
+fn drive(group: Arc<LinkGroup>, rescued: bool) -> impl Future<Output = ()> + Send {
+    // The guard exists before the task does: a runtime that is shutting down drops what is
+    // spawned on it unpolled, and the group must then still move to the rescue driver (or
+    // fail), not stay alive with nobody driving it.
+    let guard = DriverGuard { group, done: false, rescued };
+    async move {
+        drive_until_done(&guard.group, rescued).await;
+        guard.returned();
+    }
 }
 
 /// `rescued`: on the rescue runtime, whose thread serves no connection of the group.
@@ -923,6 +935,11 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         return;
     };
     let mut idle = Box::pin(tokio::time::sleep(group.idle_timeout));
+    // The link test (SMC-R): each interval, a link with connections that carried nothing
+    // since the last look is tested (`Link::test_if_idle`), so that a broken path is found
+    // while the connections are idle, not at their next write.
+    let test_every = link.test_interval();
+    let mut test = test_every.map(|t| Box::pin(tokio::time::sleep(t)));
     // While readers poll, the driver looks again when their polling ends at the latest, so a
     // reader that went to sleep meanwhile is never left without an armed doorbell.
     let mut poll_end = Box::pin(tokio::time::sleep(Duration::ZERO));
@@ -1029,6 +1046,10 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
             if let Poll::Ready(r) = event {
                 return Poll::Ready(Some(r));
             }
+            if test.as_mut().is_some_and(|t| t.as_mut().poll(cx).is_ready()) {
+                // Handled below, as a wake-up with nothing received.
+                return Poll::Ready(Some(Ok(())));
+            }
             match Pin::new(&mut idle).poll(cx) {
                 Poll::Ready(()) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
@@ -1038,6 +1059,16 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         // Whatever woke it, that wait is over.
         wait.end();
         busy_until = None;
+        if let (Some(t), Some(every)) = (test.as_mut(), test_every) {
+            if t.is_elapsed() {
+                t.as_mut().reset(tokio::time::Instant::now() + every);
+                if group.in_use() {
+                    if let Err(e) = link.test_if_idle() {
+                        return group.end_on_link_error(e);
+                    }
+                }
+            }
+        }
         match ev {
             Some(Ok(())) => {}
             Some(Err(e)) => return group.end_on_link_error(e),

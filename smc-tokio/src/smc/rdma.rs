@@ -230,13 +230,15 @@ fn usable(e: &Entry, rx_size: u32, tx_size: u32) -> bool {
 }
 
 fn new_link(port: Port, role: LinkRole, cfg: &Settings, rx: u32, tx: u32) -> Result<Arc<VerbsLink>, DeclineReason> {
-    VerbsLink::new(port, role, cfg.shm.rmbs_per_group, rx, tx, cfg.shm.busy_poll).map(Arc::new).map_err(|e| {
-        tracing::debug!(error = %e, "cannot create an rdma link");
-        match e {
-            LinkError::Io(std::io::ErrorKind::OutOfMemory, _) => DeclineReason::OutOfMemory,
-            _ => DeclineReason::Internal,
-        }
-    })
+    VerbsLink::new(port, role, cfg.shm.rmbs_per_group, rx, tx, cfg.shm.busy_poll, cfg.rdma.link_test)
+        .map(Arc::new)
+        .map_err(|e| {
+            tracing::debug!(error = %e, "cannot create an rdma link");
+            match e {
+                LinkError::Io(std::io::ErrorKind::OutOfMemory, _) => DeclineReason::OutOfMemory,
+                _ => DeclineReason::Internal,
+            }
+        })
 }
 
 /// Registers the connection's RMB; gives its slot back when that fails.

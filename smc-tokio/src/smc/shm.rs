@@ -354,7 +354,7 @@ impl Manager {
             tracing::debug!(error = %e, "cannot listen for shm side channels");
             DeclineReason::Internal
         })?;
-        let group = {
+        let (group, fresh) = {
             let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
             let same_client = |g: &&ServerGroup| {
                 g.acceptor == name
@@ -378,7 +378,7 @@ impl Manager {
                 .filter(|g| g.group.has_room())
                 .or_else(|| s.groups.values().filter(same_client).find(open_to_more));
             match reuse {
-                Some(g) => g.group.clone(),
+                Some(g) => (g.group.clone(), false),
                 None => {
                     let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max())
                         .ok_or(DeclineReason::Internal)?;
@@ -418,18 +418,29 @@ impl Manager {
                             allowed_uids: cfg.allowed_uids.clone(),
                         },
                     );
-                    // A pending group nobody joins is removed when its handshakes time out.
-                    let pending = group.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(handshake_timeout * 2).await;
-                        if pending.link().is_none() {
-                            pending.fail(crate::link::LinkError::Closed);
-                        }
-                    });
-                    group
+                    (group, true)
                 }
             }
         };
+        if fresh {
+            // A pending group nobody joins is removed when its handshakes time out, or when the
+            // runtime that would time them out shuts down first (its task is then dropped,
+            // perhaps inside `spawn`: hence outside the registry's lock, which ending the group
+            // takes).
+            struct Unjoined(Arc<LinkGroup>);
+            impl Drop for Unjoined {
+                fn drop(&mut self) {
+                    if self.0.link().is_none() {
+                        self.0.fail(crate::link::LinkError::Closed);
+                    }
+                }
+            }
+            let pending = Unjoined(group.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(handshake_timeout * 2).await;
+                drop(pending);
+            });
+        }
         if !group.is_established() {
             group.add_join_secret(p.secret);
         }

@@ -346,11 +346,7 @@ async fn case_silent_host(addr: SocketAddr) -> Result<(), String> {
     // Traffic both ways first, all of it echoed.
     let mut buf = vec![0u8; CHUNK];
     for _ in 0..4 {
-        s.write_all(&data).await.map_err(|e| format!("write: {e}"))?;
-        s.read_exact(&mut buf).await.map_err(|e| format!("read: {e}"))?;
-        if buf != data {
-            return Err("the echo differs".into());
-        }
+        echo_chunk(&mut s, &data, &mut buf, "before the cut").await?;
     }
     let local = s.local_addr().map_err(|e| e.to_string())?.ip();
     let peer = addr.ip().to_string();
@@ -384,6 +380,71 @@ async fn case_silent_host(addr: SocketAddr) -> Result<(), String> {
     if smc_tokio::SmcError::from_io(&end) != Some(&smc_tokio::SmcError::PeerGone) {
         return Err(format!("the connection ended with {end:?}, expected SmcError::PeerGone"));
     }
+    Ok(())
+}
+
+/// Writes `data` and reads its echo into `buf`, which must then equal it.
+async fn echo_chunk(s: &mut SmcStream, data: &[u8], buf: &mut [u8], what: &str) -> Result<(), String> {
+    s.write_all(data).await.map_err(|e| format!("{what}: write: {e}"))?;
+    s.read_exact(buf).await.map_err(|e| format!("{what}: read: {e}"))?;
+    if buf != data {
+        return Err(format!("{what}: the echo differs"));
+    }
+    Ok(())
+}
+
+/// An idle connection whose path breaks moves to TCP without a byte of its own to send: its
+/// link group (made by a context of this case's own, with a link test every second) tests the
+/// idle link, the test's delivery fails, and the connection moves as on any link failure.
+/// Then it echoes over TCP, nothing lost.
+async fn case_idle_path_cut(addr: SocketAddr) -> Result<(), String> {
+    const CHUNK: usize = 64 << 10;
+    const TEST_EVERY: Duration = Duration::from_secs(1);
+    let data = Rng::new(0x1d1e).bytes(CHUNK);
+    let ctx = smc_tokio::Context::new();
+    let mut s = client()
+        .context(&ctx)
+        .rdma(RdmaConfig::default().link_test_interval(TEST_EVERY))
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    if s.transport() != Transport::SmcR {
+        return Err(format!("client transport is {}, expected smc-r", s.transport()));
+    }
+    let mut buf = vec![0u8; CHUNK];
+    s.write_all(b"E").await.map_err(|e| format!("command: {e}"))?;
+    let mut code = [0u8; 1];
+    s.read_exact(&mut code).await.map_err(|e| format!("server's transport code: {e}"))?;
+    if code[0] != b'R' {
+        return Err("server's side of the connection is not smc-r".into());
+    }
+    for _ in 0..4 {
+        echo_chunk(&mut s, &data, &mut buf, "before the cut").await?;
+    }
+    let local = s.local_addr().map_err(|e| e.to_string())?.ip();
+    let cut = PathCut::new(local, &PathCut::ROCE)?;
+    let t = Instant::now();
+    // Idle: nothing is written or read until the connection moved.
+    while !matches!(s.transport(), Transport::Tcp(_)) {
+        if t.elapsed() > Duration::from_secs(60) {
+            return Err(format!("still {} 60 s after the path of the idle connection was cut", s.transport()));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = t.elapsed();
+    drop(cut);
+    use smc_tokio::HandbackCause::{LinkFailed, Peer};
+    if ![LinkFailed, Peer].iter().any(|c| s.transport() == Transport::Tcp(smc_tokio::FallbackReason::HandedBack(*c))) {
+        return Err(format!("transport after the move is {}, expected a move for a failed link", s.transport()));
+    }
+    for _ in 0..4 {
+        echo_chunk(&mut s, &data, &mut buf, "after the move").await?;
+    }
+    println!(
+        "  idle_path_cut: moved {:.1} s after the cut (link test every {} s), then echoed over tcp",
+        took.as_secs_f64(),
+        TEST_EVERY.as_secs()
+    );
     Ok(())
 }
 
@@ -1057,6 +1118,7 @@ async fn run_cases(addr: SocketAddr, single: bool) -> usize {
     if !single {
         case!("path_cut_moves_to_tcp", case_move(addr, 16 << 20, 4 << 20, Move::CutPath));
         case!("silent_host_ends_the_connection", case_silent_host(addr));
+        case!("idle_path_cut_moves_to_tcp", case_idle_path_cut(addr));
     }
     if single {
         case!("peer_killed_mid_stream", case_peer_killed(addr.ip()));

@@ -285,6 +285,13 @@ pub(crate) struct VerbsLink {
     /// error state is the kernel's; a failure's reason is read under the CQ lock).
     closed: AtomicBool,
     busy_poll: Duration,
+    /// See [`Link::test_interval`]; zero: never.
+    test_interval: Duration,
+    /// Work completions that succeeded (sends and receives): evidence that the path to the
+    /// peer works. Relaxed: a count compared with itself, through which nothing is published.
+    completed: AtomicU64,
+    /// `completed` when [`Link::test_if_idle`] last looked.
+    completed_at_test: AtomicU64,
     /// CDC messages posted, and of those, completed (acknowledged by the peer's adapter). Every
     /// SEND is signaled and an RC queue completes in order, so message `n` was delivered once
     /// `acked >= n` (see [`Link::poll_delivered`]). Counters only: `posted` grows under the
@@ -317,6 +324,7 @@ impl VerbsLink {
         rx_size: u32,
         tx_size: u32,
         busy_poll: Duration,
+        test_interval: Duration,
     ) -> Result<VerbsLink, LinkError> {
         let dev = port.dev.clone();
         let pd = Pd::new(&dev)?;
@@ -366,6 +374,9 @@ impl VerbsLink {
             failed: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             busy_poll,
+            test_interval,
+            completed: AtomicU64::new(0),
+            completed_at_test: AtomicU64::new(0),
             posted: AtomicU64::new(0),
             acked: AtomicU64::new(0),
             delivery_waiters: Mutex::new(Vec::new()),
@@ -618,6 +629,7 @@ impl VerbsLink {
             self.fail_locked(st, err);
             return;
         }
+        self.completed.fetch_add(1, Ordering::Relaxed);
         let kind = completed(wc.opcode);
         if kind == Completed::Foreign {
             self.fail_locked(st, LinkError::Protocol("a receive completion that is not a SEND's"));
@@ -895,6 +907,34 @@ impl Link for VerbsLink {
 
     fn busy_poll(&self) -> Duration {
         self.busy_poll
+    }
+
+    fn test_interval(&self) -> Option<Duration> {
+        (!self.test_interval.is_zero()).then_some(self.test_interval)
+    }
+
+    fn test_if_idle(&self) -> Result<(), LinkError> {
+        let done = self.completed.load(Ordering::Relaxed);
+        if self.completed_at_test.swap(done, Ordering::Relaxed) != done || !self.is_up() {
+            return Ok(());
+        }
+        if let Some(e) = self.ended() {
+            return Err(e);
+        }
+        // Under the senders' lock, as their posts are: a message slot is taken only with room
+        // for a whole chain (`send`).
+        let _tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.sq_free.load(Ordering::SeqCst) < SQ_DEPTH {
+            // Sends in flight: their completions tell whether the path works.
+            return Ok(());
+        }
+        // The test is a `LINK_UP` frame, which a peer's link takes in and drops once the link
+        // is up (the server's first one confirms the link; any later one, from either side, is
+        // only consumed). Its completion counts as traffic, so the next look sends none.
+        let mut frame = [0u8; CDC_MSG_LEN];
+        frame[0] = LINK_UP_TYPE;
+        tracing::trace!(qpn = self.qp.qpn, "testing an idle link");
+        self.post_frame(&frame, &[]).map(|_| ())
     }
 
     fn is_rdma(&self) -> bool {
