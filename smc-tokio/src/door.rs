@@ -1282,8 +1282,10 @@ impl ClientConn {
 
 /// Reads a client's door connection for as long as it lives, filing what arrives by
 /// registration. Dropped with its runtime: the connection then dies with it.
-async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) {
-    /// Ends the connection however the reader ends (its runtime dropping it included).
+fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) -> impl Future<Output = ()> + Send {
+    /// Ends the connection however the reader ends (its runtime dropping it included, also
+    /// before it first ran: made before the task, and so never dropped under the map's lock,
+    /// which its drop takes).
     struct Ending(Weak<DoorMap>, DoorKey, Arc<ClientConn>);
     impl Drop for Ending {
         fn drop(&mut self) {
@@ -1299,7 +1301,15 @@ async fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) 
             self.2.die();
         }
     }
-    let _ending = Ending(map.clone(), key, conn.clone());
+    let ending = Ending(map.clone(), key, conn.clone());
+    async move {
+        let _ending = ending;
+        read_door_replies(map, conn).await;
+    }
+}
+
+/// The loop of [`client_reader`]: returns when the door connection ended or idled out.
+async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
     let mut idle = Box::pin(tokio::time::sleep(CLIENT_IDLE));
     loop {
         let readable = std::future::poll_fn(|cx| {
@@ -1435,6 +1445,9 @@ impl ClientDoors {
         });
         let (id, inbox) = conn.open_inbox();
         map.entry(key).or_insert_with(|| Pool { conns: Vec::new(), room }).conns.push(conn.clone());
+        // Spawned outside the map's lock: a runtime that is shutting down drops the task inside
+        // `spawn`, and its drop takes that lock to end the connection.
+        drop(map);
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
         Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }

@@ -16,8 +16,9 @@ use crate::policy::SetPolicy;
 /// A connector that opens [`SmcStream`]s: `Service<Uri>` for hyper-util's legacy client and
 /// tonic's `Endpoint::connect_with_connector`, and `Service<SocketAddr>` for everything else.
 ///
-/// Only `http://` URIs are served (the default port is 80): put a TLS connector on top for
-/// `https://`.
+/// As hyper-util's `HttpConnector` with `enforce_http(false)`, which TLS connectors wrap, any
+/// scheme is served: the URI names the host and port to connect to (by default 443 for
+/// `https://`, else 80), and a TLS connector on top does the rest for `https://`.
 ///
 /// # Examples
 ///
@@ -39,6 +40,7 @@ use crate::policy::SetPolicy;
 #[derive(Debug, Clone, Default)]
 pub struct SmcConnector {
     builder: SmcStreamBuilder,
+    nodelay: bool,
 }
 
 impl SmcConnector {
@@ -92,7 +94,31 @@ impl SmcConnector {
     /// # }
     /// ```
     pub fn from_builder(builder: SmcStreamBuilder) -> Self {
-        SmcConnector { builder }
+        SmcConnector { builder, nodelay: false }
+    }
+
+    /// Sets `TCP_NODELAY` on every connection (off by default, as hyper-util's
+    /// `HttpConnector::set_nodelay`; tonic's own connector turns it on). It matters only where
+    /// a connection stays on TCP.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::{Policy, SmcListener};
+    /// use smc_tower::SmcConnector;
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let stream = SmcConnector::new().nodelay(true).oneshot(listener.local_addr()?).await?;
+    /// assert!(stream.nodelay()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn nodelay(mut self, on: bool) -> Self {
+        self.nodelay = on;
+        self
     }
 
     /// Sets the fallback policy.
@@ -136,25 +162,24 @@ impl Service<SocketAddr> for SmcConnector {
     }
 
     fn call(&mut self, addr: SocketAddr) -> Self::Future {
-        let b = self.builder.clone();
-        Box::pin(async move { b.connect(addr).await })
+        let (b, nodelay) = (self.builder.clone(), self.nodelay);
+        Box::pin(async move {
+            let stream = b.connect(addr).await?;
+            if nodelay {
+                stream.set_nodelay(true)?;
+            }
+            Ok(stream)
+        })
     }
 }
 
-/// Host (without an IPv6 address's brackets) and port of an `http://` URI.
+/// Host (without an IPv6 address's brackets) and port of a URI: its own port, else 443 for
+/// `https`, else 80 (hyper-util's `HttpConnector` without `enforce_http`).
 fn authority(uri: &Uri) -> io::Result<(&str, u16)> {
-    match uri.scheme_str() {
-        Some("http") | None => {}
-        Some(other) => {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("SmcConnector serves http:// only, not {other}://; add a TLS connector on top"),
-            ))
-        }
-    }
     let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "URI has no host"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host, uri.port_u16().unwrap_or(80)))
+    let default = if uri.scheme() == Some(&http::uri::Scheme::HTTPS) { 443 } else { 80 };
+    Ok((host, uri.port_u16().unwrap_or(default)))
 }
 
 impl Service<Uri> for SmcConnector {
@@ -167,7 +192,7 @@ impl Service<Uri> for SmcConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let b = self.builder.clone();
+        let (b, nodelay) = (self.builder.clone(), self.nodelay);
         Box::pin(async move {
             let (host, port) = authority(&uri)?;
             // An address needs no lookup (nor the host's copy a lookup takes along).
@@ -175,6 +200,9 @@ impl Service<Uri> for SmcConnector {
                 Ok(ip) => b.connect(SocketAddr::new(ip, port)).await?,
                 Err(_) => b.connect((host, port)).await?,
             };
+            if nodelay {
+                stream.set_nodelay(true)?;
+            }
             SmcConnection::new(stream)
         })
     }
@@ -316,6 +344,9 @@ mod tests {
     fn authorities() {
         assert_eq!(authority(&"http://a.example:81/x".parse().unwrap()).unwrap(), ("a.example", 81));
         assert_eq!(authority(&"http://[::1]/".parse().unwrap()).unwrap(), ("::1", 80));
-        assert_eq!(authority(&"https://a/".parse().unwrap()).unwrap_err().kind(), io::ErrorKind::Unsupported);
+        assert_eq!(authority(&"https://a/".parse().unwrap()).unwrap(), ("a", 443));
+        assert_eq!(authority(&"https://a:8443/".parse().unwrap()).unwrap(), ("a", 8443));
+        assert_eq!(authority(&"grpc://[fe80::1]/".parse().unwrap()).unwrap(), ("fe80::1", 80));
+        assert_eq!(authority(&"/only/a/path".parse().unwrap()).unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 }

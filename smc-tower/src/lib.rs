@@ -33,4 +33,4 @@ pub use limit::{HandshakeLimit, HandshakeLimitLayer};
 pub use policy::{FallbackPolicy, FallbackPolicyLayer, SetPolicy};
 pub use smc_tokio;
 #[cfg(feature = "tonic")]
-pub use tonic::{SmcIncoming, SmcIo};
+pub use tonic::{IncomingConnectInfo, SmcIncoming, SmcIo};

@@ -1,14 +1,44 @@
 //! tonic glue (feature `tonic`): serve an [`SmcListener`] with `serve_with_incoming`, and let
 //! handlers read [`SmcConnectInfo`] from their requests.
 
+use std::future::Future;
 use std::io;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use smc_tokio::{SmcListener, SmcStream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::SmcConnectInfo;
+
+/// What tonic puts in the extensions of each request on a connection an [`SmcIncoming`]
+/// accepted: [`SmcConnectInfo`] by default, or tonic's own
+/// [`TcpConnectInfo`](tonic::transport::server::TcpConnectInfo), which `Request::remote_addr`
+/// and `Request::local_addr` read (see [`SmcIncoming::with_connect_info`]).
+pub trait IncomingConnectInfo: Clone + Send + Sync + 'static {
+    /// The info of `stream`, accepted from `peer`.
+    fn of(stream: &SmcStream, peer: SocketAddr) -> Self;
+}
+
+impl IncomingConnectInfo for SmcConnectInfo {
+    fn of(stream: &SmcStream, peer: SocketAddr) -> Self {
+        SmcConnectInfo { peer, transport: stream.transport() }
+    }
+}
+
+impl IncomingConnectInfo for tonic::transport::server::TcpConnectInfo {
+    fn of(stream: &SmcStream, peer: SocketAddr) -> Self {
+        tonic::transport::server::TcpConnectInfo { local_addr: stream.local_addr().ok(), remote_addr: Some(peer) }
+    }
+}
+
+/// How long the stream waits after an accept error that is not one connection's (such as the
+/// process running out of descriptors) before it takes the next connection: tonic's server
+/// asks again at once, which would spin; axum's and hyper's serve loops wait a second.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
 /// An [`SmcListener`] as the stream of connections tonic's `Server::serve_with_incoming` takes.
 ///
@@ -25,10 +55,16 @@ use crate::SmcConnectInfo;
 /// # Ok(()) }
 /// ```
 ///
-/// In a handler, `request.extensions().get::<SmcConnectInfo>()` tells the transport.
+/// In a handler, `request.extensions().get::<SmcConnectInfo>()` tells the transport; with
+/// [`with_connect_info`](Self::with_connect_info)`::<TcpConnectInfo>()`, tonic's
+/// `request.remote_addr()` answers instead. An accept error that is not one connection's
+/// (running out of descriptors, say) is handed to tonic, and the next accept waits a second,
+/// as axum's serve loop does, instead of spinning.
 #[derive(Debug)]
-pub struct SmcIncoming {
+pub struct SmcIncoming<I = SmcConnectInfo> {
     listener: SmcListener,
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    info: PhantomData<fn() -> I>,
 }
 
 impl SmcIncoming {
@@ -56,31 +92,82 @@ impl SmcIncoming {
     /// # }
     /// ```
     pub fn new(listener: SmcListener) -> Self {
-        SmcIncoming { listener }
+        SmcIncoming { listener, pause: None, info: PhantomData }
     }
 }
 
-impl futures_core::Stream for SmcIncoming {
-    type Item = io::Result<SmcIo>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.listener.poll_accept(cx).map(|r| {
-            Some(r.map(|(s, peer)| {
-                let info = SmcConnectInfo { peer, transport: s.transport() };
-                SmcIo { stream: s, info }
-            }))
-        })
+impl<I: IncomingConnectInfo> SmcIncoming<I> {
+    /// The same listener, whose connections carry `J` into their requests instead.
+    ///
+    /// # Examples
+    ///
+    /// tonic's `TcpConnectInfo`, so that `Request::remote_addr` answers.
+    ///
+    /// ```
+    /// use std::pin::Pin;
+    /// use futures_core::Stream;
+    /// use smc_tokio::{SmcListener, SmcStream};
+    /// use smc_tower::SmcIncoming;
+    /// use tonic::transport::server::{Connected, TcpConnectInfo};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> std::io::Result<()> {
+    /// let listener = SmcListener::bind("127.0.0.1:0").await?;
+    /// let addr = listener.local_addr()?;
+    /// let mut incoming = SmcIncoming::new(listener).with_connect_info::<TcpConnectInfo>();
+    /// let client = SmcStream::connect(addr).await?;
+    /// let io = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx)).await.unwrap()?;
+    /// assert_eq!(io.connect_info().remote_addr(), Some(client.local_addr()?));
+    /// assert_eq!(io.connect_info().local_addr(), Some(addr));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_connect_info<J: IncomingConnectInfo>(self) -> SmcIncoming<J> {
+        SmcIncoming { listener: self.listener, pause: self.pause, info: PhantomData }
     }
 }
 
-/// An accepted [`SmcStream`] as tonic's server I/O, carrying [`SmcConnectInfo`].
+/// Errors that concern one connection only (the peer went away before `accept` saw it).
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+    )
+}
+
+impl<I: IncomingConnectInfo> futures_core::Stream for SmcIncoming<I> {
+    type Item = io::Result<SmcIo<I>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(p) = &mut this.pause {
+            ready!(p.as_mut().poll(cx));
+            this.pause = None;
+        }
+        Poll::Ready(Some(match ready!(this.listener.poll_accept(cx)) {
+            Ok((stream, peer)) => {
+                let info = I::of(&stream, peer);
+                Ok(SmcIo { stream, info })
+            }
+            Err(e) => {
+                if !is_connection_error(&e) {
+                    this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
+                }
+                Err(e)
+            }
+        }))
+    }
+}
+
+/// An accepted [`SmcStream`] as tonic's server I/O, carrying its [`IncomingConnectInfo`]
+/// ([`SmcConnectInfo`] by default).
 #[derive(Debug)]
-pub struct SmcIo {
+pub struct SmcIo<I = SmcConnectInfo> {
     stream: SmcStream,
-    info: SmcConnectInfo,
+    info: I,
 }
 
-impl SmcIo {
+impl<I> SmcIo<I> {
     /// The stream back.
     ///
     /// # Examples
@@ -111,21 +198,21 @@ impl SmcIo {
     }
 }
 
-impl tonic::transport::server::Connected for SmcIo {
-    type ConnectInfo = SmcConnectInfo;
+impl<I: IncomingConnectInfo> tonic::transport::server::Connected for SmcIo<I> {
+    type ConnectInfo = I;
 
-    fn connect_info(&self) -> SmcConnectInfo {
-        self.info
+    fn connect_info(&self) -> I {
+        self.info.clone()
     }
 }
 
-impl AsyncRead for SmcIo {
+impl<I: Unpin> AsyncRead for SmcIo<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for SmcIo {
+impl<I: Unpin> AsyncWrite for SmcIo<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }

@@ -63,3 +63,38 @@ async fn tonic_over_smc() {
 async fn tonic_over_the_fallback() {
     assert_eq!(round_trip(false).await.1, "tcp");
 }
+
+/// A greeter that answers with the addresses tonic knows of the request's connection.
+struct Addresses;
+
+#[tonic::async_trait]
+impl Greeter for Addresses {
+    async fn say_hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
+        let message = format!("{:?} {:?}", req.remote_addr(), req.local_addr());
+        Ok(Response::new(HelloReply { message, transport: String::new() }))
+    }
+}
+
+/// With tonic's own connect info, `Request::remote_addr` and `local_addr` answer, as on a
+/// tonic server over TCP (they look for that type only).
+#[tokio::test]
+async fn tonic_handlers_read_the_peer_with_tcp_connect_info() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let incoming = SmcIncoming::new(l).with_connect_info::<tonic::transport::server::TcpConnectInfo>();
+    tokio::spawn(
+        tonic::transport::Server::builder().add_service(GreeterServer::new(Addresses)).serve_with_incoming(incoming),
+    );
+    let channel = bounded(
+        10,
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(SmcConnector::new()),
+    )
+    .await
+    .unwrap();
+    let r = bounded(10, GreeterClient::new(channel).say_hello(HelloRequest { name: String::new() })).await.unwrap();
+    let message = r.into_inner().message;
+    assert!(message.starts_with("Some(127.0.0.1:"), "{message}");
+    assert!(message.ends_with(&format!("Some({addr})")), "{message}");
+}

@@ -334,8 +334,12 @@ pub(crate) async fn run_http(
                         }
                     }
                     Ok((n, _)) => return Err(io::Error::other(format!("a body of {n} bytes, expected {size}"))),
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
+                    Err(e) => {
+                        // The first failure of the run is shown: the count alone says nothing of
+                        // its cause.
+                        if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                            eprintln!("smcperf: {kind:?} http request failed (the first of the run): {e}");
+                        }
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 }
