@@ -850,9 +850,10 @@ impl RdmaConfig {
     /// small message that our peers take in and drop; when the path is broken, its delivery
     /// fails after the queue pair's retries, and the link's connections move to their TCP
     /// sockets as on any link failure. A broken path is found within two intervals and the
-    /// retries (a link's own test counts as traffic for the next interval). Set on the side
-    /// that creates the link group: a client's connection that joins a group takes the
-    /// group's.
+    /// retries (a link's own test counts as traffic for the next interval). Each side tests
+    /// its own end of the link, at the interval of the settings its link group was made with
+    /// (a connection that joins a group does not change it); the first side to find the break
+    /// moves, and the other follows.
     ///
     /// # Examples
     ///

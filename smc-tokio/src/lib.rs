@@ -75,8 +75,13 @@
 //! - A zero linger ([`SmcStream::set_zero_linger`]) aborts an SMC connection on drop, as it
 //!   resets a TCP one.
 //! - The listener takes connections from the kernel before `accept` asks (to run their
-//!   handshakes without waiting for it), so [`SmcListener::into_std`] closes connections it took
+//!   handshakes without waiting for it), so [`SmcListener::into_std`] resets connections it took
 //!   but had not handed out.
+//! - The runtime needs its timer as well as its I/O driver (`Builder::enable_all`, which
+//!   `#[tokio::main]` and `#[tokio::test]` use, or `enable_io` with `enable_time`): handshakes
+//!   and link groups are bounded in time. tokio's `TcpStream::connect` needs only I/O; on a
+//!   runtime without timers, a connection between two ends of this crate's panics as tokio's
+//!   timers do ("timers are disabled").
 //! - Beyond tokio: `&mut SmcStream` and the read halves are
 //!   [`AsyncBufRead`](tokio::io::AsyncBufRead). Over shared memory with a peer of the same uid,
 //!   `fill_buf` lends the receive ring's bytes without a copy (see

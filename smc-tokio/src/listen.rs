@@ -129,9 +129,10 @@ fn registered(
             let shared2 = shared.clone();
             tokio::spawn(async move {
                 let Some(slot) = ticket.slot(&cfg).await else {
-                    // The listener closed: the connection is dropped with it, as the kernel
+                    // The listener closed: the connection is reset with it, as the kernel
                     // resets those left in a closed listener's queue.
                     reg.refuse(DeclineReason::HandshakeCongested);
+                    Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
                     return;
                 };
                 if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, addrs, reg, slot) {
@@ -267,8 +268,11 @@ async fn serve(
                 Admit::Now(slot) => slot,
                 Admit::Queue(ticket) => match ticket.slot(cfg).await {
                     Some(slot) => slot,
-                    // The listener closed: the connection goes with it.
-                    None => return None,
+                    // The listener closed: the connection is reset with it.
+                    None => {
+                        Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
+                        return None;
+                    }
                 },
                 Admit::Congested | Admit::Refuse => {
                     // The Proposal is on the stream: answer it, as the guard would.
@@ -881,7 +885,7 @@ impl ListenerShared {
         }
     }
 
-    /// Queues a finished connection for `accept` (dropped if the listener is gone).
+    /// Queues a finished connection for `accept` (reset if the listener is gone).
     pub(crate) fn deliver(&self, e: Established, peer: SocketAddr) {
         self.ready.push((e, peer));
     }
@@ -919,7 +923,7 @@ impl ListenerShared {
     }
 
     /// Stops the listener: its door closes, waiting handshakes end, queued connections are
-    /// dropped. With `stop_port`, the port stops listening too (the listener was dropped);
+    /// reset. With `stop_port`, the port stops listening too (the listener was dropped);
     /// without, the socket keeps listening for whoever took it over (`into_std`).
     pub(crate) fn close(&self, stop_port: bool) {
         let first = !self.closed.swap(true, Ordering::AcqRel);

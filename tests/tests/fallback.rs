@@ -741,10 +741,12 @@ async fn a_held_byte_is_read_from_outside_the_runtime_once_the_partial_wait_ends
         assert!(tokio::runtime::Handle::try_current().is_err(), "no runtime on this thread");
         let mut byte = [0u8; 1];
         let first = (server.try_read(&mut byte).map_err(|e| e.kind()), sent.elapsed());
+        let mut next = first.0.map_err(std::io::Error::from);
         let got = loop {
-            match server.try_read(&mut byte) {
+            match next {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && sent.elapsed() < WAIT * 10 => {
-                    std::thread::sleep(Duration::from_millis(20))
+                    std::thread::sleep(Duration::from_millis(20));
+                    next = server.try_read(&mut byte);
                 }
                 r => break (r.map_err(|e| e.kind()), sent.elapsed()),
             }

@@ -694,7 +694,7 @@ impl SmcListener {
     ///
     /// Unlike tokio's listener, ours takes connections from the kernel before `accept` asks
     /// for them (to run their handshakes): connections it had taken but not handed out (SMC
-    /// handshakes still running, or finished and waiting for `accept`) are closed. Call it
+    /// handshakes still running, or finished and waiting for `accept`) are reset. Call it
     /// before clients connect, or accept what is there first.
     ///
     /// # Examples

@@ -373,6 +373,21 @@ impl SmcSocket {
         socket2::SockRef::from(&self.inner).tos_v4()
     }
 
+    /// [`tos_v4`](Self::tos_v4) under its old name, which tokio keeps (deprecated, hidden) for
+    /// code written before the rename.
+    #[deprecated(note = "`tos` related methods have been renamed `tos_v4` since they are IPv4-specific.")]
+    #[doc(hidden)]
+    pub fn tos(&self) -> io::Result<u32> {
+        self.tos_v4()
+    }
+
+    /// [`set_tos_v4`](Self::set_tos_v4) under its old name, as tokio keeps it.
+    #[deprecated(note = "`tos` related methods have been renamed `set_tos_v4` since they are IPv4-specific.")]
+    #[doc(hidden)]
+    pub fn set_tos(&self, tos: u32) -> io::Result<()> {
+        self.set_tos_v4(tos)
+    }
+
     /// Sets `SO_LINGER`, as [`TcpSocket::set_linger`] does (deprecated there too). The stream
     /// made from the socket keeps it; see [`SmcStream::set_linger`].
     ///

@@ -488,6 +488,18 @@ impl WriteHalf<'_> {
     }
 }
 
+impl AsRef<SmcStream> for ReadHalf<'_> {
+    fn as_ref(&self) -> &SmcStream {
+        self.0
+    }
+}
+
+impl AsRef<SmcStream> for WriteHalf<'_> {
+    fn as_ref(&self) -> &SmcStream {
+        self.0
+    }
+}
+
 impl AsyncRead for ReadHalf<'_> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.0.poll_read_priv(cx, buf)

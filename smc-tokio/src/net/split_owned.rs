@@ -634,6 +634,18 @@ impl Drop for OwnedReadHalf {
     }
 }
 
+impl AsRef<SmcStream> for OwnedReadHalf {
+    fn as_ref(&self) -> &SmcStream {
+        &self.inner
+    }
+}
+
+impl AsRef<SmcStream> for OwnedWriteHalf {
+    fn as_ref(&self) -> &SmcStream {
+        &self.inner
+    }
+}
+
 impl AsyncRead for OwnedReadHalf {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         self.inner.poll_read_priv(cx, buf)

@@ -187,6 +187,35 @@ fn raw_io_unsupported() -> io::Error {
     )
 }
 
+/// As tokio's `TcpStream` is `AsRef<TcpStream>`, and so are its halves: code generic over
+/// `AsRef<SmcStream>` takes a stream or any half of one.
+///
+/// ```
+/// use smc_tokio::{SmcListener, SmcStream};
+///
+/// fn nodelay_of(s: &impl AsRef<SmcStream>) -> bool {
+///     s.as_ref().nodelay().unwrap()
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let mut stream = SmcStream::connect(listener.local_addr()?).await?;
+/// stream.set_nodelay(true)?;
+/// assert!(nodelay_of(&stream));
+/// let (read, write) = stream.split();
+/// assert!(nodelay_of(&read) && nodelay_of(&write));
+/// let (read, write) = stream.into_split();
+/// assert!(nodelay_of(&read) && nodelay_of(&write));
+/// # Ok(())
+/// # }
+/// ```
+impl AsRef<SmcStream> for SmcStream {
+    fn as_ref(&self) -> &SmcStream {
+        self
+    }
+}
+
 impl fmt::Debug for SmcStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmcStream")

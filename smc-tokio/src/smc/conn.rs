@@ -1945,8 +1945,18 @@ impl SmcConn {
             let mut st = c.lock();
             // Not one the application let go of: its close could not reach the peer, and the
             // release ends it when the group does.
-            if st.handback == Handback::Smc && !st.released && c.start_handback(&mut st, HandbackCause::LinkFailed) {
+            if st.handback != Handback::Smc || st.released {
+                return;
+            }
+            if c.start_handback(&mut st, HandbackCause::LinkFailed) {
                 tracing::debug!(parent: &c.span, "the rdma peer's tcp connection is silent: moving first");
+            } else if st.error.is_none() && !st.engine.peer_closed() {
+                // No move can start (our close went out, or the runtime is shutting down), and
+                // the link is gone: the connection ends as one whose peer went away (its ring
+                // read first), instead of waiting for a word nothing here may be left to hear.
+                tracing::debug!(parent: &c.span, "the rdma peer's side is gone and no move can start");
+                c.fail_locked(&mut st, ConnError::PeerGone { tcp_reset: false });
+                c.maybe_finish(st);
             }
         });
     }
@@ -2111,7 +2121,7 @@ impl SmcConn {
         let was = spawn.compare_exchange(SPAWNING, SPAWNED, ord, std::sync::atomic::Ordering::Acquire);
         if was == Err(DROPPED_IN_SPAWN) {
             // The runtime is shutting down and dropped the task unrun: no move, the stream
-            // stays as it was (its caller then ends it).
+            // stays as it was, and its caller ends it as one that cannot move.
             tracing::debug!(parent: &self.span, "no move to tcp: the runtime is shutting down");
             st.handback = Handback::Smc;
             st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);

@@ -924,6 +924,11 @@ impl Link for VerbsLink {
         // Under the senders' lock, as their posts are: a message slot is taken only with room
         // for a whole chain (`send`).
         let _tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        // Again under the lock: a send that failed, or a teardown, since the look above put the
+        // queue pair in error, and a post now would only report that as a failure of its own.
+        if let Some(e) = self.ended() {
+            return Err(e);
+        }
         if self.sq_free.load(Ordering::SeqCst) < SQ_DEPTH {
             // Sends in flight: their completions tell whether the path works.
             return Ok(());
@@ -934,7 +939,8 @@ impl Link for VerbsLink {
         let mut frame = [0u8; CDC_MSG_LEN];
         frame[0] = LINK_UP_TYPE;
         tracing::trace!(qpn = self.qp.qpn, "testing an idle link");
-        self.post_frame(&frame, &[]).map(|_| ())
+        // A failed post ends the link; its first recorded reason is the one to report.
+        self.post_frame(&frame, &[]).map(|_| ()).map_err(|e| self.ended().unwrap_or(e))
     }
 
     fn is_rdma(&self) -> bool {
