@@ -366,6 +366,16 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
         spawn_tcp_after(shared, key, tcp_rx, cfg, Transport::Tcp(FallbackReason::Disabled));
         return;
     }
+    if shared.ready.is_full() {
+        // The application is not accepting: a handshake could not end before it does, and
+        // the client would wait for one. It goes on as TCP at once, as a kernel listener's
+        // backlog takes a connection whoever accepts it later.
+        reg.refuse(DeclineReason::HandshakeCongested);
+        shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
+        let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
+        spawn_tcp_after(shared, key, tcp_rx, cfg, t);
+        return;
+    }
     match shared.admit(&cfg) {
         Admit::Now(slot) => spawn_early(shared, reg, key, tcp_rx, cfg, slot),
         Admit::Queue(ticket) => {
@@ -804,9 +814,11 @@ type Ready = (Established, SocketAddr);
 pub const LISTEN_BACKLOG: u32 = 1024;
 
 /// Finished connections a listener holds for `accept()`, as the kernel's accept queue does:
-/// as many as its backlog. While it is full the listener's task stops taking connections from
-/// the kernel, whose own backlog then applies.
-const READY_CAP: usize = LISTEN_BACKLOG as usize;
+/// as many as its backlog ([`LISTEN_BACKLOG`] where the backlog is not ours to know: a
+/// listener made from a listening socket). While it is full the listener's task stops taking
+/// connections from the kernel, whose own backlog then applies, and clients that register are
+/// told at once to stay on TCP (the handshake could not end before the application accepts).
+pub(crate) const READY_CAP: usize = LISTEN_BACKLOG as usize;
 
 /// How often a listener drops door registrations that were cancelled or went stale, while it
 /// has any. Registrations normally live microseconds (matched on accept); the sweep only
@@ -863,6 +875,7 @@ impl ListenerShared {
         door: Option<Door>,
         kernel: bool,
         overrides: Overrides,
+        ready_cap: usize,
     ) -> ListenerShared {
         let bound = tcp.local_addr().ok();
         let fixed_local = bound.filter(|a| !a.ip().is_unspecified());
@@ -879,7 +892,7 @@ impl ListenerShared {
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
             side_listener: SideListener::default(),
-            ready: ReadyQueue::default(),
+            ready: ReadyQueue::with_cap(ready_cap),
             closed: AtomicBool::new(false),
             closing: Notify::new(),
         }
@@ -1039,9 +1052,16 @@ impl Drop for HandshakeSlot {
 }
 
 /// Finished connections waiting for `accept`, and who waits for them.
-#[derive(Default)]
 pub(crate) struct ReadyQueue {
     inner: Mutex<ReadyInner>,
+    /// How many connections it holds at most ([`READY_CAP`]).
+    cap: usize,
+}
+
+impl Default for ReadyQueue {
+    fn default() -> Self {
+        ReadyQueue::with_cap(READY_CAP)
+    }
 }
 
 #[derive(Default)]
@@ -1068,6 +1088,16 @@ pub(crate) enum Waiter {
 }
 
 impl ReadyQueue {
+    /// A queue that holds at most `cap` connections (at least one).
+    pub(crate) fn with_cap(cap: usize) -> ReadyQueue {
+        ReadyQueue { inner: Mutex::default(), cap: cap.max(1) }
+    }
+
+    /// Whether it holds as many connections as it may.
+    pub(crate) fn is_full(&self) -> bool {
+        self.lock().items.len() >= self.cap
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, ReadyInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1138,7 +1168,7 @@ impl ReadyQueue {
 
     fn poll_room(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let mut q = self.lock();
-        if q.items.len() < READY_CAP || q.closed {
+        if q.items.len() < self.cap || q.closed {
             return Poll::Ready(());
         }
         q.room_waker = Some(cx.waker().clone());

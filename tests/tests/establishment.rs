@@ -630,3 +630,47 @@ async fn connections_left_in_a_dropped_listeners_queue_are_reset() {
     })
     .await;
 }
+
+/// A listener whose application does not accept holds as many finished connections as its
+/// backlog. A client that registers then is told at once to stay on TCP, as a kernel
+/// listener's backlog takes a connection whoever accepts it later, instead of waiting for a
+/// handshake that could end only once the application accepts (here, for as long as its own
+/// bound: far beyond the test's).
+#[tokio::test]
+async fn a_client_of_a_listener_that_is_not_accepting_goes_on_as_tcp_at_once() {
+    const BACKLOG: u32 = 4;
+    let ctx = smc_tokio::Context::new();
+    let socket = smc_tokio::SmcSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = SmcListener::builder().context(&ctx).listen_socket(socket, BACKLOG).unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut clients = Vec::new();
+    for i in 0..BACKLOG {
+        let c = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert!(c.transport().is_smc(), "client {i}: {}", c.transport());
+        clients.push(c);
+    }
+    // Each finished connection is counted just before it is queued.
+    bounded(10, async {
+        while ctx.stats().server.smc_d < u64::from(BACKLOG) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let builder = SmcStream::builder().handshake_timeout(Duration::from_secs(60));
+    let mut late = bounded(10, builder.connect(addr)).await.expect("the late client waited for the application");
+    assert_eq!(late.transport(), declined(DeclineReason::HandshakeCongested, Side::Peer));
+    // The application accepts them all, the late one as TCP, whose bytes go through.
+    for _ in 0..BACKLOG {
+        assert!(bounded(10, l.accept()).await.unwrap().0.transport().is_smc());
+    }
+    // (Its registration was answered and dropped, so the listener takes it as a plain client.)
+    let (mut s, _) = bounded(10, l.accept()).await.unwrap();
+    assert!(!s.transport().is_smc(), "{}", s.transport());
+    late.write_all(b"ping").await.unwrap();
+    let mut b = [0u8; 4];
+    bounded(10, s.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"ping");
+}

@@ -468,7 +468,7 @@ impl SmcListenerBuilder {
                     continue;
                 }
             };
-            let listener = SmcListener::start_with(self.ctx, tcp, self.o, door);
+            let listener = SmcListener::start_with(self.ctx, tcp, self.o, door, LISTEN_BACKLOG as usize);
             // Our socket: SO_LINGER off until the application reaches the descriptor.
             listener.shared.default_linger.store(true, Ordering::Relaxed);
             return Ok(listener);
@@ -500,11 +500,11 @@ impl SmcListenerBuilder {
         if sock.local_addr().map_or(true, |a| a.port() == 0) {
             // Not bound: listen picks the port, so nobody can connect before it is known, and
             // the door opens after.
-            return Ok(SmcListener::start(self.ctx, sock.listen(backlog)?, self.o));
+            return Ok(SmcListener::start(self.ctx, sock.listen(backlog)?, self.o, backlog as usize));
         }
         let reuseport = sock.reuseport().unwrap_or(false);
         let door = open_door(&self.ctx, &self.o, sock.local_addr(), reuseport);
-        Ok(SmcListener::start_with(self.ctx, sock.listen(backlog)?, self.o, door))
+        Ok(SmcListener::start_with(self.ctx, sock.listen(backlog)?, self.o, door, backlog as usize))
     }
 
     /// Wraps an already bound tokio listener. Must be called inside a tokio runtime: the
@@ -527,7 +527,7 @@ impl SmcListenerBuilder {
     /// # }
     /// ```
     pub fn from_tcp(self, tcp: TcpListener) -> SmcListener {
-        SmcListener::start(self.ctx, tcp, self.o)
+        SmcListener::start(self.ctx, tcp, self.o, listen::READY_CAP)
     }
 
     /// Wraps an already bound std listener, as [`TcpListener::from_std`] does (the listener
@@ -645,17 +645,24 @@ impl SmcListener {
 
     /// Wraps a listening socket (one that already listened, so clients that connected before
     /// its door opened went plain).
-    fn start(ctx: SmcContext, tcp: TcpListener, overrides: Overrides) -> SmcListener {
+    /// `ready_cap`: finished connections held for `accept` (the backlog).
+    fn start(ctx: SmcContext, tcp: TcpListener, overrides: Overrides, ready_cap: usize) -> SmcListener {
         let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
         let door = open_door(&ctx, &overrides, tcp.local_addr(), reuseport);
-        SmcListener::start_with(ctx, tcp, overrides, door)
+        SmcListener::start_with(ctx, tcp, overrides, door, ready_cap)
     }
 
-    fn start_with(ctx: SmcContext, tcp: TcpListener, overrides: Overrides, door: Option<Door>) -> SmcListener {
+    fn start_with(
+        ctx: SmcContext,
+        tcp: TcpListener,
+        overrides: Overrides,
+        door: Option<Door>,
+        ready_cap: usize,
+    ) -> SmcListener {
         #[cfg(feature = "rdma")]
         let cfg = overrides.resolve(ctx.settings());
         let kernel = crate::kernel::is_smc_socket(tcp.as_fd());
-        let shared = Arc::new(ListenerShared::new(ctx, tcp, door, kernel, overrides));
+        let shared = Arc::new(ListenerShared::new(ctx, tcp, door, kernel, overrides, ready_cap));
         // Open the RDMA devices and look the listening address up now, off the runtime, so
         // the first connections can use them.
         #[cfg(feature = "rdma")]
