@@ -73,6 +73,10 @@ impl SmcConnectInfo {
     }
 }
 
+/// Behind axum's `tap_io` (`listener.tap_io(|s| ...)`, axum's way to set options on each
+/// connection), axum's own `ConnectInfo<SocketAddr>` works and this type cannot (axum's blanket
+/// implementation for tapped listeners rules out any other); on a bare `SmcListener` it is the
+/// other way round.
 #[cfg(feature = "axum")]
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, smc_tokio::SmcListener>>
     for SmcConnectInfo

@@ -175,12 +175,20 @@ where
                 Box::pin(async move {
                     // The semaphore is never closed, so acquiring only waits.
                     let permit = slots.acquire_owned().await;
+                    // A clone is called only once ready, as tower's contract asks.
+                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                     let r = inner.call(req).await;
                     drop(permit);
                     r
                 })
             }
-            Err(_) => Box::pin(self.tcp.call(req)),
+            Err(_) => {
+                let mut tcp = self.tcp.clone();
+                Box::pin(async move {
+                    std::future::poll_fn(|cx| tcp.poll_ready(cx)).await?;
+                    tcp.call(req).await
+                })
+            }
         }
     }
 }

@@ -150,3 +150,28 @@ async fn axum_serves_an_smc_listener_with_connect_info() {
         Ok(out) => assert_eq!(String::from_utf8_lossy(&out.stdout), "tcp"),
     }
 }
+
+/// Behind axum's `tap_io` (which sets options on each connection), an `SmcListener` is served
+/// and axum's `ConnectInfo<SocketAddr>` works.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn axum_serves_a_tapped_smc_listener_with_its_socket_addr() {
+    use axum::extract::ConnectInfo;
+    use axum::routing::get as route_get;
+    use axum::serve::ListenerExt;
+
+    let client = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(SmcConnector::new());
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/",
+        route_get(|ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>| async move { peer.ip().to_string() }),
+    );
+    let tapped = l.tap_io(|s: &mut smc_tokio::SmcStream| {
+        let _ = s.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        axum::serve(tapped, app.into_make_service_with_connect_info::<std::net::SocketAddr>()).await
+    });
+    assert_eq!(get(&client, addr).await.0, "127.0.0.1");
+}
