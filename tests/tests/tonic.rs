@@ -27,6 +27,12 @@ impl Greeter for Hello {
     }
 }
 
+/// A tonic channel to `addr` through `SmcConnector`.
+async fn channel_to(addr: std::net::SocketAddr) -> tonic::transport::Channel {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    bounded(10, endpoint.connect_with_connector(SmcConnector::new())).await.unwrap()
+}
+
 async fn round_trip(shm: bool) -> (String, String) {
     let l = SmcListener::builder().shm(ShmConfig::default().enabled(shm)).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -35,14 +41,7 @@ async fn round_trip(shm: bool) -> (String, String) {
             .add_service(GreeterServer::new(Hello))
             .serve_with_incoming(SmcIncoming::new(l)),
     );
-    let channel = bounded(
-        10,
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_with_connector(SmcConnector::new()),
-    )
-    .await
-    .unwrap();
+    let channel = channel_to(addr).await;
     let mut client = GreeterClient::new(channel);
     let mut last = None;
     for i in 0..3 {
@@ -85,14 +84,7 @@ async fn tonic_handlers_read_the_peer_with_tcp_connect_info() {
     tokio::spawn(
         tonic::transport::Server::builder().add_service(GreeterServer::new(Addresses)).serve_with_incoming(incoming),
     );
-    let channel = bounded(
-        10,
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_with_connector(SmcConnector::new()),
-    )
-    .await
-    .unwrap();
+    let channel = channel_to(addr).await;
     let r = bounded(10, GreeterClient::new(channel).say_hello(HelloRequest { name: String::new() })).await.unwrap();
     let message = r.into_inner().message;
     assert!(message.starts_with("Some(127.0.0.1:"), "{message}");
