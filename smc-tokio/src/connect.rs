@@ -115,6 +115,8 @@ pub(crate) async fn establish(
     // one's, then share it (before connecting: the server peeks for the Proposal only briefly).
     #[cfg(feature = "rdma")]
     let first = crate::smc::rdma::first_contact(ctx.manager(), addr, cfg).await;
+    // The application's options, for a plain reconnection should this connection be spoiled.
+    let options = user.as_ref().map(sys::ClientOptions::of);
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
         let t = crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
@@ -135,7 +137,7 @@ pub(crate) async fn establish(
     if let Some(first) = first {
         first.settle(cfg.handshake_timeout).await;
     }
-    finish_inband(ctx, cfg, addr, tcp, outcome, conn).await
+    finish_inband(ctx, cfg, addr, (tcp, options), outcome, conn).await
 }
 
 /// Puts the kernel's `AF_SMC` socket in `user` when the settings want one and the application
@@ -553,12 +555,13 @@ fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<Establis
 /// one less and less often.
 const TIMEOUT_BACKOFF: Duration = Duration::from_secs(2);
 
-/// The end of an in-band handshake, where the server may not speak SMC at all.
+/// The end of an in-band handshake, where the server may not speak SMC at all: `tcp` and, for
+/// a socket of the application's, its options, which a plain reconnection keeps.
 async fn finish_inband(
     ctx: &Context,
     cfg: &Settings,
     addr: SocketAddr,
-    tcp: TcpStream,
+    (tcp, options): (TcpStream, Option<sys::ClientOptions>),
     outcome: io::Result<Outcome>,
     conn: Option<Arc<SmcConn>>,
 ) -> io::Result<Established> {
@@ -586,10 +589,15 @@ async fn finish_inband(
         cache.insert(addr, Instant::now(), cfg.negative_cache_ttl);
     }
     tracing::debug!(%err, timed_out, "in-band peer did not complete the handshake; connecting as plain tcp");
-    match cfg.policy {
-        Policy::Never => Err(err),
-        _ => Ok(Established::tcp(TcpStream::connect(addr).await?, Transport::Tcp(FallbackReason::PeerNoSmc))),
+    if cfg.policy == Policy::Never {
+        return Err(err);
     }
+    // On a socket of the application's, a new one with its options.
+    let tcp = match options {
+        Some(o) => tokio::net::TcpSocket::from_std_stream(o.socket(addr)?.into()).connect(addr).await?,
+        None => TcpStream::connect(addr).await?,
+    };
+    Ok(Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)))
 }
 
 #[cfg(test)]

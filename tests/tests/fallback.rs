@@ -263,6 +263,36 @@ async fn smc_client_opted_in_against_silent_plain_server_times_out_then_reconnec
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc), "proposed again after the backoff");
 }
 
+/// A socket of the application's whose in-band handshake found a plain server: the plain
+/// reconnection that follows (on a new socket, the first one carried a Proposal) has the
+/// application's options and its bound address.
+#[tokio::test]
+async fn a_plain_reconnection_keeps_the_applications_socket_options() {
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = plain.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = c.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let socket = smc_tokio::SmcSocket::new_v4().unwrap();
+    socket.set_nodelay(true).unwrap();
+    socket.set_keepalive(true).unwrap();
+    socket.set_tos_v4(0x20).unwrap();
+    socket.bind("127.0.0.9:0".parse().unwrap()).unwrap();
+    let b = SmcStream::builder().policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
+    let s = bounded(10, b.connect_socket(socket, addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
+    assert!(s.nodelay().unwrap());
+    assert_eq!(s.local_addr().unwrap().ip().to_string(), "127.0.0.9");
+    let sock = socket2::SockRef::from(&s);
+    assert!(sock.keepalive().unwrap());
+    assert_eq!(sock.tos_v4().unwrap(), 0x20);
+}
+
 #[tokio::test]
 async fn never_policy_returns_typed_errors() {
     let listener = declining_listener().await;

@@ -2614,8 +2614,10 @@ impl SmcStreamBuilder {
     /// unbound one is bound to the wildcard address and a port the kernel picks first).
     ///
     /// Toward an in-band peer (see [`inband_peers`](SmcStreamBuilder::inband_peers)) whose
-    /// handshake fails, the plain TCP reconnection that follows uses a new socket without the
-    /// application's options: the first one carried a Proposal and is closed.
+    /// handshake fails, the plain TCP reconnection that follows uses a new socket (the first
+    /// one carried a Proposal and is closed) with the application's options: its bound address
+    /// (on a new port), device, TOS or traffic class, `TCP_NODELAY`, keepalive and linger; not
+    /// buffer sizes, which cannot be told from the kernel's own.
     ///
     /// # Examples
     ///

@@ -264,6 +264,65 @@ pub(crate) fn accept_tcp(listener: BorrowedFd<'_>) -> io::Result<(std::net::TcpS
     Ok((stream, peer))
 }
 
+/// What an application set on a client socket that a second socket to the same destination
+/// must have too (a plain reconnection after an in-band handshake spoiled the first
+/// connection): its bound address (not its port, which the first connection's TIME_WAIT
+/// holds), device, TOS or traffic class, `TCP_NODELAY`, keepalive and linger. Buffer sizes are
+/// not carried: reading one back cannot tell a size the application set from the kernel's
+/// own, and setting one turns the kernel's autotuning off.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientOptions {
+    local: Option<SocketAddr>,
+    device: Option<Vec<u8>>,
+    tos: Option<u32>,
+    tclass: Option<u32>,
+    nodelay: bool,
+    keepalive: bool,
+    linger: Option<std::time::Duration>,
+}
+
+impl ClientOptions {
+    /// The options of `s`, as far as they can be read.
+    pub(crate) fn of(s: &socket2::Socket) -> ClientOptions {
+        let local = s.local_addr().ok().and_then(|a| a.as_socket());
+        let v6 = local.is_some_and(|a| a.is_ipv6());
+        ClientOptions {
+            local: local.filter(|a| !a.ip().is_unspecified()),
+            device: s.device().ok().flatten(),
+            tos: if v6 { None } else { s.tos_v4().ok() },
+            tclass: if v6 { s.tclass_v6().ok() } else { None },
+            nodelay: s.tcp_nodelay().unwrap_or(false),
+            keepalive: s.keepalive().unwrap_or(false),
+            linger: s.linger().ok().flatten(),
+        }
+    }
+
+    /// A new TCP socket for `dst` with these options (bound to the same address, on a port the
+    /// kernel picks, if the first one was bound to one).
+    pub(crate) fn socket(&self, dst: SocketAddr) -> io::Result<socket2::Socket> {
+        let s = socket2::Socket::new(socket2::Domain::for_address(dst), socket2::Type::STREAM, None)?;
+        if let Some(d) = &self.device {
+            s.bind_device(Some(d))?;
+        }
+        if let Some(t) = self.tos {
+            s.set_tos_v4(t)?;
+        }
+        if let Some(t) = self.tclass {
+            s.set_tclass_v6(t)?;
+        }
+        s.set_tcp_nodelay(self.nodelay)?;
+        s.set_keepalive(self.keepalive)?;
+        if self.linger.is_some() {
+            s.set_linger(self.linger)?;
+        }
+        if let Some(local) = self.local {
+            s.bind(&SocketAddr::new(local.ip(), 0).into())?;
+        }
+        s.set_nonblocking(true)?;
+        Ok(s)
+    }
+}
+
 /// Whether a listening socket has a connection waiting to be accepted, without taking it or
 /// waiting (`poll(2)` with no timeout: a listener is readable while its queue is not empty).
 /// Errors count as a connection waiting, so that the caller's `accept` meets them itself.
