@@ -612,7 +612,8 @@ impl Door {
         let door_base = base_name(local);
         let solo = (!reuseport).then(|| solo_name(&door_base));
         for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&door_base, i))) {
-            match sys::seqpacket_listen(&name) {
+            // Registrations carry no descriptors.
+            match sys::seqpacket_listen(&name, false) {
                 Ok(fd) => {
                     // SAFETY: an OwnedFd owns its descriptor.
                     let listener = match unsafe { sys::register(fd, Interest::READABLE) } {
@@ -2033,7 +2034,7 @@ mod tests {
         let pid = std::process::id().to_be_bytes();
         let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, pid[1], pid[2], pid[3])), 9);
         let at = DoorAt { addr, index: None };
-        let _door = sys::seqpacket_listen(&at.name()).expect("a door");
+        let _door = sys::seqpacket_listen(&at.name(), false).expect("a door");
         let doors = ClientDoors::default();
         let counters = Counters::default();
         // Our own uid is trusted without being listed.

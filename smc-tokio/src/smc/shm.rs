@@ -80,7 +80,8 @@ impl SideListener {
         // it then): lending is decided against it (`shm::lend_trust`).
         // SAFETY: geteuid cannot fail and has no preconditions.
         let listen_euid = unsafe { libc::geteuid() };
-        let fd = sys::seqpacket_listen(&name)?;
+        // A JOIN carries the peer's region and doorbell.
+        let fd = sys::seqpacket_listen(&name, true)?;
         // SAFETY: an OwnedFd owns its descriptor.
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
         let alive = Arc::new(AtomicBool::new(true));

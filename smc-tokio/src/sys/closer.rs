@@ -116,6 +116,14 @@ const DRAIN_MAX: usize = 8192;
 /// those, ...): the bound on a nested flood; the rest is closed undefused, in the closer.
 const DEFUSE_MAX: usize = 1 << 16;
 
+/// Descriptors a defuse holds at once, taken out of queues and not yet closed (beyond one
+/// message's worth, up to 253): a socket with more queued is drained again once those are
+/// closed, and one met while this many are held is closed undrained (the kernel closes what it
+/// holds). Without a bound, a peer that queued thousands of descriptors made a closer take the
+/// process's whole descriptor table while it worked through them, and every accept and connect
+/// of the process failed meanwhile.
+const HOLD_MAX: usize = 256;
+
 /// What the closers have done, for [`crate::Stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct CloserStats {
@@ -307,7 +315,8 @@ impl Pool {
 /// with `disarm`, defuses it first ([`defuse`]).
 pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
     let Some(pool) = pool() else {
-        return defuse_and_close(fd, disarm);
+        defuse_and_close(fd, disarm);
+        return;
     };
     let mut st = pool.lock();
     st.queue.push_back((fd, disarm));
@@ -325,34 +334,53 @@ pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
     }
 }
 
-fn defuse_and_close(fd: OwnedFd, disarm: bool) {
+/// Defuses (with `disarm`) and closes `fd` and whatever was queued in it; returns the most
+/// descriptors it held at once.
+fn defuse_and_close(fd: OwnedFd, disarm: bool) -> usize {
     let mut work = vec![(fd, disarm)];
-    let mut handled = 0usize;
+    let (mut handled, mut held) = (0usize, 0usize);
     while let Some((fd, disarm)) = work.pop() {
         handled += 1;
         if disarm && handled <= DEFUSE_MAX {
-            defuse(fd.as_fd(), &mut work);
+            let before = work.len();
+            let more = defuse(fd.as_fd(), &mut work, HOLD_MAX.saturating_sub(before));
+            held = held.max(work.len() + 1);
+            if more {
+                // Drained again after what it gave is closed (beneath it on the stack).
+                work.insert(before, (fd, true));
+                continue;
+            }
         }
         drop(fd);
         CLOSED.fetch_add(1, Ordering::Relaxed);
     }
+    held
 }
 
 /// Makes the close of `fd` unable to block on anything a peer did to it: a Unix socket is shut
-/// down and its queue taken out (the descriptors found go to `found`, to be defused in turn);
-/// a socket's linger is turned off. Anything else is left as it is.
-fn defuse(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
+/// down and its queue taken out, until `room` descriptors are in `found` (to be defused in
+/// turn); a socket's linger is turned off. Anything else is left as it is. Returns whether the
+/// socket's queue may hold more.
+fn defuse(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>, room: usize) -> bool {
     match socket_domain(fd) {
         Some(libc::AF_UNIX) => {
             // After it nothing more can be queued in this socket, while what is queued stays
             // readable.
             let _ = super::shutdown(fd, std::net::Shutdown::Both);
+            if room == 0 {
+                // As many held as may be: closed undrained.
+                return false;
+            }
             let before = found.len();
-            drain_queue(fd, found);
+            let more = drain_queue(fd, found, before + room);
             DRAINED.fetch_add((found.len() - before) as u64, Ordering::Relaxed);
+            more
         }
-        Some(_) => disarm_linger(fd),
-        None => {}
+        Some(_) => {
+            disarm_linger(fd);
+            false
+        }
+        None => false,
     }
 }
 
@@ -361,20 +389,25 @@ fn socket_domain(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
     super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_DOMAIN, 0 as libc::c_int).ok()
 }
 
-/// Takes every message queued in the (shut down) Unix socket `fd` out, without waiting, and
-/// keeps the descriptors they carried in `found`.
-fn drain_queue(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>) {
+/// Takes the messages queued in the (shut down) Unix socket `fd` out, without waiting, and
+/// keeps the descriptors they carried in `found`, until it holds `until` of them; returns
+/// whether it stopped there (more may be queued).
+fn drain_queue(fd: BorrowedFd<'_>, found: &mut Vec<(OwnedFd, bool)>, until: usize) -> bool {
     let mut data = [0u8; 4096];
     for _ in 0..DRAIN_MAX {
+        if found.len() >= until {
+            return true;
+        }
         match super::recvmsg_fds(fd, &mut data, libc::MSG_DONTWAIT) {
             // End of stream, with nothing attached (an empty datagram that carried descriptors
             // is not the end).
-            Ok((0, fds, _)) if fds.is_empty() => return,
+            Ok((0, fds, _)) if fds.is_empty() => return false,
             Ok((_, fds, _)) => found.extend(fds.into_iter().map(|f| (f.into_owned(), true))),
             // EAGAIN: the queue is empty. Anything else: nothing more to take.
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    false
 }
 
 /// Turns `SO_LINGER` off on a socket about to be closed, so that its close does not wait (the
@@ -404,6 +437,55 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         close_later(OwnedFd::from(a), true);
         assert_eq!(read_eof(&b), 0);
+    }
+
+    /// A peer that queued thousands of descriptors in a Unix socket we close (here 40 messages
+    /// of 253 copies of one socket) does not make the defuse hold them all at once: it takes
+    /// at most about `HOLD_MAX` out before it closes them, and every copy is closed in the end.
+    #[test]
+    fn a_flood_of_queued_descriptors_is_closed_a_few_hundred_at_a_time() {
+        /// The most descriptors one message carries (the kernel's `SCM_MAX_FD`).
+        const PER_MESSAGE: usize = 253;
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (sent, sent_peer) = UnixStream::pair().unwrap();
+        for _ in 0..40 {
+            send_copies(theirs.as_fd(), sent.as_fd(), PER_MESSAGE);
+        }
+        drop(sent);
+        let held = defuse_and_close(OwnedFd::from(ours), true);
+        assert!(held <= HOLD_MAX + PER_MESSAGE + 1, "held {held} descriptors at once");
+        assert!(held >= HOLD_MAX, "the flood was not taken out: held {held}");
+        // The last copy went with it: the socket's peer reads the end.
+        assert_eq!(read_eof(&sent_peer), 0);
+    }
+
+    /// Sends a one-byte message carrying `n` copies of `fd` on `sock`.
+    fn send_copies(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, n: usize) {
+        let data = [0u8; 1];
+        let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: 1 };
+        let ints = n * std::mem::size_of::<libc::c_int>();
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(ints as u32) } as usize;
+        let mut cbuf = vec![0u64; space.div_ceil(8)];
+        // SAFETY: msghdr is plain data; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: `cbuf` holds `space` bytes, aligned for cmsghdr, so the first header and its
+        // `n` ints are in bounds; `msg` points at buffers that live across the sendmsg call.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(ints as u32) as usize;
+            let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
+            for i in 0..n {
+                d.add(i).write_unaligned(fd.as_raw_fd());
+            }
+            assert_eq!(libc::sendmsg(sock.as_raw_fd(), &msg, 0), 1, "{}", io::Error::last_os_error());
+        }
     }
 
     /// A socket queued in a Unix socket we close, and one queued in that one (nested), are

@@ -610,9 +610,15 @@ fn seqpacket() -> io::Result<OwnedFd> {
 /// A non-blocking SOCK_SEQPACKET listener on the abstract name `name`, with a backlog of
 /// 4096 (capped by `net.core.somaxconn`): a door takes one connection per registered TCP
 /// connection, so it needs at least the TCP listener's backlog (1024), and a burst of 2000
-/// concurrent connects filled 1024 on the 2-vCPU VM.
-pub(crate) fn seqpacket_listen(name: &[u8]) -> io::Result<OwnedFd> {
+/// concurrent connects filled 1024 on the 2-vCPU VM. Without `rights`, its connections refuse
+/// descriptors from the moment a client connects, before they are accepted (the kernel gives
+/// each the listener's `SO_PASSRIGHTS`; 6.16 and later): nobody can queue descriptors in one
+/// for us to take out.
+pub(crate) fn seqpacket_listen(name: &[u8], rights: bool) -> io::Result<OwnedFd> {
     let fd = seqpacket()?;
+    if !rights {
+        refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
+    }
     let (addr, len) = abstract_addr(name)?;
     // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;

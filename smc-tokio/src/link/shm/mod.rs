@@ -889,7 +889,7 @@ mod tests {
     /// server). The server checks the join's secret and the client's pid as it answers.
     async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
         let name = format!("smc-tokio-test-{}-{tag}", std::process::id()).into_bytes();
-        let listener = sys::seqpacket_listen(&name).unwrap();
+        let listener = sys::seqpacket_listen(&name, true).unwrap();
         let secret = Secret([3; 16]);
         let server = tokio::spawn(async move {
             // SAFETY: an OwnedFd owns its descriptor.
