@@ -91,6 +91,12 @@ const MAX_CONNS: usize = 4096;
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
 
+/// Connections handed out as plain TCP while the door could not be read to the end (out of
+/// descriptors, or a flood of knocks ahead), remembered so that a registration for one, read
+/// later, is never committed ([`Door::verify`]): as many as the door's registrations, each for
+/// as long as a registration waits ([`ENTRY_TTL`]).
+const MISSED_MAX: usize = MAX_REGISTRATIONS;
+
 /// How long a client keeps a door connection that no registration uses: a client that
 /// connects again within it registers with one message. Ten seconds covers the pauses of
 /// connection-per-request clients; an idle door connection costs one descriptor on each side.
@@ -328,6 +334,9 @@ pub(crate) struct Door {
     /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
     /// registrations are answered "no" at once.
     blind: AtomicBool,
+    /// Test hook ([`stall_reads_for_test`](Door::stall_reads_for_test)).
+    #[cfg(test)]
+    stalled: AtomicBool,
     state: Mutex<DoorState>,
 }
 
@@ -414,9 +423,25 @@ struct DoorState {
     /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
+    /// Four-tuples (peer, local) of connections handed out as plain TCP while the door's queues
+    /// could not be read to the end, oldest first ([`MISSED_MAX`]).
+    missed: VecDeque<(Instant, (SocketAddr, SocketAddr))>,
+    missed_set: std::collections::HashSet<(SocketAddr, SocketAddr)>,
 }
 
 impl DoorState {
+    /// Remembers a connection handed out as plain TCP before its registration could be read.
+    fn note_missed(&mut self, tuple: (SocketAddr, SocketAddr)) {
+        while self.missed.front().is_some_and(|(at, _)| at.elapsed() >= ENTRY_TTL) || self.missed.len() >= MISSED_MAX {
+            if let Some((_, t)) = self.missed.pop_front() {
+                self.missed_set.remove(&t);
+            }
+        }
+        if self.missed_set.insert(tuple) {
+            self.missed.push_back((Instant::now(), tuple));
+        }
+    }
+
     /// Drops a registration not matched yet; whether there was one.
     /// A registration not matched yet, by its door connection and id: the port it is filed
     /// under, and its entry.
@@ -636,6 +661,8 @@ impl Door {
                         conn_budget,
                         listen_port: local.port(),
                         blind: AtomicBool::new(false),
+                        #[cfg(test)]
+                        stalled: AtomicBool::new(false),
                         state: Mutex::default(),
                     });
                 }
@@ -672,14 +699,25 @@ impl Door {
         // The registration was queued before the client's SYN, so it is somewhere in the
         // door's queues: read batch after batch until it turns up or the queues are empty. The
         // door's queue is at most its backlog deep, so this ends.
+        let mut read_all = false;
         for _ in 0..=MAX_CONNS / DRAIN_BATCH {
             let more = self.drain(&mut st);
             if let Some(r) = self.take(&mut st, peer, local) {
                 return Some(r);
             }
-            if !matches!(more, Ok(true)) {
-                break;
+            match more {
+                Ok(true) => {}
+                Ok(false) => {
+                    read_all = true;
+                    break;
+                }
+                Err(_) => break,
             }
+        }
+        if !read_all {
+            // Its registration may be in what could not be read: the connection is TCP from
+            // now on, and the registration, should it be read later, is never committed.
+            st.note_missed((peer, local));
         }
         None
     }
@@ -703,6 +741,10 @@ impl Door {
     /// work). An error (no descriptor for a new connection, say) is returned so that the caller
     /// backs off instead of spinning on a door that stays readable.
     pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<bool>> {
+        #[cfg(test)]
+        if self.stalled.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(io::Error::other("door reads stalled (test)")));
+        }
         let mut st = self.lock();
         match &st.watcher {
             Some(w) if w.will_wake(cx.waker()) => {}
@@ -748,6 +790,10 @@ impl Door {
     /// Accepts waiting door connections and reads every message that has arrived on any. As
     /// [`accept_conns`](Self::accept_conns) for the result.
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
+        #[cfg(test)]
+        if self.stalled.load(Ordering::Relaxed) {
+            return Err(io::Error::other("door reads stalled (test)"));
+        }
         let before = st.conns.len();
         let res = self.accept_conns(st);
         if st.conns.len() > before {
@@ -948,6 +994,13 @@ impl Door {
         }
     }
 
+    /// Test hook: while `on`, the door's queues cannot be read, as when the process has no
+    /// descriptor left for a new door connection.
+    #[cfg(test)]
+    pub(crate) fn stall_reads_for_test(&self, on: bool) {
+        self.stalled.store(on, Ordering::Relaxed);
+    }
+
     /// Test hook: the door goes blind as when the kernel cannot say who owns a connection.
     #[cfg(test)]
     pub(crate) fn go_blind_for_test(&self) {
@@ -1051,7 +1104,8 @@ impl Door {
         }
         let Some(t) = said else { return false };
         let (client, server) = (sys::unmap(t.local), sys::unmap(t.peer));
-        if server.port() != self.listen_port {
+        if server.port() != self.listen_port || st.missed_set.contains(&(client, server)) {
+            // (Or handed out as plain TCP already, before this registration was read.)
             return false;
         }
         let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };

@@ -1097,4 +1097,33 @@ mod tests {
         let err = SmcListener::bind(holder.local_addr().unwrap()).await.expect_err("taken");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
+
+    /// A connection the listener handed out as plain TCP because it could not read its door to
+    /// the end (out of descriptors, say) is never committed to SMC when its registration is
+    /// read later: the client would talk over shared memory to an application reading TCP.
+    #[tokio::test]
+    async fn a_connection_handed_out_plain_before_its_registration_was_read_stays_tcp() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let door = listener.shared.door.as_ref().expect("a door");
+        door.stall_reads_for_test(true);
+        // A handshake bound far beyond the test's: the verdict is the door's, not a timeout's.
+        let client = tokio::spawn(async move {
+            crate::SmcStream::builder().handshake_timeout(Duration::from_secs(60)).connect(addr).await
+        });
+        let (mut server, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await.unwrap().unwrap();
+        assert!(!server.transport().is_smc(), "{}", server.transport());
+        door.stall_reads_for_test(false);
+        let mut client =
+            tokio::time::timeout(Duration::from_secs(10), client).await.expect("no verdict").unwrap().unwrap();
+        assert!(!client.transport().is_smc(), "the client was committed to {}", client.transport());
+        client.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(10), server.read_exact(&mut b)).await.unwrap().unwrap();
+        assert_eq!(&b, b"ping");
+        server.write_all(b"pong").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut b)).await.unwrap().unwrap();
+        assert_eq!(&b, b"pong");
+    }
 }
