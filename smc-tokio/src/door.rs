@@ -91,6 +91,22 @@ const MAX_CONNS: usize = 4096;
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
 
+/// Messages read from one door connection per turn: four windows of a client's registrations
+/// (`WINDOW`, 64) and their answers. A client that sends without pause (two threads sending
+/// Cancels, say) no longer keeps the listener task, and the door's lock, to itself.
+const READ_MAX: usize = 256;
+
+/// What a read of a door connection came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Its queue is empty.
+    Empty,
+    /// [`READ_MAX`] messages were read; more may wait.
+    More,
+    /// It closed or broke the protocol, and was ended.
+    Ended,
+}
+
 /// Connections handed out as plain TCP while the door could not be read to the end (out of
 /// descriptors, or a flood of knocks ahead), remembered so that a registration for one, read
 /// later, is never committed ([`Door::verify`]): as many as the door's registrations, each for
@@ -750,20 +766,24 @@ impl Door {
             Some(w) if w.will_wake(cx.waker()) => {}
             _ => st.watcher = Some(cx.waker().clone()),
         }
-        let mut progress = false;
+        let (mut progress, mut more) = (false, false);
         let conns = st.conns.clone();
         for conn in conns {
             if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
                 progress = true;
                 match r {
-                    Ok(mut guard) => {
-                        if self.read_conn(&mut st, &conn) {
-                            guard.clear_ready();
-                        }
-                    }
+                    Ok(mut guard) => match self.read_conn(&mut st, &conn) {
+                        Read::Empty => guard.clear_ready(),
+                        // Its turn is over: back after the listener's other work.
+                        Read::More => more = true,
+                        Read::Ended => {}
+                    },
                     Err(_) => st.close(&conn),
                 }
             }
+        }
+        if more {
+            return Poll::Ready(Ok(true));
         }
         if self.blind.load(Ordering::Relaxed) {
             // The door is shut: its listening socket reports a hang-up for good and accepts
@@ -787,8 +807,9 @@ impl Door {
         Poll::Ready(res)
     }
 
-    /// Accepts waiting door connections and reads every message that has arrived on any. As
-    /// [`accept_conns`](Self::accept_conns) for the result.
+    /// Accepts waiting door connections and reads the messages that have arrived on any (up to
+    /// [`READ_MAX`] each). As [`accept_conns`](Self::accept_conns) for the result, where
+    /// `Ok(true)` also says that messages were left unread.
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
@@ -803,10 +824,12 @@ impl Door {
             }
         }
         let conns = st.conns.clone();
+        let mut unread = false;
         for conn in conns {
-            self.read_conn(st, &conn);
+            unread |= self.read_conn(st, &conn) == Read::More;
         }
-        res
+        // Messages left unread count as more to take, as door connections left queued do.
+        res.map(|more| more || unread)
     }
 
     /// Accepts up to [`DRAIN_BATCH`] waiting door connections. `Ok(false)`: the door's queue
@@ -871,26 +894,26 @@ impl Door {
         Ok(true)
     }
 
-    /// Reads every message queued on `conn` (without waiting) and files it. Whether the reads
-    /// ended on an empty queue (so readiness may be cleared); a connection that closed or sent
-    /// nonsense is ended.
-    fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>) -> bool {
-        loop {
+    /// Reads up to [`READ_MAX`] messages queued on `conn` (without waiting) and files them. A
+    /// connection that closed or sent nonsense is ended.
+    fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>) -> Read {
+        for _ in 0..READ_MAX {
             match recv_frame(conn.fd.get_ref().as_fd()) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
                 Ok(Some((frame, payload))) => {
                     if !self.file(st, conn, frame, payload) {
                         st.close(conn);
-                        return false;
+                        return Read::Ended;
                     }
                 }
                 // Closed, garbage, or an error: the client's registrations and handshakes end.
                 _ => {
                     st.close(conn);
-                    return false;
+                    return Read::Ended;
                 }
             }
         }
+        Read::More
     }
 
     /// Files one message from a client; `false` for one no client sends (the connection ends).
@@ -1916,6 +1939,44 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     /// A door connection's two ends: ours as the listener holds it, and the client's.
+    /// A trusted client that sends without pause on its door connection does not keep the
+    /// listener's turn: a read of the door takes a bounded number of its messages, says that
+    /// more wait, and comes back after the listener's other work.
+    #[tokio::test]
+    async fn a_door_connection_sending_without_pause_gets_a_bounded_turn() {
+        use crate::proto::door::{DoorFrame, DoorKind};
+        use std::os::fd::AsRawFd;
+        // Its task has not run yet (nothing here yields before the look below): the look is the
+        // first to take the connection in and read it.
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = sys::seqpacket_connect(door.name()).unwrap();
+        // Room for all of them in the socket (SO_SNDBUFFORCE: the tests run as root).
+        let room: libc::c_int = 8 << 20;
+        // SAFETY: a valid int option value of its size, on our socket.
+        unsafe {
+            libc::setsockopt(
+                client.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                (&room as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        for id in 1..=1000u64 {
+            let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id }.encode(&[]);
+            // SAFETY: a valid buffer of its length, on our socket.
+            let n = unsafe { libc::send(client.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            assert_eq!(n as usize, frame.len(), "{}", io::Error::last_os_error());
+        }
+        let mut st = door.lock();
+        assert!(
+            matches!(door.drain(&mut st), Ok(true)),
+            "a look at the door read 1000 messages of one connection in one turn"
+        );
+        assert_eq!(st.conns.len(), 1, "the connection was ended");
+    }
+
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
         let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
         let conn = ServerConn {

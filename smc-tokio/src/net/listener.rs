@@ -117,6 +117,14 @@ impl fmt::Debug for SmcListener {
     }
 }
 
+impl SmcListener {
+    /// Test hook: the listener's door.
+    #[cfg(test)]
+    pub(crate) fn door_for_test(&self) -> Option<&Door> {
+        self.shared.door.as_ref()
+    }
+}
+
 impl Drop for SmcListener {
     fn drop(&mut self) {
         self.task.abort();
