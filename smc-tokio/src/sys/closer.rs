@@ -448,8 +448,9 @@ mod tests {
         const PER_MESSAGE: usize = 253;
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (sent, sent_peer) = UnixStream::pair().unwrap();
+        let copies = vec![sent.as_fd(); PER_MESSAGE];
         for _ in 0..40 {
-            send_copies(theirs.as_fd(), sent.as_fd(), PER_MESSAGE);
+            super::super::send_with_any_fds(theirs.as_fd(), b"f", &copies).unwrap();
         }
         drop(sent);
         let held = defuse_and_close(OwnedFd::from(ours), true);
@@ -457,35 +458,6 @@ mod tests {
         assert!(held >= HOLD_MAX, "the flood was not taken out: held {held}");
         // The last copy went with it: the socket's peer reads the end.
         assert_eq!(read_eof(&sent_peer), 0);
-    }
-
-    /// Sends a one-byte message carrying `n` copies of `fd` on `sock`.
-    fn send_copies(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, n: usize) {
-        let data = [0u8; 1];
-        let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: 1 };
-        let ints = n * std::mem::size_of::<libc::c_int>();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(ints as u32) } as usize;
-        let mut cbuf = vec![0u64; space.div_ceil(8)];
-        // SAFETY: msghdr is plain data; all-zero is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: `cbuf` holds `space` bytes, aligned for cmsghdr, so the first header and its
-        // `n` ints are in bounds; `msg` points at buffers that live across the sendmsg call.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(ints as u32) as usize;
-            let d = libc::CMSG_DATA(c).cast::<libc::c_int>();
-            for i in 0..n {
-                d.add(i).write_unaligned(fd.as_raw_fd());
-            }
-            assert_eq!(libc::sendmsg(sock.as_raw_fd(), &msg, 0), 1, "{}", io::Error::last_os_error());
-        }
     }
 
     /// A socket queued in a Unix socket we close, and one queued in that one (nested), are

@@ -729,9 +729,17 @@ pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many descriptors for one message"));
     }
+    send_with_any_fds(sock, data, fds)
+}
+
+/// [`send_with_fds`] with as many descriptors as the kernel takes in one message (253), for
+/// tests that play a peer sending more than ours do.
+pub(crate) fn send_with_any_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // Room for MAX_FDS descriptors, aligned as cmsghdr requires.
-    let mut cbuf = [0u64; 8];
+    // Room for the descriptors, aligned as cmsghdr requires.
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let room = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; room.div_ceil(8)];
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -741,8 +749,8 @@ pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd
         let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = space;
-        // SAFETY: msg_control points at `cbuf`, which is larger than `space` (64 bytes vs at most
-        // CMSG_SPACE(8) = 24), so CMSG_FIRSTHDR is non-null and in bounds, and CMSG_DATA has room
+        // SAFETY: msg_control points at `cbuf`, which holds at least `space` bytes (`room` is the
+        // same computation), so CMSG_FIRSTHDR is non-null and in bounds, and CMSG_DATA has room
         // for `fds.len()` ints.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&msg);
