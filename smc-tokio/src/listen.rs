@@ -370,10 +370,17 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
         // The application is not accepting: a handshake could not end before it does, and
         // the client would wait for one. It goes on as TCP at once, as a kernel listener's
         // backlog takes a connection whoever accepts it later.
+        // (`refuse` counts the decline.) The registration stays filed, so that the connection,
+        // once accepted, is handed out with the reason its client was told.
+        let _ = key;
         reg.refuse(DeclineReason::HandshakeCongested);
-        shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
-        spawn_tcp_after(shared, key, tcp_rx, cfg, t);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Ok((tcp, peer)) = tcp_rx.await {
+                deliver_tcp(&shared, &cfg, tcp, peer, t);
+            }
+        });
         return;
     }
     match shared.admit(&cfg) {

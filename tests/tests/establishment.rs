@@ -666,9 +666,8 @@ async fn a_client_of_a_listener_that_is_not_accepting_goes_on_as_tcp_at_once() {
     for _ in 0..BACKLOG {
         assert!(bounded(10, l.accept()).await.unwrap().0.transport().is_smc());
     }
-    // (Its registration was answered and dropped, so the listener takes it as a plain client.)
     let (mut s, _) = bounded(10, l.accept()).await.unwrap();
-    assert!(!s.transport().is_smc(), "{}", s.transport());
+    assert_eq!(s.transport(), declined(DeclineReason::HandshakeCongested, Side::Local));
     late.write_all(b"ping").await.unwrap();
     let mut b = [0u8; 4];
     bounded(10, s.read_exact(&mut b)).await.unwrap();
