@@ -347,6 +347,8 @@ pub(crate) struct Door {
     conn_budget: usize,
     /// The port the listener listens on.
     listen_port: u16,
+    /// The address it listens on, unless it is the wildcard (then any of this host's).
+    listen_ip: Option<std::net::IpAddr>,
     /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
     /// registrations are answered "no" at once.
     blind: AtomicBool,
@@ -676,6 +678,7 @@ impl Door {
                         solo,
                         conn_budget,
                         listen_port: local.port(),
+                        listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
                         blind: AtomicBool::new(false),
                         #[cfg(test)]
                         stalled: AtomicBool::new(false),
@@ -1127,8 +1130,13 @@ impl Door {
         }
         let Some(t) = said else { return false };
         let (client, server) = (sys::unmap(t.local), sys::unmap(t.peer));
-        if server.port() != self.listen_port || st.missed_set.contains(&(client, server)) {
-            // (Or handed out as plain TCP already, before this registration was read.)
+        // Not to us (a connection to the same port of another of this host's addresses, where
+        // another listener may serve it, would pin a slot of ours for nothing), or handed out as
+        // plain TCP already, before this registration was read.
+        if server.port() != self.listen_port
+            || self.listen_ip.is_some_and(|ip| ip != server.ip())
+            || st.missed_set.contains(&(client, server))
+        {
             return false;
         }
         let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };
@@ -1975,6 +1983,50 @@ mod tests {
             "a look at the door read 1000 messages of one connection in one turn"
         );
         assert_eq!(st.conns.len(), 1, "the connection was ended");
+    }
+
+    /// A registrant cannot have a connection to another listener confirmed as one to ours: a
+    /// connection to the same port of another address of this host (here 127.0.0.2, where a
+    /// listener of its own waits) is refused, though the kernel's record of it matches the
+    /// registration's socket and uid.
+    #[tokio::test]
+    async fn a_connection_to_another_address_of_the_port_is_not_confirmed() {
+        use crate::proto::clc::{ClcMessage, Proposal, ShmOffer};
+        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        use std::os::fd::AsRawFd;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let door = listener.door_for_test().expect("a door");
+        let Ok(other) = std::net::TcpListener::bind(("127.0.0.2", port)) else {
+            eprintln!("SKIPPED: 127.0.0.2:{port} is taken");
+            return;
+        };
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        sock.connect(&other.local_addr().unwrap().into()).unwrap();
+        let _accepted = other.accept().unwrap();
+        let client = sock.local_addr().unwrap().as_socket().unwrap();
+        let proposal = ClcMessage::Proposal(Proposal {
+            secret: sys::random_secret().unwrap(),
+            rmb_size: 64 << 10,
+            shm: Some(ShmOffer { link_group: 0 }),
+            rdma: None,
+        })
+        .encode()
+        .unwrap();
+        let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
+        let frame = RegisterHead { instance: 1, cookie, port: client.port() }.encode_frame(7, &proposal);
+        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
+        // SAFETY: a valid buffer of its length, on our socket.
+        let n = unsafe { libc::send(door_conn.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(n as usize, frame.len());
+        let mut st = door.lock();
+        let _ = door.drain(&mut st);
+        let conn = st.conns.first().expect("the door connection").clone();
+        drop(st);
+        let key = EarlyKey { conn, id: 7 };
+        let said = |server: SocketAddr| Some(ConnectedTuple { local: client, peer: server });
+        assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
     }
 
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
