@@ -1946,14 +1946,12 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
 
-    /// A door connection's two ends: ours as the listener holds it, and the client's.
     /// A trusted client that sends without pause on its door connection does not keep the
     /// listener's turn: a read of the door takes a bounded number of its messages, says that
     /// more wait, and comes back after the listener's other work.
     #[tokio::test]
     async fn a_door_connection_sending_without_pause_gets_a_bounded_turn() {
         use crate::proto::door::{DoorFrame, DoorKind};
-        use std::os::fd::AsRawFd;
         // Its task has not run yet (nothing here yields before the look below): the look is the
         // first to take the connection in and read it.
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
@@ -1961,21 +1959,10 @@ mod tests {
         let client = sys::seqpacket_connect(door.name()).unwrap();
         // Room for all of them in the socket (SO_SNDBUFFORCE: the tests run as root).
         let room: libc::c_int = 8 << 20;
-        // SAFETY: a valid int option value of its size, on our socket.
-        unsafe {
-            libc::setsockopt(
-                client.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUFFORCE,
-                (&room as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+        sys::setsockopt(client.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &room).unwrap();
         for id in 1..=1000u64 {
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id }.encode(&[]);
-            // SAFETY: a valid buffer of its length, on our socket.
-            let n = unsafe { libc::send(client.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-            assert_eq!(n as usize, frame.len(), "{}", io::Error::last_os_error());
+            sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
         }
         let mut st = door.lock();
         assert!(
@@ -1993,7 +1980,6 @@ mod tests {
     async fn a_connection_to_another_address_of_the_port_is_not_confirmed() {
         use crate::proto::clc::{ClcMessage, Proposal, ShmOffer};
         use crate::proto::door::{ConnectedTuple, RegisterHead};
-        use std::os::fd::AsRawFd;
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let door = listener.door_for_test().expect("a door");
@@ -2017,9 +2003,7 @@ mod tests {
         let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
         let frame = RegisterHead { instance: 1, cookie, port: client.port() }.encode_frame(7, &proposal);
         let door_conn = sys::seqpacket_connect(door.name()).unwrap();
-        // SAFETY: a valid buffer of its length, on our socket.
-        let n = unsafe { libc::send(door_conn.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(n as usize, frame.len());
+        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
         let mut st = door.lock();
         let _ = door.drain(&mut st);
         let conn = st.conns.first().expect("the door connection").clone();
@@ -2029,6 +2013,7 @@ mod tests {
         assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
     }
 
+    /// A door connection's two ends: ours as the listener holds it, and the client's.
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
         let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
         let conn = ServerConn {

@@ -61,16 +61,24 @@ impl Established {
     /// connection is aborted and gives its slot in the link group back.
     pub(crate) fn reset(self) {
         match self {
-            Established::Tcp { tcp, .. } => {
-                let _ = socket2::SockRef::from(&tcp).set_linger(Some(std::time::Duration::ZERO));
-            }
+            Established::Tcp { tcp, .. } => reset_tcp(tcp),
             Established::Smc { tcp, conn, watcher, .. } => {
-                let _ = socket2::SockRef::from(&*tcp).set_linger(Some(std::time::Duration::ZERO));
+                set_zero_linger(&tcp);
                 drop(watcher);
                 conn.release(true);
             }
         }
     }
+}
+
+/// Closes `tcp` with a reset (see [`Established::reset`]).
+pub(crate) fn reset_tcp(tcp: TcpStream) {
+    set_zero_linger(&tcp);
+}
+
+/// A zero `SO_LINGER`: the socket's close is a reset.
+fn set_zero_linger(tcp: &TcpStream) {
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
 }
 
 pub(crate) trait Machine {

@@ -132,7 +132,7 @@ fn registered(
                     // The listener closed: the connection is reset with it, as the kernel
                     // resets those left in a closed listener's queue.
                     reg.refuse(DeclineReason::HandshakeCongested);
-                    Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
+                    crate::handshake::reset_tcp(tcp);
                     return;
                 };
                 if let Handoff::Now(s) = start_registered(&shared2, cfg, tcp, addrs, reg, slot) {
@@ -248,7 +248,7 @@ async fn serve(
                 // The listener closed: the connection goes with it, reset as the kernel resets
                 // those of a closed listener's queue.
                 None => {
-                    Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
+                    crate::handshake::reset_tcp(tcp);
                     return None;
                 }
                 Some(Err(e)) => {
@@ -270,7 +270,7 @@ async fn serve(
                     Some(slot) => slot,
                     // The listener closed: the connection is reset with it.
                     None => {
-                        Established::tcp(tcp, Transport::Tcp(FallbackReason::PeerNoSmc)).reset();
+                        crate::handshake::reset_tcp(tcp);
                         return None;
                     }
                 },
@@ -372,15 +372,9 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
         // backlog takes a connection whoever accepts it later.
         // (`refuse` counts the decline.) The registration stays filed, so that the connection,
         // once accepted, is handed out with the reason its client was told.
-        let _ = key;
         reg.refuse(DeclineReason::HandshakeCongested);
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            if let Ok((tcp, peer)) = tcp_rx.await {
-                deliver_tcp(&shared, &cfg, tcp, peer, t);
-            }
-        });
+        deliver_tcp_when_accepted(shared, tcp_rx, cfg, t);
         return;
     }
     match shared.admit(&cfg) {
@@ -426,6 +420,17 @@ fn spawn_tcp_after(
     if door.forget(&key) {
         return;
     }
+    deliver_tcp_when_accepted(shared, tcp_rx, cfg, t);
+}
+
+/// Hands the connection that comes on `tcp_rx` (once the listener accepts it) to the
+/// application as TCP, for reason `t`.
+fn deliver_tcp_when_accepted(
+    shared: &Arc<ListenerShared>,
+    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
+    cfg: Settings,
+    t: Transport,
+) {
     let shared = shared.clone();
     tokio::spawn(async move {
         if let Ok((tcp, peer)) = tcp_rx.await {

@@ -938,8 +938,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
     // The link test (SMC-R): each interval, a link with connections that carried nothing
     // since the last look is tested (`Link::test_if_idle`), so that a broken path is found
     // while the connections are idle, not at their next write.
-    let test_every = link.test_interval();
-    let mut test = test_every.map(|t| Box::pin(tokio::time::sleep(t)));
+    let mut test = link.test_interval().map(|every| (Box::pin(tokio::time::sleep(every)), every));
     // While readers poll, the driver looks again when their polling ends at the latest, so a
     // reader that went to sleep meanwhile is never left without an armed doorbell.
     let mut poll_end = Box::pin(tokio::time::sleep(Duration::ZERO));
@@ -1046,7 +1045,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
             if let Poll::Ready(r) = event {
                 return Poll::Ready(Some(r));
             }
-            if test.as_mut().is_some_and(|t| t.as_mut().poll(cx).is_ready()) {
+            if test.as_mut().is_some_and(|(t, _)| t.as_mut().poll(cx).is_ready()) {
                 // Handled below, as a wake-up with nothing received.
                 return Poll::Ready(Some(Ok(())));
             }
@@ -1059,9 +1058,9 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
         // Whatever woke it, that wait is over.
         wait.end();
         busy_until = None;
-        if let (Some(t), Some(every)) = (test.as_mut(), test_every) {
+        if let Some((t, every)) = test.as_mut() {
             if t.is_elapsed() {
-                t.as_mut().reset(tokio::time::Instant::now() + every);
+                t.as_mut().reset(tokio::time::Instant::now() + *every);
                 if group.in_use() {
                     if let Err(e) = link.test_if_idle() {
                         return group.end_on_link_error(e);

@@ -738,20 +738,17 @@ pub(crate) fn send_with_any_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[Borrow
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     // Room for the descriptors, aligned as cmsghdr requires.
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let room = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
-    let mut cbuf = vec![0u64; room.div_ceil(8)];
+    let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     if !fds.is_empty() {
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = space;
-        // SAFETY: msg_control points at `cbuf`, which holds at least `space` bytes (`room` is the
-        // same computation), so CMSG_FIRSTHDR is non-null and in bounds, and CMSG_DATA has room
-        // for `fds.len()` ints.
+        // SAFETY: msg_control points at `cbuf`, which holds at least `space` bytes, so
+        // CMSG_FIRSTHDR is non-null and in bounds, and CMSG_DATA has room for `fds.len()` ints.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
