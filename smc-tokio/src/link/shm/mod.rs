@@ -193,16 +193,25 @@ impl ShmLink {
         {
             return Err(LinkError::Protocol("peer sent our own doorbell back"));
         }
+        // Rings are bytes: the end we wait on refuses descriptors from now on, where the
+        // kernel can (a peer's pair need not refuse them; a peer holding a duplicate of this
+        // end can turn it back on, and the drain still takes out what gets through).
+        sys::refuse_descriptors(peer_bell.as_fd());
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
             return Err(LinkError::Protocol("peer region size out of range"));
         }
-        let peer_map = Mmap::map(peer_memfd.as_fd(), len as usize, false)?;
-        // SAFETY: the mapping is at least one page, page aligned and readable.
-        let header = unsafe { RegionView::read_header(peer_map.as_ptr()) };
-        let layout =
-            Layout::parse(header, peer_map.len() as u64).map_err(|_| LinkError::Protocol("peer region header"))?;
-        // SAFETY: `layout` was validated against the mapping's length; the mapping is kept
+        // The header first, from a page of its own; then only as much as the header's layout
+        // needs, which the file was just checked to hold. Mapping the whole file would let a
+        // peer with a small layout in a huge sparse file take our address space.
+        let header = {
+            let page = Mmap::map(peer_memfd.as_fd(), 4096, false)?;
+            // SAFETY: the mapping is one page, page aligned and readable.
+            unsafe { RegionView::read_header(page.as_ptr()) }
+        };
+        let layout = Layout::parse(header, len).map_err(|_| LinkError::Protocol("peer region header"))?;
+        let peer_map = Mmap::map(peer_memfd.as_fd(), layout.total_len, false)?;
+        // SAFETY: the mapping is `layout.total_len` bytes, within the sealed file; it is kept
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
@@ -872,6 +881,49 @@ mod tests {
             0,
         ));
         assert_eq!(e, LinkError::Protocol("peer region header"));
+
+        // A small layout in a huge sparse file: accepted, and only the layout is mapped, not
+        // the gigabyte of address space the file would take.
+        let huge = sys::memfd(c"hostile", 1 << 30).unwrap();
+        let map = Mmap::map(huge.as_fd(), 4096, true).unwrap();
+        // SAFETY: the first 64 bytes of the fresh mapping hold the header; the view writes only
+        // those (init_header) and is dropped before the mapping.
+        unsafe { RegionView::new(map.as_ptr(), small()) }.init_header();
+        drop(map);
+        sys::add_seals(huge.as_fd(), sys::REGION_SEALS).unwrap();
+        let link = ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            PeerFd::new(huge),
+            bell(&theirs),
+            side(),
+            Duration::ZERO,
+            0,
+        )
+        .unwrap();
+        assert_eq!(link._peer_map.len(), small().total_len);
+        drop(link);
+
+        // A doorbell pair the peer made without refusing descriptors: the end we wait on
+        // refuses them once the link has it, where the kernel can.
+        let (ring, waited) = sys::unix_pair(libc::SOCK_DGRAM).unwrap();
+        let link = ShmLink::new(
+            ShmLocal::create(small()).unwrap(),
+            dup(&theirs.memfd),
+            PeerFd::new(waited),
+            side(),
+            Duration::ZERO,
+            0,
+        )
+        .unwrap();
+        let (probe, _) = sys::unix_pair(libc::SOCK_DGRAM).unwrap();
+        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sent = sys::send_with_fds(ring.as_fd(), b"r", &[x.as_fd()]);
+        if sys::refuse_descriptors(probe.as_fd()) {
+            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        } else {
+            sent.unwrap();
+        }
+        drop(link);
 
         // The genuine article is accepted.
         assert!(ShmLink::new(
