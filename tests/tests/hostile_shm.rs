@@ -14,7 +14,7 @@ use std::time::Duration;
 use hostile::{Layout, Map, Region, REGION_SEALS};
 use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::cdc::CdcMsg;
-use smc_tokio::proto::clc::{Accept, ClcMessage, Decline, DeclineReason, LinkInfo, ShmLinkInfo};
+use smc_tokio::proto::clc::{Accept, ClcMessage, Decline, DeclineReason, LinkInfo, Proposal, ShmLinkInfo, ShmOffer};
 use smc_tokio::proto::cursor::Cursor;
 use smc_tokio::{FallbackReason, Side, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, Rng};
@@ -274,6 +274,63 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
     let t = report_for(&mut rx, me).await;
     assert_eq!(t, Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Peer }));
     by.check("after the fallback").await;
+}
+
+/// One client process that asks for a new link group with every connection (another instance
+/// each time, as a hostile client may) gets at most 64 groups with one listener at once: the next Proposal is
+/// declined and its connection goes on over TCP with its bytes; once one of the 64 goes away,
+/// a new group can be made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_process_gets_a_bounded_number_of_link_groups() {
+    const PER_CLIENT: u32 = 64;
+    let (addr, mut rx) = server(ShmConfig::default()).await;
+    let instance = Rng::new(u64::from(std::process::id()) ^ 0x6b0d).next_u64();
+    let mut held = Vec::new();
+    for i in 0..PER_CLIENT {
+        held.push(bounded(10, hostile::propose(addr, i, instance, 0, RMB)).await);
+    }
+    let groups: std::collections::HashSet<u64> = held.iter().map(|h| h.accept.link_group).collect();
+    assert_eq!(groups.len(), PER_CLIENT as usize, "a new group for each instance, up to the bound");
+
+    let over = |n: u32| async move {
+        let secret = hostile::random_secret();
+        let p =
+            ClcMessage::Proposal(Proposal { secret, rmb_size: RMB, shm: Some(ShmOffer { link_group: 0 }), rdma: None });
+        hostile::register_and_connect(addr, instance ^ (u64::from(n) << 32), &p.encode().unwrap()).await
+    };
+    let (mut tcp, door) = bounded(10, over(PER_CLIENT)).await.unwrap();
+    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
+    assert!(
+        matches!(answer, Some(ClcMessage::Decline(Decline { reason: DeclineReason::OutOfMemory, .. }))),
+        "one group more than the bound is declined: {answer:?}"
+    );
+    let me = tcp.local_addr().unwrap();
+    assert_eq!(
+        report_for(&mut rx, me).await,
+        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local })
+    );
+    tcp.write_all(b"over tcp past the group bound").await.unwrap();
+    let mut back = [0u8; 29];
+    bounded(10, tcp.read_exact(&mut back)).await.unwrap();
+    assert_eq!(&back, b"over tcp past the group bound");
+
+    // One of the 64 handshakes gives up: its pending group goes, and there is room again.
+    drop(held.remove(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    for n in PER_CLIENT + 1.. {
+        let (_tcp, door) = bounded(10, over(n)).await.unwrap();
+        match bounded(10, hostile::door_recv_clc(&door)).await.unwrap() {
+            Some(ClcMessage::Accept(Accept { link: LinkInfo::Shm(info), .. })) => {
+                assert!(!groups.contains(&info.link_group), "a new group");
+                break;
+            }
+            Some(ClcMessage::Decline(Decline { reason: DeclineReason::OutOfMemory, .. })) => {
+                assert!(std::time::Instant::now() < deadline, "no room came back after a group went away");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
 }
 
 /// A well-formed, sealed region: the server maps it and serves the connection. Its sender cannot

@@ -44,7 +44,6 @@ pub(crate) fn clock_ns() -> u64 {
 /// last connection's close, posted as it was forgotten, has reached the peer by then on any
 /// fabric we run (the soft-RoCE guests' round trip is about 2 ms), so the peer sees an orderly
 /// close and not a link that went away under it.
-#[cfg(feature = "rdma")]
 const IDLE_BEFORE_ENDED: Duration = Duration::from_secs(1);
 
 /// Which side created the group.
@@ -765,7 +764,6 @@ impl LinkGroup {
     /// handshake pins it, as its idle timeout would later; returns whether it did. Looked at
     /// and ended in one hold of the group's lock: a connection opened meanwhile finds it gone
     /// (its handshake declines and it stays TCP).
-    #[cfg(feature = "rdma")]
     pub(crate) fn end_if_idle(&self) -> bool {
         let pins = &self.pins;
         self.end(

@@ -43,6 +43,18 @@ use crate::sys;
 /// against 603-632 k before (docs/benchmarks.md).
 const TX_RESTART_AT: u32 = 4096;
 
+/// Server groups one client process (pid, uid) holds with one listener at once, confirmed or
+/// pending, and all clients of all listeners together: the same bounds as a server's RDMA groups per client host and in all at
+/// their default budget (`smc::rdma`), so that a client of a trusted uid cannot make us hold a
+/// region, a doorbell and a driver per connection (a Proposal whose `instance` or ring size
+/// differs each time gets a new group). A client of ours makes one group per ring size, and
+/// one more per 1024 connections open at once (`DEFAULT_RMBS_PER_GROUP`): 10 000 concurrent
+/// connections from one process need 10. At a bound an idle group is ended to make room, and
+/// when none is idle the Proposal is declined (the connection stays TCP).
+const GROUPS_PER_CLIENT: usize = 64;
+/// See [`GROUPS_PER_CLIENT`].
+const SERVER_GROUPS: usize = 256;
+
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
 /// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
 /// runtime shuts down); the link groups it set up keep running.
@@ -176,6 +188,22 @@ struct ServerGroup {
 #[derive(Default)]
 struct ServerSide {
     groups: HashMap<u64, ServerGroup>,
+}
+
+impl ServerSide {
+    /// `None` when `client` may have another group with the listener whose side channel is
+    /// `acceptor` ([`GROUPS_PER_CLIENT`],
+    /// [`SERVER_GROUPS`]); else the live groups one of which must end to make room: the
+    /// client's own when it is at its bound, anyone's otherwise.
+    fn no_room_for(&self, client: &ClientIdentity, acceptor: &[u8]) -> Option<Vec<Arc<LinkGroup>>> {
+        let live = || self.groups.values().filter(|g| g.group.is_alive());
+        let of_client = |g: &&ServerGroup| g.pid == client.pid && g.uid == client.uid && g.acceptor == acceptor;
+        let full = live().filter(of_client).count() >= GROUPS_PER_CLIENT;
+        if !full && live().count() < SERVER_GROUPS {
+            return None;
+        }
+        Some(live().filter(|g| !full || of_client(g)).map(|g| g.group.clone()).collect())
+    }
 }
 
 #[derive(Default)]
@@ -355,7 +383,8 @@ impl Manager {
             tracing::debug!(error = %e, "cannot listen for shm side channels");
             DeclineReason::Internal
         })?;
-        let (group, fresh) = {
+        let mut rounds = 0;
+        let (group, fresh) = loop {
             let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
             let same_client = |g: &&ServerGroup| {
                 g.acceptor == name
@@ -378,50 +407,55 @@ impl Manager {
                 .filter(same_client)
                 .filter(|g| g.group.has_room())
                 .or_else(|| s.groups.values().filter(same_client).find(open_to_more));
-            match reuse {
-                Some(g) => (g.group.clone(), false),
-                None => {
-                    let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max())
-                        .ok_or(DeclineReason::Internal)?;
-                    let local = ShmLocal::create(layout)
-                        .map_err(|e| {
-                            tracing::debug!(error = %e, "cannot create shm region");
-                            DeclineReason::OutOfMemory
-                        })?
-                        .counting(self.counters.clone());
-                    let mut id = sys::random_u64();
-                    while s.groups.contains_key(&id) {
-                        id = sys::random_u64();
-                    }
-                    let group = LinkGroup::new(
-                        id,
-                        Role::Server,
-                        layout.rmb_count,
-                        cfg.rmb_size,
-                        cfg.get_rmb_max(),
-                        GroupTimes {
-                            idle_timeout: cfg.idle_timeout.max(handshake_timeout),
-                            poll_window: cfg.adaptive_poll,
-                        },
-                        self.clone(),
-                    );
-                    s.groups.insert(
-                        id,
-                        ServerGroup {
-                            group: group.clone(),
-                            acceptor: name.clone(),
-                            pid: client.pid,
-                            uid: client.uid,
-                            instance: client.instance,
-                            peer_rmb_size: p.rmb_size,
-                            local: Some(local),
-                            busy_poll: cfg.busy_poll,
-                            allowed_uids: cfg.allowed_uids.clone(),
-                        },
-                    );
-                    (group, true)
-                }
+            if let Some(g) = reuse {
+                break (g.group.clone(), false);
             }
+            if let Some(candidates) = s.no_room_for(client, &name) {
+                // Outside the registry's lock: an ended group's manager forgets it, under it.
+                drop(s);
+                rounds += 1;
+                if rounds < 4 && candidates.iter().any(|g| g.end_if_idle()) {
+                    continue;
+                }
+                tracing::debug!(pid = client.pid, uid = client.uid, "no room for another shm link group: declining");
+                return Err(DeclineReason::OutOfMemory);
+            }
+            let layout =
+                Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max()).ok_or(DeclineReason::Internal)?;
+            let local = ShmLocal::create(layout)
+                .map_err(|e| {
+                    tracing::debug!(error = %e, "cannot create shm region");
+                    DeclineReason::OutOfMemory
+                })?
+                .counting(self.counters.clone());
+            let mut id = sys::random_u64();
+            while s.groups.contains_key(&id) {
+                id = sys::random_u64();
+            }
+            let group = LinkGroup::new(
+                id,
+                Role::Server,
+                layout.rmb_count,
+                cfg.rmb_size,
+                cfg.get_rmb_max(),
+                GroupTimes { idle_timeout: cfg.idle_timeout.max(handshake_timeout), poll_window: cfg.adaptive_poll },
+                self.clone(),
+            );
+            s.groups.insert(
+                id,
+                ServerGroup {
+                    group: group.clone(),
+                    acceptor: name.clone(),
+                    pid: client.pid,
+                    uid: client.uid,
+                    instance: client.instance,
+                    peer_rmb_size: p.rmb_size,
+                    local: Some(local),
+                    busy_poll: cfg.busy_poll,
+                    allowed_uids: cfg.allowed_uids.clone(),
+                },
+            );
+            break (group, true);
         };
         if fresh {
             // A pending group nobody joins is removed when its handshakes time out, or when the

@@ -400,6 +400,7 @@ impl Mmap {
         self.ptr.as_ptr()
     }
 
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
