@@ -403,7 +403,8 @@ async fn run<W: Wire>(
     let outcome = loop {
         match chan.advance(&mut hs).await {
             Ok(Step::Event(ClientEvent::Accepted(accept))) => {
-                accepted(ctx, &mut hs, &accept, &mut pending, addr, &prep, cfg).await;
+                let server = chan.peer_process();
+                accepted(ctx, &mut hs, &accept, &mut pending, (addr, server), &prep, cfg).await;
             }
             Ok(Step::Done(o)) => break Ok(o),
             Err(e) => break Err(e),
@@ -440,7 +441,7 @@ async fn accepted(
     hs: &mut ClientHandshake,
     accept: &crate::proto::clc::Accept,
     pending: &mut PendingConn,
-    addr: SocketAddr,
+    (addr, server): (SocketAddr, Option<crate::sys::PeerCred>),
     prep: &Prepared,
     cfg: &Settings,
 ) {
@@ -448,8 +449,13 @@ async fn accepted(
     let (secret, rmb_size, offered) = (prep.proposal.secret, prep.rmb_size, &prep.offered);
     match &accept.link {
         LinkInfo::Shm(info) if prep.shm_rmb.is_some() => {
+            // Shared memory is offered only at a door, whose owner is known once it answered.
+            let Some(owner) = server else {
+                hs.decline(DeclineReason::SyncError, Instant::now());
+                return;
+            };
             let left = hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
-            match manager.client_conn_create(addr, secret, info, rmb_size, &cfg.shm, left).await {
+            match manager.client_conn_create((addr, owner), secret, info, rmb_size, &cfg.shm, left).await {
                 Ok((conn, confirm)) => {
                     pending.set(conn);
                     faults::stall(addr, Point::ClientBeforeConfirm).await;

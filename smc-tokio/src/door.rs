@@ -1312,6 +1312,9 @@ fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Pool>> {
 /// One door connection of a client.
 struct ClientConn {
     fd: AsyncFd<PeerFd>,
+    /// Who owns the door, as the kernel said when we connected: the listener's process, whose
+    /// side channel alone may get our region.
+    owner: sys::PeerCred,
     next_id: AtomicU64,
     inboxes: Mutex<HashMap<u64, Arc<Inbox>>>,
     /// Its reader stopped (the door closed, the runtime ended, or it idled out): it takes no
@@ -1507,15 +1510,15 @@ impl ClientDoors {
         };
         // Connected: whoever owns the door may have queued descriptors for us already, so from
         // here on the connection is a PeerFd, closed off this thread.
-        match sys::peer_cred(fd.as_fd()) {
-            Ok(cred) if cred.trusted(allowed_uids) => {}
+        let owner = match sys::peer_cred(fd.as_fd()) {
+            Ok(cred) if cred.trusted(allowed_uids) => cred,
             Ok(cred) => {
                 tracing::debug!(uid = cred.uid, gid = cred.gid, "door owned by an untrusted peer: not registering");
                 counters.door_refused();
                 return Found::Untrusted;
             }
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
-        }
+        };
         // Room for a window of registrations and their Confirms while the listener is busy.
         let _ = widen_send_buffer(fd.as_fd());
         let fd = match watch(fd) {
@@ -1525,6 +1528,7 @@ impl ClientDoors {
         counters.door_connection();
         let conn = Arc::new(ClientConn {
             fd,
+            owner,
             next_id: AtomicU64::new(1),
             inboxes: Mutex::default(),
             dead: AtomicBool::new(false),
@@ -1902,6 +1906,10 @@ impl ClientWire {
 }
 
 impl Wire for ClientWire {
+    fn peer_process(&self) -> Option<sys::PeerCred> {
+        Some(self.chosen.and_then(|i| self.doors[i].as_ref())?.conn.owner)
+    }
+
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         // The client speaks only after a door answered.
         let r = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;

@@ -246,6 +246,11 @@ pub(crate) trait Wire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()>;
     /// The peer's next CLC message; `None` when the peer closed (or cancelled).
     async fn recv(&mut self) -> io::Result<Option<Vec<u8>>>;
+    /// The process at the other end, where the wire knows it (a door connection's owner,
+    /// once that door answered).
+    fn peer_process(&self) -> Option<crate::sys::PeerCred> {
+        None
+    }
 }
 
 /// As [`advance`], over a message [`Wire`]: each message received is fed to the machine whole.
@@ -302,6 +307,14 @@ impl<W: Wire> Channel<'_, W> {
         match self {
             Channel::Tcp(t) => advance(t, m).await,
             Channel::Wire(w) => advance_wire(*w, m).await,
+        }
+    }
+
+    /// The process at the other end, where the channel knows it ([`Wire::peer_process`]).
+    pub(crate) fn peer_process(&self) -> Option<crate::sys::PeerCred> {
+        match self {
+            Channel::Tcp(_) => None,
+            Channel::Wire(w) => w.peer_process(),
         }
     }
 

@@ -71,7 +71,17 @@ async fn two_thousand_connections_with_sixteen_pending_handshakes() {
     assert_eq!(server_smc, smc as u64, "both sides agree on which ones used shared memory");
     assert!(smc > 0, "some connections used shared memory");
     assert!(smc < N, "the bound of 16 pending handshakes turned some into tcp");
-    assert_eq!(server_total - server_smc, congested + door_busy, "every tcp one was congested, at a slot or the door");
+    // A registration whose port turned out taken at connect (a 4-tuple of an earlier run still
+    // in TIME_WAIT) is cancelled and made again with another port; the listener may have
+    // declined the first one as congested already, so declines may exceed the tcp connections
+    // by as many as were made again.
+    let registered = st.door[0] - stats_before.door[0];
+    let made_again = registered - (N as u64 - door_busy);
+    let tcp = server_total - server_smc;
+    assert!(
+        tcp <= congested + door_busy && congested + door_busy <= tcp + made_again,
+        "every tcp one was congested, at a slot or the door: {tcp} tcp, {congested} + {door_busy} congested, {made_again} registered again"
+    );
     assert_eq!(door_busy, plain_at_server, "a client that did not register is a plain client to the server");
     // Every descriptor comes back once the connections are closed and the idle link groups
     // are torn down.

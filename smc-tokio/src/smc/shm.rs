@@ -264,7 +264,7 @@ impl Manager {
     /// registers the connection. Returns what goes into the Confirm.
     pub(crate) async fn client_conn_create(
         self: &Arc<Self>,
-        server: SocketAddr,
+        server: (SocketAddr, sys::PeerCred),
         secret: Secret,
         accept: &ShmLinkInfo,
         our_rmb_size: u32,
@@ -291,7 +291,7 @@ impl Manager {
 
     async fn client_group(
         self: &Arc<Self>,
-        server: SocketAddr,
+        (server, owner): (SocketAddr, sys::PeerCred),
         secret: Secret,
         accept: &ShmLinkInfo,
         our_rmb_size: u32,
@@ -317,7 +317,7 @@ impl Manager {
                 let local =
                     ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?.counting(self.counters.clone());
                 let join = Join { link_group: accept.link_group, secret };
-                let link = match shm::join(&accept.socket_name, join, local, cfg.busy_poll, timeout).await {
+                let link = match shm::join(&accept.socket_name, owner, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
                     Err(e @ JoinError::Starved(_)) => {
                         tracing::debug!(error = %e, "shm join");

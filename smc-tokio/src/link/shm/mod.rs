@@ -569,6 +569,9 @@ pub(crate) enum JoinError {
     Timeout,
     /// This process had no descriptor (or memory) for the exchange or the link.
     Starved(io::Error),
+    /// The side channel is owned by another process than the listener that sent the Accept
+    /// (`SO_PEERCRED` of each): our region is not handed to it.
+    Impostor { door: sys::PeerCred, side: sys::PeerCred },
 }
 
 impl std::fmt::Display for JoinError {
@@ -578,6 +581,11 @@ impl std::fmt::Display for JoinError {
             JoinError::Refused(w) => write!(f, "link group join refused: {w}"),
             JoinError::Timeout => f.write_str("link group join timed out"),
             JoinError::Starved(e) => write!(f, "no resources to join a link group: {e}"),
+            JoinError::Impostor { door, side } => write!(
+                f,
+                "side channel owned by pid {} uid {}, not by the listener's process (pid {} uid {})",
+                side.pid, side.uid, door.pid, door.uid
+            ),
         }
     }
 }
@@ -632,9 +640,11 @@ pub(crate) fn lend_trust(peer: Option<&sys::PeerCred>, seen_as: u32, euid: u32) 
 }
 
 /// Client side: joins the server's pending link group `link_group` over the side channel
-/// `name`, proving `secret`, and completes the link.
+/// `name`, proving `secret`, and completes the link. The side channel must be owned by the
+/// process `owner` (the listener whose door sent the Accept).
 pub(crate) async fn join(
     name: &[u8],
+    owner: sys::PeerCred,
     join: Join,
     local: ShmLocal,
     busy_poll: Duration,
@@ -654,6 +664,12 @@ pub(crate) async fn join(
             JoinError::Unreachable(e)
         }
     })?);
+    // Only the process whose door answered gets our region: a name in the abstract namespace
+    // is anyone's to bind once its owner lets it go.
+    let side = sys::peer_cred(fd.as_fd()).map_err(broke)?;
+    if (side.pid, side.uid) != (owner.pid, owner.uid) {
+        return Err(JoinError::Impostor { door: owner, side });
+    }
     // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
@@ -962,6 +978,7 @@ mod tests {
         });
         let client = join(
             &name,
+            sys::peer_cred(sys::unix_pair(libc::SOCK_SEQPACKET).unwrap().0.as_fd()).unwrap(),
             Join { link_group: 7, secret },
             ShmLocal::create(layout).unwrap(),
             Duration::ZERO,
@@ -972,6 +989,77 @@ mod tests {
         let (id, server) = server.await.unwrap();
         assert_eq!(id, 7);
         (client, server)
+    }
+
+    /// A side channel whose owner is not the process whose door answered (a name squatted
+    /// after its listener let it go): the client hands it nothing, not even the JOIN.
+    #[tokio::test]
+    async fn a_side_channel_owned_by_another_process_gets_nothing() {
+        let name = format!("smc-tokio-test-{}-impostor", std::process::id()).into_bytes();
+        let listener = sys::seqpacket_listen(&name, true).unwrap();
+        let (a, _b) = sys::unix_pair(libc::SOCK_SEQPACKET).unwrap();
+        let us = sys::peer_cred(a.as_fd()).unwrap();
+        let door = sys::PeerCred { pid: us.pid + 1, ..us };
+        let local = ShmLocal::create(small()).unwrap();
+        let join = join(
+            &name,
+            door,
+            Join { link_group: 7, secret: Secret([3; 16]) },
+            local,
+            Duration::ZERO,
+            Duration::from_secs(5),
+        );
+        match join.await {
+            Err(JoinError::Impostor { door: d, side }) => assert_eq!((d, side), (door, us)),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("joined a side channel of another process"),
+        }
+        // The connection was made and closed with nothing sent on it.
+        // (Its descriptor is closed off this thread, by a closer: the end comes soon after.)
+        let conn = sys::seqpacket_accept(listener.as_fd()).unwrap();
+        let mut buf = [0u8; 256];
+        let (n, fds) = recv_soon(&conn, &mut buf).await;
+        assert_eq!((n, fds.len()), (0, 0), "an end, no JOIN and no descriptors");
+        // The same listener, asked for by its real owner, is joined as far as the JOIN.
+        let local = ShmLocal::create(small()).unwrap();
+        let join = join_owned(&name, us, local);
+        let conn = loop {
+            if let Ok(c) = sys::seqpacket_accept(listener.as_fd()) {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let (n, fds) = recv_soon(&conn, &mut buf).await;
+        assert_eq!((n, fds.len()), (SIDE_MSG_LEN, 2), "the JOIN, with the region and the doorbell");
+        join.abort();
+    }
+
+    /// The next message on `conn` (or its end), waited for up to 5 s.
+    async fn recv_soon(conn: &PeerFd, buf: &mut [u8]) -> (usize, Vec<PeerFd>) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match sys::recv_with_fds(conn.as_fd(), buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                r => return r.unwrap(),
+            }
+        }
+    }
+
+    fn join_owned(name: &[u8], owner: sys::PeerCred, local: ShmLocal) -> tokio::task::JoinHandle<()> {
+        let name = name.to_vec();
+        tokio::spawn(async move {
+            let _ = join(
+                &name,
+                owner,
+                Join { link_group: 7, secret: Secret([3; 16]) },
+                local,
+                Duration::ZERO,
+                Duration::from_secs(5),
+            )
+            .await;
+        })
     }
 
     #[tokio::test]
