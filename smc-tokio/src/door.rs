@@ -81,6 +81,12 @@ const ENTRY_TTL: Duration = Duration::from_secs(30);
 /// in about 4 MiB.
 const MAX_REGISTRATIONS: usize = 16_384;
 
+/// Registrations one door connection may have filed at once: four of a client's windows
+/// ([`WINDOW`], which our clients never exceed but for Cancels that found no room, whose
+/// registrations wait out [`ENTRY_TTL`]). One trusted connection could otherwise file all of
+/// [`MAX_REGISTRATIONS`] and have every other client's answered "congested".
+const CONN_REGISTRATIONS: usize = 4 * WINDOW;
+
 /// Door connections a door holds at once (each is one descriptor; one per client process,
 /// runtime and context), at most; also at most a quarter of the process's descriptor limit
 /// ([`conn_budget`]): a flood of door connections costs the server some of its descriptors,
@@ -936,7 +942,11 @@ impl Door {
                     conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
                     return true;
                 }
-                if st.count >= MAX_REGISTRATIONS || conn.pending().contains_key(&id) || conn.live().contains_key(&id) {
+                let filed = conn.pending();
+                let full = st.count >= MAX_REGISTRATIONS || filed.len() >= CONN_REGISTRATIONS;
+                let known = filed.contains_key(&id);
+                drop(filed);
+                if full || known || conn.live().contains_key(&id) {
                     conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
                     return true;
                 }
@@ -1978,6 +1988,45 @@ mod tests {
             "a look at the door read 1000 messages of one connection in one turn"
         );
         assert_eq!(st.conns.len(), 1, "the connection was ended");
+    }
+
+    /// One door connection files at most [`CONN_REGISTRATIONS`] registrations at once; the
+    /// rest are answered "congested" at once, and the door keeps room for other clients.
+    #[tokio::test]
+    async fn one_door_connection_files_a_bounded_number_of_registrations() {
+        use crate::proto::clc::{ClcMessage, Proposal};
+        use crate::proto::door::RegisterHead;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = sys::seqpacket_connect(door.name()).unwrap();
+        let room: libc::c_int = 8 << 20;
+        sys::setsockopt(client.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &room).unwrap();
+        // Proposals without shared memory: filed, and not answered before their connection
+        // comes (none will).
+        let proposal = ClcMessage::Proposal(Proposal {
+            secret: sys::random_secret().unwrap(),
+            rmb_size: 64 << 10,
+            shm: None,
+            rdma: None,
+        })
+        .encode()
+        .unwrap();
+        let sent = CONN_REGISTRATIONS as u64 + 40;
+        for id in 1..=sent {
+            let frame = RegisterHead { instance: 1, cookie: id, port: 10_000 + id as u16 }.encode_frame(id, &proposal);
+            sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
+        }
+        let mut st = door.lock();
+        while matches!(door.drain(&mut st), Ok(true)) {}
+        assert_eq!(st.count, CONN_REGISTRATIONS, "filed up to the bound");
+        assert_eq!(st.conns.len(), 1, "the connection stays");
+        drop(st);
+        let mut refused = Vec::new();
+        while let Ok(Some((frame, _))) = recv_frame(client.as_fd()) {
+            assert_eq!((frame.kind, frame.reason), (DoorKind::Unmatched, DeclineReason::HandshakeCongested as u8));
+            refused.push(frame.id);
+        }
+        assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
     }
 
     /// A registrant cannot have a connection to another listener confirmed as one to ours: a
