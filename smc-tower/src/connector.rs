@@ -148,6 +148,11 @@ impl SetPolicy for SmcConnector {
     fn set_policy(&mut self, policy: Policy) {
         self.builder = self.builder.clone().policy(policy);
     }
+
+    /// Its builder's policy, else the process's settings' as they are now.
+    fn current_policy(&self) -> Option<Policy> {
+        Some(self.builder.settings().policy)
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send>>;

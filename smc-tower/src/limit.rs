@@ -14,6 +14,7 @@ use crate::policy::SetPolicy;
 /// a connect that finds every slot taken is made with [`Policy::TcpOnly`] (no proposal, no
 /// wait), unless the layer was built with [`wait`](HandshakeLimitLayer::wait), in which case it
 /// waits for a slot, as `tower::limit::ConcurrencyLimit` does, on the same kind of semaphore.
+/// A stack whose policy is [`Policy::Never`] (no TCP, ever) always waits.
 ///
 /// On a server, the listener's own bound does this job: `SmcListener::builder()
 /// .max_pending_handshakes(n).limit_handshake(true)`.
@@ -143,11 +144,15 @@ impl<S: SetPolicy> SetPolicy for HandshakeLimit<S> {
     fn set_policy(&mut self, policy: Policy) {
         self.inner.set_policy(policy);
     }
+
+    fn current_policy(&self) -> Option<Policy> {
+        self.inner.current_policy()
+    }
 }
 
 impl<S, T> Service<T> for HandshakeLimit<S>
 where
-    S: Service<T> + Clone + Send + 'static,
+    S: Service<T> + SetPolicy + Clone + Send + 'static,
     S::Future: Send + 'static,
     T: Send + 'static,
 {
@@ -169,7 +174,8 @@ where
                     r
                 })
             }
-            Err(_) if self.wait => {
+            // Under `Never` the overflow may not go to TCP either: it waits.
+            Err(_) if self.wait || self.inner.current_policy() == Some(Policy::Never) => {
                 let slots = self.slots.clone();
                 let mut inner = self.inner.clone();
                 Box::pin(async move {

@@ -9,6 +9,12 @@ use tower_service::Service;
 pub trait SetPolicy {
     /// Sets the policy for the connections this connector opens from now on.
     fn set_policy(&mut self, policy: Policy);
+
+    /// The policy the connections it opens now get, where it knows it: layers ask, for
+    /// instance, whether TCP is allowed at all ([`Policy::Never`]).
+    fn current_policy(&self) -> Option<Policy> {
+        None
+    }
 }
 
 /// Applies a fallback [`Policy`] to every connection of the connector stack below it:
@@ -70,6 +76,10 @@ pub struct FallbackPolicy<S> {
 impl<S: SetPolicy> SetPolicy for FallbackPolicy<S> {
     fn set_policy(&mut self, policy: Policy) {
         self.inner.set_policy(policy);
+    }
+
+    fn current_policy(&self) -> Option<Policy> {
+        self.inner.current_policy()
     }
 }
 

@@ -12,6 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{DeclineReason, FallbackReason, Policy, Side, SmcListener, Transport};
 use smc_tower::{FallbackPolicyLayer, HandshakeLimitLayer, SmcConnectInfo, SmcConnector};
+use tower::ServiceExt;
 use tower_layer::Layer;
 
 async fn hyper_server(shm: bool) -> std::net::SocketAddr {
@@ -114,6 +115,28 @@ async fn handshake_limit_layer_sends_the_overflow_to_tcp() {
         }
     }
     assert!(smc >= 1);
+}
+
+/// Under `Policy::Never` TCP is never an answer, not even for the limit's overflow: the
+/// connects beyond the slot wait for it, and every one is SMC.
+#[tokio::test]
+async fn handshake_limit_layer_under_policy_never_waits_instead_of_tcp() {
+    let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(listener.accept().await.unwrap().0);
+        }
+        held
+    });
+    let limited = HandshakeLimitLayer::new(1).layer(SmcConnector::new().policy(Policy::Never));
+    let tasks: Vec<_> = (0..8).map(|_| tokio::spawn(limited.clone().oneshot(addr))).collect();
+    for t in tasks {
+        let s = t.await.unwrap().unwrap();
+        assert!(s.transport().is_smc(), "{:?}", s.transport());
+    }
+    assert_eq!(server.await.unwrap().len(), 8);
 }
 
 #[cfg(feature = "axum")]
