@@ -200,15 +200,27 @@ impl Service<Uri> for SmcConnector {
         let (b, nodelay) = (self.builder.clone(), self.nodelay);
         Box::pin(async move {
             let (host, port) = authority(&uri)?;
-            // An address needs no lookup (nor the host's copy a lookup takes along).
-            let stream = match host.parse::<std::net::IpAddr>() {
-                Ok(ip) => b.connect(SocketAddr::new(ip, port)).await?,
-                Err(_) => b.connect((host, port)).await?,
+            // An address needs no lookup (nor the host's copy a lookup takes along). Each
+            // address is tried in turn, as `connect` would, so that the one that answered is
+            // known without asking the socket (whose `peer_addr` fails once the peer reset it).
+            let addrs: Vec<SocketAddr> = match host.parse::<std::net::IpAddr>() {
+                Ok(ip) => vec![SocketAddr::new(ip, port)],
+                Err(_) => tokio::net::lookup_host((host, port)).await?.collect(),
             };
-            if nodelay {
-                stream.set_nodelay(true)?;
+            let mut last = None;
+            for peer in addrs {
+                match b.connect(peer).await {
+                    Ok(stream) => {
+                        if nodelay {
+                            stream.set_nodelay(true)?;
+                        }
+                        let info = SmcConnectInfo { peer, transport: stream.transport() };
+                        return Ok(SmcConnection { io: TokioIo::new(stream), info });
+                    }
+                    Err(e) => last = Some(e),
+                }
             }
-            SmcConnection::new(stream)
+            Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "could not resolve to any address")))
         })
     }
 }
