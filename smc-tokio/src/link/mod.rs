@@ -176,6 +176,10 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// that goes through does not end the watch, since other connections may have been refused
     /// before it and still wait for the peer's word that space was freed.
     fn clear_space_wait(&self);
+    /// Whether it watches for CDC space ([`clear_space_wait`](Link::clear_space_wait) ends
+    /// the watch). A sender refused for space that got through on its own retry (the peer
+    /// freed space as it asked) leaves the watch on with nobody waiting; the group ends it.
+    fn watches_space(&self) -> bool;
     /// Whether CDC frames are waiting to be received (a cheap look at the peer's ring).
     fn has_pending(&self) -> bool;
     /// `true` only when a receive now would find nothing to do (no CDC frame, and nothing else

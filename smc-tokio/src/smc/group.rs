@@ -611,6 +611,17 @@ impl LinkGroup {
         // link to watch for space after its push, and the watch ends in another `progress`
         // (as a push just after the lock was taken here always was).
         if !self.cdc_waiting.load(Ordering::Acquire) {
+            // Nobody registered: a watch for space left on by a sender that was refused and
+            // then got through on its own retry (space appeared as it asked) ends here. Left
+            // on, the link reports work whenever its ring has room and the driver never
+            // sleeps. Under the lock, with the list empty, as below: a sender refused just now
+            // registers and then tries again, so its own refusal turns the watch back on.
+            if let Some(l) = self.link.get().filter(|l| l.watches_space()) {
+                let w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
+                if w.is_empty() && !self.cdc_waiting.load(Ordering::Acquire) {
+                    l.clear_space_wait();
+                }
+            }
             return;
         }
         let waiters = {
@@ -1077,5 +1088,58 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
                 Err(wait) => idle.as_mut().reset(tokio::time::Instant::now() + wait),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{GroupTimes, LinkGroup, Role};
+    use crate::link::shm::region::Layout;
+    use crate::link::shm::tests::joined;
+    use crate::link::Link;
+    use crate::proto::cdc::CdcMsg;
+    use crate::smc::manager::Manager;
+
+    /// A send refused for want of CDC space that then got through on the link's own retry
+    /// (the peer freed a slot as it asked) registers no waiter, and leaves the link watching
+    /// for space. With nobody waiting, the group's driver ends the watch: left on, the link
+    /// reported work whenever its ring had room, and the driver turned without ever letting
+    /// its thread go (a current-thread runtime froze).
+    #[test]
+    fn a_watch_for_space_nobody_waits_on_is_ended_and_the_driver_sleeps() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let watching = rt.block_on(async {
+                let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "space-watch").await;
+                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+                let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+                let group = LinkGroup::new(7, Role::Client, 4, 4096, 4096, times, manager);
+                group.establish(Arc::new(client)).unwrap();
+                let link = group.link().unwrap();
+                // Fill the ring, as senders that do not register (their retry went through).
+                let mut m = CdcMsg::new(1, 2);
+                while link.cdc_send(&m).unwrap() {
+                    m.seq += 1;
+                }
+                let mut frames = Vec::new();
+                assert_eq!(server.cdc_recv(&mut frames, 1).unwrap(), Some(1));
+                assert!(link.cdc_send(&m).unwrap(), "the freed slot takes the send");
+                // Room again, and nobody waits for it.
+                assert_eq!(server.cdc_recv(&mut frames, 2).unwrap(), Some(2));
+                assert!(link.watches_space());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let watching = link.watches_space();
+                drop(server);
+                watching
+            });
+            let _ = tx.send(watching);
+        });
+        let watching =
+            rx.recv_timeout(Duration::from_secs(20)).expect("the runtime froze: its link group's driver never slept");
+        assert!(!watching, "the watch for space stayed on with nobody waiting");
     }
 }

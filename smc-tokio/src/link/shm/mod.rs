@@ -516,6 +516,10 @@ impl Link for ShmLink {
         }
     }
 
+    fn watches_space(&self) -> bool {
+        self.waiting_space.load(Ordering::Relaxed)
+    }
+
     fn has_pending(&self) -> bool {
         !self.nothing_waiting()
     }
@@ -749,7 +753,7 @@ pub(crate) async fn answer_join(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::proto::clc::Secret;
 
@@ -955,7 +959,7 @@ mod tests {
 
     /// Two ends of a link joined over a real side channel named after `tag`: (client,
     /// server). The server checks the join's secret and the client's pid as it answers.
-    async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
+    pub(crate) async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
         let name = format!("smc-tokio-test-{}-{tag}", std::process::id()).into_bytes();
         let listener = sys::seqpacket_listen(&name, true).unwrap();
         let secret = Secret([3; 16]);

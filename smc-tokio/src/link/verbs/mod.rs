@@ -897,6 +897,10 @@ impl Link for VerbsLink {
         self.space_wanted.store(false, Ordering::SeqCst);
     }
 
+    fn watches_space(&self) -> bool {
+        self.space_wanted.load(Ordering::SeqCst)
+    }
+
     fn has_pending(&self) -> bool {
         let Some(mut st) = crate::link::try_lock(&self.cqs) else {
             return false;
