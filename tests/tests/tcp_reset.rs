@@ -208,3 +208,139 @@ async fn a_zero_linger_set_any_way_aborts_an_smc_stream_and_none_ends_it_in_orde
         assert!(peer_sees_abort(how).await, "zero linger through the {how}: an abort");
     }
 }
+
+/// A client over SMC, and one over TCP as the reference (`Policy::TcpOnly`), to the same kind
+/// of listener: (what it is, the stream, the server's end).
+async fn both_transports() -> Vec<(&'static str, SmcStream, SmcStream)> {
+    let mut pairs = Vec::new();
+    for (what, builder) in
+        [("smc", SmcStream::builder()), ("tcp", SmcStream::builder().policy(smc_tokio::Policy::TcpOnly))]
+    {
+        let (addr, mut rx) = listener().await;
+        let client = builder.connect(addr).await.unwrap();
+        let server = bounded(10, rx.recv()).await.unwrap();
+        assert_eq!(client.transport().is_smc(), what == "smc", "{what}");
+        pairs.push((what, client, server));
+    }
+    pairs
+}
+
+/// A peer that drops its stream with our bytes unread aborts (over TCP: resets) the
+/// connection; what it sent before stays readable, as a TCP reset leaves the receive queue:
+/// the reads return its bytes, then the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_sent_before_a_peers_abort_are_read_before_the_reset() {
+    for (what, mut client, mut server) in both_transports().await {
+        client.write_all(b"x").await.unwrap();
+        // Arrived, and left unread.
+        assert_eq!(bounded(10, server.peek(&mut [0u8; 4])).await.unwrap(), 1, "{what}");
+        server.write_all(b"the answer").await.unwrap();
+        server.flush().await.unwrap();
+        drop(server);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut got = Vec::new();
+        let r = bounded(10, client.read_to_end(&mut got)).await;
+        assert_eq!(got, b"the answer", "{what}: the bytes sent before the abort");
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "{what}");
+    }
+}
+
+/// A stream dropped with bytes unread resets the connection even when the peer's end of
+/// stream came after them, as TCP does (only the FIN itself does not count as unread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_with_bytes_unread_after_the_peers_end_resets_it() {
+    for (what, mut client, mut server) in both_transports().await {
+        client.write_all(&[7; 10]).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut one = [0u8; 1];
+        bounded(10, server.read_exact(&mut one)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(server);
+        let mut b = [0u8; 8];
+        let r = bounded(10, client.read(&mut b)).await;
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "{what}");
+    }
+}
+
+/// After the peer reset the connection (a zero linger), shutting our write side down is not
+/// an error, as tokio's shutdown of a reset TCP socket is not (Linux's `ENOTCONN`, which tokio
+/// takes for success).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_a_stream_the_peer_reset_succeeds() {
+    for (what, mut client, server) in both_transports().await {
+        server.set_zero_linger().unwrap();
+        drop(server);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(bounded(10, client.shutdown()).await.is_ok(), "{what}");
+    }
+}
+
+/// Empty buffers behave as on TCP: a write of nothing after our shutdown fails as any write
+/// would, and a read into no room waits for the stream to be readable (`try_read` says
+/// `WouldBlock` until then), then reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_buffers_see_the_streams_state() {
+    for (what, mut client, mut server) in both_transports().await {
+        assert_eq!(
+            client.try_read(&mut []).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "{what}: nothing to read yet"
+        );
+        server.write_all(b"hi").await.unwrap();
+        server.flush().await.unwrap();
+        assert_eq!(bounded(10, client.read(&mut [])).await.unwrap(), 0, "{what}");
+        let mut two = [0u8; 2];
+        bounded(10, client.read_exact(&mut two)).await.unwrap();
+        assert_eq!(&two, b"hi", "{what}: the empty read took nothing");
+        client.shutdown().await.unwrap();
+        assert_eq!(
+            client.write(&[]).await.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::BrokenPipe),
+            "{what}: a write of nothing after shutdown"
+        );
+    }
+}
+
+/// `ready(Interest::ERROR)` resolves, with the error bit, once the peer reset the connection,
+/// and `ready(Interest::PRIORITY)` once the peer closed its side (tokio reports the read side's
+/// close with it); neither hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_and_priority_readiness_resolve_at_a_reset_and_a_close() {
+    use tokio::io::Interest;
+    for (what, client, server) in both_transports().await {
+        server.set_zero_linger().unwrap();
+        drop(server);
+        let r = bounded(10, client.ready(Interest::ERROR)).await.unwrap();
+        assert!(r.is_error(), "{what}: {r:?}");
+    }
+    for (what, client, mut server) in both_transports().await {
+        server.shutdown().await.unwrap();
+        let r = bounded(10, client.ready(Interest::PRIORITY)).await.unwrap();
+        assert!(r.is_read_closed(), "{what}: {r:?}");
+        drop(server);
+    }
+}
+
+/// `poll_read_ready` spends the task's cooperative budget as tokio's does: a loop of readiness
+/// and `try_read` on a stream that always has bytes is made to yield.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_readiness_spends_the_cooperative_budget() {
+    for (what, client, mut server) in both_transports().await {
+        server.write_all(&[1; 1000]).await.unwrap();
+        server.flush().await.unwrap();
+        let mut one = [0u8; 1];
+        bounded(10, client.readable()).await.unwrap();
+        let yielded = std::future::poll_fn(|cx| {
+            for _ in 0..500 {
+                match client.poll_read_ready(cx) {
+                    std::task::Poll::Pending => return std::task::Poll::Ready(true),
+                    std::task::Poll::Ready(r) => r.unwrap(),
+                }
+                let _ = client.try_read(&mut one);
+            }
+            std::task::Poll::Ready(false)
+        })
+        .await;
+        assert!(yielded, "{what}: 500 ready polls in one turn of the task");
+    }
+}

@@ -1146,7 +1146,15 @@ impl SmcStream {
     /// ```
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.path() {
-            PathRef::Smc(s) => s.conn.poll_ready(cx, Interest::READABLE).map(|_| Ok(())),
+            // A unit of the task's cooperative budget, as tokio's readiness spends one.
+            PathRef::Smc(s) => {
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = s.conn.poll_ready(cx, Interest::READABLE);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r.map(|_| Ok(()))
+            }
             PathRef::Tcp(Some(g)) if g.is_active() && !self.guard_assumed_readable(g) => {
                 let mut b = [0u8; 1];
                 self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
@@ -1192,7 +1200,15 @@ impl SmcStream {
     /// ```
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.path() {
-            PathRef::Smc(s) => s.conn.poll_ready(cx, Interest::WRITABLE).map(|_| Ok(())),
+            // A unit of the task's cooperative budget, as tokio's readiness spends one.
+            PathRef::Smc(s) => {
+                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+                let r = s.conn.poll_ready(cx, Interest::WRITABLE);
+                if r.is_ready() {
+                    coop.made_progress();
+                }
+                r.map(|_| Ok(()))
+            }
             PathRef::Tcp(_) => self.io().poll_write_ready(cx),
         }
     }

@@ -91,6 +91,16 @@ impl ConnError {
         }
     }
 
+    /// What a shutdown of a connection that ended with this returns: nothing to shut down on a
+    /// connection the peer reset or left, `Ok` as tokio's shutdown of a reset TCP socket is
+    /// (its `ENOTCONN` is taken for success); the error for one that failed otherwise.
+    fn after_shutdown(&self) -> io::Result<()> {
+        match self {
+            ConnError::Reset | ConnError::PeerGone { .. } => Ok(()),
+            e => Err(e.to_io()),
+        }
+    }
+
     fn to_io(&self) -> io::Error {
         match self {
             ConnError::Reset => io::Error::new(io::ErrorKind::ConnectionReset, "smc connection reset by peer"),
@@ -803,9 +813,9 @@ impl SmcConn {
         // only (a `try_*` call clears it when it would block).
         let polled = cx.is_some();
         if buf.remaining() == 0 {
-            // Still a read: the application holds no lent bytes.
-            self.end_read(&mut self.lock(), consuming);
-            return Poll::Ready(Ok(0));
+            // As tokio's read into no room: it waits until the stream is readable (bytes, the
+            // end or an error), then reads nothing; `try_read` says `WouldBlock` before that.
+            return self.poll_received(cx, consuming, 0, |_, _| Ok(0));
         }
         self.poll_received(cx, consuming, 0, |st, avail| {
             let room = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
@@ -1013,7 +1023,9 @@ impl SmcConn {
             } else {
                 held.restore(&mut st.rx_waiters.task);
             }
-            if let Some(e) = st.error.as_ref().filter(|e| !e.drains()) {
+            // A peer's abort ends the stream after the bytes it announced before, as a TCP
+            // reset leaves the receive queue readable.
+            if let Some(e) = st.error.as_ref().filter(|e| !e.drains() && !matches!(e, ConnError::Reset)) {
                 return Poll::Ready(Err(e.to_io()));
             }
             if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), true) {
@@ -1030,6 +1042,12 @@ impl SmcConn {
                 return Poll::Ready(take(&mut st, avail));
             }
             if st.engine.peer_aborted() {
+                // Every byte of its ring was read: the answer to its abort, held back until
+                // now, lets the peer reuse the ring.
+                if !st.live && std::mem::take(&mut st.abort_owed) {
+                    st.engine.abort();
+                    self.flush_cdc(&mut st);
+                }
                 return Poll::Ready(Err(ConnError::Reset.to_io()));
             }
             if st.engine.rx_eof() {
@@ -1106,6 +1124,9 @@ impl SmcConn {
         future: bool,
     ) -> Poll<tokio::io::Ready> {
         use tokio::io::Ready;
+        // An error or a close is told to the readers' waiters: a wait for either (`ERROR`, and
+        // `PRIORITY`, which also resolves at the read side's close, as tokio's does) waits there.
+        let rx_side = interest.is_readable() || interest.is_error() || interest.is_priority();
         let mut yield_cpu = false;
         for attempt in 0..2 {
             let mut st = self.lock();
@@ -1114,7 +1135,7 @@ impl SmcConn {
                 Handback::Moving(_) if st.error.is_none() => {
                     // Only the directions asked: a reader and a writer may wait at once, each in
                     // its own task, and the end of the move wakes both.
-                    if interest.is_readable() {
+                    if rx_side {
                         st.rx_waiters.register(cx, future);
                         st.rx_ready_waits |= !future;
                     }
@@ -1126,10 +1147,28 @@ impl SmcConn {
                 // Over (or failed): the caller's next operation finds out what happened.
                 _ => {
                     st.rx_ready_waits = false;
-                    return Poll::Ready(Ready::READABLE | Ready::WRITABLE);
+                    let mut r = Ready::EMPTY;
+                    for (asked, ready) in [
+                        (interest.is_readable(), Ready::READABLE),
+                        (interest.is_writable(), Ready::WRITABLE),
+                        (interest.is_error(), Ready::ERROR),
+                        (interest.is_priority(), Ready::PRIORITY),
+                    ] {
+                        if asked {
+                            r |= ready;
+                        }
+                    }
+                    return Poll::Ready(r);
                 }
             }
             let mut r = Ready::EMPTY;
+            if interest.is_error() && (st.error.is_some() || st.engine.peer_aborted()) {
+                r |= Ready::ERROR;
+            }
+            if interest.is_priority() && (st.engine.rx_eof() || st.engine.peer_aborted() || st.error.is_some()) {
+                // No urgent data over SMC: only the read side's close, as tokio reports it.
+                r |= Ready::READ_CLOSED;
+            }
             if interest.is_readable() {
                 let closed = st.engine.rx_eof() || st.engine.peer_aborted() || st.error.is_some();
                 if closed {
@@ -1169,7 +1208,7 @@ impl SmcConn {
                 self.group.progress();
                 continue;
             }
-            if interest.is_readable() {
+            if rx_side {
                 // A read of the same task holds `rx_waiters.task` while it drains; a future's waker
                 // is not in that slot, so no read can take its wake-up.
                 st.rx_ready_waits |= !future;
@@ -1431,7 +1470,9 @@ impl SmcConn {
         fill: &mut Fill<'_>,
     ) -> Poll<io::Result<usize>> {
         if want == 0 {
-            return Poll::Ready(Ok(0));
+            // As a send of nothing on TCP: nothing goes, but a connection that can take no
+            // more says so.
+            return Poll::Ready(Self::refuses_writes(&self.lock()).map_or(Ok(0), Err));
         }
         for attempt in 0..2 {
             let mut st = self.lock();
@@ -1441,14 +1482,8 @@ impl SmcConn {
             if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), false) {
                 return p;
             }
-            if st.engine.is_write_shutdown() {
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown")));
-            }
-            if st.engine.peer_aborted() {
-                return Poll::Ready(Err(ConnError::Reset.to_io()));
-            }
-            if st.engine.peer_closed() {
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "smc peer closed the connection")));
+            if let Some(e) = Self::refuses_writes(&st) {
+                return Poll::Ready(Err(e));
             }
             if let Some(next) = st.engine.tx_grow_wanted() {
                 // RMB autotuning: the ring filled; grow it if the process budget allows.
@@ -1626,7 +1661,7 @@ impl SmcConn {
     pub(crate) fn shutdown(&self) -> io::Result<()> {
         let mut st = self.lock();
         if let Some(e) = &st.error {
-            return Err(e.to_io());
+            return e.after_shutdown();
         }
         match st.handback {
             Handback::Smc => {}
@@ -1646,13 +1681,31 @@ impl SmcConn {
     pub(crate) fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut st = self.lock();
         if let Some(e) = &st.error {
-            return Poll::Ready(Err(e.to_io()));
+            return Poll::Ready(e.after_shutdown());
         }
         if let Some(p) = Self::gate(&mut st, Some(cx), false) {
             return p;
         }
         st.engine.shutdown_write();
         self.poll_handed_over(cx, st)
+    }
+
+    /// Why the connection takes no more bytes from the application, if it does not: an error
+    /// that ended it, our own shutdown, or the peer's abort or close.
+    fn refuses_writes(st: &ConnState) -> Option<io::Error> {
+        if let Some(e) = &st.error {
+            return Some(e.to_io());
+        }
+        if st.engine.is_write_shutdown() {
+            return Some(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown"));
+        }
+        if st.engine.peer_aborted() {
+            return Some(ConnError::Reset.to_io());
+        }
+        if st.engine.peer_closed() {
+            return Some(io::Error::new(io::ErrorKind::BrokenPipe, "smc peer closed the connection"));
+        }
+        None
     }
 
     /// The application dropped the stream: close (or, with unread data or when `abort` is set
@@ -1662,8 +1715,15 @@ impl SmcConn {
         st.released = true;
         // The application let go of the stream, and of every byte lent through it.
         self.end_lend(&mut st);
+        if std::mem::take(&mut st.abort_owed) {
+            // The answer to the peer's abort, held back while its bytes were unread.
+            st.engine.abort();
+            self.flush_cdc(&mut st);
+        }
         if st.error.is_none() && st.handback == Handback::Smc {
-            if abort || st.engine.rx_available() > 0 && !st.engine.rx_eof() {
+            // Unread bytes make it an abort, whether or not the peer's end of stream came
+            // after them, as TCP resets a connection closed with data unread (the FIN aside).
+            if abort || st.engine.rx_available() > 0 {
                 st.engine.abort();
             } else {
                 st.engine.set_corked(false);
@@ -1851,8 +1911,14 @@ impl SmcConn {
                 if st.engine.peer_aborted() {
                     st.error.get_or_insert(ConnError::Reset);
                     // Answer the abort, so the peer knows we stopped reading its ring and may
-                    // reuse the slot (once nothing of it is lent).
-                    self.abort_or_owe(&mut st);
+                    // reuse the slot: once the bytes it announced before are read (a read that
+                    // finds the ring empty answers), or the stream is let go, and nothing of
+                    // it is lent.
+                    if st.engine.rx_available() > 0 {
+                        st.abort_owed = true;
+                    } else {
+                        self.abort_or_owe(&mut st);
+                    }
                 }
                 // A blocked writer on the other side waits for our consumer cursor.
                 self.flush_cdc(&mut st);
