@@ -199,3 +199,74 @@ async fn split_halves_reunite_then_move_then_convert() {
     assert_eq!(all, b"through the halves, then through std");
     assert_eq!(server.transport(), moved(HandbackCause::Peer));
 }
+
+/// Bytes an owned read half holds from `fill_buf`, unconsumed, while the stream moves through
+/// its write half's `as_ref`: the move counts them as unread (the peer sends them again on
+/// TCP), and the `consume` that follows skips them there. Nothing is read twice.
+#[tokio::test]
+async fn bytes_held_by_a_read_half_across_a_requested_move_are_read_once() {
+    use tokio::io::AsyncBufReadExt;
+    let (client, mut server) = smc_pair(ShmConfig::default()).await;
+    server.write_all(b"held across the move").await.unwrap();
+    server.flush().await.unwrap();
+    let (mut rd, wr) = client.into_split();
+    let n = bounded(10, rd.fill_buf()).await.unwrap().len();
+    assert_eq!(n, 20);
+    bounded(10, wr.as_ref().hand_back()).await.unwrap();
+    rd.consume(n);
+    server.write_all(b", then this").await.unwrap();
+    drop(server);
+    let mut rest = Vec::new();
+    bounded(10, rd.read_to_end(&mut rest)).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&rest), ", then this");
+    drop(wr);
+}
+
+/// Bytes handed out by `fill_buf` and consumed while a move runs, when the move then fails (the
+/// peer reset its TCP connection before it answered): they are consumed from the ring, where
+/// they still are, and the reads that follow go on after them before the error.
+#[tokio::test]
+async fn bytes_consumed_while_a_move_fails_are_not_read_again() {
+    use std::os::fd::AsRawFd;
+    use tokio::io::AsyncBufReadExt;
+    // The server on a runtime of its own, whose thread the test then holds, so that its side
+    // never answers the move.
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (fd_tx, fd_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            let (mut s, _) = l.accept().await.unwrap();
+            s.write_all(b"abcdef").await.unwrap();
+            s.flush().await.unwrap();
+            fd_tx.send(s.as_raw_fd()).unwrap();
+            // Held: no task of this runtime runs until the test is done.
+            go_rx.recv().unwrap();
+            drop(s);
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    let mut client = SmcStream::connect(addr).await.unwrap();
+    assert_eq!(client.transport(), Transport::SmcD);
+    let fd = fd_rx.recv().unwrap();
+    // (`AsyncBufRead` is the `&mut SmcStream`'s, the handle that lends.)
+    let n = bounded(10, (&mut client).fill_buf()).await.unwrap().len();
+    assert_eq!(n, 6);
+    client.fail_link().unwrap();
+    AsyncBufReadExt::consume(&mut &mut client, 3);
+    // The peer resets its TCP connection without answering (`connect(AF_UNSPEC)`: an RST).
+    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+    // SAFETY: connect(2) with a valid sockaddr on the server's open socket, which its thread
+    // keeps open until `go_tx` is sent.
+    let r = unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let mut rest = Vec::new();
+    let end = bounded(10, client.read_to_end(&mut rest)).await;
+    assert_eq!(String::from_utf8_lossy(&rest), "def", "the rest of the bytes, once");
+    assert!(end.is_err(), "then the reset: {end:?}");
+    go_tx.send(()).unwrap();
+    server.join().unwrap();
+}

@@ -873,10 +873,11 @@ impl SmcStream {
             return Ok(());
         };
         if !s.conn.on_tcp() {
-            // The stream's own `fill_buf` bytes are gone (this borrow could not be taken while
-            // they were held), and only a borrowed read half, which never lends, can exist
-            // beside it.
-            s.conn.give_back();
+            // Bytes lent and not consumed (by the stream's own `fill_buf`, or by an owned read
+            // half that may still hold them while this runs through its write half's
+            // `as_ref`) count as unread: the peer sends them again on TCP, and a `consume` of
+            // them skips them there. Ending the lend here instead made them consumed for the
+            // move and the `consume` that came after skip nothing: read twice.
             if !s.conn.hand_back(crate::HandbackCause::Requested) {
                 return Err(io::Error::other(
                     "the smc connection cannot move to its tcp socket: it ended, or its close went out",

@@ -2236,7 +2236,14 @@ impl SmcConn {
                 }
                 st.handback = Handback::Smc;
                 st.error.get_or_insert(err);
-                // The ring is still read (drained): what was handed out is its head again.
+                // The ring is still read (drained). What the application consumed of the bytes
+                // handed out while the move ran was counted for TCP (`tcp_skip`): it is
+                // consumed from the ring now, where those bytes still are; the rest of what was
+                // handed out is its head again.
+                let skipped = self.tcp_skip.swap(0, std::sync::atomic::Ordering::Relaxed);
+                if skipped > 0 && st.engine.rx_consume(u32::try_from(skipped).unwrap_or(u32::MAX)).is_ok() {
+                    st.inline = None;
+                }
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
             }
         }
