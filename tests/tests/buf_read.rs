@@ -530,3 +530,34 @@ async fn request_response_over_shared_memory_keeps_to_the_start_of_the_ring() {
     assert!(hi - lo > 1000, "the bytes were not lent ({} bytes spanned)", hi - lo);
     assert!(hi - lo <= 4096 + 1000, "request/response walked {} bytes of the ring", hi - lo);
 }
+
+/// A write half's `as_ref` reaches the stream's reads. While the owned read half holds bytes
+/// from `fill_buf`, such a read takes none of them (`WouldBlock`): taken, they would be
+/// consumed under the half's reference, and the peer free to write over them. Once the half
+/// consumed them, reads through either handle go on.
+#[tokio::test]
+async fn reads_through_a_write_half_do_not_take_what_the_read_half_holds() {
+    let (client, mut server) = smc_pair(ShmConfig::default()).await;
+    server.write_all(b"held").await.unwrap();
+    server.flush().await.unwrap();
+    let (mut rd, wr) = client.into_split();
+    let held = bounded(10, rd.fill_buf()).await.unwrap();
+    assert_eq!(held, b"held");
+    let mut b = [0u8; 8];
+    assert_eq!(wr.as_ref().try_read(&mut b).map_err(|e| e.kind()), Err(std::io::ErrorKind::WouldBlock));
+    assert_eq!(bounded(10, wr.as_ref().peek(&mut b)).await.unwrap(), 4, "a peek sees them");
+    assert_eq!(held, b"held");
+    let n = held.len();
+    rd.consume(n);
+    server.write_all(b"next").await.unwrap();
+    server.flush().await.unwrap();
+    let got = loop {
+        bounded(10, wr.as_ref().readable()).await.unwrap();
+        match wr.as_ref().try_read(&mut b) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => break r.unwrap(),
+        }
+    };
+    assert_eq!(&b[..got], b"next");
+    drop((rd, wr));
+}

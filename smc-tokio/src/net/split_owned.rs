@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::net::buf_read::ReadLend;
 use crate::net::stream::SmcStream;
+use crate::smc::conn::Reader;
 use crate::transport::Transport;
 
 /// The read half of an owned split; it can move to another task.
@@ -106,7 +107,7 @@ impl OwnedReadHalf {
             drop(self);
             drop(other);
             // Both halves are gone, so this is the last reference.
-            Ok(Arc::try_unwrap(inner).unwrap_or_else(|_| unreachable!("both halves were dropped")))
+            Ok(Arc::try_unwrap(inner).unwrap_or_else(|_| unreachable!("both halves were dropped")).reunited())
         } else {
             Err(ReuniteError(self, other))
         }
@@ -134,7 +135,7 @@ impl OwnedReadHalf {
     /// # }
     /// ```
     pub async fn peek(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.peek(buf).await
+        self.inner.peek_as(buf, Reader::Lender).await
     }
 
     /// Waits for any of the readiness events in `interest` (read ones make sense here); see
@@ -213,7 +214,7 @@ impl OwnedReadHalf {
     /// # }
     /// ```
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.try_read(buf)
+        self.inner.try_read_as(buf, Reader::Lender)
     }
 
     /// Reads into several buffers without waiting; see [`SmcStream::try_read_vectored`].
@@ -244,7 +245,7 @@ impl OwnedReadHalf {
     /// # }
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
-        self.inner.try_read_vectored(bufs)
+        self.inner.try_read_vectored_as(bufs, Reader::Lender)
     }
 
     /// Reads into a buffer's spare capacity without waiting; see [`SmcStream::try_read_buf`].
@@ -275,7 +276,7 @@ impl OwnedReadHalf {
     /// # }
     /// ```
     pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
-        self.inner.try_read_buf(buf)
+        self.inner.try_read_buf_as(buf, Reader::Lender)
     }
 
     /// Polls for data to peek at; see [`SmcStream::poll_peek`].
@@ -299,7 +300,7 @@ impl OwnedReadHalf {
     /// # }
     /// ```
     pub fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        self.inner.poll_peek(cx, buf)
+        self.inner.poll_peek_as(cx, buf, Reader::Lender)
     }
 
     /// The peer's address.
@@ -682,8 +683,9 @@ impl AsyncBufRead for OwnedReadHalf {
         let this = self.get_mut();
         let lent = ready!(this.lend.poll_fill(&this.inner, cx, true))?;
         // SAFETY: `lent` is what the fill just returned; the slice borrows this half
-        // exclusively, and no other handle can read the stream (the write half has no reads),
-        // which this half keeps alive.
+        // exclusively, which keeps the stream alive. The write half reaches the stream's reads
+        // only through `as_ref`, as `Reader::Other`, which takes no lent byte and does not end
+        // the hold on them (`SmcConn::poll_received`).
         Poll::Ready(Ok(unsafe { this.lend.bytes(lent) }))
     }
 

@@ -20,7 +20,7 @@ use crate::net::inband::{InbandGuard, Owed};
 use crate::net::split::{split, ReadHalf, WriteHalf};
 use crate::net::split_owned::{split_owned, OwnedReadHalf, OwnedWriteHalf};
 use crate::net::tcp_io::{Assumed, TcpIo};
-use crate::smc::conn::{Lent, SmcConn};
+use crate::smc::conn::{Lent, Reader, SmcConn};
 use crate::sys;
 use crate::transport::Transport;
 
@@ -86,6 +86,9 @@ pub struct SmcStream {
     /// The stream's own [`AsyncBufRead`] state (each read half has its own), made at its first
     /// use: a stream that is never read so costs one word.
     lend: Option<Box<ReadLend>>,
+    /// Split into owned halves, whose read half lends ring bytes: reads through the stream
+    /// itself (a write half's `as_ref`) are then not the lender's ([`Reader::Other`]).
+    owned_split: bool,
 }
 
 /// `SO_LINGER` may be anything: the socket was the application's, or its descriptor was lent
@@ -350,6 +353,7 @@ impl SmcStream {
             assumed: Assumed::default(),
             linger: AtomicU8::new(LINGER_UNKNOWN),
             lend: None,
+            owned_split: false,
         }
     }
 
@@ -401,6 +405,7 @@ impl SmcStream {
             assumed: Assumed::default(),
             linger: AtomicU8::new(LINGER_UNKNOWN),
             lend: None,
+            owned_split: false,
         }
     }
 
@@ -669,8 +674,24 @@ impl SmcStream {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+    pub fn into_split(mut self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.owned_split = true;
         split_owned(Arc::new(self))
+    }
+
+    /// Back from owned halves ([`OwnedReadHalf::reunite`]): the stream lends again.
+    pub(crate) fn reunited(mut self) -> SmcStream {
+        self.owned_split = false;
+        self
+    }
+
+    /// Who reads when the application calls a read method on the stream itself.
+    fn reader(&self) -> Reader {
+        if self.owned_split {
+            Reader::Other
+        } else {
+            Reader::Lender
+        }
     }
 
     pub(crate) fn poll_read_priv(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -731,6 +752,11 @@ impl SmcStream {
     /// # }
     /// ```
     pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.peek_as(buf, self.reader()).await
+    }
+
+    /// [`peek`](Self::peek) by `reader`.
+    pub(crate) async fn peek_as(&self, buf: &mut [u8], reader: Reader) -> io::Result<usize> {
         // As tokio's: a peek that does not wait, and the stream's readiness future between
         // tries, so that every task peeking is woken (the `poll_*` methods keep one waker);
         // each try spends a unit of the task's cooperative budget, so that a loop of peeks
@@ -738,7 +764,7 @@ impl SmcStream {
         // the link group's driver that takes them in, waits to run).
         loop {
             let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
-            match self.try_peek_into(&mut ReadBuf::new(buf)) {
+            match self.try_peek_into(&mut ReadBuf::new(buf), reader) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
                 r => {
                     coop.made_progress();
@@ -749,9 +775,9 @@ impl SmcStream {
     }
 
     /// A peek that does not wait: `WouldBlock` where there is nothing to see yet.
-    fn try_peek_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+    fn try_peek_into(&self, rb: &mut ReadBuf<'_>, reader: Reader) -> io::Result<usize> {
         if let Some(s) = self.smc() {
-            match s.conn.try_peek(rb) {
+            match s.conn.try_peek(rb, reader) {
                 Err(e) if SmcConn::is_moved_error(&e) => {}
                 r => return r,
             }
@@ -790,8 +816,18 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
+        self.poll_peek_as(cx, buf, self.reader())
+    }
+
+    /// [`poll_peek`](Self::poll_peek) by `reader`.
+    pub(crate) fn poll_peek_as(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        reader: Reader,
+    ) -> Poll<io::Result<usize>> {
         if let Some(s) = self.smc() {
-            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_peek(cx, buf)) {
+            if let Some(r) = smc_coop(cx, |cx| s.conn.poll_peek(cx, buf, reader)) {
                 return r;
             }
         }
@@ -1242,8 +1278,12 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut rb = ReadBuf::new(buf);
-        self.try_read_into(&mut rb)
+        self.try_read_as(buf, self.reader())
+    }
+
+    /// [`try_read`](Self::try_read) by `reader`.
+    pub(crate) fn try_read_as(&self, buf: &mut [u8], reader: Reader) -> io::Result<usize> {
+        self.try_read_into(&mut ReadBuf::new(buf), reader)
     }
 
     /// Reads into several buffers without waiting, filling them in order, as
@@ -1274,6 +1314,11 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        self.try_read_vectored_as(bufs, self.reader())
+    }
+
+    /// [`try_read_vectored`](Self::try_read_vectored) by `reader`.
+    pub(crate) fn try_read_vectored_as(&self, bufs: &mut [io::IoSliceMut<'_>], reader: Reader) -> io::Result<usize> {
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
             self.skip_now()?;
             let n = self.io().try_read_vectored(bufs)?;
@@ -1284,7 +1329,7 @@ impl SmcStream {
         for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
             let want = b.len();
             let mut rb = ReadBuf::new(b);
-            match self.try_read_into(&mut rb) {
+            match self.try_read_into(&mut rb, reader) {
                 Ok(n) => {
                     total += n;
                     if n < want {
@@ -1329,13 +1374,18 @@ impl SmcStream {
     /// # }
     /// ```
     pub fn try_read_buf<B: bytes::BufMut>(&self, buf: &mut B) -> io::Result<usize> {
+        self.try_read_buf_as(buf, self.reader())
+    }
+
+    /// [`try_read_buf`](Self::try_read_buf) by `reader`.
+    pub(crate) fn try_read_buf_as<B: bytes::BufMut>(&self, buf: &mut B, reader: Reader) -> io::Result<usize> {
         let dst = buf.chunk_mut();
         // SAFETY: UninitSlice is a slice of possibly uninitialized bytes; viewing it as
         // `[MaybeUninit<u8>]` (same layout) lets ReadBuf track what gets initialized. Nothing
         // reads the bytes before they are written.
         let dst = unsafe { &mut *(dst as *mut _ as *mut [std::mem::MaybeUninit<u8>]) };
         let mut rb = ReadBuf::uninit(dst);
-        let n = self.try_read_into(&mut rb)?;
+        let n = self.try_read_into(&mut rb, reader)?;
         // SAFETY: the read initialized the first `n` bytes of the chunk (ReadBuf's filled part).
         unsafe { buf.advance_mut(n) };
         Ok(n)
@@ -1422,10 +1472,10 @@ impl SmcStream {
     }
 
     /// One read that does not wait, into `rb`.
-    pub(crate) fn try_read_into(&self, rb: &mut ReadBuf<'_>) -> io::Result<usize> {
+    pub(crate) fn try_read_into(&self, rb: &mut ReadBuf<'_>, reader: Reader) -> io::Result<usize> {
         let n = match self.path() {
-            PathRef::Smc(s) => match s.conn.try_read(rb) {
-                Err(e) if SmcConn::is_moved_error(&e) => return self.try_read_into(rb),
+            PathRef::Smc(s) => match s.conn.try_read(rb, reader) {
+                Err(e) if SmcConn::is_moved_error(&e) => return self.try_read_into(rb, reader),
                 r => r?,
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {
@@ -1500,7 +1550,7 @@ impl SmcStream {
             }
             _ => {
                 let mut rb = ReadBuf::new(&mut scratch[..len]);
-                self.try_read_into(&mut rb)
+                self.try_read_into(&mut rb, Reader::Lender)
             }
         }
     }

@@ -257,6 +257,15 @@ struct ConnState {
     abort_owed: bool,
 }
 
+/// Who reads: the handle that lends ring bytes (`fill_buf`) and so may end a lend, or another
+/// handle of a stream whose owned read half lends (reached through a write half's `as_ref`),
+/// which may neither take bytes that half may still hold nor end its hold on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reader {
+    Lender,
+    Other,
+}
+
 /// Where a connection's byte stream is (see [`crate::proto::handback`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Handback {
@@ -778,27 +787,32 @@ impl SmcConn {
     // ----- application side ------------------------------------------------------------------
 
     pub(crate) fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        self.poll_copied(Some(cx), buf, Take::Consume).map_ok(drop)
+        self.poll_copied(Some(cx), buf, Take::Consume, Reader::Lender).map_ok(drop)
     }
 
     /// Copies up to `buf.remaining()` received bytes into `buf` without consuming them: the
     /// next read returns them again. Resolves to the number of bytes copied (0 at EOF).
-    pub(crate) fn poll_peek(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<usize>> {
-        self.poll_copied(Some(cx), buf, Take::Peek)
+    pub(crate) fn poll_peek(
+        &self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        reader: Reader,
+    ) -> Poll<io::Result<usize>> {
+        self.poll_copied(Some(cx), buf, Take::Peek, reader)
     }
 
     /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
-    pub(crate) fn try_read(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
-        self.try_copied(buf, Take::Consume)
+    pub(crate) fn try_read(&self, buf: &mut ReadBuf<'_>, reader: Reader) -> io::Result<usize> {
+        self.try_copied(buf, Take::Consume, reader)
     }
 
     /// A peek that does not wait, as [`try_read`](Self::try_read).
-    pub(crate) fn try_peek(&self, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
-        self.try_copied(buf, Take::Peek)
+    pub(crate) fn try_peek(&self, buf: &mut ReadBuf<'_>, reader: Reader) -> io::Result<usize> {
+        self.try_copied(buf, Take::Peek, reader)
     }
 
-    fn try_copied(&self, buf: &mut ReadBuf<'_>, take: Take) -> io::Result<usize> {
-        match self.poll_copied(None, buf, take) {
+    fn try_copied(&self, buf: &mut ReadBuf<'_>, take: Take, reader: Reader) -> io::Result<usize> {
+        match self.poll_copied(None, buf, take, reader) {
             Poll::Ready(r) => r,
             Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
@@ -807,7 +821,13 @@ impl SmcConn {
     /// Waits until bytes (or the end, or an error) are there, then copies them into `buf`,
     /// consuming them or not; resolves to how many were copied. Without a context (`try_read`)
     /// it does not wait: where it would, it answers `WouldBlock` and stores no waker.
-    fn poll_copied(&self, cx: Option<&mut Context<'_>>, buf: &mut ReadBuf<'_>, take: Take) -> Poll<io::Result<usize>> {
+    fn poll_copied(
+        &self,
+        cx: Option<&mut Context<'_>>,
+        buf: &mut ReadBuf<'_>,
+        take: Take,
+        reader: Reader,
+    ) -> Poll<io::Result<usize>> {
         let consuming = take == Take::Consume;
         // A `poll_read`, not a `try_read`: tokio clears readiness after a short `poll_read`
         // only (a `try_*` call clears it when it would block).
@@ -815,9 +835,9 @@ impl SmcConn {
         if buf.remaining() == 0 {
             // As tokio's read into no room: it waits until the stream is readable (bytes, the
             // end or an error), then reads nothing; `try_read` says `WouldBlock` before that.
-            return self.poll_received(cx, consuming, 0, |_, _| Ok(0));
+            return self.poll_received(cx, consuming, reader, 0, |_, _| Ok(0));
         }
-        self.poll_received(cx, consuming, 0, |st, avail| {
+        self.poll_received(cx, consuming, reader, 0, |st, avail| {
             let room = u32::try_from(buf.remaining()).unwrap_or(u32::MAX);
             let n = avail.min(room);
             if consuming && polled && n < room {
@@ -843,7 +863,7 @@ impl SmcConn {
         scratch: &mut Vec<u8>,
         may_lend: bool,
     ) -> Poll<io::Result<Lent>> {
-        self.poll_received(Some(cx), true, Lent::Copied(0), |st, avail| {
+        self.poll_received(Some(cx), true, Reader::Lender, Lent::Copied(0), |st, avail| {
             let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
                 return Err(io::Error::other("smc connection read before it was established"));
             };
@@ -1011,6 +1031,7 @@ impl SmcConn {
         &self,
         mut cx: Option<&mut Context<'_>>,
         consuming: bool,
+        reader: Reader,
         eof: R,
         mut take: impl FnMut(&mut ConnState, u32) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
@@ -1018,9 +1039,21 @@ impl SmcConn {
         let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
-            if attempt == 0 {
+            if reader == Reader::Other {
+                // Another handle of a stream whose read half lends (a write half's `as_ref`):
+                // it must not take, nor end the hold on, bytes that half may still hold.
+                if consuming && st.live {
+                    return Poll::Ready(Err(io::ErrorKind::WouldBlock.into()));
+                }
+                if consuming && attempt == 0 {
+                    // Bytes copied out for that half are taken here: its `consume` of them
+                    // then takes nothing more.
+                    st.lent = 0;
+                }
+            } else if attempt == 0 {
                 self.end_read(&mut st, consuming);
-            } else {
+            }
+            if attempt > 0 {
                 held.restore(&mut st.rx_waiters.task);
             }
             // A peer's abort ends the stream after the bytes it announced before, as a TCP
