@@ -270,3 +270,51 @@ async fn bytes_consumed_while_a_move_fails_are_not_read_again() {
     go_tx.send(()).unwrap();
     server.join().unwrap();
 }
+
+/// A move whose peer does not answer is bounded as a silent peer host's is: from the start of
+/// any move the socket probes its peer (keepalive from 5 s of silence) and bounds
+/// unacknowledged data (13 s), where a frame nobody acknowledged was retransmitted for a
+/// quarter of an hour; the settings go back once the stream moved.
+#[tokio::test]
+async fn every_move_probes_the_peer_host_while_it_waits() {
+    use std::os::fd::AsRawFd;
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (fd_tx, fd_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().await.unwrap();
+            fd_tx.send(s.as_raw_fd()).unwrap();
+            // Held: its side never answers the move.
+            go_rx.recv().unwrap();
+            drop(s);
+        });
+    });
+    let client = SmcStream::connect(addr_rx.recv().unwrap()).await.unwrap();
+    let fd = fd_rx.recv().unwrap();
+    let sock = socket2::SockRef::from(&client);
+    assert!(!sock.keepalive().unwrap());
+    client.fail_link().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(sock.keepalive().unwrap(), "a waiting move probes its peer");
+    assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(5));
+    assert_eq!(sock.tcp_user_timeout().unwrap(), Some(Duration::from_secs(13)));
+    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+    // SAFETY: connect(2) with a valid sockaddr on the server's open socket, which its thread
+    // keeps open until `go_tx` is sent.
+    assert_eq!(unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) }, 0);
+    go_tx.send(()).unwrap();
+    server.join().unwrap();
+    drop(sock);
+    drop(client);
+
+    // A move that went through leaves the socket as the application had it.
+    let (client, _server) = smc_pair(ShmConfig::default()).await;
+    bounded(10, client.hand_back()).await.unwrap();
+    let sock = socket2::SockRef::from(&client);
+    assert!(!sock.keepalive().unwrap());
+    assert_eq!(sock.tcp_user_timeout().unwrap(), None);
+}

@@ -2164,6 +2164,12 @@ impl SmcConn {
             resend_at_most = copy.len(),
             "moving the connection to its tcp socket"
         );
+        // A peer host that died answers nothing, and a frame nobody acknowledges is retransmitted
+        // for a quarter of an hour: every move is bounded as a silent peer's is (about 13 s),
+        // and the socket's own settings go back once it moved.
+        if st.keepalive_before.is_none() {
+            st.keepalive_before = probe_peer_host(&tcp);
+        }
         // What the application was handed and did not consume is not consumed: the peer sends
         // it again on TCP, where a later `consume` of it skips it. Bytes it may still hold stay
         // as they are: the peer never reuses the ring after a move (`handback_over`).
