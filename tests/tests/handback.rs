@@ -308,7 +308,6 @@ async fn every_move_probes_the_peer_host_while_it_waits() {
     assert_eq!(unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) }, 0);
     go_tx.send(()).unwrap();
     server.join().unwrap();
-    drop(sock);
     drop(client);
 
     // A move that went through leaves the socket as the application had it.
