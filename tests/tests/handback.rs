@@ -227,48 +227,74 @@ async fn bytes_held_by_a_read_half_across_a_requested_move_are_read_once() {
 /// they still are, and the reads that follow go on after them before the error.
 #[tokio::test]
 async fn bytes_consumed_while_a_move_fails_are_not_read_again() {
-    use std::os::fd::AsRawFd;
     use tokio::io::AsyncBufReadExt;
-    // The server on a runtime of its own, whose thread the test then holds, so that its side
-    // never answers the move.
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (fd_tx, fd_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(l.local_addr().unwrap()).unwrap();
-            let (mut s, _) = l.accept().await.unwrap();
-            s.write_all(b"abcdef").await.unwrap();
-            s.flush().await.unwrap();
-            fd_tx.send(s.as_raw_fd()).unwrap();
-            // Held: no task of this runtime runs until the test is done.
-            go_rx.recv().unwrap();
-            drop(s);
-        });
-    });
-    let addr = addr_rx.recv().unwrap();
-    let mut client = SmcStream::connect(addr).await.unwrap();
+    let server = HeldServer::start(b"abcdef");
+    let mut client = SmcStream::connect(server.addr).await.unwrap();
     assert_eq!(client.transport(), Transport::SmcD);
-    let fd = fd_rx.recv().unwrap();
     // (`AsyncBufRead` is the `&mut SmcStream`'s, the handle that lends.)
     let n = bounded(10, (&mut client).fill_buf()).await.unwrap().len();
     assert_eq!(n, 6);
     client.fail_link().unwrap();
     AsyncBufReadExt::consume(&mut &mut client, 3);
-    // The peer resets its TCP connection without answering (`connect(AF_UNSPEC)`: an RST).
-    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
-    // SAFETY: connect(2) with a valid sockaddr on the server's open socket, which its thread
-    // keeps open until `go_tx` is sent.
-    let r = unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    server.reset();
     let mut rest = Vec::new();
     let end = bounded(10, client.read_to_end(&mut rest)).await;
     assert_eq!(String::from_utf8_lossy(&rest), "def", "the rest of the bytes, once");
     assert!(end.is_err(), "then the reset: {end:?}");
-    go_tx.send(()).unwrap();
-    server.join().unwrap();
+    server.release();
+}
+
+/// A server on a runtime of its own, whose thread holds once it accepted a connection (and
+/// wrote `first` on it), so that its side never answers a move.
+impl HeldServer {
+    /// Started; its connection's descriptor is known once a client connected (`reset` waits
+    /// for it).
+    fn start(first: &'static [u8]) -> HeldServer {
+        use std::os::fd::AsRawFd;
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (fd_tx, fd_rx) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(l.local_addr().unwrap()).unwrap();
+                let (mut s, _) = l.accept().await.unwrap();
+                s.write_all(first).await.unwrap();
+                s.flush().await.unwrap();
+                fd_tx.send(s.as_raw_fd()).unwrap();
+                // Held: no task of this runtime runs until the test is done.
+                go_rx.recv().unwrap();
+                drop(s);
+            });
+        });
+        HeldServer { addr: addr_rx.recv().unwrap(), fd: fd_rx, go, thread }
+    }
+}
+
+struct HeldServer {
+    addr: std::net::SocketAddr,
+    fd: std::sync::mpsc::Receiver<std::os::fd::RawFd>,
+    go: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl HeldServer {
+    /// The server resets its TCP connection without answering (`connect(AF_UNSPEC)`: an RST).
+    fn reset(&self) {
+        let fd = self.fd.recv().unwrap();
+        let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+        // SAFETY: connect(2) with a valid sockaddr on the server's open socket, which its
+        // thread keeps open until `release`.
+        let r = unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// Lets the server's thread go, and waits for it.
+    fn release(self) {
+        self.go.send(()).unwrap();
+        self.thread.join().unwrap();
+    }
 }
 
 /// A move whose peer does not answer is bounded as a silent peer host's is: from the start of
@@ -277,24 +303,8 @@ async fn bytes_consumed_while_a_move_fails_are_not_read_again() {
 /// quarter of an hour; the settings go back once the stream moved.
 #[tokio::test]
 async fn every_move_probes_the_peer_host_while_it_waits() {
-    use std::os::fd::AsRawFd;
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (fd_tx, fd_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(l.local_addr().unwrap()).unwrap();
-            let (s, _) = l.accept().await.unwrap();
-            fd_tx.send(s.as_raw_fd()).unwrap();
-            // Held: its side never answers the move.
-            go_rx.recv().unwrap();
-            drop(s);
-        });
-    });
-    let client = SmcStream::connect(addr_rx.recv().unwrap()).await.unwrap();
-    let fd = fd_rx.recv().unwrap();
+    let server = HeldServer::start(b"");
+    let client = SmcStream::connect(server.addr).await.unwrap();
     let sock = socket2::SockRef::from(&client);
     assert!(!sock.keepalive().unwrap());
     client.fail_link().unwrap();
@@ -302,12 +312,8 @@ async fn every_move_probes_the_peer_host_while_it_waits() {
     assert!(sock.keepalive().unwrap(), "a waiting move probes its peer");
     assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(5));
     assert_eq!(sock.tcp_user_timeout().unwrap(), Some(Duration::from_secs(13)));
-    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
-    // SAFETY: connect(2) with a valid sockaddr on the server's open socket, which its thread
-    // keeps open until `go_tx` is sent.
-    assert_eq!(unsafe { libc::connect(fd, &unspec, std::mem::size_of::<libc::sockaddr>() as libc::socklen_t) }, 0);
-    go_tx.send(()).unwrap();
-    server.join().unwrap();
+    server.reset();
+    server.release();
     drop(client);
 
     // A move that went through leaves the socket as the application had it.

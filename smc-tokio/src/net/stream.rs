@@ -162,6 +162,17 @@ fn smc_coop<T>(
     Some(r)
 }
 
+/// A readiness poll on the SMC path, for a unit of the task's cooperative budget, as tokio's
+/// readiness spends one.
+fn smc_ready(cx: &mut Context<'_>, conn: &SmcConn, interest: Interest) -> Poll<io::Result<()>> {
+    let coop = ready!(tokio::task::coop::poll_proceed(cx));
+    let r = conn.poll_ready(cx, interest);
+    if r.is_ready() {
+        coop.made_progress();
+    }
+    r.map(|_| Ok(()))
+}
+
 impl Drop for SmcStream {
     fn drop(&mut self) {
         if let (Some((peer, min, ttl)), true) = (self.adaptive, self.smc().is_some()) {
@@ -1183,15 +1194,7 @@ impl SmcStream {
     /// ```
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.path() {
-            // A unit of the task's cooperative budget, as tokio's readiness spends one.
-            PathRef::Smc(s) => {
-                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-                let r = s.conn.poll_ready(cx, Interest::READABLE);
-                if r.is_ready() {
-                    coop.made_progress();
-                }
-                r.map(|_| Ok(()))
-            }
+            PathRef::Smc(s) => smc_ready(cx, &s.conn, Interest::READABLE),
             PathRef::Tcp(Some(g)) if g.is_active() && !self.guard_assumed_readable(g) => {
                 let mut b = [0u8; 1];
                 self.poll_peek(cx, &mut ReadBuf::new(&mut b)).map_ok(drop)
@@ -1237,15 +1240,7 @@ impl SmcStream {
     /// ```
     pub fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.path() {
-            // A unit of the task's cooperative budget, as tokio's readiness spends one.
-            PathRef::Smc(s) => {
-                let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-                let r = s.conn.poll_ready(cx, Interest::WRITABLE);
-                if r.is_ready() {
-                    coop.made_progress();
-                }
-                r.map(|_| Ok(()))
-            }
+            PathRef::Smc(s) => smc_ready(cx, &s.conn, Interest::WRITABLE),
             PathRef::Tcp(_) => self.io().poll_write_ready(cx),
         }
     }

@@ -1004,16 +1004,7 @@ pub(crate) mod tests {
         let (a, _b) = sys::unix_pair(libc::SOCK_SEQPACKET).unwrap();
         let us = sys::peer_cred(a.as_fd()).unwrap();
         let door = sys::PeerCred { pid: us.pid + 1, ..us };
-        let local = ShmLocal::create(small()).unwrap();
-        let join = join(
-            &name,
-            door,
-            Join { link_group: 7, secret: Secret([3; 16]) },
-            local,
-            Duration::ZERO,
-            Duration::from_secs(5),
-        );
-        match join.await {
+        match join_as(&name, door).await {
             Err(JoinError::Impostor { door: d, side }) => assert_eq!((d, side), (door, us)),
             Err(e) => panic!("refused for another reason: {e}"),
             Ok(_) => panic!("joined a side channel of another process"),
@@ -1025,8 +1016,10 @@ pub(crate) mod tests {
         let (n, fds) = recv_soon(&conn, &mut buf).await;
         assert_eq!((n, fds.len()), (0, 0), "an end, no JOIN and no descriptors");
         // The same listener, asked for by its real owner, is joined as far as the JOIN.
-        let local = ShmLocal::create(small()).unwrap();
-        let join = join_owned(&name, us, local);
+        let join = {
+            let name = name.clone();
+            tokio::spawn(async move { drop(join_as(&name, us).await) })
+        };
         let conn = loop {
             if let Ok(c) = sys::seqpacket_accept(listener.as_fd()) {
                 break c;
@@ -1051,19 +1044,11 @@ pub(crate) mod tests {
         }
     }
 
-    fn join_owned(name: &[u8], owner: sys::PeerCred, local: ShmLocal) -> tokio::task::JoinHandle<()> {
-        let name = name.to_vec();
-        tokio::spawn(async move {
-            let _ = join(
-                &name,
-                owner,
-                Join { link_group: 7, secret: Secret([3; 16]) },
-                local,
-                Duration::ZERO,
-                Duration::from_secs(5),
-            )
-            .await;
-        })
+    /// A join of group 7 over the side channel `name`, expecting it to be `owner`'s.
+    async fn join_as(name: &[u8], owner: sys::PeerCred) -> Result<ShmLink, JoinError> {
+        let local = ShmLocal::create(small()).unwrap();
+        let id = Join { link_group: 7, secret: Secret([3; 16]) };
+        join(name, owner, id, local, Duration::ZERO, Duration::from_secs(5)).await
     }
 
     #[tokio::test]
