@@ -14,7 +14,9 @@ use crate::policy::SetPolicy;
 /// a connect that finds every slot taken is made with [`Policy::TcpOnly`] (no proposal, no
 /// wait), unless the layer was built with [`wait`](HandshakeLimitLayer::wait), in which case it
 /// waits for a slot, as `tower::limit::ConcurrencyLimit` does, on the same kind of semaphore.
-/// A stack whose policy is [`Policy::Never`] (no TCP, ever) always waits.
+/// A stack whose policy is [`Policy::Never`] (no TCP, ever) always waits, as far as the stack
+/// tells it ([`SetPolicy::current_policy`]: `SmcConnector` and this crate's layers do; a
+/// connector of its own that does not is taken to allow TCP).
 ///
 /// On a server, the listener's own bound does this job: `SmcListener::builder()
 /// .max_pending_handshakes(n).limit_handshake(true)`.

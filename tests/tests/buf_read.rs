@@ -532,21 +532,30 @@ async fn request_response_over_shared_memory_keeps_to_the_start_of_the_ring() {
 }
 
 /// A write half's `as_ref` reaches the stream's reads. While the owned read half holds bytes
-/// from `fill_buf`, such a read takes none of them (`WouldBlock`): taken, they would be
-/// consumed under the half's reference, and the peer free to write over them. Once the half
-/// consumed them, reads through either handle go on.
+/// from `fill_buf` (lent from the ring, or peeked on TCP), such a read takes none of them
+/// (`WouldBlock`): taken, they would be consumed under the half's reference (and the peer free
+/// to write over them), or the half's `consume` would take the bytes after them. Once the half
+/// consumed them, reads through either handle go on. Over SMC and over TCP.
 #[tokio::test]
 async fn reads_through_a_write_half_do_not_take_what_the_read_half_holds() {
-    let (client, mut server) = smc_pair(ShmConfig::default()).await;
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    for builder in [SmcStream::builder(), SmcStream::builder().policy(Policy::TcpOnly)] {
+        let (c, s) = tokio::join!(builder.connect(l.local_addr().unwrap()), l.accept());
+        reads_through_a_write_half_on(c.unwrap(), s.unwrap().0).await;
+    }
+}
+
+async fn reads_through_a_write_half_on(client: SmcStream, mut server: SmcStream) {
+    let what = client.transport();
     server.write_all(b"held").await.unwrap();
     server.flush().await.unwrap();
     let (mut rd, wr) = client.into_split();
     let held = bounded(10, rd.fill_buf()).await.unwrap();
-    assert_eq!(held, b"held");
+    assert_eq!(held, b"held", "{what}");
     let mut b = [0u8; 8];
-    assert_eq!(wr.as_ref().try_read(&mut b).map_err(|e| e.kind()), Err(std::io::ErrorKind::WouldBlock));
-    assert_eq!(bounded(10, wr.as_ref().peek(&mut b)).await.unwrap(), 4, "a peek sees them");
-    assert_eq!(held, b"held");
+    assert_eq!(wr.as_ref().try_read(&mut b).map_err(|e| e.kind()), Err(std::io::ErrorKind::WouldBlock), "{what}");
+    assert_eq!(bounded(10, wr.as_ref().peek(&mut b)).await.unwrap(), 4, "{what}: a peek sees them");
+    assert_eq!(held, b"held", "{what}");
     let n = held.len();
     rd.consume(n);
     server.write_all(b"next").await.unwrap();
@@ -558,6 +567,6 @@ async fn reads_through_a_write_half_do_not_take_what_the_read_half_holds() {
             r => break r.unwrap(),
         }
     };
-    assert_eq!(&b[..got], b"next");
+    assert_eq!(&b[..got], b"next", "{what}");
     drop((rd, wr));
 }

@@ -323,3 +323,41 @@ async fn every_move_probes_the_peer_host_while_it_waits() {
     assert!(!sock.keepalive().unwrap());
     assert_eq!(sock.tcp_user_timeout().unwrap(), None);
 }
+
+/// Both directions full when the stream moves (neither application read for a while), with
+/// rings far larger than the sockets' buffers: each side's resend needs the other side's
+/// application to read before it fits. Reads wait only for the peer's frame, not for our own
+/// resend, so both moves end and every byte arrives (reads held for the resend left both moves
+/// waiting on each other until the probe's bound ended the connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_with_both_directions_full_ends_and_loses_nothing() {
+    let (client, server) = smc_pair(ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
+    // Fill both rings: nobody reads.
+    let fill = |s: &SmcStream, tag: u8| {
+        let mut sent = 0usize;
+        let chunk = [tag; 16 << 10];
+        while let Ok(n) = s.try_write(&chunk) {
+            sent += n;
+        }
+        sent
+    };
+    let (to_server, to_client) = (fill(&client, 1), fill(&server, 2));
+    assert!(to_server > 2 << 20 && to_client > 2 << 20, "{to_server} {to_client}");
+    let mover = tokio::spawn(async move {
+        client.hand_back().await.unwrap();
+        client
+    });
+    let drain = |mut s: SmcStream, n: usize, tag: u8| async move {
+        // Both moves under way before either application reads.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut got = vec![0u8; n];
+        s.read_exact(&mut got).await.unwrap();
+        assert!(got.iter().all(|&b| b == tag));
+        s
+    };
+    let server = tokio::spawn(drain(server, to_server, 1));
+    let mut client = bounded(20, mover).await.unwrap();
+    let client = bounded(60, drain(client, to_client, 2)).await;
+    drop(bounded(60, server).await.unwrap());
+    drop(client);
+}

@@ -82,6 +82,12 @@ impl ReadLend {
         Poll::Ready(Ok(Lent::Copied(n)))
     }
 
+    /// Whether it holds bytes of the stream: handed out by the last fill and not consumed, or
+    /// consumed but still to be taken off the socket.
+    pub(crate) fn holds(&self) -> bool {
+        !matches!(self.last, Last::Nothing) || self.discard > 0
+    }
+
     /// The bytes of `lent`.
     ///
     /// # Safety

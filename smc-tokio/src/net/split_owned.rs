@@ -632,6 +632,7 @@ impl Drop for OwnedReadHalf {
         // Nothing it lent can be held any more: a held-back abort or move need not wait for
         // the write half to go too.
         self.inner.give_back();
+        self.inner.set_half_holds(false);
     }
 }
 
@@ -682,6 +683,7 @@ impl AsyncBufRead for OwnedReadHalf {
     fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
         let this = self.get_mut();
         let lent = ready!(this.lend.poll_fill(&this.inner, cx, true))?;
+        this.inner.set_half_holds(this.lend.holds());
         // SAFETY: `lent` is what the fill just returned; the slice borrows this half
         // exclusively, which keeps the stream alive. The write half reaches the stream's reads
         // only through `as_ref`, as `Reader::Other`, which takes no lent byte and does not end
@@ -692,6 +694,7 @@ impl AsyncBufRead for OwnedReadHalf {
     fn consume(self: Pin<&mut Self>, amt: usize) {
         let this = self.get_mut();
         this.lend.consume(&this.inner, amt);
+        this.inner.set_half_holds(this.lend.holds());
     }
 }
 

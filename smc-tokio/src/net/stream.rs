@@ -3,7 +3,7 @@ use std::io::{self, IoSlice};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -89,6 +89,10 @@ pub struct SmcStream {
     /// Split into owned halves, whose read half lends ring bytes: reads through the stream
     /// itself (a write half's `as_ref`) are then not the lender's ([`Reader::Other`]).
     owned_split: bool,
+    /// The owned read half holds bytes of the stream from `fill_buf` (lent, copied or peeked,
+    /// and not consumed): a read by another handle would take them from under it, so it
+    /// answers `WouldBlock` meanwhile, on every path.
+    half_holds: AtomicBool,
 }
 
 /// `SO_LINGER` may be anything: the socket was the application's, or its descriptor was lent
@@ -365,6 +369,7 @@ impl SmcStream {
             linger: AtomicU8::new(LINGER_UNKNOWN),
             lend: None,
             owned_split: false,
+            half_holds: AtomicBool::new(false),
         }
     }
 
@@ -417,6 +422,7 @@ impl SmcStream {
             linger: AtomicU8::new(LINGER_UNKNOWN),
             lend: None,
             owned_split: false,
+            half_holds: AtomicBool::new(false),
         }
     }
 
@@ -694,6 +700,19 @@ impl SmcStream {
     pub(crate) fn reunited(mut self) -> SmcStream {
         self.owned_split = false;
         self
+    }
+
+    /// `WouldBlock` for a read by another handle while the owned read half holds bytes.
+    fn other_may_read(&self, reader: Reader) -> io::Result<()> {
+        if reader == Reader::Other && self.half_holds.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(())
+    }
+
+    /// The owned read half holds bytes from `fill_buf`, or no longer does.
+    pub(crate) fn set_half_holds(&self, holds: bool) {
+        self.half_holds.store(holds, Ordering::Relaxed);
     }
 
     /// Who reads when the application calls a read method on the stream itself.
@@ -1314,6 +1333,7 @@ impl SmcStream {
 
     /// [`try_read_vectored`](Self::try_read_vectored) by `reader`.
     pub(crate) fn try_read_vectored_as(&self, bufs: &mut [io::IoSliceMut<'_>], reader: Reader) -> io::Result<usize> {
+        self.other_may_read(reader)?;
         if self.smc().is_none() && !self.guard().is_some_and(|g| g.is_active()) {
             self.skip_now()?;
             let n = self.io().try_read_vectored(bufs)?;
@@ -1468,9 +1488,12 @@ impl SmcStream {
 
     /// One read that does not wait, into `rb`.
     pub(crate) fn try_read_into(&self, rb: &mut ReadBuf<'_>, reader: Reader) -> io::Result<usize> {
+        self.other_may_read(reader)?;
         let n = match self.path() {
             PathRef::Smc(s) => match s.conn.try_read(rb, reader) {
-                Err(e) if SmcConn::is_moved_error(&e) => return self.try_read_into(rb, reader),
+                // Moved (or moving, with the peer's stream already on the socket): a read of
+                // the socket, as on the TCP path (an SMC stream has no in-band guard).
+                Err(e) if SmcConn::is_moved_error(&e) => self.try_read_plain(rb)?,
                 r => r?,
             },
             PathRef::Tcp(Some(g)) if g.is_active() => {

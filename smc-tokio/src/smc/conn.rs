@@ -253,8 +253,12 @@ struct ConnState {
     /// an abort or its answer waits (`abort_owed`). A move to TCP need not wait: after one,
     /// neither side ever reuses the ring it wrote into (see `handback_over`).
     live: bool,
-    /// An abort (ours, or the answer to the peer's) held back while bytes are lent.
+    /// An abort (ours, or the answer to the peer's) held back while bytes are lent, or while
+    /// bytes the peer sent before its abort are unread ([`SmcConn::pay_abort`]).
     abort_owed: bool,
+    /// A move read the peer's frame: the peer's stream follows on the TCP socket, and reads
+    /// take it there while our resend still goes out ([`SmcConn::release_reads`]).
+    rx_released: bool,
 }
 
 /// Who reads: the handle that lends ring bytes (`fill_buf`) and so may end a lend, or another
@@ -704,6 +708,7 @@ impl SmcConn {
                 lent: 0,
                 live: false,
                 abort_owed: false,
+                rx_released: false,
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
@@ -931,6 +936,7 @@ impl SmcConn {
             self.flush_cdc(&mut st);
         }
         self.end_live(&mut st);
+        self.pay_abort(&mut st);
         self.maybe_finish(st);
         n as usize
     }
@@ -1008,7 +1014,16 @@ impl SmcConn {
         if !std::mem::take(&mut st.live) {
             return;
         }
-        if std::mem::take(&mut st.abort_owed) {
+        self.pay_abort(st);
+    }
+
+    /// Sends the abort held back (`abort_owed`) once nothing holds it back any more: no bytes
+    /// lent, and, after the peer's abort, none of its bytes left unread (the answer lets the
+    /// peer reuse the ring they are in).
+    fn pay_abort(&self, st: &mut ConnState) {
+        let unread = st.engine.peer_aborted() && st.engine.rx_available() > 0;
+        if st.abort_owed && !st.live && !unread {
+            st.abort_owed = false;
             st.engine.abort();
             self.flush_cdc(st);
         }
@@ -1042,13 +1057,9 @@ impl SmcConn {
             if reader == Reader::Other {
                 // Another handle of a stream whose read half lends (a write half's `as_ref`):
                 // it must not take, nor end the hold on, bytes that half may still hold.
-                if consuming && st.live {
+                // Bytes lent, or copied out for that half: its `consume` takes them.
+                if consuming && (st.live || st.lent > 0) {
                     return Poll::Ready(Err(io::ErrorKind::WouldBlock.into()));
-                }
-                if consuming && attempt == 0 {
-                    // Bytes copied out for that half are taken here: its `consume` of them
-                    // then takes nothing more.
-                    st.lent = 0;
                 }
             } else if attempt == 0 {
                 self.end_read(&mut st, consuming);
@@ -1077,10 +1088,7 @@ impl SmcConn {
             if st.engine.peer_aborted() {
                 // Every byte of its ring was read: the answer to its abort, held back until
                 // now, lets the peer reuse the ring.
-                if !st.live && std::mem::take(&mut st.abort_owed) {
-                    st.engine.abort();
-                    self.flush_cdc(&mut st);
-                }
+                self.pay_abort(&mut st);
                 return Poll::Ready(Err(ConnError::Reset.to_io()));
             }
             if st.engine.rx_eof() {
@@ -1167,8 +1175,15 @@ impl SmcConn {
                 Handback::Smc => {}
                 Handback::Moving(_) if st.error.is_none() => {
                     // Only the directions asked: a reader and a writer may wait at once, each in
-                    // its own task, and the end of the move wakes both.
-                    if rx_side {
+                    // its own task, and the end of the move wakes both. Once the peer's frame
+                    // is in, reads are the socket's: so is their readiness.
+                    if let (true, true, Some(tcp)) = (interest.is_readable(), st.rx_released, st.tcp.clone()) {
+                        if tcp.poll_read_ready(cx).is_ready() {
+                            // The read that follows finds out what is there.
+                            st.rx_ready_waits = false;
+                            return Poll::Ready(Ready::READABLE);
+                        }
+                    } else if rx_side {
                         st.rx_waiters.register(cx, future);
                         st.rx_ready_waits |= !future;
                     }
@@ -1374,6 +1389,7 @@ impl SmcConn {
             // rx_spans succeeded for n, so consuming n cannot fail.
             let _ = st.engine.rx_consume(n);
             self.flush_cdc(st);
+            self.pay_abort(st);
         }
         Ok(())
     }
@@ -2116,6 +2132,8 @@ impl SmcConn {
     fn gate<T>(st: &mut ConnState, cx: Option<&mut Context<'_>>, read: bool) -> Option<Poll<io::Result<T>>> {
         match st.handback {
             Handback::Smc => None,
+            // The peer's frame is in: its stream is on the socket, for the stream's reads.
+            Handback::Moving(_) if read && st.rx_released => Some(Poll::Ready(Err(moved()))),
             Handback::Moving(_) => Some(match cx {
                 Some(cx) => {
                     if read { &mut st.rx_waiters } else { &mut st.tx_waiters }.register(cx, false);
@@ -2215,7 +2233,13 @@ impl SmcConn {
                 // a multi-threaded runtime this may run before `spawn` returned).
                 over.spawn.store(SPAWNED, std::sync::atomic::Ordering::Release);
                 let mut hb = hb;
-                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy).await;
+                let conn = over.conn.clone();
+                let released = move || {
+                    if let Some(c) = conn {
+                        c.release_reads();
+                    }
+                };
+                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy, released).await;
                 if let Some(c) = over.conn.take() {
                     c.handback_over(res, &over.tcp);
                 }
@@ -2228,11 +2252,34 @@ impl SmcConn {
             // The runtime is shutting down and dropped the task unrun: no move, the stream
             // stays as it was, and its caller ends it as one that cannot move.
             tracing::debug!(parent: &self.span, "no move to tcp: the runtime is shutting down");
+            if let (Some(before), Some(tcp)) = (st.keepalive_before.take(), st.tcp.as_deref()) {
+                before.restore(tcp);
+            }
             st.handback = Handback::Smc;
             st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
             return false;
         }
         true
+    }
+
+    /// A move read the peer's frame: the peer's stream (its resend of what we had not consumed,
+    /// then what it writes next) follows on the TCP socket, and the stream's reads take it there
+    /// from now on, while our own resend may still be going out. Reads wait only for the peer's
+    /// frame, not for our resend: with both directions full, each side's resend can need the
+    /// other side's application to read before it fits in the sockets' buffers, and reads held
+    /// for it left both moves waiting on each other for good.
+    fn release_reads(&self) {
+        let mut st = self.lock();
+        if matches!(st.handback, Handback::Moving(_)) {
+            st.rx_released = true;
+            // The peer answered, so its host is there: the probe's bound on unacknowledged
+            // data (`probe_peer_host`) would now only cut a resend its application is slow to
+            // read, which TCP would wait out.
+            if let (Some(before), Some(tcp)) = (st.keepalive_before.take(), st.tcp.as_deref()) {
+                before.restore(tcp);
+            }
+            st.rx_waiters.wake();
+        }
     }
 
     /// The exchange ended: the stream is on TCP, or the connection ends as the result says.
@@ -2247,8 +2294,22 @@ impl SmcConn {
         // one): that ring is never given back to the group. One ring per move, which is rare.
         // A peer of another uid copies, and RDMA lends nothing: their rings go back.
         st.retire_slot = self.group.link().is_none_or(|l| l.peer_may_lend());
+        // A move that failed after the peer's frame came: the peer is on TCP, and the reads may
+        // have taken its stream there already, so they stay there (they report what broke the
+        // socket); the ring is not read again.
+        let res = match res {
+            Err(f) if st.rx_released => {
+                tracing::debug!(parent: &self.span, error = ?f, "the move to tcp failed after the peer's frame");
+                counters.handback(false);
+                st.handback = Handback::Moved;
+                self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
+                None
+            }
+            res => Some(res),
+        };
         match res {
-            Ok(()) => {
+            None => {}
+            Some(Ok(())) => {
                 if st.shutdown_after_handback {
                     let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
                 }
@@ -2261,7 +2322,7 @@ impl SmcConn {
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
                 counters.handback(true);
             }
-            Err(f) => {
+            Some(Err(f)) => {
                 let err = match f {
                     // Not a move: the peer is gone. What it sent is read from the ring, then the
                     // end TCP would report, as for any peer that goes away.

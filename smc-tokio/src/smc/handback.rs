@@ -23,8 +23,15 @@ pub(crate) enum Failure {
 
 /// Runs `hb` to its end on `tcp`, resending from `copy` (our bytes from
 /// [`Handback::copy_start`] on). Reads no byte past the peer's frame: what follows it is the
-/// peer's stream, for the application.
-pub(crate) async fn exchange(tcp: &TcpStream, hb: &mut Handback, copy: &[u8]) -> Result<(), Failure> {
+/// peer's stream, for the application, which may read it from `peer_frame_read` on, while our
+/// resend still goes out (the peer's resend may need our application to read before ours can
+/// go: see `SmcConn::release_reads`).
+pub(crate) async fn exchange(
+    tcp: &TcpStream,
+    hb: &mut Handback,
+    copy: &[u8],
+    peer_frame_read: impl FnOnce(),
+) -> Result<(), Failure> {
     while !hb.frame_to_write().is_empty() {
         match tcp.try_write(hb.frame_to_write()) {
             Ok(n) => hb.frame_written(n),
@@ -49,6 +56,7 @@ pub(crate) async fn exchange(tcp: &TcpStream, hb: &mut Handback, copy: &[u8]) ->
             Err(e) => return Err(Failure::Tcp(e)),
         }
     }
+    peer_frame_read();
     while let Some((from, to)) = hb.resend() {
         let start = (from - hb.copy_start()) as usize;
         let end = (to - hb.copy_start()) as usize;
@@ -100,7 +108,8 @@ mod tests {
         let b_stream: Vec<u8> = (0..10u8).collect();
         let mut ha = Handback::new(3, 200, 1000, false);
         let mut hb = Handback::new(600, 0, 10, true);
-        let (ra, rb) = tokio::join!(exchange(&a, &mut ha, &a_stream[200..]), exchange(&b, &mut hb, &b_stream[..]));
+        let (ra, rb) =
+            tokio::join!(exchange(&a, &mut ha, &a_stream[200..], || ()), exchange(&b, &mut hb, &b_stream[..], || ()));
         ra.unwrap();
         rb.unwrap();
         // B reads A's bytes 600.. after A's frame; A reads B's bytes 3.., then B's end.
@@ -130,19 +139,19 @@ mod tests {
         let (a, b) = pair().await;
         drop(b);
         let mut h = Handback::new(0, 0, 0, false);
-        assert!(matches!(exchange(&a, &mut h, &[]).await, Err(Failure::PeerGone { .. })));
+        assert!(matches!(exchange(&a, &mut h, &[], || ()).await, Err(Failure::PeerGone { .. })));
 
         let (a, b) = pair().await;
         b.try_write(b"GET / HTTP/1.1\r\n").unwrap();
         let mut h = Handback::new(0, 0, 0, false);
-        assert!(matches!(exchange(&a, &mut h, &[]).await, Err(Failure::Protocol(HandbackError::BadMagic(_)))));
+        assert!(matches!(exchange(&a, &mut h, &[], || ()).await, Err(Failure::Protocol(HandbackError::BadMagic(_)))));
 
         let (a, b) = pair().await;
         b.try_write(&HandbackFrame { consumed: 5 }.encode()[..7]).unwrap();
         drop(b);
         let mut h = Handback::new(0, 0, 9, false);
         assert!(matches!(
-            exchange(&a, &mut h, &[0; 9]).await,
+            exchange(&a, &mut h, &[0; 9], || ()).await,
             Err(Failure::Protocol(HandbackError::Truncated { got: 7 }))
         ));
     }

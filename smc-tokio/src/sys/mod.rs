@@ -241,7 +241,14 @@ mod tests {
             eprintln!("SKIPPED: no SO_PASSPIDFD (Linux 6.5)");
             return;
         }
-        let open = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        // Only pidfds: other tests of this process open and close descriptors meanwhile.
+        let open = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter(|l| l.to_string_lossy().contains("pidfd"))
+                .count()
+        };
         let before = open();
         for _ in 0..500 {
             doorbell_ring(ring.as_fd()).unwrap();
@@ -875,7 +882,8 @@ fn recvmsg_fds(
     };
     let mut fds = Vec::new();
     // SAFETY: the kernel filled msg_control up to msg_controllen; CMSG_FIRSTHDR/CMSG_NXTHDR walk
-    // only within it, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 ints.
+    // only within it; each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 descriptors
+    // now ours, and an SCM_PIDFD payload one int, a descriptor now ours when not negative.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
@@ -888,8 +896,12 @@ fn recvmsg_fds(
             } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == SCM_PIDFD {
                 // The sender's pidfd, installed because the socket asks for one (SO_PASSPIDFD,
                 // which a peer holding the socket too can turn on): closed here, at once (a
-                // pidfd's close never waits), or every message would leave one open.
-                drop(OwnedFd::from_raw_fd(libc::CMSG_DATA(c).cast::<libc::c_int>().read_unaligned()));
+                // pidfd's close never waits), or every message would leave one open. A
+                // negative value is the error the kernel met making one (none installed).
+                let fd = libc::CMSG_DATA(c).cast::<libc::c_int>().read_unaligned();
+                if fd >= 0 {
+                    drop(OwnedFd::from_raw_fd(fd));
+                }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }

@@ -671,6 +671,9 @@ pub(crate) async fn join(
     // Only the process whose door answered gets our region: a name in the abstract namespace
     // is anyone's to bind once its owner lets it go.
     let side = sys::peer_cred(fd.as_fd()).map_err(broke)?;
+    // (A process outside our pid namespace shows as pid 0 on both: its uid still has to match.
+    // Refusing it would end SMC-D between containers of one network namespace whose pid
+    // namespaces differ.)
     if (side.pid, side.uid) != (owner.pid, owner.uid) {
         return Err(JoinError::Impostor { door: owner, side });
     }
