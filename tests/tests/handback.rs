@@ -356,7 +356,7 @@ async fn a_move_with_both_directions_full_ends_and_loses_nothing() {
         s
     };
     let server = tokio::spawn(drain(server, to_server, 1));
-    let mut client = bounded(20, mover).await.unwrap();
+    let client = bounded(20, mover).await.unwrap();
     let client = bounded(60, drain(client, to_client, 2)).await;
     drop(bounded(60, server).await.unwrap());
     drop(client);
