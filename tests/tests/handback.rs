@@ -361,3 +361,33 @@ async fn a_move_with_both_directions_full_ends_and_loses_nothing() {
     drop(bounded(60, server).await.unwrap());
     drop(client);
 }
+
+/// The peer writes its last bytes and closes while our move runs, and the move fails (the
+/// peer's socket is gone before our frame): what it sent meanwhile, and its close, are taken in
+/// from the link after all, so the reads end with its bytes, not short of them.
+#[tokio::test]
+async fn bytes_the_peer_sent_while_a_failed_move_ran_are_read() {
+    use std::future::Future;
+    let (client, mut server) = smc_pair(ShmConfig::default()).await;
+    server.write_all(b"before ").await.unwrap();
+    server.flush().await.unwrap();
+    let mut client = client;
+    let mut first = [0u8; 7];
+    bounded(10, client.read_exact(&mut first)).await.unwrap();
+    // The move starts (its exchange runs at our next await), the peer writes and goes.
+    {
+        let mut moving = std::pin::pin!(client.hand_back());
+        std::future::poll_fn(|cx| {
+            assert!(moving.as_mut().poll(cx).is_pending(), "the move waits for the peer");
+            std::task::Poll::Ready(())
+        })
+        .await;
+        assert_eq!(server.try_write(b"the tail").unwrap(), 8);
+        drop(server);
+        assert!(bounded(10, moving).await.is_err(), "the peer went: no move");
+    }
+    let mut rest = Vec::new();
+    let end = bounded(10, client.read_to_end(&mut rest)).await;
+    assert_eq!(String::from_utf8_lossy(&rest), "the tail", "{end:?}");
+    assert_eq!(end.unwrap(), 8, "then the end of its stream, as its close said");
+}

@@ -259,7 +259,16 @@ struct ConnState {
     /// A move read the peer's frame: the peer's stream follows on the TCP socket, and reads
     /// take it there while our resend still goes out ([`SmcConn::release_reads`]).
     rx_released: bool,
+    /// CDC messages that came while a move ran, taken in if it fails (at most
+    /// [`MOVING_CDC_MAX`]; more sets `moving_cdc_lost`).
+    moving_cdc: Vec<CdcMsg>,
+    moving_cdc_lost: bool,
 }
+
+/// CDC messages kept while a move runs: as many as a CDC ring holds
+/// ([`MAX_CDC_SLOTS`](crate::link::shm::region::MAX_CDC_SLOTS)); a peer that sends more while
+/// our consumer cursor stands still sends cursor updates, which a failed move then misses.
+const MOVING_CDC_MAX: usize = 1024;
 
 /// Who reads: the handle that lends ring bytes (`fill_buf`) and so may end a lend, or another
 /// handle of a stream whose owned read half lends (reached through a write half's `as_ref`),
@@ -709,6 +718,8 @@ impl SmcConn {
                 live: false,
                 abort_owed: false,
                 rx_released: false,
+                moving_cdc: Vec::new(),
+                moving_cdc_lost: false,
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
@@ -1896,8 +1907,16 @@ impl SmcConn {
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
         if st.handback != Handback::Smc {
-            // The stream is moving to TCP: what the link still says of it is void (the peer
-            // resends whatever we did not consume).
+            // The stream is moving to TCP: what the link still says of it is void if the move
+            // goes through (the peer resends whatever we did not consume), and is taken in if
+            // it fails (`handback_over`): what the peer wrote, and its close, before it went.
+            if matches!(st.handback, Handback::Moving(_)) {
+                if st.moving_cdc.len() < MOVING_CDC_MAX {
+                    st.moving_cdc.push(*msg);
+                } else {
+                    st.moving_cdc_lost = true;
+                }
+            }
             return;
         }
         if st.error.is_some() {
@@ -1911,6 +1930,12 @@ impl SmcConn {
             self.maybe_finish(st);
             return;
         }
+        self.apply_cdc(&mut st, msg);
+        self.maybe_finish(st);
+    }
+
+    /// Takes in one CDC message of a connection that has not ended.
+    fn apply_cdc(&self, st: &mut ConnState, msg: &CdcMsg) {
         if !st.rx_max_set {
             if let Some(max) = self.group.link().and_then(|l| RingSize::new(l.rx_rmb_size())) {
                 st.engine.set_rx_max(max);
@@ -1929,8 +1954,7 @@ impl SmcConn {
                 let placed = match placed {
                     Ok(p) => p,
                     Err(e) => {
-                        self.fail_locked(&mut st, ConnError::from_link(&e));
-                        self.maybe_finish(st);
+                        self.fail_locked(st, ConnError::from_link(&e));
                         return;
                     }
                 };
@@ -1966,18 +1990,17 @@ impl SmcConn {
                     if st.engine.rx_available() > 0 {
                         st.abort_owed = true;
                     } else {
-                        self.abort_or_owe(&mut st);
+                        self.abort_or_owe(st);
                     }
                 }
                 // A blocked writer on the other side waits for our consumer cursor.
-                self.flush_cdc(&mut st);
+                self.flush_cdc(st);
             }
             Err(e) => {
                 tracing::debug!(parent: &self.span, error = %e, "aborting connection: bad CDC message");
-                self.fail_locked(&mut st, ConnError::Protocol(e.to_string()));
+                self.fail_locked(st, ConnError::Protocol(e.to_string()));
             }
         }
-        self.maybe_finish(st);
     }
 
     fn fail_locked(&self, st: &mut ConnState, err: ConnError) {
@@ -2335,7 +2358,6 @@ impl SmcConn {
                     counters.handback(false);
                 }
                 st.handback = Handback::Smc;
-                st.error.get_or_insert(err);
                 // The ring is still read (drained). What the application consumed of the bytes
                 // handed out while the move ran was counted for TCP (`tcp_skip`): it is
                 // consumed from the ring now, where those bytes still are; the rest of what was
@@ -2345,8 +2367,31 @@ impl SmcConn {
                     st.inline = None;
                 }
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
+                // What the peer sent while the move ran (bytes, its close), before it went.
+                for m in std::mem::take(&mut st.moving_cdc) {
+                    if st.error.is_some() {
+                        break;
+                    }
+                    self.apply_cdc(&mut st, &m);
+                }
+                if std::mem::take(&mut st.moving_cdc_lost) {
+                    let e = ConnError::Protocol("more CDC messages than a move keeps came while it ran".into());
+                    st.error.get_or_insert(e);
+                }
+                // A peer that closed in order before it went ends the stream as TCP's FIN does,
+                // whatever our frame met on its socket after.
+                let err = if st.engine.peer_closed() && !st.engine.peer_aborted() {
+                    ConnError::PeerGone { tcp_reset: false }
+                } else {
+                    err
+                };
+                st.error.get_or_insert(err);
             }
         }
+        // The link's word during a move that went through (or failed after the peer's frame)
+        // is void.
+        st.moving_cdc = Vec::new();
+        st.moving_cdc_lost = false;
         // The link has no more use for the connection: its slot goes back to the group, or is
         // retired (above).
         st.link_down = true;
