@@ -162,9 +162,12 @@ async fn recording_plain_server(greet: bool) -> (std::net::SocketAddr, std::sync
 #[tokio::test]
 async fn a_plain_server_sees_exactly_the_applications_bytes_on_one_connection() {
     // Client first (an echo server) and server first (a greeting), to a local address: the
-    // client finds no door, proposes nothing, and connects once.
+    // client finds no door, proposes nothing, and connects once. (A context of its own: the
+    // process's negative cache may hold this port from another test, which says so instead.)
+    let ctx = smc_tokio::Context::new();
+    let builder = SmcStream::builder().context(&ctx);
     let (addr, seen) = recording_plain_server(false).await;
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let s = bounded(10, builder.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
     let data = Rng::new(3).bytes(64 << 10);
     bounded(30, echo_check(s, &data, 8192, 3)).await;
@@ -172,7 +175,7 @@ async fn a_plain_server_sees_exactly_the_applications_bytes_on_one_connection() 
     assert_eq!(*seen.lock().unwrap(), vec![data], "one connection, exactly the application's bytes");
 
     let (addr, seen) = recording_plain_server(true).await;
-    let mut s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let mut s = bounded(10, builder.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
     let mut g = [0u8; 24];
     bounded(10, s.read_exact(&mut g)).await.unwrap();
@@ -321,8 +324,10 @@ async fn tcp_only_policies() {
     assert_eq!(listener.door_name(), None, "a TcpOnly listener has no door");
     let addr = listener.local_addr().unwrap();
     spawn_echo(listener);
-    // Same-host clients find no door and connect plain.
-    let s = SmcStream::connect(addr).await.unwrap();
+    // Same-host clients find no door and connect plain. (A context of its own: the process's
+    // negative cache may hold this port from another test, which says so instead.)
+    let ctx = smc_tokio::Context::new();
+    let s = SmcStream::builder().context(&ctx).connect(addr).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::NotProposed));
     bounded(10, echo_check(s, b"tcp only listener", 5, 5)).await;
     // A TcpOnly listener still answers an in-band proposal, so an SMC client keeps working.

@@ -344,3 +344,17 @@ async fn read_readiness_spends_the_cooperative_budget() {
         assert!(yielded, "{what}: 500 ready polls in one turn of the task");
     }
 }
+
+/// After our own shutdown the stream is still writable as far as readiness goes, as tokio's
+/// is (only a hang-up or a reset reports the write side closed); the write itself fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_shutdown_does_not_report_the_write_side_closed() {
+    use tokio::io::Interest;
+    for (what, mut client, server) in both_transports().await {
+        client.shutdown().await.unwrap();
+        let r = bounded(10, client.ready(Interest::WRITABLE)).await.unwrap();
+        assert!(r.is_writable() && !r.is_write_closed(), "{what}: {r:?}");
+        assert_eq!(client.try_write(b"x").map_err(|e| e.kind()), Err(std::io::ErrorKind::BrokenPipe), "{what}");
+        drop(server);
+    }
+}

@@ -1237,13 +1237,12 @@ impl SmcConn {
                 }
             }
             if interest.is_writable() {
-                let closed = st.error.is_some()
-                    || st.engine.is_write_shutdown()
-                    || st.engine.peer_aborted()
-                    || st.engine.peer_closed();
+                let closed = st.error.is_some() || st.engine.peer_aborted() || st.engine.peer_closed();
                 if closed {
                     r |= Ready::WRITABLE | Ready::WRITE_CLOSED;
-                } else if st.tx_ready_hint || st.engine.tx_free() > 0 {
+                } else if st.engine.is_write_shutdown() || st.tx_ready_hint || st.engine.tx_free() > 0 {
+                    // After our own shutdown a write fails at once: writable, as tokio's
+                    // socket is (its write side shows closed only at a hang-up or a reset).
                     r |= Ready::WRITABLE;
                 }
             }
