@@ -447,7 +447,9 @@ impl SmcStream {
     /// ```
     pub fn transport(&self) -> Transport {
         match &self.path {
-            Path::Smc(s) => match s.conn.moved_to_tcp() {
+            // Moved once the bytes come over TCP (the peer's frame read), whatever of the move
+            // is still under way (our resend).
+            Path::Smc(s) => match s.conn.reads_moved_to_tcp() {
                 Some(cause) => Transport::Tcp(crate::FallbackReason::HandedBack(cause)),
                 None => self.transport,
             },

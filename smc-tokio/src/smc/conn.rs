@@ -555,6 +555,9 @@ pub(crate) struct SmcConn {
     /// changes again). Release on the store, Acquire on the load: a stream that sees it set
     /// sees the connection's final state.
     on_tcp: std::sync::atomic::AtomicU8,
+    /// As `on_tcp`, for the reads alone: set once a move read the peer's frame
+    /// ([`release_reads`](Self::release_reads)), when the bytes start coming over TCP.
+    rx_on_tcp: std::sync::atomic::AtomicU8,
     /// The group forgot the connection ([`LinkGroup::forget_conn`] or its end): frames for its
     /// token are no longer delivered to it. Set under the group's lock, read without it by the
     /// dispatcher (relaxed: a frame that races the forgetting was delivered before too).
@@ -726,6 +729,7 @@ impl SmcConn {
             voided: std::sync::atomic::AtomicU32::new(0),
             tcp_skip: std::sync::atomic::AtomicU64::new(0),
             on_tcp: std::sync::atomic::AtomicU8::new(0),
+            rx_on_tcp: std::sync::atomic::AtomicU8::new(0),
             forgotten: AtomicBool::new(false),
         })
     }
@@ -2116,14 +2120,28 @@ impl SmcConn {
 
     /// Where the stream is: `None` on the link (or moving), the cause once on TCP. Lock-free.
     pub(crate) fn moved_to_tcp(&self) -> Option<HandbackCause> {
-        match self.on_tcp.load(std::sync::atomic::Ordering::Acquire) {
-            1 => Some(HandbackCause::Requested),
-            2 => Some(HandbackCause::LinkFailed),
-            3 => Some(HandbackCause::Peer),
-            _ => None,
-        }
+        cause_of(self.on_tcp.load(std::sync::atomic::Ordering::Acquire))
     }
 
+    /// Where the stream's bytes come from, as [`moved_to_tcp`](Self::moved_to_tcp): the cause
+    /// from the moment a move read the peer's frame (reads are the socket's then, while our
+    /// resend may still go out), not only once the move is over. Lock-free.
+    pub(crate) fn reads_moved_to_tcp(&self) -> Option<HandbackCause> {
+        self.moved_to_tcp().or_else(|| cause_of(self.rx_on_tcp.load(std::sync::atomic::Ordering::Acquire)))
+    }
+}
+
+/// The cause that [`cause_code`] stored (0: none).
+fn cause_of(code: u8) -> Option<HandbackCause> {
+    match code {
+        1 => Some(HandbackCause::Requested),
+        2 => Some(HandbackCause::LinkFailed),
+        3 => Some(HandbackCause::Peer),
+        _ => None,
+    }
+}
+
+impl SmcConn {
     /// Whether `e` is the error of an operation that found the stream on TCP (see [`MovedToTcp`]).
     pub(crate) fn is_moved_error(e: &io::Error) -> bool {
         e.get_ref().is_some_and(|i| i.is::<MovedToTcp>())
@@ -2292,8 +2310,9 @@ impl SmcConn {
     /// for it left both moves waiting on each other for good.
     fn release_reads(&self) {
         let mut st = self.lock();
-        if matches!(st.handback, Handback::Moving(_)) {
+        if let Handback::Moving(cause) = st.handback {
             st.rx_released = true;
+            self.rx_on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
             // The peer answered, so its host is there: the probe's bound on unacknowledged
             // data (`probe_peer_host`) would now only cut a resend its application is slow to
             // read, which TCP would wait out.
