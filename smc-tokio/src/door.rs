@@ -1974,10 +1974,7 @@ mod tests {
         // first to take the connection in and read it.
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let door = listener.door_for_test().expect("a door");
-        let client = sys::seqpacket_connect(door.name()).unwrap();
-        // Room for all of them in the socket (SO_SNDBUFFORCE: the tests run as root).
-        let room: libc::c_int = 8 << 20;
-        sys::setsockopt(client.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &room).unwrap();
+        let client = roomy_door_connection(door);
         for id in 1..=1000u64 {
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id }.encode(&[]);
             sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
@@ -1994,23 +1991,13 @@ mod tests {
     /// rest are answered "congested" at once, and the door keeps room for other clients.
     #[tokio::test]
     async fn one_door_connection_files_a_bounded_number_of_registrations() {
-        use crate::proto::clc::{ClcMessage, Proposal};
         use crate::proto::door::RegisterHead;
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let door = listener.door_for_test().expect("a door");
-        let client = sys::seqpacket_connect(door.name()).unwrap();
-        let room: libc::c_int = 8 << 20;
-        sys::setsockopt(client.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &room).unwrap();
+        let client = roomy_door_connection(door);
         // Proposals without shared memory: filed, and not answered before their connection
         // comes (none will).
-        let proposal = ClcMessage::Proposal(Proposal {
-            secret: sys::random_secret().unwrap(),
-            rmb_size: 64 << 10,
-            shm: None,
-            rdma: None,
-        })
-        .encode()
-        .unwrap();
+        let proposal = proposal(None);
         let sent = CONN_REGISTRATIONS as u64 + 40;
         for id in 1..=sent {
             let frame = RegisterHead { instance: 1, cookie: id, port: 10_000 + id as u16 }.encode_frame(id, &proposal);
@@ -2035,7 +2022,7 @@ mod tests {
     /// registration's socket and uid.
     #[tokio::test]
     async fn a_connection_to_another_address_of_the_port_is_not_confirmed() {
-        use crate::proto::clc::{ClcMessage, Proposal, ShmOffer};
+        use crate::proto::clc::ShmOffer;
         use crate::proto::door::{ConnectedTuple, RegisterHead};
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -2049,14 +2036,7 @@ mod tests {
         sock.connect(&other.local_addr().unwrap().into()).unwrap();
         let _accepted = other.accept().unwrap();
         let client = sock.local_addr().unwrap().as_socket().unwrap();
-        let proposal = ClcMessage::Proposal(Proposal {
-            secret: sys::random_secret().unwrap(),
-            rmb_size: 64 << 10,
-            shm: Some(ShmOffer { link_group: 0 }),
-            rdma: None,
-        })
-        .encode()
-        .unwrap();
+        let proposal = proposal(Some(ShmOffer { link_group: 0 }));
         let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
         let frame = RegisterHead { instance: 1, cookie, port: client.port() }.encode_frame(7, &proposal);
         let door_conn = sys::seqpacket_connect(door.name()).unwrap();
@@ -2068,6 +2048,22 @@ mod tests {
         let key = EarlyKey { conn, id: 7 };
         let said = |server: SocketAddr| Some(ConnectedTuple { local: client, peer: server });
         assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
+    }
+
+    /// A connection to `door` with room for many messages in its socket (SO_SNDBUFFORCE: the
+    /// tests run as root).
+    fn roomy_door_connection(door: &Door) -> OwnedFd {
+        let client = sys::seqpacket_connect(door.name()).unwrap();
+        let room: libc::c_int = 8 << 20;
+        sys::setsockopt(client.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &room).unwrap();
+        client
+    }
+
+    /// An encoded Proposal of 64 KiB rings, with `shm` as its shared-memory offer.
+    fn proposal(shm: Option<crate::proto::clc::ShmOffer>) -> Vec<u8> {
+        use crate::proto::clc::{ClcMessage, Proposal};
+        let p = Proposal { secret: sys::random_secret().unwrap(), rmb_size: 64 << 10, shm, rdma: None };
+        ClcMessage::Proposal(p).encode().unwrap()
     }
 
     /// A door connection's two ends: ours as the listener holds it, and the client's.

@@ -256,9 +256,6 @@ struct ConnState {
     /// An abort (ours, or the answer to the peer's) held back while bytes are lent, or while
     /// bytes the peer sent before its abort are unread ([`SmcConn::pay_abort`]).
     abort_owed: bool,
-    /// A move read the peer's frame: the peer's stream follows on the TCP socket, and reads
-    /// take it there while our resend still goes out ([`SmcConn::release_reads`]).
-    rx_released: bool,
     /// CDC messages that came while a move ran, taken in if it fails (at most
     /// [`MOVING_CDC_MAX`]; more sets `moving_cdc_lost`).
     moving_cdc: Vec<CdcMsg>,
@@ -720,7 +717,6 @@ impl SmcConn {
                 lent: 0,
                 live: false,
                 abort_owed: false,
-                rx_released: false,
                 moving_cdc: Vec::new(),
                 moving_cdc_lost: false,
             }),
@@ -1087,7 +1083,7 @@ impl SmcConn {
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains() && !matches!(e, ConnError::Reset)) {
                 return Poll::Ready(Err(e.to_io()));
             }
-            if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), true) {
+            if let Some(p) = self.gate(&mut st, cx.as_deref_mut(), true) {
                 return p;
             }
             let avail = st.engine.rx_available();
@@ -1192,7 +1188,7 @@ impl SmcConn {
                     // Only the directions asked: a reader and a writer may wait at once, each in
                     // its own task, and the end of the move wakes both. Once the peer's frame
                     // is in, reads are the socket's: so is their readiness.
-                    if let (true, true, Some(tcp)) = (interest.is_readable(), st.rx_released, st.tcp.clone()) {
+                    if let (true, true, Some(tcp)) = (interest.is_readable(), self.reads_released(), st.tcp.clone()) {
                         if tcp.poll_read_ready(cx).is_ready() {
                             // The read that follows finds out what is there.
                             st.rx_ready_waits = false;
@@ -1542,7 +1538,7 @@ impl SmcConn {
             if let Some(e) = &st.error {
                 return Poll::Ready(Err(e.to_io()));
             }
-            if let Some(p) = Self::gate(&mut st, cx.as_deref_mut(), false) {
+            if let Some(p) = self.gate(&mut st, cx.as_deref_mut(), false) {
                 return p;
             }
             if let Some(e) = Self::refuses_writes(&st) {
@@ -1626,7 +1622,7 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
-        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
+        if let Some(p) = self.gate(&mut st, Some(cx), false) {
             return p;
         }
         st.engine.push();
@@ -1674,7 +1670,7 @@ impl SmcConn {
         if let Some(err) = &st.error {
             return Poll::Ready(Err(err.to_io()));
         }
-        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
+        if let Some(p) = self.gate(&mut st, Some(cx), false) {
             return p;
         }
         // Still on the link with no error, the wait goes on where `fail_link` ran (the peer's side
@@ -1746,7 +1742,7 @@ impl SmcConn {
         if let Some(e) = &st.error {
             return Poll::Ready(e.after_shutdown());
         }
-        if let Some(p) = Self::gate(&mut st, Some(cx), false) {
+        if let Some(p) = self.gate(&mut st, Some(cx), false) {
             return p;
         }
         st.engine.shutdown_write();
@@ -1990,11 +1986,8 @@ impl SmcConn {
                     // reuse the slot: once the bytes it announced before are read (a read that
                     // finds the ring empty answers), or the stream is let go, and nothing of
                     // it is lent.
-                    if st.engine.rx_available() > 0 {
-                        st.abort_owed = true;
-                    } else {
-                        self.abort_or_owe(st);
-                    }
+                    st.abort_owed = true;
+                    self.pay_abort(st);
                 }
                 // A blocked writer on the other side waits for our consumer cursor.
                 self.flush_cdc(st);
@@ -2123,6 +2116,13 @@ impl SmcConn {
         cause_of(self.on_tcp.load(std::sync::atomic::Ordering::Acquire))
     }
 
+    /// A move read the peer's frame ([`release_reads`](Self::release_reads)): the peer's
+    /// stream follows on the TCP socket, and reads take it there while our resend still goes
+    /// out.
+    fn reads_released(&self) -> bool {
+        self.rx_on_tcp.load(std::sync::atomic::Ordering::Acquire) != 0
+    }
+
     /// Where the stream's bytes come from, as [`moved_to_tcp`](Self::moved_to_tcp): the cause
     /// from the moment a move read the peer's frame (reads are the socket's then, while our
     /// resend may still go out), not only once the move is over. Lock-free.
@@ -2169,11 +2169,11 @@ impl SmcConn {
 
     /// Reads (`read`) and writes while a handback runs wait for it (without a context: they
     /// would block); once it is over they are TCP's. `None` on the link.
-    fn gate<T>(st: &mut ConnState, cx: Option<&mut Context<'_>>, read: bool) -> Option<Poll<io::Result<T>>> {
+    fn gate<T>(&self, st: &mut ConnState, cx: Option<&mut Context<'_>>, read: bool) -> Option<Poll<io::Result<T>>> {
         match st.handback {
             Handback::Smc => None,
             // The peer's frame is in: its stream is on the socket, for the stream's reads.
-            Handback::Moving(_) if read && st.rx_released => Some(Poll::Ready(Err(moved()))),
+            Handback::Moving(_) if read && self.reads_released() => Some(Poll::Ready(Err(moved()))),
             Handback::Moving(_) => Some(match cx {
                 Some(cx) => {
                     if read { &mut st.rx_waiters } else { &mut st.tx_waiters }.register(cx, false);
@@ -2311,7 +2311,6 @@ impl SmcConn {
     fn release_reads(&self) {
         let mut st = self.lock();
         if let Handback::Moving(cause) = st.handback {
-            st.rx_released = true;
             self.rx_on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
             // The peer answered, so its host is there: the probe's bound on unacknowledged
             // data (`probe_peer_host`) would now only cut a resend its application is slow to
@@ -2338,19 +2337,14 @@ impl SmcConn {
         // A move that failed after the peer's frame came: the peer is on TCP, and the reads may
         // have taken its stream there already, so they stay there (they report what broke the
         // socket); the ring is not read again.
-        let res = match res {
-            Err(f) if st.rx_released => {
+        match res {
+            Err(f) if self.reads_released() => {
                 tracing::debug!(parent: &self.span, error = ?f, "the move to tcp failed after the peer's frame");
                 counters.handback(false);
                 st.handback = Handback::Moved;
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
-                None
             }
-            res => Some(res),
-        };
-        match res {
-            None => {}
-            Some(Ok(())) => {
+            Ok(()) => {
                 if st.shutdown_after_handback {
                     let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
                 }
@@ -2363,7 +2357,7 @@ impl SmcConn {
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
                 counters.handback(true);
             }
-            Some(Err(f)) => {
+            Err(f) => {
                 let err = match f {
                     // Not a move: the peer is gone. What it sent is read from the ring, then the
                     // end TCP would report, as for any peer that goes away.

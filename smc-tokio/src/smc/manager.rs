@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::config::RmbBudget;
+use crate::proto::clc::DeclineReason;
 use crate::smc::group::LinkGroup;
 use crate::stats::Counters;
 use crate::sys;
@@ -59,4 +60,22 @@ impl Manager {
     pub(crate) fn instance(&self) -> u64 {
         self.instance
     }
+}
+
+/// Room for a new link group under a bound. `look`, under its registry's lock, goes on where
+/// there is room (`Ok`, with what it made or found), or names the groups one of which must end
+/// to make it (`Err`). Each round ends one idle group among them
+/// ([`LinkGroup::end_if_idle`]) outside that lock (an ended group's manager forgets it, under
+/// it); a few rounds cover admissions running at once. When none is idle, the new group is
+/// declined (the connection stays TCP).
+pub(crate) fn make_room<T>(mut look: impl FnMut() -> Result<T, Vec<Arc<LinkGroup>>>) -> Result<T, DeclineReason> {
+    for _ in 0..4 {
+        match look() {
+            Ok(t) => return Ok(t),
+            Err(candidates) if candidates.iter().any(|g| g.end_if_idle()) => {}
+            Err(_) => break,
+        }
+    }
+    tracing::debug!("no room for another link group, and none is idle: declining");
+    Err(DeclineReason::OutOfMemory)
 }

@@ -99,26 +99,15 @@ fn admit_server_group(manager: &Manager, id: u64, gid: [u8; 16]) -> Result<(), D
     })
 }
 
-/// Room for a new group: `full`, under the registry's lock, takes the room where there is
-/// some (`None`), or names the groups one of which must end to make it. Each round ends one
-/// idle group among them ([`LinkGroup::end_if_idle`]); a few rounds cover admissions running
-/// at once (setup jobs run on one thread, or on the blocking pool when that thread could not
-/// start). When none is idle, the new group is declined.
+/// Room for a new group ([`crate::smc::manager::make_room`]): `full`, under the registry's
+/// lock, takes the room where there is some (`None`), or names the groups one of which must end
+/// to make it (admissions run at once when setup jobs run on one thread, or on the blocking
+/// pool when that thread could not start).
 fn make_room(
     manager: &Manager,
     mut full: impl FnMut(&mut State) -> Option<Vec<Arc<LinkGroup>>>,
 ) -> Result<(), DeclineReason> {
-    for _ in 0..4 {
-        let Some(candidates) = full(&mut manager.rdma.lock()) else {
-            return Ok(());
-        };
-        // Outside the registry's lock: an ended group's manager forgets it, under that lock.
-        if !candidates.iter().any(|g| g.end_if_idle()) {
-            tracing::debug!("no room for another rdma link group, and none is idle: declining");
-            return Err(DeclineReason::OutOfMemory);
-        }
-    }
-    Err(DeclineReason::OutOfMemory)
+    crate::smc::manager::make_room(|| full(&mut manager.rdma.lock()).map_or(Ok(()), Err))
 }
 
 impl State {

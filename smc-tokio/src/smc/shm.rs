@@ -383,8 +383,7 @@ impl Manager {
             tracing::debug!(error = %e, "cannot listen for shm side channels");
             DeclineReason::Internal
         })?;
-        let mut rounds = 0;
-        let (group, fresh) = loop {
+        let (group, fresh) = crate::smc::manager::make_room(|| {
             let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
             let same_client = |g: &&ServerGroup| {
                 g.acceptor == name
@@ -408,55 +407,13 @@ impl Manager {
                 .filter(|g| g.group.has_room())
                 .or_else(|| s.groups.values().filter(same_client).find(open_to_more));
             if let Some(g) = reuse {
-                break (g.group.clone(), false);
+                return Ok(Ok((g.group.clone(), false)));
             }
             if let Some(candidates) = s.no_room_for(client, &name) {
-                // Outside the registry's lock: an ended group's manager forgets it, under it.
-                drop(s);
-                rounds += 1;
-                if rounds < 4 && candidates.iter().any(|g| g.end_if_idle()) {
-                    continue;
-                }
-                tracing::debug!(pid = client.pid, uid = client.uid, "no room for another shm link group: declining");
-                return Err(DeclineReason::OutOfMemory);
+                return Err(candidates);
             }
-            let layout =
-                Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max()).ok_or(DeclineReason::Internal)?;
-            let local = ShmLocal::create(layout)
-                .map_err(|e| {
-                    tracing::debug!(error = %e, "cannot create shm region");
-                    DeclineReason::OutOfMemory
-                })?
-                .counting(self.counters.clone());
-            let mut id = sys::random_u64();
-            while s.groups.contains_key(&id) {
-                id = sys::random_u64();
-            }
-            let group = LinkGroup::new(
-                id,
-                Role::Server,
-                layout.rmb_count,
-                cfg.rmb_size,
-                cfg.get_rmb_max(),
-                GroupTimes { idle_timeout: cfg.idle_timeout.max(handshake_timeout), poll_window: cfg.adaptive_poll },
-                self.clone(),
-            );
-            s.groups.insert(
-                id,
-                ServerGroup {
-                    group: group.clone(),
-                    acceptor: name.clone(),
-                    pid: client.pid,
-                    uid: client.uid,
-                    instance: client.instance,
-                    peer_rmb_size: p.rmb_size,
-                    local: Some(local),
-                    busy_poll: cfg.busy_poll,
-                    allowed_uids: cfg.allowed_uids.clone(),
-                },
-            );
-            break (group, true);
-        };
+            Ok(self.new_server_group(&mut s, &name, p, client, cfg, handshake_timeout).map(|g| (g, true)))
+        })??;
         if fresh {
             // A pending group nobody joins is removed when its handshakes time out, or when the
             // runtime that would time them out shuts down first (its task is then dropped,
@@ -488,6 +445,55 @@ impl Manager {
             socket_name: name,
         };
         Ok((conn, info))
+    }
+
+    /// A new server group for `client`'s Proposal `p` on the side channel `name`, filed
+    /// (pending until the client joins) in `s`.
+    fn new_server_group(
+        self: &Arc<Self>,
+        s: &mut ServerSide,
+        name: &[u8],
+        p: &Proposal,
+        client: &ClientIdentity,
+        cfg: &ShmConfig,
+        handshake_timeout: Duration,
+    ) -> Result<Arc<LinkGroup>, DeclineReason> {
+        let layout =
+            Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max()).ok_or(DeclineReason::Internal)?;
+        let local = ShmLocal::create(layout)
+            .map_err(|e| {
+                tracing::debug!(error = %e, "cannot create shm region");
+                DeclineReason::OutOfMemory
+            })?
+            .counting(self.counters.clone());
+        let mut id = sys::random_u64();
+        while s.groups.contains_key(&id) {
+            id = sys::random_u64();
+        }
+        let group = LinkGroup::new(
+            id,
+            Role::Server,
+            layout.rmb_count,
+            cfg.rmb_size,
+            cfg.get_rmb_max(),
+            GroupTimes { idle_timeout: cfg.idle_timeout.max(handshake_timeout), poll_window: cfg.adaptive_poll },
+            self.clone(),
+        );
+        s.groups.insert(
+            id,
+            ServerGroup {
+                group: group.clone(),
+                acceptor: name.to_vec(),
+                pid: client.pid,
+                uid: client.uid,
+                instance: client.instance,
+                peer_rmb_size: p.rmb_size,
+                local: Some(local),
+                busy_poll: cfg.busy_poll,
+                allowed_uids: cfg.allowed_uids.clone(),
+            },
+        );
+        Ok(group)
     }
 
     /// A handshake that created or used a pending group ended without SMC: if nobody has

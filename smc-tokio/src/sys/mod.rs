@@ -791,10 +791,19 @@ pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd
 /// tests that play a peer sending more than ours do.
 pub(crate) fn send_with_any_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // Room for the descriptors, aligned as cmsghdr requires.
+    // Room for the descriptors, aligned as cmsghdr requires: on the stack for the few a
+    // side-channel message carries (and for none: every door message comes through here), on
+    // the heap for more.
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut small = [0u64; 8];
+    let mut large = Vec::new();
+    let cbuf: &mut [u64] = if space <= std::mem::size_of_val(&small) {
+        &mut small
+    } else {
+        large.resize(space.div_ceil(8), 0u64);
+        &mut large
+    };
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
