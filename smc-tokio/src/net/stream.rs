@@ -192,8 +192,14 @@ impl Drop for SmcStream {
                 LINGER_ZERO => true,
                 _ => socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO)),
             };
-            s.conn.release(abort);
-            s.stop_watcher();
+            if s.conn.release(abort) {
+                // The TCP socket is held for the peer's close: the watcher goes on with it.
+                if let Some(w) = s.watcher.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    s.conn.keep_watcher(w);
+                }
+            } else {
+                s.stop_watcher();
+            }
         }
     }
 }

@@ -1123,6 +1123,24 @@ impl ConnEngine {
         self.closed_sent || self.aborted_sent
     }
 
+    /// Whether the close we announced was an abort.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::pair::EnginePair;
+    ///
+    /// let EnginePair { mut a, .. } = EnginePair::new(100);
+    /// a.abort();
+    /// assert!(!a.abort_sent()); // not yet sent
+    /// let msg = a.poll_cdc().unwrap();
+    /// a.on_cdc_sent(&msg);
+    /// assert!(a.abort_sent() && a.close_sent());
+    /// ```
+    pub fn abort_sent(&self) -> bool {
+        self.aborted_sent
+    }
+
     /// Whether both sides have closed and our close has been sent: the connection's buffers can
     /// be reused.
     ///

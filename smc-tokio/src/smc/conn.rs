@@ -208,8 +208,14 @@ struct ConnState {
     tx_waiters: Waiters,
     error: Option<ConnError>,
     /// Kept until our close is announced, so the peer never sees the TCP connection close
-    /// before the SMC close.
+    /// before the SMC close; over shared memory, once released, until the peer's close too
+    /// ([`SmcConn::let_tcp_go`]).
     tcp: Option<Arc<TcpStream>>,
+    /// `tcp` is kept open for the peer's close, in the context's budget.
+    tcp_hold: Option<crate::smc::manager::TcpHold>,
+    /// The task that watches `tcp` while it is held: a peer's move or end of TCP meets our close
+    /// as it did before ([`SmcConn::on_tcp_event`]). Stopped when the hold ends.
+    held_watcher: Option<Watcher>,
     /// The application dropped its handle.
     released: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
@@ -701,6 +707,8 @@ impl SmcConn {
                 tx_waiters: Waiters::default(),
                 error: None,
                 tcp: None,
+                tcp_hold: None,
+                held_watcher: None,
                 released: false,
                 link_down: false,
                 send_failed: None,
@@ -1769,7 +1777,7 @@ impl SmcConn {
 
     /// The application dropped the stream: close (or, with unread data or when `abort` is set
     /// (a zero `SO_LINGER`), abort, as TCP resets a connection closed with unread data).
-    pub(crate) fn release(&self, abort: bool) {
+    pub(crate) fn release(&self, abort: bool) -> bool {
         let mut st = self.lock();
         st.released = true;
         // The application let go of the stream, and of every byte lent through it.
@@ -1795,11 +1803,12 @@ impl SmcConn {
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
         }
-        let (done, retire) = (Self::done(&st), st.retire_slot);
+        let (done, retire, held) = (Self::done(&st), st.retire_slot, st.tcp_hold.is_some());
         drop(st);
         if done {
             self.group.forget_conn(self.our_token, retire);
         }
+        held
     }
 
     /// Tells the group when this reader starts or stops polling.
@@ -1872,7 +1881,50 @@ impl SmcConn {
             }
         }
         if st.engine.close_sent() {
-            st.tcp = None;
+            self.let_tcp_go(st);
+        }
+    }
+
+    /// Our close is announced: the TCP connection under us has nothing more to carry, and
+    /// ends. Over shared memory, once the application let go of the stream, it ends without
+    /// TCP's FIN exchange: kept open while the peer's application holds its end (within the
+    /// context's budget, [`Manager::hold_tcp`](crate::smc::manager::Manager::hold_tcp)), then
+    /// reset by whichever end lets go last, so no socket of either end goes through `FIN_WAIT`,
+    /// `LAST_ACK` or `TIME_WAIT` (an abort of ours resets it at once, as TCP's does). A reset loses nothing: both closes are in the rings, which the
+    /// peer's watcher drains before it reads the socket's end, and neither application holds a
+    /// stream that could see it. Over RDMA (a FIN or reset could overtake the CDC message it
+    /// follows) and on every other path the socket is closed as before.
+    fn let_tcp_go(&self, st: &mut ConnState) {
+        let quiet = st.released && st.handback == Handback::Smc && !self.group.link().is_some_and(|l| l.is_rdma());
+        if quiet && st.tcp.is_some() {
+            if !st.engine.peer_closed() && !st.engine.abort_sent() {
+                if st.tcp_hold.is_some() {
+                    return;
+                }
+                if let Some(hold) = self.group.manager().hold_tcp() {
+                    st.tcp_hold = Some(hold);
+                    return;
+                }
+            } else if let Some(tcp) = &st.tcp {
+                // A zero linger makes the socket's last close a reset (tcp(7)); the stream's
+                // own reference goes right after this.
+                let _ = socket2::SockRef::from(&**tcp).set_linger(Some(std::time::Duration::ZERO));
+            }
+        }
+        st.tcp = None;
+        st.tcp_hold = None;
+        st.held_watcher = None;
+    }
+
+    /// The stream let go of the connection ([`release`](Self::release) returned true: its TCP
+    /// socket is held for the peer's close): `watcher` goes on watching the socket until the
+    /// hold ends.
+    pub(crate) fn keep_watcher(&self, watcher: tokio::task::JoinHandle<()>) {
+        let mut st = self.lock();
+        if st.tcp_hold.is_some() {
+            st.held_watcher = Some(Watcher(Some(watcher)));
+        } else {
+            watcher.abort();
         }
     }
 
@@ -1887,7 +1939,11 @@ impl SmcConn {
         self.maybe_finish(st);
     }
 
-    fn maybe_finish(&self, st: MutexGuard<'_, ConnState>) {
+    fn maybe_finish(&self, mut st: MutexGuard<'_, ConnState>) {
+        if st.tcp_hold.is_some() && st.engine.peer_closed() {
+            // The peer let go too: the TCP connection we kept for its close ends.
+            self.let_tcp_go(&mut st);
+        }
         let (done, retire) = (st.released && Self::done(&st), st.retire_slot);
         drop(st);
         if done {
@@ -2408,6 +2464,8 @@ impl SmcConn {
         // retired (above).
         st.link_down = true;
         st.tcp = None;
+        st.tcp_hold = None;
+        st.held_watcher = None;
         st.rx_waiters.wake();
         st.tx_waiters.wake();
         let retire = st.retire_slot;
@@ -2437,6 +2495,14 @@ impl SmcConn {
         self.group.drain();
         let mut st = self.lock();
         if st.handback != Handback::Smc {
+            return;
+        }
+        if st.tcp_hold.is_some() && !st.engine.peer_closed() {
+            // Held for the peer's close, and the peer put its move's frame on the socket or
+            // ended it: it is closed as it would have been without the hold, and the peer's
+            // exchange meets that end.
+            st.tcp_hold = None;
+            st.tcp = None;
             return;
         }
         if st.engine.peer_closed() || st.error.is_some() {

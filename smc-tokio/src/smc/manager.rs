@@ -2,6 +2,7 @@
 //! [`shm`](crate::smc::shm), RDMA in `smc::rdma`, feature `rdma`), the RMB memory budget they
 //! charge and the counters they feed.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::RmbBudget;
@@ -19,6 +20,40 @@ pub(crate) struct Manager {
     pub(crate) rdma: crate::smc::rdma::Registry,
     pub(crate) counters: Arc<Counters>,
     budget: Arc<RmbBudget>,
+    /// TCP sockets of released shared-memory connections kept open for their peer's close
+    /// ([`TcpHold`]).
+    held_tcp: AtomicUsize,
+    /// At most this many ([`held_tcp_max`]).
+    held_tcp_max: usize,
+}
+
+/// How many TCP sockets of released connections a context keeps open for their peers' closes:
+/// a sixteenth of the process's descriptor limit, so that holding them never takes the
+/// descriptors new connections need, and at most 1024 (the listener's default backlog, a
+/// burst of connection-per-request closes; beyond it a close sends its FIN as before).
+fn held_tcp_max() -> usize {
+    let soft = sys::nofile_limit().unwrap_or(1024);
+    usize::try_from(soft / 16).unwrap_or(usize::MAX).min(1024)
+}
+
+/// A released shared-memory connection's TCP socket, kept open until the peer lets go of its
+/// end too: the last of the two closes then resets the TCP connection instead of each sending
+/// a FIN, so neither end goes through the FIN exchange or leaves a socket in `TIME_WAIT`
+/// (nothing of the stream is on TCP; the peer learns of the close from its ring). One place
+/// of the context's [`Manager::hold_tcp`] budget, given back when dropped.
+pub(crate) struct TcpHold(Arc<Manager>);
+
+impl std::fmt::Debug for TcpHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TcpHold")
+    }
+}
+
+impl Drop for TcpHold {
+    fn drop(&mut self) {
+        self.0.held_tcp.fetch_sub(1, Ordering::Relaxed);
+        self.0.counters.tcp_held(false);
+    }
 }
 
 impl Manager {
@@ -31,7 +66,21 @@ impl Manager {
             rdma: Default::default(),
             counters,
             budget,
+            held_tcp: AtomicUsize::new(0),
+            held_tcp_max: held_tcp_max(),
         })
+    }
+
+    /// A place to keep a released connection's TCP socket open for its peer's close, or `None`
+    /// when the context keeps as many as it may ([`held_tcp_max`]).
+    pub(crate) fn hold_tcp(self: &Arc<Self>) -> Option<TcpHold> {
+        let max = self.held_tcp_max;
+        self.held_tcp.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1)).ok().map(
+            |_| {
+                self.counters.tcp_held(true);
+                TcpHold(self.clone())
+            },
+        )
     }
 
     /// Reserves `bytes` of RMB memory against the context's cap ([`RmbBudget`]).
