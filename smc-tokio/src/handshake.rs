@@ -65,7 +65,7 @@ impl Established {
             Established::Smc { tcp, conn, watcher, .. } => {
                 set_zero_linger(&tcp);
                 drop(watcher);
-                conn.release(true);
+                conn.release(true, None);
             }
         }
     }

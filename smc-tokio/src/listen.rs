@@ -518,7 +518,7 @@ async fn serve_early(
                 }
                 None => {
                     door.forget(&key);
-                    conn.release(true);
+                    conn.release(true, None);
                 }
             }
             return;

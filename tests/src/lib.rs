@@ -117,6 +117,19 @@ pub async fn every_peeker_is_woken(server: &smc_tokio::SmcStream, client: &mut (
     assert_eq!(&b2[..n2], &b"peekaboo"[..n2]);
 }
 
+/// An echo server ([`spawn_echo`]) on a runtime with one worker thread of its own, which goes on
+/// serving while the test's thread does other things: the runtime, to keep, and the address.
+pub fn echo_server_on_own_runtime() -> (tokio::runtime::Runtime, std::net::SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let addr = rt.block_on(async {
+        let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        spawn_echo(l);
+        addr
+    });
+    (rt, addr)
+}
+
 /// Accepts connections forever and echoes each one until EOF, then half-closes.
 pub fn spawn_echo(listener: SmcListener) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

@@ -308,8 +308,12 @@ async fn every_move_probes_the_peer_host_while_it_waits() {
     let sock = socket2::SockRef::from(&client);
     assert!(!sock.keepalive().unwrap());
     client.fail_link().unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(sock.keepalive().unwrap(), "a waiting move probes its peer");
+    // The move starts on the runtime's next turns; under load that may take a while.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !sock.keepalive().unwrap() {
+        assert!(tokio::time::Instant::now() < deadline, "a waiting move probes its peer");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(5));
     assert_eq!(sock.tcp_user_timeout().unwrap(), Some(Duration::from_secs(13)));
     server.reset();

@@ -3,28 +3,14 @@
 //! own, because it counts the process's descriptors, which tests running beside it open and
 //! close.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use smc_tokio::{SmcListener, SmcStream, Transport};
+use smc_tokio::{SmcStream, Transport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::runtime::Runtime;
-
-/// An echo server on a runtime with a worker thread of its own, for the whole test.
-fn echo_server() -> (Runtime, SocketAddr) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let addr = rt.block_on(async {
-        let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tests::spawn_echo(l);
-        addr
-    });
-    (rt, addr)
-}
 
 #[test]
 fn a_runtime_per_request_for_1000_requests_leaks_no_descriptors() {
-    let (_server_rt, addr) = echo_server();
+    let (_server_rt, addr) = tests::echo_server_on_own_runtime();
     let request = |i: usize| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {

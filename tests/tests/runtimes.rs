@@ -2,7 +2,6 @@
 //! them up: connections of several runtimes share one group, a runtime can be dropped while
 //! the others go on, and a program may build a runtime per request.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use smc_tokio::{SmcListener, SmcStream, Transport};
@@ -15,18 +14,6 @@ fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
 }
 
-/// An echo server on its own runtime, for the whole test.
-fn echo_server() -> (Runtime, SocketAddr) {
-    let rt = runtime();
-    let addr = rt.block_on(async {
-        let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tests::spawn_echo(l);
-        addr
-    });
-    (rt, addr)
-}
-
 async fn echo_once(s: &mut SmcStream, round: usize) {
     let msg = format!("round {round} from {:?}", s.local_addr().unwrap()).into_bytes();
     s.write_all(&msg).await.unwrap();
@@ -37,7 +24,7 @@ async fn echo_once(s: &mut SmcStream, round: usize) {
 
 #[test]
 fn connections_on_other_runtimes_keep_echoing_after_the_groups_runtime_is_dropped() {
-    let (_server_rt, addr) = echo_server();
+    let (_server_rt, addr) = tests::echo_server_on_own_runtime();
     let rescued_before = smc_tokio::stats().link_groups_rescued;
     // The first runtime's connection sets up the client link group (its driver runs there);
     // the other two runtimes' connections join that group.

@@ -192,14 +192,10 @@ impl Drop for SmcStream {
                 LINGER_ZERO => true,
                 _ => socket2::SockRef::from(&*self.tcp).linger().is_ok_and(|l| l == Some(Duration::ZERO)),
             };
-            if s.conn.release(abort) {
-                // The TCP socket is held for the peer's close: the watcher goes on with it.
-                if let Some(w) = s.watcher.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                    s.conn.keep_watcher(w);
-                }
-            } else {
-                s.stop_watcher();
-            }
+            // The watcher goes with the connection: it goes on watching a TCP socket held for
+            // the peer's close, and is stopped otherwise.
+            let watcher = s.watcher.lock().unwrap_or_else(|e| e.into_inner()).take();
+            s.conn.release(abort, watcher);
         }
     }
 }

@@ -138,6 +138,17 @@ impl Drop for Watcher {
 /// Watches the TCP connection under an SMC connection: nothing arrives on it while SMC runs, so
 /// any readiness is its end, the peer's handback frame, or a protocol violation.
 async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
+    // However the task ends (its runtime may drop it), a socket held for the peer's close is
+    // not left without a watcher.
+    struct Gone(Weak<SmcConn>);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            if let Some(c) = self.0.upgrade() {
+                c.watcher_gone();
+            }
+        }
+    }
+    let _gone = Gone(conn.clone());
     let mut b = [0u8; 1];
     let res = tcp.peek(&mut b).await;
     // A peer announces its SMC close before it lets its TCP socket go. Over shared memory the
@@ -1777,9 +1788,12 @@ impl SmcConn {
 
     /// The application dropped the stream: close (or, with unread data or when `abort` is set
     /// (a zero `SO_LINGER`), abort, as TCP resets a connection closed with unread data).
-    pub(crate) fn release(&self, abort: bool) -> bool {
+    pub(crate) fn release(&self, abort: bool, watcher: Option<tokio::task::JoinHandle<()>>) {
         let mut st = self.lock();
         st.released = true;
+        // The stream's watcher: kept only while the TCP socket is held for the peer's close
+        // (`let_tcp_go`), else stopped below.
+        st.held_watcher = watcher.map(|w| Watcher(Some(w)));
         // The application let go of the stream, and of every byte lent through it.
         self.end_lend(&mut st);
         if std::mem::take(&mut st.abort_owed) {
@@ -1803,12 +1817,14 @@ impl SmcConn {
         if std::mem::take(&mut st.wait.polling) {
             self.group.poll_stop();
         }
-        let (done, retire, held) = (Self::done(&st), st.retire_slot, st.tcp_hold.is_some());
+        if st.tcp_hold.is_none() {
+            st.held_watcher = None;
+        }
+        let (done, retire) = (Self::done(&st), st.retire_slot);
         drop(st);
         if done {
             self.group.forget_conn(self.our_token, retire);
         }
-        held
     }
 
     /// Tells the group when this reader starts or stops polling.
@@ -1901,9 +1917,13 @@ impl SmcConn {
                 if st.tcp_hold.is_some() {
                     return;
                 }
-                if let Some(hold) = self.group.manager().hold_tcp() {
-                    st.tcp_hold = Some(hold);
-                    return;
+                // Only with the stream's watcher (handed over by `release`): a close that went
+                // out later, after the watcher stopped, closes as before.
+                if st.held_watcher.is_some() {
+                    if let Some(hold) = self.group.manager().hold_tcp() {
+                        st.tcp_hold = Some(hold);
+                        return;
+                    }
                 }
             } else if let Some(tcp) = &st.tcp {
                 // A zero linger makes the socket's last close a reset (tcp(7)); the stream's
@@ -1911,20 +1931,23 @@ impl SmcConn {
                 let _ = socket2::SockRef::from(&**tcp).set_linger(Some(std::time::Duration::ZERO));
             }
         }
+        Self::drop_tcp(st);
+    }
+
+    /// Lets go of the TCP socket, any hold on it and the watcher kept with the hold.
+    fn drop_tcp(st: &mut ConnState) {
         st.tcp = None;
         st.tcp_hold = None;
         st.held_watcher = None;
     }
 
-    /// The stream let go of the connection ([`release`](Self::release) returned true: its TCP
-    /// socket is held for the peer's close): `watcher` goes on watching the socket until the
-    /// hold ends.
-    pub(crate) fn keep_watcher(&self, watcher: tokio::task::JoinHandle<()>) {
+    /// The watcher task ended or was dropped (its runtime shut down, say): a socket held for
+    /// the peer's close, which nothing watches now, is closed as it would have been without
+    /// the hold.
+    fn watcher_gone(&self) {
         let mut st = self.lock();
         if st.tcp_hold.is_some() {
-            st.held_watcher = Some(Watcher(Some(watcher)));
-        } else {
-            watcher.abort();
+            Self::drop_tcp(&mut st);
         }
     }
 
@@ -2113,7 +2136,7 @@ impl SmcConn {
         if st.error.is_none() {
             st.error = Some(ConnError::from_link(err));
         }
-        st.tcp = None;
+        Self::drop_tcp(&mut st);
         st.rx_waiters.wake();
     }
 
@@ -2463,9 +2486,7 @@ impl SmcConn {
         // The link has no more use for the connection: its slot goes back to the group, or is
         // retired (above).
         st.link_down = true;
-        st.tcp = None;
-        st.tcp_hold = None;
-        st.held_watcher = None;
+        Self::drop_tcp(&mut st);
         st.rx_waiters.wake();
         st.tx_waiters.wake();
         let retire = st.retire_slot;
@@ -2501,8 +2522,7 @@ impl SmcConn {
             // Held for the peer's close, and the peer put its move's frame on the socket or
             // ended it: it is closed as it would have been without the hold, and the peer's
             // exchange meets that end.
-            st.tcp_hold = None;
-            st.tcp = None;
+            Self::drop_tcp(&mut st);
             return;
         }
         if st.engine.peer_closed() || st.error.is_some() {

@@ -28,9 +28,10 @@ pub(crate) struct Manager {
 }
 
 /// How many TCP sockets of released connections a context keeps open for their peers' closes:
-/// a sixteenth of the process's descriptor limit, so that holding them never takes the
-/// descriptors new connections need, and at most 1024 (the listener's default backlog, a
-/// burst of connection-per-request closes; beyond it a close sends its FIN as before).
+/// a sixteenth of the process's descriptor limit (a process with one context keeps most of its
+/// descriptors for new connections; each further context may keep as many), and at most 1024
+/// (the listener's default backlog: a burst of connection-per-request closes). Beyond it a
+/// close sends its FIN as before.
 fn held_tcp_max() -> usize {
     let soft = sys::nofile_limit().unwrap_or(1024);
     usize::try_from(soft / 16).unwrap_or(usize::MAX).min(1024)
