@@ -125,6 +125,11 @@ impl Watcher {
     pub(crate) fn take(mut self) -> Option<tokio::task::JoinHandle<()>> {
         self.0.take()
     }
+
+    /// Whether the task still watches (it has not ended, by an event or with its runtime).
+    fn is_running(&self) -> bool {
+        self.0.as_ref().is_some_and(|t| !t.is_finished())
+    }
 }
 
 impl Drop for Watcher {
@@ -1919,7 +1924,7 @@ impl SmcConn {
                 }
                 // Only with the stream's watcher (handed over by `release`): a close that went
                 // out later, after the watcher stopped, closes as before.
-                if st.held_watcher.is_some() {
+                if st.held_watcher.as_ref().is_some_and(Watcher::is_running) {
                     if let Some(hold) = self.group.manager().hold_tcp() {
                         st.tcp_hold = Some(hold);
                         return;
