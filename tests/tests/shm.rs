@@ -411,9 +411,15 @@ async fn idle_link_groups_are_torn_down_and_rebuilt() {
 
 #[tokio::test]
 async fn adaptive_fallback_stops_proposing_to_a_server_of_short_connections() {
-    let addr = echo_server().await;
-    let builder = SmcStream::builder().adaptive_min_bytes(1000);
-    let before = smc_tokio::stats().adaptive_fallbacks;
+    // A context of its own: the server's address goes into the context's negative cache, and
+    // in the shared one it would send the clients of another test's listener that later gets
+    // the same port to TCP.
+    let ctx = smc_tokio::Context::new();
+    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    spawn_echo(l);
+    let builder = SmcStream::builder().context(&ctx).adaptive_min_bytes(1000);
+    let before = ctx.stats().adaptive_fallbacks;
     for _ in 0..smc_tokio::config::ADAPTIVE_STRIKES {
         let s = bounded(10, builder.connect(addr)).await.unwrap();
         assert_eq!(s.transport(), Transport::SmcD);
@@ -421,7 +427,7 @@ async fn adaptive_fallback_stops_proposing_to_a_server_of_short_connections() {
     }
     let s = bounded(10, builder.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(smc_tokio::FallbackReason::NegativeCache));
-    assert!(smc_tokio::stats().adaptive_fallbacks > before);
+    assert!(ctx.stats().adaptive_fallbacks > before);
     bounded(10, echo_check(s, b"served over tcp", 5, 2)).await;
 }
 
