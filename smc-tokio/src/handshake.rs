@@ -63,7 +63,7 @@ impl Established {
         match self {
             Established::Tcp { tcp, .. } => reset_tcp(tcp),
             Established::Smc { tcp, conn, watcher, .. } => {
-                set_zero_linger(&tcp);
+                crate::sys::set_zero_linger(&*tcp);
                 drop(watcher);
                 conn.release(true, None);
             }
@@ -73,12 +73,7 @@ impl Established {
 
 /// Closes `tcp` with a reset (see [`Established::reset`]).
 pub(crate) fn reset_tcp(tcp: TcpStream) {
-    set_zero_linger(&tcp);
-}
-
-/// A zero `SO_LINGER`: the socket's close is a reset.
-fn set_zero_linger(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+    crate::sys::set_zero_linger(&tcp);
 }
 
 pub(crate) trait Machine {

@@ -1908,32 +1908,28 @@ impl SmcConn {
 
     /// Our close is announced: the TCP connection under us has nothing more to carry, and
     /// ends. Over shared memory, once the application let go of the stream, it ends without
-    /// TCP's FIN exchange: kept open while the peer's application holds its end (within the
-    /// context's budget, [`Manager::hold_tcp`](crate::smc::manager::Manager::hold_tcp)), then
-    /// reset by whichever end lets go last, so no socket of either end goes through `FIN_WAIT`,
-    /// `LAST_ACK` or `TIME_WAIT` (an abort of ours resets it at once, as TCP's does). A reset loses nothing: both closes are in the rings, which the
-    /// peer's watcher drains before it reads the socket's end, and neither application holds a
-    /// stream that could see it. Over RDMA (a FIN or reset could overtake the CDC message it
-    /// follows) and on every other path the socket is closed as before.
+    /// TCP's FIN exchange: kept open, with the stream's watcher, while the peer's application
+    /// holds its end (within the context's budget,
+    /// [`Manager::hold_tcp`](crate::smc::manager::Manager::hold_tcp)), then reset by whichever
+    /// end lets go last, so no socket of either end goes through `FIN_WAIT`, `LAST_ACK` or
+    /// `TIME_WAIT`; an abort of ours resets it at once, as TCP's does. A reset loses nothing:
+    /// both closes are in the rings, which the peer's watcher drains before it reads the
+    /// socket's end. Over RDMA (a FIN or reset could overtake the CDC message it follows), past
+    /// the budget, without a running watcher and on every other path the socket is closed as
+    /// before.
     fn let_tcp_go(&self, st: &mut ConnState) {
         let quiet = st.released && st.handback == Handback::Smc && !self.group.link().is_some_and(|l| l.is_rdma());
-        if quiet && st.tcp.is_some() {
-            if !st.engine.peer_closed() && !st.engine.abort_sent() {
-                if st.tcp_hold.is_some() {
+        if let (true, Some(tcp)) = (quiet, &st.tcp) {
+            if st.engine.peer_closed() || st.engine.abort_sent() {
+                // The stream's own reference goes right after this.
+                sys::set_zero_linger(&**tcp);
+            } else if st.tcp_hold.is_some() {
+                return;
+            } else if st.held_watcher.as_ref().is_some_and(Watcher::is_running) {
+                if let Some(hold) = self.group.manager().hold_tcp() {
+                    st.tcp_hold = Some(hold);
                     return;
                 }
-                // Only with the stream's watcher (handed over by `release`): a close that went
-                // out later, after the watcher stopped, closes as before.
-                if st.held_watcher.as_ref().is_some_and(Watcher::is_running) {
-                    if let Some(hold) = self.group.manager().hold_tcp() {
-                        st.tcp_hold = Some(hold);
-                        return;
-                    }
-                }
-            } else if let Some(tcp) = &st.tcp {
-                // A zero linger makes the socket's last close a reset (tcp(7)); the stream's
-                // own reference goes right after this.
-                let _ = socket2::SockRef::from(&**tcp).set_linger(Some(std::time::Duration::ZERO));
             }
         }
         Self::drop_tcp(st);

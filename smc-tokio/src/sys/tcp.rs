@@ -157,6 +157,12 @@ pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Re
     sock.bind(&SocketAddr::new(any, 0).into())
 }
 
+/// A zero `SO_LINGER` on a TCP socket: its last close is a reset (tcp(7)), with no FIN exchange
+/// and no `TIME_WAIT`. A failure is ignored: the close is then an orderly one.
+pub(crate) fn set_zero_linger(sock: &impl std::os::fd::AsFd) {
+    let _ = socket2::SockRef::from(sock).set_linger(Some(std::time::Duration::ZERO));
+}
+
 /// The soft limit on open descriptors (`RLIMIT_NOFILE`), if it can be read.
 pub(crate) fn nofile_limit() -> Option<u64> {
     // SAFETY: rlimit is plain data; all-zero is valid.
