@@ -355,6 +355,11 @@ pub(crate) struct Door {
     listen_port: u16,
     /// The address it listens on, unless it is the wildcard (then any of this host's).
     listen_ip: Option<std::net::IpAddr>,
+    /// The door's listener refuses descriptors (`SO_PASSRIGHTS` off, Linux 6.16 and later), and
+    /// so does every connection it accepts, from the moment its client connects: nothing but
+    /// bytes can be queued in them, and they are closed in place ([`PeerFd::inert`]), never
+    /// on a closer.
+    inert_conns: bool,
     /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
     /// registrations are answered "no" at once.
     blind: AtomicBool,
@@ -674,6 +679,7 @@ impl Door {
                     };
                     let conn_budget = conn_budget();
                     let solo = name.ends_with(b"/solo");
+                    let inert_conns = sys::refuses_descriptors(listener.get_ref().as_fd());
                     return Some(Door {
                         name,
                         listener,
@@ -683,6 +689,7 @@ impl Door {
                         diag,
                         solo,
                         conn_budget,
+                        inert_conns,
                         listen_port: local.port(),
                         listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
                         blind: AtomicBool::new(false),
@@ -849,10 +856,17 @@ impl Door {
             // Shut (see `go_blind`): accepting would fail with EINVAL.
             return Ok(false);
         }
+        if !self.inert_conns && sys::closers_congested() {
+            // Every knock would cost a descriptor that waits for a closer (it may hold
+            // descriptors its peer queued): the knocks wait in the door's backlog instead, and
+            // the clients behind them stay on TCP, as for EMFILE below.
+            return Err(io::Error::other("descriptor closers congested: not taking door connections"));
+        }
         // Read when the first knock of this drain comes in: current settings, once a batch.
         let mut allowed: Option<Vec<u32>> = None;
         for _ in 0..DRAIN_BATCH {
             let conn = match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
+                Ok(conn) if self.inert_conns => conn.inert(),
                 Ok(conn) => conn,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => {
@@ -870,7 +884,8 @@ impl Door {
                 }
             };
             if !cred.trusted(allowed.get_or_insert_with(|| self.settings.resolve(&self.base).shm.allowed_uids)) {
-                // Dropped unread: the closer takes out whatever it queued for us, defused.
+                // Dropped unread: the closer takes out whatever it queued for us, defused (or,
+                // where it could queue nothing but bytes, closed here).
                 tracing::debug!(
                     uid = cred.uid,
                     gid = cred.gid,
@@ -1505,7 +1520,17 @@ impl ClientDoors {
                 Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
             },
         };
+        // Where the kernel lets the socket refuse descriptors (it did before connecting), none
+        // can be queued in it and it is closed in place. Elsewhere the door's owner could queue
+        // some, and it goes to a closer when it closes: not while the closers are congested
+        // (this connection stays TCP).
+        let inert = sys::refuses_descriptors(fd.as_fd());
+        if !inert && sys::closers_congested() {
+            *probe = Some(fd);
+            return Found::Starved;
+        }
         let fd = match sys::seqpacket_connect_with(fd, &at.name()) {
+            Ok(fd) if inert => PeerFd::new(fd).inert(),
             Ok(fd) => PeerFd::new(fd),
             Err((fd, e)) => {
                 *probe = Some(fd);
@@ -1518,8 +1543,9 @@ impl ClientDoors {
                 };
             }
         };
-        // Connected: whoever owns the door may have queued descriptors for us already, so from
-        // here on the connection is a PeerFd, closed off this thread.
+        // Connected: whoever owns the door may have queued descriptors for us already (unless
+        // the socket refused them), so from here on the connection is a PeerFd, closed off this
+        // thread unless inert.
         let owner = match sys::peer_cred(fd.as_fd()) {
             Ok(cred) if cred.trusted(allowed_uids) => cred,
             Ok(cred) => {

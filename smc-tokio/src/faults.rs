@@ -98,6 +98,29 @@ pub(crate) async fn stall(server: SocketAddr, point: Point) {
 #[inline(always)]
 pub(crate) async fn stall(_server: SocketAddr, _point: Point) {}
 
+/// Hands `fd` to the crate's descriptor closers as a descriptor from another process that is
+/// closed as it is, not defused first (its linger stays), as a file on a FUSE mount would be:
+/// if its close blocks (a TCP socket with `SO_LINGER` and unsent data towards a peer that does
+/// not read), it holds a closer that long. For tests of what the process does while every
+/// closer is stuck (`Stats::closer`).
+///
+/// # Examples
+///
+/// ```
+/// use std::os::fd::OwnedFd;
+///
+/// let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+/// smc_tokio::faults::close_on_a_closer_as_is(OwnedFd::from(ours));
+/// // The closer closes it: the other end reads the end.
+/// let mut buf = [0u8; 1];
+/// assert_eq!(std::io::Read::read(&mut &theirs, &mut buf)?, 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[cfg(feature = "test-util")]
+pub fn close_on_a_closer_as_is(fd: std::os::fd::OwnedFd) {
+    drop(crate::sys::PeerFd::shared(fd));
+}
+
 /// Makes RDMA links created from now on send their CDC frames from registered buffers instead
 /// of inline, as on a device that grants no inline data (`false`: as the device allows). For
 /// the soft-RoCE test bed, whose device always grants it.

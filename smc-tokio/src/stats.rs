@@ -552,6 +552,12 @@ pub struct CloserStats {
     pub threads: u64,
     /// Descriptors waiting to be closed now.
     pub queued: u64,
+    /// The closers are congested now: every one of them is stuck in a close (a file whose
+    /// close waits for a FUSE daemon, say) or many descriptors wait. Meanwhile doors and side
+    /// channels take no connection in which a peer could have queued descriptors, and no new
+    /// same-host link group is set up: a connection that would need one stays TCP, while
+    /// connections over groups that exist go on over shared memory.
+    pub congested: bool,
 }
 
 /// What became of connections on the kernel's `AF_SMC` sockets, from the kernel's `smc_diag`,
@@ -651,6 +657,7 @@ impl Counters {
                     stalls: k.stalls,
                     threads: k.threads,
                     queued: k.queued,
+                    congested: k.congested,
                 }
             },
         }
@@ -758,8 +765,13 @@ impl fmt::Display for Stats {
         let c = &self.closer;
         writeln!(
             f,
-            "peer descriptors: {} closed, {} found queued, {} stuck closes, {} closers, {} waiting",
-            c.closed, c.drained, c.stalls, c.threads, c.queued
+            "peer descriptors: {} closed, {} found queued, {} stuck closes, {} closers, {} waiting{}",
+            c.closed,
+            c.drained,
+            c.stalls,
+            c.threads,
+            c.queued,
+            if c.congested { " (congested: none taken from peers)" } else { "" }
         )?;
         write!(
             f,

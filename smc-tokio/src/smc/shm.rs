@@ -94,7 +94,11 @@ impl SideListener {
         let listen_euid = unsafe { libc::geteuid() };
         // A JOIN carries the peer's region and doorbell.
         let fd = sys::seqpacket_listen(&name, true)?;
-        // SAFETY: an OwnedFd owns its descriptor.
+        // Closed on a closer: the connections still in its backlog close with it, and anyone
+        // may have queued descriptors in them (more so while congested closers leave them
+        // there).
+        let fd = sys::PeerFd::new(fd);
+        // SAFETY: the PeerFd owns its descriptor.
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
@@ -107,6 +111,15 @@ impl SideListener {
                 let Ok(mut g) = listener.readable().await else {
                     return;
                 };
+                if sys::closers_congested() {
+                    // Every connection taken would go to a congested closer (anyone can queue
+                    // descriptors in one before it is accepted): they wait in the backlog, and
+                    // no new group is set up meanwhile (`new_server_group`); a client of a group
+                    // set up just before waits, and its join may time out (its connection is
+                    // TCP).
+                    tokio::time::sleep(CONGESTED_WAIT).await;
+                    continue;
+                }
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
                     Ok(Ok(fd)) => {
                         // Filtered at once, as the door filters its knocks: only a process a
@@ -146,6 +159,11 @@ impl SideListener {
         Ok(name)
     }
 }
+
+/// How often a side-channel acceptor looks again while the descriptor closers are congested:
+/// the closers' own watchdog period (`sys::closer`'s `STALL`), so the acceptor takes
+/// connections again within a period of the closers coming free.
+const CONGESTED_WAIT: Duration = Duration::from_millis(100);
 
 /// Side-channel connections one acceptor serves at once before their JOIN is done. Only a
 /// trusted process that a pending group of ours waits for gets this far, and a client joins
@@ -312,6 +330,11 @@ impl Manager {
                 if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
                     return Err(DeclineReason::SyncError);
                 }
+                if sys::closers_congested() {
+                    // The server's region and doorbell would go to a congested closer in the end.
+                    tracing::debug!("descriptor closers congested: not joining a new shm link group");
+                    return Err(DeclineReason::OutOfMemory);
+                }
                 let capacity = our_rmb_size.max(cfg.get_rmb_max());
                 let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
                 let local =
@@ -458,6 +481,12 @@ impl Manager {
         cfg: &ShmConfig,
         handshake_timeout: Duration,
     ) -> Result<Arc<LinkGroup>, DeclineReason> {
+        if sys::closers_congested() {
+            // A group's set-up takes the client's region and doorbell, descriptors that go to a
+            // closer in the end: declined for resources while the closers are congested.
+            tracing::debug!("descriptor closers congested: no new shm link group");
+            return Err(DeclineReason::OutOfMemory);
+        }
         let layout =
             Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, cfg.get_rmb_max()).ok_or(DeclineReason::Internal)?;
         let local = ShmLocal::create(layout)

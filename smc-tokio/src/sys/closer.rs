@@ -16,11 +16,18 @@
 //! - What still blocks (a FUSE file, say) holds up one closer, not the others: a watchdog
 //!   starts another closer when every closer has been inside one close for longer than
 //!   [`STALL`], up to [`MAX_CLOSERS`]. Closers beyond the first leave after [`IDLE_EXIT`] idle.
+//! - While every closer is stuck at that bound, or the queue is long ([`queue_high`]), the
+//!   closers are *congested* ([`congested`]): no door or side-channel connection that would
+//!   need a closer is accepted or opened, and no new link group is set up (connections that
+//!   would need one stay TCP), so a peer that blocks every closer cannot go on to fill the
+//!   descriptor table with knocks that wait for them. Descriptors that peers send over
+//!   connections already open (where the kernel cannot refuse them, before Linux 6.16) still
+//!   go to the closers.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -30,18 +37,30 @@ use std::time::{Duration, Instant};
 pub(crate) struct PeerFd {
     fd: Option<OwnedFd>,
     disarm: bool,
+    /// Closed where it is dropped (see [`PeerFd::inert`]).
+    inert: bool,
 }
 
 impl PeerFd {
     pub(crate) fn new(fd: OwnedFd) -> PeerFd {
-        PeerFd { fd: Some(fd), disarm: true }
+        PeerFd { fd: Some(fd), disarm: true, inert: false }
+    }
+
+    /// The same descriptor, closed where it is dropped instead of on a closer. Only for a Unix
+    /// socket that has refused descriptors since it was made (a connection accepted from a
+    /// listener with `SO_PASSRIGHTS` off, which it inherits when the peer connects): nothing
+    /// can be queued in it but bytes, and a Unix socket has no linger, so its close cannot
+    /// block.
+    pub(crate) fn inert(mut self) -> PeerFd {
+        self.inert = true;
+        self
     }
 
     /// A descriptor of a socket the peer holds too and goes on using after we let go of ours (a
     /// doorbell end we made and handed over): closed on a closer all the same, but not defused,
     /// since shutting the socket down would cut the peer's use of it.
     pub(crate) fn shared(fd: OwnedFd) -> PeerFd {
-        PeerFd { fd: Some(fd), disarm: false }
+        PeerFd { fd: Some(fd), disarm: false, inert: false }
     }
 
     /// The descriptor, to be closed by the caller (a closer, which defuses it first).
@@ -77,7 +96,11 @@ impl AsRawFd for PeerFd {
 impl Drop for PeerFd {
     fn drop(&mut self) {
         if let Some(fd) = self.fd.take() {
-            close_later(fd, self.disarm);
+            if self.inert {
+                drop(fd);
+            } else {
+                close_later(fd, self.disarm);
+            }
         }
     }
 }
@@ -103,6 +126,29 @@ const MAX_CLOSERS: usize = 16;
 
 /// A closer beyond the first that has had nothing to do for this long leaves.
 const IDLE_EXIT: Duration = Duration::from_secs(10);
+
+/// Descriptors waiting for a closer at which the closers count as congested even while one
+/// of them works: an eighth of the descriptor limit, between 64 and 4096 (the door's bound on
+/// its connections is a quarter, `door::MAX_CONNS` at most). A defused close takes a few
+/// system calls, so the queue gets this long only when closes are slow or blocked; the process
+/// then stops taking descriptors from others before the waiting ones cost it a fair share of
+/// its descriptor table.
+fn queue_high() -> usize {
+    static HIGH: OnceLock<usize> = OnceLock::new();
+    *HIGH.get_or_init(|| {
+        let eighth = super::nofile_limit().map_or(4096, |n| n / 8);
+        usize::try_from(eighth).unwrap_or(4096).clamp(64, 4096)
+    })
+}
+
+/// Whether the closers are congested (see the module docs): every closer is stuck in a close
+/// at [`MAX_CLOSERS`], or [`queue_high`] descriptors wait. While they are, the process takes no
+/// new descriptor from another process; callers keep their connections on TCP.
+pub(crate) fn congested() -> bool {
+    // Ordering: a hint read without the pool's lock; it is written under the lock whenever the
+    // queue or the closers' state changes, and a stale read costs one connection's choice.
+    CONGESTED.load(Ordering::Relaxed)
+}
 
 /// Stack of a closer thread: it only makes system calls.
 const CLOSER_STACK: usize = 128 << 10;
@@ -137,8 +183,11 @@ pub(crate) struct CloserStats {
     pub(crate) threads: u64,
     /// Descriptors waiting to be closed now.
     pub(crate) queued: u64,
+    /// The closers are congested now ([`congested`]).
+    pub(crate) congested: bool,
 }
 
+static CONGESTED: AtomicBool = AtomicBool::new(false);
 static CLOSED: AtomicU64 = AtomicU64::new(0);
 static DRAINED: AtomicU64 = AtomicU64::new(0);
 static STALLS: AtomicU64 = AtomicU64::new(0);
@@ -158,6 +207,7 @@ pub(crate) fn closer_stats() -> CloserStats {
         stalls: STALLS.load(Ordering::Relaxed),
         threads,
         queued,
+        congested: congested(),
     }
 }
 
@@ -184,8 +234,16 @@ struct Closing {
     workers: Vec<Busy>,
     /// The watchdog waits on `watch` without a timeout (the queue was empty).
     watch_idle: bool,
-    /// The cap was reached while every closer was stuck (said once).
+    /// Every closer is stuck in a close at [`MAX_CLOSERS`] (set by the watchdog, cleared when a
+    /// close returns).
     capped: bool,
+}
+
+impl Closing {
+    /// Publishes whether the closers are congested, after the queue or `capped` changed.
+    fn note(&self) {
+        CONGESTED.store(self.capped || self.queue.len() >= queue_high(), Ordering::Relaxed);
+    }
 }
 
 fn pool() -> Option<&'static Pool> {
@@ -257,6 +315,7 @@ impl Pool {
                 continue;
             }
             let Some((fd, disarm)) = st.queue.pop_front() else { continue };
+            st.note();
             // Ordering: the mark is read by the watchdog only under the pool's lock or as a
             // hint (Relaxed both ways); the lock orders everything that matters.
             busy.store(self.now(), Ordering::Relaxed);
@@ -264,6 +323,11 @@ impl Pool {
             defuse_and_close(fd, disarm);
             busy.store(0, Ordering::Relaxed);
             st = self.lock();
+            // With nothing queued this closer goes idle: no longer all stuck. With more queued it
+            // takes the next one, which may block as well: the watchdog decides.
+            if st.queue.is_empty() && std::mem::take(&mut st.capped) {
+                st.note();
+            }
         }
     }
 
@@ -295,16 +359,23 @@ impl Pool {
                                 "every descriptor closer is stuck in a close: started another"
                             );
                         }
-                        Err(e) => tracing::warn!(error = %e, "cannot start another descriptor closer"),
+                        Err(e) => {
+                            // No more closers to be had: as congested as at the bound.
+                            if !std::mem::replace(&mut st.capped, true) {
+                                st.note();
+                            }
+                            tracing::warn!(error = %e, "cannot start another descriptor closer");
+                        }
                     }
                 } else if !std::mem::replace(&mut st.capped, true) {
+                    st.note();
                     tracing::warn!(
                         closers = MAX_CLOSERS,
-                        "every descriptor closer is stuck in a close, and no more are started: descriptors wait"
+                        "every descriptor closer is stuck in a close, and no more are started: descriptors wait, and none is taken from other processes"
                     );
                 }
-            } else {
-                st.capped = false;
+            } else if std::mem::take(&mut st.capped) {
+                st.note();
             }
             st = self.watch.wait_timeout(st, STALL).unwrap_or_else(|p| p.into_inner()).0;
         }
@@ -320,6 +391,7 @@ pub(crate) fn close_later(fd: OwnedFd, disarm: bool) {
     };
     let mut st = pool.lock();
     st.queue.push_back((fd, disarm));
+    st.note();
     // Only a waiting closer needs the wake-up (a futex call); a busy one takes the descriptor
     // after its current one. The watchdog is woken once per burst (it sleeps only while the
     // queue is empty).
@@ -518,7 +590,7 @@ mod tests {
         let chunk = [0u8; 65536];
         while s.send(&chunk).is_ok() {}
         s.set_linger(Some(Duration::from_secs(60))).unwrap();
-        let stuck = PeerFd { fd: Some(OwnedFd::from(s)), disarm: false };
+        let stuck = PeerFd { fd: Some(OwnedFd::from(s)), disarm: false, inert: false };
         drop(stuck);
         // Give the closer time to enter the stuck close, then hand it more.
         std::thread::sleep(Duration::from_millis(20));

@@ -276,6 +276,31 @@ mod tests {
         assert_eq!(flags & libc::MSG_CTRUNC, 0, "the control message was cut");
     }
 
+    /// A connection accepted from a listener that refuses descriptors refuses them from the
+    /// moment its client connects, before it is accepted (what closing door connections in
+    /// place rests on); a listener that takes them (a side channel's) gives connections that
+    /// take them.
+    #[test]
+    fn connections_refuse_descriptors_from_birth_when_their_listener_does() {
+        let name = format!("smc-tokio-test/refusal/{}", std::process::id());
+        let refusing = seqpacket_listen(name.as_bytes(), false).unwrap();
+        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+        if refuses_descriptors(refusing.as_fd()) {
+            let c = seqpacket_connect(name.as_bytes()).unwrap();
+            assert_eq!(send_with_fds(c.as_fd(), b"x", &[x.as_fd()]).unwrap_err().raw_os_error(), Some(libc::EPERM));
+            let accepted = seqpacket_accept(refusing.as_fd()).unwrap();
+            assert!(refuses_descriptors(accepted.as_fd()));
+        } else {
+            // Before Linux 6.16: nothing refuses, and door connections go to the closers.
+            eprintln!("this kernel has no SO_PASSRIGHTS");
+        }
+        let side = format!("smc-tokio-test/rights/{}", std::process::id());
+        let taking = seqpacket_listen(side.as_bytes(), true).unwrap();
+        let c = seqpacket_connect(side.as_bytes()).unwrap();
+        send_with_fds(c.as_fd(), b"x", &[x.as_fd()]).unwrap();
+        assert!(!refuses_descriptors(seqpacket_accept(taking.as_fd()).unwrap().as_fd()));
+    }
+
     /// A peer that sends descriptors with its rings (on the end it made and kept, to the end it
     /// handed us) is refused by the kernel where it can (SO_PASSRIGHTS, which a pair of ours
     /// sets on both ends); where it cannot, or on a pair that does not refuse, the drain takes
@@ -287,8 +312,7 @@ mod tests {
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
         let sent = send_with_fds(ring.as_fd(), b"r", &[x.as_fd()]);
         drop(x);
-        let supported =
-            getsockopt(theirs.as_fd(), libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0);
+        let supported = refuses_descriptors(theirs.as_fd());
         if supported {
             assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
         } else {
@@ -528,6 +552,12 @@ pub(crate) fn refuse_descriptors(fd: BorrowedFd<'_>) -> bool {
     setsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, &0 as &libc::c_int).is_ok()
 }
 
+/// Whether the Unix socket `fd` refuses descriptors (`SO_PASSRIGHTS` off). Always false where
+/// the kernel has no such option (before 6.16).
+pub(crate) fn refuses_descriptors(fd: BorrowedFd<'_>) -> bool {
+    getsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0)
+}
+
 /// Rings a doorbell: sends a one-byte datagram, never blocking. A full queue (EAGAIN, ENOBUFS)
 /// already means "ring", so it is not an error.
 pub(crate) fn doorbell_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
@@ -746,7 +776,7 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
 // ----- descriptors another process had a hand in -----------------------------------------
 
 mod closer;
-pub(crate) use closer::{closer_stats, PeerFd};
+pub(crate) use closer::{closer_stats, congested as closers_congested, PeerFd};
 
 /// `getsockopt(2)` of a plain-data option value (`c_int`, `linger`, `ucred`, ...): `init` is
 /// the buffer the kernel fills (at most its size).
