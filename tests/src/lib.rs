@@ -11,6 +11,22 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
+/// The abstract names of this process's side channels (`@smc-tokio.<pid>.<n>` in
+/// `/proc/net/unix`).
+pub fn side_channel_names() -> Vec<String> {
+    let prefix = format!("@smc-tokio.{}.", std::process::id());
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let mut names: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter(|n| n.starts_with(&prefix))
+        .map(|n| n[1..].to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// Waits until the descriptor count has held still for 300 ms; returns it.
 pub async fn settle_fds() -> usize {
     let mut last = open_fds();

@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use smc_tokio::{SmcListener, SmcStream};
-use tests::{bounded, echo_check, open_fds, settle_fds, spawn_echo};
+use tests::{bounded, echo_check, open_fds, settle_fds, side_channel_names, spawn_echo};
 
 /// The crate's bound on closer threads (`sys::closer::MAX_CLOSERS`), plus one that stays
 /// queued so that the closers' watchdog sees all of them stuck with work waiting.
@@ -58,22 +58,6 @@ fn knock(name: &str) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
-}
-
-/// The abstract names of this process's side channels (`@smc-tokio.<pid>.<n>` in
-/// `/proc/net/unix`).
-fn side_channel_names() -> Vec<String> {
-    let prefix = format!("@smc-tokio.{}.", std::process::id());
-    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
-    let mut names: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter(|n| n.starts_with(&prefix))
-        .map(|n| n[1..].to_string())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 /// Waits up to `secs` for `f` to hold.

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use smc_tokio::{SmcListener, SmcStream, Transport};
-use tests::{bounded, echo_check, open_fds, require_root};
+use tests::{bounded, echo_check, open_fds, require_root, side_channel_names};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PEER: &str = env!("CARGO_BIN_EXE_smc-test-peer");
@@ -103,22 +103,6 @@ async fn back_to_baseline(baseline: usize, slack: usize) -> usize {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// The abstract names of this process's side channels (`@smc-tokio.<pid>.<n>` in
-/// `/proc/net/unix`).
-fn side_channel_names() -> Vec<String> {
-    let prefix = format!("@smc-tokio.{}.", std::process::id());
-    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
-    let mut names: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter(|n| n.starts_with(&prefix))
-        .map(|n| n[1..].to_string())
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 /// The tests of this file count the process's descriptors and threads: one at a time.
