@@ -338,7 +338,9 @@ impl Inbox {
 /// their connections.
 pub(crate) struct Door {
     name: Vec<u8>,
-    listener: AsyncFd<OwnedFd>,
+    /// Closed on a closer unless its connections refuse descriptors ([`Door::inert_conns`]):
+    /// the connections in its backlog close with it, with whatever was queued in them.
+    listener: AsyncFd<PeerFd>,
     /// The listener's settings: the uids it trusts are read from them at each drain.
     settings: Overrides,
     /// The base under those settings (the listener's context's).
@@ -667,9 +669,11 @@ impl Door {
         let solo = (!reuseport).then(|| solo_name(&door_base));
         for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&door_base, i))) {
             // Registrations carry no descriptors.
-            match sys::seqpacket_listen(&name, false) {
+            match sys::seqpacket_listen(&name, crate::faults::doors_take_descriptors()) {
                 Ok(fd) => {
-                    // SAFETY: an OwnedFd owns its descriptor.
+                    let inert_conns = sys::refuses_descriptors(fd.as_fd());
+                    let fd = if inert_conns { PeerFd::new(fd).inert() } else { PeerFd::new(fd) };
+                    // SAFETY: the PeerFd owns its descriptor.
                     let listener = match unsafe { sys::register(fd, Interest::READABLE) } {
                         Ok(l) => l,
                         Err(e) => {
@@ -679,7 +683,6 @@ impl Door {
                     };
                     let conn_budget = conn_budget();
                     let solo = name.ends_with(b"/solo");
-                    let inert_conns = sys::refuses_descriptors(listener.get_ref().as_fd());
                     return Some(Door {
                         name,
                         listener,
@@ -845,7 +848,11 @@ impl Door {
             unread |= self.read_conn(st, &conn) == Read::More;
         }
         // Messages left unread count as more to take, as door connections left queued do.
-        res.map(|more| more || unread)
+        match res {
+            // Congested closers: new door connections wait, but those held are read on.
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => Ok(unread),
+            res => res.map(|more| more || unread),
+        }
     }
 
     /// Accepts up to [`DRAIN_BATCH`] waiting door connections. `Ok(false)`: the door's queue
@@ -860,7 +867,10 @@ impl Door {
             // Every knock would cost a descriptor that waits for a closer (it may hold
             // descriptors its peer queued): the knocks wait in the door's backlog instead, and
             // the clients behind them stay on TCP, as for EMFILE below.
-            return Err(io::Error::other("descriptor closers congested: not taking door connections"));
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                "descriptor closers congested: not taking door connections",
+            ));
         }
         // Read when the first knock of this drain comes in: current settings, once a batch.
         let mut allowed: Option<Vec<u32>> = None;

@@ -121,6 +121,38 @@ pub fn close_on_a_closer_as_is(fd: std::os::fd::OwnedFd) {
     drop(crate::sys::PeerFd::shared(fd));
 }
 
+/// Makes doors bound from now on take descriptors on their connections, as on a kernel before
+/// Linux 6.16 (no `SO_PASSRIGHTS`), where door connections go to the descriptor closers
+/// (`false`: they refuse them where the kernel can). For tests of that path on newer kernels.
+///
+/// # Examples
+///
+/// ```
+/// smc_tokio::faults::doors_take_descriptors_as_before_6_16(true);
+/// // ... listeners bound here have doors as on an older kernel ...
+/// smc_tokio::faults::doors_take_descriptors_as_before_6_16(false);
+/// ```
+#[cfg(feature = "test-util")]
+pub fn doors_take_descriptors_as_before_6_16(on: bool) {
+    DOORS_TAKE_DESCRIPTORS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg(feature = "test-util")]
+static DOORS_TAKE_DESCRIPTORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether new doors take descriptors (see [`doors_take_descriptors_as_before_6_16`]).
+#[cfg(feature = "test-util")]
+pub(crate) fn doors_take_descriptors() -> bool {
+    // Ordering: a test switch read when a door is bound, no data hangs on it.
+    DOORS_TAKE_DESCRIPTORS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(not(feature = "test-util"))]
+#[inline(always)]
+pub(crate) fn doors_take_descriptors() -> bool {
+    false
+}
+
 /// Makes RDMA links created from now on send their CDC frames from registered buffers instead
 /// of inline, as on a device that grants no inline data (`false`: as the device allows). For
 /// the soft-RoCE test bed, whose device always grants it.

@@ -1,7 +1,8 @@
 //! While every descriptor closer is stuck in a close (a peer's file whose close waits for a
 //! FUSE daemon that never answers, played here by TCP sockets that linger with unsent data
 //! towards peers that never read), the process takes no new descriptor from other processes:
-//! knocks on its door and side channel do not pile up descriptors waiting for a closer, a new
+//! knocks on its door and side channel (and on a door as on a kernel before Linux 6.16, whose
+//! connections could hold descriptors) do not pile up descriptors waiting for a closer, a new
 //! same-host link group is not set up (the connection is TCP, and works), and once the closers
 //! come free, shared memory comes back. A test binary of its own: the closers are the whole
 //! process's.
@@ -131,10 +132,36 @@ async fn stuck_closers_make_the_process_take_no_descriptor_from_peers() {
     let stats = smc_tokio::stats();
     assert_eq!(stats.declines_sent[out_of_memory], declined + 1, "{stats}");
 
+    // A door as on a kernel before Linux 6.16, whose connections could hold descriptors: it
+    // takes no knock while the closers are congested (they wait in its backlog), and a client
+    // behind them waits for its handshake timeout, then uses TCP.
+    smc_tokio::faults::doors_take_descriptors_as_before_6_16(true);
+    let c = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    smc_tokio::faults::doors_take_descriptors_as_before_6_16(false);
+    let c_addr = c.local_addr().unwrap();
+    spawn_echo(c);
+    let before_c = settle_fds().await;
+    let c_door = format!("smc-tokio/d3/{c_addr}/solo");
+    let mut c_knocks = 0;
+    for _ in 0..200 {
+        if let Ok(fd) = knock(&c_door) {
+            c_knocks += 1;
+            drop(fd);
+        }
+    }
+    assert!(c_knocks >= 100, "knocks that connected: {c_knocks}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after_c = settle_fds().await;
+    eprintln!("{c_knocks} knocks on a door as before 6.16: descriptors {before_c} -> {after_c}");
+    assert!(after_c <= before_c + 8, "descriptors {before_c} -> {after_c}; {}", smc_tokio::stats());
+    let t = bounded(20, echo_over(c_addr, 4)).await;
+    assert!(!t.is_smc(), "shared memory through a door that takes no connection: {t:?}");
+
     // The closers come free (the lingering sockets' peers reset them), the knocks that waited
     // in the side channel's backlog are taken and closed, and shared memory is back.
     drop(peers);
     wait_for(30, "the closers free again", || !smc_tokio::stats().closer.congested).await;
+    // The door as before 6.16 takes its waiting knocks now and closes them on the closers.
     wait_for(10, "the waiting knocks closed", || open_fds() <= baseline + 8 && smc_tokio::stats().closer.queued == 0)
         .await;
     let t = bounded(20, echo_over(b_addr, 3)).await;
