@@ -338,8 +338,8 @@ impl Inbox {
 /// their connections.
 pub(crate) struct Door {
     name: Vec<u8>,
-    /// Closed on a closer unless its connections refuse descriptors ([`Door::inert_conns`]):
-    /// the connections in its backlog close with it, with whatever was queued in them.
+    /// Closed on a closer: the connections in its backlog close with it, with whatever was
+    /// queued in them.
     listener: AsyncFd<PeerFd>,
     /// The listener's settings: the uids it trusts are read from them at each drain.
     settings: Overrides,
@@ -358,9 +358,9 @@ pub(crate) struct Door {
     /// The address it listens on, unless it is the wildcard (then any of this host's).
     listen_ip: Option<std::net::IpAddr>,
     /// The door's listener refuses descriptors (`SO_PASSRIGHTS` off, Linux 6.16 and later), and
-    /// so does every connection it accepts, from the moment its client connects: nothing but
-    /// bytes can be queued in them, and they are closed in place ([`PeerFd::inert`]), never
-    /// on a closer.
+    /// so does every connection it accepts, from the moment its client connects (the kernel
+    /// copies the option, [`sys::refusal_inherited`]): nothing but bytes can be queued in them,
+    /// and they are closed in place ([`PeerFd::inert`]), never on a closer.
     inert_conns: bool,
     /// The kernel could not say who owns a connection (no `tcp_diag`): the door closed, and
     /// registrations are answered "no" at once.
@@ -671,8 +671,9 @@ impl Door {
             // Registrations carry no descriptors.
             match sys::seqpacket_listen(&name, crate::faults::doors_take_descriptors()) {
                 Ok(fd) => {
-                    let inert_conns = sys::refuses_descriptors(fd.as_fd());
-                    let fd = if inert_conns { PeerFd::new(fd).inert() } else { PeerFd::new(fd) };
+                    let inert_conns = sys::refuses_descriptors(fd.as_fd()) && sys::refusal_inherited();
+                    // Closed on a closer all the same: one close per listener.
+                    let fd = PeerFd::new(fd);
                     // SAFETY: the PeerFd owns its descriptor.
                     let listener = match unsafe { sys::register(fd, Interest::READABLE) } {
                         Ok(l) => l,

@@ -290,6 +290,7 @@ mod tests {
             assert_eq!(send_with_fds(c.as_fd(), b"x", &[x.as_fd()]).unwrap_err().raw_os_error(), Some(libc::EPERM));
             let accepted = seqpacket_accept(refusing.as_fd()).unwrap();
             assert!(refuses_descriptors(accepted.as_fd()));
+            assert!(refusal_inherited());
         } else {
             // Before Linux 6.16: nothing refuses, and door connections go to the closers.
             eprintln!("this kernel has no SO_PASSRIGHTS");
@@ -556,6 +557,29 @@ pub(crate) fn refuse_descriptors(fd: BorrowedFd<'_>) -> bool {
 /// the kernel has no such option (before 6.16).
 pub(crate) fn refuses_descriptors(fd: BorrowedFd<'_>) -> bool {
     getsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, 1 as libc::c_int).is_ok_and(|v| v == 0)
+}
+
+/// Whether a connection accepted from a listener that refuses descriptors refuses them too,
+/// from the moment its client connects (Linux copies `SO_PASSRIGHTS` from the listener to the
+/// new socket when the client connects): found out once per process with a listener, a
+/// connection and an accept of our own. False where the kernel has no such option, where it
+/// does not copy it (a kernel that took the option without the copy), or where the probe fails.
+pub(crate) fn refusal_inherited() -> bool {
+    static INHERITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *INHERITED.get_or_init(|| {
+        let name = format!("smc-tokio/refusal-probe/{}/{:016x}", std::process::id(), random_u64());
+        let probe = || -> io::Result<bool> {
+            let listener = seqpacket_listen(name.as_bytes(), false)?;
+            if !refuses_descriptors(std::os::fd::AsFd::as_fd(&listener)) {
+                return Ok(false);
+            }
+            let _client = seqpacket_connect(name.as_bytes())?;
+            // Ours on both ends, nothing queued: closed here.
+            let accepted = seqpacket_accept(std::os::fd::AsFd::as_fd(&listener))?.inert();
+            Ok(refuses_descriptors(std::os::fd::AsFd::as_fd(&accepted)))
+        };
+        probe().unwrap_or(false)
+    })
 }
 
 /// Rings a doorbell: sends a one-byte datagram, never blocking. A full queue (EAGAIN, ENOBUFS)
