@@ -121,6 +121,40 @@ pub fn close_on_a_closer_as_is(fd: std::os::fd::OwnedFd) {
     drop(crate::sys::PeerFd::shared(fd));
 }
 
+/// A TCP socket whose last close blocks for `linger`, or until the returned peer is dropped
+/// (which resets the connection): `SO_LINGER` set and unsent data towards a peer that never
+/// reads. What a file on a FUSE mount whose daemon does not answer is to a descriptor closer,
+/// for tests of the closers ([`close_on_a_closer_as_is`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let (sock, peer) = smc_tokio::faults::socket_whose_close_blocks(Duration::from_secs(60))?;
+/// // The peer's reset ends the linger: the close returns at once.
+/// drop(peer);
+/// drop(sock);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+pub fn socket_whose_close_blocks(
+    linger: std::time::Duration,
+) -> std::io::Result<(std::os::fd::OwnedFd, std::net::TcpStream)> {
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    s.set_send_buffer_size(4096)?;
+    s.connect(&tcp.local_addr()?.into())?;
+    let (peer, _) = tcp.accept()?;
+    socket2::SockRef::from(&peer).set_recv_buffer_size(4096)?;
+    s.set_nonblocking(true)?;
+    let chunk = [0u8; 65536];
+    while s.send(&chunk).is_ok() {}
+    s.set_linger(Some(linger))?;
+    Ok((s.into(), peer))
+}
+
 /// Makes doors bound from now on take descriptors on their connections, as on a kernel before
 /// Linux 6.16 (no `SO_PASSRIGHTS`), where door connections go to the descriptor closers
 /// (`false`: they refuse them where the kernel can). For tests of that path on newer kernels.

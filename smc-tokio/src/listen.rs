@@ -1208,11 +1208,6 @@ impl ReadyQueue {
 /// tasks (so a storm of connections cannot starve the connections already established).
 const ACCEPT_BATCH: usize = 64;
 
-/// How long a door whose knocks would wait for congested descriptor closers leaves them in its
-/// backlog before it looks again: the closers' watchdog period (`sys::closer`'s `STALL`), as
-/// for side channels.
-const DOOR_CONGESTED_WAIT: Duration = Duration::from_millis(100);
-
 /// The listener's task: takes connections from the kernel while there is room for them, lets
 /// the door take registrations in, and sweeps stale ones.
 pub(crate) async fn run(shared: Arc<ListenerShared>) {
@@ -1248,7 +1243,7 @@ pub(crate) async fn run(shared: Arc<ListenerShared>) {
                     Poll::Ready(Err(e)) => {
                         tracing::debug!(error = %e, "door");
                         let wait = if e.kind() == std::io::ErrorKind::ResourceBusy {
-                            DOOR_CONGESTED_WAIT
+                            crate::sys::CONGESTED_RETRY
                         } else {
                             Duration::from_millis(10)
                         };

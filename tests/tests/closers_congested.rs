@@ -17,23 +17,6 @@ use tests::{bounded, echo_check, open_fds, settle_fds, side_channel_names, spawn
 /// queued so that the closers' watchdog sees all of them stuck with work waiting.
 const STUCK: usize = 16 + 1;
 
-/// A TCP socket whose last close blocks: a two-minute `SO_LINGER` and unsent data towards a
-/// peer (kept in `peers`) that never reads. Dropping the peer resets it, and the close returns.
-fn stuck_socket(peers: &mut Vec<std::net::TcpStream>) -> OwnedFd {
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    s.set_send_buffer_size(4096).unwrap();
-    s.connect(&tcp.local_addr().unwrap().into()).unwrap();
-    let (peer, _) = tcp.accept().unwrap();
-    socket2::SockRef::from(&peer).set_recv_buffer_size(4096).unwrap();
-    s.set_nonblocking(true).unwrap();
-    let chunk = [0u8; 65536];
-    while s.send(&chunk).is_ok() {}
-    s.set_linger(Some(Duration::from_secs(120))).unwrap();
-    peers.push(peer);
-    OwnedFd::from(s)
-}
-
 /// Connects a SOCK_SEQPACKET socket to the abstract name `name` (a knock on a door or a side
 /// channel), without waiting; the connection waits in the listener's backlog until it is
 /// accepted (a full backlog: `WouldBlock`).
@@ -89,7 +72,10 @@ async fn stuck_closers_make_the_process_take_no_descriptor_from_peers() {
     // Every closer stuck, one descriptor waiting.
     let mut peers = Vec::new();
     for _ in 0..STUCK {
-        smc_tokio::faults::close_on_a_closer_as_is(stuck_socket(&mut peers));
+        // Blocks its closer for two minutes, or until its peer is dropped (below).
+        let (sock, peer) = smc_tokio::faults::socket_whose_close_blocks(Duration::from_secs(120)).unwrap();
+        peers.push(peer);
+        smc_tokio::faults::close_on_a_closer_as_is(sock);
     }
     wait_for(30, "the closers congested", || smc_tokio::stats().closer.congested).await;
     let stats = smc_tokio::stats();

@@ -117,7 +117,7 @@ impl SideListener {
                     // no new group is set up meanwhile (`new_server_group`); a client of a group
                     // set up just before waits, and its join may time out (its connection is
                     // TCP).
-                    tokio::time::sleep(CONGESTED_WAIT).await;
+                    tokio::time::sleep(sys::CONGESTED_RETRY).await;
                     continue;
                 }
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
@@ -159,11 +159,6 @@ impl SideListener {
         Ok(name)
     }
 }
-
-/// How often a side-channel acceptor looks again while the descriptor closers are congested:
-/// the closers' own watchdog period (`sys::closer`'s `STALL`), so the acceptor takes
-/// connections again within a period of the closers coming free.
-const CONGESTED_WAIT: Duration = Duration::from_millis(100);
 
 /// Side-channel connections one acceptor serves at once before their JOIN is done. Only a
 /// trusted process that a pending group of ours waits for gets this far, and a client joins

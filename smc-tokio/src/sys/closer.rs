@@ -150,6 +150,11 @@ pub(crate) fn congested() -> bool {
     CONGESTED.load(Ordering::Relaxed)
 }
 
+/// How long a door or side channel that takes no connection while the closers are congested
+/// waits before it looks again: the watchdog's period ([`STALL`]), the soonest a stuck closer
+/// is seen free or replaced.
+pub(crate) const CONGESTED_RETRY: Duration = STALL;
+
 /// Stack of a closer thread: it only makes system calls.
 const CLOSER_STACK: usize = 128 << 10;
 
@@ -580,18 +585,8 @@ mod tests {
         // A lingering socket with unsent data towards a peer that never reads, whose last
         // close is ours and is told to keep its options: the closer blocks in it for a minute
         // (until the peer is dropped at the end, which resets it).
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.set_send_buffer_size(4096).unwrap();
-        s.connect(&tcp.local_addr().unwrap().into()).unwrap();
-        let (peer, _) = tcp.accept().unwrap();
-        socket2::SockRef::from(&peer).set_recv_buffer_size(4096).unwrap();
-        s.set_nonblocking(true).unwrap();
-        let chunk = [0u8; 65536];
-        while s.send(&chunk).is_ok() {}
-        s.set_linger(Some(Duration::from_secs(60))).unwrap();
-        let stuck = PeerFd { fd: Some(OwnedFd::from(s)), disarm: false, inert: false };
-        drop(stuck);
+        let (s, peer) = crate::faults::socket_whose_close_blocks(Duration::from_secs(60)).unwrap();
+        drop(PeerFd::shared(s));
         // Give the closer time to enter the stuck close, then hand it more.
         std::thread::sleep(Duration::from_millis(20));
         let (a, b) = UnixStream::pair().unwrap();

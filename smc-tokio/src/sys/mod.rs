@@ -800,7 +800,7 @@ pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd
 // ----- descriptors another process had a hand in -----------------------------------------
 
 mod closer;
-pub(crate) use closer::{closer_stats, congested as closers_congested, PeerFd};
+pub(crate) use closer::{closer_stats, congested as closers_congested, PeerFd, CONGESTED_RETRY};
 
 /// `getsockopt(2)` of a plain-data option value (`c_int`, `linger`, `ucred`, ...): `init` is
 /// the buffer the kernel fills (at most its size).
