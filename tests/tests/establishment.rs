@@ -673,3 +673,21 @@ async fn a_client_of_a_listener_that_is_not_accepting_goes_on_as_tcp_at_once() {
     bounded(10, s.read_exact(&mut b)).await.unwrap();
     assert_eq!(&b, b"ping");
 }
+
+/// A future that awaits a connect holds no handshake state: that state, kilobytes, is boxed
+/// once where it is made, so it is neither part of the caller's task nor copied again whenever
+/// the futures around it move. (tokio's own connect future is the yardstick printed.)
+#[test]
+fn a_connect_future_holds_no_handshake_state() {
+    let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let builder = SmcStream::builder();
+    let tokio = std::mem::size_of_val(&tokio::net::TcpStream::connect(addr));
+    let sizes = [
+        ("SmcStream::connect", std::mem::size_of_val(&SmcStream::connect(addr))),
+        ("SmcStreamBuilder::connect", std::mem::size_of_val(&builder.connect(addr))),
+    ];
+    eprintln!("tokio's TcpStream::connect: {tokio} bytes; ours: {sizes:?}");
+    for (name, size) in sizes {
+        assert!(size <= 1024, "{name}'s future is {size} bytes (tokio's: {tokio})");
+    }
+}

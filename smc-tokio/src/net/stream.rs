@@ -2687,9 +2687,7 @@ impl SmcStreamBuilder {
     pub async fn connect<A: ToSocketAddrs>(&self, addr: A) -> io::Result<SmcStream> {
         let mut last_err = None;
         for addr in tokio::net::lookup_host(addr).await? {
-            // The handshake's state lives on the heap: a future that awaits a connect stays as
-            // small as one awaiting tokio's.
-            match Box::pin(self.connect_addr(addr)).await {
+            match self.connect_addr_from(addr, None).await {
                 Ok(s) => return Ok(s),
                 Err(e) => last_err = Some(e),
             }
@@ -2727,29 +2725,31 @@ impl SmcStreamBuilder {
     /// # }
     /// ```
     pub async fn connect_socket(&self, socket: crate::SmcSocket, addr: SocketAddr) -> io::Result<SmcStream> {
-        Box::pin(self.connect_addr_from(addr, Some(socket.into_socket2()))).await
+        self.connect_addr_from(addr, Some(socket.into_socket2())).await
     }
 
-    async fn connect_addr(&self, addr: SocketAddr) -> io::Result<SmcStream> {
-        self.connect_addr_from(addr, None).await
-    }
-
+    /// The handshake's state (kilobytes) lives on the heap, boxed once where it is made: a
+    /// future that awaits a connect stays as small as one awaiting tokio's, and that state is
+    /// not copied again as the futures around it are moved.
     async fn connect_addr_from(&self, addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<SmcStream> {
-        let cfg = self.o.resolve(self.ctx.settings());
         // A socket we make has SO_LINGER off; the application's may have anything.
         let ours = user.is_none();
         let span = tracing::debug_span!("smc_connect", peer = %addr, transport = tracing::field::Empty);
-        let res = crate::connect::establish(&self.ctx, addr, &cfg, self.o.limit_handshake == Some(true), user)
-            .instrument(span.clone())
-            .await;
+        let limit = self.o.limit_handshake == Some(true);
+        let handshake = async {
+            let cfg = self.o.resolve(self.ctx.settings());
+            let res = crate::connect::establish(&self.ctx, addr, &cfg, limit, user).await;
+            (res, cfg.adaptive_min_bytes, cfg.negative_cache_ttl)
+        };
+        let (res, adaptive_min_bytes, negative_cache_ttl) = Box::pin(handshake).instrument(span.clone()).await;
         let mut s = SmcStream::from_established(self.ctx.clone(), res?);
         if ours {
             s = s.default_linger();
         }
         span.record("transport", tracing::field::display(s.transport()));
         self.ctx.counters().connection(false, s.transport());
-        if cfg.adaptive_min_bytes > 0 && s.transport().is_smc() {
-            s.adaptive = Some((addr, cfg.adaptive_min_bytes, cfg.negative_cache_ttl));
+        if adaptive_min_bytes > 0 && s.transport().is_smc() {
+            s.adaptive = Some((addr, adaptive_min_bytes, negative_cache_ttl));
         }
         Ok(s)
     }
