@@ -2729,8 +2729,8 @@ impl SmcStreamBuilder {
     }
 
     /// The handshake's state (kilobytes) lives on the heap, boxed once where it is made: a
-    /// future that awaits a connect stays as small as one awaiting tokio's, and that state is
-    /// not copied again as the futures around it are moved.
+    /// future that awaits a connect holds a few hundred bytes of its own, and that state is not
+    /// copied again as the futures around it are moved.
     async fn connect_addr_from(&self, addr: SocketAddr, user: Option<socket2::Socket>) -> io::Result<SmcStream> {
         // A socket we make has SO_LINGER off; the application's may have anything.
         let ours = user.is_none();
