@@ -416,7 +416,8 @@ async fn run<W: Wire>(
             ctx.counters().decline(*reason, *by);
             timer.completed();
         }
-        _ => drop(timer),
+        Ok(Outcome::Failed(e)) => timer.ended_by(e),
+        Err(_) => timer.failed(),
     }
     let conn = match &outcome {
         Ok(Outcome::Smc { .. }) => pending.take(),

@@ -336,20 +336,24 @@ async fn serve(
         // A same-host client that closed its door connection (its cancel), or sent nonsense
         // there: the stream is untouched, so it is a TCP connection.
         Ok(Outcome::Failed(e)) if on_door => {
+            timer.ended_by(&e);
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Ok(e)), None)
         }
         Err(e) if on_door => {
+            timer.failed();
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Err(e)), None)
         }
         Ok(Outcome::Failed(e)) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
+            timer.ended_by(&e);
             pending.release();
             None
         }
         Err(e) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
+            timer.failed();
             pending.release();
             None
         }
@@ -535,8 +539,14 @@ async fn serve_early(
             timer.completed();
             Transport::Tcp(FallbackReason::Declined { reason, by })
         }
-        Ok(Outcome::Failed(e)) => failed_on_door(Ok(e)),
-        Err(e) => failed_on_door(Err(e)),
+        Ok(Outcome::Failed(e)) => {
+            timer.ended_by(&e);
+            failed_on_door(Ok(e))
+        }
+        Err(e) => {
+            timer.failed();
+            failed_on_door(Err(e))
+        }
     };
     pending.release();
     spawn_tcp_after(&shared, key, tcp_rx, cfg, t);

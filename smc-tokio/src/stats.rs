@@ -45,6 +45,7 @@ struct Lane {
     handshakes_in_flight: AtomicU64,
     handshakes_completed: AtomicU64,
     handshakes_failed: AtomicU64,
+    handshakes_abandoned: AtomicU64,
     handshake_hist: [AtomicU64; 7],
     bytes_sent: [AtomicU64; 3],
     bytes_received: [AtomicU64; 3],
@@ -380,6 +381,22 @@ impl HandshakeTimer {
         HandshakeTimer { counters: counters.clone(), start: Instant::now(), done: false }
     }
 
+    /// The handshake ended with an error short of an outcome: no answer in time, a message
+    /// that made no sense, a channel that failed. (A peer that closed its channel gave up: the
+    /// timer is dropped, and the handshake counts as abandoned.)
+    pub(crate) fn failed(mut self) {
+        self.done = true;
+        self.counters.lane().handshakes_failed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The handshake ended with `e` instead of an outcome: a peer that closed the channel
+    /// without a final word gave up (abandoned), anything else failed.
+    pub(crate) fn ended_by(self, e: &crate::proto::handshake::HandshakeError) {
+        if !matches!(e, crate::proto::handshake::HandshakeError::Eof) {
+            self.failed();
+        }
+    }
+
     /// The handshake ended with an outcome (SMC or a decline): it completed.
     pub(crate) fn completed(mut self) {
         self.done = true;
@@ -397,7 +414,7 @@ impl Drop for HandshakeTimer {
         let c = self.counters.lane();
         c.handshakes_in_flight.fetch_sub(1, Ordering::Relaxed);
         if !self.done {
-            c.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+            c.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -466,8 +483,14 @@ pub struct Stats {
     pub handshakes_in_flight: u64,
     /// Handshakes that reached an outcome (SMC or a decline).
     pub handshakes_completed: u64,
-    /// Handshakes that failed (closed connections) or were abandoned.
+    /// Handshakes that ended with an error short of an outcome: no answer in time, a message
+    /// that made no sense, a channel that failed. Their connections are TCP (or, for a client
+    /// whose Confirm went out, fail: see the commit point in the crate docs).
     pub handshakes_failed: u64,
+    /// Handshakes given up before an outcome: the connect was cancelled (its future dropped),
+    /// the listener or its runtime closed, or the other end closed the channel the handshake
+    /// ran on (a cancelled connect's registration, a listener that went away).
+    pub handshakes_abandoned: u64,
     /// Completed handshakes by duration: `<= HANDSHAKE_BUCKETS[i]`, then above the last.
     pub handshake_time: [u64; 7],
     /// Bytes written by applications: smc-d, smc-r, tcp.
@@ -632,6 +655,7 @@ impl Counters {
             handshakes_in_flight: self.gauge(|l| &l.handshakes_in_flight),
             handshakes_completed: self.sum(|l| &l.handshakes_completed),
             handshakes_failed: self.sum(|l| &l.handshakes_failed),
+            handshakes_abandoned: self.sum(|l| &l.handshakes_abandoned),
             handshake_time: self.sums(|l| &l.handshake_hist),
             bytes_sent: self.sums(|l| &l.bytes_sent),
             bytes_received: self.sums(|l| &l.bytes_received),
@@ -739,10 +763,11 @@ impl fmt::Display for Stats {
         let h = &self.handshake_time;
         writeln!(
             f,
-            "handshakes: {} in flight, {} completed, {} failed; time <=50us {}, <=200us {}, <=1ms {}, <=10ms {}, <=100ms {}, <=1s {}, >1s {}",
+            "handshakes: {} in flight, {} completed, {} failed, {} abandoned; time <=50us {}, <=200us {}, <=1ms {}, <=10ms {}, <=100ms {}, <=1s {}, >1s {}",
             self.handshakes_in_flight,
             self.handshakes_completed,
             self.handshakes_failed,
+            self.handshakes_abandoned,
             h[0],
             h[1],
             h[2],

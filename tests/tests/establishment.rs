@@ -691,3 +691,49 @@ fn a_connect_future_holds_no_handshake_state() {
         assert!(size <= 1024, "{name}'s future is {size} bytes (tokio's: {tokio})");
     }
 }
+
+/// The stats tell a handshake given up from one that failed: a connect cancelled while the
+/// server stalls is abandoned on both ends (the server finds the registration cancelled), and
+/// one that runs out of time failed on the client, which then uses TCP.
+#[tokio::test]
+async fn cancelled_handshakes_are_abandoned_and_timed_out_ones_failed() {
+    let ctx = smc_tokio::Context::new();
+    let l = SmcListener::builder().context(&ctx).handshake_timeout(STEP * 10).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut rx = serve_echo(l);
+    faults::inject(addr, Point::ServerBeforeAccept, STEP * 3);
+    let settled = |ctx: smc_tokio::Context| async move {
+        let t = std::time::Instant::now();
+        while ctx.stats().handshakes_in_flight != 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "handshakes still in flight");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ctx.stats()
+    };
+
+    // Cancelled: the connect is dropped while it waits for the server's Accept.
+    let before = ctx.stats();
+    let builder = SmcStream::builder().context(&ctx).handshake_timeout(STEP * 10);
+    assert!(tokio::time::timeout(STEP / 2, builder.connect(addr)).await.is_err());
+    let after = settled(ctx.clone()).await;
+    assert_eq!(
+        (after.handshakes_abandoned - before.handshakes_abandoned, after.handshakes_failed - before.handshakes_failed),
+        (2, 0),
+        "{after}"
+    );
+
+    // Timed out: the client gives up after its own bound, stays on TCP, and counts a failure;
+    // the server, stalled, then finds the registration cancelled.
+    let before = after;
+    let s = bounded(10, SmcStream::builder().context(&ctx).handshake_timeout(STEP).connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), declined(DeclineReason::Timeout, Side::Local));
+    bounded(10, echo_check(s, b"after a timed-out handshake", 7, 1)).await;
+    let after = settled(ctx.clone()).await;
+    assert_eq!(
+        (after.handshakes_abandoned - before.handshakes_abandoned, after.handshakes_failed - before.handshakes_failed),
+        (1, 1),
+        "{after}"
+    );
+    while rx.try_recv().is_ok() {}
+    faults::clear(addr);
+}
