@@ -410,14 +410,9 @@ async fn run<W: Wire>(
             Err(e) => break Err(e),
         }
     };
-    match &outcome {
-        Ok(Outcome::Smc { .. }) => timer.completed(),
-        Ok(Outcome::Fallback { reason, by }) => {
-            ctx.counters().decline(*reason, *by);
-            timer.completed();
-        }
-        Ok(Outcome::Failed(e)) => timer.ended_by(e),
-        Err(_) => timer.failed(),
+    timer.end(&outcome);
+    if let Ok(Outcome::Fallback { reason, by }) = &outcome {
+        ctx.counters().decline(*reason, *by);
     }
     let conn = match &outcome {
         Ok(Outcome::Smc { .. }) => pending.take(),

@@ -313,16 +313,15 @@ async fn serve(
         return None;
     };
     drop(wire);
+    timer.end(&outcome);
     match outcome {
         Ok(Outcome::Smc { .. }) => {
-            timer.completed();
             let conn = pending.conn.take()?;
             let t = conn.transport();
             Some((Established::smc(tcp, conn, t), t))
         }
         Ok(Outcome::Fallback { reason, by }) => {
             shared.ctx.counters().decline(reason, by);
-            timer.completed();
             pending.release();
             // On the door the stream carried nothing: it is plain TCP as it is. In-band, a
             // message the client still owes is taken off the stream before the application's
@@ -336,24 +335,20 @@ async fn serve(
         // A same-host client that closed its door connection (its cancel), or sent nonsense
         // there: the stream is untouched, so it is a TCP connection.
         Ok(Outcome::Failed(e)) if on_door => {
-            timer.ended_by(&e);
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Ok(e)), None)
         }
         Err(e) if on_door => {
-            timer.failed();
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Err(e)), None)
         }
         Ok(Outcome::Failed(e)) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
-            timer.ended_by(&e);
             pending.release();
             None
         }
         Err(e) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
-            timer.failed();
             pending.release();
             None
         }
@@ -512,9 +507,9 @@ async fn serve_early(
         return;
     };
     drop(wire);
+    timer.end(&outcome);
     let t = match outcome {
         Ok(Outcome::Smc { .. }) => {
-            timer.completed();
             let Some(conn) = pending.conn.take() else { return };
             // Committed: the connection is ours to hand out once the listener accepts it (the
             // sweep drops the registration, and with it the wait, after 30 s; the listener's
@@ -536,17 +531,10 @@ async fn serve_early(
         }
         Ok(Outcome::Fallback { reason, by }) => {
             shared.ctx.counters().decline(reason, by);
-            timer.completed();
             Transport::Tcp(FallbackReason::Declined { reason, by })
         }
-        Ok(Outcome::Failed(e)) => {
-            timer.ended_by(&e);
-            failed_on_door(Ok(e))
-        }
-        Err(e) => {
-            timer.failed();
-            failed_on_door(Err(e))
-        }
+        Ok(Outcome::Failed(e)) => failed_on_door(Ok(e)),
+        Err(e) => failed_on_door(Err(e)),
     };
     pending.release();
     spawn_tcp_after(&shared, key, tcp_rx, cfg, t);

@@ -381,20 +381,23 @@ impl HandshakeTimer {
         HandshakeTimer { counters: counters.clone(), start: Instant::now(), done: false }
     }
 
-    /// The handshake ended with an error short of an outcome: no answer in time, a message
-    /// that made no sense, a channel that failed. (A peer that closed its channel gave up: the
-    /// timer is dropped, and the handshake counts as abandoned.)
-    pub(crate) fn failed(mut self) {
-        self.done = true;
-        self.counters.lane().handshakes_failed.fetch_add(1, Ordering::Relaxed);
+    /// Stops the timer at the handshake's end, `outcome` as the handshake machine's driver
+    /// returned it: an outcome (SMC or a decline) completed it; an error short of one (no
+    /// answer in time, a message that made no sense, a channel that failed) failed it; a peer
+    /// that closed the channel without a final word gave up, so the handshake counts as
+    /// abandoned, as one whose timer is dropped unstopped does.
+    pub(crate) fn end(self, outcome: &std::io::Result<crate::proto::handshake::Outcome>) {
+        use crate::proto::handshake::{HandshakeError, Outcome};
+        match outcome {
+            Ok(Outcome::Smc { .. } | Outcome::Fallback { .. }) => self.completed(),
+            Ok(Outcome::Failed(HandshakeError::Eof)) => drop(self),
+            Ok(Outcome::Failed(_)) | Err(_) => self.failed(),
+        }
     }
 
-    /// The handshake ended with `e` instead of an outcome: a peer that closed the channel
-    /// without a final word gave up (abandoned), anything else failed.
-    pub(crate) fn ended_by(self, e: &crate::proto::handshake::HandshakeError) {
-        if !matches!(e, crate::proto::handshake::HandshakeError::Eof) {
-            self.failed();
-        }
+    fn failed(mut self) {
+        self.done = true;
+        self.counters.lane().handshakes_failed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The handshake ended with an outcome (SMC or a decline): it completed.
