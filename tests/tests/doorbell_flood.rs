@@ -1,5 +1,5 @@
-//! A hostile peer that holds a link and rings our doorbell (on the end it made and kept; we wait on
-//! the other) in a tight loop. The link group's driver must not starve the runtime: on the same
+//! A hostile peer that holds a link and rings our doorbell (from its own, connected to ours) in a
+//! tight loop. The link group's driver must not starve the runtime: on the same
 //! runtime, a ticker keeps ticking, an SMC connection (another link group) and a plain TCP
 //! connection complete verified transfers, and the flooded link still works once the flood stops.
 //! No speed is asserted, only that the work completes before a generous deadline.
@@ -44,7 +44,8 @@ async fn flood_while_others_work() {
                 if hostile::ring(door.as_raw_fd()).is_ok() {
                     rings.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    // EAGAIN: the counter is full because nobody drains it; keep trying.
+                    // EAGAIN: our send buffer is full of rings the server has not drained yet;
+                    // keep trying.
                     std::hint::spin_loop();
                 }
             }

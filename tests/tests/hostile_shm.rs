@@ -1,6 +1,7 @@
 //! Hostile peers on the shm side channel: a client or a server that hands over a region that is
-//! not sealed, not a memfd, too small or not what its header says, a doorbell that is not a
-//! datagram socket, a wrong token, or that runs as another uid. Every case ends in a refusal or a TCP
+//! not sealed, not a memfd, too small or not what its header says, a doorbell that is missing,
+//! unreachable, its peer's own or connected elsewhere, a wrong token, or that runs as another
+//! uid. Every case ends in a refusal or a TCP
 //! fallback with the bytes intact; the process never crashes, and connections on other link
 //! groups keep every byte.
 
@@ -16,6 +17,7 @@ use smc_tokio::config::ShmConfig;
 use smc_tokio::proto::cdc::CdcMsg;
 use smc_tokio::proto::clc::{Accept, ClcMessage, Decline, DeclineReason, LinkInfo, Proposal, ShmLinkInfo, ShmOffer};
 use smc_tokio::proto::cursor::Cursor;
+use smc_tokio::proto::side::{BellTag, Join};
 use smc_tokio::{FallbackReason, Side, SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -100,18 +102,24 @@ async fn report_for(rx: &mut mpsc::UnboundedReceiver<(SocketAddr, Transport)>, m
     }
 }
 
+/// What one side hands over on the side channel: descriptors, and the doorbell it names.
+type Handed = (Vec<OwnedFd>, BellTag);
+
 /// One hostile JOIN: what the client hands over, and what it should get back.
 struct Case {
     what: &'static str,
-    fds: Box<dyn Fn() -> Vec<OwnedFd> + Send>,
+    fds: Box<dyn Fn() -> Handed + Send>,
     /// Refused at once with this WELCOME status (no descriptors); `None`: admitted, then the
     /// region or doorbell is refused and the side channel closed.
     status: Option<u32>,
 }
 
-fn region_and_doorbell(r: Region) -> Vec<OwnedFd> {
-    let fd = r.fd.try_clone().unwrap();
-    vec![fd, hostile::doorbell()]
+fn region_and_doorbell(r: Region) -> Handed {
+    (vec![r.fd.try_clone().unwrap()], hostile::doorbell())
+}
+
+fn sealed_region() -> OwnedFd {
+    Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap()
 }
 
 fn cases() -> Vec<Case> {
@@ -142,7 +150,7 @@ fn cases() -> Vec<Case> {
                 }
                 std::os::unix::fs::FileExt::write_all_at(&f, &hdr, 0).unwrap();
                 let _ = std::fs::remove_file(&path);
-                vec![OwnedFd::from(f), hostile::doorbell()]
+                (vec![OwnedFd::from(f)], hostile::doorbell())
             }),
             status: None,
         },
@@ -156,7 +164,7 @@ fn cases() -> Vec<Case> {
                 }
                 drop(m);
                 hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-                vec![fd, hostile::doorbell()]
+                (vec![fd], hostile::doorbell())
             }),
             status: None,
         },
@@ -165,7 +173,7 @@ fn cases() -> Vec<Case> {
             fds: Box::new(|| {
                 let fd = hostile::memfd(0, true);
                 hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-                vec![fd, hostile::doorbell()]
+                (vec![fd], hostile::doorbell())
             }),
             status: None,
         },
@@ -176,20 +184,26 @@ fn cases() -> Vec<Case> {
             status: None,
         },
         Case {
-            what: "a pipe instead of a datagram socket",
-            fds: Box::new(move || {
-                let r = Region::new(l, REGION_SEALS);
-                let (_rd, wr) = hostile::pipe();
-                vec![r.fd.try_clone().unwrap(), wr]
-            }),
+            what: "a doorbell nobody has bound",
+            fds: Box::new(|| (vec![sealed_region()], BellTag([0x77; 16]))),
+            status: None,
+        },
+        Case {
+            what: "a doorbell connected to another one",
+            fds: Box::new(|| (vec![sealed_region()], hostile::busy_doorbell())),
             status: None,
         },
         Case {
             what: "a region without a doorbell",
-            fds: Box::new(move || vec![Region::new(l, REGION_SEALS).fd.try_clone().unwrap()]),
+            fds: Box::new(|| (vec![sealed_region()], BellTag::NONE)),
             status: Some(3),
         },
-        Case { what: "no descriptors at all", fds: Box::new(Vec::new), status: Some(3) },
+        Case {
+            what: "a region and one descriptor more",
+            fds: Box::new(|| (vec![sealed_region(), sealed_region()], hostile::doorbell())),
+            status: Some(3),
+        },
+        Case { what: "no descriptors at all", fds: Box::new(|| (Vec::new(), hostile::doorbell())), status: Some(3) },
     ]
 }
 
@@ -205,12 +219,12 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
         let mut hs = bounded(10, hostile::propose(addr, pid, instance, 0, RMB)).await;
         assert_ne!(Some(hs.accept.link_group), by.group, "{what}: a new group for a new peer");
         let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
-        let fds = (case.fds)();
+        let (fds, bell) = (case.fds)();
         let (sock, welcome) = bounded(
             10,
             tokio::task::spawn_blocking(move || {
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                hostile::join(&name, group, token, &raw)
+                hostile::join(&name, group, token, bell, &raw)
             }),
         )
         .await
@@ -220,12 +234,14 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
             Some(status) => {
                 assert_eq!(welcome.status, status, "{what}: refused with a typed status");
                 assert!(welcome.fds.is_empty(), "{what}: a refusal hands over nothing");
+                assert!(welcome.bell.is_none(), "{what}: a refusal names no doorbell");
             }
             None => {
                 // Admitted on the token, so the server handed over its half; then it checked
                 // ours, refused it, and closed the side channel.
                 assert_eq!(welcome.status, 0, "{what}");
-                assert_eq!(welcome.fds.len(), 2, "{what}");
+                assert_eq!(welcome.fds.len(), 1, "{what}");
+                assert!(!welcome.bell.is_none(), "{what}");
                 let sock2 = sock.try_clone().unwrap();
                 bounded(10, tokio::task::spawn_blocking(move || hostile::side_eof(sock2.as_fd())))
                     .await
@@ -264,7 +280,7 @@ async fn hostile_client_regions_are_refused_and_other_groups_keep_their_bytes() 
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let (sock, w) = tokio::task::spawn_blocking(move || {
         let r = Region::new(layout(), 0);
-        hostile::join(&name, group, token, &[r.fd.as_raw_fd(), hostile::doorbell().as_raw_fd()])
+        hostile::join(&name, group, token, hostile::doorbell(), &[r.fd.as_raw_fd()])
     })
     .await
     .unwrap()
@@ -443,8 +459,8 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     let mut hs = bounded(10, hostile::propose(addr, 5151, 78, 0, RMB)).await;
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let region = Region::new(layout(), REGION_SEALS);
-    let door = hostile::doorbell();
-    let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
+    let bell = hostile::doorbell();
+    let fds = [region.fd.as_raw_fd()];
     let attempts = bounded(
         20,
         tokio::task::spawn_blocking({
@@ -452,25 +468,25 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
             move || {
                 let mut statuses = Vec::new();
                 // A token no handshake gave out.
-                let (_s, w) = hostile::join(&name, group, hostile::random_secret(), &fds).unwrap();
+                let (_s, w) = hostile::join(&name, group, hostile::random_secret(), bell, &fds).unwrap();
                 statuses.push((w.status, w.fds.len()));
                 // The right token, another group.
-                let (_s, w) = hostile::join(&name, group ^ 0x5555, token, &fds).unwrap();
+                let (_s, w) = hostile::join(&name, group ^ 0x5555, token, bell, &fds).unwrap();
                 statuses.push((w.status, w.fds.len()));
                 // A token differing in its last bit.
                 let mut near = token;
                 near.0[15] ^= 1;
-                let (_s, w) = hostile::join(&name, group, near, &fds).unwrap();
+                let (_s, w) = hostile::join(&name, group, near, bell, &fds).unwrap();
                 statuses.push((w.status, w.fds.len()));
                 // A malformed JOIN: closed without a welcome.
                 let s = hostile::side_connect(&name).unwrap();
-                let mut bad = hostile::join_msg(group, token);
+                let mut bad = hostile::join_msg(group, token, bell);
                 bad[0] = b'X';
                 hostile::send_fds(s.as_fd(), &bad, &fds).unwrap();
                 let eof = hostile::side_eof(s.as_fd());
                 // A JOIN of the wrong length.
                 let s = hostile::side_connect(&name).unwrap();
-                hostile::send_fds(s.as_fd(), &hostile::join_msg(group, token)[..40], &fds).unwrap();
+                hostile::send_fds(s.as_fd(), &hostile::join_msg(group, token, bell)[..40], &fds).unwrap();
                 let eof2 = hostile::side_eof(s.as_fd());
                 (statuses, eof.is_ok(), eof2.is_ok())
             }
@@ -481,16 +497,11 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     assert_eq!(attempts.0, vec![(1, 0), (1, 0), (1, 0)], "wrong token or group: refused (status 1) with nothing");
     assert!(attempts.1 && attempts.2, "malformed joins are closed without a welcome");
     // None of that spoiled the pending group: the real token still joins, and the link works.
-    // With a doorbell of its own, as a peer makes one per link: the server defused (shut down)
-    // the copies of the first one that came with the refused joins, as it does every
-    // descriptor it lets go, and a shut-down doorbell ends a link.
-    let door = hostile::doorbell();
-    let fds = [region.fd.as_raw_fd(), door.as_raw_fd()];
-    let (sock, w) = bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds)))
+    let (sock, w) = bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, bell, &fds)))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((w.status, w.fds.len()), (0, 2));
+    assert_eq!((w.status, w.fds.len()), (0, 1));
     let commit = hs.confirm(0).await.unwrap();
     assert!(hostile::is_commit(&commit, hs.secret), "the server commits: {commit:?}");
     let me = hs.tcp.local_addr().unwrap();
@@ -499,25 +510,25 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
     // no group waits for this process any more, so its connection is closed at accept.
     let name = hs.accept.socket_name.clone();
     let second =
-        bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, &fds))).await.unwrap();
+        bounded(10, tokio::task::spawn_blocking(move || hostile::join(&name, group, token, bell, &fds))).await.unwrap();
     let err = second.map(|(_, w)| (w.status, w.fds.len())).expect_err("a group is joined once");
     // The server closes the side channel at accept, so the JOIN's own send may meet that close
     // (a broken pipe, or a reset) before the read for a welcome does (the end).
     use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
     assert!(matches!(err.kind(), UnexpectedEof | BrokenPipe | ConnectionReset), "closed without a welcome: {err}");
-    drop((sock, region, door));
+    drop((sock, region));
     by.check("after the wrong tokens").await;
 }
 
 /// A fake server (door included) that takes the client's registration, accepts its Proposal
-/// with shm on the door and answers the client's JOIN with `welcome_fds` (and `status`, `group`
-/// in the WELCOME), then expects the client's Decline on the door, answers it, and echoes over
+/// with shm on the door and answers the client's JOIN with what `make_fds` hands over (given
+/// the client's descriptors and doorbell; and `status`, `group` in the WELCOME), then expects the client's Decline on the door, answers it, and echoes over
 /// TCP, which carried nothing of the handshake.
 async fn hostile_server(
     what: &'static str,
     status: u32,
     welcome_group_xor: u64,
-    make_fds: impl Fn(&[OwnedFd]) -> Vec<OwnedFd> + Send + Sync + 'static,
+    make_fds: impl Fn(&[OwnedFd], BellTag) -> Handed + Send + Sync + 'static,
 ) -> (SocketAddr, tokio::task::JoinHandle<ClcMessage>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -540,23 +551,32 @@ async fn hostile_server(
         hostile::door_send_clc_for(&door_conn, id, &ClcMessage::Accept(accept)).unwrap();
         let token = p.secret;
         let make_fds = std::sync::Arc::new(make_fds);
-        tokio::task::spawn_blocking(move || {
+        let side_task = tokio::task::spawn_blocking(move || {
             let s = hostile::side_accept(side.as_fd(), Duration::from_secs(5)).unwrap();
             let (msg, client_fds) = hostile::recv_fds(s.as_fd()).unwrap();
-            assert_eq!(msg, hostile::join_msg(group, token), "{what}: the client proves the handshake's token");
-            assert_eq!(client_fds.len(), 2, "{what}: the client sends its region and doorbell");
-            // The real client's region is sealed: we can neither write nor resize it.
+            let join = Join::decode(&msg).unwrap();
+            assert_eq!(
+                (join.link_group, join.secret),
+                (group, token),
+                "{what}: the client proves the handshake's token"
+            );
+            assert!(!join.bell.is_none(), "{what}: the client names its doorbell");
+            assert_eq!(client_fds.len(), 1, "{what}: the client sends its region");
+            // The real client's region is sealed, and what we got is a read-only descriptor: we
+            // can neither map it writable nor resize it.
             let seals = hostile::get_seals(client_fds[0].as_fd()).unwrap();
             assert_eq!(seals & REGION_SEALS, REGION_SEALS, "{what}: client region seals {seals:#x}");
-            assert_eq!(hostile::errno_of(Map::new(client_fds[0].as_fd(), 4096, true)), libc::EPERM);
-            assert_eq!(hostile::ftruncate_errno(client_fds[0].as_fd(), 0), libc::EPERM);
-            let fds = make_fds(&client_fds);
+            assert_eq!(hostile::errno_of(Map::new(client_fds[0].as_fd(), 4096, true)), libc::EACCES);
+            assert_eq!(hostile::ftruncate_errno(client_fds[0].as_fd(), 0), libc::EINVAL);
+            let (fds, bell) = make_fds(&client_fds, join.bell);
             let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-            hostile::send_fds(s.as_fd(), &hostile::welcome_msg(group ^ welcome_group_xor, status), &raw).unwrap();
+            hostile::send_fds(s.as_fd(), &hostile::welcome_msg(group ^ welcome_group_xor, status, bell), &raw).unwrap();
             // Keep the side channel open until the client gives up on it.
             let _ = hostile::side_eof(s.as_fd());
         });
         let reply = hostile::door_recv_clc(&door_conn).await.unwrap().expect("the client answers the accept");
+        // The side channel's checks held (a panic there fails the test, not only the join).
+        side_task.await.unwrap_or_else(|e| panic!("{what}: the fake side channel: {e}"));
         if let ClcMessage::Decline(d) = &reply {
             // The client waits for our final word after its Decline.
             hostile::door_send_clc_for(&door_conn, id, &ClcMessage::Decline(*d)).unwrap();
@@ -572,17 +592,17 @@ async fn hostile_server(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_bytes() {
-    type MakeFds = fn(&[OwnedFd]) -> Vec<OwnedFd>;
+    type MakeFds = fn(&[OwnedFd], BellTag) -> Handed;
     let cases: Vec<(&'static str, u32, u64, MakeFds)> = vec![
-        ("an unsealed memfd", 0, 0, |_| region_and_doorbell(Region::new(layout(), 0))),
-        ("a region that can still shrink", 0, 0, |_| {
+        ("an unsealed memfd", 0, 0, |_, _| region_and_doorbell(Region::new(layout(), 0))),
+        ("a region that can still shrink", 0, 0, |_, _| {
             region_and_doorbell(Region::new(layout(), libc::F_SEAL_GROW | libc::F_SEAL_SEAL))
         }),
-        ("a regular file", 0, 0, |_| {
+        ("a regular file", 0, 0, |_, _| {
             let f = std::fs::File::open(env!("CARGO_BIN_EXE_smc-test-peer")).unwrap();
-            vec![OwnedFd::from(f), hostile::doorbell()]
+            (vec![OwnedFd::from(f)], hostile::doorbell())
         }),
-        ("a region smaller than its header", 0, 0, |_| {
+        ("a region smaller than its header", 0, 0, |_, _| {
             let fd = hostile::memfd(4096, true);
             let m = Map::new(fd.as_fd(), 4096, true).unwrap();
             for (i, w) in layout().header().iter().enumerate() {
@@ -590,16 +610,16 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
             }
             drop(m);
             hostile::add_seals(fd.as_fd(), REGION_SEALS).unwrap();
-            vec![fd, hostile::doorbell()]
+            (vec![fd], hostile::doorbell())
         }),
-        ("a pipe for a doorbell", 0, 0, |_| {
-            let (_r, w) = hostile::pipe();
-            vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap(), w]
-        }),
-        ("the client's own region sent back", 0, 0, |c| vec![c[0].try_clone().unwrap(), hostile::doorbell()]),
-        ("a refusal status", 2, 0, |_| Vec::new()),
-        ("a welcome for another group", 0, 1, |_| region_and_doorbell(Region::new(layout(), REGION_SEALS))),
-        ("a welcome with one descriptor", 0, 0, |_| vec![Region::new(layout(), REGION_SEALS).fd.try_clone().unwrap()]),
+        ("no doorbell named", 0, 0, |_, _| (vec![sealed_region()], BellTag::NONE)),
+        ("a doorbell nobody has bound", 0, 0, |_, _| (vec![sealed_region()], BellTag([0x77; 16]))),
+        ("a doorbell connected to another one", 0, 0, |_, _| (vec![sealed_region()], hostile::busy_doorbell())),
+        ("the client's own doorbell named", 0, 0, |_, theirs| (vec![sealed_region()], theirs)),
+        ("the client's own region sent back", 0, 0, |c, _| (vec![c[0].try_clone().unwrap()], hostile::doorbell())),
+        ("a refusal status", 2, 0, |_, _| (Vec::new(), BellTag::NONE)),
+        ("a welcome for another group", 0, 1, |_, _| region_and_doorbell(Region::new(layout(), REGION_SEALS))),
+        ("a welcome with two descriptors", 0, 0, |_, _| (vec![sealed_region(), sealed_region()], hostile::doorbell())),
     ];
     for (i, (what, status, xor, make)) in cases.into_iter().enumerate() {
         let (addr, server) = hostile_server(what, status, xor, make).await;

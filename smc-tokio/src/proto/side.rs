@@ -1,12 +1,17 @@
 //! The shared-memory link's side channel: JOIN (client to server) and WELCOME (server to
 //! client). After an SMC-D handshake, the client connects to the abstract `SOCK_SEQPACKET`
 //! socket the server named in its Accept and sends a [`Join`] proving the handshake's secret,
-//! with its region and doorbell attached (`SCM_RIGHTS`); the server answers with a [`Welcome`],
-//! with its own region and doorbell attached when it lets the client in. The connection then
-//! stays open: its end means the peer process is gone. The doorbell a side attaches is the end
-//! the other side waits on, of a pair the attaching side made and rings on (version 2; in
-//! version 1 a side attached the end the other side was to ring it on, so the ringing end came
-//! from the peer, which could connect it elsewhere).
+//! with its region attached (`SCM_RIGHTS`) and the tag of its doorbell; the server answers with a
+//! [`Welcome`], with its own region and doorbell tag when it lets the client in. The connection
+//! then stays open: its end means the peer process is gone.
+//!
+//! A doorbell is a Unix datagram socket that each side makes and keeps to itself, bound to the
+//! abstract name its [`BellTag`] gives ([`BellTag::name`]); each side connects its own to the
+//! name the other sent, and from then on the two take datagrams only from each other. No
+//! doorbell descriptor crosses (version 3). In version 2 a side handed over one end of a pair it
+//! made, which the other waited on and the maker could read as well, holding the socket's read
+//! lock for as long as its copy out faulted; in version 1 a side handed over the end the other
+//! rang on, which the maker could connect elsewhere.
 //!
 //! Both messages are [`SIDE_MSG_LEN`] bytes (one `SOCK_SEQPACKET` message each), integers big
 //! endian:
@@ -18,11 +23,12 @@
 //! | 12..16 | 4    | reserved                      | status (u32): 0 welcomed, else a [`JoinRefused`] |
 //! | 16..24 | 8    | link group id (u64)           | link group id (u64)                          |
 //! | 24..40 | 16   | secret ([`Secret`])            | reserved                                     |
-//! | 40..64 | 24   | reserved                      | reserved                                     |
+//! | 40..56 | 16   | the client's [`BellTag`]      | the server's [`BellTag`] (zeros in a refusal) |
+//! | 56..64 | 8    | reserved                      | reserved                                     |
 //!
 //! Reserved bytes are sent as zeros and ignored. Decoding checks the length, the magic and the
-//! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group
-//! and the secret is the caller's job, since only it knows which it expects.
+//! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group,
+//! the secret and the tag is the caller's job, since only it knows which it expects.
 
 use std::fmt;
 
@@ -32,9 +38,9 @@ use super::clc::Secret;
 pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
 /// First eight bytes of a WELCOME.
 pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
-/// The side-channel version this crate speaks: 2, where each side hands over the doorbell end
-/// the other waits on (see the module documentation).
-pub const SIDE_VERSION: u32 = 2;
+/// The side-channel version this crate speaks: 3, where each side names its doorbell instead of
+/// handing over a descriptor of it (see the module documentation).
+pub const SIDE_VERSION: u32 = 3;
 /// Length of a JOIN and of a WELCOME.
 pub const SIDE_MSG_LEN: usize = 64;
 /// The WELCOME status that lets the client in.
@@ -94,16 +100,71 @@ fn u64_at(b: &[u8; SIDE_MSG_LEN], i: usize) -> u64 {
     u64::from_be_bytes(v)
 }
 
-/// A client's request to join a pending link group: the group the server's Accept named, and
-/// the secret of the handshake that led to it (the proof that the client took part in it).
+/// Where a [`BellTag`] sits in both messages.
+const BELL_AT: std::ops::Range<usize> = 40..56;
+
+fn bell_at(b: &[u8; SIDE_MSG_LEN]) -> BellTag {
+    let mut t = [0u8; 16];
+    t.copy_from_slice(&b[BELL_AT]);
+    BellTag(t)
+}
+
+/// What names a doorbell: 16 random bytes, from which its socket's abstract name is made
+/// ([`name`](Self::name)). All zeros names none (a refusal's WELCOME carries that).
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::side::BellTag;
+///
+/// let tag = BellTag([0xAB; 16]);
+/// assert_eq!(&tag.name()[..15], b"smc-tokio/bell/");
+/// assert_eq!(&tag.name()[15..19], b"abab");
+/// assert!(BellTag::NONE.is_none() && !tag.is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BellTag(pub [u8; 16]);
+
+impl BellTag {
+    /// No doorbell.
+    pub const NONE: BellTag = BellTag([0; 16]);
+    /// Length of [`name`](Self::name): the prefix and 32 hex digits.
+    pub const NAME_LEN: usize = BELL_PREFIX.len() + 32;
+
+    /// Whether this is [`NONE`](Self::NONE).
+    pub fn is_none(&self) -> bool {
+        *self == Self::NONE
+    }
+
+    /// The abstract socket name of the doorbell: `smc-tokio/bell/` and the tag in lowercase hex.
+    /// Only names of this form are ever connected to, so a peer can point our rings at no
+    /// socket but a doorbell.
+    pub fn name(&self) -> [u8; Self::NAME_LEN] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut n = [0u8; Self::NAME_LEN];
+        n[..BELL_PREFIX.len()].copy_from_slice(BELL_PREFIX);
+        for (i, b) in self.0.iter().enumerate() {
+            n[BELL_PREFIX.len() + 2 * i] = HEX[usize::from(b >> 4)];
+            n[BELL_PREFIX.len() + 2 * i + 1] = HEX[usize::from(b & 15)];
+        }
+        n
+    }
+}
+
+/// What every doorbell's abstract name starts with.
+const BELL_PREFIX: &[u8] = b"smc-tokio/bell/";
+
+/// A client's request to join a pending link group: the group the server's Accept named, the
+/// secret of the handshake that led to it (the proof that the client took part in it), and the
+/// tag of the client's doorbell.
 ///
 /// # Examples
 ///
 /// ```
 /// use smc_tokio::proto::clc::Secret;
-/// use smc_tokio::proto::side::{Join, SIDE_MSG_LEN};
+/// use smc_tokio::proto::side::{BellTag, Join, SIDE_MSG_LEN};
 ///
-/// let join = Join { link_group: 7, secret: Secret([1; 16]) };
+/// let join = Join { link_group: 7, secret: Secret([1; 16]), bell: BellTag([3; 16]) };
 /// let bytes: [u8; SIDE_MSG_LEN] = join.encode();
 /// assert_eq!(Join::decode(&bytes), Ok(join));
 /// ```
@@ -113,6 +174,8 @@ pub struct Join {
     pub link_group: u64,
     /// The secret of the handshake that named the group.
     pub secret: Secret,
+    /// The client's doorbell, which the server connects its own to.
+    pub bell: BellTag,
 }
 
 impl Join {
@@ -122,18 +185,20 @@ impl Join {
     ///
     /// ```
     /// use smc_tokio::proto::clc::Secret;
-    /// use smc_tokio::proto::side::{Join, JOIN_MAGIC};
+    /// use smc_tokio::proto::side::{BellTag, Join, JOIN_MAGIC};
     ///
-    /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]) }.encode();
+    /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]), bell: BellTag([5; 16]) }.encode();
     /// assert_eq!(bytes[..8], JOIN_MAGIC);
-    /// assert_eq!(bytes[8..12], [0, 0, 0, 2]); // the version
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 3]); // the version
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
     /// assert_eq!(bytes[24..40], [9; 16]); // the secret
+    /// assert_eq!(bytes[40..56], [5; 16]); // the doorbell
     /// ```
     pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
         let mut b = header(&JOIN_MAGIC);
         b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
         b[24..40].copy_from_slice(&self.secret.0);
+        b[BELL_AT].copy_from_slice(&self.bell.0);
         b
     }
 
@@ -143,18 +208,18 @@ impl Join {
     ///
     /// ```
     /// use smc_tokio::proto::clc::Secret;
-    /// use smc_tokio::proto::side::{Join, SideMsgError, Welcome};
+    /// use smc_tokio::proto::side::{BellTag, Join, SideMsgError, Welcome};
     ///
-    /// let bytes = Join { link_group: 3, secret: Secret([2; 16]) }.encode();
+    /// let bytes = Join { link_group: 3, secret: Secret([2; 16]), bell: BellTag([1; 16]) }.encode();
     /// assert_eq!(Join::decode(&bytes[..40]), Err(SideMsgError::BadLength(40)));
     /// // A WELCOME is no JOIN.
-    /// assert_eq!(Join::decode(&Welcome::accepted(3).encode()), Err(SideMsgError::BadMagic));
+    /// assert_eq!(Join::decode(&Welcome::accepted(3, BellTag([1; 16])).encode()), Err(SideMsgError::BadMagic));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Join, SideMsgError> {
         let b = check(b, &JOIN_MAGIC)?;
         let mut secret = [0u8; 16];
         secret.copy_from_slice(&b[24..40]);
-        Ok(Join { link_group: u64_at(&b, 16), secret: Secret(secret) })
+        Ok(Join { link_group: u64_at(&b, 16), secret: Secret(secret), bell: bell_at(&b) })
     }
 }
 
@@ -166,7 +231,8 @@ pub enum JoinRefused {
     UnknownGroup = 1,
     /// The peer's credentials (its uid) are not allowed.
     Credentials = 2,
-    /// The peer's region or doorbell was missing or unusable.
+    /// The peer's region or doorbell was missing or unusable (no region, no tag, or a tag
+    /// that names no doorbell we can connect to).
     BadRegion = 3,
 }
 
@@ -192,20 +258,21 @@ impl JoinRefused {
     }
 }
 
-/// The server's answer to a JOIN: the group it answers for, and [`WELCOME_OK`] or why the JOIN
-/// was refused ([`JoinRefused`]; kept raw, so that a status this version does not know still
-/// reads as a refusal).
+/// The server's answer to a JOIN: the group it answers for, [`WELCOME_OK`] or why the JOIN was
+/// refused ([`JoinRefused`]; kept raw, so that a status this version does not know still reads
+/// as a refusal), and the server's doorbell when it lets the client in.
 ///
 /// # Examples
 ///
 /// ```
-/// use smc_tokio::proto::side::{JoinRefused, Welcome};
+/// use smc_tokio::proto::side::{BellTag, JoinRefused, Welcome};
 ///
 /// let no = Welcome::refused(7, JoinRefused::Credentials);
 /// assert_eq!(Welcome::decode(&no.encode()), Ok(no));
 /// assert!(!no.is_accepted());
 /// assert_eq!(no.refusal(), Some(JoinRefused::Credentials));
-/// assert!(Welcome::accepted(7).is_accepted());
+/// assert!(no.bell.is_none());
+/// assert!(Welcome::accepted(7, BellTag([4; 16])).is_accepted());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Welcome {
@@ -213,17 +280,20 @@ pub struct Welcome {
     pub link_group: u64,
     /// [`WELCOME_OK`], or a [`JoinRefused`] value.
     pub status: u32,
+    /// The server's doorbell, which the client connects its own to ([`BellTag::NONE`] in a
+    /// refusal).
+    pub bell: BellTag,
 }
 
 impl Welcome {
-    /// A WELCOME that lets the client into `link_group`.
-    pub const fn accepted(link_group: u64) -> Welcome {
-        Welcome { link_group, status: WELCOME_OK }
+    /// A WELCOME that lets the client into `link_group`, naming the server's doorbell.
+    pub const fn accepted(link_group: u64, bell: BellTag) -> Welcome {
+        Welcome { link_group, status: WELCOME_OK, bell }
     }
 
     /// A WELCOME that refuses the client's JOIN for `link_group`, saying why.
     pub const fn refused(link_group: u64, why: JoinRefused) -> Welcome {
-        Welcome { link_group, status: why as u32 }
+        Welcome { link_group, status: why as u32, bell: BellTag::NONE }
     }
 
     /// Whether the client is let in (the status is [`WELCOME_OK`]).
@@ -245,15 +315,16 @@ impl Welcome {
     ///
     /// let bytes = Welcome::refused(0x0102, JoinRefused::BadRegion).encode();
     /// assert_eq!(bytes[..8], WELCOME_MAGIC);
-    /// assert_eq!(bytes[8..12], [0, 0, 0, 2]); // the version
+    /// assert_eq!(bytes[8..12], [0, 0, 0, 3]); // the version
     /// assert_eq!(bytes[12..16], [0, 0, 0, 3]); // the status
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
-    /// assert!(bytes[24..].iter().all(|&b| b == 0));
+    /// assert!(bytes[24..].iter().all(|&b| b == 0)); // no doorbell in a refusal
     /// ```
     pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
         let mut b = header(&WELCOME_MAGIC);
         b[12..16].copy_from_slice(&self.status.to_be_bytes());
         b[16..24].copy_from_slice(&self.link_group.to_be_bytes());
+        b[BELL_AT].copy_from_slice(&self.bell.0);
         b
     }
 
@@ -263,16 +334,21 @@ impl Welcome {
     /// # Examples
     ///
     /// ```
-    /// use smc_tokio::proto::side::{SideMsgError, Welcome};
+    /// use smc_tokio::proto::side::{BellTag, SideMsgError, Welcome};
     ///
-    /// let mut bytes = Welcome { link_group: 5, status: 99 }.encode();
-    /// assert_eq!(Welcome::decode(&bytes), Ok(Welcome { link_group: 5, status: 99 }));
-    /// bytes[11] = 3; // version 3
-    /// assert_eq!(Welcome::decode(&bytes), Err(SideMsgError::BadVersion(3)));
+    /// let w = Welcome { link_group: 5, status: 99, bell: BellTag::NONE };
+    /// let mut bytes = w.encode();
+    /// assert_eq!(Welcome::decode(&bytes), Ok(w));
+    /// bytes[11] = 2; // version 2
+    /// assert_eq!(Welcome::decode(&bytes), Err(SideMsgError::BadVersion(2)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Welcome, SideMsgError> {
         let b = check(b, &WELCOME_MAGIC)?;
-        Ok(Welcome { link_group: u64_at(&b, 16), status: u32::from_be_bytes([b[12], b[13], b[14], b[15]]) })
+        Ok(Welcome {
+            link_group: u64_at(&b, 16),
+            status: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+            bell: bell_at(&b),
+        })
     }
 }
 
@@ -282,12 +358,17 @@ mod tests {
 
     #[test]
     fn known_join_layout() {
-        let j = Join { link_group: 0x1122_3344_5566_7788, secret: Secret(*b"0123456789abcdef") };
+        let j = Join {
+            link_group: 0x1122_3344_5566_7788,
+            secret: Secret(*b"0123456789abcdef"),
+            bell: BellTag(*b"fedcba9876543210"),
+        };
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTJOIN");
-        want[8..12].copy_from_slice(&[0, 0, 0, 2]);
+        want[8..12].copy_from_slice(&[0, 0, 0, 3]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         want[24..40].copy_from_slice(b"0123456789abcdef");
+        want[40..56].copy_from_slice(b"fedcba9876543210");
         assert_eq!(j.encode(), want);
     }
 
@@ -296,20 +377,23 @@ mod tests {
         let w = Welcome::refused(0x1122_3344_5566_7788, JoinRefused::UnknownGroup);
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTWELC");
-        want[8..12].copy_from_slice(&[0, 0, 0, 2]);
+        want[8..12].copy_from_slice(&[0, 0, 0, 3]);
         want[12..16].copy_from_slice(&[0, 0, 0, 1]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         assert_eq!(w.encode(), want);
-        assert_eq!(Welcome::accepted(0).encode()[12..16], [0, 0, 0, 0]);
+        let ok = Welcome::accepted(0, BellTag(*b"0123456789abcdef")).encode();
+        assert_eq!(ok[12..16], [0, 0, 0, 0]);
+        assert_eq!(ok[40..56], *b"0123456789abcdef");
+        assert!(ok[24..40].iter().chain(&ok[56..]).all(|&b| b == 0));
     }
 
     #[test]
     fn round_trips() {
         for (group, secret) in [(0, [0; 16]), (u64::MAX, [0xFF; 16]), (0x1122_3344_5566_7788, [9; 16])] {
-            let j = Join { link_group: group, secret: Secret(secret) };
+            let j = Join { link_group: group, secret: Secret(secret), bell: BellTag(secret) };
             assert_eq!(Join::decode(&j.encode()), Ok(j));
             for status in [WELCOME_OK, 1, 2, 3, 4, u32::MAX] {
-                let w = Welcome { link_group: group, status };
+                let w = Welcome { link_group: group, status, bell: BellTag(secret) };
                 assert_eq!(Welcome::decode(&w.encode()), Ok(w));
             }
         }
@@ -318,27 +402,28 @@ mod tests {
             assert_eq!(Welcome::decode(&w.encode()).map(|w| w.refusal()), Ok(Some(why)));
             assert!(!w.is_accepted());
         }
-        assert_eq!(Welcome::accepted(1).refusal(), None);
-        assert_eq!(Welcome { link_group: 1, status: 77 }.refusal(), None);
+        assert_eq!(Welcome::accepted(1, BellTag([1; 16])).refusal(), None);
+        assert_eq!(Welcome { link_group: 1, status: 77, bell: BellTag::NONE }.refusal(), None);
     }
 
     #[test]
     fn reserved_bytes_are_ignored() {
-        let j = Join { link_group: 4, secret: Secret([6; 16]) };
+        let j = Join { link_group: 4, secret: Secret([6; 16]), bell: BellTag([7; 16]) };
         let mut b = j.encode();
         b[12..16].fill(0xEE);
-        b[40..].fill(0xEE);
+        b[56..].fill(0xEE);
         assert_eq!(Join::decode(&b), Ok(j));
-        let w = Welcome { link_group: 4, status: 0 };
+        let w = Welcome { link_group: 4, status: 0, bell: BellTag([8; 16]) };
         let mut b = w.encode();
-        b[24..].fill(0xEE);
+        b[24..40].fill(0xEE);
+        b[56..].fill(0xEE);
         assert_eq!(Welcome::decode(&b), Ok(w));
     }
 
     #[test]
     fn every_error() {
-        let join = Join { link_group: 1, secret: Secret([2; 16]) }.encode();
-        let welcome = Welcome::accepted(1).encode();
+        let join = Join { link_group: 1, secret: Secret([2; 16]), bell: BellTag([3; 16]) }.encode();
+        let welcome = Welcome::accepted(1, BellTag([3; 16])).encode();
         for (bytes, decode) in [
             (join, (|b| Join::decode(b).map(drop)) as fn(&[u8]) -> Result<(), SideMsgError>),
             (welcome, |b| Welcome::decode(b).map(drop)),
@@ -354,14 +439,16 @@ mod tests {
             assert_eq!(decode(&b), Err(SideMsgError::BadMagic));
             let mut b = bytes;
             b[8] = 1;
-            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0x0100_0002)));
+            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0x0100_0003)));
             let mut b = bytes;
             b[11] = 0;
             assert_eq!(decode(&b), Err(SideMsgError::BadVersion(0)));
-            // Version 1 handed over the other doorbell end: refused, so such a peer stays on TCP.
-            let mut b = bytes;
-            b[11] = 1;
-            assert_eq!(decode(&b), Err(SideMsgError::BadVersion(1)));
+            // Versions 1 and 2 handed over a doorbell end: refused, so such a peer stays on TCP.
+            for old in [1, 2] {
+                let mut b = bytes;
+                b[11] = old;
+                assert_eq!(decode(&b), Err(SideMsgError::BadVersion(u32::from(old))));
+            }
         }
         // Each message's magic is only its own.
         assert_eq!(Join::decode(&welcome), Err(SideMsgError::BadMagic));
@@ -371,9 +458,21 @@ mod tests {
     #[test]
     fn errors_display() {
         assert_eq!(SideMsgError::BadLength(40).to_string(), "side-channel message of 40 bytes, expected 64");
-        assert_eq!(SideMsgError::BadVersion(1).to_string(), "side-channel version 1 is not supported (this is 2)");
+        assert_eq!(SideMsgError::BadVersion(1).to_string(), "side-channel version 1 is not supported (this is 3)");
         let err: &dyn std::error::Error = &SideMsgError::BadMagic;
         assert!(err.to_string().contains("magic"));
+    }
+
+    #[test]
+    fn bell_names() {
+        let mut tag = [0u8; 16];
+        tag[0] = 0x0F;
+        tag[15] = 0xA0;
+        let name = BellTag(tag).name();
+        assert_eq!(&name[..], b"smc-tokio/bell/0f0000000000000000000000000000a0");
+        assert_eq!(name.len(), BellTag::NAME_LEN);
+        // Distinct tags, distinct names.
+        assert_ne!(BellTag([1; 16]).name(), BellTag([0x10; 16]).name());
     }
 
     #[test]

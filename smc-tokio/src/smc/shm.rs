@@ -334,7 +334,7 @@ impl Manager {
                 let layout = Layout::new(cfg.cdc_slots, cfg.rmbs_per_group, capacity).ok_or(DeclineReason::Internal)?;
                 let local =
                     ShmLocal::create(layout).map_err(|_| DeclineReason::OutOfMemory)?.counting(self.counters.clone());
-                let join = Join { link_group: accept.link_group, secret };
+                let join = Join { link_group: accept.link_group, secret, bell: local.bell_tag() };
                 let link = match shm::join(&accept.socket_name, owner, join, local, cfg.busy_poll, timeout).await {
                     Ok(l) => l,
                     Err(e @ JoinError::Starved(_)) => {

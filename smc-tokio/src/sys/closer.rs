@@ -56,9 +56,9 @@ impl PeerFd {
         self
     }
 
-    /// A descriptor of a socket the peer holds too and goes on using after we let go of ours (a
-    /// doorbell end we made and handed over): closed on a closer all the same, but not defused,
-    /// since shutting the socket down would cut the peer's use of it.
+    /// A descriptor closed on a closer as it is, not defused: for tests whose close must block
+    /// as it would undefused (`faults::close_on_a_closer_as_is`).
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn shared(fd: OwnedFd) -> PeerFd {
         PeerFd { fd: Some(fd), disarm: false, inert: false }
     }

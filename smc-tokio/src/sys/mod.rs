@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use crate::proto::clc::Secret;
+use crate::proto::side::BellTag;
 
 /// Fills `buf` from the kernel's CSPRNG (getrandom(2)).
 fn getrandom(buf: &mut [u8]) -> io::Result<()> {
@@ -188,40 +189,46 @@ mod tests {
         assert_ne!(random_secret().unwrap(), random_secret().unwrap());
     }
 
-    fn clear_nonblocking(fd: BorrowedFd<'_>) {
-        // SAFETY: F_GETFL/F_SETFL on a valid descriptor.
-        unsafe {
-            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            assert!(fl >= 0);
-            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
-        }
+    /// Two bells connected to each other, as the two sides of a link hold them.
+    fn bells() -> ((OwnedFd, BellTag), (OwnedFd, BellTag)) {
+        let (a, ta) = bell_bind().unwrap();
+        let (b, tb) = bell_bind().unwrap();
+        bell_connect(a.as_fd(), &tb).unwrap();
+        bell_connect(b.as_fd(), &ta).unwrap();
+        ((a, ta), (b, tb))
     }
 
-    /// A hostile peer shares the open file description of the doorbell end it holds and can
-    /// clear its O_NONBLOCK, then stop draining (so the queue fills) or drain first (so it is
-    /// empty). Neither may make our ring or drain block.
+    /// An unbound, unconnected datagram socket, such as any local user can make.
+    fn stranger() -> std::os::unix::net::UnixDatagram {
+        let s = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    }
+
+    fn send_to_bell(s: &std::os::unix::net::UnixDatagram, tag: &BellTag) -> io::Result<usize> {
+        use std::os::linux::net::SocketAddrExt;
+        s.send_to_addr(b"r", &std::os::unix::net::SocketAddr::from_abstract_name(tag.name()).unwrap())
+    }
+
+    /// Rings far beyond what the peer's queue holds never block (the extra ones are "already
+    /// rung"), and a drain to the end reports WouldBlock instead of waiting.
     #[test]
-    fn doorbells_never_block_whatever_the_peer_does_to_the_flags() {
+    fn rings_beyond_the_queue_never_block_and_drains_end_in_would_block() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            // The peer's pair: we wait on the end it handed us (`theirs`), it rings on `ring`.
-            let (ring, theirs) = doorbell_pair().unwrap();
-            clear_nonblocking(theirs.as_fd());
-            clear_nonblocking(ring.as_fd());
-            // Far more rings than the receive queue holds: the extra ones are "already rung".
+            let ((a, _), (b, _)) = bells();
             for _ in 0..100_000 {
-                doorbell_ring(ring.as_fd()).unwrap();
+                doorbell_ring(a.as_fd()).unwrap();
             }
             let mut drained = 0;
             loop {
-                match doorbell_drain(theirs.as_fd(), 64) {
+                match doorbell_drain(b.as_fd(), 64) {
                     Ok(n) => drained += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => panic!("{e}"),
                 }
             }
-            // Empty now: another drain reports WouldBlock instead of waiting.
-            let again = doorbell_drain(theirs.as_fd(), 64).unwrap_err().kind();
+            let again = doorbell_drain(b.as_fd(), 64).unwrap_err().kind();
             tx.send((drained, again)).unwrap();
         });
         let (drained, again) =
@@ -230,32 +237,187 @@ mod tests {
         assert_eq!(again, io::ErrorKind::WouldBlock);
     }
 
-    /// A peer that holds the doorbell end we drain too (its maker) and asks for the sender's
-    /// pidfd with every message (`SO_PASSPIDFD`) does not leave a descriptor open in our
-    /// process per ring: the drain closes them.
+    /// A bell takes datagrams from anyone only until it is connected (what a stranger queued
+    /// then is one spurious ring), and from then on only from the bell it is connected to.
     #[test]
-    fn pidfds_a_peer_asks_for_are_closed_by_the_drain() {
-        let (ring, theirs) = doorbell_pair().unwrap();
-        let peers_copy = theirs.try_clone().unwrap();
-        if setsockopt(peers_copy.as_fd(), libc::SOL_SOCKET, SO_PASSPIDFD, &1 as &libc::c_int).is_err() {
-            eprintln!("SKIPPED: no SO_PASSPIDFD (Linux 6.5)");
+    fn a_connected_bell_takes_rings_only_from_its_peer() {
+        use std::os::linux::net::SocketAddrExt;
+        let (a, ta) = bell_bind().unwrap();
+        let (b, tb) = bell_bind().unwrap();
+        let third = stranger();
+        send_to_bell(&third, &ta).unwrap();
+        bell_connect(a.as_fd(), &tb).unwrap();
+        bell_connect(b.as_fd(), &ta).unwrap();
+        assert_eq!(send_to_bell(&third, &ta).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(send_to_bell(&third, &tb).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        // Nor can the stranger connect to either now.
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(ta.name()).unwrap();
+        assert_eq!(third.connect_addr(&addr).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1, "the stranger's early datagram");
+        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        doorbell_ring(b.as_fd()).unwrap();
+        doorbell_ring(a.as_fd()).unwrap();
+        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1);
+        assert_eq!(doorbell_drain(b.as_fd(), 8).unwrap(), 1);
+        // A tag nobody bound names nothing, and a bell connected to another refuses a third.
+        let (c, _) = bell_bind().unwrap();
+        assert_eq!(bell_connect(c.as_fd(), &BellTag([0x77; 16])).unwrap_err().raw_os_error(), Some(libc::ECONNREFUSED));
+        assert_eq!(bell_connect(c.as_fd(), &ta).unwrap_err().raw_os_error(), Some(libc::EPERM));
+    }
+
+    /// A peer that sends descriptors with its rings is refused by the kernel where it can
+    /// (SO_PASSRIGHTS, which our bells turn off); where it cannot, or on a socket that does not
+    /// refuse, the drain takes them out (for a closer) instead of letting the kernel discard
+    /// them on the draining thread.
+    #[test]
+    fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
+        let ((a, _), (b, _)) = bells();
+        let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sent = send_with_fds(b.as_fd(), b"r", &[x.as_fd()]);
+        drop(x);
+        if refuses_descriptors(a.as_fd()) {
+            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        } else {
+            sent.unwrap();
+            assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1);
+        }
+        // A socket that does not refuse: the drain takes them out.
+        let (c, d) = unix_pair(libc::SOCK_DGRAM).unwrap();
+        let (x2, y2) = std::os::unix::net::UnixStream::pair().unwrap();
+        send_with_fds(c.as_fd(), b"r", &[x2.as_fd()]).unwrap();
+        drop(x2);
+        assert_eq!(doorbell_drain(d.as_fd(), 8).unwrap(), 1);
+        // Either way the streams' other ends are closed now (their only holders were the
+        // messages).
+        for y in [y, y2] {
+            y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
+        }
+    }
+
+    /// Whatever a peer does with its own bell, our rings go nowhere else: connected to another
+    /// socket, it refuses them (after the kernel reports once that it left), and closed, it
+    /// ends them.
+    #[test]
+    fn a_peer_cannot_send_our_rings_anywhere_else() {
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!("smc-tokio-test-third-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
+        third.set_nonblocking(true).unwrap();
+        let ((a, _), (b, _)) = bells();
+        let b = std::os::unix::net::UnixDatagram::from(b);
+        b.connect_addr(&addr).unwrap();
+        let first = doorbell_ring(a.as_fd()).unwrap_err().raw_os_error();
+        assert!(matches!(first, Some(libc::ECONNRESET | libc::EPERM)), "{first:?}");
+        assert_eq!(doorbell_ring(a.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(
+            third.recv(&mut [0u8; 8]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "a ring reached a third socket"
+        );
+        let ((a, _), (b, _)) = bells();
+        drop(b);
+        assert_eq!(doorbell_ring(a.as_fd()).unwrap_err().raw_os_error(), Some(libc::ECONNREFUSED));
+    }
+
+    /// A peer that reads its own bell into a page that faults for as long as it wants (here a
+    /// userfaultfd page nobody serves; a FUSE mapping does the same for any user) holds its
+    /// socket's read lock throughout. That stalls every other reader of that socket, even a
+    /// non-blocking one (checked here, so that the test shows a real stall), which is why we
+    /// never wait on a socket a peer made; our ring to the stuck peer and our drain of our own
+    /// bell go through.
+    #[test]
+    fn a_peer_stuck_reading_its_bell_stalls_neither_our_ring_nor_our_drain() {
+        let Some(page) = StalledPage::new() else {
+            eprintln!("SKIPPED: no userfaultfd for kernel faults here (needs CAP_SYS_PTRACE)");
             return;
-        }
-        // Only pidfds: other tests of this process open and close descriptors meanwhile.
-        let open = || {
-            std::fs::read_dir("/proc/self/fd")
-                .unwrap()
-                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-                .filter(|l| l.to_string_lossy().contains("pidfd"))
-                .count()
         };
-        let before = open();
-        for _ in 0..500 {
-            doorbell_ring(ring.as_fd()).unwrap();
-            assert_eq!(doorbell_drain(theirs.as_fd(), 8).unwrap(), 1);
+        let ((a, _), (b, _)) = bells();
+        let b = std::sync::Arc::new(b);
+        doorbell_ring(a.as_fd()).unwrap();
+        doorbell_ring(a.as_fd()).unwrap();
+        doorbell_ring(b.as_fd()).unwrap();
+        // The peer reads a ring of ours into the page: inside the copy, holding the lock.
+        let (peer_b, at) = (b.clone(), page.addr);
+        let stuck = std::thread::spawn(move || {
+            // SAFETY: reads at most 8 bytes into the mapped (registered) page at `at`.
+            unsafe { libc::recv(peer_b.as_raw_fd(), at as *mut libc::c_void, 8, 0) }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The control: another reader of the peer's socket waits for the lock.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other_b = b.clone();
+        let control = std::thread::spawn(move || {
+            let r = doorbell_drain(other_b.as_fd(), 1).map_err(|e| e.kind());
+            let _ = tx.send(());
+            r
+        });
+        let stalled = rx.recv_timeout(std::time::Duration::from_millis(300)).is_err();
+        // What we do meanwhile.
+        let (tx2, rx2) = std::sync::mpsc::channel();
+        let ours = std::thread::spawn(move || {
+            let rang = doorbell_ring(a.as_fd()).is_ok();
+            let drained = doorbell_drain(a.as_fd(), 8).ok();
+            let _ = tx2.send((rang, drained));
+        });
+        let ours_done = rx2.recv_timeout(std::time::Duration::from_secs(10));
+        // Let the stalled copy go, and every thread out.
+        drop(page);
+        let _ = stuck.join();
+        let _ = control.join();
+        let _ = ours.join();
+        assert!(stalled, "the page did not stall the peer's read: the test shows nothing");
+        assert_eq!(ours_done.expect("our ring or drain waited for the peer"), (true, Some(1)));
+    }
+
+    /// An anonymous page registered with a userfaultfd that nobody serves: a kernel copy into
+    /// it waits until the userfaultfd is closed (when the value is dropped).
+    struct StalledPage {
+        addr: usize,
+        _uffd: OwnedFd,
+    }
+
+    impl StalledPage {
+        fn new() -> Option<StalledPage> {
+            // `include/uapi/linux/userfaultfd.h`: UFFD_API; UFFDIO_API and UFFDIO_REGISTER are
+            // _IOWR(0xAA, 0x3F, 24 bytes) and _IOWR(0xAA, 0x00, 32 bytes); MODE_MISSING.
+            const UFFD_API: u64 = 0xAA;
+            const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+            const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
+            const MODE_MISSING: u64 = 1;
+            // SAFETY: plain syscall; a non-negative result is a new descriptor we own.
+            let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            if fd < 0 {
+                return None;
+            }
+            // SAFETY: a new descriptor nothing else owns.
+            let uffd = unsafe { OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) };
+            let mut api = [UFFD_API, 0, 0];
+            // SAFETY: UFFDIO_API takes a 24-byte struct, which `api` is.
+            if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API, api.as_mut_ptr()) } != 0 {
+                return None;
+            }
+            // SAFETY: a fresh private anonymous mapping of one page. It is never unmapped: a
+            // thread may still be inside a copy into it when the value is dropped.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            let mut reg = [p as u64, 4096, MODE_MISSING, 0];
+            // SAFETY: UFFDIO_REGISTER takes a 32-byte struct (range, mode, ioctls out).
+            if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER, reg.as_mut_ptr()) } != 0 {
+                return None;
+            }
+            Some(StalledPage { addr: p as usize, _uffd: uffd })
         }
-        let after = open();
-        assert!(after < before + 10, "{} descriptors left open by 500 rings", after.saturating_sub(before));
     }
 
     /// A message with as many descriptors as one can carry, on a socket that also asks for
@@ -300,85 +462,6 @@ mod tests {
         let c = seqpacket_connect(side.as_bytes()).unwrap();
         send_with_fds(c.as_fd(), b"x", &[x.as_fd()]).unwrap();
         assert!(!refuses_descriptors(seqpacket_accept(taking.as_fd()).unwrap().as_fd()));
-    }
-
-    /// A peer that sends descriptors with its rings (on the end it made and kept, to the end it
-    /// handed us) is refused by the kernel where it can (SO_PASSRIGHTS, which a pair of ours
-    /// sets on both ends); where it cannot, or on a pair that does not refuse, the drain takes
-    /// them out (for a closer) instead of letting the kernel discard them on the draining
-    /// thread.
-    #[test]
-    fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
-        let (ring, theirs) = doorbell_pair().unwrap();
-        let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let sent = send_with_fds(ring.as_fd(), b"r", &[x.as_fd()]);
-        drop(x);
-        let supported = refuses_descriptors(theirs.as_fd());
-        if supported {
-            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
-        } else {
-            sent.unwrap();
-            assert_eq!(doorbell_drain(theirs.as_fd(), 8).unwrap(), 1);
-        }
-        // A pair that does not refuse (a hostile peer's): the drain takes them out.
-        let (a, b) = unix_pair(libc::SOCK_DGRAM).unwrap();
-        let (x2, y2) = std::os::unix::net::UnixStream::pair().unwrap();
-        send_with_fds(a.as_fd(), b"r", &[x2.as_fd()]).unwrap();
-        drop(x2);
-        assert_eq!(doorbell_drain(b.as_fd(), 8).unwrap(), 1);
-        // Either way the streams' other ends are closed now (their only holders were the
-        // messages).
-        for y in [y, y2] {
-            y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
-            assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
-        }
-    }
-
-    /// Our ringing end takes nothing in: shut down for reading, a peer's send to it fails
-    /// (`EPIPE`), descriptors and all; and it refuses descriptors where the kernel can.
-    #[test]
-    fn nothing_can_be_queued_into_our_ringing_end() {
-        let (ring, theirs) = doorbell_pair().unwrap();
-        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let sent = send_with_fds(theirs.as_fd(), b"r", &[x.as_fd()]);
-        assert!(matches!(sent.unwrap_err().raw_os_error(), Some(libc::EPIPE | libc::EPERM)));
-        let plain = send_msg(theirs.as_fd(), b"r");
-        assert_eq!(plain.unwrap_err().raw_os_error(), Some(libc::EPIPE));
-        // It still rings.
-        doorbell_ring(ring.as_fd()).unwrap();
-        assert_eq!(doorbell_drain(theirs.as_fd(), 8).unwrap(), 1);
-    }
-
-    /// Whatever a peer does with the end it waits on, our rings go nowhere else: connected to
-    /// another socket, it refuses them (where a sending end handed to us could have been
-    /// connected there, and our rings with it), and shut down, it ends them.
-    #[test]
-    fn a_peer_cannot_send_our_rings_anywhere_else() {
-        use std::os::linux::net::SocketAddrExt;
-        let name = format!("smc-tokio-test-third-{}", std::process::id());
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-        let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
-        third.set_nonblocking(true).unwrap();
-        let (ring, theirs) = doorbell_pair().unwrap();
-        let theirs = std::os::unix::net::UnixDatagram::from(theirs);
-        theirs.connect_addr(&addr).unwrap();
-        assert_eq!(doorbell_ring(ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert_eq!(
-            third.recv(&mut [0u8; 8]).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock,
-            "a ring reached a third socket"
-        );
-        let (ring, theirs) = doorbell_pair().unwrap();
-        shutdown(theirs.as_fd(), std::net::Shutdown::Read).unwrap();
-        assert_eq!(doorbell_ring(ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPIPE));
-    }
-
-    #[test]
-    fn only_unix_datagram_sockets_are_doorbells() {
-        let (a, b) = doorbell_pair().unwrap();
-        assert!(is_doorbell(a.as_fd()) && is_doorbell(b.as_fd()));
-        let m = memfd(c"not-a-doorbell", 4096).unwrap();
-        assert!(!is_doorbell(m.as_fd()));
     }
 }
 
@@ -485,32 +568,76 @@ impl Drop for Mmap {
     }
 }
 
-/// A doorbell: a connected pair of Unix datagram sockets, made by the side that rings. It keeps
-/// the first end and rings by sending on it; the peer gets the second and waits on it.
+/// A doorbell: one Unix datagram socket per side of a link, made by that side and never handed
+/// to anyone, bound to the abstract name of a random [`BellTag`] ([`BellTag::name`]). Each side
+/// sends its tag to the other and connects its bell to the other's name ([`bell_connect`]); then
+/// it rings the peer by sending on its bell (a connected datagram socket sends only to its
+/// peer) and waits on the same socket, which takes datagrams from no socket but the one it is
+/// connected to (the kernel refuses everyone else's with `EPERM`). Bells refuse descriptors
+/// where the kernel can (rings are bytes).
 ///
-/// The ringing end never leaves its process, so every ring goes to the socket it was paired
-/// with. Had the peer made the pair and handed over the end to send on, it could keep a
-/// duplicate of that end and connect it to any datagram socket it can reach (a datagram
-/// socket may be connected again at any time), and have us send there, under our pid and uid.
-/// A peer can do nothing of the kind with the end it waits on: connected elsewhere, it refuses
-/// our rings (`EPERM`), and shut down, it ends them (`EPIPE`), which only cuts off its own
-/// wake-ups. The ringing end is shut down for reading at once, so nothing can be queued into
-/// it; both ends refuse descriptors where the kernel can (rings are bytes).
+/// Why no descriptor of a bell crosses: whoever makes a socket pair and hands one end over
+/// shares that socket with the receiver. An end we rang on, the peer could connect elsewhere (a
+/// datagram socket may be connected again at any time) and have us send there, under our pid
+/// and uid. An end we waited on, the peer could read as well: a reader of a Unix datagram
+/// socket holds the socket's read lock while it copies a datagram out, and a copy into a page
+/// that faults for as long as the reader wants (a FUSE mapping, userfaultfd) kept our
+/// non-blocking drain waiting for that lock, on a runtime worker. A bell of our own has no other
+/// reader and no other sender on it; the peer holds only its own bell, and what it does to
+/// that (reads it into a stalled page, connects it elsewhere, closes it) touches only the
+/// locks of its own socket and only its own wake-ups.
 ///
 /// Why not an eventfd (or a pipe): a descriptor passed with `SCM_RIGHTS` shares its open file
 /// description, and so its `O_NONBLOCK` flag, with the sender. A hostile peer could clear the
 /// flag on an eventfd we read (and drain it first) or one we write (and fill it first), and our
 /// read or write would block a runtime worker. Sockets take `MSG_DONTWAIT` per call, so no
 /// flag the peer can change makes our calls block.
-pub(crate) fn doorbell_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (ring, theirs) = unix_pair(libc::SOCK_DGRAM)?;
-    shutdown(std::os::fd::AsFd::as_fd(&ring), std::net::Shutdown::Read)?;
-    refuse_descriptors(std::os::fd::AsFd::as_fd(&ring));
-    refuse_descriptors(std::os::fd::AsFd::as_fd(&theirs));
-    Ok((ring, theirs))
+pub(crate) fn bell_bind() -> io::Result<(OwnedFd, BellTag)> {
+    // SAFETY: plain syscall with constant arguments.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
+    // 128 random bits: a name is taken only by somebody who read it from /proc/net/unix after
+    // we bound it, and then it is ours. A few tries for the impossible case.
+    let mut last = None;
+    for _ in 0..4 {
+        let mut tag = [0u8; 16];
+        random_bytes(&mut tag)?;
+        let tag = BellTag(tag);
+        if tag.is_none() {
+            continue;
+        }
+        let (addr, len) = abstract_addr(&tag.name())?;
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        match cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }) {
+            Ok(_) => return Ok((fd, tag)),
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no doorbell name")))
 }
 
-/// A connected pair of non-blocking Unix sockets of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`).
+/// Connects our bell `fd` to the peer's bell `peer`, by name. From then on it sends only there
+/// and takes datagrams only from there. Fails with `ECONNREFUSED` when no socket has that name,
+/// and `EPERM` when the socket there is connected to another one (it would refuse our rings).
+pub(crate) fn bell_connect(fd: BorrowedFd<'_>, peer: &BellTag) -> io::Result<()> {
+    let (addr, len) = abstract_addr(&peer.name())?;
+    loop {
+        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+        match cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A connected pair of non-blocking Unix sockets of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`),
+/// for tests that play both ends.
+#[cfg(test)]
 pub(crate) fn unix_pair(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors socketpair writes.
@@ -619,12 +746,6 @@ pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize
         }
     }
     Ok(n)
-}
-
-/// Whether `fd` is a Unix datagram socket (a doorbell end).
-pub(crate) fn is_doorbell(fd: BorrowedFd<'_>) -> bool {
-    let opt = |name| getsockopt(fd, libc::SOL_SOCKET, name, 0 as libc::c_int).ok();
-    opt(libc::SO_DOMAIN) == Some(libc::AF_UNIX) && opt(libc::SO_TYPE) == Some(libc::SOCK_DGRAM)
 }
 
 /// Credentials of a Unix socket's peer (`SO_PEERCRED`).

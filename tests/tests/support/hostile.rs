@@ -1,6 +1,6 @@
 //! A hostile shm peer for the integration tests: speaks the door (REGISTER naming a socket by
 //! its cookie and port, one registration per door connection, id [`HOSTILE_ID`]), the CLC handshake and the shm side channel (JOIN / WELCOME) by hand, with
-//! whatever memfd and doorbell a test wants to hand over. Nothing here uses the crate's private
+//! whatever memfd and doorbell a test wants to hand over or name. Nothing here uses the crate's private
 //! code: the door frames and the JOIN / WELCOME messages come from the crate's public codecs
 //! (`smc_tokio::proto::door` and `smc_tokio::proto::side`), and the region header is written
 //! out from `smc-tokio/src/link/shm/region.rs` (eight native-endian u64 words), so a change
@@ -17,7 +17,7 @@ use smc_tokio::proto::clc::{
     ShmLinkInfo, ShmOffer, CLC_HEADER_LEN,
 };
 use smc_tokio::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead};
-use smc_tokio::proto::side::{self, Join};
+use smc_tokio::proto::side::{self, BellTag, Join};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -606,20 +606,31 @@ pub fn peer_cdc_cons(peer: &Map) -> u64 {
     peer.word(OFF_CDC_CONS).load(std::sync::atomic::Ordering::Acquire)
 }
 
-/// A doorbell as the crate's own peers make theirs: a Unix datagram socket pair, of which the
-/// first end goes to the crate (which waits on it) and the second rings it.
-pub fn doorbell_pair() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })
-    .unwrap();
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+/// A doorbell as the crate's own peers make theirs: a Unix datagram socket of our own, bound to
+/// the abstract name of a random tag ([`BellTag::name`]), which the peer connects its own to.
+/// Once [`connect`](Bell::connect)ed to the peer's, ringing on it ([`ring`]) sends there.
+pub struct Bell {
+    pub fd: OwnedFd,
+    pub tag: BellTag,
+}
+
+impl Bell {
+    pub fn new() -> Bell {
+        let fd =
+            cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
+                .unwrap();
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let tag = BellTag(random_secret().0);
+        let (addr, len) = abstract_addr(&tag.name());
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).unwrap();
+        Bell { fd, tag }
+    }
+
+    /// Connects to the peer's bell, so that rings on ours go there (and ours takes the peer's).
+    pub fn connect(&self, peer: &BellTag) -> io::Result<()> {
+        let (addr, len) = abstract_addr(&peer.name());
+        cvt(unsafe { libc::connect(self.fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
+    }
 }
 
 /// Keeps `fd` open for the rest of the test process.
@@ -628,12 +639,22 @@ fn keep(fd: OwnedFd) {
     KEEP.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
 }
 
-/// A doorbell end to hand to the crate ([`doorbell_pair`]); the ringing end is kept open for
-/// the rest of the test process, as an honest peer keeps it.
-pub fn doorbell() -> OwnedFd {
-    let (handed, ring) = doorbell_pair();
-    keep(ring);
-    handed
+/// The tag of a doorbell kept open for the rest of the test process, as an honest peer keeps
+/// its own, to name in a JOIN or a WELCOME.
+pub fn doorbell() -> BellTag {
+    let b = Bell::new();
+    keep(b.fd);
+    b.tag
+}
+
+/// The tag of a doorbell that is connected to another one (both kept open): it refuses
+/// anybody else's connect and rings.
+pub fn busy_doorbell() -> BellTag {
+    let (b, other) = (Bell::new(), Bell::new());
+    b.connect(&other.tag).unwrap();
+    keep(b.fd);
+    keep(other.fd);
+    b.tag
 }
 
 pub fn ring(fd: RawFd) -> io::Result<()> {
@@ -772,57 +793,65 @@ pub fn recv_fds(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     Ok((buf[..n as usize].to_vec(), fds))
 }
 
-pub fn join_msg(link_group: u64, secret: Secret) -> [u8; SIDE_MSG_LEN] {
-    Join { link_group, secret }.encode()
+pub fn join_msg(link_group: u64, secret: Secret, bell: BellTag) -> [u8; SIDE_MSG_LEN] {
+    Join { link_group, secret, bell }.encode()
 }
 
-pub fn welcome_msg(link_group: u64, status: u32) -> [u8; SIDE_MSG_LEN] {
-    side::Welcome { link_group, status }.encode()
+pub fn welcome_msg(link_group: u64, status: u32, bell: BellTag) -> [u8; SIDE_MSG_LEN] {
+    side::Welcome { link_group, status, bell }.encode()
 }
 
-/// A parsed WELCOME: status and the descriptors that came with it.
+/// A parsed WELCOME: status, the doorbell it names and the descriptors that came with it.
 #[derive(Debug)]
 pub struct Welcome {
     pub status: u32,
     pub link_group: u64,
+    pub bell: BellTag,
     pub fds: Vec<OwnedFd>,
 }
 
 pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
     let w = side::Welcome::decode(msg).unwrap_or_else(|e| panic!("bad welcome {msg:?}: {e}"));
-    Welcome { status: w.status, link_group: w.link_group, fds }
+    Welcome { status: w.status, link_group: w.link_group, bell: w.bell, fds }
 }
 
-/// Joins the server's pending group with `memfd` and `doorbell` (blocking; run it on a
-/// blocking thread). Returns the side channel and the WELCOME.
 /// Joins the pending group of an accepted proposal `hs` with a genuine sealed region of
-/// `layout` and a doorbell (on a blocking thread, bounded), and expects a WELCOME of status 0.
-/// Returns our region, the side channel, the server's region and our doorbell's ringing end
-/// (the server waits on the other end). The server's doorbell end, which we would wait on, is
-/// kept open for the rest of the test process, so the server's rings land somewhere.
+/// `layout` and a doorbell of our own (on a blocking thread, bounded), and expects a WELCOME of
+/// status 0. Returns our region, the side channel, the server's region and our doorbell,
+/// connected to the server's: ringing on it rings the server, and the server's rings land in
+/// it.
 pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, OwnedFd, OwnedFd) {
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
-    let (region, sock, welcome, ring) = tests::bounded(
+    let (region, sock, welcome, bell) = tests::bounded(
         10,
         tokio::task::spawn_blocking(move || {
             let region = Region::new(layout, REGION_SEALS);
-            let (door, ring) = doorbell_pair();
-            let (sock, w) = join(&name, group, token, &[region.fd.as_raw_fd(), door.as_raw_fd()]).unwrap();
-            (region, sock, w, ring)
+            let bell = Bell::new();
+            let (sock, w) = join(&name, group, token, bell.tag, &[region.fd.as_raw_fd()]).unwrap();
+            (region, sock, w, bell)
         }),
     )
     .await
     .unwrap();
     assert_eq!(welcome.status, 0, "the server welcomes a genuine region");
-    let mut fds = welcome.fds.into_iter();
-    let (server_memfd, server_door) = (fds.next().unwrap(), fds.next().unwrap());
-    keep(server_door);
-    (region, sock, server_memfd, ring)
+    assert!(!welcome.bell.is_none(), "the server names its doorbell");
+    bell.connect(&welcome.bell).expect("the server's doorbell takes our connect");
+    let server_memfd = welcome.fds.into_iter().next().unwrap();
+    (region, sock, server_memfd, bell.fd)
 }
 
-pub fn join(name: &[u8], link_group: u64, secret: Secret, fds: &[RawFd]) -> io::Result<(OwnedFd, Welcome)> {
+/// Joins the server's pending group with the descriptors `fds` (a region, or whatever a test
+/// hands over instead) and the doorbell `bell` (blocking; run it on a blocking thread).
+/// Returns the side channel and the WELCOME.
+pub fn join(
+    name: &[u8],
+    link_group: u64,
+    secret: Secret,
+    bell: BellTag,
+    fds: &[RawFd],
+) -> io::Result<(OwnedFd, Welcome)> {
     let sock = side_connect(name)?;
-    send_fds(sock.as_fd(), &join_msg(link_group, secret), fds)?;
+    send_fds(sock.as_fd(), &join_msg(link_group, secret, bell), fds)?;
     let (msg, got) = recv_fds(sock.as_fd())?;
     if msg.is_empty() {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "side channel closed without a welcome"));

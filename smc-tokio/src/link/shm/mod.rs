@@ -1,17 +1,16 @@
 //! The shared-memory link (SMC-D): both processes on one host.
 //!
 //! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
-//! writes into; the peer maps it read-only. Two Unix datagram socket pairs are the doorbells,
-//! one made by each side for the rings it sends (`sys::doorbell_pair`). A SOCK_SEQPACKET
-//! Unix socket in the abstract namespace (per network namespace) carries the setup (a JOIN that
-//! proves the handshake's secret, the region and doorbell descriptors with `SCM_RIGHTS`, the
-//! peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the peer process is
-//! gone.
+//! writes into; the peer maps it read-only. Each side's doorbell is a Unix datagram socket of
+//! its own, bound to a random abstract name and connected to the peer's by name
+//! (`sys::bell_bind`): no doorbell descriptor crosses. A SOCK_SEQPACKET Unix socket in the
+//! abstract namespace (per network namespace) carries the setup (a JOIN that proves the
+//! handshake's secret, the region's descriptor with `SCM_RIGHTS` and the doorbells' tags in the
+//! messages, the peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the
+//! peer process is gone.
 
 use std::io;
 use std::mem::MaybeUninit;
-#[cfg(test)]
-use std::os::fd::FromRawFd;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,8 +26,8 @@ use super::{token_slot, Link, LinkError};
 #[cfg(test)]
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
+use crate::proto::side::{BellTag, Welcome, SIDE_MSG_LEN};
 pub(crate) use crate::proto::side::{Join, JoinRefused};
-use crate::proto::side::{Welcome, SIDE_MSG_LEN};
 use crate::stats::Counters;
 use crate::sys::{self, Mmap, PeerFd};
 
@@ -36,11 +35,10 @@ pub(crate) mod region;
 
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
-/// The end of the peer's doorbell that we wait on (a Unix datagram socket the peer made, sends
-/// rings to and handed us), through tokio's `AsyncFd` (which needs only its raw descriptor). A
-/// [`PeerFd`]: the peer made it and can queue into it, so it is closed by a closer.
+/// Our doorbell as we wait on it, through tokio's `AsyncFd` (which needs only its raw
+/// descriptor); the link rings the peer on the same socket, through its other reference.
 #[derive(Debug)]
-pub(crate) struct DoorbellFd(PeerFd);
+pub(crate) struct DoorbellFd(Arc<PeerFd>);
 
 impl AsFd for DoorbellFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
@@ -58,21 +56,19 @@ impl AsRawFd for DoorbellFd {
 /// most the socket's receive buffer of them, and we take this many before reporting work again.
 const DOORBELL_DRAIN_MAX: usize = 64;
 
-/// Our half of a link before the peer's half arrives: our sealed region and the doorbell we
-/// ring the peer with.
+/// Our half of a link before the peer's half arrives: our sealed region and our doorbell.
 #[derive(Debug)]
 pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
     view: RegionView,
-    /// Our end of our doorbell: we ring the peer by sending on it. It never leaves this
-    /// process (see `sys::doorbell_pair`).
-    bell: OwnedFd,
-    /// The other end, handed to the peer to wait on (closed once the link is up). A
-    /// [`PeerFd`]: the peer holds it too, can connect it to another socket of its own and queue
-    /// descriptors into it from there, so our close (the last one, if the peer closed first)
-    /// goes to a closer; not defused ([`PeerFd::shared`]), since the peer waits on it.
-    bell_theirs: PeerFd,
+    /// Our doorbell (see `sys::bell_bind`): bound, not yet connected to the peer's. It never
+    /// leaves this process. Until it is connected anyone can send to it, and where the kernel
+    /// cannot make it refuse descriptors (before 6.16) what they queue with their datagrams is
+    /// closed with it: then its close goes to a closer; otherwise it closes in place.
+    bell: PeerFd,
+    /// What names `bell` (sent to the peer).
+    bell_tag: BellTag,
     /// Where the link counts its doorbells (its context's counters).
     counters: Option<Arc<Counters>>,
 }
@@ -93,8 +89,10 @@ impl ShmLocal {
         // for itself, and into those a move to TCP reads back, which are read as untrusted
         // peer memory: see `tx_read`) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        let (bell, bell_theirs) = sys::doorbell_pair()?;
-        Ok(ShmLocal { map, memfd, view, bell, bell_theirs: PeerFd::shared(bell_theirs), counters: None })
+        let (bell, bell_tag) = sys::bell_bind()?;
+        let refuses = sys::refuses_descriptors(bell.as_fd());
+        let bell = if refuses { PeerFd::new(bell).inert() } else { PeerFd::new(bell) };
+        Ok(ShmLocal { map, memfd, view, bell, bell_tag, counters: None })
     }
 
     /// Makes the link count the doorbells it rings and is woken by into `counters`.
@@ -103,10 +101,15 @@ impl ShmLocal {
         self
     }
 
-    /// What the peer gets: a read-only descriptor of our region (made when it is sent, so a
-    /// pending group holds one descriptor less) and the end of our doorbell it waits on.
-    fn fds(&self) -> io::Result<(OwnedFd, BorrowedFd<'_>)> {
-        Ok((sys::read_only_view(self.memfd.as_fd())?, self.bell_theirs.as_fd()))
+    /// What the peer maps: a read-only descriptor of our region (made when it is sent, so a
+    /// pending group holds one descriptor less).
+    fn region_fd(&self) -> io::Result<OwnedFd> {
+        sys::read_only_view(self.memfd.as_fd())
+    }
+
+    /// What names our doorbell, for the peer to connect its own to.
+    pub(crate) fn bell_tag(&self) -> BellTag {
+        self.bell_tag
     }
 }
 
@@ -117,10 +120,10 @@ pub(crate) struct ShmLink {
     peer: RegionView,
     _ours_map: Mmap,
     _peer_map: Mmap,
-    /// The end of the peer's doorbell we wait on.
+    /// Our doorbell, connected to the peer's, as we wait on it.
     doorbell: ReactorFd<DoorbellFd>,
-    /// Our doorbell's ringing end.
-    bell: OwnedFd,
+    /// The same socket, as we ring the peer on it (no lock on the way to a ring).
+    bell: Arc<PeerFd>,
     side: ReactorFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
@@ -154,13 +157,14 @@ pub(crate) struct ShmLink {
 const MAX_PEER_REGION: u64 = 64 << 30;
 
 impl ShmLink {
-    /// Completes a link from our half and the peer's descriptors. Checks the peer's memfd
-    /// before mapping it: sealed against shrinking and growing (so no access can SIGBUS), large
-    /// enough for the layout its header claims.
+    /// Completes a link from our half, the peer's region and the peer's doorbell tag. Checks the
+    /// peer's memfd before mapping it: sealed against shrinking and growing (so no access can
+    /// SIGBUS), large enough for the layout its header claims; and connects our doorbell to the
+    /// peer's.
     fn new(
         local: ShmLocal,
         peer_memfd: PeerFd,
-        peer_bell: PeerFd,
+        peer_bell: BellTag,
         side: AsyncFd<PeerFd>,
         busy_poll: Duration,
         seen_as: u32,
@@ -182,21 +186,21 @@ impl ShmLink {
         if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
             return Err(LinkError::Protocol("peer sent our own region back"));
         }
-        // A doorbell to wait on that is a Unix datagram socket (drained with MSG_DONTWAIT, so
-        // nothing the peer does to it can block us), and not one of our own doorbell's ends
-        // sent back.
-        if !sys::is_doorbell(peer_bell.as_fd()) {
-            return Err(LinkError::Protocol("peer doorbell is not a unix datagram socket"));
+        // The peer's doorbell: named, and not ours (connected to itself, our bell would ring
+        // only us). From the connect on, our bell takes datagrams from the peer's alone.
+        if peer_bell.is_none() {
+            return Err(LinkError::Protocol("peer named no doorbell"));
         }
-        if sys::same_file(peer_bell.as_fd(), local.bell.as_fd())?
-            || sys::same_file(peer_bell.as_fd(), local.bell_theirs.as_fd())?
-        {
-            return Err(LinkError::Protocol("peer sent our own doorbell back"));
+        if peer_bell == local.bell_tag {
+            return Err(LinkError::Protocol("peer named our own doorbell"));
         }
-        // Rings are bytes: the end we wait on refuses descriptors from now on, where the
-        // kernel can (a peer's pair need not refuse them; a peer holding a duplicate of this
-        // end can turn it back on, and the drain still takes out what gets through).
-        sys::refuse_descriptors(peer_bell.as_fd());
+        sys::bell_connect(local.bell.as_fd(), &peer_bell).map_err(|e| match e.raw_os_error() {
+            // Nobody has that name, or what has it is connected to another socket and would
+            // refuse our rings.
+            Some(libc::ECONNREFUSED | libc::ENOENT) => LinkError::Protocol("peer doorbell unreachable"),
+            Some(libc::EPERM) => LinkError::Protocol("peer doorbell connected elsewhere"),
+            _ => LinkError::from(e),
+        })?;
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
             return Err(LinkError::Protocol("peer region size out of range"));
@@ -215,8 +219,9 @@ impl ShmLink {
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
-        // SAFETY: DoorbellFd wraps an OwnedFd, which owns its descriptor.
-        let doorbell = unsafe { sys::register(DoorbellFd(peer_bell), Interest::READABLE) }?;
+        let bell = Arc::new(local.bell);
+        // SAFETY: DoorbellFd holds a PeerFd, which owns its descriptor, for as long as it lives.
+        let doorbell = unsafe { sys::register(DoorbellFd(bell.clone()), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
         let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() });
@@ -226,7 +231,7 @@ impl ShmLink {
             _ours_map: local.map,
             _peer_map: peer_map,
             doorbell: ReactorFd::new(doorbell, Interest::READABLE),
-            bell: local.bell,
+            bell,
             side: ReactorFd::new(side, Interest::READABLE | Interest::WRITABLE),
             tx: Mutex::new(CdcTx::new()),
             rx: Mutex::new(CdcRx::new()),
@@ -247,10 +252,10 @@ impl ShmLink {
             c.doorbell(true);
         }
         sys::doorbell_ring(self.bell.as_fd()).map_err(|e| match e.raw_os_error() {
-            // The peer closed the end it waits on (it is gone: its side channel says so too,
-            // perhaps a moment later), or shut it down or connected it to another socket
-            // (`EPIPE`, `EPERM`: it stopped listening to us). Either way the message is in the
-            // ring, and the side channel, not the ring, decides the group's end.
+            // The peer closed its doorbell (it is gone: its side channel says so too, perhaps a
+            // moment later), or connected it to another socket (`ECONNRESET` once, then
+            // `EPERM`: it stopped listening to us). Either way the message is in the ring, and
+            // the side channel, not the ring, decides the group's end.
             Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::EPERM) => {
                 LinkError::PeerGone
             }
@@ -274,11 +279,11 @@ impl ShmLink {
             match doorbell.poll_read_ready(cx) {
                 Poll::Ready(Ok(mut g)) => {
                     if g.ready().is_read_closed() {
-                        // The peer shut down the end it handed us (it holds that socket too):
-                        // readiness that no drain clears, which would keep the driver turning
-                        // for good. A peer that went away does not do this (its side channel
-                        // ends); one that does breaks the link.
-                        return Poll::Ready(Err(LinkError::Protocol("peer shut its doorbell down")));
+                        // Readiness that no drain clears, which would keep the driver turning
+                        // for good. Nothing of the peer's shuts our own socket down (a Unix
+                        // datagram socket's shutdown stays with it); should it happen, the
+                        // link ends.
+                        return Poll::Ready(Err(LinkError::Protocol("doorbell shut down")));
                     }
                     if !self.rung_seen.swap(true, Ordering::Relaxed) {
                         // First sight of this ring: report it at once. The counter is drained on
@@ -643,8 +648,8 @@ pub(crate) fn lend_trust(peer: Option<&sys::PeerCred>, seen_as: u32, euid: u32) 
     LendTrust { lends: c.trusted_by(euid, &[]) && seen_as == euid, peer_may_lend: c.uid == seen_as || c.uid == euid }
 }
 
-/// Client side: joins the server's pending link group `link_group` over the side channel
-/// `name`, proving `secret`, and completes the link. The side channel must be owned by the
+/// Client side: joins the server's pending link group over the side channel `name` with `join`
+/// (which names `local`'s doorbell), and completes the link. The side channel must be owned by the
 /// process `owner` (the listener whose door sent the Accept).
 pub(crate) async fn join(
     name: &[u8],
@@ -680,22 +685,24 @@ pub(crate) async fn join(
     // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
-        let (region, doorbell) = local.fds().map_err(broke)?;
-        send_msg(&sock, &join.encode(), &[region.as_fd(), doorbell]).await.map_err(broke)?;
+        let region = local.region_fd().map_err(broke)?;
+        send_msg(&sock, &join.encode(), &[region.as_fd()]).await.map_err(broke)?;
         drop(region);
         let (msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
         let welcome = Welcome::decode(&msg).map_err(|_| JoinError::Refused("malformed welcome".into()))?;
         if !welcome.is_accepted() {
             return Err(JoinError::Refused(format!("server refused with status {}", welcome.status)));
         }
-        if welcome.link_group != join.link_group || fds.len() != 2 {
+        if welcome.link_group != join.link_group {
             return Err(JoinError::Refused("welcome for another group".into()));
+        }
+        if fds.len() != 1 {
+            return Err(JoinError::Refused("welcome without its one region".into()));
         }
         // The exchange was the one that carries descriptors: none from here on.
         sys::refuse_descriptors(sock.get_ref().as_fd());
-        let peer_doorbell = fds.pop().ok_or_else(|| JoinError::Refused("no doorbell".into()))?;
         let peer_memfd = fds.pop().ok_or_else(|| JoinError::Refused("no region".into()))?;
-        Ok((peer_memfd, peer_doorbell))
+        Ok((peer_memfd, welcome.bell))
     };
     let (peer_memfd, peer_doorbell) =
         tokio::time::timeout(timeout, exchange).await.map_err(|_| JoinError::Timeout)??;
@@ -727,9 +734,9 @@ pub(crate) async fn answer_join(
         let join = Join::decode(&msg).map_err(|_| "malformed join")?;
         let cred = sys::peer_cred(sock.get_ref().as_fd()).map_err(|e| e.to_string())?;
         let refuse = |why: JoinRefused| Welcome::refused(join.link_group, why).encode();
-        if fds.len() != 2 {
+        if fds.len() != 1 || join.bell.is_none() {
             let _ = send_msg(&sock, &refuse(JoinRefused::BadRegion), &[]).await;
-            return Err("join without region and doorbell".to_string());
+            return Err("join without its one region and a doorbell".to_string());
         }
         let admission = match admit(join, cred) {
             Ok(a) => a,
@@ -740,13 +747,11 @@ pub(crate) async fn answer_join(
         };
         // The JOIN was the one message that carries descriptors to us: none from here on.
         sys::refuse_descriptors(sock.get_ref().as_fd());
-        let peer_doorbell = fds.pop().ok_or("no doorbell")?;
         let peer_memfd = fds.pop().ok_or("no region")?;
-        let (region, doorbell) = admission.local.fds().map_err(|e| e.to_string())?;
-        send_msg(&sock, &Welcome::accepted(join.link_group).encode(), &[region.as_fd(), doorbell])
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((join.link_group, admission, peer_memfd, peer_doorbell))
+        let region = admission.local.region_fd().map_err(|e| e.to_string())?;
+        let welcome = Welcome::accepted(join.link_group, admission.local.bell_tag());
+        send_msg(&sock, &welcome.encode(), &[region.as_fd()]).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>((join.link_group, admission, peer_memfd, join.bell))
     };
     let (id, admission, peer_memfd, peer_doorbell) =
         tokio::time::timeout(timeout, work).await.map_err(|_| "join timed out".to_string())??;
@@ -810,8 +815,8 @@ pub(crate) mod tests {
     async fn hostile_regions_and_doorbells_are_refused() {
         let theirs = ShmLocal::create(small()).unwrap();
         let dup = |fd: &OwnedFd| PeerFd::new(fd.try_clone().unwrap());
-        // The end of a doorbell that a side hands over, to be waited on.
-        let bell = |l: &ShmLocal| PeerFd::new(l.bell_theirs.as_fd().try_clone_to_owned().unwrap());
+        // What names a side's doorbell.
+        let bell = |l: &ShmLocal| l.bell_tag;
 
         // An unsealed memfd (it could shrink under us: SIGBUS on the next access).
         let unsealed = sys::memfd(c"hostile", small().total_len).unwrap();
@@ -844,48 +849,31 @@ pub(crate) mod tests {
         let e = err_of(ShmLink::new(ours, own, bell(&theirs), side(), Duration::ZERO, 0));
         assert_eq!(e, LinkError::Protocol("peer sent our own region back"));
 
-        // A pipe instead of a datagram socket (the peer shares the write end's O_NONBLOCK flag:
-        // it could make our ring block).
-        let mut p = [0; 2];
-        // SAFETY: `p` has room for the two descriptors pipe writes.
-        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-        // SAFETY: pipe returned two new descriptors nobody else owns.
-        let (_r, w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-        let e = err_of(ShmLink::new(
-            ShmLocal::create(small()).unwrap(),
-            dup(&theirs.memfd),
-            PeerFd::new(w),
-            side(),
-            Duration::ZERO,
-            0,
-        ));
-        assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
-
-        // An eventfd (the same O_NONBLOCK problem, on both the ring and the drain).
-        // SAFETY: plain syscall with constant flags; the result is checked.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        assert!(efd >= 0);
-        // SAFETY: a new descriptor nobody else owns.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
-        let e = err_of(ShmLink::new(
-            ShmLocal::create(small()).unwrap(),
-            dup(&theirs.memfd),
-            PeerFd::new(efd),
-            side(),
-            Duration::ZERO,
-            0,
-        ));
-        assert_eq!(e, LinkError::Protocol("peer doorbell is not a unix datagram socket"));
-
-        // Our own doorbell sent back, either end (we would wait on our own rings).
+        // No doorbell named, a name nobody has bound, a doorbell connected to another one (it
+        // would refuse our rings), and our own doorbell named (we would ring only ourselves).
+        let (busy, busy_tag) = sys::bell_bind().unwrap();
+        let (other, other_tag) = sys::bell_bind().unwrap();
+        sys::bell_connect(busy.as_fd(), &other_tag).unwrap();
+        for (tag, want) in [
+            (BellTag::NONE, "peer named no doorbell"),
+            (BellTag([0x77; 16]), "peer doorbell unreachable"),
+            (busy_tag, "peer doorbell connected elsewhere"),
+        ] {
+            let e = err_of(ShmLink::new(
+                ShmLocal::create(small()).unwrap(),
+                dup(&theirs.memfd),
+                tag,
+                side(),
+                Duration::ZERO,
+                0,
+            ));
+            assert_eq!(e, LinkError::Protocol(want));
+        }
+        drop((busy, other));
         let ours = ShmLocal::create(small()).unwrap();
         let own = bell(&ours);
         let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
-        assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
-        let ours = ShmLocal::create(small()).unwrap();
-        let own = dup(&ours.bell);
-        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
-        assert_eq!(e, LinkError::Protocol("peer sent our own doorbell back"));
+        assert_eq!(e, LinkError::Protocol("peer named our own doorbell"));
 
         // A sealed region smaller than its header claims.
         let short = sys::memfd(c"hostile", 8192).unwrap();
@@ -926,28 +914,6 @@ pub(crate) mod tests {
         assert_eq!(link._peer_map.len(), small().total_len);
         drop(link);
 
-        // A doorbell pair the peer made without refusing descriptors: the end we wait on
-        // refuses them once the link has it, where the kernel can.
-        let (ring, waited) = sys::unix_pair(libc::SOCK_DGRAM).unwrap();
-        let link = ShmLink::new(
-            ShmLocal::create(small()).unwrap(),
-            dup(&theirs.memfd),
-            PeerFd::new(waited),
-            side(),
-            Duration::ZERO,
-            0,
-        )
-        .unwrap();
-        let (probe, _) = sys::unix_pair(libc::SOCK_DGRAM).unwrap();
-        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let sent = sys::send_with_fds(ring.as_fd(), b"r", &[x.as_fd()]);
-        if sys::refuse_descriptors(probe.as_fd()) {
-            assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
-        } else {
-            sent.unwrap();
-        }
-        drop(link);
-
         // The genuine article is accepted.
         assert!(ShmLink::new(
             ShmLocal::create(small()).unwrap(),
@@ -983,11 +949,12 @@ pub(crate) mod tests {
             .await
             .unwrap()
         });
+        let local = ShmLocal::create(layout).unwrap();
         let client = join(
             &name,
             sys::peer_cred(sys::unix_pair(libc::SOCK_SEQPACKET).unwrap().0.as_fd()).unwrap(),
-            Join { link_group: 7, secret },
-            ShmLocal::create(layout).unwrap(),
+            Join { link_group: 7, secret, bell: local.bell_tag() },
+            local,
             Duration::ZERO,
             Duration::from_secs(5),
         )
@@ -1030,7 +997,8 @@ pub(crate) mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let (n, fds) = recv_soon(&conn, &mut buf).await;
-        assert_eq!((n, fds.len()), (SIDE_MSG_LEN, 2), "the JOIN, with the region and the doorbell");
+        assert_eq!((n, fds.len()), (SIDE_MSG_LEN, 1), "the JOIN, with the region");
+        assert!(!Join::decode(&buf[..n]).unwrap().bell.is_none(), "the JOIN names the doorbell");
         join.abort();
     }
 
@@ -1050,7 +1018,7 @@ pub(crate) mod tests {
     /// A join of group 7 over the side channel `name`, expecting it to be `owner`'s.
     async fn join_as(name: &[u8], owner: sys::PeerCred) -> Result<ShmLink, JoinError> {
         let local = ShmLocal::create(small()).unwrap();
-        let id = Join { link_group: 7, secret: Secret([3; 16]) };
+        let id = Join { link_group: 7, secret: Secret([3; 16]), bell: local.bell_tag() };
         join(name, owner, id, local, Duration::ZERO, Duration::from_secs(5)).await
     }
 
@@ -1133,19 +1101,24 @@ pub(crate) mod tests {
         assert_eq!(client.ours.want_space().load(Ordering::Relaxed), 0);
     }
 
-    /// The peer holds the doorbell end it handed us too; shut down, that socket stays readable
-    /// and read-closed whatever we drain, so the link ends (a protocol error) instead of
-    /// reporting a ring on every look, which kept the group's driver turning for good.
+    /// A peer that connects its doorbell to another socket stops taking our rings: the link
+    /// says the peer is gone at the next ring (the side channel, not the ring, then ends the
+    /// group), and the other socket gets nothing.
     #[tokio::test]
-    async fn a_doorbell_the_peer_shut_down_ends_the_link() {
-        let (client, _server) = joined(Layout::new(8, 4, 4096).unwrap(), "shut").await;
-        // What the peer's own copy of the end it handed the client amounts to.
-        let bell = client.doorbell.get().unwrap().get_ref().as_fd().try_clone_to_owned().unwrap();
-        sys::shutdown(bell.as_fd(), std::net::Shutdown::Both).unwrap();
-        let r = tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(|cx| client.poll_event(cx)))
-            .await
-            .expect("the link reports the shut-down doorbell at once");
-        assert_eq!(r, Err(LinkError::Protocol("peer shut its doorbell down")));
+    async fn a_peer_doorbell_connected_elsewhere_ends_its_rings() {
+        use std::os::linux::net::SocketAddrExt;
+        let (client, server) = joined(Layout::new(8, 4, 4096).unwrap(), "elsewhere").await;
+        client.ring_peer().unwrap();
+        let name = format!("smc-tokio-test-elsewhere-{}", std::process::id());
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
+        third.set_nonblocking(true).unwrap();
+        // What the peer can do with its own doorbell.
+        let peers = std::os::unix::net::UnixDatagram::from(server.bell.as_fd().try_clone_to_owned().unwrap());
+        peers.connect_addr(&addr).unwrap();
+        assert_eq!(client.ring_peer(), Err(LinkError::PeerGone));
+        assert_eq!(client.ring_peer(), Err(LinkError::PeerGone));
+        assert_eq!(third.recv(&mut [0u8; 8]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
     /// The peer's descriptor of our region is read-only: it cannot be mapped writable, and
@@ -1153,7 +1126,7 @@ pub(crate) mod tests {
     #[test]
     fn the_peer_gets_a_read_only_region() {
         let local = ShmLocal::create(small()).unwrap();
-        let (theirs, _) = local.fds().unwrap();
+        let theirs = local.region_fd().unwrap();
         let theirs = theirs.as_fd();
         // SAFETY: plain fcntl on a borrowed, open descriptor.
         let flags = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_GETFL) };
