@@ -185,7 +185,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             what: "a doorbell nobody has bound",
-            fds: Box::new(|| (vec![sealed_region()], BellTag([0x77; 16]))),
+            fds: Box::new(|| (vec![sealed_region()], BellTag([0x77; 24]))),
             status: None,
         },
         Case {
@@ -613,7 +613,7 @@ async fn hostile_server_regions_are_refused_and_the_client_falls_back_with_its_b
             (vec![fd], hostile::doorbell())
         }),
         ("no doorbell named", 0, 0, |_, _| (vec![sealed_region()], BellTag::NONE)),
-        ("a doorbell nobody has bound", 0, 0, |_, _| (vec![sealed_region()], BellTag([0x77; 16]))),
+        ("a doorbell nobody has bound", 0, 0, |_, _| (vec![sealed_region()], BellTag([0x77; 24]))),
         ("a doorbell connected to another one", 0, 0, |_, _| (vec![sealed_region()], hostile::busy_doorbell())),
         ("the client's own doorbell named", 0, 0, |_, theirs| (vec![sealed_region()], theirs)),
         ("the client's own region sent back", 0, 0, |c, _| (vec![c[0].try_clone().unwrap()], hostile::doorbell())),

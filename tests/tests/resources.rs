@@ -140,13 +140,19 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     }
     settle().await;
     let hundred = report("server, 101 connections (2 link groups: 1 + 100)", base);
-    // 100 connections on one new group: 100 TCP sockets, the group's doorbell and its side
-    // channel, the door connection of the second peer process (one per client process, shared by
-    // all its connections), and that process's tokio pidfd (a test artifact).
-    assert_eq!(hundred - one, 100 + 2 + 1 + 1, "server: one descriptor per connection, two per group, one per client");
-    // The first connection of a group: its TCP socket, the doorbell, the side channel, the
-    // client process's door connection (and the peer's pidfd). The memfds are closed once mapped.
-    assert_eq!(one - base, 1 + 2 + 1 + 1, "server: the first connection of a group");
+    // 100 connections on one new group: 100 TCP sockets, the group's two doorbell sockets
+    // (ringing and waiting) and its side channel, the door connection of the second peer process
+    // (one per client process, shared by all its connections), and that process's tokio pidfd
+    // (a test artifact).
+    assert_eq!(
+        hundred - one,
+        100 + 3 + 1 + 1,
+        "server: one descriptor per connection, three per group, one per client"
+    );
+    // The first connection of a group: its TCP socket, the two doorbell sockets, the side
+    // channel, the client process's door connection (and the peer's pidfd). The memfds are
+    // closed once mapped.
+    assert_eq!(one - base, 1 + 3 + 1 + 1, "server: the first connection of a group");
     drop((c1, c100));
     held.clear();
     while rx.try_recv().is_ok() {}
@@ -174,8 +180,8 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     let c_one = report("client, 1 connection", cbase);
     assert_eq!(
         c_one - cbase,
-        1 + 2 + 1,
-        "client: the TCP socket, the doorbell, the side channel and the door connection"
+        1 + 3 + 1,
+        "client: the TCP socket, the two doorbell sockets, the side channel and the door connection"
     );
     for _ in 0..99 {
         let s = bounded(10, b.connect(saddr)).await.unwrap();
@@ -217,7 +223,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     while rx.try_recv().is_ok() {}
     let pbase = settle().await;
     // (b) 20 proposals answered with an Accept, then declined by the client: the pending link
-    // group each one set up (our region memfd + doorbell socket, mapped) is dropped as soon as
+    // group each one set up (our region memfd + ringing socket, mapped) is dropped as soon as
     // its handshake ends, since nobody joined it; only the 40 sockets remain.
     let mut hs = Vec::new();
     for i in 0..20 {

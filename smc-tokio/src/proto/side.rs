@@ -5,13 +5,14 @@
 //! [`Welcome`], with its own region and doorbell tag when it lets the client in. The connection
 //! then stays open: its end means the peer process is gone.
 //!
-//! A doorbell is a Unix datagram socket that each side makes and keeps to itself, bound to the
-//! abstract name its [`BellTag`] gives ([`BellTag::name`]); each side connects its own to the
-//! name the other sent, and from then on the two take datagrams only from each other. No
-//! doorbell descriptor crosses (version 3). In version 2 a side handed over one end of a pair it
-//! made, which the other waited on and the maker could read as well, holding the socket's read
-//! lock for as long as its copy out faulted; in version 1 a side handed over the end the other
-//! rang on, which the maker could connect elsewhere.
+//! A side's doorbell is two Unix datagram sockets that it makes and keeps to itself, bound to
+//! the abstract names its [`BellTag`] gives: one it rings the peer on
+//! ([`BellTag::ring_name`]), shut down for reading, and one it waits on
+//! ([`BellTag::wait_name`]), which it connects to the peer's ringing socket so that it takes
+//! datagrams from that socket alone. No doorbell descriptor crosses (version 3). In version 2 a
+//! side handed over one end of a pair it made, which the other waited on and the maker could
+//! read as well, holding the socket's read lock for as long as its copy out faulted; in version
+//! 1 a side handed over the end the other rang on, which the maker could connect elsewhere.
 //!
 //! Both messages are [`SIDE_MSG_LEN`] bytes (one `SOCK_SEQPACKET` message each), integers big
 //! endian:
@@ -23,8 +24,7 @@
 //! | 12..16 | 4    | reserved                      | status (u32): 0 welcomed, else a [`JoinRefused`] |
 //! | 16..24 | 8    | link group id (u64)           | link group id (u64)                          |
 //! | 24..40 | 16   | secret ([`Secret`])            | reserved                                     |
-//! | 40..56 | 16   | the client's [`BellTag`]      | the server's [`BellTag`] (zeros in a refusal) |
-//! | 56..64 | 8    | reserved                      | reserved                                     |
+//! | 40..64 | 24   | the client's [`BellTag`]      | the server's [`BellTag`] (zeros in a refusal) |
 //!
 //! Reserved bytes are sent as zeros and ignored. Decoding checks the length, the magic and the
 //! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group,
@@ -101,58 +101,75 @@ fn u64_at(b: &[u8; SIDE_MSG_LEN], i: usize) -> u64 {
 }
 
 /// Where a [`BellTag`] sits in both messages.
-const BELL_AT: std::ops::Range<usize> = 40..56;
+const BELL_AT: std::ops::Range<usize> = 40..64;
 
 fn bell_at(b: &[u8; SIDE_MSG_LEN]) -> BellTag {
-    let mut t = [0u8; 16];
+    let mut t = [0u8; 24];
     t.copy_from_slice(&b[BELL_AT]);
     BellTag(t)
 }
 
-/// What names a doorbell: 16 random bytes, from which its socket's abstract name is made
-/// ([`name`](Self::name)). All zeros names none (a refusal's WELCOME carries that).
+/// What names a side's doorbell: 24 random bytes. The first 16 name the socket it rings on
+/// ([`ring_name`](Self::ring_name)), which it binds before it sends the tag; all 24 name the
+/// socket it waits on ([`wait_name`](Self::wait_name)), which it binds only once it has the
+/// peer's tag, and whose last 8 bytes nobody but the peer has seen until then, so nobody can
+/// take that name first. All zeros names none (a refusal's WELCOME carries that).
 ///
 /// # Examples
 ///
 /// ```
 /// use smc_tokio::proto::side::BellTag;
 ///
-/// let tag = BellTag([0xAB; 16]);
-/// assert_eq!(&tag.name()[..15], b"smc-tokio/bell/");
-/// assert_eq!(&tag.name()[15..19], b"abab");
+/// let mut t = [0xAB; 24];
+/// t[16..].fill(0x01);
+/// let tag = BellTag(t);
+/// assert_eq!(&tag.ring_name()[..], &b"smc-tokio/bell/r/abababababababababababababababab"[..]);
+/// assert!(tag.wait_name().starts_with(b"smc-tokio/bell/w/abab"));
+/// assert!(tag.wait_name().ends_with(b"abab0101010101010101"));
 /// assert!(BellTag::NONE.is_none() && !tag.is_none());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BellTag(pub [u8; 16]);
+pub struct BellTag(pub [u8; 24]);
 
 impl BellTag {
     /// No doorbell.
-    pub const NONE: BellTag = BellTag([0; 16]);
-    /// Length of [`name`](Self::name): the prefix and 32 hex digits.
-    pub const NAME_LEN: usize = BELL_PREFIX.len() + 32;
+    pub const NONE: BellTag = BellTag([0; 24]);
 
     /// Whether this is [`NONE`](Self::NONE).
     pub fn is_none(&self) -> bool {
         *self == Self::NONE
     }
 
-    /// The abstract socket name of the doorbell: `smc-tokio/bell/` and the tag in lowercase hex.
-    /// Only names of this form are ever connected to, so a peer can point our rings at no
-    /// socket but a doorbell.
-    pub fn name(&self) -> [u8; Self::NAME_LEN] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut n = [0u8; Self::NAME_LEN];
-        n[..BELL_PREFIX.len()].copy_from_slice(BELL_PREFIX);
-        for (i, b) in self.0.iter().enumerate() {
-            n[BELL_PREFIX.len() + 2 * i] = HEX[usize::from(b >> 4)];
-            n[BELL_PREFIX.len() + 2 * i + 1] = HEX[usize::from(b & 15)];
-        }
-        n
+    /// Whether `other` names the same ringing socket (the same first 16 bytes).
+    pub fn same_ring(&self, other: &BellTag) -> bool {
+        self.0[..16] == other.0[..16]
+    }
+
+    /// The abstract name of the socket the side rings on: `smc-tokio/bell/r/` and the first 16
+    /// bytes in lowercase hex.
+    pub fn ring_name(&self) -> [u8; 17 + 32] {
+        named(b"smc-tokio/bell/r/", &self.0[..16])
+    }
+
+    /// The abstract name of the socket the side waits on: `smc-tokio/bell/w/` and all 24 bytes
+    /// in lowercase hex. Only names of these two forms are ever connected to, so a peer can
+    /// point our rings only at a socket bound under our prefix.
+    pub fn wait_name(&self) -> [u8; 17 + 48] {
+        named(b"smc-tokio/bell/w/", &self.0)
     }
 }
 
-/// What every doorbell's abstract name starts with.
-const BELL_PREFIX: &[u8] = b"smc-tokio/bell/";
+/// `prefix` and `bytes` in lowercase hex, in an array of exactly that length.
+fn named<const N: usize>(prefix: &[u8; 17], bytes: &[u8]) -> [u8; N] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut n = [0u8; N];
+    n[..prefix.len()].copy_from_slice(prefix);
+    for (i, b) in bytes.iter().enumerate() {
+        n[prefix.len() + 2 * i] = HEX[usize::from(b >> 4)];
+        n[prefix.len() + 2 * i + 1] = HEX[usize::from(b & 15)];
+    }
+    n
+}
 
 /// A client's request to join a pending link group: the group the server's Accept named, the
 /// secret of the handshake that led to it (the proof that the client took part in it), and the
@@ -164,7 +181,7 @@ const BELL_PREFIX: &[u8] = b"smc-tokio/bell/";
 /// use smc_tokio::proto::clc::Secret;
 /// use smc_tokio::proto::side::{BellTag, Join, SIDE_MSG_LEN};
 ///
-/// let join = Join { link_group: 7, secret: Secret([1; 16]), bell: BellTag([3; 16]) };
+/// let join = Join { link_group: 7, secret: Secret([1; 16]), bell: BellTag([3; 24]) };
 /// let bytes: [u8; SIDE_MSG_LEN] = join.encode();
 /// assert_eq!(Join::decode(&bytes), Ok(join));
 /// ```
@@ -174,7 +191,7 @@ pub struct Join {
     pub link_group: u64,
     /// The secret of the handshake that named the group.
     pub secret: Secret,
-    /// The client's doorbell, which the server connects its own to.
+    /// The client's doorbell, whose sockets the server's connect to.
     pub bell: BellTag,
 }
 
@@ -187,12 +204,12 @@ impl Join {
     /// use smc_tokio::proto::clc::Secret;
     /// use smc_tokio::proto::side::{BellTag, Join, JOIN_MAGIC};
     ///
-    /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]), bell: BellTag([5; 16]) }.encode();
+    /// let bytes = Join { link_group: 0x0102, secret: Secret([9; 16]), bell: BellTag([5; 24]) }.encode();
     /// assert_eq!(bytes[..8], JOIN_MAGIC);
     /// assert_eq!(bytes[8..12], [0, 0, 0, 3]); // the version
     /// assert_eq!(bytes[16..24], [0, 0, 0, 0, 0, 0, 1, 2]); // the group
     /// assert_eq!(bytes[24..40], [9; 16]); // the secret
-    /// assert_eq!(bytes[40..56], [5; 16]); // the doorbell
+    /// assert_eq!(bytes[40..64], [5; 24]); // the doorbell
     /// ```
     pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
         let mut b = header(&JOIN_MAGIC);
@@ -210,10 +227,10 @@ impl Join {
     /// use smc_tokio::proto::clc::Secret;
     /// use smc_tokio::proto::side::{BellTag, Join, SideMsgError, Welcome};
     ///
-    /// let bytes = Join { link_group: 3, secret: Secret([2; 16]), bell: BellTag([1; 16]) }.encode();
+    /// let bytes = Join { link_group: 3, secret: Secret([2; 16]), bell: BellTag([1; 24]) }.encode();
     /// assert_eq!(Join::decode(&bytes[..40]), Err(SideMsgError::BadLength(40)));
     /// // A WELCOME is no JOIN.
-    /// assert_eq!(Join::decode(&Welcome::accepted(3, BellTag([1; 16])).encode()), Err(SideMsgError::BadMagic));
+    /// assert_eq!(Join::decode(&Welcome::accepted(3, BellTag([1; 24])).encode()), Err(SideMsgError::BadMagic));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Join, SideMsgError> {
         let b = check(b, &JOIN_MAGIC)?;
@@ -231,8 +248,9 @@ pub enum JoinRefused {
     UnknownGroup = 1,
     /// The peer's credentials (its uid) are not allowed.
     Credentials = 2,
-    /// The peer's region or doorbell was missing or unusable (no region, no tag, or a tag
-    /// that names no doorbell we can connect to).
+    /// The peer's region or doorbell was missing (no region, or no tag). A region or a tag
+    /// found unusable after the WELCOME (the checks of the region, the connects of the
+    /// doorbell) ends the side channel instead.
     BadRegion = 3,
 }
 
@@ -272,7 +290,7 @@ impl JoinRefused {
 /// assert!(!no.is_accepted());
 /// assert_eq!(no.refusal(), Some(JoinRefused::Credentials));
 /// assert!(no.bell.is_none());
-/// assert!(Welcome::accepted(7, BellTag([4; 16])).is_accepted());
+/// assert!(Welcome::accepted(7, BellTag([4; 24])).is_accepted());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Welcome {
@@ -280,7 +298,7 @@ pub struct Welcome {
     pub link_group: u64,
     /// [`WELCOME_OK`], or a [`JoinRefused`] value.
     pub status: u32,
-    /// The server's doorbell, which the client connects its own to ([`BellTag::NONE`] in a
+    /// The server's doorbell, whose sockets the client's connect to ([`BellTag::NONE`] in a
     /// refusal).
     pub bell: BellTag,
 }
@@ -361,14 +379,14 @@ mod tests {
         let j = Join {
             link_group: 0x1122_3344_5566_7788,
             secret: Secret(*b"0123456789abcdef"),
-            bell: BellTag(*b"fedcba9876543210"),
+            bell: BellTag(*b"fedcba9876543210zyxwvuts"),
         };
         let mut want = [0u8; SIDE_MSG_LEN];
         want[..8].copy_from_slice(b"SMCTJOIN");
         want[8..12].copy_from_slice(&[0, 0, 0, 3]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         want[24..40].copy_from_slice(b"0123456789abcdef");
-        want[40..56].copy_from_slice(b"fedcba9876543210");
+        want[40..64].copy_from_slice(b"fedcba9876543210zyxwvuts");
         assert_eq!(j.encode(), want);
     }
 
@@ -381,19 +399,21 @@ mod tests {
         want[12..16].copy_from_slice(&[0, 0, 0, 1]);
         want[16..24].copy_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         assert_eq!(w.encode(), want);
-        let ok = Welcome::accepted(0, BellTag(*b"0123456789abcdef")).encode();
+        let ok = Welcome::accepted(0, BellTag(*b"0123456789abcdef01234567")).encode();
         assert_eq!(ok[12..16], [0, 0, 0, 0]);
-        assert_eq!(ok[40..56], *b"0123456789abcdef");
-        assert!(ok[24..40].iter().chain(&ok[56..]).all(|&b| b == 0));
+        assert_eq!(ok[40..64], *b"0123456789abcdef01234567");
+        assert!(ok[24..40].iter().all(|&b| b == 0));
     }
 
     #[test]
     fn round_trips() {
         for (group, secret) in [(0, [0; 16]), (u64::MAX, [0xFF; 16]), (0x1122_3344_5566_7788, [9; 16])] {
-            let j = Join { link_group: group, secret: Secret(secret), bell: BellTag(secret) };
+            let mut tag = [7u8; 24];
+            tag[..16].copy_from_slice(&secret);
+            let j = Join { link_group: group, secret: Secret(secret), bell: BellTag(tag) };
             assert_eq!(Join::decode(&j.encode()), Ok(j));
             for status in [WELCOME_OK, 1, 2, 3, 4, u32::MAX] {
-                let w = Welcome { link_group: group, status, bell: BellTag(secret) };
+                let w = Welcome { link_group: group, status, bell: BellTag(tag) };
                 assert_eq!(Welcome::decode(&w.encode()), Ok(w));
             }
         }
@@ -402,28 +422,26 @@ mod tests {
             assert_eq!(Welcome::decode(&w.encode()).map(|w| w.refusal()), Ok(Some(why)));
             assert!(!w.is_accepted());
         }
-        assert_eq!(Welcome::accepted(1, BellTag([1; 16])).refusal(), None);
+        assert_eq!(Welcome::accepted(1, BellTag([1; 24])).refusal(), None);
         assert_eq!(Welcome { link_group: 1, status: 77, bell: BellTag::NONE }.refusal(), None);
     }
 
     #[test]
     fn reserved_bytes_are_ignored() {
-        let j = Join { link_group: 4, secret: Secret([6; 16]), bell: BellTag([7; 16]) };
+        let j = Join { link_group: 4, secret: Secret([6; 16]), bell: BellTag([7; 24]) };
         let mut b = j.encode();
         b[12..16].fill(0xEE);
-        b[56..].fill(0xEE);
         assert_eq!(Join::decode(&b), Ok(j));
-        let w = Welcome { link_group: 4, status: 0, bell: BellTag([8; 16]) };
+        let w = Welcome { link_group: 4, status: 0, bell: BellTag([8; 24]) };
         let mut b = w.encode();
         b[24..40].fill(0xEE);
-        b[56..].fill(0xEE);
         assert_eq!(Welcome::decode(&b), Ok(w));
     }
 
     #[test]
     fn every_error() {
-        let join = Join { link_group: 1, secret: Secret([2; 16]), bell: BellTag([3; 16]) }.encode();
-        let welcome = Welcome::accepted(1, BellTag([3; 16])).encode();
+        let join = Join { link_group: 1, secret: Secret([2; 16]), bell: BellTag([3; 24]) }.encode();
+        let welcome = Welcome::accepted(1, BellTag([3; 24])).encode();
         for (bytes, decode) in [
             (join, (|b| Join::decode(b).map(drop)) as fn(&[u8]) -> Result<(), SideMsgError>),
             (welcome, |b| Welcome::decode(b).map(drop)),
@@ -465,14 +483,19 @@ mod tests {
 
     #[test]
     fn bell_names() {
-        let mut tag = [0u8; 16];
+        let mut tag = [0u8; 24];
         tag[0] = 0x0F;
         tag[15] = 0xA0;
-        let name = BellTag(tag).name();
-        assert_eq!(&name[..], b"smc-tokio/bell/0f0000000000000000000000000000a0");
-        assert_eq!(name.len(), BellTag::NAME_LEN);
-        // Distinct tags, distinct names.
-        assert_ne!(BellTag([1; 16]).name(), BellTag([0x10; 16]).name());
+        tag[23] = 0x5C;
+        let tag = BellTag(tag);
+        assert_eq!(&tag.ring_name()[..], b"smc-tokio/bell/r/0f0000000000000000000000000000a0");
+        assert_eq!(&tag.wait_name()[..], b"smc-tokio/bell/w/0f0000000000000000000000000000a0000000000000005c");
+        // The waiting name is not the ringing one, and differs with the last 8 bytes alone.
+        let mut other = tag;
+        other.0[16] = 1;
+        assert!(tag.same_ring(&other));
+        assert_ne!(tag.wait_name(), other.wait_name());
+        assert_eq!(tag.ring_name(), other.ring_name());
     }
 
     #[test]

@@ -189,13 +189,30 @@ mod tests {
         assert_ne!(random_secret().unwrap(), random_secret().unwrap());
     }
 
-    /// Two bells connected to each other, as the two sides of a link hold them.
-    fn bells() -> ((OwnedFd, BellTag), (OwnedFd, BellTag)) {
-        let (a, ta) = bell_bind().unwrap();
-        let (b, tb) = bell_bind().unwrap();
-        bell_connect(a.as_fd(), &tb).unwrap();
-        bell_connect(b.as_fd(), &ta).unwrap();
-        ((a, ta), (b, tb))
+    /// One side's doorbell: its ringing socket and its tag.
+    struct Side {
+        ring: OwnedFd,
+        tag: BellTag,
+        wait: Option<PeerFd>,
+    }
+
+    impl Side {
+        fn wait(&self) -> BorrowedFd<'_> {
+            self.wait.as_ref().unwrap().as_fd()
+        }
+    }
+
+    /// Two sides' doorbells, set up as a link does: both ringing sockets first, then each
+    /// waiting socket connected to the other's ringing one, then each ringing socket to the
+    /// other's waiting one.
+    fn bells() -> (Side, Side) {
+        let (ra, ta) = bell_ring().unwrap();
+        let (rb, tb) = bell_ring().unwrap();
+        let wb = bell_wait(&tb, &ta).unwrap();
+        let wa = bell_wait(&ta, &tb).unwrap();
+        bell_ring_connect(ra.as_fd(), &tb).unwrap();
+        bell_ring_connect(rb.as_fd(), &ta).unwrap();
+        (Side { ring: ra, tag: ta, wait: Some(wa) }, Side { ring: rb, tag: tb, wait: Some(wb) })
     }
 
     /// An unbound, unconnected datagram socket, such as any local user can make.
@@ -205,9 +222,9 @@ mod tests {
         s
     }
 
-    fn send_to_bell(s: &std::os::unix::net::UnixDatagram, tag: &BellTag) -> io::Result<usize> {
+    fn send_to(s: &std::os::unix::net::UnixDatagram, name: &[u8]) -> io::Result<usize> {
         use std::os::linux::net::SocketAddrExt;
-        s.send_to_addr(b"r", &std::os::unix::net::SocketAddr::from_abstract_name(tag.name()).unwrap())
+        s.send_to_addr(b"r", &std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap())
     }
 
     /// Rings far beyond what the peer's queue holds never block (the extra ones are "already
@@ -216,70 +233,130 @@ mod tests {
     fn rings_beyond_the_queue_never_block_and_drains_end_in_would_block() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let ((a, _), (b, _)) = bells();
+            let (a, b) = bells();
             for _ in 0..100_000 {
-                doorbell_ring(a.as_fd()).unwrap();
+                doorbell_ring(a.ring.as_fd()).unwrap();
             }
             let mut drained = 0;
             loop {
-                match doorbell_drain(b.as_fd(), 64) {
+                match doorbell_drain(b.wait(), 64) {
                     Ok(n) => drained += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => panic!("{e}"),
                 }
             }
-            let again = doorbell_drain(b.as_fd(), 64).unwrap_err().kind();
+            let again = doorbell_drain(b.wait(), 64).unwrap_err().kind();
             tx.send((drained, again)).unwrap();
         });
         let (drained, again) =
             rx.recv_timeout(std::time::Duration::from_secs(20)).expect("a doorbell call blocked (or panicked)");
-        assert!(drained > 0 && drained < 100_000, "the queue bounded the rings: {drained}");
+        assert!(drained > 0 && drained < 100_000, "our send buffer bounded the rings: {drained}");
         assert_eq!(again, io::ErrorKind::WouldBlock);
     }
 
-    /// A bell takes datagrams from anyone only until it is connected (what a stranger queued
-    /// then is one spurious ring), and from then on only from the bell it is connected to.
+    /// Nobody but the peer's ringing socket gets a datagram into a waiting socket, and nobody
+    /// at all into a ringing one; not even after the peer's sockets are gone.
     #[test]
-    fn a_connected_bell_takes_rings_only_from_its_peer() {
+    fn a_doorbell_takes_rings_only_from_the_peers_ringing_socket() {
         use std::os::linux::net::SocketAddrExt;
-        let (a, ta) = bell_bind().unwrap();
-        let (b, tb) = bell_bind().unwrap();
+        let (a, b) = bells();
         let third = stranger();
-        send_to_bell(&third, &ta).unwrap();
-        bell_connect(a.as_fd(), &tb).unwrap();
-        bell_connect(b.as_fd(), &ta).unwrap();
-        assert_eq!(send_to_bell(&third, &ta).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert_eq!(send_to_bell(&third, &tb).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        // Nor can the stranger connect to either now.
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(ta.name()).unwrap();
-        assert_eq!(third.connect_addr(&addr).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1, "the stranger's early datagram");
-        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
-        doorbell_ring(b.as_fd()).unwrap();
-        doorbell_ring(a.as_fd()).unwrap();
-        assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1);
-        assert_eq!(doorbell_drain(b.as_fd(), 8).unwrap(), 1);
-        // A tag nobody bound names nothing, and a bell connected to another refuses a third.
-        let (c, _) = bell_bind().unwrap();
-        assert_eq!(bell_connect(c.as_fd(), &BellTag([0x77; 16])).unwrap_err().raw_os_error(), Some(libc::ECONNREFUSED));
-        assert_eq!(bell_connect(c.as_fd(), &ta).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        for name in [&a.tag.wait_name()[..], &b.tag.wait_name()[..]] {
+            assert_eq!(send_to(&third, name).unwrap_err().raw_os_error(), Some(libc::EPERM));
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+            assert_eq!(third.connect_addr(&addr).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        }
+        // Connected, a ringing socket refuses strangers as a waiting one does; unconnected, its
+        // shutdown refuses them (below).
+        for name in [&a.tag.ring_name()[..], &b.tag.ring_name()[..]] {
+            let e = send_to(&third, name).unwrap_err().raw_os_error();
+            assert!(matches!(e, Some(libc::EPERM | libc::EPIPE)), "{e:?}");
+        }
+        doorbell_ring(b.ring.as_fd()).unwrap();
+        doorbell_ring(a.ring.as_fd()).unwrap();
+        assert_eq!(doorbell_drain(a.wait(), 8).unwrap(), 1);
+        assert_eq!(doorbell_drain(b.wait(), 8).unwrap(), 1);
+        // The peer's sockets go (its ringing one first); ours still refuse strangers, and a
+        // ring that finds the peer gone reports it.
+        let Side { ring: rb, wait: wb, .. } = b;
+        drop(rb);
+        drop(wb);
+        assert_eq!(send_to(&third, &a.tag.wait_name()).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(ring_until_refused(&a), Some(libc::ECONNREFUSED));
+        assert_eq!(send_to(&third, &a.tag.wait_name()).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(send_to(&third, &a.tag.ring_name()).unwrap_err().raw_os_error(), Some(libc::EPIPE));
+        assert_eq!(doorbell_drain(a.wait(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
+
+    /// A waiting socket that something reached between its bind and its connect is refused
+    /// (and closed off the caller's thread); a missing or busy peer ringing socket, and a name
+    /// taken, are errors of their own.
+    #[test]
+    fn a_waiting_socket_reached_before_it_was_connected_is_refused() {
+        // A waiting name of its own for each case: a socket that failed may close on a closer,
+        // a moment later, and its name with it.
+        let (_ra, ta) = bell_ring().unwrap();
+        let (_rb, tb0) = bell_ring().unwrap();
+        let fresh = |n: u8| {
+            let mut t = tb0;
+            t.0[16..].fill(n);
+            t
+        };
+        let tb = fresh(1);
+        let w = bell_wait_bind(&tb).unwrap();
+        send_to(&stranger(), &tb.wait_name()).unwrap();
+        let e = bell_wait_connect(w, &ta).map(drop).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        // A ring of the peer's that came before the connect (its ringing socket found our name
+        // first) is taken like any ring; a stranger's behind it still fails the setup.
+        let (ra, ta) = bell_ring().unwrap();
+        let tb = fresh(2);
+        let w = bell_wait_bind(&tb).unwrap();
+        bell_ring_connect(ra.as_fd(), &tb).unwrap();
+        doorbell_ring(ra.as_fd()).unwrap();
+        doorbell_ring(ra.as_fd()).unwrap();
+        let w = bell_wait_connect(w, &ta).unwrap();
+        assert_eq!(doorbell_drain(w.as_fd(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        drop((w, ra));
+        let (ra, ta) = bell_ring().unwrap();
+        let tb = fresh(3);
+        let w = bell_wait_bind(&tb).unwrap();
+        bell_ring_connect(ra.as_fd(), &tb).unwrap();
+        doorbell_ring(ra.as_fd()).unwrap();
+        send_to(&stranger(), &tb.wait_name()).unwrap();
+        assert_eq!(bell_wait_connect(w, &ta).map(drop).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        drop(ra);
+        let (_ra, ta) = bell_ring().unwrap();
+        // Without the stranger it works, and a name in use cannot be bound again.
+        let tb = fresh(4);
+        let w = bell_wait(&tb, &ta).unwrap();
+        assert_eq!(bell_wait(&tb, &ta).map(drop).unwrap_err().raw_os_error(), Some(libc::EADDRINUSE));
+        drop(w);
+        let mut nobody = tb;
+        nobody.0[..16].fill(0x77);
+        assert_eq!(bell_wait(&ta, &nobody).map(drop).unwrap_err().raw_os_error(), Some(libc::ECONNREFUSED));
+        // A ringing socket already connected to another waiting socket refuses a second.
+        let (a, _b) = bells();
+        let mut other = a.tag;
+        other.0[16..].fill(0x42);
+        assert_eq!(bell_wait(&other, &a.tag).map(drop).unwrap_err().raw_os_error(), Some(libc::EPERM));
     }
 
     /// A peer that sends descriptors with its rings is refused by the kernel where it can
-    /// (SO_PASSRIGHTS, which our bells turn off); where it cannot, or on a socket that does not
-    /// refuse, the drain takes them out (for a closer) instead of letting the kernel discard
-    /// them on the draining thread.
+    /// (SO_PASSRIGHTS, which our doorbells turn off); where it cannot, or on a socket that does
+    /// not refuse, the drain takes them out with a control buffer (for a closer) instead of
+    /// leaving them to the kernel.
     #[test]
     fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
-        let ((a, _), (b, _)) = bells();
+        let (a, b) = bells();
         let (x, y) = std::os::unix::net::UnixStream::pair().unwrap();
-        let sent = send_with_fds(b.as_fd(), b"r", &[x.as_fd()]);
+        let sent = send_with_fds(b.ring.as_fd(), b"r", &[x.as_fd()]);
         drop(x);
-        if refuses_descriptors(a.as_fd()) {
+        if refuses_descriptors(a.wait()) {
             assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
         } else {
             sent.unwrap();
-            assert_eq!(doorbell_drain(a.as_fd(), 8).unwrap(), 1);
+            assert_eq!(doorbell_drain(a.wait(), 8).unwrap(), 1);
         }
         // A socket that does not refuse: the drain takes them out.
         let (c, d) = unix_pair(libc::SOCK_DGRAM).unwrap();
@@ -295,9 +372,8 @@ mod tests {
         }
     }
 
-    /// Whatever a peer does with its own bell, our rings go nowhere else: connected to another
-    /// socket, it refuses them (after the kernel reports once that it left), and closed, it
-    /// ends them.
+    /// Whatever a peer does with its waiting socket, our rings go nowhere else: connected to
+    /// another socket, it refuses them; closed, it ends them.
     #[test]
     fn a_peer_cannot_send_our_rings_anywhere_else() {
         use std::os::linux::net::SocketAddrExt;
@@ -305,60 +381,75 @@ mod tests {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
         third.set_nonblocking(true).unwrap();
-        let ((a, _), (b, _)) = bells();
-        let b = std::os::unix::net::UnixDatagram::from(b);
-        b.connect_addr(&addr).unwrap();
-        let first = doorbell_ring(a.as_fd()).unwrap_err().raw_os_error();
+        let (a, b) = bells();
+        let wb = std::os::unix::net::UnixDatagram::from(b.wait().try_clone_to_owned().unwrap());
+        wb.connect_addr(&addr).unwrap();
+        let first = doorbell_ring(a.ring.as_fd()).unwrap_err().raw_os_error();
         assert!(matches!(first, Some(libc::ECONNRESET | libc::EPERM)), "{first:?}");
-        assert_eq!(doorbell_ring(a.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(doorbell_ring(a.ring.as_fd()).unwrap_err().raw_os_error(), Some(libc::EPERM));
         assert_eq!(
             third.recv(&mut [0u8; 8]).unwrap_err().kind(),
             io::ErrorKind::WouldBlock,
             "a ring reached a third socket"
         );
-        let ((a, _), (b, _)) = bells();
+        let (a, b) = bells();
         drop(b);
-        assert_eq!(doorbell_ring(a.as_fd()).unwrap_err().raw_os_error(), Some(libc::ECONNREFUSED));
+        assert_eq!(ring_until_refused(&a), Some(libc::ECONNREFUSED));
     }
 
-    /// A peer that reads its own bell into a page that faults for as long as it wants (here a
-    /// userfaultfd page nobody serves; a FUSE mapping does the same for any user) holds its
-    /// socket's read lock throughout. That stalls every other reader of that socket, even a
-    /// non-blocking one (checked here, so that the test shows a real stall), which is why we
-    /// never wait on a socket a peer made; our ring to the stuck peer and our drain of our own
-    /// bell go through.
+    /// Rings until a ring fails (the peer's sockets may close on a closer, a moment later).
+    fn ring_until_refused(a: &Side) -> Option<i32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match doorbell_ring(a.ring.as_fd()) {
+                Err(e) => return e.raw_os_error(),
+                Ok(()) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Ok(()) => return None,
+            }
+        }
+    }
+
+    /// A peer that reads its own waiting socket into a page that faults for as long as it
+    /// wants (here a userfaultfd page nobody serves; a FUSE mapping does the same for any user)
+    /// holds that socket's read lock throughout. That stalls every other reader of the socket,
+    /// even a non-blocking one (checked here, so that the test shows a real stall), which is
+    /// why we never wait on a socket a peer made; our ring to the stuck peer and our drain of
+    /// our own waiting socket go through.
     #[test]
     fn a_peer_stuck_reading_its_bell_stalls_neither_our_ring_nor_our_drain() {
         let Some(page) = StalledPage::new() else {
             eprintln!("SKIPPED: no userfaultfd for kernel faults here (needs CAP_SYS_PTRACE)");
             return;
         };
-        let ((a, _), (b, _)) = bells();
-        let b = std::sync::Arc::new(b);
-        doorbell_ring(a.as_fd()).unwrap();
-        doorbell_ring(a.as_fd()).unwrap();
-        doorbell_ring(b.as_fd()).unwrap();
+        let (a, b) = bells();
+        doorbell_ring(a.ring.as_fd()).unwrap();
+        doorbell_ring(a.ring.as_fd()).unwrap();
+        doorbell_ring(b.ring.as_fd()).unwrap();
+        let wb = std::sync::Arc::new(b.wait.unwrap());
         // The peer reads a ring of ours into the page: inside the copy, holding the lock.
-        let (peer_b, at) = (b.clone(), page.addr);
+        let (peer_w, at) = (wb.clone(), page.addr);
         let stuck = std::thread::spawn(move || {
             // SAFETY: reads at most 8 bytes into the mapped (registered) page at `at`.
-            unsafe { libc::recv(peer_b.as_raw_fd(), at as *mut libc::c_void, 8, 0) }
+            unsafe { libc::recv(peer_w.as_raw_fd(), at as *mut libc::c_void, 8, 0) }
         });
         std::thread::sleep(std::time::Duration::from_millis(100));
         // The control: another reader of the peer's socket waits for the lock.
         let (tx, rx) = std::sync::mpsc::channel();
-        let other_b = b.clone();
+        let other_w = wb.clone();
         let control = std::thread::spawn(move || {
-            let r = doorbell_drain(other_b.as_fd(), 1).map_err(|e| e.kind());
+            let r = doorbell_drain(other_w.as_fd(), 1).map_err(|e| e.kind());
             let _ = tx.send(());
             r
         });
         let stalled = rx.recv_timeout(std::time::Duration::from_millis(300)).is_err();
         // What we do meanwhile.
         let (tx2, rx2) = std::sync::mpsc::channel();
+        let Side { ring: ra, wait: wa, .. } = a;
         let ours = std::thread::spawn(move || {
-            let rang = doorbell_ring(a.as_fd()).is_ok();
-            let drained = doorbell_drain(a.as_fd(), 8).ok();
+            let rang = doorbell_ring(ra.as_fd()).is_ok();
+            let drained = doorbell_drain(wa.as_ref().unwrap().as_fd(), 8).ok();
             let _ = tx2.send((rang, drained));
         });
         let ours_done = rx2.recv_timeout(std::time::Duration::from_secs(10));
@@ -568,51 +659,56 @@ impl Drop for Mmap {
     }
 }
 
-/// A doorbell: one Unix datagram socket per side of a link, made by that side and never handed
-/// to anyone, bound to the abstract name of a random [`BellTag`] ([`BellTag::name`]). Each side
-/// sends its tag to the other and connects its bell to the other's name ([`bell_connect`]); then
-/// it rings the peer by sending on its bell (a connected datagram socket sends only to its
-/// peer) and waits on the same socket, which takes datagrams from no socket but the one it is
-/// connected to (the kernel refuses everyone else's with `EPERM`). Bells refuse descriptors
-/// where the kernel can (rings are bytes).
+/// A doorbell is two Unix datagram sockets per side of a link, made by that side and never
+/// handed to anyone, bound to the abstract names of a random [`BellTag`]:
 ///
-/// Why no descriptor of a bell crosses: whoever makes a socket pair and hands one end over
+/// - the *ringing* socket ([`bell_ring`]), shut down for reading before it is bound, so nobody
+///   can queue anything in it, ever (a sender gets `EPIPE`); it is connected to the peer's
+///   waiting socket by name ([`bell_ring_connect`]) and rings it by sending one byte;
+/// - the *waiting* socket ([`bell_wait`]), bound only once the peer's tag is known, under a
+///   name with 8 bytes nobody else has seen, and connected at once to the peer's ringing
+///   socket: from then on the kernel refuses every other sender (`EPERM`). It never sends, so
+///   the kernel never disconnects it (a datagram socket that sends to a socket that has gone
+///   is disconnected, its queue purged in the sending thread, and then takes anyone's
+///   datagrams again; that is also why one socket does not do both). A datagram from anyone
+///   but the peer's ringing socket that got in between its bind and its connect (a stranger
+///   who read the name from `/proc/net/unix` and sent to it) fails the setup: the link is not
+///   made and the connection stays TCP.
+///
+/// Why no descriptor of a doorbell crosses: whoever makes a socket pair and hands one end over
 /// shares that socket with the receiver. An end we rang on, the peer could connect elsewhere (a
 /// datagram socket may be connected again at any time) and have us send there, under our pid
 /// and uid. An end we waited on, the peer could read as well: a reader of a Unix datagram
 /// socket holds the socket's read lock while it copies a datagram out, and a copy into a page
 /// that faults for as long as the reader wants (a FUSE mapping, userfaultfd) kept our
-/// non-blocking drain waiting for that lock, on a runtime worker. A bell of our own has no other
-/// reader and no other sender on it; the peer holds only its own bell, and what it does to
-/// that (reads it into a stalled page, connects it elsewhere, closes it) touches only the
-/// locks of its own socket and only its own wake-ups.
+/// non-blocking drain waiting for that lock, on a runtime worker. Our sockets have no other
+/// reader and no other sender on them; what the peer does to its own (reads them into a
+/// stalled page, connects them elsewhere, closes them) touches only its sockets' locks and its
+/// own wake-ups.
 ///
 /// Why not an eventfd (or a pipe): a descriptor passed with `SCM_RIGHTS` shares its open file
 /// description, and so its `O_NONBLOCK` flag, with the sender. A hostile peer could clear the
 /// flag on an eventfd we read (and drain it first) or one we write (and fill it first), and our
 /// read or write would block a runtime worker. Sockets take `MSG_DONTWAIT` per call, so no
 /// flag the peer can change makes our calls block.
-pub(crate) fn bell_bind() -> io::Result<(OwnedFd, BellTag)> {
-    // SAFETY: plain syscall with constant arguments.
-    let fd =
-        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
+///
+/// This makes the ringing socket and the tag it is bound under. Both sockets refuse
+/// descriptors where the kernel can (rings are bytes).
+pub(crate) fn bell_ring() -> io::Result<(OwnedFd, BellTag)> {
+    let fd = dgram()?;
+    shutdown(std::os::fd::AsFd::as_fd(&fd), std::net::Shutdown::Read)?;
     // 128 random bits: a name is taken only by somebody who read it from /proc/net/unix after
     // we bound it, and then it is ours. A few tries for the impossible case.
     let mut last = None;
     for _ in 0..4 {
-        let mut tag = [0u8; 16];
+        let mut tag = [0u8; 24];
         random_bytes(&mut tag)?;
         let tag = BellTag(tag);
         if tag.is_none() {
             continue;
         }
-        let (addr, len) = abstract_addr(&tag.name())?;
-        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-        match cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }) {
-            Ok(_) => return Ok((fd, tag)),
+        match bind_abstract(std::os::fd::AsFd::as_fd(&fd), &tag.ring_name()) {
+            Ok(()) => return Ok((fd, tag)),
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => last = Some(e),
             Err(e) => return Err(e),
         }
@@ -620,11 +716,106 @@ pub(crate) fn bell_bind() -> io::Result<(OwnedFd, BellTag)> {
     Err(last.unwrap_or_else(|| io::Error::other("no doorbell name")))
 }
 
-/// Connects our bell `fd` to the peer's bell `peer`, by name. From then on it sends only there
-/// and takes datagrams only from there. Fails with `ECONNREFUSED` when no socket has that name,
-/// and `EPERM` when the socket there is connected to another one (it would refuse our rings).
-pub(crate) fn bell_connect(fd: BorrowedFd<'_>, peer: &BellTag) -> io::Result<()> {
-    let (addr, len) = abstract_addr(&peer.name())?;
+/// Connects our ringing socket to the peer's waiting socket, by name. Fails with
+/// `ECONNREFUSED` when no socket has that name, and `EPERM` when the socket there is connected
+/// to another one (it would refuse our rings).
+pub(crate) fn bell_ring_connect(fd: BorrowedFd<'_>, peer: &BellTag) -> io::Result<()> {
+    connect_abstract(fd, &peer.wait_name())
+}
+
+/// Our waiting socket (see [`bell_ring`]): bound to `ours`' waiting name, connected to the
+/// peer's ringing socket, and checked. Fails with `ECONNREFUSED` when the peer's ringing socket
+/// is not there, `EPERM` when it is connected to another socket, `EADDRINUSE` when our name is
+/// taken, and `InvalidData` when a datagram from anybody else got in before the connect. A
+/// [`PeerFd`]:
+/// before Linux 6.16 (no `SO_PASSRIGHTS`) such a datagram may carry descriptors, and the
+/// socket's close then goes to a closer, never to the caller.
+pub(crate) fn bell_wait(ours: &BellTag, peer: &BellTag) -> io::Result<PeerFd> {
+    let fd = bell_wait_bind(ours)?;
+    bell_wait_connect(fd, peer)
+}
+
+/// The first half of [`bell_wait`]: the socket, bound.
+pub(crate) fn bell_wait_bind(ours: &BellTag) -> io::Result<PeerFd> {
+    let fd = dgram()?;
+    let refuses = refuses_descriptors(std::os::fd::AsFd::as_fd(&fd));
+    bind_abstract(std::os::fd::AsFd::as_fd(&fd), &ours.wait_name())?;
+    // Refusing from birth, it can hold only bytes: its close cannot block.
+    Ok(if refuses { PeerFd::new(fd).inert() } else { PeerFd::new(fd) })
+}
+
+/// The second half of [`bell_wait`]: connected to the peer's ringing socket, and checked.
+pub(crate) fn bell_wait_connect(fd: PeerFd, peer: &BellTag) -> io::Result<PeerFd> {
+    connect_abstract(std::os::fd::AsFd::as_fd(&fd), &peer.ring_name())?;
+    // Nobody but the peer can send to it now. Whatever is queued came before. The peer rings
+    // us only once we armed our side of the link, which comes after this; still, a ring of
+    // its ringing socket (the only socket with its name) is taken like any ring, whenever it
+    // came. Anybody else's datagram, perhaps with descriptors, fails the setup. Each datagram
+    // is looked at first without taking it (a peek takes no descriptor into our table) to see
+    // its sender's name.
+    let want = abstract_addr(&peer.ring_name())?;
+    // At most as many as can have been queued (the kernel's queue length,
+    // `net.unix.max_dgram_qlen`, bounds a sender that the socket is not connected to); more is
+    // a sender that went on.
+    for _ in 0..64 {
+        match peek_sender(std::os::fd::AsFd::as_fd(&fd)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(fd),
+            Err(e) => return Err(e),
+            Ok(from) if same_addr(&from, &want) => {
+                doorbell_drain(std::os::fd::AsFd::as_fd(&fd), 1)?;
+            }
+            Ok(_) => break,
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidData, "a datagram reached the doorbell before it was connected"))
+}
+
+/// Whether two Unix addresses as the kernel reports them are the same name.
+fn same_addr(a: &(libc::sockaddr_un, libc::socklen_t), b: &(libc::sockaddr_un, libc::socklen_t)) -> bool {
+    let path = |(addr, len): &(libc::sockaddr_un, libc::socklen_t)| {
+        let n = (*len as usize).saturating_sub(std::mem::size_of::<libc::sa_family_t>()).min(addr.sun_path.len());
+        addr.sun_path[..n].to_vec()
+    };
+    a.1 == b.1 && a.0.sun_family == b.0.sun_family && path(a) == path(b)
+}
+
+/// The sender's address of the next datagram on `fd`, without taking it (`WouldBlock` when
+/// there is none).
+fn peek_sender(fd: BorrowedFd<'_>) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    let mut one = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: one.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: both are plain data; all-zero is valid.
+    let (mut addr, mut msg): (libc::sockaddr_un, libc::msghdr) = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: `msg` points at `addr` and `one`, both alive and as large as it says; no
+    // control buffer, so no descriptor is installed (a peek with none only reports them cut).
+    cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) } as libc::c_int)?;
+    // Compare exactly what the kernel wrote; the rest of the zeroed buffer stays zero.
+    Ok((addr, msg.msg_namelen))
+}
+
+/// A non-blocking Unix datagram socket that refuses descriptors where the kernel can.
+fn dgram() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant arguments.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
+    Ok(fd)
+}
+
+fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (addr, len) = abstract_addr(name)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
+}
+
+fn connect_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (addr, len) = abstract_addr(name)?;
     loop {
         // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
         match cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }) {
@@ -1043,7 +1234,7 @@ fn recvmsg_fds(
     // Room for every descriptor one message can carry (the kernel's SCM_MAX_FD, 253, in one
     // SCM_RIGHTS header: 16 + 253 * 4 bytes), and 4 KiB besides for what a socket's options
     // add ahead of them (credentials, a pidfd, a security label, a timestamp: a peer that
-    // holds the socket too, as a doorbell's maker does, can turn those on): descriptors that
+    // holds the socket too could turn those on): descriptors that
     // do not fit are closed by the kernel in this thread, which is what `PeerFd` keeps off the
     // runtime.
     let mut cbuf = [0u64; 130 + 512];

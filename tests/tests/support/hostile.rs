@@ -606,30 +606,59 @@ pub fn peer_cdc_cons(peer: &Map) -> u64 {
     peer.word(OFF_CDC_CONS).load(std::sync::atomic::Ordering::Acquire)
 }
 
-/// A doorbell as the crate's own peers make theirs: a Unix datagram socket of our own, bound to
-/// the abstract name of a random tag ([`BellTag::name`]), which the peer connects its own to.
-/// Once [`connect`](Bell::connect)ed to the peer's, ringing on it ([`ring`]) sends there.
+/// A doorbell as the crate's own peers make theirs: a ringing socket bound to the tag's ring
+/// name and shut down for reading, made first; a waiting socket bound to its wait name once
+/// the peer's tag is known ([`connect`](Bell::connect)).
 pub struct Bell {
-    pub fd: OwnedFd,
+    pub ring: OwnedFd,
     pub tag: BellTag,
+}
+
+fn dgram() -> OwnedFd {
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
+            .unwrap();
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (addr, len) = abstract_addr(name);
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
+}
+
+fn connect_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let (addr, len) = abstract_addr(name);
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
 }
 
 impl Bell {
     pub fn new() -> Bell {
-        let fd =
-            cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
-                .unwrap();
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tag = BellTag(random_secret().0);
-        let (addr, len) = abstract_addr(&tag.name());
-        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).unwrap();
-        Bell { fd, tag }
+        let ring = dgram();
+        cvt(unsafe { libc::shutdown(ring.as_raw_fd(), libc::SHUT_RD) }).unwrap();
+        let mut t = [0u8; 24];
+        t[..16].copy_from_slice(&random_secret().0);
+        t[16..].copy_from_slice(&random_secret().0[..8]);
+        let tag = BellTag(t);
+        bind_abstract(ring.as_fd(), &tag.ring_name()).unwrap();
+        Bell { ring, tag }
     }
 
-    /// Connects to the peer's bell, so that rings on ours go there (and ours takes the peer's).
-    pub fn connect(&self, peer: &BellTag) -> io::Result<()> {
-        let (addr, len) = abstract_addr(&peer.name());
-        cvt(unsafe { libc::connect(self.fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
+    /// Completes the doorbell against the peer's: our waiting socket, bound and connected to
+    /// the peer's ringing socket (returned), and our ringing socket connected to the peer's
+    /// waiting socket, which the peer may make a moment after it named it (tried for 5 s).
+    pub fn connect(&self, peer: &BellTag) -> io::Result<OwnedFd> {
+        let wait = dgram();
+        bind_abstract(wait.as_fd(), &self.tag.wait_name())?;
+        connect_abstract(wait.as_fd(), &peer.ring_name())?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match connect_abstract(self.ring.as_fd(), &peer.wait_name()) {
+                Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                r => return r.map(|()| wait),
+            }
+        }
     }
 }
 
@@ -643,17 +672,20 @@ fn keep(fd: OwnedFd) {
 /// its own, to name in a JOIN or a WELCOME.
 pub fn doorbell() -> BellTag {
     let b = Bell::new();
-    keep(b.fd);
+    keep(b.ring);
     b.tag
 }
 
-/// The tag of a doorbell that is connected to another one (both kept open): it refuses
-/// anybody else's connect and rings.
+/// The tag of a doorbell whose ringing socket is connected to another waiting socket (both
+/// kept open): it refuses anybody else's waiting socket.
 pub fn busy_doorbell() -> BellTag {
     let (b, other) = (Bell::new(), Bell::new());
-    b.connect(&other.tag).unwrap();
-    keep(b.fd);
-    keep(other.fd);
+    let w = dgram();
+    bind_abstract(w.as_fd(), &other.tag.wait_name()).unwrap();
+    connect_abstract(b.ring.as_fd(), &other.tag.wait_name()).unwrap();
+    keep(b.ring);
+    keep(other.ring);
+    keep(w);
     b.tag
 }
 
@@ -817,9 +849,9 @@ pub fn parse_welcome(msg: &[u8], fds: Vec<OwnedFd>) -> Welcome {
 
 /// Joins the pending group of an accepted proposal `hs` with a genuine sealed region of
 /// `layout` and a doorbell of our own (on a blocking thread, bounded), and expects a WELCOME of
-/// status 0. Returns our region, the side channel, the server's region and our doorbell,
-/// connected to the server's: ringing on it rings the server, and the server's rings land in
-/// it.
+/// status 0. Returns our region, the side channel, the server's region and our ringing socket,
+/// connected to the server's waiting one: ringing on it rings the server. (Our waiting socket,
+/// where the server's rings land, is kept open for the rest of the test process.)
 pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, OwnedFd, OwnedFd) {
     let (name, group, token) = (hs.accept.socket_name.clone(), hs.accept.link_group, hs.secret);
     let (region, sock, welcome, bell) = tests::bounded(
@@ -828,16 +860,16 @@ pub async fn join_genuine(hs: &ClientHs, layout: Layout) -> (Region, OwnedFd, Ow
             let region = Region::new(layout, REGION_SEALS);
             let bell = Bell::new();
             let (sock, w) = join(&name, group, token, bell.tag, &[region.fd.as_raw_fd()]).unwrap();
+            assert_eq!(w.status, 0, "the server welcomes a genuine region");
+            assert!(!w.bell.is_none(), "the server names its doorbell");
+            keep(bell.connect(&w.bell).expect("the server's doorbell takes our connects"));
             (region, sock, w, bell)
         }),
     )
     .await
     .unwrap();
-    assert_eq!(welcome.status, 0, "the server welcomes a genuine region");
-    assert!(!welcome.bell.is_none(), "the server names its doorbell");
-    bell.connect(&welcome.bell).expect("the server's doorbell takes our connect");
     let server_memfd = welcome.fds.into_iter().next().unwrap();
-    (region, sock, server_memfd, bell.fd)
+    (region, sock, server_memfd, bell.ring)
 }
 
 /// Joins the server's pending group with the descriptors `fds` (a region, or whatever a test

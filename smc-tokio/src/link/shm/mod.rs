@@ -1,9 +1,9 @@
 //! The shared-memory link (SMC-D): both processes on one host.
 //!
 //! Each side owns one sealed memfd region ([`region`]) holding its CDC ring and the RMBs it
-//! writes into; the peer maps it read-only. Each side's doorbell is a Unix datagram socket of
-//! its own, bound to a random abstract name and connected to the peer's by name
-//! (`sys::bell_bind`): no doorbell descriptor crosses. A SOCK_SEQPACKET Unix socket in the
+//! writes into; the peer maps it read-only. Each side's doorbell is two Unix datagram sockets
+//! of its own, one to ring on and one to wait on, bound to random abstract names and connected
+//! to the peer's by name (`sys::bell_ring`): no doorbell descriptor crosses. A SOCK_SEQPACKET Unix socket in the
 //! abstract namespace (per network namespace) carries the setup (a JOIN that proves the
 //! handshake's secret, the region's descriptor with `SCM_RIGHTS` and the doorbells' tags in the
 //! messages, the peer's credentials with `SO_PEERCRED`) and then stays open: its EOF means the
@@ -35,10 +35,10 @@ pub(crate) mod region;
 
 use region::{clear_want_space, want_space, CdcRx, CdcTx, Layout, Push, RegionView};
 
-/// Our doorbell as we wait on it, through tokio's `AsyncFd` (which needs only its raw
-/// descriptor); the link rings the peer on the same socket, through its other reference.
+/// Our waiting socket (`sys::bell_wait`), through tokio's `AsyncFd` (which needs only its raw
+/// descriptor).
 #[derive(Debug)]
-pub(crate) struct DoorbellFd(Arc<PeerFd>);
+pub(crate) struct DoorbellFd(PeerFd);
 
 impl AsFd for DoorbellFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
@@ -52,8 +52,10 @@ impl AsRawFd for DoorbellFd {
     }
 }
 
-/// Rings taken from the doorbell per wake-up: each is a one-byte datagram; a peer can queue at
-/// most the socket's receive buffer of them, and we take this many before reporting work again.
+/// Rings taken from the doorbell per wake-up: each is a one-byte datagram; a peer can queue as
+/// many as its ringing socket's send buffer holds (our waiting socket is connected back to it,
+/// so the kernel's queue length does not apply), and we take this many before reporting work
+/// again.
 const DOORBELL_DRAIN_MAX: usize = 64;
 
 /// Our half of a link before the peer's half arrives: our sealed region and our doorbell.
@@ -62,12 +64,11 @@ pub(crate) struct ShmLocal {
     map: Mmap,
     memfd: OwnedFd,
     view: RegionView,
-    /// Our doorbell (see `sys::bell_bind`): bound, not yet connected to the peer's. It never
-    /// leaves this process. Until it is connected anyone can send to it, and where the kernel
-    /// cannot make it refuse descriptors (before 6.16) what they queue with their datagrams is
-    /// closed with it: then its close goes to a closer; otherwise it closes in place.
-    bell: PeerFd,
-    /// What names `bell` (sent to the peer).
+    /// The socket we ring the peer on (see `sys::bell_ring`): bound, shut down for reading
+    /// (nothing can be queued in it, so it closes in place), not yet connected.
+    ring: OwnedFd,
+    /// What names our doorbell (sent to the peer); our waiting socket is bound when the
+    /// peer's tag is known.
     bell_tag: BellTag,
     /// Where the link counts its doorbells (its context's counters).
     counters: Option<Arc<Counters>>,
@@ -89,10 +90,8 @@ impl ShmLocal {
         // for itself, and into those a move to TCP reads back, which are read as untrusted
         // peer memory: see `tx_read`) or has CAP_DAC_OVERRIDE.
         sys::add_seals(memfd.as_fd(), sys::REGION_SEALS)?;
-        let (bell, bell_tag) = sys::bell_bind()?;
-        let refuses = sys::refuses_descriptors(bell.as_fd());
-        let bell = if refuses { PeerFd::new(bell).inert() } else { PeerFd::new(bell) };
-        Ok(ShmLocal { map, memfd, view, bell, bell_tag, counters: None })
+        let (ring, bell_tag) = sys::bell_ring()?;
+        Ok(ShmLocal { map, memfd, view, ring, bell_tag, counters: None })
     }
 
     /// Makes the link count the doorbells it rings and is woken by into `counters`.
@@ -107,7 +106,7 @@ impl ShmLocal {
         sys::read_only_view(self.memfd.as_fd())
     }
 
-    /// What names our doorbell, for the peer to connect its own to.
+    /// What names our doorbell, for the peer to connect its sockets to.
     pub(crate) fn bell_tag(&self) -> BellTag {
         self.bell_tag
     }
@@ -120,10 +119,18 @@ pub(crate) struct ShmLink {
     peer: RegionView,
     _ours_map: Mmap,
     _peer_map: Mmap,
-    /// Our doorbell, connected to the peer's, as we wait on it.
+    /// Our waiting socket, connected to the peer's ringing socket.
     doorbell: ReactorFd<DoorbellFd>,
-    /// The same socket, as we ring the peer on it (no lock on the way to a ring).
-    bell: Arc<PeerFd>,
+    /// Our ringing socket, connected to the peer's waiting socket at the first ring (the
+    /// peer binds that one when it has our tag, perhaps after we made our half).
+    ring: OwnedFd,
+    /// The peer's doorbell.
+    peer_bell: BellTag,
+    /// `ring` was connected (once, under `ring_connecting`; never again by name: the peer's
+    /// name could be taken by somebody else once it is gone).
+    ring_connected: AtomicBool,
+    /// Held while `ring` is connected, so that two threads ringing at once connect it once.
+    ring_connecting: Mutex<()>,
     side: ReactorFd<PeerFd>,
     tx: Mutex<CdcTx>,
     rx: Mutex<CdcRx>,
@@ -159,8 +166,8 @@ const MAX_PEER_REGION: u64 = 64 << 30;
 impl ShmLink {
     /// Completes a link from our half, the peer's region and the peer's doorbell tag. Checks the
     /// peer's memfd before mapping it: sealed against shrinking and growing (so no access can
-    /// SIGBUS), large enough for the layout its header claims; and connects our doorbell to the
-    /// peer's.
+    /// SIGBUS), large enough for the layout its header claims; and makes our waiting socket,
+    /// connected to the peer's ringing socket.
     fn new(
         local: ShmLocal,
         peer_memfd: PeerFd,
@@ -186,19 +193,23 @@ impl ShmLink {
         if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
             return Err(LinkError::Protocol("peer sent our own region back"));
         }
-        // The peer's doorbell: named, and not ours (connected to itself, our bell would ring
-        // only us). From the connect on, our bell takes datagrams from the peer's alone.
+        // The peer's doorbell: named, and not ours (we would ring only ourselves). From the
+        // connect on, our waiting socket takes datagrams from the peer's ringing socket alone.
         if peer_bell.is_none() {
             return Err(LinkError::Protocol("peer named no doorbell"));
         }
-        if peer_bell == local.bell_tag {
+        if peer_bell.same_ring(&local.bell_tag) {
             return Err(LinkError::Protocol("peer named our own doorbell"));
         }
-        sys::bell_connect(local.bell.as_fd(), &peer_bell).map_err(|e| match e.raw_os_error() {
+        let wait = sys::bell_wait(&local.bell_tag, &peer_bell).map_err(|e| match e.raw_os_error() {
             // Nobody has that name, or what has it is connected to another socket and would
-            // refuse our rings.
+            // refuse our connect.
             Some(libc::ECONNREFUSED | libc::ENOENT) => LinkError::Protocol("peer doorbell unreachable"),
             Some(libc::EPERM) => LinkError::Protocol("peer doorbell connected elsewhere"),
+            Some(libc::EADDRINUSE) => LinkError::Protocol("our doorbell's name was taken"),
+            _ if e.kind() == io::ErrorKind::InvalidData => {
+                LinkError::Protocol("our doorbell was reached before it was connected")
+            }
             _ => LinkError::from(e),
         })?;
         let len = sys::file_len(peer_memfd.as_fd())?;
@@ -219,9 +230,8 @@ impl ShmLink {
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
-        let bell = Arc::new(local.bell);
-        // SAFETY: DoorbellFd holds a PeerFd, which owns its descriptor, for as long as it lives.
-        let doorbell = unsafe { sys::register(DoorbellFd(bell.clone()), Interest::READABLE) }?;
+        // SAFETY: DoorbellFd wraps a PeerFd, which owns its descriptor.
+        let doorbell = unsafe { sys::register(DoorbellFd(wait), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
         let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() });
@@ -231,7 +241,10 @@ impl ShmLink {
             _ours_map: local.map,
             _peer_map: peer_map,
             doorbell: ReactorFd::new(doorbell, Interest::READABLE),
-            bell,
+            ring: local.ring,
+            peer_bell,
+            ring_connected: AtomicBool::new(false),
+            ring_connecting: Mutex::new(()),
             side: ReactorFd::new(side, Interest::READABLE | Interest::WRITABLE),
             tx: Mutex::new(CdcTx::new()),
             rx: Mutex::new(CdcRx::new()),
@@ -251,11 +264,24 @@ impl ShmLink {
         if let Some(c) = &self.counters {
             c.doorbell(true);
         }
-        sys::doorbell_ring(self.bell.as_fd()).map_err(|e| match e.raw_os_error() {
-            // The peer closed its doorbell (it is gone: its side channel says so too, perhaps a
-            // moment later), or connected it to another socket (`ECONNRESET` once, then
-            // `EPERM`: it stopped listening to us). Either way the message is in the ring, and
-            // the side channel, not the ring, decides the group's end.
+        if !self.ring_connected.load(Ordering::Acquire) {
+            let _once = self.ring_connecting.lock().unwrap_or_else(|e| e.into_inner());
+            if !self.ring_connected.load(Ordering::Acquire) {
+                sys::bell_ring_connect(self.ring.as_fd(), &self.peer_bell).map_err(|e| match e.raw_os_error() {
+                    // We ring the peer only after it armed or asked for space, which it does
+                    // with its waiting socket made: one that is not there (or connected to
+                    // another socket) never will be.
+                    Some(libc::ECONNREFUSED | libc::ENOENT | libc::EPERM) => LinkError::PeerGone,
+                    _ => LinkError::from(e),
+                })?;
+                self.ring_connected.store(true, Ordering::Release);
+            }
+        }
+        sys::doorbell_ring(self.ring.as_fd()).map_err(|e| match e.raw_os_error() {
+            // The peer closed its waiting socket (it is gone: its side channel says so too,
+            // perhaps a moment later), or connected it to another socket (`ECONNRESET` once,
+            // then `EPERM`: it stopped listening to us). Either way the message is in the ring,
+            // and the side channel, not the ring, decides the group's end.
             Some(libc::ECONNREFUSED | libc::ENOTCONN | libc::ECONNRESET | libc::EPIPE | libc::EPERM) => {
                 LinkError::PeerGone
             }
@@ -306,6 +332,12 @@ impl ShmLink {
                         // readiness it reported, so a ring that raced with the drain survives.
                         Ok(_) => {}
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        // The kernel reports once that the peer connected its ringing socket
+                        // elsewhere (with datagrams still queued in it): it broke its doorbell,
+                        // and the group ends.
+                        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
+                            return Poll::Ready(Err(LinkError::Protocol("peer moved its ringing socket")))
+                        }
                         Err(e) => return Poll::Ready(Err(e.into())),
                     }
                     g.clear_ready();
@@ -851,12 +883,13 @@ pub(crate) mod tests {
 
         // No doorbell named, a name nobody has bound, a doorbell connected to another one (it
         // would refuse our rings), and our own doorbell named (we would ring only ourselves).
-        let (busy, busy_tag) = sys::bell_bind().unwrap();
-        let (other, other_tag) = sys::bell_bind().unwrap();
-        sys::bell_connect(busy.as_fd(), &other_tag).unwrap();
+        let (busy, busy_tag) = sys::bell_ring().unwrap();
+        let (_other_ring, other_tag) = sys::bell_ring().unwrap();
+        let other = sys::bell_wait(&other_tag, &busy_tag).unwrap();
+        sys::bell_ring_connect(busy.as_fd(), &other_tag).unwrap();
         for (tag, want) in [
             (BellTag::NONE, "peer named no doorbell"),
-            (BellTag([0x77; 16]), "peer doorbell unreachable"),
+            (BellTag([0x77; 24]), "peer doorbell unreachable"),
             (busy_tag, "peer doorbell connected elsewhere"),
         ] {
             let e = err_of(ShmLink::new(
@@ -870,10 +903,16 @@ pub(crate) mod tests {
             assert_eq!(e, LinkError::Protocol(want));
         }
         drop((busy, other));
-        let ours = ShmLocal::create(small()).unwrap();
-        let own = bell(&ours);
-        let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
-        assert_eq!(e, LinkError::Protocol("peer named our own doorbell"));
+        // Our own ringing socket named, with our waiting name or another.
+        for last in [None, Some(0x42)] {
+            let ours = ShmLocal::create(small()).unwrap();
+            let mut own = bell(&ours);
+            if let Some(b) = last {
+                own.0[16..].fill(b);
+            }
+            let e = err_of(ShmLink::new(ours, dup(&theirs.memfd), own, side(), Duration::ZERO, 0));
+            assert_eq!(e, LinkError::Protocol("peer named our own doorbell"));
+        }
 
         // A sealed region smaller than its header claims.
         let short = sys::memfd(c"hostile", 8192).unwrap();
@@ -1101,9 +1140,9 @@ pub(crate) mod tests {
         assert_eq!(client.ours.want_space().load(Ordering::Relaxed), 0);
     }
 
-    /// A peer that connects its doorbell to another socket stops taking our rings: the link
-    /// says the peer is gone at the next ring (the side channel, not the ring, then ends the
-    /// group), and the other socket gets nothing.
+    /// A peer that connects its waiting socket to another socket stops taking our rings: the
+    /// link says the peer is gone at the next ring (the side channel, not the ring, then ends
+    /// the group).
     #[tokio::test]
     async fn a_peer_doorbell_connected_elsewhere_ends_its_rings() {
         use std::os::linux::net::SocketAddrExt;
@@ -1111,14 +1150,12 @@ pub(crate) mod tests {
         client.ring_peer().unwrap();
         let name = format!("smc-tokio-test-elsewhere-{}", std::process::id());
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-        let third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
-        third.set_nonblocking(true).unwrap();
-        // What the peer can do with its own doorbell.
-        let peers = std::os::unix::net::UnixDatagram::from(server.bell.as_fd().try_clone_to_owned().unwrap());
-        peers.connect_addr(&addr).unwrap();
+        let _third = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
+        // What the peer can do with its own waiting socket.
+        let w = server.doorbell.get().unwrap().get_ref().0.as_fd().try_clone_to_owned().unwrap();
+        std::os::unix::net::UnixDatagram::from(w).connect_addr(&addr).unwrap();
         assert_eq!(client.ring_peer(), Err(LinkError::PeerGone));
         assert_eq!(client.ring_peer(), Err(LinkError::PeerGone));
-        assert_eq!(third.recv(&mut [0u8; 8]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
     /// The peer's descriptor of our region is read-only: it cannot be mapped writable, and
