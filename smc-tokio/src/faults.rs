@@ -118,7 +118,7 @@ pub(crate) async fn stall(_server: SocketAddr, _point: Point) {}
 /// ```
 #[cfg(feature = "test-util")]
 pub fn close_on_a_closer_as_is(fd: std::os::fd::OwnedFd) {
-    drop(crate::sys::PeerFd::shared(fd));
+    drop(crate::sys::PeerFd::as_is(fd));
 }
 
 /// A TCP socket whose last close blocks for `linger`, or until the returned peer is dropped

@@ -401,7 +401,7 @@ impl HandshakeTimer {
     }
 
     /// The handshake ended with an outcome (SMC or a decline): it completed.
-    pub(crate) fn completed(mut self) {
+    fn completed(mut self) {
         self.done = true;
         let c = self.counters.lane();
         c.handshakes_completed.fetch_add(1, Ordering::Relaxed);

@@ -59,7 +59,7 @@ impl PeerFd {
     /// A descriptor closed on a closer as it is, not defused: for tests whose close must block
     /// as it would undefused (`faults::close_on_a_closer_as_is`).
     #[cfg(any(test, feature = "test-util"))]
-    pub(crate) fn shared(fd: OwnedFd) -> PeerFd {
+    pub(crate) fn as_is(fd: OwnedFd) -> PeerFd {
         PeerFd { fd: Some(fd), disarm: false, inert: false }
     }
 
@@ -586,7 +586,7 @@ mod tests {
         // close is ours and is told to keep its options: the closer blocks in it for a minute
         // (until the peer is dropped at the end, which resets it).
         let (s, peer) = crate::faults::socket_whose_close_blocks(Duration::from_secs(60)).unwrap();
-        drop(PeerFd::shared(s));
+        drop(PeerFd::as_is(s));
         // Give the closer time to enter the stuck close, then hand it more.
         std::thread::sleep(Duration::from_millis(20));
         let (a, b) = UnixStream::pair().unwrap();

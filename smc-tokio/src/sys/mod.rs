@@ -799,21 +799,27 @@ fn peek_sender(fd: BorrowedFd<'_>) -> io::Result<(libc::sockaddr_un, libc::sockl
 
 /// A non-blocking Unix datagram socket that refuses descriptors where the kernel can.
 fn dgram() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with constant arguments.
-    let fd =
-        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = unix_socket(libc::SOCK_DGRAM)?;
     refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
     Ok(fd)
 }
 
+/// A fresh non-blocking Unix socket of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`).
+fn unix_socket(ty: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant arguments.
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds `fd` to the abstract name `name`.
 fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     let (addr, len) = abstract_addr(name)?;
     // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
 }
 
+/// Connects `fd` to the abstract name `name` (again after an interruption).
 fn connect_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     let (addr, len) = abstract_addr(name)?;
     loop {
@@ -1020,12 +1026,7 @@ fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::socklen_t)
 }
 
 fn seqpacket() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with constant arguments.
-    let fd = cvt(unsafe {
-        libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
-    })?;
-    // SAFETY: a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    unix_socket(libc::SOCK_SEQPACKET)
 }
 
 /// A non-blocking SOCK_SEQPACKET listener on the abstract name `name`, with a backlog of
@@ -1040,9 +1041,7 @@ pub(crate) fn seqpacket_listen(name: &[u8], rights: bool) -> io::Result<OwnedFd>
     if !rights {
         refuse_descriptors(std::os::fd::AsFd::as_fd(&fd));
     }
-    let (addr, len) = abstract_addr(name)?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    bind_abstract(std::os::fd::AsFd::as_fd(&fd), name)?;
     // SAFETY: plain syscall on our socket.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 4096) })?;
     Ok(fd)
@@ -1090,22 +1089,11 @@ pub(crate) fn seqpacket_socket() -> io::Result<OwnedFd> {
 /// it can be tried on another name (a refused connect leaves a Unix socket unconnected), so
 /// probing several names costs one socket.
 pub(crate) fn seqpacket_connect_with(fd: OwnedFd, name: &[u8]) -> Result<OwnedFd, (OwnedFd, io::Error)> {
-    let (addr, len) = match abstract_addr(name) {
-        Ok(a) => a,
-        Err(e) => return Err((fd, e)),
-    };
-    loop {
-        // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-        let r = unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
-        match cvt(r) {
-            Ok(_) => return Ok(fd),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            // A full backlog: the listener is there but busy.
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                return Err((fd, io::Error::new(io::ErrorKind::WouldBlock, e)))
-            }
-            Err(e) => return Err((fd, e)),
-        }
+    match connect_abstract(std::os::fd::AsFd::as_fd(&fd), name) {
+        Ok(()) => Ok(fd),
+        // A full backlog: the listener is there but busy.
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Err((fd, io::Error::new(io::ErrorKind::WouldBlock, e))),
+        Err(e) => Err((fd, e)),
     }
 }
 

@@ -743,16 +743,14 @@ fn seqpacket() -> OwnedFd {
 /// Connects to the abstract SOCK_SEQPACKET socket `name` (blocking, 5 s receive timeout).
 pub fn side_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket();
-    let (addr, len) = abstract_addr(name);
-    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    connect_abstract(fd.as_fd(), name)?;
     Ok(fd)
 }
 
 /// Listens on the abstract name `name`.
 pub fn side_listen(name: &[u8]) -> OwnedFd {
     let fd = seqpacket();
-    let (addr, len) = abstract_addr(name);
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).unwrap();
+    bind_abstract(fd.as_fd(), name).unwrap();
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 16) }).unwrap();
     fd
 }

@@ -193,25 +193,14 @@ impl ShmLink {
         if sys::same_file(peer_memfd.as_fd(), local.memfd.as_fd())? {
             return Err(LinkError::Protocol("peer sent our own region back"));
         }
-        // The peer's doorbell: named, and not ours (we would ring only ourselves). From the
-        // connect on, our waiting socket takes datagrams from the peer's ringing socket alone.
+        // The peer's doorbell: named, and not ours (we would ring only ourselves). Our waiting
+        // socket, connected to the peer's ringing socket below, takes datagrams from it alone.
         if peer_bell.is_none() {
             return Err(LinkError::Protocol("peer named no doorbell"));
         }
         if peer_bell.same_ring(&local.bell_tag) {
             return Err(LinkError::Protocol("peer named our own doorbell"));
         }
-        let wait = sys::bell_wait(&local.bell_tag, &peer_bell).map_err(|e| match e.raw_os_error() {
-            // Nobody has that name, or what has it is connected to another socket and would
-            // refuse our connect.
-            Some(libc::ECONNREFUSED | libc::ENOENT) => LinkError::Protocol("peer doorbell unreachable"),
-            Some(libc::EPERM) => LinkError::Protocol("peer doorbell connected elsewhere"),
-            Some(libc::EADDRINUSE) => LinkError::Protocol("our doorbell's name was taken"),
-            _ if e.kind() == io::ErrorKind::InvalidData => {
-                LinkError::Protocol("our doorbell was reached before it was connected")
-            }
-            _ => LinkError::from(e),
-        })?;
         let len = sys::file_len(peer_memfd.as_fd())?;
         if !(4096..=MAX_PEER_REGION).contains(&len) {
             return Err(LinkError::Protocol("peer region size out of range"));
@@ -230,6 +219,19 @@ impl ShmLink {
         // alive by `_peer_map` for as long as the link (and so the view) exists. The view is
         // only ever read through.
         let peer = unsafe { RegionView::new(peer_map.as_ptr(), layout) };
+        // Our waiting socket last, once the region is known good: bound and connected in one go
+        // (see `sys::bell_ring`).
+        let wait = sys::bell_wait(&local.bell_tag, &peer_bell).map_err(|e| match e.raw_os_error() {
+            // Nobody has that name, or what has it is connected to another socket and would
+            // refuse our connect.
+            Some(libc::ECONNREFUSED | libc::ENOENT) => LinkError::Protocol("peer doorbell unreachable"),
+            Some(libc::EPERM) => LinkError::Protocol("peer doorbell connected elsewhere"),
+            Some(libc::EADDRINUSE) => LinkError::Protocol("our doorbell's name was taken"),
+            _ if e.kind() == io::ErrorKind::InvalidData => {
+                LinkError::Protocol("our doorbell was reached before it was connected")
+            }
+            _ => LinkError::from(e),
+        })?;
         // SAFETY: DoorbellFd wraps a PeerFd, which owns its descriptor.
         let doorbell = unsafe { sys::register(DoorbellFd(wait), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
