@@ -102,6 +102,12 @@ const DRAIN_BATCH: usize = 256;
 /// Cancels, say) no longer keeps the listener task, and the door's lock, to itself.
 const READ_MAX: usize = 256;
 
+/// Messages one registration's inbox holds unread. A handshake takes at most two from its peer
+/// (an answer, then a final word; a Confirm, or a Decline); a third is out of protocol, and a
+/// peer that went on sending under one id while its handshake was not reading (waiting for a
+/// slot, for the connection to be established) would otherwise be held in memory whole.
+const INBOX_MAX: usize = 4;
+
 /// What a read of a door connection came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Read {
@@ -278,7 +284,14 @@ impl Inbox {
             if st.closed {
                 return;
             }
-            st.frames.push_back(m);
+            if st.frames.len() >= INBOX_MAX {
+                // More than any handshake is sent: the peer does not follow the protocol, and
+                // this registration ends (TCP) instead of holding whatever the peer sends.
+                st.frames.clear();
+                st.closed = true;
+            } else {
+                st.frames.push_back(m);
+            }
             st.waker.take()
         };
         if let Some(w) = w {
@@ -437,9 +450,6 @@ struct Entry {
     since: Instant,
     /// Answered before its connection arrived: where the connection goes when it does.
     early: Option<tokio::sync::oneshot::Sender<(tokio::net::TcpStream, SocketAddr)>>,
-    /// The connection's four-tuple (peer, local), as the kernel confirmed it for this
-    /// registration before the connection was accepted.
-    verified: Option<(SocketAddr, SocketAddr)>,
 }
 
 #[derive(Default)]
@@ -607,6 +617,10 @@ impl fmt::Debug for ServerWire {
 impl Drop for ServerWire {
     fn drop(&mut self) {
         self.conn.live().remove(&self.id);
+        // Marked when its connection was accepted before its Confirm came (`take`), and
+        // cleared by that Confirm's `verify`: a handshake that ended without one leaves no
+        // mark for a later registration of the same id to pass `verify` on.
+        self.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 }
 
@@ -993,7 +1007,6 @@ impl Door {
                     proposal: proposal.to_vec(),
                     since: Instant::now(),
                     early: tx,
-                    verified: None,
                 });
                 if let Some(rx) = rx {
                     let inbox = Arc::new(Inbox::default());
@@ -1087,38 +1100,40 @@ impl Door {
     }
 
     /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
-    /// and uid are those of that connection's client end, as the kernel tells them.
+    /// and uid are those of that connection's client end, as the kernel tells them now, an
+    /// established socket. Asked at every accept, also for a registration whose connection
+    /// `verify` saw: what it saw was a four-tuple at that moment, and a four-tuple outlives
+    /// its socket (a registrant that reset the connection it had verified left the tuple to
+    /// whoever connected from that port next, of any uid; cookies never repeat).
     fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
         let list = st.entries.get(&peer.port())?;
-        let confirmed = list.iter().position(|e| e.verified == Some((peer, local)));
-        let i = match confirmed {
-            Some(i) => i,
-            None => {
-                if self.blind.load(Ordering::Relaxed) {
-                    return None;
+        if self.blind.load(Ordering::Relaxed) {
+            return None;
+        }
+        let owner = match self.diag.owner(peer, local) {
+            Ok(Some(o)) => o,
+            // The client end is gone already (its client gave up and closed), or the kernel
+            // cannot look sockets up at all: our own end, which exists, tells which.
+            Ok(None) => {
+                if matches!(self.diag.owner(local, peer), Ok(None)) {
+                    self.go_blind(st, "the kernel finds no socket of an accepted connection");
                 }
-                let owner = match self.diag.owner(peer, local) {
-                    Ok(Some(o)) => o,
-                    // The client end is gone already (its client gave up and closed), or the
-                    // kernel cannot look sockets up at all: our own end, which exists, tells
-                    // which.
-                    Ok(None) => {
-                        if matches!(self.diag.owner(local, peer), Ok(None)) {
-                            self.go_blind(st, "the kernel finds no socket of an accepted connection");
-                        }
-                        return None;
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
-                        if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
-                            self.go_blind(st, "sock_diag fails");
-                        }
-                        return None;
-                    }
-                };
-                list.iter().position(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
+                if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
+                    self.go_blind(st, "sock_diag fails");
+                }
+                return None;
             }
         };
+        // A registrant waits for its answer with its socket open, so its end is established
+        // when its connection is accepted; one that is not gave up (its connection is TCP).
+        if owner.state != sys::TCP_ESTABLISHED {
+            return None;
+        }
+        let i = list.iter().position(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?;
         let port = peer.port();
         let list = st.entries.get_mut(&port)?;
         let mut e = list.swap_remove(i);
@@ -1183,13 +1198,7 @@ impl Door {
             Ok(Some(o)) => o,
             _ => return false,
         };
-        /// `TCP_ESTABLISHED` (include/net/tcp_states.h).
-        const ESTABLISHED: u8 = 1;
-        if e.cookie != owner.cookie || key.conn.cred.uid != owner.uid || owner.state != ESTABLISHED {
-            return false;
-        }
-        e.verified = Some((client, server));
-        true
+        e.cookie == owner.cookie && key.conn.cred.uid == owner.uid && owner.state == sys::TCP_ESTABLISHED
     }
 
     /// Turns the early registration in `reg` back into one answered when its connection is
@@ -1385,10 +1394,12 @@ impl ClientConn {
         }
     }
 
-    /// Reads every message queued (without waiting) into its registration's inbox. `Ok(())`:
-    /// the queue is empty; an error: the door connection is over.
-    fn read_all(&self) -> io::Result<()> {
-        loop {
+    /// Reads the messages queued (without waiting, at most [`READ_MAX`]) into their
+    /// registrations' inboxes. `Ok(true)`: the queue is empty; `Ok(false)`: more may wait (a
+    /// listener that sends without pause does not keep the runtime's thread); an error: the
+    /// door connection is over.
+    fn read_all(&self) -> io::Result<bool> {
+        for _ in 0..READ_MAX {
             match recv_frame(self.fd.get_ref().as_fd()) {
                 Ok(Some((frame, payload))) => {
                     let inbox = self.inboxes().get(&frame.id).cloned();
@@ -1398,10 +1409,11 @@ impl ClientConn {
                     }
                 }
                 Ok(None) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) => return Err(e),
             }
         }
+        Ok(false)
     }
 }
 
@@ -1446,7 +1458,9 @@ async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
         .await;
         match readable {
             Some(Ok(mut guard)) => match conn.read_all() {
-                Ok(()) => guard.clear_ready(),
+                Ok(true) => guard.clear_ready(),
+                // Readiness kept: the next turn reads on, after the runtime ran others.
+                Ok(false) => tokio::task::yield_now().await,
                 Err(e) => {
                     tracing::debug!(error = %e, "door connection ended");
                     return;
@@ -2085,6 +2099,68 @@ mod tests {
         let key = EarlyKey { conn, id: 7 };
         let said = |server: SocketAddr| Some(ConnectedTuple { local: client, peer: server });
         assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
+    }
+
+    /// A registration whose connection `verify` saw is matched at accept only to that very
+    /// socket: the kernel is asked again then. A registrant that reset the connection it had
+    /// verified left its four-tuple to the next socket bound to that port (anyone's), whose
+    /// connection must not be served to the registrant's handshake.
+    #[tokio::test]
+    async fn a_verified_registration_does_not_match_the_next_socket_on_its_four_tuple() {
+        use crate::proto::clc::ShmOffer;
+        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let bound = || {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_reuse_address(true).unwrap();
+            s
+        };
+        let first = bound();
+        first.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let client = first.local_addr().unwrap().as_socket().unwrap();
+        let cookie = sys::socket_cookie(first.as_fd()).unwrap();
+        let frame = RegisterHead { instance: 1, cookie, port: client.port() }
+            .encode_frame(7, &proposal(Some(ShmOffer { link_group: 0 })));
+        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
+        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+        first.connect(&server.into()).unwrap();
+        let mut st = door.lock();
+        let _ = door.drain(&mut st);
+        let conn = st.conns.first().expect("the door connection").clone();
+        drop(st);
+        let key = EarlyKey { conn, id: 7 };
+        assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+        // Reset: the four-tuple is free at once (no TIME_WAIT), and another socket takes it.
+        first.set_linger(Some(std::time::Duration::ZERO)).unwrap();
+        drop(first);
+        let next = bound();
+        next.bind(&client.into()).unwrap();
+        next.connect(&server.into()).unwrap();
+        assert_ne!(sys::socket_cookie(next.as_fd()).unwrap(), cookie);
+        let mut st = door.lock();
+        assert!(door.take(&mut st, client, server).is_none(), "another socket's connection matched the registration");
+        assert_eq!(st.count, 1, "the registration is still filed");
+    }
+
+    /// A peer that goes on sending under one registration while its handshake is not reading
+    /// is held to [`INBOX_MAX`] messages: the next one ends the registration, and what it sent
+    /// is let go.
+    #[test]
+    fn an_inbox_holds_a_handshakes_messages_and_no_flood() {
+        let inbox = Inbox::default();
+        let msg = || Msg { kind: DoorKind::Clc, reason: 0, payload: vec![0; 1000] };
+        for _ in 0..INBOX_MAX {
+            inbox.push(msg());
+        }
+        assert_eq!(inbox.lock().frames.len(), INBOX_MAX);
+        assert!(!inbox.lock().closed);
+        for _ in 0..1000 {
+            inbox.push(msg());
+        }
+        assert!(inbox.lock().frames.is_empty(), "a flood was held");
+        assert!(matches!(inbox.try_next(), Some(None)), "the registration goes on");
     }
 
     /// A connection to `door` with room for many messages in its socket (SO_SNDBUFFORCE: the

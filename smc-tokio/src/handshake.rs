@@ -273,9 +273,10 @@ pub(crate) async fn advance_wire<M: Machine, W: Wire>(w: &mut W, m: &mut M) -> i
             Ok(Ok(Some(msg))) => {
                 let now = Instant::now();
                 let mut at = 0;
+                // The whole message at once: the machine takes no more than it wants, and
+                // decodes a whole message where it lies.
                 while at < msg.len() && m.wanted() > 0 {
-                    let n = m.wanted().min(msg.len() - at);
-                    at += m.handle_input(&msg[at..at + n], now);
+                    at += m.handle_input(&msg[at..], now);
                 }
                 if at < msg.len() {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, "handshake message of the wrong length"));

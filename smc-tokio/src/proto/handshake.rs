@@ -1,8 +1,9 @@
 //! The CLC handshake as two sans-IO state machines, [`ClientHandshake`] and [`ServerHandshake`].
 //!
-//! They own no socket and read no clock. The driver feeds them received bytes (never more than
-//! [`wanted`](ClientHandshake::wanted) at a time, so that no byte after the handshake is taken
-//! from the stream), the current time, and its decisions; it takes from them the bytes to send
+//! They own no socket and read no clock. The driver feeds them received bytes (from a stream it
+//! reads no more than [`wanted`](ClientHandshake::wanted) at a time, so that no byte after the
+//! handshake is taken from it; of what it is given, a machine takes at most what it wants and
+//! says how much), the current time, and its decisions; it takes from them the bytes to send
 //! ([`poll_transmit`](ClientHandshake::poll_transmit)), the next deadline
 //! ([`poll_timeout`](ClientHandshake::poll_timeout)), events that need a decision
 //! ([`poll_event`](ClientHandshake::poll_event)) and finally an [`Outcome`].
@@ -205,6 +206,15 @@ impl Inbox {
 
     /// Takes at most `wanted()` bytes of `data`; returns how many it took and what it has.
     fn push(&mut self, data: &[u8]) -> (usize, Result<Received, HandshakeError>) {
+        // A whole message handed over at once (a door frame's payload) is decoded where it
+        // lies: what the header-then-rest path below would return after two calls and two
+        // copies into `buf` (and its allocations), in one. Anything else (part of a message, a
+        // message that does not decode) takes that path, with its errors.
+        if self.buf.is_empty() {
+            if let Ok(Decoded::Message(m, n)) = decode(data) {
+                return (n, Ok(Received::Message(m)));
+            }
+        }
         let take = data.len().min(self.wanted());
         self.buf.extend_from_slice(&data[..take]);
         let r = match decode(&self.buf) {
@@ -1502,6 +1512,38 @@ mod tests {
         bytes.extend_from_slice(b"more");
         assert_eq!(feed_chunked(&mut c, &bytes, 1 << 20, now), 4);
         assert!(matches!(c.outcome(), Some(Outcome::Smc { .. })));
+    }
+
+    #[test]
+    fn a_whole_message_handed_over_at_once_is_taken_in_one_call_and_no_further() {
+        let now = Instant::now();
+        let mut c = ClientHandshake::new(proposal(), now, t()).unwrap();
+        c.poll_transmit();
+        let accept = msg(ClcMessage::Accept(Accept { secret: secret(), link: shm(1, b"a") }));
+        let mut bytes = accept.clone();
+        bytes.extend_from_slice(b"next");
+        assert_eq!(c.handle_input(&bytes, now), accept.len());
+        assert!(matches!(c.poll_event(), Some(ClientEvent::Accepted(_))));
+        c.confirm(shm(2, b""), now);
+        let commit = msg(ClcMessage::Commit(Commit { secret: secret() }));
+        assert_eq!(c.handle_input(&commit, now), commit.len());
+        assert!(matches!(c.outcome(), Some(Outcome::Smc { .. })));
+
+        let mut s = ServerHandshake::new(now, t());
+        let p = msg(ClcMessage::Proposal(proposal()));
+        let mut bytes = p.clone();
+        bytes.extend_from_slice(&p);
+        assert_eq!(s.handle_input(&bytes, now), p.len(), "one message, not the next");
+        assert!(matches!(s.poll_event(), Some(ServerEvent::Proposal(_))));
+
+        // What does not decode whole goes the header-first way, and fails as it did.
+        let mut s = ServerHandshake::new(now, t());
+        let mut bad = p.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0xff;
+        assert_eq!(s.handle_input(&bad, now), CLC_HEADER_LEN);
+        s.handle_input(&bad[CLC_HEADER_LEN..], now);
+        assert!(matches!(s.outcome(), Some(Outcome::Failed(HandshakeError::Malformed(ClcError::BadTrailer)))));
     }
 
     #[test]

@@ -55,6 +55,17 @@ const GROUPS_PER_CLIENT: usize = 64;
 /// See [`GROUPS_PER_CLIENT`].
 const SERVER_GROUPS: usize = 256;
 
+/// Client groups a context joins with one server process, and with all servers together
+/// (joined or being joined): the server's bounds ([`GROUPS_PER_CLIENT`], [`SERVER_GROUPS`])
+/// seen from the other end. Each Accept that names a group we do not have makes us join one
+/// (a region of our own, a mapping of the server's, three descriptors), so a server of a
+/// trusted uid that named a new group in every Accept would otherwise make us hold one per
+/// connection until our descriptors or address space ran out. At a bound the Accept is
+/// declined for resources (the connection stays TCP).
+const GROUPS_PER_SERVER: usize = GROUPS_PER_CLIENT;
+/// See [`GROUPS_PER_SERVER`].
+const CLIENT_GROUPS: usize = SERVER_GROUPS;
+
 /// A listener's side-channel acceptor: an abstract SOCK_SEQPACKET socket and the task that
 /// serves JOINs on it, on the listener's runtime. It stops when the listener is dropped (or its
 /// runtime shuts down); the link groups it set up keep running.
@@ -219,14 +230,17 @@ impl ServerSide {
     }
 }
 
+/// A server process as its side channel's credentials name it: (pid, uid).
+type ServerProcess = (i32, u32);
+
 #[derive(Default)]
 struct ClientSide {
     /// The group a proposal to this server names (the newest one set up with it).
     by_server: HashMap<SocketAddr, Arc<LinkGroup>>,
-    /// Every live client group, by id, with the side-channel name of the server it joined: an
-    /// Accept may name any of them (concurrent first connections set up several), but only
-    /// for the server that owns it.
-    by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>)>,
+    /// Every live client group, by id, with the side-channel name of the server it joined and
+    /// that server's process (pid, uid): an Accept may name any of them (concurrent first
+    /// connections set up several), but only for the server that owns it.
+    by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>, ServerProcess)>,
     establishing: HashMap<u64, Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>>,
 }
 
@@ -250,7 +264,7 @@ impl Registry {
             Role::Client => {
                 let mut c = self.client.lock().unwrap_or_else(|e| e.into_inner());
                 c.by_server.retain(|_, g| !std::ptr::eq(Arc::as_ptr(g), group));
-                c.by_id.retain(|_, (_, g)| !std::ptr::eq(Arc::as_ptr(g), group));
+                c.by_id.retain(|_, (_, g, _)| !std::ptr::eq(Arc::as_ptr(g), group));
             }
         }
     }
@@ -313,9 +327,20 @@ impl Manager {
     ) -> Result<Arc<LinkGroup>, DeclineReason> {
         let cell = {
             let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((name, g)) = c.by_id.get(&accept.link_group) {
+            if let Some((name, g, _)) = c.by_id.get(&accept.link_group) {
                 if *name == accept.socket_name && g.is_established() {
                     return Ok(g.clone());
+                }
+            }
+            if !c.establishing.contains_key(&accept.link_group) {
+                let of_server = c.by_id.values().filter(|(_, _, o)| *o == (owner.pid, owner.uid)).count();
+                if of_server >= GROUPS_PER_SERVER || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS {
+                    tracing::debug!(
+                        of_server,
+                        all = c.by_id.len(),
+                        "client link groups at their bound: not joining another"
+                    );
+                    return Err(DeclineReason::OutOfMemory);
                 }
             }
             c.establishing.entry(accept.link_group).or_default().clone()
@@ -373,7 +398,7 @@ impl Manager {
         if let Ok(g) = &res {
             if g.is_alive() {
                 c.by_server.insert(server, g.clone());
-                c.by_id.insert(g.id, (accept.socket_name.clone(), g.clone()));
+                c.by_id.insert(g.id, (accept.socket_name.clone(), g.clone(), (owner.pid, owner.uid)));
             }
         }
         res
@@ -623,5 +648,71 @@ struct AliveFlag(Arc<AtomicBool>);
 impl Drop for AliveFlag {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that names a new link group in every Accept makes us join at most
+    /// [`GROUPS_PER_SERVER`] of them, and all servers together [`CLIENT_GROUPS`]: past that the
+    /// Accept is declined for resources (the connection stays TCP) before anything is made.
+    #[tokio::test]
+    async fn a_server_cannot_make_a_client_join_groups_without_bound() {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let server: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let owner = |pid| sys::PeerCred { pid, uid: 0, gid: 0 };
+        // Groups the client holds: `n` more with the server process `pid`.
+        let hold = |pid: i32, n: usize, groups: &mut Vec<Arc<LinkGroup>>| {
+            let mut c = manager.shm.client.lock().unwrap();
+            for _ in 0..n {
+                let id = 1000 + groups.len() as u64;
+                let g = LinkGroup::new(id, Role::Client, 2, 1 << 16, 1 << 16, times, manager.clone());
+                c.by_id.insert(id, (b"held".to_vec(), g.clone(), (pid, 0)));
+                groups.push(g);
+            }
+        };
+        // An Accept naming a group we do not have, at a side channel nobody listens on.
+        let join = |pid: i32, id: u64| {
+            let manager = manager.clone();
+            async move {
+                let accept = ShmLinkInfo {
+                    link_group: id,
+                    rmb_slot: 0,
+                    rmb_size: 1 << 16,
+                    socket_name: b"smc-tokio/test/nobody-listens-here".to_vec(),
+                };
+                let secret = sys::random_secret().unwrap();
+                manager
+                    .client_group(
+                        (server, owner(pid)),
+                        secret,
+                        &accept,
+                        1 << 16,
+                        &ShmConfig::default(),
+                        Duration::from_secs(1),
+                    )
+                    .await
+                    .err()
+            }
+        };
+        let mut groups = Vec::new();
+        hold(7, GROUPS_PER_SERVER - 1, &mut groups);
+        // Below the bound the join is tried (and finds nobody).
+        assert_ne!(join(7, 1).await, Some(DeclineReason::OutOfMemory));
+        hold(7, 1, &mut groups);
+        assert_eq!(join(7, 2).await, Some(DeclineReason::OutOfMemory), "a 65th group with one server");
+        // Another server still gets groups, up to the bound of all.
+        assert_ne!(join(8, 3).await, Some(DeclineReason::OutOfMemory));
+        for pid in 9.. {
+            if groups.len() >= CLIENT_GROUPS {
+                break;
+            }
+            hold(pid, (CLIENT_GROUPS - groups.len()).min(GROUPS_PER_SERVER - 1), &mut groups);
+        }
+        assert_eq!(join(8, 4).await, Some(DeclineReason::OutOfMemory), "a group past the bound of all");
+        assert!(manager.shm.client.lock().unwrap().establishing.is_empty());
     }
 }

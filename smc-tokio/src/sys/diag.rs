@@ -29,6 +29,9 @@ const SOCKID_LEN: usize = 48;
 /// rqueue, wqueue, uid, inode.
 const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 
+/// `TCP_ESTABLISHED`, the state of a connected socket (include/net/tcp_states.h).
+pub(crate) const TCP_ESTABLISHED: u8 = 1;
+
 /// What the kernel says of one TCP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TcpOwner {
@@ -117,20 +120,27 @@ impl TcpDiag {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)])
+        let asked = &req[NLMSG_HDR + 8..NLMSG_HDR + 8 + TUPLE_LEN];
+        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)], asked.try_into().map_err(|_| io::ErrorKind::InvalidData)?)
     }
 }
 
+/// The four-tuple's bytes at the start of an `inet_diag_sockid`: sport, dport, `src[4]`,
+/// `dst[4]` (IPv4 addresses in the first word, the rest zero, as the kernel writes them).
+const TUPLE_LEN: usize = 36;
+
 /// Reads the kernel's answer to one request: an `inet_diag_msg`, or an error (`ENOENT`: no
-/// such socket).
-fn parse_answer(b: &[u8]) -> io::Result<Option<TcpOwner>> {
+/// such socket). A socket whose four-tuple is not `asked` is no answer: for a tuple no
+/// connected socket has, the kernel's lookup (`inet_lookup`) goes on to the listening sockets
+/// and answers with one bound to the asked local port, whoever owns it; its tuple has no peer.
+fn parse_answer(b: &[u8], asked: &[u8; TUPLE_LEN]) -> io::Result<Option<TcpOwner>> {
     let short = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag answer");
     let hdr = b.get(..NLMSG_HDR).ok_or_else(short)?;
     let kind = u16::from_ne_bytes([hdr[4], hdr[5]]);
     let body = &b[NLMSG_HDR..];
     if kind == NLMSG_ERROR {
         let e = i32::from_ne_bytes(body.get(..4).ok_or_else(short)?.try_into().map_err(|_| short())?);
-        return match -e {
+        return match e.wrapping_neg() {
             0 | libc::ENOENT => Ok(None),
             errno => Err(io::Error::from_raw_os_error(errno)),
         };
@@ -139,6 +149,9 @@ fn parse_answer(b: &[u8]) -> io::Result<Option<TcpOwner>> {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected sock_diag answer"));
     }
     let m = body.get(..MSG_LEN).ok_or_else(short)?;
+    if m[4..4 + TUPLE_LEN] != asked[..] {
+        return Ok(None);
+    }
     let word = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
     let cookie = u64::from(word(4 + 44)) << 32 | u64::from(word(4 + 40));
     Ok(Some(TcpOwner { uid: word(4 + SOCKID_LEN + 12), cookie, state: m[1] }))
@@ -190,19 +203,46 @@ mod tests {
         assert_eq!(got.cookie, socket_cookie(c.as_fd()).unwrap());
     }
 
+    /// A tuple no connected socket has is no socket, even where a listener is bound to its
+    /// local port: the kernel answers such a lookup with the listener (a stranger's, say, on
+    /// the port a remote client connects from), which owns no connection.
+    #[test]
+    fn a_listener_on_the_asked_port_is_not_the_client_end() {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let diag = TcpDiag::new().unwrap();
+        let client_end: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        assert_eq!(diag.owner(client_end, server.local_addr().unwrap()).unwrap(), None);
+        let remote: SocketAddr = format!("192.0.2.7:{port}").parse().unwrap();
+        assert_eq!(diag.owner(remote, server.local_addr().unwrap()).unwrap(), None);
+        // What the kernel itself answers there: the listener, with a tuple that is not the one
+        // asked (no peer).
+        let mut req_tuple = [0u8; TUPLE_LEN];
+        req_tuple[0..2].copy_from_slice(&port.to_be_bytes());
+        let mut answer = [0u8; NLMSG_HDR + MSG_LEN];
+        answer[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        answer[NLMSG_HDR + 4..NLMSG_HDR + 6].copy_from_slice(&port.to_be_bytes());
+        answer[NLMSG_HDR + 1] = 10; // TCP_LISTEN
+        assert!(parse_answer(&answer, &req_tuple).unwrap().is_some());
+        req_tuple[2..4].copy_from_slice(&server.local_addr().unwrap().port().to_be_bytes());
+        assert_eq!(parse_answer(&answer, &req_tuple).unwrap(), None);
+    }
+
     #[test]
     fn short_and_foreign_answers_are_errors() {
-        assert!(parse_answer(&[0; 8]).is_err());
+        let any = &[0; TUPLE_LEN];
+        assert!(parse_answer(&[0; 8], any).is_err());
         let mut b = [0u8; NLMSG_HDR + 4];
         b[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
         b[NLMSG_HDR..].copy_from_slice(&(-libc::ENOENT).to_ne_bytes());
-        assert_eq!(parse_answer(&b).unwrap(), None);
+        assert_eq!(parse_answer(&b, any).unwrap(), None);
         b[NLMSG_HDR..].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
-        assert_eq!(parse_answer(&b).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(parse_answer(&b, any).unwrap_err().raw_os_error(), Some(libc::EPERM));
         b[4..6].copy_from_slice(&99u16.to_ne_bytes());
-        assert!(parse_answer(&b).is_err());
+        assert!(parse_answer(&b, any).is_err());
         let mut m = [0u8; NLMSG_HDR + 10];
         m[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        assert!(parse_answer(&m).is_err());
+        assert!(parse_answer(&m, any).is_err());
     }
 }

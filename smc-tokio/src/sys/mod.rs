@@ -127,6 +127,69 @@ pub(crate) fn random_u64() -> u64 {
 mod tests {
     use super::*;
 
+    /// Who could trace us, as [`could_trace_us`] reads it: ourselves and a plain child of ours
+    /// (same ids, capabilities and namespaces) where the machine lets such processes trace each
+    /// other; a child that dropped its capabilities, one of another uid and one in another pid
+    /// namespace never.
+    #[test]
+    fn only_a_process_that_could_trace_us_may_be_lent_to() {
+        // SAFETY: these getters cannot fail and take no pointers.
+        let (pid, uid, gid) = unsafe { (libc::getpid(), libc::geteuid(), libc::getegid()) };
+        let me = ProcStatus::read("/proc/self").unwrap();
+        let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").map_or(true, |s| s.trim() == "0");
+        if !yama || me.seccomp != 0 || me.uids[..3].iter().any(|&u| u != uid) || me.gids[..3].iter().any(|&g| g != gid)
+        {
+            eprintln!("SKIPPED: this process could not be traced by its own kind here (Yama, seccomp or mixed ids)");
+            return;
+        }
+        assert!(could_trace_us(&PeerCred { pid, uid, gid }));
+        let child = |cmd: &mut std::process::Command| {
+            let c = cmd.arg("sleep").arg("30").spawn().unwrap();
+            // The exec has happened once the status names sleep.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::fs::read_to_string(format!("/proc/{}/comm", c.id())).map_or(true, |s| s.trim() != "sleep") {
+                assert!(std::time::Instant::now() < deadline, "the child did not start");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            c
+        };
+        let mut plain = child(&mut std::process::Command::new("env"));
+        assert!(could_trace_us(&PeerCred { pid: plain.id() as i32, uid, gid }), "a plain child of ours");
+        assert!(!could_trace_us(&PeerCred { pid: plain.id() as i32, uid: uid + 1, gid }), "another uid named");
+        plain.kill().unwrap();
+        plain.wait().unwrap();
+        assert!(!could_trace_us(&PeerCred { pid: 0, uid, gid }), "a pid we cannot see");
+        if me.cap_permitted != 0 && uid == 0 {
+            let mut weak =
+                child(std::process::Command::new("setpriv").args(["--bounding-set=-all", "--inh-caps=-all"]));
+            assert!(!could_trace_us(&PeerCred { pid: weak.id() as i32, uid, gid }), "a child without our capabilities");
+            weak.kill().unwrap();
+            weak.wait().unwrap();
+            let mut other =
+                child(std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]));
+            assert!(!could_trace_us(&PeerCred { pid: other.id() as i32, uid: 65534, gid: 65534 }), "another uid");
+            other.kill().unwrap();
+            other.wait().unwrap();
+            // The unshare process stays in our namespace; its child, sleep, is the one in the new one.
+            let mut ns =
+                std::process::Command::new("unshare").args(["--pid", "--fork", "sleep", "30"]).spawn().unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let inner = loop {
+                let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", ns.id())).unwrap_or_default();
+                if let Some(p) = kids.split_whitespace().next().and_then(|p| p.parse::<i32>().ok()) {
+                    break p;
+                }
+                assert!(std::time::Instant::now() < deadline, "unshare started no child");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            };
+            assert!(!could_trace_us(&PeerCred { pid: inner, uid, gid }), "a process in another pid namespace");
+            ns.kill().unwrap();
+            // SAFETY: kill takes no pointers; the child is ours to signal.
+            unsafe { libc::kill(inner, libc::SIGKILL) };
+            ns.wait().unwrap();
+        }
+    }
+
     /// Secrets drawn across several refills of the page are all different, and a forked child
     /// draws its own instead of the one its parent draws next.
     #[test]
@@ -984,6 +1047,90 @@ impl PeerCred {
     }
 }
 
+/// Whether the process with credentials `peer` could read and write this process's memory
+/// anyway, by the kernel's process tracing (`PTRACE_ATTACH`, `/proc/<pid>/mem`): what lending
+/// it bytes in place requires, since a `&[u8]` over its region is one it can change under the
+/// application's feet. Conservative: `false` whenever a rule of the kernel's attach check
+/// (`__ptrace_may_access`, the capability and Yama modules) may refuse it, or we cannot tell:
+/// - Yama's `ptrace_scope` is absent or 0 (1 lets only ancestors attach, 2 and 3 nobody);
+/// - we are dumpable (`PR_GET_DUMPABLE` 1; a process that is not refuses attaches without
+///   `CAP_SYS_PTRACE`);
+/// - our real, effective and saved uids are all the peer's uid, our gids all its gid, and the
+///   peer's real uid and gid are those too (`/proc/<pid>/status`: attaching uses its real ids);
+/// - the peer is in our pid and user namespaces (it sees our pid; the capability rule needs the
+///   same user namespace), and its permitted capabilities include ours;
+/// - no seccomp filter on the peer (one may forbid it to trace).
+///
+/// What no file tells (an LSM's policy, an SELinux or AppArmor confinement of the peer) can
+/// refuse an attach this calls possible. The pid is the one the kernel recorded for the peer's
+/// socket; it is read while that socket is connected.
+pub(crate) fn could_trace_us(peer: &PeerCred) -> bool {
+    could_trace(peer, "/proc/self")
+}
+
+/// [`could_trace_us`] for the process at `/proc/<us>` (a test asks it of another process).
+fn could_trace(peer: &PeerCred, us: &str) -> bool {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(s) if s.trim() == "0" => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        _ => return false,
+    }
+    if us == "/proc/self" {
+        // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process; no pointer is passed.
+        if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } != 1 {
+            return false;
+        }
+    }
+    if peer.pid <= 0 {
+        return false;
+    }
+    let them = format!("/proc/{}", peer.pid);
+    let same_ns =
+        |ns: &str| match (std::fs::read_link(format!("{us}/ns/{ns}")), std::fs::read_link(format!("{them}/ns/{ns}"))) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+    if !same_ns("pid") || !same_ns("user") {
+        return false;
+    }
+    let (Some(ours), Some(theirs)) = (ProcStatus::read(us), ProcStatus::read(&them)) else { return false };
+    let all = |ids: [u32; 4], id: u32| ids[..3].iter().all(|&i| i == id);
+    all(ours.uids, peer.uid)
+        && all(ours.gids, peer.gid)
+        && theirs.uids[0] == peer.uid
+        && theirs.gids[0] == peer.gid
+        && ours.cap_permitted & !theirs.cap_permitted == 0
+        && theirs.seccomp == 0
+}
+
+/// What [`could_trace`] reads of a process's `/proc/<pid>/status`.
+struct ProcStatus {
+    /// Real, effective, saved and filesystem uids.
+    uids: [u32; 4],
+    /// The same gids.
+    gids: [u32; 4],
+    cap_permitted: u64,
+    seccomp: u32,
+}
+
+impl ProcStatus {
+    fn read(dir: &str) -> Option<ProcStatus> {
+        let text = std::fs::read_to_string(format!("{dir}/status")).ok()?;
+        let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim);
+        let ids = |name: &str| -> Option<[u32; 4]> {
+            let mut it = field(name)?.split_whitespace().map(|v| v.parse::<u32>().ok());
+            Some([it.next()??, it.next()??, it.next()??, it.next()??])
+        };
+        Some(ProcStatus {
+            uids: ids("Uid")?,
+            gids: ids("Gid")?,
+            cap_permitted: u64::from_str_radix(field("CapPrm")?, 16).ok()?,
+            // Absent where the kernel has no seccomp: none.
+            seccomp: field("Seccomp").map_or(Some(0), |v| v.parse().ok())?,
+        })
+    }
+}
+
 /// The ids the kernel reports for a uid and a gid our user namespace does not map
 /// (`/proc/sys/kernel/overflowuid` and `overflowgid`; 65534 when they cannot be read, the
 /// kernel's default).
@@ -1225,7 +1372,9 @@ fn recvmsg_fds(
     // holds the socket too could turn those on): descriptors that
     // do not fit are closed by the kernel in this thread, which is what `PeerFd` keeps off the
     // runtime.
-    let mut cbuf = [0u64; 130 + 512];
+    // Left uninitialised (zeroing its 5 KiB was most of a door read's own time): only what the
+    // kernel writes is read, headers it wrote within the `msg_controllen` it returns.
+    let mut cbuf = std::mem::MaybeUninit::<[u64; 130 + 512]>::uninit();
     // SAFETY: msghdr is plain data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -1388,4 +1537,4 @@ pub(crate) use tcp::*;
 // ----- who owns a TCP socket ---------------------------------------------------------------
 
 mod diag;
-pub(crate) use diag::{socket_cookie, TcpDiag};
+pub(crate) use diag::{socket_cookie, TcpDiag, TCP_ESTABLISHED};

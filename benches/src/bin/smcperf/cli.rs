@@ -296,7 +296,8 @@ pub(crate) struct Common {
     #[arg(long)]
     pub(crate) json: bool,
     /// Before each crr or http-close run, wait until few sockets are left in TIME_WAIT by
-    /// earlier runs (they slow connects; up to 70 s a run).
+    /// earlier runs (they slow connects; up to 70 s a run). The first wait comes before the
+    /// machine is measured.
     #[arg(long)]
     pub(crate) settle: bool,
     /// Also draw every row's latency distribution into this SVG file.

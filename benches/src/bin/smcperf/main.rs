@@ -216,9 +216,16 @@ fn main() -> ExitCode {
     };
     // The machine's limits, measured before the transports (with the servers idle), so every
     // figure of this run is also a ratio to what the machine did in it.
+    // With `--settle`, its first wait comes before the measure, so that the machine's figures are
+    // of the minute the first run starts in, not of a minute before it.
     let limits = match run {
         Run::Server(_) => None,
-        _ => Some(machine::measure(opts.pin)),
+        _ => {
+            if opts.settle && cases(&opts).iter().any(|c| c.scenario.opens_connections()) {
+                settle_time_wait(true);
+            }
+            Some(machine::measure(opts.pin))
+        }
     };
     let result = match run {
         Run::Local => local(&opts),

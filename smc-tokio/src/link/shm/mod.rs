@@ -236,7 +236,8 @@ impl ShmLink {
         let doorbell = unsafe { sys::register(DoorbellFd(wait), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
-        let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() });
+        let LendTrust { lends, peer_may_lend } =
+            lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() }, sys::could_trace_us);
         Ok(ShmLink {
             ours: local.view,
             peer,
@@ -677,9 +678,24 @@ pub(crate) struct LendTrust {
 /// one that may lend whenever its uid is `seen_as` (or our uid now: wider is safe). A uid is
 /// the same from either side of a user namespace's mapping (only an unmapped one is shown as
 /// the overflow id, which never lends), so the two sides agree.
-pub(crate) fn lend_trust(peer: Option<&sys::PeerCred>, seen_as: u32, euid: u32) -> LendTrust {
+///
+/// A uid is not enough: the application gets a `&[u8]` over the peer's region, which the peer
+/// can write at any time, and safe code that reads it twice (a UTF-8 check, then the chars)
+/// must not see it change. So we lend only to a peer that could change our memory anyway
+/// (`could_trace`: [`sys::could_trace_us`]), and not, say, to a process of our uid in another
+/// container or under a Yama policy that keeps it from tracing us. Each side decides that
+/// alone; the other's view of it (`peer_may_lend`) stays the wider guess, which is safe.
+pub(crate) fn lend_trust(
+    peer: Option<&sys::PeerCred>,
+    seen_as: u32,
+    euid: u32,
+    could_trace: impl FnOnce(&sys::PeerCred) -> bool,
+) -> LendTrust {
     let Some(c) = peer else { return LendTrust { lends: false, peer_may_lend: true } };
-    LendTrust { lends: c.trusted_by(euid, &[]) && seen_as == euid, peer_may_lend: c.uid == seen_as || c.uid == euid }
+    LendTrust {
+        lends: c.trusted_by(euid, &[]) && seen_as == euid && could_trace(c),
+        peer_may_lend: c.uid == seen_as || c.uid == euid,
+    }
 }
 
 /// Client side: joins the server's pending link group over the side channel `name` with `join`
@@ -804,9 +820,13 @@ pub(crate) mod tests {
         let cred = |uid| sys::PeerCred { pid: 1, uid, gid: uid };
         let t = |peer: Option<u32>, seen_as, euid| {
             let c = peer.map(cred);
-            let t = lend_trust(c.as_ref(), seen_as, euid);
+            let t = lend_trust(c.as_ref(), seen_as, euid, |_| true);
             (t.lends, t.peer_may_lend)
         };
+        // A peer of our uid that could not trace us is not lent to; it may still lend (it
+        // decides from its own side), so our rings are kept.
+        let untraceable = lend_trust(Some(&cred(1000)), 1000, 1000, |_| false);
+        assert_eq!((untraceable.lends, untraceable.peer_may_lend), (false, true));
         // Both sides 1000 throughout: both lend, both keep the rings after a move.
         assert_eq!(t(Some(1000), 1000, 1000), (true, true));
         // Another uid: nobody lends, rings go back.
