@@ -97,6 +97,23 @@ const MAX_CONNS: usize = 4096;
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
 
+/// Messages the listener task reads from the door connections per turn, in all (each gets at
+/// most [`READ_MAX`] of them, from where the last turn's ran out): a turn that read every ready
+/// door connection to its bound took over 100 ms on the 2-vCPU VM with 300 door connections
+/// kept full, and a current-thread runtime looks at its I/O only every 61 turns of its tasks,
+/// so a connect to the listener waited 8 s for its own completion. Four times the most one
+/// connection gets in a turn.
+pub(crate) const TURN_READS: usize = 4 * READ_MAX;
+
+/// Messages an accepted connection's look-up reads from the door, in all, for a registration
+/// it has not seen yet (one sent before the connection's SYN is queued somewhere in the door).
+/// As many as registrations the door holds ([`MAX_REGISTRATIONS`]): past that, what is queued
+/// is not a registration waiting for this connection but clients sending without pause, and
+/// the connection is handed out as TCP (noted as missed). Without a bound in all, each plain
+/// connection's look-up read every door connection up to [`READ_MAX`] messages, up to 17
+/// times over: 300 door connections kept full made every accept take seconds.
+const LOOKUP_READS: usize = MAX_REGISTRATIONS;
+
 /// Messages read from one door connection per turn: four windows of a client's registrations
 /// (`WINDOW`, 64) and their answers. A client that sends without pause (two threads sending
 /// Cancels, say) no longer keeps the listener task, and the door's lock, to itself.
@@ -223,8 +240,17 @@ fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(DoorFrame, Vec<u8>)>> 
 /// window keeps a reading peer's queue short), so the send is tried again after waits that
 /// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`].
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
-    // Set at the first try that finds the queue full.
-    let mut deadline = None;
+    send_waiting_within(conn, msg, &mut None).await
+}
+
+/// [`send_waiting`] within a wait shared with other sends: `deadline` is set at the first try
+/// of any of them that finds its queue full, and bounds them all (a registration sent to the 17
+/// doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door).
+async fn send_waiting_within(
+    conn: &AsyncFd<PeerFd>,
+    msg: &[u8],
+    deadline: &mut Option<tokio::time::Instant>,
+) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
     loop {
         match sys::send_msg(conn.get_ref().as_fd(), msg) {
@@ -468,6 +494,10 @@ struct DoorState {
     /// could not be read to the end, oldest first ([`MISSED_MAX`]).
     missed: VecDeque<(Instant, (SocketAddr, SocketAddr))>,
     missed_set: std::collections::HashSet<(SocketAddr, SocketAddr)>,
+    /// Where a drain within a budget starts reading the door connections: after the one
+    /// where the last one's budget ran out, so that connections that always have more to read
+    /// do not keep the same others from being read.
+    read_from: usize,
 }
 
 impl DoorState {
@@ -750,8 +780,9 @@ impl Door {
         // door's queues: read batch after batch until it turns up or the queues are empty. The
         // door's queue is at most its backlog deep, so this ends.
         let mut read_all = false;
+        let mut budget = LOOKUP_READS;
         for _ in 0..=MAX_CONNS / DRAIN_BATCH {
-            let more = self.drain(&mut st);
+            let more = self.drain_within(&mut st, &mut budget);
             if let Some(r) = self.take(&mut st, peer, local) {
                 return Some(r);
             }
@@ -790,7 +821,7 @@ impl Door {
     /// handshakes wait). `Ok(true)`: more may be queued (the caller comes back after other
     /// work). An error (no descriptor for a new connection, say) is returned so that the caller
     /// backs off instead of spinning on a door that stays readable.
-    pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<bool>> {
+    pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>, budget: &mut usize) -> Poll<io::Result<bool>> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
             return Poll::Ready(Err(io::Error::other("door reads stalled (test)")));
@@ -802,17 +833,24 @@ impl Door {
         }
         let (mut progress, mut more) = (false, false);
         let conns = st.conns.clone();
-        for conn in conns {
+        let start = if conns.is_empty() { 0 } else { st.read_from % conns.len() };
+        for (i, conn) in conns.iter().enumerate().cycle().skip(start).take(conns.len()) {
+            if *budget == 0 {
+                // The rest at the next turn, from here.
+                st.read_from = i;
+                more = true;
+                break;
+            }
             if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
                 progress = true;
                 match r {
-                    Ok(mut guard) => match self.read_conn(&mut st, &conn) {
+                    Ok(mut guard) => match self.read_conn(&mut st, conn, budget) {
                         Read::Empty => guard.clear_ready(),
                         // Its turn is over: back after the listener's other work.
                         Read::More => more = true,
                         Read::Ended => {}
                     },
-                    Err(_) => st.close(&conn),
+                    Err(_) => st.close(conn),
                 }
             }
         }
@@ -845,6 +883,13 @@ impl Door {
     /// [`READ_MAX`] each). As [`accept_conns`](Self::accept_conns) for the result, where
     /// `Ok(true)` also says that messages were left unread.
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
+        let mut unbounded = usize::MAX;
+        self.drain_within(st, &mut unbounded)
+    }
+
+    /// [`drain`](Self::drain), reading at most `budget` messages (taken from it), from the
+    /// connection after the one where the last budget ran out.
+    fn drain_within(&self, st: &mut DoorState, budget: &mut usize) -> io::Result<bool> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
             return Err(io::Error::other("door reads stalled (test)"));
@@ -859,8 +904,14 @@ impl Door {
         }
         let conns = st.conns.clone();
         let mut unread = false;
-        for conn in conns {
-            unread |= self.read_conn(st, &conn) == Read::More;
+        let start = if conns.is_empty() { 0 } else { st.read_from % conns.len() };
+        for (i, conn) in conns.iter().enumerate().cycle().skip(start).take(conns.len()) {
+            if *budget == 0 {
+                st.read_from = i;
+                unread = true;
+                break;
+            }
+            unread |= self.read_conn(st, conn, budget) == Read::More;
         }
         // Messages left unread count as more to take, as door connections left queued do.
         match res {
@@ -943,10 +994,15 @@ impl Door {
         Ok(true)
     }
 
-    /// Reads up to [`READ_MAX`] messages queued on `conn` (without waiting) and files them. A
-    /// connection that closed or sent nonsense is ended.
-    fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>) -> Read {
+    /// Reads up to [`READ_MAX`] messages queued on `conn` (without waiting), and at most
+    /// `budget` (taken from it), and files them. A connection that closed or sent nonsense is
+    /// ended.
+    fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>, budget: &mut usize) -> Read {
         for _ in 0..READ_MAX {
+            if *budget == 0 {
+                return Read::More;
+            }
+            *budget -= 1;
             match recv_frame(conn.fd.get_ref().as_fd()) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
                 Ok(Some((frame, payload))) => {
@@ -1833,9 +1889,10 @@ pub(crate) async fn register(
     };
     let head = RegisterHead { instance, cookie, port };
     let mut full = false;
+    let mut deadline = None;
     for reg in &mut regs {
         let msg = head.encode_frame(reg.id, proposal);
-        match send_waiting(&reg.conn.fd, &msg).await {
+        match send_waiting_within(&reg.conn.fd, &msg, &mut deadline).await {
             Ok(()) => reg.open = true,
             Err(e) => full |= e.kind() == io::ErrorKind::WouldBlock,
         }
@@ -2142,6 +2199,46 @@ mod tests {
         let mut st = door.lock();
         assert!(door.take(&mut st, client, server).is_none(), "another socket's connection matched the registration");
         assert_eq!(st.count, 1, "the registration is still filed");
+    }
+
+    /// Trusted clients that keep many door connections full do not keep the listener from
+    /// accepting: a turn of the listener task and an accepted connection's look-up each read a
+    /// bounded number of door messages in all, and the turns alternate which of the two queues
+    /// comes first. (Before, no accept finished within the bound; with the alternation alone,
+    /// each connect waited about 8 s for the runtime to look at its I/O.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn door_connections_kept_readable_do_not_starve_the_accepts() {
+        use crate::proto::door::{DoorFrame, DoorKind};
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let door = listener.door_for_test().expect("a door");
+        // More ready connections than a turn's budget (128).
+        let conns: Vec<OwnedFd> = (0..300).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flood = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 1 }.encode(&[]);
+                while !stop.load(Ordering::Relaxed) {
+                    for c in &conns {
+                        let _ = sys::send_with_fds(c.as_fd(), &frame, &[]);
+                    }
+                }
+            })
+        };
+        // Plain clients are accepted while the flood goes on (a generous bound: this fails by
+        // never finishing, not by being slow).
+        let accepted = tokio::time::timeout(Duration::from_secs(30), async {
+            for _ in 0..20 {
+                let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let (s, _) = listener.accept().await.unwrap();
+                drop((c, s));
+            }
+        })
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        flood.join().unwrap();
+        assert!(accepted.is_ok(), "the door's clients kept the listener from accepting");
     }
 
     /// A peer that goes on sending under one registration while its handshake is not reading

@@ -1213,90 +1213,133 @@ impl ReadyQueue {
 /// tasks (so a storm of connections cannot starve the connections already established).
 const ACCEPT_BATCH: usize = 64;
 
+/// Rounds of reading the door per turn of the listener's task: each round looks at every door
+/// connection that is ready, within the turn's bound of messages in all
+/// ([`TURN_READS`](crate::door::TURN_READS)). Clients that keep sending get the rest of their
+/// messages read at the next turn, after the accepts.
+const DOOR_ROUNDS: usize = 4;
+
 /// The listener's task: takes connections from the kernel while there is room for them, lets
-/// the door take registrations in, and sweeps stale ones.
+/// the door take registrations in, and sweeps stale ones. The two queues are served in turns
+/// that alternate which goes first: every ready descriptor polled costs a unit of the runtime's
+/// cooperative budget, and with the door always first, clients that kept enough door
+/// connections readable left none for the accepts.
 pub(crate) async fn run(shared: Arc<ListenerShared>) {
     let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut door_backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let mut door_first = false;
     std::future::poll_fn(|cx| {
         if shared.is_closed() {
             return Poll::Ready(());
         }
-        // After an accept or door error (EMFILE and the like), back off instead of spinning on
-        // a queue that stays readable; the connections stay in the kernel's queues meanwhile.
-        // Each queue backs off on its own: a door that fails does not stop TCP connections from
-        // being taken.
-        if let Some(b) = &mut backoff {
-            if b.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            backoff = None;
+        door_first = !door_first;
+        if door_first {
+            poll_door(&shared, cx, &mut door_backoff, &mut sweep);
         }
-        if door_backoff.as_mut().is_some_and(|b| b.as_mut().poll(cx).is_ready()) {
-            door_backoff = None;
+        poll_accepts(&shared, cx, &mut backoff);
+        if !door_first {
+            poll_door(&shared, cx, &mut door_backoff, &mut sweep);
         }
-        if let Some(door) = shared.door.as_ref().filter(|_| door_backoff.is_none()) {
-            loop {
-                match door.poll_drain(cx) {
-                    // A full batch: take TCP connections too, then come back.
-                    Poll::Ready(Ok(true)) => {
-                        cx.waker().wake_by_ref();
-                        break;
-                    }
-                    Poll::Ready(Ok(false)) => continue,
-                    Poll::Ready(Err(e)) => {
-                        tracing::debug!(error = %e, "door");
-                        let wait = if e.kind() == std::io::ErrorKind::ResourceBusy {
-                            crate::sys::CONGESTED_RETRY
-                        } else {
-                            Duration::from_millis(10)
-                        };
-                        let mut b = Box::pin(tokio::time::sleep(wait));
-                        // Registers the wake at its end.
-                        let _ = b.as_mut().poll(cx);
-                        door_backoff = Some(b);
-                        break;
-                    }
-                    Poll::Pending => break,
-                }
-            }
-            for reg in door.take_early() {
-                start_early(&shared, reg);
-            }
-            if door.pending() > 0 {
-                let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));
-                if t.as_mut().poll(cx).is_ready() {
-                    sweep = None;
-                    door.sweep();
-                    cx.waker().wake_by_ref();
-                }
-            }
-        }
-        for _ in 0..ACCEPT_BATCH {
-            if shared.ready.poll_room(cx).is_pending() {
-                return Poll::Pending;
-            }
-            match shared.tcp.poll_accept(cx) {
-                Poll::Ready(Ok((tcp, peer))) => {
-                    if let Handoff::Now(s) = admit(&shared, tcp, peer) {
-                        shared.deliver(s, peer);
-                    }
-                }
-                Poll::Ready(Err(e)) => {
-                    // `accept` callers get such errors themselves: those waiting try again.
-                    tracing::debug!(error = %e, "accept");
-                    shared.ready.wake_waiters();
-                    backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        // A full batch: let other tasks run, then go on.
-        cx.waker().wake_by_ref();
         Poll::Pending
     })
     .await
+}
+
+/// The accepts of one turn of the listener's task: up to [`ACCEPT_BATCH`] connections, while
+/// there is room for them. Leaves the task to be woken when there is more to do.
+fn poll_accepts(
+    shared: &Arc<ListenerShared>,
+    cx: &mut std::task::Context<'_>,
+    backoff: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+) {
+    // After an accept error (EMFILE and the like), back off instead of spinning on a queue
+    // that stays readable; the connections stay in the kernel's queue meanwhile. The door
+    // backs off on its own: a door that fails does not stop TCP connections from being taken.
+    if let Some(b) = backoff {
+        if b.as_mut().poll(cx).is_pending() {
+            return;
+        }
+        *backoff = None;
+    }
+    for _ in 0..ACCEPT_BATCH {
+        if shared.ready.poll_room(cx).is_pending() {
+            return;
+        }
+        match shared.tcp.poll_accept(cx) {
+            Poll::Ready(Ok((tcp, peer))) => {
+                if let Handoff::Now(s) = admit(shared, tcp, peer) {
+                    shared.deliver(s, peer);
+                }
+            }
+            Poll::Ready(Err(e)) => {
+                // `accept` callers get such errors themselves: those waiting try again.
+                tracing::debug!(error = %e, "accept");
+                shared.ready.wake_waiters();
+                *backoff = Some(Box::pin(tokio::time::sleep(Duration::from_millis(10))));
+                cx.waker().wake_by_ref();
+                return;
+            }
+            Poll::Pending => return,
+        }
+    }
+    // A full batch: let other tasks run, then go on.
+    cx.waker().wake_by_ref();
+}
+
+/// The door's part of one turn of the listener's task: new door connections and their
+/// messages ([`DOOR_ROUNDS`]), early registrations started, stale ones swept.
+fn poll_door(
+    shared: &Arc<ListenerShared>,
+    cx: &mut std::task::Context<'_>,
+    door_backoff: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    sweep: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+) {
+    if door_backoff.as_mut().is_some_and(|b| b.as_mut().poll(cx).is_ready()) {
+        *door_backoff = None;
+    }
+    let Some(door) = shared.door.as_ref().filter(|_| door_backoff.is_none()) else { return };
+    let mut rounds = 0;
+    let mut budget = crate::door::TURN_READS;
+    loop {
+        match door.poll_drain(cx, &mut budget) {
+            // A full batch: take TCP connections too, then come back.
+            Poll::Ready(Ok(true)) => {
+                cx.waker().wake_by_ref();
+                break;
+            }
+            Poll::Ready(Ok(false)) => {
+                rounds += 1;
+                if rounds == DOOR_ROUNDS {
+                    cx.waker().wake_by_ref();
+                    break;
+                }
+            }
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "door");
+                let wait = if e.kind() == std::io::ErrorKind::ResourceBusy {
+                    crate::sys::CONGESTED_RETRY
+                } else {
+                    Duration::from_millis(10)
+                };
+                let mut b = Box::pin(tokio::time::sleep(wait));
+                // Registers the wake at its end.
+                let _ = b.as_mut().poll(cx);
+                *door_backoff = Some(b);
+                break;
+            }
+            Poll::Pending => break,
+        }
+    }
+    for reg in door.take_early() {
+        start_early(shared, reg);
+    }
+    if door.pending() > 0 {
+        let t = sweep.get_or_insert_with(|| Box::pin(tokio::time::sleep(DOOR_SWEEP)));
+        if t.as_mut().poll(cx).is_ready() {
+            *sweep = None;
+            door.sweep();
+            cx.waker().wake_by_ref();
+        }
+    }
 }

@@ -43,8 +43,9 @@ pub const DOOR_HEADER_LEN: usize = 16;
 pub const REGISTER_HEAD_LEN: usize = 18;
 /// Length of a Connected frame's [`ConnectedTuple`], before its CLC message.
 pub const CONNECTED_LEN: usize = 37;
-/// Longest door frame: the header, a registration's head and the longest CLC message.
-pub const DOOR_FRAME_MAX: usize = DOOR_HEADER_LEN + REGISTER_HEAD_LEN + CLC_MAX_LEN;
+/// Longest door frame: the header, the longer of the two heads (a Connected frame's tuple)
+/// and the longest CLC message.
+pub const DOOR_FRAME_MAX: usize = DOOR_HEADER_LEN + CONNECTED_LEN + CLC_MAX_LEN;
 
 /// What a door frame says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -504,7 +505,9 @@ mod tests {
         assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &long[..])));
         let head = RegisterHead { instance: 1, cookie: 2, port: 3 };
         let bytes = head.encode_frame(4, &long);
-        assert_eq!(bytes.len(), DOOR_FRAME_MAX);
+        assert_eq!(bytes.len(), DOOR_HEADER_LEN + REGISTER_HEAD_LEN + CLC_MAX_LEN);
+        let tuple = ConnectedTuple { local: "[::1]:1".parse().unwrap(), peer: "[::1]:2".parse().unwrap() };
+        assert_eq!(tuple.encode_frame(4, &long).len(), DOOR_FRAME_MAX, "the longest frame is a Connected one");
         let (f, payload) = DoorFrame::decode(&bytes).unwrap();
         assert_eq!(f, DoorFrame { kind: DoorKind::Register, reason: 0, id: 4 });
         assert_eq!(RegisterHead::decode(payload), Ok((head, &long[..])));

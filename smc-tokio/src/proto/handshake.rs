@@ -440,7 +440,8 @@ impl ClientHandshake {
         (!self.is_done()).then_some(self.deadline)
     }
 
-    /// How many bytes to read from the stream next (0: read nothing now).
+    /// How many bytes to read from the stream next (0: read nothing now). A whole message
+    /// handed over at once (from a message channel) is taken at once.
     ///
     /// # Examples
     ///
@@ -451,7 +452,7 @@ impl ClientHandshake {
     /// let mut c = ClientHandshake::new(proposal, now, timeouts).unwrap();
     /// let reply = ClcMessage::Decline(Decline { secret: PAIR_SECRET, reason: DeclineReason::Timeout }).encode().unwrap();
     /// assert_eq!(c.wanted(), CLC_HEADER_LEN); // the reply's header first
-    /// assert_eq!(c.handle_input(&reply, now), CLC_HEADER_LEN); // it takes no more
+    /// assert_eq!(c.handle_input(&reply[..CLC_HEADER_LEN], now), CLC_HEADER_LEN);
     /// assert_eq!(c.wanted(), reply.len() - CLC_HEADER_LEN); // then exactly the rest
     /// c.handle_input(&reply[CLC_HEADER_LEN..], now);
     /// assert_eq!(c.wanted(), 0);

@@ -327,8 +327,10 @@ impl Manager {
     ) -> Result<Arc<LinkGroup>, DeclineReason> {
         let cell = {
             let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((name, g, _)) = c.by_id.get(&accept.link_group) {
-                if *name == accept.socket_name && g.is_established() {
+            if let Some((name, g, of)) = c.by_id.get(&accept.link_group) {
+                // Only the server process that set it up names it (ids are random and secret;
+                // this holds even for one that learned another's).
+                if *name == accept.socket_name && *of == (owner.pid, owner.uid) && g.is_established() {
                     return Ok(g.clone());
                 }
             }
