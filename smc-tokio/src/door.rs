@@ -105,11 +105,12 @@ const DRAIN_BATCH: usize = 256;
 /// connection gets in a turn.
 pub(crate) const TURN_READS: usize = 4 * READ_MAX;
 
-/// Messages an accepted connection's look-up reads from the door, in all, for a registration
-/// it has not seen yet (one sent before the connection's SYN is queued somewhere in the door).
-/// As many as registrations the door holds ([`MAX_REGISTRATIONS`]): past that, what is queued
-/// is not a registration waiting for this connection but clients sending without pause, and
-/// the connection is handed out as TCP (noted as missed). Without a bound in all, each plain
+/// Messages the look-ups of accepted connections read from the door per turn of the listener
+/// task, in all, for registrations they have not seen yet (one sent before its connection's
+/// SYN is queued somewhere in the door). As many as registrations the door holds
+/// ([`MAX_REGISTRATIONS`]): past that, what is queued is not registrations waiting for these
+/// connections but clients sending without pause, and a connection whose registration is not
+/// found is handed out as TCP (noted as missed). Without a bound in all, each plain
 /// connection's look-up read every door connection up to [`READ_MAX`] messages, up to 17
 /// times over: 300 door connections kept full made every accept take seconds.
 const LOOKUP_READS: usize = MAX_REGISTRATIONS;
@@ -476,6 +477,10 @@ struct Entry {
     since: Instant,
     /// Answered before its connection arrived: where the connection goes when it does.
     early: Option<tokio::sync::oneshot::Sender<(tokio::net::TcpStream, SocketAddr)>>,
+    /// The connection's four-tuple (peer, local) as its Connected frame named it and the
+    /// kernel confirmed it (`verify`): the handshake committed on it. Matching at accept still
+    /// asks the kernel (`take`).
+    verified: Option<(SocketAddr, SocketAddr)>,
 }
 
 #[derive(Default)]
@@ -498,6 +503,8 @@ struct DoorState {
     /// where the last one's budget ran out, so that connections that always have more to read
     /// do not keep the same others from being read.
     read_from: usize,
+    /// Messages the look-ups of this turn of the listener task read ([`LOOKUP_READS`] in all).
+    lookup_reads: usize,
 }
 
 impl DoorState {
@@ -780,9 +787,11 @@ impl Door {
         // door's queues: read batch after batch until it turns up or the queues are empty. The
         // door's queue is at most its backlog deep, so this ends.
         let mut read_all = false;
-        let mut budget = LOOKUP_READS;
+        let mut budget = LOOKUP_READS.saturating_sub(st.lookup_reads);
         for _ in 0..=MAX_CONNS / DRAIN_BATCH {
+            let before = budget;
             let more = self.drain_within(&mut st, &mut budget);
+            st.lookup_reads += before - budget;
             if let Some(r) = self.take(&mut st, peer, local) {
                 return Some(r);
             }
@@ -801,6 +810,11 @@ impl Door {
             st.note_missed((peer, local));
         }
         None
+    }
+
+    /// A new turn of the listener task: its look-ups may read [`LOOKUP_READS`] messages again.
+    pub(crate) fn begin_turn(&self) {
+        self.lock().lookup_reads = 0;
     }
 
     /// Registrations held now: while there are any, the listener sweeps.
@@ -879,16 +893,17 @@ impl Door {
         Poll::Ready(res)
     }
 
-    /// Accepts waiting door connections and reads the messages that have arrived on any (up to
-    /// [`READ_MAX`] each). As [`accept_conns`](Self::accept_conns) for the result, where
-    /// `Ok(true)` also says that messages were left unread.
+    /// [`drain_within`](Self::drain_within) without a bound in all.
+    #[cfg(test)]
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
         let mut unbounded = usize::MAX;
         self.drain_within(st, &mut unbounded)
     }
 
-    /// [`drain`](Self::drain), reading at most `budget` messages (taken from it), from the
-    /// connection after the one where the last budget ran out.
+    /// Accepts waiting door connections and reads the messages that have arrived on any (up to
+    /// [`READ_MAX`] each, and `budget` in all, taken from it, from the connection where the
+    /// last budget ran out). As [`accept_conns`](Self::accept_conns) for the result, where
+    /// `Ok(true)` also says that messages were left unread.
     fn drain_within(&self, st: &mut DoorState, budget: &mut usize) -> io::Result<bool> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
@@ -1063,6 +1078,7 @@ impl Door {
                     proposal: proposal.to_vec(),
                     since: Instant::now(),
                     early: tx,
+                    verified: None,
                 });
                 if let Some(rx) = rx {
                     let inbox = Arc::new(Inbox::default());
@@ -1142,7 +1158,8 @@ impl Door {
     /// Drops registrations that waited too long for their connections.
     pub(crate) fn sweep(&self) {
         let mut st = self.lock();
-        let _ = self.drain(&mut st);
+        let mut budget = TURN_READS;
+        let _ = self.drain_within(&mut st, &mut budget);
         let stale: Vec<(Arc<ServerConn>, u64)> = st
             .entries
             .values()
@@ -1156,40 +1173,56 @@ impl Door {
     }
 
     /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
-    /// and uid are those of that connection's client end, as the kernel tells them now, an
-    /// established socket. Asked at every accept, also for a registration whose connection
-    /// `verify` saw: what it saw was a four-tuple at that moment, and a four-tuple outlives
-    /// its socket (a registrant that reset the connection it had verified left the tuple to
-    /// whoever connected from that port next, of any uid; cookies never repeat).
+    /// and uid are those of that connection's client end, as the kernel tells them now. Asked
+    /// at every accept, also for a registration whose connection `verify` saw: what it saw was
+    /// a four-tuple at that moment, and a four-tuple outlives its socket (a registrant that
+    /// reset the connection it had verified left the tuple to whoever connected from that port
+    /// next, of any uid; cookies never repeat). The client end may have closed since (its
+    /// application wrote and closed); a registration verified on this tuple whose socket the
+    /// kernel no longer has, or that another socket holds now, ends here.
     fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
         let list = st.entries.get(&peer.port())?;
         if self.blind.load(Ordering::Relaxed) {
             return None;
         }
-        let owner = match self.diag.owner(peer, local) {
-            Ok(Some(o)) => o,
+        let tuple = (peer, local);
+        let verified = list.iter().position(|e| e.verified == Some(tuple));
+        let found = match self.diag.owner(peer, local) {
+            Ok(Some(o)) => list.iter().position(|e| e.cookie == o.cookie && e.conn.cred.uid == o.uid),
             // The client end is gone already (its client gave up and closed), or the kernel
-            // cannot look sockets up at all: our own end, which exists, tells which.
+            // cannot look sockets up at all: whether it answers for our own end tells which.
             Ok(None) => {
-                if matches!(self.diag.owner(local, peer), Ok(None)) {
+                if matches!(self.diag.answers(local, peer), Ok(false)) {
                     self.go_blind(st, "the kernel finds no socket of an accepted connection");
                 }
-                return None;
+                None
             }
             Err(e) => {
-                tracing::debug!(error = %e, %peer, "cannot tell who owns the connection: serving it as tcp");
-                if !matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
+                tracing::debug!(error = %e, %peer, "cannot tell who owns the connection");
+                if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
+                    // A passing failure says nothing new: the registration whose connection
+                    // the kernel showed at its Connected frame (its handshake committed on
+                    // that) keeps it.
+                    verified
+                } else {
                     self.go_blind(st, "sock_diag fails");
+                    None
                 }
-                return None;
             }
         };
-        // A registrant waits for its answer with its socket open, so its end is established
-        // when its connection is accepted; one that is not gave up (its connection is TCP).
-        if owner.state != sys::TCP_ESTABLISHED {
+        let Some(i) = found else {
+            if let Some(i) = verified {
+                // Its client reset its connection, or gave it up: its handshake lets its slot go
+                // now, not when the registration would have gone stale.
+                let conn = st.entries.get(&peer.port()).and_then(|l| l.get(i)).map(|e| (e.conn.clone(), e.id));
+                if let Some((conn, id)) = conn {
+                    st.remove(&conn, id);
+                }
+            }
+            // Handed out as TCP: a Connected frame that names this tuple later is declined.
+            st.note_missed(tuple);
             return None;
-        }
-        let i = list.iter().position(|e| e.cookie == owner.cookie && e.conn.cred.uid == owner.uid)?;
+        };
         let port = peer.port();
         let list = st.entries.get_mut(&port)?;
         let mut e = list.swap_remove(i);
@@ -1199,7 +1232,10 @@ impl Door {
         st.count -= 1;
         e.conn.pending().remove(&e.id);
         if let Some(tx) = e.early.take() {
-            e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
+            if e.verified.is_none() {
+                // Its Connected frame is still to come: `verify` passes it on this mark.
+                e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
+            }
             return Some(Matched::Early(tx));
         }
         let inbox = Arc::new(Inbox::default());
@@ -1254,7 +1290,11 @@ impl Door {
             Ok(Some(o)) => o,
             _ => return false,
         };
-        e.cookie == owner.cookie && key.conn.cred.uid == owner.uid && owner.state == sys::TCP_ESTABLISHED
+        if e.cookie != owner.cookie || key.conn.cred.uid != owner.uid || owner.state != sys::TCP_ESTABLISHED {
+            return false;
+        }
+        e.verified = Some((client, server));
+        true
     }
 
     /// Turns the early registration in `reg` back into one answered when its connection is
@@ -2198,7 +2238,8 @@ mod tests {
         assert_ne!(sys::socket_cookie(next.as_fd()).unwrap(), cookie);
         let mut st = door.lock();
         assert!(door.take(&mut st, client, server).is_none(), "another socket's connection matched the registration");
-        assert_eq!(st.count, 1, "the registration is still filed");
+        assert_eq!(st.count, 0, "the registration, whose connection is gone, ended");
+        assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
     }
 
     /// Trusted clients that keep many door connections full do not keep the listener from
@@ -2239,6 +2280,32 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         flood.join().unwrap();
         assert!(accepted.is_ok(), "the door's clients kept the listener from accepting");
+    }
+
+    /// A registered client that resets its connection before the listener accepts it leaves
+    /// no socket for either end's four-tuple in the kernel's tables; the door still knows the
+    /// kernel answers (it finds our listener for our end) and stays open.
+    #[tokio::test]
+    async fn a_connection_reset_before_its_accept_does_not_shut_the_door() {
+        use crate::proto::door::RegisterHead;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let client = sock.local_addr().unwrap().as_socket().unwrap();
+        let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
+        let frame = RegisterHead { instance: 1, cookie, port: client.port() }.encode_frame(7, &proposal(None));
+        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
+        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+        sock.connect(&server.into()).unwrap();
+        sock.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(sock);
+        let mut st = door.lock();
+        let _ = door.drain(&mut st);
+        assert_eq!(st.count, 1);
+        assert!(door.take(&mut st, client, server).is_none());
+        assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
     }
 
     /// A peer that goes on sending under one registration while its handshake is not reading

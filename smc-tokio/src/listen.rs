@@ -1234,6 +1234,9 @@ pub(crate) async fn run(shared: Arc<ListenerShared>) {
             return Poll::Ready(());
         }
         door_first = !door_first;
+        if let Some(door) = &shared.door {
+            door.begin_turn();
+        }
         if door_first {
             poll_door(&shared, cx, &mut door_backoff, &mut sweep);
         }

@@ -233,6 +233,9 @@ impl ServerSide {
 /// A server process as its side channel's credentials name it: (pid, uid).
 type ServerProcess = (i32, u32);
 
+/// A client group being joined: every connection whose Accept names it waits for the one join.
+type Joining = Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>;
+
 #[derive(Default)]
 struct ClientSide {
     /// The group a proposal to this server names (the newest one set up with it).
@@ -241,7 +244,8 @@ struct ClientSide {
     /// that server's process (pid, uid): an Accept may name any of them (concurrent first
     /// connections set up several), but only for the server that owns it.
     by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>, ServerProcess)>,
-    establishing: HashMap<u64, Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>>,
+    /// Groups being joined, by id, with the server process joined.
+    establishing: HashMap<u64, (Joining, ServerProcess)>,
 }
 
 /// A context's shared-memory groups (held by its [`Manager`]).
@@ -334,18 +338,23 @@ impl Manager {
                     return Ok(g.clone());
                 }
             }
-            if !c.establishing.contains_key(&accept.link_group) {
-                let of_server = c.by_id.values().filter(|(_, _, o)| *o == (owner.pid, owner.uid)).count();
-                if of_server >= GROUPS_PER_SERVER || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS {
-                    tracing::debug!(
-                        of_server,
-                        all = c.by_id.len(),
-                        "client link groups at their bound: not joining another"
-                    );
-                    return Err(DeclineReason::OutOfMemory);
+            let process = (owner.pid, owner.uid);
+            match c.establishing.get(&accept.link_group) {
+                Some((cell, of)) if *of == process => cell.clone(),
+                // Being joined with another server process: not this one's to name.
+                Some(_) => return Err(DeclineReason::SyncError),
+                None => {
+                    let of_server = c.by_id.values().filter(|(_, _, o)| *o == process).count()
+                        + c.establishing.values().filter(|(_, o)| *o == process).count();
+                    if of_server >= GROUPS_PER_SERVER || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS {
+                        tracing::debug!(of_server, "client link groups at their bound: not joining another");
+                        return Err(DeclineReason::OutOfMemory);
+                    }
+                    let cell = Arc::new(tokio::sync::OnceCell::new());
+                    c.establishing.insert(accept.link_group, (cell.clone(), process));
+                    cell
                 }
             }
-            c.establishing.entry(accept.link_group).or_default().clone()
         };
         let res = cell
             .get_or_try_init(|| async {

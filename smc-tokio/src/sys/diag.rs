@@ -71,24 +71,48 @@ impl TcpDiag {
     /// (IPv4-mapped addresses unmapped or not: an IPv4 pair is looked for among IPv4 sockets,
     /// then among IPv6 ones as mapped addresses). `Ok(None)`: no such socket.
     pub(crate) fn owner(&self, local: SocketAddr, peer: SocketAddr) -> io::Result<Option<TcpOwner>> {
+        self.lookup(local, peer, true)
+    }
+
+    /// Whether the kernel answers a look-up of that four-tuple with any socket at all, the one
+    /// asked for or, failing it, one listening on its local port: `false` where it has no
+    /// sock_diag for TCP (its answer is then "no such socket" for every socket), asked of our
+    /// own end of an accepted connection (which the kernel drops from its table when the peer
+    /// resets it before the accept; our listener is found then).
+    pub(crate) fn answers(&self, local: SocketAddr, peer: SocketAddr) -> io::Result<bool> {
+        Ok(self.lookup(local, peer, false)?.is_some())
+    }
+
+    /// [`owner`](Self::owner); `exact`: only the socket with this four-tuple.
+    fn lookup(&self, local: SocketAddr, peer: SocketAddr, exact: bool) -> io::Result<Option<TcpOwner>> {
         let (local, peer) = (super::unmap(local), super::unmap(peer));
         match (local.ip(), peer.ip()) {
             (IpAddr::V4(l), IpAddr::V4(p)) => {
-                if let Some(o) = self.ask(libc::AF_INET as u8, local.port(), &l.octets(), peer.port(), &p.octets())? {
+                if let Some(o) =
+                    self.ask(libc::AF_INET as u8, local.port(), &l.octets(), peer.port(), &p.octets(), exact)?
+                {
                     return Ok(Some(o));
                 }
                 let (l, p) = (l.to_ipv6_mapped().octets(), p.to_ipv6_mapped().octets());
-                self.ask(libc::AF_INET6 as u8, local.port(), &l, peer.port(), &p)
+                self.ask(libc::AF_INET6 as u8, local.port(), &l, peer.port(), &p, exact)
             }
             (IpAddr::V6(l), IpAddr::V6(p)) => {
-                self.ask(libc::AF_INET6 as u8, local.port(), &l.octets(), peer.port(), &p.octets())
+                self.ask(libc::AF_INET6 as u8, local.port(), &l.octets(), peer.port(), &p.octets(), exact)
             }
             // A pair of mixed families is no connection.
             _ => Ok(None),
         }
     }
 
-    fn ask(&self, family: u8, sport: u16, src: &[u8], dport: u16, dst: &[u8]) -> io::Result<Option<TcpOwner>> {
+    fn ask(
+        &self,
+        family: u8,
+        sport: u16,
+        src: &[u8],
+        dport: u16,
+        dst: &[u8],
+        exact: bool,
+    ) -> io::Result<Option<TcpOwner>> {
         let mut req = [0u8; NLMSG_HDR + REQ_LEN];
         let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
         req[0..4].copy_from_slice(&len.to_ne_bytes());
@@ -120,8 +144,9 @@ impl TcpDiag {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        let asked = &req[NLMSG_HDR + 8..NLMSG_HDR + 8 + TUPLE_LEN];
-        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)], asked.try_into().map_err(|_| io::ErrorKind::InvalidData)?)
+        let asked: &[u8; TUPLE_LEN] =
+            req[NLMSG_HDR + 8..NLMSG_HDR + 8 + TUPLE_LEN].try_into().map_err(|_| io::ErrorKind::InvalidData)?;
+        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)], exact.then_some(asked))
     }
 }
 
@@ -130,10 +155,11 @@ impl TcpDiag {
 const TUPLE_LEN: usize = 36;
 
 /// Reads the kernel's answer to one request: an `inet_diag_msg`, or an error (`ENOENT`: no
-/// such socket). A socket whose four-tuple is not `asked` is no answer: for a tuple no
-/// connected socket has, the kernel's lookup (`inet_lookup`) goes on to the listening sockets
-/// and answers with one bound to the asked local port, whoever owns it; its tuple has no peer.
-fn parse_answer(b: &[u8], asked: &[u8; TUPLE_LEN]) -> io::Result<Option<TcpOwner>> {
+/// such socket). With `asked`, a socket whose four-tuple is not that one is no answer: for a
+/// tuple no connected socket has, the kernel's lookup (`inet_lookup`) goes on to the listening
+/// sockets and answers with one bound to the asked local port, whoever owns it; its tuple has
+/// no peer.
+fn parse_answer(b: &[u8], asked: Option<&[u8; TUPLE_LEN]>) -> io::Result<Option<TcpOwner>> {
     let short = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag answer");
     let hdr = b.get(..NLMSG_HDR).ok_or_else(short)?;
     let kind = u16::from_ne_bytes([hdr[4], hdr[5]]);
@@ -149,7 +175,7 @@ fn parse_answer(b: &[u8], asked: &[u8; TUPLE_LEN]) -> io::Result<Option<TcpOwner
         return Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected sock_diag answer"));
     }
     let m = body.get(..MSG_LEN).ok_or_else(short)?;
-    if m[4..4 + TUPLE_LEN] != asked[..] {
+    if asked.is_some_and(|t| m[4..4 + TUPLE_LEN] != t[..]) {
         return Ok(None);
     }
     let word = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
@@ -224,14 +250,17 @@ mod tests {
         answer[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         answer[NLMSG_HDR + 4..NLMSG_HDR + 6].copy_from_slice(&port.to_be_bytes());
         answer[NLMSG_HDR + 1] = 10; // TCP_LISTEN
-        assert!(parse_answer(&answer, &req_tuple).unwrap().is_some());
+        assert!(parse_answer(&answer, Some(&req_tuple)).unwrap().is_some());
         req_tuple[2..4].copy_from_slice(&server.local_addr().unwrap().port().to_be_bytes());
-        assert_eq!(parse_answer(&answer, &req_tuple).unwrap(), None);
+        assert_eq!(parse_answer(&answer, Some(&req_tuple)).unwrap(), None);
+        // Asked whether the kernel answers at all, it does (with the listener).
+        assert!(parse_answer(&answer, None).unwrap().is_some());
+        assert!(diag.answers(client_end, server.local_addr().unwrap()).unwrap());
     }
 
     #[test]
     fn short_and_foreign_answers_are_errors() {
-        let any = &[0; TUPLE_LEN];
+        let any = Some(&[0; TUPLE_LEN]);
         assert!(parse_answer(&[0; 8], any).is_err());
         let mut b = [0u8; NLMSG_HDR + 4];
         b[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());

@@ -3,7 +3,7 @@
 //! descriptors from other processes, closed off the runtime, in [`closer`].
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use crate::proto::clc::Secret;
 use crate::proto::side::BellTag;
@@ -127,6 +127,32 @@ pub(crate) fn random_u64() -> u64 {
 mod tests {
     use super::*;
 
+    /// The peer of a socket is judged as the process that made it while that process lives:
+    /// ourselves across a socket pair, yes; a child that connected and exited, no (its pidfd
+    /// says so, where the kernel gives one, whatever process has its pid by then).
+    #[test]
+    fn the_peer_judged_is_the_live_process_of_the_socket() {
+        // SAFETY: these getters cannot fail and take no pointers.
+        let me = unsafe { PeerCred { pid: libc::getpid(), uid: libc::geteuid(), gid: libc::getegid() } };
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(could_trace_us(&me, a.as_fd()), could_trace(&me, "/proc/self"));
+        let path = std::env::temp_dir().join(format!("smc-tokio-pidfd-{}", me.pid));
+        let _ = std::fs::remove_file(&path);
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let script =
+            format!("import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?})", path.to_str().unwrap());
+        let status = std::process::Command::new("python3").args(["-c", &script]).status().unwrap();
+        assert!(status.success());
+        let (gone, _) = l.accept().unwrap();
+        let _ = std::fs::remove_file(&path);
+        match peer_pidfd(gone.as_fd()) {
+            Some(fd) => assert!(!alive(fd.as_fd()), "an exited peer's pidfd says it lives"),
+            None => eprintln!("SKIPPED: no SO_PEERPIDFD here (before Linux 6.5)"),
+        }
+        let cred = peer_cred(gone.as_fd()).unwrap();
+        assert!(!could_trace_us(&cred, gone.as_fd()), "an exited peer could trace us");
+    }
+
     /// Who could trace us, as [`could_trace_us`] reads it: ourselves and a plain child of ours
     /// (same ids, capabilities and namespaces) where the machine lets such processes trace each
     /// other; a child that dropped its capabilities, one of another uid and one in another pid
@@ -142,7 +168,7 @@ mod tests {
             eprintln!("SKIPPED: this process could not be traced by its own kind here (Yama, seccomp or mixed ids)");
             return;
         }
-        assert!(could_trace_us(&PeerCred { pid, uid, gid }));
+        assert!(could_trace(&PeerCred { pid, uid, gid }, "/proc/self"));
         let child = |cmd: &mut std::process::Command| {
             let c = cmd.arg("sleep").arg("30").spawn().unwrap();
             // The exec has happened once the status names sleep.
@@ -154,20 +180,29 @@ mod tests {
             c
         };
         let mut plain = child(&mut std::process::Command::new("env"));
-        assert!(could_trace_us(&PeerCred { pid: plain.id() as i32, uid, gid }), "a plain child of ours");
-        assert!(!could_trace_us(&PeerCred { pid: plain.id() as i32, uid: uid + 1, gid }), "another uid named");
+        assert!(could_trace(&PeerCred { pid: plain.id() as i32, uid, gid }, "/proc/self"), "a plain child of ours");
+        assert!(
+            !could_trace(&PeerCred { pid: plain.id() as i32, uid: uid + 1, gid }, "/proc/self"),
+            "another uid named"
+        );
         plain.kill().unwrap();
         plain.wait().unwrap();
-        assert!(!could_trace_us(&PeerCred { pid: 0, uid, gid }), "a pid we cannot see");
+        assert!(!could_trace(&PeerCred { pid: 0, uid, gid }, "/proc/self"), "a pid we cannot see");
         if me.cap_permitted != 0 && uid == 0 {
             let mut weak =
                 child(std::process::Command::new("setpriv").args(["--bounding-set=-all", "--inh-caps=-all"]));
-            assert!(!could_trace_us(&PeerCred { pid: weak.id() as i32, uid, gid }), "a child without our capabilities");
+            assert!(
+                !could_trace(&PeerCred { pid: weak.id() as i32, uid, gid }, "/proc/self"),
+                "a child without our capabilities"
+            );
             weak.kill().unwrap();
             weak.wait().unwrap();
             let mut other =
                 child(std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]));
-            assert!(!could_trace_us(&PeerCred { pid: other.id() as i32, uid: 65534, gid: 65534 }), "another uid");
+            assert!(
+                !could_trace(&PeerCred { pid: other.id() as i32, uid: 65534, gid: 65534 }, "/proc/self"),
+                "another uid"
+            );
             other.kill().unwrap();
             other.wait().unwrap();
             // The unshare process stays in our namespace; its child, sleep, is the one in the new one.
@@ -182,7 +217,17 @@ mod tests {
                 assert!(std::time::Instant::now() < deadline, "unshare started no child");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             };
-            assert!(!could_trace_us(&PeerCred { pid: inner, uid, gid }), "a process in another pid namespace");
+            assert!(
+                !could_trace(&PeerCred { pid: inner, uid, gid }, "/proc/self"),
+                "a process in another pid namespace"
+            );
+            let mut nnp = child(std::process::Command::new("setpriv").arg("--no-new-privs"));
+            assert!(
+                !could_trace(&PeerCred { pid: nnp.id() as i32, uid, gid }, "/proc/self"),
+                "a child with no_new_privs"
+            );
+            nnp.kill().unwrap();
+            nnp.wait().unwrap();
             ns.kill().unwrap();
             // SAFETY: kill takes no pointers; the child is ours to signal.
             unsafe { libc::kill(inner, libc::SIGKILL) };
@@ -1059,13 +1104,38 @@ impl PeerCred {
 ///   peer's real uid and gid are those too (`/proc/<pid>/status`: attaching uses its real ids);
 /// - the peer is in our pid and user namespaces (it sees our pid; the capability rule needs the
 ///   same user namespace), and its permitted capabilities include ours;
-/// - no seccomp filter on the peer (one may forbid it to trace).
+/// - no seccomp filter on the peer (one may forbid it to trace), and no `no_new_privs` (which
+///   an unprivileged process needs to confine itself with seccomp or Landlock, and Landlock
+///   keeps a confined process from tracing anything outside its domain).
 ///
-/// What no file tells (an LSM's policy, an SELinux or AppArmor confinement of the peer) can
-/// refuse an attach this calls possible. The pid is the one the kernel recorded for the peer's
-/// socket; it is read while that socket is connected.
-pub(crate) fn could_trace_us(peer: &PeerCred) -> bool {
-    could_trace(peer, "/proc/self")
+/// What no file tells (an LSM's policy, an SELinux or AppArmor confinement of the peer, a
+/// Landlock domain a privileged peer entered without `no_new_privs`) can refuse an attach this
+/// calls possible. The pid is the one the kernel recorded for the peer's socket `sock`; where
+/// the kernel gives that process's pidfd (`SO_PEERPIDFD`, Linux 6.5), the process is checked
+/// to be alive after its `/proc` files are read, so they were its own and not a later
+/// process's under a reused pid.
+pub(crate) fn could_trace_us(peer: &PeerCred, sock: BorrowedFd<'_>) -> bool {
+    let pidfd = peer_pidfd(sock);
+    could_trace(peer, "/proc/self") && pidfd.is_none_or(|fd| alive(fd.as_fd()))
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5, `include/uapi/asm-generic/socket.h`); not in the libc crate yet.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The pidfd of the process that connected `sock` (or listened, for the connecting side), where
+/// the kernel gives one.
+fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
+    let fd = getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, -1 as libc::c_int).ok()?;
+    // SAFETY: the kernel installed a new descriptor for us, which nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process of `pidfd` has not exited (`pidfd_send_signal` with signal 0).
+fn alive(pidfd: BorrowedFd<'_>) -> bool {
+    // SAFETY: signal 0 sends nothing; the info pointer may be null; `pidfd` is borrowed open.
+    unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0) == 0
+    }
 }
 
 /// [`could_trace_us`] for the process at `/proc/<us>` (a test asks it of another process).
@@ -1101,6 +1171,7 @@ fn could_trace(peer: &PeerCred, us: &str) -> bool {
         && theirs.gids[0] == peer.gid
         && ours.cap_permitted & !theirs.cap_permitted == 0
         && theirs.seccomp == 0
+        && theirs.no_new_privs == 0
 }
 
 /// What [`could_trace`] reads of a process's `/proc/<pid>/status`.
@@ -1111,6 +1182,7 @@ struct ProcStatus {
     gids: [u32; 4],
     cap_permitted: u64,
     seccomp: u32,
+    no_new_privs: u32,
 }
 
 impl ProcStatus {
@@ -1127,6 +1199,7 @@ impl ProcStatus {
             cap_permitted: u64::from_str_radix(field("CapPrm")?, 16).ok()?,
             // Absent where the kernel has no seccomp: none.
             seccomp: field("Seccomp").map_or(Some(0), |v| v.parse().ok())?,
+            no_new_privs: field("NoNewPrivs")?.parse().ok()?,
         })
     }
 }

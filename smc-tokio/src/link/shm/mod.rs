@@ -236,8 +236,9 @@ impl ShmLink {
         let doorbell = unsafe { sys::register(DoorbellFd(wait), Interest::READABLE) }?;
         let cred = sys::peer_cred(side.get_ref().as_fd()).ok();
         // SAFETY: geteuid cannot fail and has no preconditions.
-        let LendTrust { lends, peer_may_lend } =
-            lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() }, sys::could_trace_us);
+        let LendTrust { lends, peer_may_lend } = lend_trust(cred.as_ref(), seen_as, unsafe { libc::geteuid() }, |c| {
+            sys::could_trace_us(c, side.get_ref().as_fd())
+        });
         Ok(ShmLink {
             ours: local.view,
             peer,
