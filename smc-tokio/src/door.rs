@@ -607,6 +607,7 @@ impl Registration {
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
         self.conn.live().remove(&self.id);
+        self.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
         self.conn.refuse(&self.counters, self.id, DoorKind::Refused, reason);
     }
 
@@ -1188,7 +1189,12 @@ impl Door {
         let tuple = (peer, local);
         let verified = list.iter().position(|e| e.verified == Some(tuple));
         let found = match self.diag.owner(peer, local) {
-            Ok(Some(o)) => list.iter().position(|e| e.cookie == o.cookie && e.conn.cred.uid == o.uid),
+            // The registrant's uid, or, for the socket `verify` saw established with that uid,
+            // none: once closed, it lives on as a timewait socket, whose uid the kernel reports
+            // as 0 (its cookie stays, and cookies never repeat).
+            Ok(Some(o)) => list
+                .iter()
+                .position(|e| e.cookie == o.cookie && (e.conn.cred.uid == o.uid || e.verified == Some(tuple))),
             // The client end is gone already (its client gave up and closed), or the kernel
             // cannot look sockets up at all: whether it answers for our own end tells which.
             Ok(None) => {
@@ -1202,7 +1208,11 @@ impl Door {
                 if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM | libc::EINTR)) {
                     // A passing failure says nothing new: the registration whose connection
                     // the kernel showed at its Connected frame (its handshake committed on
-                    // that) keeps it.
+                    // that) keeps it. Any other goes out as TCP, and a Connected frame that
+                    // names the tuple later must not commit it.
+                    if verified.is_none() {
+                        st.note_missed(tuple);
+                    }
                     verified
                 } else {
                     self.go_blind(st, "sock_diag fails");
@@ -1212,15 +1222,16 @@ impl Door {
         };
         let Some(i) = found else {
             if let Some(i) = verified {
-                // Its client reset its connection, or gave it up: its handshake lets its slot go
-                // now, not when the registration would have gone stale.
+                // Its client reset its connection: its handshake lets its slot go now, not when
+                // the registration would have gone stale.
                 let conn = st.entries.get(&peer.port()).and_then(|l| l.get(i)).map(|e| (e.conn.clone(), e.id));
                 if let Some((conn, id)) = conn {
                     st.remove(&conn, id);
                 }
+                // Handed out as TCP: a Connected frame that names this tuple later (another
+                // registrant's, whose socket holds it now) is declined.
+                st.note_missed(tuple);
             }
-            // Handed out as TCP: a Connected frame that names this tuple later is declined.
-            st.note_missed(tuple);
             return None;
         };
         let port = peer.port();
@@ -1232,8 +1243,10 @@ impl Door {
         st.count -= 1;
         e.conn.pending().remove(&e.id);
         if let Some(tx) = e.early.take() {
-            if e.verified.is_none() {
-                // Its Connected frame is still to come: `verify` passes it on this mark.
+            if e.verified.is_none() && e.conn.live().contains_key(&e.id) {
+                // Its Connected frame is still to come, to a handshake that is still on: `verify`
+                // passes it on this mark, or the handshake's end clears it (a refused one has
+                // left `live` already, and leaves no mark).
                 e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
             }
             return Some(Matched::Early(tx));

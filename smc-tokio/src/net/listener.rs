@@ -984,6 +984,11 @@ impl SmcListener {
         // One unit of the task's cooperative budget per connection handed out, as tokio's
         // accept spends: a loop of accepts over a full queue yields to the runtime.
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
+        // The look-ups of the connections taken here read the door within a budget of their
+        // own, as those of a turn of the listener task do.
+        if let Some(door) = &self.shared.door {
+            door.begin_turn();
+        }
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
                 coop.made_progress();

@@ -236,6 +236,29 @@ type ServerProcess = (i32, u32);
 /// A client group being joined: every connection whose Accept names it waits for the one join.
 type Joining = Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>;
 
+/// A connection's wait for a join ([`ClientSide::establishing`]): if its future is dropped
+/// before the join ends (a connect given up: an application's timeout around it) and no other
+/// connection waits for that join, the entry goes, or it would count toward the bounds on
+/// client groups for good.
+struct JoinEntry<'a> {
+    side: &'a Mutex<ClientSide>,
+    id: u64,
+    /// Taken when the join ended; each waiter holds one reference, the map another.
+    cell: Option<Joining>,
+}
+
+impl Drop for JoinEntry<'_> {
+    fn drop(&mut self) {
+        let Some(cell) = self.cell.take() else { return };
+        let mut c = self.side.lock().unwrap_or_else(|e| e.into_inner());
+        let ours = c.establishing.get(&self.id).is_some_and(|(e, _)| Arc::ptr_eq(e, &cell));
+        // The map's reference and this one: nobody else waits.
+        if ours && Arc::strong_count(&cell) <= 2 {
+            c.establishing.remove(&self.id);
+        }
+    }
+}
+
 #[derive(Default)]
 struct ClientSide {
     /// The group a proposal to this server names (the newest one set up with it).
@@ -329,7 +352,7 @@ impl Manager {
         cfg: &ShmConfig,
         timeout: Duration,
     ) -> Result<Arc<LinkGroup>, DeclineReason> {
-        let cell = {
+        let entry = {
             let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((name, g, of)) = c.by_id.get(&accept.link_group) {
                 // Only the server process that set it up names it (ids are random and secret;
@@ -356,7 +379,11 @@ impl Manager {
                 }
             }
         };
-        let res = cell
+        let mut entry = JoinEntry { side: &self.shm.client, id: accept.link_group, cell: Some(entry) };
+        let res = entry
+            .cell
+            .as_ref()
+            .expect("held until the join ends")
             .get_or_try_init(|| async {
                 if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
                     return Err(DeclineReason::SyncError);
@@ -404,8 +431,11 @@ impl Manager {
             })
             .await
             .cloned();
+        let cell = entry.cell.take().expect("held until the join ends");
         let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
-        c.establishing.remove(&accept.link_group);
+        if c.establishing.get(&accept.link_group).is_some_and(|(e, _)| Arc::ptr_eq(e, &cell)) {
+            c.establishing.remove(&accept.link_group);
+        }
         if let Ok(g) = &res {
             if g.is_alive() {
                 c.by_server.insert(server, g.clone());
@@ -724,6 +754,36 @@ mod tests {
             hold(pid, (CLIENT_GROUPS - groups.len()).min(GROUPS_PER_SERVER - 1), &mut groups);
         }
         assert_eq!(join(8, 4).await, Some(DeclineReason::OutOfMemory), "a group past the bound of all");
+        assert!(manager.shm.client.lock().unwrap().establishing.is_empty());
+    }
+
+    /// A connect given up while its group was being joined leaves nothing that counts toward
+    /// the bounds: the join's entry goes with the last connection waiting for it.
+    #[tokio::test]
+    async fn a_join_given_up_leaves_no_entry() {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        // A side channel that takes the connection and never answers: the join waits.
+        let name = format!("smc-tokio/test/silent-side/{}", std::process::id()).into_bytes();
+        let _side = sys::seqpacket_listen(&name, true).unwrap();
+        let accept = ShmLinkInfo { link_group: 77, rmb_slot: 0, rmb_size: 1 << 16, socket_name: name };
+        // SAFETY: these getters cannot fail and take no pointers.
+        let owner = unsafe { sys::PeerCred { pid: libc::getpid(), uid: libc::geteuid(), gid: libc::getegid() } };
+        let server: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let secret = sys::random_secret().unwrap();
+        let cfg = ShmConfig::default();
+        let join = || manager.client_group((server, owner), secret, &accept, 1 << 16, &cfg, Duration::from_secs(60));
+        let (first, second) = (join(), join());
+        let both = async { tokio::join!(first, second) };
+        let r = tokio::time::timeout(Duration::from_millis(300), both).await;
+        assert!(r.is_err(), "the join ended: {r:?}");
+        assert!(manager.shm.client.lock().unwrap().establishing.is_empty(), "a given-up join left its entry");
+        // One of two waiters given up: the other still waits on the entry.
+        let mut kept = Box::pin(join());
+        assert!(tokio::time::timeout(Duration::from_millis(100), kept.as_mut()).await.is_err());
+        let dropped = join();
+        assert!(tokio::time::timeout(Duration::from_millis(100), dropped).await.is_err());
+        assert_eq!(manager.shm.client.lock().unwrap().establishing.len(), 1, "the entry went while one waits");
+        drop(kept);
         assert!(manager.shm.client.lock().unwrap().establishing.is_empty());
     }
 }

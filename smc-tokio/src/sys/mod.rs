@@ -146,8 +146,10 @@ mod tests {
         let (gone, _) = l.accept().unwrap();
         let _ = std::fs::remove_file(&path);
         match peer_pidfd(gone.as_fd()) {
-            Some(fd) => assert!(!alive(fd.as_fd()), "an exited peer's pidfd says it lives"),
-            None => eprintln!("SKIPPED: no SO_PEERPIDFD here (before Linux 6.5)"),
+            Ok(fd) => assert!(!alive(fd.as_fd()), "an exited peer's pidfd says it lives"),
+            // Reaped already (the child was waited for): the kernel gives no pidfd.
+            Err(e) if e.raw_os_error() != Some(libc::ENOPROTOOPT) => {}
+            Err(_) => eprintln!("SKIPPED: no SO_PEERPIDFD here (before Linux 6.5)"),
         }
         let cred = peer_cred(gone.as_fd()).unwrap();
         assert!(!could_trace_us(&cred, gone.as_fd()), "an exited peer could trace us");
@@ -1115,19 +1117,29 @@ impl PeerCred {
 /// to be alive after its `/proc` files are read, so they were its own and not a later
 /// process's under a reused pid.
 pub(crate) fn could_trace_us(peer: &PeerCred, sock: BorrowedFd<'_>) -> bool {
-    let pidfd = peer_pidfd(sock);
+    let pidfd = match peer_pidfd(sock) {
+        Ok(fd) => Some(fd),
+        // A kernel without it (before 6.5): the pid alone.
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => None,
+        // The process is gone (reaped: the pid may be another's by now), or we cannot tell.
+        Err(_) => return false,
+    };
     could_trace(peer, "/proc/self") && pidfd.is_none_or(|fd| alive(fd.as_fd()))
 }
 
-/// `SO_PEERPIDFD` (Linux 6.5, `include/uapi/asm-generic/socket.h`); not in the libc crate yet.
+/// `SO_PEERPIDFD` (Linux 6.5, `include/uapi/asm-generic/socket.h`, the value of every
+/// architecture this crate builds for but parisc and sparc); not in the libc crate yet.
 const SO_PEERPIDFD: libc::c_int = 77;
 
-/// The pidfd of the process that connected `sock` (or listened, for the connecting side), where
-/// the kernel gives one.
-fn peer_pidfd(sock: BorrowedFd<'_>) -> Option<OwnedFd> {
-    let fd = getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, -1 as libc::c_int).ok()?;
+/// The pidfd of the process that connected `sock` (or listened, for the connecting side).
+/// `ENOPROTOOPT` where the kernel has no such option.
+fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let fd = getsockopt(sock, libc::SOL_SOCKET, SO_PEERPIDFD, -1 as libc::c_int)?;
+    if fd < 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "no pidfd"));
+    }
     // SAFETY: the kernel installed a new descriptor for us, which nothing else owns.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Whether the process of `pidfd` has not exited (`pidfd_send_signal` with signal 0).
