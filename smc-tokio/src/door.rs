@@ -508,6 +508,22 @@ struct DoorState {
 }
 
 impl DoorState {
+    /// The door connections, each with its place, from the one where the last read within a
+    /// budget ran out on.
+    fn rotation(&self) -> Vec<(usize, Arc<ServerConn>)> {
+        let n = self.conns.len();
+        let start = if n == 0 { 0 } else { self.read_from % n };
+        self.conns.iter().cloned().enumerate().cycle().skip(start).take(n).collect()
+    }
+
+    /// Whether `budget` is spent; if so, the next read within a budget starts at place `i`.
+    fn spent(&mut self, budget: usize, i: usize) -> bool {
+        if budget == 0 {
+            self.read_from = i;
+        }
+        budget == 0
+    }
+
     /// Remembers a connection handed out as plain TCP before its registration could be read.
     fn note_missed(&mut self, tuple: (SocketAddr, SocketAddr)) {
         while self.missed.front().is_some_and(|(at, _)| at.elapsed() >= ENTRY_TTL) || self.missed.len() >= MISSED_MAX {
@@ -847,25 +863,22 @@ impl Door {
             _ => st.watcher = Some(cx.waker().clone()),
         }
         let (mut progress, mut more) = (false, false);
-        let conns = st.conns.clone();
-        let start = if conns.is_empty() { 0 } else { st.read_from % conns.len() };
-        for (i, conn) in conns.iter().enumerate().cycle().skip(start).take(conns.len()) {
-            if *budget == 0 {
+        for (i, conn) in st.rotation() {
+            if st.spent(*budget, i) {
                 // The rest at the next turn, from here.
-                st.read_from = i;
                 more = true;
                 break;
             }
             if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
                 progress = true;
                 match r {
-                    Ok(mut guard) => match self.read_conn(&mut st, conn, budget) {
+                    Ok(mut guard) => match self.read_conn(&mut st, &conn, budget) {
                         Read::Empty => guard.clear_ready(),
                         // Its turn is over: back after the listener's other work.
                         Read::More => more = true,
                         Read::Ended => {}
                     },
-                    Err(_) => st.close(conn),
+                    Err(_) => st.close(&conn),
                 }
             }
         }
@@ -918,16 +931,13 @@ impl Door {
                 w.wake_by_ref();
             }
         }
-        let conns = st.conns.clone();
         let mut unread = false;
-        let start = if conns.is_empty() { 0 } else { st.read_from % conns.len() };
-        for (i, conn) in conns.iter().enumerate().cycle().skip(start).take(conns.len()) {
-            if *budget == 0 {
-                st.read_from = i;
+        for (i, conn) in st.rotation() {
+            if st.spent(*budget, i) {
                 unread = true;
                 break;
             }
-            unread |= self.read_conn(st, conn, budget) == Read::More;
+            unread |= self.read_conn(st, &conn, budget) == Read::More;
         }
         // Messages left unread count as more to take, as door connections left queued do.
         match res {
