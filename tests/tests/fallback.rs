@@ -189,10 +189,13 @@ async fn a_plain_server_sees_exactly_the_applications_bytes_on_one_connection() 
 
 #[tokio::test]
 async fn smc_client_opted_in_against_plain_echo_server_reconnects_and_caches() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     // An echo server sends our own proposal back: not a valid reply. Only a client that opted
     // in to in-band negotiation sends one.
     let (addr, seen) = recording_plain_server(false).await;
-    let b = SmcStream::builder().policy(Policy::Always);
+    let b = SmcStream::builder().context(&ctx).policy(Policy::Always);
     let s = bounded(10, b.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     let data = Rng::new(3).bytes(256 << 10);
@@ -208,7 +211,7 @@ async fn smc_client_opted_in_against_plain_echo_server_reconnects_and_caches() {
     // An in-band peer listed by address is opted in the same way.
     let (addr, seen) = recording_plain_server(false).await;
     let peers = "127.0.0.0/8".parse().unwrap();
-    let s = bounded(10, SmcStream::builder().inband_peers(peers).connect(addr)).await.unwrap();
+    let s = bounded(10, SmcStream::builder().context(&ctx).inband_peers(peers).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     drop(s);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -217,8 +220,11 @@ async fn smc_client_opted_in_against_plain_echo_server_reconnects_and_caches() {
 
 #[tokio::test]
 async fn smc_client_opted_in_against_plain_server_that_speaks_first() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     let (addr, _) = recording_plain_server(true).await;
-    let mut s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
+    let mut s = bounded(10, SmcStream::builder().context(&ctx).policy(Policy::Always).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     // The greeting of the new connection is intact.
     let mut g = [0u8; 24];
@@ -232,6 +238,9 @@ async fn smc_client_opted_in_against_plain_server_that_speaks_first() {
 
 #[tokio::test]
 async fn smc_client_opted_in_against_silent_plain_server_times_out_then_reconnects() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     // A server that waits for a full request and never answers a proposal.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -250,7 +259,7 @@ async fn smc_client_opted_in_against_silent_plain_server_times_out_then_reconnec
             });
         }
     });
-    let b = SmcStream::builder().policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
+    let b = SmcStream::builder().context(&ctx).policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
     let mut s = bounded(10, b.connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     s.write_all(b"hello\n").await.unwrap();
@@ -271,6 +280,9 @@ async fn smc_client_opted_in_against_silent_plain_server_times_out_then_reconnec
 /// application's options and its bound address.
 #[tokio::test]
 async fn a_plain_reconnection_keeps_the_applications_socket_options() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = plain.local_addr().unwrap();
     tokio::spawn(async move {
@@ -286,7 +298,7 @@ async fn a_plain_reconnection_keeps_the_applications_socket_options() {
     socket.set_keepalive(true).unwrap();
     socket.set_tos_v4(0x20).unwrap();
     socket.bind("127.0.0.9:0".parse().unwrap()).unwrap();
-    let b = SmcStream::builder().policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
+    let b = SmcStream::builder().context(&ctx).policy(Policy::Always).handshake_timeout(Duration::from_millis(100));
     let s = bounded(10, b.connect_socket(socket, addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::Tcp(FallbackReason::PeerNoSmc));
     assert!(s.nodelay().unwrap());
@@ -403,9 +415,12 @@ async fn read_clc(c: &mut TcpStream) -> ClcMessage {
 
 #[tokio::test]
 async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     for reason in DeclineReason::ALL {
         let (addr, _rx) = fake_server(move |p| ClcMessage::Decline(Decline { secret: p.secret(), reason })).await;
-        let s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
+        let s = bounded(10, SmcStream::builder().context(&ctx).policy(Policy::Always).connect(addr)).await.unwrap();
         assert_eq!(s.transport(), Transport::Tcp(FallbackReason::Declined { reason, by: Side::Peer }));
         let data = Rng::new(reason as u64).bytes(100_000);
         bounded(10, echo_check(s, &data, 3000, reason as u64)).await;
@@ -414,6 +429,9 @@ async fn every_decline_reason_from_the_server_ends_in_working_tcp() {
 
 #[tokio::test]
 async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
+    // A context of its own: the process's negative cache may hold this port from another
+    // test, and the first connection would say so instead of what this one asserts.
+    let ctx = smc_tokio::Context::new();
     // The fake server accepts with a shm link the client never offered; the client must decline,
     // and the server must find the Decline, then the data.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -439,7 +457,7 @@ async fn unoffered_accept_is_declined_by_the_client_and_stays_in_step() {
         c.read_exact(&mut b).await.unwrap();
         assert_eq!(&b, b"after");
     });
-    let mut s = bounded(10, SmcStream::builder().policy(Policy::Always).connect(addr)).await.unwrap();
+    let mut s = bounded(10, SmcStream::builder().context(&ctx).policy(Policy::Always).connect(addr)).await.unwrap();
     assert_eq!(
         s.transport(),
         Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::NoCommonTransport, by: Side::Local })
