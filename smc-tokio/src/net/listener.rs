@@ -984,11 +984,9 @@ impl SmcListener {
         // One unit of the task's cooperative budget per connection handed out, as tokio's
         // accept spends: a loop of accepts over a full queue yields to the runtime.
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
-        // The look-ups of the connections taken here read the door within a budget of their
-        // own, as those of a turn of the listener task do.
-        if let Some(door) = &self.shared.door {
-            door.begin_turn();
-        }
+        // The look-ups of the connections taken from the kernel here read the door within a
+        // budget of their own, as those of a turn of the listener task do (begun at the first).
+        let mut turn = self.shared.door.as_ref();
         loop {
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
                 coop.made_progress();
@@ -999,6 +997,9 @@ impl SmcListener {
             match sys::accept_tcp(self.shared.tcp.as_fd()) {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
+                    if let Some(door) = turn.take() {
+                        door.begin_turn();
+                    }
                     if let Handoff::Now(e) = listen::admit(&self.shared, tcp, peer) {
                         coop.made_progress();
                         return Poll::Ready(Ok((accepted(e), peer)));

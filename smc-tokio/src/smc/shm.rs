@@ -243,18 +243,21 @@ type Joining = Arc<tokio::sync::OnceCell<Arc<LinkGroup>>>;
 struct JoinEntry<'a> {
     side: &'a Mutex<ClientSide>,
     id: u64,
-    /// Taken when the join ended; each waiter holds one reference, the map another.
-    cell: Option<Joining>,
+    /// Each waiter holds one reference, the map another.
+    cell: Joining,
+    /// The join ended (its waiter ended the entry itself).
+    ended: bool,
 }
 
 impl Drop for JoinEntry<'_> {
     fn drop(&mut self) {
-        let Some(cell) = self.cell.take() else { return };
+        if self.ended {
+            return;
+        }
         let mut c = self.side.lock().unwrap_or_else(|e| e.into_inner());
-        let ours = c.establishing.get(&self.id).is_some_and(|(e, _)| Arc::ptr_eq(e, &cell));
         // The map's reference and this one: nobody else waits.
-        if ours && Arc::strong_count(&cell) <= 2 {
-            c.establishing.remove(&self.id);
+        if Arc::strong_count(&self.cell) <= 2 {
+            c.end_join(self.id, &self.cell);
         }
     }
 }
@@ -269,6 +272,15 @@ struct ClientSide {
     by_id: HashMap<u64, (Vec<u8>, Arc<LinkGroup>, ServerProcess)>,
     /// Groups being joined, by id, with the server process joined.
     establishing: HashMap<u64, (Joining, ServerProcess)>,
+}
+
+impl ClientSide {
+    /// Ends the entry of the join `cell` of group `id`, if the entry is still that join's.
+    fn end_join(&mut self, id: u64, cell: &Joining) {
+        if self.establishing.get(&id).is_some_and(|(e, _)| Arc::ptr_eq(e, cell)) {
+            self.establishing.remove(&id);
+        }
+    }
 }
 
 /// A context's shared-memory groups (held by its [`Manager`]).
@@ -379,11 +391,9 @@ impl Manager {
                 }
             }
         };
-        let mut entry = JoinEntry { side: &self.shm.client, id: accept.link_group, cell: Some(entry) };
+        let mut entry = JoinEntry { side: &self.shm.client, id: accept.link_group, cell: entry, ended: false };
         let res = entry
             .cell
-            .as_ref()
-            .expect("held until the join ends")
             .get_or_try_init(|| async {
                 if accept.socket_name.is_empty() || accept.socket_name.len() > SHM_SOCKET_NAME_MAX {
                     return Err(DeclineReason::SyncError);
@@ -431,11 +441,9 @@ impl Manager {
             })
             .await
             .cloned();
-        let cell = entry.cell.take().expect("held until the join ends");
+        entry.ended = true;
         let mut c = self.shm.client.lock().unwrap_or_else(|e| e.into_inner());
-        if c.establishing.get(&accept.link_group).is_some_and(|(e, _)| Arc::ptr_eq(e, &cell)) {
-            c.establishing.remove(&accept.link_group);
-        }
+        c.end_join(accept.link_group, &entry.cell);
         if let Ok(g) = &res {
             if g.is_alive() {
                 c.by_server.insert(server, g.clone());

@@ -135,7 +135,7 @@ mod tests {
         // SAFETY: these getters cannot fail and take no pointers.
         let me = unsafe { PeerCred { pid: libc::getpid(), uid: libc::geteuid(), gid: libc::getegid() } };
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert_eq!(could_trace_us(&me, a.as_fd()), could_trace(&me, "/proc/self"));
+        assert_eq!(could_trace_us(&me, a.as_fd()), could_trace(&me));
         let path = std::env::temp_dir().join(format!("smc-tokio-pidfd-{}", me.pid));
         let _ = std::fs::remove_file(&path);
         let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
@@ -170,7 +170,7 @@ mod tests {
             eprintln!("SKIPPED: this process could not be traced by its own kind here (Yama, seccomp or mixed ids)");
             return;
         }
-        assert!(could_trace(&PeerCred { pid, uid, gid }, "/proc/self"));
+        assert!(could_trace(&PeerCred { pid, uid, gid }));
         let child = |cmd: &mut std::process::Command| {
             let c = cmd.arg("sleep").arg("30").spawn().unwrap();
             // The exec has happened once the status names sleep.
@@ -182,29 +182,20 @@ mod tests {
             c
         };
         let mut plain = child(&mut std::process::Command::new("env"));
-        assert!(could_trace(&PeerCred { pid: plain.id() as i32, uid, gid }, "/proc/self"), "a plain child of ours");
-        assert!(
-            !could_trace(&PeerCred { pid: plain.id() as i32, uid: uid + 1, gid }, "/proc/self"),
-            "another uid named"
-        );
+        assert!(could_trace(&PeerCred { pid: plain.id() as i32, uid, gid }), "a plain child of ours");
+        assert!(!could_trace(&PeerCred { pid: plain.id() as i32, uid: uid + 1, gid }), "another uid named");
         plain.kill().unwrap();
         plain.wait().unwrap();
-        assert!(!could_trace(&PeerCred { pid: 0, uid, gid }, "/proc/self"), "a pid we cannot see");
+        assert!(!could_trace(&PeerCred { pid: 0, uid, gid }), "a pid we cannot see");
         if me.cap_permitted != 0 && uid == 0 {
             let mut weak =
                 child(std::process::Command::new("setpriv").args(["--bounding-set=-all", "--inh-caps=-all"]));
-            assert!(
-                !could_trace(&PeerCred { pid: weak.id() as i32, uid, gid }, "/proc/self"),
-                "a child without our capabilities"
-            );
+            assert!(!could_trace(&PeerCred { pid: weak.id() as i32, uid, gid }), "a child without our capabilities");
             weak.kill().unwrap();
             weak.wait().unwrap();
             let mut other =
                 child(std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups"]));
-            assert!(
-                !could_trace(&PeerCred { pid: other.id() as i32, uid: 65534, gid: 65534 }, "/proc/self"),
-                "another uid"
-            );
+            assert!(!could_trace(&PeerCred { pid: other.id() as i32, uid: 65534, gid: 65534 }), "another uid");
             other.kill().unwrap();
             other.wait().unwrap();
             // The unshare process stays in our namespace; its child, sleep, is the one in the new one.
@@ -219,15 +210,9 @@ mod tests {
                 assert!(std::time::Instant::now() < deadline, "unshare started no child");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             };
-            assert!(
-                !could_trace(&PeerCred { pid: inner, uid, gid }, "/proc/self"),
-                "a process in another pid namespace"
-            );
+            assert!(!could_trace(&PeerCred { pid: inner, uid, gid }), "a process in another pid namespace");
             let mut nnp = child(std::process::Command::new("setpriv").arg("--no-new-privs"));
-            assert!(
-                !could_trace(&PeerCred { pid: nnp.id() as i32, uid, gid }, "/proc/self"),
-                "a child with no_new_privs"
-            );
+            assert!(!could_trace(&PeerCred { pid: nnp.id() as i32, uid, gid }), "a child with no_new_privs");
             nnp.kill().unwrap();
             nnp.wait().unwrap();
             ns.kill().unwrap();
@@ -1124,7 +1109,7 @@ pub(crate) fn could_trace_us(peer: &PeerCred, sock: BorrowedFd<'_>) -> bool {
         // The process is gone (reaped: the pid may be another's by now), or we cannot tell.
         Err(_) => return false,
     };
-    could_trace(peer, "/proc/self") && pidfd.is_none_or(|fd| alive(fd.as_fd()))
+    could_trace(peer) && pidfd.is_none_or(|fd| alive(fd.as_fd()))
 }
 
 /// `SO_PEERPIDFD` (Linux 6.5, `include/uapi/asm-generic/socket.h`, the value of every
@@ -1150,32 +1135,32 @@ fn alive(pidfd: BorrowedFd<'_>) -> bool {
     }
 }
 
-/// [`could_trace_us`] for the process at `/proc/<us>` (a test asks it of another process).
-fn could_trace(peer: &PeerCred, us: &str) -> bool {
+/// [`could_trace_us`] from `/proc` alone, without the pidfd's word on the process.
+fn could_trace(peer: &PeerCred) -> bool {
     match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
         Ok(s) if s.trim() == "0" => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         _ => return false,
     }
-    if us == "/proc/self" {
-        // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process; no pointer is passed.
-        if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } != 1 {
-            return false;
-        }
+    // SAFETY: prctl(PR_GET_DUMPABLE) reads a flag of this process; no pointer is passed.
+    if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } != 1 {
+        return false;
     }
     if peer.pid <= 0 {
         return false;
     }
     let them = format!("/proc/{}", peer.pid);
-    let same_ns =
-        |ns: &str| match (std::fs::read_link(format!("{us}/ns/{ns}")), std::fs::read_link(format!("{them}/ns/{ns}"))) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => false,
-        };
+    let same_ns = |ns: &str| match (
+        std::fs::read_link(format!("/proc/self/ns/{ns}")),
+        std::fs::read_link(format!("{them}/ns/{ns}")),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
     if !same_ns("pid") || !same_ns("user") {
         return false;
     }
-    let (Some(ours), Some(theirs)) = (ProcStatus::read(us), ProcStatus::read(&them)) else { return false };
+    let (Some(ours), Some(theirs)) = (ProcStatus::read("/proc/self"), ProcStatus::read(&them)) else { return false };
     let all = |ids: [u32; 4], id: u32| ids[..3].iter().all(|&i| i == id);
     all(ours.uids, peer.uid)
         && all(ours.gids, peer.gid)
