@@ -718,15 +718,16 @@ impl Door {
     /// (`reuseport` off), else (or if someone squats on it) the lowest free index for that
     /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
     /// someone squatting on the names), or the kernel cannot tell who owns a connection
-    /// (no `sock_diag`): the listener then serves TCP only.
+    /// (no `sock_diag`): the listener then serves TCP only. `device`: the interface the listener
+    /// is bound to (0: none), which its connections' look-ups must name.
     pub(crate) fn open(
         base: Arc<GlobalSettings>,
         counters: Arc<Counters>,
-        local: SocketAddr,
+        (local, device): (SocketAddr, u32),
         settings: Overrides,
         reuseport: bool,
     ) -> Option<Door> {
-        let diag = match sys::TcpDiag::new() {
+        let diag = match sys::TcpDiag::new(device) {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "no sock_diag to prove who owns a connection: this listener serves tcp only");
@@ -2329,6 +2330,43 @@ mod tests {
         assert_eq!(st.count, 1);
         assert!(door.take(&mut st, client, server).is_none());
         assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
+    }
+
+    /// A listener bound to a device (`SO_BINDTODEVICE`, as in a VRF) and clients bound to it
+    /// too: the door finds their connections' ends by naming the device, so every connection
+    /// is SMC-D and the door stays open. (Its look-ups named no device before: they found no
+    /// socket of such a connection, and the door went blind at its first one.)
+    #[tokio::test]
+    async fn a_listener_bound_to_a_device_serves_clients_bound_to_it() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = crate::SmcSocket::new_v4().unwrap();
+        // Needs CAP_NET_RAW; the tests run as root.
+        sock.bind_device(Some(b"lo")).unwrap();
+        sock.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let listener = crate::SmcListener::builder().listen_socket(sock, 64).unwrap();
+        let server = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 5];
+                    if s.read_exact(&mut b).await.is_ok() {
+                        let _ = s.write_all(&b).await;
+                    }
+                });
+            }
+        });
+        for bound in [true, true, false, true] {
+            let sock = crate::SmcSocket::new_v4().unwrap();
+            if bound {
+                sock.bind_device(Some(b"lo")).unwrap();
+            }
+            let mut c = sock.connect(server).await.unwrap();
+            c.write_all(b"hello").await.unwrap();
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).await.unwrap();
+            assert_eq!(&b, b"hello");
+            assert_eq!(c.transport(), crate::Transport::SmcD, "a client bound to the device: {bound}");
+        }
     }
 
     /// A peer that goes on sending under one registration while its handshake is not reading

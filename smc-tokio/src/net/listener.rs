@@ -466,7 +466,8 @@ impl SmcListenerBuilder {
             };
             // The door opens before the port listens: no client can connect while the
             // listener has no door yet (it would go plain, finding none).
-            let door = open_door(&self.ctx, &self.o, sock.local_addr(), sock.reuseport().unwrap_or(false));
+            let door =
+                open_door(&self.ctx, &self.o, (sock.local_addr(), sock.as_fd()), sock.reuseport().unwrap_or(false));
             // A port another socket bound with SO_REUSEADDR began to listen on since our bind
             // fails here: the next address is tried, as for a failed bind (the door closes).
             let tcp = match sock.listen(LISTEN_BACKLOG) {
@@ -511,7 +512,7 @@ impl SmcListenerBuilder {
             return Ok(SmcListener::start(self.ctx, sock.listen(backlog)?, self.o, backlog as usize));
         }
         let reuseport = sock.reuseport().unwrap_or(false);
-        let door = open_door(&self.ctx, &self.o, sock.local_addr(), reuseport);
+        let door = open_door(&self.ctx, &self.o, (sock.local_addr(), sock.as_fd()), reuseport);
         Ok(SmcListener::start_with(self.ctx, sock.listen(backlog)?, self.o, door, backlog as usize))
     }
 
@@ -564,12 +565,19 @@ impl SmcListenerBuilder {
 
 /// The door of a listener on `local` (none under [`Policy::TcpOnly`] at bind, or when it
 /// cannot open). The door reads the uids it trusts from `settings` whenever it takes knocks,
-/// so a run-time change of the allowed uids reaches it.
-fn open_door(ctx: &SmcContext, settings: &Overrides, local: io::Result<SocketAddr>, reuseport: bool) -> Option<Door> {
+/// so a run-time change of the allowed uids reaches it. The listener's socket tells the device
+/// it is bound to, which the door's look-ups of its connections name.
+fn open_door(
+    ctx: &SmcContext,
+    settings: &Overrides,
+    (local, sock): (io::Result<SocketAddr>, std::os::fd::BorrowedFd<'_>),
+    reuseport: bool,
+) -> Option<Door> {
     match (settings.resolve(ctx.settings()).policy, local) {
         (Policy::TcpOnly, _) => None,
         (_, Ok(local)) => {
-            Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), local, settings.clone(), reuseport)
+            let at = (local, crate::sys::bound_device(sock));
+            Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), at, settings.clone(), reuseport)
         }
         (_, Err(e)) => {
             tracing::warn!(error = %e, "listener without a local address: serving tcp only");
@@ -656,7 +664,7 @@ impl SmcListener {
     /// `ready_cap`: finished connections held for `accept` (the backlog).
     fn start(ctx: SmcContext, tcp: TcpListener, overrides: Overrides, ready_cap: usize) -> SmcListener {
         let reuseport = socket2::SockRef::from(&tcp).reuse_port().unwrap_or(true);
-        let door = open_door(&ctx, &overrides, tcp.local_addr(), reuseport);
+        let door = open_door(&ctx, &overrides, (tcp.local_addr(), tcp.as_fd()), reuseport);
         SmcListener::start_with(ctx, tcp, overrides, door, ready_cap)
     }
 

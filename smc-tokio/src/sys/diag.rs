@@ -49,12 +49,19 @@ pub(crate) struct TcpOwner {
 #[derive(Debug)]
 pub(crate) struct TcpDiag {
     fd: OwnedFd,
+    /// The interface every look-up names (`idiag_if`; 0: none). The kernel's look-up
+    /// (`inet_lookup`, with this as the receiving interface) finds a socket bound to a device
+    /// (`SO_BINDTODEVICE`, a VRF) only when asked with that device's index; a socket bound to
+    /// none is found whatever the index.
+    device: u32,
 }
 
 impl TcpDiag {
-    /// A new diag socket. Fails where the kernel has no sock_diag (`EPROTONOSUPPORT`) or a
+    /// A new diag socket whose look-ups find the sockets bound to the interface `device` (a
+    /// listener's `SO_BINDTOIFINDEX`, which its accepted connections inherit; 0: none), and
+    /// those bound to none. Fails where the kernel has no sock_diag (`EPROTONOSUPPORT`) or a
     /// sandbox refuses netlink.
-    pub(crate) fn new() -> io::Result<TcpDiag> {
+    pub(crate) fn new(device: u32) -> io::Result<TcpDiag> {
         // SAFETY: plain syscall with constant arguments.
         let fd = cvt(unsafe {
             libc::socket(
@@ -64,7 +71,7 @@ impl TcpDiag {
             )
         })?;
         // SAFETY: a new descriptor nothing else owns.
-        Ok(TcpDiag { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(TcpDiag { fd: unsafe { OwnedFd::from_raw_fd(fd) }, device })
     }
 
     /// The owner of the TCP socket whose local address is `local` and whose peer is `peer`
@@ -129,6 +136,7 @@ impl TcpDiag {
         id[2..4].copy_from_slice(&dport.to_be_bytes());
         id[4..4 + src.len()].copy_from_slice(src);
         id[20..20 + dst.len()].copy_from_slice(dst);
+        id[36..40].copy_from_slice(&self.device.to_ne_bytes());
         id[40..44].copy_from_slice(&NO_COOKIE.to_ne_bytes());
         id[44..48].copy_from_slice(&NO_COOKIE.to_ne_bytes());
         // SAFETY: `req` is a valid buffer of its length; the kernel is the destination (a
@@ -188,6 +196,23 @@ pub(crate) fn socket_cookie(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> 
     super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_COOKIE, 0u64)
 }
 
+/// The index of the interface a socket is bound to (`SO_BINDTOIFINDEX`, Linux 5.0), 0 for
+/// none. A kernel that cannot say (older than 5.0) is asked for the device's name
+/// (`SO_BINDTODEVICE`) instead.
+pub(crate) fn bound_device(fd: std::os::fd::BorrowedFd<'_>) -> u32 {
+    if let Ok(i) = super::getsockopt(fd, libc::SOL_SOCKET, libc::SO_BINDTOIFINDEX, 0 as libc::c_int) {
+        return u32::try_from(i).unwrap_or(0);
+    }
+    match socket2::SockRef::from(&fd).device() {
+        Ok(Some(name)) => match std::ffi::CString::new(name) {
+            // SAFETY: `name` is a NUL-terminated string that lives across the call.
+            Ok(name) => unsafe { libc::if_nametoindex(name.as_ptr()) },
+            Err(_) => 0,
+        },
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +225,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
-        let diag = TcpDiag::new().unwrap();
+        let diag = TcpDiag::new(0).unwrap();
         let me = c.local_addr().unwrap();
         let them = c.peer_addr().unwrap();
         let got = diag.owner(me, them).unwrap().unwrap();
@@ -215,6 +240,49 @@ mod tests {
         assert_eq!(diag.owner(nobody, them).unwrap(), None);
     }
 
+    /// Sockets bound to a device (`SO_BINDTODEVICE`, as in a VRF) are found only by a look-up
+    /// that names the device; one that names it still finds sockets bound to none. The
+    /// listener's device is what its door's look-ups name (`bound_device`).
+    #[test]
+    fn sockets_bound_to_a_device_are_found_by_naming_it() {
+        let bound = || {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            // Needs CAP_NET_RAW; the tests run as root.
+            s.bind_device(Some(b"lo")).unwrap();
+            s
+        };
+        let l = bound();
+        l.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        l.listen(8).unwrap();
+        let server = l.local_addr().unwrap().as_socket().unwrap();
+        assert_eq!(bound_device(l.as_fd()), if_index(c"lo"));
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(bound_device(plain.as_fd()), 0);
+
+        let c = bound();
+        c.connect(&server.into()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let client = c.local_addr().unwrap().as_socket().unwrap();
+        let blind = TcpDiag::new(0).unwrap();
+        assert_eq!(blind.owner(client, server).unwrap(), None, "found without naming the device");
+        assert!(!blind.answers(server, client).unwrap());
+        let diag = TcpDiag::new(bound_device(l.as_fd())).unwrap();
+        assert_eq!(diag.owner(client, server).unwrap().unwrap().cookie, socket_cookie(c.as_fd()).unwrap());
+        assert!(diag.answers(server, client).unwrap());
+        assert_eq!(diag.owner(server, client).unwrap().unwrap().cookie, socket_cookie(s.as_fd()).unwrap());
+
+        // A client bound to no device, of the same listener.
+        let free = std::net::TcpStream::connect(server).unwrap();
+        let _s2 = l.accept().unwrap();
+        let got = diag.owner(free.local_addr().unwrap(), server).unwrap().unwrap();
+        assert_eq!(got.cookie, socket_cookie(free.as_fd()).unwrap());
+    }
+
+    fn if_index(name: &std::ffi::CStr) -> u32 {
+        // SAFETY: `name` is NUL-terminated and lives across the call.
+        unsafe { libc::if_nametoindex(name.as_ptr()) }
+    }
+
     /// An IPv4 client of a dual-stack IPv6 listener is found as an IPv4 socket, whichever way
     /// its addresses are written.
     #[test]
@@ -223,7 +291,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (_s, peer) = l.accept().unwrap();
-        let diag = TcpDiag::new().unwrap();
+        let diag = TcpDiag::new(0).unwrap();
         let server_local: SocketAddr = format!("[::ffff:127.0.0.1]:{port}").parse().unwrap();
         let got = diag.owner(peer, server_local).unwrap().unwrap();
         assert_eq!(got.cookie, socket_cookie(c.as_fd()).unwrap());
@@ -237,7 +305,7 @@ mod tests {
         let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let diag = TcpDiag::new().unwrap();
+        let diag = TcpDiag::new(0).unwrap();
         let client_end: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         assert_eq!(diag.owner(client_end, server.local_addr().unwrap()).unwrap(), None);
         let remote: SocketAddr = format!("192.0.2.7:{port}").parse().unwrap();

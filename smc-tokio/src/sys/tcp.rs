@@ -365,7 +365,7 @@ mod door_tests {
                 .unwrap();
             let (server_end, peer) = l.accept().unwrap();
             assert_eq!(peer.port(), port);
-            let owner = crate::sys::TcpDiag::new().unwrap().owner(peer, server_end.local_addr().unwrap()).unwrap();
+            let owner = crate::sys::TcpDiag::new(0).unwrap().owner(peer, server_end.local_addr().unwrap()).unwrap();
             assert_eq!(owner.map(|o| o.cookie), Some(crate::sys::socket_cookie(c.as_fd()).unwrap()));
         }
     }
