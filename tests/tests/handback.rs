@@ -328,6 +328,30 @@ async fn every_move_probes_the_peer_host_while_it_waits() {
     assert_eq!(sock.tcp_user_timeout().unwrap(), None);
 }
 
+/// A move whose peer's host acknowledges our frame but whose process never answers it (its
+/// runtime holds) ends at the bound on the peer's frame, also after the application dropped
+/// the stream: the move's task, the connection and its ring slot are let go, and the peer's
+/// connection is reset. Without the bound they waited for as long as the peer kept its TCP
+/// connection open (the keepalive probes and the bound on unacknowledged data never fire
+/// against a live host).
+#[tokio::test]
+async fn a_move_whose_peer_never_answers_ends_after_the_stream_is_dropped() {
+    let server = HeldServer::start(b"");
+    let ctx = smc_tokio::Context::new();
+    let client = SmcStream::builder().context(&ctx).connect(server.addr).await.unwrap();
+    assert_eq!(client.transport(), Transport::SmcD);
+    client.fail_link().unwrap();
+    drop(client);
+    let limit = Duration::from_secs(60);
+    let start = Instant::now();
+    while ctx.stats().handbacks[1] == 0 {
+        assert!(start.elapsed() < limit, "the move still waits for a peer that never answers");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ctx.stats().handbacks, [0, 1], "one move, failed");
+    server.release();
+}
+
 /// Both directions full when the stream moves (neither application read for a while), with
 /// rings far larger than the sockets' buffers: each side's resend needs the other side's
 /// application to read before it fits. Reads wait only for the peer's frame, not for our own

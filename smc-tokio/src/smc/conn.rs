@@ -2359,7 +2359,8 @@ impl SmcConn {
                         c.release_reads();
                     }
                 };
-                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy, released).await;
+                let wait = crate::smc::handback::PEER_FRAME_WAIT;
+                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy, released, wait).await;
                 if let Some(c) = over.conn.take() {
                     c.handback_over(res, &over.tcp);
                 }
@@ -2444,6 +2445,13 @@ impl SmcConn {
                     Failure::PeerGone { reset } => ConnError::PeerGone { tcp_reset: reset },
                     Failure::Tcp(e) => ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")),
                     Failure::Protocol(e) => ConnError::Protocol(e.to_string()),
+                    Failure::Silent => {
+                        // The connection is over for both: the peer learns it at once.
+                        crate::sys::set_zero_linger(tcp);
+                        let wait = crate::smc::handback::PEER_FRAME_WAIT.as_secs();
+                        let e = format!("moving the connection to tcp: the peer's frame did not come within {wait} s");
+                        ConnError::Tcp(io::ErrorKind::TimedOut, e)
+                    }
                 };
                 tracing::debug!(parent: &self.span, error = %err.to_io(), "the move to tcp did not happen");
                 if !matches!(err, ConnError::PeerGone { .. }) {

@@ -19,19 +19,36 @@ pub(crate) enum Failure {
     Tcp(io::Error),
     /// The peer's frame is invalid, or the connection ended inside it.
     Protocol(HandbackError),
+    /// The peer's frame did not come whole within the bound ([`PEER_FRAME_WAIT`]), while its
+    /// host acknowledged ours: a peer that answers nothing, or began its frame and stopped.
+    Silent,
 }
+
+/// How long a move waits for the peer's frame, from its start. A live peer's frame comes at
+/// once: its watcher sees ours and answers, whatever its application does, and a peer that
+/// started the move wrote its frame whole before anything else. Without a bound, a peer whose
+/// kernel acknowledges our frame (so that neither the keepalive probes nor the bound on
+/// unacknowledged data end it) but which sends nothing, or one byte of its frame, kept the
+/// connection, its ring slot and its task for as long as it kept the TCP connection open, also
+/// after our application dropped the stream. The value is the bound a silent host gets
+/// (`probe_peer_host` in `smc::conn`: about 13 s), so a peer process is not held to less than
+/// its host.
+pub(crate) const PEER_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(13);
 
 /// Runs `hb` to its end on `tcp`, resending from `copy` (our bytes from
 /// [`Handback::copy_start`] on). Reads no byte past the peer's frame: what follows it is the
 /// peer's stream, for the application, which may read it from `peer_frame_read` on, while our
 /// resend still goes out (the peer's resend may need our application to read before ours can
-/// go: see `SmcConn::release_reads`).
+/// go: see `SmcConn::release_reads`). The peer's frame must be in within `frame_wait` of the
+/// start ([`PEER_FRAME_WAIT`]), else [`Failure::Silent`].
 pub(crate) async fn exchange(
     tcp: &TcpStream,
     hb: &mut Handback,
     copy: &[u8],
     peer_frame_read: impl FnOnce(),
+    frame_wait: std::time::Duration,
 ) -> Result<(), Failure> {
+    let deadline = tokio::time::Instant::now() + frame_wait;
     while !hb.frame_to_write().is_empty() {
         match tcp.try_write(hb.frame_to_write()) {
             Ok(n) => hb.frame_written(n),
@@ -51,7 +68,12 @@ pub(crate) async fn exchange(
             Ok(n) => {
                 hb.on_peer_bytes(&buf[..n]).map_err(Failure::Protocol)?;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => tcp.readable().await.map_err(Failure::Tcp)?,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match tokio::time::timeout_at(deadline, tcp.readable()).await {
+                    Ok(ready) => ready.map_err(Failure::Tcp)?,
+                    Err(_) => return Err(Failure::Silent),
+                }
+            }
             Err(e) if want == HANDBACK_FRAME_LEN && is_gone(&e) => return Err(Failure::PeerGone { reset: true }),
             Err(e) => return Err(Failure::Tcp(e)),
         }
@@ -108,8 +130,10 @@ mod tests {
         let b_stream: Vec<u8> = (0..10u8).collect();
         let mut ha = Handback::new(3, 200, 1000, false);
         let mut hb = Handback::new(600, 0, 10, true);
-        let (ra, rb) =
-            tokio::join!(exchange(&a, &mut ha, &a_stream[200..], || ()), exchange(&b, &mut hb, &b_stream[..], || ()));
+        let (ra, rb) = tokio::join!(
+            exchange(&a, &mut ha, &a_stream[200..], || (), PEER_FRAME_WAIT),
+            exchange(&b, &mut hb, &b_stream[..], || (), PEER_FRAME_WAIT)
+        );
         ra.unwrap();
         rb.unwrap();
         // B reads A's bytes 600.. after A's frame; A reads B's bytes 3.., then B's end.
@@ -139,20 +163,41 @@ mod tests {
         let (a, b) = pair().await;
         drop(b);
         let mut h = Handback::new(0, 0, 0, false);
-        assert!(matches!(exchange(&a, &mut h, &[], || ()).await, Err(Failure::PeerGone { .. })));
+        assert!(matches!(exchange(&a, &mut h, &[], || (), PEER_FRAME_WAIT).await, Err(Failure::PeerGone { .. })));
 
         let (a, b) = pair().await;
         b.try_write(b"GET / HTTP/1.1\r\n").unwrap();
         let mut h = Handback::new(0, 0, 0, false);
-        assert!(matches!(exchange(&a, &mut h, &[], || ()).await, Err(Failure::Protocol(HandbackError::BadMagic(_)))));
+        assert!(matches!(
+            exchange(&a, &mut h, &[], || (), PEER_FRAME_WAIT).await,
+            Err(Failure::Protocol(HandbackError::BadMagic(_)))
+        ));
 
         let (a, b) = pair().await;
         b.try_write(&HandbackFrame { consumed: 5 }.encode()[..7]).unwrap();
         drop(b);
         let mut h = Handback::new(0, 0, 9, false);
         assert!(matches!(
-            exchange(&a, &mut h, &[0; 9], || ()).await,
+            exchange(&a, &mut h, &[0; 9], || (), PEER_FRAME_WAIT).await,
             Err(Failure::Protocol(HandbackError::Truncated { got: 7 }))
         ));
+    }
+
+    /// A peer whose kernel takes our frame but which sends nothing, or begins its frame and
+    /// stops, keeping its socket open, ends the exchange at the bound: the move does not wait
+    /// for it for good.
+    #[tokio::test]
+    async fn a_peer_that_answers_nothing_or_part_of_its_frame_is_given_up() {
+        let wait = std::time::Duration::from_millis(300);
+        for sent in [0, 1, HANDBACK_FRAME_LEN - 1] {
+            let (a, b) = pair().await;
+            b.try_write(&HandbackFrame { consumed: 0 }.encode()[..sent]).unwrap();
+            let mut h = Handback::new(0, 0, 0, false);
+            let start = tokio::time::Instant::now();
+            let res = exchange(&a, &mut h, &[], || (), wait).await;
+            assert!(matches!(res, Err(Failure::Silent)), "{sent} bytes of a frame: {res:?}");
+            assert!(start.elapsed() >= wait);
+            drop(b);
+        }
     }
 }
