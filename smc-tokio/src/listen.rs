@@ -35,7 +35,7 @@ use crate::config::{Overrides, Policy, Settings};
 use crate::context::Context;
 use crate::door::{ClientIdentity, Door, EarlyKey, Matched, Registration, ServerWire};
 use crate::handshake::{Channel, Established, Owed, Step};
-use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_EYECATCHER};
+use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_MAX_LEN};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
 use crate::smc::shm::SideListener;
@@ -141,18 +141,15 @@ fn registered(
             });
             Handoff::Later
         }
-        Admit::Congested => {
-            // No SMC handshake now: the client hears "no" on the door and uses the connection
-            // as TCP; nothing of the negotiation was ever on the stream.
+        // No SMC handshake now (with the limit off, the queue for slots is full too): the
+        // client hears "no" on the door and uses the connection as TCP; nothing of the
+        // negotiation was ever on the stream, so it is handed out as TCP here as well (it was
+        // closed when the queue was full, though its client had been told to use it).
+        Admit::Congested | Admit::Refuse => {
             reg.refuse(DeclineReason::HandshakeCongested);
             let t =
                 Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
             hand_out(&shared.ctx, &cfg, tcp, t, None)
-        }
-        Admit::Refuse => {
-            reg.refuse(DeclineReason::HandshakeCongested);
-            tracing::debug!(%peer, "handshake queue full: connection refused");
-            Handoff::Later
         }
     }
 }
@@ -747,27 +744,31 @@ async fn check_confirm(link: &LinkInfo, cfg: &Settings, pending: &mut Pending) -
 enum Class {
     /// Not our eyecatcher (or EOF): a plain client.
     Plain,
-    /// The whole eyecatcher is there.
+    /// A whole CLC message is there (or one whose header is invalid: the handshake declines
+    /// it at once). Only then does the connection take a handshake slot: a client that sends
+    /// our eyecatcher and stops holds none (a remote one could otherwise hold every slot for a
+    /// handshake timeout each, and send the door's clients to TCP).
     Smc,
 }
 
 fn classify(seen: &[u8]) -> Option<Class> {
     if !eyecatcher_prefix_matches(seen) {
         Some(Class::Plain)
-    } else if seen.len() >= CLC_EYECATCHER.len() {
-        Some(Class::Smc)
-    } else {
+    } else if matches!(crate::proto::clc::decode(seen), Ok(crate::proto::clc::Decoded::NeedMore(_))) {
         None
+    } else {
+        Some(Class::Smc)
     }
 }
 
-/// Waits (up to `deadline`) until the first bytes decide what the client is. `None`: it sent
-/// nothing decisive in time.
+/// Waits (up to `deadline`) until the first bytes decide what the client is: not our
+/// eyecatcher, or a whole CLC message. `None`: it sent nothing decisive in time (then a
+/// Proposal that comes later is answered by the in-band guard).
 async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Result<Option<Class>> {
-    let mut buf = [0u8; CLC_EYECATCHER.len()];
-    // After a matching prefix shorter than the eyecatcher, the socket stays readable, so waiting
-    // for readiness would spin: back off instead. Only a client that trickles its first bytes
-    // gets here; the backoff caps at 16 ms.
+    let mut buf = [0u8; CLC_MAX_LEN];
+    // After a matching prefix shorter than a message, the socket stays readable, so waiting for
+    // readiness would spin: back off instead. Only a client that trickles its first bytes gets
+    // here; the backoff caps at 16 ms.
     let mut backoff = Duration::from_millis(1);
     loop {
         let n = match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
@@ -790,6 +791,7 @@ async fn peek_class(tcp: &TcpStream, deadline: tokio::time::Instant) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::clc::CLC_EYECATCHER;
 
     /// A connection finished after its listener closed (its handshake ended as the listener
     /// went) is reset, as one left in the queue is: its client reads a reset, not an end.
@@ -811,10 +813,42 @@ mod tests {
         assert_eq!(classify(b""), None);
         assert_eq!(classify(&CLC_EYECATCHER[..1]), None);
         assert_eq!(classify(&CLC_EYECATCHER[..3]), None);
-        assert_eq!(classify(&CLC_EYECATCHER), Some(Class::Smc));
+        // A message is Smc only whole (or with a header the handshake declines at once).
+        let proposal = proposal_bytes();
+        assert_eq!(classify(&CLC_EYECATCHER), None);
+        assert_eq!(classify(&proposal[..proposal.len() - 1]), None);
+        assert_eq!(classify(&proposal), Some(Class::Smc));
+        let mut too_long = proposal[..8].to_vec();
+        too_long[6..8].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert_eq!(classify(&too_long), Some(Class::Smc), "declined at once, not waited for");
         assert_eq!(classify(b"G"), Some(Class::Plain));
         assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
+    }
+
+    fn proposal_bytes() -> Vec<u8> {
+        use crate::proto::clc::{ClcMessage, Proposal};
+        let p = Proposal { secret: crate::sys::random_secret().unwrap(), rmb_size: 64 << 10, shm: None, rdma: None };
+        ClcMessage::Proposal(p).encode().unwrap()
+    }
+
+    /// A client that sends our eyecatcher, or all of a Proposal but its last byte, and stops is
+    /// not taken for an SMC client (which would hold a handshake slot): at the deadline it is
+    /// one that said nothing decisive. Its Proposal's last byte makes it one.
+    #[tokio::test]
+    async fn only_a_whole_message_makes_a_client_smc() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let proposal = proposal_bytes();
+        let wait = || tokio::time::Instant::now() + Duration::from_millis(200);
+        assert_eq!(peek_class(&s, wait()).await.unwrap(), None, "nothing sent");
+        c.try_write(&proposal[..CLC_EYECATCHER.len()]).unwrap();
+        assert_eq!(peek_class(&s, wait()).await.unwrap(), None, "the eyecatcher alone");
+        c.try_write(&proposal[CLC_EYECATCHER.len()..proposal.len() - 1]).unwrap();
+        assert_eq!(peek_class(&s, wait()).await.unwrap(), None, "all but a byte");
+        c.try_write(&proposal[proposal.len() - 1..]).unwrap();
+        assert_eq!(peek_class(&s, wait()).await.unwrap(), Some(Class::Smc));
     }
 }
 

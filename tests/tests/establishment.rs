@@ -484,8 +484,9 @@ async fn every_door_refusal_is_counted() {
         after.declines_sent[congested]
     );
     // With `limit_handshake` off the connection waits for a place instead, in a queue as long
-    // as the places; beyond it the connection is refused outright, and that is counted too
-    // (it was not: only the congested answer was).
+    // as the places; beyond it the registration is refused, and that is counted too (it was
+    // not: only the congested answer was). The connection is served as TCP, as its client was
+    // told to use it (it was closed).
     faults::clear(addr);
     let (l, addr) = echo_listener().await;
     l.set_limit_handshake(false);
@@ -497,9 +498,10 @@ async fn every_door_refusal_is_counted() {
     let queued = tokio::spawn(SmcStream::connect(addr));
     tokio::time::sleep(STEP).await;
     let before = smc_tokio::stats();
-    for _ in 0..5 {
-        // The door says "refused" at once; the server drops the connection itself.
-        let _ = bounded(10, SmcStream::connect(addr)).await;
+    for i in 0..5 {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert_eq!(s.transport(), declined(DeclineReason::HandshakeCongested, Side::Peer));
+        bounded(10, echo_check(s, b"queue full but served", 8, 10 + i)).await;
     }
     let after = smc_tokio::stats();
     faults::clear(addr);
