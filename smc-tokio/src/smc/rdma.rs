@@ -399,6 +399,17 @@ fn peer_ring_fits(peer_rmb: u32, cfg: &Settings) -> Result<(), DeclineReason> {
     Ok(())
 }
 
+/// The server's GID in its Accept must be its TCP address's, as a client's in its Proposal
+/// must be its own (`server_conn_create_blocking`): our QP never connects to a third host a
+/// server names.
+fn accepted_gid_is_the_servers(a: &RdmaLinkInfo, server: SocketAddr) -> Result<(), DeclineReason> {
+    if a.gid == gid_of(crate::sys::unmap(server).ip()) {
+        return Ok(());
+    }
+    tracing::debug!(%server, "rdma accept's gid is not the server's address");
+    Err(DeclineReason::SyncError)
+}
+
 fn client_conn_create_blocking(
     manager: &Arc<Manager>,
     server: SocketAddr,
@@ -408,6 +419,7 @@ fn client_conn_create_blocking(
     cfg: &Settings,
     timeout: Duration,
 ) -> Result<(Arc<SmcConn>, RdmaLinkInfo), DeclineReason> {
+    accepted_gid_is_the_servers(a, server)?;
     let rx_ring = RingSize::new(rx_size).ok_or(DeclineReason::Internal)?;
     RingSize::new(a.rmb_size).ok_or(DeclineReason::SyncError)?;
     peer_ring_fits(a.rmb_size, cfg)?;
@@ -681,7 +693,9 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{admit_server_group, max_groups_per_peer, max_server_groups, peer_ring_fits};
+    use super::{
+        accepted_gid_is_the_servers, admit_server_group, max_groups_per_peer, max_server_groups, peer_ring_fits,
+    };
     use crate::config::{RmbBudget, Settings, ShmConfig};
     use crate::proto::clc::DeclineReason;
     use crate::proto::cursor::RingSize;
@@ -692,6 +706,33 @@ mod tests {
         let mut g = [0; 16];
         g[15] = host;
         g
+    }
+
+    /// An Accept that names a GID other than the server's address (a third host on the
+    /// fabric) is declined before anything is set up; the server's own GID passes, written
+    /// for an IPv4 server as the kernel writes it (IPv4-mapped), however its address is given.
+    #[test]
+    fn an_accept_naming_another_host_is_declined() {
+        use crate::proto::clc::RdmaLinkInfo;
+        let info = |gid| RdmaLinkInfo {
+            gid,
+            qpn: 7,
+            psn: 1,
+            mtu: 1024,
+            rkey: 1,
+            rmb_addr: 0x1000,
+            rmb_size: 64 << 10,
+            rmb_token: 1,
+            link_group: 1,
+        };
+        let server: std::net::SocketAddr = "192.0.2.10:443".parse().unwrap();
+        let mapped: std::net::SocketAddr = "[::ffff:192.0.2.10]:443".parse().unwrap();
+        let own = std::net::Ipv4Addr::new(192, 0, 2, 10).to_ipv6_mapped().octets();
+        let third = std::net::Ipv4Addr::new(192, 0, 2, 99).to_ipv6_mapped().octets();
+        assert_eq!(accepted_gid_is_the_servers(&info(own), server), Ok(()));
+        assert_eq!(accepted_gid_is_the_servers(&info(own), mapped), Ok(()));
+        assert_eq!(accepted_gid_is_the_servers(&info(third), server), Err(DeclineReason::SyncError));
+        assert_eq!(accepted_gid_is_the_servers(&info(gid(10)), server), Err(DeclineReason::SyncError));
     }
 
     /// One client host gets at most `max_groups_per_peer` server groups, all clients together
