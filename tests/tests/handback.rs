@@ -340,7 +340,18 @@ async fn a_move_whose_peer_never_answers_ends_after_the_stream_is_dropped() {
     let ctx = smc_tokio::Context::new();
     let client = SmcStream::builder().context(&ctx).connect(server.addr).await.unwrap();
     assert_eq!(client.transport(), Transport::SmcD);
+    // The server's thread holds from the moment it gives its socket out (before, its runtime
+    // could still answer the move).
+    server.fd.recv().unwrap();
     client.fail_link().unwrap();
+    // The move starts on the runtime's next turns (it probes the peer from then on); the
+    // stream is dropped while it waits.
+    let sock = socket2::SockRef::from(&client);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.keepalive().unwrap() {
+        assert!(Instant::now() < deadline, "the move started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(client);
     let limit = Duration::from_secs(60);
     let start = Instant::now();
