@@ -824,7 +824,10 @@ impl RdmaConfig {
         self
     }
 
-    /// Use this GID index instead of the one that holds the connection's local address.
+    /// Use this GID index instead of the first RoCE v2 one that holds the connection's local
+    /// address (to choose among entries of that address, such as its RoCE v1 and v2 ones). It
+    /// must hold the address too: both ends decline a peer whose GID is not its TCP address's,
+    /// and a port whose entry at this index holds another GID serves no RDMA for the address.
     ///
     /// # Examples
     ///

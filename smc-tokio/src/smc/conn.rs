@@ -2439,6 +2439,13 @@ impl SmcConn {
                 counters.handback(true);
             }
             Err(f) => {
+                if !matches!(f, Failure::PeerGone { .. }) {
+                    // The peer may be alive and still hold the connection (a silent one, one
+                    // that broke the exchange, a failed socket under a live process): its
+                    // writes into our ring, or its reads of it, may come later, so the slot is
+                    // never given to another connection.
+                    st.retire_slot = true;
+                }
                 let err = match f {
                     // Not a move: the peer is gone. What it sent is read from the ring, then the
                     // end TCP would report, as for any peer that goes away.
@@ -2446,7 +2453,8 @@ impl SmcConn {
                     Failure::Tcp(e) => ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")),
                     Failure::Protocol(e) => ConnError::Protocol(e.to_string()),
                     Failure::Silent => {
-                        // The connection is over for both: the peer learns it at once.
+                        // The connection is over for both: the peer learns it when the socket
+                        // closes (the stream's last holder lets it go), from a reset.
                         crate::sys::set_zero_linger(tcp);
                         let wait = crate::smc::handback::PEER_FRAME_WAIT.as_secs();
                         let e = format!("moving the connection to tcp: the peer's frame did not come within {wait} s");

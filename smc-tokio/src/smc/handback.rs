@@ -30,10 +30,12 @@ pub(crate) enum Failure {
 /// kernel acknowledges our frame (so that neither the keepalive probes nor the bound on
 /// unacknowledged data end it) but which sends nothing, or one byte of its frame, kept the
 /// connection, its ring slot and its task for as long as it kept the TCP connection open, also
-/// after our application dropped the stream. The value is the bound a silent host gets
-/// (`probe_peer_host` in `smc::conn`: about 13 s), so a peer process is not held to less than
-/// its host.
-pub(crate) const PEER_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(13);
+/// after our application dropped the stream. The value is well past the bounds a dead or
+/// cut-off host meets first (`probe_peer_host` in `smc::conn`: keepalive and unacknowledged
+/// data, about 13 s), so that such a host still ends the move as a peer that went away (its
+/// bytes in our ring read first): at 13 s this bound raced the kernel's and won in the
+/// soft-RoCE guests' silent-host case. Only a live peer that stays silent meets it.
+pub(crate) const PEER_FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs `hb` to its end on `tcp`, resending from `copy` (our bytes from
 /// [`Handback::copy_start`] on). Reads no byte past the peer's frame: what follows it is the

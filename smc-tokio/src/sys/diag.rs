@@ -154,7 +154,7 @@ impl TcpDiag {
         }
         let asked: &[u8; TUPLE_LEN] =
             req[NLMSG_HDR + 8..NLMSG_HDR + 8 + TUPLE_LEN].try_into().map_err(|_| io::ErrorKind::InvalidData)?;
-        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)], exact.then_some(asked))
+        parse_answer(&buf[..usize::try_from(n).unwrap_or(0)], exact.then_some((asked, self.device)))
     }
 }
 
@@ -163,11 +163,13 @@ impl TcpDiag {
 const TUPLE_LEN: usize = 36;
 
 /// Reads the kernel's answer to one request: an `inet_diag_msg`, or an error (`ENOENT`: no
-/// such socket). With `asked`, a socket whose four-tuple is not that one is no answer: for a
-/// tuple no connected socket has, the kernel's lookup (`inet_lookup`) goes on to the listening
-/// sockets and answers with one bound to the asked local port, whoever owns it; its tuple has
-/// no peer.
-fn parse_answer(b: &[u8], asked: Option<&[u8; TUPLE_LEN]>) -> io::Result<Option<TcpOwner>> {
+/// such socket). With `asked` (the four-tuple and the device named), a socket whose four-tuple
+/// is not that one is no answer: for a tuple no connected socket has, the kernel's lookup
+/// (`inet_lookup`) goes on to the listening sockets and answers with one bound to the asked
+/// local port, whoever owns it; its tuple has no peer. Nor is a socket bound to another device
+/// than the one named (two sockets on different devices, in different VRFs, may share a
+/// four-tuple; the look-up names ours).
+fn parse_answer(b: &[u8], asked: Option<(&[u8; TUPLE_LEN], u32)>) -> io::Result<Option<TcpOwner>> {
     let short = || io::Error::new(io::ErrorKind::InvalidData, "short sock_diag answer");
     let hdr = b.get(..NLMSG_HDR).ok_or_else(short)?;
     let kind = u16::from_ne_bytes([hdr[4], hdr[5]]);
@@ -183,10 +185,13 @@ fn parse_answer(b: &[u8], asked: Option<&[u8; TUPLE_LEN]>) -> io::Result<Option<
         return Err(io::Error::new(io::ErrorKind::InvalidData, "unexpected sock_diag answer"));
     }
     let m = body.get(..MSG_LEN).ok_or_else(short)?;
-    if asked.is_some_and(|t| m[4..4 + TUPLE_LEN] != t[..]) {
-        return Ok(None);
-    }
     let word = |at: usize| u32::from_ne_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]]);
+    if let Some((tuple, device)) = asked {
+        let bound = word(4 + TUPLE_LEN);
+        if m[4..4 + TUPLE_LEN] != tuple[..] || bound != 0 && bound != device {
+            return Ok(None);
+        }
+    }
     let cookie = u64::from(word(4 + 44)) << 32 | u64::from(word(4 + 40));
     Ok(Some(TcpOwner { uid: word(4 + SOCKID_LEN + 12), cookie, state: m[1] }))
 }
@@ -318,17 +323,35 @@ mod tests {
         answer[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         answer[NLMSG_HDR + 4..NLMSG_HDR + 6].copy_from_slice(&port.to_be_bytes());
         answer[NLMSG_HDR + 1] = 10; // TCP_LISTEN
-        assert!(parse_answer(&answer, Some(&req_tuple)).unwrap().is_some());
+        assert!(parse_answer(&answer, Some((&req_tuple, 0))).unwrap().is_some());
         req_tuple[2..4].copy_from_slice(&server.local_addr().unwrap().port().to_be_bytes());
-        assert_eq!(parse_answer(&answer, Some(&req_tuple)).unwrap(), None);
+        assert_eq!(parse_answer(&answer, Some((&req_tuple, 0))).unwrap(), None);
         // Asked whether the kernel answers at all, it does (with the listener).
         assert!(parse_answer(&answer, None).unwrap().is_some());
         assert!(diag.answers(client_end, server.local_addr().unwrap()).unwrap());
     }
 
+    /// An answer for the asked tuple from a socket bound to another device than the one named
+    /// is no answer; one bound to none, or to that device, is.
+    #[test]
+    fn a_socket_on_another_device_is_not_the_one_asked() {
+        let tuple = [7u8; TUPLE_LEN];
+        let answer = |bound: u32| {
+            let mut a = [0u8; NLMSG_HDR + MSG_LEN];
+            a[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+            a[NLMSG_HDR + 4..NLMSG_HDR + 4 + TUPLE_LEN].copy_from_slice(&tuple);
+            a[NLMSG_HDR + 4 + TUPLE_LEN..NLMSG_HDR + 8 + TUPLE_LEN].copy_from_slice(&bound.to_ne_bytes());
+            a
+        };
+        assert!(parse_answer(&answer(0), Some((&tuple, 3))).unwrap().is_some());
+        assert!(parse_answer(&answer(3), Some((&tuple, 3))).unwrap().is_some());
+        assert_eq!(parse_answer(&answer(5), Some((&tuple, 3))).unwrap(), None);
+        assert_eq!(parse_answer(&answer(5), Some((&tuple, 0))).unwrap(), None);
+    }
+
     #[test]
     fn short_and_foreign_answers_are_errors() {
-        let any = Some(&[0; TUPLE_LEN]);
+        let any = Some((&[0; TUPLE_LEN], 0));
         assert!(parse_answer(&[0; 8], any).is_err());
         let mut b = [0u8; NLMSG_HDR + 4];
         b[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
