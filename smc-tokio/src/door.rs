@@ -42,7 +42,7 @@
 //! The messages on a door connection are [`DoorFrame`]s, whose format is in
 //! [`proto::door`](crate::proto::door).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -59,6 +59,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
+use crate::hash::{Map as HashMap, Set as HashSet};
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
 use crate::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_FRAME_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
@@ -427,7 +428,7 @@ struct ServerConn {
     live: Mutex<HashMap<u64, Arc<Inbox>>>,
     /// Its early registrations whose connection was accepted (and checked) before their
     /// Confirm came: proven already.
-    accepted_early: Mutex<std::collections::HashSet<u64>>,
+    accepted_early: Mutex<HashSet<u64>>,
 }
 
 impl ServerConn {
@@ -498,7 +499,7 @@ struct DoorState {
     /// Four-tuples (peer, local) of connections handed out as plain TCP while the door's queues
     /// could not be read to the end, oldest first ([`MISSED_MAX`]).
     missed: VecDeque<(Instant, (SocketAddr, SocketAddr))>,
-    missed_set: std::collections::HashSet<(SocketAddr, SocketAddr)>,
+    missed_set: HashSet<(SocketAddr, SocketAddr)>,
     /// Where a drain within a budget starts reading the door connections: after the one
     /// where the last one's budget ran out, so that connections that always have more to read
     /// do not keep the same others from being read.

@@ -121,6 +121,7 @@ mod faults;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
+mod hash;
 pub mod kernel;
 mod link;
 mod listen;

@@ -1,6 +1,6 @@
 //! The client's negative cache: servers that recently answered a proposal as plain TCP.
 
-use std::collections::HashMap;
+use crate::hash::Map as HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

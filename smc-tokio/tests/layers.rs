@@ -3,7 +3,8 @@
 //!
 //! 0. `proto`: wire formats and sans-IO state machines;
 //! 1. `sys`: raw system calls, descriptors from other processes;
-//! 2. vocabulary and settings: `transport`, `error`, `config`, `stats`;
+//! 2. vocabulary and settings: `transport`, `error`, `config`, `stats`, and `hash` (the
+//!    maps' keyed hash);
 //! 3. `link`: links that move bytes (shared memory, verbs) and their reactor glue;
 //! 4. `smc`: SMC connections, link groups and the manager that owns them;
 //! 5. negotiation: `handshake`, `door`, `kernel`, `connect`, `listen`, `negative_cache`, `faults`,
@@ -25,6 +26,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("error", 2),
     ("config", 2),
     ("stats", 2),
+    ("hash", 2),
     ("link", 3),
     ("smc", 4),
     ("handshake", 5),

@@ -2,7 +2,7 @@
 //! share it, with the driver task that waits on the link's completion source and dispatches CDC
 //! messages to connections.
 
-use std::collections::HashMap;
+use crate::hash::Map as HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -185,7 +185,7 @@ impl LinkGroup {
             tx_rmb_capacity: tx_rmb_capacity.max(tx_rmb_size),
             link: OnceLock::new(),
             state: Mutex::new(GroupState {
-                conns: HashMap::new(),
+                conns: HashMap::default(),
                 // Hand out low slots first (pop from the back).
                 free: (0..n as u32).rev().map(|s| s as u16).collect(),
                 generation: vec![0; n],

@@ -9,7 +9,7 @@
 //! connections between the two processes name the group in their Proposal and cost an RMB slot
 //! each.
 
-use std::collections::HashMap;
+use crate::hash::Map as HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
