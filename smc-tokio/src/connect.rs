@@ -620,16 +620,7 @@ mod tests {
         let dst: IpAddr = "127.0.0.77".parse().unwrap();
         let listener = SmcListener::bind(SocketAddr::new(dst, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut b = [0u8; 5];
-                    if s.read_exact(&mut b).await.is_ok() {
-                        let _ = s.write_all(&b).await;
-                    }
-                });
-            }
-        });
+        crate::testing::spawn_echo_of_five(listener);
         let round = || async move {
             let mut c = SmcStream::connect(addr).await.unwrap();
             c.write_all(b"hello").await.unwrap();

@@ -2346,16 +2346,7 @@ mod tests {
         sock.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let listener = crate::SmcListener::builder().listen_socket(sock, 64).unwrap();
         let server = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut b = [0u8; 5];
-                    if s.read_exact(&mut b).await.is_ok() {
-                        let _ = s.write_all(&b).await;
-                    }
-                });
-            }
-        });
+        crate::testing::spawn_echo_of_five(listener);
         for bound in [true, true, false, true] {
             let sock = crate::SmcSocket::new_v4().unwrap();
             if bound {

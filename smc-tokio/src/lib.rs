@@ -131,6 +131,8 @@ pub mod proto;
 mod smc;
 mod stats;
 mod sys;
+#[cfg(test)]
+mod testing;
 mod transport;
 
 /// RDMA diagnostics (feature `rdma`): what the verbs link sees on this host.

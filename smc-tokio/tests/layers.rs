@@ -12,7 +12,8 @@
 //! 6. `net`: the public types (`SmcListener`, `SmcStream` and friends).
 //!
 //! Modules of one layer may use each other (a connection and its group, a stream and its
-//! halves). The crate root and the fuzzing entry points sit above everything. A `crate::` path
+//! halves). The crate root, the fuzzing entry points and the unit tests' helpers (`testing`)
+//! sit above everything. A `crate::` path
 //! in code (not in comments, not in `#[cfg(test)] mod tests`) counts as an import; a new
 //! module must be given a layer here.
 
@@ -39,6 +40,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("faults", 5),
     ("net", 6),
     ("fuzzing", 7),
+    ("testing", 7),
     ("crate", 7),
 ];
 
