@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{FallbackReason, HandbackCause, SmcStream, Transport};
-use tests::{bounded, read_n_shared, smc_pair, write_all_shared, Rng};
+use tests::{bounded, read_n_shared, smc_pair, smc_pair_in, write_all_shared, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn moved(cause: HandbackCause) -> Transport {
@@ -361,6 +361,42 @@ async fn a_move_whose_peer_never_answers_ends_after_the_stream_is_dropped() {
     }
     assert_eq!(ctx.stats().handbacks, [0, 1], "one move, failed");
     server.release();
+}
+
+/// A move whose peer answers and then never reads, with far more to resend than the sockets
+/// hold (the peer's ring full of our bytes, its socket's receive buffer small): once our
+/// application dropped the stream, the resend is bounded as a silent host's data is (the
+/// kernel ends it after 13 s of a zero window), and the connection goes. Before, the resend
+/// waited for room for as long as the peer kept its TCP connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
+    let ctx = smc_tokio::Context::new();
+    let (client, server) = smc_pair_in(&ctx, ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
+    socket2::SockRef::from(&server).set_recv_buffer_size(4 << 10).unwrap();
+    socket2::SockRef::from(&client).set_send_buffer_size(4 << 10).unwrap();
+    let mut sent = 0usize;
+    let chunk = [7u8; 16 << 10];
+    while let Ok(n) = client.try_write(&chunk) {
+        sent += n;
+    }
+    assert!(sent > 2 << 20, "{sent} bytes in the server's ring");
+    let moving = tokio::spawn(async move {
+        let _ = client.hand_back().await;
+    });
+    // The peer's frame is in (its host and process answer) and our resend is stuck behind its
+    // zero window: the application drops the stream.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ctx.stats().handbacks, [1, 0], "the server's move ended, the client's resend waits");
+    moving.abort();
+    let _ = moving.await;
+    let limit = Duration::from_secs(60);
+    let start = Instant::now();
+    while ctx.stats().handbacks[1] == 0 {
+        assert!(start.elapsed() < limit, "the resend still waits for a peer that never reads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ctx.stats().handbacks, [1, 1], "the server's move ended, the client's failed");
+    drop(server);
 }
 
 /// Both directions full when the stream moves (neither application read for a while), with

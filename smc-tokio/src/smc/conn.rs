@@ -1796,6 +1796,19 @@ impl SmcConn {
     pub(crate) fn release(&self, abort: bool, watcher: Option<tokio::task::JoinHandle<()>>) {
         let mut st = self.lock();
         st.released = true;
+        if matches!(st.handback, Handback::Moving(_)) {
+            // Let go while a move runs: its resend waits for room as TCP writes do, and a peer
+            // that answered and never reads would hold it (and the connection, its copy and
+            // its slot) for good, where the kernel ends a TCP socket dropped so by its orphan
+            // limits. The bound a silent host gets applies from now on, to data held back by
+            // a zero window too (`TCP_USER_TIMEOUT`), and the peer's frame no longer takes it
+            // off (`release_reads`).
+            if let Some(tcp) = st.tcp.as_deref() {
+                if let Err(e) = socket2::SockRef::from(tcp).set_tcp_user_timeout(Some(SILENT_HOST_BOUND)) {
+                    tracing::debug!(parent: &self.span, error = %e, "cannot bound a released move's resend");
+                }
+            }
+        }
         // The stream's watcher: kept only while the TCP socket is held for the peer's close
         // (`let_tcp_go`), else stopped below.
         st.held_watcher = watcher.map(|w| Watcher(Some(w)));
@@ -2395,9 +2408,12 @@ impl SmcConn {
             self.rx_on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
             // The peer answered, so its host is there: the probe's bound on unacknowledged
             // data (`probe_peer_host`) would now only cut a resend its application is slow to
-            // read, which TCP would wait out.
-            if let (Some(before), Some(tcp)) = (st.keepalive_before.take(), st.tcp.as_deref()) {
-                before.restore(tcp);
+            // read, which TCP would wait out, while our application holds the stream (once it
+            // let go, the bound stays: `release`).
+            if !st.released {
+                if let (Some(before), Some(tcp)) = (st.keepalive_before.take(), st.tcp.as_deref()) {
+                    before.restore(tcp);
+                }
             }
             st.rx_waiters.wake();
         }
@@ -2609,9 +2625,7 @@ fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
         retries: sock.tcp_keepalive_retries().ok()?,
         user_timeout: sock.tcp_user_timeout().ok()?,
     };
-    // 5 s + 4 * 2 s: what the probes below take to give up.
-    let unacked = std::time::Duration::from_secs(13);
-    let bound = before.user_timeout.map_or(unacked, |t| t.min(unacked));
+    let bound = before.user_timeout.map_or(SILENT_HOST_BOUND, |t| t.min(SILENT_HOST_BOUND));
     // The application's own keepalive probes already; while data is unacknowledged (a move's
     // frame) no probe goes out, so the bound applies whoever probes.
     let set = if before.on {
@@ -2630,6 +2644,11 @@ fn probe_peer_host(tcp: &TcpStream) -> Option<Keepalive> {
     }
     Some(before)
 }
+
+/// How long a move's data may stay unacknowledged (or, held back by a zero window,
+/// untransmitted) before the kernel ends the connection: 5 s + 4 * 2 s, what the keepalive
+/// probes of [`probe_peer_host`] take to give up.
+const SILENT_HOST_BOUND: std::time::Duration = std::time::Duration::from_secs(13);
 
 /// A TCP socket's keepalive settings.
 #[derive(Debug, Clone, Copy)]
