@@ -353,14 +353,18 @@ async fn a_move_whose_peer_never_answers_ends_after_the_stream_is_dropped() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(client);
-    let limit = Duration::from_secs(90);
-    let start = Instant::now();
-    while ctx.stats().handbacks[1] == 0 {
-        assert!(start.elapsed() < limit, "the move still waits for a peer that never answers");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a_move_fails_within(&ctx, Duration::from_secs(90), "the move still waits for a peer that never answers").await;
     assert_eq!(ctx.stats().handbacks, [0, 1], "one move, failed");
     server.release();
+}
+
+/// Waits until a move of `ctx` failed, for at most `limit` (else fails with `what`).
+async fn a_move_fails_within(ctx: &smc_tokio::Context, limit: Duration, what: &str) {
+    let start = Instant::now();
+    while ctx.stats().handbacks[1] == 0 {
+        assert!(start.elapsed() < limit, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A move whose peer answers and then never reads, with far more to resend than the sockets
@@ -389,12 +393,7 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
     assert_eq!(ctx.stats().handbacks, [1, 0], "the server's move ended, the client's resend waits");
     moving.abort();
     let _ = moving.await;
-    let limit = Duration::from_secs(60);
-    let start = Instant::now();
-    while ctx.stats().handbacks[1] == 0 {
-        assert!(start.elapsed() < limit, "the resend still waits for a peer that never reads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a_move_fails_within(&ctx, Duration::from_secs(60), "the resend still waits for a peer that never reads").await;
     assert_eq!(ctx.stats().handbacks, [1, 1], "the server's move ended, the client's failed");
     drop(server);
 }
