@@ -830,11 +830,14 @@ pub(crate) fn find_port(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavail
             let found = if let Some(idx) = cfg.gid_index {
                 // It must hold the address too: both ends decline a peer whose GID is not its
                 // address's, so a GID of another address could never connect.
-                let g = dev.query_gid(port, c_int::from(idx));
-                if g.is_some_and(|g| g != want) {
-                    tracing::warn!(dev = %dev.name, port, idx, %local, "the configured gid index does not hold the address's gid: no rdma there");
+                match dev.query_gid(port, c_int::from(idx)) {
+                    Some(g) if g == want => Some((idx, g)),
+                    Some(_) => {
+                        tracing::warn!(dev = %dev.name, port, idx, %local, "the configured gid index does not hold the address's gid: no rdma there");
+                        None
+                    }
+                    None => None,
                 }
-                g.filter(|g| *g == want).map(|g| (idx, g))
             } else {
                 (0..attr.gid_tbl_len.min(256)).find_map(|i| {
                     let g = dev.query_gid(port, i).filter(|g| *g == want)?;
