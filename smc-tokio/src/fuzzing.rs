@@ -69,46 +69,80 @@ fn same_but_ignored(again: &[u8], data: &[u8], ignored: impl Fn(usize) -> bool) 
         && again.iter().zip(data).enumerate().all(|(i, (a, d))| if ignored(i) { *a == 0 } else { a == d })
 }
 
-/// Door frame decoding (one input is one message): never panics; a frame that decodes has a
-/// payload that fits, re-encodes to the same bytes (its spare byte as zero), and decodes to
-/// itself; so does a Register's head and Proposal.
+/// Door message decoding (one input is one message): never panics; a message that splits
+/// into frames ([`frames`](crate::proto::door::frames)) has 1 to 64 of them within its bound,
+/// and every frame has a payload that fits, re-encodes to the same bytes (its spare byte as
+/// zero) and decodes to itself, as do a Register's head and Proposal and a Connected frame's
+/// tuple; the frames re-encoded back to back are the message. A message of one frame decodes
+/// the same through [`DoorFrame::decode`], and one of more is refused there.
 ///
 /// # Examples
 ///
 /// ```
 /// use smc_tokio::proto::door::{DoorFrame, DoorKind, RegisterHead};
 ///
-/// // A registration, the same truncated into its header, and noise: each call returns.
-/// let bytes = RegisterHead { instance: 42, cookie: 7, port: 40_000 }.encode_frame(1, b"a proposal");
+/// // A registration, the same truncated into its header, noise, and two frames in one message:
+/// // each call returns.
+/// let mut bytes = RegisterHead { instance: 42, cookie: 7, port: 40_000 }.encode_frame(1, b"a proposal");
 /// smc_tokio::fuzzing::door_decode(&bytes);
 /// smc_tokio::fuzzing::door_decode(&bytes[..10]);
-/// smc_tokio::fuzzing::door_decode(b"SMCd\x03\x09 not a frame");
-/// smc_tokio::fuzzing::door_decode(&DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 1 }.encode(&[]));
+/// smc_tokio::fuzzing::door_decode(b"SMCd\x04\x09 not a frame");
+/// DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 1 }.encode_into(&mut bytes, &[]);
+/// smc_tokio::fuzzing::door_decode(&bytes);
 /// ```
 pub fn door_decode(data: &[u8]) {
-    if let Ok((frame, payload)) = DoorFrame::decode(data) {
+    use crate::proto::door::{frames, ConnectedTuple, DoorKind, RegisterHead, DOOR_BATCH_FRAMES, DOOR_MSG_MAX};
+    let Ok(all) = frames(data) else {
+        assert!(DoorFrame::decode(data).is_err(), "one frame taken where its message is refused");
+        return;
+    };
+    assert!(data.len() <= DOOR_MSG_MAX);
+    let mut again = Vec::new();
+    let mut count = 0;
+    let mut at = 0;
+    for (frame, payload) in all {
+        count += 1;
+        let whole = &data[at..at + DOOR_HEADER_LEN + payload.len()];
         assert!(payload.len() <= crate::proto::door::DOOR_FRAME_MAX - DOOR_HEADER_LEN);
-        assert_eq!(payload, &data[DOOR_HEADER_LEN..]);
+        assert_eq!(payload, &whole[DOOR_HEADER_LEN..]);
         assert_eq!(frame.kind.has_payload(), !payload.is_empty());
-        let again = frame.encode(payload);
-        assert!(same_but_ignored(&again, data, |i| i == 7), "re-encoded differently");
-        assert_eq!(DoorFrame::decode(&again), Ok((frame, payload)));
-        if frame.kind == crate::proto::door::DoorKind::Connected {
-            if let Ok((t, clc)) = crate::proto::door::ConnectedTuple::decode(payload) {
+        let one = frame.encode(payload);
+        assert!(same_but_ignored(&one, whole, |i| i == 7), "re-encoded differently");
+        assert_eq!(DoorFrame::decode(&one), Ok((frame, payload)));
+        if frame.kind == DoorKind::Connected {
+            if let Ok((t, clc)) = ConnectedTuple::decode(payload) {
                 assert!(!clc.is_empty() && clc.len() <= crate::proto::clc::CLC_MAX_LEN);
-                let again = t.encode_frame(frame.id, clc);
-                let (_, p2) = DoorFrame::decode(&again).expect("a connected frame re-encodes");
-                assert_eq!(crate::proto::door::ConnectedTuple::decode(p2), Ok((t, clc)));
+                let re = t.encode_frame(frame.id, clc);
+                let (_, p2) = DoorFrame::decode(&re).expect("a connected frame re-encodes");
+                assert_eq!(ConnectedTuple::decode(p2), Ok((t, clc)));
             }
         }
-        if frame.kind == crate::proto::door::DoorKind::Register {
-            if let Ok((head, proposal)) = crate::proto::door::RegisterHead::decode(payload) {
+        if frame.kind == DoorKind::Register {
+            if let Ok((head, proposal)) = RegisterHead::decode(payload) {
                 assert!(!proposal.is_empty() && proposal.len() <= crate::proto::clc::CLC_MAX_LEN);
-                let again = head.encode_frame(frame.id, proposal);
-                assert!(same_but_ignored(&again, data, |i| i == 7), "registration re-encoded differently");
+                let re = head.encode_frame(frame.id, proposal);
+                assert!(same_but_ignored(&re, whole, |i| i == 7), "registration re-encoded differently");
             }
         }
+        frame.encode_into(&mut again, payload);
+        at += whole.len();
     }
+    assert!((1..=DOOR_BATCH_FRAMES).contains(&count));
+    assert_eq!(at, data.len(), "bytes after the last frame");
+    let spare = |i: usize| {
+        // The spare byte of each frame, found by walking the re-encoded frames.
+        let mut start = 0;
+        while start + DOOR_HEADER_LEN <= again.len() {
+            if i == start + 7 {
+                return true;
+            }
+            let len = usize::from(u16::from_be_bytes([again[start + 16], again[start + 17]]));
+            start += DOOR_HEADER_LEN + len;
+        }
+        false
+    };
+    assert!(same_but_ignored(&again, data, spare), "frames re-encoded back to back differ from the message");
+    assert_eq!(DoorFrame::decode(data).is_ok(), count == 1);
 }
 
 /// Side-channel decoding (one input is one message, read as a JOIN and as a WELCOME): never
@@ -529,6 +563,8 @@ mod tests {
         for (i, f) in frames.iter().enumerate() {
             write("door_decode", format!("frame{i}"), f);
         }
+        // All of them in one message, as a turn's frames go out.
+        write("door_decode", "batch".into(), &frames.concat());
         // A JOIN, a WELCOME that lets the client in, and one that refuses it.
         use crate::proto::side::JoinRefused;
         let bell = crate::proto::side::BellTag([0x5A; 24]);

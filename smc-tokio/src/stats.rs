@@ -58,6 +58,8 @@ struct Lane {
     door: [AtomicU64; 5],
     late_messages: AtomicU64,
     door_connections: AtomicU64,
+    door_frames: AtomicU64,
+    door_messages: AtomicU64,
     partial_waits: AtomicU64,
     handbacks: [AtomicU64; 2],
     doorbells: [AtomicU64; 2],
@@ -336,6 +338,13 @@ impl Counters {
         self.lane().door_connections.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A door message sent (either end), carrying `frames` frames.
+    pub(crate) fn door_message(&self, frames: usize) {
+        let lane = self.lane();
+        lane.door_messages.fetch_add(1, Ordering::Relaxed);
+        lane.door_frames.fetch_add(frames as u64, Ordering::Relaxed);
+    }
+
     /// A late handshake message taken off a TCP stream before the application's bytes.
     pub(crate) fn late_message(&self) {
         self.lane().late_messages.fetch_add(1, Ordering::Relaxed);
@@ -530,6 +539,13 @@ pub struct Stats {
     /// Door connections clients opened: one per listener, runtime and context, reused by every
     /// registration after the first (so far fewer than `door[0]`, the registrations).
     pub door_connections: u64,
+    /// Door frames (registrations, handshake messages, answers, cancels) this process sent,
+    /// either end, and the messages that carried them: what one turn of a runtime says on a
+    /// door connection goes out in one message, so under many connections at once there are
+    /// far fewer messages than frames.
+    pub door_frames_sent: u64,
+    /// See [`door_frames_sent`](Self::door_frames_sent).
+    pub door_messages_sent: u64,
     /// Late handshake messages (a Proposal after the server stopped waiting, or the answer to
     /// an Accept it timed out on) taken off TCP streams before the application's bytes.
     pub late_messages: u64,
@@ -672,6 +688,8 @@ impl Counters {
             door: self.sums(|l| &l.door),
             late_messages: self.sum(|l| &l.late_messages),
             door_connections: self.sum(|l| &l.door_connections),
+            door_frames_sent: self.sum(|l| &l.door_frames),
+            door_messages_sent: self.sum(|l| &l.door_messages),
             partial_waits: self.sum(|l| &l.partial_waits),
             handbacks: self.sums(|l| &l.handbacks),
             doorbells: self.sums(|l| &l.doorbells),
@@ -782,8 +800,8 @@ impl fmt::Display for Stats {
         let d = &self.door;
         writeln!(
             f,
-            "doors: {} registered over {} door connections, {} matched, {} no smc, {} timed out, {} refused; late handshake messages taken: {}, partial prefixes held: {}",
-            d[0], self.door_connections, d[1], d[2], d[3], d[4], self.late_messages, self.partial_waits
+            "doors: {} registered over {} door connections, {} matched, {} no smc, {} timed out, {} refused; {} frames sent in {} messages; late handshake messages taken: {}, partial prefixes held: {}",
+            d[0], self.door_connections, d[1], d[2], d[3], d[4], self.door_frames_sent, self.door_messages_sent, self.late_messages, self.partial_waits
         )?;
         writeln!(
             f,

@@ -89,7 +89,7 @@ async fn stuck_closers_make_the_process_take_no_descriptor_from_peers() {
     spawn_echo(b);
     let baseline = settle_fds().await;
     let queued_before = smc_tokio::stats().closer.queued;
-    let door = format!("smc-tokio/d3/{b_addr}/solo");
+    let door = format!("smc-tokio/d4/{b_addr}/solo");
     let (mut side_knocks, mut door_knocks) = (0, 0);
     for _ in 0..200 {
         if let Ok(fd) = knock(&side[0]) {
@@ -127,7 +127,7 @@ async fn stuck_closers_make_the_process_take_no_descriptor_from_peers() {
     let c_addr = c.local_addr().unwrap();
     spawn_echo(c);
     let before_c = settle_fds().await;
-    let c_door = format!("smc-tokio/d3/{c_addr}/solo");
+    let c_door = format!("smc-tokio/d4/{c_addr}/solo");
     let mut c_knocks = 0;
     for _ in 0..200 {
         if let Ok(fd) = knock(&c_door) {

@@ -236,7 +236,7 @@ async fn a_squatter_queueing_lingering_sockets_slows_no_client() {
             });
         }
     });
-    let base = format!("smc-tokio/d3/{addr}");
+    let base = format!("smc-tokio/d4/{addr}");
     let mut names = vec![format!("{base}/solo")];
     names.extend((0..16).map(|i| format!("{base}/{i}")));
     let mut args = vec!["squat-linger".to_string(), "5".to_string()];
@@ -300,7 +300,7 @@ async fn a_victim_in_a_user_namespace_does_not_trust_the_overflow_uid() {
             });
         }
     });
-    let name = format!("smc-tokio/d3/{addr}/solo");
+    let name = format!("smc-tokio/d4/{addr}/solo");
     let (_squatter, mut lines) = tests::peer_as(PEER, NOBODY, &["squat", &name, "4"]);
     assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
     let victim = tokio::process::Command::new("unshare")

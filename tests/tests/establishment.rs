@@ -230,13 +230,13 @@ async fn a_process_squatting_on_a_door_name_gets_nothing() {
     }
     // Another uid takes the door name of the address our listener is about to bind.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let name = format!("smc-tokio/d3/127.0.0.1:{port}/solo");
+    let name = format!("smc-tokio/d4/127.0.0.1:{port}/solo");
     let (child, mut lines) = tests::peer_as(env!("CARGO_BIN_EXE_smc-test-peer"), 65534, &["squat", &name, "3"]);
     assert_eq!(bounded(10, lines.next_line()).await.unwrap().as_deref(), Some("SQUATTING"));
     let l = SmcListener::bind(("127.0.0.1", port)).await.unwrap();
     // Our listener takes the first indexed name instead; clients skip the squatter's door (its
     // owner is not a uid they trust) and register at ours.
-    assert_eq!(l.door_name().unwrap(), format!("smc-tokio/d3/127.0.0.1:{port}/0"));
+    assert_eq!(l.door_name().unwrap(), format!("smc-tokio/d4/127.0.0.1:{port}/0"));
     let addr = l.local_addr().unwrap();
     let mut rx = serve_echo(l);
     for i in 0..5 {
@@ -408,7 +408,10 @@ async fn plain_clients_whose_first_bytes_look_like_a_handshake_are_not_held() {
 
 /// Every "no SMC" a door answers is counted, whichever path refused: here a listener with one
 /// A client opens one door connection per listener and runtime, however many connections it
-/// makes through it, concurrent or one after another; a second runtime gets its own.
+/// makes through it, concurrent or one after another; a second runtime gets its own. What the
+/// connections of one turn of the runtime say goes out together: one after another, each
+/// frame is a message of its own; at once, the twenty registrations (and the listener's
+/// answers to them) share messages.
 #[tokio::test]
 async fn one_door_connection_carries_every_registration_of_a_runtime() {
     let server = smc_tokio::Context::new();
@@ -421,6 +424,11 @@ async fn one_door_connection_carries_every_registration_of_a_runtime() {
         assert_eq!(s.transport(), Transport::SmcD);
         bounded(10, echo_check(s, b"one after another", 4, i)).await;
     }
+    let (alone, answers) = (client.stats(), server.stats());
+    // A Register and a Connected frame (with the Confirm) per connection; an Accept and a
+    // Commit back.
+    assert_eq!((alone.door_frames_sent, alone.door_messages_sent), (40, 40));
+    assert_eq!((answers.door_frames_sent, answers.door_messages_sent), (40, 40));
     let mut concurrent = Vec::new();
     for i in 0..20u64 {
         let b = SmcStream::builder().context(&client);
@@ -439,6 +447,15 @@ async fn one_door_connection_carries_every_registration_of_a_runtime() {
     let st = client.stats();
     assert_eq!(st.door[0], 40, "registrations");
     assert_eq!(st.door_connections, 1, "door connections for 40 registrations");
+    let frames = st.door_frames_sent - alone.door_frames_sent;
+    let messages = st.door_messages_sent - alone.door_messages_sent;
+    assert_eq!(frames, 40);
+    assert!(messages < frames, "20 connections at once sent {frames} door frames in {messages} messages");
+    let sv = server.stats();
+    let frames = sv.door_frames_sent - answers.door_frames_sent;
+    let messages = sv.door_messages_sent - answers.door_messages_sent;
+    assert_eq!(frames, 40);
+    assert!(messages < frames, "the listener answered 20 connections in {messages} messages");
     // Another runtime (on another thread) opens its own; this one keeps serving meanwhile.
     let c2 = client.clone();
     let other = tokio::task::spawn_blocking(move || {

@@ -5,8 +5,11 @@
 //! connection before it connects (naming its socket's cookie and port, and carrying its CLC
 //! Proposal), and the CLC handshake then runs under the same id.
 //!
-//! One frame is one `SOCK_SEQPACKET` message, so the message's length delimits the payload. The
-//! header is [`DOOR_HEADER_LEN`] bytes, integers big endian:
+//! One `SOCK_SEQPACKET` message carries one to [`DOOR_BATCH_FRAMES`] frames back to back, at
+//! most [`DOOR_MSG_MAX`] bytes in all: each end gathers what its connections say in one turn of
+//! its runtime into one message (one send, one read and one wake-up of the peer, where a message
+//! per frame cost each of them per frame). Each frame is a [`DOOR_HEADER_LEN`]-byte header, then
+//! its payload; integers big endian:
 //!
 //! | offset  | size | field                                                                  |
 //! |---------|------|------------------------------------------------------------------------|
@@ -16,7 +19,8 @@
 //! | 6       | 1    | reason: a [`DeclineReason`](super::clc::DeclineReason) byte for Unmatched and Refused, else 0 |
 //! | 7       | 1    | spare: sent as 0, ignored                                              |
 //! | 8..16   | 8    | id: the registration the frame is about, chosen by the client          |
-//! | 16..    | n    | payload                                                                |
+//! | 16..18  | 2    | length of the payload                                                  |
+//! | 18..    | n    | payload                                                                |
 //!
 //! A Register's payload is a [`RegisterHead`] ([`REGISTER_HEAD_LEN`] bytes: the client's
 //! link-group manager instance, its TCP socket's cookie and port) followed by the client's CLC
@@ -24,8 +28,10 @@
 //! frame's is a [`ConnectedTuple`] ([`CONNECTED_LEN`] bytes: the four-tuple of the client's TCP
 //! connection, once it is up) followed by one CLC message (the client's first); Unmatched,
 //! Refused and Cancel frames carry none. A CLC message is at most [`CLC_MAX_LEN`] bytes.
-//! [`DoorFrame::decode`] and [`RegisterHead::decode`] check all of it and reject anything else
-//! with a [`DoorFrameError`]; they never panic. The CLC message itself is decoded by
+//! [`frames`] splits a message into its frames, [`DoorFrame::decode`] reads a message of one
+//! frame, and [`RegisterHead::decode`] and [`ConnectedTuple::decode`] read the heads; they
+//! check all of it, reject anything else with a [`DoorFrameError`] (a message with one bad
+//! frame is bad as a whole), and never panic. The CLC message itself is decoded by
 //! [`clc::decode`](super::clc::decode).
 
 use std::fmt;
@@ -36,9 +42,18 @@ use super::clc::CLC_MAX_LEN;
 pub const DOOR_MAGIC: [u8; 4] = *b"SMCd";
 /// The door protocol version this crate speaks. It is also part of the doors' names, so
 /// listeners and clients of different versions do not find each other.
-pub const DOOR_VERSION: u8 = 3;
+pub const DOOR_VERSION: u8 = 4;
 /// Length of a door frame's header; the payload follows it.
-pub const DOOR_HEADER_LEN: usize = 16;
+pub const DOOR_HEADER_LEN: usize = 18;
+/// Frames one message carries at most: a client's window of registrations (64), the most that
+/// one turn of a connection-per-request client's runtime has to say to one listener (with 64
+/// clients, `smcperf crr`); more wait for the next message. It also bounds what one read
+/// files, as a frame count, for the listener's turns.
+pub const DOOR_BATCH_FRAMES: usize = 64;
+/// Bytes one message carries at most: fifteen frames of the longest kind ([`DOOR_FRAME_MAX`])
+/// and a window of the usual ones (about 100 to 250 bytes each). Far below a door connection's
+/// send buffer (212 992 bytes by default, `net.core.wmem_default`), which a message must fit.
+pub const DOOR_MSG_MAX: usize = 16 * 1024;
 /// Length of a Register's [`RegisterHead`], before its Proposal.
 pub const REGISTER_HEAD_LEN: usize = 18;
 /// Length of a Connected frame's [`ConnectedTuple`], before its CLC message.
@@ -178,11 +193,18 @@ pub struct RegisterHead {
 impl RegisterHead {
     /// The whole Register frame for registration `id`: header, this head, then `proposal`.
     pub fn encode_frame(&self, id: u64, proposal: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        self.encode_into(&mut b, id, proposal);
+        b
+    }
+
+    /// Appends the Register frame for registration `id` to `out` (see [`frames`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>, id: u64, proposal: &[u8]) {
         let mut head = [0u8; REGISTER_HEAD_LEN];
         head[..8].copy_from_slice(&self.instance.to_be_bytes());
         head[8..16].copy_from_slice(&self.cookie.to_be_bytes());
         head[16..].copy_from_slice(&self.port.to_be_bytes());
-        DoorFrame { kind: DoorKind::Register, reason: 0, id }.encode_parts(&head, proposal)
+        DoorFrame { kind: DoorKind::Register, reason: 0, id }.encode_parts(out, &head, proposal);
     }
 
     /// Splits a Register's payload (as [`DoorFrame::decode`] returned it) into its head and
@@ -242,6 +264,13 @@ impl ConnectedTuple {
     /// The whole Connected frame for registration `id`: header, this tuple, then `clc`. A pair
     /// of mixed families is written as IPv6 (IPv4 addresses mapped).
     pub fn encode_frame(&self, id: u64, clc: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        self.encode_into(&mut b, id, clc);
+        b
+    }
+
+    /// Appends the Connected frame for registration `id` to `out` (see [`frames`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>, id: u64, clc: &[u8]) {
         use std::net::IpAddr;
         let both_v4 = self.local.is_ipv4() && self.peer.is_ipv4();
         let mut head = [0u8; CONNECTED_LEN];
@@ -256,7 +285,7 @@ impl ConnectedTuple {
             }
             head[at + 16..at + 18].copy_from_slice(&a.port().to_be_bytes());
         }
-        DoorFrame { kind: DoorKind::Connected, reason: 0, id }.encode_parts(&head, clc)
+        DoorFrame { kind: DoorKind::Connected, reason: 0, id }.encode_parts(out, &head, clc);
     }
 
     /// Splits a Connected frame's payload into its tuple and the CLC message after it, which
@@ -336,6 +365,19 @@ pub enum DoorFrameError {
     /// A Connected frame's tuple has a family byte that is neither 4 nor 6 (or an IPv4
     /// address with bytes past its fourth).
     BadFamily(u8),
+    /// A frame's header says its payload is `said` bytes long, and only `left` follow it.
+    Truncated {
+        /// The payload's length, as the header gave it.
+        said: usize,
+        /// The bytes after the header.
+        left: usize,
+    },
+    /// [`DoorFrame::decode`] was given a message with this many bytes after its first frame.
+    Trailing(usize),
+    /// A message of this many bytes, longer than [`DOOR_MSG_MAX`].
+    MessageTooLong(usize),
+    /// A message of more than [`DOOR_BATCH_FRAMES`] frames.
+    TooManyFrames,
 }
 
 impl fmt::Display for DoorFrameError {
@@ -367,6 +409,16 @@ impl fmt::Display for DoorFrameError {
                 "door connected frame of {n} bytes has no room for its {CONNECTED_LEN}-byte tuple and a clc message"
             ),
             DoorFrameError::BadFamily(v) => write!(f, "door connected frame with address family {v}"),
+            DoorFrameError::Truncated { said, left } => {
+                write!(f, "door frame says its payload is {said} bytes, and {left} follow its header")
+            }
+            DoorFrameError::Trailing(n) => write!(f, "{n} bytes after a door message's only frame"),
+            DoorFrameError::MessageTooLong(n) => {
+                write!(f, "door message of {n} bytes is longer than the {DOOR_MSG_MAX} a message may be")
+            }
+            DoorFrameError::TooManyFrames => {
+                write!(f, "door message of more than the {DOOR_BATCH_FRAMES} frames a message may carry")
+            }
         }
     }
 }
@@ -385,28 +437,37 @@ impl DoorFrame {
     ///
     /// // An Unmatched answer to registration 9 with reason 5 (handshake congested).
     /// let bytes = DoorFrame { kind: DoorKind::Unmatched, reason: 5, id: 9 }.encode(&[]);
-    /// assert_eq!(bytes, b"SMCd\x03\x03\x05\x00\x00\x00\x00\x00\x00\x00\x00\x09");
+    /// assert_eq!(bytes, b"SMCd\x04\x03\x05\x00\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00");
     /// ```
     pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
-        self.encode_parts(&[], payload)
+        let mut b = Vec::with_capacity(DOOR_HEADER_LEN + payload.len());
+        self.encode_into(&mut b, payload);
+        b
     }
 
-    /// The frame with a payload of `head` then `rest`, built in one buffer.
-    fn encode_parts(&self, head: &[u8], rest: &[u8]) -> Vec<u8> {
-        let mut b = Vec::with_capacity(DOOR_HEADER_LEN + head.len() + rest.len());
+    /// Appends the frame with `payload` to `out` (a message being gathered, see [`frames`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>, payload: &[u8]) {
+        self.encode_parts(out, &[], payload);
+    }
+
+    /// Appends the frame with a payload of `head` then `rest` to `out`. A payload longer than
+    /// a length field holds is written with the field's largest value, which no receiver takes.
+    fn encode_parts(&self, b: &mut Vec<u8>, head: &[u8], rest: &[u8]) {
+        let len = u16::try_from(head.len() + rest.len()).unwrap_or(u16::MAX);
+        b.reserve(DOOR_HEADER_LEN + head.len() + rest.len());
         b.extend_from_slice(&DOOR_MAGIC);
         b.push(DOOR_VERSION);
         b.push(self.kind as u8);
         b.push(self.reason);
         b.push(0);
         b.extend_from_slice(&self.id.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
         b.extend_from_slice(head);
         b.extend_from_slice(rest);
-        b
     }
 
-    /// Decodes one frame (one whole message): its header and its payload (empty but for
-    /// Register and Clc). The spare byte is ignored.
+    /// Decodes a message of exactly one frame: its header and its payload (empty but for
+    /// Register, Clc and Connected). The spare byte is ignored.
     ///
     /// # Examples
     ///
@@ -417,13 +478,24 @@ impl DoorFrame {
     /// let mut bytes = frame.encode(b"a CLC message");
     /// assert_eq!(DoorFrame::decode(&bytes), Ok((frame, &b"a CLC message"[..])));
     ///
-    /// assert_eq!(DoorFrame::decode(&bytes[..15]), Err(DoorFrameError::TooShort(15)));
-    /// assert_eq!(DoorFrame::decode(&bytes[..16]), Err(DoorFrameError::MissingPayload(DoorKind::Clc)));
+    /// assert_eq!(DoorFrame::decode(&bytes[..17]), Err(DoorFrameError::TooShort(17)));
+    /// assert_eq!(DoorFrame::decode(&bytes[..20]), Err(DoorFrameError::Truncated { said: 13, left: 2 }));
+    /// let mut two = bytes.clone();
+    /// frame.encode_into(&mut two, b"another");
+    /// assert_eq!(DoorFrame::decode(&two), Err(DoorFrameError::Trailing(25)));
     /// bytes[4] = 2; // another version
     /// assert_eq!(DoorFrame::decode(&bytes), Err(DoorFrameError::BadVersion(2)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<(DoorFrame, &[u8]), DoorFrameError> {
-        let Some((header, payload)) = b.split_first_chunk::<DOOR_HEADER_LEN>() else {
+        match DoorFrame::decode_first(b)? {
+            (frame, payload, []) => Ok((frame, payload)),
+            (_, _, rest) => Err(DoorFrameError::Trailing(rest.len())),
+        }
+    }
+
+    /// Decodes the frame at the start of `b`: its header, its payload, and the bytes after it.
+    fn decode_first(b: &[u8]) -> Result<(DoorFrame, &[u8], &[u8]), DoorFrameError> {
+        let Some((header, after)) = b.split_first_chunk::<DOOR_HEADER_LEN>() else {
             return Err(DoorFrameError::TooShort(b.len()));
         };
         if header[..4] != DOOR_MAGIC {
@@ -433,20 +505,81 @@ impl DoorFrame {
             return Err(DoorFrameError::BadVersion(header[4]));
         }
         let kind = DoorKind::from_u8(header[5]).ok_or(DoorFrameError::UnknownKind(header[5]))?;
-        if payload.len() > kind.max_payload().max(CLC_MAX_LEN) {
-            return Err(DoorFrameError::PayloadTooLong(payload.len()));
+        let len = usize::from(u16::from_be_bytes([header[16], header[17]]));
+        // Bounded before anything else about the payload is looked at.
+        if len > kind.max_payload().max(CLC_MAX_LEN) {
+            return Err(DoorFrameError::PayloadTooLong(len));
         }
+        let Some((payload, rest)) = after.split_at_checked(len) else {
+            return Err(DoorFrameError::Truncated { said: len, left: after.len() });
+        };
         match (kind.has_payload(), payload.is_empty()) {
             (true, true) => return Err(DoorFrameError::MissingPayload(kind)),
-            (false, false) => return Err(DoorFrameError::UnexpectedPayload { kind, len: payload.len() }),
+            (false, false) => return Err(DoorFrameError::UnexpectedPayload { kind, len }),
             _ => {}
         }
-        if payload.len() > kind.max_payload() {
-            return Err(DoorFrameError::PayloadTooLong(payload.len()));
+        if len > kind.max_payload() {
+            return Err(DoorFrameError::PayloadTooLong(len));
         }
         let mut id = [0u8; 8];
-        id.copy_from_slice(&header[8..]);
-        Ok((DoorFrame { kind, reason: header[6], id: u64::from_be_bytes(id) }, payload))
+        id.copy_from_slice(&header[8..16]);
+        Ok((DoorFrame { kind, reason: header[6], id: u64::from_be_bytes(id) }, payload, rest))
+    }
+}
+
+/// The frames of one message, each with its payload, once the whole message was checked: at
+/// least one frame and at most [`DOOR_BATCH_FRAMES`], at most [`DOOR_MSG_MAX`] bytes, every
+/// frame whole and valid, nothing after the last. A message with anything wrong is rejected as
+/// a whole, so that none of its frames is acted on.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::door::{frames, DoorFrame, DoorFrameError, DoorKind, RegisterHead};
+///
+/// let mut msg = RegisterHead { instance: 7, cookie: 8, port: 40_000 }.encode_frame(1, b"a proposal");
+/// let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 2 };
+/// cancel.encode_into(&mut msg, &[]);
+/// let got: Vec<_> = frames(&msg).unwrap().map(|(f, _)| (f.kind, f.id)).collect();
+/// assert_eq!(got, [(DoorKind::Register, 1), (DoorKind::Cancel, 2)]);
+///
+/// msg.push(0); // a byte that is no frame
+/// assert_eq!(frames(&msg).err(), Some(DoorFrameError::TooShort(1)));
+/// assert_eq!(frames(&[]).err(), Some(DoorFrameError::TooShort(0)));
+/// ```
+pub fn frames(msg: &[u8]) -> Result<Frames<'_>, DoorFrameError> {
+    if msg.len() > DOOR_MSG_MAX {
+        return Err(DoorFrameError::MessageTooLong(msg.len()));
+    }
+    let mut rest = msg;
+    let mut count = 0;
+    loop {
+        let (_, _, after) = DoorFrame::decode_first(rest)?;
+        count += 1;
+        if count > DOOR_BATCH_FRAMES {
+            return Err(DoorFrameError::TooManyFrames);
+        }
+        if after.is_empty() {
+            return Ok(Frames { rest: msg });
+        }
+        rest = after;
+    }
+}
+
+/// The frames of a message [`frames`] checked, in order.
+#[derive(Debug, Clone)]
+pub struct Frames<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Frames<'a> {
+    type Item = (DoorFrame, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        // Checked whole by `frames`: this cannot fail, and ends the walk if it did.
+        let (frame, payload, rest) = DoorFrame::decode_first(self.rest).ok()?;
+        self.rest = rest;
+        Some((frame, payload))
     }
 }
 
@@ -458,12 +591,12 @@ mod tests {
     fn known_frame_layout() {
         let head = RegisterHead { instance: 0x1122_3344_5566_7788, cookie: 0x0102_0304_0506_0708, port: 0xABCD };
         let bytes = head.encode_frame(0x99, &[0xAA, 0xBB]);
-        let mut want = vec![b'S', b'M', b'C', b'd', 3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x99];
+        let mut want = vec![b'S', b'M', b'C', b'd', 4, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x99, 0, 20];
         want.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
         want.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 0xAB, 0xCD, 0xAA, 0xBB]);
         assert_eq!(bytes, want);
         let refused = DoorFrame { kind: DoorKind::Refused, reason: 7, id: 0 }.encode(&[]);
-        assert_eq!(refused, [b'S', b'M', b'C', b'd', 3, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(refused, [b'S', b'M', b'C', b'd', 4, 4, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     /// A Connected frame's bytes, in both families: four-byte addresses when both ends are
@@ -477,7 +610,7 @@ mod tests {
         let cases = [("127.0.0.1:80", 4, v4_local, v4_peer), ("[::1]:80", 6, mapped_local, v6_peer)];
         for (peer, family, local_ip, peer_ip) in cases {
             let tuple = ConnectedTuple { local: "127.0.0.2:4660".parse().unwrap(), peer: peer.parse().unwrap() };
-            let mut want = vec![b'S', b'M', b'C', b'd', 3, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, family];
+            let mut want = vec![b'S', b'M', b'C', b'd', 4, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 40, family];
             want.extend_from_slice(&local_ip);
             want.extend_from_slice(&[0x12, 0x34]);
             want.extend_from_slice(&peer_ip);
@@ -525,7 +658,11 @@ mod tests {
     fn every_error() {
         let good = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 9 }.encode(b"p");
         assert_eq!(DoorFrame::decode(&[]), Err(DoorFrameError::TooShort(0)));
-        assert_eq!(DoorFrame::decode(&good[..DOOR_HEADER_LEN - 1]), Err(DoorFrameError::TooShort(15)));
+        assert_eq!(DoorFrame::decode(&good[..DOOR_HEADER_LEN - 1]), Err(DoorFrameError::TooShort(17)));
+        assert_eq!(DoorFrame::decode(&good[..DOOR_HEADER_LEN]), Err(DoorFrameError::Truncated { said: 1, left: 0 }));
+        let mut b = good.clone();
+        b.push(0);
+        assert_eq!(DoorFrame::decode(&b), Err(DoorFrameError::Trailing(1)));
 
         let mut b = good.clone();
         b[3] = b'D';
@@ -594,6 +731,61 @@ mod tests {
         assert_eq!(ConnectedTuple::decode(payload), Err(DoorFrameError::BadFamily(4)));
     }
 
+    /// A message of several frames: each is read back in order with its payload; the most a
+    /// message may carry is taken, one frame or byte more is not, and one bad frame anywhere
+    /// rejects the whole message.
+    #[test]
+    fn messages_carry_frames_back_to_back() {
+        let register = RegisterHead { instance: 1, cookie: 2, port: 3 };
+        let tuple = ConnectedTuple { local: "127.0.0.1:1".parse().unwrap(), peer: "127.0.0.1:2".parse().unwrap() };
+        let mut msg = Vec::new();
+        register.encode_into(&mut msg, 1, b"proposal");
+        tuple.encode_into(&mut msg, 2, b"confirm");
+        DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 3 }.encode_into(&mut msg, &[]);
+        DoorFrame { kind: DoorKind::Clc, reason: 0, id: 4 }.encode_into(&mut msg, b"commit");
+        let got: Vec<(DoorFrame, &[u8])> = frames(&msg).unwrap().collect();
+        assert_eq!(got.len(), 4);
+        assert_eq!((got[0].0.kind, got[0].0.id), (DoorKind::Register, 1));
+        assert_eq!(RegisterHead::decode(got[0].1), Ok((register, &b"proposal"[..])));
+        assert_eq!((got[1].0.kind, got[1].0.id), (DoorKind::Connected, 2));
+        assert_eq!(ConnectedTuple::decode(got[1].1), Ok((tuple, &b"confirm"[..])));
+        assert_eq!((got[2].0.kind, got[2].0.id, got[2].1), (DoorKind::Cancel, 3, &[][..]));
+        assert_eq!((got[3].0.kind, got[3].0.id, got[3].1), (DoorKind::Clc, 4, &b"commit"[..]));
+
+        // A bad frame anywhere, or a cut one at the end: nothing of the message is taken.
+        for at in [0, 1, 3] {
+            let mut bad = Vec::new();
+            for i in 0..4u64 {
+                let f = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: i };
+                f.encode_into(&mut bad, if i == at { b"x" } else { b"" });
+            }
+            let err = DoorFrameError::UnexpectedPayload { kind: DoorKind::Cancel, len: 1 };
+            assert_eq!(frames(&bad).err(), Some(err), "bad frame {at}");
+        }
+        assert_eq!(frames(&msg[..msg.len() - 1]).err(), Some(DoorFrameError::Truncated { said: 6, left: 5 }));
+
+        // The most frames a message carries, and one more.
+        let mut many = Vec::new();
+        for i in 0..DOOR_BATCH_FRAMES as u64 {
+            DoorFrame { kind: DoorKind::Cancel, reason: 0, id: i }.encode_into(&mut many, &[]);
+        }
+        let ids: Vec<u64> = frames(&many).unwrap().map(|(f, _)| f.id).collect();
+        assert_eq!(ids, (0..DOOR_BATCH_FRAMES as u64).collect::<Vec<_>>());
+        DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 99 }.encode_into(&mut many, &[]);
+        assert_eq!(frames(&many).err(), Some(DoorFrameError::TooManyFrames));
+
+        // The longest message holds fifteen of the longest frames; a byte more is refused.
+        let long = vec![0x5A; CLC_MAX_LEN];
+        let mut big = Vec::new();
+        for i in 0..15 {
+            tuple.encode_into(&mut big, i, &long);
+        }
+        assert!(big.len() <= DOOR_MSG_MAX);
+        assert_eq!(frames(&big).unwrap().count(), 15);
+        big.resize(DOOR_MSG_MAX + 1, 0);
+        assert_eq!(frames(&big).err(), Some(DoorFrameError::MessageTooLong(DOOR_MSG_MAX + 1)));
+    }
+
     #[test]
     fn errors_display() {
         let all = [
@@ -607,25 +799,41 @@ mod tests {
             DoorFrameError::ShortRegister(4),
             DoorFrameError::ShortConnected(4),
             DoorFrameError::BadFamily(9),
+            DoorFrameError::Truncated { said: 30, left: 2 },
+            DoorFrameError::Trailing(5),
+            DoorFrameError::MessageTooLong(20_000),
+            DoorFrameError::TooManyFrames,
         ];
         let texts: Vec<String> = all.iter().map(ToString::to_string).collect();
-        assert_eq!(texts[0], "door frame of 3 bytes is shorter than its 16-byte header");
+        assert_eq!(texts[0], "door frame of 3 bytes is shorter than its 18-byte header");
         assert_eq!(texts[4], "door Refused frame carries 2 payload bytes, expected none");
         assert_eq!(texts[6], "door frame payload of 2000 bytes is longer than its kind allows");
         assert!(texts[7].contains("18-byte head"));
+        assert_eq!(texts[10], "door frame says its payload is 30 bytes, and 2 follow its header");
+        assert!(texts[12].contains("16384"));
+        assert!(texts[13].contains("64 frames"));
         let err: &dyn std::error::Error = &all[1];
         assert!(err.to_string().contains("SMCd"));
     }
 
     #[test]
     fn arbitrary_frames_never_panic() {
-        // Every length around the header, every kind byte, with and without a payload.
+        // Every length around the header, every kind byte, with and without a payload, with the
+        // length field telling the truth (then decoded) and not (then refused).
         for len in 0..=DOOR_HEADER_LEN + REGISTER_HEAD_LEN + 2 {
-            for kind in 0..=8u8 {
-                let mut b = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 }.encode(&[1; 24]);
+            for (kind, honest) in (0..=8u8).flat_map(|k| [(k, true), (k, false)]) {
+                let mut b = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 0 }.encode(&[1; 40]);
                 b[5] = kind;
                 b.truncate(len);
-                if let Ok((f, payload)) = DoorFrame::decode(&b) {
+                if honest && len >= DOOR_HEADER_LEN {
+                    b[16..18].copy_from_slice(&((len - DOOR_HEADER_LEN) as u16).to_be_bytes());
+                }
+                let got = DoorFrame::decode(&b);
+                assert_eq!(got.is_ok(), frames(&b).is_ok());
+                if !honest && len >= DOOR_HEADER_LEN {
+                    assert!(got.is_err(), "a length that is not the payload's");
+                }
+                if let Ok((f, payload)) = got {
                     assert_eq!(f.encode(payload), b);
                     if f.kind == DoorKind::Register {
                         if let Ok((h, p)) = RegisterHead::decode(payload) {

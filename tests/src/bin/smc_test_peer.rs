@@ -625,15 +625,16 @@ fn claim(addr: std::net::SocketAddr, port: u16, cookie: u64, secs: u64) {
         let mut b = [0u8; 2048];
         // SAFETY: `b` is a valid buffer of its length.
         let n = unsafe { libc::recv(d, b.as_mut_ptr().cast(), b.len(), 0) };
-        (n >= 16).then(|| b[..n as usize].to_vec())
+        (n > 0).then(|| b[..n as usize].to_vec())
     };
     // A listener answers a registration at a solo door at once, for the registrant's own
     // proposal: an Accept is no verdict on anyone's connection. The claim is the Confirm that
     // names the victim's connection, once the victim has connected.
-    let clc = |m: &[u8]| match smc_tokio::proto::clc::decode(&m[16..]) {
-        Ok(smc_tokio::proto::clc::Decoded::Message(m, _)) => Some(m),
-        _ => None,
-    };
+    let clc =
+        |m: &[u8]| match smc_tokio::proto::door::DoorFrame::decode(m).map(|(_, p)| smc_tokio::proto::clc::decode(p)) {
+            Ok(Ok(smc_tokio::proto::clc::Decoded::Message(m, _))) => Some(m),
+            _ => None,
+        };
     let verdict = match registered {
         Ok(d) => match recv(d, secs) {
             None => "none".to_string(),

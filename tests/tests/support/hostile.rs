@@ -175,6 +175,8 @@ pub fn door_recv(door: BorrowedFd<'_>) -> io::Result<Option<(u8, u8, Vec<u8>)>> 
     if msg.is_empty() {
         return Ok(None);
     }
+    // One registration per door connection here: a message carries its one answer (a message
+    // may carry up to 64 frames, the answers to as many registrations).
     let (frame, payload) =
         DoorFrame::decode(&msg).map_err(|e| io::Error::other(format!("bad door message {msg:?}: {e}")))?;
     if frame.kind == DoorKind::Connected {

@@ -39,8 +39,9 @@
 //! connection as TCP too. Only after its Confirm does a client wait for the server's final word
 //! (Commit or Decline), which the server always sends before it lets the registration go.
 //!
-//! The messages on a door connection are [`DoorFrame`]s, whose format is in
-//! [`proto::door`](crate::proto::door).
+//! The messages on a door connection carry [`DoorFrame`]s, whose format is in
+//! [`proto::door`](crate::proto::door): what a connection's users say in one turn of the
+//! runtime goes out together, in one message ([`outbox`]).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -61,10 +62,14 @@ use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
 use crate::hash::{Map as HashMap, Set as HashSet};
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
-use crate::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_FRAME_MAX, DOOR_VERSION};
+use crate::proto::door as proto_door;
+use crate::proto::door::{frames, ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_MSG_MAX, DOOR_VERSION};
 pub(crate) use crate::smc::ClientIdentity;
 use crate::stats::Counters;
 use crate::sys::{self, PeerCred, PeerFd};
+
+mod outbox;
+use outbox::{Outbox, Work};
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
 /// free index, and a client registers with every door it finds. Sixteen covers a worker per
@@ -98,30 +103,31 @@ const MAX_CONNS: usize = 4096;
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
 
-/// Messages the listener task reads from the door connections per turn, in all (each gets at
-/// most [`READ_MAX`] of them, from where the last turn's ran out): a turn that read every ready
+/// Frames the listener task reads from the door connections per turn, in all (each gets at
+/// most [`READ_MAX`] of them, from where the last turn's ran out; a message is read whole, so a
+/// turn may take up to 63 frames more): a turn that read every ready
 /// door connection to its bound took over 100 ms on the 2-vCPU VM with 300 door connections
 /// kept full, and a current-thread runtime looks at its I/O only every 61 turns of its tasks,
 /// so a connect to the listener waited 8 s for its own completion. Four times the most one
 /// connection gets in a turn.
 pub(crate) const TURN_READS: usize = 4 * READ_MAX;
 
-/// Messages the look-ups of accepted connections read from the door per turn of the listener
+/// Frames the look-ups of accepted connections read from the door per turn of the listener
 /// task, in all, for registrations they have not seen yet (one sent before its connection's
 /// SYN is queued somewhere in the door). As many as registrations the door holds
 /// ([`MAX_REGISTRATIONS`]): past that, what is queued is not registrations waiting for these
 /// connections but clients sending without pause, and a connection whose registration is not
 /// found is handed out as TCP (noted as missed). Without a bound in all, each plain
-/// connection's look-up read every door connection up to [`READ_MAX`] messages, up to 17
+/// connection's look-up read every door connection up to [`READ_MAX`] frames, up to 17
 /// times over: 300 door connections kept full made every accept take seconds.
 const LOOKUP_READS: usize = MAX_REGISTRATIONS;
 
-/// Messages read from one door connection per turn: four windows of a client's registrations
+/// Frames read from one door connection per turn: four windows of a client's registrations
 /// (`WINDOW`, 64) and their answers. A client that sends without pause (two threads sending
 /// Cancels, say) no longer keeps the listener task, and the door's lock, to itself.
 const READ_MAX: usize = 256;
 
-/// Messages one registration's inbox holds unread. A handshake takes at most two from its peer
+/// Frames one registration's inbox holds unread. A handshake takes at most two from its peer
 /// (an answer, then a final word; a Confirm, or a Decline); a third is out of protocol, and a
 /// peer that went on sending under one id while its handshake was not reading (waiting for a
 /// slot, for the connection to be established) would otherwise be held in memory whole.
@@ -207,8 +213,8 @@ fn conn_budget() -> usize {
     usize::try_from(quarter).unwrap_or(MAX_CONNS).clamp(16, MAX_CONNS)
 }
 
-/// The door names of a listener on `addr`, without the index: `smc-tokio/d3/127.0.0.1:8080`,
-/// `smc-tokio/d3/[::]:8080`.
+/// The door names of a listener on `addr`, without the index: `smc-tokio/d4/127.0.0.1:8080`,
+/// `smc-tokio/d4/[::]:8080`.
 pub(crate) fn base_name(addr: SocketAddr) -> String {
     format!("smc-tokio/d{DOOR_VERSION}/{}", sys::unmap(addr))
 }
@@ -223,37 +229,111 @@ fn solo_name(base: &str) -> Vec<u8> {
     format!("{base}/solo").into_bytes()
 }
 
-/// One door message read without blocking. `Ok(None)`: the peer closed. A message that is no
-/// frame is `InvalidData`. The buffer has room for a byte more than the longest frame, so a
-/// longer message, truncated to it, still decodes as too long. Descriptors that came with it
-/// (none should: door connections refuse them where the kernel can) go to a closer.
-fn recv_frame(conn: BorrowedFd<'_>) -> io::Result<Option<(DoorFrame, Vec<u8>)>> {
-    let mut buf = [0u8; DOOR_FRAME_MAX + 1];
-    let (n, _fds) = sys::recv_with_fds(conn, &mut buf)?;
+/// A buffer for one door message: a byte more than the longest, so that a longer message,
+/// truncated to it, is still found too long. Kept by each reader (the listener's door state, a
+/// client's reader task) and reused.
+fn message_buffer() -> Box<[u8]> {
+    vec![0u8; DOOR_MSG_MAX + 1].into_boxed_slice()
+}
+
+/// One door message read without blocking, into `buf` ([`message_buffer`]), and checked whole:
+/// its frames. `Ok(None)`: the peer closed. A message that is not 1 to
+/// [`DOOR_BATCH_FRAMES`](proto_door::DOOR_BATCH_FRAMES) whole frames is `InvalidData`. Descriptors that came with it (none should: door connections
+/// refuse them where the kernel can) go to a closer.
+fn recv_message<'b>(conn: BorrowedFd<'_>, buf: &'b mut [u8]) -> io::Result<Option<proto_door::Frames<'b>>> {
+    let (n, _fds) = sys::recv_with_fds(conn, buf)?;
     if n == 0 {
         return Ok(None);
     }
-    let (frame, payload) = DoorFrame::decode(&buf[..n]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(Some((frame, payload.to_vec())))
+    frames(&buf[..n]).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// What a door connection's sender needs of it (see [`send_loop`]).
+trait Sender: Send + Sync + 'static {
+    fn fd(&self) -> &AsyncFd<PeerFd>;
+    fn outbox(&self) -> &Outbox;
+    fn counters(&self) -> &Counters;
+    /// A message could not be sent (see [`send_loop`]).
+    fn send_failed(&self, e: &io::Error);
+}
+
+/// Sends the frame `encode` appends on `conn`, and resolves once it went out (or could not).
+/// `alone`: its author's registration is the only one open on the connection, so no other
+/// task has a frame to add to its message: it goes out at once ([`Outbox::send_now`]),
+/// unless frames are queued before it. Otherwise it goes with the turn's others.
+async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
+    let queued = if alone {
+        conn.outbox().send_now(encode, |m| sys::send_msg(conn.fd().get_ref().as_fd(), m))?
+    } else {
+        Some(conn.outbox().push(encode)?)
+    };
+    match queued {
+        None => {
+            conn.counters().door_message(1);
+            Ok(())
+        }
+        Some(n) => conn.outbox().over(n).await,
+    }
+}
+
+/// The sender of one door connection: sends what its [`Outbox`] gathers, one message at a
+/// time, in order, each waiting for room as [`send_waiting`] does, until the connection is
+/// gone or it can send no more (a message found no room, or the outbox overflowed: then
+/// `conn`'s [`Sender::send_failed`] says what follows). On a multi-threaded runtime it yields
+/// once before it looks: a task woken from a worker runs next there, before the other tasks of
+/// the turn have added their frames. Counts the frames and messages it sent.
+async fn send_loop<C: Sender>(outbox: Arc<Outbox>, conn: Weak<C>) {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    loop {
+        match std::future::poll_fn(|cx| outbox.poll_work(cx)).await {
+            Work::Send => {}
+            Work::Closed => return,
+            Work::Broken(kind) => {
+                if let Some(conn) = conn.upgrade() {
+                    conn.send_failed(&kind.into());
+                }
+                return;
+            }
+        }
+        if multi {
+            tokio::task::yield_now().await;
+        }
+        let Some(conn) = conn.upgrade() else {
+            outbox.close();
+            return;
+        };
+        while let Some((n, msg)) = outbox.take() {
+            let r = send_waiting(conn.fd(), &msg).await;
+            if r.is_ok() {
+                // Checked by `frames` at the other end; counted here by their headers.
+                conn.counters().door_message(proto_door::frames(&msg).map_or(0, Iterator::count));
+            }
+            outbox.sent(n, r.as_ref().err().map(io::Error::kind), msg);
+            if let Err(e) = r {
+                conn.send_failed(&e);
+                return;
+            }
+        }
+    }
+}
+
+/// Starts `conn`'s sender on the current runtime. `false` outside of one (nothing would send).
+fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>) -> bool {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
+    rt.spawn(send_loop(outbox.clone(), Arc::downgrade(conn)));
+    true
 }
 
 /// Sends one door message, waiting up to [`SEND_WAIT`] for room when the connection's queue is
 /// full. Door connections are not watched for room ([`watch`]): a full queue is rare (the
 /// window keeps a reading peer's queue short), so the send is tried again after waits that
-/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`].
+/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`]. Each door connection's sender waits
+/// on its own, so a registration sent to the 17 doors of a reuseport group waits
+/// [`SEND_WAIT`] in all, not once per door.
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
-    send_waiting_within(conn, msg, &mut None).await
-}
-
-/// [`send_waiting`] within a wait shared with other sends: `deadline` is set at the first try
-/// of any of them that finds its queue full, and bounds them all (a registration sent to the 17
-/// doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door).
-async fn send_waiting_within(
-    conn: &AsyncFd<PeerFd>,
-    msg: &[u8],
-    deadline: &mut Option<tokio::time::Instant>,
-) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
+    let mut deadline = None;
     loop {
         match sys::send_msg(conn.get_ref().as_fd(), msg) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -421,6 +501,10 @@ impl fmt::Debug for Door {
 /// One client's door connection, at the server.
 struct ServerConn {
     fd: AsyncFd<PeerFd>,
+    /// What it has to send, gathered by turn of the runtime ([`send_loop`]).
+    outbox: Arc<Outbox>,
+    /// The listener's counters (door messages sent).
+    counters: Arc<Counters>,
     cred: PeerCred,
     /// Its registrations not matched yet: id to the port they are filed under.
     pending: Mutex<HashMap<u64, u16>>,
@@ -431,7 +515,53 @@ struct ServerConn {
     accepted_early: Mutex<HashSet<u64>>,
 }
 
+impl Sender for ServerConn {
+    fn fd(&self) -> &AsyncFd<PeerFd> {
+        &self.fd
+    }
+
+    fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// An answer we could not send (the client read nothing for [`SEND_WAIT`]): its handshake
+    /// goes on as TCP here, and its client must learn so too, even when it confirmed already
+    /// and waits for our final word (else it waits a minute and its connection fails).
+    /// Shutting the connection down tells it, and every other registration on the connection,
+    /// at once.
+    fn send_failed(&self, e: &io::Error) {
+        tracing::debug!(error = %e, "no room for a door answer: ending the door connection");
+        self.shut();
+    }
+}
+
+impl Drop for ServerConn {
+    fn drop(&mut self) {
+        self.outbox.close();
+    }
+}
+
 impl ServerConn {
+    /// A door connection accepted from a client with credentials `cred`, its sender started.
+    /// `None` outside of a runtime.
+    fn start(fd: AsyncFd<PeerFd>, cred: PeerCred, counters: &Arc<Counters>) -> Option<Arc<ServerConn>> {
+        let outbox = Arc::new(Outbox::default());
+        let conn = Arc::new(ServerConn {
+            fd,
+            outbox: outbox.clone(),
+            counters: counters.clone(),
+            cred,
+            pending: Mutex::default(),
+            live: Mutex::default(),
+            accepted_early: Mutex::default(),
+        });
+        start_sender(&outbox, &conn).then_some(conn)
+    }
+
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -440,17 +570,18 @@ impl ServerConn {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the client "no SMC" for registration `id`, without waiting. A client that keeps
-    /// to its [`WINDOW`] always has room for it; one whose connection is full (it stopped
-    /// reading, or it registers beyond its window) has the connection shut down instead
-    /// ([`shut`](Self::shut)), which it reads as "TCP" for this registration and every other
-    /// open on it, so that none waits out its handshake timeout for an answer that was lost.
+    /// Tells the client "no SMC" for registration `id`, without waiting (it goes out with the
+    /// turn's other answers). A client that keeps to its [`WINDOW`] always has room for it; one
+    /// whose connection stays full (it stopped reading, or it registers beyond its window) has
+    /// the connection shut down instead ([`send_failed`](Sender::send_failed)), which it reads
+    /// as "TCP" for this registration and every other open on it, so that none waits out its
+    /// handshake timeout for an answer that was lost.
     fn refuse(&self, counters: &Counters, id: u64, kind: DoorKind, reason: DeclineReason) {
         counters.door(crate::stats::DoorEvent::Unmatched);
         counters.decline(reason, crate::proto::handshake::Side::Local);
         let frame = DoorFrame { kind, reason: reason as u8, id };
-        if let Err(e) = sys::send_msg(self.fd.get_ref().as_fd(), &frame.encode(&[])) {
-            tracing::debug!(error = %e, "no room for a door answer: ending the door connection");
+        if self.outbox.push(|b| frame.encode_into(b, &[])).is_err() {
+            // The connection stopped sending: shut already.
             self.shut();
         }
     }
@@ -504,8 +635,10 @@ struct DoorState {
     /// where the last one's budget ran out, so that connections that always have more to read
     /// do not keep the same others from being read.
     read_from: usize,
-    /// Messages the look-ups of this turn of the listener task read ([`LOOKUP_READS`] in all).
+    /// Frames the look-ups of this turn of the listener task read ([`LOOKUP_READS`] in all).
     lookup_reads: usize,
+    /// Where door connections are read into ([`message_buffer`]; empty until the first read).
+    buf: Box<[u8]>,
 }
 
 impl DoorState {
@@ -680,15 +813,16 @@ impl Drop for ServerWire {
 }
 
 impl Wire for ServerWire {
+    /// Resolves once the message went out with its turn's others, or could not (then the
+    /// connection is shut: [`Sender::send_failed`]), so that a handshake that sent its Commit
+    /// knows it did.
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
-        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: self.id }.encode(msg);
-        let sent = send_waiting(&self.conn.fd, &frame).await;
+        let frame = DoorFrame { kind: DoorKind::Clc, reason: 0, id: self.id };
+        // An early registration is both pending (until its connection is accepted) and live.
+        let alone = self.conn.live().len() <= 1 && self.conn.pending().len() <= 1;
+        let sent = send_frame(&*self.conn, alone, |b| frame.encode_into(b, msg)).await;
         if sent.is_err() {
-            // An answer we could not send (the client read nothing for SEND_WAIT): this
-            // handshake goes on as TCP here, and its client must learn so too, even when it
-            // confirmed already and waits for our final word (else it waits a minute and its
-            // connection fails). Shutting the connection down tells it, and every other
-            // registration on the connection, at once.
+            // Shut by the sender too; at once here, for the handshake's client.
             self.conn.shut();
         }
         sent
@@ -1009,13 +1143,10 @@ impl Door {
             // Room for a client's window of answers.
             let _ = widen_send_buffer(conn.as_fd());
             match watch(conn) {
-                Ok(fd) => st.conns.push(Arc::new(ServerConn {
-                    fd,
-                    cred,
-                    pending: Mutex::default(),
-                    live: Mutex::default(),
-                    accepted_early: Mutex::default(),
-                })),
+                Ok(fd) => match ServerConn::start(fd, cred, &self.counters) {
+                    Some(conn) => st.conns.push(conn),
+                    None => tracing::debug!("no runtime to answer a door connection on"),
+                },
                 Err(e) => tracing::debug!(error = %e, "cannot watch a door connection"),
             }
         }
@@ -1026,17 +1157,34 @@ impl Door {
     /// `budget` (taken from it), and files them. A connection that closed or sent nonsense is
     /// ended.
     fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>, budget: &mut usize) -> Read {
-        for _ in 0..READ_MAX {
+        let mut buf = std::mem::take(&mut st.buf);
+        if buf.is_empty() {
+            buf = message_buffer();
+        }
+        let read = self.read_conn_into(st, conn, budget, &mut buf);
+        st.buf = buf;
+        read
+    }
+
+    /// [`read_conn`](Self::read_conn) with a message buffer. The bounds count frames (a message
+    /// carries up to [`DOOR_BATCH_FRAMES`](proto_door::DOOR_BATCH_FRAMES)); a message is filed
+    /// whole, so a turn may go past them by a message's frames.
+    fn read_conn_into(&self, st: &mut DoorState, conn: &Arc<ServerConn>, budget: &mut usize, buf: &mut [u8]) -> Read {
+        let mut read = 0;
+        while read < READ_MAX {
             if *budget == 0 {
                 return Read::More;
             }
-            *budget -= 1;
-            match recv_frame(conn.fd.get_ref().as_fd()) {
+            match recv_message(conn.fd.get_ref().as_fd(), buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
-                Ok(Some((frame, payload))) => {
-                    if !self.file(st, conn, frame, payload) {
-                        st.close(conn);
-                        return Read::Ended;
+                Ok(Some(msg)) => {
+                    for (frame, payload) in msg {
+                        read += 1;
+                        *budget = budget.saturating_sub(1);
+                        if !self.file(st, conn, frame, payload) {
+                            st.close(conn);
+                            return Read::Ended;
+                        }
                     }
                 }
                 // Closed, garbage, or an error: the client's registrations and handshakes end.
@@ -1050,11 +1198,11 @@ impl Door {
     }
 
     /// Files one message from a client; `false` for one no client sends (the connection ends).
-    fn file(&self, st: &mut DoorState, conn: &Arc<ServerConn>, frame: DoorFrame, payload: Vec<u8>) -> bool {
+    fn file(&self, st: &mut DoorState, conn: &Arc<ServerConn>, frame: DoorFrame, payload: &[u8]) -> bool {
         let id = frame.id;
         match frame.kind {
             DoorKind::Register => {
-                let (head, proposal) = match RegisterHead::decode(&payload) {
+                let (head, proposal) = match RegisterHead::decode(payload) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::debug!(error = %e, "unusable door registration");
@@ -1114,7 +1262,9 @@ impl Door {
             DoorKind::Clc | DoorKind::Connected => {
                 let inbox = conn.live().get(&id).cloned();
                 match inbox {
-                    Some(inbox) => inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload }),
+                    Some(inbox) => {
+                        inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload: payload.to_vec() })
+                    }
                     // A message before the server spoke is out of turn: the registration is void.
                     None => {
                         st.remove(conn, id);
@@ -1478,6 +1628,10 @@ fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Pool>> {
 /// One door connection of a client.
 struct ClientConn {
     fd: AsyncFd<PeerFd>,
+    /// What it has to send, gathered by turn of the runtime ([`send_loop`]).
+    outbox: Arc<Outbox>,
+    /// The context's counters (door messages sent).
+    counters: Arc<Counters>,
     /// Who owns the door, as the kernel said when we connected: the listener's process, whose
     /// side channel alone may get our region.
     owner: sys::PeerCred,
@@ -1486,6 +1640,36 @@ struct ClientConn {
     /// Its reader stopped (the door closed, the runtime ended, or it idled out): it takes no
     /// more registrations.
     dead: AtomicBool,
+}
+
+impl Sender for ClientConn {
+    fn fd(&self) -> &AsyncFd<PeerFd> {
+        &self.fd
+    }
+
+    fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// A message found no room for [`SEND_WAIT`] (the listener stopped reading), or the door
+    /// closed: the frames in it and after it fail to their authors (a registration not sent
+    /// is not made; a Confirm not sent leaves its handshake to fall back), and the connection
+    /// takes no new registration. Its open ones still read their answers: a server that
+    /// committed one sent its Commit before anything that ends the connection.
+    fn send_failed(&self, e: &io::Error) {
+        tracing::debug!(error = %e, "cannot send on a door connection: no more registrations on it");
+        self.dead.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for ClientConn {
+    fn drop(&mut self) {
+        self.outbox.close();
+    }
 }
 
 impl ClientConn {
@@ -1519,14 +1703,24 @@ impl ClientConn {
     /// registrations' inboxes. `Ok(true)`: the queue is empty; `Ok(false)`: more may wait (a
     /// listener that sends without pause does not keep the runtime's thread); an error: the
     /// door connection is over.
-    fn read_all(&self) -> io::Result<bool> {
+    fn read_all(&self, buf: &mut [u8]) -> io::Result<bool> {
         for _ in 0..READ_MAX {
-            match recv_frame(self.fd.get_ref().as_fd()) {
-                Ok(Some((frame, payload))) => {
-                    let inbox = self.inboxes().get(&frame.id).cloned();
-                    // A late answer to a registration given up is dropped.
-                    if let Some(inbox) = inbox {
-                        inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload });
+            match recv_message(self.fd.get_ref().as_fd(), buf) {
+                Ok(Some(msg)) => {
+                    let inboxes = self.inboxes();
+                    let mut wake = Vec::new();
+                    for (frame, payload) in msg {
+                        // A late answer to a registration given up is dropped.
+                        if let Some(inbox) = inboxes.get(&frame.id) {
+                            wake.push((
+                                inbox.clone(),
+                                Msg { kind: frame.kind, reason: frame.reason, payload: payload.to_vec() },
+                            ));
+                        }
+                    }
+                    drop(inboxes);
+                    for (inbox, m) in wake {
+                        inbox.push(m);
                     }
                 }
                 Ok(None) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -1569,6 +1763,7 @@ fn client_reader(map: Weak<DoorMap>, key: DoorKey, conn: Arc<ClientConn>) -> imp
 /// The loop of [`client_reader`]: returns when the door connection ended or idled out.
 async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
     let mut idle = Box::pin(tokio::time::sleep(CLIENT_IDLE));
+    let mut buf = message_buffer();
     loop {
         let readable = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
@@ -1578,7 +1773,7 @@ async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
         })
         .await;
         match readable {
-            Some(Ok(mut guard)) => match conn.read_all() {
+            Some(Ok(mut guard)) => match conn.read_all(&mut buf) {
                 Ok(true) => guard.clear_ready(),
                 // Readiness kept: the next turn reads on, after the runtime ran others.
                 Ok(false) => tokio::task::yield_now().await,
@@ -1627,7 +1822,7 @@ impl ClientDoors {
     /// taken and given back; `reserved`: a place waited for, used if it is this door's).
     fn open(
         &self,
-        counters: &Counters,
+        counters: &Arc<Counters>,
         at: DoorAt,
         allowed_uids: &[u32],
         probe: &mut Option<OwnedFd>,
@@ -1708,8 +1903,11 @@ impl ClientDoors {
             Err(e) => return if sys::is_starved(&e) { Found::Starved } else { Found::Absent },
         };
         counters.door_connection();
+        let outbox = Arc::new(Outbox::default());
         let conn = Arc::new(ClientConn {
             fd,
+            outbox: outbox.clone(),
+            counters: counters.clone(),
             owner,
             next_id: AtomicU64::new(1),
             inboxes: Mutex::default(),
@@ -1721,6 +1919,7 @@ impl ClientDoors {
         // `spawn`, and its drop takes that lock to end the connection.
         drop(map);
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
+        rt.spawn(send_loop(outbox, Arc::downgrade(&conn)));
         Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }
 }
@@ -1749,10 +1948,11 @@ impl Drop for Reg {
     fn drop(&mut self) {
         self.conn.inboxes().remove(&self.id);
         if self.open {
-            // Without waiting: a Cancel that finds no room is replaced by the server's own
-            // bound (the registration goes stale, the handshake times out).
+            // Without waiting, after whatever this registration sent before: a Cancel that
+            // is not sent (no room, the connection or its runtime gone) is replaced by the
+            // server's own bound (the registration goes stale, the handshake times out).
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: self.id };
-            let _ = sys::send_msg(self.conn.fd.get_ref().as_fd(), &frame.encode(&[]));
+            let _ = self.conn.outbox.push(|b| frame.encode_into(b, &[]));
         }
     }
 }
@@ -1782,7 +1982,7 @@ pub(crate) struct Lookup {
 /// [`Lookup::room`]), used at that door instead of a new one.
 pub(crate) fn find_doors(
     doors: &ClientDoors,
-    counters: &Counters,
+    counters: &Arc<Counters>,
     dst: SocketAddr,
     allowed_uids: &[u32],
     mut reserved: Option<Place>,
@@ -1818,7 +2018,7 @@ pub(crate) fn find_doors(
 /// (`found` says why: busy, full or starved).
 fn look_at(
     doors: &ClientDoors,
-    counters: &Counters,
+    counters: &Arc<Counters>,
     addr: SocketAddr,
     allowed_uids: &[u32],
     probe: &mut Option<OwnedFd>,
@@ -1954,12 +2154,39 @@ pub(crate) async fn register(
     };
     let head = RegisterHead { instance, cookie, port };
     let mut full = false;
-    let mut deadline = None;
-    for reg in &mut regs {
-        let msg = head.encode_frame(reg.id, proposal);
-        match send_waiting_within(&reg.conn.fd, &msg, &mut deadline).await {
-            Ok(()) => reg.open = true,
-            Err(e) => full |= e.kind() == io::ErrorKind::WouldBlock,
+    // Queued at every door first (each door connection's sender waits for room on its own, so
+    // the wait is bounded by SEND_WAIT in all, not per door), then waited for: the
+    // registration must be in the door's queue before our SYN is in the listener's.
+    // A registration alone on its door connection goes out at once (see `send_frame`).
+    let alone = regs.len() == 1;
+    let queued: Vec<io::Result<Option<u64>>> = regs
+        .iter()
+        .map(|reg| {
+            let encode = |b: &mut Vec<u8>| head.encode_into(b, reg.id, proposal);
+            if alone && reg.conn.inboxes().len() == 1 {
+                let now = reg.conn.outbox.send_now(encode, |m| sys::send_msg(reg.conn.fd.get_ref().as_fd(), m));
+                if matches!(now, Ok(None)) {
+                    reg.conn.counters.door_message(1);
+                }
+                now
+            } else {
+                reg.conn.outbox.push(encode).map(Some)
+            }
+        })
+        .collect();
+    // Open from the moment it is queued: dropped before it went out, it is cancelled after it.
+    for (reg, q) in regs.iter_mut().zip(&queued) {
+        reg.open = q.is_ok();
+    }
+    for (reg, q) in regs.iter_mut().zip(queued) {
+        let sent = match q {
+            Ok(None) => Ok(()),
+            Ok(Some(n)) => reg.conn.outbox.over(n).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = sent {
+            reg.open = false;
+            full |= e.kind() == io::ErrorKind::WouldBlock;
         }
     }
     // A door that took no registration (it closed its connection: it does not trust us; or it
@@ -2096,11 +2323,14 @@ impl Wire for ClientWire {
     async fn send(&mut self, msg: &[u8]) -> io::Result<()> {
         // The client speaks only after a door answered.
         let r = self.chosen.and_then(|i| self.doors[i].as_ref()).ok_or_else(|| io::Error::other("no door answered"))?;
-        let frame = match self.connected.take() {
-            Some(t) => t.encode_frame(r.id, msg),
-            None => DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode(msg),
-        };
-        match send_waiting(&r.conn.fd, &frame).await {
+        let connected = self.connected.take();
+        let alone = r.conn.inboxes().len() == 1;
+        let sent = send_frame(&*r.conn, alone, |b| match connected {
+            Some(t) => t.encode_into(b, r.id, msg),
+            None => DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode_into(b, msg),
+        })
+        .await;
+        match sent {
             // The server closed the door: it did so after its final word, which is still
             // queued for us to read; what we sent is moot.
             Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),
@@ -2176,13 +2406,14 @@ mod tests {
             let frame = RegisterHead { instance: 1, cookie: id, port: 10_000 + id as u16 }.encode_frame(id, &proposal);
             sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
         }
-        let mut st = door.lock();
-        while matches!(door.drain(&mut st), Ok(true)) {}
-        assert_eq!(st.count, CONN_REGISTRATIONS, "filed up to the bound");
-        assert_eq!(st.conns.len(), 1, "the connection stays");
-        drop(st);
+        {
+            let mut st = door.lock();
+            while matches!(door.drain(&mut st), Ok(true)) {}
+            assert_eq!(st.count, CONN_REGISTRATIONS, "filed up to the bound");
+            assert_eq!(st.conns.len(), 1, "the connection stays");
+        }
         let mut refused = Vec::new();
-        while let Ok(Some((frame, _))) = recv_frame(client.as_fd()) {
+        for (frame, _) in sent_frames(&client).await {
             assert_eq!((frame.kind, frame.reason), (DoorKind::Unmatched, DeclineReason::HandshakeCongested as u8));
             refused.push(frame.id);
         }
@@ -2396,25 +2627,36 @@ mod tests {
         ClcMessage::Proposal(p).encode().unwrap()
     }
 
-    /// A door connection's two ends: ours as the listener holds it, and the client's.
+    /// A door connection's two ends: ours as the listener holds it (its sender started), and
+    /// the client's.
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
         let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
-        let conn = ServerConn {
-            fd: watch(PeerFd::new(ours)).expect("register with the runtime"),
-            cred: PeerCred { pid: 0, uid: 0, gid: 0 },
-            pending: Mutex::default(),
-            live: Mutex::default(),
-            accepted_early: Mutex::default(),
-        };
-        (Arc::new(conn), theirs)
+        let fd = watch(PeerFd::new(ours)).expect("register with the runtime");
+        let counters = Arc::new(Counters::default());
+        (ServerConn::start(fd, PeerCred { pid: 0, uid: 0, gid: 0 }, &counters).expect("a runtime"), theirs)
+    }
+
+    /// The frames of every message queued at `client`'s end, once the door's senders had their
+    /// turns (what the door said in a turn of its runtime goes out when its tasks yield).
+    async fn sent_frames(client: &OwnedFd) -> Vec<(DoorFrame, Vec<u8>)> {
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        let mut got = Vec::new();
+        let mut buf = message_buffer();
+        while let Ok(Some(msg)) = recv_message(client.as_fd(), &mut buf) {
+            got.extend(msg.map(|(f, p)| (f, p.to_vec())));
+        }
+        got
     }
 
     /// Reads every frame queued at the client's end, until the queue is empty (`false`) or
     /// the connection ended (`true`).
     fn drain(client: &OwnedFd, ids: &mut Vec<u64>) -> bool {
+        let mut buf = message_buffer();
         loop {
-            match recv_frame(client.as_fd()) {
-                Ok(Some((frame, _))) => ids.push(frame.id),
+            match recv_message(client.as_fd(), &mut buf) {
+                Ok(Some(msg)) => ids.extend(msg.map(|(f, _)| f.id)),
                 Ok(None) => return true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => panic!("{e}"),
@@ -2533,14 +2775,16 @@ mod tests {
         }
     }
 
-    /// A "no" that finds no room is not dropped while the client waits for it: the connection
-    /// ends, which the client reads as "TCP" for every registration on it.
-    #[tokio::test]
+    /// A "no" that finds no room (within [`SEND_WAIT`], like every answer) is not dropped
+    /// while the client waits for it: the connection ends, which the client reads as "TCP" for
+    /// every registration on it.
+    #[tokio::test(start_paused = true)]
     async fn a_refusal_that_finds_no_room_ends_the_connection() {
         let (conn, client) = server_conn();
         let counters = Counters::default();
         let sent = fill(&conn);
         conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        tokio::time::sleep(SEND_WAIT + Duration::from_millis(100)).await;
         let mut ids = Vec::new();
         assert!(drain(&client, &mut ids), "the connection was not shut down");
         assert_eq!(ids, (0..sent).collect::<Vec<_>>());
@@ -2571,7 +2815,7 @@ mod tests {
         let at = DoorAt { addr, index: None };
         let _door = sys::seqpacket_listen(&at.name(), false).expect("a door");
         let doors = ClientDoors::default();
-        let counters = Counters::default();
+        let counters = Arc::new(Counters::default());
         // Our own uid is trusted without being listed.
         let uid: [u32; 0] = [];
         let open = |reserved: &mut Option<Place>| doors.open(&counters, at, &uid, &mut None, reserved);
