@@ -318,9 +318,10 @@ async fn send_loop<C: Sender>(outbox: Arc<Outbox>, conn: Weak<C>) {
     }
 }
 
-/// Starts `conn`'s sender on the current runtime. `false` outside of one (nothing would send).
-fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>) -> bool {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else { return false };
+/// Starts `conn`'s sender on `rt`, else on the current runtime. `false` outside of one
+/// (nothing would send).
+fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&tokio::runtime::Handle>) -> bool {
+    let Some(rt) = rt.cloned().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return false };
     rt.spawn(send_loop(outbox.clone(), Arc::downgrade(conn)));
     true
 }
@@ -474,6 +475,10 @@ pub(crate) struct Door {
     solo: bool,
     /// Door connections held at most ([`conn_budget`]).
     conn_budget: usize,
+    /// The runtime the door was opened on (the listener's), where the senders of its door
+    /// connections run, whichever runtime's accept took a connection in: a runtime of the
+    /// application's that ends does not take them along.
+    rt: Option<tokio::runtime::Handle>,
     /// The port the listener listens on.
     listen_port: u16,
     /// The address it listens on, unless it is the wildcard (then any of this host's).
@@ -546,9 +551,14 @@ impl Drop for ServerConn {
 }
 
 impl ServerConn {
-    /// A door connection accepted from a client with credentials `cred`, its sender started.
-    /// `None` outside of a runtime.
-    fn start(fd: AsyncFd<PeerFd>, cred: PeerCred, counters: &Arc<Counters>) -> Option<Arc<ServerConn>> {
+    /// A door connection accepted from a client with credentials `cred`, its sender started on
+    /// `rt` (the listener's runtime; else the current one). `None` outside of a runtime.
+    fn start(
+        fd: AsyncFd<PeerFd>,
+        cred: PeerCred,
+        counters: &Arc<Counters>,
+        rt: Option<&tokio::runtime::Handle>,
+    ) -> Option<Arc<ServerConn>> {
         let outbox = Arc::new(Outbox::default());
         let conn = Arc::new(ServerConn {
             fd,
@@ -559,7 +569,7 @@ impl ServerConn {
             live: Mutex::default(),
             accepted_early: Mutex::default(),
         });
-        start_sender(&outbox, &conn).then_some(conn)
+        start_sender(&outbox, &conn, rt).then_some(conn)
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
@@ -897,6 +907,7 @@ impl Door {
                         diag,
                         solo,
                         conn_budget,
+                        rt: tokio::runtime::Handle::try_current().ok(),
                         inert_conns,
                         listen_port: local.port(),
                         listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
@@ -1143,7 +1154,7 @@ impl Door {
             // Room for a client's window of answers.
             let _ = widen_send_buffer(conn.as_fd());
             match watch(conn) {
-                Ok(fd) => match ServerConn::start(fd, cred, &self.counters) {
+                Ok(fd) => match ServerConn::start(fd, cred, &self.counters, self.rt.as_ref()) {
                     Some(conn) => st.conns.push(conn),
                     None => tracing::debug!("no runtime to answer a door connection on"),
                 },
@@ -1177,6 +1188,14 @@ impl Door {
             }
             match recv_message(conn.fd.get_ref().as_fd(), buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
+                // A frame only a server sends ends the connection before anything of its
+                // message is filed.
+                Ok(Some(msg))
+                    if msg.clone().any(|(f, _)| matches!(f.kind, DoorKind::Unmatched | DoorKind::Refused)) =>
+                {
+                    st.close(conn);
+                    return Read::Ended;
+                }
                 Ok(Some(msg)) => {
                     for (frame, payload) in msg {
                         read += 1;
@@ -1699,17 +1718,20 @@ impl ClientConn {
         }
     }
 
-    /// Reads the messages queued (without waiting, at most [`READ_MAX`]) into their
+    /// Reads the messages queued (without waiting, at most [`READ_MAX`] frames, and the rest of
+    /// the message that reaches it) into their
     /// registrations' inboxes. `Ok(true)`: the queue is empty; `Ok(false)`: more may wait (a
     /// listener that sends without pause does not keep the runtime's thread); an error: the
     /// door connection is over.
     fn read_all(&self, buf: &mut [u8]) -> io::Result<bool> {
-        for _ in 0..READ_MAX {
+        let mut read = 0;
+        while read < READ_MAX {
             match recv_message(self.fd.get_ref().as_fd(), buf) {
                 Ok(Some(msg)) => {
                     let inboxes = self.inboxes();
                     let mut wake = Vec::new();
                     for (frame, payload) in msg {
+                        read += 1;
                         // A late answer to a registration given up is dropped.
                         if let Some(inbox) = inboxes.get(&frame.id) {
                             wake.push((
@@ -2420,6 +2442,33 @@ mod tests {
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
     }
 
+    /// A message with a frame no client sends ends the door connection before anything of it
+    /// is filed: the registrations ahead of that frame in the message are not taken in.
+    #[tokio::test]
+    async fn a_message_with_a_servers_frame_is_not_filed_at_all() {
+        use crate::proto::door::RegisterHead;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = roomy_door_connection(door);
+        // Shared-memory offers: a solo door answers them at once, so filed ones would be
+        // queued for the listener task to answer.
+        let proposal = proposal(Some(crate::proto::clc::ShmOffer { link_group: 0 }));
+        let mut msg = Vec::new();
+        for id in 1..=3u64 {
+            RegisterHead { instance: 1, cookie: id, port: 20_000 + id as u16 }.encode_into(&mut msg, id, &proposal);
+        }
+        DoorFrame { kind: DoorKind::Unmatched, reason: 0, id: 4 }.encode_into(&mut msg, &[]);
+        sys::send_with_fds(client.as_fd(), &msg, &[]).unwrap();
+        {
+            let mut st = door.lock();
+            while matches!(door.drain(&mut st), Ok(true)) {}
+            assert_eq!(st.count, 0, "registrations filed from a message that ended the connection");
+            assert!(st.early.is_empty(), "registrations to answer from a message that ended the connection");
+            assert!(st.conns.is_empty(), "the connection stays");
+        }
+        assert!(sent_frames(&client).await.is_empty(), "answers to a message that was not filed");
+    }
+
     /// A registrant cannot have a connection to another listener confirmed as one to ours: a
     /// connection to the same port of another address of this host (here 127.0.0.2, where a
     /// listener of its own waits) is refused, though the kernel's record of it matches the
@@ -2633,7 +2682,7 @@ mod tests {
         let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
         let fd = watch(PeerFd::new(ours)).expect("register with the runtime");
         let counters = Arc::new(Counters::default());
-        (ServerConn::start(fd, PeerCred { pid: 0, uid: 0, gid: 0 }, &counters).expect("a runtime"), theirs)
+        (ServerConn::start(fd, PeerCred { pid: 0, uid: 0, gid: 0 }, &counters, None).expect("a runtime"), theirs)
     }
 
     /// The frames of every message queued at `client`'s end, once the door's senders had their

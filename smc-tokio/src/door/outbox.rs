@@ -92,18 +92,11 @@ impl Outbox {
             if let Some((_, kind)) = st.broken {
                 return Err(kind.into());
             }
-            let full = st.queue.back().is_none_or(|m| m.frames >= DOOR_BATCH_FRAMES);
-            if full && st.queue.len() >= MAX_QUEUED {
-                let first = st.front;
-                st.broken = Some((first, io::ErrorKind::WouldBlock));
-                st.queue.clear();
-                let wake: Vec<Waker> = st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters)).collect();
-                drop(st);
-                wake.into_iter().for_each(Waker::wake);
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
             let was_empty = st.queue.is_empty();
-            if full {
+            if st.queue.back().is_none_or(|m| m.frames >= DOOR_BATCH_FRAMES) {
+                if st.queue.len() >= MAX_QUEUED {
+                    return Err(Self::overflow(st));
+                }
                 let bytes = std::mem::take(&mut st.spare);
                 st.queue.push_back(Message { bytes, frames: 0 });
             }
@@ -112,9 +105,12 @@ impl Outbox {
             encode(&mut last.bytes);
             last.frames += 1;
             if last.bytes.len() > DOOR_MSG_MAX && last.frames > 1 {
-                // No room in this one: the frame starts the next.
+                // No room in this one: the frame starts the next, if one more may wait.
                 let bytes = last.bytes.split_off(start);
                 last.frames -= 1;
+                if st.queue.len() >= MAX_QUEUED {
+                    return Err(Self::overflow(st));
+                }
                 st.queue.push_back(Message { bytes, frames: 1 });
             }
             let n = st.front + st.queue.len() as u64 - 1;
@@ -166,6 +162,25 @@ impl Outbox {
         }
     }
 
+    /// Fails the outbox for a peer that does not read: [`MAX_QUEUED`] messages wait unsent.
+    fn overflow(mut st: std::sync::MutexGuard<'_, State>) -> io::Error {
+        let first = st.front;
+        Self::fail_from(&mut st, first, io::ErrorKind::WouldBlock);
+        st.queue.clear();
+        let wake: Vec<Waker> = st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters)).collect();
+        drop(st);
+        wake.into_iter().for_each(Waker::wake);
+        io::ErrorKind::WouldBlock.into()
+    }
+
+    /// Fails message `n` and every later one (an earlier failure stands, with its reason).
+    fn fail_from(st: &mut State, n: u64, kind: io::ErrorKind) {
+        match st.broken {
+            Some((from, _)) if from <= n => {}
+            _ => st.broken = Some((n, kind)),
+        }
+    }
+
     /// For the sender: what to do, once there is something to do.
     pub(crate) fn poll_work(&self, cx: &mut Context<'_>) -> Poll<Work> {
         let mut st = self.lock();
@@ -207,7 +222,9 @@ impl Outbox {
             st.in_flight = false;
             st.over_below = st.over_below.max(n + 1);
             if let Some(kind) = failed {
-                st.broken.get_or_insert((n, kind));
+                // Also when the outbox broke already from a later message on (it overflowed
+                // while this one was out): this one failed too.
+                Self::fail_from(&mut st, n, kind);
                 st.queue.clear();
             }
             if st.spare.capacity() < buf.capacity() {
@@ -226,7 +243,7 @@ impl Outbox {
             let mut st = self.lock();
             st.closed = true;
             let first = st.front;
-            st.broken.get_or_insert((first, io::ErrorKind::BrokenPipe));
+            Self::fail_from(&mut st, first, io::ErrorKind::BrokenPipe);
             st.queue.clear();
             (st.sender.take(), std::mem::take(&mut st.waiters))
         };
@@ -422,7 +439,30 @@ mod tests {
         assert_eq!(out.poll_work(cx), Poll::Ready(Work::Broken(io::ErrorKind::WouldBlock)));
         assert!(matches!(out.poll_over(last, cx), Poll::Ready(Err(_))));
         assert!(out.take().is_none());
-        // The message out when it broke keeps the fate its send gets.
+        // The message out when it broke keeps the fate its send gets: failed here (the
+        // connection is shut behind it), which fails it, though the outbox broke after it.
         assert!(out.poll_over(taken, cx).is_pending());
+        out.sent(taken, Some(io::ErrorKind::BrokenPipe), _msg);
+        match out.poll_over(taken, cx) {
+            Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::BrokenPipe),
+            other => panic!("the message out when the outbox broke: {other:?}"),
+        }
+        assert!(matches!(out.poll_over(last, cx), Poll::Ready(Err(_))));
+
+        // Messages that fill on bytes count as much as those that fill on frames.
+        let out = Outbox::default();
+        let long = vec![7u8; crate::proto::clc::CLC_MAX_LEN];
+        let clc = |b: &mut Vec<u8>| DoorFrame { kind: DoorKind::Clc, reason: 0, id: 9 }.encode_into(b, &long);
+        let mut pushed = 0;
+        while out.push(clc).is_ok() {
+            pushed += 1;
+            assert!(pushed < 16 * MAX_QUEUED, "unbounded");
+        }
+        let mut queued = 0;
+        while out.take().is_some() {
+            queued += 1;
+        }
+        assert_eq!(queued, 0, "what was queued failed with the outbox");
+        assert!(pushed >= MAX_QUEUED * 15 - 1, "{pushed} frames taken before the bound");
     }
 }

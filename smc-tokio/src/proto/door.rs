@@ -530,7 +530,8 @@ impl DoorFrame {
 /// The frames of one message, each with its payload, once the whole message was checked: at
 /// least one frame and at most [`DOOR_BATCH_FRAMES`], at most [`DOOR_MSG_MAX`] bytes, every
 /// frame whole and valid, nothing after the last. A message with anything wrong is rejected as
-/// a whole, so that none of its frames is acted on.
+/// a whole, so that none of its frames is acted on. (Whether each frame may come from the
+/// sender, a Register from a server say, is the receiver's to check.)
 ///
 /// # Examples
 ///
