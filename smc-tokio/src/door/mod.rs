@@ -138,7 +138,7 @@ const INBOX_MAX: usize = 4;
 enum Read {
     /// Its queue is empty.
     Empty,
-    /// [`READ_MAX`] messages were read; more may wait.
+    /// [`READ_MAX`] frames were read; more may wait.
     More,
     /// It closed or broke the protocol, and was ended.
     Ended,
@@ -282,7 +282,8 @@ async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut V
 /// `conn`'s [`Sender::send_failed`] says what follows). On a multi-threaded runtime it yields
 /// once before it looks: a task woken from a worker runs next there, before the other tasks of
 /// the turn have added their frames. Counts the frames and messages it sent.
-async fn send_loop<C: Sender>(outbox: Arc<Outbox>, conn: Weak<C>) {
+async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
+    let SenderOf(outbox) = &outbox;
     let multi = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     loop {
@@ -318,11 +319,22 @@ async fn send_loop<C: Sender>(outbox: Arc<Outbox>, conn: Weak<C>) {
     }
 }
 
+/// A sender's hold on its outbox: however the sender ends (its task dropped with its runtime,
+/// also before it first ran, or mid-send), the outbox is abandoned ([`Outbox::abandon`]), so
+/// that no author waits for a message nobody will send.
+struct SenderOf(Arc<Outbox>);
+
+impl Drop for SenderOf {
+    fn drop(&mut self) {
+        self.0.abandon();
+    }
+}
+
 /// Starts `conn`'s sender on `rt`, else on the current runtime. `false` outside of one
 /// (nothing would send).
 fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&tokio::runtime::Handle>) -> bool {
     let Some(rt) = rt.cloned().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return false };
-    rt.spawn(send_loop(outbox.clone(), Arc::downgrade(conn)));
+    rt.spawn(send_loop(SenderOf(outbox.clone()), Arc::downgrade(conn)));
     true
 }
 
@@ -1153,6 +1165,8 @@ impl Door {
             sys::refuse_descriptors(conn.as_fd());
             // Room for a client's window of answers.
             let _ = widen_send_buffer(conn.as_fd());
+            // Watched by the listener's runtime, whichever runtime's accept took it in.
+            let _rt = self.rt.as_ref().map(tokio::runtime::Handle::enter);
             match watch(conn) {
                 Ok(fd) => match ServerConn::start(fd, cred, &self.counters, self.rt.as_ref()) {
                     Some(conn) => st.conns.push(conn),
@@ -1164,9 +1178,9 @@ impl Door {
         Ok(true)
     }
 
-    /// Reads up to [`READ_MAX`] messages queued on `conn` (without waiting), and at most
-    /// `budget` (taken from it), and files them. A connection that closed or sent nonsense is
-    /// ended.
+    /// Reads up to [`READ_MAX`] frames queued on `conn` (without waiting), and at most `budget`
+    /// (taken from it), each with the rest of its message, and files them. A connection that
+    /// closed or sent nonsense is ended.
     fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>, budget: &mut usize) -> Read {
         let mut buf = std::mem::take(&mut st.buf);
         if buf.is_empty() {
@@ -1941,7 +1955,7 @@ impl ClientDoors {
         // `spawn`, and its drop takes that lock to end the connection.
         drop(map);
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
-        rt.spawn(send_loop(outbox, Arc::downgrade(&conn)));
+        rt.spawn(send_loop(SenderOf(outbox), Arc::downgrade(&conn)));
         Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }
 }
@@ -2440,6 +2454,47 @@ mod tests {
             refused.push(frame.id);
         }
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
+    }
+
+    /// A door connection that another runtime's accept took in (the application's, say) is
+    /// watched and answered by the listener's runtime: that runtime's end does not take it
+    /// along, and its registrations are answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_door_connection_taken_in_by_another_runtime_outlives_it() {
+        use crate::proto::door::RegisterHead;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = roomy_door_connection(door);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    let mut st = door.lock();
+                    while matches!(door.drain(&mut st), Ok(true)) {}
+                    assert_eq!(st.conns.len(), 1, "taken in");
+                });
+            })
+            .join()
+            .unwrap();
+        });
+        let proposal = proposal(Some(crate::proto::clc::ShmOffer { link_group: 0 }));
+        let frame = RegisterHead { instance: 1, cookie: 1, port: 20_001 }.encode_frame(1, &proposal);
+        sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
+        let mut buf = message_buffer();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let answer = loop {
+            match recv_message(client.as_fd(), &mut buf) {
+                Ok(Some(mut msg)) => break msg.next().map(|(f, p)| (f.kind, f.id, p.to_vec())),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => panic!("no answer: {:?}", other.map(|m| m.map(|f| f.count()))),
+            }
+        };
+        let (kind, id, payload) = answer.expect("a frame");
+        assert_eq!((kind, id), (DoorKind::Clc, 1));
+        let accept = crate::proto::clc::decode(&payload).unwrap();
+        assert!(matches!(accept, crate::proto::clc::Decoded::Message(ClcMessage::Accept(_), _)), "answered {accept:?}");
     }
 
     /// A message with a frame no client sends ends the door connection before anything of it

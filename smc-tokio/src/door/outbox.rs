@@ -250,6 +250,22 @@ impl Outbox {
         sender.into_iter().chain(waiters).for_each(Waker::wake);
     }
 
+    /// Ends the outbox because its sender is gone (its task dropped, with its runtime, before
+    /// or while it sent): what waits fails, the message it had out too, since nobody will say
+    /// how its send went.
+    pub(crate) fn abandon(&self) {
+        let (sender, waiters) = {
+            let mut st = self.lock();
+            st.closed = true;
+            let first = if st.in_flight { st.front - 1 } else { st.front };
+            st.in_flight = false;
+            Self::fail_from(&mut st, first, io::ErrorKind::BrokenPipe);
+            st.queue.clear();
+            (st.sender.take(), std::mem::take(&mut st.waiters))
+        };
+        sender.into_iter().chain(waiters).for_each(Waker::wake);
+    }
+
     /// For an author: ready once message `n` is over, with its fate.
     pub(crate) fn poll_over(&self, n: u64, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut st = self.lock();
@@ -382,6 +398,19 @@ mod tests {
         assert!(sender_wakes.0.load(Ordering::Relaxed) >= 1);
         assert!(matches!(out.poll_over(n, cx), Poll::Ready(Err(_))));
         assert_eq!(out.poll_work(cx), Poll::Ready(Work::Closed));
+
+        // A sender that went away with a message out: that message fails too, and later
+        // frames fail at once.
+        let out = Outbox::default();
+        let first = out.push(|b| cancel(b, 1)).unwrap();
+        let (taken, _) = out.take().unwrap();
+        assert_eq!(taken, first);
+        let queued = out.push(|b| cancel(b, 2)).unwrap();
+        out.abandon();
+        for n in [taken, queued] {
+            assert!(matches!(out.poll_over(n, cx), Poll::Ready(Err(_))), "message {n}");
+        }
+        assert!(out.push(|b| cancel(b, 3)).is_err());
     }
 
     /// A frame sent now goes out at once as a message of its own while nothing is queued or out;
