@@ -248,11 +248,24 @@ fn recv_message<'b>(conn: BorrowedFd<'_>, buf: &'b mut [u8]) -> io::Result<Optio
     frames(&buf[..n]).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// A door connection's socket as both ends send on it: the socket, what it has to send
+/// (gathered by turn of the runtime, [`send_loop`]), and the counters of the door messages
+/// sent. Its outbox closes with it.
+struct DoorSocket {
+    fd: AsyncFd<PeerFd>,
+    outbox: Arc<Outbox>,
+    counters: Arc<Counters>,
+}
+
+impl Drop for DoorSocket {
+    fn drop(&mut self) {
+        self.outbox.close();
+    }
+}
+
 /// What a door connection's sender needs of it (see [`send_loop`]).
 trait Sender: Send + Sync + 'static {
-    fn fd(&self) -> &AsyncFd<PeerFd>;
-    fn outbox(&self) -> &Outbox;
-    fn counters(&self) -> &Counters;
+    fn socket(&self) -> &DoorSocket;
     /// A message could not be sent (see [`send_loop`]).
     fn send_failed(&self, e: &io::Error);
 }
@@ -262,17 +275,18 @@ trait Sender: Send + Sync + 'static {
 /// task has a frame to add to its message: it goes out at once ([`Outbox::send_now`]),
 /// unless frames are queued before it. Otherwise it goes with the turn's others.
 async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
+    let sock = conn.socket();
     let queued = if alone {
-        conn.outbox().send_now(encode, |m| sys::send_msg(conn.fd().get_ref().as_fd(), m))?
+        sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?
     } else {
-        Some(conn.outbox().push(encode)?)
+        Some(sock.outbox.push(encode)?)
     };
     match queued {
         None => {
-            conn.counters().door_message(1);
+            sock.counters.door_message(1);
             Ok(())
         }
-        Some(n) => conn.outbox().over(n).await,
+        Some(n) => sock.outbox.over(n).await,
     }
 }
 
@@ -305,10 +319,10 @@ async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
             return;
         };
         while let Some((n, msg)) = outbox.take() {
-            let r = send_waiting(conn.fd(), &msg).await;
+            let r = send_waiting(&conn.socket().fd, &msg).await;
             if r.is_ok() {
                 // Checked by `frames` at the other end; counted here by their headers.
-                conn.counters().door_message(proto_door::frames(&msg).map_or(0, Iterator::count));
+                conn.socket().counters.door_message(proto_door::frames(&msg).map_or(0, Iterator::count));
             }
             outbox.sent(n, r.as_ref().err().map(io::Error::kind), msg);
             if let Err(e) = r {
@@ -517,11 +531,8 @@ impl fmt::Debug for Door {
 
 /// One client's door connection, at the server.
 struct ServerConn {
-    fd: AsyncFd<PeerFd>,
-    /// What it has to send, gathered by turn of the runtime ([`send_loop`]).
-    outbox: Arc<Outbox>,
-    /// The listener's counters (door messages sent).
-    counters: Arc<Counters>,
+    /// Its socket, with the listener's counters.
+    sock: DoorSocket,
     cred: PeerCred,
     /// Its registrations not matched yet: id to the port they are filed under.
     pending: Mutex<HashMap<u64, u16>>,
@@ -533,16 +544,8 @@ struct ServerConn {
 }
 
 impl Sender for ServerConn {
-    fn fd(&self) -> &AsyncFd<PeerFd> {
-        &self.fd
-    }
-
-    fn outbox(&self) -> &Outbox {
-        &self.outbox
-    }
-
-    fn counters(&self) -> &Counters {
-        &self.counters
+    fn socket(&self) -> &DoorSocket {
+        &self.sock
     }
 
     /// An answer we could not send (the client read nothing for [`SEND_WAIT`]): its handshake
@@ -553,12 +556,6 @@ impl Sender for ServerConn {
     fn send_failed(&self, e: &io::Error) {
         tracing::debug!(error = %e, "no room for a door answer: ending the door connection");
         self.shut();
-    }
-}
-
-impl Drop for ServerConn {
-    fn drop(&mut self) {
-        self.outbox.close();
     }
 }
 
@@ -573,9 +570,7 @@ impl ServerConn {
     ) -> Option<Arc<ServerConn>> {
         let outbox = Arc::new(Outbox::default());
         let conn = Arc::new(ServerConn {
-            fd,
-            outbox: outbox.clone(),
-            counters: counters.clone(),
+            sock: DoorSocket { fd, outbox: outbox.clone(), counters: counters.clone() },
             cred,
             pending: Mutex::default(),
             live: Mutex::default(),
@@ -602,7 +597,7 @@ impl ServerConn {
         counters.door(crate::stats::DoorEvent::Unmatched);
         counters.decline(reason, crate::proto::handshake::Side::Local);
         let frame = DoorFrame { kind, reason: reason as u8, id };
-        if self.outbox.push(|b| frame.encode_into(b, &[])).is_err() {
+        if self.sock.outbox.push(|b| frame.encode_into(b, &[])).is_err() {
             // The connection stopped sending: shut already.
             self.shut();
         }
@@ -615,7 +610,7 @@ impl ServerConn {
     /// its Commit is settled, since that Commit is read before the end.
     fn shut(&self) {
         // Our own reads see the end once the client closes its side.
-        let _ = sys::shutdown(self.fd.get_ref().as_fd(), std::net::Shutdown::Both);
+        let _ = sys::shutdown(self.sock.fd.get_ref().as_fd(), std::net::Shutdown::Both);
     }
 }
 
@@ -1028,7 +1023,7 @@ impl Door {
                 more = true;
                 break;
             }
-            if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
+            if let Poll::Ready(r) = conn.sock.fd.poll_read_ready(cx) {
                 progress = true;
                 match r {
                     Ok(mut guard) => match self.read_conn(&mut st, &conn, budget) {
@@ -1200,7 +1195,7 @@ impl Door {
             if *budget == 0 {
                 return Read::More;
             }
-            match recv_message(conn.fd.get_ref().as_fd(), buf) {
+            match recv_message(conn.sock.fd.get_ref().as_fd(), buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
                 // A frame only a server sends ends the connection before anything of its
                 // message is filed.
@@ -1660,11 +1655,8 @@ fn lock_map(m: &DoorMap) -> std::sync::MutexGuard<'_, HashMap<DoorKey, Pool>> {
 
 /// One door connection of a client.
 struct ClientConn {
-    fd: AsyncFd<PeerFd>,
-    /// What it has to send, gathered by turn of the runtime ([`send_loop`]).
-    outbox: Arc<Outbox>,
-    /// The context's counters (door messages sent).
-    counters: Arc<Counters>,
+    /// Its socket, with the context's counters.
+    sock: DoorSocket,
     /// Who owns the door, as the kernel said when we connected: the listener's process, whose
     /// side channel alone may get our region.
     owner: sys::PeerCred,
@@ -1676,16 +1668,8 @@ struct ClientConn {
 }
 
 impl Sender for ClientConn {
-    fn fd(&self) -> &AsyncFd<PeerFd> {
-        &self.fd
-    }
-
-    fn outbox(&self) -> &Outbox {
-        &self.outbox
-    }
-
-    fn counters(&self) -> &Counters {
-        &self.counters
+    fn socket(&self) -> &DoorSocket {
+        &self.sock
     }
 
     /// A message found no room for [`SEND_WAIT`] (the listener stopped reading), or the door
@@ -1696,12 +1680,6 @@ impl Sender for ClientConn {
     fn send_failed(&self, e: &io::Error) {
         tracing::debug!(error = %e, "cannot send on a door connection: no more registrations on it");
         self.dead.store(true, Ordering::Release);
-    }
-}
-
-impl Drop for ClientConn {
-    fn drop(&mut self) {
-        self.outbox.close();
     }
 }
 
@@ -1740,7 +1718,7 @@ impl ClientConn {
     fn read_all(&self, buf: &mut [u8]) -> io::Result<bool> {
         let mut read = 0;
         while read < READ_MAX {
-            match recv_message(self.fd.get_ref().as_fd(), buf) {
+            match recv_message(self.sock.fd.get_ref().as_fd(), buf) {
                 Ok(Some(msg)) => {
                     let inboxes = self.inboxes();
                     let mut wake = Vec::new();
@@ -1802,7 +1780,7 @@ async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
     let mut buf = message_buffer();
     loop {
         let readable = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = conn.fd.poll_read_ready(cx) {
+            if let Poll::Ready(r) = conn.sock.fd.poll_read_ready(cx) {
                 return Poll::Ready(Some(r));
             }
             idle.as_mut().poll(cx).map(|()| None)
@@ -1941,9 +1919,7 @@ impl ClientDoors {
         counters.door_connection();
         let outbox = Arc::new(Outbox::default());
         let conn = Arc::new(ClientConn {
-            fd,
-            outbox: outbox.clone(),
-            counters: counters.clone(),
+            sock: DoorSocket { fd, outbox: outbox.clone(), counters: counters.clone() },
             owner,
             next_id: AtomicU64::new(1),
             inboxes: Mutex::default(),
@@ -1988,7 +1964,7 @@ impl Drop for Reg {
             // is not sent (no room, the connection or its runtime gone) is replaced by the
             // server's own bound (the registration goes stale, the handshake times out).
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: self.id };
-            let _ = self.conn.outbox.push(|b| frame.encode_into(b, &[]));
+            let _ = self.conn.sock.outbox.push(|b| frame.encode_into(b, &[]));
         }
     }
 }
@@ -2200,13 +2176,14 @@ pub(crate) async fn register(
         .map(|reg| {
             let encode = |b: &mut Vec<u8>| head.encode_into(b, reg.id, proposal);
             if alone && reg.conn.inboxes().len() == 1 {
-                let now = reg.conn.outbox.send_now(encode, |m| sys::send_msg(reg.conn.fd.get_ref().as_fd(), m));
+                let sock = &reg.conn.sock;
+                let now = sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m));
                 if matches!(now, Ok(None)) {
-                    reg.conn.counters.door_message(1);
+                    sock.counters.door_message(1);
                 }
                 now
             } else {
-                reg.conn.outbox.push(encode).map(Some)
+                reg.conn.sock.outbox.push(encode).map(Some)
             }
         })
         .collect();
@@ -2217,7 +2194,7 @@ pub(crate) async fn register(
     for (reg, q) in regs.iter_mut().zip(queued) {
         let sent = match q {
             Ok(None) => Ok(()),
-            Ok(Some(n)) => reg.conn.outbox.over(n).await,
+            Ok(Some(n)) => reg.conn.sock.outbox.over(n).await,
             Err(e) => Err(e),
         };
         if let Err(e) = sent {
@@ -2773,7 +2750,7 @@ mod tests {
     fn fill(conn: &ServerConn) -> u64 {
         let mut sent = 0;
         while sys::send_msg(
-            conn.fd.get_ref().as_fd(),
+            conn.sock.fd.get_ref().as_fd(),
             &DoorFrame { kind: DoorKind::Refused, reason: 0, id: sent }.encode(&[]),
         )
         .is_ok()
@@ -2849,7 +2826,7 @@ mod tests {
     #[tokio::test]
     async fn a_door_connection_is_watched_for_reading_only() {
         let (conn, _client) = server_conn();
-        let fd = conn.fd.get_ref().as_fd().as_raw_fd();
+        let fd = conn.sock.fd.get_ref().as_fd().as_raw_fd();
         // The socket's inode too: an entry of another test's epoll under a reused number is not
         // this socket's.
         let ino =
