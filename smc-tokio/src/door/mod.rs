@@ -275,19 +275,23 @@ trait Sender: Send + Sync + 'static {
 /// task has a frame to add to its message: it goes out at once ([`Outbox::send_now`]),
 /// unless frames are queued before it. Otherwise it goes with the turn's others.
 async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<()> {
-    let sock = conn.socket();
-    let queued = if alone {
-        sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?
-    } else {
-        Some(sock.outbox.push(encode)?)
-    };
-    match queued {
-        None => {
-            sock.counters.door_message(1);
-            Ok(())
-        }
-        Some(n) => sock.outbox.over(n).await,
+    match queue_frame(conn.socket(), alone, encode)? {
+        None => Ok(()),
+        Some(n) => conn.socket().outbox.over(n).await,
     }
+}
+
+/// The first half of [`send_frame`], without waiting: `Ok(None)` when the frame went out at
+/// once (counted), `Ok(Some(n))` when it waits in message `n` of the outbox.
+fn queue_frame(sock: &DoorSocket, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<Option<u64>> {
+    if !alone {
+        return sock.outbox.push(encode).map(Some);
+    }
+    let now = sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?;
+    if now.is_none() {
+        sock.counters.door_message(1);
+    }
+    Ok(now)
 }
 
 /// The sender of one door connection: sends what its [`Outbox`] gathers, one message at a
@@ -314,15 +318,12 @@ async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
         if multi {
             tokio::task::yield_now().await;
         }
-        let Some(conn) = conn.upgrade() else {
-            outbox.close();
-            return;
-        };
-        while let Some((n, msg)) = outbox.take() {
+        // Gone: the outbox is abandoned as this returns (`SenderOf`).
+        let Some(conn) = conn.upgrade() else { return };
+        while let Some((n, msg, frames)) = outbox.take() {
             let r = send_waiting(&conn.socket().fd, &msg).await;
             if r.is_ok() {
-                // Checked by `frames` at the other end; counted here by their headers.
-                conn.socket().counters.door_message(proto_door::frames(&msg).map_or(0, Iterator::count));
+                conn.socket().counters.door_message(frames);
             }
             outbox.sent(n, r.as_ref().err().map(io::Error::kind), msg);
             if let Err(e) = r {
@@ -2170,21 +2171,11 @@ pub(crate) async fn register(
     // the wait is bounded by SEND_WAIT in all, not per door), then waited for: the
     // registration must be in the door's queue before our SYN is in the listener's.
     // A registration alone on its door connection goes out at once (see `send_frame`).
-    let alone = regs.len() == 1;
     let queued: Vec<io::Result<Option<u64>>> = regs
         .iter()
         .map(|reg| {
-            let encode = |b: &mut Vec<u8>| head.encode_into(b, reg.id, proposal);
-            if alone && reg.conn.inboxes().len() == 1 {
-                let sock = &reg.conn.sock;
-                let now = sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m));
-                if matches!(now, Ok(None)) {
-                    sock.counters.door_message(1);
-                }
-                now
-            } else {
-                reg.conn.sock.outbox.push(encode).map(Some)
-            }
+            let alone = regs.len() == 1 && reg.conn.inboxes().len() == 1;
+            queue_frame(&reg.conn.sock, alone, |b| head.encode_into(b, reg.id, proposal))
         })
         .collect();
     // Open from the moment it is queued: dropped before it went out, it is cancelled after it.

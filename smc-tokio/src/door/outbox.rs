@@ -200,9 +200,9 @@ impl Outbox {
         Poll::Pending
     }
 
-    /// For the sender: the oldest message, and its number. Frames added from now on go into a
-    /// later one.
-    pub(crate) fn take(&self) -> Option<(u64, Vec<u8>)> {
+    /// For the sender: the oldest message, its number and how many frames it carries. Frames
+    /// added from now on go into a later one.
+    pub(crate) fn take(&self) -> Option<(u64, Vec<u8>, usize)> {
         let mut st = self.lock();
         if st.broken.is_some() {
             return None;
@@ -211,7 +211,7 @@ impl Outbox {
         let n = st.front;
         st.front += 1;
         st.in_flight = true;
-        Some((n, m.bytes))
+        Some((n, m.bytes, m.frames))
     }
 
     /// For the sender: message `n` (the last one taken) was sent, or could not be (`failed`,
@@ -327,7 +327,7 @@ mod tests {
         let (author_wakes, author) = counter();
         assert!(out.poll_over(0, &mut Context::from_waker(&author)).is_pending());
         assert_eq!(out.poll_work(&mut Context::from_waker(&sender)), Poll::Ready(Work::Send));
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (0, vec![1, 2, 3]));
         // A frame added while the first message is out goes into the next one.
         assert_eq!(out.push(|b| cancel(b, 4)).unwrap(), 1);
@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(author_wakes.0.load(Ordering::Relaxed), 1);
         assert!(matches!(out.poll_over(0, &mut Context::from_waker(&author)), Poll::Ready(Ok(()))));
         assert!(out.poll_over(1, &mut Context::from_waker(&author)).is_pending());
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (1, vec![4]));
         assert!(out.take().is_none());
     }
@@ -355,9 +355,10 @@ mod tests {
             last = out.push(clc).unwrap();
         }
         let mut seen = 0;
-        while let Some((n, msg)) = out.take() {
+        while let Some((n, msg, frames_in)) = out.take() {
             assert!(msg.len() <= DOOR_MSG_MAX, "message {n} is {} bytes", msg.len());
-            seen += frames(&msg).unwrap().count();
+            assert_eq!(frames(&msg).unwrap().count(), frames_in, "message {n}'s frame count");
+            seen += frames_in;
             assert!(n <= last);
             out.sent(n, None, msg);
         }
@@ -373,10 +374,10 @@ mod tests {
         let (_, w) = counter();
         let cx = &mut Context::from_waker(&w);
         let first = out.push(|b| cancel(b, 1)).unwrap();
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         out.sent(n, None, msg);
         let second = out.push(|b| cancel(b, 2)).unwrap();
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         let third = out.push(|b| cancel(b, 3)).unwrap();
         out.sent(n, Some(io::ErrorKind::WouldBlock), msg);
         assert!(matches!(out.poll_over(first, cx), Poll::Ready(Ok(()))));
@@ -403,7 +404,7 @@ mod tests {
         // frames fail at once.
         let out = Outbox::default();
         let first = out.push(|b| cancel(b, 1)).unwrap();
-        let (taken, _) = out.take().unwrap();
+        let (taken, _, _) = out.take().unwrap();
         assert_eq!(taken, first);
         let queued = out.push(|b| cancel(b, 2)).unwrap();
         out.abandon();
@@ -428,18 +429,18 @@ mod tests {
         // Something queued: the next frame goes after it.
         assert_eq!(out.push(|b| cancel(b, 2)).unwrap(), 0);
         assert_eq!(out.send_now(|b| cancel(b, 3), send).unwrap(), Some(0));
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         assert_eq!(ids(&msg), [2, 3]);
         // Something out: the same.
         assert_eq!(out.send_now(|b| cancel(b, 4), send).unwrap(), Some(1));
         out.sent(n, None, msg);
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (1, vec![4]));
         out.sent(n, None, msg);
         // No room: queued for the sender, which waits for it.
         let full = |_: &[u8]| Err(io::ErrorKind::WouldBlock.into());
         assert_eq!(out.send_now(|b| cancel(b, 5), full).unwrap(), Some(2));
-        let (n, msg) = out.take().unwrap();
+        let (n, msg, _) = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (2, vec![5]));
         assert_eq!(sent.borrow().len(), 1, "only the first went out at once");
     }
@@ -455,7 +456,7 @@ mod tests {
         assert!(out.poll_work(&mut Context::from_waker(&sender)).is_pending());
         // The sender took the first message and waits for room; the rest pile up.
         out.push(|b| cancel(b, 0)).unwrap();
-        let (taken, _msg) = out.take().unwrap();
+        let (taken, _msg, _) = out.take().unwrap();
         let mut last = 0;
         for id in 1..=(MAX_QUEUED * DOOR_BATCH_FRAMES) as u64 {
             last = out.push(|b| cancel(b, id)).unwrap();
