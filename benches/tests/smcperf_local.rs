@@ -49,7 +49,10 @@ fn smcperf_local_runs_every_scenario_over_every_transport() {
         two_cpus,
         "the machine's ping-pong: {doc:#}"
     );
-    assert!(doc["machine"]["memcpy_64k_bytes_per_s"].as_f64().is_some_and(|v| v > 0.0), "no memcpy figure: {doc:#}");
+    for size in ["64k", "16m"] {
+        let copied = doc["machine"][format!("memcpy_{size}_bytes_per_s")].as_f64();
+        assert!(copied.is_some_and(|v| v > 0.0), "no memcpy figure for {size}: {doc:#}");
+    }
     let results = doc["results"].as_array().expect("results");
     for (scenario, transports) in EXPECTED {
         for transport in *transports {
@@ -75,8 +78,10 @@ fn smcperf_local_runs_every_scenario_over_every_transport() {
                 let against_mem =
                     ["http", "http-close", "grpc"].contains(scenario) && ["smc", "tcp"].contains(transport);
                 assert_eq!(row["ratio_vs_mem"].is_f64(), against_mem, "ratio against mem, {what}");
-                let against_machine = *scenario == "stream" || (*scenario == "rr" && two_cpus);
+                let against_machine = ["stream", "file"].contains(scenario) || (*scenario == "rr" && two_cpus);
                 assert_eq!(row["ratio_vs_machine"].is_f64(), against_machine, "ratio against the machine, {what}");
+                let against_ring = *scenario == "stream" && two_cpus;
+                assert_eq!(row["ratio_vs_ring"].is_f64(), against_ring, "ratio against the two-cpu ring, {what}");
                 let against_writes = *scenario == "file" && transport.starts_with("smc/");
                 assert_eq!(row["ratio_vs_smc_write"].is_f64(), against_writes, "ratio against plain writes, {what}");
             }

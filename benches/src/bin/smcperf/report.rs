@@ -141,19 +141,29 @@ pub(crate) fn ratio_vs_mem(row: &Row, rows: &[Row]) -> Option<Ratio> {
 
 /// The row's headline against the machine's limit in the same run: rr's p50 in atomic
 /// ping-pong round trips (lower is better), stream's throughput as a share of one CPU's
-/// 64 KiB memcpy.
+/// 64 KiB memcpy, file's bytes served as a share of one CPU's 16 MiB memcpy (each byte of a
+/// response is copied at least once on each side, out of cache: the file into the ring, the
+/// ring into the client's buffer).
 pub(crate) fn vs_machine(row: &Row, limits: &Limits) -> Option<f64> {
     match row.case.scenario {
         Scenario::Rr if limits.pingpong_us > 0.0 => Some(row.m.p50_us / limits.pingpong_us),
         Scenario::Stream if limits.memcpy_64k > 0.0 => Some(row.m.bytes_per_s / limits.memcpy_64k),
+        Scenario::File if limits.memcpy_16m > 0.0 => Some(row.m.bytes_per_s / limits.memcpy_16m),
         _ => None,
     }
+}
+
+/// Stream's throughput as a share of what the machine's own ring between its two CPUs carried
+/// in the same run: the same pipeline (copied in on one CPU, out on the other) with no
+/// transport around it, so the share says what the transport leaves of what crossing costs.
+pub(crate) fn vs_ring(row: &Row, limits: &Limits) -> Option<f64> {
+    (row.case.scenario == Scenario::Stream && limits.ring_64k > 0.0).then(|| row.m.bytes_per_s / limits.ring_64k)
 }
 
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
     println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>9}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>15}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -187,13 +197,15 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (None, Some(y), None) => format!("- ({y} smc/write)"),
             (None, None, None) => "-".into(),
         };
-        let machine = match (r.case.scenario, vs_machine(r, limits)) {
-            (Scenario::Rr, Some(x)) => format!("{x:.1}x rt"),
-            (_, Some(x)) => format!("{x:.2} cpy"),
-            (_, None) => "-".into(),
+        let machine = match (r.case.scenario, vs_machine(r, limits), vs_ring(r, limits)) {
+            (Scenario::Rr, Some(x), _) => format!("{x:.1}x rt"),
+            (Scenario::File, Some(x), _) => format!("{x:.2} cpy16m"),
+            (_, Some(x), Some(y)) => format!("{x:.2} cpy {y:.2} rng"),
+            (_, Some(x), None) => format!("{x:.2} cpy"),
+            (_, None, _) => "-".into(),
         };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>9}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>15}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -241,6 +253,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "ratio_vs_smc_write": ratio_vs_smc_write(r, rows).map(|x| x.median),
                 "ratio_vs_mem": ratio_vs_mem(r, rows).map(|x| x.median),
                 "ratio_vs_machine": vs_machine(r, limits),
+                "ratio_vs_ring": vs_ring(r, limits),
             })
         })
         .collect();
