@@ -5,7 +5,7 @@
 //! (`smc_tokio::proto::door` and `smc_tokio::proto::side`), and the region header is written
 //! out from `smc-tokio/src/link/shm/region.rs` (eight native-endian u64 words), so a change
 //! there breaks these tests loudly instead of silently testing nothing.
-#![allow(dead_code, unreachable_pub, clippy::undocumented_unsafe_blocks)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -16,7 +16,7 @@ use smc_tokio::proto::clc::{
     decode, Accept, ClcMessage, Commit, Confirm, Decline, DeclineReason, Decoded, LinkInfo, Proposal, Secret,
     ShmLinkInfo, ShmOffer, CLC_HEADER_LEN,
 };
-use smc_tokio::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead};
+use smc_tokio::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_MSG_MAX};
 use smc_tokio::proto::side::{self, BellTag, Join};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -40,6 +40,7 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 
 pub fn random_secret() -> Secret {
     let mut t = [0u8; 16];
+    // SAFETY: getrandom writes at most 16 bytes into `t`, which holds 16.
     let n = unsafe { libc::getrandom(t.as_mut_ptr().cast(), 16, 0) };
     assert_eq!(n, 16);
     Secret(t)
@@ -157,6 +158,7 @@ pub fn register_frame(fd: BorrowedFd<'_>, instance: u64, proposal: &[u8]) -> Vec
 pub fn socket_cookie(fd: BorrowedFd<'_>) -> u64 {
     let mut v = 0u64;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes (a u64's) into `v`, a live u64.
     cvt(unsafe {
         libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_COOKIE, (&mut v as *mut u64).cast(), &mut len)
     })
@@ -212,9 +214,12 @@ pub fn door_send_clc(door: &OwnedFd, m: &ClcMessage) -> io::Result<()> {
 
 /// A blocking TCP socket bound to a free port, with SO_REUSEPORT (as the crate's clients do).
 pub fn bound_tcp_socket() -> OwnedFd {
+    // SAFETY: socket takes no pointers.
     let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }).unwrap();
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let one: libc::c_int = 1;
+    // SAFETY: the option value points to `one`, a live c_int, and its size is passed.
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -231,6 +236,7 @@ pub fn bound_tcp_socket() -> OwnedFd {
         sin_addr: libc::in_addr { s_addr: 0 },
         sin_zero: [0; 8],
     };
+    // SAFETY: the address points to `sin`, a live sockaddr_in, and its size is passed.
     cvt(unsafe {
         libc::bind(
             fd.as_raw_fd(),
@@ -244,6 +250,7 @@ pub fn bound_tcp_socket() -> OwnedFd {
 
 /// Sets an integer socket option (tests' sockets only; panics on failure).
 pub fn set_int_opt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+    // SAFETY: the option value points to `v`, a live c_int, and its size is passed.
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -258,8 +265,10 @@ pub fn set_int_opt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, v:
 
 /// The port `fd` is bound to.
 pub fn bound_port(fd: BorrowedFd<'_>) -> u16 {
+    // SAFETY: sockaddr_in is plain data, for which all zeroes are a valid value.
     let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most `len` bytes (a sockaddr_in's) into `sin`.
     cvt(unsafe { libc::getsockname(fd.as_raw_fd(), (&mut sin as *mut libc::sockaddr_in).cast(), &mut len) }).unwrap();
     u16::from_be(sin.sin_port)
 }
@@ -273,6 +282,7 @@ pub fn connect_v4(fd: BorrowedFd<'_>, addr: std::net::SocketAddr) -> io::Result<
         sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
         sin_zero: [0; 8],
     };
+    // SAFETY: the address points to `sin`, a live sockaddr_in, and its size is passed.
     cvt(unsafe {
         libc::connect(
             fd.as_raw_fd(),
@@ -294,7 +304,9 @@ pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
     set_int_opt(sock.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4096);
     connect_v4(sock.as_fd(), sink.local_addr().unwrap()).unwrap();
     let (held, _) = sink.accept().unwrap();
+    // SAFETY: F_GETFL and F_SETFL take no pointers; `sock` is our own descriptor.
     let flags = unsafe { libc::fcntl(sock.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
     unsafe { libc::fcntl(sock.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
     // Send until the window is shut and our queue full: EAGAIN that lasts (a first EAGAIN may
     // only mean the small send buffer waits for acknowledgements).
@@ -302,6 +314,7 @@ pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
     let mut queued = 0usize;
     let mut full_since: Option<std::time::Instant> = None;
     while full_since.is_none_or(|t| t.elapsed() < Duration::from_millis(200)) {
+        // SAFETY: send reads at most `chunk.len()` bytes of `chunk`, which is live.
         let n = unsafe { libc::send(sock.as_raw_fd(), chunk.as_ptr().cast(), chunk.len(), libc::MSG_NOSIGNAL) };
         if n > 0 {
             queued += n as usize;
@@ -312,9 +325,11 @@ pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
         }
     }
     let mut unsent: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one c_int into `unsent`.
     unsafe { libc::ioctl(sock.as_raw_fd(), libc::TIOCOUTQ, &mut unsent) };
     assert!(queued > 0 && unsent > 0, "queued {queued}, unsent {unsent}");
     let linger = libc::linger { l_onoff: 1, l_linger: 60 };
+    // SAFETY: the option value points to `linger`, a live libc::linger, and its size is passed.
     let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
@@ -330,7 +345,9 @@ pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
 
 /// A blocking IPv4 TCP socket bound to `0.0.0.0:port` with SO_REUSEPORT.
 pub fn tcp_socket_bound_to(port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: socket takes no pointers.
     let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     set_int_opt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
     let sin = libc::sockaddr_in {
@@ -339,6 +356,7 @@ pub fn tcp_socket_bound_to(port: u16) -> io::Result<OwnedFd> {
         sin_addr: libc::in_addr { s_addr: 0 },
         sin_zero: [0; 8],
     };
+    // SAFETY: the address points to `sin`, a live sockaddr_in, and its size is passed.
     cvt(unsafe {
         libc::bind(
             fd.as_raw_fd(),
@@ -352,6 +370,7 @@ pub fn tcp_socket_bound_to(port: u16) -> io::Result<OwnedFd> {
 /// One message from `fd` without waiting (`WouldBlock` when there is none).
 pub fn recv_now(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     let mut b = [0u8; 4096];
+    // SAFETY: recv writes at most `b.len()` bytes into `b`, which is live.
     let n = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -382,6 +401,7 @@ pub async fn register_and_connect(
             sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
             sin_zero: [0; 8],
         };
+        // SAFETY: the address points to `sin`, a live sockaddr_in, and its size is passed.
         cvt(unsafe {
             libc::connect(
                 std.as_raw_fd(),
@@ -472,17 +492,22 @@ impl Layout {
 
 pub fn memfd(len: usize, sealing: bool) -> OwnedFd {
     let flags = libc::MFD_CLOEXEC | if sealing { libc::MFD_ALLOW_SEALING } else { 0 };
+    // SAFETY: the name is a NUL-terminated literal.
     let fd = cvt(unsafe { libc::memfd_create(c"hostile".as_ptr(), flags) }).unwrap();
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate takes no pointers; `fd` is ours.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }).unwrap();
     fd
 }
 
 pub fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
+    // SAFETY: F_ADD_SEALS takes an int, no pointer.
     cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
 }
 
 pub fn get_seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: F_GET_SEALS takes no argument.
     cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
 }
 
@@ -492,13 +517,16 @@ pub struct Map {
     pub len: usize,
 }
 
-// SAFETY: a plain shared mapping; the tests access it through raw pointers and atomics.
+// SAFETY: a plain shared mapping, owned by the Map until its drop unmaps it; the tests access
+// it through raw pointers and atomics, from any thread.
 unsafe impl Send for Map {}
+// SAFETY: as for Send: shared access goes through atomics or copies the test orders itself.
 unsafe impl Sync for Map {}
 
 impl Map {
     pub fn new(fd: BorrowedFd<'_>, len: usize, writable: bool) -> io::Result<Map> {
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: a new mapping the kernel places (no address of ours is passed); checked below.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -508,17 +536,21 @@ impl Map {
 
     pub fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
         assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: the assert keeps [off, off + 8) inside the mapping, `off` is 8-aligned (the
+        // mapping is page-aligned), and the mapping lives as long as `self`.
         unsafe { &*self.ptr.add(off).cast::<std::sync::atomic::AtomicU64>() }
     }
 
     pub fn write(&self, off: usize, data: &[u8]) {
         assert!(off + data.len() <= self.len);
+        // SAFETY: the assert keeps the destination inside the mapping; `data` is another object.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
     }
 
     pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
         assert!(off + len <= self.len);
         let mut v = vec![0u8; len];
+        // SAFETY: the assert keeps the source inside the mapping; `v` holds `len` bytes.
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), v.as_mut_ptr(), len) };
         v
     }
@@ -526,6 +558,7 @@ impl Map {
 
 impl Drop for Map {
     fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, unmapped once, here; no reference into it outlives `self`.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
@@ -617,25 +650,30 @@ pub struct Bell {
 }
 
 fn dgram() -> OwnedFd {
+    // SAFETY: socket takes no pointers.
     let fd =
         cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
             .unwrap();
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     let (addr, len) = abstract_addr(name);
+    // SAFETY: the address points to `addr`, a live sockaddr_un, of which `len` bytes are used.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
 }
 
 fn connect_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     let (addr, len) = abstract_addr(name);
+    // SAFETY: the address points to `addr`, a live sockaddr_un, of which `len` bytes are used.
     cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
 }
 
 impl Bell {
     pub fn new() -> Bell {
         let ring = dgram();
+        // SAFETY: shutdown takes no pointers; `ring` is ours.
         cvt(unsafe { libc::shutdown(ring.as_raw_fd(), libc::SHUT_RD) }).unwrap();
         let mut t = [0u8; 24];
         t[..16].copy_from_slice(&random_secret().0);
@@ -693,6 +731,7 @@ pub fn busy_doorbell() -> BellTag {
 
 pub fn ring(fd: RawFd) -> io::Result<()> {
     let one: u64 = 1;
+    // SAFETY: write reads 8 bytes of `one`, a live u64.
     let n = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
     if n == 8 {
         Ok(())
@@ -703,13 +742,16 @@ pub fn ring(fd: RawFd) -> io::Result<()> {
 
 pub fn pipe() -> (OwnedFd, OwnedFd) {
     let mut p = [0; 2];
+    // SAFETY: pipe2 writes two ints into `p`, which holds two.
     cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }).unwrap();
+    // SAFETY: two descriptors the kernel just gave us (cvt checked it), owned by nothing else.
     unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
 }
 
 // ----- the side channel ------------------------------------------------------------------------
 
 fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: sockaddr_un is plain data, for which all zeroes are a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     assert!(!name.is_empty() && name.len() < addr.sun_path.len());
@@ -722,6 +764,7 @@ fn abstract_addr(name: &[u8]) -> (libc::sockaddr_un, libc::socklen_t) {
 /// A 5 s receive timeout: a bug shows as an error, never as a hang.
 fn set_rcv_timeout(fd: BorrowedFd<'_>) -> io::Result<()> {
     let tv = libc::timeval { tv_sec: 5, tv_usec: 0 };
+    // SAFETY: the option value points to `tv`, a live timeval, and its size is passed.
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -735,7 +778,9 @@ fn set_rcv_timeout(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 fn seqpacket() -> OwnedFd {
+    // SAFETY: socket takes no pointers.
     let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }).unwrap();
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // Blocking, with a receive timeout.
     set_rcv_timeout(fd.as_fd()).unwrap();
@@ -753,6 +798,7 @@ pub fn side_connect(name: &[u8]) -> io::Result<OwnedFd> {
 pub fn side_listen(name: &[u8]) -> OwnedFd {
     let fd = seqpacket();
     bind_abstract(fd.as_fd(), name).unwrap();
+    // SAFETY: listen takes no pointers.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 16) }).unwrap();
     fd
 }
@@ -760,34 +806,51 @@ pub fn side_listen(name: &[u8]) -> OwnedFd {
 /// Accepts one connection, waiting at most `timeout`.
 pub fn side_accept(l: BorrowedFd<'_>, timeout: Duration) -> io::Result<OwnedFd> {
     let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes one pollfd, `p`, which is live.
     let n = cvt(unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) })?;
     if n == 0 {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "no side-channel connection"));
     }
+    // SAFETY: no address is asked for (both pointers null).
     let fd =
         cvt(unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
+    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     set_rcv_timeout(fd.as_fd())?;
     Ok(fd)
 }
 
+/// Room for the control message of [`send_fds`] and [`recv_fds`]: 32 descriptors, more than any
+/// test sends.
+const CMSG_WORDS: usize = 32;
+
 /// Sends `data` with `fds` attached (`SCM_RIGHTS`).
 pub fn send_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut _, iov_len: data.len() };
-    let mut cbuf = [0u64; 16];
+    let mut cbuf = [0u64; CMSG_WORDS];
+    // SAFETY: msghdr is plain data, for which all zeroes are a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     if !fds.is_empty() {
         let bytes = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE computes a size; it touches no memory.
+        let space = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+        assert!(space <= std::mem::size_of_val(&cbuf), "{} descriptors do not fit one message here", fds.len());
         msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as _;
+        msg.msg_controllen = space as _;
+        // SAFETY: the control buffer is `cbuf`, live and 8-aligned, with room for a header (the
+        // assert above), so the first header is non-null and inside it.
         let c = unsafe { &mut *libc::CMSG_FIRSTHDR(&msg) };
         c.cmsg_level = libc::SOL_SOCKET;
         c.cmsg_type = libc::SCM_RIGHTS;
+        // SAFETY: CMSG_LEN computes a size; it touches no memory.
         c.cmsg_len = unsafe { libc::CMSG_LEN(bytes) } as _;
+        // SAFETY: the header's data holds `bytes` bytes inside `cbuf` (the assert above), and
+        // `fds` is another object.
         unsafe { std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), fds.len()) };
     }
+    // SAFETY: `msg` points to `iov` (over `data`) and, with descriptors, to `cbuf`, all live.
     let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -795,34 +858,50 @@ pub fn send_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[RawFd]) -> io::Result<
     Ok(())
 }
 
-/// Receives one message and its descriptors. `Ok((empty, []))` is EOF.
+/// Receives one message and its descriptors. `Ok((empty, []))` is EOF. A message longer than a
+/// whole door message ([`DOOR_MSG_MAX`]), or with more descriptors than fit, is an error, not
+/// a part of it.
 pub fn recv_fds(sock: BorrowedFd<'_>) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = [0u8; 256];
+    let mut buf = vec![0u8; DOOR_MSG_MAX];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut cbuf = [0u64; 32];
+    let mut cbuf = [0u64; CMSG_WORDS];
+    // SAFETY: msghdr is plain data, for which all zeroes are a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: `msg` points to `iov` (over `buf`) and to `cbuf`, both live, with their sizes.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     let mut fds = Vec::new();
+    // SAFETY: `msg` is as recvmsg left it, its control buffer `cbuf`.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
     while !c.is_null() {
+        // SAFETY: a non-null header from CMSG_FIRSTHDR or CMSG_NXTHDR lies inside `cbuf`.
         let h = unsafe { &*c };
         if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: the data of a header inside `cbuf`.
             let data = unsafe { libc::CMSG_DATA(c) }.cast::<RawFd>();
+            // SAFETY: CMSG_LEN computes a size; it touches no memory.
             let count = (h.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize) / std::mem::size_of::<RawFd>();
             for i in 0..count {
+                // SAFETY: the kernel wrote `count` descriptors there, each new to this process
+                // and owned by nothing else (read unaligned: the data need not be aligned).
                 fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
             }
         }
+        // SAFETY: `c` is a header inside `msg`'s control buffer.
         c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
     }
-    Ok((buf[..n as usize].to_vec(), fds))
+    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+        // The descriptors that did come are closed with `fds`.
+        return Err(io::Error::other(format!("a message cut short (flags {:#x})", msg.msg_flags)));
+    }
+    buf.truncate(n as usize);
+    Ok((buf, fds))
 }
 
 pub fn join_msg(link_group: u64, secret: Secret, bell: BellTag) -> [u8; SIDE_MSG_LEN] {
@@ -903,6 +982,7 @@ pub fn side_eof(sock: BorrowedFd<'_>) -> io::Result<()> {
 
 /// `ftruncate` result as an errno (0 on success).
 pub fn ftruncate_errno(fd: BorrowedFd<'_>, len: usize) -> i32 {
+    // SAFETY: ftruncate takes no pointers.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } == 0 {
         0
     } else {
