@@ -69,7 +69,7 @@ use crate::stats::Counters;
 use crate::sys::{self, PeerCred, PeerFd};
 
 mod outbox;
-use outbox::{Outbox, Work};
+use outbox::{Outbox, Taken, Work};
 
 /// Doors one address can have: the listeners of one `SO_REUSEPORT` group each bind the lowest
 /// free index, and a client registers with every door it finds. Sixteen covers a worker per
@@ -165,6 +165,9 @@ const SEND_WAIT: Duration = Duration::from_secs(1);
 /// The first wait before a door message that found the queue full is tried again: a peer
 /// that reads frees room within a turn of its runtime.
 const SEND_RETRY_FIRST: Duration = Duration::from_millis(1);
+
+// A message's frames have at least three quarters of the wait (`outbox::GATHER_MAX`).
+const _: () = assert!(outbox::GATHER_MAX.as_nanos() * 4 <= SEND_WAIT.as_nanos());
 
 /// The longest wait between two tries of one door message: about 20 tries in [`SEND_WAIT`].
 const SEND_RETRY_MAX: Duration = Duration::from_millis(64);
@@ -284,14 +287,15 @@ async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut V
 /// The first half of [`send_frame`], without waiting: `Ok(None)` when the frame went out at
 /// once (counted), `Ok(Some(n))` when it waits in message `n` of the outbox.
 fn queue_frame(sock: &DoorSocket, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<Option<u64>> {
+    let now = tokio::time::Instant::now();
     if !alone {
-        return sock.outbox.push(encode).map(Some);
+        return sock.outbox.push(now, encode).map(Some);
     }
-    let now = sock.outbox.send_now(encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?;
-    if now.is_none() {
+    let sent = sock.outbox.send_now(now, encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?;
+    if sent.is_none() {
         sock.counters.door_message(1);
     }
-    Ok(now)
+    Ok(sent)
 }
 
 /// The sender of one door connection: sends what its [`Outbox`] gathers, one message at a
@@ -300,8 +304,8 @@ fn queue_frame(sock: &DoorSocket, alone: bool, encode: impl FnOnce(&mut Vec<u8>)
 /// `conn`'s [`Sender::send_failed`] says what follows). On a multi-threaded runtime it yields
 /// once before it looks: a task woken from a worker runs next there, before the other tasks of
 /// the turn have added their frames. Counts the frames and messages it sent.
-async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
-    let SenderOf(outbox) = &outbox;
+async fn send_loop<C: Sender>(sender: SenderOf<C>) {
+    let SenderOf(outbox, conn) = &sender;
     let multi = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     loop {
@@ -320,12 +324,12 @@ async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
         }
         // Gone: the outbox is abandoned as this returns (`SenderOf`).
         let Some(conn) = conn.upgrade() else { return };
-        while let Some((n, msg, frames)) = outbox.take() {
-            let r = send_waiting(&conn.socket().fd, &msg).await;
+        while let Some(Taken { n, bytes, frames, born }) = outbox.take() {
+            let r = send_waiting(&conn.socket().fd, &bytes, born + SEND_WAIT).await;
             if r.is_ok() {
                 conn.socket().counters.door_message(frames);
             }
-            outbox.sent(n, r.as_ref().err().map(io::Error::kind), msg);
+            outbox.sent(n, r.as_ref().err().map(io::Error::kind), bytes);
             if let Err(e) = r {
                 conn.send_failed(&e);
                 return;
@@ -334,14 +338,22 @@ async fn send_loop<C: Sender>(outbox: SenderOf, conn: Weak<C>) {
     }
 }
 
-/// A sender's hold on its outbox: however the sender ends (its task dropped with its runtime,
-/// also before it first ran, or mid-send), the outbox is abandoned ([`Outbox::abandon`]), so
-/// that no author waits for a message nobody will send.
-struct SenderOf(Arc<Outbox>);
+/// A sender's hold on its outbox and its connection: however the sender ends (its task
+/// dropped with its runtime, also before it first ran, or mid-send), the outbox is abandoned
+/// ([`Outbox::abandon`]), so that no author waits for a message nobody will send, and the
+/// connection, if it lives on, can send no more ([`Sender::send_failed`]): frames nobody waits
+/// for (a server's "no" answers) are lost with the outbox, and the peer reads the end instead
+/// of waiting out its handshakes for them. Every other end of a sender has said so already, or
+/// its connection is gone.
+struct SenderOf<C: Sender>(Arc<Outbox>, Weak<C>);
 
-impl Drop for SenderOf {
+impl<C: Sender> Drop for SenderOf<C> {
     fn drop(&mut self) {
         self.0.abandon();
+        // Lock-free at both ends (a shutdown, a flag): this may run inside a runtime's drop.
+        if let Some(conn) = self.1.upgrade() {
+            conn.send_failed(&io::ErrorKind::BrokenPipe.into());
+        }
     }
 }
 
@@ -349,26 +361,27 @@ impl Drop for SenderOf {
 /// (nothing would send).
 fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&tokio::runtime::Handle>) -> bool {
     let Some(rt) = rt.cloned().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return false };
-    rt.spawn(send_loop(SenderOf(outbox.clone()), Arc::downgrade(conn)));
+    rt.spawn(send_loop(SenderOf(outbox.clone(), Arc::downgrade(conn))));
     true
 }
 
-/// Sends one door message, waiting up to [`SEND_WAIT`] for room when the connection's queue is
-/// full. Door connections are not watched for room ([`watch`]): a full queue is rare (the
-/// window keeps a reading peer's queue short), so the send is tried again after waits that
-/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`]. Each door connection's sender waits
-/// on its own, so a registration sent to the 17 doors of a reuseport group waits
-/// [`SEND_WAIT`] in all, not once per door.
-async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8]) -> io::Result<()> {
+/// Sends one door message, waiting for room when the connection's queue is full until
+/// `deadline`: [`SEND_WAIT`] after the message's first frame came, so that no author waits
+/// longer for its frame's fate, however long the messages before it waited (timed from each
+/// send's start, a peer that read a message just under every [`SEND_WAIT`] held the author of
+/// the eighth queued one for eight of them). Door connections are not watched for room
+/// ([`watch`]): a full queue is rare (the window keeps a reading peer's queue short), so the
+/// send is tried again after waits that double from [`SEND_RETRY_FIRST`] to
+/// [`SEND_RETRY_MAX`]. Each door connection's sender waits on its own, so a registration sent
+/// to the 17 doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door.
+async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8], deadline: tokio::time::Instant) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
-    let mut deadline = None;
     loop {
         match sys::send_msg(conn.get_ref().as_fd(), msg) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             r => return r,
         }
         let now = tokio::time::Instant::now();
-        let deadline = *deadline.get_or_insert(now + SEND_WAIT);
         if now >= deadline {
             return Err(io::ErrorKind::WouldBlock.into());
         }
@@ -598,7 +611,7 @@ impl ServerConn {
         counters.door(crate::stats::DoorEvent::Unmatched);
         counters.decline(reason, crate::proto::handshake::Side::Local);
         let frame = DoorFrame { kind, reason: reason as u8, id };
-        if self.sock.outbox.push(|b| frame.encode_into(b, &[])).is_err() {
+        if self.sock.outbox.push(tokio::time::Instant::now(), |b| frame.encode_into(b, &[])).is_err() {
             // The connection stopped sending: shut already.
             self.shut();
         }
@@ -1932,7 +1945,7 @@ impl ClientDoors {
         // `spawn`, and its drop takes that lock to end the connection.
         drop(map);
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
-        rt.spawn(send_loop(SenderOf(outbox), Arc::downgrade(&conn)));
+        rt.spawn(send_loop(SenderOf(outbox, Arc::downgrade(&conn))));
         Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }
 }
@@ -1965,7 +1978,7 @@ impl Drop for Reg {
             // is not sent (no room, the connection or its runtime gone) is replaced by the
             // server's own bound (the registration goes stale, the handshake times out).
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: self.id };
-            let _ = self.conn.sock.outbox.push(|b| frame.encode_into(b, &[]));
+            let _ = self.conn.sock.outbox.push(tokio::time::Instant::now(), |b| frame.encode_into(b, &[]));
         }
     }
 }
@@ -2808,6 +2821,76 @@ mod tests {
         let mut after = Vec::new();
         assert!(!drain(&client, &mut after));
         assert_eq!(after, [u64::MAX], "the answer arrives after what was queued before it");
+    }
+
+    /// A sender that goes away with its runtime before it sent a queued "no" ends the
+    /// connection: the client reads the end at once, as the final word of its registrations,
+    /// instead of waiting out its handshakes for answers that were lost with the outbox.
+    #[tokio::test]
+    async fn a_sender_gone_with_its_runtime_ends_the_connection() {
+        let (ours, client) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
+        let fd = watch(PeerFd::new(ours)).expect("register with the runtime");
+        let counters = Arc::new(Counters::default());
+        // The sender's runtime is never driven: its task does not run before the runtime goes.
+        let other = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let conn = ServerConn::start(fd, PeerCred { pid: 0, uid: 0, gid: 0 }, &counters, Some(other.handle()))
+            .expect("started");
+        conn.refuse(&counters, 7, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        let mut ids = Vec::new();
+        assert!(!drain(&client, &mut ids), "the connection ended before its sender went");
+        // Dropped where blocking is allowed (a runtime may not be dropped inside another).
+        tokio::task::spawn_blocking(move || drop(other)).await.expect("the runtime dropped");
+        assert!(drain(&client, &mut ids), "the connection outlived its sender");
+        assert!(ids.is_empty(), "{ids:?}");
+        drop(conn);
+    }
+
+    /// Every author's wait is bounded from when its frame came, not from when the sender got
+    /// to its message: against a client that reads one message every 0.9 s, a Commit queued
+    /// behind two messages fails within [`SEND_WAIT`] of its send, where timing each message
+    /// from its own send's start had it wait 2.1 s and go out.
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_waits_for_room_no_longer_than_the_wait_behind_slow_messages() {
+        let (conn, client) = server_conn();
+        let counters = Counters::default();
+        let sent = fill(&conn);
+        let started = tokio::time::Instant::now();
+        // Two messages ahead of the Commit, their frames 0.3 s apart (a message takes frames
+        // for GATHER_MAX only).
+        conn.refuse(&counters, sent, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        conn.refuse(&counters, sent + 1, DoorKind::Refused, DeclineReason::HandshakeCongested);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (mut wire, commit) = commit_on(&conn);
+        let reader = async {
+            // One message every 0.9 s, from the start, then what is left.
+            let mut buf = message_buffer();
+            let mut ids = Vec::new();
+            for _ in 0..4 {
+                tokio::time::sleep_until(started + Duration::from_millis(900) * (ids.len() as u32 + 1)).await;
+                match recv_message(client.as_fd(), &mut buf) {
+                    Ok(Some(msg)) => ids.extend(msg.map(|(f, _)| f.id)),
+                    other => panic!("{:?}", other.map(|m| m.map(|_| ()))),
+                }
+            }
+            let ended = drain(&client, &mut ids);
+            (ids, ended)
+        };
+        let queued = tokio::time::Instant::now();
+        let ((answer, waited), (ids, ended)) = tokio::join!(
+            async {
+                let r = wire.send(&commit).await;
+                (r, queued.elapsed())
+            },
+            reader
+        );
+        assert!(waited <= SEND_WAIT + SEND_RETRY_MAX, "the Commit's author waited {waited:?}");
+        assert_eq!(answer.map_err(|e| e.kind()), Err(io::ErrorKind::WouldBlock), "after {waited:?}");
+        // The first refusal went out when the client first read; the second found no room
+        // within its wait, and it and the Commit behind it failed: the connection ended after
+        // what was sent before.
+        assert!(ended, "the connection was not shut down");
+        assert_eq!(ids, (0..=sent).collect::<Vec<_>>());
     }
 
     /// A door connection is registered for reading only. The kernel signals a Unix socket as

@@ -13,12 +13,17 @@
 //! Nothing here does I/O: the sender reports each message's fate ([`Outbox::sent`]), and the
 //! frames' authors wait for the fate of the message their frame went into
 //! ([`Outbox::poll_over`]). A message that could not be sent fails with every message after
-//! it, queued then or later: the connection is of no more use for sending.
+//! it, queued then or later: the connection is of no more use for sending. Each message keeps
+//! the time its first frame came ([`Taken::born`], which the authors pass in: the outbox reads
+//! no clock), so that the sender bounds how long that frame's author waits, whatever waited
+//! before it.
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
+
+use tokio::time::Instant;
 
 use crate::proto::door::{DOOR_BATCH_FRAMES, DOOR_MSG_MAX};
 
@@ -31,6 +36,13 @@ use crate::proto::door::{DOOR_BATCH_FRAMES, DOOR_MSG_MAX};
 /// whatever a peer makes us say (a client that registers without reading draws a "no" per
 /// registration).
 const MAX_QUEUED: usize = 8;
+
+/// How long a message takes frames after its first: the sender bounds a message's send by its
+/// first frame's time (door's `SEND_WAIT`, 1 s, after it), so a frame that joined a message
+/// later would have less of that time; a quarter of it leaves each author at least three
+/// quarters. A message gathers for longer only while the sender waits for room (it takes the
+/// message at its next turn otherwise), so this splits only a stalled connection's messages.
+pub(crate) const GATHER_MAX: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What the sender of an outbox is to do next ([`Outbox::poll_work`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +86,21 @@ struct State {
 struct Message {
     bytes: Vec<u8>,
     frames: usize,
+    /// When its first frame came.
+    born: Instant,
+}
+
+/// A message the sender took ([`Outbox::take`]).
+#[derive(Debug)]
+pub(crate) struct Taken {
+    /// Its number, for [`Outbox::sent`].
+    pub(crate) n: u64,
+    /// The message.
+    pub(crate) bytes: Vec<u8>,
+    /// How many frames it carries.
+    pub(crate) frames: usize,
+    /// When its first frame came: its authors have waited since (at the longest).
+    pub(crate) born: Instant,
 }
 
 impl Outbox {
@@ -82,23 +109,26 @@ impl Outbox {
     }
 
     /// Adds the frame `encode` appends to the message being gathered (or to a new one, when
-    /// that one has [`DOOR_BATCH_FRAMES`] frames or the frame would take it past
-    /// [`DOOR_MSG_MAX`]) and returns the number of the message it went into. Fails at once
+    /// that one has [`DOOR_BATCH_FRAMES`] frames, was started [`GATHER_MAX`] or longer ago, or
+    /// the frame would take it past [`DOOR_MSG_MAX`]) and returns the number of the message it went into. Fails at once
     /// once a send failed (nothing more goes out on the connection), and fails the connection
-    /// when [`MAX_QUEUED`] messages wait unsent.
-    pub(crate) fn push(&self, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<u64> {
+    /// when [`MAX_QUEUED`] messages wait unsent. `now`: the time, the birth of a message the
+    /// frame starts.
+    pub(crate) fn push(&self, now: Instant, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<u64> {
         let waker = {
             let mut st = self.lock();
             if let Some((_, kind)) = st.broken {
                 return Err(kind.into());
             }
             let was_empty = st.queue.is_empty();
-            if st.queue.back().is_none_or(|m| m.frames >= DOOR_BATCH_FRAMES) {
+            let full =
+                |m: &Message| m.frames >= DOOR_BATCH_FRAMES || now.saturating_duration_since(m.born) >= GATHER_MAX;
+            if st.queue.back().is_none_or(full) {
                 if st.queue.len() >= MAX_QUEUED {
                     return Err(Self::overflow(st));
                 }
                 let bytes = std::mem::take(&mut st.spare);
-                st.queue.push_back(Message { bytes, frames: 0 });
+                st.queue.push_back(Message { bytes, frames: 0, born: now });
             }
             let Some(last) = st.queue.back_mut() else { unreachable!("a message was just made") };
             let start = last.bytes.len();
@@ -111,7 +141,7 @@ impl Outbox {
                 if st.queue.len() >= MAX_QUEUED {
                     return Err(Self::overflow(st));
                 }
-                st.queue.push_back(Message { bytes, frames: 1 });
+                st.queue.push_back(Message { bytes, frames: 1, born: now });
             }
             let n = st.front + st.queue.len() as u64 - 1;
             (was_empty.then(|| st.sender.take()).flatten(), n)
@@ -131,13 +161,14 @@ impl Outbox {
     /// message `n`; an error: the connection can send no more.
     pub(crate) fn send_now(
         &self,
+        now: Instant,
         encode: impl FnOnce(&mut Vec<u8>),
         send: impl FnOnce(&[u8]) -> io::Result<()>,
     ) -> io::Result<Option<u64>> {
         let mut st = self.lock();
         if st.broken.is_some() || !st.queue.is_empty() || st.in_flight {
             drop(st);
-            return self.push(encode).map(Some);
+            return self.push(now, encode).map(Some);
         }
         let mut bytes = std::mem::take(&mut st.spare);
         encode(&mut bytes);
@@ -150,7 +181,7 @@ impl Outbox {
             Err(e) => {
                 // Queued for the sender, which waits for room or reports the failure.
                 let n = st.front;
-                st.queue.push_back(Message { bytes, frames: 1 });
+                st.queue.push_back(Message { bytes, frames: 1, born: now });
                 let sender = st.sender.take();
                 drop(st);
                 if let Some(w) = sender {
@@ -200,9 +231,8 @@ impl Outbox {
         Poll::Pending
     }
 
-    /// For the sender: the oldest message, its number and how many frames it carries. Frames
-    /// added from now on go into a later one.
-    pub(crate) fn take(&self) -> Option<(u64, Vec<u8>, usize)> {
+    /// For the sender: the oldest message. Frames added from now on go into a later one.
+    pub(crate) fn take(&self) -> Option<Taken> {
         let mut st = self.lock();
         if st.broken.is_some() {
             return None;
@@ -211,7 +241,7 @@ impl Outbox {
         let n = st.front;
         st.front += 1;
         st.in_flight = true;
-        Some((n, m.bytes, m.frames))
+        Some(Taken { n, bytes: m.bytes, frames: m.frames, born: m.born })
     }
 
     /// For the sender: message `n` (the last one taken) was sent, or could not be (`failed`,
@@ -294,6 +324,13 @@ mod tests {
     use std::sync::Arc;
     use std::task::Wake;
 
+    /// The time of every frame of these tests but those about a message's age: one instant, so
+    /// that no message stops taking frames because the test ran slowly.
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
+
     struct Count(AtomicUsize);
     impl Wake for Count {
         fn wake(self: Arc<Self>) {
@@ -321,21 +358,21 @@ mod tests {
         let out = Outbox::default();
         let (sender_wakes, sender) = counter();
         assert_eq!(out.poll_work(&mut Context::from_waker(&sender)), Poll::Pending);
-        let ns: Vec<u64> = (1..=3).map(|id| out.push(|b| cancel(b, id)).unwrap()).collect();
+        let ns: Vec<u64> = (1..=3).map(|id| out.push(t0(), |b| cancel(b, id)).unwrap()).collect();
         assert_eq!(ns, [0, 0, 0], "one message");
         assert_eq!(sender_wakes.0.load(Ordering::Relaxed), 1, "woken by the first frame only");
         let (author_wakes, author) = counter();
         assert!(out.poll_over(0, &mut Context::from_waker(&author)).is_pending());
         assert_eq!(out.poll_work(&mut Context::from_waker(&sender)), Poll::Ready(Work::Send));
-        let (n, msg, _) = out.take().unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (0, vec![1, 2, 3]));
         // A frame added while the first message is out goes into the next one.
-        assert_eq!(out.push(|b| cancel(b, 4)).unwrap(), 1);
+        assert_eq!(out.push(t0(), |b| cancel(b, 4)).unwrap(), 1);
         out.sent(0, None, msg);
         assert_eq!(author_wakes.0.load(Ordering::Relaxed), 1);
         assert!(matches!(out.poll_over(0, &mut Context::from_waker(&author)), Poll::Ready(Ok(()))));
         assert!(out.poll_over(1, &mut Context::from_waker(&author)).is_pending());
-        let (n, msg, _) = out.take().unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (1, vec![4]));
         assert!(out.take().is_none());
     }
@@ -345,17 +382,17 @@ mod tests {
     fn a_full_message_starts_the_next() {
         let out = Outbox::default();
         for id in 0..DOOR_BATCH_FRAMES as u64 + 1 {
-            let n = out.push(|b| cancel(b, id)).unwrap();
+            let n = out.push(t0(), |b| cancel(b, id)).unwrap();
             assert_eq!(n, u64::from(id == DOOR_BATCH_FRAMES as u64));
         }
         let long = vec![7u8; crate::proto::clc::CLC_MAX_LEN];
         let clc = |b: &mut Vec<u8>| DoorFrame { kind: DoorKind::Clc, reason: 0, id: 9 }.encode_into(b, &long);
         let mut last = 1;
         for _ in 0..40 {
-            last = out.push(clc).unwrap();
+            last = out.push(t0(), clc).unwrap();
         }
         let mut seen = 0;
-        while let Some((n, msg, frames_in)) = out.take() {
+        while let Some(Taken { n, bytes: msg, frames: frames_in, .. }) = out.take() {
             assert!(msg.len() <= DOOR_MSG_MAX, "message {n} is {} bytes", msg.len());
             assert_eq!(frames(&msg).unwrap().count(), frames_in, "message {n}'s frame count");
             seen += frames_in;
@@ -373,12 +410,12 @@ mod tests {
         let out = Outbox::default();
         let (_, w) = counter();
         let cx = &mut Context::from_waker(&w);
-        let first = out.push(|b| cancel(b, 1)).unwrap();
-        let (n, msg, _) = out.take().unwrap();
+        let first = out.push(t0(), |b| cancel(b, 1)).unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         out.sent(n, None, msg);
-        let second = out.push(|b| cancel(b, 2)).unwrap();
-        let (n, msg, _) = out.take().unwrap();
-        let third = out.push(|b| cancel(b, 3)).unwrap();
+        let second = out.push(t0(), |b| cancel(b, 2)).unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
+        let third = out.push(t0(), |b| cancel(b, 3)).unwrap();
         out.sent(n, Some(io::ErrorKind::WouldBlock), msg);
         assert!(matches!(out.poll_over(first, cx), Poll::Ready(Ok(()))));
         for n in [second, third] {
@@ -387,14 +424,14 @@ mod tests {
                 other => panic!("message {n}: {other:?}"),
             }
         }
-        assert_eq!(out.push(|b| cancel(b, 4)).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(out.push(t0(), |b| cancel(b, 4)).unwrap_err().kind(), io::ErrorKind::WouldBlock);
         assert_eq!(out.poll_work(cx), Poll::Ready(Work::Broken(io::ErrorKind::WouldBlock)));
         assert!(out.take().is_none());
 
         let out = Outbox::default();
         let (sender_wakes, sender) = counter();
         assert!(out.poll_work(&mut Context::from_waker(&sender)).is_pending());
-        let n = out.push(|b| cancel(b, 1)).unwrap();
+        let n = out.push(t0(), |b| cancel(b, 1)).unwrap();
         out.close();
         assert!(sender_wakes.0.load(Ordering::Relaxed) >= 1);
         assert!(matches!(out.poll_over(n, cx), Poll::Ready(Err(_))));
@@ -403,15 +440,15 @@ mod tests {
         // A sender that went away with a message out: that message fails too, and later
         // frames fail at once.
         let out = Outbox::default();
-        let first = out.push(|b| cancel(b, 1)).unwrap();
-        let (taken, _, _) = out.take().unwrap();
+        let first = out.push(t0(), |b| cancel(b, 1)).unwrap();
+        let Taken { n: taken, .. } = out.take().unwrap();
         assert_eq!(taken, first);
-        let queued = out.push(|b| cancel(b, 2)).unwrap();
+        let queued = out.push(t0(), |b| cancel(b, 2)).unwrap();
         out.abandon();
         for n in [taken, queued] {
             assert!(matches!(out.poll_over(n, cx), Poll::Ready(Err(_))), "message {n}");
         }
-        assert!(out.push(|b| cancel(b, 3)).is_err());
+        assert!(out.push(t0(), |b| cancel(b, 3)).is_err());
     }
 
     /// A frame sent now goes out at once as a message of its own while nothing is queued or out;
@@ -424,23 +461,23 @@ mod tests {
             sent.borrow_mut().push(ids(m));
             Ok(())
         };
-        assert_eq!(out.send_now(|b| cancel(b, 1), send).unwrap(), None);
+        assert_eq!(out.send_now(t0(), |b| cancel(b, 1), send).unwrap(), None);
         assert_eq!(sent.borrow().as_slice(), [vec![1]]);
         // Something queued: the next frame goes after it.
-        assert_eq!(out.push(|b| cancel(b, 2)).unwrap(), 0);
-        assert_eq!(out.send_now(|b| cancel(b, 3), send).unwrap(), Some(0));
-        let (n, msg, _) = out.take().unwrap();
+        assert_eq!(out.push(t0(), |b| cancel(b, 2)).unwrap(), 0);
+        assert_eq!(out.send_now(t0(), |b| cancel(b, 3), send).unwrap(), Some(0));
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!(ids(&msg), [2, 3]);
         // Something out: the same.
-        assert_eq!(out.send_now(|b| cancel(b, 4), send).unwrap(), Some(1));
+        assert_eq!(out.send_now(t0(), |b| cancel(b, 4), send).unwrap(), Some(1));
         out.sent(n, None, msg);
-        let (n, msg, _) = out.take().unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (1, vec![4]));
         out.sent(n, None, msg);
         // No room: queued for the sender, which waits for it.
         let full = |_: &[u8]| Err(io::ErrorKind::WouldBlock.into());
-        assert_eq!(out.send_now(|b| cancel(b, 5), full).unwrap(), Some(2));
-        let (n, msg, _) = out.take().unwrap();
+        assert_eq!(out.send_now(t0(), |b| cancel(b, 5), full).unwrap(), Some(2));
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (2, vec![5]));
         assert_eq!(sent.borrow().len(), 1, "only the first went out at once");
     }
@@ -455,15 +492,15 @@ mod tests {
         let cx = &mut Context::from_waker(&w);
         assert!(out.poll_work(&mut Context::from_waker(&sender)).is_pending());
         // The sender took the first message and waits for room; the rest pile up.
-        out.push(|b| cancel(b, 0)).unwrap();
-        let (taken, _msg, _) = out.take().unwrap();
+        out.push(t0(), |b| cancel(b, 0)).unwrap();
+        let Taken { n: taken, bytes: msg, .. } = out.take().unwrap();
         let mut last = 0;
         for id in 1..=(MAX_QUEUED * DOOR_BATCH_FRAMES) as u64 {
-            last = out.push(|b| cancel(b, id)).unwrap();
+            last = out.push(t0(), |b| cancel(b, id)).unwrap();
         }
         assert_eq!(last, MAX_QUEUED as u64);
         assert!(out.poll_over(last, cx).is_pending());
-        let err = out.push(|b| cancel(b, u64::MAX)).unwrap_err();
+        let err = out.push(t0(), |b| cancel(b, u64::MAX)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
         assert!(sender_wakes.0.load(Ordering::Relaxed) >= 1);
         assert_eq!(out.poll_work(cx), Poll::Ready(Work::Broken(io::ErrorKind::WouldBlock)));
@@ -472,7 +509,7 @@ mod tests {
         // The message out when it broke keeps the fate its send gets: failed here (the
         // connection is shut behind it), which fails it, though the outbox broke after it.
         assert!(out.poll_over(taken, cx).is_pending());
-        out.sent(taken, Some(io::ErrorKind::BrokenPipe), _msg);
+        out.sent(taken, Some(io::ErrorKind::BrokenPipe), msg);
         match out.poll_over(taken, cx) {
             Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::BrokenPipe),
             other => panic!("the message out when the outbox broke: {other:?}"),
@@ -484,7 +521,7 @@ mod tests {
         let long = vec![7u8; crate::proto::clc::CLC_MAX_LEN];
         let clc = |b: &mut Vec<u8>| DoorFrame { kind: DoorKind::Clc, reason: 0, id: 9 }.encode_into(b, &long);
         let mut pushed = 0;
-        while out.push(clc).is_ok() {
+        while out.push(t0(), clc).is_ok() {
             pushed += 1;
             assert!(pushed < 16 * MAX_QUEUED, "unbounded");
         }
@@ -494,5 +531,23 @@ mod tests {
         }
         assert_eq!(queued, 0, "what was queued failed with the outbox");
         assert!(pushed >= MAX_QUEUED * 15 - 1, "{pushed} frames taken before the bound");
+    }
+
+    /// A message takes frames for GATHER_MAX after its first, then the next frame starts
+    /// another; the sender learns when each message's first frame came.
+    #[test]
+    fn a_message_gathers_for_a_quarter_of_the_wait_and_keeps_its_birth() {
+        let out = Outbox::default();
+        let t0 = t0();
+        assert_eq!(out.push(t0, |b| cancel(b, 1)).unwrap(), 0);
+        assert_eq!(out.push(t0 + GATHER_MAX / 2, |b| cancel(b, 2)).unwrap(), 0);
+        assert_eq!(out.push(t0 + GATHER_MAX, |b| cancel(b, 3)).unwrap(), 1, "an old message took a frame");
+        assert_eq!(out.push(t0 + GATHER_MAX * 3 / 2, |b| cancel(b, 4)).unwrap(), 1);
+        let first = out.take().unwrap();
+        assert_eq!((first.n, first.frames, first.born), (0, 2, t0));
+        assert_eq!(ids(&first.bytes), [1, 2]);
+        let second = out.take().unwrap();
+        assert_eq!((second.n, second.frames, second.born), (1, 2, t0 + GATHER_MAX));
+        assert_eq!(ids(&second.bytes), [3, 4]);
     }
 }
