@@ -305,7 +305,7 @@ fn queue_frame(sock: &DoorSocket, alone: bool, encode: impl FnOnce(&mut Vec<u8>)
 /// once before it looks: a task woken from a worker runs next there, before the other tasks of
 /// the turn have added their frames. Counts the frames and messages it sent.
 async fn send_loop<C: Sender>(sender: SenderOf<C>) {
-    let SenderOf(outbox, conn) = &sender;
+    let SenderOf { outbox, conn, .. } = &sender;
     let multi = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     loop {
@@ -314,7 +314,7 @@ async fn send_loop<C: Sender>(sender: SenderOf<C>) {
             Work::Closed => return,
             Work::Broken(kind) => {
                 if let Some(conn) = conn.upgrade() {
-                    conn.send_failed(&kind.into());
+                    sender.fail(&conn, &kind.into());
                 }
                 return;
             }
@@ -331,7 +331,7 @@ async fn send_loop<C: Sender>(sender: SenderOf<C>) {
             }
             outbox.sent(n, r.as_ref().err().map(io::Error::kind), bytes);
             if let Err(e) = r {
-                conn.send_failed(&e);
+                sender.fail(&conn, &e);
                 return;
             }
         }
@@ -345,14 +345,32 @@ async fn send_loop<C: Sender>(sender: SenderOf<C>) {
 /// for (a server's "no" answers) are lost with the outbox, and the peer reads the end instead
 /// of waiting out its handshakes for them. Every other end of a sender has said so already, or
 /// its connection is gone.
-struct SenderOf<C: Sender>(Arc<Outbox>, Weak<C>);
+struct SenderOf<C: Sender> {
+    outbox: Arc<Outbox>,
+    conn: Weak<C>,
+    /// The connection was told already (or is gone).
+    told: AtomicBool,
+}
+
+impl<C: Sender> SenderOf<C> {
+    fn new(outbox: Arc<Outbox>, conn: Weak<C>) -> SenderOf<C> {
+        SenderOf { outbox, conn, told: AtomicBool::new(false) }
+    }
+
+    /// Tells the connection that it can send no more, once.
+    fn fail(&self, conn: &C, e: &io::Error) {
+        if !self.told.swap(true, Ordering::Relaxed) {
+            conn.send_failed(e);
+        }
+    }
+}
 
 impl<C: Sender> Drop for SenderOf<C> {
     fn drop(&mut self) {
-        self.0.abandon();
+        self.outbox.abandon();
         // Lock-free at both ends (a shutdown, a flag): this may run inside a runtime's drop.
-        if let Some(conn) = self.1.upgrade() {
-            conn.send_failed(&io::ErrorKind::BrokenPipe.into());
+        if let Some(conn) = self.conn.upgrade() {
+            self.fail(&conn, &io::Error::new(io::ErrorKind::BrokenPipe, "the door connection's sender went away"));
         }
     }
 }
@@ -361,27 +379,32 @@ impl<C: Sender> Drop for SenderOf<C> {
 /// (nothing would send).
 fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&tokio::runtime::Handle>) -> bool {
     let Some(rt) = rt.cloned().or_else(|| tokio::runtime::Handle::try_current().ok()) else { return false };
-    rt.spawn(send_loop(SenderOf(outbox.clone(), Arc::downgrade(conn))));
+    rt.spawn(send_loop(SenderOf::new(outbox.clone(), Arc::downgrade(conn))));
     true
 }
 
 /// Sends one door message, waiting for room when the connection's queue is full until
-/// `deadline`: [`SEND_WAIT`] after the message's first frame came, so that no author waits
-/// longer for its frame's fate, however long the messages before it waited (timed from each
-/// send's start, a peer that read a message just under every [`SEND_WAIT`] held the author of
-/// the eighth queued one for eight of them). Door connections are not watched for room
+/// `deadline`, [`SEND_WAIT`] after the message's first frame came (or [`SEND_RETRY_MAX`] after
+/// the first try, if that is later), so that no author waits much longer for its frame's fate,
+/// however long the messages before it waited (timed from each send's start, a peer that read
+/// a message just under every [`SEND_WAIT`] held the author of the eighth queued one for eight
+/// of them). Door connections are not watched for room
 /// ([`watch`]): a full queue is rare (the window keeps a reading peer's queue short), so the
 /// send is tried again after waits that double from [`SEND_RETRY_FIRST`] to
 /// [`SEND_RETRY_MAX`]. Each door connection's sender waits on its own, so a registration sent
 /// to the 17 doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door.
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8], deadline: tokio::time::Instant) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
+    let mut tried = None;
     loop {
         match sys::send_msg(conn.get_ref().as_fd(), msg) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             r => return r,
         }
         let now = tokio::time::Instant::now();
+        // A message that waited its time out behind others still has retries for the longest
+        // pause: a queue found full once is not a peer that stopped reading.
+        let deadline = *tried.get_or_insert(deadline.max(now + SEND_RETRY_MAX));
         if now >= deadline {
             return Err(io::ErrorKind::WouldBlock.into());
         }
@@ -568,7 +591,7 @@ impl Sender for ServerConn {
     /// Shutting the connection down tells it, and every other registration on the connection,
     /// at once.
     fn send_failed(&self, e: &io::Error) {
-        tracing::debug!(error = %e, "no room for a door answer: ending the door connection");
+        tracing::debug!(error = %e, "cannot send on the door connection: ending it");
         self.shut();
     }
 }
@@ -1945,7 +1968,7 @@ impl ClientDoors {
         // `spawn`, and its drop takes that lock to end the connection.
         drop(map);
         rt.spawn(client_reader(Arc::downgrade(&self.0), key, conn.clone()));
-        rt.spawn(send_loop(SenderOf(outbox, Arc::downgrade(&conn))));
+        rt.spawn(send_loop(SenderOf::new(outbox, Arc::downgrade(&conn))));
         Found::Door(Reg { conn, id, inbox, open: false, _place: place })
     }
 }

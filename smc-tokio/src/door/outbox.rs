@@ -37,11 +37,12 @@ use crate::proto::door::{DOOR_BATCH_FRAMES, DOOR_MSG_MAX};
 /// registration).
 const MAX_QUEUED: usize = 8;
 
-/// How long a message takes frames after its first: the sender bounds a message's send by its
-/// first frame's time (door's `SEND_WAIT`, 1 s, after it), so a frame that joined a message
-/// later would have less of that time; a quarter of it leaves each author at least three
-/// quarters. A message gathers for longer only while the sender waits for room (it takes the
-/// message at its next turn otherwise), so this splits only a stalled connection's messages.
+/// How long a message takes frames after its first while the sender waits for room for an
+/// earlier one: the sender bounds a message's send by its first frame's time (door's
+/// `SEND_WAIT`, 1 s, after it), so a frame that joined a message later would have less of that
+/// time; a quarter of it leaves each such author three quarters. Only while a send waits: a
+/// sender that has not had its turn yet (its runtime busy) takes the message whole when it
+/// does, and splitting by age then would only fill the [`MAX_QUEUED`] bound on time alone.
 pub(crate) const GATHER_MAX: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What the sender of an outbox is to do next ([`Outbox::poll_work`]).
@@ -109,8 +110,8 @@ impl Outbox {
     }
 
     /// Adds the frame `encode` appends to the message being gathered (or to a new one, when
-    /// that one has [`DOOR_BATCH_FRAMES`] frames, was started [`GATHER_MAX`] or longer ago, or
-    /// the frame would take it past [`DOOR_MSG_MAX`]) and returns the number of the message it went into. Fails at once
+    /// that one has [`DOOR_BATCH_FRAMES`] frames, was started [`GATHER_MAX`] or longer ago
+    /// while a send waits, or the frame would take it past [`DOOR_MSG_MAX`]) and returns the number of the message it went into. Fails at once
     /// once a send failed (nothing more goes out on the connection), and fails the connection
     /// when [`MAX_QUEUED`] messages wait unsent. `now`: the time, the birth of a message the
     /// frame starts.
@@ -121,8 +122,10 @@ impl Outbox {
                 return Err(kind.into());
             }
             let was_empty = st.queue.is_empty();
-            let full =
-                |m: &Message| m.frames >= DOOR_BATCH_FRAMES || now.saturating_duration_since(m.born) >= GATHER_MAX;
+            let waiting = st.in_flight;
+            let full = |m: &Message| {
+                m.frames >= DOOR_BATCH_FRAMES || (waiting && now.saturating_duration_since(m.born) >= GATHER_MAX)
+            };
             if st.queue.back().is_none_or(full) {
                 if st.queue.len() >= MAX_QUEUED {
                     return Err(Self::overflow(st));
@@ -131,6 +134,9 @@ impl Outbox {
                 st.queue.push_back(Message { bytes, frames: 0, born: now });
             }
             let Some(last) = st.queue.back_mut() else { unreachable!("a message was just made") };
+            // An author that read the clock before the one that started the message (another
+            // thread's) waits from its own time.
+            last.born = last.born.min(now);
             let start = last.bytes.len();
             encode(&mut last.bytes);
             last.frames += 1;
@@ -533,21 +539,29 @@ mod tests {
         assert!(pushed >= MAX_QUEUED * 15 - 1, "{pushed} frames taken before the bound");
     }
 
-    /// A message takes frames for GATHER_MAX after its first, then the next frame starts
-    /// another; the sender learns when each message's first frame came.
+    /// While a send waits, a message takes frames for GATHER_MAX after its first, then the
+    /// next frame starts another; otherwise it takes them whatever its age. The sender learns
+    /// when each message's first frame came (the earliest clock reading of its authors).
     #[test]
-    fn a_message_gathers_for_a_quarter_of_the_wait_and_keeps_its_birth() {
+    fn a_message_gathers_for_a_quarter_of_the_wait_while_a_send_waits() {
         let out = Outbox::default();
-        let t0 = t0();
-        assert_eq!(out.push(t0, |b| cancel(b, 1)).unwrap(), 0);
-        assert_eq!(out.push(t0 + GATHER_MAX / 2, |b| cancel(b, 2)).unwrap(), 0);
-        assert_eq!(out.push(t0 + GATHER_MAX, |b| cancel(b, 3)).unwrap(), 1, "an old message took a frame");
-        assert_eq!(out.push(t0 + GATHER_MAX * 3 / 2, |b| cancel(b, 4)).unwrap(), 1);
+        let t0 = Instant::now();
+        // Nothing out: age does not split.
+        assert_eq!(out.push(t0, |b| cancel(b, 0)).unwrap(), 0);
+        assert_eq!(out.push(t0 + GATHER_MAX * 2, |b| cancel(b, 1)).unwrap(), 0, "split with no send waiting");
         let first = out.take().unwrap();
         assert_eq!((first.n, first.frames, first.born), (0, 2, t0));
-        assert_eq!(ids(&first.bytes), [1, 2]);
+        // Message 0 is out and waits for room.
+        let t1 = t0 + GATHER_MAX * 3;
+        assert_eq!(out.push(t1, |b| cancel(b, 2)).unwrap(), 1);
+        assert_eq!(out.push(t1 - GATHER_MAX / 4, |b| cancel(b, 3)).unwrap(), 1, "an earlier reading joins");
+        assert_eq!(out.push(t1 + GATHER_MAX / 2, |b| cancel(b, 4)).unwrap(), 1);
+        assert_eq!(out.push(t1 + GATHER_MAX, |b| cancel(b, 5)).unwrap(), 2, "an old message took a frame");
+        out.sent(first.n, None, first.bytes);
         let second = out.take().unwrap();
-        assert_eq!((second.n, second.frames, second.born), (1, 2, t0 + GATHER_MAX));
-        assert_eq!(ids(&second.bytes), [3, 4]);
+        assert_eq!((second.n, second.frames, second.born), (1, 3, t1 - GATHER_MAX / 4));
+        assert_eq!(ids(&second.bytes), [2, 3, 4]);
+        let third = out.take().unwrap();
+        assert_eq!((third.n, third.frames, third.born), (2, 1, t1 + GATHER_MAX));
     }
 }
