@@ -260,6 +260,14 @@ struct DoorSocket {
     counters: Arc<Counters>,
 }
 
+impl DoorSocket {
+    /// Queues the frame `encode` appends to go with the turn's others: the number of the
+    /// message it went into ([`Outbox::push`], stamped with the time now).
+    fn push(&self, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<u64> {
+        self.outbox.push(tokio::time::Instant::now(), encode)
+    }
+}
+
 impl Drop for DoorSocket {
     fn drop(&mut self) {
         self.outbox.close();
@@ -287,10 +295,10 @@ async fn send_frame<C: Sender>(conn: &C, alone: bool, encode: impl FnOnce(&mut V
 /// The first half of [`send_frame`], without waiting: `Ok(None)` when the frame went out at
 /// once (counted), `Ok(Some(n))` when it waits in message `n` of the outbox.
 fn queue_frame(sock: &DoorSocket, alone: bool, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<Option<u64>> {
-    let now = tokio::time::Instant::now();
     if !alone {
-        return sock.outbox.push(now, encode).map(Some);
+        return sock.push(encode).map(Some);
     }
+    let now = tokio::time::Instant::now();
     let sent = sock.outbox.send_now(now, encode, |m| sys::send_msg(sock.fd.get_ref().as_fd(), m))?;
     if sent.is_none() {
         sock.counters.door_message(1);
@@ -388,10 +396,9 @@ fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&toki
 /// the first try, if that is later), so that no author waits much longer for its frame's fate,
 /// however long the messages before it waited (timed from each send's start, a peer that read
 /// a message just under every [`SEND_WAIT`] held the author of the eighth queued one for eight
-/// of them). Door connections are not watched for room
-/// ([`watch`]): a full queue is rare (the window keeps a reading peer's queue short), so the
-/// send is tried again after waits that double from [`SEND_RETRY_FIRST`] to
-/// [`SEND_RETRY_MAX`]. Each door connection's sender waits on its own, so a registration sent
+/// of them). Door connections are not watched for room ([`watch`]): a full queue is rare (the
+/// window keeps a reading peer's queue short), so the send is tried again after waits that
+/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`]. Each door connection's sender waits on its own, so a registration sent
 /// to the 17 doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door.
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8], deadline: tokio::time::Instant) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
@@ -634,7 +641,7 @@ impl ServerConn {
         counters.door(crate::stats::DoorEvent::Unmatched);
         counters.decline(reason, crate::proto::handshake::Side::Local);
         let frame = DoorFrame { kind, reason: reason as u8, id };
-        if self.sock.outbox.push(tokio::time::Instant::now(), |b| frame.encode_into(b, &[])).is_err() {
+        if self.sock.push(|b| frame.encode_into(b, &[])).is_err() {
             // The connection stopped sending: shut already.
             self.shut();
         }
@@ -1236,9 +1243,7 @@ impl Door {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
                 // A frame only a server sends ends the connection before anything of its
                 // message is filed.
-                Ok(Some(msg))
-                    if msg.clone().any(|(f, _)| matches!(f.kind, DoorKind::Unmatched | DoorKind::Refused)) =>
-                {
+                Ok(Some(msg)) if msg.clone().any(|(f, _)| !f.kind.client_sends()) => {
                     st.close(conn);
                     return Read::Ended;
                 }
@@ -1246,10 +1251,7 @@ impl Door {
                     for (frame, payload) in msg {
                         read += 1;
                         *budget = budget.saturating_sub(1);
-                        if !self.file(st, conn, frame, payload) {
-                            st.close(conn);
-                            return Read::Ended;
-                        }
+                        self.file(st, conn, frame, payload);
                     }
                 }
                 // Closed, garbage, or an error: the client's registrations and handshakes end.
@@ -1262,8 +1264,9 @@ impl Door {
         Read::More
     }
 
-    /// Files one message from a client; `false` for one no client sends (the connection ends).
-    fn file(&self, st: &mut DoorState, conn: &Arc<ServerConn>, frame: DoorFrame, payload: &[u8]) -> bool {
+    /// Files one frame from a client, of a message [`read_conn`](Self::read_conn) found to hold
+    /// only kinds a client sends.
+    fn file(&self, st: &mut DoorState, conn: &Arc<ServerConn>, frame: DoorFrame, payload: &[u8]) {
         let id = frame.id;
         match frame.kind {
             DoorKind::Register => {
@@ -1272,12 +1275,12 @@ impl Door {
                     Err(e) => {
                         tracing::debug!(error = %e, "unusable door registration");
                         conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::SyncError);
-                        return true;
+                        return;
                     }
                 };
                 if self.blind.load(Ordering::Relaxed) {
                     conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
-                    return true;
+                    return;
                 }
                 let filed = conn.pending();
                 let full = st.count >= MAX_REGISTRATIONS || filed.len() >= CONN_REGISTRATIONS;
@@ -1285,7 +1288,7 @@ impl Door {
                 drop(filed);
                 if full || known || conn.live().contains_key(&id) {
                     conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::HandshakeCongested);
-                    return true;
+                    return;
                 }
                 conn.pending().insert(id, head.port);
                 st.count += 1;
@@ -1322,7 +1325,6 @@ impl Door {
                         w.wake_by_ref();
                     }
                 }
-                true
             }
             DoorKind::Clc | DoorKind::Connected => {
                 let inbox = conn.live().get(&id).cloned();
@@ -1335,7 +1337,6 @@ impl Door {
                         st.remove(conn, id);
                     }
                 }
-                true
             }
             DoorKind::Cancel => {
                 let inbox = conn.live().remove(&id);
@@ -1345,10 +1346,10 @@ impl Door {
                         st.remove(conn, id);
                     }
                 }
-                true
             }
-            // Only a server says these.
-            DoorKind::Unmatched | DoorKind::Refused => false,
+            // Only a server says these: `read_conn` ended the connection for a message with
+            // one before it filed any of it.
+            DoorKind::Unmatched | DoorKind::Refused => {}
         }
     }
 
@@ -2001,7 +2002,7 @@ impl Drop for Reg {
             // is not sent (no room, the connection or its runtime gone) is replaced by the
             // server's own bound (the registration goes stale, the handshake times out).
             let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: self.id };
-            let _ = self.conn.sock.outbox.push(tokio::time::Instant::now(), |b| frame.encode_into(b, &[]));
+            let _ = self.conn.sock.push(|b| frame.encode_into(b, &[]));
         }
     }
 }

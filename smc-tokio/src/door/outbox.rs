@@ -111,10 +111,10 @@ impl Outbox {
 
     /// Adds the frame `encode` appends to the message being gathered (or to a new one, when
     /// that one has [`DOOR_BATCH_FRAMES`] frames, was started [`GATHER_MAX`] or longer ago
-    /// while a send waits, or the frame would take it past [`DOOR_MSG_MAX`]) and returns the number of the message it went into. Fails at once
-    /// once a send failed (nothing more goes out on the connection), and fails the connection
-    /// when [`MAX_QUEUED`] messages wait unsent. `now`: the time, the birth of a message the
-    /// frame starts.
+    /// while a send waits, or the frame would take it past [`DOOR_MSG_MAX`]) and returns the
+    /// number of the message it went into. Fails at once once a send failed (nothing more goes
+    /// out on the connection), and fails the connection when [`MAX_QUEUED`] messages wait
+    /// unsent. `now`: the time, the birth of a message the frame starts.
     pub(crate) fn push(&self, now: Instant, encode: impl FnOnce(&mut Vec<u8>)) -> io::Result<u64> {
         let waker = {
             let mut st = self.lock();
@@ -202,12 +202,18 @@ impl Outbox {
     /// Fails the outbox for a peer that does not read: [`MAX_QUEUED`] messages wait unsent.
     fn overflow(mut st: std::sync::MutexGuard<'_, State>) -> io::Error {
         let first = st.front;
-        Self::fail_from(&mut st, first, io::ErrorKind::WouldBlock);
-        st.queue.clear();
-        let wake: Vec<Waker> = st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters)).collect();
+        let wake = Self::fail_all(&mut st, first, io::ErrorKind::WouldBlock);
         drop(st);
         wake.into_iter().for_each(Waker::wake);
         io::ErrorKind::WouldBlock.into()
+    }
+
+    /// Fails message `first` and every later one, queued or to come, and returns whom to wake
+    /// (the sender and every author), for after the lock.
+    fn fail_all(st: &mut State, first: u64, kind: io::ErrorKind) -> Vec<Waker> {
+        Self::fail_from(st, first, kind);
+        st.queue.clear();
+        st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters)).collect()
     }
 
     /// Fails message `n` and every later one (an earlier failure stands, with its reason).
@@ -275,31 +281,27 @@ impl Outbox {
     /// Ends the outbox (its connection is gone): what waits fails as not sent, and the sender
     /// stops.
     pub(crate) fn close(&self) {
-        let (sender, waiters) = {
+        let wake = {
             let mut st = self.lock();
             st.closed = true;
             let first = st.front;
-            Self::fail_from(&mut st, first, io::ErrorKind::BrokenPipe);
-            st.queue.clear();
-            (st.sender.take(), std::mem::take(&mut st.waiters))
+            Self::fail_all(&mut st, first, io::ErrorKind::BrokenPipe)
         };
-        sender.into_iter().chain(waiters).for_each(Waker::wake);
+        wake.into_iter().for_each(Waker::wake);
     }
 
     /// Ends the outbox because its sender is gone (its task dropped, with its runtime, before
     /// or while it sent): what waits fails, the message it had out too, since nobody will say
     /// how its send went.
     pub(crate) fn abandon(&self) {
-        let (sender, waiters) = {
+        let wake = {
             let mut st = self.lock();
             st.closed = true;
             let first = if st.in_flight { st.front - 1 } else { st.front };
             st.in_flight = false;
-            Self::fail_from(&mut st, first, io::ErrorKind::BrokenPipe);
-            st.queue.clear();
-            (st.sender.take(), std::mem::take(&mut st.waiters))
+            Self::fail_all(&mut st, first, io::ErrorKind::BrokenPipe)
         };
-        sender.into_iter().chain(waiters).for_each(Waker::wake);
+        wake.into_iter().for_each(Waker::wake);
     }
 
     /// For an author: ready once message `n` is over, with its fate.

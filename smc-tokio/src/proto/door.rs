@@ -106,6 +106,14 @@ impl DoorKind {
         Self::ALL.into_iter().find(|k| *k as u8 == v)
     }
 
+    /// Whether a client may send a frame of this kind (the others are a server's answers).
+    pub(crate) fn client_sends(self) -> bool {
+        match self {
+            Self::Register | Self::Clc | Self::Cancel | Self::Connected => true,
+            Self::Unmatched | Self::Refused => false,
+        }
+    }
+
     /// Whether frames of this kind carry a payload: Register, Clc and Connected do, the others
     /// do not.
     ///

@@ -214,38 +214,7 @@ pub fn door_send_clc(door: &OwnedFd, m: &ClcMessage) -> io::Result<()> {
 
 /// A blocking TCP socket bound to a free port, with SO_REUSEPORT (as the crate's clients do).
 pub fn bound_tcp_socket() -> OwnedFd {
-    // SAFETY: socket takes no pointers.
-    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) }).unwrap();
-    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let one: libc::c_int = 1;
-    // SAFETY: the option value points to `one`, a live c_int, and its size is passed.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_REUSEPORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .unwrap();
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: 0 },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: the address points to `sin`, a live sockaddr_in, and its size is passed.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sin as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    })
-    .unwrap();
-    fd
+    tcp_socket_bound_to(0).unwrap()
 }
 
 /// Sets an integer socket option (tests' sockets only; panics on failure).
@@ -345,10 +314,7 @@ pub fn lingering_socket() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
 
 /// A blocking IPv4 TCP socket bound to `0.0.0.0:port` with SO_REUSEPORT.
 pub fn tcp_socket_bound_to(port: u16) -> io::Result<OwnedFd> {
-    // SAFETY: socket takes no pointers.
-    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = new_socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC)?;
     set_int_opt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
@@ -650,12 +616,15 @@ pub struct Bell {
 }
 
 fn dgram() -> OwnedFd {
+    new_socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC).unwrap()
+}
+
+/// A new socket of `domain` and `ty` (its default protocol).
+fn new_socket(domain: libc::c_int, ty: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: socket takes no pointers.
-    let fd =
-        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })
-            .unwrap();
+    let fd = cvt(unsafe { libc::socket(domain, ty, 0) })?;
     // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn bind_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
@@ -778,10 +747,7 @@ fn set_rcv_timeout(fd: BorrowedFd<'_>) -> io::Result<()> {
 }
 
 fn seqpacket() -> OwnedFd {
-    // SAFETY: socket takes no pointers.
-    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) }).unwrap();
-    // SAFETY: `fd` is a descriptor the kernel just gave us (cvt checked it), owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = new_socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC).unwrap();
     // Blocking, with a receive timeout.
     set_rcv_timeout(fd.as_fd()).unwrap();
     fd
