@@ -525,12 +525,19 @@ fn finish_door(
             tracing::debug!(error = %e, "the door's answer made no sense: staying on tcp");
             FallbackReason::Declined { reason: DeclineReason::SyncError, by: Side::Local }
         }
-        // Our message found no room on the door connection in time and was never sent (a
-        // door message goes whole or not at all): if it was our Confirm, the server, which
-        // commits only on one, cannot have committed. The listener is swamped: TCP.
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            tracing::debug!("no room on the door connection for our answer: staying on tcp");
-            FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local }
+        // Our message was never sent (a door message goes whole or not at all): if it was our
+        // Confirm, the server, which commits only on one, cannot have committed, so TCP is
+        // right also after we confirmed. No room in time: the listener is swamped; the door
+        // closed: the listener went away (its final word, if any, said no more than TCP).
+        Err(e) if door::NotSent::of(&e).is_some() => {
+            tracing::debug!(error = %e, "our answer did not go out on the door: staying on tcp");
+            match e.kind() {
+                io::ErrorKind::WouldBlock => {
+                    FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local }
+                }
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => FallbackReason::PeerNoSmc,
+                _ => FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local },
+            }
         }
         Err(e) if !confirmed => {
             tracing::debug!(error = %e, "the door failed: staying on tcp");
@@ -604,11 +611,47 @@ async fn finish_inband(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::net::{SmcListener, SmcStream};
     use crate::sys;
     use crate::transport::Transport;
     use std::net::{IpAddr, SocketAddr};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The commit point is the server's receipt of our Confirm: a door message of ours that did
+    /// not go out (a door message goes whole or not at all) leaves the connection TCP, also
+    /// after we confirmed, whatever stopped it; before, only a full queue did, and any other
+    /// failure to send the Confirm (say, `ENOBUFS`) failed the connection. What fails after a
+    /// Confirm that went out still fails it: the server may have committed.
+    #[tokio::test]
+    async fn a_confirm_that_did_not_go_out_leaves_the_connection_tcp() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ctx = Context::new();
+        let cfg = Settings::default();
+        let kinds = [
+            (
+                io::ErrorKind::WouldBlock,
+                FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local },
+            ),
+            (io::ErrorKind::BrokenPipe, FallbackReason::PeerNoSmc),
+            (io::ErrorKind::ConnectionReset, FallbackReason::PeerNoSmc),
+            (io::ErrorKind::OutOfMemory, FallbackReason::Declined { reason: DeclineReason::Internal, by: Side::Local }),
+        ];
+        for (kind, why) in kinds {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let not_sent = crate::door::NotSent::wrap(kind.into());
+            match finish_door(&ctx, &cfg, tcp, Err(not_sent), None, true, true) {
+                Ok(Established::Tcp { transport, .. }) => assert_eq!(transport, Transport::Tcp(why), "{kind:?}"),
+                other => panic!("{kind:?}: {other:?}"),
+            }
+        }
+        for kind in [io::ErrorKind::BrokenPipe, io::ErrorKind::OutOfMemory] {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let after = finish_door(&ctx, &cfg, tcp, Err(kind.into()), None, true, true);
+            assert_eq!(after.map(|_| ()).map_err(|e| e.kind()), Err(kind), "a failure after the Confirm went out");
+        }
+    }
 
     /// The source address learned for a destination in 127/8 is the kernel's (127.0.0.1), and
     /// connections that use it get shared memory. A connection that tells a wrong one loses

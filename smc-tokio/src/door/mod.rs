@@ -2356,6 +2356,37 @@ impl ClientWire {
     }
 }
 
+/// A client's handshake message that did not go out on its door connection (no room in time,
+/// the listener closed the door, its sender went away, a failed send): since the server commits
+/// only on our Confirm, a handshake whose message was not sent may stay TCP, also after it
+/// confirmed ([`NotSent::of`]).
+#[derive(Debug)]
+pub(crate) struct NotSent(io::Error);
+
+impl NotSent {
+    /// `e`, the reason a message did not go out, marked as such.
+    pub(crate) fn wrap(e: io::Error) -> io::Error {
+        io::Error::new(e.kind(), NotSent(e))
+    }
+
+    /// The error of a message that did not go out, if `e` is one.
+    pub(crate) fn of(e: &io::Error) -> Option<&io::Error> {
+        e.get_ref()?.downcast_ref::<NotSent>().map(|n| &n.0)
+    }
+}
+
+impl fmt::Display for NotSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "our door message was not sent: {}", self.0)
+    }
+}
+
+impl std::error::Error for NotSent {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 impl Wire for ClientWire {
     fn peer_process(&self) -> Option<sys::PeerCred> {
         Some(self.chosen.and_then(|i| self.doors[i].as_ref())?.conn.owner)
@@ -2371,12 +2402,9 @@ impl Wire for ClientWire {
             None => DoorFrame { kind: DoorKind::Clc, reason: 0, id: r.id }.encode_into(b, msg),
         })
         .await;
-        match sent {
-            // The server closed the door: it did so after its final word, which is still
-            // queued for us to read; what we sent is moot.
-            Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),
-            r => r,
-        }
+        // A door message goes whole or not at all, and the outbox fails only messages that did
+        // not go: the server never read this one (if it was our Confirm, it cannot commit).
+        sent.map_err(NotSent::wrap)
     }
 
     async fn recv(&mut self) -> io::Result<Option<Vec<u8>>> {

@@ -78,8 +78,11 @@ struct State {
     closed: bool,
     /// The sender, waiting for a message.
     sender: Option<Waker>,
-    /// Authors waiting for their message's fate.
-    waiters: Vec<Waker>,
+    /// Authors waiting for their message's fate, by message, in the messages' order: a sent
+    /// message wakes its own authors only (woken all at once, the authors of the up to
+    /// [`MAX_QUEUED`] later messages, up to 64 frames each, came back for nothing on every
+    /// send, and each one's check for its waker already registered went through all of them).
+    waiters: VecDeque<(u64, Vec<Waker>)>,
     /// A sent message's buffer, kept for the next one.
     spare: Vec<u8>,
 }
@@ -213,7 +216,7 @@ impl Outbox {
     fn fail_all(st: &mut State, first: u64, kind: io::ErrorKind) -> Vec<Waker> {
         Self::fail_from(st, first, kind);
         st.queue.clear();
-        st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters)).collect()
+        st.sender.take().into_iter().chain(std::mem::take(&mut st.waiters).into_iter().flat_map(|(_, w)| w)).collect()
     }
 
     /// Fails message `n` and every later one (an earlier failure stands, with its reason).
@@ -263,19 +266,25 @@ impl Outbox {
             let mut st = self.lock();
             st.in_flight = false;
             st.over_below = st.over_below.max(n + 1);
-            if let Some(kind) = failed {
-                // Also when the outbox broke already from a later message on (it overflowed
-                // while this one was out): this one failed too.
-                Self::fail_from(&mut st, n, kind);
-                st.queue.clear();
-            }
             if st.spare.capacity() < buf.capacity() {
                 buf.clear();
                 st.spare = buf;
             }
-            std::mem::take(&mut st.waiters)
+            match failed {
+                // Also when the outbox broke already from a later message on (it overflowed
+                // while this one was out): this one failed too, and every later one.
+                Some(kind) => {
+                    Self::fail_from(&mut st, n, kind);
+                    st.queue.clear();
+                    std::mem::take(&mut st.waiters)
+                }
+                None => {
+                    let over = st.waiters.partition_point(|(m, _)| *m <= n);
+                    st.waiters.drain(..over).collect()
+                }
+            }
         };
-        waiters.into_iter().for_each(Waker::wake);
+        waiters.into_iter().flat_map(|(_, w)| w).for_each(Waker::wake);
     }
 
     /// Ends the outbox (its connection is gone): what waits fails as not sent, and the sender
@@ -312,8 +321,14 @@ impl Outbox {
             _ if n < st.over_below => return Poll::Ready(Ok(())),
             _ => {}
         }
-        if !st.waiters.iter().any(|w| w.will_wake(cx.waker())) {
-            st.waiters.push(cx.waker().clone());
+        let at = st.waiters.partition_point(|(m, _)| *m < n);
+        match st.waiters.get_mut(at) {
+            Some((m, ws)) if *m == n => {
+                if !ws.iter().any(|w| w.will_wake(cx.waker())) {
+                    ws.push(cx.waker().clone());
+                }
+            }
+            _ => st.waiters.insert(at, (n, vec![cx.waker().clone()])),
         }
         Poll::Pending
     }
@@ -383,6 +398,35 @@ mod tests {
         let Taken { n, bytes: msg, .. } = out.take().unwrap();
         assert_eq!((n, ids(&msg)), (1, vec![4]));
         assert!(out.take().is_none());
+    }
+
+    /// A sent message wakes its own authors, not those of the messages after it; a failed one
+    /// wakes everyone, since every later message failed with it. An author polled again is
+    /// registered once.
+    #[test]
+    fn a_sent_message_wakes_its_authors_only() {
+        let out = Outbox::default();
+        let first = out.push(t0(), |b| cancel(b, 1)).unwrap();
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
+        let second = out.push(t0(), |b| cancel(b, 2)).unwrap();
+        let (first_wakes, a) = counter();
+        let (later_wakes, b) = counter();
+        for _ in 0..3 {
+            assert!(out.poll_over(first, &mut Context::from_waker(&a)).is_pending());
+            assert!(out.poll_over(second, &mut Context::from_waker(&b)).is_pending());
+        }
+        out.sent(n, None, msg);
+        assert_eq!(first_wakes.0.load(Ordering::Relaxed), 1, "the sent message's author, once");
+        assert_eq!(later_wakes.0.load(Ordering::Relaxed), 0, "the next message's author slept on");
+        assert!(matches!(out.poll_over(first, &mut Context::from_waker(&a)), Poll::Ready(Ok(()))));
+
+        let Taken { n, bytes: msg, .. } = out.take().unwrap();
+        let third = out.push(t0(), |b| cancel(b, 3)).unwrap();
+        let (third_wakes, c) = counter();
+        assert!(out.poll_over(third, &mut Context::from_waker(&c)).is_pending());
+        out.sent(n, Some(io::ErrorKind::BrokenPipe), msg);
+        assert_eq!(later_wakes.0.load(Ordering::Relaxed), 1);
+        assert_eq!(third_wakes.0.load(Ordering::Relaxed), 1, "a failure ends every later message");
     }
 
     /// A message never holds more frames or bytes than a receiver takes.
