@@ -528,7 +528,9 @@ fn finish_door(
         // Our message was never sent (a door message goes whole or not at all): if it was our
         // Confirm, the server, which commits only on one, cannot have committed, so TCP is
         // right also after we confirmed. No room in time: the listener is swamped; the door
-        // closed: the listener went away (its final word, if any, said no more than TCP).
+        // closed: the listener went away (its final word, if any, said no more than TCP). Our
+        // own end gone (its sender went with its runtime) reads as a closed door too: it
+        // happens only as the runtime, and this connect with it, goes away.
         Err(e) if door::NotSent::of(&e).is_some() => {
             tracing::debug!(error = %e, "our answer did not go out on the door: staying on tcp");
             match e.kind() {
@@ -619,10 +621,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// The commit point is the server's receipt of our Confirm: a door message of ours that did
-    /// not go out (a door message goes whole or not at all) leaves the connection TCP, also
-    /// after we confirmed, whatever stopped it; before, only a full queue did, and any other
-    /// failure to send the Confirm (say, `ENOBUFS`) failed the connection. What fails after a
-    /// Confirm that went out still fails it: the server may have committed.
+    /// not go out (a door message goes whole or not at all; `ClientWire` marks it, see
+    /// `a_client_message_that_did_not_go_out_says_so`) leaves the connection TCP, also after we
+    /// confirmed, whatever stopped it (`OutOfMemory` stands for any other failed send). What
+    /// fails after a Confirm that went out still fails it: the server may have committed.
     #[tokio::test]
     async fn a_confirm_that_did_not_go_out_leaves_the_connection_tcp() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

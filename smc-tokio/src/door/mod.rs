@@ -2766,6 +2766,75 @@ mod tests {
 
     /// A door connection's two ends: ours as the listener holds it (its sender started), and
     /// the client's.
+    /// A client's wire to the door at the other end of `theirs`, as after the door answered:
+    /// its registration is the only one open on its connection, whose sender runs on `rt`.
+    fn client_wire(rt: &tokio::runtime::Handle) -> (ClientWire, OwnedFd) {
+        let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
+        let fd = watch(PeerFd::new(ours)).expect("register with the runtime");
+        let outbox = Arc::new(Outbox::default());
+        let conn = Arc::new(ClientConn {
+            sock: DoorSocket { fd, outbox: outbox.clone(), counters: Arc::new(Counters::default()) },
+            owner: PeerCred { pid: 0, uid: 0, gid: 0 },
+            next_id: AtomicU64::new(1),
+            inboxes: Mutex::default(),
+            dead: AtomicBool::new(false),
+        });
+        rt.spawn(send_loop(SenderOf::new(outbox, Arc::downgrade(&conn))));
+        let (id, inbox) = conn.open_inbox();
+        let place = Room::new().try_take().expect("room in a new pool");
+        let reg = Reg { conn, id, inbox, open: true, _place: place };
+        let wire = ClientWire {
+            doors: vec![Some(reg)],
+            chosen: Some(0),
+            secret: Secret([7; 16]),
+            last_no: None,
+            connected: None,
+        };
+        (wire, theirs)
+    }
+
+    /// A client's handshake message that did not go out says so ([`NotSent`]), whatever
+    /// stopped it: the door closed (before, taken as sent, and the client waited for a final
+    /// word), or the connection's sender gone (before, also taken as sent). The client may then
+    /// stay TCP after its Confirm, since the server commits only on a Confirm it read.
+    #[tokio::test]
+    async fn a_client_message_that_did_not_go_out_says_so() {
+        let confirm = [1u8; 24];
+        // Sent: the door reads it.
+        let (mut wire, door) = client_wire(&tokio::runtime::Handle::current());
+        wire.send(&confirm).await.expect("sent");
+        let mut ids = Vec::new();
+        assert!(!drain(&door, &mut ids));
+        assert_eq!(ids, [1]);
+        // The door closed.
+        let (mut wire, door) = client_wire(&tokio::runtime::Handle::current());
+        drop(door);
+        let err = wire.send(&confirm).await.expect_err("the door is closed");
+        assert!(NotSent::of(&err).is_some(), "{err:?}");
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+        // The sender went away with its runtime before it sent.
+        let other = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+        let (mut wire, door) = client_wire(other.handle());
+        // Queued behind a frame, so that it waits for the sender (a lone frame goes at once).
+        wire.doors[0]
+            .as_ref()
+            .unwrap()
+            .conn
+            .sock
+            .push(|b| {
+                DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 9 }.encode_into(b, &[]);
+            })
+            .expect("queued");
+        let send = tokio::spawn(async move { wire.send(&confirm).await });
+        tokio::task::yield_now().await;
+        tokio::task::spawn_blocking(move || drop(other)).await.expect("the runtime dropped");
+        let err = send.await.expect("the send's task").expect_err("its sender is gone");
+        assert!(NotSent::of(&err).is_some(), "{err:?}");
+        let mut ids = Vec::new();
+        drain(&door, &mut ids);
+        assert!(ids.is_empty(), "nothing went out: {ids:?}");
+    }
+
     fn server_conn() -> (Arc<ServerConn>, OwnedFd) {
         let (ours, theirs) = sys::unix_pair(libc::SOCK_SEQPACKET).expect("a socket pair");
         let fd = watch(PeerFd::new(ours)).expect("register with the runtime");

@@ -411,9 +411,10 @@ mod tests {
         let second = out.push(t0(), |b| cancel(b, 2)).unwrap();
         let (first_wakes, a) = counter();
         let (later_wakes, b) = counter();
+        // The later message's author first: the earlier one's goes in before it.
         for _ in 0..3 {
-            assert!(out.poll_over(first, &mut Context::from_waker(&a)).is_pending());
             assert!(out.poll_over(second, &mut Context::from_waker(&b)).is_pending());
+            assert!(out.poll_over(first, &mut Context::from_waker(&a)).is_pending());
         }
         out.sent(n, None, msg);
         assert_eq!(first_wakes.0.load(Ordering::Relaxed), 1, "the sent message's author, once");
@@ -427,6 +428,34 @@ mod tests {
         out.sent(n, Some(io::ErrorKind::BrokenPipe), msg);
         assert_eq!(later_wakes.0.load(Ordering::Relaxed), 1);
         assert_eq!(third_wakes.0.load(Ordering::Relaxed), 1, "a failure ends every later message");
+        for (m, w) in [(second, &b), (third, &c)] {
+            assert!(matches!(out.poll_over(m, &mut Context::from_waker(w)), Poll::Ready(Err(_))), "message {m}");
+        }
+
+        // Failing everything (a close; an overflow and an abandoned sender share it) wakes
+        // every author, of every message.
+        let out = Outbox::default();
+        let counters: Vec<_> = (0..3u64)
+            .map(|id| {
+                let m = out.push(t0(), |b| cancel(b, id)).unwrap();
+                let (wakes, w) = counter();
+                assert!(out.poll_over(m, &mut Context::from_waker(&w)).is_pending());
+                if id < 2 {
+                    let Taken { .. } = out.take().unwrap();
+                    out.sent(m, None, Vec::new());
+                    assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
+                }
+                (m, wakes, w)
+            })
+            .collect();
+        let (m, wakes, w) = &counters[2];
+        let (also, w2) = counter();
+        let next = out.push(t0(), |b| cancel(b, 9)).unwrap();
+        assert!(out.poll_over(next, &mut Context::from_waker(&w2)).is_pending());
+        out.close();
+        assert_eq!(wakes.0.load(Ordering::Relaxed), 1);
+        assert_eq!(also.0.load(Ordering::Relaxed), 1);
+        assert!(matches!(out.poll_over(*m, &mut Context::from_waker(w)), Poll::Ready(Err(_))));
     }
 
     /// A message never holds more frames or bytes than a receiver takes.
