@@ -1125,18 +1125,36 @@ mod tests {
     /// read later: the client would talk over shared memory to an application reading TCP.
     #[tokio::test]
     async fn a_connection_handed_out_plain_before_its_registration_was_read_stays_tcp() {
+        handed_out_plain_then_read(|door, on| door.stall_reads_for_test(on)).await;
+    }
+
+    /// The same while the door takes no new door connection because the process's descriptor
+    /// closers are congested (before Linux 6.16): the client's new door connection, with its
+    /// registration, waits in the door's queue, and the connection is handed out as TCP. A
+    /// look-up took that for "everything read" and did not note the connection as missed: once
+    /// the closers came free, the registration was read, answered at once (a solo door) and
+    /// committed, with the application reading TCP (the client was committed to SMC).
+    #[tokio::test]
+    async fn a_connection_handed_out_plain_while_door_connections_wait_stays_tcp() {
+        handed_out_plain_then_read(|door, on| door.congest_for_test(on)).await;
+    }
+
+    /// A client connects while `fault` keeps the door from reading its registration; the
+    /// listener hands the connection out as TCP; the fault ends, and the client, its handshake
+    /// bound far beyond the test's, must be TCP too, the bytes going both ways.
+    async fn handed_out_plain_then_read(fault: impl Fn(&crate::door::Door, bool)) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let door = listener.shared.door.as_ref().expect("a door");
-        door.stall_reads_for_test(true);
+        fault(door, true);
         // A handshake bound far beyond the test's: the verdict is the door's, not a timeout's.
         let client = tokio::spawn(async move {
             crate::SmcStream::builder().handshake_timeout(Duration::from_secs(60)).connect(addr).await
         });
         let (mut server, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept()).await.unwrap().unwrap();
         assert!(!server.transport().is_smc(), "{}", server.transport());
-        door.stall_reads_for_test(false);
+        fault(door, false);
         let mut client =
             tokio::time::timeout(Duration::from_secs(10), client).await.expect("no verdict").unwrap().unwrap();
         assert!(!client.transport().is_smc(), "the client was committed to {}", client.transport());
