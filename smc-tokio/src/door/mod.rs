@@ -553,6 +553,10 @@ pub(crate) struct Door {
     listen_port: u16,
     /// The address it listens on, unless it is the wildcard (then any of this host's).
     listen_ip: Option<std::net::IpAddr>,
+    /// Which families a wildcard listener receives (IPv4, IPv6): `0.0.0.0` IPv4 only, `::`
+    /// both, or IPv6 only with `IPV6_V6ONLY` (then another process may listen on `0.0.0.0` of
+    /// the same port, and an IPv4 connection is its, however its client registered here).
+    wildcard_receives: (bool, bool),
     /// The door's listener refuses descriptors (`SO_PASSRIGHTS` off, Linux 6.16 and later), and
     /// so does every connection it accepts, from the moment its client connects (the kernel
     /// copies the option, [`sys::refusal_inherited`]): nothing but bytes can be queued in them,
@@ -918,11 +922,12 @@ impl Door {
     /// address. `None` when all are taken (more listeners in one reuseport group than doors, or
     /// someone squatting on the names), or the kernel cannot tell who owns a connection
     /// (no `sock_diag`): the listener then serves TCP only. `device`: the interface the listener
-    /// is bound to (0: none), which its connections' look-ups must name.
+    /// is bound to (0: none), which its connections' look-ups must name; `v6_only`: an IPv6
+    /// listener's `IPV6_V6ONLY`.
     pub(crate) fn open(
         base: Arc<GlobalSettings>,
         counters: Arc<Counters>,
-        (local, device): (SocketAddr, u32),
+        (local, device, v6_only): (SocketAddr, u32, bool),
         settings: Overrides,
         reuseport: bool,
     ) -> Option<Door> {
@@ -965,6 +970,10 @@ impl Door {
                         inert_conns,
                         listen_port: local.port(),
                         listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
+                        wildcard_receives: match local.ip() {
+                            IpAddr::V4(_) => (true, false),
+                            IpAddr::V6(_) => (!v6_only, true),
+                        },
                         blind: AtomicBool::new(false),
                         #[cfg(test)]
                         stalled: AtomicBool::new(false),
@@ -1516,6 +1525,17 @@ impl Door {
         std::mem::take(&mut self.lock().early)
     }
 
+    /// Whether a connection to `server` (unmapped) can come to this listener: to its port, and
+    /// to its address, or, on a wildcard, in a family the wildcard receives.
+    fn receives(&self, server: SocketAddr) -> bool {
+        server.port() == self.listen_port
+            && match (self.listen_ip, server.ip()) {
+                (Some(ip), at) => ip == at,
+                (None, IpAddr::V4(_)) => self.wildcard_receives.0,
+                (None, IpAddr::V6(_)) => self.wildcard_receives.1,
+            }
+    }
+
     /// Whether the connection a client says it made for the early registration `key` is the
     /// one the kernel has, from a socket with the registered cookie, owned by the registrant's
     /// uid, established, and towards our port. If so, its accept is matched by that four-tuple.
@@ -1535,10 +1555,7 @@ impl Door {
         // Not to us (a connection to the same port of another of this host's addresses, where
         // another listener may serve it, would pin a slot of ours for nothing), or handed out as
         // plain TCP already, before this registration was read.
-        if server.port() != self.listen_port
-            || self.listen_ip.is_some_and(|ip| ip != server.ip())
-            || st.missed_set.contains(&(client, server))
-        {
+        if !self.receives(server) || st.missed_set.contains(&(client, server)) {
             return false;
         }
         let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };

@@ -566,7 +566,8 @@ impl SmcListenerBuilder {
 /// The door of a listener on `local` (none under [`Policy::TcpOnly`] at bind, or when it
 /// cannot open). The door reads the uids it trusts from `settings` whenever it takes knocks,
 /// so a run-time change of the allowed uids reaches it. The listener's socket tells the device
-/// it is bound to, which the door's look-ups of its connections name.
+/// it is bound to, which the door's look-ups of its connections name, and, on IPv6, whether it
+/// receives IPv4 connections too.
 fn open_door(
     ctx: &SmcContext,
     settings: &Overrides,
@@ -576,7 +577,7 @@ fn open_door(
     match (settings.resolve(ctx.settings()).policy, local) {
         (Policy::TcpOnly, _) => None,
         (_, Ok(local)) => {
-            let at = (local, crate::sys::bound_device(sock));
+            let at = (local, crate::sys::bound_device(sock), crate::sys::v6_only(sock));
             Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), at, settings.clone(), reuseport)
         }
         (_, Err(e)) => {
@@ -1137,6 +1138,46 @@ mod tests {
     #[tokio::test]
     async fn a_connection_handed_out_plain_while_door_connections_wait_stays_tcp() {
         handed_out_plain_then_read(|door, on| door.congest_for_test(on)).await;
+    }
+
+    /// A solo door answers a registration before its connection comes, and a client of an IPv4
+    /// address registers at the door of the IPv6 wildcard of its port when no `0.0.0.0` door is
+    /// there. A `::` listener with `IPV6_V6ONLY` receives no IPv4 connection: another socket
+    /// (here a plain listener; it could be another user's) may listen on `0.0.0.0` of the same
+    /// port and get the connection. The door must not commit it: before, it checked the port
+    /// alone, and the client went to shared memory with a listener that never got its
+    /// connection, while the plain server waited for its bytes.
+    #[tokio::test]
+    async fn a_v6_only_wildcard_never_commits_a_connection_that_went_to_ipv4() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
+        sock.set_only_v6(true).unwrap();
+        sock.bind(&"[::]:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        sock.listen(128).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let listener = SmcListener::builder().from_std(sock.into()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let plain = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.expect("0.0.0.0 of the port is free");
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let client = tokio::spawn(async move {
+            crate::SmcStream::builder().handshake_timeout(Duration::from_secs(60)).connect(addr).await
+        });
+        let (mut server, _) = tokio::time::timeout(Duration::from_secs(10), plain.accept()).await.unwrap().unwrap();
+        let mut client =
+            tokio::time::timeout(Duration::from_secs(10), client).await.expect("no verdict").unwrap().unwrap();
+        assert!(!client.transport().is_smc(), "the client was committed to {}", client.transport());
+        client.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(10), server.read_exact(&mut b)).await.unwrap().unwrap();
+        assert_eq!(&b, b"ping");
+        server.write_all(b"pong").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut b)).await.unwrap().unwrap();
+        assert_eq!(&b, b"pong");
+        // An IPv6 client of the same listener still gets shared memory.
+        let v6: std::net::SocketAddr = format!("[::1]:{port}").parse().unwrap();
+        let (c, s) = tokio::join!(crate::SmcStream::connect(v6), listener.accept());
+        assert!(c.unwrap().transport().is_smc());
+        assert!(s.unwrap().0.transport().is_smc());
     }
 
     /// A client connects while `fault` keeps the door from reading its registration; the

@@ -218,6 +218,12 @@ pub(crate) fn bound_device(fd: std::os::fd::BorrowedFd<'_>) -> u32 {
     }
 }
 
+/// Whether the socket `fd` is an IPv6 socket with `IPV6_V6ONLY` set (it receives no IPv4
+/// connection); `false` for an IPv4 socket, or when the kernel does not say.
+pub(crate) fn v6_only(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    socket2::SockRef::from(&fd).only_v6().unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
