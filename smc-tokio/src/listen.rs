@@ -508,9 +508,10 @@ async fn serve_early(
     let t = match outcome {
         Ok(Outcome::Smc { .. }) => {
             let Some(conn) = pending.conn.take() else { return };
-            // Committed: the connection is ours to hand out once the listener accepts it (the
-            // sweep drops the registration, and with it the wait, after 30 s; the listener's
-            // close ends it too).
+            // Committed: the connection is ours to hand out once the listener accepts it, which
+            // may be late (the application does not accept, and its ready queue is full): the
+            // sweep keeps the registration, and with it the wait, while the kernel holds our
+            // end of the connection, up to five minutes; the listener's close ends it too.
             let tcp = shared.unless_closed(tcp_rx).await.and_then(Result::ok);
             match tcp {
                 Some((tcp, peer)) => {

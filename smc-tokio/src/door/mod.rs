@@ -81,6 +81,14 @@ const MAX_DOORS: u32 = 16;
 /// registration older than this has been cancelled, or its client misbehaves.
 const ENTRY_TTL: Duration = Duration::from_secs(30);
 
+/// How long a registration whose connection a solo door saw (`Door::verify`, then its handshake
+/// committed or declined it) is kept at the most while the kernel still holds our end of that
+/// connection, unaccepted: the listener takes no connection from the kernel while its
+/// application does not accept (its ready queue is full), and dropping the registration then
+/// handed a connection committed to shared memory out as TCP later. Ten times [`ENTRY_TTL`]:
+/// past five minutes in the kernel's queue a client has long given up.
+const VERIFIED_TTL: Duration = Duration::from_secs(300);
+
 /// Registrations a door holds at once, at most; beyond it, new ones are answered "congested"
 /// at once. A registration costs no descriptor, only its entry and its Proposal (about 200
 /// bytes): 16 384 hold the registrations of 10 000 clients connecting at once with room to spare,
@@ -1382,7 +1390,10 @@ impl Door {
         }
         tracing::warn!(why, door = %String::from_utf8_lossy(&self.name), "cannot prove who owns a connection: this listener serves tcp only");
         self.close();
-        let held: Vec<(Arc<ServerConn>, u64)> = st.entries.values().flatten().map(|e| (e.conn.clone(), e.id)).collect();
+        // Registrations whose connections a handshake saw already are kept: those handshakes
+        // may have committed, and take their connections when they come (`take`).
+        let held: Vec<(Arc<ServerConn>, u64)> =
+            st.entries.values().flatten().filter(|e| e.verified.is_none()).map(|e| (e.conn.clone(), e.id)).collect();
         for (conn, id) in held {
             st.remove(&conn, id);
             conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
@@ -1404,6 +1415,15 @@ impl Door {
         self.congested.store(on, Ordering::Relaxed);
     }
 
+    /// Test hook: every registration is `by` older.
+    #[cfg(test)]
+    fn age_for_test(&self, by: Duration) {
+        let mut st = self.lock();
+        for e in st.entries.values_mut().flatten() {
+            e.since = e.since.checked_sub(by).expect("a clock this old");
+        }
+    }
+
     /// Test hook: the door goes blind as when the kernel cannot say who owns a connection.
     #[cfg(test)]
     pub(crate) fn go_blind_for_test(&self) {
@@ -1411,7 +1431,9 @@ impl Door {
         self.go_blind(&mut st, "test");
     }
 
-    /// Drops registrations that waited too long for their connections.
+    /// Drops registrations that waited too long for their connections ([`ENTRY_TTL`]), but for
+    /// those whose connections a solo door saw while the kernel still holds our end of them, for
+    /// the listener to accept ([`VERIFIED_TTL`]).
     pub(crate) fn sweep(&self) {
         let mut st = self.lock();
         let mut budget = TURN_READS;
@@ -1420,7 +1442,16 @@ impl Door {
             .entries
             .values()
             .flatten()
-            .filter(|e| e.since.elapsed() >= ENTRY_TTL)
+            .filter(|e| {
+                let age = e.since.elapsed();
+                match e.verified {
+                    None => age >= ENTRY_TTL,
+                    // Unless the kernel says our end is gone (reset before the accept).
+                    Some((client, server)) => {
+                        age >= VERIFIED_TTL || (age >= ENTRY_TTL && matches!(self.diag.owner(server, client), Ok(None)))
+                    }
+                }
+            })
             .map(|e| (e.conn.clone(), e.id))
             .collect();
         for (conn, id) in stale {
@@ -1428,22 +1459,13 @@ impl Door {
         }
     }
 
-    /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
-    /// and uid are those of that connection's client end, as the kernel tells them now. Asked
-    /// at every accept, also for a registration whose connection `verify` saw: what it saw was
-    /// a four-tuple at that moment, and a four-tuple outlives its socket (a registrant that
-    /// reset the connection it had verified left the tuple to whoever connected from that port
-    /// next, of any uid; cookies never repeat). The client end may have closed since (its
-    /// application wrote and closed); a registration verified on this tuple whose socket the
-    /// kernel no longer has, or that another socket holds now, ends here.
-    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
+    /// The place, in the list filed under its port, of the registration whose cookie and uid
+    /// the kernel's record of `tuple`'s client end names ([`take`](Self::take)), given the
+    /// place of the one whose handshake saw that tuple (`verified`), if any.
+    fn owned(&self, st: &mut DoorState, tuple: (SocketAddr, SocketAddr), verified: Option<usize>) -> Option<usize> {
+        let (peer, local) = tuple;
         let list = st.entries.get(&peer.port())?;
-        if self.blind.load(Ordering::Relaxed) {
-            return None;
-        }
-        let tuple = (peer, local);
-        let verified = list.iter().position(|e| e.verified == Some(tuple));
-        let found = match self.diag.owner(peer, local) {
+        match self.diag.owner(peer, local) {
             // The registrant's uid, or, for the socket `verify` saw established with that uid,
             // none: once closed, it lives on as a timewait socket, whose uid the kernel reports
             // as 0 (its cookie stays, and cookies never repeat).
@@ -1474,6 +1496,31 @@ impl Door {
                     None
                 }
             }
+        }
+    }
+
+    /// Takes the registration for a connection from `peer` to `local`: the one whose cookie
+    /// and uid are those of that connection's client end, as the kernel tells them now. Asked
+    /// at every accept, also for a registration whose connection `verify` saw: what it saw was
+    /// a four-tuple at that moment, and a four-tuple outlives its socket (a registrant that
+    /// reset the connection it had verified left the tuple to whoever connected from that port
+    /// next, of any uid; cookies never repeat). The client end may have closed since (its
+    /// application wrote and closed); a registration verified on this tuple whose socket the
+    /// kernel no longer has, or that another socket holds now, ends here.
+    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
+        let list = st.entries.get(&peer.port())?;
+        let tuple = (peer, local);
+        let verified = list.iter().position(|e| e.verified == Some(tuple));
+        let found = if self.blind.load(Ordering::Relaxed) {
+            // The kernel cannot say whose the four-tuple is now: only a registration whose
+            // connection a handshake saw on it, before the door went blind, takes it (that
+            // handshake may have committed: handed out as TCP, its connection split). Should
+            // its client have reset that connection and another socket taken the tuple since,
+            // the handshake's connection is aborted with it, and the application reads an
+            // error, never another client's bytes.
+            verified
+        } else {
+            self.owned(st, tuple, verified)
         };
         let Some(i) = found else {
             if let Some(i) = verified {
@@ -2668,6 +2715,66 @@ mod tests {
         assert!(door.take(&mut st, client, server).is_none(), "another socket's connection matched the registration");
         assert_eq!(st.count, 0, "the registration, whose connection is gone, ended");
         assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
+    }
+
+    /// A registration whose connection a solo door saw (its handshake ran, and may have
+    /// committed) lives while the kernel holds our end of that connection unaccepted (an
+    /// application that does not accept keeps the listener from taking connections from the
+    /// kernel): the sweep dropped it after 30 s, and the connection, accepted later, went out
+    /// as TCP with its client on shared memory. Once our end is gone, it goes; and a door gone
+    /// blind meanwhile keeps it for its handshake (before, it dropped it, and handed its
+    /// connection out as TCP).
+    #[tokio::test]
+    async fn a_seen_registration_waits_for_its_connection_while_the_kernel_holds_it() {
+        use crate::proto::clc::ShmOffer;
+        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        // A listening socket that never accepts: connections wait in its queue.
+        let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = queue.local_addr().unwrap();
+        let ctx = crate::Context::new();
+        let door = Door::open(
+            ctx.settings_handle().clone(),
+            ctx.counters().clone(),
+            (server, 0, false),
+            Overrides::default(),
+            false,
+        )
+        .expect("a door");
+        let seen = |id: u64| {
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+            let client = sock.local_addr().unwrap().as_socket().unwrap();
+            let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
+            let frame = RegisterHead { instance: 1, cookie, port: client.port() }
+                .encode_frame(id, &proposal(Some(ShmOffer { link_group: 0 })));
+            let door_conn = sys::seqpacket_connect(door.name()).unwrap();
+            sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+            sock.connect(&server.into()).unwrap();
+            let mut st = door.lock();
+            let _ = door.drain(&mut st);
+            let conn = st.conns.last().expect("the door connection").clone();
+            drop(st);
+            let key = EarlyKey { conn, id };
+            assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+            (sock, client, door_conn)
+        };
+        let (first, client, _c1) = seen(7);
+        door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+        door.sweep();
+        assert_eq!(door.lock().count, 1, "dropped while its connection waits in the kernel's queue");
+        // Reset by its client before the accept: our end is gone, and so is the registration.
+        first.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(first);
+        door.sweep();
+        assert_eq!(door.lock().count, 0, "kept for a connection that is gone");
+        // Blind: the registration is kept for its handshake, which takes its connection.
+        let (_second, client2, _c2) = seen(8);
+        door.go_blind_for_test();
+        assert_eq!(door.lock().count, 1, "a seen registration was dropped as the door went blind");
+        let mut st = door.lock();
+        assert!(door.take(&mut st, client, server).is_none());
+        assert!(matches!(door.take(&mut st, client2, server), Some(Matched::Early(_))));
+        assert_eq!(st.count, 0);
     }
 
     /// Trusted clients that keep many door connections full do not keep the listener from
