@@ -197,6 +197,16 @@ pub const DEFAULT_PEEK_TIMEOUT: Duration = Duration::from_millis(200);
 /// the kernel's `CLC_WAIT_TIME` (2 s, net/smc/smc_clc.h).
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The shortest handshake bound taken ([`Settings::handshake_timeout`]; less is this): 0 failed
+/// every handshake before its first message could be answered, where a same-host one takes
+/// about 100 us on the 2-vCPU VM (`smcperf`'s `crr` handshake times).
+pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// The longest handshake or peek bound taken (more is this): an hour is past any handshake,
+/// and a bound near `Duration::MAX` overflowed the `Instant` arithmetic of the handshake's
+/// deadlines (a panic).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// How long a client remembers that a server answered as plain TCP, so it does not pay a
 /// failed proposal and a reconnect on every connection. A minute bounds the cost of a server
 /// that is upgraded to SMC while clients run, at one failed proposal per minute per server
@@ -1023,18 +1033,20 @@ pub struct Settings {
     pub inband_peers: InbandPeers,
     /// How long a listener that can do SMC-R waits for the first bytes of a client on another
     /// host (which can only propose in-band). Same-host clients never wait: they announce
-    /// themselves at the listener's door before they connect.
+    /// themselves at the listener's door before they connect. At most [`MAX_TIMEOUT`].
     pub peek_timeout: Duration,
     /// Bound on a handshake. A client with more than 1024 connections to one listener in
     /// flight (from one runtime) also waits in line at most this long for one to end before it
     /// connects, and goes plain TCP past it, or at once when the line stands still for a second.
+    /// Taken within [`MIN_HANDSHAKE_TIMEOUT`] and [`MAX_TIMEOUT`].
     pub handshake_timeout: Duration,
     /// How long a client remembers a plain TCP server.
     pub negative_cache_ttl: Duration,
     /// Serve TCP at once, declining as congested, when `max_pending_handshakes` are running
     /// (the kernel's `SMC_LIMIT_HS`). Off: wait in a bounded queue.
     pub limit_handshake: bool,
-    /// Handshakes a listener runs at once (and, on the client side, per process).
+    /// Handshakes a listener runs at once (and, on the client side, per process); at least 1
+    /// (0 is taken as 1: with none, every connection went TCP).
     pub max_pending_handshakes: usize,
     /// Shared-memory settings.
     pub shm: ShmConfig,
@@ -1387,7 +1399,20 @@ impl Overrides {
         if let Some(v) = self.kernel {
             s.kernel = v;
         }
-        s
+        s.bounded()
+    }
+}
+
+impl Settings {
+    /// These settings with each value where the crate can work with it, however it was set
+    /// (a builder, an environment variable, [`Settings`] given whole): a handshake bound
+    /// within [`MIN_HANDSHAKE_TIMEOUT`] and [`MAX_TIMEOUT`], a peek bound within
+    /// [`MAX_TIMEOUT`], at least one handshake at once.
+    fn bounded(mut self) -> Settings {
+        self.handshake_timeout = self.handshake_timeout.clamp(MIN_HANDSHAKE_TIMEOUT, MAX_TIMEOUT);
+        self.peek_timeout = self.peek_timeout.min(MAX_TIMEOUT);
+        self.max_pending_handshakes = self.max_pending_handshakes.max(1);
+        self
     }
 }
 

@@ -90,7 +90,8 @@ pub(crate) async fn establish(
     };
     // A server that failed an in-band handshake, or whose SMC connections keep ending too
     // soon to pay off (adaptive fallback), is left alone for a while.
-    if ctx.negative_cache().contains(addr, Instant::now()) {
+    let asker = crate::negative_cache::Asker { ttl: cfg.negative_cache_ttl, adaptive: cfg.adaptive_min_bytes > 0 };
+    if ctx.negative_cache().contains(addr, Instant::now(), asker) {
         let kernel = kernel_socket(ctx, cfg, addr, user);
         return plain(ctx, cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }

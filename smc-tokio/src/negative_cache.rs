@@ -9,9 +9,29 @@ use std::time::{Duration, Instant};
 /// client talking to more distinct plain servers than this within one TTL simply re-probes some.
 const CAPACITY: usize = 4096;
 
+/// Why and since when a server is remembered, and until when its rememberer wanted it.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    since: Instant,
+    until: Instant,
+    /// Remembered by adaptive fallback (its SMC connections kept ending too soon), not for
+    /// answering as plain TCP: it holds for connections that use adaptive fallback only.
+    adaptive: bool,
+}
+
+/// How a connection asks the cache ([`NegativeCache::contains`]): with its own TTL (an entry
+/// older than that, or any entry when it is 0, does not hold for it) and whether it uses
+/// adaptive fallback. The cache is its context's: a builder's settings limit what holds for
+/// its own connections, not what other builders remember.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asker {
+    pub(crate) ttl: Duration,
+    pub(crate) adaptive: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct NegativeCache {
-    entries: Mutex<HashMap<SocketAddr, Instant>>,
+    entries: Mutex<HashMap<SocketAddr, Entry>>,
     /// Consecutive handshake timeouts per server, for [`NegativeCache::insert_backoff`].
     timeouts: Mutex<HashMap<SocketAddr, u32>>,
     /// Adaptive fallback: consecutive short SMC connections per server.
@@ -19,11 +39,15 @@ pub(crate) struct NegativeCache {
 }
 
 impl NegativeCache {
-    /// Whether `peer` is remembered as plain at `now`; expired entries are dropped.
-    pub(crate) fn contains(&self, peer: SocketAddr, now: Instant) -> bool {
+    /// Whether `peer` is remembered at `now`, for `asker`; expired entries are dropped.
+    pub(crate) fn contains(&self, peer: SocketAddr, now: Instant, asker: Asker) -> bool {
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         match map.get(&peer) {
-            Some(&until) if until > now => true,
+            Some(e) if e.until > now => {
+                !asker.ttl.is_zero()
+                    && (!e.adaptive || asker.adaptive)
+                    && e.since.checked_add(asker.ttl).is_none_or(|end| end > now)
+            }
             Some(_) => {
                 map.remove(&peer);
                 false
@@ -34,20 +58,27 @@ impl NegativeCache {
 
     /// Remembers `peer` as plain until `now + ttl`.
     pub(crate) fn insert(&self, peer: SocketAddr, now: Instant, ttl: Duration) {
+        self.remember(peer, now, ttl, false);
+    }
+
+    /// Remembers `peer` until `now + ttl`, by adaptive fallback or not.
+    fn remember(&self, peer: SocketAddr, now: Instant, ttl: Duration, adaptive: bool) {
         if ttl.is_zero() {
             return;
         }
+        // A TTL past what an `Instant` can hold is forever.
+        let until = now.checked_add(ttl).unwrap_or(now + Duration::from_secs(u64::from(u32::MAX)));
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= CAPACITY && !map.contains_key(&peer) {
-            map.retain(|_, until| *until > now);
+            map.retain(|_, e| e.until > now);
             if map.len() >= CAPACITY {
                 // Still full of live entries: forget the one that expires first.
-                if let Some(oldest) = map.iter().min_by_key(|(_, u)| **u).map(|(k, _)| *k) {
+                if let Some(oldest) = map.iter().min_by_key(|(_, e)| e.until).map(|(k, _)| *k) {
                     map.remove(&oldest);
                 }
             }
         }
-        map.insert(peer, now + ttl);
+        map.insert(peer, Entry { since: now, until, adaptive });
     }
 
     /// Remembers `peer`, whose handshake timed out, for `base` doubled by each consecutive
@@ -94,7 +125,7 @@ impl NegativeCache {
             strikes.remove(&peer);
             drop(strikes);
             tracing::debug!(%peer, "adaptive fallback: short smc connections; proposing no more for a while");
-            self.insert(peer, Instant::now(), ttl);
+            self.remember(peer, Instant::now(), ttl, true);
             return true;
         }
         false
@@ -114,18 +145,21 @@ mod tests {
         SocketAddr::from(([127, 0, 0, 1], port))
     }
 
+    /// A connection that takes whatever the cache holds.
+    const ANY: Asker = Asker { ttl: Duration::MAX, adaptive: true };
+
     #[test]
     fn ttl_expiry() {
         let c = NegativeCache::default();
         let now = Instant::now();
         let ttl = Duration::from_secs(10);
-        assert!(!c.contains(addr(1), now));
+        assert!(!c.contains(addr(1), now, ANY));
         c.insert(addr(1), now, ttl);
-        assert!(c.contains(addr(1), now + ttl / 2));
-        assert!(!c.contains(addr(1), now + ttl));
+        assert!(c.contains(addr(1), now + ttl / 2, ANY));
+        assert!(!c.contains(addr(1), now + ttl, ANY));
         assert_eq!(c.len(), 0, "expired entry dropped on lookup");
         c.insert(addr(3), now, Duration::ZERO);
-        assert!(!c.contains(addr(3), now));
+        assert!(!c.contains(addr(3), now, ANY));
     }
 
     #[test]
@@ -138,9 +172,9 @@ mod tests {
         assert!(!c.record_smc_conn(addr(9), true, ttl)); // a long connection resets the count
         assert!(!c.record_smc_conn(addr(9), false, ttl));
         assert!(!c.record_smc_conn(addr(9), false, ttl));
-        assert!(!c.contains(addr(9), now));
+        assert!(!c.contains(addr(9), now, ANY));
         assert!(c.record_smc_conn(addr(9), false, ttl));
-        assert!(c.contains(addr(9), Instant::now()));
+        assert!(c.contains(addr(9), Instant::now(), ANY));
     }
 
     #[test]
@@ -149,7 +183,7 @@ mod tests {
         let now = Instant::now();
         let (base, max) = (Duration::from_secs(2), Duration::from_secs(60));
         let ttl_after = |c: &NegativeCache| {
-            let until = *c.entries.lock().unwrap().get(&addr(7)).unwrap();
+            let until = c.entries.lock().unwrap().get(&addr(7)).unwrap().until;
             until - now
         };
         c.insert_backoff(addr(7), now, base, max);
@@ -165,6 +199,35 @@ mod tests {
         assert_eq!(ttl_after(&c), base, "an answer resets the backoff");
     }
 
+    /// The cache is its context's, and every builder's connections ask it: what holds for a
+    /// connection is limited by its own settings. A TTL of 0 ("no cache") finds nothing; a
+    /// shorter TTL ends an entry earlier for it; an entry of adaptive fallback holds only for
+    /// connections that use it. (Before, a server one builder remembered was left alone by
+    /// every connection of the context, also those whose builders turned the cache or adaptive
+    /// fallback off.) A TTL too long for an `Instant` is forever, not a panic.
+    #[test]
+    fn what_holds_for_a_connection_is_limited_by_its_own_settings() {
+        let c = NegativeCache::default();
+        let now = Instant::now();
+        c.insert(addr(1), now, Duration::from_secs(60));
+        let asker = |secs: u64, adaptive: bool| Asker { ttl: Duration::from_secs(secs), adaptive };
+        assert!(!c.contains(addr(1), now, asker(0, true)), "a connection without a cache found an entry");
+        assert!(c.contains(addr(1), now + Duration::from_secs(5), asker(10, false)));
+        assert!(!c.contains(addr(1), now + Duration::from_secs(20), asker(10, false)), "older than the asker's TTL");
+        assert!(c.contains(addr(1), now + Duration::from_secs(20), asker(60, false)));
+        let ttl = Duration::from_secs(60);
+        for _ in 0..crate::config::ADAPTIVE_STRIKES {
+            c.record_smc_conn(addr(2), false, ttl);
+        }
+        assert!(c.contains(addr(2), Instant::now(), asker(60, true)));
+        assert!(
+            !c.contains(addr(2), Instant::now(), asker(60, false)),
+            "adaptive fallback for a connection without it"
+        );
+        c.insert(addr(3), now, Duration::MAX);
+        assert!(c.contains(addr(3), now + Duration::from_secs(3600), ANY));
+    }
+
     #[test]
     fn capacity_is_bounded() {
         let c = NegativeCache::default();
@@ -174,7 +237,7 @@ mod tests {
         }
         assert_eq!(c.len(), CAPACITY);
         // The newest entry survived; the earliest-expiring ones were evicted.
-        assert!(c.contains(addr(CAPACITY as u16 + 99), now));
-        assert!(!c.contains(addr(0), now));
+        assert!(c.contains(addr(CAPACITY as u16 + 99), now, ANY));
+        assert!(!c.contains(addr(0), now, ANY));
     }
 }

@@ -358,3 +358,49 @@ async fn the_allowed_uids_reach_an_open_door_at_run_time() {
     assert!(allowed.contains("TRANSPORT smc-d"), "allowed at run time: {allowed}");
     assert!(peer().await.contains("TRANSPORT tcp ("), "no longer allowed");
 }
+
+/// Whom to trust is each connection's own: a door connection opened for a builder that trusts
+/// another uid's listener is no door for a builder that does not. (Before, connections of one
+/// runtime shared their door connections without a look at the owner, and the uid one builder
+/// allowed served every builder: the second connection here went to shared memory with a
+/// listener its builder did not trust.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_door_one_builder_trusts_serves_no_builder_that_does_not() {
+    use smc_tokio::config::ShmConfig;
+    use tokio::io::AsyncBufReadExt;
+    if !require_root("a_door_one_builder_trusts_serves_no_builder_that_does_not") {
+        return;
+    }
+    const OWNER: u32 = 65533;
+    let mut child = tokio::process::Command::new(PEER)
+        .arg("storm-serve")
+        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+        .uid(OWNER)
+        .gid(OWNER)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let port: u16 =
+        bounded(10, lines.next_line()).await.unwrap().unwrap().strip_prefix("PORT ").unwrap().parse().unwrap();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    // The listener answers 1024 bytes with the same.
+    let echo = |mut s: SmcStream| async move {
+        let data = tests::pattern(1024);
+        s.write_all(&data).await.unwrap();
+        let mut back = vec![0u8; 1024];
+        s.read_exact(&mut back).await.unwrap();
+        assert!(back == data);
+        s
+    };
+    let trusting = SmcStream::builder().shm(ShmConfig::default().allow_uid(OWNER));
+    let first = bounded(10, trusting.connect(addr)).await.unwrap();
+    assert_eq!(first.transport(), Transport::SmcD, "the builder that trusts the owner");
+    let first = bounded(10, echo(first)).await;
+    let second = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert!(!second.transport().is_smc(), "a builder that trusts only its own uid got {}", second.transport());
+    bounded(10, echo(second)).await;
+    drop(first);
+}

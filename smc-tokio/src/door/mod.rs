@@ -1968,6 +1968,15 @@ impl ClientDoors {
         let (room, place) = match map.get_mut(&key) {
             Some(pool) => {
                 pool.conns.retain(|c| !c.dead.load(Ordering::Acquire));
+                // Whom to trust is each connection's own (its builder's allowed uids): a
+                // connection opened for a builder that trusts the door's owner is no door for
+                // one that does not. (Before, a pooled connection was used without a look at
+                // its owner, and the owner a builder had allowed served every builder.)
+                if pool.conns.iter().any(|c| !c.owner.trusted(allowed_uids)) {
+                    tracing::debug!("door owned by a peer this connection does not trust: not registering");
+                    counters.door_refused();
+                    return Found::Untrusted;
+                }
                 let Some(place) = reserved.take_if(|p| p.of(&pool.room)).or_else(|| pool.room.try_take()) else {
                     return Found::Full(pool.room.clone());
                 };

@@ -387,8 +387,8 @@ impl SmcListenerBuilder {
 
     /// With `true` (the default), a connection that arrives when `max_pending_handshakes` are
     /// running is declined as congested and handed out as TCP at once; with `false` it waits
-    /// for a slot, in a queue as long as `max_pending_handshakes`, and is refused (closed) when
-    /// that queue is full too.
+    /// for a slot, in a queue as long as `max_pending_handshakes`, and is declined as
+    /// congested and handed out as TCP when that queue is full too.
     ///
     /// # Examples
     ///
@@ -1138,6 +1138,37 @@ mod tests {
     #[tokio::test]
     async fn a_connection_handed_out_plain_while_door_connections_wait_stays_tcp() {
         handed_out_plain_then_read(|door, on| door.congest_for_test(on)).await;
+    }
+
+    /// Values a handshake cannot work with are bounded wherever they come from: a builder's
+    /// `Duration::MAX` handshake bound (it panicked in the arithmetic of the handshake's
+    /// deadlines), a zero one (every handshake failed before it could be answered), and
+    /// settings given whole that allow no handshake at once (every connection went TCP).
+    #[tokio::test]
+    async fn out_of_range_settings_are_bounded_not_fatal() {
+        use crate::config::{Settings, MAX_TIMEOUT, MIN_HANDSHAKE_TIMEOUT};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = SmcListener::builder().handshake_timeout(Duration::ZERO).bind("127.0.0.1:0").await.unwrap();
+        assert_eq!(l.settings().handshake_timeout, MIN_HANDSHAKE_TIMEOUT);
+        let zero = l.local_addr().unwrap();
+        crate::testing::spawn_echo_of_five(l);
+        let builder = crate::SmcStream::builder().handshake_timeout(Duration::MAX);
+        assert_eq!(builder.settings().handshake_timeout, MAX_TIMEOUT);
+        let mut s = builder.connect(zero).await.expect("a connection, SMC or TCP");
+        s.write_all(b"hello").await.unwrap();
+        let mut b = [0u8; 5];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"hello");
+
+        let settings = Settings { max_pending_handshakes: 0, handshake_timeout: Duration::MAX, ..Settings::default() };
+        let ctx = crate::Context::with_settings(settings);
+        let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+        assert_eq!(l.settings().max_pending_handshakes, 1);
+        let addr = l.local_addr().unwrap();
+        let builder = crate::SmcStream::builder().context(&ctx);
+        let (c, a) = tokio::join!(builder.connect(addr), l.accept());
+        assert!(c.unwrap().transport().is_smc());
+        assert!(a.unwrap().0.transport().is_smc());
     }
 
     /// A solo door answers a registration before its connection comes, and a client of an IPv4

@@ -2405,6 +2405,13 @@ impl SmcStreamBuilder {
     /// process-wide value (the `SMC_TOKIO_*` variables, or [`config::global`](crate::config::global)'s update), so
     /// `ShmConfig::default().rmb_size(64 << 10)` leaves `SMC_TOKIO_SHM=0` in force.
     ///
+    /// Connections of a context to one server share a link group, which the first of them
+    /// shapes: its ring size (`rmb_size`, `rmb_max`), rings per group, busy polling, idle
+    /// timeout and polling window hold for every later connection of the group, whatever their
+    /// builders say. Whether to use shared memory at all (`enabled`) and whom to trust
+    /// (`allow_uid`) are each connection's own. A connection that needs other ring sizes uses
+    /// another [`Context`](crate::Context).
+    ///
     /// # Examples
     ///
     /// ```
