@@ -81,9 +81,9 @@ const MAX_DOORS: u32 = 16;
 /// registration older than this has been cancelled, or its client misbehaves.
 const ENTRY_TTL: Duration = Duration::from_secs(30);
 
-/// How long a registration whose connection a solo door saw (`Door::verify`, then its handshake
-/// committed or declined it) is kept at the most while the kernel still holds our end of that
-/// connection, unaccepted: the listener takes no connection from the kernel while its
+/// How long a registration whose connection a solo door saw (`Door::verify`; its handshake
+/// then committed, or is still on: one that declined lets it go) is kept at the most while the
+/// kernel still holds our end of that connection, unaccepted: the listener takes no connection from the kernel while its
 /// application does not accept (its ready queue is full), and dropping the registration then
 /// handed a connection committed to shared memory out as TCP later. Ten times [`ENTRY_TTL`]:
 /// past five minutes in the kernel's queue a client has long given up.
@@ -767,10 +767,18 @@ impl DoorState {
         true
     }
 
-    /// Ends a door connection: its registrations are dropped, its handshakes see the end.
+    /// Ends a door connection: its registrations are dropped, its handshakes see the end. Not
+    /// those whose connections a handshake saw (`Entry::verified`): committed, they wait for
+    /// their connections as ever (a client that made one connection closes its idle door
+    /// connection after 10 s, before a slow application's accept; dropped, the connection went
+    /// out as TCP with its client on shared memory). They hold the connection's descriptor
+    /// until then.
     fn close(&mut self, conn: &Arc<ServerConn>) {
         let ids: Vec<u64> = conn.pending().keys().copied().collect();
         for id in ids {
+            if self.entry_mut(conn, id).is_some_and(|(_, e)| e.verified.is_some()) {
+                continue;
+            }
             self.remove(conn, id);
         }
         for (_, inbox) in conn.live().drain() {
@@ -978,7 +986,7 @@ impl Door {
                         inert_conns,
                         listen_port: local.port(),
                         listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
-                        wildcard_receives: match local.ip() {
+                        wildcard_receives: match sys::unmap(local).ip() {
                             IpAddr::V4(_) => (true, false),
                             IpAddr::V6(_) => (!v6_only, true),
                         },
@@ -1446,9 +1454,13 @@ impl Door {
                 let age = e.since.elapsed();
                 match e.verified {
                     None => age >= ENTRY_TTL,
-                    // Unless the kernel says our end is gone (reset before the accept).
+                    // Unless the kernel says our end is gone (reset before the accept); a
+                    // blind door cannot ask.
                     Some((client, server)) => {
-                        age >= VERIFIED_TTL || (age >= ENTRY_TTL && matches!(self.diag.owner(server, client), Ok(None)))
+                        age >= VERIFIED_TTL
+                            || (age >= ENTRY_TTL
+                                && !self.blind.load(Ordering::Relaxed)
+                                && matches!(self.diag.owner(server, client), Ok(None)))
                     }
                 }
             })
@@ -1520,7 +1532,14 @@ impl Door {
             // error, never another client's bytes.
             verified
         } else {
-            self.owned(st, tuple, verified)
+            match self.owned(st, tuple, verified) {
+                // The look-up found the door blind (and dropped every registration no
+                // handshake saw): as above, from the list as it is now.
+                None if self.blind.load(Ordering::Relaxed) => {
+                    st.entries.get(&peer.port())?.iter().position(|e| e.verified == Some(tuple))
+                }
+                found => found,
+            }
         };
         let Some(i) = found else {
             if let Some(i) = verified {
@@ -2729,7 +2748,8 @@ mod tests {
     /// A registration whose connection a solo door saw (its handshake ran, and may have
     /// committed) lives while the kernel holds our end of that connection unaccepted (an
     /// application that does not accept keeps the listener from taking connections from the
-    /// kernel): the sweep dropped it after 30 s, and the connection, accepted later, went out
+    /// kernel), also when its client's door connection closes: the sweep dropped it after 30
+    /// s, and the door connection's end at once, and the connection, accepted later, went out
     /// as TCP with its client on shared memory. Once our end is gone, it goes; and a door gone
     /// blind meanwhile keeps it for its handshake (before, it dropped it, and handed its
     /// connection out as TCP).
@@ -2767,7 +2787,14 @@ mod tests {
             assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
             (sock, client, door_conn)
         };
-        let (first, client, _c1) = seen(7);
+        let (first, client, door_conn) = seen(7);
+        // Its client's door connection closes (an idle one does after 10 s).
+        drop(door_conn);
+        let mut st = door.lock();
+        let _ = door.drain(&mut st);
+        assert!(st.conns.is_empty(), "the door connection's end was not read");
+        assert_eq!(st.count, 1, "dropped with its door connection");
+        drop(st);
         door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
         door.sweep();
         assert_eq!(door.lock().count, 1, "dropped while its connection waits in the kernel's queue");
