@@ -1180,7 +1180,6 @@ mod tests {
     /// connection, while the plain server waited for its bytes.
     #[tokio::test]
     async fn a_v6_only_wildcard_never_commits_a_connection_that_went_to_ipv4() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
         sock.set_only_v6(true).unwrap();
         sock.bind(&"[::]:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
@@ -1196,6 +1195,20 @@ mod tests {
         let (mut server, _) = tokio::time::timeout(Duration::from_secs(10), plain.accept()).await.unwrap().unwrap();
         let mut client =
             tokio::time::timeout(Duration::from_secs(10), client).await.expect("no verdict").unwrap().unwrap();
+        plain_both_ways(&mut client, &mut server).await;
+        // An IPv6 client of the same listener still gets shared memory.
+        let v6: std::net::SocketAddr = format!("[::1]:{port}").parse().unwrap();
+        let (c, s) = tokio::join!(crate::SmcStream::connect(v6), listener.accept());
+        assert!(c.unwrap().transport().is_smc());
+        assert!(s.unwrap().0.transport().is_smc());
+    }
+
+    /// `client` is not on shared memory, and bytes go both ways between it and `server`.
+    async fn plain_both_ways(
+        client: &mut crate::SmcStream,
+        server: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         assert!(!client.transport().is_smc(), "the client was committed to {}", client.transport());
         client.write_all(b"ping").await.unwrap();
         let mut b = [0u8; 4];
@@ -1204,18 +1217,12 @@ mod tests {
         server.write_all(b"pong").await.unwrap();
         tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut b)).await.unwrap().unwrap();
         assert_eq!(&b, b"pong");
-        // An IPv6 client of the same listener still gets shared memory.
-        let v6: std::net::SocketAddr = format!("[::1]:{port}").parse().unwrap();
-        let (c, s) = tokio::join!(crate::SmcStream::connect(v6), listener.accept());
-        assert!(c.unwrap().transport().is_smc());
-        assert!(s.unwrap().0.transport().is_smc());
     }
 
     /// A client connects while `fault` keeps the door from reading its registration; the
     /// listener hands the connection out as TCP; the fault ends, and the client, its handshake
     /// bound far beyond the test's, must be TCP too, the bytes going both ways.
     async fn handed_out_plain_then_read(fault: impl Fn(&crate::door::Door, bool)) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = SmcListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let door = listener.shared.door.as_ref().expect("a door");
@@ -1229,13 +1236,6 @@ mod tests {
         fault(door, false);
         let mut client =
             tokio::time::timeout(Duration::from_secs(10), client).await.expect("no verdict").unwrap().unwrap();
-        assert!(!client.transport().is_smc(), "the client was committed to {}", client.transport());
-        client.write_all(b"ping").await.unwrap();
-        let mut b = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(10), server.read_exact(&mut b)).await.unwrap().unwrap();
-        assert_eq!(&b, b"ping");
-        server.write_all(b"pong").await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut b)).await.unwrap().unwrap();
-        assert_eq!(&b, b"pong");
+        plain_both_ways(&mut client, &mut server).await;
     }
 }
