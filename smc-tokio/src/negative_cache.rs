@@ -19,6 +19,17 @@ struct Entry {
     adaptive: bool,
 }
 
+/// Why a server is remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// It answered a proposal as plain TCP.
+    Plain,
+    /// Its handshake timed out: remembered for a backoff that grows with each timeout.
+    Backoff,
+    /// Adaptive fallback: its SMC connections kept ending too soon.
+    Adaptive,
+}
+
 /// How a connection asks the cache ([`NegativeCache::contains`]): with its own TTL (an entry
 /// older than that, or any entry when it is 0, does not hold for it) and whether it uses
 /// adaptive fallback. The cache is its context's: a builder's settings limit what holds for
@@ -58,17 +69,29 @@ impl NegativeCache {
 
     /// Remembers `peer` as plain until `now + ttl`.
     pub(crate) fn insert(&self, peer: SocketAddr, now: Instant, ttl: Duration) {
-        self.remember(peer, now, ttl, false);
+        self.remember(peer, now, ttl, Why::Plain);
     }
 
     /// Remembers `peer` until `now + ttl`, by adaptive fallback or not.
-    fn remember(&self, peer: SocketAddr, now: Instant, ttl: Duration, adaptive: bool) {
+    fn remember(&self, peer: SocketAddr, now: Instant, ttl: Duration, why: Why) {
         if ttl.is_zero() {
             return;
         }
         // A TTL past what an `Instant` can hold is forever.
         let until = now.checked_add(ttl).unwrap_or(now + Duration::from_secs(u64::from(u32::MAX)));
         let mut map = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        // A live entry is never shortened by another connection's shorter TTL, and one that
+        // holds for every connection (the server answered as plain TCP) is not narrowed to the
+        // connections that use adaptive fallback. A timeout's backoff says when to try the
+        // server again, and is taken as it is.
+        let adaptive = why == Why::Adaptive;
+        let entry = match map.get(&peer) {
+            Some(old) if old.until > now && !old.adaptive && adaptive => return,
+            Some(old) if old.until > now && why != Why::Backoff => {
+                Entry { since: now, until: until.max(old.until), adaptive }
+            }
+            _ => Entry { since: now, until, adaptive },
+        };
         if map.len() >= CAPACITY && !map.contains_key(&peer) {
             map.retain(|_, e| e.until > now);
             if map.len() >= CAPACITY {
@@ -78,7 +101,7 @@ impl NegativeCache {
                 }
             }
         }
-        map.insert(peer, Entry { since: now, until, adaptive });
+        map.insert(peer, entry);
     }
 
     /// Remembers `peer`, whose handshake timed out, for `base` doubled by each consecutive
@@ -95,7 +118,7 @@ impl NegativeCache {
             *n
         };
         let ttl = base.checked_mul(1u32 << (n - 1).min(16)).unwrap_or(max).min(max);
-        self.insert(peer, now, ttl);
+        self.remember(peer, now, ttl, Why::Backoff);
     }
 
     /// A handshake with `peer` completed (SMC or a decline): its timeouts are forgiven.
@@ -125,7 +148,7 @@ impl NegativeCache {
             strikes.remove(&peer);
             drop(strikes);
             tracing::debug!(%peer, "adaptive fallback: short smc connections; proposing no more for a while");
-            self.remember(peer, Instant::now(), ttl, true);
+            self.remember(peer, Instant::now(), ttl, Why::Adaptive);
             return true;
         }
         false
@@ -226,6 +249,14 @@ mod tests {
         );
         c.insert(addr(3), now, Duration::MAX);
         assert!(c.contains(addr(3), now + Duration::from_secs(3600), ANY));
+        // Another connection's shorter TTL does not cut a live entry short for the others, and
+        // adaptive fallback does not hide a plain server from connections without it.
+        c.insert(addr(1), now, Duration::from_secs(2));
+        assert!(c.contains(addr(1), now + Duration::from_secs(30), asker(60, false)));
+        for _ in 0..crate::config::ADAPTIVE_STRIKES {
+            c.record_smc_conn(addr(1), false, ttl);
+        }
+        assert!(c.contains(addr(1), Instant::now(), asker(60, false)));
     }
 
     #[test]

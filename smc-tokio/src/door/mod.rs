@@ -89,6 +89,13 @@ const ENTRY_TTL: Duration = Duration::from_secs(30);
 /// past five minutes in the kernel's queue a client has long given up.
 const VERIFIED_TTL: Duration = Duration::from_secs(300);
 
+/// How often the sweep asks the kernel whether our ends of connections kept for
+/// [`VERIFIED_TTL`] are still there, and of how many at most each time (past that, they wait
+/// for a later look): a connection reset in the queue lets its registration go within seconds,
+/// at a bounded cost per second.
+const VERIFIED_LOOK_EVERY: Duration = Duration::from_secs(1);
+const VERIFIED_LOOKS: usize = 256;
+
 /// Registrations a door holds at once, at most; beyond it, new ones are answered "congested"
 /// at once. A registration costs no descriptor, only its entry and its Proposal (about 200
 /// bytes): 16 384 hold the registrations of 10 000 clients connecting at once with room to spare,
@@ -707,6 +714,8 @@ struct DoorState {
     /// could not be read to the end, oldest first ([`MISSED_MAX`]).
     missed: VecDeque<(Instant, (SocketAddr, SocketAddr))>,
     missed_set: HashSet<(SocketAddr, SocketAddr)>,
+    /// When the sweep last asked the kernel about connections kept for [`VERIFIED_TTL`].
+    verified_looked: Option<Instant>,
     /// Where a drain within a budget starts reading the door connections: after the one
     /// where the last one's budget ran out, so that connections that always have more to read
     /// do not keep the same others from being read.
@@ -1423,10 +1432,12 @@ impl Door {
         self.congested.store(on, Ordering::Relaxed);
     }
 
-    /// Test hook: every registration is `by` older.
+    /// Test hook: every registration is `by` older, and the sweep's last look at the kernel
+    /// long ago.
     #[cfg(test)]
     fn age_for_test(&self, by: Duration) {
         let mut st = self.lock();
+        st.verified_looked = None;
         for e in st.entries.values_mut().flatten() {
             e.since = e.since.checked_sub(by).expect("a clock this old");
         }
@@ -1446,6 +1457,18 @@ impl Door {
         let mut st = self.lock();
         let mut budget = TURN_READS;
         let _ = self.drain_within(&mut st, &mut budget);
+        // The kernel is asked about waiting connections once a second, at most
+        // `VERIFIED_LOOKS` of them (a listen queue of thousands, asked every sweep, made tens of
+        // thousands of sock_diag round trips a second on the listener's task); a blind door
+        // cannot ask.
+        let mut looks = if st.verified_looked.is_none_or(|t| t.elapsed() >= VERIFIED_LOOK_EVERY)
+            && !self.blind.load(Ordering::Relaxed)
+        {
+            st.verified_looked = Some(Instant::now());
+            VERIFIED_LOOKS
+        } else {
+            0
+        };
         let stale: Vec<(Arc<ServerConn>, u64)> = st
             .entries
             .values()
@@ -1454,13 +1477,13 @@ impl Door {
                 let age = e.since.elapsed();
                 match e.verified {
                     None => age >= ENTRY_TTL,
-                    // Unless the kernel says our end is gone (reset before the accept); a
-                    // blind door cannot ask.
+                    // Unless the kernel says our end is gone (reset before the accept).
                     Some((client, server)) => {
                         age >= VERIFIED_TTL
-                            || (age >= ENTRY_TTL
-                                && !self.blind.load(Ordering::Relaxed)
-                                && matches!(self.diag.owner(server, client), Ok(None)))
+                            || (age >= ENTRY_TTL && looks > 0 && {
+                                looks -= 1;
+                                matches!(self.diag.owner(server, client), Ok(None))
+                            })
                     }
                 }
             })
@@ -2801,6 +2824,9 @@ mod tests {
         // Reset by its client before the accept: our end is gone, and so is the registration.
         first.set_linger(Some(Duration::ZERO)).unwrap();
         drop(first);
+        door.sweep();
+        assert_eq!(door.lock().count, 1, "the kernel asked again within a second");
+        door.age_for_test(Duration::ZERO);
         door.sweep();
         assert_eq!(door.lock().count, 0, "kept for a connection that is gone");
         // Blind: the registration is kept for its handshake, which takes its connection.

@@ -339,7 +339,9 @@ impl SmcListenerBuilder {
         self
     }
 
-    /// Bound on each step of a handshake (each wait for the client, each decision of ours).
+    /// Bound on each step of a handshake (each wait for the client, each decision of ours),
+    /// taken within [`MIN_HANDSHAKE_TIMEOUT`](crate::config::MIN_HANDSHAKE_TIMEOUT) and
+    /// [`MAX_TIMEOUT`](crate::config::MAX_TIMEOUT).
     ///
     /// # Examples
     ///
@@ -1154,7 +1156,8 @@ mod tests {
         crate::testing::spawn_echo_of_five(l);
         let builder = crate::SmcStream::builder().handshake_timeout(Duration::MAX);
         assert_eq!(builder.settings().handshake_timeout, MAX_TIMEOUT);
-        let mut s = builder.connect(zero).await.expect("a connection, SMC or TCP");
+        let connect = tokio::time::timeout(Duration::from_secs(30), builder.connect(zero));
+        let mut s = connect.await.expect("an answer, SMC or TCP, within the test's bound").expect("a connection");
         s.write_all(b"hello").await.unwrap();
         let mut b = [0u8; 5];
         s.read_exact(&mut b).await.unwrap();

@@ -2500,7 +2500,9 @@ impl SmcStreamBuilder {
         self
     }
 
-    /// Bound on each step of the handshake. An in-band peer that has not answered by then is
+    /// Bound on each step of the handshake, taken within
+    /// [`MIN_HANDSHAKE_TIMEOUT`](crate::config::MIN_HANDSHAKE_TIMEOUT) and
+    /// [`MAX_TIMEOUT`](crate::config::MAX_TIMEOUT). An in-band peer that has not answered by then is
     /// taken for a plain TCP server that waits for its client: the connection is closed, the
     /// server is left alone for a while (briefly at first: it may only be busy), and a plain
     /// TCP connection is made. At a same-host listener's door the same bound holds for each
