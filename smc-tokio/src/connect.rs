@@ -532,7 +532,7 @@ fn finish_door(
         // closed: the listener went away (its final word, if any, said no more than TCP). Our
         // own end gone (its sender went with its runtime) reads as a closed door too: it
         // happens only as the runtime, and this connect with it, goes away.
-        Err(e) if door::NotSent::of(&e).is_some() => {
+        Err(e) if door::NotSent::is(&e) => {
             tracing::debug!(error = %e, "our answer did not go out on the door: staying on tcp");
             match e.kind() {
                 io::ErrorKind::WouldBlock => {

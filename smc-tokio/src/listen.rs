@@ -1033,7 +1033,8 @@ impl ListenerShared {
     /// "congested" (`limit_handshake` on: no SMC, TCP now), or a place in a queue as long as
     /// the bound (off), or a refusal when the queue is full too.
     pub(crate) fn admit(self: &Arc<Self>, cfg: &Settings) -> Admit {
-        let max = cfg.max_pending_handshakes.max(1);
+        // At least 1 (`Settings::bounded`).
+        let max = cfg.max_pending_handshakes;
         if let Some(slot) = self.try_slot(max) {
             return Admit::Now(slot);
         }
@@ -1062,7 +1063,8 @@ pub(crate) struct QueueTicket(Arc<ListenerShared>);
 impl QueueTicket {
     /// Waits for a slot; `None` when the listener closes first.
     pub(crate) async fn slot(self, cfg: &Settings) -> Option<HandshakeSlot> {
-        let max = cfg.max_pending_handshakes.max(1);
+        // At least 1 (`Settings::bounded`).
+        let max = cfg.max_pending_handshakes;
         loop {
             let freed = self.0.freed.notified();
             if self.0.is_closed() {

@@ -72,7 +72,7 @@ impl NegativeCache {
         self.remember(peer, now, ttl, Why::Plain);
     }
 
-    /// Remembers `peer` until `now + ttl`, by adaptive fallback or not.
+    /// Remembers `peer` until `now + ttl`, for the reason `why`.
     fn remember(&self, peer: SocketAddr, now: Instant, ttl: Duration, why: Why) {
         if ttl.is_zero() {
             return;

@@ -83,10 +83,11 @@ const ENTRY_TTL: Duration = Duration::from_secs(30);
 
 /// How long a registration whose connection a solo door saw (`Door::verify`; its handshake
 /// then committed, or is still on: one that declined lets it go) is kept at the most while the
-/// kernel still holds our end of that connection, unaccepted: the listener takes no connection from the kernel while its
-/// application does not accept (its ready queue is full), and dropping the registration then
-/// handed a connection committed to shared memory out as TCP later. Ten times [`ENTRY_TTL`]:
-/// past five minutes in the kernel's queue a client has long given up.
+/// kernel still holds our end of that connection, unaccepted: the listener takes no connection
+/// from the kernel while its application does not accept (its ready queue is full), and
+/// dropping the registration then handed a connection committed to shared memory out as TCP
+/// later. Ten times [`ENTRY_TTL`]: past five minutes in the kernel's queue a client has long
+/// given up.
 const VERIFIED_TTL: Duration = Duration::from_secs(300);
 
 /// How often the sweep asks the kernel whether our ends of connections kept for
@@ -413,8 +414,9 @@ fn start_sender<C: Sender>(outbox: &Arc<Outbox>, conn: &Arc<C>, rt: Option<&toki
 /// a message just under every [`SEND_WAIT`] held the author of the eighth queued one for eight
 /// of them). Door connections are not watched for room ([`watch`]): a full queue is rare (the
 /// window keeps a reading peer's queue short), so the send is tried again after waits that
-/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`]. Each door connection's sender waits on its own, so a registration sent
-/// to the 17 doors of a reuseport group waits [`SEND_WAIT`] in all, not once per door.
+/// double from [`SEND_RETRY_FIRST`] to [`SEND_RETRY_MAX`]. Each door connection's sender waits
+/// on its own, so a registration sent to the 17 doors of a reuseport group waits
+/// [`SEND_WAIT`] in all, not once per door.
 async fn send_waiting(conn: &AsyncFd<PeerFd>, msg: &[u8], deadline: tokio::time::Instant) -> io::Result<()> {
     let mut pause = SEND_RETRY_FIRST;
     let mut tried = None;
@@ -776,6 +778,13 @@ impl DoorState {
         true
     }
 
+    /// Where, in the list filed under the port of `tuple`'s client, the registration whose
+    /// handshake saw that connection is (`Some(None)`: none did); `None`: nothing is filed
+    /// under that port.
+    fn seen_at(&self, tuple: (SocketAddr, SocketAddr)) -> Option<Option<usize>> {
+        Some(self.entries.get(&tuple.0.port())?.iter().position(|e| e.verified == Some(tuple)))
+    }
+
     /// Ends a door connection: its registrations are dropped, its handshakes see the end. Not
     /// those whose connections a handshake saw (`Entry::verified`): committed, they wait for
     /// their connections as ever (a client that made one connection closes its idle door
@@ -964,6 +973,7 @@ impl Door {
             }
         };
         let door_base = base_name(local);
+        let ip = sys::unmap(local).ip();
         let solo = (!reuseport).then(|| solo_name(&door_base));
         for name in solo.into_iter().chain((0..MAX_DOORS).map(|i| door_name(&door_base, i))) {
             // Registrations carry no descriptors.
@@ -994,8 +1004,8 @@ impl Door {
                         rt: tokio::runtime::Handle::try_current().ok(),
                         inert_conns,
                         listen_port: local.port(),
-                        listen_ip: Some(sys::unmap(local).ip()).filter(|ip| !ip.is_unspecified()),
-                        wildcard_receives: match sys::unmap(local).ip() {
+                        listen_ip: Some(ip).filter(|ip| !ip.is_unspecified()),
+                        wildcard_receives: match ip {
                             IpAddr::V4(_) => (true, false),
                             IpAddr::V6(_) => (!v6_only, true),
                         },
@@ -1193,10 +1203,9 @@ impl Door {
             // Shut (see `go_blind`): accepting would fail with EINVAL.
             return Ok(false);
         }
-        #[cfg(test)]
-        let congested = self.congested.load(Ordering::Relaxed) || (!self.inert_conns && sys::closers_congested());
-        #[cfg(not(test))]
         let congested = !self.inert_conns && sys::closers_congested();
+        #[cfg(test)]
+        let congested = congested || self.congested.load(Ordering::Relaxed);
         if congested {
             // Every knock would cost a descriptor that waits for a closer (it may hold
             // descriptors its peer queued): the knocks wait in the door's backlog instead, and
@@ -1543,9 +1552,8 @@ impl Door {
     /// application wrote and closed); a registration verified on this tuple whose socket the
     /// kernel no longer has, or that another socket holds now, ends here.
     fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
-        let list = st.entries.get(&peer.port())?;
         let tuple = (peer, local);
-        let verified = list.iter().position(|e| e.verified == Some(tuple));
+        let verified = st.seen_at(tuple)?;
         let found = if self.blind.load(Ordering::Relaxed) {
             // The kernel cannot say whose the four-tuple is now: only a registration whose
             // connection a handshake saw on it, before the door went blind, takes it (that
@@ -1558,9 +1566,7 @@ impl Door {
             match self.owned(st, tuple, verified) {
                 // The look-up found the door blind (and dropped every registration no
                 // handshake saw): as above, from the list as it is now.
-                None if self.blind.load(Ordering::Relaxed) => {
-                    st.entries.get(&peer.port())?.iter().position(|e| e.verified == Some(tuple))
-                }
+                None if self.blind.load(Ordering::Relaxed) => st.seen_at(tuple)?,
                 found => found,
             }
         };
@@ -2492,7 +2498,7 @@ impl ClientWire {
 /// A client's handshake message that did not go out on its door connection (no room in time,
 /// the listener closed the door, its sender went away, a failed send): since the server commits
 /// only on our Confirm, a handshake whose message was not sent may stay TCP, also after it
-/// confirmed ([`NotSent::of`]).
+/// confirmed ([`NotSent::is`]).
 #[derive(Debug)]
 pub(crate) struct NotSent(io::Error);
 
@@ -2502,9 +2508,9 @@ impl NotSent {
         io::Error::new(e.kind(), NotSent(e))
     }
 
-    /// The error of a message that did not go out, if `e` is one.
-    pub(crate) fn of(e: &io::Error) -> Option<&io::Error> {
-        e.get_ref()?.downcast_ref::<NotSent>().map(|n| &n.0)
+    /// Whether `e` is the error of a message that did not go out.
+    pub(crate) fn is(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|e| e.is::<NotSent>())
     }
 }
 
@@ -2696,8 +2702,7 @@ mod tests {
     /// registration's socket and uid.
     #[tokio::test]
     async fn a_connection_to_another_address_of_the_port_is_not_confirmed() {
-        use crate::proto::clc::ShmOffer;
-        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        use crate::proto::door::ConnectedTuple;
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let door = listener.door_for_test().expect("a door");
@@ -2707,21 +2712,34 @@ mod tests {
         };
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-        sock.connect(&other.local_addr().unwrap().into()).unwrap();
+        let (client, key, _door_conn) = register_and_connect(door, &sock, 7, other.local_addr().unwrap());
         let _accepted = other.accept().unwrap();
-        let client = sock.local_addr().unwrap().as_socket().unwrap();
-        let proposal = proposal(Some(ShmOffer { link_group: 0 }));
-        let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
-        let frame = RegisterHead { instance: 1, cookie, port: client.port() }.encode_frame(7, &proposal);
-        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
-        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
-        let mut st = door.lock();
-        let _ = door.drain(&mut st);
-        let conn = st.conns.first().expect("the door connection").clone();
-        drop(st);
-        let key = EarlyKey { conn, id: 7 };
         let said = |server: SocketAddr| Some(ConnectedTuple { local: client, peer: server });
         assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
+    }
+
+    /// Registers the bound socket `sock` at `door` under `id` with a shared-memory offer, on a
+    /// door connection of its own (returned), connects it to `server`, and has the door read
+    /// the registration: the client's address and the registration's key.
+    fn register_and_connect(
+        door: &Door,
+        sock: &socket2::Socket,
+        id: u64,
+        server: SocketAddr,
+    ) -> (SocketAddr, EarlyKey, OwnedFd) {
+        use crate::proto::clc::ShmOffer;
+        use crate::proto::door::RegisterHead;
+        let client = sock.local_addr().unwrap().as_socket().unwrap();
+        let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
+        let frame = RegisterHead { instance: 1, cookie, port: client.port() }
+            .encode_frame(id, &proposal(Some(ShmOffer { link_group: 0 })));
+        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
+        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+        sock.connect(&server.into()).unwrap();
+        let mut st = door.lock();
+        let _ = door.drain(&mut st);
+        let conn = st.conns.last().expect("the door connection").clone();
+        (client, EarlyKey { conn, id }, door_conn)
     }
 
     /// A registration whose connection `verify` saw is matched at accept only to that very
@@ -2730,8 +2748,7 @@ mod tests {
     /// connection must not be served to the registrant's handshake.
     #[tokio::test]
     async fn a_verified_registration_does_not_match_the_next_socket_on_its_four_tuple() {
-        use crate::proto::clc::ShmOffer;
-        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        use crate::proto::door::ConnectedTuple;
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let server = listener.local_addr().unwrap();
         let door = listener.door_for_test().expect("a door");
@@ -2742,18 +2759,8 @@ mod tests {
         };
         let first = bound();
         first.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-        let client = first.local_addr().unwrap().as_socket().unwrap();
         let cookie = sys::socket_cookie(first.as_fd()).unwrap();
-        let frame = RegisterHead { instance: 1, cookie, port: client.port() }
-            .encode_frame(7, &proposal(Some(ShmOffer { link_group: 0 })));
-        let door_conn = sys::seqpacket_connect(door.name()).unwrap();
-        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
-        first.connect(&server.into()).unwrap();
-        let mut st = door.lock();
-        let _ = door.drain(&mut st);
-        let conn = st.conns.first().expect("the door connection").clone();
-        drop(st);
-        let key = EarlyKey { conn, id: 7 };
+        let (client, key, _door_conn) = register_and_connect(door, &first, 7, server);
         assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
         // Reset: the four-tuple is free at once (no TIME_WAIT), and another socket takes it.
         first.set_linger(Some(std::time::Duration::ZERO)).unwrap();
@@ -2778,8 +2785,7 @@ mod tests {
     /// connection out as TCP).
     #[tokio::test]
     async fn a_seen_registration_waits_for_its_connection_while_the_kernel_holds_it() {
-        use crate::proto::clc::ShmOffer;
-        use crate::proto::door::{ConnectedTuple, RegisterHead};
+        use crate::proto::door::ConnectedTuple;
         // A listening socket that never accepts: connections wait in its queue.
         let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let server = queue.local_addr().unwrap();
@@ -2795,18 +2801,7 @@ mod tests {
         let seen = |id: u64| {
             let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
             sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-            let client = sock.local_addr().unwrap().as_socket().unwrap();
-            let cookie = sys::socket_cookie(sock.as_fd()).unwrap();
-            let frame = RegisterHead { instance: 1, cookie, port: client.port() }
-                .encode_frame(id, &proposal(Some(ShmOffer { link_group: 0 })));
-            let door_conn = sys::seqpacket_connect(door.name()).unwrap();
-            sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
-            sock.connect(&server.into()).unwrap();
-            let mut st = door.lock();
-            let _ = door.drain(&mut st);
-            let conn = st.conns.last().expect("the door connection").clone();
-            drop(st);
-            let key = EarlyKey { conn, id };
+            let (client, key, door_conn) = register_and_connect(&door, &sock, id, server);
             assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
             (sock, client, door_conn)
         };
@@ -3014,7 +3009,7 @@ mod tests {
         let (mut wire, door) = client_wire(&tokio::runtime::Handle::current());
         drop(door);
         let err = wire.send(&confirm).await.expect_err("the door is closed");
-        assert!(NotSent::of(&err).is_some(), "{err:?}");
+        assert!(NotSent::is(&err), "{err:?}");
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
         // The sender went away with its runtime before it sent.
         let other = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
@@ -3033,7 +3028,7 @@ mod tests {
         tokio::task::yield_now().await;
         tokio::task::spawn_blocking(move || drop(other)).await.expect("the runtime dropped");
         let err = send.await.expect("the send's task").expect_err("its sender is gone");
-        assert!(NotSent::of(&err).is_some(), "{err:?}");
+        assert!(NotSent::is(&err), "{err:?}");
         let mut ids = Vec::new();
         drain(&door, &mut ids);
         assert!(ids.is_empty(), "nothing went out: {ids:?}");

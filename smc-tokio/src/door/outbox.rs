@@ -273,18 +273,14 @@ impl Outbox {
             match failed {
                 // Also when the outbox broke already from a later message on (it overflowed
                 // while this one was out): this one failed too, and every later one.
-                Some(kind) => {
-                    Self::fail_from(&mut st, n, kind);
-                    st.queue.clear();
-                    std::mem::take(&mut st.waiters)
-                }
+                Some(kind) => Self::fail_all(&mut st, n, kind),
                 None => {
                     let over = st.waiters.partition_point(|(m, _)| *m <= n);
-                    st.waiters.drain(..over).collect()
+                    st.waiters.drain(..over).flat_map(|(_, w)| w).collect()
                 }
             }
         };
-        waiters.into_iter().flat_map(|(_, w)| w).for_each(Waker::wake);
+        waiters.into_iter().for_each(Waker::wake);
     }
 
     /// Ends the outbox (its connection is gone): what waits fails as not sent, and the sender

@@ -383,7 +383,7 @@ impl SmcListenerBuilder {
     /// # }
     /// ```
     pub fn max_pending_handshakes(mut self, n: usize) -> Self {
-        self.o.max_pending_handshakes = Some(n.max(1));
+        self.o.max_pending_handshakes = Some(n);
         self
     }
 
@@ -878,7 +878,7 @@ impl SmcListener {
     /// # }
     /// ```
     pub fn set_max_pending_handshakes(&self, n: usize) {
-        self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).max_pending_handshakes = Some(n.max(1));
+        self.shared.overrides.write().unwrap_or_else(|e| e.into_inner()).max_pending_handshakes = Some(n);
     }
 
     /// Handshakes this listener is running now.

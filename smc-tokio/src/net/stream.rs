@@ -2598,7 +2598,7 @@ impl SmcStreamBuilder {
     /// assert_eq!(SmcStream::builder().max_pending_handshakes(0).settings().max_pending_handshakes, 1);
     /// ```
     pub fn max_pending_handshakes(mut self, n: usize) -> Self {
-        self.o.max_pending_handshakes = Some(n.max(1));
+        self.o.max_pending_handshakes = Some(n);
         self
     }
 
