@@ -223,6 +223,12 @@ pub const DEFAULT_NEGATIVE_CACHE_TTL: Duration = Duration::from_secs(60);
 /// depend on it.
 pub const DEFAULT_RMB_SIZE: u32 = 256 << 10;
 
+/// The smallest receive ring: what [`ShmConfig::rmb_size`] and [`ShmConfig::rmb_max`] take at
+/// least, and the smallest an RDMA peer may ask us to write into. One page: below it, each
+/// CDC message (44 bytes, with a wake-up on the other end) would carry less than a page of
+/// data; the kernel's SMC goes no lower than 16 KiB (`SMC_BUF_MIN_SIZE`).
+pub const MIN_RMB_SIZE: u32 = 4 << 10;
+
 /// How large a shared-memory connection's ring may grow (RMB autotuning): a writer that fills
 /// its ring doubles it, once the reader drained it, up to this size and within the process
 /// budget ([`set_rmb_memory_cap`]). The region reserves this much address space per slot; pages
@@ -413,7 +419,7 @@ impl ShmConfig {
     /// assert_eq!(ShmConfig::default().rmb_size(u32::MAX).get_rmb_size(), 64 << 20);
     /// ```
     pub fn rmb_size(mut self, bytes: u32) -> Self {
-        self.rmb_size = bytes.clamp(4 << 10, 64 << 20);
+        self.rmb_size = bytes.clamp(MIN_RMB_SIZE, 64 << 20);
         self.set |= 1 << ShmField::RmbSize as u16;
         self
     }
@@ -451,7 +457,7 @@ impl ShmConfig {
     /// assert_eq!(fixed.get_rmb_max(), 512 << 10);
     /// ```
     pub fn rmb_max(mut self, bytes: u32) -> Self {
-        self.rmb_max = bytes.clamp(4 << 10, 64 << 20);
+        self.rmb_max = bytes.clamp(MIN_RMB_SIZE, 64 << 20);
         self.set |= 1 << ShmField::RmbMax as u16;
         self
     }
@@ -907,8 +913,9 @@ pub fn set_rmb_memory_cap(bytes: u64) {
     RmbBudget::process().set_cap(bytes);
 }
 
-/// The process-wide RMB memory budget: bytes of receive rings held by live connections, and
-/// the cap they may not exceed. (Ordering: both are plain counters, read and updated with
+/// A context's RMB memory budget: bytes of receive rings held by live shared-memory
+/// connections, and of SMC-R memory registered (pinned) by live link groups, and the cap they
+/// may not exceed. (Ordering: both are plain counters, read and updated with
 /// `Relaxed`; the cap is a setting, and a charge that races a cap change may see either.)
 #[derive(Debug)]
 pub(crate) struct RmbBudget {
@@ -944,6 +951,14 @@ impl RmbBudget {
         self.in_use.fetch_update(Relaxed, Relaxed, |used| used.checked_add(bytes).filter(|n| *n <= cap)).is_ok()
     }
 
+    /// Reserves `bytes` if that stays within the cap, as a charge that gives them back when
+    /// dropped: for memory whose life is an object's (an RDMA registration, pinned until its
+    /// MR is deregistered).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn charge_held(self: &std::sync::Arc<Self>, bytes: u64) -> Option<HeldCharge> {
+        self.charge(bytes).then(|| HeldCharge { budget: self.clone(), bytes })
+    }
+
     /// Gives `bytes` back.
     pub(crate) fn uncharge(&self, bytes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -956,13 +971,36 @@ impl RmbBudget {
         self.cap.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether `bytes` more would fit under the cap now (a hint: a charge may take the room
+    /// first).
+    #[cfg(feature = "rdma")]
+    pub(crate) fn room_for(&self, bytes: u64) -> bool {
+        self.in_use().checked_add(bytes).is_some_and(|n| n <= self.cap())
+    }
+
     /// Bytes held now.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
-/// RMB memory this process has allocated to live connections (both roles), in bytes.
+/// Bytes charged to an [`RmbBudget`] for as long as this lives ([`RmbBudget::charge_held`]).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) struct HeldCharge {
+    budget: std::sync::Arc<RmbBudget>,
+    bytes: u64,
+}
+
+impl Drop for HeldCharge {
+    fn drop(&mut self) {
+        self.budget.uncharge(self.bytes);
+    }
+}
+
+/// RMB memory the default context holds (both roles), in bytes: shared-memory rings of live
+/// connections at their current size, and SMC-R's registered (pinned) chunks while their link
+/// groups live.
 ///
 /// # Examples
 ///
@@ -1577,5 +1615,21 @@ mod tests {
         assert_eq!((r.rmb_size, r.autocork, r.enabled), (64 << 10, 0, false));
         // Values compare without regard to which were set.
         assert_eq!(ShmConfig::default().enabled(true), ShmConfig::default());
+    }
+
+    /// A held charge is refused past the cap, and gives its bytes back when dropped, once.
+    #[test]
+    fn a_held_charge_lasts_as_long_as_its_holder() {
+        let b = std::sync::Arc::new(RmbBudget::new());
+        b.set_cap(3 << 20);
+        let first = b.charge_held(2 << 20).expect("within the cap");
+        assert_eq!(b.in_use(), 2 << 20);
+        assert!(b.charge_held(2 << 20).is_none(), "past the cap");
+        assert_eq!(b.in_use(), 2 << 20, "a refused charge takes nothing");
+        let second = b.charge_held(1 << 20).expect("up to the cap");
+        drop(first);
+        assert_eq!(b.in_use(), 1 << 20);
+        drop(second);
+        assert_eq!(b.in_use(), 0);
     }
 }

@@ -95,10 +95,13 @@ pub(crate) async fn establish(
         let kernel = kernel_socket(ctx, cfg, addr, user);
         return plain(ctx, cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }
-    // The verbs library is loaded before the connection exists, off the runtime.
+    // The verbs library is loaded before the connection exists, off the runtime. The RDMA
+    // look-ups of this connect wait for the setup thread until one handshake bound from now,
+    // in all.
+    let look_up_by = tokio::time::Instant::now() + cfg.handshake_timeout;
     #[cfg(feature = "rdma")]
-    crate::smc::rdma::warm_up(cfg).await;
-    if let Some(s) = via_door(ctx, addr, cfg, user).await? {
+    crate::smc::rdma::warm_up(cfg, look_up_by).await;
+    if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by).await? {
         return Ok(s);
     }
     // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
@@ -128,7 +131,7 @@ pub(crate) async fn establish(
     let local_ip = tcp.local_addr()?.ip();
     // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]
-    crate::smc::rdma::warm_port(local_ip, cfg).await;
+    crate::smc::rdma::warm_port(local_ip, cfg, look_up_by).await;
     let prep = Prepared::new(ctx, addr, local_ip, cfg, false)?;
     // An in-band server is given one bound per step: a plain server that waits for its
     // client never answers.
@@ -203,7 +206,10 @@ async fn via_door(
     addr: SocketAddr,
     cfg: &Settings,
     user: &mut Option<socket2::Socket>,
+    look_up_by: tokio::time::Instant,
 ) -> io::Result<Option<Established>> {
+    #[cfg(not(feature = "rdma"))]
+    let _ = look_up_by;
     let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
     if !offers {
         return Ok(None);
@@ -220,7 +226,7 @@ async fn via_door(
         #[cfg(feature = "rdma")]
         if attempt == 0 {
             // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
-            crate::smc::rdma::warm_port(addr.ip(), cfg).await;
+            crate::smc::rdma::warm_port(addr.ip(), cfg, look_up_by).await;
             first = crate::smc::rdma::first_contact(manager, addr, cfg).await;
         }
         // The Proposal is made before the connection exists: nothing in it depends on the
@@ -466,16 +472,13 @@ async fn accepted(
         }
         #[cfg(feature = "rdma")]
         LinkInfo::Rdma(info) if offered.rdma => {
-            match crate::smc::rdma::client_conn_create(
-                manager,
-                addr,
-                offered.local_ip,
-                info,
-                rmb_size,
-                cfg,
-                cfg.handshake_timeout,
-            )
-            .await
+            // Setup waits for its turn on the process's setup thread within what is left of
+            // the handshake's bound: past it, the step never runs and the connection goes on
+            // as TCP.
+            let left = hs.poll_timeout().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            let bounds = (cfg.handshake_timeout, tokio::time::Instant::now() + left);
+            match crate::smc::rdma::client_conn_create(manager, addr, offered.local_ip, info, rmb_size, cfg, bounds)
+                .await
             {
                 Ok((conn, confirm)) => {
                     pending.adopt(conn);

@@ -165,7 +165,8 @@ impl Context {
         manager.counters.snapshot(manager.budget())
     }
 
-    /// Caps the RMB memory (receive rings) that this context's connections may hold at once;
+    /// Caps the RMB memory (receive rings; on SMC-R, with the send buffers registered beside
+    /// them) that this context's connections may hold at once;
     /// past it, new connections stay on TCP and rings stop growing.
     ///
     /// # Examples
@@ -179,7 +180,8 @@ impl Context {
         self.shared().manager.budget().set_cap(bytes);
     }
 
-    /// RMB memory this context's live connections hold, in bytes.
+    /// RMB memory this context's live connections hold, in bytes: shared-memory rings at
+    /// their current size, and SMC-R's registered (pinned) chunks while they are registered.
     pub fn rmb_memory_in_use(&self) -> u64 {
         self.shared().manager.budget().in_use()
     }

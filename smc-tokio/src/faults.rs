@@ -225,6 +225,27 @@ pub fn rdma_setup_calls_on_runtime() -> u64 {
     crate::link::verbs::device::setup_calls_on_runtime()
 }
 
+/// Holds the process's RDMA setup thread, as a queue of slow link setups would, until the
+/// returned guard is dropped: every RDMA setup step queued meanwhile (device look-ups, link
+/// and memory setup, for handshakes of both roles) waits behind it.
+///
+/// # Examples
+///
+/// ```
+/// let held = smc_tokio::faults::hold_rdma_setup();
+/// // ... handshakes that name RDMA wait for the setup thread here, at most their bound ...
+/// drop(held);
+/// ```
+#[cfg(all(feature = "test-util", feature = "rdma"))]
+pub fn hold_rdma_setup() -> RdmaSetupHold {
+    RdmaSetupHold(crate::link::verbs::device::hold_setup_thread())
+}
+
+/// What [`hold_rdma_setup`] returns: the setup thread goes on when this is dropped.
+#[cfg(all(feature = "test-util", feature = "rdma"))]
+#[derive(Debug)]
+pub struct RdmaSetupHold(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
 /// How many times readers of connections in `ctx` started to spin for frames inside their poll
 /// (busy polling): a reader spins only while it awaits a reply (it wrote since a read last
 /// returned bytes), one reader of a link group at a time.

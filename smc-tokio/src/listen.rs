@@ -62,7 +62,7 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     let cfg = shared.settings();
     let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
     let matched = match (&shared.door, local) {
-        (Some(door), Some(local)) => door.lookup(peer, local),
+        (Some(door), Some(local)) => door.lookup(peer, local, tcp.as_fd()),
         _ => None,
     };
     let reg = match matched {
@@ -648,11 +648,11 @@ async fn drive(
                         continue;
                     }
                 }
-                match check_confirm(&link, cfg, pending).await {
+                match check_confirm(&link, cfg, shared, pending).await {
                     Ok(()) => hs.commit(Instant::now()),
-                    Err(why) => {
-                        tracing::debug!(why, "confirm does not match the accepted link");
-                        hs.decline(DeclineReason::SyncError, Instant::now());
+                    Err((reason, why)) => {
+                        tracing::debug!(why, %reason, "confirm not taken");
+                        hs.decline(reason, Instant::now());
                     }
                 }
             }
@@ -688,9 +688,18 @@ async fn choose(
         #[cfg(feature = "rdma")]
         Err(shm_reason) if p.rdma.is_some() => {
             let (local, peer) = addrs.map(|(l, p)| (l.ip(), p.ip())).ok_or(shm_reason)?;
-            crate::smc::rdma::warm_up(cfg).await;
-            crate::smc::rdma::warm_port(local, cfg).await;
-            match crate::smc::rdma::server_conn_create(shared.ctx.manager(), p, local, peer, cfg, cfg.handshake_timeout)
+            let _setup = shared.rdma_setup(cfg).ok_or_else(|| {
+                tracing::debug!("half the handshake slots wait for rdma setup already");
+                DeclineReason::HandshakeCongested
+            })?;
+            // Setup steps wait for their turn on the setup thread until the handshake's bound:
+            // past it the connection goes on as TCP; the look-ups go on for later connections,
+            // and a setup step that had not begun never runs.
+            let deadline = crate::smc::rdma::setup_deadline(cfg);
+            crate::smc::rdma::warm_up(cfg, deadline).await;
+            crate::smc::rdma::warm_port(local, cfg, deadline).await;
+            let manager = shared.ctx.manager();
+            match crate::smc::rdma::server_conn_create(manager, p, local, peer, cfg, (cfg.handshake_timeout, deadline))
                 .await
             {
                 Ok((conn, info, rp)) => {
@@ -709,35 +718,50 @@ async fn choose(
     }
 }
 
-/// Checks the client's Confirm against the link we accepted, and finishes our end of it.
-async fn check_confirm(link: &LinkInfo, cfg: &Settings, pending: &mut Pending) -> Result<(), &'static str> {
+/// Checks the client's Confirm against the link we accepted, and finishes our end of it; an
+/// error says why not, and the reason to decline with.
+async fn check_confirm(
+    link: &LinkInfo,
+    cfg: &Settings,
+    shared: &ListenerShared,
+    pending: &mut Pending,
+) -> Result<(), (DeclineReason, &'static str)> {
+    #[cfg(not(feature = "rdma"))]
+    let _ = shared;
+    let mismatch = |why| (DeclineReason::SyncError, why);
     let Some(conn) = pending.conn.get() else {
-        return Err("no connection was accepted");
+        return Err(mismatch("no connection was accepted"));
     };
     match link {
         LinkInfo::Shm(c) => {
             let group = conn.group().clone();
             if c.link_group != group.id || c.rmb_size != pending.proposed_rmb {
-                return Err("link group or rmb size differs from the accept");
+                return Err(mismatch("link group or rmb size differs from the accept"));
             }
             // The client confirms once it has our WELCOME; our join task installs the link
             // right after sending it, so this waits at most a few task turns.
             if !group.wait_established(cfg.handshake_timeout).await {
-                return Err("the link group was never joined");
+                return Err(mismatch("the link group was never joined"));
             }
             conn.confirm(c.rmb_slot);
             Ok(())
         }
         #[cfg(feature = "rdma")]
         LinkInfo::Rdma(c) => {
-            let rp = pending.rdma.as_ref().ok_or("rdma confirm without an rdma accept")?;
-            crate::smc::rdma::server_confirm(conn, rp, c).await.map_err(|why| {
+            let rp = pending.rdma.as_ref().ok_or(mismatch("rdma confirm without an rdma accept"))?;
+            // A second setup step: it waits among the handshakes that wait for one, as the
+            // first did (`ListenerShared::rdma_setup`).
+            let _setup = shared
+                .rdma_setup(cfg)
+                .ok_or((DeclineReason::HandshakeCongested, "half the handshake slots wait for rdma setup already"))?;
+            let deadline = crate::smc::rdma::setup_deadline(cfg);
+            crate::smc::rdma::server_confirm(conn, rp, c, deadline).await.map_err(|(reason, why)| {
                 tracing::debug!(%why, "rdma confirm");
-                "rdma confirm does not match"
+                (reason, "rdma confirm not taken")
             })
         }
         #[allow(unreachable_patterns)]
-        _ => Err("a transport we did not accept"),
+        _ => Err(mismatch("a transport we did not accept")),
     }
 }
 
@@ -903,10 +927,24 @@ pub(crate) struct ListenerShared {
     waiting: AtomicUsize,
     /// Signalled when a handshake slot frees.
     freed: Notify,
+    /// Handshakes that wait for RDMA link setup now ([`rdma_setup`](Self::rdma_setup)).
+    #[cfg(feature = "rdma")]
+    rdma_setups: AtomicUsize,
     pub(crate) side_listener: SideListener,
     pub(crate) ready: ReadyQueue,
     closed: AtomicBool,
     closing: Notify,
+}
+
+/// A handshake's place among those waiting for RDMA setup ([`ListenerShared::rdma_setup`]).
+#[cfg(feature = "rdma")]
+struct RdmaSetup<'a>(&'a AtomicUsize);
+
+#[cfg(feature = "rdma")]
+impl Drop for RdmaSetup<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl fmt::Debug for ListenerShared {
@@ -943,6 +981,8 @@ impl ListenerShared {
             in_flight: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
+            #[cfg(feature = "rdma")]
+            rdma_setups: AtomicUsize::new(0),
             side_listener: SideListener::default(),
             ready: ReadyQueue::with_cap(ready_cap),
             closed: AtomicBool::new(false),
@@ -1027,6 +1067,21 @@ impl ListenerShared {
                 Err(cur) => n = cur,
             }
         }
+    }
+
+    /// A place among the handshakes that wait for RDMA link setup, or `None` when half the
+    /// listener's handshake slots (`max_pending_handshakes`, at least one) wait for it
+    /// already. RDMA setup runs on one thread for the process, one step at a time, and any
+    /// host may send Proposals that name RDMA: without this bound, such handshakes, queued
+    /// behind one another, could hold every slot of the listener and send its same-host
+    /// clients to TCP as "congested".
+    #[cfg(feature = "rdma")]
+    fn rdma_setup(&self, cfg: &Settings) -> Option<RdmaSetup<'_>> {
+        let max = (cfg.max_pending_handshakes / 2).max(1);
+        self.rdma_setups
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| RdmaSetup(&self.rdma_setups))
     }
 
     /// Admits a connection to a handshake: a slot at once; or, when all are taken,

@@ -213,6 +213,76 @@ pub fn require_root(test: &str) -> bool {
     panic!("{test} needs root (it runs a peer as another uid); run the tests as root, or set SMC_TOKIO_SKIP_ROOT_TESTS=1 to skip it");
 }
 
+/// Another host, for tests that need a peer whose address is not this host's: a network
+/// namespace joined to ours by a veth pair, `here` on our end, `there` on its end. Root only
+/// (see [`require_root`]); needs iproute2. Removed when dropped.
+#[derive(Debug)]
+pub struct OtherHost {
+    pub ns: String,
+    veth: String,
+    pub here: std::net::IpAddr,
+    pub there: std::net::IpAddr,
+}
+
+impl OtherHost {
+    /// Sets the namespace and its link up; panics, saying which step failed, when it cannot.
+    pub fn start() -> OtherHost {
+        assert!(
+            std::process::Command::new("ip").arg("-V").output().is_ok(),
+            "tests with another host need iproute2 (`ip`; .ci/run installs it)"
+        );
+        let pid = std::process::id();
+        // Several test binaries may run at once: the names and subnet are the process's.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ns = format!("smct{pid}x{k}");
+        let (veth, peer) = (format!("vh{}x{k}", pid % 100_000), format!("vp{}x{k}", pid % 100_000));
+        let net = format!("10.{}.{}", 100 + k % 100, pid % 250);
+        let host = OtherHost {
+            ns: ns.clone(),
+            veth: veth.clone(),
+            here: format!("{net}.1").parse().unwrap(),
+            there: format!("{net}.2").parse().unwrap(),
+        };
+        let sh = |args: String| {
+            let ok =
+                std::process::Command::new("sh").arg("-c").arg(&args).status().map(|s| s.success()).unwrap_or(false);
+            assert!(ok, "setting up another host failed: {args}");
+        };
+        sh(format!("ip netns add {ns}"));
+        sh(format!("ip link add {veth} type veth peer name {peer}"));
+        sh(format!("ip link set {peer} netns {ns}"));
+        sh(format!("ip addr add {}/24 dev {veth} && ip link set {veth} up", host.here));
+        sh(format!("ip netns exec {ns} ip addr add {}/24 dev {peer}", host.there));
+        sh(format!("ip netns exec {ns} ip link set {peer} up && ip netns exec {ns} ip link set lo up"));
+        host
+    }
+
+    /// A TCP connection to `addr` from the other host (a socket made in its namespace).
+    pub fn connect(&self, addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpStream> {
+        let path = format!("/var/run/netns/{}", self.ns);
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(path)?;
+            // SAFETY: `f` is an open namespace file; setns moves only this thread, which
+            // exits right after making the socket (the socket keeps its namespace).
+            if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::net::TcpStream::connect(addr)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the connecting thread panicked")))
+    }
+}
+
+impl Drop for OtherHost {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.veth]).status();
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
 /// Starts the test peer `bin` (an integration test passes `env!("CARGO_BIN_EXE_smc-test-peer")`)
 /// as `uid` (and the same gid, no supplementary groups) with `args`; returns it (killed when
 /// dropped) and its output lines.

@@ -2,7 +2,8 @@
 //! test bed (`tests/rdma-vm/run.sh single`) and runs `smc-rdma-test single` there, both ends on
 //! `rxe0`: handshake to smc-r on both sides, integrity at random sizes, 100 connections, cork and
 //! sendfile both ways, half-close, abort, a corrupt CDC message, no device, a connection moved
-//! back to TCP mid-stream (asked for, and under a failed link group), a peer killed mid-stream.
+//! back to TCP mid-stream (asked for, and under a failed link group), a peer killed mid-stream,
+//! pinned memory charged to the RMB budget and given back.
 //! The whole run gets 600 s in the guest (`SMC_RDMA_TEST_TIMEOUT`; it takes about two
 //! minutes under emulation, past the test bed's default 120 s per command). The script installs its host packages and caches the kernel package
 //! (`~/.cache/smc-tokio-rdma-vm`); the first run downloads about 110 MB.
@@ -32,6 +33,7 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
         "no_inline_sends",
         "group_outlives_runtime",
         "flush_across_link_failure",
+        "pinned_memory_charged",
     ];
     tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(extra));
 }

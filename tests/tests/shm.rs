@@ -274,25 +274,9 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
     if !tests::require_root("a_client_in_another_network_namespace_falls_back_to_tcp") {
         return;
     }
-    assert!(
-        std::process::Command::new("ip").arg("-V").output().is_ok(),
-        "a_client_in_another_network_namespace_falls_back_to_tcp needs iproute2 (`ip`; .ci/run installs it)"
-    );
-    let ns = format!("smct{}", std::process::id());
-    let (host, peer) = (format!("vsh{}", std::process::id() % 100000), format!("vsp{}", std::process::id() % 100000));
-    let sh = |args: &str| {
-        let ok = std::process::Command::new("sh").arg("-c").arg(args).status().map(|s| s.success()).unwrap_or(false);
-        assert!(ok, "setup failed: {args}");
-    };
-    let net = 10 + (std::process::id() % 200);
-    sh(&format!("ip netns add {ns}"));
-    let cleanup = scopeguard(ns.clone(), host.clone());
-    sh(&format!("ip link add {host} type veth peer name {peer}"));
-    sh(&format!("ip link set {peer} netns {ns}"));
-    sh(&format!("ip addr add 10.213.{net}.1/24 dev {host} && ip link set {host} up"));
-    sh(&format!("ip netns exec {ns} ip addr add 10.213.{net}.2/24 dev {peer}"));
-    sh(&format!("ip netns exec {ns} ip link set {peer} up && ip netns exec {ns} ip link set lo up"));
-    let l = SmcListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
+    let other = tests::OtherHost::start();
+    let (ns, here) = (other.ns.clone(), other.here);
+    let l = SmcListener::bind(std::net::SocketAddr::new(here, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -317,7 +301,7 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
 
     // Opted in (SMC_TOKIO_POLICY=always): it proposes in-band; this listener has no RDMA, so it
     // served the connection as TCP at once and answers the proposal with a decline, in step.
-    let l = SmcListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
+    let l = SmcListener::bind(std::net::SocketAddr::new(here, 0)).await.unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (s, _) = l.accept().await.unwrap();
@@ -338,7 +322,7 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
     assert_eq!(bounded(10, server).await.unwrap(), Transport::Tcp(smc_tokio::FallbackReason::PeerNoSmc));
 
     // A plain server on the other host sees exactly the client's bytes, on one connection.
-    let plain = tokio::net::TcpListener::bind(format!("10.213.{net}.1:0")).await.unwrap();
+    let plain = tokio::net::TcpListener::bind(std::net::SocketAddr::new(here, 0)).await.unwrap();
     let addr = plain.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let mut conns = Vec::new();
@@ -370,20 +354,7 @@ async fn a_client_in_another_network_namespace_falls_back_to_tcp() {
     let conns = bounded(20, server).await.unwrap();
     let expected: Vec<u8> = (0..65536u32).map(|i| (i * 7) as u8).collect();
     assert_eq!(conns, vec![expected], "one connection, exactly the application's bytes");
-    drop(cleanup);
-}
-
-struct NsGuard(String, String);
-
-fn scopeguard(ns: String, veth: String) -> NsGuard {
-    NsGuard(ns, veth)
-}
-
-impl Drop for NsGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["link", "del", &self.1]).status();
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+    drop(other);
 }
 
 #[tokio::test]

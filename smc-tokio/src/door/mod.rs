@@ -698,6 +698,12 @@ struct Entry {
     /// kernel confirmed it (`verify`): the handshake committed on it. Matching at accept still
     /// asks the kernel (`take`).
     verified: Option<(SocketAddr, SocketAddr)>,
+    /// The cookie of our end of that connection, waiting in the listen queue, as the sweep
+    /// learns it from the kernel (for a registration kept past [`ENTRY_TTL`]). Once known, an
+    /// accepted socket with it is that connection, whatever became of its client end: a client
+    /// that wrote, closed and left `TIME_WAIT` before a late accept is no longer in the kernel's
+    /// table, and the four-tuple alone may since be another socket's.
+    ours: Option<u64>,
 }
 
 #[derive(Default)]
@@ -1041,10 +1047,11 @@ impl Door {
     /// registered one. Reads the door first when it is not known yet, so a registration sent
     /// before the connection is found (unless a flood of knocks is queued ahead of it). Never
     /// waits.
-    pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
+    /// `accepted` is the connection's socket, our end of it.
+    pub(crate) fn lookup(&self, peer: SocketAddr, local: SocketAddr, accepted: BorrowedFd<'_>) -> Option<Matched> {
         let (peer, local) = (sys::unmap(peer), sys::unmap(local));
         let mut st = self.lock();
-        if let Some(r) = self.take(&mut st, peer, local) {
+        if let Some(r) = self.take(&mut st, peer, local, accepted) {
             return Some(r);
         }
         // The registration was queued before the client's SYN, so it is somewhere in the
@@ -1056,7 +1063,7 @@ impl Door {
             let before = budget;
             let more = self.drain_within(&mut st, &mut budget);
             st.lookup_reads += before - budget;
-            if let Some(r) = self.take(&mut st, peer, local) {
+            if let Some(r) = self.take(&mut st, peer, local, accepted) {
                 return Some(r);
             }
             match more {
@@ -1361,6 +1368,7 @@ impl Door {
                     since: Instant::now(),
                     early: tx,
                     verified: None,
+                    ours: None,
                 });
                 if let Some(rx) = rx {
                     let inbox = Arc::new(Inbox::default());
@@ -1478,28 +1486,52 @@ impl Door {
         } else {
             0
         };
-        let stale: Vec<(Arc<ServerConn>, u64)> = st
-            .entries
-            .values()
-            .flatten()
-            .filter(|e| {
-                let age = e.since.elapsed();
-                match e.verified {
-                    None => age >= ENTRY_TTL,
-                    // Unless the kernel says our end is gone (reset before the accept).
-                    Some((client, server)) => {
-                        age >= VERIFIED_TTL
-                            || (age >= ENTRY_TTL && looks > 0 && {
-                                looks -= 1;
-                                matches!(self.diag.owner(server, client), Ok(None))
-                            })
-                    }
+        let mut stale: Vec<(Arc<ServerConn>, u64)> = Vec::new();
+        for e in st.entries.values_mut().flatten() {
+            let age = e.since.elapsed();
+            let gone = match e.verified {
+                None => age >= ENTRY_TTL,
+                // Unless the kernel says our end is gone (reset before the accept); while it
+                // is there, its cookie is noted for the accept.
+                Some((client, server)) => {
+                    age >= VERIFIED_TTL
+                        || (age >= ENTRY_TTL && looks > 0 && {
+                            looks -= 1;
+                            match self.diag.owner(server, client) {
+                                Ok(None) => true,
+                                Ok(Some(o)) => {
+                                    if e.ours.is_none() {
+                                        e.ours = self.our_end(e, (client, server), o);
+                                    }
+                                    false
+                                }
+                                Err(_) => false,
+                            }
+                        })
                 }
-            })
-            .map(|e| (e.conn.clone(), e.id))
-            .collect();
+            };
+            if gone {
+                stale.push((e.conn.clone(), e.id));
+            }
+        }
         for (conn, id) in stale {
             st.remove(&conn, id);
+        }
+    }
+
+    /// The cookie of our end `o` of the connection `(client, server)` that `e`'s handshake saw,
+    /// if it is the full socket the listener will accept and the client's end is still `e`'s
+    /// socket. Not a request socket (the kernel keeps our end as one, with a cookie of its own,
+    /// while the listen queue is full, and makes a new socket when there is room), and not our
+    /// end of another socket's connection on the four-tuple (the registrant's reset, and
+    /// anyone connected from its port since).
+    fn our_end(&self, e: &Entry, (client, server): (SocketAddr, SocketAddr), o: sys::TcpOwner) -> Option<u64> {
+        if o.state != sys::TCP_ESTABLISHED && o.state != sys::TCP_CLOSE_WAIT {
+            return None;
+        }
+        match self.diag.owner(client, server) {
+            Ok(Some(c)) if c.cookie == e.cookie => Some(o.cookie),
+            _ => None,
         }
     }
 
@@ -1550,11 +1582,28 @@ impl Door {
     /// reset the connection it had verified left the tuple to whoever connected from that port
     /// next, of any uid; cookies never repeat). The client end may have closed since (its
     /// application wrote and closed); a registration verified on this tuple whose socket the
-    /// kernel no longer has, or that another socket holds now, ends here.
-    fn take(&self, st: &mut DoorState, peer: SocketAddr, local: SocketAddr) -> Option<Matched> {
+    /// kernel no longer has, or that another socket holds now, ends here, unless the sweep
+    /// learned the cookie of our end of its connection and `accepted` (our end of this one)
+    /// has it.
+    fn take(
+        &self,
+        st: &mut DoorState,
+        peer: SocketAddr,
+        local: SocketAddr,
+        accepted: BorrowedFd<'_>,
+    ) -> Option<Matched> {
         let tuple = (peer, local);
         let verified = st.seen_at(tuple)?;
-        let found = if self.blind.load(Ordering::Relaxed) {
+        let ours = verified.and_then(|i| st.entries.get(&peer.port())?.get(i)?.ours);
+        let own = ours.map(|ours| sys::socket_cookie(accepted).ok() == Some(ours));
+        let found = if own == Some(true) {
+            // Our end is the connection's own: exact, whoever holds the client's end now.
+            verified
+        } else if own == Some(false) {
+            // Another socket than the one our end of its connection was: not its connection,
+            // and, the four-tuple having been its until then, nobody else's registration's.
+            None
+        } else if self.blind.load(Ordering::Relaxed) {
             // The kernel cannot say whose the four-tuple is now: only a registration whose
             // connection a handshake saw on it, before the door went blind, takes it (that
             // handshake may have committed: handed out as TCP, its connection split). Should
@@ -2770,7 +2819,10 @@ mod tests {
         next.connect(&server.into()).unwrap();
         assert_ne!(sys::socket_cookie(next.as_fd()).unwrap(), cookie);
         let mut st = door.lock();
-        assert!(door.take(&mut st, client, server).is_none(), "another socket's connection matched the registration");
+        assert!(
+            door.take(&mut st, client, server, next.as_fd()).is_none(),
+            "another socket's connection matched the registration"
+        );
         assert_eq!(st.count, 0, "the registration, whose connection is gone, ended");
         assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
     }
@@ -2829,8 +2881,8 @@ mod tests {
         door.go_blind_for_test();
         assert_eq!(door.lock().count, 1, "a seen registration was dropped as the door went blind");
         let mut st = door.lock();
-        assert!(door.take(&mut st, client, server).is_none());
-        assert!(matches!(door.take(&mut st, client2, server), Some(Matched::Early(_))));
+        assert!(door.take(&mut st, client, server, queue.as_fd()).is_none());
+        assert!(matches!(door.take(&mut st, client2, server, queue.as_fd()), Some(Matched::Early(_))));
         assert_eq!(st.count, 0);
     }
 
@@ -2896,8 +2948,92 @@ mod tests {
         let mut st = door.lock();
         let _ = door.drain(&mut st);
         assert_eq!(st.count, 1);
-        assert!(door.take(&mut st, client, server).is_none());
+        assert!(door.take(&mut st, client, server, door_conn.as_fd()).is_none());
         assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
+    }
+
+    /// A registration kept for a late accept (past [`ENTRY_TTL`]) is matched at that accept by
+    /// our end of its connection, which the sweep learned, also once its client end is gone
+    /// from the kernel's tables: here its client wrote and closed, and its socket went at once
+    /// (a network namespace of its own with `tcp_max_tw_buckets` 0), as it goes a minute after
+    /// the close otherwise. Before, the accept found no client end and handed the connection
+    /// out as TCP, its client committed to shared memory with its bytes there. A socket that is
+    /// not that connection's end is not matched to it.
+    #[test]
+    fn a_seen_registration_is_matched_by_our_end_after_its_client_end_is_gone() {
+        use crate::proto::door::ConnectedTuple;
+        use std::io::Write;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: needs root (a network namespace of its own)");
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: unshare with CLONE_NEWNET moves this thread alone into a new network
+            // namespace; every socket below is made on this thread, so in it.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "{}", io::Error::last_os_error());
+            let up = std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status();
+            assert!(up.is_ok_and(|s| s.success()), "ip link set lo up");
+            std::fs::write("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0").unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let server = queue.local_addr().unwrap();
+                let ctx = crate::Context::new();
+                let door = Door::open(
+                    ctx.settings_handle().clone(),
+                    ctx.counters().clone(),
+                    (server, 0, false),
+                    Overrides::default(),
+                    false,
+                )
+                .expect("a door");
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+                let (client, key, _door_conn) = register_and_connect(&door, &sock, 7, server);
+                assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+                door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+                door.sweep();
+                assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
+                let mut sock = std::net::TcpStream::from(std::os::fd::OwnedFd::from(sock));
+                sock.write_all(b"bye").unwrap();
+                drop(sock);
+                let t = Instant::now();
+                while matches!(door.diag.owner(client, server), Ok(Some(_))) {
+                    assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let (accepted, _) = queue.accept().unwrap();
+                let stranger = std::net::TcpStream::connect(server).unwrap();
+                let _stranger_here = queue.accept().unwrap();
+                let mut st = door.lock();
+                assert!(door.take(&mut st, client, server, stranger.as_fd()).is_none(), "another socket matched");
+                assert_eq!(st.count, 0, "a registration whose connection is not this one ends");
+                drop(st);
+                // Again, and this time the connection accepted is its own.
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+                let (client, key, _door_conn) = register_and_connect(&door, &sock, 8, server);
+                assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+                door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+                door.sweep();
+                drop(sock);
+                let t = Instant::now();
+                while matches!(door.diag.owner(client, server), Ok(Some(_))) {
+                    assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let (next, _) = queue.accept().unwrap();
+                let mut st = door.lock();
+                assert!(
+                    matches!(door.take(&mut st, client, server, next.as_fd()), Some(Matched::Early(_))),
+                    "a late accept of a seen connection whose client end is gone went out as TCP"
+                );
+                drop((accepted, next));
+            });
+        })
+        .join()
+        .unwrap();
     }
 
     /// A listener bound to a device (`SO_BINDTODEVICE`, as in a VRF) and clients bound to it

@@ -29,6 +29,7 @@ mod wire;
 
 use std::io;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
@@ -115,14 +116,18 @@ pub(crate) fn set_socket_limit_handshake(fd: BorrowedFd<'_>, on: bool) -> io::Re
 pub(crate) fn diag(fd: BorrowedFd<'_>) -> io::Result<DiagMode> {
     let inode = crate::sys::fstat(fd)?.st_ino;
     let mut found = None;
+    // The kernel's smc_diag answers only with a dump of every SMC socket of the namespace; it
+    // is read up to our socket, no further: the kernel fills each part as the one before is
+    // read, so at most one part after ours is made.
     transact(wire::NETLINK_SOCK_DIAG, &wire::diag_request(next_seq()), true, |m| {
         if wire::is_diag_entry(m) {
             let (ino, mode) = wire::diag_entry(m.payload)?;
             if ino == inode {
                 found = Some(mode);
+                return Ok(ControlFlow::Break(()));
             }
         }
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "smc_diag does not list the socket"))
 }
@@ -176,7 +181,7 @@ pub fn limit_handshake() -> io::Result<bool> {
     let mut value = None;
     transact(libc::NETLINK_GENERIC, &wire::hs_limitation_get(family, next_seq()), true, |m| {
         value = Some(wire::hs_limitation_value(m.payload)?);
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     value.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "empty handshake limitation dump"))
 }
@@ -194,7 +199,9 @@ pub fn limit_handshake() -> io::Result<bool> {
 /// ```
 pub fn set_limit_handshake(on: bool) -> io::Result<()> {
     let family = smc_family()?;
-    transact(libc::NETLINK_GENERIC, &wire::hs_limitation_set(family, on, next_seq()), false, |_| Ok(()))
+    transact(libc::NETLINK_GENERIC, &wire::hs_limitation_set(family, on, next_seq()), false, |_| {
+        Ok(ControlFlow::Continue(()))
+    })
 }
 
 /// Whether this kernel offers `AF_SMC` sockets now (creates one and closes it, which may load
@@ -213,7 +220,7 @@ fn smc_family() -> io::Result<u16> {
     let mut id = None;
     transact(libc::NETLINK_GENERIC, &wire::genl_family_request(wire::SMC_GENL_FAMILY_NAME, next_seq()), false, |m| {
         id = Some(wire::genl_family_id(m.payload)?);
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })
     .map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => io::Error::new(io::ErrorKind::NotFound, "the kernel has no SMC_GEN_NETLINK family"),
@@ -228,14 +235,15 @@ fn next_seq() -> u32 {
 }
 
 /// Sends `request` on a new netlink socket of `proto` and hands every data message of the
-/// answer to `each`, until the dump's end (`dump`) or the one answer, error or acknowledgement.
+/// answer to `each`, until the dump's end (`dump`) or the one answer, error or acknowledgement,
+/// or until `each` says it has what it wanted (`Break`).
 /// Reads with `MSG_DONTWAIT`: the kernel produces its answer (each part of a dump) within the
 /// calls, so a read that would wait is an error, never a stalled worker.
 fn transact(
     proto: libc::c_int,
     request: &[u8],
     dump: bool,
-    mut each: impl FnMut(&wire::Msg<'_>) -> io::Result<()>,
+    mut each: impl FnMut(&wire::Msg<'_>) -> io::Result<ControlFlow<()>>,
 ) -> io::Result<()> {
     // SAFETY: plain socket(2); the result is checked before use.
     let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
@@ -285,7 +293,10 @@ fn transact(
                 wire::Control::Done | wire::Control::Ack => return Ok(()),
                 wire::Control::Error(e) => return Err(io::Error::from_raw_os_error(e)),
                 wire::Control::Data => {
-                    each(&m)?;
+                    // Enough: the socket closes with the rest of the answer unread.
+                    if each(&m)?.is_break() {
+                        return Ok(());
+                    }
                     if !dump && !wire::is_multi(&m) {
                         return Ok(());
                     }

@@ -688,9 +688,9 @@ impl SmcListener {
         if cfg.rdma.enabled {
             let local = shared.tcp.local_addr().ok().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
             tokio::spawn(async move {
-                crate::smc::rdma::warm_up(&cfg).await;
+                crate::smc::rdma::warm_up(&cfg, crate::smc::rdma::setup_deadline(&cfg)).await;
                 if let Some(ip) = local {
-                    crate::smc::rdma::warm_port(ip, &cfg).await;
+                    crate::smc::rdma::warm_port(ip, &cfg, crate::smc::rdma::setup_deadline(&cfg)).await;
                 }
             });
         }

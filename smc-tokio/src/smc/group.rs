@@ -46,6 +46,13 @@ pub(crate) fn clock_ns() -> u64 {
 /// close and not a link that went away under it.
 const IDLE_BEFORE_ENDED: Duration = Duration::from_secs(1);
 
+/// The shortest wait between two looks of a group's timer at whether it is idle: a group whose
+/// idle timeout is shorter (0: end it as soon as it has no connection) is ended within this of
+/// its last connection's end. Without a floor, a timeout of 0 re-armed the timer at once, and
+/// the group's driver woke about 1000 times a second (tokio's timer granularity) for as long as
+/// a connection lived; 20 looks a second are nothing beside a connection's own wake-ups.
+const IDLE_LOOK_MIN: Duration = Duration::from_millis(50);
+
 /// Which side created the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -61,7 +68,8 @@ struct GroupState {
     idle_since: Option<Instant>,
     join_secrets: Vec<Secret>,
     /// Ring bytes charged to the process budget per slot: the first size when allocated, more
-    /// as its ring grows, 0 when free.
+    /// as its ring grows, 0 when free (and always 0 where the link charges what it pins:
+    /// [`TxRmbs::charged_per_slot`]).
     charged: Vec<u32>,
 }
 
@@ -90,6 +98,8 @@ pub(crate) struct LinkGroup {
     /// Size of each RMB slot in our region: the most a ring may grow to (RMB autotuning; the
     /// same as `tx_rmb_size` where rings do not grow).
     pub(crate) tx_rmb_capacity: u32,
+    /// Whether each allocated slot is charged to the budget here ([`TxRmbs::charged_per_slot`]).
+    charged_per_slot: bool,
     link: OnceLock<Arc<dyn Link>>,
     state: Mutex<GroupState>,
     cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
@@ -132,6 +142,39 @@ pub(crate) struct LinkGroup {
     pollers: std::sync::atomic::AtomicUsize,
     /// The driver's waker while it waits.
     driver_waker: Mutex<Option<Waker>>,
+    /// Looks of the idle timer ([`idle_check`](Self::idle_check)), for tests.
+    #[cfg(test)]
+    idle_looks: AtomicU64,
+}
+
+/// The RMBs of a group's region, the peer's receive rings, which we write into.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxRmbs {
+    /// Slots: connections the group may hold at once.
+    pub(crate) count: u32,
+    /// Size each ring starts at.
+    pub(crate) size: u32,
+    /// Size each ring may grow to (RMB autotuning).
+    pub(crate) capacity: u32,
+    /// Whether the group charges each slot it allocates to the context's RMB budget, and each
+    /// ring's growth: on shared memory, where our region holds these rings and nothing else
+    /// of ours per connection. Not on verbs, whose link charges the memory it registers
+    /// (pins) for both its pools, ours to receive into and these, by the chunk, for as long
+    /// as it is registered (`link::verbs::Rmbs`).
+    pub(crate) charged_per_slot: bool,
+}
+
+impl TxRmbs {
+    /// Rings in a shared-memory region, charged by the slot.
+    pub(crate) fn shm(count: u32, size: u32, capacity: u32) -> TxRmbs {
+        TxRmbs { count, size, capacity, charged_per_slot: true }
+    }
+
+    /// Send buffers of a verbs link, which never grow and which the link charges.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn verbs(count: u32, size: u32) -> TxRmbs {
+        TxRmbs { count, size, capacity: size, charged_per_slot: false }
+    }
 }
 
 /// A link group's clocks.
@@ -167,22 +210,15 @@ impl fmt::Debug for LinkGroup {
 }
 
 impl LinkGroup {
-    pub(crate) fn new(
-        id: u64,
-        role: Role,
-        rmb_count: u32,
-        tx_rmb_size: u32,
-        tx_rmb_capacity: u32,
-        times: GroupTimes,
-        manager: Arc<Manager>,
-    ) -> Arc<LinkGroup> {
+    pub(crate) fn new(id: u64, role: Role, rmbs: TxRmbs, times: GroupTimes, manager: Arc<Manager>) -> Arc<LinkGroup> {
         let GroupTimes { idle_timeout, poll_window } = times;
-        let n = rmb_count.min(1 << 16) as usize;
+        let n = rmbs.count.min(1 << 16) as usize;
         Arc::new(LinkGroup {
             id,
             role,
-            tx_rmb_size,
-            tx_rmb_capacity: tx_rmb_capacity.max(tx_rmb_size),
+            tx_rmb_size: rmbs.size,
+            tx_rmb_capacity: rmbs.capacity.max(rmbs.size),
+            charged_per_slot: rmbs.charged_per_slot,
             link: OnceLock::new(),
             state: Mutex::new(GroupState {
                 conns: HashMap::default(),
@@ -210,6 +246,8 @@ impl LinkGroup {
             unarmed: AtomicBool::new(false),
             pollers: std::sync::atomic::AtomicUsize::new(0),
             driver_waker: Mutex::new(None),
+            #[cfg(test)]
+            idle_looks: AtomicU64::new(0),
         })
     }
 
@@ -295,11 +333,14 @@ impl LinkGroup {
             return None;
         }
         let slot = st.free.pop()?;
-        if !self.manager.charge_rmb(u64::from(self.tx_rmb_size)) {
+        let charge = if self.charged_per_slot { self.tx_rmb_size } else { 0 };
+        // (Nothing to charge is no charge: a budget whose cap was cut below its use refuses
+        // even 0 bytes.)
+        if charge > 0 && !self.manager.charge_rmb(u64::from(charge)) {
             st.free.push(slot);
             return None;
         }
-        st.charged[usize::from(slot)] = self.tx_rmb_size;
+        st.charged[usize::from(slot)] = charge;
         // Not idle any more: the idle timer must not tear the group down under this slot.
         st.idle_since = None;
         let g = st.generation[usize::from(slot)];
@@ -332,7 +373,7 @@ impl LinkGroup {
             return false;
         }
         let now = st.charged[slot];
-        if size > now {
+        if self.charged_per_slot && size > now {
             if !self.manager.charge_rmb(u64::from(size - now)) {
                 return false;
             }
@@ -410,8 +451,17 @@ impl LinkGroup {
 
     /// Installs the established link and starts the driver task on the current runtime.
     pub(crate) fn establish(self: &Arc<Self>, link: Arc<dyn Link>) -> Result<(), LinkError> {
-        if self.link.set(link).is_err() {
-            return Err(LinkError::Protocol("link group established twice"));
+        {
+            // Under the group's lock, as `end` marks it dead: a group that ended before (a
+            // handshake that gave up on it while its setup step ran) takes no link, which no
+            // teardown would reach; one that ends after finds the link and tears it down.
+            let st = self.lock();
+            if let Some(e) = &st.dead {
+                return Err(e.clone());
+            }
+            if self.link.set(link).is_err() {
+                return Err(LinkError::Protocol("link group established twice"));
+            }
         }
         self.manager.counters.link_group_up();
         self.changed.notify_waiters();
@@ -799,9 +849,12 @@ impl LinkGroup {
     /// Tears the group down if it has been idle long enough; returns whether it did, or how
     /// long to wait before asking again.
     fn idle_check(&self) -> Result<(), Duration> {
+        #[cfg(test)]
+        self.idle_looks.fetch_add(1, Ordering::Relaxed);
         let st = self.lock();
+        let again = self.idle_timeout.max(IDLE_LOOK_MIN);
         match st.idle_since {
-            Some(_) if self.pins.load(Ordering::Acquire) > 0 => Err(self.idle_timeout),
+            Some(_) if self.pins.load(Ordering::Acquire) > 0 => Err(again),
             Some(since) if st.conns.is_empty() => {
                 let idle = since.elapsed();
                 if idle >= self.idle_timeout {
@@ -812,7 +865,7 @@ impl LinkGroup {
                     Err(self.idle_timeout - idle)
                 }
             }
-            _ => Err(self.idle_timeout),
+            _ => Err(again),
         }
     }
 }
@@ -1096,7 +1149,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{GroupTimes, LinkGroup, Role};
+    use super::{GroupTimes, LinkGroup, Role, TxRmbs};
     use crate::link::shm::region::Layout;
     use crate::link::shm::tests::joined;
     use crate::link::Link;
@@ -1117,7 +1170,7 @@ mod tests {
                 let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "space-watch").await;
                 let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
                 let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
-                let group = LinkGroup::new(7, Role::Client, 4, 4096, 4096, times, manager);
+                let group = LinkGroup::new(7, Role::Client, TxRmbs::shm(4, 4096, 4096), times, manager);
                 group.establish(Arc::new(client)).unwrap();
                 let link = group.link().unwrap();
                 // Fill the ring, as senders that do not register (their retry went through).
@@ -1141,5 +1194,36 @@ mod tests {
         let watching =
             rx.recv_timeout(Duration::from_secs(20)).expect("the runtime froze: its link group's driver never slept");
         assert!(!watching, "the watch for space stayed on with nobody waiting");
+    }
+
+    /// A group with an idle timeout of 0 (ended as soon as it has no connection) looks at
+    /// whether it is idle at most every [`IDLE_LOOK_MIN`](super::IDLE_LOOK_MIN) while it has
+    /// a connection, counted over a second of a paused clock. Its timer, re-armed at 0, fired
+    /// at once, again and again: the driver never let its runtime idle, so the paused clock
+    /// never moved and the runtime froze (on a running clock, a wake-up every millisecond).
+    #[test]
+    fn a_group_with_no_idle_time_does_not_spin_its_timer_while_in_use() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+            let looks = rt.block_on(async {
+                let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "idle-zero").await;
+                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+                let times = GroupTimes { idle_timeout: Duration::ZERO, poll_window: Duration::ZERO };
+                let group = LinkGroup::new(7, Role::Client, TxRmbs::shm(4, 4096, 4096), times, manager);
+                group.establish(Arc::new(client)).unwrap();
+                let slot = group.alloc_slot().expect("a slot");
+                let before = group.idle_looks.load(std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let looks = group.idle_looks.load(std::sync::atomic::Ordering::Relaxed) - before;
+                assert!(group.is_alive(), "a group in use was ended");
+                let _ = (slot, server);
+                looks
+            });
+            let _ = tx.send(looks);
+        });
+        let looks = rx.recv_timeout(Duration::from_secs(20)).expect("the runtime froze: the group's idle timer spun");
+        let most = Duration::from_secs(1).as_millis() / super::IDLE_LOOK_MIN.as_millis() + 1;
+        assert!(u128::from(looks) <= most, "{looks} looks at the idle timer in a second, at most {most} expected");
     }
 }

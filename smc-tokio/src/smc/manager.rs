@@ -94,7 +94,7 @@ impl Manager {
     }
 
     /// The RMB memory budget.
-    pub(crate) fn budget(&self) -> &RmbBudget {
+    pub(crate) fn budget(&self) -> &Arc<RmbBudget> {
         &self.budget
     }
 
@@ -125,6 +125,10 @@ pub(crate) fn make_room<T>(mut look: impl FnMut() -> Result<T, Vec<Arc<LinkGroup
             Err(candidates) if candidates.iter().any(|g| g.end_if_idle()) => {}
             Err(_) => break,
         }
+    }
+    // The last round's end may have made the room.
+    if let Ok(t) = look() {
+        return Ok(t);
     }
     tracing::debug!("no room for another link group, and none is idle: declining");
     Err(DeclineReason::OutOfMemory)

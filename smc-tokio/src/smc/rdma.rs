@@ -13,14 +13,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::Settings;
+use crate::config::{Settings, MIN_RMB_SIZE};
 use crate::link::verbs::device::{find_port, find_port_cached, find_port_off_runtime, gid_of, Port, Remote};
-use crate::link::verbs::{LinkRole, PeerRmb, VerbsLink, REG_CHUNK_BYTES};
+use crate::link::verbs::{chunk_bytes, LinkRole, PeerRmb, Rmbs, VerbsLink, REG_CHUNK_BYTES};
 use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::{PendingConn, SmcConn};
-use crate::smc::group::{GroupTimes, LinkGroup, Role};
+use crate::smc::group::{GroupTimes, LinkGroup, Role, TxRmbs};
 use crate::smc::manager::Manager;
 
 type PeerKey = ([u8; 16], u32);
@@ -54,21 +54,25 @@ struct State {
     server_groups: HashMap<u64, ([u8; 16], std::sync::Weak<LinkGroup>)>,
 }
 
-/// What a link group may pin beyond the rings the RMB budget counts: the first registered
-/// chunk of each of its two pools ([`REG_CHUNK_BYTES`], 2 MiB each), and a queue pair.
+/// What a link group's first connection registers (pins): the first chunk of each of its two
+/// pools ([`REG_CHUNK_BYTES`], 2 MiB each). The link charges registered chunks to the RMB
+/// budget; this measure also bounds how many groups a server holds, each with a queue pair,
+/// completion queue and protection domain that the budget does not count.
 const GROUP_PINNED_BYTES: u64 = 2 * REG_CHUNK_BYTES as u64;
 
-/// Link groups a server holds at once, from all clients, confirmed or not: as many as the
+/// Link groups a server holds at once, from all clients, confirmed or not: as many as half the
 /// context's RMB budget ([`set_rmb_memory_cap`](crate::config::set_rmb_memory_cap), 1 GiB by
-/// default) would hold at [`GROUP_PINNED_BYTES`] each (256 by default), and at least 4. Without
+/// default) would hold at [`GROUP_PINNED_BYTES`] each (128 by default), and at least 4. Without
 /// a bound, a client proposing no group, connection after connection, made the server pin
-/// 4 MiB and a queue pair per connection, uncounted.
+/// 4 MiB and a queue pair per connection; half, because each group's first chunks are charged
+/// to that budget, which the context's shared-memory connections and its own clients use too,
+/// and remote hosts that never confirm their groups must not take all of it.
 fn max_server_groups(manager: &Manager) -> usize {
-    usize::try_from(manager.budget().cap() / GROUP_PINNED_BYTES).unwrap_or(usize::MAX).max(4)
+    usize::try_from(manager.budget().cap() / (2 * GROUP_PINNED_BYTES)).unwrap_or(usize::MAX).max(4)
 }
 
 /// Link groups a server holds for one client host (GID), and a client for one server address:
-/// a quarter of [`max_server_groups`] (64 by default). A client of ours proposes the group it
+/// a quarter of [`max_server_groups`] (32 by default). A client of ours proposes the group it
 /// has (one holds 1024 connections by default) and makes another for another ring size, when
 /// one is full, or from another process; the groups of processes that were killed stay until
 /// their connections' abort goes unanswered (30 s). The soft-RoCE test bed, whose processes
@@ -132,6 +136,21 @@ fn client_group_room(manager: &Manager, server: SocketAddr) -> Result<(), Declin
     })
 }
 
+/// Room in the RMB budget for `bytes` more pinned memory, ending an idle RDMA group of the
+/// context to make it where there is none ([`make_room`]): a group's registered chunks stay
+/// charged while it lives, idle or not, and a burst's groups would otherwise hold the budget
+/// until their idle timeout while new connections stay TCP. Runs on the setup thread, where an
+/// ended group's chunks are given back at once.
+fn pinned_room(manager: &Manager, bytes: u64) -> Result<(), DeclineReason> {
+    make_room(manager, |s| {
+        if manager.budget().room_for(bytes) {
+            return None;
+        }
+        let groups = s.server_groups.values().filter_map(|(_, w)| w.upgrade());
+        Some(groups.chain(s.by_server.values().flatten().map(|e| e.group.clone())).collect())
+    })
+}
+
 /// A context's RDMA link groups (held by its [`Manager`]).
 #[derive(Default)]
 pub(crate) struct Registry {
@@ -158,11 +177,28 @@ impl Registry {
     }
 }
 
-/// Loads the verbs library and opens the devices off the runtime, once (when RDMA is on).
-pub(crate) async fn warm_up(cfg: &Settings) {
-    if cfg.rdma.enabled {
-        crate::link::verbs::device::init_devices().await;
+/// Loads the verbs library and opens the devices off the runtime, once (when RDMA is on),
+/// waiting for that until `deadline` at most ([`until`]).
+pub(crate) async fn warm_up(cfg: &Settings, deadline: tokio::time::Instant) {
+    if cfg.rdma.enabled && !crate::link::verbs::device::devices_opened() {
+        until(deadline, crate::link::verbs::device::init_devices()).await;
     }
+}
+
+/// Waits for `look`, a look-up on the setup thread, until `deadline` at most. The thread does
+/// one step at a time for the whole process, and other handshakes' setups may be queued on
+/// it: past the deadline the caller goes on without the answer (its connection without
+/// RDMA), and the look-up goes on in a task of its own, for the connections after it.
+async fn until(deadline: tokio::time::Instant, look: impl std::future::Future<Output = ()> + Send + 'static) {
+    let look = tokio::spawn(look);
+    if tokio::time::timeout_at(deadline, look).await.is_err() {
+        tracing::debug!("rdma look-up still queued: going on without it");
+    }
+}
+
+/// The end of a wait for a handshake's RDMA setup, `cfg`'s handshake bound from now.
+pub(crate) fn setup_deadline(cfg: &Settings) -> tokio::time::Instant {
+    tokio::time::Instant::now() + cfg.handshake_timeout
 }
 
 /// Whether an RDMA port may serve `local` here, without waiting: `false` only once the lookup
@@ -177,18 +213,22 @@ pub(crate) fn may_serve(local: IpAddr, cfg: &Settings) -> bool {
     match find_port_cached(local, &cfg.rdma) {
         Some(r) => r.is_ok(),
         None => {
-            let cfg = cfg.clone();
-            tokio::spawn(async move { warm_port(local, &cfg).await });
+            // One look-up task per address at a time, however many connections come first.
+            crate::link::verbs::device::look_up_in_background(local, &cfg.rdma);
             true
         }
     }
 }
 
 /// Looks up the port for `local` off the runtime, so that later lookups (in the proposal, in
-/// the handshake) answer from the cache.
-pub(crate) async fn warm_port(local: IpAddr, cfg: &Settings) {
-    if cfg.rdma.enabled {
-        let _ = find_port_off_runtime(local, &cfg.rdma).await;
+/// the handshake) answer from the cache; waits for it until `deadline` at most ([`until`]).
+pub(crate) async fn warm_port(local: IpAddr, cfg: &Settings, deadline: tokio::time::Instant) {
+    if cfg.rdma.enabled && find_port_cached(local, &cfg.rdma).is_none() {
+        let rdma = cfg.rdma.clone();
+        until(deadline, async move {
+            let _ = find_port_off_runtime(local, &rdma).await;
+        })
+        .await;
     }
 }
 
@@ -197,13 +237,25 @@ pub(crate) async fn warm_port(local: IpAddr, cfg: &Settings) {
 /// domains, completion queues and queue pairs, moving a QP through its states and registering
 /// memory are system calls into the RDMA driver (memory registration pins pages), which must
 /// not stall a runtime worker. The step may spawn tasks (it runs with the runtime entered).
+/// Its turn is waited for until `deadline`, after which it never runs and the handshake is
+/// declined as congested; once begun, it is waited for to its end
+/// ([`on_setup_thread_by`](crate::link::verbs::device::on_setup_thread_by)).
 async fn off_runtime<T: Send + 'static>(
+    deadline: tokio::time::Instant,
     f: impl FnOnce() -> Result<T, DeclineReason> + Send + 'static,
 ) -> Result<T, DeclineReason> {
-    crate::link::verbs::device::on_setup_thread(f).await.unwrap_or_else(|| {
-        tracing::warn!("rdma link setup job was lost");
-        Err(DeclineReason::Internal)
-    })
+    use crate::link::verbs::device::Setup;
+    match crate::link::verbs::device::on_setup_thread_by(deadline, f).await {
+        Setup::Done(r) => r,
+        Setup::Late => {
+            tracing::debug!("rdma setup did not get its turn within the handshake bound");
+            Err(DeclineReason::HandshakeCongested)
+        }
+        Setup::Lost => {
+            tracing::warn!("rdma link setup job was lost");
+            Err(DeclineReason::Internal)
+        }
+    }
 }
 
 fn port_for(manager: &Manager, local: IpAddr, cfg: &Settings) -> Result<Port, DeclineReason> {
@@ -218,21 +270,34 @@ fn usable(e: &Entry, rx_size: u32, tx_size: u32) -> bool {
     e.group.is_established() && e.link.rx_rmb_size() == rx_size && e.link.tx_size() == tx_size
 }
 
-fn new_link(port: Port, role: LinkRole, cfg: &Settings, rx: u32, tx: u32) -> Result<Arc<VerbsLink>, DeclineReason> {
-    VerbsLink::new(port, role, cfg.shm.rmbs_per_group, rx, tx, cfg.shm.busy_poll, cfg.rdma.link_test)
-        .map(Arc::new)
-        .map_err(|e| {
-            tracing::debug!(error = %e, "cannot create an rdma link");
-            match e {
-                LinkError::Io(std::io::ErrorKind::OutOfMemory, _) => DeclineReason::OutOfMemory,
-                _ => DeclineReason::Internal,
-            }
-        })
+fn new_link(
+    manager: &Manager,
+    port: Port,
+    role: LinkRole,
+    cfg: &Settings,
+    rx: u32,
+    tx: u32,
+) -> Result<Arc<VerbsLink>, DeclineReason> {
+    let rmbs = Rmbs { count: cfg.shm.rmbs_per_group, rx_size: rx, tx_size: tx, budget: manager.budget().clone() };
+    VerbsLink::new(port, role, rmbs, cfg.shm.busy_poll, cfg.rdma.link_test).map(Arc::new).map_err(|e| {
+        tracing::debug!(error = %e, "cannot create an rdma link");
+        match e {
+            LinkError::Io(std::io::ErrorKind::OutOfMemory, _) => DeclineReason::OutOfMemory,
+            _ => DeclineReason::Internal,
+        }
+    })
 }
 
-/// Registers the connection's RMB; gives its slot back when that fails.
-fn open_rmb(link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), DeclineReason> {
-    link.register_rmb(conn.our_token()).map_err(|e| {
+/// Registers the connection's RMB; gives its slot back when that fails. A budget with no room
+/// for the chunks is given room by ending an idle group, if there is one ([`pinned_room`]).
+fn open_rmb(manager: &Manager, link: &VerbsLink, conn: &Arc<SmcConn>) -> Result<(u64, u32), DeclineReason> {
+    let registered = link.register_rmb(conn.our_token()).or_else(|e| match e {
+        LinkError::Io(std::io::ErrorKind::OutOfMemory, _) if pinned_room(manager, link.chunk_pair_bytes()).is_ok() => {
+            link.register_rmb(conn.our_token())
+        }
+        e => Err(e),
+    });
+    registered.map_err(|e| {
         tracing::debug!(error = %e, "cannot register an rmb");
         conn.group().unregister(conn.our_token());
         DeclineReason::OutOfMemory
@@ -372,29 +437,33 @@ pub(crate) async fn client_conn_create(
     a: &RdmaLinkInfo,
     rx_size: u32,
     cfg: &Settings,
-    timeout: Duration,
+    (timeout, deadline): (Duration, tokio::time::Instant),
 ) -> Result<(PendingConn, RdmaLinkInfo), DeclineReason> {
     let (a, cfg, manager) = (*a, cfg.clone(), manager.clone());
-    off_runtime(move || {
+    off_runtime(deadline, move || {
         let (conn, confirm) = client_conn_create_blocking(&manager, server, local, &a, rx_size, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), confirm))
     })
     .await
 }
 
-/// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
-/// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
 /// Whether the peer's receive ring (`peer_rmb`, from its Proposal or Accept) is one we take:
 /// our send buffer for the connection is as large, registered (pinned) and charged to the
 /// context's RMB budget, so a peer that names 1 GiB would take the whole default budget with
 /// one connection (every other SMC connection of the process then falling back to TCP) and pin
-/// it. Never more than our own largest ring (`ShmConfig::rmb_max`); a larger one is declined
-/// (the connection stays TCP).
+/// it. Never more than our own largest ring (`ShmConfig::rmb_max`), and never less than our
+/// smallest ([`MIN_RMB_SIZE`]): a ring of a few bytes would make us send a CDC message, and
+/// take a completion, for every few bytes we write. Others are declined (the connection stays
+/// TCP).
 fn peer_ring_fits(peer_rmb: u32, cfg: &Settings) -> Result<(), DeclineReason> {
     let max = cfg.shm.get_rmb_max();
     if peer_rmb > max {
         tracing::debug!(peer_rmb, max, "the peer's rdma receive ring is larger than ours may be: declining");
         return Err(DeclineReason::OutOfMemory);
+    }
+    if peer_rmb < MIN_RMB_SIZE {
+        tracing::debug!(peer_rmb, min = MIN_RMB_SIZE, "the peer's rdma receive ring is too small: declining");
+        return Err(DeclineReason::SyncError);
     }
     Ok(())
 }
@@ -410,6 +479,8 @@ fn accepted_gid_is_the_servers(a: &RdmaLinkInfo, server: SocketAddr) -> Result<(
     Err(DeclineReason::SyncError)
 }
 
+/// The client's side of an RDMA Accept: reuses the group to that server QP or builds one (QP to
+/// RTS), registers our RMB and the connection. Returns what goes into the Confirm. Blocks.
 fn client_conn_create_blocking(
     manager: &Arc<Manager>,
     server: SocketAddr,
@@ -439,7 +510,11 @@ fn client_conn_create_blocking(
         Some(e) => e,
         None => {
             client_group_room(manager, server)?;
-            let link = new_link(port.clone(), LinkRole::Client, cfg, rx_size, a.rmb_size)?;
+            pinned_room(
+                manager,
+                chunk_bytes(cfg.shm.rmbs_per_group, rx_size) + chunk_bytes(cfg.shm.rmbs_per_group, a.rmb_size),
+            )?;
+            let link = new_link(manager, port.clone(), LinkRole::Client, cfg, rx_size, a.rmb_size)?;
             link.connect(&Remote { gid: a.gid, qpn: a.qpn, psn: a.psn, mtu }).map_err(|e| {
                 tracing::debug!(error = %e, "cannot connect the rdma qp");
                 DeclineReason::Internal
@@ -447,9 +522,7 @@ fn client_conn_create_blocking(
             let group = LinkGroup::new(
                 crate::sys::random_u64(),
                 Role::Client,
-                cfg.shm.rmbs_per_group,
-                a.rmb_size,
-                a.rmb_size,
+                TxRmbs::verbs(cfg.shm.rmbs_per_group, a.rmb_size),
                 GroupTimes { idle_timeout: cfg.shm.idle_timeout, poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
@@ -464,12 +537,21 @@ fn client_conn_create_blocking(
                 }
             });
             let e = Entry { group, link, peer: (a.gid, a.qpn), server_id: a.link_group };
-            manager.rdma.lock().by_server.entry(server).or_default().push(e.clone());
+            {
+                // Filed only while the group lives, as the server files its own: an entry filed
+                // after the group ended (and was forgotten) would count against the bound for
+                // good.
+                let mut s = manager.rdma.lock();
+                if !e.group.is_alive() {
+                    return Err(DeclineReason::Internal);
+                }
+                s.by_server.entry(server).or_default().push(e.clone());
+            }
             e
         }
     };
     let conn = entry.group.open_conn(Some(a.rmb_token), rx_ring, &cfg.shm)?;
-    let (rmb_addr, rkey) = open_rmb(&entry.link, &conn)?;
+    let (rmb_addr, rkey) = open_rmb(manager, &entry.link, &conn)?;
     let peer = PeerRmb { token: a.rmb_token, addr: a.rmb_addr, rkey: a.rkey, size: a.rmb_size };
     if let Err(e) = entry.link.bind(conn.our_token(), &peer) {
         tracing::debug!(error = %e, "cannot bind the connection to the server's rmb");
@@ -525,10 +607,10 @@ pub(crate) async fn server_conn_create(
     local: IpAddr,
     peer: IpAddr,
     cfg: &Settings,
-    timeout: Duration,
+    (timeout, deadline): (Duration, tokio::time::Instant),
 ) -> Result<(PendingConn, RdmaLinkInfo, ServerPending), DeclineReason> {
     let (p, cfg, manager) = (p.clone(), cfg.clone(), manager.clone());
-    off_runtime(move || {
+    off_runtime(deadline, move || {
         let (conn, info, pending) = server_conn_create_blocking(&manager, &p, local, peer, &cfg, timeout)?;
         Ok((PendingConn::holding(conn), info, pending))
     })
@@ -574,18 +656,21 @@ fn server_conn_create_blocking(
         Some(e) => (e.group, e.link),
         None => {
             let id = crate::sys::random_u64();
+            pinned_room(
+                manager,
+                chunk_bytes(cfg.shm.rmbs_per_group, rx_size) + chunk_bytes(cfg.shm.rmbs_per_group, p.rmb_size),
+            )?;
             admit_server_group(manager, id, offer.gid)?;
             // From here the group is counted until the manager forgets it (when it fails, which
             // `Unconfirmed` below makes sure of), or until this fails first.
-            let link = new_link(port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size).inspect_err(|_| {
-                manager.rdma.lock().server_groups.remove(&id);
-            })?;
+            let link =
+                new_link(manager, port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size).inspect_err(|_| {
+                    manager.rdma.lock().server_groups.remove(&id);
+                })?;
             let group = LinkGroup::new(
                 id,
                 Role::Server,
-                cfg.shm.rmbs_per_group,
-                p.rmb_size,
-                p.rmb_size,
+                TxRmbs::verbs(cfg.shm.rmbs_per_group, p.rmb_size),
                 GroupTimes { idle_timeout: cfg.shm.idle_timeout.max(timeout), poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
@@ -597,7 +682,7 @@ fn server_conn_create_blocking(
     // client that never confirms leaves nothing behind, however slowly the host runs.
     let unconfirmed = (!group.is_established()).then(|| Arc::new(Unconfirmed(group.clone())));
     let conn = group.open_conn(None, rx_ring, &cfg.shm)?;
-    let (rmb_addr, rkey) = open_rmb(&link, &conn)?;
+    let (rmb_addr, rkey) = open_rmb(manager, &link, &conn)?;
     let accepted = RdmaLinkInfo {
         gid: port.gid,
         qpn: link.qpn(),
@@ -635,16 +720,20 @@ impl Drop for ServerPending {
 }
 
 /// The server's side of the client's Confirm (see [`server_confirm_blocking`]), off the
-/// runtime.
+/// runtime, its turn waited for until `deadline` ([`off_runtime`]): an error is the reason to
+/// decline with, and why.
 pub(crate) async fn server_confirm(
     conn: &Arc<SmcConn>,
     pending: &ServerPending,
     c: &RdmaLinkInfo,
-) -> Result<(), String> {
+    deadline: tokio::time::Instant,
+) -> Result<(), (DeclineReason, String)> {
     let (conn, pending, c) = (conn.clone(), pending.clone(), *c);
-    crate::link::verbs::device::on_setup_thread(move || server_confirm_blocking(&conn, &pending, &c))
-        .await
-        .unwrap_or_else(|| Err("rdma confirm job was lost".into()))
+    let checked = off_runtime(deadline, move || Ok(server_confirm_blocking(&conn, &pending, &c))).await;
+    match checked {
+        Ok(r) => r.map_err(|why| (DeclineReason::SyncError, why)),
+        Err(reason) => Err((reason, "the confirm's setup did not get its turn".into())),
+    }
 }
 
 /// The server's side of the client's Confirm: connects a new group's QP (and confirms the link
@@ -678,7 +767,15 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
         link.connect(&Remote { gid: c.gid, qpn: c.qpn, psn: c.psn, mtu: c.mtu }).map_err(|e| e.to_string())?;
         group.establish(link.clone()).map_err(|e| e.to_string())?;
         let e = Entry { group: group.clone(), link: link.clone(), peer: key, server_id: group.id };
-        group.manager().rdma.lock().server.insert(group.id, e);
+        {
+            // Filed only while the group lives: one that ended meanwhile was forgotten already,
+            // and an entry filed after that would keep its link for good.
+            let mut s = group.manager().rdma.lock();
+            if !group.is_alive() {
+                return Err("link group is gone".into());
+            }
+            s.server.insert(group.id, e);
+        }
         // Confirmed only now that a proposal naming the group finds it.
         link.confirm_up().map_err(|e| e.to_string())?;
     }
@@ -699,7 +796,7 @@ mod tests {
     use crate::config::{RmbBudget, Settings, ShmConfig};
     use crate::proto::clc::DeclineReason;
     use crate::proto::cursor::RingSize;
-    use crate::smc::group::{GroupTimes, LinkGroup, Role};
+    use crate::smc::group::{GroupTimes, LinkGroup, Role, TxRmbs};
     use crate::smc::manager::Manager;
 
     fn gid(host: u8) -> [u8; 16] {
@@ -743,10 +840,10 @@ mod tests {
     #[test]
     fn a_client_cannot_make_a_server_hold_groups_without_bound() {
         let default = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
-        assert_eq!((max_server_groups(&default), max_groups_per_peer(&default)), (256, 64));
+        assert_eq!((max_server_groups(&default), max_groups_per_peer(&default)), (128, 32));
         // A smaller budget, fewer groups (and a shorter test).
         let budget = RmbBudget::new();
-        budget.set_cap(64 << 20);
+        budget.set_cap(128 << 20);
         let manager = Manager::new(Arc::default(), Arc::new(budget));
         let (most, per_peer) = (max_server_groups(&manager), max_groups_per_peer(&manager));
         assert_eq!((most, per_peer), (16, 4));
@@ -757,7 +854,7 @@ mod tests {
         let mut make = |host: u8| -> Result<Arc<LinkGroup>, DeclineReason> {
             next_id += 1;
             admit_server_group(&manager, next_id, gid(host))?;
-            let g = LinkGroup::new(next_id, Role::Server, 2, 1 << 16, 1 << 16, times, manager.clone());
+            let g = LinkGroup::new(next_id, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
             manager.rdma.lock().made_server_group(&g);
             g.backdate_idle(Duration::from_secs(2));
             Ok(g)
@@ -806,7 +903,7 @@ mod tests {
 
         // A client group of the same id as a server group is not counted, nor forgotten for it.
         let (busy, _) = &first[0];
-        let client_group = LinkGroup::new(busy.id, Role::Client, 1, 1 << 16, 1 << 16, times, manager.clone());
+        let client_group = LinkGroup::new(busy.id, Role::Client, TxRmbs::verbs(1, 1 << 16), times, manager.clone());
         manager.forget(&client_group);
         assert!(manager.rdma.lock().server_groups.contains_key(&busy.id));
     }
@@ -824,5 +921,16 @@ mod tests {
         cfg.shm = ShmConfig::default().rmb_size(2 << 20).rmb_max(0);
         assert_eq!(peer_ring_fits(2 << 20, &cfg), Ok(()));
         assert_eq!(peer_ring_fits(4 << 20, &cfg), Err(DeclineReason::OutOfMemory));
+    }
+
+    /// A ring of a few bytes would make every few bytes we write a CDC message: below our own
+    /// smallest ring, a peer's is declined.
+    #[test]
+    fn a_peer_ring_smaller_than_ours_may_be_is_declined() {
+        let cfg = Settings::default();
+        for tiny in [1, 4095] {
+            assert_eq!(peer_ring_fits(tiny, &cfg), Err(DeclineReason::SyncError), "{tiny} bytes");
+        }
+        assert_eq!(peer_ring_fits(crate::config::MIN_RMB_SIZE, &cfg), Ok(()));
     }
 }

@@ -25,7 +25,7 @@ use crate::link::Link;
 use crate::proto::clc::{DeclineReason, Proposal, Secret, ShmLinkInfo, ShmOffer, SHM_SOCKET_NAME_MAX};
 use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
-use crate::smc::group::{GroupPin, GroupTimes, LinkGroup, Role};
+use crate::smc::group::{GroupPin, GroupTimes, LinkGroup, Role, TxRmbs};
 use crate::smc::manager::Manager;
 use crate::smc::ClientIdentity;
 use crate::sys;
@@ -430,9 +430,7 @@ impl Manager {
                 let group = LinkGroup::new(
                     accept.link_group,
                     Role::Client,
-                    layout.rmb_count,
-                    our_rmb_size,
-                    capacity,
+                    TxRmbs::shm(layout.rmb_count, our_rmb_size, capacity),
                     GroupTimes { idle_timeout: cfg.idle_timeout, poll_window: cfg.adaptive_poll },
                     self.clone(),
                 );
@@ -571,9 +569,7 @@ impl Manager {
         let group = LinkGroup::new(
             id,
             Role::Server,
-            layout.rmb_count,
-            cfg.rmb_size,
-            cfg.get_rmb_max(),
+            TxRmbs::shm(layout.rmb_count, cfg.rmb_size, cfg.get_rmb_max()),
             GroupTimes { idle_timeout: cfg.idle_timeout.max(handshake_timeout), poll_window: cfg.adaptive_poll },
             self.clone(),
         );
@@ -718,7 +714,7 @@ mod tests {
             let mut c = manager.shm.client.lock().unwrap();
             for _ in 0..n {
                 let id = 1000 + groups.len() as u64;
-                let g = LinkGroup::new(id, Role::Client, 2, 1 << 16, 1 << 16, times, manager.clone());
+                let g = LinkGroup::new(id, Role::Client, TxRmbs::shm(2, 1 << 16, 1 << 16), times, manager.clone());
                 c.by_id.insert(id, (b"held".to_vec(), g.clone(), (pid, 0)));
                 groups.push(g);
             }

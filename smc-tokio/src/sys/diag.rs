@@ -31,6 +31,8 @@ const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 
 /// `TCP_ESTABLISHED`, the state of a connected socket (include/net/tcp_states.h).
 pub(crate) const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_CLOSE_WAIT`: a connected socket whose peer closed its side (include/net/tcp_states.h).
+pub(crate) const TCP_CLOSE_WAIT: u8 = 8;
 
 /// What the kernel says of one TCP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

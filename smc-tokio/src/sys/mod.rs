@@ -1607,4 +1607,4 @@ pub(crate) use tcp::*;
 // ----- who owns a TCP socket ---------------------------------------------------------------
 
 mod diag;
-pub(crate) use diag::{bound_device, socket_cookie, v6_only, TcpDiag, TCP_ESTABLISHED};
+pub(crate) use diag::{bound_device, socket_cookie, v6_only, TcpDiag, TcpOwner, TCP_CLOSE_WAIT, TCP_ESTABLISHED};

@@ -107,6 +107,14 @@ impl Device {
 std::thread_local! {
     /// Set while this thread runs link setup on purpose (a blocking thread, [`as_setup`]).
     static SETUP_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set on the dedicated setup thread, where steps run one at a time.
+    static DEDICATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this is the dedicated setup thread, where no other setup step runs meanwhile (not
+/// the blocking pool, which runs them side by side when that thread could not start).
+pub(crate) fn on_the_setup_thread() -> bool {
+    DEDICATED.with(std::cell::Cell::get)
 }
 
 /// Device calls that block (creating and modifying verbs objects, registering memory, scanning
@@ -141,23 +149,96 @@ type SetupJob = Box<dyn FnOnce() + Send>;
 /// during 20 concurrent handshakes that way, with no verbs call on the runtime. Serialized on
 /// one thread, setup never holds the lock in two modes at once. `None` if the job was lost
 /// (its thread died).
+///
+/// A job whose caller stopped waiting before its turn came (its handshake timed out or was
+/// dropped) is skipped: setup the thread would do for nobody does not delay the jobs queued
+/// behind it.
 pub(crate) async fn on_setup_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    match setup_step(None, f).await {
+        Setup::Done(t) => Some(t),
+        Setup::Late | Setup::Lost => None,
+    }
+}
+
+/// What became of a setup step queued with a deadline ([`on_setup_thread_by`]).
+#[derive(Debug)]
+pub(crate) enum Setup<T> {
+    /// It ran, with this result.
+    Done(T),
+    /// Its turn had not come by the deadline: it never runs.
+    Late,
+    /// Its thread died before it ran.
+    Lost,
+}
+
+/// [`on_setup_thread`], waiting for the step's turn until `deadline` at most. A step that
+/// began by then is waited for to its end, however long it takes after the deadline: its
+/// caller gets what it made (a link, a group, a registered slot) and disposes of it, instead
+/// of the step finishing for nobody. A step that had not begun never runs.
+pub(crate) async fn on_setup_thread_by<T: Send + 'static>(
+    deadline: tokio::time::Instant,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Setup<T> {
+    setup_step(Some(deadline), f).await
+}
+
+/// [`on_setup_thread_by`], or with no deadline at all (`None`: no timer, which a runtime with
+/// a paused clock would advance to).
+async fn setup_step<T: Send + 'static>(
+    deadline: Option<tokio::time::Instant>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Setup<T> {
     let handle = tokio::runtime::Handle::current();
+    let (start_tx, mut start_rx) = tokio::sync::oneshot::channel::<()>();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job: SetupJob = Box::new(move || {
+        // Inside the runtime whatever becomes of the step, so that `f`, dropped unrun, drops
+        // there too (moved in after the guard, it drops before it).
         let _rt = handle.enter();
+        let f = f;
+        // Begins only while its caller waits; the caller, having seen it begin, waits for its
+        // end.
+        if start_tx.send(()).is_err() {
+            tracing::debug!("rdma setup step skipped: nobody waits for it any more");
+            return;
+        }
         let _ = tx.send(as_setup(f));
     });
     if let Err(job) = send_setup_job(job) {
         // No setup thread: the blocking pool does it.
-        let _ = tokio::task::spawn_blocking(job).await;
+        drop(tokio::task::spawn_blocking(job));
     }
-    rx.await.ok()
+    let waited = match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, &mut start_rx).await,
+        None => Ok((&mut start_rx).await),
+    };
+    let begun = match waited {
+        Ok(r) => r.is_ok(),
+        Err(_) => {
+            // Closed first, so that the step either began before this (and is waited for) or
+            // never begins.
+            start_rx.close();
+            if start_rx.try_recv().is_err() {
+                return Setup::Late;
+            }
+            true
+        }
+    };
+    if !begun {
+        return Setup::Lost;
+    }
+    rx.await.map_or(Setup::Lost, Setup::Done)
 }
 
 /// Drops `what` (a link's verbs objects: destroying them and deregistering memory takes the
-/// memory map's lock too) on the setup thread, or here if there is none.
+/// memory map's lock too) on the setup thread, or here if there is none or this is it.
 pub(crate) fn drop_on_setup_thread(what: Box<dyn std::any::Any + Send>) {
+    if SETUP_THREAD.with(std::cell::Cell::get) {
+        // On it already (a setup step that ended an idle group to make room): now, so that
+        // what it unpins is given back to the budget before the step goes on.
+        drop(what);
+        return;
+    }
     let job: SetupJob = Box::new(move || as_setup(move || drop(what)));
     if let Err(job) = send_setup_job(job) {
         job();
@@ -170,6 +251,7 @@ fn send_setup_job(job: SetupJob) -> Result<(), SetupJob> {
     let sender = SETUP.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<SetupJob>();
         let spawned = std::thread::Builder::new().name("smc-tokio-rdma-setup".into()).spawn(move || {
+            DEDICATED.with(|d| d.set(true));
             for job in rx {
                 job();
             }
@@ -195,6 +277,20 @@ fn note_setup(what: &'static str) {
         SETUP_ON_RUNTIME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(what, "blocking rdma setup call on a runtime thread");
     }
+}
+
+/// Holds the setup thread (or, without one, a blocking thread) until the returned sender is
+/// dropped or sent to: the jobs queued meanwhile wait, as they would behind slow setups.
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) fn hold_setup_thread() -> std::sync::mpsc::Sender<()> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let job: SetupJob = Box::new(move || {
+        let _ = rx.recv();
+    });
+    if let Err(job) = send_setup_job(job) {
+        std::thread::spawn(job);
+    }
+    tx
 }
 
 /// How many blocking device calls ran on a runtime thread (see [`note_setup`]); 0 is right.
@@ -690,14 +786,27 @@ static DEVS: OnceLock<Result<Vec<Arc<Device>>, Unavailable>> = OnceLock::new();
 
 /// Opens the devices (loads libibverbs and every provider library it lists, which can take
 /// tens of milliseconds from a cold page cache) on a blocking thread the first time, so that no
-/// runtime worker stalls inside a handshake. Later calls return at once.
+/// runtime worker stalls inside a handshake. Later calls return at once. Calls made while it
+/// is queued or running wait for that one job instead of queueing more.
 pub(crate) async fn init_devices() {
+    static OPENING: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     if DEVS.get().is_none() {
-        let _ = on_setup_thread(|| {
-            let _ = devices();
-        })
-        .await;
+        // A lost job (its thread died) is not taken as done: the next call tries again.
+        let _ = OPENING
+            .get_or_try_init(|| async {
+                on_setup_thread(|| {
+                    let _ = devices();
+                })
+                .await
+                .ok_or(())
+            })
+            .await;
     }
+}
+
+/// Whether [`init_devices`] ran (whatever it found).
+pub(crate) fn devices_opened() -> bool {
+    DEVS.get().is_some()
 }
 
 /// Whether the devices were opened and there is at least one ([`init_devices`] ran).
@@ -784,6 +893,31 @@ pub(crate) fn find_port_cached(local: IpAddr, cfg: &RdmaConfig) -> Option<Result
     hit.map(|p| p.ok_or(Unavailable::NoPort))
 }
 
+/// Starts [`find_port_off_runtime`] for `local` in a task of its own, unless one is running
+/// for it already: a listener asks as each connection comes while the answer is not known, and
+/// a flood of connections must not pile up tasks.
+pub(crate) fn look_up_in_background(local: IpAddr, cfg: &RdmaConfig) {
+    static STARTED: OnceLock<Mutex<std::collections::HashSet<PortKey>>> = OnceLock::new();
+    let started = STARTED.get_or_init(Mutex::default);
+    let key = port_key(local, cfg);
+    if !started.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+        return;
+    }
+    /// Takes the key out when the look-up ends, or its task is dropped with its runtime.
+    struct Unmark(&'static Mutex<std::collections::HashSet<PortKey>>, PortKey);
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.1);
+        }
+    }
+    let unmark = Unmark(started, key);
+    let cfg = cfg.clone();
+    tokio::spawn(async move {
+        let _unmark = unmark;
+        let _ = find_port_off_runtime(local, &cfg).await;
+    });
+}
+
 /// [`find_port`] without blocking a runtime worker: the cached answer, or the scan on a
 /// blocking thread.
 pub(crate) async fn find_port_off_runtime(local: IpAddr, cfg: &RdmaConfig) -> Result<Port, Unavailable> {
@@ -791,8 +925,25 @@ pub(crate) async fn find_port_off_runtime(local: IpAddr, cfg: &RdmaConfig) -> Re
         return r;
     }
     init_devices().await;
+    if let Some(r) = find_port_cached(local, cfg) {
+        return r;
+    }
+    // One look-up per key at a time: a listener asks for each connection while the answer is
+    // not known, and each would otherwise queue a job on the setup thread.
+    type Looking = Arc<tokio::sync::OnceCell<Result<Port, Unavailable>>>;
+    static LOOKING: OnceLock<Mutex<HashMap<PortKey, Looking>>> = OnceLock::new();
+    let looking = LOOKING.get_or_init(Mutex::default);
+    let key = port_key(local, cfg);
+    let cell = looking.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_default().clone();
     let cfg = cfg.clone();
-    on_setup_thread(move || find_port(local, &cfg)).await.unwrap_or(Err(Unavailable::NoDevice))
+    let r =
+        cell.get_or_try_init(|| async move { on_setup_thread(move || find_port(local, &cfg)).await.ok_or(()) }).await;
+    // Answered (the cache has it now), or lost: the next look-up starts afresh.
+    let mut l = looking.lock().unwrap_or_else(|e| e.into_inner());
+    if l.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+        l.remove(&key);
+    }
+    r.cloned().unwrap_or(Err(Unavailable::NoDevice))
 }
 
 /// Finds the device, port and GID that serve `local` (the TCP connection's local address):
@@ -899,4 +1050,61 @@ pub fn describe_devices() -> Result<Vec<String>, String> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{hold_setup_thread, on_setup_thread, on_setup_thread_by, Setup};
+
+    /// The setup thread is the process's: the tests that hold it take turns.
+    static HOLDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// A setup step whose caller stopped waiting before the thread came to it (its handshake
+    /// timed out) is not run: it would delay the steps queued behind it for nobody.
+    #[tokio::test]
+    async fn a_setup_step_nobody_waits_for_is_skipped() {
+        let _turn = HOLDING.lock().await;
+        let held = hold_setup_thread();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), on_setup_thread(move || r.store(true, Ordering::SeqCst)));
+        assert!(waited.await.is_err(), "the thread is held: the step cannot have run");
+        drop(held);
+        // A step queued after it runs once the thread has passed the first.
+        assert_eq!(on_setup_thread(|| 7).await, Some(7));
+        assert!(!ran.load(Ordering::SeqCst), "a step nobody waited for was run");
+    }
+
+    /// A deadline bounds a step's wait for its turn, not its run: one whose turn did not come
+    /// in time never runs; one that began is waited for to its end, past the deadline.
+    #[tokio::test]
+    async fn a_deadline_bounds_the_wait_for_a_turn_not_the_step() {
+        let _turn = HOLDING.lock().await;
+        let held = hold_setup_thread();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+        let late = on_setup_thread_by(soon, move || r.store(true, Ordering::SeqCst)).await;
+        assert!(matches!(late, Setup::Late), "{late:?}");
+        drop(held);
+        // Begun well within its deadline, the step goes on until after it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let (began_tx, began_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let step = tokio::spawn(on_setup_thread_by(deadline, move || {
+            let _ = began_tx.send(());
+            let _ = go_rx.recv();
+            7
+        }));
+        began_rx.await.expect("the step began");
+        tokio::time::sleep_until(deadline + Duration::from_millis(50)).await;
+        go_tx.send(()).unwrap();
+        assert!(matches!(step.await.unwrap(), Setup::Done(7)), "a step that began was given up");
+        assert!(!ran.load(Ordering::SeqCst), "a step whose turn came too late was run");
+    }
 }

@@ -63,6 +63,7 @@ use std::time::Duration;
 
 use self::device::{CompChannel, Cq, Mapping, Mr, Pd, Port, Qp, Remote};
 use super::{token_slot, Link, LinkError};
+use crate::config::{HeldCharge, RmbBudget};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 use crate::proto::cursor::{Cursor, RingSize};
 
@@ -95,15 +96,34 @@ const REAP_MAX: usize = 4 * RQ_DEPTH as usize;
 /// run each). A lone connection pins 2 MiB of a pool instead of 256 KiB.
 pub(crate) const REG_CHUNK_BYTES: u32 = 2 << 20;
 
+/// Slots of `size` bytes registered together in a pool of `count`: [`REG_CHUNK_BYTES`] of them,
+/// at least one, at most the pool.
+fn chunk_slots(count: u32, size: u32) -> u32 {
+    (REG_CHUNK_BYTES / size.max(1)).clamp(1, count.max(1))
+}
+
+/// Bytes one chunk of a pool of `count` slots of `size` bytes registers (pins): the first
+/// connection on it charges the RMB budget that much.
+pub(crate) fn chunk_bytes(count: u32, size: u32) -> u64 {
+    u64::from(chunk_slots(count, size)) * u64::from(size)
+}
+
 /// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, registered a
 /// chunk of slots at a time on first use. A chunk's rkey reaches every slot of the chunk: they
 /// all belong to this link group, whose peer is the one process that may write into any of
 /// them (the group's protection domain keeps it out of every other group's).
+///
+/// A registered chunk is pinned memory, charged to the context's RMB budget for as long as it
+/// is registered, whichever slots of it are in use: a chunk the budget has no room for is not
+/// registered, and the connection that asked for it stays TCP.
 struct Pool {
     // Field order matters: the MRs are dropped before the mapping they cover. The mapping is
-    // shared with the MRs `release` hands out, which keep it until they are dropped.
-    mrs: Mutex<Vec<Option<Mr>>>,
+    // shared with the MRs `release` hands out, which keep it until they are dropped. Each MR
+    // is dropped before its charge (tuple order): the budget gets the bytes back once they
+    // are unpinned.
+    mrs: Mutex<Vec<Option<(Mr, HeldCharge)>>>,
     map: Arc<Mapping>,
+    budget: Arc<RmbBudget>,
     /// `release` gave the registrations back: no chunk is registered again.
     released: AtomicBool,
     size: u32,
@@ -114,14 +134,15 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(count: u32, size: u32, access: std::ffi::c_int) -> io::Result<Pool> {
+    fn new(count: u32, size: u32, access: std::ffi::c_int, budget: Arc<RmbBudget>) -> io::Result<Pool> {
         let len =
             usize::try_from(u64::from(count) * u64::from(size)).map_err(|_| io::Error::other("pool too large"))?;
-        let chunk = (REG_CHUNK_BYTES / size.max(1)).clamp(1, count.max(1));
+        let chunk = chunk_slots(count, size);
         let chunks = count.div_ceil(chunk);
         Ok(Pool {
             mrs: Mutex::new((0..chunks).map(|_| None).collect()),
             map: Arc::new(Mapping::new(len)?),
+            budget,
             released: AtomicBool::new(false),
             size,
             count,
@@ -132,6 +153,11 @@ impl Pool {
 
     /// The slot's (address, lkey, rkey), registering its chunk now if needed.
     fn slot(&self, pd: &Arc<Pd>, slot: u32) -> io::Result<(u64, u32, u32)> {
+        self.slot_registering(pd, slot).map(|(s, _)| s)
+    }
+
+    /// [`slot`](Self::slot), and whether its chunk was registered by this call.
+    fn slot_registering(&self, pd: &Arc<Pd>, slot: u32) -> io::Result<((u64, u32, u32), bool)> {
         if slot >= self.count {
             return Err(io::Error::other("rmb slot out of range"));
         }
@@ -144,21 +170,38 @@ impl Pool {
             return Err(io::Error::other("the link's memory was given back: it is torn down"));
         }
         let e = &mut mrs[c as usize];
-        if e.is_none() {
+        let new = e.is_none();
+        if new {
             let len = slots as usize * self.size as usize;
+            let charge = self.budget.charge_held(len as u64).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::OutOfMemory, "the rmb memory budget has no room for another chunk")
+            })?;
             // SAFETY: the chunk (slots `first..first + slots`) lies inside `map`, which
             // outlives the MR (field order above; `release` hands the MR out with a copy of
             // the mapping that is dropped after it).
-            *e = Some(unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?);
+            *e = Some((unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?, charge));
         }
-        let mr = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
-        Ok((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey))
+        let (mr, _) = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
+        Ok(((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey), new))
+    }
+
+    /// Deregisters the chunk of `slot` (unpinned and uncharged as it is dropped, here: called
+    /// on the setup thread), for a chunk registered for a connection that was then refused
+    /// before any of its slots was used.
+    fn unregister_chunk(&self, slot: u32) {
+        let taken = self
+            .mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut((slot / self.chunk) as usize)
+            .and_then(Option::take);
+        drop(taken);
     }
 
     /// Gives the pool's registrations back for good: what to drop (off the runtime) to unpin
     /// its chunks, with the mapping they cover, which they keep until then. The mapping, and
     /// the bytes in it, stay the pool's too: a connection moving to TCP reads its ring.
-    fn release(&self) -> (Vec<Mr>, Arc<Mapping>) {
+    fn release(&self) -> (Vec<(Mr, HeldCharge)>, Arc<Mapping>) {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         self.released.store(true, Ordering::Relaxed);
         // Tuple order: the MRs drop before this copy of the mapping.
@@ -175,6 +218,16 @@ impl Pool {
     fn span(&self, slot: u32, offset: u32, len: u32) -> Option<*mut u8> {
         (slot < self.count && offset.checked_add(len)? <= self.size).then(|| self.ptr(slot, offset))
     }
+}
+
+/// A link's RMBs: `count` of `rx_size` bytes to receive into (ours, which the peer writes),
+/// and as many send buffers of `tx_size` bytes (the size of the peer's RMBs), both registered
+/// a chunk at a time and charged to `budget` while registered.
+pub(crate) struct Rmbs {
+    pub(crate) count: u32,
+    pub(crate) rx_size: u32,
+    pub(crate) tx_size: u32,
+    pub(crate) budget: Arc<RmbBudget>,
 }
 
 /// What a successful work completion is.
@@ -315,14 +368,11 @@ impl std::fmt::Debug for VerbsLink {
 }
 
 impl VerbsLink {
-    /// A link on `port` with a QP in INIT and receives posted: `rmb_count` RMBs of `rx_size`
-    /// bytes to receive into, and as many send buffers of `tx_size` bytes.
+    /// A link on `port` with a QP in INIT and receives posted, with the RMBs `rmbs` says.
     pub(crate) fn new(
         port: Port,
         role: LinkRole,
-        rmb_count: u32,
-        rx_size: u32,
-        tx_size: u32,
+        rmbs: Rmbs,
         busy_poll: Duration,
         test_interval: Duration,
     ) -> Result<VerbsLink, LinkError> {
@@ -349,8 +399,9 @@ impl VerbsLink {
         let recv_bufs = Mapping::new(RQ_DEPTH as usize * CDC_MSG_LEN)?;
         // SAFETY: `recv_bufs` outlives the MR (field order of VerbsLink).
         let recv_mr = unsafe { pd.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
-        let rx_pool = Pool::new(rmb_count, rx_size, device_access::REMOTE)?;
-        let tx_pool = Pool::new(rmb_count, tx_size, device_access::LOCAL)?;
+        let Rmbs { count, rx_size, tx_size, budget } = rmbs;
+        let rx_pool = Pool::new(count, rx_size, device_access::REMOTE, budget.clone())?;
+        let tx_pool = Pool::new(count, tx_size, device_access::LOCAL, budget)?;
         let psn = crate::sys::random_secret().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
         let link = VerbsLink {
             qp,
@@ -453,11 +504,29 @@ impl VerbsLink {
         }
     }
 
-    /// Our RMB for the connection with our token `token`: (address, rkey), registered now if
-    /// this slot was never used.
+    /// Our RMB for the connection with our token `token`: (address, rkey). Its chunk, and the
+    /// chunk of the connection's send buffer, are registered (and charged) now if no slot of
+    /// them was used before, so that a connection the budget has no room for is refused here,
+    /// before either end commits to it, and not later in [`bind`](Self::bind).
     pub(crate) fn register_rmb(&self, token: u32) -> Result<(u64, u32), LinkError> {
-        let (addr, _, rkey) = self.rx_pool.slot(&self.pd, token_slot(token))?;
+        let slot = token_slot(token);
+        let ((addr, _, rkey), new) = self.rx_pool.slot_registering(&self.pd, slot)?;
+        if let Err(e) = self.tx_pool.slot(&self.pd, slot) {
+            if new && device::on_the_setup_thread() {
+                // Registered for this connection alone: it would stay pinned, and charged,
+                // for nothing until the link is torn down. (Only where steps run one at a
+                // time: on the blocking pool another step may have begun to use the chunk.)
+                self.rx_pool.unregister_chunk(slot);
+            }
+            return Err(e.into());
+        }
         Ok((addr, rkey))
+    }
+
+    /// Bytes a connection on an unused chunk of each pool pins: one chunk of each
+    /// ([`chunk_bytes`]).
+    pub(crate) fn chunk_pair_bytes(&self) -> u64 {
+        chunk_bytes(self.rx_pool.count, self.rx_pool.size) + chunk_bytes(self.tx_pool.count, self.tx_pool.size)
     }
 
     /// Records where the connection with our token `our` writes: the peer's RMB `peer`.
