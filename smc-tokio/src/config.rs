@@ -1306,12 +1306,23 @@ impl Settings {
 #[derive(Debug)]
 pub struct GlobalSettings {
     inner: std::sync::RwLock<Settings>,
+    /// Updates so far: what was read from the settings may be kept until this changes.
+    /// (Increased under the write lock after each change, `Release`; a reader takes it,
+    /// `Acquire`, before it reads the settings, so what it read is at least that new.)
+    version: std::sync::atomic::AtomicU64,
 }
 
 impl GlobalSettings {
     /// A handle holding `settings`.
     pub(crate) fn new(settings: Settings) -> GlobalSettings {
-        GlobalSettings { inner: std::sync::RwLock::new(settings) }
+        GlobalSettings { inner: std::sync::RwLock::new(settings), version: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// How many times the settings were updated: a reader keeps what it derived from them
+    /// until this changes. Taken before the read it goes with, so that an update in between
+    /// only makes the reader read again.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A snapshot of the current process-wide settings.
@@ -1333,7 +1344,8 @@ impl GlobalSettings {
 
     /// Changes the process-wide settings; connections made after the call use them, on open
     /// listeners too (each accepted connection resolves its settings anew, and a door reads the
-    /// uids it trusts at each batch of knocks). Fixed at bind: whether a listener has a door at
+    /// uids it trusts again: a door connection from a uid no longer allowed is closed at its
+    /// next message). Fixed at bind: whether a listener has a door at
     /// all (one bound under [`Policy::TcpOnly`] serves TCP until it is bound again), and any
     /// field its builder set.
     ///
@@ -1351,7 +1363,9 @@ impl GlobalSettings {
     /// `f` runs under the settings' lock: it changes the settings it is given, and must not
     /// read or update them through this handle (that would wait on the lock it holds).
     pub fn update(&self, f: impl FnOnce(&mut Settings)) {
-        f(&mut self.inner.write().unwrap_or_else(|e| e.into_inner()));
+        let mut s = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut s);
+        self.version.fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -724,6 +724,9 @@ struct DoorState {
     missed_set: HashSet<(SocketAddr, SocketAddr)>,
     /// When the sweep last asked the kernel about connections kept for [`VERIFIED_TTL`].
     verified_looked: Option<Instant>,
+    /// The uids the listener's settings allowed when they were last read, and the settings'
+    /// version then ([`Door::trusts`]).
+    trusted: Option<(u64, Vec<u32>)>,
     /// Where a drain within a budget starts reading the door connections: after the one
     /// where the last one's budget ran out, so that connections that always have more to read
     /// do not keep the same others from being read.
@@ -1222,8 +1225,6 @@ impl Door {
                 "descriptor closers congested: not taking door connections",
             ));
         }
-        // Read when the first knock of this drain comes in: current settings, once a batch.
-        let mut allowed: Option<Vec<u32>> = None;
         for _ in 0..DRAIN_BATCH {
             let conn = match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) if self.inert_conns => conn.inert(),
@@ -1243,7 +1244,7 @@ impl Door {
                     continue;
                 }
             };
-            if !cred.trusted(allowed.get_or_insert_with(|| self.settings.resolve(&self.base).shm.allowed_uids)) {
+            if !self.trusts(st, &cred) {
                 // Dropped unread: the closer takes out whatever it queued for us, defused (or,
                 // where it could queue nothing but bytes, closed here).
                 tracing::debug!(
@@ -1307,6 +1308,15 @@ impl Door {
                     st.close(conn);
                     return Read::Ended;
                 }
+                Ok(Some(_)) if !self.trusts(st, &conn.cred) => {
+                    // Its uid is no longer one the listener allows (its settings changed since
+                    // it was taken in): it ends, with its registrations that no handshake saw,
+                    // as a door connection refused at its knock.
+                    tracing::debug!(uid = conn.cred.uid, "closing a door connection whose uid is no longer allowed");
+                    self.counters.door_refused();
+                    st.close(conn);
+                    return Read::Ended;
+                }
                 Ok(Some(msg)) => {
                     for (frame, payload) in msg {
                         read += 1;
@@ -1322,6 +1332,17 @@ impl Door {
             }
         }
         Read::More
+    }
+
+    /// Whether the listener trusts `cred` now: its own uid, or one its settings allow. The
+    /// allowed uids are read again only once the settings changed ([`GlobalSettings::version`]),
+    /// so a run-time change reaches the door connections already open at their next message.
+    fn trusts(&self, st: &mut DoorState, cred: &sys::PeerCred) -> bool {
+        let version = self.base.version();
+        if st.trusted.as_ref().is_none_or(|(seen, _)| *seen != version) {
+            st.trusted = Some((version, self.settings.resolve(&self.base).shm.allowed_uids));
+        }
+        st.trusted.as_ref().is_some_and(|(_, allowed)| cred.trusted(allowed))
     }
 
     /// Files one frame from a client, of a message [`read_conn`](Self::read_conn) found to hold
@@ -2950,6 +2971,58 @@ mod tests {
         assert_eq!(st.count, 1);
         assert!(door.take(&mut st, client, server, door_conn.as_fd()).is_none());
         assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
+    }
+
+    /// The uids a listener allows may change at run time (its context's settings): a door
+    /// connection from a uid no longer allowed is closed at its next message, and the
+    /// registrations it made that no handshake saw end with it. Before, only door connections
+    /// taken in after the change were refused; one already open kept registering.
+    #[test]
+    fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() {
+        use crate::proto::door::RegisterHead;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: needs root (a door connection of another uid)");
+            return;
+        }
+        const STRANGER: u32 = 65533;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let ctx = crate::Context::new();
+            ctx.settings().update(|s| s.shm.allowed_uids = vec![STRANGER]);
+            let door = Door::open(
+                ctx.settings_handle().clone(),
+                ctx.counters().clone(),
+                (queue.local_addr().unwrap(), 0, false),
+                Overrides::default(),
+                false,
+            )
+            .expect("a door");
+            // Connected by a thread that runs as the stranger (the raw system call changes
+            // that thread's credentials alone, which the kernel records at connect).
+            let name = door.name().to_owned();
+            let door_conn = std::thread::spawn(move || {
+                // SAFETY: setresuid on this thread only (the raw call, not libc's wrapper
+                // that changes every thread); the thread ends right after connecting.
+                let r = unsafe { libc::syscall(libc::SYS_setresuid, STRANGER, STRANGER, STRANGER) };
+                assert_eq!(r, 0, "{}", io::Error::last_os_error());
+                sys::seqpacket_connect(&name).unwrap()
+            })
+            .join()
+            .unwrap();
+            let register = |id: u64| {
+                let frame = RegisterHead { instance: 1, cookie: id, port: 40_000 + id as u16 }
+                    .encode_frame(id, &proposal(None));
+                sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+                let mut st = door.lock();
+                let _ = door.drain(&mut st);
+                (st.count, st.conns.len())
+            };
+            assert_eq!(register(1), (1, 1), "an allowed uid's registration");
+            ctx.settings().update(|s| s.shm.allowed_uids.clear());
+            assert_eq!(register(2), (0, 0), "a revoked uid kept registering");
+        });
     }
 
     /// A registration kept for a late accept (past [`ENTRY_TTL`]) is matched at that accept by
