@@ -359,6 +359,53 @@ async fn the_allowed_uids_reach_an_open_door_at_run_time() {
     assert!(peer().await.contains("TRANSPORT tcp ("), "no longer allowed");
 }
 
+/// A run-time change of the allowed uids reaches a door connection already open: once the
+/// peer's uid is no longer allowed, its next connection over the same door connection is TCP.
+/// (Before, a door connection accepted while the uid was allowed kept registering, and its
+/// connections kept going to shared memory, until it closed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() {
+    use tokio::io::AsyncBufReadExt;
+    if !require_root("a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message") {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    const PEER_UID: u32 = 65533;
+    let before = smc_tokio::config::global().get();
+    smc_tokio::config::global().update(|s| s.shm = s.shm.clone().allow_uid(PEER_UID));
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let _server = serve(l);
+    let mut peer = tokio::process::Command::new(PEER)
+        .args(["client-per-line", &addr.to_string()])
+        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+        .uid(PEER_UID)
+        .gid(PEER_UID)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = peer.stdin.take().unwrap();
+    let mut out = tokio::io::BufReader::new(peer.stdout.take().unwrap()).lines();
+    let first = bounded(30, out.next_line()).await.unwrap().unwrap_or_default();
+    let second = async {
+        stdin.write_all(b"again\n").await.unwrap();
+        bounded(30, out.next_line()).await.unwrap().unwrap_or_default()
+    };
+    let allowed = second.await;
+    smc_tokio::config::global().update(|s| *s = before);
+    stdin.write_all(b"again\n").await.unwrap();
+    let revoked = bounded(30, out.next_line()).await.unwrap().unwrap_or_default();
+    drop(stdin);
+    assert_eq!(first, "TRANSPORT smc-d", "allowed");
+    assert_eq!(allowed, "TRANSPORT smc-d", "allowed, on the same door connection");
+    assert!(
+        revoked.starts_with("TRANSPORT tcp ("),
+        "no longer allowed, on the door connection opened before: {revoked}"
+    );
+}
+
 /// Whom to trust is each connection's own: a door connection opened for a builder that trusts
 /// another uid's listener is no door for a builder that does not. (Before, connections of one
 /// runtime shared their door connections without a look at the owner, and the uid one builder

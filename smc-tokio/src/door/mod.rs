@@ -2973,58 +2973,6 @@ mod tests {
         assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
     }
 
-    /// The uids a listener allows may change at run time (its context's settings): a door
-    /// connection from a uid no longer allowed is closed at its next message, and the
-    /// registrations it made that no handshake saw end with it. Before, only door connections
-    /// taken in after the change were refused; one already open kept registering.
-    #[test]
-    fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() {
-        use crate::proto::door::RegisterHead;
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED: needs root (a door connection of another uid)");
-            return;
-        }
-        const STRANGER: u32 = 65533;
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let ctx = crate::Context::new();
-            ctx.settings().update(|s| s.shm.allowed_uids = vec![STRANGER]);
-            let door = Door::open(
-                ctx.settings_handle().clone(),
-                ctx.counters().clone(),
-                (queue.local_addr().unwrap(), 0, false),
-                Overrides::default(),
-                false,
-            )
-            .expect("a door");
-            // Connected by a thread that runs as the stranger (the raw system call changes
-            // that thread's credentials alone, which the kernel records at connect).
-            let name = door.name().to_owned();
-            let door_conn = std::thread::spawn(move || {
-                // SAFETY: setresuid on this thread only (the raw call, not libc's wrapper
-                // that changes every thread); the thread ends right after connecting.
-                let r = unsafe { libc::syscall(libc::SYS_setresuid, STRANGER, STRANGER, STRANGER) };
-                assert_eq!(r, 0, "{}", io::Error::last_os_error());
-                sys::seqpacket_connect(&name).unwrap()
-            })
-            .join()
-            .unwrap();
-            let register = |id: u64| {
-                let frame = RegisterHead { instance: 1, cookie: id, port: 40_000 + id as u16 }
-                    .encode_frame(id, &proposal(None));
-                sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
-                let mut st = door.lock();
-                let _ = door.drain(&mut st);
-                (st.count, st.conns.len())
-            };
-            assert_eq!(register(1), (1, 1), "an allowed uid's registration");
-            ctx.settings().update(|s| s.shm.allowed_uids.clear());
-            assert_eq!(register(2), (0, 0), "a revoked uid kept registering");
-        });
-    }
-
     /// A registration kept for a late accept (past [`ENTRY_TTL`]) is matched at that accept by
     /// our end of its connection, which the sweep learned, also once its client end is gone
     /// from the kernel's tables: here its client wrote and closed, and its socket went at once

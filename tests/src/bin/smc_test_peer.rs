@@ -104,6 +104,26 @@ async fn main() -> std::io::Result<()> {
             println!("OK");
             Ok(())
         }
+        Some("client-per-line") => {
+            // A connection, then one more for each line read from stdin, all from this
+            // runtime (so on the door connection the first one opened, while it lives): each
+            // echoes four bytes and says its transport.
+            let addr = args.get(1).ok_or_else(|| std::io::Error::other("needs ADDR"))?;
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            let mut held = Vec::new();
+            loop {
+                let mut s = SmcStream::connect(addr.as_str()).await?;
+                s.write_all(b"ping").await?;
+                let mut back = [0u8; 4];
+                s.read_exact(&mut back).await?;
+                println!("TRANSPORT {}", s.transport());
+                std::io::stdout().flush()?;
+                held.push(s);
+                if lines.next_line().await?.is_none() {
+                    return Ok(());
+                }
+            }
+        }
         Some(mode @ ("blast" | "sink")) => {
             let addr = args.get(1).ok_or_else(|| std::io::Error::other("needs ADDR"))?;
             let mut s = SmcStream::connect(addr.as_str()).await?;
