@@ -369,11 +369,12 @@ async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() 
     if !require_root("a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message") {
         return;
     }
-    let _serial = SERIAL.lock().await;
     const PEER_UID: u32 = 65533;
-    let before = smc_tokio::config::global().get();
-    smc_tokio::config::global().update(|s| s.shm = s.shm.clone().allow_uid(PEER_UID));
-    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    // A context of its own: the uids it allows change here, and nowhere else.
+    let ctx = smc_tokio::Context::new();
+    let before = ctx.settings().get();
+    ctx.settings().update(|s| s.shm = s.shm.clone().allow_uid(PEER_UID));
+    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let _server = serve(l);
     let mut peer = tokio::process::Command::new(PEER)
@@ -394,7 +395,7 @@ async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() 
         bounded(30, out.next_line()).await.unwrap().unwrap_or_default()
     };
     let allowed = second.await;
-    smc_tokio::config::global().update(|s| *s = before);
+    ctx.settings().update(|s| *s = before);
     stdin.write_all(b"again\n").await.unwrap();
     let revoked = bounded(30, out.next_line()).await.unwrap().unwrap_or_default();
     drop(stdin);
@@ -418,6 +419,9 @@ async fn a_door_one_builder_trusts_serves_no_builder_that_does_not() {
     if !require_root("a_door_one_builder_trusts_serves_no_builder_that_does_not") {
         return;
     }
+    // The plain connect below trusts what the process-wide settings say, which another test
+    // here changes while it holds this.
+    let _serial = SERIAL.lock().await;
     const OWNER: u32 = 65533;
     let mut child = tokio::process::Command::new(PEER)
         .arg("storm-serve")
