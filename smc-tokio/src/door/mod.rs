@@ -2848,6 +2848,35 @@ mod tests {
         assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
     }
 
+    /// A listening socket that never accepts (connections wait in its queue) and a solo door
+    /// for it, in a context of its own.
+    fn door_for_a_queue() -> (std::net::TcpListener, Door) {
+        let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ctx = crate::Context::new();
+        let server = queue.local_addr().unwrap();
+        let door = Door::open(
+            ctx.settings_handle().clone(),
+            ctx.counters().clone(),
+            (server, 0, false),
+            Overrides::default(),
+            false,
+        )
+        .expect("a door");
+        (queue, door)
+    }
+
+    /// Registers a new socket of 127.0.0.1 at `door` under `id`, connects it to `server` and
+    /// has the door verify the connection, as its handshake does: the socket, its address and
+    /// its door connection.
+    fn seen(door: &Door, id: u64, server: SocketAddr) -> (socket2::Socket, SocketAddr, OwnedFd) {
+        use crate::proto::door::ConnectedTuple;
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let (client, key, door_conn) = register_and_connect(door, &sock, id, server);
+        assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+        (sock, client, door_conn)
+    }
+
     /// A registration whose connection a solo door saw (its handshake ran, and may have
     /// committed) lives while the kernel holds our end of that connection unaccepted (an
     /// application that does not accept keeps the listener from taking connections from the
@@ -2858,27 +2887,9 @@ mod tests {
     /// connection out as TCP).
     #[tokio::test]
     async fn a_seen_registration_waits_for_its_connection_while_the_kernel_holds_it() {
-        use crate::proto::door::ConnectedTuple;
-        // A listening socket that never accepts: connections wait in its queue.
-        let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (queue, door) = door_for_a_queue();
         let server = queue.local_addr().unwrap();
-        let ctx = crate::Context::new();
-        let door = Door::open(
-            ctx.settings_handle().clone(),
-            ctx.counters().clone(),
-            (server, 0, false),
-            Overrides::default(),
-            false,
-        )
-        .expect("a door");
-        let seen = |id: u64| {
-            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-            let (client, key, door_conn) = register_and_connect(&door, &sock, id, server);
-            assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
-            (sock, client, door_conn)
-        };
-        let (first, client, door_conn) = seen(7);
+        let (first, client, door_conn) = seen(&door, 7, server);
         // Its client's door connection closes (an idle one does after 10 s).
         drop(door_conn);
         let mut st = door.lock();
@@ -2898,7 +2909,7 @@ mod tests {
         door.sweep();
         assert_eq!(door.lock().count, 0, "kept for a connection that is gone");
         // Blind: the registration is kept for its handshake, which takes its connection.
-        let (_second, client2, _c2) = seen(8);
+        let (_second, client2, _c2) = seen(&door, 8, server);
         door.go_blind_for_test();
         assert_eq!(door.lock().count, 1, "a seen registration was dropped as the door went blind");
         let mut st = door.lock();
@@ -2982,7 +2993,6 @@ mod tests {
     /// not that connection's end is not matched to it.
     #[test]
     fn a_seen_registration_is_matched_by_our_end_after_its_client_end_is_gone() {
-        use crate::proto::door::ConnectedTuple;
         use std::io::Write;
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
@@ -2998,32 +3008,26 @@ mod tests {
             std::fs::write("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0").unwrap();
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async {
-                let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let (queue, door) = door_for_a_queue();
                 let server = queue.local_addr().unwrap();
-                let ctx = crate::Context::new();
-                let door = Door::open(
-                    ctx.settings_handle().clone(),
-                    ctx.counters().clone(),
-                    (server, 0, false),
-                    Overrides::default(),
-                    false,
-                )
-                .expect("a door");
-                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-                sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-                let (client, key, _door_conn) = register_and_connect(&door, &sock, 7, server);
-                assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
-                door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
-                door.sweep();
-                assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
-                let mut sock = std::net::TcpStream::from(std::os::fd::OwnedFd::from(sock));
-                sock.write_all(b"bye").unwrap();
-                drop(sock);
-                let t = Instant::now();
-                while matches!(door.diag.owner(client, server), Ok(Some(_))) {
-                    assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                // A seen registration kept past ENTRY_TTL (the sweep notes our end), whose
+                // client wrote and closed, and whose client end the kernel no longer has.
+                let kept_after_its_client = |id: u64| {
+                    let (sock, client, door_conn) = seen(&door, id, server);
+                    door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+                    door.sweep();
+                    assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
+                    let mut sock = std::net::TcpStream::from(OwnedFd::from(sock));
+                    sock.write_all(b"bye").unwrap();
+                    drop(sock);
+                    let t = Instant::now();
+                    while matches!(door.diag.owner(client, server), Ok(Some(_))) {
+                        assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (client, door_conn)
+                };
+                let (client, _door_conn) = kept_after_its_client(7);
                 let (accepted, _) = queue.accept().unwrap();
                 let stranger = std::net::TcpStream::connect(server).unwrap();
                 let _stranger_here = queue.accept().unwrap();
@@ -3032,18 +3036,7 @@ mod tests {
                 assert_eq!(st.count, 0, "a registration whose connection is not this one ends");
                 drop(st);
                 // Again, and this time the connection accepted is its own.
-                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-                sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
-                let (client, key, _door_conn) = register_and_connect(&door, &sock, 8, server);
-                assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
-                door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
-                door.sweep();
-                drop(sock);
-                let t = Instant::now();
-                while matches!(door.diag.owner(client, server), Ok(Some(_))) {
-                    assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                let (client, _door_conn) = kept_after_its_client(8);
                 let (next, _) = queue.accept().unwrap();
                 let mut st = door.lock();
                 assert!(
