@@ -105,6 +105,32 @@ async fn back_to_baseline(baseline: usize, slack: usize) -> usize {
     }
 }
 
+/// The test peer run as `uid` (and its gid) with `args`, trusting our uid (root's): the child
+/// (killed when dropped), its stdin and its stdout's lines.
+fn peer_as(
+    uid: u32,
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(PEER)
+        .args(args)
+        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
+        .uid(uid)
+        .gid(uid)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, stdin, lines)
+}
+
 /// The tests of this file count the process's descriptors and threads: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -365,7 +391,6 @@ async fn the_allowed_uids_reach_an_open_door_at_run_time() {
 /// connections kept going to shared memory, until it closed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() {
-    use tokio::io::AsyncBufReadExt;
     if !require_root("a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message") {
         return;
     }
@@ -377,18 +402,7 @@ async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() 
     let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let _server = serve(l);
-    let mut peer = tokio::process::Command::new(PEER)
-        .args(["client-per-line", &addr.to_string()])
-        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
-        .uid(PEER_UID)
-        .gid(PEER_UID)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = peer.stdin.take().unwrap();
-    let mut out = tokio::io::BufReader::new(peer.stdout.take().unwrap()).lines();
+    let (_peer, mut stdin, mut out) = peer_as(PEER_UID, &["client-per-line", &addr.to_string()]);
     let first = bounded(30, out.next_line()).await.unwrap().unwrap_or_default();
     let second = async {
         stdin.write_all(b"again\n").await.unwrap();
@@ -415,7 +429,6 @@ async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() 
 #[tokio::test(flavor = "current_thread")]
 async fn a_door_one_builder_trusts_serves_no_builder_that_does_not() {
     use smc_tokio::config::ShmConfig;
-    use tokio::io::AsyncBufReadExt;
     if !require_root("a_door_one_builder_trusts_serves_no_builder_that_does_not") {
         return;
     }
@@ -423,17 +436,7 @@ async fn a_door_one_builder_trusts_serves_no_builder_that_does_not() {
     // here changes while it holds this.
     let _serial = SERIAL.lock().await;
     const OWNER: u32 = 65533;
-    let mut child = tokio::process::Command::new(PEER)
-        .arg("storm-serve")
-        .env("SMC_TOKIO_SHM_ALLOW_UIDS", "0")
-        .uid(OWNER)
-        .gid(OWNER)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (_child, _stdin, mut lines) = peer_as(OWNER, &["storm-serve"]);
     let port: u16 =
         bounded(10, lines.next_line()).await.unwrap().unwrap().strip_prefix("PORT ").unwrap().parse().unwrap();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::config::{Settings, MIN_RMB_SIZE};
 use crate::link::verbs::device::{find_port, find_port_cached, find_port_off_runtime, gid_of, Port, Remote};
-use crate::link::verbs::{chunk_bytes, LinkRole, PeerRmb, Rmbs, VerbsLink, REG_CHUNK_BYTES};
+use crate::link::verbs::{chunk_pair_bytes, LinkRole, PeerRmb, Rmbs, VerbsLink, REG_CHUNK_BYTES};
 use crate::link::{Link, LinkError};
 use crate::proto::clc::{DeclineReason, Proposal, RdmaLinkInfo, RdmaOffer};
 use crate::proto::cursor::RingSize;
@@ -510,10 +510,7 @@ fn client_conn_create_blocking(
         Some(e) => e,
         None => {
             client_group_room(manager, server)?;
-            pinned_room(
-                manager,
-                chunk_bytes(cfg.shm.rmbs_per_group, rx_size) + chunk_bytes(cfg.shm.rmbs_per_group, a.rmb_size),
-            )?;
+            pinned_room(manager, chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, a.rmb_size))?;
             let link = new_link(manager, port.clone(), LinkRole::Client, cfg, rx_size, a.rmb_size)?;
             link.connect(&Remote { gid: a.gid, qpn: a.qpn, psn: a.psn, mtu }).map_err(|e| {
                 tracing::debug!(error = %e, "cannot connect the rdma qp");
@@ -656,10 +653,7 @@ fn server_conn_create_blocking(
         Some(e) => (e.group, e.link),
         None => {
             let id = crate::sys::random_u64();
-            pinned_room(
-                manager,
-                chunk_bytes(cfg.shm.rmbs_per_group, rx_size) + chunk_bytes(cfg.shm.rmbs_per_group, p.rmb_size),
-            )?;
+            pinned_room(manager, chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, p.rmb_size))?;
             admit_server_group(manager, id, offer.gid)?;
             // From here the group is counted until the manager forgets it (when it fails, which
             // `Unconfirmed` below makes sure of), or until this fails first.

@@ -104,8 +104,14 @@ fn chunk_slots(count: u32, size: u32) -> u32 {
 
 /// Bytes one chunk of a pool of `count` slots of `size` bytes registers (pins): the first
 /// connection on it charges the RMB budget that much.
-pub(crate) fn chunk_bytes(count: u32, size: u32) -> u64 {
+fn chunk_bytes(count: u32, size: u32) -> u64 {
     u64::from(chunk_slots(count, size)) * u64::from(size)
+}
+
+/// Bytes a connection on unused chunks of a link's two pools pins, `count` slots each, receive
+/// rings of `rx_size` and send buffers of `tx_size` bytes: one chunk of each.
+pub(crate) fn chunk_pair_bytes(count: u32, rx_size: u32, tx_size: u32) -> u64 {
+    chunk_bytes(count, rx_size) + chunk_bytes(count, tx_size)
 }
 
 /// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, registered a
@@ -523,10 +529,9 @@ impl VerbsLink {
         Ok((addr, rkey))
     }
 
-    /// Bytes a connection on an unused chunk of each pool pins: one chunk of each
-    /// ([`chunk_bytes`]).
+    /// Bytes a connection on an unused chunk of each pool pins ([`chunk_pair_bytes`]).
     pub(crate) fn chunk_pair_bytes(&self) -> u64 {
-        chunk_bytes(self.rx_pool.count, self.rx_pool.size) + chunk_bytes(self.tx_pool.count, self.tx_pool.size)
+        chunk_pair_bytes(self.rx_pool.count, self.rx_pool.size, self.tx_pool.size)
     }
 
     /// Records where the connection with our token `our` writes: the peer's RMB `peer`.
