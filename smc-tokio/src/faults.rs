@@ -19,11 +19,21 @@ pub enum Point {
     ServerBeforeAccept,
     /// Server: after the Confirm, before it checks it and commits.
     ServerBeforeCommit,
+    /// Server: after it committed, before its Commit goes out.
+    ServerAfterCommit,
+}
+
+/// A stall asked for, and whether a handshake has reached it.
+#[cfg(feature = "test-util")]
+#[derive(Clone, Copy)]
+struct Stall {
+    delay: Duration,
+    reached: bool,
 }
 
 #[cfg(feature = "test-util")]
-fn table() -> &'static std::sync::Mutex<std::collections::HashMap<(SocketAddr, Point), Duration>> {
-    static T: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<(SocketAddr, Point), Duration>>> =
+fn table() -> &'static std::sync::Mutex<std::collections::HashMap<(SocketAddr, Point), Stall>> {
+    static T: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<(SocketAddr, Point), Stall>>> =
         std::sync::OnceLock::new();
     T.get_or_init(Default::default)
 }
@@ -54,7 +64,38 @@ fn table() -> &'static std::sync::Mutex<std::collections::HashMap<(SocketAddr, P
 /// ```
 #[cfg(feature = "test-util")]
 pub fn inject(server: SocketAddr, point: Point, delay: Duration) {
-    table().lock().unwrap_or_else(|e| e.into_inner()).insert((crate::sys::unmap(server), point), delay);
+    table()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((crate::sys::unmap(server), point), Stall { delay, reached: false });
+}
+
+/// Whether a handshake with the listener at `server` has reached the stall [`inject`]ed at
+/// `point` (since it was injected), so that a test can act while the handshake is held there.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use smc_tokio::faults::{self, Point};
+/// use smc_tokio::{SmcListener, SmcStream};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let listener = SmcListener::bind("127.0.0.1:0").await?;
+/// let addr = listener.local_addr()?;
+/// faults::inject(addr, Point::ServerBeforeAccept, Duration::from_millis(50));
+/// assert!(!faults::reached(addr, Point::ServerBeforeAccept));
+/// let _stream = SmcStream::connect(addr).await?;
+/// assert!(faults::reached(addr, Point::ServerBeforeAccept));
+/// faults::clear(addr);
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "test-util")]
+pub fn reached(server: SocketAddr, point: Point) -> bool {
+    let t = table().lock().unwrap_or_else(|e| e.into_inner());
+    t.get(&(crate::sys::unmap(server), point)).is_some_and(|s| s.reached)
 }
 
 /// Removes every stall for `server`.
@@ -87,7 +128,13 @@ pub fn clear(server: SocketAddr) {
 /// Stalls here if a test asked for it.
 #[cfg(feature = "test-util")]
 pub(crate) async fn stall(server: SocketAddr, point: Point) {
-    let d = table().lock().unwrap_or_else(|e| e.into_inner()).get(&(crate::sys::unmap(server), point)).copied();
+    let d = {
+        let mut t = table().lock().unwrap_or_else(|e| e.into_inner());
+        t.get_mut(&(crate::sys::unmap(server), point)).map(|s| {
+            s.reached = true;
+            s.delay
+        })
+    };
     if let Some(d) = d {
         tracing::debug!(?point, ?d, "injected stall");
         tokio::time::sleep(d).await;

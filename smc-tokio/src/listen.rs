@@ -305,7 +305,9 @@ async fn serve(
             Some(w) => Channel::Wire(w),
             None => Channel::Tcp(&mut tcp),
         };
-        end_at_close(&mut hs, chan, &mut pending).await;
+        if end_at_close(&mut hs, chan, &mut pending).await {
+            crate::handshake::reset_tcp(tcp);
+        }
         tracing::debug!("listener dropped during the handshake");
         return None;
     };
@@ -499,7 +501,7 @@ async fn serve_early(
     };
     drop(slot);
     let Some(outcome) = outcome else {
-        end_at_close(&mut hs, Channel::Wire(&mut wire), &mut pending).await;
+        let _ = end_at_close(&mut hs, Channel::Wire(&mut wire), &mut pending).await;
         door.forget(&key);
         return;
     };
@@ -562,10 +564,24 @@ fn failed_on_door(e: Result<crate::proto::handshake::HandshakeError, io::Error>)
 /// The listener is gone mid-handshake: decline what can still be declined, so the client
 /// continues over TCP (and reads the end of the connection) instead of failing, and give the
 /// connection's slot back.
-async fn end_at_close(hs: &mut ServerHandshake, mut chan: Channel<'_, ServerWire>, pending: &mut Pending) {
+/// Ends a handshake whose listener was dropped: declines if it still can, and sends what the
+/// handshake owes (its Decline, or a Commit it decided on before the listener went, which the
+/// client, confirmed, waits for). A committed connection is aborted, as the kernel resets the
+/// connections left in a closed listener's queue: its client reads a reset, not an end (it
+/// read a clean end before, and the slot went back to the group while the client, committed,
+/// could still write into it). Returns whether it committed.
+async fn end_at_close(hs: &mut ServerHandshake, mut chan: Channel<'_, ServerWire>, pending: &mut Pending) -> bool {
     hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
     let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(hs)).await;
+    let committed = matches!(hs.outcome(), Some(Outcome::Smc { .. }));
+    if committed {
+        if let Some(conn) = pending.conn.take() {
+            // Its slot goes back once the client answers the abort (or the group ends).
+            conn.release(true, None);
+        }
+    }
     pending.release();
+    committed
 }
 
 fn tcp_out(cfg: &Settings, tcp: TcpStream, t: Transport, owed: Option<Owed>) -> Option<(Established, Transport)> {
@@ -649,7 +665,12 @@ async fn drive(
                     }
                 }
                 match check_confirm(&link, cfg, shared, pending).await {
-                    Ok(()) => hs.commit(Instant::now()),
+                    Ok(()) => {
+                        hs.commit(Instant::now());
+                        if let Some((local, _)) = addrs {
+                            crate::faults::stall(local, crate::faults::Point::ServerAfterCommit).await;
+                        }
+                    }
                     Err((reason, why)) => {
                         tracing::debug!(why, %reason, "confirm not taken");
                         hs.decline(reason, Instant::now());

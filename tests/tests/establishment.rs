@@ -654,6 +654,41 @@ async fn connections_left_in_a_dropped_listeners_queue_are_reset() {
     .await;
 }
 
+/// A listener dropped after its handshake committed, before the Commit went out: the Commit
+/// still goes (the client, confirmed, waits for the server's word), and the connection, which
+/// nobody will accept, is reset as those left in a closed listener's queue are. The client
+/// reads a reset, not an end, and a write of its fails; the server's link group, its slot
+/// given back once the client answered the abort, ends.
+#[tokio::test]
+async fn a_listener_dropped_after_it_committed_resets_the_connection() {
+    let server_ctx = smc_tokio::Context::new();
+    let shm = smc_tokio::config::ShmConfig::default().idle_timeout(Duration::from_millis(100));
+    let l = SmcListener::builder().context(&server_ctx).shm(shm).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    faults::inject(addr, Point::ServerAfterCommit, Duration::from_secs(60));
+    let client = tokio::spawn(async move { SmcStream::connect(addr).await });
+    bounded(10, async {
+        while !faults::reached(addr, Point::ServerAfterCommit) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    drop(l);
+    let mut s = bounded(10, client).await.unwrap().expect("connected");
+    assert_eq!(s.transport(), Transport::SmcD, "the Commit was decided before the listener went");
+    let mut b = [0u8; 8];
+    let e = bounded(10, s.read(&mut b)).await.expect_err("the client read an end, not a reset");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(s.write_all(b"lost").await.is_err(), "a write into a reset connection went through");
+    bounded(10, async {
+        while server_ctx.stats().link_groups != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    faults::clear(addr);
+}
+
 /// A listener whose application does not accept holds as many finished connections as its
 /// backlog. A client that registers then is told at once to stay on TCP, as a kernel
 /// listener's backlog takes a connection whoever accepts it later, instead of waiting for a
