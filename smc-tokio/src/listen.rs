@@ -567,9 +567,8 @@ fn failed_on_door(e: Result<crate::proto::handshake::HandshakeError, io::Error>)
 /// Ends a handshake whose listener was dropped: declines if it still can, and sends what the
 /// handshake owes (its Decline, or a Commit it decided on before the listener went, which the
 /// client, confirmed, waits for). A committed connection is aborted, as the kernel resets the
-/// connections left in a closed listener's queue: its client reads a reset, not an end (it
-/// read a clean end before, and the slot went back to the group while the client, committed,
-/// could still write into it). Returns whether it committed.
+/// connections left in a closed listener's queue: its client reads a reset, not the clean end
+/// of a server that read what it sent and closed. Returns whether it committed.
 async fn end_at_close(hs: &mut ServerHandshake, mut chan: Channel<'_, ServerWire>, pending: &mut Pending) -> bool {
     hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
     let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(hs)).await;
