@@ -2,6 +2,7 @@
 
 use std::io::Write as _;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{SmcListener, SmcStream, Transport};
@@ -41,6 +42,47 @@ fn try_read_now<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> Option<std::
     }
 }
 
+/// How long TCP holds corked bytes before it sends them by itself (tcp(7), `TCP_CORK`).
+const TCP_CORK_CEILING: Duration = Duration::from_millis(200);
+
+/// Checks that none of the bytes corked since `since` is readable on `r` yet, and returns what
+/// one read took anyway. On TCP the kernel sends corked bytes once they have waited its
+/// ceiling, so "not yet" is certain only before it (a stalled thread may come here later):
+/// bytes found after it are taken, not failed.
+fn nothing_readable_yet<R: AsyncRead + Unpin>(kind: Kind, r: &mut R, since: Instant, what: &str) -> Vec<u8> {
+    let mut buf = vec![0u8; 64 << 10];
+    let n = match try_read_now(r, &mut buf) {
+        None => return Vec::new(),
+        Some(read) => read.unwrap(),
+    };
+    let late = kind == Kind::Tcp && since.elapsed() >= TCP_CORK_CEILING;
+    assert!(late, "{kind:?}: {what}: {n} corked bytes readable");
+    buf.truncate(n);
+    buf
+}
+
+/// Reads what a cork just pushed, after `got` (what the "not yet" checks took), and checks it
+/// is `want`. Right after the push, with no sleep: on shm the bytes are in the peer's ring and
+/// announced before the push returns, so one poll finds them; on TCP the push happened in it,
+/// and the reads only wait for loopback delivery.
+async fn read_pushed(kind: Kind, s: &mut SmcStream, mut got: Vec<u8>, want: &[u8], what: &str) {
+    let mut buf = [0u8; 64];
+    match kind {
+        Kind::Shm => {
+            let n = try_read_now(s, &mut buf).unwrap_or_else(|| panic!("{what}: not visible at once")).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        Kind::Tcp => {
+            while got.len() < want.len() {
+                let n = bounded(5, s.read(&mut buf)).await.unwrap();
+                assert_ne!(n, 0, "{what}: end of stream");
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+    assert_eq!(got, want, "{kind:?}: {what}");
+}
+
 fn temp_file(data: &[u8]) -> (std::path::PathBuf, std::fs::File) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -52,22 +94,18 @@ fn temp_file(data: &[u8]) -> (std::path::PathBuf, std::fs::File) {
 
 async fn corked_write_invisible_until_the_guard_drops(kind: Kind) {
     let (mut c, mut s) = pair(kind, 64 << 10).await;
+    let corked = Instant::now();
     let guard = c.cork();
     c.write_all(b"hello").await.unwrap();
     c.write_all(b" corked").await.unwrap();
-    let mut buf = [0u8; 64];
-    assert!(try_read_now(&mut s, &mut buf).is_none(), "{kind:?}: corked bytes are not visible");
+    let early = nothing_readable_yet(kind, &mut s, corked, "corked bytes are not visible");
     drop(guard);
-    // Right after the drop, with no sleep: on shm the bytes are in the peer's ring and announced
-    // before drop returns, so one poll finds them; on TCP the push happened in the drop, and the
-    // read below only waits for loopback delivery.
-    let n = match kind {
-        Kind::Shm => try_read_now(&mut s, &mut buf).expect("visible at once after the drop").unwrap(),
-        Kind::Tcp => bounded(5, s.read(&mut buf)).await.unwrap(),
-    };
-    assert_eq!(&buf[..n], b"hello corked");
+    read_pushed(kind, &mut s, early, b"hello corked", "visible after the drop").await;
 
-    // flush() pushes under a cork, and the cork stays.
+    // flush() pushes under a cork, and the cork stays. (The kernel's ceiling may count from
+    // the cork: the "not yet" checks below take it from there.)
+    let mut buf = [0u8; 64];
+    let corked = Instant::now();
     let guard = c.cork();
     c.write_all(b"one").await.unwrap();
     c.flush().await.unwrap();
@@ -77,17 +115,13 @@ async fn corked_write_invisible_until_the_guard_drops(kind: Kind) {
     };
     assert_eq!(&buf[..n], b"one");
     c.write_all(b"two").await.unwrap();
-    assert!(try_read_now(&mut s, &mut buf).is_none(), "{kind:?}: still corked after flush");
+    let mut early = nothing_readable_yet(kind, &mut s, corked, "still corked after flush");
     // Nested guards: only the last drop pushes.
     let inner = c.cork();
     drop(guard);
-    assert!(try_read_now(&mut s, &mut buf).is_none(), "{kind:?}: inner guard still holds");
+    early.extend(nothing_readable_yet(kind, &mut s, corked, "inner guard still holds"));
     drop(inner);
-    let n = match kind {
-        Kind::Shm => try_read_now(&mut s, &mut buf).expect("pushed").unwrap(),
-        Kind::Tcp => bounded(5, s.read(&mut buf)).await.unwrap(),
-    };
-    assert_eq!(&buf[..n], b"two");
+    read_pushed(kind, &mut s, early, b"two", "pushed").await;
 }
 
 #[tokio::test]
@@ -288,14 +322,15 @@ async fn header_and_sendfile_under_cork_arrive_together() {
     for kind in [Kind::Shm, Kind::Tcp] {
         let (c, mut s) = pair(kind, 256 << 10).await;
         let (_r, mut w) = c.into_split();
+        let corked = Instant::now();
         let guard = w.cork();
         w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4096\r\n\r\n").await.unwrap();
         assert_eq!(w.sendfile(&file, 0, 4096).await.unwrap(), 4096);
-        let mut buf = vec![0u8; 8192];
-        assert!(try_read_now(&mut s, &mut buf).is_none(), "{kind:?}: held by the guard");
+        let mut got = nothing_readable_yet(kind, &mut s, corked, "held by the guard");
         drop(guard);
-        let mut got = vec![0u8; 41 + 4096];
-        bounded(5, s.read_exact(&mut got)).await.unwrap();
+        let mut rest = vec![0u8; 41 + 4096 - got.len()];
+        bounded(5, s.read_exact(&mut rest)).await.unwrap();
+        got.extend_from_slice(&rest);
         assert!(got[41..] == body[..]);
     }
 }

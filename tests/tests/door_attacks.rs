@@ -394,6 +394,8 @@ async fn a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message() 
     if !require_root("a_door_connection_whose_uid_is_revoked_is_closed_at_its_next_message") {
         return;
     }
+    // Its peer and connections are descriptors and threads the others here count.
+    let _serial = SERIAL.lock().await;
     const PEER_UID: u32 = 65533;
     // A context of its own: the uids it allows change here, and nowhere else.
     let ctx = smc_tokio::Context::new();

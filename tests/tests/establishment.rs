@@ -26,6 +26,17 @@ async fn echo_listener() -> (SmcListener, SocketAddr) {
     (l, addr)
 }
 
+/// Waits (up to 10 s) until a handshake with the listener at `addr` is held at the stall
+/// injected at `point`.
+async fn stalled_at(addr: SocketAddr, point: Point) {
+    bounded(10, async {
+        while !faults::reached(addr, point) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
 fn serve_echo(l: SmcListener) -> mpsc::UnboundedReceiver<Transport> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -140,12 +151,14 @@ async fn a_confirmed_client_waits_for_a_late_commit_and_never_splits_the_connect
 
 #[tokio::test]
 async fn a_server_stalled_before_accepting_is_waited_for_not_abandoned() {
-    // Within the server's own bound, a slow decision is just slow: still SMC.
-    let l = SmcListener::builder().handshake_timeout(STEP * 5).bind("127.0.0.1:0").await.unwrap();
+    // Within the server's own bound, a slow decision is just slow: still SMC. (Both bounds are
+    // far longer than the stall, so that only a handshake that gives up on a slow server, not
+    // a busy machine, ends in TCP.)
+    let l = SmcListener::builder().handshake_timeout(STEP * 50).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     faults::inject(addr, Point::ServerBeforeAccept, STEP * 2);
     let mut rx = serve_echo(l);
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    let s = bounded(20, SmcStream::builder().handshake_timeout(STEP * 50).connect(addr)).await.unwrap();
     assert_eq!(s.transport(), Transport::SmcD);
     assert_eq!(bounded(10, rx.recv()).await.unwrap(), Transport::SmcD);
     bounded(10, echo_check(s, b"slow but smc", 4, 4)).await;
@@ -156,10 +169,15 @@ async fn a_server_stalled_before_accepting_is_waited_for_not_abandoned() {
 async fn a_listener_dropped_mid_handshake_declines_and_the_client_reads_the_end() {
     let l = SmcListener::builder().handshake_timeout(Duration::from_secs(5)).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(2));
-    let client = tokio::spawn(async move { SmcStream::connect(addr).await });
-    // The handshake is stalled in the server's decision; the listener goes away.
-    tokio::time::sleep(STEP).await;
+    // The stall lasts until the listener goes (its close ends the handshake), and the client
+    // waits as long: only the server's decline ends the handshake.
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(60));
+    let client = tokio::spawn(async move {
+        let builder = SmcStream::builder().handshake_timeout(Duration::from_secs(60));
+        builder.connect(addr).await
+    });
+    // Once the handshake is stalled in the server's decision, the listener goes away.
+    stalled_at(addr, Point::ServerBeforeAccept).await;
     drop(l);
     let mut s = bounded(10, client).await.unwrap().expect("no error: the server declined in step");
     assert_eq!(s.transport(), declined(DeclineReason::Timeout, Side::Peer));
@@ -187,7 +205,7 @@ async fn a_refusal_in_a_reuseport_group_is_final() {
         s.set_reuseaddr(true).unwrap();
         s.bind(addr).unwrap();
         SmcListener::builder()
-            .handshake_timeout(Duration::from_secs(5))
+            .handshake_timeout(Duration::from_secs(20))
             .limit_handshake(true)
             .max_pending_handshakes(1)
             .from_tcp(s.listen(1024).unwrap())
@@ -197,14 +215,23 @@ async fn a_refusal_in_a_reuseport_group_is_final() {
     let second = bind(addr);
     let mut rx1 = serve_echo(first);
     let mut rx2 = serve_echo(second);
-    // Every handshake stalls for a second in the server's decision, holding its listener's
-    // only slot: of five concurrent clients at least three land on a listener that is full.
-    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(1));
-    let clients: Vec<_> = (0..5).map(|_| tokio::spawn(SmcStream::connect(addr))).collect();
+    // Every handshake stalls for three seconds in the server's decision (within both ends'
+    // bounds), holding its listener's only slot: of five concurrent clients at least three land
+    // on a listener that is full. (The stall outlasts the clients' arrival even on a busy
+    // machine; the clients wait for the two that are served through it.)
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(3));
+    let clients: Vec<_> = (0..5)
+        .map(|_| {
+            tokio::spawn(async move {
+                let builder = SmcStream::builder().handshake_timeout(Duration::from_secs(15));
+                builder.connect(addr).await
+            })
+        })
+        .collect();
     let congested = declined(DeclineReason::HandshakeCongested, Side::Peer);
     let mut refused = 0;
     for c in clients {
-        let s = bounded(20, c).await.unwrap().unwrap();
+        let s = bounded(30, c).await.unwrap().unwrap();
         let t = s.transport();
         assert!(t == Transport::SmcD || t == congested, "{t}: a refusal must not end in the client's timeout");
         refused += usize::from(t == congested);
@@ -483,11 +510,15 @@ async fn every_door_refusal_is_counted() {
     let (l, addr) = echo_listener().await;
     l.set_limit_handshake(true);
     l.set_max_pending_handshakes(1);
-    faults::inject(addr, Point::ServerBeforeAccept, STEP * 10);
+    // The one place, held by a stall that outlasts the refusals below however slowly they
+    // run (its client waits as long, so that nothing gives the place up meanwhile).
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(60));
     let mut rx = serve_echo(l);
-    // The one place, held for two seconds.
-    let first = tokio::spawn(SmcStream::connect(addr));
-    tokio::time::sleep(STEP).await;
+    let first = tokio::spawn(async move {
+        let builder = SmcStream::builder().handshake_timeout(Duration::from_secs(60));
+        builder.connect(addr).await
+    });
+    stalled_at(addr, Point::ServerBeforeAccept).await;
     let before = smc_tokio::stats();
     let congested = DeclineReason::HandshakeCongested as usize - 1;
     for i in 0..5 {
@@ -512,15 +543,29 @@ async fn every_door_refusal_is_counted() {
     let (l, addr) = echo_listener().await;
     l.set_limit_handshake(false);
     l.set_max_pending_handshakes(1);
-    faults::inject(addr, Point::ServerBeforeAccept, STEP * 10);
+    faults::inject(addr, Point::ServerBeforeAccept, Duration::from_secs(60));
     let _rx = serve_echo(l);
-    let held = tokio::spawn(SmcStream::connect(addr));
-    tokio::time::sleep(STEP).await;
-    let queued = tokio::spawn(SmcStream::connect(addr));
-    tokio::time::sleep(STEP).await;
+    // The clients of this part share a context of their own: their registrations go, in the
+    // order they are made, on one door connection, and its counters tell when each was made.
+    let cctx = smc_tokio::Context::new();
+    let patient = |ctx: smc_tokio::Context| async move {
+        let builder = SmcStream::builder().context(&ctx).handshake_timeout(Duration::from_secs(60));
+        builder.connect(addr).await
+    };
+    let held = tokio::spawn(patient(cctx.clone()));
+    stalled_at(addr, Point::ServerBeforeAccept).await;
+    let queued = tokio::spawn(patient(cctx.clone()));
+    // Once its registration is made, the server takes it (into the queue) before the ones
+    // below, which follow it on the same door connection.
+    bounded(10, async {
+        while cctx.stats().door[0] < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     let before = smc_tokio::stats();
     for i in 0..5 {
-        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        let s = bounded(10, SmcStream::builder().context(&cctx).connect(addr)).await.unwrap();
         assert_eq!(s.transport(), declined(DeclineReason::HandshakeCongested, Side::Peer));
         bounded(10, echo_check(s, b"queue full but served", 8, 10 + i)).await;
     }

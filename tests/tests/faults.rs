@@ -123,7 +123,9 @@ async fn peer_clients_killed_at_random_points_leave_the_listener_serving_and_no_
         SmcListener::builder()
             .context(&ctx)
             .shm(shm())
-            .handshake_timeout(Duration::from_millis(500))
+            // Long enough that a busy machine does not cut off the clients asserted to be on
+            // shared memory, short enough that a handshake a killed client left waits little.
+            .handshake_timeout(Duration::from_secs(3))
             .bind("127.0.0.1:0")
             .await
             .unwrap(),
@@ -255,6 +257,10 @@ async fn peer_servers_killed_at_random_points_leave_the_client_with_errors_and_n
         .shm(shm())
         .handshake_timeout(Duration::from_millis(500))
         .negative_cache_ttl(Duration::ZERO);
+    // Connections asserted to be on shared memory (to a server that is not killed before they
+    // are made) are given far longer than a busy machine can delay a handshake step; the short
+    // bound above is for the connects whose server is killed under them.
+    let patient = builder.clone().handshake_timeout(Duration::from_secs(5));
     // Warm-up: tokio's child-process driver.
     let mut warm = peer(&["serve"]);
     let _ = first_line(&mut warm).await;
@@ -300,7 +306,7 @@ async fn peer_servers_killed_at_random_points_leave_the_client_with_errors_and_n
                     }
                 }
                 "mid-stream" => {
-                    let s = bounded(10, builder.connect(addr)).await.unwrap();
+                    let s = bounded(10, patient.connect(addr)).await.unwrap();
                     assert_eq!(s.transport(), Transport::SmcD, "{what}");
                     let (mut rd, mut wr) = s.into_split();
                     let writer = tokio::spawn(async move {
@@ -328,7 +334,7 @@ async fn peer_servers_killed_at_random_points_leave_the_client_with_errors_and_n
                     format!("write {:?}, read {:?}", w.kind(), r.map(|e| e.kind()))
                 }
                 _ => {
-                    let mut s = bounded(10, builder.connect(addr)).await.unwrap();
+                    let mut s = bounded(10, patient.connect(addr)).await.unwrap();
                     assert_eq!(s.transport(), Transport::SmcD, "{what}");
                     let file = file.clone();
                     let sender = tokio::spawn(async move {

@@ -387,9 +387,13 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
     let moving = tokio::spawn(async move {
         let _ = client.hand_back().await;
     });
-    // The peer's frame is in (its host and process answer) and our resend is stuck behind its
-    // zero window: the application drops the stream.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait for the server's move to end: the peer's frame is in (its host and process answer)
+    // and our resend is stuck behind its zero window; then the application drops the stream.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctx.stats().handbacks[0] == 0 {
+        assert!(Instant::now() < deadline, "the server's move did not end");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(ctx.stats().handbacks, [1, 0], "the server's move ended, the client's resend waits");
     moving.abort();
     let _ = moving.await;

@@ -70,6 +70,38 @@ async fn settle() -> usize {
     tests::settle_fds().await
 }
 
+/// Waits (up to 10 s) until this process maps no link group's region any more, letting go of
+/// the connections parked on `rx` as they come; then until the descriptor count stays put.
+/// A group's region and descriptors outlive its connections by its idle timeout, or, for a
+/// group whose client was killed, by the wait for that client that a handshake began.
+async fn groups_gone<T>(rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        while rx.try_recv().is_ok() {}
+        if memory().0 == 0 || std::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settle().await
+}
+
+/// Waits (up to 10 s) until this process holds at most `want` descriptors, letting go of the
+/// connections parked on `rx` as they come (they arrive as their reads end); then until the
+/// count stays put. Returns that count, for the caller to assert on.
+async fn fds_back_to<T>(want: usize, rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        while rx.try_recv().is_ok() {}
+        if open_fds() <= want || std::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while rx.try_recv().is_ok() {}
+    settle().await
+}
+
 fn report(what: &str, before: usize) -> usize {
     let now = open_fds();
     let (size, rss, vmrss) = memory();
@@ -100,7 +132,9 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     let l = SmcListener::builder()
         .shm(shm.clone())
         .max_pending_handshakes(1000)
-        .handshake_timeout(Duration::from_millis(500))
+        // Far longer than any handshake here takes on a busy machine: every connection the
+        // test makes is asserted to be SMC-D.
+        .handshake_timeout(Duration::from_secs(2))
         .bind("127.0.0.1:0")
         .await
         .unwrap();
@@ -121,9 +155,7 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     });
     // Warm-up: the side-channel acceptor and tokio's child-process driver.
     drop(peer_clients(addr, 1).await);
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    while rx.try_recv().is_ok() {}
-    let base = settle().await;
+    let base = groups_gone(&mut rx).await;
     report("server idle (listener + side-channel acceptor)", base);
 
     // ----- server side: the clients are another process -----
@@ -155,9 +187,9 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     assert_eq!(one - base, 1 + 3 + 1 + 1, "server: the first connection of a group");
     drop((c1, c100));
     held.clear();
-    while rx.try_recv().is_ok() {}
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let after = settle().await;
+    // The held connections and their groups go (the groups once idle, their descriptors on the
+    // closer thread after that).
+    let after = fds_back_to(base, &mut rx).await;
     report("server after the clients died", base);
     assert_eq!(after, base, "server: everything returned");
 
@@ -213,15 +245,18 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     for i in 0..100 {
         stalled.push(hostile::register_and_connect(addr, 300_000 + i, &p[..p.len() / 2]).await.unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The listener accepts the connections, and the door reads their registrations, on its own
+    // time: wait (bounded) until every one of them holds its descriptors.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open_fds() < pbase + 400 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let stalled_fds = report("100 stalled handshakes (100 sockets + 100 door connections on each side)", pbase);
     assert_eq!(stalled_fds - pbase, 400);
     drop(stalled);
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    // Their stream carried nothing of the handshake, so the server handed them out as TCP once
-    // they timed out; they are parked in the channel: let them go.
-    while rx.try_recv().is_ok() {}
-    let pbase = settle().await;
+    // Their stream carried nothing of the handshake, so the server hands them out as TCP once
+    // their handshakes end; they are parked in the channel as their reads end: let them go.
+    let pbase = fds_back_to(pbase, &mut rx).await;
     // (b) 20 proposals answered with an Accept, then declined by the client: the pending link
     // group each one set up (our region memfd + ringing socket, mapped) is dropped as soon as
     // its handshake ends, since nobody joined it; only the 40 sockets remain.
@@ -242,10 +277,9 @@ async fn descriptors_and_memory_per_connection_group_and_pending_handshake() {
     // lives as long as its client keeps it, for the client's next registrations.)
     assert_eq!(declined - pbase, 40 + 20 + 20, "a declined handshake's pending group is dropped at once");
     drop(hs);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // The declined connections were handed out as TCP and parked in the channel: let them go.
-    while rx.try_recv().is_ok() {}
-    let gone = settle().await;
+    // The declined connections were handed out as TCP and are parked in the channel as their
+    // reads end: let them go.
+    let gone = fds_back_to(pbase, &mut rx).await;
     report("after the declined connections closed", pbase);
     assert_eq!(gone, pbase, "nothing of the declined handshakes is left");
 }

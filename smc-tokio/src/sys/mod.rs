@@ -529,7 +529,8 @@ mod tests {
             // SAFETY: reads at most 8 bytes into the mapped (registered) page at `at`.
             unsafe { libc::recv(peer_w.as_raw_fd(), at as *mut libc::c_void, 8, 0) }
         });
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The peer's read is inside the copy once its fault on the page is reported.
+        let faulted = page.wait_for_fault(std::time::Duration::from_secs(10));
         // The control: another reader of the peer's socket waits for the lock.
         let (tx, rx) = std::sync::mpsc::channel();
         let other_w = wb.clone();
@@ -538,7 +539,7 @@ mod tests {
             let _ = tx.send(());
             r
         });
-        let stalled = rx.recv_timeout(std::time::Duration::from_millis(300)).is_err();
+        let stalled = faulted && rx.recv_timeout(std::time::Duration::from_millis(300)).is_err();
         // What we do meanwhile.
         let (tx2, rx2) = std::sync::mpsc::channel();
         let Side { ring: ra, wait: wa, .. } = a;
@@ -561,7 +562,7 @@ mod tests {
     /// it waits until the userfaultfd is closed (when the value is dropped).
     struct StalledPage {
         addr: usize,
-        _uffd: OwnedFd,
+        uffd: OwnedFd,
     }
 
     impl StalledPage {
@@ -602,7 +603,24 @@ mod tests {
             if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER, reg.as_mut_ptr()) } != 0 {
                 return None;
             }
-            Some(StalledPage { addr: p as usize, _uffd: uffd })
+            Some(StalledPage { addr: p as usize, uffd })
+        }
+
+        /// Waits up to `limit` for a fault on the page to be reported (a message pending on
+        /// the userfaultfd, which makes it readable); whether one was.
+        fn wait_for_fault(&self, limit: std::time::Duration) -> bool {
+            let deadline = std::time::Instant::now() + limit;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+                let mut pfd = libc::pollfd { fd: self.uffd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd, for a descriptor this value owns.
+                let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return n > 0 && pfd.revents & libc::POLLIN != 0;
+            }
         }
     }
 
