@@ -1183,14 +1183,24 @@ mod tests {
     /// connection, while the plain server waited for its bytes.
     #[tokio::test]
     async fn a_v6_only_wildcard_never_commits_a_connection_that_went_to_ipv4() {
-        let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
-        sock.set_only_v6(true).unwrap();
-        sock.bind(&"[::]:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        // A port free on both wildcards: the one `[::]` gets may be in use on IPv4 (by a
+        // connection of another test, say); then another.
+        let (sock, port, plain) = 'found: {
+            for _ in 0..20 {
+                let sock = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).unwrap();
+                sock.set_only_v6(true).unwrap();
+                sock.bind(&"[::]:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+                let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+                if let Ok(plain) = tokio::net::TcpListener::bind(("0.0.0.0", port)).await {
+                    break 'found (sock, port, plain);
+                }
+            }
+            panic!("no port free on both wildcards in 20 tries");
+        };
         sock.listen(128).unwrap();
         sock.set_nonblocking(true).unwrap();
         let listener = SmcListener::builder().from_std(sock.into()).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let plain = tokio::net::TcpListener::bind(("0.0.0.0", port)).await.expect("0.0.0.0 of the port is free");
+        assert_eq!(listener.local_addr().unwrap().port(), port);
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
         let client = tokio::spawn(async move {
             crate::SmcStream::builder().handshake_timeout(Duration::from_secs(60)).connect(addr).await
