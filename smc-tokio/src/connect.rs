@@ -19,7 +19,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
@@ -32,7 +31,7 @@ use crate::faults::{self, Point};
 use crate::handshake::{Channel, Established, Step, Wire};
 use crate::proto::clc::{ClcMessage, DeclineReason, LinkInfo, Proposal};
 use crate::proto::handshake::{ClientEvent, ClientHandshake, HandshakeError, Outcome, Side, Timeouts};
-use crate::smc::conn::{PendingConn, SmcConn};
+use crate::smc::conn::PendingConn;
 use crate::stats::{self, DoorEvent};
 use crate::sys;
 use crate::transport::{FallbackReason, Transport};
@@ -393,7 +392,7 @@ async fn run<W: Wire>(
     addr: SocketAddr,
     cfg: &Settings,
     timeouts: Timeouts,
-) -> (io::Result<Outcome>, Option<Arc<SmcConn>>, bool) {
+) -> (io::Result<Outcome>, PendingConn, bool) {
     let timer = stats::HandshakeTimer::start(ctx.counters());
     let mut hs = if matches!(chan, Channel::Wire(_)) {
         // The Proposal went with the registration.
@@ -401,7 +400,7 @@ async fn run<W: Wire>(
     } else {
         match ClientHandshake::new(prep.proposal.clone(), Instant::now(), timeouts) {
             Ok(h) => h,
-            Err(e) => return (Err(SmcError::Handshake(e).into()), None, false),
+            Err(e) => return (Err(SmcError::Handshake(e).into()), PendingConn::default(), false),
         }
     };
     // Given back if the connect is dropped (cancelled) or ends without SMC.
@@ -422,9 +421,19 @@ async fn run<W: Wire>(
         ctx.counters().decline(*reason, *by);
     }
     let conn = match &outcome {
-        Ok(Outcome::Smc { .. }) => pending.take(),
-        // Anything else: the slot goes back (with `pending`).
-        _ => None,
+        // Held by the guard until a stream takes it: a connect dropped before that (a settle
+        // below it waits) aborts it.
+        Ok(Outcome::Smc { .. }) => {
+            pending.committed();
+            std::mem::take(&mut pending)
+        }
+        // The server's final word: it did not commit, and will not write.
+        Ok(Outcome::Fallback { .. }) => {
+            pending.peer_will_not_write();
+            PendingConn::default()
+        }
+        // Anything else: the connection goes with `pending`, as far as the handshake got.
+        _ => PendingConn::default(),
     };
     (outcome, conn, hs.has_confirmed())
 }
@@ -463,6 +472,7 @@ async fn accepted(
                     pending.set(conn);
                     faults::stall(addr, Point::ClientBeforeConfirm).await;
                     hs.confirm(LinkInfo::Shm(confirm), Instant::now());
+                    pending.peer_may_write();
                 }
                 Err(reason) => {
                     tracing::debug!(%reason, "declining the server's shm accept");
@@ -483,6 +493,7 @@ async fn accepted(
                 Ok((conn, confirm)) => {
                     pending.adopt(conn);
                     hs.confirm(LinkInfo::Rdma(confirm), Instant::now());
+                    pending.peer_may_write();
                 }
                 Err(reason) => {
                     tracing::debug!(%reason, "declining the server's rdma accept");
@@ -508,7 +519,7 @@ fn finish_door(
     cfg: &Settings,
     tcp: TcpStream,
     outcome: io::Result<Outcome>,
-    conn: Option<Arc<SmcConn>>,
+    conn: PendingConn,
     confirmed: bool,
     answered: bool,
 ) -> io::Result<Established> {
@@ -557,10 +568,10 @@ fn finish_door(
     tcp_or_refuse(cfg, tcp, reason)
 }
 
-fn smc_stream(tcp: TcpStream, conn: Option<Arc<SmcConn>>) -> io::Result<Established> {
+fn smc_stream(tcp: TcpStream, mut conn: PendingConn) -> io::Result<Established> {
     // The machine agreed on a link we have no connection for: cannot happen, since confirm()
     // is only called with one; fail loudly rather than pretend.
-    let conn = conn.ok_or_else(|| io::Error::other("handshake agreed on a link without a connection"))?;
+    let conn = conn.take().ok_or_else(|| io::Error::other("handshake agreed on a link without a connection"))?;
     let t = conn.transport();
     Ok(Established::smc(tcp, conn, t))
 }
@@ -578,7 +589,7 @@ async fn finish_inband(
     addr: SocketAddr,
     (tcp, options): (TcpStream, Option<sys::ClientOptions>),
     outcome: io::Result<Outcome>,
-    conn: Option<Arc<SmcConn>>,
+    conn: PendingConn,
 ) -> io::Result<Established> {
     if matches!(outcome, Ok(Outcome::Smc { .. } | Outcome::Fallback { .. })) {
         ctx.negative_cache().answered(addr);
@@ -647,14 +658,14 @@ mod tests {
         for (kind, why) in kinds {
             let tcp = TcpStream::connect(addr).await.unwrap();
             let not_sent = crate::door::NotSent::wrap(kind.into());
-            match finish_door(&ctx, &cfg, tcp, Err(not_sent), None, true, true) {
+            match finish_door(&ctx, &cfg, tcp, Err(not_sent), PendingConn::default(), true, true) {
                 Ok(Established::Tcp { transport, .. }) => assert_eq!(transport, Transport::Tcp(why), "{kind:?}"),
                 other => panic!("{kind:?}: {other:?}"),
             }
         }
         for kind in [io::ErrorKind::BrokenPipe, io::ErrorKind::OutOfMemory] {
             let tcp = TcpStream::connect(addr).await.unwrap();
-            let after = finish_door(&ctx, &cfg, tcp, Err(kind.into()), None, true, true);
+            let after = finish_door(&ctx, &cfg, tcp, Err(kind.into()), PendingConn::default(), true, true);
             assert_eq!(after.map(|_| ()).map_err(|e| e.kind()), Err(kind), "a failure after the Confirm went out");
         }
     }

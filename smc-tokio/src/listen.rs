@@ -509,22 +509,25 @@ async fn serve_early(
     timer.end(&outcome);
     let t = match outcome {
         Ok(Outcome::Smc { .. }) => {
-            let Some(conn) = pending.conn.take() else { return };
             // Committed: the connection is ours to hand out once the listener accepts it, which
             // may be late (the application does not accept, and its ready queue is full): the
             // sweep keeps the registration, and with it the wait, while the kernel holds our
-            // end of the connection, up to five minutes; the listener's close ends it too.
+            // end of the connection, up to five minutes; the listener's close ends it too. It
+            // stays in `pending` meanwhile, so that a task dropped while it waits (its runtime
+            // shutting down) aborts it too.
             let tcp = shared.unless_closed(tcp_rx).await.and_then(Result::ok);
-            match tcp {
-                Some((tcp, peer)) => {
+            match (tcp, pending.conn.take()) {
+                (Some((tcp, peer)), Some(conn)) => {
                     let t = conn.transport();
                     tracing::Span::current().record("transport", tracing::field::display(t));
                     shared.ctx.counters().connection(true, t);
                     shared.deliver(Established::smc(tcp, conn, t), peer);
                 }
-                None => {
+                (_, conn) => {
                     door.forget(&key);
-                    conn.release(true, None);
+                    if let Some(conn) = conn {
+                        conn.release(true, None);
+                    }
                 }
             }
             return;
@@ -571,14 +574,16 @@ fn failed_on_door(e: Result<crate::proto::handshake::HandshakeError, io::Error>)
 /// of a server that read what it sent and closed. Returns whether it committed.
 async fn end_at_close(hs: &mut ServerHandshake, mut chan: Channel<'_, ServerWire>, pending: &mut Pending) -> bool {
     hs.handle_timeout(Instant::now() + Duration::from_secs(365 * 24 * 3600));
-    let _ = tokio::time::timeout(Duration::from_secs(1), chan.flush(hs)).await;
-    let committed = matches!(hs.outcome(), Some(Outcome::Smc { .. }));
-    if committed {
-        if let Some(conn) = pending.conn.take() {
-            // Its slot goes back once the client answers the abort (or the group ends).
-            conn.release(true, None);
-        }
+    let flushed = tokio::time::timeout(Duration::from_secs(1), chan.flush(hs)).await;
+    if let Ok(Err(e)) = flushed {
+        // Nothing more went out (a door message goes whole or not at all; a partial CLC
+        // message commits nobody): the client is not committed, and the connection goes as
+        // one that never was.
+        tracing::debug!(error = %e, "the handshake's last word did not go out");
+        pending.conn.not_committed();
     }
+    let committed = pending.conn.is_committed();
+    // A committed connection is aborted; its slot goes back once the client answers.
     pending.release();
     committed
 }
@@ -604,6 +609,10 @@ struct Pending {
 impl Pending {
     /// No SMC: give the slot back, and drop a group set up for a client that will not join.
     fn release(&mut self) {
+        if self.conn.is_committed() {
+            self.conn.release();
+            return;
+        }
         let Some(conn) = self.conn.take() else { return };
         let group = conn.group().clone();
         group.unregister(conn.our_token());
@@ -666,6 +675,8 @@ async fn drive(
                 match check_confirm(&link, cfg, shared, pending).await {
                     Ok(()) => {
                         hs.commit(Instant::now());
+                        // From here, letting the connection go aborts it (`PendingConn`).
+                        pending.conn.committed();
                         if let Some((local, _)) = addrs {
                             crate::faults::stall(local, crate::faults::Point::ServerAfterCommit).await;
                         }

@@ -2689,16 +2689,32 @@ const PEER_WORD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 /// the kernel's SMC-R default interval between link tests (`SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s).
 const PEER_ANSWER_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A connection registered during a handshake that has not been handed to the application:
-/// dropping the guard (a failed or abandoned handshake) gives its slot back.
+/// A connection registered during a handshake that has not been handed to the application.
+/// Dropping the guard (a failed, abandoned or cancelled handshake) lets it go as far as the
+/// handshake got: before the peer could write into it, its slot goes back to the group; once
+/// it may (a client's Confirm went out: the server may commit and write), its slot is retired,
+/// never used again while the group lives, since over RDMA the peer writes into our memory
+/// and a reused slot would take a stale writer's bytes (over shared memory it writes into its
+/// own, and the slot goes back); once committed, it is aborted, as an
+/// established connection whose application lets go of it with nothing read, so that the
+/// peer reads a reset rather than a clean end (its slot goes back once the peer answers).
 #[derive(Debug, Default)]
-pub(crate) struct PendingConn(Option<Arc<SmcConn>>);
+pub(crate) struct PendingConn(Option<Arc<SmcConn>>, Held);
+
+/// How far a [`PendingConn`]'s handshake got.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    #[default]
+    Open,
+    PeerMayWrite,
+    Committed,
+}
 
 impl PendingConn {
     /// A guard holding `conn`.
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub(crate) fn holding(conn: Arc<SmcConn>) -> PendingConn {
-        PendingConn(Some(conn))
+        PendingConn(Some(conn), Held::Open)
     }
 
     /// Takes over the connection `other` holds (releasing any this one held).
@@ -2718,13 +2734,56 @@ impl PendingConn {
         self.0.as_ref()
     }
 
+    /// Hands the connection over (to the stream that takes it from here): the guard no longer
+    /// holds it.
     pub(crate) fn take(&mut self) -> Option<Arc<SmcConn>> {
+        self.1 = Held::Open;
         self.0.take()
     }
 
-    fn release(&mut self) {
-        if let Some(c) = self.0.take() {
-            c.group().unregister(c.our_token());
+    /// The peer may write into the connection from now on (a client's Confirm is going out).
+    pub(crate) fn peer_may_write(&mut self) {
+        if self.1 == Held::Open {
+            self.1 = Held::PeerMayWrite;
+        }
+    }
+
+    /// The peer will not write into the connection after all (it declined, as its final word).
+    pub(crate) fn peer_will_not_write(&mut self) {
+        if self.1 == Held::PeerMayWrite {
+            self.1 = Held::Open;
+        }
+    }
+
+    /// The handshake committed to the connection.
+    pub(crate) fn committed(&mut self) {
+        self.1 = Held::Committed;
+    }
+
+    /// The handshake's Commit did not go out after all: the peer never committed.
+    pub(crate) fn not_committed(&mut self) {
+        if self.1 == Held::Committed {
+            self.1 = Held::Open;
+        }
+    }
+
+    /// Whether the handshake committed to the connection held.
+    pub(crate) fn is_committed(&self) -> bool {
+        self.0.is_some() && self.1 == Held::Committed
+    }
+
+    /// Lets the connection go now (see the type's docs).
+    pub(crate) fn release(&mut self) {
+        let held = std::mem::take(&mut self.1);
+        let Some(c) = self.0.take() else { return };
+        match held {
+            // Over shared memory the peer writes into its own region, never into ours: its slot
+            // can go back whatever the peer does.
+            Held::PeerMayWrite if c.group().link().is_some_and(|l| l.is_rdma()) => {
+                c.group().forget_conn(c.our_token(), true)
+            }
+            Held::Open | Held::PeerMayWrite => c.group().unregister(c.our_token()),
+            Held::Committed => c.release(true, None),
         }
     }
 }
