@@ -1226,4 +1226,132 @@ mod tests {
         let most = Duration::from_secs(1).as_millis() / super::IDLE_LOOK_MIN.as_millis() + 1;
         assert!(u128::from(looks) <= most, "{looks} looks at the idle timer in a second, at most {most} expected");
     }
+
+    /// A shared-memory link that says it is RDMA: the peer writes into our memory there, which
+    /// is all `PendingConn` asks of a link.
+    #[derive(Debug)]
+    struct AsRdma(crate::link::shm::ShmLink);
+
+    impl Link for AsRdma {
+        fn rx_rmb_size(&self) -> u32 {
+            self.0.rx_rmb_size()
+        }
+        fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), crate::link::LinkError> {
+            self.0.tx_write(rmb, offset, data)
+        }
+        fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), crate::link::LinkError> {
+            self.0.tx_read(rmb, offset, dst)
+        }
+        fn tx_fill(
+            &self,
+            rmb: u32,
+            offset: u32,
+            len: u32,
+            fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<usize>,
+        ) -> Result<std::io::Result<usize>, crate::link::LinkError> {
+            self.0.tx_fill(rmb, offset, len, fill)
+        }
+        fn rx_read(
+            &self,
+            rmb: u32,
+            offset: u32,
+            dst: &mut [std::mem::MaybeUninit<u8>],
+        ) -> Result<(), crate::link::LinkError> {
+            self.0.rx_read(rmb, offset, dst)
+        }
+        fn cdc_send_frame(&self, frame: &[u8; crate::proto::cdc::CDC_MSG_LEN]) -> Result<bool, crate::link::LinkError> {
+            self.0.cdc_send_frame(frame)
+        }
+        fn cdc_recv(
+            &self,
+            out: &mut Vec<[u8; crate::proto::cdc::CDC_MSG_LEN]>,
+            max: usize,
+        ) -> Result<Option<usize>, crate::link::LinkError> {
+            self.0.cdc_recv(out, max)
+        }
+        fn poll_event(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), crate::link::LinkError>> {
+            self.0.poll_event(cx)
+        }
+        fn clear_space_wait(&self) {
+            self.0.clear_space_wait()
+        }
+        fn watches_space(&self) -> bool {
+            self.0.watches_space()
+        }
+        fn has_pending(&self) -> bool {
+            self.0.has_pending()
+        }
+        fn busy_poll(&self) -> Duration {
+            self.0.busy_poll()
+        }
+        fn is_rdma(&self) -> bool {
+            true
+        }
+        fn rehome(&self) -> Result<(), crate::link::LinkError> {
+            self.0.rehome()
+        }
+        fn teardown(&self) {
+            self.0.teardown()
+        }
+    }
+
+    /// A connection a handshake set up and then let go (`PendingConn`) goes as far as the
+    /// handshake got, over shared memory and over a link whose peer writes into our memory
+    /// (RDMA): its slot comes back while the peer could not write into it, or once the peer's
+    /// Decline said it will not; once the peer may write (our Confirm went out), the slot is
+    /// retired over RDMA (a stale writer's bytes must not reach the slot's next connection) and
+    /// comes back over shared memory (where the peer writes only its own region); once
+    /// committed, the peer is sent an abort, and the slot waits for its answer.
+    #[tokio::test]
+    async fn a_pending_connection_is_let_go_as_far_as_its_handshake_got() {
+        use crate::proto::cdc::CdcFlags;
+        use crate::smc::conn::PendingConn;
+        let cfg = crate::config::ShmConfig::default();
+        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
+        for rdma in [false, true] {
+            // A group of two slots, established, and the peer's end of its link.
+            let group_of_two = |tag: &'static str| async move {
+                let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
+                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+                let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+                let group = LinkGroup::new(9, Role::Client, TxRmbs::shm(2, 4096, 4096), times, manager);
+                let link: Arc<dyn Link> = if rdma { Arc::new(AsRdma(client)) } else { Arc::new(client) };
+                group.establish(link).unwrap();
+                (group, server)
+            };
+            let kind = if rdma { "rdma" } else { "shm" };
+            let open = |g: &Arc<LinkGroup>, peer: u32| g.open_conn(Some(peer), ring, &cfg).ok();
+            // Let go in each state: whether a slot is free again right after.
+            let free_after = |g: &Arc<LinkGroup>, held: &dyn Fn(&mut PendingConn)| {
+                let mut p = PendingConn::holding(open(g, 77).expect("a slot"));
+                held(&mut p);
+                drop(p);
+                let (a, b) = (open(g, 78), open(g, 79));
+                a.is_some() && b.is_some()
+            };
+            let (g, _server) = group_of_two(if rdma { "pending-open-rdma" } else { "pending-open-shm" }).await;
+            assert!(free_after(&g, &|_| {}), "{kind}: a slot no peer could write into did not come back");
+            let (g, _server) = group_of_two(if rdma { "pending-may-rdma" } else { "pending-may-shm" }).await;
+            let came_back = free_after(&g, &|p| p.peer_may_write());
+            assert_eq!(came_back, !rdma, "{kind}: a slot the peer may write into came back: {came_back}");
+            let (g, _server) = group_of_two(if rdma { "pending-declined-rdma" } else { "pending-declined-shm" }).await;
+            assert!(
+                free_after(&g, &|p| {
+                    p.peer_may_write();
+                    p.peer_will_not_write();
+                }),
+                "{kind}: a slot whose peer declined did not come back"
+            );
+            let (g, server) = group_of_two(if rdma { "pending-committed-rdma" } else { "pending-committed-shm" }).await;
+            assert!(!free_after(&g, &|p| p.committed()), "{kind}: a committed connection's slot came back unanswered");
+            let mut frames = Vec::new();
+            let _ = server.cdc_recv(&mut frames, 16).unwrap();
+            let aborts = frames
+                .iter()
+                .filter_map(|f| crate::proto::cdc::CdcMsg::decode(f).ok())
+                .filter(|m| m.token == 77 && m.flags.contains(CdcFlags::PEER_CONN_ABORT))
+                .count();
+            assert_eq!(aborts, 1, "{kind}: the committed connection's peer was sent {aborts} aborts");
+        }
+    }
 }
