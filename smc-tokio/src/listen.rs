@@ -468,7 +468,7 @@ async fn serve_early(
     shared: Arc<ListenerShared>,
     reg: Registration,
     key: EarlyKey,
-    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
+    mut tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
     cfg: Settings,
     slot: HandshakeSlot,
 ) {
@@ -503,6 +503,11 @@ async fn serve_early(
     let Some(outcome) = outcome else {
         let _ = end_at_close(&mut hs, Channel::Wire(&mut wire), &mut pending).await;
         door.forget(&key);
+        // Its connection, if the listener took it from the kernel already, is reset as those
+        // left in the kernel's queue are.
+        if let Ok((tcp, _)) = tcp_rx.try_recv() {
+            crate::handshake::reset_tcp(tcp);
+        }
         return;
     };
     drop(wire);
