@@ -521,18 +521,19 @@ async fn serve_early(
             // stays in `pending` meanwhile, so that a task dropped while it waits (its runtime
             // shutting down) aborts it too.
             let tcp = shared.unless_closed(tcp_rx).await.and_then(Result::ok);
-            match (tcp, pending.conn.take()) {
-                (Some((tcp, peer)), Some(conn)) => {
-                    let t = conn.transport();
-                    tracing::Span::current().record("transport", tracing::field::display(t));
-                    shared.ctx.counters().connection(true, t);
-                    shared.deliver(Established::smc(tcp, conn, t), peer);
-                }
-                (_, conn) => {
-                    door.forget(&key);
-                    if let Some(conn) = conn {
-                        conn.release(true, None);
+            match tcp {
+                Some((tcp, peer)) => {
+                    if let Some(conn) = pending.conn.take() {
+                        let t = conn.transport();
+                        tracing::Span::current().record("transport", tracing::field::display(t));
+                        shared.ctx.counters().connection(true, t);
+                        shared.deliver(Established::smc(tcp, conn, t), peer);
                     }
+                }
+                None => {
+                    door.forget(&key);
+                    // Committed: aborted.
+                    pending.conn.release();
                 }
             }
             return;

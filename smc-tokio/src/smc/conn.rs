@@ -2585,6 +2585,27 @@ impl SmcConn {
         self.maybe_finish(st);
     }
 
+    /// A connection aborted before its stream existed (its handshake was cut off after the
+    /// commit) waits for the peer's answer before its slot goes back, and the peer may never
+    /// answer: the Commit may not have reached it (cut off too), and a peer that never
+    /// committed drops an abort for a connection it does not have. Past [`PEER_ANSWER_BOUND`]
+    /// unanswered, the connection is forgotten and its slot retired (never used again by the
+    /// group, whose memory stays as long as the group does), so the group can go idle.
+    /// Without a runtime to time it (a drop outside any), it waits for the group's end.
+    fn retire_if_unanswered(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let me = self.me.clone();
+        rt.spawn(async move {
+            tokio::time::sleep(PEER_ANSWER_BOUND).await;
+            let Some(c) = me.upgrade() else { return };
+            let unanswered = !Self::done(&c.lock());
+            if unanswered && c.group.is_alive() {
+                tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
+                c.group.forget_conn(c.our_token, true);
+            }
+        });
+    }
+
     /// Over RDMA nothing else says that a peer process died (shared memory has its side
     /// channel; the kernel's SMC-R has LLC test-link messages): a send to a destroyed queue pair
     /// may never complete with an error. A peer that is there answers our abort at once; one
@@ -2783,7 +2804,10 @@ impl PendingConn {
                 c.group().forget_conn(c.our_token(), true)
             }
             Held::Open | Held::PeerMayWrite => c.group().unregister(c.our_token()),
-            Held::Committed => c.release(true, None),
+            Held::Committed => {
+                c.release(true, None);
+                c.retire_if_unanswered();
+            }
         }
     }
 }

@@ -1301,7 +1301,8 @@ mod tests {
     /// Decline said it will not; once the peer may write (our Confirm went out), the slot is
     /// retired over RDMA (a stale writer's bytes must not reach the slot's next connection) and
     /// comes back over shared memory (where the peer writes only its own region); once
-    /// committed, the peer is sent an abort, and the slot waits for its answer.
+    /// committed, the peer is sent an abort, and the slot waits for its answer, for a bound: a
+    /// peer that never answers has the connection forgotten and its slot retired.
     #[tokio::test]
     async fn a_pending_connection_is_let_go_as_far_as_its_handshake_got() {
         use crate::proto::cdc::CdcFlags;
@@ -1352,6 +1353,22 @@ mod tests {
                 .filter(|m| m.token == 77 && m.flags.contains(CdcFlags::PEER_CONN_ABORT))
                 .count();
             assert_eq!(aborts, 1, "{kind}: the committed connection's peer was sent {aborts} aborts");
+            // This peer never answers (a real one that never committed drops the abort): past
+            // the bound the connection is forgotten and its slot retired, so that the group
+            // can go idle.
+            let held = g.conn_count();
+            // (The timer's task runs once first, to start its timer.)
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::pause();
+            tokio::time::advance(Duration::from_secs(31)).await;
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::resume();
+            assert_eq!(g.conn_count(), held - 1, "{kind}: an unanswered abort held its connection past the bound");
+            assert!(open(&g, 80).is_none(), "{kind}: the unanswered connection's slot was used again");
         }
     }
 }
