@@ -338,6 +338,9 @@ async fn serve(
             tcp_out(cfg, tcp, failed_on_door(Ok(e)), None)
         }
         Err(e) if on_door => {
+            // A handshake that failed on its channel failed to send (a door message goes whole
+            // or not at all): a Commit among what it sent did not go out.
+            pending.conn.not_committed();
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Err(e)), None)
         }
@@ -348,6 +351,8 @@ async fn serve(
         }
         Err(e) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
+            // Nor in-band: a Commit cut short commits nobody.
+            pending.conn.not_committed();
             pending.release();
             None
         }
@@ -543,7 +548,11 @@ async fn serve_early(
             Transport::Tcp(FallbackReason::Declined { reason, by })
         }
         Ok(Outcome::Failed(e)) => failed_on_door(Ok(e)),
-        Err(e) => failed_on_door(Err(e)),
+        Err(e) => {
+            // As in `serve`: a Commit among what failed to go out did not go out.
+            pending.conn.not_committed();
+            failed_on_door(Err(e))
+        }
     };
     pending.release();
     spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
