@@ -2164,11 +2164,7 @@ impl SmcConn {
     /// probe's bound on unacknowledged data ([`probe_peer_host`]) ends the move, and the
     /// connection ends as when the peer goes away (the bytes in our ring are read first).
     fn move_unless_told(&self) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let me = self.me.clone();
-        rt.spawn(async move {
-            tokio::time::sleep(PEER_WORD_BOUND).await;
-            let Some(c) = me.upgrade() else { return };
+        self.later(PEER_WORD_BOUND, |c| {
             let mut st = c.lock();
             // Not one the application let go of: its close could not reach the peer, and the
             // release ends it when the group does.
@@ -2184,6 +2180,19 @@ impl SmcConn {
                 tracing::debug!(parent: &c.span, "the rdma peer's side is gone and no move can start");
                 c.fail_locked(&mut st, ConnError::PeerGone { tcp_reset: false });
                 c.maybe_finish(st);
+            }
+        });
+    }
+
+    /// Runs `f` on this connection after `delay`, on the current runtime, if the connection
+    /// still exists then; without a runtime (a drop outside any), never.
+    fn later(&self, delay: std::time::Duration, f: impl FnOnce(Arc<SmcConn>) + Send + 'static) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let me = self.me.clone();
+        rt.spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(c) = me.upgrade() {
+                f(c);
             }
         });
     }
@@ -2593,11 +2602,7 @@ impl SmcConn {
     /// group, whose memory stays as long as the group does), so the group can go idle.
     /// Without a runtime to time it (a drop outside any), it waits for the group's end.
     fn retire_if_unanswered(&self) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let me = self.me.clone();
-        rt.spawn(async move {
-            tokio::time::sleep(PEER_ANSWER_BOUND).await;
-            let Some(c) = me.upgrade() else { return };
+        self.later(PEER_ANSWER_BOUND, |c| {
             let unanswered = !Self::done(&c.lock());
             if unanswered && c.group.is_alive() {
                 tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
@@ -2612,10 +2617,7 @@ impl SmcConn {
     /// that has not within [`PEER_ANSWER_BOUND`] is taken for gone, and its link group with it,
     /// so the group's slots and registered memory are not held forever.
     fn expect_abort_answer(&self) {
-        let me = self.me.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(PEER_ANSWER_BOUND).await;
-            let Some(c) = me.upgrade() else { return };
+        self.later(PEER_ANSWER_BOUND, |c| {
             let unanswered = !Self::done(&c.lock());
             if unanswered && c.group.is_alive() {
                 tracing::warn!(parent: &c.span, "rdma peer never answered an abort: taking its link group for gone");
