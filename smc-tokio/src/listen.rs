@@ -338,9 +338,6 @@ async fn serve(
             tcp_out(cfg, tcp, failed_on_door(Ok(e)), None)
         }
         Err(e) if on_door => {
-            // A handshake that failed on its channel failed to send (a door message goes whole
-            // or not at all): a Commit among what it sent did not go out.
-            pending.conn.not_committed();
             pending.release();
             tcp_out(cfg, tcp, failed_on_door(Err(e)), None)
         }
@@ -351,8 +348,6 @@ async fn serve(
         }
         Err(e) => {
             tracing::debug!(error = %e, "closing connection after failed handshake");
-            // Nor in-band: a Commit cut short commits nobody.
-            pending.conn.not_committed();
             pending.release();
             None
         }
@@ -548,11 +543,7 @@ async fn serve_early(
             Transport::Tcp(FallbackReason::Declined { reason, by })
         }
         Ok(Outcome::Failed(e)) => failed_on_door(Ok(e)),
-        Err(e) => {
-            // As in `serve`: a Commit among what failed to go out did not go out.
-            pending.conn.not_committed();
-            failed_on_door(Err(e))
-        }
+        Err(e) => failed_on_door(Err(e)),
     };
     pending.release();
     spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
@@ -579,9 +570,6 @@ fn failed_on_door(e: Result<crate::proto::handshake::HandshakeError, io::Error>)
     Transport::Tcp(FallbackReason::Declined { reason, by })
 }
 
-/// The listener is gone mid-handshake: decline what can still be declined, so the client
-/// continues over TCP (and reads the end of the connection) instead of failing, and give the
-/// connection's slot back.
 /// Ends a handshake whose listener was dropped: declines if it still can, and sends what the
 /// handshake owes (its Decline, or a Commit it decided on before the listener went, which the
 /// client, confirmed, waits for). A committed connection is aborted, as the kernel resets the
@@ -655,7 +643,13 @@ async fn drive(
     early: Option<(&Door, &EarlyKey)>,
 ) -> io::Result<Outcome> {
     loop {
-        match chan.advance(hs).await? {
+        let step = chan.advance(hs).await.inspect_err(|_| {
+            // The handshake failed on its channel: what it was sending did not go out (a door
+            // message goes whole or not at all; a CLC message cut short commits nobody), a
+            // Commit among it included.
+            pending.conn.not_committed();
+        })?;
+        match step {
             Step::Event(ServerEvent::Proposal(p)) => {
                 tracing::debug!(shm = p.shm.is_some(), rdma = p.rdma.is_some(), "proposal");
                 if let Some((local, _)) = addrs {

@@ -37,6 +37,16 @@ async fn stalled_at(addr: SocketAddr, point: Point) {
     .await;
 }
 
+/// Waits (up to 10 s) until every link group of `ctx` has ended.
+async fn groups_end(ctx: &smc_tokio::Context) {
+    bounded(10, async {
+        while ctx.stats().link_groups != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 fn serve_echo(l: SmcListener) -> mpsc::UnboundedReceiver<Transport> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -691,12 +701,7 @@ async fn connections_left_in_a_dropped_listeners_queue_are_reset() {
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
     let e = bounded(10, plain.read(&mut b)).await.expect_err("plain client read an end, not a reset");
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    bounded(10, async {
-        while server_ctx.stats().link_groups != 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    groups_end(&server_ctx).await;
 }
 
 /// A listener dropped after its handshake committed, before the Commit went out: the Commit
@@ -712,12 +717,7 @@ async fn a_listener_dropped_after_it_committed_resets_the_connection() {
     let addr = l.local_addr().unwrap();
     faults::inject(addr, Point::ServerAfterCommit, Duration::from_secs(60));
     let client = tokio::spawn(async move { SmcStream::connect(addr).await });
-    bounded(10, async {
-        while !faults::reached(addr, Point::ServerAfterCommit) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    stalled_at(addr, Point::ServerAfterCommit).await;
     drop(l);
     let mut s = bounded(10, client).await.unwrap().expect("connected");
     assert_eq!(s.transport(), Transport::SmcD, "the Commit was decided before the listener went");
@@ -725,12 +725,7 @@ async fn a_listener_dropped_after_it_committed_resets_the_connection() {
     let e = bounded(10, s.read(&mut b)).await.expect_err("the client read an end, not a reset");
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
     assert!(s.write_all(b"lost").await.is_err(), "a write into a reset connection went through");
-    bounded(10, async {
-        while server_ctx.stats().link_groups != 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    groups_end(&server_ctx).await;
     faults::clear(addr);
 }
 

@@ -2848,6 +2848,16 @@ mod tests {
         assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
     }
 
+    /// Looks at `done` every 5 ms, on this thread, until it holds; fails saying `what` after
+    /// 10 s (a bound to fail by, not a speed expected).
+    fn within_10s(what: &str, mut done: impl FnMut() -> bool) {
+        let t = Instant::now();
+        while !done() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// A listening socket that never accepts (connections wait in its queue) and a solo door
     /// for it, in a context of its own.
     fn door_for_a_queue() -> (std::net::TcpListener, Door) {
@@ -2894,19 +2904,12 @@ mod tests {
         drop(door_conn);
         // Its end shows once no process holds the descriptor: a child another thread is
         // spawning holds copies of the process's descriptors until it execs.
-        let t = Instant::now();
-        let mut st = door.lock();
-        while {
+        within_10s("the door connection's end was not read", || {
+            let mut st = door.lock();
             let _ = door.drain(&mut st);
-            !st.conns.is_empty()
-        } {
-            assert!(t.elapsed() < Duration::from_secs(10), "the door connection's end was not read");
-            drop(st);
-            std::thread::sleep(Duration::from_millis(5));
-            st = door.lock();
-        }
-        assert_eq!(st.count, 1, "dropped with its door connection");
-        drop(st);
+            st.conns.is_empty()
+        });
+        assert_eq!(door.lock().count, 1, "dropped with its door connection");
         door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
         door.sweep();
         assert_eq!(door.lock().count, 1, "dropped while its connection waits in the kernel's queue");
@@ -2914,11 +2917,7 @@ mod tests {
         first.set_linger(Some(Duration::ZERO)).unwrap();
         drop(first);
         // The kernel may take the reset in a softirq of its own, later: wait for it.
-        let t = Instant::now();
-        while matches!(door.diag.owner(server, client), Ok(Some(_))) {
-            assert!(t.elapsed() < Duration::from_secs(10), "our end outlived its client's reset");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        within_10s("our end outlived its client's reset", || !matches!(door.diag.owner(server, client), Ok(Some(_))));
         // Not asked again within a second of the last look (a look in the future: no test
         // thread's stall can make a second pass).
         door.lock().verified_looked = Some(Instant::now() + Duration::from_secs(3600));
@@ -3039,11 +3038,9 @@ mod tests {
                     let mut sock = std::net::TcpStream::from(OwnedFd::from(sock));
                     sock.write_all(b"bye").unwrap();
                     drop(sock);
-                    let t = Instant::now();
-                    while matches!(door.diag.owner(client, server), Ok(Some(_))) {
-                        assert!(t.elapsed() < Duration::from_secs(10), "the client end outlived its close");
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    within_10s("the client end outlived its close", || {
+                        !matches!(door.diag.owner(client, server), Ok(Some(_)))
+                    });
                     (client, door_conn)
                 };
                 let (client, _door_conn) = kept_after_its_client(7);
@@ -3331,11 +3328,7 @@ mod tests {
         tokio::task::spawn_blocking(move || drop(other)).await.expect("the runtime dropped");
         // The end shows once no process holds our descriptor: a child another thread is
         // spawning holds copies of the process's descriptors until it execs.
-        let t = std::time::Instant::now();
-        while !drain(&client, &mut ids) {
-            assert!(t.elapsed() < Duration::from_secs(10), "the connection outlived its sender");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        within_10s("the connection outlived its sender", || drain(&client, &mut ids));
         assert!(ids.is_empty(), "{ids:?}");
         drop(conn);
     }

@@ -2602,11 +2602,19 @@ impl SmcConn {
     /// group, whose memory stays as long as the group does), so the group can go idle.
     /// Without a runtime to time it (a drop outside any), it waits for the group's end.
     fn retire_if_unanswered(&self) {
+        self.if_unanswered(|c| {
+            tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
+            c.group.forget_conn(c.our_token, true);
+        });
+    }
+
+    /// Runs `act` if our abort is still unanswered [`PEER_ANSWER_BOUND`] from now, the
+    /// connection's group alive.
+    fn if_unanswered(&self, act: impl FnOnce(&SmcConn) + Send + 'static) {
         self.later(PEER_ANSWER_BOUND, |c| {
             let unanswered = !Self::done(&c.lock());
             if unanswered && c.group.is_alive() {
-                tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
-                c.group.forget_conn(c.our_token, true);
+                act(&c);
             }
         });
     }
@@ -2617,12 +2625,9 @@ impl SmcConn {
     /// that has not within [`PEER_ANSWER_BOUND`] is taken for gone, and its link group with it,
     /// so the group's slots and registered memory are not held forever.
     fn expect_abort_answer(&self) {
-        self.later(PEER_ANSWER_BOUND, |c| {
-            let unanswered = !Self::done(&c.lock());
-            if unanswered && c.group.is_alive() {
-                tracing::warn!(parent: &c.span, "rdma peer never answered an abort: taking its link group for gone");
-                c.group.end_on_link_error(LinkError::PeerGone);
-            }
+        self.if_unanswered(|c| {
+            tracing::warn!(parent: &c.span, "rdma peer never answered an abort: taking its link group for gone");
+            c.group.end_on_link_error(LinkError::PeerGone);
         });
     }
 }

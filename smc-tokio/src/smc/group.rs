@@ -1156,6 +1156,14 @@ mod tests {
     use crate::proto::cdc::CdcMsg;
     use crate::smc::manager::Manager;
 
+    /// A client group of `slots` rings of 4 KiB in a context of its own, ended after
+    /// `idle_timeout` without connections, not polling.
+    fn client_group(slots: u32, idle_timeout: Duration) -> Arc<LinkGroup> {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let times = GroupTimes { idle_timeout, poll_window: Duration::ZERO };
+        LinkGroup::new(7, Role::Client, TxRmbs::shm(slots, 4096, 4096), times, manager)
+    }
+
     /// A send refused for want of CDC space that then got through on the link's own retry
     /// (the peer freed a slot as it asked) registers no waiter, and leaves the link watching
     /// for space. With nobody waiting, the group's driver ends the watch: left on, the link
@@ -1168,9 +1176,7 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let watching = rt.block_on(async {
                 let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "space-watch").await;
-                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
-                let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
-                let group = LinkGroup::new(7, Role::Client, TxRmbs::shm(4, 4096, 4096), times, manager);
+                let group = client_group(4, Duration::from_secs(60));
                 group.establish(Arc::new(client)).unwrap();
                 let link = group.link().unwrap();
                 // Fill the ring, as senders that do not register (their retry went through).
@@ -1208,9 +1214,7 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
             let looks = rt.block_on(async {
                 let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "idle-zero").await;
-                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
-                let times = GroupTimes { idle_timeout: Duration::ZERO, poll_window: Duration::ZERO };
-                let group = LinkGroup::new(7, Role::Client, TxRmbs::shm(4, 4096, 4096), times, manager);
+                let group = client_group(4, Duration::ZERO);
                 group.establish(Arc::new(client)).unwrap();
                 let slot = group.alloc_slot().expect("a slot");
                 let before = group.idle_looks.load(std::sync::atomic::Ordering::Relaxed);
@@ -1313,9 +1317,7 @@ mod tests {
             // A group of two slots, established, and the peer's end of its link.
             let group_of_two = |tag: &'static str| async move {
                 let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
-                let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
-                let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
-                let group = LinkGroup::new(9, Role::Client, TxRmbs::shm(2, 4096, 4096), times, manager);
+                let group = client_group(2, Duration::from_secs(60));
                 let link: Arc<dyn Link> = if rdma { Arc::new(AsRdma(client)) } else { Arc::new(client) };
                 group.establish(link).unwrap();
                 (group, server)
