@@ -360,18 +360,23 @@ async fn serve(
 /// before the connection is accepted, so that no client waits for the listener's accept.
 pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
     let Some((key, tcp_rx)) = reg.take_early() else { return };
+    // Whatever becomes of the handshake, the registration stays filed until its connection is
+    // accepted (or goes stale with its door connection, or after `ENTRY_TTL`), and an early
+    // ending hands that connection out with the reason its client was told. Dropped at the
+    // ending instead, a registration whose connection the listener had not taken yet was
+    // matched by nothing at accept: the application read a plain client's reason, or the
+    // right one, as the accept and the ending raced.
     let cfg = shared.settings();
     if cfg.policy == Policy::TcpOnly {
         reg.refuse(DeclineReason::PeerNoSmc);
-        spawn_tcp_after(shared, key, tcp_rx, cfg, Transport::Tcp(FallbackReason::Disabled));
+        deliver_tcp_when_accepted(shared, tcp_rx, cfg, Transport::Tcp(FallbackReason::Disabled));
         return;
     }
     if shared.ready.is_full() {
         // The application is not accepting: a handshake could not end before it does, and
         // the client would wait for one. It goes on as TCP at once, as a kernel listener's
         // backlog takes a connection whoever accepts it later.
-        // (`refuse` counts the decline.) The registration stays filed, so that the connection,
-        // once accepted, is handed out with the reason its client was told.
+        // (`refuse` counts the decline.)
         reg.refuse(DeclineReason::HandshakeCongested);
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local });
         deliver_tcp_when_accepted(shared, tcp_rx, cfg, t);
@@ -384,7 +389,13 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
             tokio::spawn(async move {
                 match ticket.slot(&cfg).await {
                     Some(slot) => spawn_early(&shared2, reg, key, tcp_rx, cfg, slot),
-                    None => reg.refuse(DeclineReason::HandshakeCongested),
+                    None => {
+                        reg.refuse(DeclineReason::HandshakeCongested);
+                        let by = Side::Local;
+                        let t =
+                            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by });
+                        deliver_tcp_when_accepted(&shared2, tcp_rx, cfg, t);
+                    }
                 }
             });
         }
@@ -404,23 +415,6 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
             });
         }
     }
-}
-
-/// An early registration that will not be SMC: its connection, if it is accepted already (its
-/// look-up sent it here), goes to the application as TCP; if not, the registration is dropped
-/// and the accept serves the connection as a plain one.
-fn spawn_tcp_after(
-    shared: &Arc<ListenerShared>,
-    key: EarlyKey,
-    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
-    cfg: Settings,
-    t: Transport,
-) {
-    let Some(door) = &shared.door else { return };
-    if door.forget(&key) {
-        return;
-    }
-    deliver_tcp_when_accepted(shared, tcp_rx, cfg, t);
 }
 
 /// Hands the connection that comes on `tcp_rx` (once the listener accepts it) to the
@@ -477,7 +471,7 @@ async fn serve_early(
     let Some(mut wire) = reg.open() else {
         // Cancelled before we began: the connection, if it comes, is TCP.
         let t = Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::Timeout, by: Side::Peer });
-        return spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
+        return deliver_tcp_when_accepted(&shared, tcp_rx, cfg, t);
     };
     shared.ctx.counters().door(DoorEvent::Matched);
     let timer = stats::HandshakeTimer::start(shared.ctx.counters());
@@ -546,7 +540,7 @@ async fn serve_early(
         Err(e) => failed_on_door(Err(e)),
     };
     pending.release();
-    spawn_tcp_after(&shared, key, tcp_rx, cfg, t);
+    deliver_tcp_when_accepted(&shared, tcp_rx, cfg, t);
 }
 
 /// What a connection whose door handshake failed is: TCP, since its stream carried nothing of

@@ -357,6 +357,39 @@ async fn one_client_process_gets_a_bounded_number_of_link_groups() {
     }
 }
 
+/// A registration declined before its connection came is handed out, once the connection is
+/// accepted, with the reason its client was told, not as a plain client's: the registration
+/// stays filed until then. (Dropped at the Decline, it was matched at accept only when the
+/// listener happened to take the connection from the kernel first.)
+#[tokio::test]
+async fn a_registration_declined_before_its_connection_came_is_handed_out_with_its_reason() {
+    let ctx = smc_tokio::Context::new();
+    // No room for a receive ring: the handshake is declined as soon as it starts.
+    ctx.set_rmb_memory_cap(0);
+    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (sock, door) = bounded(10, hostile::register(addr, 0x5eed, &hostile::shm_proposal(RMB))).await.unwrap();
+    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
+    assert!(
+        matches!(answer, Some(ClcMessage::Decline(Decline { reason: DeclineReason::OutOfMemory, .. }))),
+        "declined for want of memory: {answer:?}"
+    );
+    // Only now does the connection come.
+    let mut tcp = bounded(10, hostile::connect_registered(sock, addr)).await.unwrap();
+    let (mut s, _) = bounded(10, l.accept()).await.unwrap();
+    assert_eq!(
+        s.transport(),
+        Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local }),
+        "the connection is handed out with the reason its client was told"
+    );
+    tcp.write_all(b"declined first").await.unwrap();
+    let mut b = [0u8; 14];
+    bounded(10, s.read_exact(&mut b)).await.unwrap();
+    assert_eq!(&b, b"declined first");
+    // The door connection stayed open throughout (a closed one drops its registrations).
+    drop(door);
+}
+
 /// A well-formed, sealed region: the server maps it and serves the connection. Its sender cannot
 /// resize it (or punch holes, or map it writable anew) once sealed, so the server's reads can
 /// never fault; a frame in its ring that is no CDC message ends only the connection it names.

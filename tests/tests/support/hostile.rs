@@ -352,11 +352,28 @@ pub async fn register_and_connect(
     instance: u64,
     proposal: &[u8],
 ) -> io::Result<(TcpStream, OwnedFd)> {
+    let (sock, door) = register(addr, instance, proposal).await?;
+    Ok((connect_registered(sock, addr).await?, door))
+}
+
+/// The first half of [`register_and_connect`]: registers a bound socket, not connected yet, at
+/// the door of `addr`. Returns the socket and the door connection.
+pub async fn register(addr: std::net::SocketAddr, instance: u64, proposal: &[u8]) -> io::Result<(OwnedFd, OwnedFd)> {
     let proposal = proposal.to_vec();
-    let (std, door) = tokio::task::spawn_blocking(move || -> io::Result<(std::net::TcpStream, OwnedFd)> {
+    tokio::task::spawn_blocking(move || -> io::Result<(OwnedFd, OwnedFd)> {
         let door = side_connect(&door_name(addr))?;
         let sock = bound_tcp_socket();
         send_fds(door.as_fd(), &register_frame(sock.as_fd(), instance, &proposal), &[])?;
+        Ok((sock, door))
+    })
+    .await
+    .unwrap()
+}
+
+/// The second half of [`register_and_connect`]: connects the registered socket `sock` to
+/// `addr` (IPv4).
+pub async fn connect_registered(sock: OwnedFd, addr: std::net::SocketAddr) -> io::Result<TcpStream> {
+    let std = tokio::task::spawn_blocking(move || -> io::Result<std::net::TcpStream> {
         let std = std::net::TcpStream::from(sock);
         // A blocking connect of a bound socket: std's connect goes through a new socket, so call
         // connect(2) on this one.
@@ -375,12 +392,12 @@ pub async fn register_and_connect(
                 std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
             )
         })?;
-        Ok((std, door))
+        Ok(std)
     })
     .await
     .unwrap()?;
     std.set_nonblocking(true)?;
-    Ok((TcpStream::from_std(std)?, door))
+    TcpStream::from_std(std)
 }
 
 /// A proposal with a shared-memory offer (a new group), as a registration carries it.
