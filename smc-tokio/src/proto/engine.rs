@@ -1359,7 +1359,9 @@ impl ConnEngine {
     /// assert!(a.poll_cdc().is_none());
     /// ```
     pub fn poll_cdc(&self) -> Option<CdcMsg> {
-        let prod = if self.holding() { self.tx_prod_sent } else { self.tx_prod };
+        // Whether a cork or autocork holds what was written matters only when something was
+        // (this runs several times per message on a busy connection, mostly with nothing new).
+        let prod = if self.tx_prod == self.tx_prod_sent || self.holding() { self.tx_prod_sent } else { self.tx_prod };
         let prod_due = prod != self.tx_prod_sent;
         let held = prod != self.tx_prod;
         let flags_due = (self.done_writing && !self.done_writing_sent && !held)

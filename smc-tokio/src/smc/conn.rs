@@ -1398,6 +1398,15 @@ impl SmcConn {
             }
         }
         let n = n - first as u32;
+        if n == 0 {
+            // The inline copy was all of it (a small message on an idle connection): no spans
+            // to work out.
+            if take == Take::Consume {
+                self.flush_cdc(st);
+                self.pay_abort(st);
+            }
+            return Ok(());
+        }
         let Some(spans) = st.engine.rx_spans(n) else {
             return Err(io::Error::other("rx span"));
         };

@@ -1,7 +1,9 @@
 //! The machine's own limits, measured in the same run as the transports so that every figure is
 //! also a ratio to what the hardware can do at that moment (this VM drifts by 2x within an
 //! hour): the round trip of one cache line between two CPUs (an atomic ping-pong, the floor
-//! under any shared-memory round trip), what one CPU copies per second, and what a ring between
+//! under any shared-memory round trip), the same round trip between two tokio tasks through
+//! `AsyncWrite`/`AsyncRead` (the floor under any transport used as a tokio stream), what one CPU
+//! copies per second, and what a ring between
 //! two CPUs carries per second when one thread copies into it and the other out of it (the
 //! ceiling of a stream that copies each byte once on each side, as a shared-memory transport
 //! does, with no transport around it).
@@ -19,6 +21,13 @@ pub(crate) struct Limits {
     /// One round trip of a cache line between two threads on two CPUs, in microseconds (0: not
     /// measured, on a machine with one CPU, where the two threads could only take turns).
     pub(crate) pingpong_us: f64,
+    /// The median round trip of a `--size 14` rr between two tokio tasks, each on a
+    /// current-thread runtime of its own thread, through `write_all` and `read_exact` on a
+    /// stream that carries each message in one cache line per direction and whose `poll_read`
+    /// spins until the line changes, timed per round trip as the rr rows are (0: one CPU). What
+    /// the runtime, the `AsyncRead`/`AsyncWrite` calls and the cache line cost with no transport
+    /// around them: the floor of an rr row through any tokio stream.
+    pub(crate) task_rt_us: f64,
     /// Bytes per second one CPU copies with `copy_from_slice`, 64 KiB at a time (the copy
     /// stays in the caches).
     pub(crate) memcpy_64k: f64,
@@ -90,6 +99,7 @@ pub(crate) fn measure(pin: bool) -> Limits {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     Limits {
         pingpong_us: if cpus >= 2 { pingpong(pin) } else { 0.0 },
+        task_rt_us: if cpus >= 2 { task_pingpong(pin) } else { 0.0 },
         memcpy_64k: memcpy(64 << 10),
         memcpy_16m: memcpy(16 << 20),
         ring_64k: if cpus >= 2 { ring(pin) } else { 0.0 },
@@ -248,6 +258,162 @@ fn pingpong(pin: bool) -> f64 {
     us
 }
 
+/// Round trips the tasks' ping-pong times (the median of all is reported), and its bound in
+/// time, as the ping-pong's: 100 000 take 15-20 ms on the development VM.
+const TASK_ROUND_TRIPS: usize = 100_000;
+const TASK_MAX: Duration = Duration::from_millis(500);
+/// The message of the tasks' ping-pong: the size of the README's rr row.
+const TASK_MSG: usize = 14;
+
+/// One direction of [`Mailbox`]: a message in one cache line, published by its number.
+#[repr(align(128))]
+struct Slot {
+    /// Messages published (Release by the writer after the words below, Acquire by the reader
+    /// before it reads them).
+    seq: AtomicU64,
+    len: AtomicU64,
+    /// The message, 48 bytes at most, as words (each side reads and writes them atomically:
+    /// the other may write the next message once it has seen this one's answer, never before).
+    words: [AtomicU64; 6],
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot { seq: AtomicU64::new(0), len: AtomicU64::new(0), words: Default::default() }
+    }
+}
+
+/// One end of a stream between two tasks that carries each write (48 bytes at most) in a cache
+/// line: a write publishes it; a read spins until the other end's line holds a message it has
+/// not read, or until `stop` (then it reads the end of the stream). It never returns `Pending`,
+/// so it is only for a task alone on its runtime's thread, as here.
+struct Mailbox {
+    tx: Arc<Slot>,
+    rx: Arc<Slot>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sent: u64,
+    read: u64,
+}
+
+impl tokio::io::AsyncRead for Mailbox {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        loop {
+            if self.rx.seq.load(Ordering::Acquire) != self.read {
+                break;
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return std::task::Poll::Ready(Ok(()));
+            }
+            std::hint::spin_loop();
+        }
+        self.read += 1;
+        let mut msg = [0u8; 48];
+        for (i, w) in self.rx.words.iter().enumerate() {
+            msg[i * 8..i * 8 + 8].copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        let len = (self.rx.len.load(Ordering::Relaxed) as usize).min(msg.len()).min(buf.remaining());
+        buf.put_slice(&msg[..len]);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl tokio::io::AsyncWrite for Mailbox {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let n = data.len().min(48);
+        let mut msg = [0u8; 48];
+        msg[..n].copy_from_slice(&data[..n]);
+        for (i, w) in self.tx.words.iter().enumerate() {
+            let word = u64::from_ne_bytes(msg[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+            w.store(word, Ordering::Relaxed);
+        }
+        self.tx.len.store(n as u64, Ordering::Relaxed);
+        self.sent += 1;
+        self.tx.seq.store(self.sent, Ordering::Release);
+        std::task::Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// The median round trip between two tasks (see [`Limits::task_rt_us`]). The initiator times
+/// each round trip as `smcperf`'s rr client does: a clock read before its `write_all`, and the
+/// time elapsed after its `read_exact`.
+fn task_pingpong(pin: bool) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (a, b) = (Arc::new(Slot::new()), Arc::new(Slot::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut responder_end = Mailbox { tx: b.clone(), rx: a.clone(), stop: stop.clone(), sent: 0, read: 0 };
+    let mut initiator_end = Mailbox { tx: a, rx: b, stop: stop.clone(), sent: 0, read: 0 };
+    let on_runtime = |cpu: usize, f: std::pin::Pin<Box<dyn std::future::Future<Output = f64> + Send>>| {
+        std::thread::spawn(move || {
+            if pin {
+                super::pin_to(cpu);
+            }
+            match tokio::runtime::Builder::new_current_thread().build() {
+                // On a task, as the rr rows' ends are (a task's poll is what they pay).
+                Ok(rt) => rt.block_on(async move { tokio::spawn(f).await.unwrap_or(0.0) }),
+                Err(_) => 0.0,
+            }
+        })
+    };
+    let responder = on_runtime(
+        1,
+        Box::pin(async move {
+            let mut buf = [0u8; TASK_MSG];
+            while responder_end.read_exact(&mut buf).await.is_ok() {
+                if responder_end.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+            0.0
+        }),
+    );
+    let initiator = on_runtime(
+        0,
+        Box::pin(async move {
+            let (msg, mut back) = ([0x5au8; TASK_MSG], [0u8; TASK_MSG]);
+            let mut lat = Vec::with_capacity(TASK_ROUND_TRIPS);
+            let start = Instant::now();
+            while lat.len() < TASK_ROUND_TRIPS && (lat.len() % 256 != 0 || start.elapsed() < TASK_MAX) {
+                let t = Instant::now();
+                if initiator_end.write_all(&msg).await.is_err() || initiator_end.read_exact(&mut back).await.is_err() {
+                    break;
+                }
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            if lat.is_empty() {
+                0.0
+            } else {
+                median(lat)
+            }
+        }),
+    );
+    let us = initiator.join().unwrap_or(0.0);
+    stop.store(true, Ordering::Relaxed);
+    let _ = responder.join();
+    us
+}
+
 /// The median over batches of one CPU's copy rate, `size` bytes per copy.
 fn memcpy(size: usize) -> f64 {
     let src = vec![0x5au8; size];
@@ -276,6 +442,7 @@ impl Limits {
         let shorter = |a: f64, b: f64| if a > 0.0 && b > 0.0 { a.min(b) } else { 0.0 };
         Limits {
             pingpong_us: shorter(self.pingpong_us, other.pingpong_us),
+            task_rt_us: shorter(self.task_rt_us, other.task_rt_us),
             memcpy_64k: self.memcpy_64k.max(other.memcpy_64k),
             memcpy_16m: self.memcpy_16m.max(other.memcpy_16m),
             ring_64k: self.ring_64k.max(other.ring_64k),
@@ -288,8 +455,13 @@ impl Limits {
         } else {
             "no atomic ping-pong (one cpu)".to_string()
         };
+        let task = if self.task_rt_us > 0.0 {
+            format!(", a 14 B round trip between two tokio tasks over one cache line {:.2} us", self.task_rt_us)
+        } else {
+            String::new()
+        };
         format!(
-            "machine (same run, the better of a measure before the cases and one after): {pingpong}, memcpy on one cpu {:.1} GB/s (64 KiB), {:.1} GB/s (16 MiB), \
+            "machine (same run, the better of a measure before the cases and one after): {pingpong}{task}, memcpy on one cpu {:.1} GB/s (64 KiB), {:.1} GB/s (16 MiB), \
              a 1 MiB ring between two cpus (64 KiB copied in, copied out) {:.1} GB/s",
             self.memcpy_64k / 1e9,
             self.memcpy_16m / 1e9,
@@ -309,6 +481,7 @@ mod tests {
         // bytes at some finite rate. (No bound on speed: this is not a timing test.)
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert!(l.pingpong_us.is_finite() && (l.pingpong_us > 0.0) == (cpus >= 2), "{l:?}");
+        assert!(l.task_rt_us.is_finite() && (l.task_rt_us > 0.0) == (cpus >= 2), "{l:?}");
         assert!(l.memcpy_64k > 0.0 && l.memcpy_64k.is_finite(), "{l:?}");
         assert!(l.memcpy_16m > 0.0 && l.memcpy_16m.is_finite(), "{l:?}");
         assert!(l.ring_64k.is_finite() && (l.ring_64k > 0.0) == (cpus >= 2), "{l:?}");
@@ -330,15 +503,21 @@ mod tests {
 
     #[test]
     fn the_better_measure_wins_figure_by_figure() {
-        let slow = Limits { pingpong_us: 0.32, memcpy_64k: 30e9, memcpy_16m: 8e9, ring_64k: 1.8e9 };
-        let fast = Limits { pingpong_us: 0.07, memcpy_64k: 50e9, memcpy_16m: 7e9, ring_64k: 14e9 };
+        let slow = Limits { pingpong_us: 0.32, task_rt_us: 0.5, memcpy_64k: 30e9, memcpy_16m: 8e9, ring_64k: 1.8e9 };
+        let fast = Limits { pingpong_us: 0.07, task_rt_us: 0.13, memcpy_64k: 50e9, memcpy_16m: 7e9, ring_64k: 14e9 };
         let b = slow.best(fast);
-        assert_eq!((b.pingpong_us, b.memcpy_64k, b.memcpy_16m, b.ring_64k), (0.07, 50e9, 8e9, 14e9));
+        assert_eq!(
+            (b.pingpong_us, b.task_rt_us, b.memcpy_64k, b.memcpy_16m, b.ring_64k),
+            (0.07, 0.13, 50e9, 8e9, 14e9)
+        );
         let b = fast.best(slow);
-        assert_eq!((b.pingpong_us, b.memcpy_64k, b.memcpy_16m, b.ring_64k), (0.07, 50e9, 8e9, 14e9));
+        assert_eq!(
+            (b.pingpong_us, b.task_rt_us, b.memcpy_64k, b.memcpy_16m, b.ring_64k),
+            (0.07, 0.13, 50e9, 8e9, 14e9)
+        );
         // One CPU: no ping-pong and no ring in either measure, and none made up.
-        let one = Limits { pingpong_us: 0.0, memcpy_64k: 30e9, memcpy_16m: 8e9, ring_64k: 0.0 };
+        let one = Limits { pingpong_us: 0.0, task_rt_us: 0.0, memcpy_64k: 30e9, memcpy_16m: 8e9, ring_64k: 0.0 };
         let b = one.best(one);
-        assert_eq!((b.pingpong_us, b.ring_64k), (0.0, 0.0));
+        assert_eq!((b.pingpong_us, b.task_rt_us, b.ring_64k), (0.0, 0.0, 0.0));
     }
 }

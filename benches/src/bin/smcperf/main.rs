@@ -283,8 +283,13 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
-            let limits =
-                limits.unwrap_or(machine::Limits { pingpong_us: 0.0, memcpy_64k: 0.0, memcpy_16m: 0.0, ring_64k: 0.0 });
+            let limits = limits.unwrap_or(machine::Limits {
+                pingpong_us: 0.0,
+                task_rt_us: 0.0,
+                memcpy_64k: 0.0,
+                memcpy_16m: 0.0,
+                ring_64k: 0.0,
+            });
             if opts.json {
                 print_json(&rows, &opts, &limits);
             } else {

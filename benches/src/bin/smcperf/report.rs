@@ -153,11 +153,27 @@ pub(crate) fn vs_machine(row: &Row, limits: &Limits) -> Option<f64> {
     }
 }
 
+/// rr's p50 in round trips between two tokio tasks over one cache line ([`Limits::task_rt_us`]):
+/// how far the row is from what any tokio stream could reach on this machine.
+pub(crate) fn vs_task(row: &Row, limits: &Limits) -> Option<f64> {
+    (row.case.scenario == Scenario::Rr && limits.task_rt_us > 0.0).then(|| row.m.p50_us / limits.task_rt_us)
+}
+
 /// Stream's throughput as a share of what the machine's own ring between its two CPUs carried
 /// in the same run: the same pipeline (copied in on one CPU, out on the other) with no
 /// transport around it, so the share says what the transport leaves of what crossing costs.
 pub(crate) fn vs_ring(row: &Row, limits: &Limits) -> Option<f64> {
     (row.case.scenario == Scenario::Stream && limits.ring_64k > 0.0).then(|| row.m.bytes_per_s / limits.ring_64k)
+}
+
+/// A latency in microseconds for the table: two decimals below 10 us (a shared-memory round
+/// trip is a few tenths of one, and one decimal hid a fifth of it), one above.
+fn micros(us: f64) -> String {
+    if us < 10.0 {
+        format!("{us:.2}")
+    } else {
+        format!("{us:.1}")
+    }
 }
 
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
@@ -198,22 +214,25 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (None, None, None) => "-".into(),
         };
         let machine = match (r.case.scenario, vs_machine(r, limits), vs_ring(r, limits)) {
-            (Scenario::Rr, Some(x), _) => format!("{x:.1}x rt"),
+            (Scenario::Rr, Some(x), _) => match vs_task(r, limits) {
+                Some(y) => format!("{x:.1}x rt {y:.1}x tsk"),
+                None => format!("{x:.1}x rt"),
+            },
             (Scenario::File, Some(x), _) => format!("{x:.2} cpy16m"),
             (_, Some(x), Some(y)) => format!("{x:.2} cpy {y:.2} rng"),
             (_, Some(x), None) => format!("{x:.2} cpy"),
             (_, None, _) => "-".into(),
         };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9.1} {:>9.1} {:>9.1} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>15}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>15}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
             r.transport(),
             r.m.negotiated,
-            r.m.p50_us,
-            r.m.p99_us,
-            r.m.p999_us,
+            micros(r.m.p50_us),
+            micros(r.m.p99_us),
+            micros(r.m.p999_us),
             r.m.ops_per_s,
             r.m.bytes_per_s / 1e6,
             r.m.cpu_us_per_op,
@@ -254,6 +273,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "ratio_vs_mem": ratio_vs_mem(r, rows).map(|x| x.median),
                 "ratio_vs_machine": vs_machine(r, limits),
                 "ratio_vs_ring": vs_ring(r, limits),
+                "ratio_vs_task_round_trip": vs_task(r, limits),
             })
         })
         .collect();
@@ -264,6 +284,7 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
         "pinned": opts.pin,
         "machine": {
             "pingpong_round_trip_us": limits.pingpong_us,
+            "task_round_trip_us": limits.task_rt_us,
             "memcpy_64k_bytes_per_s": limits.memcpy_64k,
             "memcpy_16m_bytes_per_s": limits.memcpy_16m,
             "ring_64k_bytes_per_s": limits.ring_64k,
