@@ -25,10 +25,11 @@ pub enum Point {
 
 /// A stall asked for, and whether a handshake has reached it.
 #[cfg(feature = "test-util")]
-#[derive(Clone, Copy)]
 struct Stall {
     delay: Duration,
     reached: bool,
+    /// Ends the handshakes held at it when the stall is cleared.
+    release: std::sync::Arc<tokio::sync::Notify>,
 }
 
 #[cfg(feature = "test-util")]
@@ -67,7 +68,7 @@ pub fn inject(server: SocketAddr, point: Point, delay: Duration) {
     table()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert((crate::sys::unmap(server), point), Stall { delay, reached: false });
+        .insert((crate::sys::unmap(server), point), Stall { delay, reached: false, release: Default::default() });
 }
 
 /// Whether a handshake with the listener at `server` has reached the stall [`inject`]ed at
@@ -98,7 +99,9 @@ pub fn reached(server: SocketAddr, point: Point) -> bool {
     t.get(&(crate::sys::unmap(server), point)).is_some_and(|s| s.reached)
 }
 
-/// Removes every stall for `server`.
+/// Removes every stall for `server`, and ends those that handshakes are held at now: they go on
+/// at once. A test can thus hold handshakes for as long as it needs (a stall longer than its
+/// steps could take), and let them go when it is done.
 ///
 /// # Examples
 ///
@@ -122,23 +125,45 @@ pub fn reached(server: SocketAddr, point: Point) -> bool {
 #[cfg(feature = "test-util")]
 pub fn clear(server: SocketAddr) {
     let server = crate::sys::unmap(server);
-    table().lock().unwrap_or_else(|e| e.into_inner()).retain(|(a, _), _| *a != server);
+    let mut released = Vec::new();
+    table().lock().unwrap_or_else(|e| e.into_inner()).retain(|(a, _), s| {
+        if *a == server {
+            released.push(s.release.clone());
+        }
+        *a != server
+    });
+    for r in released {
+        r.notify_waiters();
+    }
 }
 
 /// Stalls here if a test asked for it.
 #[cfg(feature = "test-util")]
 pub(crate) async fn stall(server: SocketAddr, point: Point) {
-    let d = {
+    let key = (crate::sys::unmap(server), point);
+    let found = {
         let mut t = table().lock().unwrap_or_else(|e| e.into_inner());
-        t.get_mut(&(crate::sys::unmap(server), point)).map(|s| {
+        t.get_mut(&key).map(|s| {
             s.reached = true;
-            s.delay
+            (s.delay, s.release.clone())
         })
     };
-    if let Some(d) = d {
-        tracing::debug!(?point, ?d, "injected stall");
-        tokio::time::sleep(d).await;
+    let Some((d, release)) = found else { return };
+    // Registered before the second look, so that a `clear` after that look wakes it, and one
+    // before it is seen there.
+    let released = release.notified();
+    let mut released = std::pin::pin!(released);
+    released.as_mut().enable();
+    let cleared = !table()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .is_some_and(|s| std::sync::Arc::ptr_eq(&s.release, &release));
+    if cleared {
+        return;
     }
+    tracing::debug!(?point, ?d, "injected stall");
+    let _ = tokio::time::timeout(d, released).await;
 }
 
 #[cfg(not(feature = "test-util"))]
