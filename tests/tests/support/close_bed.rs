@@ -15,10 +15,27 @@ pub const TIME_WAIT: u8 = 0x06;
 
 /// The states of the IPv4 TCP sockets of connections between `clients` (local ports) and
 /// `port`, either end, from /proc/net/tcp. (Only our connections: sockets of other tests may
-/// sit in `TIME_WAIT` on the same port, a listener's port being reusable over them.)
+/// sit in `TIME_WAIT` on the same port, a listener's port being reusable over them.) Each
+/// socket once: the file is made a page at a time, and a table that changes between two pages
+/// (other tests open and close sockets all the while) can show a socket twice; one was read as
+/// a third established socket of a connection. A socket can be missed the same way, so the
+/// table is read until two readings agree (at most five times).
 pub fn states_on(port: u16, clients: &[u16]) -> Vec<u8> {
+    let mut last = states_once(port, clients);
+    for _ in 0..4 {
+        let now = states_once(port, clients);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+fn states_once(port: u16, clients: &[u16]) -> Vec<u8> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
     let port_of = |field: &str| u16::from_str_radix(field.rsplit(':').next().unwrap(), 16).unwrap();
+    let mut seen = std::collections::HashSet::new();
     table
         .lines()
         .skip(1)
@@ -26,7 +43,8 @@ pub fn states_on(port: u16, clients: &[u16]) -> Vec<u8> {
             let f: Vec<&str> = line.split_whitespace().collect();
             let (local, remote) = (port_of(f[1]), port_of(f[2]));
             let ours = (local == port && clients.contains(&remote)) || (remote == port && clients.contains(&local));
-            ours.then(|| u8::from_str_radix(f[3], 16).unwrap())
+            // A socket is its two addresses (one socket per pair in a namespace).
+            (ours && seen.insert((f[1].to_string(), f[2].to_string()))).then(|| u8::from_str_radix(f[3], 16).unwrap())
         })
         .collect()
 }
