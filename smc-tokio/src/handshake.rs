@@ -58,7 +58,10 @@ impl Established {
 
     /// Resets a connection nobody will take (a closed listener's queue), as the kernel resets
     /// those left in its own queue: a zero linger makes the socket's close a reset, and an SMC
-    /// connection is aborted and gives its slot in the link group back.
+    /// connection is aborted and gives its slot in the link group back once the peer answers;
+    /// a peer that never does (its process died with its side channel still open to the group's
+    /// other connections) has the connection forgotten and its slot retired after a bound, as
+    /// for a handshake's committed connection, so that the group can go idle.
     pub(crate) fn reset(self) {
         match self {
             Established::Tcp { tcp, .. } => reset_tcp(tcp),
@@ -66,6 +69,7 @@ impl Established {
                 crate::sys::set_zero_linger(&*tcp);
                 drop(watcher);
                 conn.release(true, None);
+                conn.retire_if_unanswered();
             }
         }
     }

@@ -2610,7 +2610,7 @@ impl SmcConn {
     /// unanswered, the connection is forgotten and its slot retired (never used again by the
     /// group, whose memory stays as long as the group does), so the group can go idle.
     /// Without a runtime to time it (a drop outside any), it waits for the group's end.
-    fn retire_if_unanswered(&self) {
+    pub(crate) fn retire_if_unanswered(&self) {
         self.if_unanswered(|c| {
             tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
             c.group.forget_conn(c.our_token, true);

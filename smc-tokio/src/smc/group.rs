@@ -1373,4 +1373,45 @@ mod tests {
             assert!(open(&g, 80).is_none(), "{kind}: the unanswered connection's slot was used again");
         }
     }
+
+    /// A connection reset in a closed listener's ready queue (`Established::reset`) is aborted,
+    /// and a peer that never answers the abort has it forgotten and its slot retired after the
+    /// bound, as a handshake's committed connection has.
+    #[tokio::test]
+    async fn a_reset_connection_whose_peer_never_answers_is_let_go_after_the_bound() {
+        use crate::proto::cdc::CdcFlags;
+        let cfg = crate::config::ShmConfig::default();
+        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
+        let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "reset-unanswered").await;
+        let g = client_group(2, Duration::from_secs(60));
+        g.establish(Arc::new(client)).unwrap();
+        let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let (tcp, _theirs) = (tcp.unwrap(), accepted.unwrap());
+        let held = g.conn_count();
+        crate::handshake::Established::smc(tcp, conn, crate::Transport::SmcD).reset();
+        let mut frames = Vec::new();
+        let _ = server.cdc_recv(&mut frames, 16).unwrap();
+        let aborts = frames
+            .iter()
+            .filter_map(|f| CdcMsg::decode(f).ok())
+            .filter(|m| m.token == 77 && m.flags.contains(CdcFlags::PEER_CONN_ABORT))
+            .count();
+        assert_eq!(aborts, 1, "the reset connection's peer was sent {aborts} aborts");
+        assert_eq!(g.conn_count(), held, "the connection waits for its peer's answer");
+        // (The timer's task runs once first, to start its timer.)
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(31)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::resume();
+        assert_eq!(g.conn_count(), held - 1, "an unanswered abort held the reset connection past the bound");
+        assert!(g.open_conn(Some(78), ring, &cfg).is_ok(), "the other slot is still there");
+        assert!(g.open_conn(Some(79), ring, &cfg).is_err(), "the unanswered connection's slot was used again");
+    }
 }
