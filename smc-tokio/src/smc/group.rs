@@ -1299,6 +1299,31 @@ mod tests {
         }
     }
 
+    /// Lets the timers of an unanswered abort run out (the connection's 30 s bound) on a
+    /// paused clock. (A timer's task runs once first, to start its timer.)
+    async fn past_the_answer_bound() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(31)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::resume();
+    }
+
+    /// The aborts sent to the peer's connection `token` that the peer's end of the link holds.
+    fn aborts_to(peer: &impl Link, token: u32) -> usize {
+        let mut frames = Vec::new();
+        let _ = peer.cdc_recv(&mut frames, 16).unwrap();
+        frames
+            .iter()
+            .filter_map(|f| CdcMsg::decode(f).ok())
+            .filter(|m| m.token == token && m.flags.contains(crate::proto::cdc::CdcFlags::PEER_CONN_ABORT))
+            .count()
+    }
+
     /// A connection a handshake set up and then let go (`PendingConn`) goes as far as the
     /// handshake got, over shared memory and over a link whose peer writes into our memory
     /// (RDMA): its slot comes back while the peer could not write into it, or once the peer's
@@ -1309,7 +1334,6 @@ mod tests {
     /// peer that never answers has the connection forgotten and its slot retired.
     #[tokio::test]
     async fn a_pending_connection_is_let_go_as_far_as_its_handshake_got() {
-        use crate::proto::cdc::CdcFlags;
         use crate::smc::conn::PendingConn;
         let cfg = crate::config::ShmConfig::default();
         let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
@@ -1347,28 +1371,13 @@ mod tests {
             );
             let (g, server) = group_of_two(if rdma { "pending-committed-rdma" } else { "pending-committed-shm" }).await;
             assert!(!free_after(&g, &|p| p.committed()), "{kind}: a committed connection's slot came back unanswered");
-            let mut frames = Vec::new();
-            let _ = server.cdc_recv(&mut frames, 16).unwrap();
-            let aborts = frames
-                .iter()
-                .filter_map(|f| crate::proto::cdc::CdcMsg::decode(f).ok())
-                .filter(|m| m.token == 77 && m.flags.contains(CdcFlags::PEER_CONN_ABORT))
-                .count();
+            let aborts = aborts_to(&server, 77);
             assert_eq!(aborts, 1, "{kind}: the committed connection's peer was sent {aborts} aborts");
             // This peer never answers (a real one that never committed drops the abort): past
             // the bound the connection is forgotten and its slot retired, so that the group
             // can go idle.
             let held = g.conn_count();
-            // (The timer's task runs once first, to start its timer.)
-            for _ in 0..10 {
-                tokio::task::yield_now().await;
-            }
-            tokio::time::pause();
-            tokio::time::advance(Duration::from_secs(31)).await;
-            for _ in 0..10 {
-                tokio::task::yield_now().await;
-            }
-            tokio::time::resume();
+            past_the_answer_bound().await;
             assert_eq!(g.conn_count(), held - 1, "{kind}: an unanswered abort held its connection past the bound");
             assert!(open(&g, 80).is_none(), "{kind}: the unanswered connection's slot was used again");
         }
@@ -1379,7 +1388,6 @@ mod tests {
     /// bound, as a handshake's committed connection has.
     #[tokio::test]
     async fn a_reset_connection_whose_peer_never_answers_is_let_go_after_the_bound() {
-        use crate::proto::cdc::CdcFlags;
         let cfg = crate::config::ShmConfig::default();
         let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
         let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "reset-unanswered").await;
@@ -1391,25 +1399,10 @@ mod tests {
         let (tcp, _theirs) = (tcp.unwrap(), accepted.unwrap());
         let held = g.conn_count();
         crate::handshake::Established::smc(tcp, conn, crate::Transport::SmcD).reset();
-        let mut frames = Vec::new();
-        let _ = server.cdc_recv(&mut frames, 16).unwrap();
-        let aborts = frames
-            .iter()
-            .filter_map(|f| CdcMsg::decode(f).ok())
-            .filter(|m| m.token == 77 && m.flags.contains(CdcFlags::PEER_CONN_ABORT))
-            .count();
+        let aborts = aborts_to(&server, 77);
         assert_eq!(aborts, 1, "the reset connection's peer was sent {aborts} aborts");
         assert_eq!(g.conn_count(), held, "the connection waits for its peer's answer");
-        // (The timer's task runs once first, to start its timer.)
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        tokio::time::pause();
-        tokio::time::advance(Duration::from_secs(31)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        tokio::time::resume();
+        past_the_answer_bound().await;
         assert_eq!(g.conn_count(), held - 1, "an unanswered abort held the reset connection past the bound");
         assert!(g.open_conn(Some(78), ring, &cfg).is_ok(), "the other slot is still there");
         assert!(g.open_conn(Some(79), ring, &cfg).is_err(), "the unanswered connection's slot was used again");
