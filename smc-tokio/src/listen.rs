@@ -361,11 +361,12 @@ async fn serve(
 pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
     let Some((key, tcp_rx)) = reg.take_early() else { return };
     // Whatever becomes of the handshake, the registration stays filed until its connection is
-    // accepted (or goes stale with its door connection, or after `ENTRY_TTL`), and an early
-    // ending hands that connection out with the reason its client was told. Dropped at the
-    // ending instead, a registration whose connection the listener had not taken yet was
-    // matched by nothing at accept: the application read a plain client's reason, or the
-    // right one, as the accept and the ending raced.
+    // accepted, and an early ending hands that connection out with the reason its client was
+    // told. It goes before that with its door connection, when the sweep finds it stale (after
+    // `ENTRY_TTL`, or `VERIFIED_TTL` for one whose connection the door saw), or with the
+    // listener. Dropped at the ending instead, a registration whose connection the listener
+    // had not taken yet was matched by nothing at accept: the application read a plain
+    // client's reason, or the right one, as the accept and the ending raced.
     let cfg = shared.settings();
     if cfg.policy == Policy::TcpOnly {
         reg.refuse(DeclineReason::PeerNoSmc);
@@ -389,13 +390,8 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
             tokio::spawn(async move {
                 match ticket.slot(&cfg).await {
                     Some(slot) => spawn_early(&shared2, reg, key, tcp_rx, cfg, slot),
-                    None => {
-                        reg.refuse(DeclineReason::HandshakeCongested);
-                        let by = Side::Local;
-                        let t =
-                            Transport::Tcp(FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by });
-                        deliver_tcp_when_accepted(&shared2, tcp_rx, cfg, t);
-                    }
+                    // No slot will come: the listener closed.
+                    None => reg.refuse(DeclineReason::HandshakeCongested),
                 }
             });
         }
@@ -418,17 +414,26 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
 }
 
 /// Hands the connection that comes on `tcp_rx` (once the listener accepts it) to the
-/// application as TCP, for reason `t`.
+/// application as TCP, for reason `t`. Waits until the listener closes at the most: the
+/// registration whose sender would end the wait lives in the listener's door, which this task
+/// holds, so that nothing else ends it then. A connection on its way at the close is reset, as
+/// those left in the kernel's queue are.
 fn deliver_tcp_when_accepted(
     shared: &Arc<ListenerShared>,
-    tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
+    mut tcp_rx: tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>,
     cfg: Settings,
     t: Transport,
 ) {
     let shared = shared.clone();
     tokio::spawn(async move {
-        if let Ok((tcp, peer)) = tcp_rx.await {
-            deliver_tcp(&shared, &cfg, tcp, peer, t);
+        match shared.unless_closed(&mut tcp_rx).await {
+            Some(Ok((tcp, peer))) => deliver_tcp(&shared, &cfg, tcp, peer, t),
+            Some(Err(_)) => {}
+            None => {
+                if let Ok((tcp, _)) = tcp_rx.try_recv() {
+                    crate::handshake::reset_tcp(tcp);
+                }
+            }
         }
     });
 }

@@ -390,6 +390,25 @@ async fn a_registration_declined_before_its_connection_came_is_handed_out_with_i
     drop(door);
 }
 
+/// A registration declined before its connection came does not keep a dropped listener alive:
+/// the wait for its connection ends with the listener, and so does the door with its door
+/// connections (the client reads their end).
+#[tokio::test]
+async fn a_declined_registration_left_waiting_does_not_hold_a_dropped_listener() {
+    let ctx = smc_tokio::Context::new();
+    ctx.set_rmb_memory_cap(0);
+    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    // Registered and declined; the connection never comes.
+    let (_sock, door) = bounded(10, hostile::register(addr, 0x1eaf, &hostile::shm_proposal(RMB))).await.unwrap();
+    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
+    assert!(matches!(answer, Some(ClcMessage::Decline(_))), "declined: {answer:?}");
+    drop(l);
+    // (Each read waits 5 s at most.)
+    let end = bounded(10, hostile::door_recv_clc(&door)).await;
+    assert!(matches!(end, Ok(None)), "the dropped listener's door connection stayed open: {end:?}");
+}
+
 /// A well-formed, sealed region: the server maps it and serves the connection. Its sender cannot
 /// resize it (or punch holes, or map it writable anew) once sealed, so the server's reads can
 /// never fault; a frame in its ring that is no CDC message ends only the connection it names.

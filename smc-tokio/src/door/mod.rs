@@ -82,8 +82,8 @@ const MAX_DOORS: u32 = 16;
 const ENTRY_TTL: Duration = Duration::from_secs(30);
 
 /// How long a registration whose connection a solo door saw (`Door::verify`; its handshake
-/// then committed, or is still on: one that declined lets it go) is kept at the most while the
-/// kernel still holds our end of that connection, unaccepted: the listener takes no connection
+/// then committed, declined, or is still on) is kept at the most while the kernel still holds
+/// our end of that connection, unaccepted: the listener takes no connection
 /// from the kernel while its application does not accept (its ready queue is full), and
 /// dropping the registration then handed a connection committed to shared memory out as TCP
 /// later. Ten times [`ENTRY_TTL`]: past five minutes in the kernel's queue a client has long
@@ -104,9 +104,13 @@ const VERIFIED_LOOKS: usize = 256;
 const MAX_REGISTRATIONS: usize = 16_384;
 
 /// Registrations one door connection may have filed at once: four of a client's windows
-/// ([`WINDOW`], which our clients never exceed but for Cancels that found no room, whose
-/// registrations wait out [`ENTRY_TTL`]). One trusted connection could otherwise file all of
-/// [`MAX_REGISTRATIONS`] and have every other client's answered "congested".
+/// ([`WINDOW`] registrations in flight at most). A registration stays filed after its answer
+/// until its connection is accepted, so a client of a listener whose application stops
+/// accepting can reach the bound; its next registrations are then refused as congested at once,
+/// and the listener hands their connections out as plain clients' (so are those of Cancels
+/// that found no room, whose registrations wait out [`ENTRY_TTL`]). One trusted connection could
+/// otherwise file all of [`MAX_REGISTRATIONS`] and have every other client's answered
+/// "congested".
 const CONN_REGISTRATIONS: usize = 4 * WINDOW;
 
 /// Door connections a door holds at once (each is one descriptor; one per client process,
@@ -647,6 +651,15 @@ impl ServerConn {
         start_sender(&outbox, &conn, rt).then_some(conn)
     }
 
+    /// A handshake on this door connection ended: it is no longer live, and its mark for
+    /// `verify` goes, both under the `live` lock, under which `take` looks and marks.
+    fn end_live(&self, id: u64) {
+        let mut live = self.live();
+        live.remove(&id);
+        self.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        drop(live);
+    }
+
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -867,8 +880,7 @@ impl Registration {
 
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        self.conn.live().remove(&self.id);
-        self.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        self.conn.end_live(self.id);
         self.conn.refuse(&self.counters, self.id, DoorKind::Refused, reason);
     }
 
@@ -915,11 +927,10 @@ impl fmt::Debug for ServerWire {
 
 impl Drop for ServerWire {
     fn drop(&mut self) {
-        self.conn.live().remove(&self.id);
         // Marked when its connection was accepted before its Confirm came (`take`), and
         // cleared by that Confirm's `verify`: a handshake that ended without one leaves no
         // mark for a later registration of the same id to pass `verify` on.
-        self.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        self.conn.end_live(self.id);
     }
 }
 
@@ -1663,12 +1674,17 @@ impl Door {
         st.count -= 1;
         e.conn.pending().remove(&e.id);
         if let Some(tx) = e.early.take() {
-            if e.verified.is_none() && e.conn.live().contains_key(&e.id) {
+            // Under the `live` lock, which a handshake's end holds while it clears the mark
+            // (`ServerWire`'s drop, `Registration::refuse`): looked at and marked apart, an end in
+            // between left a mark that a later registration of the same id passed `verify` on.
+            let live = e.conn.live();
+            if e.verified.is_none() && live.contains_key(&e.id) {
                 // Its Connected frame is still to come, to a handshake that is still on: `verify`
                 // passes it on this mark, or the handshake's end clears it (a refused one has
                 // left `live` already, and leaves no mark).
                 e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
             }
+            drop(live);
             return Some(Matched::Early(tx));
         }
         let inbox = Arc::new(Inbox::default());

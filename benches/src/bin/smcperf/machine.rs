@@ -1,8 +1,9 @@
 //! The machine's own limits, measured in the same run as the transports so that every figure is
 //! also a ratio to what the hardware can do at that moment (this VM drifts by 2x within an
 //! hour): the round trip of one cache line between two CPUs (an atomic ping-pong, the floor
-//! under any shared-memory round trip), the same round trip between two tokio tasks through
-//! `AsyncWrite`/`AsyncRead` (the floor under any transport used as a tokio stream), what one CPU
+//! under any shared-memory round trip), a round trip between two tokio tasks through
+//! `AsyncWrite`/`AsyncRead` over one line (the floor under any transport used as a tokio
+//! stream), what one CPU
 //! copies per second, and what a ring between
 //! two CPUs carries per second when one thread copies into it and the other out of it (the
 //! ceiling of a stream that copies each byte once on each side, as a shared-memory transport
@@ -25,8 +26,10 @@ pub(crate) struct Limits {
     /// current-thread runtime of its own thread, through `write_all` and `read_exact` on a
     /// stream that carries each message in one cache line per direction and whose `poll_read`
     /// spins until the line changes, timed per round trip as the rr rows are (0: one CPU). What
-    /// the runtime, the `AsyncRead`/`AsyncWrite` calls and the cache line cost with no transport
-    /// around them: the floor of an rr row through any tokio stream.
+    /// the `write_all` and `read_exact` futures, the `AsyncRead`/`AsyncWrite` calls and the
+    /// cache line cost with no transport around them: the floor of an rr row through any tokio
+    /// stream. (A read spins in its poll and never returns `Pending`, so no scheduler work is
+    /// in it, as there is little in an rr row's round trip while its reader spins.)
     pub(crate) task_rt_us: f64,
     /// Bytes per second one CPU copies with `copy_from_slice`, 64 KiB at a time (the copy
     /// stays in the caches).
@@ -365,15 +368,20 @@ fn task_pingpong(pin: bool) -> f64 {
     let mut responder_end = Mailbox { tx: b.clone(), rx: a.clone(), stop: stop.clone(), sent: 0, read: 0 };
     let mut initiator_end = Mailbox { tx: a, rx: b, stop: stop.clone(), sent: 0, read: 0 };
     let on_runtime = |cpu: usize, f: std::pin::Pin<Box<dyn std::future::Future<Output = f64> + Send>>| {
+        let stop = stop.clone();
         std::thread::spawn(move || {
             if pin {
                 super::pin_to(cpu);
             }
-            match tokio::runtime::Builder::new_current_thread().build() {
-                // On a task, as the rr rows' ends are (a task's poll is what they pay).
+            let r = match tokio::runtime::Builder::new_current_thread().build() {
+                // On a task, as the rr rows' ends are.
                 Ok(rt) => rt.block_on(async move { tokio::spawn(f).await.unwrap_or(0.0) }),
                 Err(_) => 0.0,
-            }
+            };
+            // Either side gone (done, failed or panicked) ends the other's spin: its reads
+            // see the end of the stream.
+            stop.store(true, Ordering::Relaxed);
+            r
         })
     };
     let responder = on_runtime(
@@ -409,7 +417,6 @@ fn task_pingpong(pin: bool) -> f64 {
         }),
     );
     let us = initiator.join().unwrap_or(0.0);
-    stop.store(true, Ordering::Relaxed);
     let _ = responder.join();
     us
 }
