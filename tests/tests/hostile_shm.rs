@@ -357,23 +357,30 @@ async fn one_client_process_gets_a_bounded_number_of_link_groups() {
     }
 }
 
+/// A listener with no room for a receive ring (a context whose RMB cap is 0), and a registration
+/// at its door, as `instance`, that it declined for want of memory before its socket connected:
+/// the listener, its address, the registered socket (not connected) and the door connection.
+async fn declined_before_connecting(instance: u64) -> (SmcListener, SocketAddr, OwnedFd, OwnedFd) {
+    let ctx = smc_tokio::Context::new();
+    ctx.set_rmb_memory_cap(0);
+    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (sock, door) = bounded(10, hostile::register(addr, instance, &hostile::shm_proposal(RMB))).await.unwrap();
+    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
+    assert!(
+        matches!(answer, Some(ClcMessage::Decline(Decline { reason: DeclineReason::OutOfMemory, .. }))),
+        "declined for want of memory: {answer:?}"
+    );
+    (l, addr, sock, door)
+}
+
 /// A registration declined before its connection came is handed out, once the connection is
 /// accepted, with the reason its client was told, not as a plain client's: the registration
 /// stays filed until then. (Dropped at the Decline, it was matched at accept only when the
 /// listener happened to take the connection from the kernel first.)
 #[tokio::test]
 async fn a_registration_declined_before_its_connection_came_is_handed_out_with_its_reason() {
-    let ctx = smc_tokio::Context::new();
-    // No room for a receive ring: the handshake is declined as soon as it starts.
-    ctx.set_rmb_memory_cap(0);
-    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let (sock, door) = bounded(10, hostile::register(addr, 0x5eed, &hostile::shm_proposal(RMB))).await.unwrap();
-    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
-    assert!(
-        matches!(answer, Some(ClcMessage::Decline(Decline { reason: DeclineReason::OutOfMemory, .. }))),
-        "declined for want of memory: {answer:?}"
-    );
+    let (l, addr, sock, door) = declined_before_connecting(0x5eed).await;
     // Only now does the connection come.
     let mut tcp = bounded(10, hostile::connect_registered(sock, addr)).await.unwrap();
     let (mut s, _) = bounded(10, l.accept()).await.unwrap();
@@ -395,14 +402,8 @@ async fn a_registration_declined_before_its_connection_came_is_handed_out_with_i
 /// connections (the client reads their end).
 #[tokio::test]
 async fn a_declined_registration_left_waiting_does_not_hold_a_dropped_listener() {
-    let ctx = smc_tokio::Context::new();
-    ctx.set_rmb_memory_cap(0);
-    let l = SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    // Registered and declined; the connection never comes.
-    let (_sock, door) = bounded(10, hostile::register(addr, 0x1eaf, &hostile::shm_proposal(RMB))).await.unwrap();
-    let answer = bounded(10, hostile::door_recv_clc(&door)).await.unwrap();
-    assert!(matches!(answer, Some(ClcMessage::Decline(_))), "declined: {answer:?}");
+    // The connection never comes.
+    let (l, _addr, _sock, door) = declined_before_connecting(0x1eaf).await;
     drop(l);
     // (Each read waits 5 s at most.)
     let end = bounded(10, hostile::door_recv_clc(&door)).await;
