@@ -68,8 +68,7 @@ impl Established {
             Established::Smc { tcp, conn, watcher, .. } => {
                 crate::sys::set_zero_linger(&*tcp);
                 drop(watcher);
-                conn.release(true, None);
-                conn.retire_if_unanswered();
+                conn.abort_unclaimed();
             }
         }
     }

@@ -429,13 +429,18 @@ fn deliver_tcp_when_accepted(
         match shared.unless_closed(&mut tcp_rx).await {
             Some(Ok((tcp, peer))) => deliver_tcp(&shared, &cfg, tcp, peer, t),
             Some(Err(_)) => {}
-            None => {
-                if let Ok((tcp, _)) = tcp_rx.try_recv() {
-                    crate::handshake::reset_tcp(tcp);
-                }
-            }
+            None => reset_on_its_way(&mut tcp_rx),
         }
     });
+}
+
+/// At the listener's close: the early registration's connection, if the listener took it from
+/// the kernel already and it is on its way on `tcp_rx`, is reset as those left in the kernel's
+/// queue are.
+fn reset_on_its_way(tcp_rx: &mut tokio::sync::oneshot::Receiver<(TcpStream, SocketAddr)>) {
+    if let Ok((tcp, _)) = tcp_rx.try_recv() {
+        crate::handshake::reset_tcp(tcp);
+    }
 }
 
 fn deliver_tcp(shared: &ListenerShared, cfg: &Settings, tcp: TcpStream, peer: SocketAddr, t: Transport) {
@@ -502,11 +507,7 @@ async fn serve_early(
     let Some(outcome) = outcome else {
         let _ = end_at_close(&mut hs, Channel::Wire(&mut wire), &mut pending).await;
         door.forget(&key);
-        // Its connection, if the listener took it from the kernel already, is reset as those
-        // left in the kernel's queue are.
-        if let Ok((tcp, _)) = tcp_rx.try_recv() {
-            crate::handshake::reset_tcp(tcp);
-        }
+        reset_on_its_way(&mut tcp_rx);
         return;
     };
     drop(wire);

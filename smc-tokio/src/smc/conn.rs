@@ -2603,6 +2603,14 @@ impl SmcConn {
         self.maybe_finish(st);
     }
 
+    /// Aborts a committed connection no stream took (its handshake was cut off after the
+    /// commit, or a closed listener's queue held it), and lets it go after a bound if its peer
+    /// never answers ([`retire_if_unanswered`](Self::retire_if_unanswered)).
+    pub(crate) fn abort_unclaimed(&self) {
+        self.release(true, None);
+        self.retire_if_unanswered();
+    }
+
     /// A connection aborted before its stream existed (its handshake was cut off after the
     /// commit) waits for the peer's answer before its slot goes back, and the peer may never
     /// answer: the Commit may not have reached it (cut off too), and a peer that never
@@ -2610,7 +2618,7 @@ impl SmcConn {
     /// unanswered, the connection is forgotten and its slot retired (never used again by the
     /// group, whose memory stays as long as the group does), so the group can go idle.
     /// Without a runtime to time it (a drop outside any), it waits for the group's end.
-    pub(crate) fn retire_if_unanswered(&self) {
+    fn retire_if_unanswered(&self) {
         self.if_unanswered(|c| {
             tracing::debug!(parent: &c.span, "peer never answered the abort of a connection cut off after its commit");
             c.group.forget_conn(c.our_token, true);
@@ -2820,10 +2828,7 @@ impl PendingConn {
                 c.group().forget_conn(c.our_token(), true)
             }
             Held::Open | Held::PeerMayWrite => c.group().unregister(c.our_token()),
-            Held::Committed => {
-                c.release(true, None);
-                c.retire_if_unanswered();
-            }
+            Held::Committed => c.abort_unclaimed(),
         }
     }
 }
