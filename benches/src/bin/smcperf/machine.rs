@@ -261,6 +261,115 @@ fn pingpong(pin: bool) -> f64 {
     us
 }
 
+/// How long the handoff measure runs on each side of an rr run, in batches: 4 x 5 ms before
+/// and as many after keep it to a twentieth of a second per run, short against the VM's phases
+/// (a line's crossing cost held for seconds, then changed by 3-8x, in a pinned C loop), long
+/// enough for a few thousand round trips even at 1 KiB in the slowest phase seen (1.6 us).
+const HANDOFF_BATCH: Duration = Duration::from_millis(5);
+const HANDOFF_BATCHES: usize = 4;
+
+/// One direction of [`handoff`]: a message buffer and the number of messages published in it.
+struct Handoff {
+    /// `size` bytes. The writer writes it only after it saw the answer to its last message, the
+    /// reader reads it only between seeing `seq` move and publishing its answer: each byte is
+    /// one thread's at a time.
+    buf: *mut u8,
+    /// Messages published (Release by the writer after its copy in, Acquire by the reader
+    /// before its copy out).
+    seq: Line,
+}
+
+// SAFETY: `buf` is accessed only under the protocol on the fields: a message is handed over
+// with Release/Acquire on `seq`, and the other side writes the buffer again only after it saw
+// that message's answer.
+unsafe impl Send for Handoff {}
+// SAFETY: as for Send.
+unsafe impl Sync for Handoff {}
+
+/// The round trip, in microseconds, of a `size`-byte message between two threads through one
+/// buffer per direction, each side copying it in and out with `copy_from_slice`: the initiator
+/// copies its message into the forward buffer and publishes it; the responder copies it out,
+/// copies it into the reply buffer and publishes that; the initiator copies the reply out. What
+/// any transport that copies a message through memory both CPUs see pays, with nothing of a
+/// transport around it. Returns each batch's mean round trip, in microseconds (none on one
+/// CPU). Run just before an rr run and just after it, the median of both calls' batches is the
+/// machine's floor at the moment of that run, where [`Limits`] holds the best of the whole
+/// invocation.
+pub(crate) fn handoff(size: usize, pin: bool) -> Vec<f64> {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 || size == 0 {
+        return Vec::new();
+    }
+    /// The initiator's "stop", published on the forward direction.
+    const STOP: u64 = u64::MAX;
+    let mut fwd_mem = vec![0u8; size].into_boxed_slice();
+    let mut back_mem = vec![0u8; size].into_boxed_slice();
+    let fwd = Arc::new(Handoff { buf: fwd_mem.as_mut_ptr(), seq: Line(AtomicU64::new(0)) });
+    let back = Arc::new(Handoff { buf: back_mem.as_mut_ptr(), seq: Line(AtomicU64::new(0)) });
+    let responder = {
+        let (fwd, back) = (fwd.clone(), back.clone());
+        std::thread::spawn(move || {
+            if pin {
+                super::pin_to(1);
+            }
+            let mut mine = vec![0u8; size];
+            let mut seen = 0u64;
+            loop {
+                let v = fwd.seq.0.load(Ordering::Acquire);
+                if v == STOP {
+                    return;
+                }
+                if v == seen {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                seen = v;
+                // SAFETY: message `v` was published (Acquire above) and the initiator writes
+                // the forward buffer again only after it saw this message's answer.
+                black_box(&mut mine[..]).copy_from_slice(unsafe { std::slice::from_raw_parts(fwd.buf, size) });
+                // SAFETY: the initiator reads the reply buffer only after `back.seq` reaches
+                // `v` (stored below), and read the last reply before it published `v`.
+                unsafe { std::ptr::copy_nonoverlapping(black_box(&mine[..]).as_ptr(), back.buf, size) };
+                back.seq.0.store(v, Ordering::Release);
+            }
+        })
+    };
+    let initiator = std::thread::spawn(move || {
+        if pin {
+            super::pin_to(0);
+        }
+        let msg = vec![0x5au8; size];
+        let mut reply = vec![0u8; size];
+        let mut batches = Vec::with_capacity(HANDOFF_BATCHES);
+        let mut i = 0u64;
+        for _ in 0..HANDOFF_BATCHES {
+            let start = Instant::now();
+            let mut n = 0u64;
+            while n % 64 != 0 || start.elapsed() < HANDOFF_BATCH {
+                i += 1;
+                // SAFETY: the responder read message `i - 1` before it published its answer,
+                // which this thread saw; it reads the buffer again only after `fwd.seq` moves.
+                unsafe { std::ptr::copy_nonoverlapping(black_box(&msg[..]).as_ptr(), fwd.buf, size) };
+                fwd.seq.0.store(i, Ordering::Release);
+                while back.seq.0.load(Ordering::Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                // SAFETY: the reply to `i` was published (Acquire above); the responder writes
+                // the buffer again only after the next message.
+                black_box(&mut reply[..]).copy_from_slice(unsafe { std::slice::from_raw_parts(back.buf, size) });
+                n += 1;
+            }
+            batches.push(start.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+        fwd.seq.0.store(STOP, Ordering::Release);
+        batches
+    });
+    let batches = initiator.join().unwrap_or_default();
+    let _ = responder.join();
+    // The threads are gone: nothing points into the buffers any more.
+    drop((fwd_mem, back_mem));
+    batches
+}
+
 /// Round trips the tasks' ping-pong times (the median of all is reported), and its bound in
 /// time, as the ping-pong's: 100 000 take 15-20 ms on the development VM.
 const TASK_ROUND_TRIPS: usize = 100_000;
@@ -492,6 +601,17 @@ mod tests {
         assert!(l.memcpy_64k > 0.0 && l.memcpy_64k.is_finite(), "{l:?}");
         assert!(l.memcpy_16m > 0.0 && l.memcpy_16m.is_finite(), "{l:?}");
         assert!(l.ring_64k.is_finite() && (l.ring_64k > 0.0) == (cpus >= 2), "{l:?}");
+    }
+
+    #[test]
+    fn the_handoff_is_measured_in_batches_of_round_trips() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for size in [14, 1024, 100_000] {
+            let b = handoff(size, false);
+            assert_eq!(b.len(), if cpus >= 2 { HANDOFF_BATCHES } else { 0 }, "{size}: {b:?}");
+            assert!(b.iter().all(|us| us.is_finite() && *us > 0.0), "{size}: {b:?}");
+        }
+        assert!(handoff(0, false).is_empty());
     }
 
     #[test]

@@ -137,12 +137,21 @@ fn run_client(opts: &Opts, target_for: &dyn Fn(Kind) -> Target) -> io::Result<Ve
                 if case.scenario.opens_connections() {
                     settle_time_wait(opts.settle);
                 }
-                let m = rt.block_on(run_case(kind, variant, &target_for(kind), case, opts.duration)).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
-                    )
-                })?;
+                // rr's floor at the moment of the run: the machine's own round trip of the
+                // message, measured on either side of it (see `Measure::handoff_us`).
+                let rr = case.scenario == Scenario::Rr;
+                let mut floor = if rr { machine::handoff(case.size, opts.pin) } else { Vec::new() };
+                let mut m =
+                    rt.block_on(run_case(kind, variant, &target_for(kind), case, opts.duration)).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("{} {} over {}: {e}", case.scenario.name(), case.size, kind.name()),
+                        )
+                    })?;
+                if rr {
+                    floor.extend(machine::handoff(case.size, opts.pin));
+                    m.handoff_us = report::median(floor);
+                }
                 runs[i].push(m);
             }
         }

@@ -50,6 +50,7 @@ pub(crate) fn combine(runs: Vec<Measure>) -> Measure {
         doorbells_per_op: pick(|m| m.doorbells_per_op),
         sleeps_per_op: pick(|m| m.sleeps_per_op),
         steal_pct: pick(|m| m.steal_pct),
+        handoff_us: pick(|m| m.handoff_us),
         // Each percentile step's median over the runs.
         quantiles: (0..runs.iter().map(|m| m.quantiles.len()).min().unwrap_or(0))
             .map(|i| median(runs.iter().map(|m| m.quantiles[i]).collect()))
@@ -159,6 +160,13 @@ pub(crate) fn vs_task(row: &Row, limits: &Limits) -> Option<f64> {
     (row.case.scenario == Scenario::Rr && limits.task_rt_us > 0.0).then(|| row.m.p50_us / limits.task_rt_us)
 }
 
+/// rr's p50 in round trips of the machine's own copy of the message between two threads at the
+/// moment of the run ([`Measure::handoff_us`]): with the VM's phases divided out, what the
+/// transport adds to what moving the message costs.
+pub(crate) fn vs_handoff(row: &Row) -> Option<f64> {
+    (row.case.scenario == Scenario::Rr && row.m.handoff_us > 0.0).then(|| row.m.p50_us / row.m.handoff_us)
+}
+
 /// Stream's throughput as a share of what the machine's own ring between its two CPUs carried
 /// in the same run: the same pipeline (copied in on one CPU, out on the other) with no
 /// transport around it, so the share says what the transport leaves of what crossing costs.
@@ -179,7 +187,7 @@ fn micros(us: f64) -> String {
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
     println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>15}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>25}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -214,17 +222,18 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (None, None, None) => "-".into(),
         };
         let machine = match (r.case.scenario, vs_machine(r, limits), vs_ring(r, limits)) {
-            (Scenario::Rr, Some(x), _) => match vs_task(r, limits) {
-                Some(y) => format!("{x:.1}x rt {y:.1}x tsk"),
-                None => format!("{x:.1}x rt"),
-            },
+            (Scenario::Rr, Some(x), _) => {
+                let task = vs_task(r, limits).map(|y| format!(" {y:.1}x tsk")).unwrap_or_default();
+                let handoff = vs_handoff(r).map(|z| format!(" {z:.1}x hnd")).unwrap_or_default();
+                format!("{x:.1}x rt{task}{handoff}")
+            }
             (Scenario::File, Some(x), _) => format!("{x:.2} cpy16m"),
             (_, Some(x), Some(y)) => format!("{x:.2} cpy {y:.2} rng"),
             (_, Some(x), None) => format!("{x:.2} cpy"),
             (_, None, _) => "-".into(),
         };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>15}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>25}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -274,6 +283,8 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "ratio_vs_machine": vs_machine(r, limits),
                 "ratio_vs_ring": vs_ring(r, limits),
                 "ratio_vs_task_round_trip": vs_task(r, limits),
+                "handoff_round_trip_us": r.m.handoff_us,
+                "ratio_vs_handoff": vs_handoff(r),
             })
         })
         .collect();

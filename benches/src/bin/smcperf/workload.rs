@@ -54,6 +54,12 @@ pub(crate) struct Measure {
     /// The share of the machine's CPU time its hypervisor took during the run, in percent
     /// (`/proc/stat`'s steal): a run with much of it measured a slower machine.
     pub(crate) steal_pct: f64,
+    /// rr only: the machine's round trip of a message of the case's size between two threads,
+    /// copied in and out on each side (`machine::handoff`), in microseconds, measured just
+    /// before the run and just after it (0: not measured). The VM's cost of moving a line
+    /// between its CPUs changes by 3-8x for seconds at a time; this is the floor at the moment
+    /// of the run, where the table's other machine figures are the best of the invocation.
+    pub(crate) handoff_us: f64,
     /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
     pub(crate) quantiles: Vec<f64>,
 }
@@ -286,6 +292,7 @@ pub(crate) async fn measure(
         doorbells_per_op: 0.0,
         sleeps_per_op: 0.0,
         steal_pct: 0.0,
+        handoff_us: 0.0,
         quantiles: plot::quantiles(&all),
     })
 }
