@@ -167,11 +167,15 @@ pub(crate) fn vs_handoff(row: &Row) -> Option<f64> {
     (row.case.scenario == Scenario::Rr && row.m.handoff_us > 0.0).then(|| row.m.p50_us / row.m.handoff_us)
 }
 
-/// Stream's throughput as a share of what the machine's own ring between its two CPUs carried
-/// in the same run: the same pipeline (copied in on one CPU, out on the other) with no
-/// transport around it, so the share says what the transport leaves of what crossing costs.
+/// Stream's throughput, and the bytes a file row served, as a share of what the machine's own
+/// ring between its two CPUs carried in the same run: the same pipeline (copied in on one CPU,
+/// out on the other) with no transport around it, so the share says what the transport leaves
+/// of what crossing costs. (A file's bytes cross the same way: into the ring on the server's
+/// CPU, out of it on the client's; cork+sendfile copies each byte once on each side, as the
+/// ring does.)
 pub(crate) fn vs_ring(row: &Row, limits: &Limits) -> Option<f64> {
-    (row.case.scenario == Scenario::Stream && limits.ring_64k > 0.0).then(|| row.m.bytes_per_s / limits.ring_64k)
+    (matches!(row.case.scenario, Scenario::Stream | Scenario::File) && limits.ring_64k > 0.0)
+        .then(|| row.m.bytes_per_s / limits.ring_64k)
 }
 
 /// A latency in microseconds for the table: two decimals below 10 us (a shared-memory round
@@ -227,7 +231,8 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
                 let handoff = vs_handoff(r).map(|z| format!(" {z:.1}x hnd")).unwrap_or_default();
                 format!("{x:.1}x rt{task}{handoff}")
             }
-            (Scenario::File, Some(x), _) => format!("{x:.2} cpy16m"),
+            (Scenario::File, Some(x), Some(y)) => format!("{x:.2} cpy16m {y:.2} rng"),
+            (Scenario::File, Some(x), None) => format!("{x:.2} cpy16m"),
             (_, Some(x), Some(y)) => format!("{x:.2} cpy {y:.2} rng"),
             (_, Some(x), None) => format!("{x:.2} cpy"),
             (_, None, _) => "-".into(),
