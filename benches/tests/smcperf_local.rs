@@ -80,8 +80,16 @@ fn smcperf_local_runs_every_scenario_over_every_transport() {
                 assert_eq!(row["ratio_vs_mem"].is_f64(), against_mem, "ratio against mem, {what}");
                 let against_machine = ["stream", "file"].contains(scenario) || (*scenario == "rr" && two_cpus);
                 assert_eq!(row["ratio_vs_machine"].is_f64(), against_machine, "ratio against the machine, {what}");
-                let against_ring = *scenario == "stream" && two_cpus;
+                let against_ring = ["stream", "file"].contains(scenario) && two_cpus;
                 assert_eq!(row["ratio_vs_ring"].is_f64(), against_ring, "ratio against the two-cpu ring, {what}");
+                // rr's own round trip of the machine, measured next to each run.
+                let handoff = *scenario == "rr" && two_cpus;
+                assert_eq!(row["ratio_vs_handoff"].is_f64(), handoff, "ratio against the handoff, {what}");
+                assert_eq!(
+                    row["handoff_round_trip_us"].as_f64().is_some_and(|us| us > 0.0),
+                    handoff,
+                    "the handoff's round trip, {what}"
+                );
                 let against_writes = *scenario == "file" && transport.starts_with("smc/");
                 assert_eq!(row["ratio_vs_smc_write"].is_f64(), against_writes, "ratio against plain writes, {what}");
             }
