@@ -142,6 +142,15 @@ pub(crate) const TURN_READS: usize = 4 * READ_MAX;
 /// times over: 300 door connections kept full made every accept take seconds.
 const LOOKUP_READS: usize = MAX_REGISTRATIONS;
 
+/// Door connections the look-ups of one turn of the listener task accept, in all: one batch,
+/// as the listener's own drain takes per turn. Any local user may knock on the door (an
+/// untrusted knock is accepted to read its credentials, then closed): without a bound, a flood
+/// of knocks made each plain connection's look-up accept up to 17 batches, 4 352 door
+/// connections, before its accept went on. A client's registration behind more knocks than
+/// that is not found, and its connection is TCP (noted as missed), as one behind too many
+/// frames.
+const LOOKUP_ACCEPTS: usize = DRAIN_BATCH;
+
 /// Frames read from one door connection per turn: four windows of a client's registrations
 /// (`WINDOW`, 64) and their answers. A client that sends without pause (two threads sending
 /// Cancels, say) no longer keeps the listener task, and the door's lock, to itself.
@@ -651,13 +660,33 @@ impl ServerConn {
         start_sender(&outbox, &conn, rt).then_some(conn)
     }
 
-    /// A handshake on this door connection ended: it is no longer live, and its mark for
-    /// `verify` goes, both under the `live` lock, under which `take` looks and marks.
-    fn end_live(&self, id: u64) {
+    /// The handshake of the registration `id` whose inbox is `inbox` ended: it is no longer
+    /// live, and its mark for `verify` goes, both under the `live` lock, under which `take`
+    /// looks and marks. A later registration of the same id (filed once this one left `live`,
+    /// by a Cancel say) keeps its own entry.
+    fn end_live(&self, id: u64, inbox: &Arc<Inbox>) {
         let mut live = self.live();
-        live.remove(&id);
+        match live.get(&id) {
+            Some(now) if !Arc::ptr_eq(now, inbox) => return,
+            Some(_) => {
+                live.remove(&id);
+            }
+            None => {}
+        }
         self.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         drop(live);
+    }
+
+    /// Takes the registration `id` out of `live` (its client cancelled it), and its mark for
+    /// `verify` with it, under the `live` lock: every way out of `live` clears the mark, or a
+    /// later registration of the same id would pass `verify` on it, with no look at its
+    /// connection.
+    fn take_live(&self, id: u64) -> Option<Arc<Inbox>> {
+        let mut live = self.live();
+        let inbox = live.remove(&id);
+        self.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        drop(live);
+        inbox
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
@@ -746,6 +775,8 @@ struct DoorState {
     read_from: usize,
     /// Frames the look-ups of this turn of the listener task read ([`LOOKUP_READS`] in all).
     lookup_reads: usize,
+    /// Door connections the look-ups of this turn accepted ([`LOOKUP_ACCEPTS`] in all).
+    lookup_accepts: usize,
     /// Where door connections are read into ([`message_buffer`]; empty until the first read).
     buf: Box<[u8]>,
 }
@@ -880,7 +911,7 @@ impl Registration {
 
     /// Tells the client its connection stays TCP (and why): final, it stops waiting at once.
     pub(crate) fn refuse(self, reason: DeclineReason) {
-        self.conn.end_live(self.id);
+        self.conn.end_live(self.id, &self.inbox);
         self.conn.refuse(&self.counters, self.id, DoorKind::Refused, reason);
     }
 
@@ -888,7 +919,7 @@ impl Registration {
     /// client cancelled first (it stopped waiting and uses the connection as TCP).
     pub(crate) fn open(self) -> Option<ServerWire> {
         if matches!(self.inbox.try_next(), Some(None)) {
-            self.conn.live().remove(&self.id);
+            self.conn.end_live(self.id, &self.inbox);
             return None;
         }
         Some(ServerWire {
@@ -930,7 +961,7 @@ impl Drop for ServerWire {
         // Marked when its connection was accepted before its Confirm came (`take`), and
         // cleared by that Confirm's `verify`: a handshake that ended without one leaves no
         // mark for a later registration of the same id to pass `verify` on.
-        self.conn.end_live(self.id);
+        self.conn.end_live(self.id, &self.inbox);
     }
 }
 
@@ -1073,14 +1104,18 @@ impl Door {
         // door's queue is at most its backlog deep, so this ends.
         let mut read_all = false;
         let mut budget = LOOKUP_READS.saturating_sub(st.lookup_reads);
+        let mut accepts = LOOKUP_ACCEPTS.saturating_sub(st.lookup_accepts);
         for _ in 0..=MAX_CONNS / DRAIN_BATCH {
-            let before = budget;
-            let more = self.drain_within(&mut st, &mut budget);
-            st.lookup_reads += before - budget;
+            let before = (budget, accepts);
+            let more = self.drain_within(&mut st, &mut budget, &mut accepts);
+            st.lookup_reads += before.0 - budget;
+            st.lookup_accepts += before.1 - accepts;
             if let Some(r) = self.take(&mut st, peer, local, accepted) {
                 return Some(r);
             }
             match more {
+                // Either budget spent: what is left waits for the listener's turns.
+                Ok(true) if budget == 0 || accepts == 0 => break,
                 Ok(true) => {}
                 Ok(false) => {
                     read_all = true;
@@ -1099,7 +1134,9 @@ impl Door {
 
     /// A new turn of the listener task: its look-ups may read [`LOOKUP_READS`] messages again.
     pub(crate) fn begin_turn(&self) {
-        self.lock().lookup_reads = 0;
+        let mut st = self.lock();
+        st.lookup_reads = 0;
+        st.lookup_accepts = 0;
     }
 
     /// Registrations held now: while there are any, the listener sweeps.
@@ -1159,8 +1196,9 @@ impl Door {
             // connections still open are read, and their registrations refused.
             return if progress { Poll::Ready(Ok(false)) } else { Poll::Pending };
         }
+        let mut batch = DRAIN_BATCH;
         let res = match self.listener.poll_read_ready(cx) {
-            Poll::Ready(Ok(mut guard)) => match self.accept_conns(&mut st) {
+            Poll::Ready(Ok(mut guard)) => match self.accept_conns(&mut st, &mut batch) {
                 Ok(true) => Ok(true),
                 Ok(false) => {
                     guard.clear_ready();
@@ -1178,21 +1216,22 @@ impl Door {
     /// [`drain_within`](Self::drain_within) without a bound in all.
     #[cfg(test)]
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
-        let mut unbounded = usize::MAX;
-        self.drain_within(st, &mut unbounded)
+        let (mut reads, mut accepts) = (usize::MAX, usize::MAX);
+        self.drain_within(st, &mut reads, &mut accepts)
     }
 
-    /// Accepts waiting door connections and reads the messages that have arrived on any (up to
-    /// [`READ_MAX`] each, and `budget` in all, taken from it, from the connection where the
-    /// last budget ran out). As [`accept_conns`](Self::accept_conns) for the result, where
-    /// `Ok(true)` also says that messages were left unread.
-    fn drain_within(&self, st: &mut DoorState, budget: &mut usize) -> io::Result<bool> {
+    /// Accepts waiting door connections (a batch, and at most `accepts`, taken from it) and
+    /// reads the messages that have arrived on any (up to [`READ_MAX`] each, and `budget` in
+    /// all, taken from it, from the connection where the last budget ran out). As
+    /// [`accept_conns`](Self::accept_conns) for the result, where `Ok(true)` also says that
+    /// messages were left unread.
+    fn drain_within(&self, st: &mut DoorState, budget: &mut usize, accepts: &mut usize) -> io::Result<bool> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
             return Err(io::Error::other("door reads stalled (test)"));
         }
         let before = st.conns.len();
-        let res = self.accept_conns(st);
+        let res = self.accept_conns(st, accepts);
         if st.conns.len() > before {
             // New door connections, not watched yet: the listener task polls them next.
             if let Some(w) = &st.watcher {
@@ -1216,10 +1255,11 @@ impl Door {
         res.map(|more| more || unread)
     }
 
-    /// Accepts up to [`DRAIN_BATCH`] waiting door connections. `Ok(false)`: the door's queue
-    /// was found empty; `Ok(true)`: the batch ended first; an error: a connection could not be
-    /// accepted (it stays queued for a later drain).
-    fn accept_conns(&self, st: &mut DoorState) -> io::Result<bool> {
+    /// Accepts up to [`DRAIN_BATCH`] waiting door connections, and at most `budget` (taken from
+    /// it; trusted or not, each costs an accept and a look at its credentials). `Ok(false)`:
+    /// the door's queue was found empty; `Ok(true)`: the batch or the budget ended first; an
+    /// error: a connection could not be accepted (it stays queued for a later drain).
+    fn accept_conns(&self, st: &mut DoorState, budget: &mut usize) -> io::Result<bool> {
         if self.blind.load(Ordering::Relaxed) {
             // Shut (see `go_blind`): accepting would fail with EINVAL.
             return Ok(false);
@@ -1236,7 +1276,7 @@ impl Door {
                 "descriptor closers congested: not taking door connections",
             ));
         }
-        for _ in 0..DRAIN_BATCH {
+        for _ in 0..DRAIN_BATCH.min(*budget) {
             let conn = match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) if self.inert_conns => conn.inert(),
                 Ok(conn) => conn,
@@ -1248,6 +1288,7 @@ impl Door {
                     return Err(e);
                 }
             };
+            *budget -= 1;
             let cred = match sys::peer_cred(conn.as_fd()) {
                 Ok(cred) => cred,
                 Err(e) => {
@@ -1432,7 +1473,7 @@ impl Door {
                 }
             }
             DoorKind::Cancel => {
-                let inbox = conn.live().remove(&id);
+                let inbox = conn.take_live(id);
                 match inbox {
                     Some(inbox) => inbox.close(),
                     None => {
@@ -1504,8 +1545,8 @@ impl Door {
     /// the listener to accept ([`VERIFIED_TTL`]).
     pub(crate) fn sweep(&self) {
         let mut st = self.lock();
-        let mut budget = TURN_READS;
-        let _ = self.drain_within(&mut st, &mut budget);
+        let (mut budget, mut accepts) = (TURN_READS, DRAIN_BATCH);
+        let _ = self.drain_within(&mut st, &mut budget, &mut accepts);
         // The kernel is asked about waiting connections once a second, at most
         // `VERIFIED_LOOKS` of them (a listen queue of thousands, asked every sweep, made tens of
         // thousands of sock_diag round trips a second on the listener's task); a blind door
@@ -1762,7 +1803,7 @@ impl Door {
         let mut st = self.lock();
         let Some((_, e)) = st.entry_mut(&key.conn, key.id) else { return Some(reg) };
         e.early = None;
-        key.conn.live().remove(&key.id);
+        key.conn.end_live(key.id, &reg.inbox);
         None
     }
 
@@ -2950,6 +2991,83 @@ mod tests {
         assert!(door.take(&mut st, client, server, queue.as_fd()).is_none());
         assert!(matches!(door.take(&mut st, client2, server, queue.as_fd()), Some(Matched::Early(_))));
         assert_eq!(st.count, 0);
+    }
+
+    /// A flood of knocks on the door (any local user may knock) costs the look-ups of one turn
+    /// of the listener task one batch of accepts in all, not up to 17 batches for each plain
+    /// connection's look-up; the rest waits for the listener's own turns.
+    #[tokio::test]
+    async fn knocks_cost_the_look_ups_of_a_turn_one_batch_of_accepts() {
+        const KNOCKS: usize = 400;
+        let (queue, door) = door_for_a_queue();
+        let server = queue.local_addr().unwrap();
+        let knocks: Vec<OwnedFd> = (0..KNOCKS).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        door.begin_turn();
+        // Two plain connections, looked up in the same turn.
+        for _ in 0..2 {
+            let client = std::net::TcpStream::connect(server).unwrap();
+            let (ours, peer) = queue.accept().unwrap();
+            assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
+            drop(client);
+        }
+        let mut left = 0;
+        while sys::seqpacket_accept(door.listener.get_ref().as_fd()).is_ok() {
+            left += 1;
+        }
+        assert_eq!(KNOCKS - left, LOOKUP_ACCEPTS, "door connections the turn's look-ups accepted");
+        drop(knocks);
+    }
+
+    /// A registration that leaves `live` before its handshake ran (its client cancelled it, or
+    /// flooded its inbox shut) takes its accepted-early mark with it: a later registration of
+    /// the same id on the same door connection is checked by `verify` as any other. (Before,
+    /// `take` marked it at accept, the cancel left the mark, and the next registration's
+    /// Connected frame passed `verify` on it whatever connection it named: its handshake
+    /// committed a connection the kernel was never asked about.)
+    #[tokio::test]
+    async fn a_cancelled_early_registration_leaves_no_mark_for_the_next_of_its_id() {
+        use crate::proto::clc::ShmOffer;
+        use crate::proto::door::{ConnectedTuple, DoorFrame, DoorKind, RegisterHead};
+        let (queue, door) = door_for_a_queue();
+        let server = queue.local_addr().unwrap();
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let (client, key, door_conn) = register_and_connect(&door, &sock, 7, server);
+        let mut early = door.take_early();
+        assert_eq!(early.len(), 1, "a solo door answers a shared-memory offer early");
+        let reg = early.pop().unwrap();
+        // The listener takes the connection from the kernel: matched early, and marked for the
+        // Connected frame still to come.
+        let (accepted, _) = queue.accept().unwrap();
+        {
+            let mut st = door.lock();
+            let found = door.take(&mut st, client, server, accepted.as_fd());
+            assert!(matches!(found, Some(Matched::Early(_))), "not matched early");
+        }
+        assert!(key.conn.accepted_early.lock().unwrap().contains(&7), "not marked at accept");
+        // Its client cancels before the handshake opened the registration.
+        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        sys::send_with_fds(door_conn.as_fd(), &cancel, &[]).unwrap();
+        within_10s("the cancel was not read", || {
+            let mut st = door.lock();
+            let _ = door.drain(&mut st);
+            !key.conn.live().contains_key(&7)
+        });
+        assert!(reg.open().is_none(), "a cancelled registration opened");
+        assert!(!key.conn.accepted_early.lock().unwrap().contains(&7), "the cancel left the mark");
+        // The same id again, and a Connected frame naming a connection that is not its.
+        let other = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        other.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let head = RegisterHead { instance: 1, cookie: sys::socket_cookie(other.as_fd()).unwrap(), port: 1 };
+        let frame = head.encode_frame(7, &proposal(Some(ShmOffer { link_group: 0 })));
+        sys::send_with_fds(door_conn.as_fd(), &frame, &[]).unwrap();
+        within_10s("the second registration was not filed", || {
+            let mut st = door.lock();
+            let _ = door.drain(&mut st);
+            key.conn.pending().contains_key(&7)
+        });
+        let bogus = ConnectedTuple { local: SocketAddr::from(([127, 0, 0, 1], 1)), peer: server };
+        assert!(!door.verify(&key, Some(bogus)), "a connection nobody checked passed verify");
     }
 
     /// Trusted clients that keep many door connections full do not keep the listener from
