@@ -563,10 +563,18 @@ impl LinkGroup {
         }
     }
 
-    /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space.
+    /// Asks to be called back (through [`SmcConn::retry_cdc`]) when the link has CDC space,
+    /// once however often it asks: a connection is in the list at most once. (Every refused
+    /// send asks, and so does every message of the peer's that leaves something owed: a peer
+    /// that never freed CDC space and kept sending grew the list by one entry per message,
+    /// and each retry of the group then called the same connection back as many times.)
     pub(crate) fn wait_cdc_space(&self, conn: &Arc<SmcConn>) {
         let mut w = self.cdc_waiters.lock().unwrap_or_else(|e| e.into_inner());
-        w.push(Arc::downgrade(conn));
+        // By address: a `Weak` in the list keeps its connection's allocation, so no other
+        // connection can have that address while the entry is there.
+        if !w.iter().any(|x| std::ptr::eq(x.as_ptr(), Arc::as_ptr(conn))) {
+            w.push(Arc::downgrade(conn));
+        }
         self.cdc_waiting.store(true, Ordering::Release);
     }
 
@@ -1200,6 +1208,29 @@ mod tests {
         let watching =
             rx.recv_timeout(Duration::from_secs(20)).expect("the runtime froze: its link group's driver never slept");
         assert!(!watching, "the watch for space stayed on with nobody waiting");
+    }
+
+    /// A connection that asks again and again for CDC space is in the list of those waiting
+    /// for it once: the list is bounded by the group's connections, whatever a peer that never
+    /// frees space sends.
+    #[tokio::test]
+    async fn a_connection_waits_for_cdc_space_once_however_often_it_asks() {
+        use crate::proto::cursor::RingSize;
+        let group = client_group(4, Duration::from_secs(60));
+        let ring = RingSize::new(4096).unwrap();
+        let cfg = crate::config::ShmConfig::default();
+        let a = crate::smc::conn::SmcConn::new(group.clone(), 1, Some(2), ring, ring, &cfg);
+        let b = crate::smc::conn::SmcConn::new(group.clone(), 3, Some(4), ring, ring, &cfg);
+        for _ in 0..1000 {
+            group.wait_cdc_space(&a);
+        }
+        group.wait_cdc_space(&b);
+        group.wait_cdc_space(&a);
+        assert_eq!(group.cdc_waiters.lock().unwrap().len(), 2, "one entry per waiting connection");
+        // One gone: its entry is taken out with the others at the next retry, not matched.
+        drop(b);
+        group.wait_cdc_space(&a);
+        assert_eq!(group.cdc_waiters.lock().unwrap().len(), 2);
     }
 
     /// A group with an idle timeout of 0 (ended as soon as it has no connection) looks at
