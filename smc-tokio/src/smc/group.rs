@@ -25,13 +25,16 @@ const RECV_BATCH: usize = 64;
 /// Receive calls per dispatch round before the driver yields to other tasks: bounds the work
 /// one doorbell can cause (a peer that floods its ring gets 4 x 64 frames per turn).
 const ROUNDS_PER_TURN: usize = 4;
-/// Receive calls a final drain ([`LinkGroup::drain`]) makes at most: 256 x 64 frames, sixteen
-/// times the largest CDC ring a region may have (`MAX_CDC_SLOTS`, which a peer's header is
-/// checked against) and 128 times the RDMA receive queue, so a drain empties whatever a peer
-/// that has stopped published; a peer that is still there and floods cannot hold the caller
-/// longer than that.
-const DRAIN_ROUNDS: usize = 256;
-const _: () = assert!(DRAIN_ROUNDS * RECV_BATCH >= 16 * crate::link::shm::region::MAX_CDC_SLOTS as usize);
+/// Receive calls a final drain ([`LinkGroup::drain`]) makes at most: 32 x 64 frames, twice the
+/// largest CDC ring a region may have (`MAX_CDC_SLOTS`, which a peer's header is checked
+/// against) and 16 times the RDMA receive queue. What the peer had published when the drain
+/// began is in the ring then, one lap at most, and is taken first (frames are taken in order),
+/// so one lap empties it; the second leaves room for receives that found the link busy. A peer
+/// that is still there and keeps its ring full holds each drain for those two laps: with 16
+/// (a drain per connection whose TCP connection ends), closing many connections at once held
+/// the runtime's threads sixteen times as long.
+const DRAIN_ROUNDS: usize = 32;
+const _: () = assert!(DRAIN_ROUNDS * RECV_BATCH >= 2 * crate::link::shm::region::MAX_CDC_SLOTS as usize);
 
 /// Nanoseconds since a process-wide origin: the clock of the polling deadlines, which live in
 /// atomics.
@@ -1233,6 +1236,21 @@ mod tests {
         assert_eq!(group.cdc_waiters.lock().unwrap().len(), 2);
     }
 
+    /// A drain takes what the peer published before it began and returns, also when the peer
+    /// never stops sending: two laps of the largest CDC ring at most (it took sixteen, once for
+    /// every connection whose TCP connection ended).
+    #[tokio::test]
+    async fn a_drain_under_a_peer_that_never_stops_takes_two_laps_at_most() {
+        let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "flood-drain").await;
+        let link = Arc::new(Posing { link: client, rdma: false, flood: Some(Default::default()) });
+        let group = client_group(4, Duration::from_secs(60));
+        group.establish(link.clone()).unwrap();
+        group.drain();
+        let calls = link.flood.as_ref().unwrap().load(std::sync::atomic::Ordering::Relaxed);
+        let laps = (calls * super::RECV_BATCH) as f64 / f64::from(crate::link::shm::region::MAX_CDC_SLOTS);
+        assert!(calls > 0 && laps <= 2.0, "{calls} receives, {laps} laps of the largest ring");
+    }
+
     /// A group with an idle timeout of 0 (ended as soon as it has no connection) looks at
     /// whether it is idle at most every [`IDLE_LOOK_MIN`](super::IDLE_LOOK_MIN) while it has
     /// a connection, counted over a second of a paused clock. Its timer, re-armed at 0, fired
@@ -1262,20 +1280,32 @@ mod tests {
         assert!(u128::from(looks) <= most, "{looks} looks at the idle timer in a second, at most {most} expected");
     }
 
-    /// A shared-memory link that says it is RDMA: the peer writes into our memory there, which
-    /// is all `PendingConn` asks of a link.
+    /// A shared-memory link that poses as another: one that says it is RDMA (the peer writes
+    /// into our memory there, which is all `PendingConn` asks of a link), or one whose peer
+    /// never stops sending (every receive finds as many frames as it may take, for a
+    /// connection nobody has, and is counted).
     #[derive(Debug)]
-    struct AsRdma(crate::link::shm::ShmLink);
+    struct Posing {
+        link: crate::link::shm::ShmLink,
+        rdma: bool,
+        flood: Option<std::sync::atomic::AtomicUsize>,
+    }
 
-    impl Link for AsRdma {
+    impl Posing {
+        fn rdma(link: crate::link::shm::ShmLink) -> Posing {
+            Posing { link, rdma: true, flood: None }
+        }
+    }
+
+    impl Link for Posing {
         fn rx_rmb_size(&self) -> u32 {
-            self.0.rx_rmb_size()
+            self.link.rx_rmb_size()
         }
         fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), crate::link::LinkError> {
-            self.0.tx_write(rmb, offset, data)
+            self.link.tx_write(rmb, offset, data)
         }
         fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), crate::link::LinkError> {
-            self.0.tx_read(rmb, offset, dst)
+            self.link.tx_read(rmb, offset, dst)
         }
         fn tx_fill(
             &self,
@@ -1284,7 +1314,7 @@ mod tests {
             len: u32,
             fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<usize>,
         ) -> Result<std::io::Result<usize>, crate::link::LinkError> {
-            self.0.tx_fill(rmb, offset, len, fill)
+            self.link.tx_fill(rmb, offset, len, fill)
         }
         fn rx_read(
             &self,
@@ -1292,41 +1322,46 @@ mod tests {
             offset: u32,
             dst: &mut [std::mem::MaybeUninit<u8>],
         ) -> Result<(), crate::link::LinkError> {
-            self.0.rx_read(rmb, offset, dst)
+            self.link.rx_read(rmb, offset, dst)
         }
         fn cdc_send_frame(&self, frame: &[u8; crate::proto::cdc::CDC_MSG_LEN]) -> Result<bool, crate::link::LinkError> {
-            self.0.cdc_send_frame(frame)
+            self.link.cdc_send_frame(frame)
         }
         fn cdc_recv(
             &self,
             out: &mut Vec<[u8; crate::proto::cdc::CDC_MSG_LEN]>,
             max: usize,
         ) -> Result<Option<usize>, crate::link::LinkError> {
-            self.0.cdc_recv(out, max)
+            if let Some(calls) = &self.flood {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                out.extend(std::iter::repeat_n(CdcMsg::new(1, 0xdead).encode(), max));
+                return Ok(Some(max));
+            }
+            self.link.cdc_recv(out, max)
         }
         fn poll_event(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), crate::link::LinkError>> {
-            self.0.poll_event(cx)
+            self.link.poll_event(cx)
         }
         fn clear_space_wait(&self) {
-            self.0.clear_space_wait()
+            self.link.clear_space_wait()
         }
         fn watches_space(&self) -> bool {
-            self.0.watches_space()
+            self.link.watches_space()
         }
         fn has_pending(&self) -> bool {
-            self.0.has_pending()
+            self.link.has_pending()
         }
         fn busy_poll(&self) -> Duration {
-            self.0.busy_poll()
+            self.link.busy_poll()
         }
         fn is_rdma(&self) -> bool {
-            true
+            self.rdma
         }
         fn rehome(&self) -> Result<(), crate::link::LinkError> {
-            self.0.rehome()
+            self.link.rehome()
         }
         fn teardown(&self) {
-            self.0.teardown()
+            self.link.teardown()
         }
     }
 
@@ -1373,7 +1408,7 @@ mod tests {
             let group_of_two = |tag: &'static str| async move {
                 let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
                 let group = client_group(2, Duration::from_secs(60));
-                let link: Arc<dyn Link> = if rdma { Arc::new(AsRdma(client)) } else { Arc::new(client) };
+                let link: Arc<dyn Link> = if rdma { Arc::new(Posing::rdma(client)) } else { Arc::new(client) };
                 group.establish(link).unwrap();
                 (group, server)
             };
