@@ -142,14 +142,17 @@ pub(crate) const TURN_READS: usize = 4 * READ_MAX;
 /// times over: 300 door connections kept full made every accept take seconds.
 const LOOKUP_READS: usize = MAX_REGISTRATIONS;
 
-/// Door connections the look-ups of one turn of the listener task accept, in all: one batch,
-/// as the listener's own drain takes per turn. Any local user may knock on the door (an
-/// untrusted knock is accepted to read its credentials, then closed): without a bound, a flood
-/// of knocks made each plain connection's look-up accept up to 17 batches, 4 352 door
-/// connections, before its accept went on. A client's registration behind more knocks than
-/// that is not found, and its connection is TCP (noted as missed), as one behind too many
-/// frames.
-const LOOKUP_ACCEPTS: usize = DRAIN_BATCH;
+/// Door connections the look-ups of one turn of the listener task (and of each application
+/// `accept` that takes a connection from the kernel itself) accept and refuse, in all: one
+/// batch, as the listener's own drain takes per turn. Any local user may knock on the door (a
+/// knock is accepted to read its credentials, then closed unless trusted): without a bound, a
+/// flood of knocks made each plain connection's look-up accept up to 17 batches, 4 352 door
+/// connections, before its accept went on. Connections kept (trusted, within
+/// [`conn_budget`]) do not count: they are accepted once, and the budget bounds them. Once the
+/// refusals are spent, look-ups accept nothing more in the turn (the next knock may be
+/// anyone's), and a registration behind them is not found: its connection is TCP (noted as
+/// missed), as one behind too many frames.
+const LOOKUP_REFUSALS: usize = DRAIN_BATCH;
 
 /// Frames read from one door connection per turn: four windows of a client's registrations
 /// (`WINDOW`, 64) and their answers. A client that sends without pause (two threads sending
@@ -775,8 +778,8 @@ struct DoorState {
     read_from: usize,
     /// Frames the look-ups of this turn of the listener task read ([`LOOKUP_READS`] in all).
     lookup_reads: usize,
-    /// Door connections the look-ups of this turn accepted ([`LOOKUP_ACCEPTS`] in all).
-    lookup_accepts: usize,
+    /// Door connections the look-ups of this turn refused ([`LOOKUP_REFUSALS`] in all).
+    lookup_refusals: usize,
     /// Where door connections are read into ([`message_buffer`]; empty until the first read).
     buf: Box<[u8]>,
 }
@@ -1104,24 +1107,25 @@ impl Door {
         // door's queue is at most its backlog deep, so this ends.
         let mut read_all = false;
         let mut budget = LOOKUP_READS.saturating_sub(st.lookup_reads);
-        let mut accepts = LOOKUP_ACCEPTS.saturating_sub(st.lookup_accepts);
+        let mut refusals = LOOKUP_REFUSALS.saturating_sub(st.lookup_refusals);
         for _ in 0..=MAX_CONNS / DRAIN_BATCH {
-            let before = (budget, accepts);
-            let more = self.drain_within(&mut st, &mut budget, &mut accepts);
+            let before = (budget, refusals);
+            let left = self.drain_within(&mut st, &mut budget, &mut refusals);
             st.lookup_reads += before.0 - budget;
-            st.lookup_accepts += before.1 - accepts;
+            st.lookup_refusals += before.1 - refusals;
             if let Some(r) = self.take(&mut st, peer, local, accepted) {
                 return Some(r);
             }
-            match more {
-                // Either budget spent: what is left waits for the listener's turns.
-                Ok(true) if budget == 0 || accepts == 0 => break,
-                Ok(true) => {}
-                Ok(false) => {
+            match left {
+                Ok(Left { queued: false, unread: false }) => {
                     read_all = true;
                     break;
                 }
-                Err(_) => break,
+                // Messages to read on the connections held, or connections to take while
+                // refusals are left: on. (Whatever is left once a budget is spent waits for the
+                // listener's turns.)
+                Ok(Left { queued, unread }) if budget > 0 && (unread || queued && refusals > 0) => {}
+                _ => break,
             }
         }
         if !read_all {
@@ -1136,7 +1140,7 @@ impl Door {
     pub(crate) fn begin_turn(&self) {
         let mut st = self.lock();
         st.lookup_reads = 0;
-        st.lookup_accepts = 0;
+        st.lookup_refusals = 0;
     }
 
     /// Registrations held now: while there are any, the listener sweeps.
@@ -1216,22 +1220,21 @@ impl Door {
     /// [`drain_within`](Self::drain_within) without a bound in all.
     #[cfg(test)]
     fn drain(&self, st: &mut DoorState) -> io::Result<bool> {
-        let (mut reads, mut accepts) = (usize::MAX, usize::MAX);
-        self.drain_within(st, &mut reads, &mut accepts)
+        let (mut reads, mut refusals) = (usize::MAX, usize::MAX);
+        self.drain_within(st, &mut reads, &mut refusals).map(|l| l.queued || l.unread)
     }
 
-    /// Accepts waiting door connections (a batch, and at most `accepts`, taken from it) and
-    /// reads the messages that have arrived on any (up to [`READ_MAX`] each, and `budget` in
-    /// all, taken from it, from the connection where the last budget ran out). As
-    /// [`accept_conns`](Self::accept_conns) for the result, where `Ok(true)` also says that
-    /// messages were left unread.
-    fn drain_within(&self, st: &mut DoorState, budget: &mut usize, accepts: &mut usize) -> io::Result<bool> {
+    /// Accepts waiting door connections (a batch, refusing at most `refusals`, taken from it)
+    /// and reads the messages that have arrived on any (up to [`READ_MAX`] each, and `budget`
+    /// in all, taken from it, from the connection where the last budget ran out). What it
+    /// left; an error where [`accept_conns`](Self::accept_conns) met one.
+    fn drain_within(&self, st: &mut DoorState, budget: &mut usize, refusals: &mut usize) -> io::Result<Left> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
             return Err(io::Error::other("door reads stalled (test)"));
         }
         let before = st.conns.len();
-        let res = self.accept_conns(st, accepts);
+        let res = self.accept_conns(st, refusals);
         if st.conns.len() > before {
             // New door connections, not watched yet: the listener task polls them next.
             if let Some(w) = &st.watcher {
@@ -1252,14 +1255,15 @@ impl Door {
         // registration is not among them. (Congested closers once read as "all read", and a
         // connection handed out as TCP then was not noted as missed: its registration, read
         // once the closers came free, was committed, with the application reading TCP.)
-        res.map(|more| more || unread)
+        res.map(|queued| Left { queued, unread })
     }
 
-    /// Accepts up to [`DRAIN_BATCH`] waiting door connections, and at most `budget` (taken from
-    /// it; trusted or not, each costs an accept and a look at its credentials). `Ok(false)`:
-    /// the door's queue was found empty; `Ok(true)`: the batch or the budget ended first; an
-    /// error: a connection could not be accepted (it stays queued for a later drain).
-    fn accept_conns(&self, st: &mut DoorState, budget: &mut usize) -> io::Result<bool> {
+    /// Accepts up to [`DRAIN_BATCH`] waiting door connections, while `refusals` (taken from
+    /// it) lasts: each connection refused (untrusted, without credentials, past the budget)
+    /// costs one; those kept cost nothing. `Ok(false)`: the door's queue was found empty;
+    /// `Ok(true)`: the batch or the refusals ended first; an error: a connection could not be
+    /// accepted (it stays queued for a later drain).
+    fn accept_conns(&self, st: &mut DoorState, refusals: &mut usize) -> io::Result<bool> {
         if self.blind.load(Ordering::Relaxed) {
             // Shut (see `go_blind`): accepting would fail with EINVAL.
             return Ok(false);
@@ -1276,7 +1280,10 @@ impl Door {
                 "descriptor closers congested: not taking door connections",
             ));
         }
-        for _ in 0..DRAIN_BATCH.min(*budget) {
+        for _ in 0..DRAIN_BATCH {
+            if *refusals == 0 {
+                return Ok(true);
+            }
             let conn = match sys::seqpacket_accept(self.listener.get_ref().as_fd()) {
                 Ok(conn) if self.inert_conns => conn.inert(),
                 Ok(conn) => conn,
@@ -1288,11 +1295,11 @@ impl Door {
                     return Err(e);
                 }
             };
-            *budget -= 1;
             let cred = match sys::peer_cred(conn.as_fd()) {
                 Ok(cred) => cred,
                 Err(e) => {
                     tracing::debug!(error = %e, "door connection without credentials");
+                    *refusals -= 1;
                     continue;
                 }
             };
@@ -1306,11 +1313,13 @@ impl Door {
                     "refusing a door connection from an untrusted peer"
                 );
                 self.counters.door_refused();
+                *refusals -= 1;
                 continue;
             }
             if st.conns.len() >= self.conn_budget {
                 // Closed: its client's registrations end, and its connections are TCP.
                 tracing::debug!(held = st.conns.len(), "door connection budget spent: refusing a client");
+                *refusals -= 1;
                 continue;
             }
             // Registrations carry no descriptors: refuse them where the kernel can.
@@ -1545,8 +1554,8 @@ impl Door {
     /// the listener to accept ([`VERIFIED_TTL`]).
     pub(crate) fn sweep(&self) {
         let mut st = self.lock();
-        let (mut budget, mut accepts) = (TURN_READS, DRAIN_BATCH);
-        let _ = self.drain_within(&mut st, &mut budget, &mut accepts);
+        let (mut budget, mut refusals) = (TURN_READS, DRAIN_BATCH);
+        let _ = self.drain_within(&mut st, &mut budget, &mut refusals);
         // The kernel is asked about waiting connections once a second, at most
         // `VERIFIED_LOOKS` of them (a listen queue of thousands, asked every sweep, made tens of
         // thousands of sock_diag round trips a second on the listener's task); a blind door
@@ -2106,6 +2115,16 @@ async fn read_door_replies(map: Weak<DoorMap>, conn: Arc<ClientConn>) {
             }
         }
     }
+}
+
+/// What a drain of the door left ([`Door::drain_within`]).
+#[derive(Debug, Clone, Copy)]
+struct Left {
+    /// Door connections may still wait in the door's queue (a batch or the refusals ended
+    /// first).
+    queued: bool,
+    /// Messages were left unread on connections held (a budget ended first).
+    unread: bool,
 }
 
 /// What a client found at one door name.
@@ -2994,28 +3013,81 @@ mod tests {
     }
 
     /// A flood of knocks on the door (any local user may knock) costs the look-ups of one turn
-    /// of the listener task one batch of accepts in all, not up to 17 batches for each plain
-    /// connection's look-up; the rest waits for the listener's own turns.
+    /// of the listener task one batch of refusals in all, not up to 17 batches of accepts for
+    /// each plain connection's look-up; the rest waits for the listener's own turns. Door
+    /// connections it keeps (trusted, within the budget) cost nothing: a burst of new clients
+    /// is taken in whole.
     #[tokio::test]
-    async fn knocks_cost_the_look_ups_of_a_turn_one_batch_of_accepts() {
-        const KNOCKS: usize = 400;
-        let (queue, door) = door_for_a_queue();
+    async fn knocks_cost_the_look_ups_of_a_turn_one_batch_of_refusals() {
+        /// Knocks on `door`, then two plain connections looked up in one turn: how many of the
+        /// knocks the look-ups took from the door's queue.
+        fn taken_by_two_look_ups(queue: &std::net::TcpListener, door: &Door, knocks: usize) -> usize {
+            let server = queue.local_addr().unwrap();
+            let held: Vec<OwnedFd> = (0..knocks).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+            door.begin_turn();
+            for _ in 0..2 {
+                let client = std::net::TcpStream::connect(server).unwrap();
+                let (ours, peer) = queue.accept().unwrap();
+                assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
+                drop(client);
+            }
+            let mut left = 0;
+            while sys::seqpacket_accept(door.listener.get_ref().as_fd()).is_ok() {
+                left += 1;
+            }
+            drop(held);
+            knocks - left
+        }
+        // Every knock refused (no budget for door connections, as for a stranger's).
+        let (queue, mut door) = door_for_a_queue();
+        door.conn_budget = 0;
+        assert_eq!(taken_by_two_look_ups(&queue, &door, 400), LOOKUP_REFUSALS, "knocks refused in the turn");
+        // Every knock kept (trusted, within the budget).
+        let (queue, mut door) = door_for_a_queue();
+        door.conn_budget = 1000;
+        assert_eq!(taken_by_two_look_ups(&queue, &door, 400), 400, "a burst of trusted clients was cut short");
+        assert_eq!(door.lock().conns.len(), 400);
+    }
+
+    /// With the turn's refusals spent (strangers knocking), a look-up still reads what the
+    /// door connections it holds have sent: a registration behind a full read of its
+    /// connection's frames is found. (Before, the look-up stopped once its accepts were spent,
+    /// with frames left unread on a trusted client's connection.)
+    #[tokio::test]
+    async fn spent_refusals_leave_the_held_connections_read() {
+        use crate::proto::door::{DoorFrame, DoorKind};
+        const _: () = assert!(5 * 60 > READ_MAX, "the frames must take more than one read");
+        let (queue, mut door) = door_for_a_queue();
         let server = queue.local_addr().unwrap();
-        let knocks: Vec<OwnedFd> = (0..KNOCKS).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        // A trusted client's connection, held, with more frames queued than one read takes
+        // (cancels of registrations nobody made), then its registration.
+        let client_conn = sys::seqpacket_connect(door.name()).unwrap();
+        let _ = door.drain(&mut door.lock());
+        assert_eq!(door.lock().conns.len(), 1);
+        for batch in 0..5u64 {
+            let mut msg = Vec::new();
+            for i in 0..60 {
+                DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 1000 + batch * 60 + i }.encode_into(&mut msg, &[]);
+            }
+            sys::send_with_fds(client_conn.as_fd(), &msg, &[]).unwrap();
+        }
+        let head = crate::proto::door::RegisterHead {
+            instance: 1,
+            cookie: sys::socket_cookie(sock.as_fd()).unwrap(),
+            port: sock.local_addr().unwrap().as_socket().unwrap().port(),
+        };
+        let frame = head.encode_frame(7, &proposal(Some(crate::proto::clc::ShmOffer { link_group: 0 })));
+        sys::send_with_fds(client_conn.as_fd(), &frame, &[]).unwrap();
+        // Strangers' knocks (no room for more door connections), more than a turn refuses.
+        door.conn_budget = 1;
+        let _knocks: Vec<OwnedFd> =
+            (0..LOOKUP_REFUSALS + 10).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        sock.connect(&server.into()).unwrap();
+        let (ours, peer) = queue.accept().unwrap();
         door.begin_turn();
-        // Two plain connections, looked up in the same turn.
-        for _ in 0..2 {
-            let client = std::net::TcpStream::connect(server).unwrap();
-            let (ours, peer) = queue.accept().unwrap();
-            assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
-            drop(client);
-        }
-        let mut left = 0;
-        while sys::seqpacket_accept(door.listener.get_ref().as_fd()).is_ok() {
-            left += 1;
-        }
-        assert_eq!(KNOCKS - left, LOOKUP_ACCEPTS, "door connections the turn's look-ups accepted");
-        drop(knocks);
+        assert!(door.lookup(peer, server, ours.as_fd()).is_some(), "the registration was not found");
     }
 
     /// A registration that leaves `live` before its handshake ran (its client cancelled it, or
@@ -3053,8 +3125,8 @@ mod tests {
             let _ = door.drain(&mut st);
             !key.conn.live().contains_key(&7)
         });
-        assert!(reg.open().is_none(), "a cancelled registration opened");
         assert!(!key.conn.accepted_early.lock().unwrap().contains(&7), "the cancel left the mark");
+        assert!(reg.open().is_none(), "a cancelled registration opened");
         // The same id again, and a Connected frame naming a connection that is not its.
         let other = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         other.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();

@@ -29,11 +29,15 @@ const ROUNDS_PER_TURN: usize = 4;
 /// largest CDC ring a region may have (`MAX_CDC_SLOTS`, which a peer's header is checked
 /// against) and 16 times the RDMA receive queue. What the peer had published when the drain
 /// began is in the ring then, one lap at most, and is taken first (frames are taken in order),
-/// so one lap empties it; the second leaves room for receives that found the link busy. A peer
-/// that is still there and keeps its ring full holds each drain for those two laps: with 16
-/// (a drain per connection whose TCP connection ends), closing many connections at once held
-/// the runtime's threads sixteen times as long.
+/// so one lap empties it, and the second is margin (receives that find the link busy count
+/// apart, [`DRAIN_BUSY`]). A peer that is still there and keeps its ring full holds each drain
+/// for those two laps: with 16 (a drain per connection whose TCP connection ends), closing
+/// many connections at once held the runtime's threads sixteen times as long.
 const DRAIN_ROUNDS: usize = 32;
+/// Receive calls of a final drain that find the link's receive state busy (an RDMA link's
+/// completion poll, held by its driver an instant), counted apart from [`DRAIN_ROUNDS`] and
+/// yielded between: as many as a drain made in all before rounds were bounded to two laps.
+const DRAIN_BUSY: usize = 256;
 const _: () = assert!(DRAIN_ROUNDS * RECV_BATCH >= 2 * crate::link::shm::region::MAX_CDC_SLOTS as usize);
 
 /// Nanoseconds since a process-wide origin: the clock of the polling deadlines, which live in
@@ -650,17 +654,23 @@ impl LinkGroup {
                 return self.dispatch_panicked();
             }
         };
-        for _ in 0..DRAIN_ROUNDS {
+        let (mut rounds, mut busy) = (0, 0);
+        while rounds < DRAIN_ROUNDS && busy < DRAIN_BUSY {
             match link.cdc_recv(&mut d.frames, RECV_BATCH) {
                 Ok(Some(0)) => break,
                 Ok(Some(n)) => {
+                    rounds += 1;
                     self.dispatch_all(&mut d);
                     // Traffic, as `progress` counts it (a spinning reader stops).
                     self.seen(n);
                 }
                 // The link's receive state is busy this instant (a completion poll that keeps
-                // what it takes for us): try again.
-                Ok(None) => std::thread::yield_now(),
+                // what it takes for us): try again, on a bound of its own, so that a busy
+                // instant does not take a round from the frames.
+                Ok(None) => {
+                    busy += 1;
+                    std::thread::yield_now();
+                }
                 // The link's own error: whoever drains decides what it means.
                 Err(_) => break,
             }
