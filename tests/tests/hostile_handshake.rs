@@ -333,3 +333,20 @@ async fn sockets_that_block_on_close_do_not_stall_the_listener() {
     assert!(start.elapsed() < Duration::from_secs(30), "the runtime stalled for {:?}", start.elapsed());
     drop((knock, sinks));
 }
+
+/// Anybody may bind the door name of a wildcard listener's specific address (`127.0.0.1:P`
+/// for a listener on `0.0.0.0:P`) and fill its queue: a client that found that door busy gave
+/// up its look-up, and every same-host client of the listener went to TCP as "congested".
+/// The kernel hands such a connection to the wildcard listener, so a busy door at the specific
+/// name is nobody's to honour: the client goes on to the wildcard's door.
+#[tokio::test]
+async fn a_full_queue_at_a_squatted_door_name_sends_no_client_to_tcp() {
+    let l = SmcListener::bind("0.0.0.0:0").await.unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], l.local_addr().unwrap().port()));
+    let _squat = hostile::full_queue_at(&hostile::door_name(addr));
+    let server = tests::spawn_echo(l);
+    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD, "the squatter's full queue kept the client off its listener's door");
+    bounded(10, echo_check(s, &tests::pattern(4096), 512, 1)).await;
+    server.abort();
+}

@@ -2375,6 +2375,15 @@ fn look_at(
                 found.starved = true;
                 return Break(());
             }
+            // A full queue at a name of `addr`'s own address where the kernel would hand the
+            // connection to a wildcard listener: not that listener's door (anybody may bind
+            // the name, and fill its queue to make every client give up), so on as past an
+            // absent one, to the wildcard's doors.
+            Found::Busy if squatted(addr) => {
+                if index > 0 {
+                    break;
+                }
+            }
             // A door with a full queue (its listener is swamped), or no room left on our
             // connections to it: nowhere to register. Not only at that door: the connection
             // may land on its listener, which would not know it, and a registration at the
@@ -2400,6 +2409,15 @@ fn look_at(
         }
     }
     Continue(())
+}
+
+/// Whether doors named after `addr` cannot be its listener's: `addr` is a specific address, and
+/// the kernel would hand a connection to it to a listener bound to the wildcard. Asked only of
+/// a door whose queue is full (a look at the kernel's table, where a door that answers is
+/// checked by its owner instead); `false` when the kernel cannot say.
+fn squatted(addr: SocketAddr) -> bool {
+    !addr.ip().is_unspecified()
+        && sys::TcpDiag::new(0).and_then(|d| d.listener_is_wildcard(addr)).is_ok_and(|w| w == Some(true))
 }
 
 impl Lookup {

@@ -33,6 +33,8 @@ const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 pub(crate) const TCP_ESTABLISHED: u8 = 1;
 /// `TCP_CLOSE_WAIT`: a connected socket whose peer closed its side (include/net/tcp_states.h).
 pub(crate) const TCP_CLOSE_WAIT: u8 = 8;
+/// `TCP_LISTEN`: a listening socket (include/net/tcp_states.h).
+const TCP_LISTEN: u8 = 10;
 
 /// What the kernel says of one TCP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,9 @@ pub(crate) struct TcpOwner {
     pub(crate) cookie: u64,
     /// The socket's TCP state (`TCP_ESTABLISHED` is 1).
     pub(crate) state: u8,
+    /// The socket's own address as the kernel writes it (`idiag_src`: an IPv4 address in the
+    /// first four bytes, the rest zero).
+    pub(crate) local: [u8; 16],
 }
 
 /// A `NETLINK_SOCK_DIAG` socket, non-blocking. The kernel answers a request for one socket
@@ -90,6 +95,17 @@ impl TcpDiag {
     /// resets it before the accept; our listener is found then).
     pub(crate) fn answers(&self, local: SocketAddr, peer: SocketAddr) -> io::Result<bool> {
         Ok(self.lookup(local, peer, false)?.is_some())
+    }
+
+    /// Whether the listener the kernel would hand a connection to `dst` is bound to the
+    /// unspecified address (`Some(true)`) or to `dst`'s own (`Some(false)`); `None` when no
+    /// listener answers. A door named after `dst`'s own address is no door of a listener that
+    /// is not bound to it: anybody may have bound the name.
+    pub(crate) fn listener_is_wildcard(&self, dst: SocketAddr) -> io::Result<Option<bool>> {
+        // A four-tuple no connection has (a peer on port 1 of the same address): the kernel's
+        // look-up goes on to the listening sockets, and answers with the one it would choose.
+        let peer = SocketAddr::new(dst.ip(), 1);
+        Ok(self.lookup(dst, peer, false)?.filter(|o| o.state == TCP_LISTEN).map(|o| o.local.iter().all(|b| *b == 0)))
     }
 
     /// [`owner`](Self::owner); `exact`: only the socket with this four-tuple.
@@ -195,7 +211,9 @@ fn parse_answer(b: &[u8], asked: Option<(&[u8; TUPLE_LEN], u32)>) -> io::Result<
         }
     }
     let cookie = u64::from(word(4 + 44)) << 32 | u64::from(word(4 + 40));
-    Ok(Some(TcpOwner { uid: word(4 + SOCKID_LEN + 12), cookie, state: m[1] }))
+    let mut local = [0u8; 16];
+    local.copy_from_slice(&m[4 + 4..4 + 20]);
+    Ok(Some(TcpOwner { uid: word(4 + SOCKID_LEN + 12), cookie, state: m[1], local }))
 }
 
 /// The kernel's cookie of a socket (`SO_COOKIE`): what a door registration names.
@@ -294,6 +312,21 @@ mod tests {
     fn if_index(name: &std::ffi::CStr) -> u32 {
         // SAFETY: `name` is NUL-terminated and lives across the call.
         unsafe { libc::if_nametoindex(name.as_ptr()) }
+    }
+
+    /// The listener a connection would reach, and whether it is bound to the address asked
+    /// or to the wildcard; no answer for a port nobody listens on.
+    #[test]
+    fn the_listener_for_an_address_says_what_it_is_bound_to() {
+        let diag = TcpDiag::new(0).unwrap();
+        let wild = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let at = SocketAddr::from(([127, 0, 0, 1], wild.local_addr().unwrap().port()));
+        assert_eq!(diag.listener_is_wildcard(at).unwrap(), Some(true));
+        let exact = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(diag.listener_is_wildcard(exact.local_addr().unwrap()).unwrap(), Some(false));
+        let port = exact.local_addr().unwrap().port();
+        drop((wild, exact));
+        assert_eq!(diag.listener_is_wildcard(SocketAddr::from(([127, 0, 0, 1], port))).unwrap(), None);
     }
 
     /// An IPv4 client of a dual-stack IPv6 listener is found as an IPv4 socket, whichever way

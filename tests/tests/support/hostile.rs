@@ -770,6 +770,22 @@ fn seqpacket() -> OwnedFd {
     fd
 }
 
+/// Binds the abstract SOCK_SEQPACKET name `name` and fills its queue: a listen backlog of 0 and
+/// one connection it never accepts, so that every connect after it fails with `EAGAIN` (what a
+/// client of a swamped door meets). Returns the listener and the connection in its queue.
+pub fn full_queue_at(name: &[u8]) -> (OwnedFd, OwnedFd) {
+    let l = seqpacket();
+    bind_abstract(l.as_fd(), name).unwrap();
+    // SAFETY: listen takes no pointers.
+    cvt(unsafe { libc::listen(l.as_raw_fd(), 0) }).unwrap();
+    let queued = seqpacket();
+    connect_abstract(queued.as_fd(), name).unwrap();
+    let next = new_socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK).unwrap();
+    let e = connect_abstract(next.as_fd(), name).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "the queue is not full: {e}");
+    (l, queued)
+}
+
 /// Connects to the abstract SOCK_SEQPACKET socket `name` (blocking, 5 s receive timeout).
 pub fn side_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket();
