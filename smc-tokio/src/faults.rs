@@ -193,6 +193,28 @@ pub fn close_on_a_closer_as_is(fd: std::os::fd::OwnedFd) {
     drop(crate::sys::PeerFd::as_is(fd));
 }
 
+/// Receives one message from `sock`, and the descriptors it carries, as the crate's reads of
+/// door connections, side channels and doorbells do: the message's length and how many
+/// descriptors came with it (closed off this thread, by a closer). A message whose
+/// descriptors cannot all be installed (no descriptor free) is an `OutOfMemory` error and is
+/// left queued. For tests of a peer's descriptors against a full descriptor table.
+///
+/// # Examples
+///
+/// ```
+/// use std::os::fd::{AsFd, AsRawFd};
+///
+/// let (ours, theirs) = std::os::unix::net::UnixDatagram::pair()?;
+/// theirs.send(b"ring")?;
+/// let mut buf = [0u8; 16];
+/// assert_eq!(smc_tokio::faults::receive_as_the_crate_does(ours.as_fd(), &mut buf)?, (4, 0));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[cfg(feature = "test-util")]
+pub fn receive_as_the_crate_does(sock: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, usize)> {
+    crate::sys::recv_with_fds(sock, buf).map(|(n, fds)| (n, fds.len()))
+}
+
 /// A TCP socket whose last close blocks for `linger`, or until the returned peer is dropped
 /// (which resets the connection): `SO_LINGER` set and unsent data towards a peer that never
 /// reads. What a file on a FUSE mount whose daemon does not answer is to a descriptor closer,

@@ -1048,8 +1048,9 @@ pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize
         // With a control buffer: descriptors a peer sent with a ring (where the kernel could
         // not refuse them, see `refuse_descriptors`) come out as PeerFds and are closed by a
         // closer, not discarded by the kernel here, on a runtime worker, where their last
-        // close could block. A datagram longer than the buffer is still one ring.
-        match recvmsg_fds(fd, &mut buf, libc::MSG_DONTWAIT) {
+        // close could block; looked at first, so that none is discarded here for want of a
+        // free descriptor either. A datagram longer than the buffer is still one ring.
+        match recvmsg_fds_looked(fd, &mut buf, libc::MSG_DONTWAIT) {
             Ok(_) => n += 1,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => return Ok(n),
             Err(e) => return Err(e),
@@ -1428,22 +1429,58 @@ pub(crate) fn send_with_any_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[Borrow
 
 /// Receives one datagram and up to [`MAX_FDS`] descriptors. Returns the datagram's length (0 on
 /// EOF) and the descriptors (as [`PeerFd`]s: those the caller does not keep are closed off the
-/// runtime). A truncated datagram or control message is an error (and the descriptors that did
-/// arrive are closed).
+/// runtime). A truncated datagram is an error (and the descriptors that did arrive are
+/// closed); so is a message whose descriptors could not all be installed (no descriptor free),
+/// which is left queued (see [`recvmsg_fds_looked`]).
 pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<PeerFd>)> {
-    let (n, fds, flags) = recvmsg_fds(sock, buf, 0)?;
+    let (n, fds, flags) = recvmsg_fds_looked(sock, buf, 0)?;
     if flags & libc::MSG_TRUNC != 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated side-channel message"));
     }
-    if flags & libc::MSG_CTRUNC != 0 {
+    Ok((n, fds))
+}
+
+/// [`recvmsg_fds`] that never leaves the kernel a peer's descriptor to close on this thread.
+/// The message is looked at first (`MSG_PEEK`, which installs copies of its descriptors while
+/// the message keeps its own references), and taken only when every descriptor it carries was
+/// installed: it is then taken with no room for control data, which drops the message's own
+/// references while ours are open, never the last one. Where some could not be installed (no
+/// descriptor free in the process: a peer that filled our table and then sent a socket whose
+/// close waits, a `SO_LINGER` one, say), the kernel drops those copies, again not the last
+/// references, and the message stays queued: `OutOfMemory`, and the caller ends the
+/// connection, whose close, off the runtime by a closer, takes the message with it. (Taken
+/// whole, the descriptors that found no room were closed by the kernel when `recvmsg`
+/// returned, on this thread: their last close, if the peer had closed its copies.)
+fn recvmsg_fds_looked(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Vec<PeerFd>, libc::c_int)> {
+    let (n, fds, got) = recvmsg_fds(sock, buf, flags | libc::MSG_PEEK)?;
+    if got & libc::MSG_CTRUNC != 0 {
         // The control buffer holds the most descriptors one message can carry (SCM_MAX_FD), so
         // a cut there means the kernel could not install them here: no descriptor free.
         return Err(io::Error::new(
             io::ErrorKind::OutOfMemory,
-            "descriptors passed with a side-channel message were dropped: no descriptor free (EMFILE)",
+            "descriptors passed with a message could not be taken: no descriptor free (EMFILE); the message is left queued",
         ));
     }
-    Ok((n, fds))
+    // The message looked at, now taken: the same one, as every socket read here has one reader
+    // (a door connection the listener's task or a client's reader task, a side channel its
+    // link's task, a doorbell its group's driver).
+    let taken = loop {
+        // SAFETY: `buf` is valid for writes of its length; no control buffer is given.
+        let r = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let _ = taken;
+    Ok((n, fds, got))
 }
 
 /// `recvmsg(2)` of one message with `flags`, with room for every descriptor it can carry:
