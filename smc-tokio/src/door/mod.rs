@@ -621,10 +621,24 @@ struct ServerConn {
     /// Its registrations not matched yet: id to the port they are filed under.
     pending: Mutex<HashMap<u64, u16>>,
     /// Its registrations matched to a connection, whose handshakes read their messages here.
-    live: Mutex<HashMap<u64, Arc<Inbox>>>,
-    /// Its early registrations whose connection was accepted (and checked) before their
-    /// Confirm came: proven already.
-    accepted_early: Mutex<HashSet<u64>>,
+    live: Mutex<HashMap<u64, Live>>,
+}
+
+/// A registration whose handshake is on ([`ServerConn`]'s `live`).
+struct Live {
+    /// Where its handshake reads the client's messages.
+    inbox: Arc<Inbox>,
+    /// An early registration whose connection was accepted (and checked) before its Confirm
+    /// came: proven already, which `verify` takes once. Kept in the entry, so that it goes with
+    /// the registration whichever way that leaves (its handshake's end, a Cancel, an inbox
+    /// flooded shut), and no later registration of the same id can find it.
+    accepted_early: bool,
+}
+
+impl Live {
+    fn new(inbox: Arc<Inbox>) -> Live {
+        Live { inbox, accepted_early: false }
+    }
 }
 
 impl Sender for ServerConn {
@@ -658,41 +672,21 @@ impl ServerConn {
             cred,
             pending: Mutex::default(),
             live: Mutex::default(),
-            accepted_early: Mutex::default(),
         });
         start_sender(&outbox, &conn, rt).then_some(conn)
     }
 
     /// The handshake of the registration `id` whose inbox is `inbox` ended: it is no longer
-    /// live, and its mark for `verify` goes, both under the `live` lock, under which `take`
-    /// looks and marks. A later registration of the same id (filed once this one left `live`,
-    /// by a Cancel say) keeps its own entry.
+    /// live (and its mark for `verify` goes with its entry). A later registration of the same
+    /// id (filed once this one left `live`, by a Cancel say) keeps its own entry.
     fn end_live(&self, id: u64, inbox: &Arc<Inbox>) {
         let mut live = self.live();
-        match live.get(&id) {
-            Some(now) if !Arc::ptr_eq(now, inbox) => return,
-            Some(_) => {
-                live.remove(&id);
-            }
-            None => {}
+        if live.get(&id).is_some_and(|l| Arc::ptr_eq(&l.inbox, inbox)) {
+            live.remove(&id);
         }
-        self.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        drop(live);
     }
 
-    /// Takes the registration `id` out of `live` (its client cancelled it), and its mark for
-    /// `verify` with it, under the `live` lock: every way out of `live` clears the mark, or a
-    /// later registration of the same id would pass `verify` on it, with no look at its
-    /// connection.
-    fn take_live(&self, id: u64) -> Option<Arc<Inbox>> {
-        let mut live = self.live();
-        let inbox = live.remove(&id);
-        self.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        drop(live);
-        inbox
-    }
-
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Inbox>>> {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -855,8 +849,8 @@ impl DoorState {
             }
             self.remove(conn, id);
         }
-        for (_, inbox) in conn.live().drain() {
-            inbox.close();
+        for (_, l) in conn.live().drain() {
+            l.inbox.close();
         }
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
     }
@@ -1454,7 +1448,7 @@ impl Door {
                 });
                 if let Some(rx) = rx {
                     let inbox = Arc::new(Inbox::default());
-                    conn.live().insert(id, inbox.clone());
+                    conn.live().insert(id, Live::new(inbox.clone()));
                     st.early.push(Registration {
                         conn: conn.clone(),
                         id,
@@ -1470,7 +1464,7 @@ impl Door {
                 }
             }
             DoorKind::Clc | DoorKind::Connected => {
-                let inbox = conn.live().get(&id).cloned();
+                let inbox = conn.live().get(&id).map(|l| l.inbox.clone());
                 match inbox {
                     Some(inbox) => {
                         inbox.push(Msg { kind: frame.kind, reason: frame.reason, payload: payload.to_vec() })
@@ -1482,7 +1476,7 @@ impl Door {
                 }
             }
             DoorKind::Cancel => {
-                let inbox = conn.take_live(id);
+                let inbox = conn.live().remove(&id).map(|l| l.inbox);
                 match inbox {
                     Some(inbox) => inbox.close(),
                     None => {
@@ -1724,21 +1718,18 @@ impl Door {
         st.count -= 1;
         e.conn.pending().remove(&e.id);
         if let Some(tx) = e.early.take() {
-            // Under the `live` lock, which a handshake's end holds while it clears the mark
-            // (`ServerWire`'s drop, `Registration::refuse`): looked at and marked apart, an end in
-            // between left a mark that a later registration of the same id passed `verify` on.
-            let live = e.conn.live();
-            if e.verified.is_none() && live.contains_key(&e.id) {
-                // Its Connected frame is still to come, to a handshake that is still on: `verify`
-                // passes it on this mark, or the handshake's end clears it (a refused one has
-                // left `live` already, and leaves no mark).
-                e.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).insert(e.id);
+            if e.verified.is_none() {
+                // Its Connected frame is still to come, to a handshake that is still on (its
+                // entry in `live`): `verify` passes it on this mark, or the mark goes with the
+                // entry (a refused or cancelled one has left `live` already, and is not marked).
+                if let Some(l) = e.conn.live().get_mut(&e.id) {
+                    l.accepted_early = true;
+                }
             }
-            drop(live);
             return Some(Matched::Early(tx));
         }
         let inbox = Arc::new(Inbox::default());
-        e.conn.live().insert(e.id, inbox.clone());
+        e.conn.live().insert(e.id, Live::new(inbox.clone()));
         let client = identity(&e.conn, e.instance);
         Some(Matched::Handshake(Registration {
             conn: e.conn,
@@ -1778,7 +1769,7 @@ impl Door {
         // test.)
         let mut st = self.lock();
         // Accepted already: matched at accept by the kernel's record of its client end.
-        if key.conn.accepted_early.lock().unwrap_or_else(|e| e.into_inner()).remove(&key.id) {
+        if key.conn.live().get_mut(&key.id).is_some_and(|l| std::mem::take(&mut l.accepted_early)) {
             return true;
         }
         let Some(t) = said else { return false };
@@ -3134,7 +3125,8 @@ mod tests {
             let found = door.take(&mut st, client, server, accepted.as_fd());
             assert!(matches!(found, Some(Matched::Early(_))), "not matched early");
         }
-        assert!(key.conn.accepted_early.lock().unwrap().contains(&7), "not marked at accept");
+        let marked = |conn: &ServerConn| conn.live().get(&7).is_some_and(|l| l.accepted_early);
+        assert!(marked(&key.conn), "not marked at accept");
         // Its client cancels before the handshake opened the registration.
         let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
         sys::send_with_fds(door_conn.as_fd(), &cancel, &[]).unwrap();
@@ -3143,7 +3135,7 @@ mod tests {
             let _ = door.drain(&mut st);
             !key.conn.live().contains_key(&7)
         });
-        assert!(!key.conn.accepted_early.lock().unwrap().contains(&7), "the cancel left the mark");
+        assert!(!marked(&key.conn), "the cancel left the mark");
         assert!(reg.open().is_none(), "a cancelled registration opened");
         // The same id again, and a Connected frame naming a connection that is not its.
         let other = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
