@@ -1468,18 +1468,17 @@ fn recvmsg_fds_looked(
     // The message looked at, now taken: the same one, as every socket read here has one reader
     // (a door connection the listener's task or a client's reader task, a side channel its
     // link's task, a doorbell its group's driver).
-    let taken = loop {
+    loop {
         // SAFETY: `buf` is valid for writes of its length; no control buffer is given.
         let r = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) };
         if r >= 0 {
-            break r as usize;
+            break;
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
-    };
-    let _ = taken;
+    }
     Ok((n, fds, got))
 }
 

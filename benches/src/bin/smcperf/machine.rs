@@ -3,11 +3,11 @@
 //! hour): the round trip of one cache line between two CPUs (an atomic ping-pong, the floor
 //! under any shared-memory round trip), a round trip between two tokio tasks through
 //! `AsyncWrite`/`AsyncRead` over one line (the floor under any transport used as a tokio
-//! stream), what one CPU
-//! copies per second, and what a ring between
-//! two CPUs carries per second when one thread copies into it and the other out of it (the
-//! ceiling of a stream that copies each byte once on each side, as a shared-memory transport
-//! does, with no transport around it).
+//! stream), what one CPU copies per second, and what a ring between two CPUs carries per second
+//! when one thread copies into it and the other out of it (the ceiling of a stream that copies
+//! each byte once on each side, as a shared-memory transport does, with no transport around
+//! it). Next to each rr run, [`handoff`] measures the round trip of that run's message, copied
+//! in and out, at that moment.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
