@@ -1358,9 +1358,36 @@ impl ConnEngine {
     /// a.on_cdc_sent(&msg);
     /// assert!(a.poll_cdc().is_none());
     /// ```
+    #[inline]
     pub fn poll_cdc(&self) -> Option<CdcMsg> {
-        // Whether a cork or autocork holds what was written matters only when something was
-        // (this runs several times per message on a busy connection, mostly with nothing new).
+        // This runs several times per message on a busy connection, mostly with nothing new:
+        // that answer takes a few compares, and only a message to build takes the call.
+        if self.owes_nothing() {
+            return None;
+        }
+        self.build_cdc()
+    }
+
+    /// Whether nothing at all is owed: nothing written since the last announcement, no flag
+    /// to tell, nothing consumed since the last consumer update. (Something owed may still be
+    /// held back, by a cork or by `cons_update_due`'s thresholds: [`build_cdc`](Self::build_cdc)
+    /// decides.)
+    #[inline]
+    fn owes_nothing(&self) -> bool {
+        self.tx_prod == self.tx_prod_sent
+            && self.rx_cons == self.rx_cons_sent
+            && !((self.done_writing && !self.done_writing_sent)
+                || (self.closed && !self.closed_sent)
+                || (self.aborted && !self.aborted_sent)
+                || (self.write_blocked && !self.write_blocked_sent)
+                || self.tx_resize_due
+                || self.rx_resize_ack_due)
+    }
+
+    /// [`poll_cdc`](Self::poll_cdc) past its first look: something may be owed.
+    #[inline(never)]
+    fn build_cdc(&self) -> Option<CdcMsg> {
+        // Whether a cork or autocork holds what was written matters only when something was.
         let prod = if self.tx_prod == self.tx_prod_sent || self.holding() { self.tx_prod_sent } else { self.tx_prod };
         let prod_due = prod != self.tx_prod_sent;
         let held = prod != self.tx_prod;

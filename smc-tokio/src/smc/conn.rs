@@ -647,8 +647,11 @@ impl Waiters {
     /// Wakes everyone who waits.
     fn wake(&mut self) {
         wake(&mut self.task);
-        for w in self.futures.drain(..) {
-            w.wake();
+        // Most wakes find no readiness future waiting: no drain to set up and tear down.
+        if !self.futures.is_empty() {
+            for w in self.futures.drain(..) {
+                w.wake();
+            }
         }
     }
 }
@@ -1360,10 +1363,12 @@ impl SmcConn {
         };
         self.group.manager().counters.reader_spin();
         let seen = self.group.frames_seen();
-        let until = std::time::Instant::now() + budget;
         // The clock is read once per `SPIN_LOOKS_PER_CLOCK` looks: read on every one, it made most
-        // of each look's time, and a frame that arrived waited for it. Frames that another
-        // thread took meanwhile (maybe ours) end the spin too.
+        // of each look's time, and a frame that arrived waited for it. The first read comes
+        // after the first round of looks: a frame there already (a reply that came while the
+        // request's writer still returned) pays for no clock. Frames that another thread took
+        // meanwhile (maybe ours) end the spin too.
+        let mut until = None;
         loop {
             for _ in 0..SPIN_LOOKS_PER_CLOCK {
                 if link.has_pending() || self.group.frames_seen() != seen {
@@ -1371,7 +1376,8 @@ impl SmcConn {
                 }
                 std::hint::spin_loop();
             }
-            if std::time::Instant::now() >= until {
+            let now = std::time::Instant::now();
+            if now >= *until.get_or_insert(now + budget) {
                 return;
             }
         }
