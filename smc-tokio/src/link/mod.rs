@@ -27,6 +27,37 @@ use std::task::{Context, Poll};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 
 pub(crate) mod peer_mem;
+
+/// Where [`Link::tx_fill`] lets its `fill` write: a pointer and a length, not a slice. On shared
+/// memory the span lies in our region, which a peer of our uid can open for writing too
+/// (`fchmod` on the memfd, then `/proc/PID/fd`) and write while we fill it, so a `&mut [u8]`
+/// to it would promise an exclusive access nothing can keep. Filled by the kernel (`pread`),
+/// whose writes are no Rust access.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxSpan {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl TxSpan {
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes for as long as the span is handed out
+    /// (the call of `fill`).
+    unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        TxSpan { ptr, len }
+    }
+
+    /// The first byte; valid for writes of [`len`](Self::len) bytes during the call of `fill`
+    /// it was given to.
+    pub(crate) fn as_mut_ptr(self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The length of the span.
+    pub(crate) fn len(self) -> usize {
+        self.len
+    }
+}
 pub(crate) mod reactor;
 pub(crate) mod shm;
 #[cfg(feature = "rdma")]
@@ -119,7 +150,7 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
         rmb: u32,
         offset: u32,
         len: u32,
-        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+        fill: &mut dyn FnMut(TxSpan) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError>;
     /// The token under which [`rx_read`](Link::rx_read) finds our RMB: the RMB's owner names
     /// it, so on shm (where the peer's region holds it) the peer's token, on verbs ours.

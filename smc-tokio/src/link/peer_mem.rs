@@ -1,6 +1,8 @@
 //! Copies to and from memory that something outside this process may access at the same time:
-//! the peer's region (mapped read-only here, written by the peer process at any time) and, on
-//! RDMA, our receive buffers (written by the peer's adapter whenever the peer posts a WRITE).
+//! the peer's region (mapped read-only here, written by the peer process at any time), our own
+//! region (which a peer of our uid can open for writing, `fchmod` on the memfd, and write while
+//! we do) and, on RDMA, our receive buffers (written by the peer's adapter whenever the peer
+//! posts a WRITE).
 //!
 //! Rust's memory model has no notion of another process, so a plain `memcpy` from such memory
 //! is a data race by the letter of the rules (undefined behaviour) whenever a hostile or broken
@@ -128,13 +130,13 @@ pub(crate) unsafe fn copy_from_peer_words(src: *const u8, dst: &mut [MaybeUninit
 }
 
 /// Copies `src` to `dst` with relaxed atomic stores (for our RDMA receive buffers, which the
-/// peer's adapter may write at any time).
+/// peer's adapter may write at any time, and for our shared-memory region, which a peer of our
+/// uid can open for writing).
 ///
 /// # Safety
 /// `dst` must be valid for writes of `src.len()` bytes (mapped and writable; it may be written
 /// or read concurrently by a device or another process) for the whole call, and must not
 /// overlap `src`.
-#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub(crate) unsafe fn copy_to_peer(dst: *mut u8, src: &[u8]) {
     let len = src.len();
     #[cfg(all(target_arch = "x86_64", not(miri)))]

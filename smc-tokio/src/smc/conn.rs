@@ -1534,7 +1534,10 @@ impl SmcConn {
                         continue;
                     }
                     let filled = link
-                        .tx_fill(token, off, len, &mut |span| sys::pread_full(file, span, at + u64::from(got)))
+                        // SAFETY: `tx_fill` hands out a span valid for writes for this call.
+                        .tx_fill(token, off, len, &mut |span| unsafe {
+                            sys::pread_full(file, span.as_mut_ptr(), span.len(), at + u64::from(got))
+                        })
                         .map_err(FillError::Link)?
                         .map_err(FillError::Io)?;
                     got += filled as u32;

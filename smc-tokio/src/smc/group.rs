@@ -1322,7 +1322,7 @@ mod tests {
             rmb: u32,
             offset: u32,
             len: u32,
-            fill: &mut dyn FnMut(&mut [u8]) -> std::io::Result<usize>,
+            fill: &mut dyn FnMut(crate::link::TxSpan) -> std::io::Result<usize>,
         ) -> Result<std::io::Result<usize>, crate::link::LinkError> {
             self.link.tx_fill(rmb, offset, len, fill)
         }

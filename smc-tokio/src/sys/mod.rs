@@ -1559,15 +1559,21 @@ pub(crate) unsafe fn register<T: AsRawFd>(
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }.map_err(|e| e.into_parts().1)
 }
 
-/// `pread(2)` until `buf` is full or the file ends; returns the bytes read (fewer only at EOF).
-pub(crate) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+/// `pread(2)` until the `len` bytes at `buf` are full or the file ends; returns the bytes read
+/// (fewer only at EOF). The bytes are written by the kernel, never by Rust code, so the memory
+/// may be memory that another process accesses at the same time (our shared-memory region).
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes for the whole call.
+pub(crate) unsafe fn pread_full(fd: BorrowedFd<'_>, buf: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
     let mut done = 0;
-    while done < buf.len() {
+    while done < len {
         let at = libc::off_t::try_from(offset + done as u64)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset too large"))?;
-        let rest = &mut buf[done..];
-        // SAFETY: `rest` is valid for writes of `rest.len()` bytes; `fd` is borrowed open.
-        let n = unsafe { libc::pread(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len(), at) };
+        // SAFETY: `done < len`, so `buf + done` and the `len - done` bytes after it are inside
+        // the span the caller gives (valid for writes); `fd` is borrowed open. The kernel
+        // writes at most that many bytes.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.add(done).cast(), len - done, at) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

@@ -423,10 +423,14 @@ impl Link for ShmLink {
     fn tx_write(&self, rmb: u32, offset: u32, data: &[u8]) -> Result<(), LinkError> {
         let len = u32::try_from(data.len()).map_err(|_| LinkError::Protocol("write span"))?;
         let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("write span"))?;
-        // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our writable mapping;
-        // `data` cannot overlap it (it is application memory). Only the connection owning this
-        // RMB writes it, under its lock; the peer only reads.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        // Copied as peer memory is, not with a plain copy: the connection owning this RMB is
+        // its only writer in this process (and holds its lock for the call), but a peer of our
+        // uid can reopen the file for writing (`fchmod`) and write the same bytes while we do;
+        // with relaxed atomic stores that garbles only its own stream (see `peer_mem`).
+        // SAFETY: `rmb_ptr` checked that the span lies inside one RMB of our writable mapping,
+        // which the link keeps mapped for as long as it exists; `data` cannot overlap it (it is
+        // application memory).
+        unsafe { super::peer_mem::copy_to_peer(p, data) };
         Ok(())
     }
 
@@ -451,15 +455,12 @@ impl Link for ShmLink {
         rmb: u32,
         offset: u32,
         len: u32,
-        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+        fill: &mut dyn FnMut(super::TxSpan) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError> {
         let p = self.ours.rmb_ptr(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
-        // SAFETY: as in tx_write: the span is inside our writable mapping and written only by
-        // the connection that owns the RMB (it holds its lock for the call). The peer may read
-        // the bytes concurrently through its own read-only mapping, which is not a reference in
-        // this address space.
-        let span = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
-        Ok(fill(span))
+        // SAFETY: as in tx_write: the span is inside our writable mapping, which the link keeps
+        // mapped for as long as it exists (beyond this call).
+        Ok(fill(unsafe { super::TxSpan::new(p, len as usize) }))
     }
 
     fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {

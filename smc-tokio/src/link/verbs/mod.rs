@@ -846,15 +846,13 @@ impl Link for VerbsLink {
         rmb: u32,
         offset: u32,
         len: u32,
-        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+        fill: &mut dyn FnMut(super::TxSpan) -> io::Result<usize>,
     ) -> Result<io::Result<usize>, LinkError> {
         let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("fill span"))?;
-        // SAFETY: the span is inside our send pool, which lives as long as the link, and
-        // written only by this connection (whose lock the caller holds), so no other access of
-        // this program aliases the slice while `fill` has it. The HCA may read it while it is
-        // filled only for a dishonest peer (see `tx_write`).
-        let span = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
-        Ok(fill(span))
+        // SAFETY: the span is inside our send pool, which lives as long as the link (beyond
+        // this call), and is written only by this connection, whose lock the caller holds. The
+        // HCA may read it while it is filled only for a dishonest peer (see `tx_write`).
+        Ok(fill(unsafe { super::TxSpan::new(p, len as usize) }))
     }
 
     fn rx_read(&self, rmb: u32, offset: u32, dst: &mut [MaybeUninit<u8>]) -> Result<(), LinkError> {
