@@ -2204,7 +2204,7 @@ impl ClientDoors {
             Err((fd, e)) => {
                 *probe = Some(fd);
                 return if e.kind() == io::ErrorKind::WouldBlock {
-                    Found::Busy
+                    full_door(&at.name(), allowed_uids, counters)
                 } else if sys::is_starved(&e) {
                     Found::Starved
                 } else {
@@ -2400,6 +2400,58 @@ fn look_at(
         }
     }
     Continue(())
+}
+
+/// A door whose queue is full: [`Found::Busy`] if its owner is one we would register with,
+/// [`Found::Untrusted`] if it is not (as a door that answers is judged by its credentials).
+/// Anybody may bind a door's name (the next index of a reuseport group's, or a specific
+/// address's where the listener is bound to the wildcard) and fill its queue: a full queue
+/// alone ended every client's look-up, and sent it to TCP. The owner comes from the kernel's
+/// list of listening Unix sockets ([`sys::abstract_listener_owner`]), asked at most once a
+/// second per name (a stranger's listeners make the list long); where it cannot tell, busy,
+/// as before.
+fn full_door(name: &[u8], allowed_uids: &[u32], counters: &Counters) -> Found {
+    match full_door_owner(name) {
+        Some(uid) if !sys::uid_trusted(uid, allowed_uids) => {
+            tracing::debug!(uid, "full door owned by an untrusted uid: not a door of ours");
+            counters.door_refused();
+            Found::Untrusted
+        }
+        _ => Found::Busy,
+    }
+}
+
+/// How long the owner found for a full door's name is taken as its owner: a second, so that a
+/// stranger who fills a door's queue costs the process one look at the kernel's list per
+/// second (at most 3 ms: `sys::diag::UNIX_LISTENERS_MAX`), not one per connect.
+const FULL_DOOR_OWNER_TTL: Duration = Duration::from_secs(1);
+/// Names whose owners are kept: more are seldom full at once; the oldest goes.
+const FULL_DOOR_OWNERS: usize = 16;
+
+/// The owner of the listener on the door name `name` (`None`: none, or the kernel cannot say),
+/// from [`sys::abstract_listener_owner`] or what it said of the name within the last
+/// [`FULL_DOOR_OWNER_TTL`].
+fn full_door_owner(name: &[u8]) -> Option<u32> {
+    type Owners = std::collections::VecDeque<(Vec<u8>, Instant, Option<u32>)>;
+    static KNOWN: Mutex<Owners> = Mutex::new(VecDeque::new());
+    let now = Instant::now();
+    {
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        known.retain(|(_, at, _)| now.duration_since(*at) < FULL_DOOR_OWNER_TTL);
+        if let Some((_, _, owner)) = known.iter().find(|(n, _, _)| n == name) {
+            return *owner;
+        }
+    }
+    let owner = sys::abstract_listener_owner(name).unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "could not tell who owns a full door");
+        None
+    });
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if known.len() >= FULL_DOOR_OWNERS {
+        known.pop_front();
+    }
+    known.push_back((name.to_vec(), now, owner));
+    owner
 }
 
 /// Whether doors named after `addr` cannot be its listener's: `addr` is a specific address, and

@@ -1098,6 +1098,14 @@ impl PeerCred {
     }
 }
 
+/// [`PeerCred::trusted`] for a peer known by its uid alone (the owner of a socket, from the
+/// kernel's socket lists): no gid to check, so a uid alone must pass the same rule.
+pub(crate) fn uid_trusted(uid: u32, allowed: &[u32]) -> bool {
+    // SAFETY: geteuid cannot fail and has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    uid != overflow_ids().0 && (uid == euid || allowed.contains(&uid))
+}
+
 /// Whether the process with credentials `peer` could read and write this process's memory
 /// anyway, by the kernel's process tracing (`PTRACE_ATTACH`, `/proc/<pid>/mem`): what lending
 /// it bytes in place requires, since a `&[u8]` over its region is one it can change under the
@@ -1667,4 +1675,5 @@ pub(crate) use tcp::*;
 // ----- who owns a TCP socket ---------------------------------------------------------------
 
 mod diag;
+pub(crate) use diag::abstract_listener_owner;
 pub(crate) use diag::{bound_device, socket_cookie, v6_only, TcpDiag, TcpOwner, TCP_CLOSE_WAIT, TCP_ESTABLISHED};

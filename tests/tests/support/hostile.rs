@@ -786,6 +786,31 @@ pub fn full_queue_at(name: &[u8]) -> (OwnedFd, OwnedFd) {
     (l, queued)
 }
 
+/// [`full_queue_at`], with the listening socket owned by `uid`: created on a thread of its own
+/// whose filesystem uid is `uid` for the moment (the kernel gives a new socket the creator's
+/// filesystem uid; `setfsuid` changes the calling thread's alone). Needs `CAP_SETUID`.
+pub fn full_queue_at_as(name: &[u8], uid: u32) -> (OwnedFd, OwnedFd) {
+    let name = name.to_vec();
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid takes no pointers; it changes this thread's credentials only.
+        unsafe { libc::setfsuid(uid) };
+        // SAFETY: as above; setfsuid returns the previous fsuid whatever happens, so a second
+        // call tells whether the first took.
+        assert_eq!(unsafe { libc::setfsuid(uid) } as u32, uid, "setfsuid({uid}) did not take");
+        let squat = full_queue_at(&name);
+        // SAFETY: as above.
+        unsafe { libc::setfsuid(0) };
+        squat
+    })
+    .join()
+    .unwrap()
+}
+
+/// The door at index `index` of a reuseport group of listeners on `addr`.
+pub fn group_door_name(addr: std::net::SocketAddr, index: u32) -> Vec<u8> {
+    format!("smc-tokio/d{DOOR_VERSION}/{addr}/{index}").into_bytes()
+}
+
 /// Connects to the abstract SOCK_SEQPACKET socket `name` (blocking, 5 s receive timeout).
 pub fn side_connect(name: &[u8]) -> io::Result<OwnedFd> {
     let fd = seqpacket();
