@@ -2403,13 +2403,12 @@ fn look_at(
 }
 
 /// A door whose queue is full: [`Found::Busy`] if its owner is one we would register with,
-/// [`Found::Untrusted`] if it is not (as a door that answers is judged by its credentials).
-/// Anybody may bind a door's name (the next index of a reuseport group's, or a specific
-/// address's where the listener is bound to the wildcard) and fill its queue: a full queue
-/// alone ended every client's look-up, and sent it to TCP. The owner comes from the kernel's
-/// list of listening Unix sockets ([`sys::abstract_listener_owner`]), asked at most once a
-/// second per name (a stranger's listeners make the list long); where it cannot tell, busy,
-/// as before.
+/// [`Found::Untrusted`] if it is not (as a door that answers is not, though judged by the
+/// socket's owner here, where an answering door is judged by its `SO_PEERCRED`). Anybody may
+/// bind a door's name (the next index of a reuseport group's, or a specific address's where
+/// the listener is bound to the wildcard) and fill its queue: a full queue alone ended every
+/// client's look-up, and sent it to TCP. The owner comes from the kernel's list of listening
+/// Unix sockets ([`full_door_owner`]); where it cannot tell, busy, as before.
 fn full_door(name: &[u8], allowed_uids: &[u32], counters: &Counters) -> Found {
     match full_door_owner(name) {
         Some(uid) if !sys::uid_trusted(uid, allowed_uids) => {
@@ -2421,37 +2420,75 @@ fn full_door(name: &[u8], allowed_uids: &[u32], counters: &Counters) -> Found {
     }
 }
 
-/// How long the owner found for a full door's name is taken as its owner: a second, so that a
-/// stranger who fills a door's queue costs the process one look at the kernel's list per
-/// second (at most 3 ms: `sys::diag::UNIX_LISTENERS_MAX`), not one per connect.
-const FULL_DOOR_OWNER_TTL: Duration = Duration::from_secs(1);
-/// Names whose owners are kept: more are seldom full at once; the oldest goes.
-const FULL_DOOR_OWNERS: usize = 16;
+/// How long a list of the doors' owners answers for them: a second. A squatter who fills a
+/// door's queue costs the process one read of the kernel's list (at most
+/// `sys::diag::UNIX_LISTENERS_MAX` sockets, about 13 ms) when a client first meets it, not one
+/// per connect; a look-up that meets many full doors (up to 17 names per address) reads once.
+const DOOR_OWNERS_TTL: Duration = Duration::from_secs(1);
+/// A name missing from a list younger than this is not read for again, unless it was never
+/// looked for before (a squatter who binds and unbinds its name between a look and the read
+/// gets at most one read per name, then one per this interval).
+const DOOR_OWNERS_REREAD: Duration = Duration::from_millis(50);
+/// Door names kept from a list: more are rare (a host's listeners with their reuseport
+/// members); the rest are read again when met.
+const DOOR_OWNERS_KEPT: usize = 1024;
+/// Names remembered as looked for.
+const DOOR_OWNERS_ASKED: usize = 64;
 
-/// The owner of the listener on the door name `name` (`None`: none, or the kernel cannot say),
-/// from [`sys::abstract_listener_owner`] or what it said of the name within the last
-/// [`FULL_DOOR_OWNER_TTL`].
+/// Door names and the uids that own their listeners.
+type OwnerList = Vec<(Vec<u8>, u32)>;
+
+/// The owners of the doors of this network namespace, as the kernel listed them lately.
+struct DoorOwners {
+    /// The last list, and when it was read.
+    list: Option<(Instant, OwnerList)>,
+    /// Names looked for lately.
+    asked: VecDeque<Vec<u8>>,
+}
+
+/// The uid that owns the listener on the door name `name` (`None`: the kernel cannot say, or
+/// lists none), from [`sys::seqpacket_listeners`] (door names only) or from a list read within
+/// [`DOOR_OWNERS_TTL`].
 fn full_door_owner(name: &[u8]) -> Option<u32> {
-    type Owners = std::collections::VecDeque<(Vec<u8>, Instant, Option<u32>)>;
-    static KNOWN: Mutex<Owners> = Mutex::new(VecDeque::new());
+    static OWNERS: Mutex<DoorOwners> = Mutex::new(DoorOwners { list: None, asked: VecDeque::new() });
     let now = Instant::now();
-    {
-        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-        known.retain(|(_, at, _)| now.duration_since(*at) < FULL_DOOR_OWNER_TTL);
-        if let Some((_, _, owner)) = known.iter().find(|(n, _, _)| n == name) {
-            return *owner;
+    // Held through a read: a second thread that meets a full door meanwhile waits for the list
+    // (bounded by the read's bound) rather than read it again.
+    let mut o = OWNERS.lock().unwrap_or_else(|e| e.into_inner());
+    let first = !o.asked.iter().any(|n| n == name);
+    if first {
+        if o.asked.len() >= DOOR_OWNERS_ASKED {
+            o.asked.pop_front();
+        }
+        o.asked.push_back(name.to_vec());
+    }
+    if let Some((at, list)) = &o.list {
+        let age = now.duration_since(*at);
+        if age < DOOR_OWNERS_TTL {
+            if let Some((_, uid)) = list.iter().find(|(n, _)| n == name) {
+                return Some(*uid);
+            }
+            // Not listed: bound since (its queue is full now, so a listener has the name).
+            if !first && age < DOOR_OWNERS_REREAD {
+                return None;
+            }
         }
     }
-    let owner = sys::abstract_listener_owner(name).unwrap_or_else(|e| {
-        tracing::debug!(error = %e, "could not tell who owns a full door");
-        None
-    });
-    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    if known.len() >= FULL_DOOR_OWNERS {
-        known.pop_front();
+    let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
+    match sys::seqpacket_listeners(prefix.as_bytes(), DOOR_OWNERS_KEPT) {
+        Ok(l) => {
+            if !l.whole {
+                tracing::debug!("more listening unix sockets than a read takes: a full door's owner may be missed");
+            }
+            let owner = l.owners.iter().find(|(n, _)| n == name).map(|(_, uid)| *uid);
+            o.list = Some((now, l.owners));
+            owner
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "could not tell who owns a full door");
+            None
+        }
     }
-    known.push_back((name.to_vec(), now, owner));
-    owner
 }
 
 /// Whether doors named after `addr` cannot be its listener's: `addr` is a specific address, and

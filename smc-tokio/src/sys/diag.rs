@@ -227,23 +227,25 @@ const UNIX_DIAG_UID: u16 = 7;
 const UNIX_REQ_LEN: usize = 24;
 /// Length of `struct unix_diag_msg`: family, type, state, pad, ino, `cookie[2]`.
 const UNIX_MSG_LEN: usize = 16;
-/// Listening Unix sockets a look for one name reads at most. Anybody can create listening
-/// sockets (one descriptor each), so a look at a name they squat could be made to read without
-/// bound; past this many it gives up (`Ok(None)` is not claimed). A look through 4 096
-/// listeners took 3.1-3.3 ms on the development VM (three runs of
-/// `the_owner_of_an_abstract_listener_is_found` with 4 096 instead of its 1 000, which took
-/// 0.55 ms).
-pub(crate) const UNIX_LISTENERS_MAX: usize = 4096;
+/// Listening Unix sockets a read of the kernel's list takes in at most. Anybody can create
+/// listening sockets (a descriptor each), so the list could be made as long as they like; past
+/// this many the read stops, and says the list was not read whole. A read of 4 096 took
+/// 3.1-3.3 ms on the development VM (three runs of `listeners_of_a_prefix_are_listed_by_owner`
+/// with 4 096 instead of its 1 000, which took 0.55 ms), so one of 16 384 about 13 ms.
+pub(crate) const UNIX_LISTENERS_MAX: usize = 16_384;
 
-/// Who owns the listening Unix socket bound to the abstract `name` (without its leading NUL):
-/// its uid as our user namespace sees it (an id it does not map is the overflow id), from the
-/// kernel's `unix_diag` dump of listening sockets (Linux 5.3 for the uid). `Ok(None)`: no
-/// listening socket has the name. An error where the kernel has no `unix_diag`, refuses
-/// netlink, or lists more than [`UNIX_LISTENERS_MAX`] listeners before the name.
+/// The listening `SOCK_SEQPACKET` Unix sockets of this network namespace whose abstract names
+/// (without their leading NUL) start with `prefix`, with the uid that owns each (the uid that
+/// created the socket, as our user namespace sees it: an id it does not map is the overflow
+/// id), from the kernel's `unix_diag` list (Linux 5.3 for the owner). At most `keep` of them
+/// are returned; `whole` says whether the list was read to its end (within
+/// [`UNIX_LISTENERS_MAX`] sockets of any name). An error where the kernel has no `unix_diag`
+/// or refuses netlink.
 ///
-/// A door whose queue is full cannot be asked who it is (no connection is accepted to read its
-/// credentials from); this tells whether it is a door we would have registered at at all.
-pub(crate) fn abstract_listener_owner(name: &[u8]) -> io::Result<Option<u32>> {
+/// Sockets of another type are left out: an abstract name is one name per socket type (the
+/// kernel looks a name up among sockets of the connecting socket's type), so anybody may bind
+/// a stream socket with a door's name without touching the door.
+pub(crate) fn seqpacket_listeners(prefix: &[u8], keep: usize) -> io::Result<Listeners> {
     // SAFETY: plain syscall with constant arguments.
     let fd = cvt(unsafe {
         libc::socket(
@@ -268,12 +270,12 @@ pub(crate) fn abstract_listener_owner(name: &[u8]) -> io::Result<Option<u32>> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut want = Vec::with_capacity(name.len() + 1);
+    let mut want = Vec::with_capacity(prefix.len() + 1);
     want.push(0);
-    want.extend_from_slice(name);
-    let mut seen = 0usize;
+    want.extend_from_slice(prefix);
+    let mut list = Listeners { owners: Vec::new(), whole: false, seen: 0 };
     let mut buf = vec![0u8; 32 << 10];
-    loop {
+    while list.seen <= UNIX_LISTENERS_MAX {
         // SAFETY: `buf` is a valid, writable buffer of its length. A dump's next part is made
         // in this call when the last was read, so it never finds the queue empty before the
         // end (`NLMSG_DONE`).
@@ -281,41 +283,43 @@ pub(crate) fn abstract_listener_owner(name: &[u8]) -> io::Result<Option<u32>> {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        match parse_unix_dump(&buf[..usize::try_from(n).unwrap_or(0)], &want, &mut seen)? {
-            UnixDump::Found(uid) => return Ok(Some(uid)),
-            UnixDump::Done => return Ok(None),
-            UnixDump::More if seen > UNIX_LISTENERS_MAX => {
-                return Err(io::Error::other("too many listening unix sockets to look through"))
-            }
-            UnixDump::More => {}
+        if parse_unix_dump(&buf[..usize::try_from(n).unwrap_or(0)], &want, keep, &mut list)? {
+            list.whole = true;
+            break;
         }
     }
+    Ok(list)
 }
 
-/// What one part of a `unix_diag` dump said of the name looked for.
-#[derive(Debug, PartialEq, Eq)]
-enum UnixDump {
-    /// A listener with the name, owned by this uid.
-    Found(u32),
-    /// The dump ended without it.
-    Done,
-    /// Not in this part; more follows.
-    More,
+/// What [`seqpacket_listeners`] read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Listeners {
+    /// Each listener's name (without its leading NUL) and owner.
+    pub(crate) owners: Vec<(Vec<u8>, u32)>,
+    /// The list was read to its end: a name that is not here had no listener then.
+    pub(crate) whole: bool,
+    /// Sockets read, of any name and type.
+    seen: usize,
 }
 
 /// Reads one part of a `unix_diag` dump (netlink messages one after another, each a
-/// `unix_diag_msg` and its attributes), looking for a socket named `want` (as the kernel gives
-/// an abstract name: a NUL, then the name); `seen` counts the sockets read.
-fn parse_unix_dump(mut b: &[u8], want: &[u8], seen: &mut usize) -> io::Result<UnixDump> {
+/// `unix_diag_msg` and its attributes) into `list`: the `SOCK_SEQPACKET` sockets whose names
+/// (as the kernel gives an abstract name: a NUL, then the name) start with `want`, up to `keep`
+/// of them. Returns whether the dump ended. An error for anything malformed, never a panic or
+/// a loop that does not advance.
+fn parse_unix_dump(mut b: &[u8], want: &[u8], keep: usize, list: &mut Listeners) -> io::Result<bool> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed unix_diag answer");
     while !b.is_empty() {
         let hdr = b.get(..NLMSG_HDR).ok_or_else(bad)?;
         let len = u32::from_ne_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
         let kind = u16::from_ne_bytes([hdr[4], hdr[5]]);
-        let msg = b.get(NLMSG_HDR..len.max(NLMSG_HDR)).ok_or_else(bad)?;
+        if len < NLMSG_HDR {
+            return Err(bad());
+        }
+        let msg = b.get(NLMSG_HDR..len).ok_or_else(bad)?;
         b = b.get(align4(len).min(b.len())..).unwrap_or(&[]);
         match kind {
-            NLMSG_DONE => return Ok(UnixDump::Done),
+            NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
                 let e = i32::from_ne_bytes(msg.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
                 return Err(io::Error::from_raw_os_error(e.wrapping_neg()));
@@ -323,26 +327,34 @@ fn parse_unix_dump(mut b: &[u8], want: &[u8], seen: &mut usize) -> io::Result<Un
             SOCK_DIAG_BY_FAMILY => {}
             _ => return Err(bad()),
         }
-        *seen += 1;
-        let mut attrs = msg.get(UNIX_MSG_LEN..).ok_or_else(bad)?;
-        let (mut named, mut uid) = (false, None);
+        list.seen += 1;
+        let head = msg.get(..UNIX_MSG_LEN).ok_or_else(bad)?;
+        let mut attrs = &msg[UNIX_MSG_LEN..];
+        let (mut name, mut uid) = (None, None);
         while attrs.len() >= 4 {
             let alen = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
             let akind = u16::from_ne_bytes([attrs[2], attrs[3]]);
-            let data = attrs.get(4..alen.max(4)).ok_or_else(bad)?;
+            if alen < 4 {
+                return Err(bad());
+            }
+            let data = attrs.get(4..alen).ok_or_else(bad)?;
             match akind {
-                UNIX_DIAG_NAME => named = data == want,
+                UNIX_DIAG_NAME => name = Some(data),
                 UNIX_DIAG_UID => uid = data.get(..4).map(|u| u32::from_ne_bytes([u[0], u[1], u[2], u[3]])),
                 _ => {}
             }
             attrs = attrs.get(align4(alen).min(attrs.len())..).unwrap_or(&[]);
         }
-        if named {
-            // A kernel too old to give the uid gives the name alone: that says nothing of the owner.
-            return uid.map(UnixDump::Found).ok_or_else(|| io::Error::other("unix_diag gives no owner"));
+        let Some(name) = name.filter(|n| head[1] == libc::SOCK_SEQPACKET as u8 && n.starts_with(want)) else {
+            continue;
+        };
+        // A kernel too old to give the uid gives the name alone: that says nothing of the owner.
+        let uid = uid.ok_or_else(|| io::Error::other("unix_diag gives no owner"))?;
+        if list.owners.len() < keep {
+            list.owners.push((name[1..].to_vec(), uid));
         }
     }
-    Ok(UnixDump::More)
+    Ok(false)
 }
 
 /// Netlink's alignment of messages and attributes (`NLMSG_ALIGN`, `RTA_ALIGN`): 4 bytes.
@@ -383,38 +395,55 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
-    /// A listening abstract socket is found by its name, with its owner's uid; a name nobody
-    /// listens on, and one whose socket does not listen, are not.
+    /// Listening seqpacket sockets whose names start with the prefix are listed with their
+    /// owners' uids: not a stream socket of the same name (another uid's, here), not a
+    /// seqpacket socket that does not listen, not a name without the prefix.
     #[test]
-    fn the_owner_of_an_abstract_listener_is_found() {
-        let name = format!("smc-tokio-diag-test-{}", std::process::id()).into_bytes();
-        assert_eq!(abstract_listener_owner(&name).unwrap(), None);
-        let l = crate::sys::seqpacket_listen(&name, false).unwrap();
+    fn listeners_of_a_prefix_are_listed_by_owner() {
+        let prefix = format!("smc-tokio-diag-test-{}/", std::process::id()).into_bytes();
+        let named = |tail: &str| [prefix.clone(), tail.as_bytes().to_vec()].concat();
+        let list = |keep| seqpacket_listeners(&prefix, keep).unwrap();
+        assert_eq!(list(16), Listeners { owners: Vec::new(), whole: true, seen: list(16).seen });
+        let door = crate::sys::seqpacket_listen(&named("door"), false).unwrap();
+        // The same name, bound by a stream socket of another uid (its filesystem uid, on a
+        // thread of its own: `setfsuid` is per thread).
+        let stream_name = named("door");
+        let stream = std::thread::spawn(move || {
+            // SAFETY: setfsuid takes no pointers and changes this thread's credentials only.
+            unsafe { libc::setfsuid(4242) };
+            let s = super::super::unix_socket(libc::SOCK_STREAM).unwrap();
+            super::super::bind_abstract(s.as_fd(), &stream_name).unwrap();
+            // SAFETY: plain syscall on our socket.
+            cvt(unsafe { libc::listen(s.as_raw_fd(), 1) }).unwrap();
+            s
+        })
+        .join()
+        .unwrap();
         // SAFETY: geteuid has no preconditions.
-        assert_eq!(abstract_listener_owner(&name).unwrap(), Some(unsafe { libc::geteuid() }));
-        let mut other = name.clone();
-        other.push(b'x');
-        assert_eq!(abstract_listener_owner(&other).unwrap(), None);
-        drop(l);
-        assert_eq!(abstract_listener_owner(&name).unwrap(), None);
-        // What a look through a long dump costs (printed, not asserted). A thousand: within the
+        let me = unsafe { libc::geteuid() };
+        assert_eq!(list(16).owners, vec![(named("door"), me)], "the stream socket of the same name was listed");
+        let second = crate::sys::seqpacket_listen(&named("other"), false).unwrap();
+        let mut got = list(16).owners;
+        got.sort();
+        assert_eq!(got, vec![(named("door"), me), (named("other"), me)]);
+        assert_eq!(list(1).owners.len(), 1, "more kept than asked");
+        drop((door, second, stream));
+        assert_eq!(list(16).owners, Vec::new());
+        // What a read through a long list costs (printed, not asserted). A thousand: within the
         // descriptor limit tests run with.
         let many: Vec<_> = (0..1000)
-            .map(|i| {
-                crate::sys::seqpacket_listen(
-                    format!("smc-tokio-diag-many-{}-{i}", std::process::id()).as_bytes(),
-                    false,
-                )
-            })
+            .map(|i| crate::sys::seqpacket_listen(named(&format!("many-{i}")).as_slice(), false))
             .collect::<Result<_, _>>()
             .unwrap();
         let t = std::time::Instant::now();
-        assert_eq!(abstract_listener_owner(&name).unwrap(), None);
-        println!("a look through {} listeners took {:?}", many.len(), t.elapsed());
+        let l = list(16);
+        println!("a read through {} listeners took {:?}", l.seen, t.elapsed());
+        assert!(l.whole && l.owners.len() == 16 && many.len() == 1000);
     }
 
-    /// A dump's parts: the name looked for with its uid, another name, the end, an error, and
-    /// truncated or malformed messages, which are errors and never panics.
+    /// A dump's parts as the kernel writes them: a listener with the prefix and its uid, one
+    /// without, a stream socket, the end, an error; truncated or malformed messages (an
+    /// attribute of length 0 included) are errors, never panics or loops.
     #[test]
     fn unix_dump_parts_are_read_as_the_kernel_writes_them() {
         fn msg(kind: u16, body: &[u8]) -> Vec<u8> {
@@ -433,32 +462,44 @@ mod tests {
             a.resize(align4(a.len()), 0);
             a
         }
-        let sock = |name: &[u8], uid: Option<u32>| {
+        let sock = |ty: i32, name: &[u8], uid: Option<u32>| {
             let mut body = vec![0u8; UNIX_MSG_LEN];
+            body[1] = ty as u8;
             body.extend(attr(UNIX_DIAG_NAME, name));
             if let Some(u) = uid {
                 body.extend(attr(UNIX_DIAG_UID, &u.to_ne_bytes()));
             }
             msg(SOCK_DIAG_BY_FAMILY, &body)
         };
-        let want = b"\0door";
-        let mut seen = 0;
-        let mut part = sock(b"\0other", Some(7));
-        part.extend(sock(want, Some(1000)));
-        assert_eq!(parse_unix_dump(&part, want, &mut seen).unwrap(), UnixDump::Found(1000));
-        assert_eq!(seen, 2);
-        assert_eq!(parse_unix_dump(&sock(b"\0other", Some(7)), want, &mut seen).unwrap(), UnixDump::More);
-        assert_eq!(parse_unix_dump(&msg(NLMSG_DONE, &[0; 4]), want, &mut seen).unwrap(), UnixDump::Done);
+        let sp = libc::SOCK_SEQPACKET;
+        let want = b"\0door/";
+        let mut list = Listeners::default();
+        let mut part = sock(sp, b"\0other", Some(7));
+        part.extend(sock(sp, b"\0door/1", Some(1000)));
+        part.extend(sock(libc::SOCK_STREAM, b"\0door/2", Some(9)));
+        assert!(!parse_unix_dump(&part, want, 16, &mut list).unwrap());
+        assert_eq!((list.owners.clone(), list.seen), (vec![(b"door/1".to_vec(), 1000)], 3));
+        assert!(parse_unix_dump(&msg(NLMSG_DONE, &[0; 4]), want, 16, &mut list).unwrap());
         let err = msg(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
-        assert_eq!(parse_unix_dump(&err, want, &mut seen).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert!(parse_unix_dump(&sock(want, None), want, &mut seen).is_err(), "a name without its owner");
-        let whole = sock(want, Some(1000));
+        assert_eq!(parse_unix_dump(&err, want, 16, &mut list).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert!(
+            parse_unix_dump(&sock(sp, b"\0door/3", None), want, 16, &mut list).is_err(),
+            "a name without its owner"
+        );
+        let whole = sock(sp, b"\0door/4", Some(1000));
         for cut in 1..whole.len() {
-            let _ = parse_unix_dump(&whole[..cut], want, &mut seen);
+            let _ = parse_unix_dump(&whole[..cut], want, 16, &mut list);
         }
         let mut huge = whole.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
-        assert!(parse_unix_dump(&huge, want, &mut seen).is_err());
+        assert!(parse_unix_dump(&huge, want, 16, &mut list).is_err());
+        let mut tiny = whole.clone();
+        tiny[0..4].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(parse_unix_dump(&tiny, want, 16, &mut list).is_err());
+        // An attribute that says it is 0 bytes long.
+        let mut body = vec![0u8; UNIX_MSG_LEN];
+        body.extend_from_slice(&[0, 0, 0, 0]);
+        assert!(parse_unix_dump(&msg(SOCK_DIAG_BY_FAMILY, &body), want, 16, &mut list).is_err());
     }
 
     /// The client end of a loopback connection is found by its four-tuple, with our uid and

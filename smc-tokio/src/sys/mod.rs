@@ -1675,5 +1675,5 @@ pub(crate) use tcp::*;
 // ----- who owns a TCP socket ---------------------------------------------------------------
 
 mod diag;
-pub(crate) use diag::abstract_listener_owner;
+pub(crate) use diag::seqpacket_listeners;
 pub(crate) use diag::{bound_device, socket_cookie, v6_only, TcpDiag, TcpOwner, TCP_CLOSE_WAIT, TCP_ESTABLISHED};

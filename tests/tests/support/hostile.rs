@@ -806,6 +806,26 @@ pub fn full_queue_at_as(name: &[u8], uid: u32) -> (OwnedFd, OwnedFd) {
     .unwrap()
 }
 
+/// A listening stream socket bound to the abstract name `name`, owned by `uid` (as in
+/// [`full_queue_at_as`]). An abstract name is one name per socket type: it shares the name of a
+/// seqpacket door without touching it.
+pub fn stream_listener_as(name: &[u8], uid: u32) -> OwnedFd {
+    let name = name.to_vec();
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid takes no pointers; it changes this thread's credentials only.
+        unsafe { libc::setfsuid(uid) };
+        // SAFETY: as above (the previous fsuid is returned, so this tells whether it took).
+        assert_eq!(unsafe { libc::setfsuid(uid) } as u32, uid, "setfsuid({uid}) did not take");
+        let fd = new_socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
+        bind_abstract(fd.as_fd(), &name).unwrap();
+        // SAFETY: listen takes no pointers.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 1) }).unwrap();
+        fd
+    })
+    .join()
+    .unwrap()
+}
+
 /// The door at index `index` of a reuseport group of listeners on `addr`.
 pub fn group_door_name(addr: std::net::SocketAddr, index: u32) -> Vec<u8> {
     format!("smc-tokio/d{DOOR_VERSION}/{addr}/{index}").into_bytes()
