@@ -90,6 +90,10 @@ fn smcperf_local_runs_every_scenario_over_every_transport() {
                     handoff,
                     "the handoff's round trip, {what}"
                 );
+                // Both sides of `local` ran, and their threads were found by name.
+                for side in ["server_busy_cpus", "client_busy_cpus"] {
+                    assert!(row[side].as_f64().is_some_and(|v| v > 0.0), "{side}, {what}");
+                }
                 let against_writes = *scenario == "file" && transport.starts_with("smc/");
                 assert_eq!(row["ratio_vs_smc_write"].is_f64(), against_writes, "ratio against plain writes, {what}");
             }

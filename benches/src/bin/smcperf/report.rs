@@ -51,6 +51,8 @@ pub(crate) fn combine(runs: Vec<Measure>) -> Measure {
         sleeps_per_op: pick(|m| m.sleeps_per_op),
         steal_pct: pick(|m| m.steal_pct),
         handoff_us: pick(|m| m.handoff_us),
+        server_busy: pick(|m| m.server_busy),
+        client_busy: pick(|m| m.client_busy),
         // Each percentile step's median over the runs.
         quantiles: (0..runs.iter().map(|m| m.quantiles.len()).min().unwrap_or(0))
             .map(|i| median(runs.iter().map(|m| m.quantiles[i]).collect()))
@@ -191,7 +193,7 @@ fn micros(us: f64) -> String {
 pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
     println!("{}", limits.describe());
     println!(
-        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>25}  vs tcp",
+        "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11} {:>10} {:>9} {:>8} {:>9} {:>6} {:>6} {:>9} {:>25}  vs tcp",
         "scen",
         "size",
         "conns",
@@ -207,6 +209,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
         "sleeps/op",
         "errors",
         "steal%",
+        "busy s/c",
         "machine"
     );
     for r in rows {
@@ -237,8 +240,14 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             (_, Some(x), None) => format!("{x:.2} cpy"),
             (_, None, _) => "-".into(),
         };
+        // Which side ran all the time (in `local`; separate processes measure only their own).
+        let busy = if r.m.server_busy > 0.0 || r.m.client_busy > 0.0 {
+            format!("{:.2}/{:.2}", r.m.server_busy, r.m.client_busy)
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>25}  {}",
+            "{:<10} {:>7} {:>5} {:<18} {:<12} {:>9} {:>9} {:>9} {:>11.0} {:>10.1} {:>9.2} {:>8.3} {:>9.3} {:>6} {:>6.0} {:>9} {:>25}  {}",
             r.case.scenario.name(),
             r.case.size,
             r.case.conns,
@@ -254,6 +263,7 @@ pub(crate) fn print_table(rows: &[Row], limits: &Limits) {
             r.m.sleeps_per_op,
             r.m.errors,
             r.m.steal_pct,
+            busy,
             machine,
             vs
         );
@@ -280,6 +290,8 @@ pub(crate) fn print_json(rows: &[Row], opts: &Opts, limits: &Limits) {
                 "doorbells_per_op": r.m.doorbells_per_op,
                 "sleeps_per_op": r.m.sleeps_per_op,
                 "steal_pct": r.m.steal_pct,
+                "server_busy_cpus": r.m.server_busy,
+                "client_busy_cpus": r.m.client_busy,
                 "runs": r.per_run.len(),
                 "ratio_vs_tcp": ratio(r, rows).map(|x| x.median),
                 "ratio_vs_tcp_range": ratio(r, rows).map(|x| [x.min, x.max]),

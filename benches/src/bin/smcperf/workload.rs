@@ -60,8 +60,66 @@ pub(crate) struct Measure {
     /// between its CPUs changes by 3-8x for seconds at a time; this is the floor at the moment
     /// of the run, where the table's other machine figures are the best of the invocation.
     pub(crate) handoff_us: f64,
+    /// `local` only: how busy the server's threads and the client's were over the run, in
+    /// CPUs (1.0: one thread ran all the time; [`side_cpu`]). The side at 1.0 of a
+    /// current-thread runtime is the one that limits the row (0: not measured).
+    pub(crate) server_busy: f64,
+    pub(crate) client_busy: f64,
     /// Latencies at the plot's percentile steps (`plot::quantiles`), for `--plot`.
     pub(crate) quantiles: Vec<f64>,
+}
+
+/// The CPU time so far of each thread of this process that belongs to a side of `local`, by
+/// thread id: the server's runtime threads (named `smcperf-server`) as side 0, the client's
+/// (the main thread, which runs the client's top-level future, and the workers of a
+/// multi-threaded client runtime, named `smcperf-client`) as side 1. Other threads (blocking
+/// pools, the crate's closers) are left out. Read with each thread's CPU-time clock
+/// (`clock_gettime` on the clock id the kernel gives a thread of our own process: nanoseconds,
+/// where `/proc`'s ticks are 10 ms).
+pub(crate) fn side_cpu() -> Vec<(u32, usize, Duration)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    // SAFETY: getpid cannot fail and has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let side = if comm.starts_with("smcperf-server") {
+            0
+        } else if tid == pid || comm.starts_with("smcperf-client") {
+            1
+        } else {
+            continue;
+        };
+        // The kernel's clock id of thread `tid` (`CPUCLOCK_PERTHREAD` | `CPUCLOCK_SCHED`, the
+        // encoding glibc's `pthread_getcpuclockid` uses: include/linux/posix-timers.h).
+        let clock = ((!(tid as libc::clockid_t)) << 3) | 6;
+        // SAFETY: timespec is plain data; all-zero is valid.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: `ts` is valid for writes; a thread that ended meanwhile gives EINVAL.
+        if unsafe { libc::clock_gettime(clock, &mut ts) } == 0 {
+            out.push((tid, side, Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)));
+        }
+    }
+    out
+}
+
+/// Each side's CPU time between two [`side_cpu`] readings, in CPUs over `wall` (a thread that
+/// started in between counts from zero; one that ended is left out).
+pub(crate) fn side_busy(
+    before: &[(u32, usize, Duration)],
+    after: &[(u32, usize, Duration)],
+    wall: Duration,
+) -> [f64; 2] {
+    let mut busy = [0.0; 2];
+    if wall.is_zero() {
+        return busy;
+    }
+    for &(tid, side, t) in after {
+        let t0 = before.iter().find(|b| b.0 == tid).map_or(Duration::ZERO, |b| b.2);
+        busy[side] += t.saturating_sub(t0).as_secs_f64() / wall.as_secs_f64();
+    }
+    busy
 }
 
 /// This process's CPU time so far (user + system) and the times its threads slept waiting for
@@ -291,9 +349,8 @@ pub(crate) async fn measure(
         cpu_us_per_op: 0.0,
         doorbells_per_op: 0.0,
         sleeps_per_op: 0.0,
-        steal_pct: 0.0,
-        handoff_us: 0.0,
         quantiles: plot::quantiles(&all),
+        ..Measure::default()
     })
 }
 
@@ -306,6 +363,7 @@ pub(crate) async fn run_case(
 ) -> io::Result<Measure> {
     let ((cpu0, sleeps0), t0, bells0) = (cpu_time(), Instant::now(), smc_tokio::stats().doorbells[0]);
     let ticks0 = machine::cpu_ticks();
+    let sides0 = side_cpu();
     let mut m = match case.scenario {
         Scenario::Rr => run_rr(kind, target, case, dur).await,
         Scenario::Stream => run_stream(kind, target, case, dur, Reader::of_variant(variant)).await,
@@ -316,6 +374,10 @@ pub(crate) async fn run_case(
         Scenario::Grpc => web::run_grpc(kind, target.web, &target.shm, case, dur).await,
     }?;
     m.steal_pct = machine::steal_percent(ticks0, machine::cpu_ticks());
+    // Over the whole run too (warm-up, set-up and tear-down included, as the CPU per op).
+    let sides1 = side_cpu();
+    let wall = t0.elapsed();
+    [m.server_busy, m.client_busy] = side_busy(&sides0, &sides1, wall);
     // CPU over the whole run (warm-up, set-up and tear-down included), per operation counted
     // in the measured window scaled to the run's length.
     let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
@@ -377,4 +439,22 @@ pub(crate) async fn run_file(
         }));
     }
     measure(&stop, tasks, dur + warmup, dur, negotiated, case.size, 0).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each side's busy time is its threads' CPU time between the readings over the wall time:
+    /// a thread that started in between counts from zero, one that ended is left out.
+    #[test]
+    fn sides_are_busy_by_their_threads_cpu_time_over_the_wall() {
+        let ms = Duration::from_millis;
+        let before = [(1, 0, ms(1000)), (2, 1, ms(2000)), (4, 1, ms(500))];
+        let after = [(1, 0, ms(1500)), (2, 1, ms(2250)), (3, 1, ms(250))];
+        assert_eq!(side_busy(&before, &after, ms(1000)), [0.5, 0.5]);
+        assert_eq!(side_busy(&before, &after, Duration::ZERO), [0.0, 0.0]);
+        // This process's own reading finds its main thread, as the client's side.
+        assert!(side_cpu().iter().any(|&(_, side, _)| side == 1));
+    }
 }
