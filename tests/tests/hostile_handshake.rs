@@ -351,12 +351,18 @@ async fn a_full_queue_at_a_squatted_door_name_sends_no_client_to_tcp() {
     server.abort();
 }
 
+/// The test peer, which squats on names as another uid.
+const PEER: &str = env!("CARGO_BIN_EXE_smc-test-peer");
+/// A stranger's uid: an ordinary one, not the overflow id.
+const STRANGER: u32 = 4242;
+
 /// Anybody may bind the door name after a reuseport group's last member (the next index) and
 /// fill its queue: a client that found that door busy gave up its look-up at every member, and
 /// every same-host client of the group went to TCP as "congested". A full door is now judged
 /// by its owner, as a door that answers is: one owned by a uid the client does not trust is no
-/// door of its listener's. The squatter here is uid 4242 (the socket's owner, as the kernel's
-/// list of sockets gives it): an ordinary stranger, not the overflow id.
+/// door of its listener's. The owner comes from the kernel's list of sockets, read off the
+/// client's thread once a client asks: the first client may find the door busy, those after it
+/// within a moment pass it over.
 #[tokio::test]
 async fn a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp() {
     let member = |addr: std::net::SocketAddr| {
@@ -368,8 +374,17 @@ async fn a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp()
     let first = member("127.0.0.1:0".parse().unwrap());
     let addr = first.local_addr().unwrap();
     let second = member(addr);
-    let _squat = hostile::full_queue_at_as(&hostile::group_door_name(addr, 2), 4242);
+    let _squat = hostile::squat_as(PEER, &hostile::group_door_name(addr, 2), STRANGER, false);
     let servers = [tests::spawn_echo(first), tests::spawn_echo(second)];
+    let start = Instant::now();
+    loop {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        if s.transport() == Transport::SmcD {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the stranger's full queue kept sending clients to TCP");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for round in 0..4 {
         let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
         assert_eq!(s.transport(), Transport::SmcD, "round {round}: the stranger's full queue sent the client to TCP");
@@ -382,24 +397,33 @@ async fn a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp()
 
 /// A full door that the client's own uid owns is still busy: its listener may be swamped, and
 /// the connection may land there, so the client does not register at the others (TCP, as
-/// "congested"). Only a stranger's full queue is passed over; a stranger's stream socket bound
-/// to the same name (an abstract name is one per socket type) does not make the door its.
+/// "congested"), in every connect over the time the kernel's list is read again. Only a
+/// stranger's full queue is passed over; a stranger's stream socket bound to the same name (an
+/// abstract name is one per socket type) does not make the door its.
 #[tokio::test]
 async fn a_full_queue_of_our_own_uid_still_means_busy() {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     // A door of our uid at the listener's name, filled: what a swamped listener looks like.
     let _full = hostile::full_queue_at(&hostile::door_name(addr));
-    let _stream = hostile::stream_listener_as(&hostile::door_name(addr), 4242);
-    let accept = tokio::spawn(async move { l.accept().await.map(|(s, _)| s) });
-    let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
-    assert!(
-        matches!(
-            s.transport(),
-            Transport::Tcp(FallbackReason::Declined { reason: smc_tokio::DeclineReason::HandshakeCongested, .. })
-        ),
-        "{:?}",
-        s.transport()
-    );
-    drop(accept);
+    let _stream = hostile::squat_as(PEER, &hostile::door_name(addr), STRANGER, true);
+    let accept = tokio::spawn(async move {
+        loop {
+            let _ = l.accept().await;
+        }
+    });
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1500) {
+        let s = bounded(10, SmcStream::connect(addr)).await.unwrap();
+        assert!(
+            matches!(
+                s.transport(),
+                Transport::Tcp(FallbackReason::Declined { reason: smc_tokio::DeclineReason::HandshakeCongested, .. })
+            ),
+            "{:?}",
+            s.transport()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    accept.abort();
 }

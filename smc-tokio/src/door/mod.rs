@@ -2420,75 +2420,75 @@ fn full_door(name: &[u8], allowed_uids: &[u32], counters: &Counters) -> Found {
     }
 }
 
-/// How long a list of the doors' owners answers for them: a second. A squatter who fills a
-/// door's queue costs the process one read of the kernel's list (at most
-/// `sys::diag::UNIX_LISTENERS_MAX` sockets, about 13 ms) when a client first meets it, not one
-/// per connect; a look-up that meets many full doors (up to 17 names per address) reads once.
-const DOOR_OWNERS_TTL: Duration = Duration::from_secs(1);
-/// A name missing from a list younger than this is not read for again, unless it was never
-/// looked for before (a squatter who binds and unbinds its name between a look and the read
-/// gets at most one read per name, then one per this interval).
-const DOOR_OWNERS_REREAD: Duration = Duration::from_millis(50);
-/// Door names kept from a list: more are rare (a host's listeners with their reuseport
-/// members); the rest are read again when met.
-const DOOR_OWNERS_KEPT: usize = 1024;
-/// Names remembered as looked for.
-const DOOR_OWNERS_ASKED: usize = 64;
-
-/// Door names and the uids that own their listeners.
-type OwnerList = Vec<(Vec<u8>, u32)>;
+/// How often the kernel's list of doors is read at most, while clients meet full doors: once a
+/// second, on a thread of its own (`smc-tokio-doors`), never on the thread of `connect`. A
+/// read of a long list is slow (the kernel walks every Unix socket of the namespace, and a
+/// stranger may keep many), so the interval after a read is also at least ten times what the
+/// read took: a stranger who makes reads slow makes them rarer, not costlier.
+const DOOR_OWNERS_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a list answers for the doors in it: an owner older than this is not known any more
+/// (the name may have changed hands).
+const DOOR_OWNERS_TTL: Duration = Duration::from_secs(3);
 
 /// The owners of the doors of this network namespace, as the kernel listed them lately.
 struct DoorOwners {
-    /// The last list, and when it was read.
-    list: Option<(Instant, OwnerList)>,
-    /// Names looked for lately.
-    asked: VecDeque<Vec<u8>>,
+    /// Door names and the uids that own their listeners, from the last read.
+    owners: HashMap<Vec<u8>, u32>,
+    /// When the last read began (`None`: never).
+    at: Option<Instant>,
+    /// A read is under way.
+    reading: bool,
+    /// No read begins before this.
+    next: Option<Instant>,
 }
 
-/// The uid that owns the listener on the door name `name` (`None`: the kernel cannot say, or
-/// lists none), from [`sys::seqpacket_listeners`] (door names only) or from a list read within
-/// [`DOOR_OWNERS_TTL`].
+/// The uid that owns the listener on the door name `name`, as the kernel's last list of
+/// listening seqpacket sockets said ([`sys::seqpacket_listeners`], door names only), if that
+/// list is younger than [`DOOR_OWNERS_TTL`]; `None` when it does not say. Never waits: a name
+/// the list does not have (bound after it was read), or a list that is old, asks for a read
+/// on a thread of its own, at most one every [`DOOR_OWNERS_INTERVAL`], whose list answers the
+/// clients after it. So the first client to meet a stranger's full door finds it busy (TCP);
+/// the next ones, a moment later, pass it over.
 fn full_door_owner(name: &[u8]) -> Option<u32> {
-    static OWNERS: Mutex<DoorOwners> = Mutex::new(DoorOwners { list: None, asked: VecDeque::new() });
+    static OWNERS: std::sync::OnceLock<Mutex<DoorOwners>> = std::sync::OnceLock::new();
+    let owners = OWNERS
+        .get_or_init(|| Mutex::new(DoorOwners { owners: HashMap::default(), at: None, reading: false, next: None }));
     let now = Instant::now();
-    // Held through a read: a second thread that meets a full door meanwhile waits for the list
-    // (bounded by the read's bound) rather than read it again.
-    let mut o = OWNERS.lock().unwrap_or_else(|e| e.into_inner());
-    let first = !o.asked.iter().any(|n| n == name);
-    if first {
-        if o.asked.len() >= DOOR_OWNERS_ASKED {
-            o.asked.pop_front();
-        }
-        o.asked.push_back(name.to_vec());
-    }
-    if let Some((at, list)) = &o.list {
-        let age = now.duration_since(*at);
-        if age < DOOR_OWNERS_TTL {
-            if let Some((_, uid)) = list.iter().find(|(n, _)| n == name) {
-                return Some(*uid);
+    let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
+    let fresh = o.at.is_some_and(|at| now.duration_since(at) < DOOR_OWNERS_TTL);
+    let owner = o.owners.get(name).copied().filter(|_| fresh);
+    let due = o.next.is_none_or(|next| now >= next);
+    let old = o.at.is_none_or(|at| now.duration_since(at) >= DOOR_OWNERS_INTERVAL);
+    if (owner.is_none() || old) && due && !o.reading {
+        o.reading = true;
+        let read = move || {
+            let began = Instant::now();
+            let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
+            let list = sys::seqpacket_listeners(prefix.as_bytes());
+            let took = began.elapsed();
+            let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
+            match list {
+                Ok(l) => {
+                    if !l.whole {
+                        tracing::debug!("more listening unix sockets than a read takes: full doors may go unjudged");
+                    }
+                    o.owners = l.owners.into_iter().collect();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not read who owns the doors");
+                    o.owners.clear();
+                }
             }
-            // Not listed: bound since (its queue is full now, so a listener has the name).
-            if !first && age < DOOR_OWNERS_REREAD {
-                return None;
-            }
-        }
-    }
-    let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
-    match sys::seqpacket_listeners(prefix.as_bytes(), DOOR_OWNERS_KEPT) {
-        Ok(l) => {
-            if !l.whole {
-                tracing::debug!("more listening unix sockets than a read takes: a full door's owner may be missed");
-            }
-            let owner = l.owners.iter().find(|(n, _)| n == name).map(|(_, uid)| *uid);
-            o.list = Some((now, l.owners));
-            owner
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "could not tell who owns a full door");
-            None
+            o.at = Some(began);
+            o.reading = false;
+            o.next = Some(began + DOOR_OWNERS_INTERVAL.max(took * 10));
+        };
+        if std::thread::Builder::new().name("smc-tokio-doors".into()).spawn(read).is_err() {
+            // No thread now: the next client asks again.
+            o.reading = false;
         }
     }
+    owner
 }
 
 /// Whether doors named after `addr` cannot be its listener's: `addr` is a specific address, and

@@ -237,15 +237,15 @@ pub(crate) const UNIX_LISTENERS_MAX: usize = 16_384;
 /// The listening `SOCK_SEQPACKET` Unix sockets of this network namespace whose abstract names
 /// (without their leading NUL) start with `prefix`, with the uid that owns each (the uid that
 /// created the socket, as our user namespace sees it: an id it does not map is the overflow
-/// id), from the kernel's `unix_diag` list (Linux 5.3 for the owner). At most `keep` of them
-/// are returned; `whole` says whether the list was read to its end (within
-/// [`UNIX_LISTENERS_MAX`] sockets of any name). An error where the kernel has no `unix_diag`
-/// or refuses netlink.
+/// id), from the kernel's `unix_diag` list (Linux 5.3 for the owner); `whole` says whether the
+/// list was read to its end (within [`UNIX_LISTENERS_MAX`] listeners of any name). An error
+/// where the kernel has no `unix_diag` or refuses netlink. The kernel walks every Unix socket
+/// of the namespace for it, listening or not: call it off the runtime.
 ///
 /// Sockets of another type are left out: an abstract name is one name per socket type (the
 /// kernel looks a name up among sockets of the connecting socket's type), so anybody may bind
 /// a stream socket with a door's name without touching the door.
-pub(crate) fn seqpacket_listeners(prefix: &[u8], keep: usize) -> io::Result<Listeners> {
+pub(crate) fn seqpacket_listeners(prefix: &[u8]) -> io::Result<Listeners> {
     // SAFETY: plain syscall with constant arguments.
     let fd = cvt(unsafe {
         libc::socket(
@@ -283,7 +283,7 @@ pub(crate) fn seqpacket_listeners(prefix: &[u8], keep: usize) -> io::Result<List
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        if parse_unix_dump(&buf[..usize::try_from(n).unwrap_or(0)], &want, keep, &mut list)? {
+        if parse_unix_dump(&buf[..usize::try_from(n).unwrap_or(0)], &want, &mut list)? {
             list.whole = true;
             break;
         }
@@ -304,10 +304,10 @@ pub(crate) struct Listeners {
 
 /// Reads one part of a `unix_diag` dump (netlink messages one after another, each a
 /// `unix_diag_msg` and its attributes) into `list`: the `SOCK_SEQPACKET` sockets whose names
-/// (as the kernel gives an abstract name: a NUL, then the name) start with `want`, up to `keep`
-/// of them. Returns whether the dump ended. An error for anything malformed, never a panic or
-/// a loop that does not advance.
-fn parse_unix_dump(mut b: &[u8], want: &[u8], keep: usize, list: &mut Listeners) -> io::Result<bool> {
+/// (as the kernel gives an abstract name: a NUL, then the name) start with `want`. Returns
+/// whether the dump ended. An error for anything malformed, never a panic or a loop that does
+/// not advance.
+fn parse_unix_dump(mut b: &[u8], want: &[u8], list: &mut Listeners) -> io::Result<bool> {
     let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed unix_diag answer");
     while !b.is_empty() {
         let hdr = b.get(..NLMSG_HDR).ok_or_else(bad)?;
@@ -350,9 +350,7 @@ fn parse_unix_dump(mut b: &[u8], want: &[u8], keep: usize, list: &mut Listeners)
         };
         // A kernel too old to give the uid gives the name alone: that says nothing of the owner.
         let uid = uid.ok_or_else(|| io::Error::other("unix_diag gives no owner"))?;
-        if list.owners.len() < keep {
-            list.owners.push((name[1..].to_vec(), uid));
-        }
+        list.owners.push((name[1..].to_vec(), uid));
     }
     Ok(false)
 }
@@ -396,39 +394,34 @@ mod tests {
     use std::os::fd::AsFd;
 
     /// Listening seqpacket sockets whose names start with the prefix are listed with their
-    /// owners' uids: not a stream socket of the same name (another uid's, here), not a
-    /// seqpacket socket that does not listen, not a name without the prefix.
+    /// owners' uids: not a stream socket of such a name (an abstract name is one per socket
+    /// type, so anybody may bind a door's name as a stream socket), not a name without the
+    /// prefix, not a socket once it is closed.
     #[test]
     fn listeners_of_a_prefix_are_listed_by_owner() {
         let prefix = format!("smc-tokio-diag-test-{}/", std::process::id()).into_bytes();
         let named = |tail: &str| [prefix.clone(), tail.as_bytes().to_vec()].concat();
-        let list = |keep| seqpacket_listeners(&prefix, keep).unwrap();
-        assert_eq!(list(16), Listeners { owners: Vec::new(), whole: true, seen: list(16).seen });
+        let list = || {
+            let l = seqpacket_listeners(&prefix).unwrap();
+            assert!(l.whole, "the list was not read whole");
+            let mut owners = l.owners;
+            owners.sort();
+            owners
+        };
+        assert_eq!(list(), Vec::new());
         let door = crate::sys::seqpacket_listen(&named("door"), false).unwrap();
-        // The same name, bound by a stream socket of another uid (its filesystem uid, on a
-        // thread of its own: `setfsuid` is per thread).
-        let stream_name = named("door");
-        let stream = std::thread::spawn(move || {
-            // SAFETY: setfsuid takes no pointers and changes this thread's credentials only.
-            unsafe { libc::setfsuid(4242) };
-            let s = super::super::unix_socket(libc::SOCK_STREAM).unwrap();
-            super::super::bind_abstract(s.as_fd(), &stream_name).unwrap();
-            // SAFETY: plain syscall on our socket.
-            cvt(unsafe { libc::listen(s.as_raw_fd(), 1) }).unwrap();
-            s
-        })
-        .join()
-        .unwrap();
+        let stream = super::super::unix_socket(libc::SOCK_STREAM).unwrap();
+        super::super::bind_abstract(stream.as_fd(), &named("stream")).unwrap();
+        // SAFETY: plain syscall on our socket.
+        cvt(unsafe { libc::listen(stream.as_raw_fd(), 1) }).unwrap();
+        let elsewhere = crate::sys::seqpacket_listen(format!("elsewhere-{}", std::process::id()).as_bytes(), false);
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
-        assert_eq!(list(16).owners, vec![(named("door"), me)], "the stream socket of the same name was listed");
+        assert_eq!(list(), vec![(named("door"), me)], "a stream socket, or a name without the prefix, was listed");
         let second = crate::sys::seqpacket_listen(&named("other"), false).unwrap();
-        let mut got = list(16).owners;
-        got.sort();
-        assert_eq!(got, vec![(named("door"), me), (named("other"), me)]);
-        assert_eq!(list(1).owners.len(), 1, "more kept than asked");
-        drop((door, second, stream));
-        assert_eq!(list(16).owners, Vec::new());
+        assert_eq!(list(), vec![(named("door"), me), (named("other"), me)]);
+        drop((door, second, stream, elsewhere));
+        assert_eq!(list(), Vec::new());
         // What a read through a long list costs (printed, not asserted). A thousand: within the
         // descriptor limit tests run with.
         let many: Vec<_> = (0..1000)
@@ -436,9 +429,9 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         let t = std::time::Instant::now();
-        let l = list(16);
+        let l = seqpacket_listeners(&prefix).unwrap();
         println!("a read through {} listeners took {:?}", l.seen, t.elapsed());
-        assert!(l.whole && l.owners.len() == 16 && many.len() == 1000);
+        assert_eq!(l.owners.len(), many.len());
     }
 
     /// A dump's parts as the kernel writes them: a listener with the prefix and its uid, one
@@ -477,29 +470,26 @@ mod tests {
         let mut part = sock(sp, b"\0other", Some(7));
         part.extend(sock(sp, b"\0door/1", Some(1000)));
         part.extend(sock(libc::SOCK_STREAM, b"\0door/2", Some(9)));
-        assert!(!parse_unix_dump(&part, want, 16, &mut list).unwrap());
+        assert!(!parse_unix_dump(&part, want, &mut list).unwrap());
         assert_eq!((list.owners.clone(), list.seen), (vec![(b"door/1".to_vec(), 1000)], 3));
-        assert!(parse_unix_dump(&msg(NLMSG_DONE, &[0; 4]), want, 16, &mut list).unwrap());
+        assert!(parse_unix_dump(&msg(NLMSG_DONE, &[0; 4]), want, &mut list).unwrap());
         let err = msg(NLMSG_ERROR, &(-libc::EPERM).to_ne_bytes());
-        assert_eq!(parse_unix_dump(&err, want, 16, &mut list).unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert!(
-            parse_unix_dump(&sock(sp, b"\0door/3", None), want, 16, &mut list).is_err(),
-            "a name without its owner"
-        );
+        assert_eq!(parse_unix_dump(&err, want, &mut list).unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert!(parse_unix_dump(&sock(sp, b"\0door/3", None), want, &mut list).is_err(), "a name without its owner");
         let whole = sock(sp, b"\0door/4", Some(1000));
         for cut in 1..whole.len() {
-            let _ = parse_unix_dump(&whole[..cut], want, 16, &mut list);
+            let _ = parse_unix_dump(&whole[..cut], want, &mut list);
         }
         let mut huge = whole.clone();
         huge[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
-        assert!(parse_unix_dump(&huge, want, 16, &mut list).is_err());
+        assert!(parse_unix_dump(&huge, want, &mut list).is_err());
         let mut tiny = whole.clone();
         tiny[0..4].copy_from_slice(&3u32.to_ne_bytes());
-        assert!(parse_unix_dump(&tiny, want, 16, &mut list).is_err());
+        assert!(parse_unix_dump(&tiny, want, &mut list).is_err());
         // An attribute that says it is 0 bytes long.
         let mut body = vec![0u8; UNIX_MSG_LEN];
         body.extend_from_slice(&[0, 0, 0, 0]);
-        assert!(parse_unix_dump(&msg(SOCK_DIAG_BY_FAMILY, &body), want, 16, &mut list).is_err());
+        assert!(parse_unix_dump(&msg(SOCK_DIAG_BY_FAMILY, &body), want, &mut list).is_err());
     }
 
     /// The client end of a loopback connection is found by its four-tuple, with our uid and

@@ -33,6 +33,10 @@
 //!                              victim's socket's) at ADDR's door, print "CLAIM victim_port=<errno|ok>
 //!                              registered=<ok|err>", then wait SECS for a verdict and print
 //!                              "VERDICT <kind|none>"
+//! smc-test-peer squat-full NAME [stream]   bind the abstract name NAME: a SOCK_SEQPACKET
+//!                              listener with a full queue (backlog 0, one connection queued,
+//!                              the next refused), or with `stream` a listening SOCK_STREAM
+//!                              socket; print "SQUATTING", hold it until stdin ends
 //! smc-test-peer write-exit ADDR BYTES HOW   connect, print "TRANSPORT <t>", write BYTES bytes of
 //!                              `tests::pattern`, flush, print "WROTE", then end without a
 //!                              shutdown: HOW = return (return from main: the stream is dropped),
@@ -288,6 +292,37 @@ async fn main() -> std::io::Result<()> {
             }
             Ok(())
         }
+        Some("squat-full") => {
+            let name = args.get(1).ok_or_else(|| std::io::Error::other("squat-full needs NAME"))?.as_bytes().to_vec();
+            let stream = args.get(2).is_some_and(|a| a == "stream");
+            let ty = if stream { libc::SOCK_STREAM } else { libc::SOCK_SEQPACKET };
+            let (addr, len) = abstract_addr(&name);
+            // SAFETY: plain syscalls on sockets of ours; `addr` is a valid sockaddr_un of `len`
+            // bytes.
+            let l = cvt(unsafe { libc::socket(libc::AF_UNIX, ty, 0) })?;
+            // SAFETY: as above.
+            cvt(unsafe { libc::bind(l, (&addr as *const libc::sockaddr_un).cast(), len) })?;
+            // SAFETY: as above.
+            cvt(unsafe { libc::listen(l, if stream { 1 } else { 0 }) })?;
+            if !stream {
+                // One connection fills a backlog of 0 (a raw descriptor, open until the process
+                // ends); the next, non-blocking, finds it full.
+                seqpacket_connect(&name)?;
+                // SAFETY: as above.
+                let probe = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0) })?;
+                // SAFETY: as above.
+                let r = unsafe { libc::connect(probe, (&addr as *const libc::sockaddr_un).cast(), len) };
+                let e = std::io::Error::last_os_error();
+                if r == 0 || e.raw_os_error() != Some(libc::EAGAIN) {
+                    return Err(std::io::Error::other(format!("the queue is not full: {e}")));
+                }
+            }
+            println!("SQUATTING");
+            let _ = std::io::stdout().flush();
+            let mut rest = String::new();
+            let _ = tokio::io::BufReader::new(tokio::io::stdin()).read_to_string(&mut rest).await;
+            Ok(())
+        }
         Some("squat") => {
             let name = args.get(1).ok_or_else(|| std::io::Error::other("squat needs NAME"))?.clone();
             let secs: u64 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(2);
@@ -325,7 +360,7 @@ async fn main() -> std::io::Result<()> {
             tokio::task::spawn_blocking(move || claim(addr, port, cookie, secs)).await?;
             Ok(())
         }
-        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N [silent]|claim ADDR PORT SECS")),
+        _ => Err(std::io::Error::other("usage: smc-test-peer serve|hold|client ADDR|blast ADDR|sink ADDR|reset ADDR|hold-clients ADDR N|lowfd ADDR N|settings|squat NAME SECS|squat-full NAME [stream]|squat-linger SECS NAME...|knock-linger NAME N SECS|side-hold NAME N [silent]|claim ADDR PORT SECS")),
     }
 }
 

@@ -786,44 +786,33 @@ pub fn full_queue_at(name: &[u8]) -> (OwnedFd, OwnedFd) {
     (l, queued)
 }
 
-/// [`full_queue_at`], with the listening socket owned by `uid`: created on a thread of its own
-/// whose filesystem uid is `uid` for the moment (the kernel gives a new socket the creator's
-/// filesystem uid; `setfsuid` changes the calling thread's alone). Needs `CAP_SETUID`.
-pub fn full_queue_at_as(name: &[u8], uid: u32) -> (OwnedFd, OwnedFd) {
-    let name = name.to_vec();
-    std::thread::spawn(move || {
-        // SAFETY: setfsuid takes no pointers; it changes this thread's credentials only.
-        unsafe { libc::setfsuid(uid) };
-        // SAFETY: as above; setfsuid returns the previous fsuid whatever happens, so a second
-        // call tells whether the first took.
-        assert_eq!(unsafe { libc::setfsuid(uid) } as u32, uid, "setfsuid({uid}) did not take");
-        let squat = full_queue_at(&name);
-        // SAFETY: as above.
-        unsafe { libc::setfsuid(0) };
-        squat
-    })
-    .join()
-    .unwrap()
+/// A stranger's socket on an abstract name, held by a process of its own (`smc-test-peer
+/// squat-full`, run as another uid), until dropped.
+pub struct Squatter(std::process::Child);
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
-/// A listening stream socket bound to the abstract name `name`, owned by `uid` (as in
-/// [`full_queue_at_as`]). An abstract name is one name per socket type: it shares the name of a
-/// seqpacket door without touching it.
-pub fn stream_listener_as(name: &[u8], uid: u32) -> OwnedFd {
-    let name = name.to_vec();
-    std::thread::spawn(move || {
-        // SAFETY: setfsuid takes no pointers; it changes this thread's credentials only.
-        unsafe { libc::setfsuid(uid) };
-        // SAFETY: as above (the previous fsuid is returned, so this tells whether it took).
-        assert_eq!(unsafe { libc::setfsuid(uid) } as u32, uid, "setfsuid({uid}) did not take");
-        let fd = new_socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC).unwrap();
-        bind_abstract(fd.as_fd(), &name).unwrap();
-        // SAFETY: listen takes no pointers.
-        cvt(unsafe { libc::listen(fd.as_raw_fd(), 1) }).unwrap();
-        fd
-    })
-    .join()
-    .unwrap()
+/// Runs `smc-test-peer squat-full NAME [stream]` as `uid`, and waits until it holds the name:
+/// a seqpacket listener with a full queue, or (`stream`) a listening stream socket.
+pub fn squat_as(peer: &str, name: &[u8], uid: u32, stream: bool) -> Squatter {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(peer);
+    cmd.arg("squat-full").arg(std::str::from_utf8(name).unwrap());
+    if stream {
+        cmd.arg("stream");
+    }
+    let mut child =
+        cmd.uid(uid).gid(uid).stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "SQUATTING", "the squatter did not take the name");
+    Squatter(child)
 }
 
 /// The door at index `index` of a reuseport group of listeners on `addr`.
