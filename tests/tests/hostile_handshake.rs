@@ -365,6 +365,9 @@ const STRANGER: u32 = 4242;
 /// within a moment pass it over.
 #[tokio::test]
 async fn a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp() {
+    if !tests::require_root("a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp") {
+        return;
+    }
     let member = |addr: std::net::SocketAddr| {
         let s = smc_tokio::SmcSocket::new_v4().unwrap();
         s.set_reuseport(true).unwrap();
@@ -402,6 +405,9 @@ async fn a_strangers_full_queue_after_a_reuseport_group_sends_no_client_to_tcp()
 /// abstract name is one per socket type) does not make the door its.
 #[tokio::test]
 async fn a_full_queue_of_our_own_uid_still_means_busy() {
+    if !tests::require_root("a_full_queue_of_our_own_uid_still_means_busy") {
+        return;
+    }
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     // A door of our uid at the listener's name, filled: what a swamped listener looks like.

@@ -2423,70 +2423,90 @@ fn full_door(name: &[u8], allowed_uids: &[u32], counters: &Counters) -> Found {
 /// How often the kernel's list of doors is read at most, while clients meet full doors: once a
 /// second, on a thread of its own (`smc-tokio-doors`), never on the thread of `connect`. A
 /// read of a long list is slow (the kernel walks every Unix socket of the namespace, and a
-/// stranger may keep many), so the interval after a read is also at least ten times what the
-/// read took: a stranger who makes reads slow makes them rarer, not costlier.
+/// stranger may keep many), so the interval from a read's start to the next is also at least
+/// ten times what the read took: a stranger who makes reads slow makes them rarer, not
+/// costlier.
 const DOOR_OWNERS_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a list answers for the doors in it: an owner older than this is not known any more
-/// (the name may have changed hands).
-const DOOR_OWNERS_TTL: Duration = Duration::from_secs(3);
+/// Read intervals an owner is known for after the last read that listed it: three. A name
+/// that one read missed (its squatter let it go just then and took it back after) keeps its
+/// owner until two more reads have missed it too; and an owner is forgotten by the time the
+/// name may have changed hands.
+const DOOR_OWNERS_KEPT_FOR: u32 = 3;
 
 /// The owners of the doors of this network namespace, as the kernel listed them lately.
 struct DoorOwners {
-    /// Door names and the uids that own their listeners, from the last read.
-    owners: HashMap<Vec<u8>, u32>,
-    /// When the last read began (`None`: never).
-    at: Option<Instant>,
+    /// Door names, the uids that own their listeners, and when the last read that listed each
+    /// began.
+    owners: HashMap<Vec<u8>, (u32, Instant)>,
+    /// The interval between reads now (at least [`DOOR_OWNERS_INTERVAL`]).
+    interval: Duration,
     /// A read is under way.
     reading: bool,
     /// No read begins before this.
     next: Option<Instant>,
 }
 
-/// The uid that owns the listener on the door name `name`, as the kernel's last list of
-/// listening seqpacket sockets said ([`sys::seqpacket_listeners`], door names only), if that
-/// list is younger than [`DOOR_OWNERS_TTL`]; `None` when it does not say. Never waits: a name
-/// the list does not have (bound after it was read), or a list that is old, asks for a read
-/// on a thread of its own, at most one every [`DOOR_OWNERS_INTERVAL`], whose list answers the
-/// clients after it. So the first client to meet a stranger's full door finds it busy (TCP);
-/// the next ones, a moment later, pass it over.
+/// The uid that owns the listener on the door name `name`, as the kernel's recent lists of
+/// listening seqpacket sockets said ([`sys::seqpacket_listeners`], door names only): from a
+/// read that listed it within [`DOOR_OWNERS_KEPT_FOR`] read intervals; `None` when none did.
+/// Never waits: a name not known, or a list a read interval old, asks for a read on a thread
+/// of its own, at most one every interval, whose list answers the clients after it. So while
+/// a stranger's full door is not known yet, clients find it busy (TCP), as before; once a read
+/// has listed it, they pass it over.
 fn full_door_owner(name: &[u8]) -> Option<u32> {
     static OWNERS: std::sync::OnceLock<Mutex<DoorOwners>> = std::sync::OnceLock::new();
-    let owners = OWNERS
-        .get_or_init(|| Mutex::new(DoorOwners { owners: HashMap::default(), at: None, reading: false, next: None }));
+    let owners = OWNERS.get_or_init(|| {
+        Mutex::new(DoorOwners {
+            owners: HashMap::default(),
+            interval: DOOR_OWNERS_INTERVAL,
+            reading: false,
+            next: None,
+        })
+    });
     let now = Instant::now();
     let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
-    let fresh = o.at.is_some_and(|at| now.duration_since(at) < DOOR_OWNERS_TTL);
-    let owner = o.owners.get(name).copied().filter(|_| fresh);
-    let due = o.next.is_none_or(|next| now >= next);
-    let old = o.at.is_none_or(|at| now.duration_since(at) >= DOOR_OWNERS_INTERVAL);
-    if (owner.is_none() || old) && due && !o.reading {
-        o.reading = true;
-        let read = move || {
-            let began = Instant::now();
-            let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
-            let list = sys::seqpacket_listeners(prefix.as_bytes());
-            let took = began.elapsed();
-            let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
-            match list {
-                Ok(l) => {
-                    if !l.whole {
-                        tracing::debug!("more listening unix sockets than a read takes: full doors may go unjudged");
-                    }
-                    o.owners = l.owners.into_iter().collect();
+    let kept_for = o.interval * DOOR_OWNERS_KEPT_FOR;
+    let owner = o.owners.get(name).filter(|(_, seen)| now.duration_since(*seen) < kept_for).map(|(uid, _)| *uid);
+    if o.reading || o.next.is_some_and(|next| now < next) {
+        return owner;
+    }
+    // Due: a read now, for a name not known, or to keep what is known current.
+    o.reading = true;
+    o.next = Some(now + o.interval);
+    /// Lets the next read begin however this one ends (a panic in a subscriber included).
+    struct Done(&'static Mutex<DoorOwners>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).reading = false;
+        }
+    }
+    let read = move || {
+        let _done = Done(owners);
+        let began = Instant::now();
+        let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
+        let list = sys::seqpacket_listeners(prefix.as_bytes());
+        let took = began.elapsed();
+        let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
+        o.interval = DOOR_OWNERS_INTERVAL.max(took * 10);
+        o.next = Some(began + o.interval);
+        match list {
+            Ok(l) => {
+                if !l.whole {
+                    tracing::debug!("more listening unix sockets than a read takes: full doors may go unjudged");
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not read who owns the doors");
-                    o.owners.clear();
+                for (n, uid) in l.owners {
+                    o.owners.insert(n, (uid, began));
                 }
             }
-            o.at = Some(began);
-            o.reading = false;
-            o.next = Some(began + DOOR_OWNERS_INTERVAL.max(took * 10));
-        };
-        if std::thread::Builder::new().name("smc-tokio-doors".into()).spawn(read).is_err() {
-            // No thread now: the next client asks again.
-            o.reading = false;
+            Err(e) => tracing::debug!(error = %e, "could not read who owns the doors"),
         }
+        let kept_for = o.interval * DOOR_OWNERS_KEPT_FOR;
+        o.owners.retain(|_, (_, seen)| began.duration_since(*seen) < kept_for);
+    };
+    // A small stack: the read needs little (its buffer is on the heap). No thread now: the
+    // next read is due an interval later.
+    if std::thread::Builder::new().name("smc-tokio-doors".into()).stack_size(64 << 10).spawn(read).is_err() {
+        o.reading = false;
     }
     owner
 }

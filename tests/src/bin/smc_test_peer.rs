@@ -305,16 +305,19 @@ async fn main() -> std::io::Result<()> {
             // SAFETY: as above.
             cvt(unsafe { libc::listen(l, if stream { 1 } else { 0 }) })?;
             if !stream {
-                // One connection fills a backlog of 0 (a raw descriptor, open until the process
-                // ends); the next, non-blocking, finds it full.
-                seqpacket_connect(&name)?;
-                // SAFETY: as above.
-                let probe = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0) })?;
-                // SAFETY: as above.
-                let r = unsafe { libc::connect(probe, (&addr as *const libc::sockaddr_un).cast(), len) };
-                let e = std::io::Error::last_os_error();
-                if r == 0 || e.raw_os_error() != Some(libc::EAGAIN) {
-                    return Err(std::io::Error::other(format!("the queue is not full: {e}")));
+                // One connection fills a backlog of 0 (raw descriptors, open until the process
+                // ends); the next finds it full. Non-blocking both: whoever connected first,
+                // nothing waits.
+                let connect = || -> std::io::Result<()> {
+                    // SAFETY: as above.
+                    let d = cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK, 0) })?;
+                    // SAFETY: as above.
+                    cvt(unsafe { libc::connect(d, (&addr as *const libc::sockaddr_un).cast(), len) }).map(drop)
+                };
+                connect()?;
+                match connect() {
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                    other => return Err(std::io::Error::other(format!("the queue is not full: {other:?}"))),
                 }
             }
             println!("SQUATTING");
