@@ -63,22 +63,28 @@ pub(crate) struct TcpDiag {
     device: u32,
 }
 
+/// A non-blocking `NETLINK_SOCK_DIAG` socket. Fails where the kernel has no sock_diag
+/// (`EPROTONOSUPPORT`) or a sandbox refuses netlink.
+fn diag_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with constant arguments.
+    let fd = cvt(unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    })?;
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl TcpDiag {
     /// A new diag socket whose look-ups find the sockets bound to the interface `device` (a
     /// listener's `SO_BINDTOIFINDEX`, which its accepted connections inherit; 0: none), and
     /// those bound to none. Fails where the kernel has no sock_diag (`EPROTONOSUPPORT`) or a
     /// sandbox refuses netlink.
     pub(crate) fn new(device: u32) -> io::Result<TcpDiag> {
-        // SAFETY: plain syscall with constant arguments.
-        let fd = cvt(unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_SOCK_DIAG,
-            )
-        })?;
-        // SAFETY: a new descriptor nothing else owns.
-        Ok(TcpDiag { fd: unsafe { OwnedFd::from_raw_fd(fd) }, device })
+        Ok(TcpDiag { fd: diag_socket()?, device })
     }
 
     /// The owner of the TCP socket whose local address is `local` and whose peer is `peer`
@@ -246,16 +252,7 @@ pub(crate) const UNIX_LISTENERS_MAX: usize = 16_384;
 /// kernel looks a name up among sockets of the connecting socket's type), so anybody may bind
 /// a stream socket with a door's name without touching the door.
 pub(crate) fn seqpacket_listeners(prefix: &[u8]) -> io::Result<Listeners> {
-    // SAFETY: plain syscall with constant arguments.
-    let fd = cvt(unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    })?;
-    // SAFETY: a new descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = diag_socket()?;
     let mut req = [0u8; NLMSG_HDR + UNIX_REQ_LEN];
     let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
     req[0..4].copy_from_slice(&len.to_ne_bytes());
