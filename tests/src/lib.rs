@@ -101,6 +101,7 @@ pub async fn smc_pair_in(
 }
 
 pub async fn bounded<F: Future>(secs: u64, fut: F) -> F::Output {
+    raise_fd_limit();
     tokio::time::timeout(Duration::from_secs(secs), fut).await.unwrap_or_else(|_| panic!("test step exceeded {secs} s"))
 }
 
@@ -195,6 +196,29 @@ where
     if let Some(i) = got.iter().zip(data).position(|(a, b)| a != b) {
         panic!("echo differs first at byte {i}");
     }
+}
+
+/// Raises this process's soft limit on open descriptors towards its hard limit (to at most
+/// 65 536), once. A login shell often gives 1 024, and tests that open a thousand sockets at
+/// once, with the tests beside them in the same process, need more; the peers a test starts
+/// inherit it. Called by [`bounded`], and first thing by the tests that open the most.
+pub fn raise_fd_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: rlimit is plain data; all-zero is valid.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is valid for writes.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return;
+        }
+        let want = r.rlim_max.min(65_536);
+        if r.rlim_cur < want {
+            r.rlim_cur = want;
+            // SAFETY: `r` is a valid rlimit; raising the soft limit up to the hard one needs no
+            // privilege.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+        }
+    });
 }
 
 /// Whether this test process runs as root, which tests that run a peer as another uid (or set

@@ -223,6 +223,7 @@ fn kernel_refuses_descriptors() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_side_channel_takes_nobody_it_does_not_wait_for() {
+    tests::raise_fd_limit();
     if !require_root("the_side_channel_takes_nobody_it_does_not_wait_for") {
         return;
     }
@@ -247,6 +248,7 @@ async fn the_side_channel_takes_nobody_it_does_not_wait_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_squatter_queueing_lingering_sockets_slows_no_client() {
+    tests::raise_fd_limit();
     if !require_root("a_squatter_queueing_lingering_sockets_slows_no_client") {
         return;
     }

@@ -123,6 +123,7 @@ async fn cut_off_and_garbage_proposals_at_the_door_end_in_tcp_and_free_their_slo
 
 #[tokio::test]
 async fn hundreds_of_silent_clients_do_not_stop_the_listener() {
+    tests::raise_fd_limit();
     const PLAIN: usize = 300;
     const REGISTERED: usize = 100;
     let l = SmcListener::builder()

@@ -57,6 +57,7 @@ async fn integrity_100_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integrity_1000_connections_one_link_group() {
+    tests::raise_fd_limit();
     integrity(1000, 16 << 10, 5000).await;
 }
 

@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_connections_with_sixteen_pending_handshakes() {
+    tests::raise_fd_limit();
     const N: usize = 2000;
     let fds_before = open_fds();
     let stats_before = smc_tokio::stats();

@@ -61,6 +61,7 @@ async fn storm(addr: std::net::SocketAddr, n: usize, stop: Option<u32>) -> (usiz
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_short_connections_to_another_process_under_load_and_a_stopped_server() {
+    tests::raise_fd_limit();
     let busy = Busy(
         (0..2).map(|_| std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap()).collect(),
     );

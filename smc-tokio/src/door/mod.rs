@@ -3137,6 +3137,7 @@ mod tests {
     /// is taken in whole.
     #[tokio::test]
     async fn knocks_cost_the_look_ups_of_a_turn_one_batch_of_refusals() {
+        crate::sys::raise_fd_limit();
         /// Knocks on `door`, then two plain connections looked up in one turn: how many of the
         /// knocks the look-ups took from the door's queue.
         fn taken_by_two_look_ups(queue: &std::net::TcpListener, door: &Door, knocks: usize) -> usize {

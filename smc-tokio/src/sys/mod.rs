@@ -630,6 +630,7 @@ mod tests {
     /// receiving thread.
     #[test]
     fn a_full_message_of_descriptors_fits_beside_credentials_and_a_pidfd() {
+        raise_fd_limit();
         let (a, b) = unix_pair(libc::SOCK_DGRAM).unwrap();
         setsockopt(b.as_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, &1 as &libc::c_int).unwrap();
         let _ = setsockopt(b.as_fd(), libc::SOL_SOCKET, SO_PASSPIDFD, &1 as &libc::c_int);
@@ -1096,6 +1097,29 @@ impl PeerCred {
         }
         self.uid == euid || allowed.contains(&self.uid)
     }
+}
+
+/// Raises this process's soft limit on open descriptors towards its hard limit (to at most
+/// 65 536), once, for tests that open many at once beside the others in the same process (a
+/// login shell often gives 1 024).
+#[cfg(test)]
+pub(crate) fn raise_fd_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: rlimit is plain data; all-zero is valid.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: `r` is valid for writes.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return;
+        }
+        let want = r.rlim_max.min(65_536);
+        if r.rlim_cur < want {
+            r.rlim_cur = want;
+            // SAFETY: `r` is a valid rlimit; raising the soft limit up to the hard one needs no
+            // privilege.
+            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+        }
+    });
 }
 
 /// [`PeerCred::trusted`] for a peer known by its uid alone (the owner of a socket, from the
