@@ -403,3 +403,11 @@ pub(crate) fn partial_wait(server: SocketAddr) -> Option<Duration> {
 pub(crate) fn partial_wait(_server: SocketAddr) -> Option<std::time::Duration> {
     None
 }
+
+/// Raises this process's soft limit on open descriptors towards its hard limit (to at most
+/// 65 536), once: for test processes that open many sockets at once (a login shell often gives
+/// 1 024). The peers a test starts inherit it.
+#[cfg(feature = "test-util")]
+pub fn raise_fd_limit() {
+    crate::sys::raise_fd_limit();
+}

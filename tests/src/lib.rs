@@ -203,22 +203,7 @@ where
 /// once, with the tests beside them in the same process, need more; the peers a test starts
 /// inherit it. Called by [`bounded`], and first thing by the tests that open the most.
 pub fn raise_fd_limit() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: rlimit is plain data; all-zero is valid.
-        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: `r` is valid for writes.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-            return;
-        }
-        let want = r.rlim_max.min(65_536);
-        if r.rlim_cur < want {
-            r.rlim_cur = want;
-            // SAFETY: `r` is a valid rlimit; raising the soft limit up to the hard one needs no
-            // privilege.
-            unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
-        }
-    });
+    smc_tokio::faults::raise_fd_limit();
 }
 
 /// Whether this test process runs as root, which tests that run a peer as another uid (or set

@@ -1102,7 +1102,7 @@ impl PeerCred {
 /// Raises this process's soft limit on open descriptors towards its hard limit (to at most
 /// 65 536), once, for tests that open many at once beside the others in the same process (a
 /// login shell often gives 1 024).
-#[cfg(test)]
+#[cfg(any(test, feature = "test-util"))]
 pub(crate) fn raise_fd_limit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
