@@ -251,7 +251,12 @@ fn conn_budget() -> usize {
 /// The door names of a listener on `addr`, without the index: `smc-tokio/d4/127.0.0.1:8080`,
 /// `smc-tokio/d4/[::]:8080`.
 pub(crate) fn base_name(addr: SocketAddr) -> String {
-    format!("smc-tokio/d{DOOR_VERSION}/{}", sys::unmap(addr))
+    format!("{}{}", door_prefix(), sys::unmap(addr))
+}
+
+/// What every door name of this door version begins with: `smc-tokio/d4/`.
+fn door_prefix() -> String {
+    format!("smc-tokio/d{DOOR_VERSION}/")
 }
 
 fn door_name(base: &str, index: u32) -> Vec<u8> {
@@ -2198,13 +2203,14 @@ impl ClientDoors {
             *probe = Some(fd);
             return Found::Starved;
         }
-        let fd = match sys::seqpacket_connect_with(fd, &at.name()) {
+        let name = at.name();
+        let fd = match sys::seqpacket_connect_with(fd, &name) {
             Ok(fd) if inert => PeerFd::new(fd).inert(),
             Ok(fd) => PeerFd::new(fd),
             Err((fd, e)) => {
                 *probe = Some(fd);
                 return if e.kind() == io::ErrorKind::WouldBlock {
-                    full_door(&at.name(), allowed_uids, counters)
+                    full_door(&name, allowed_uids, counters)
                 } else if sys::is_starved(&e) {
                     Found::Starved
                 } else {
@@ -2483,8 +2489,7 @@ fn full_door_owner(name: &[u8]) -> Option<u32> {
     let read = move || {
         let _done = Done(owners);
         let began = Instant::now();
-        let prefix = format!("smc-tokio/d{DOOR_VERSION}/");
-        let list = sys::seqpacket_listeners(prefix.as_bytes());
+        let list = sys::seqpacket_listeners(door_prefix().as_bytes());
         let took = began.elapsed();
         let mut o = owners.lock().unwrap_or_else(|e| e.into_inner());
         o.interval = DOOR_OWNERS_INTERVAL.max(took * 10);

@@ -27,6 +27,10 @@ use std::task::{Context, Poll};
 use crate::proto::cdc::{CdcMsg, CDC_MSG_LEN};
 
 pub(crate) mod peer_mem;
+pub(crate) mod reactor;
+pub(crate) mod shm;
+#[cfg(feature = "rdma")]
+pub(crate) mod verbs;
 
 /// Where [`Link::tx_fill`] lets its `fill` write: a pointer and a length, not a slice. On shared
 /// memory the span lies in our region, which a peer of our uid can open for writing too
@@ -58,10 +62,6 @@ impl TxSpan {
         self.len
     }
 }
-pub(crate) mod reactor;
-pub(crate) mod shm;
-#[cfg(feature = "rdma")]
-pub(crate) mod verbs;
 
 /// A failure of the link as a whole: every connection of the group is affected.
 #[derive(Debug, Clone, PartialEq, Eq)]

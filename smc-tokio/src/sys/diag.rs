@@ -78,6 +78,15 @@ fn diag_socket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Writes the `nlmsghdr` of a `SOCK_DIAG_BY_FAMILY` request that is all of `req`, with `flags`
+/// (the sequence number and port stay 0).
+fn request_header(req: &mut [u8], flags: u16) {
+    let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+}
+
 impl TcpDiag {
     /// A new diag socket whose look-ups find the sockets bound to the interface `device` (a
     /// listener's `SO_BINDTOIFINDEX`, which its accepted connections inherit; 0: none), and
@@ -145,11 +154,8 @@ impl TcpDiag {
         exact: bool,
     ) -> io::Result<Option<TcpOwner>> {
         let mut req = [0u8; NLMSG_HDR + REQ_LEN];
-        let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
-        req[0..4].copy_from_slice(&len.to_ne_bytes());
-        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         // NLM_F_REQUEST, no dump: the kernel looks up exactly this socket.
-        req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        request_header(&mut req, libc::NLM_F_REQUEST as u16);
         let r = &mut req[NLMSG_HDR..];
         r[0] = family;
         r[1] = libc::IPPROTO_TCP as u8;
@@ -254,10 +260,7 @@ pub(crate) const UNIX_LISTENERS_MAX: usize = 16_384;
 pub(crate) fn seqpacket_listeners(prefix: &[u8]) -> io::Result<Listeners> {
     let fd = diag_socket()?;
     let mut req = [0u8; NLMSG_HDR + UNIX_REQ_LEN];
-    let len = u32::try_from(req.len()).unwrap_or(u32::MAX);
-    req[0..4].copy_from_slice(&len.to_ne_bytes());
-    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req[6..8].copy_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    request_header(&mut req, (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16);
     let r = &mut req[NLMSG_HDR..];
     r[0] = libc::AF_UNIX as u8;
     r[4..8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());

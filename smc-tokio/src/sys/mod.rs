@@ -1091,11 +1091,7 @@ impl PeerCred {
 
     /// As [`trusted`](Self::trusted), by a process whose effective uid is `euid`.
     pub(crate) fn trusted_by(&self, euid: u32, allowed: &[u32]) -> bool {
-        let (overflow_uid, overflow_gid) = overflow_ids();
-        if self.uid == overflow_uid || self.gid == overflow_gid {
-            return false;
-        }
-        self.uid == euid || allowed.contains(&self.uid)
+        self.gid != overflow_ids().1 && uid_trusted_by(self.uid, euid, allowed)
     }
 }
 
@@ -1126,7 +1122,12 @@ pub(crate) fn raise_fd_limit() {
 /// kernel's socket lists): no gid to check, so a uid alone must pass the same rule.
 pub(crate) fn uid_trusted(uid: u32, allowed: &[u32]) -> bool {
     // SAFETY: geteuid cannot fail and has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    uid_trusted_by(uid, unsafe { libc::geteuid() }, allowed)
+}
+
+/// The uid half of [`PeerCred::trusted_by`]: `uid` is `euid` or an allowed one, and not the
+/// overflow id.
+fn uid_trusted_by(uid: u32, euid: u32, allowed: &[u32]) -> bool {
     uid != overflow_ids().0 && (uid == euid || allowed.contains(&uid))
 }
 

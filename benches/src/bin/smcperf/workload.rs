@@ -380,7 +380,7 @@ pub(crate) async fn run_case(
     [m.server_busy, m.client_busy] = side_busy(&sides0, &sides1, wall);
     // CPU over the whole run (warm-up, set-up and tear-down included), per operation counted
     // in the measured window scaled to the run's length.
-    let ops = m.ops_per_s * t0.elapsed().as_secs_f64();
+    let ops = m.ops_per_s * wall.as_secs_f64();
     if ops > 0.0 {
         let (cpu1, sleeps1) = cpu_time();
         m.cpu_us_per_op = (cpu1 - cpu0).as_secs_f64() * 1e6 / ops;
