@@ -278,10 +278,20 @@ fn message_buffer() -> Box<[u8]> {
 
 /// One door message read without blocking, into `buf` ([`message_buffer`]), and checked whole:
 /// its frames. `Ok(None)`: the peer closed. A message that is not 1 to
-/// [`DOOR_BATCH_FRAMES`](proto_door::DOOR_BATCH_FRAMES) whole frames is `InvalidData`. Descriptors that came with it (none should: door connections
-/// refuse them where the kernel can) go to a closer.
-fn recv_message<'b>(conn: BorrowedFd<'_>, buf: &'b mut [u8]) -> io::Result<Option<proto_door::Frames<'b>>> {
-    let (n, _fds) = sys::recv_with_fds(conn, buf)?;
+/// [`DOOR_BATCH_FRAMES`](proto_door::DOOR_BATCH_FRAMES) whole frames is `InvalidData`; so is
+/// one that came with descriptors (door connections refuse them where the kernel can; before
+/// Linux 6.16 a peer can still send them): it is left queued, none is taken into this
+/// process, and the caller ends the connection ([`sys::recv_without_fds`]). `inert`: the
+/// socket refuses descriptors since it was made ([`PeerFd::inert`]).
+fn recv_message<'b>(
+    conn: BorrowedFd<'_>,
+    inert: bool,
+    buf: &'b mut [u8],
+) -> io::Result<Option<proto_door::Frames<'b>>> {
+    let (n, flags) = sys::recv_without_fds(conn, buf, 0, inert)?;
+    if flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "a door message longer than any"));
+    }
     if n == 0 {
         return Ok(None);
     }
@@ -1360,7 +1370,7 @@ impl Door {
             if *budget == 0 {
                 return Read::More;
             }
-            match recv_message(conn.sock.fd.get_ref().as_fd(), buf) {
+            match recv_message(conn.sock.fd.get_ref().as_fd(), conn.sock.fd.get_ref().is_inert(), buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Read::Empty,
                 // A frame only a server sends ends the connection before anything of its
                 // message is filed.
@@ -2018,7 +2028,7 @@ impl ClientConn {
     fn read_all(&self, buf: &mut [u8]) -> io::Result<bool> {
         let mut read = 0;
         while read < READ_MAX {
-            match recv_message(self.sock.fd.get_ref().as_fd(), buf) {
+            match recv_message(self.sock.fd.get_ref().as_fd(), self.sock.fd.get_ref().is_inert(), buf) {
                 Ok(Some(msg)) => {
                     let inboxes = self.inboxes();
                     let mut wake = Vec::new();
@@ -2897,6 +2907,36 @@ mod tests {
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
     }
 
+    /// A door connection whose messages bring descriptors (a door as on a kernel before Linux
+    /// 6.16, where a client can queue them before the door takes its connection in) is ended at
+    /// the first such message, which is left queued: the door takes none of its descriptors
+    /// into the process (it took each message's, up to 253, and went on reading).
+    #[tokio::test]
+    async fn a_door_message_with_descriptors_ends_its_connection() {
+        crate::faults::doors_take_descriptors_as_before_6_16(true);
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await;
+        crate::faults::doors_take_descriptors_as_before_6_16(false);
+        let listener = listener.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = sys::seqpacket_connect(door.name()).unwrap();
+        let (x, x_peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A frame the door takes from any client (a cancel of a registration it does not have).
+        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        for _ in 0..3 {
+            sys::send_with_any_fds(client.as_fd(), &cancel, &[x.as_fd(); 200]).unwrap();
+        }
+        drop(x);
+        {
+            let mut st = door.lock();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(door.drain(&mut st), Ok(true)) && Instant::now() < deadline {}
+            assert!(st.conns.is_empty(), "the connection that sent descriptors is still served");
+        }
+        // Its close, on a closer, took the messages and their descriptors with it.
+        x_peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(std::io::Read::read(&mut &x_peer, &mut [0u8; 1]).unwrap(), 0);
+    }
+
     /// A door connection that another runtime's accept took in (the application's, say) is
     /// watched and answered by the listener's runtime: that runtime's end does not take it
     /// along, and its registrations are answered.
@@ -2924,7 +2964,7 @@ mod tests {
         let mut buf = message_buffer();
         let deadline = Instant::now() + Duration::from_secs(5);
         let answer = loop {
-            match recv_message(client.as_fd(), &mut buf) {
+            match recv_message(client.as_fd(), false, &mut buf) {
                 Ok(Some(mut msg)) => break msg.next().map(|(f, p)| (f.kind, f.id, p.to_vec())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -3546,7 +3586,7 @@ mod tests {
         }
         let mut got = Vec::new();
         let mut buf = message_buffer();
-        while let Ok(Some(msg)) = recv_message(client.as_fd(), &mut buf) {
+        while let Ok(Some(msg)) = recv_message(client.as_fd(), false, &mut buf) {
             got.extend(msg.map(|(f, p)| (f, p.to_vec())));
         }
         got
@@ -3557,7 +3597,7 @@ mod tests {
     fn drain(client: &OwnedFd, ids: &mut Vec<u64>) -> bool {
         let mut buf = message_buffer();
         loop {
-            match recv_message(client.as_fd(), &mut buf) {
+            match recv_message(client.as_fd(), false, &mut buf) {
                 Ok(Some(msg)) => ids.extend(msg.map(|(f, _)| f.id)),
                 Ok(None) => return true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
@@ -3687,7 +3727,7 @@ mod tests {
             let mut ids = Vec::new();
             for _ in 0..4 {
                 tokio::time::sleep_until(started + Duration::from_millis(900) * (ids.len() as u32 + 1)).await;
-                match recv_message(client.as_fd(), &mut buf) {
+                match recv_message(client.as_fd(), false, &mut buf) {
                     Ok(Some(msg)) => ids.extend(msg.map(|(f, _)| f.id)),
                     other => panic!("{:?}", other.map(|m| m.map(|_| ()))),
                 }

@@ -334,13 +334,13 @@ mod tests {
             }
             let mut drained = 0;
             loop {
-                match doorbell_drain(b.wait(), 64) {
+                match doorbell_drain(b.wait(), false, 64) {
                     Ok(n) => drained += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) => panic!("{e}"),
                 }
             }
-            let again = doorbell_drain(b.wait(), 64).unwrap_err().kind();
+            let again = doorbell_drain(b.wait(), false, 64).unwrap_err().kind();
             tx.send((drained, again)).unwrap();
         });
         let (drained, again) =
@@ -369,8 +369,8 @@ mod tests {
         }
         doorbell_ring(b.ring.as_fd()).unwrap();
         doorbell_ring(a.ring.as_fd()).unwrap();
-        assert_eq!(doorbell_drain(a.wait(), 8).unwrap(), 1);
-        assert_eq!(doorbell_drain(b.wait(), 8).unwrap(), 1);
+        assert_eq!(doorbell_drain(a.wait(), false, 8).unwrap(), 1);
+        assert_eq!(doorbell_drain(b.wait(), false, 8).unwrap(), 1);
         // The peer's sockets go (its ringing one first); ours still refuse strangers, and a
         // ring that finds the peer gone reports it.
         let Side { ring: rb, wait: wb, .. } = b;
@@ -380,7 +380,7 @@ mod tests {
         assert_eq!(ring_until_refused(&a), Some(libc::ECONNREFUSED));
         assert_eq!(send_to(&third, &a.tag.wait_name()).unwrap_err().raw_os_error(), Some(libc::EPERM));
         assert_eq!(send_to(&third, &a.tag.ring_name()).unwrap_err().raw_os_error(), Some(libc::EPIPE));
-        assert_eq!(doorbell_drain(a.wait(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(doorbell_drain(a.wait(), false, 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
     /// A waiting socket that something reached between its bind and its connect is refused
@@ -411,7 +411,7 @@ mod tests {
         doorbell_ring(ra.as_fd()).unwrap();
         doorbell_ring(ra.as_fd()).unwrap();
         let w = bell_wait_connect(w, &ta).unwrap();
-        assert_eq!(doorbell_drain(w.as_fd(), 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(doorbell_drain(w.as_fd(), false, 8).unwrap_err().kind(), io::ErrorKind::WouldBlock);
         drop((w, ra));
         let (ra, ta) = bell_ring().unwrap();
         let tb = fresh(3);
@@ -439,8 +439,9 @@ mod tests {
 
     /// A peer that sends descriptors with its rings is refused by the kernel where it can
     /// (SO_PASSRIGHTS, which our doorbells turn off); where it cannot, or on a socket that does
-    /// not refuse, the drain takes them out with a control buffer (for a closer) instead of
-    /// leaving them to the kernel.
+    /// not refuse, the drain refuses the ring and leaves it queued (the doorbell is broken, and
+    /// its link ends): none of them comes into the drainer, and the socket's close on a closer
+    /// takes them with it.
     #[test]
     fn descriptors_sent_with_a_ring_never_reach_the_drainer() {
         let (a, b) = bells();
@@ -451,16 +452,18 @@ mod tests {
             assert_eq!(sent.unwrap_err().raw_os_error(), Some(libc::EPERM));
         } else {
             sent.unwrap();
-            assert_eq!(doorbell_drain(a.wait(), 8).unwrap(), 1);
+            assert_eq!(doorbell_drain(a.wait(), false, 8).unwrap_err().kind(), io::ErrorKind::InvalidData);
         }
-        // A socket that does not refuse: the drain takes them out.
+        drop(a);
+        // A socket that does not refuse: the drain refuses the ring.
         let (c, d) = unix_pair(libc::SOCK_DGRAM).unwrap();
         let (x2, y2) = std::os::unix::net::UnixStream::pair().unwrap();
         send_with_fds(c.as_fd(), b"r", &[x2.as_fd()]).unwrap();
         drop(x2);
-        assert_eq!(doorbell_drain(d.as_fd(), 8).unwrap(), 1);
+        assert_eq!(doorbell_drain(d.as_fd(), false, 8).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        drop(PeerFd::new(d));
         // Either way the streams' other ends are closed now (their only holders were the
-        // messages).
+        // messages, closed with the sockets they were queued in).
         for y in [y, y2] {
             y.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
             assert_eq!(std::io::Read::read(&mut &y, &mut [0u8; 1]).unwrap(), 0);
@@ -535,7 +538,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let other_w = wb.clone();
         let control = std::thread::spawn(move || {
-            let r = doorbell_drain(other_w.as_fd(), 1).map_err(|e| e.kind());
+            let r = doorbell_drain(other_w.as_fd(), false, 1).map_err(|e| e.kind());
             let _ = tx.send(());
             r
         });
@@ -545,7 +548,7 @@ mod tests {
         let Side { ring: ra, wait: wa, .. } = a;
         let ours = std::thread::spawn(move || {
             let rang = doorbell_ring(ra.as_fd()).is_ok();
-            let drained = doorbell_drain(wa.as_ref().unwrap().as_fd(), 8).ok();
+            let drained = doorbell_drain(wa.as_ref().unwrap().as_fd(), false, 8).ok();
             let _ = tx2.send((rang, drained));
         });
         let ours_done = rx2.recv_timeout(std::time::Duration::from_secs(10));
@@ -647,6 +650,28 @@ mod tests {
     /// moment its client connects, before it is accepted (what closing door connections in
     /// place rests on); a listener that takes them (a side channel's) gives connections that
     /// take them.
+    /// A message that came with descriptors is refused and left queued, as it was (a read
+    /// that takes descriptors gets it whole afterwards); one without is read, and a message
+    /// longer than the buffer says so.
+    #[test]
+    fn a_read_that_takes_no_descriptor_refuses_a_message_with_some() {
+        let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+        send_with_fds(a.as_fd(), b"with", &[x.as_fd(), x.as_fd()]).unwrap();
+        send_with_fds(a.as_fd(), b"without", &[]).unwrap();
+        let mut buf = [0u8; 16];
+        let e = recv_without_fds(b.as_fd(), &mut buf, 0, false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"with"[..], 2), "the message was not left as it was");
+        let (n, flags) = recv_without_fds(b.as_fd(), &mut buf, 0, false).unwrap();
+        assert_eq!((&buf[..n], flags & libc::MSG_TRUNC), (&b"without"[..], 0));
+        send_with_fds(a.as_fd(), b"longer than four", &[]).unwrap();
+        let (n, flags) = recv_without_fds(b.as_fd(), &mut buf[..4], 0, true).unwrap();
+        assert_eq!((&buf[..n], flags & libc::MSG_TRUNC != 0), (&b"long"[..], true));
+        assert_eq!(recv_without_fds(b.as_fd(), &mut buf, 0, false).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
+
     #[test]
     fn connections_refuse_descriptors_from_birth_when_their_listener_does() {
         let name = format!("smc-tokio-test/refusal/{}", std::process::id());
@@ -876,7 +901,7 @@ pub(crate) fn bell_wait_connect(fd: PeerFd, peer: &BellTag) -> io::Result<PeerFd
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(fd),
             Err(e) => return Err(e),
             Ok(from) if same_addr(&from, &want) => {
-                doorbell_drain(std::os::fd::AsFd::as_fd(&fd), 1)?;
+                doorbell_drain(std::os::fd::AsFd::as_fd(&fd), fd.is_inert(), 1)?;
             }
             Ok(_) => break,
         }
@@ -1042,16 +1067,15 @@ pub(crate) fn doorbell_ring(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// Drains up to `max` rings from a doorbell without blocking; returns how many it took
 /// (`WouldBlock` when there were none). Bounded, so a peer that rings in a loop cannot keep
 /// the caller here.
-pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, max: usize) -> io::Result<usize> {
+pub(crate) fn doorbell_drain(fd: BorrowedFd<'_>, refused: bool, max: usize) -> io::Result<usize> {
     let mut buf = [0u8; 8];
     let mut n = 0;
     while n < max {
-        // With a control buffer: descriptors a peer sent with a ring (where the kernel could
-        // not refuse them, see `refuse_descriptors`) come out as PeerFds and are closed by a
-        // closer, not discarded by the kernel here, on a runtime worker, where their last
-        // close could block; looked at first, so that none is discarded here for want of a
-        // free descriptor either. A datagram longer than the buffer is still one ring.
-        match recvmsg_fds_looked(fd, &mut buf, libc::MSG_DONTWAIT) {
+        // A ring with descriptors (where the kernel could not refuse them, before Linux 6.16,
+        // see `refuse_descriptors`) is refused and left queued, never taken into this process:
+        // the peer broke the doorbell, and its link ends (the socket's close, on a closer,
+        // takes the datagram with it). A datagram longer than the buffer is still one ring.
+        match recv_without_fds(fd, &mut buf, 0, refused) {
             Ok(_) => n += 1,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => return Ok(n),
             Err(e) => return Err(e),
@@ -1473,6 +1497,54 @@ pub(crate) fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<
     Ok((n, fds))
 }
 
+/// Receives one message on a socket whose peer has no descriptor to send us (a door
+/// connection, a doorbell, a link's side channel once joined), without taking any into this
+/// process: the message is looked at first with no room for control data, and one that came
+/// with descriptors (or anything else the kernel would put there) is left queued and refused
+/// (`InvalidData`): the caller ends the connection, and its close, on a closer, takes the
+/// message with it (see `closer`). Taking them here, as a message of 253 at a time, let a
+/// peer fill the process's descriptor table faster than closers stuck in closes could empty
+/// it. A message that refuses no descriptors on its socket (`refused`: `SO_PASSRIGHTS` off
+/// since the socket was made, [`refuse_descriptors`]) is read at once, without the look.
+/// Returns the message's length (0 at the end of the stream) and the flags the kernel returned
+/// (`MSG_TRUNC`: the message was longer than `buf`).
+pub(crate) fn recv_without_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+    refused: bool,
+) -> io::Result<(usize, libc::c_int)> {
+    let mut recv = |flags: libc::c_int| loop {
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: msghdr is plain data; all-zero is valid (no name, no control buffer).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: `msg` describes `buf`, valid for writes of its length across the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok((n as usize, msg.msg_flags));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    if !refused {
+        // Looked at: with no control buffer, the kernel drops its copies of the message's
+        // descriptors (never the last references: the queued message keeps its own) and says
+        // so with MSG_CTRUNC.
+        let (_, got) = recv(flags | libc::MSG_PEEK)?;
+        if got & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a message with descriptors where none belong (left queued)",
+            ));
+        }
+    }
+    recv(flags)
+}
+
 /// [`recvmsg_fds`] that never leaves the kernel a peer's descriptor to close on this thread.
 /// The message is looked at first (`MSG_PEEK`, which installs copies of its descriptors while
 /// the message keeps its own references), and taken only when every descriptor it carries was
@@ -1522,6 +1594,18 @@ fn recvmsg_fds(
     buf: &mut [u8],
     flags: libc::c_int,
 ) -> io::Result<(usize, Vec<PeerFd>, libc::c_int)> {
+    recvmsg_some_fds(sock, buf, flags, None)
+}
+
+/// [`recvmsg_fds`] with room for at most `max_fds` descriptors when it is given (and for
+/// nothing else): those of the message beyond them are closed by the kernel in this thread
+/// (`MSG_CTRUNC`), so only a closer thread calls it so.
+pub(super) fn recvmsg_some_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+    max_fds: Option<usize>,
+) -> io::Result<(usize, Vec<PeerFd>, libc::c_int)> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // Room for every descriptor one message can carry (the kernel's SCM_MAX_FD, 253, in one
     // SCM_RIGHTS header: 16 + 253 * 4 bytes), and 4 KiB besides for what a socket's options
@@ -1538,6 +1622,15 @@ fn recvmsg_fds(
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    if let Some(max) = max_fds {
+        // One SCM_RIGHTS header with `max` descriptors, within the buffer: the length without
+        // the padding `CMSG_SPACE` adds, as the kernel counts the room for descriptors from
+        // it (`scm_max_fds`), so an odd `max` gets no extra one.
+        let want = u32::try_from(max.min(253) * std::mem::size_of::<libc::c_int>()).unwrap_or(0);
+        // SAFETY: CMSG_LEN only computes a length.
+        let len = unsafe { libc::CMSG_LEN(want) } as usize;
+        msg.msg_controllen = len.min(std::mem::size_of_val(&cbuf));
+    }
     let n = loop {
         // SAFETY: `msg` describes valid, writable buffers that live across the call.
         let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };

@@ -325,7 +325,11 @@ impl ShmLink {
                         }
                         return Poll::Ready(Ok(()));
                     }
-                    match sys::doorbell_drain(doorbell.get_ref().0.as_fd(), DOORBELL_DRAIN_MAX) {
+                    match sys::doorbell_drain(
+                        doorbell.get_ref().0.as_fd(),
+                        doorbell.get_ref().0.is_inert(),
+                        DOORBELL_DRAIN_MAX,
+                    ) {
                         // More rings may be queued (a peer ringing in a loop): keep the readiness
                         // and report work; the driver bounds what one turn does.
                         Ok(n) if n == DOORBELL_DRAIN_MAX => {
@@ -396,9 +400,14 @@ impl ShmLink {
                 Poll::Pending => return Poll::Pending,
             };
             let mut buf = [0u8; SIDE_MSG_LEN];
-            match sys::recv_with_fds(side.get_ref().as_fd(), &mut buf) {
+            // Nothing is sent on it once joined: a message (with descriptors or not) breaks the
+            // link, and one with descriptors is left queued for the socket's close.
+            match sys::recv_without_fds(side.get_ref().as_fd(), &mut buf, 0, false) {
                 Ok((0, _)) => return Poll::Ready(Err(LinkError::PeerGone)),
                 Ok(_) => return Poll::Ready(Err(LinkError::Protocol("unexpected side-channel message"))),
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Poll::Ready(Err(LinkError::Protocol("descriptors on the side channel")))
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
                 Err(_) => return Poll::Ready(Err(LinkError::PeerGone)),
             }
