@@ -476,8 +476,12 @@ impl Manager {
         let (group, fresh) = crate::smc::manager::make_room(|| {
             let mut s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
             let same_client = |g: &&ServerGroup| {
+                // The uid too: a client outside our pid namespace shows pid 0, and then only its
+                // instance number (which every server it registers with learns) tells it from
+                // another client of an allowed uid.
                 g.acceptor == name
                     && g.pid == client.pid
+                    && g.uid == client.uid
                     && g.instance == client.instance
                     && g.peer_rmb_size == p.rmb_size
                     && g.group.is_alive()
@@ -759,6 +763,34 @@ mod tests {
         }
         assert_eq!(join(8, 4).await, Some(DeclineReason::OutOfMemory), "a group past the bound of all");
         assert!(manager.shm.client.lock().unwrap().establishing.is_empty());
+    }
+
+    /// Two clients that show one pid (0: both outside our pid namespace) and one instance
+    /// number, as a client of an allowed uid can make itself look once it learned another's
+    /// instance (every server it registers with sees it), never share a server group unless
+    /// their uids are the same too.
+    #[tokio::test]
+    async fn clients_of_two_uids_never_share_a_server_group() {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let acceptor = SideListener::default();
+        let cfg = ShmConfig::default();
+        let p = Proposal {
+            secret: sys::random_secret().unwrap(),
+            rmb_size: 64 << 10,
+            shm: Some(crate::proto::clc::ShmOffer { link_group: 0 }),
+            rdma: None,
+        };
+        let group_of = |uid: u32| {
+            let client = ClientIdentity { pid: 0, uid, instance: 0x5eed };
+            let (conn, info) =
+                manager.server_conn_create(&acceptor, &p, &client, &cfg, Duration::from_secs(5)).unwrap();
+            (conn, info.link_group)
+        };
+        let (_a, first) = group_of(1000);
+        let (_b, other_uid) = group_of(1001);
+        let (_c, same_uid) = group_of(1000);
+        assert_ne!(first, other_uid, "a client of another uid was put in the group of a client it imitates");
+        assert_eq!(first, same_uid, "one client's burst of first connections set up two groups");
     }
 
     /// A connect given up while its group was being joined leaves nothing that counts toward
