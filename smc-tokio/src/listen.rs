@@ -61,8 +61,12 @@ const UNSOLICITED: Owed = Owed::Proposal(DeclineReason::NoCommonTransport);
 pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAddr) -> Handoff {
     let cfg = shared.settings();
     let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
+    // Only a client on this host can have registered at the door (its name is in this network
+    // namespace, and such a client connects from one of this host's addresses, known as such
+    // from the moment it was assigned, `is_local_ip`): a look-up for any other would look at
+    // every door connection for nothing, on each connection another host opens.
     let matched = match (&shared.door, local) {
-        (Some(door), Some(local)) => door.lookup(peer, local, tcp.as_fd()),
+        (Some(door), Some(local)) if crate::sys::is_local_ip(peer.ip()) => door.lookup(peer, local, tcp.as_fd()),
         _ => None,
     };
     let reg = match matched {
@@ -1346,7 +1350,7 @@ impl ReadyQueue {
 
 /// Connections the listener's task takes from the kernel per wake-up before it yields to other
 /// tasks (so a storm of connections cannot starve the connections already established).
-const ACCEPT_BATCH: usize = 64;
+pub(crate) const ACCEPT_BATCH: usize = 64;
 
 /// Rounds of reading the door per turn of the listener's task: each round looks at every door
 /// connection that is ready, within the turn's bound of messages in all

@@ -998,7 +998,15 @@ impl SmcListener {
         // The look-ups of the connections taken from the kernel here read the door within a
         // budget of their own, as those of a turn of the listener task do (begun at the first).
         let mut turn = self.shared.door.as_ref();
+        // Connections taken from the kernel here that something else takes on (a handshake,
+        // or a close under `Policy::Never`): after a batch of them the call yields, so a flood
+        // of connects cannot keep it, and the worker, here for good.
+        let mut handed_off = 0;
         loop {
+            if handed_off == listen::ACCEPT_BATCH {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
             if let Some((e, peer)) = self.shared.ready.pop_or_wait(cx, waiter) {
                 coop.made_progress();
                 return Poll::Ready(Ok((accepted(e), peer)));
@@ -1015,6 +1023,7 @@ impl SmcListener {
                         coop.made_progress();
                         return Poll::Ready(Ok((accepted(e), peer)));
                     }
+                    handed_off += 1;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
                 // `accept4` takes a descriptor before it looks at the queue, so without one it
@@ -1079,6 +1088,22 @@ mod tests {
             let t = tokio::time::timeout(Duration::from_secs(5), accept).await.expect("accept never woken").unwrap();
             assert!(!t.unwrap().is_smc(), "round {round}");
         }
+    }
+
+    /// Connections that an accept takes from the kernel and gives to something else (under
+    /// [`Policy::Never`], a plain client is closed) end the call after a batch: a flood of them
+    /// does not keep one `poll_accept` (and its worker) for as long as it lasts.
+    #[tokio::test]
+    async fn an_accept_that_hands_every_connection_elsewhere_yields_after_a_batch() {
+        let listener = SmcListener::builder().policy(crate::Policy::Never).bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clients: Vec<_> =
+            (0..3 * crate::listen::ACCEPT_BATCH).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(listener.poll_accept(&mut cx).is_pending());
+        assert!(sys::has_pending_connection(listener.shared.tcp.as_fd()), "one poll took every queued connection");
+        drop(clients);
     }
 
     /// A loop of accepts over a full queue yields to the runtime, as tokio's does (each accept

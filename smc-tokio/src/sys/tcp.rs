@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::cvt;
@@ -159,6 +159,14 @@ pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Re
 
 /// A zero `SO_LINGER` on a TCP socket: its last close is a reset (tcp(7)), with no FIN exchange
 /// and no `TIME_WAIT`. A failure is ignored: the close is then an orderly one.
+/// How long the kernel keeps this TCP socket, orphaned, waiting for its peer's close
+/// (`TCP_LINGER2`: the socket's own value, or `net.ipv4.tcp_fin_timeout`; a negative one, no
+/// wait, is zero).
+pub(crate) fn orphan_linger(sock: &impl std::os::fd::AsFd) -> io::Result<std::time::Duration> {
+    let secs = super::getsockopt(sock.as_fd(), libc::IPPROTO_TCP, libc::TCP_LINGER2, 0 as libc::c_int)?;
+    Ok(std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
 pub(crate) fn set_zero_linger(sock: &impl std::os::fd::AsFd) {
     let _ = socket2::SockRef::from(sock).set_linger(Some(std::time::Duration::ZERO));
 }
@@ -191,8 +199,14 @@ pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
 }
 
 /// Whether `ip` is an address of this host (in this network namespace): a loopback address or
-/// one assigned to an interface. Interface addresses are read with getifaddrs(3) and cached
-/// for a second.
+/// one assigned to an interface. Interface addresses are read with getifaddrs(3) and kept
+/// until the kernel says they changed: a routing socket that hears of every address added or
+/// removed ([`AddrWatch`]) is looked at on each call (one `recv` that finds nothing), so an
+/// address is known as this host's from the moment it was assigned, before anybody could
+/// connect from it. (A listener asks this of each client to know whether it can have
+/// registered at its door: an address taken for another host's would hand a registered
+/// client's connection out as TCP.) Where no such socket can be had, the list is read again
+/// each second.
 pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -201,13 +215,88 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     if ip.is_loopback() {
         return true;
     }
-    static CACHE: std::sync::Mutex<Option<(std::time::Instant, Vec<IpAddr>)>> = std::sync::Mutex::new(None);
-    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    let fresh = c.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
-    if !fresh {
-        *c = Some((std::time::Instant::now(), interface_addrs().unwrap_or_default()));
+    struct Addrs {
+        ips: Vec<IpAddr>,
+        read: std::time::Instant,
+        watch: Option<AddrWatch>,
     }
-    c.as_ref().is_some_and(|(_, ips)| ips.contains(&ip))
+    static CACHE: std::sync::Mutex<Option<Addrs>> = std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let stale = match c.as_mut() {
+        None => true,
+        Some(a) => match &a.watch {
+            Some(w) => w.changed().unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "address watch failed: reading the addresses each second");
+                a.watch = None;
+                true
+            }),
+            None => a.read.elapsed() >= std::time::Duration::from_secs(1),
+        },
+    };
+    if stale {
+        // The watch opened before the list is read: a change after the read is heard.
+        let watch = match c.take() {
+            Some(Addrs { watch: Some(w), .. }) => Some(w),
+            _ => AddrWatch::open().ok(),
+        };
+        *c = Some(Addrs { ips: interface_addrs().unwrap_or_default(), read: std::time::Instant::now(), watch });
+    }
+    c.as_ref().is_some_and(|a| a.ips.contains(&ip))
+}
+
+/// A routing socket (`NETLINK_ROUTE`) in the groups that hear of IPv4 and IPv6 addresses
+/// added and removed (`rtnetlink(7)`; no privilege needed).
+struct AddrWatch(OwnedFd);
+
+impl AddrWatch {
+    fn open() -> io::Result<AddrWatch> {
+        // SAFETY: plain syscall with constant arguments.
+        let fd = cvt(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        })?;
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: sockaddr_nl is plain data; all-zero is valid.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        // SAFETY: `addr` is a valid sockaddr_nl of the size given.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        })?;
+        Ok(AddrWatch(fd))
+    }
+
+    /// Whether anything was heard since the last look (taken, so the next look starts afresh).
+    /// A socket whose queue overflowed (ENOBUFS: changes were lost) counts as changed.
+    fn changed(&self) -> io::Result<bool> {
+        let mut buf = [0u8; 4096];
+        let mut changed = false;
+        // Bounded: what is queued is taken, and a flood of changes is one change.
+        for _ in 0..64 {
+            // SAFETY: `buf` is valid for writes of its length.
+            let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                changed = true;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(changed),
+                Some(libc::EINTR | libc::ENOBUFS) => changed = true,
+                _ => return Err(e),
+            }
+        }
+        Ok(true)
+    }
 }
 
 fn interface_addrs() -> io::Result<Vec<IpAddr>> {
@@ -348,6 +437,34 @@ pub(crate) fn has_pending_connection(listener: BorrowedFd<'_>) -> bool {
 mod door_tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    /// An address is this host's from the moment it is assigned, and not once it is removed:
+    /// no second of a stale list in between (a client connecting from an address just added
+    /// was taken for another host's, and the listener handed its connection out as TCP without
+    /// looking for its registration). Needs root, to add an address.
+    #[test]
+    fn an_address_is_local_from_the_moment_it_is_assigned() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: adding an address needs root");
+            return;
+        }
+        let addr: Ipv6Addr = format!("fd00:5e7c:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
+        let ip = |op: &str| {
+            let out = std::process::Command::new("ip")
+                .args(["-6", "addr", op, &format!("{addr}/128"), "dev", "lo"])
+                .output()
+                .expect("ip");
+            assert!(out.status.success(), "ip addr {op}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
+        ip("add");
+        let added = is_local_ip(IpAddr::V6(addr));
+        ip("del");
+        let removed = is_local_ip(IpAddr::V6(addr));
+        assert!(added, "an address just assigned was taken for another host's");
+        assert!(!removed, "an address just removed was taken for this host's");
+    }
 
     /// A client socket is bound to a port before it connects, and once connected the kernel
     /// names its owner and cookie by the four-tuple the server's accepted end sees, reversed
