@@ -383,6 +383,104 @@ async fn idle_link_groups_are_torn_down_and_rebuilt() {
     bounded(10, echo_check(c, b"c", 1, 3)).await;
 }
 
+/// A connection we let go of whose peer never answers (its application holds the stream and
+/// neither reads nor closes it, as a stopped process would) ends once the peer has been silent
+/// for the TCP socket's `TCP_LINGER2`, as the kernel ends an orphaned TCP socket whose peer does
+/// not close: the link group, left with nothing, goes idle and its memory comes back, and the
+/// peer's next write meets a reset. (It held the connection, its ring and its group for as
+/// long as the peer lived.) A peer that is slow but reads is not silent: it gets every byte.
+#[tokio::test]
+async fn a_close_the_peer_never_answers_ends_after_the_sockets_linger2() {
+    use std::os::fd::AsRawFd;
+    let cfg = ShmConfig::default().idle_timeout(Duration::from_millis(100)).rmb_size(64 << 10).rmb_max(64 << 10);
+    let (server_ctx, client_ctx) = (smc_tokio::Context::new(), smc_tokio::Context::new());
+    let l = SmcListener::builder().context(&server_ctx).shm(cfg.clone()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let linger2 = |s: &SmcStream, secs: libc::c_int| {
+        // SAFETY: a valid socket and an int option of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_LINGER2,
+                (&secs as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "TCP_LINGER2: {}", std::io::Error::last_os_error());
+    };
+
+    // A slow reader first: 96 KiB written into a 64 KiB ring, the last 64 KiB of it left to
+    // the peer when we let go; it reads them 4 KiB at a time, for longer than the linger (2 s),
+    // and gets all of it and the end.
+    let mut c = bounded(10, SmcStream::builder().context(&client_ctx).shm(cfg.clone()).connect(addr)).await.unwrap();
+    let (mut s, _) = bounded(10, l.accept()).await.unwrap();
+    assert_eq!(c.transport(), Transport::SmcD);
+    linger2(&c, 2);
+    let data: Vec<u8> = (0..96u32 << 10).map(|i| (i % 251) as u8).collect();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        c.write_all(&sent).await.unwrap();
+        drop(c);
+    });
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let mut released = None;
+    loop {
+        let n = bounded(10, s.read(&mut buf)).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if released.is_none() && writer.is_finished() {
+            released = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    bounded(10, writer).await.unwrap();
+    let read_after = released.map(|r| r.elapsed()).unwrap_or_default();
+    assert!(
+        read_after >= Duration::from_secs(2),
+        "not slower than the linger: read for {read_after:?} after the release"
+    );
+    assert!(got == data, "a slow reader lost bytes: {} of {}", got.len(), data.len());
+    drop(s);
+
+    // A silent peer: it holds its end and never reads nor closes.
+    let c = bounded(10, SmcStream::builder().context(&client_ctx).shm(cfg.clone()).connect(addr)).await.unwrap();
+    let (mut s, _) = bounded(10, l.accept()).await.unwrap();
+    assert_eq!(c.transport(), Transport::SmcD);
+    assert!(client_ctx.stats().link_groups > 0);
+    linger2(&c, 1);
+    drop(c);
+    let gone = Instant::now();
+    loop {
+        let st = client_ctx.stats();
+        if st.link_groups == 0 && st.rmb_bytes == 0 {
+            break;
+        }
+        assert!(gone.elapsed() < Duration::from_secs(10), "the group of the unanswered close still lives: {st}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone.elapsed() >= Duration::from_millis(900), "ended before the linger: {:?}", gone.elapsed());
+    // The peer reads our close, or the abort after it (as a TCP reset after a FIN reads), and
+    // its writes meet the abort.
+    match bounded(10, s.read(&mut [0u8; 8])).await {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("the peer read {other:?}"),
+    }
+    let mut reset = false;
+    for _ in 0..100 {
+        if s.write_all(b"anyone?").await.is_err() {
+            reset = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reset, "the peer's writes still went somewhere");
+}
+
 #[tokio::test]
 async fn adaptive_fallback_stops_proposing_to_a_server_of_short_connections() {
     // A context of its own: the server's address goes into the context's negative cache, and

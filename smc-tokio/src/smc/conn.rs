@@ -234,6 +234,10 @@ struct ConnState {
     held_watcher: Option<Watcher>,
     /// The application dropped its handle.
     released: bool,
+    /// Released with the peer's answer still to come: since when the peer last said anything
+    /// on the connection (its release, or the peer's last CDC message). See
+    /// [`SmcConn::end_if_silent`].
+    lingering: Option<std::time::Instant>,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
     /// A CDC send met the RDMA link failed before its group did (`flush_cdc_inline`): a flush
@@ -729,6 +733,7 @@ impl SmcConn {
                 tcp_hold: None,
                 held_watcher: None,
                 released: false,
+                lingering: None,
                 link_down: false,
                 send_failed: None,
                 keepalive_before: None,
@@ -1857,10 +1862,51 @@ impl SmcConn {
             st.held_watcher = None;
         }
         let (done, retire) = (Self::done(&st), st.retire_slot);
+        if !done {
+            st.lingering = Some(std::time::Instant::now());
+        }
         drop(st);
         if done {
             self.group.forget_conn(self.our_token, retire);
+        } else {
+            self.group.watch_lingering();
         }
+    }
+
+    /// Ends a connection the application let go of whose peer has said nothing on it (no
+    /// close, no abort, no consumed bytes) for as long as TCP keeps an orphaned socket whose
+    /// peer does not close (`TCP_LINGER2` of its TCP socket: `net.ipv4.tcp_fin_timeout`, 60 s,
+    /// unless set on the socket): an abort tells a peer that is there (its next read or write
+    /// meets a reset, as TCP's would once our end went), and the connection is forgotten, its
+    /// slot retired (never used again while the group lives: the peer may still read or lend
+    /// it). Without this, a peer that never answered a close (stopped, or hostile) held the
+    /// connection, its slot and its memory for as long as the link group lived. Returns how
+    /// long until it would end (`None`: not waiting for its peer, or ended now).
+    pub(crate) fn end_if_silent(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let mut st = self.lock();
+        let since = st.lingering?;
+        if Self::done(&st) {
+            st.lingering = None;
+            return None;
+        }
+        let bound = st.tcp.as_deref().map_or(ORPHAN_LINGER, |t| sys::orphan_linger(t).unwrap_or(ORPHAN_LINGER));
+        let silent = now.saturating_duration_since(since);
+        if silent < bound {
+            return Some(bound - silent);
+        }
+        st.lingering = None;
+        tracing::debug!(parent: &self.span, ?silent, "the peer never answered our close: ending the connection");
+        if st.handback == Handback::Smc && !st.engine.abort_sent() {
+            st.engine.abort();
+            self.flush_cdc(&mut st);
+        }
+        if let Some(tcp) = st.tcp.as_deref() {
+            sys::set_zero_linger(tcp);
+        }
+        Self::drop_tcp(&mut st);
+        drop(st);
+        self.group.forget_conn(self.our_token, true);
+        None
     }
 
     /// Tells the group when this reader starts or stops polling.
@@ -2016,6 +2062,11 @@ impl SmcConn {
     /// A CDC message for this connection.
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
+        if st.lingering.is_some() {
+            // The peer is there and speaks: a slow reader of what we wrote before our close is
+            // not a silent one (it tells us each tenth of the ring it frees, `cons_update_due`).
+            st.lingering = Some(std::time::Instant::now());
+        }
         if st.handback != Handback::Smc {
             // The stream is moving to TCP: what the link still says of it is void if the move
             // goes through (the peer resends whatever we did not consume), and is taken in if
@@ -2738,6 +2789,11 @@ impl Keepalive {
 /// a second after the link failed. Should the move start first anyway, its frame meets the
 /// closed connection, and the connection ends as the watcher would have ended it.
 const PEER_WORD_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a connection we let go of waits for its peer to say anything when its TCP socket
+/// cannot tell (it was let go already): the kernel's default `net.ipv4.tcp_fin_timeout`, how
+/// long an orphaned TCP socket waits for its peer's close.
+const ORPHAN_LINGER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long an RDMA peer may take to answer an abort before its link group is taken for gone:
 /// the kernel's SMC-R default interval between link tests (`SMC_LLC_TESTLINK_DEFAULT_TIME`, 30 s).

@@ -143,6 +143,9 @@ pub(crate) struct LinkGroup {
     /// The driver left the doorbell disarmed for polling readers: when the last of them stops,
     /// or a reader goes to sleep with none polling, the driver is woken to arm again.
     unarmed: AtomicBool,
+    /// A task looks after the connections released with their peers' answers to come
+    /// ([`watch_lingering`](Self::watch_lingering)).
+    sweeping: AtomicBool,
     /// Readers polling now. While any polls, it drains the link for every connection of the
     /// group, so sleeping readers need no doorbell. (The deadline in `poll_until` bounds what a
     /// count left behind by a reader that stopped mid-poll can do.)
@@ -251,6 +254,7 @@ impl LinkGroup {
             manager,
             poll_until: AtomicU64::new(0),
             unarmed: AtomicBool::new(false),
+            sweeping: AtomicBool::new(false),
             pollers: std::sync::atomic::AtomicUsize::new(0),
             driver_waker: Mutex::new(None),
             #[cfg(test)]
@@ -477,6 +481,62 @@ impl LinkGroup {
         let me = self.clone();
         tokio::spawn(tracing::Instrument::instrument(drive(me, false), span));
         Ok(())
+    }
+
+    /// A connection was released with its peer's answer still to come: a task of this runtime
+    /// ends those whose peers stay silent ([`SmcConn::end_if_silent`]), one per group at a time,
+    /// which sleeps until the first of them is due and leaves when none is left. A release with
+    /// no runtime starts none (a later one's looks after it too).
+    pub(crate) fn watch_lingering(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Ordering::SeqCst);
+            return;
+        };
+        /// Lets the next release start a task however this one ends (its runtime shut down).
+        struct Sweeping(std::sync::Weak<LinkGroup>);
+        impl Drop for Sweeping {
+            fn drop(&mut self) {
+                if let Some(g) = self.0.upgrade() {
+                    g.sweeping.store(false, Ordering::SeqCst);
+                }
+            }
+        }
+        let me = Sweeping(Arc::downgrade(self));
+        rt.spawn(async move {
+            let mut wait = Duration::ZERO;
+            loop {
+                tokio::time::sleep(wait).await;
+                let Some(g) = me.0.upgrade() else { return };
+                if !g.is_alive() {
+                    return;
+                }
+                let mut next = g.end_silent_released();
+                if next.is_none() {
+                    // None left: the flag goes, then one more look, for a connection released
+                    // between the look and the flag (its release found the flag set). Each
+                    // side stores, then looks (SeqCst): one of them sees the other.
+                    g.sweeping.store(false, Ordering::SeqCst);
+                    next = g.end_silent_released();
+                    if next.is_none() || g.sweeping.swap(true, Ordering::SeqCst) {
+                        std::mem::forget(me);
+                        return;
+                    }
+                }
+                // At least the idle timer's floor between looks.
+                wait = next.unwrap_or_default().max(IDLE_LOOK_MIN);
+            }
+        });
+    }
+
+    /// Ends the released connections whose peers stayed silent too long; how long until the
+    /// next of the others is due (`None`: none waits for its peer).
+    fn end_silent_released(&self) -> Option<Duration> {
+        let conns: Vec<Arc<SmcConn>> = self.lock().conns.values().cloned().collect();
+        let now = Instant::now();
+        conns.iter().filter_map(|c| c.end_if_silent(now)).min()
     }
 
     /// Adaptive polling: a reader of this group polls the link (on its own task, through
