@@ -66,7 +66,9 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     // from the moment it was assigned, `is_local_ip`): a look-up for any other would look at
     // every door connection for nothing, on each connection another host opens.
     let matched = match (&shared.door, local) {
-        (Some(door), Some(local)) if crate::sys::is_local_ip(peer.ip()) => door.lookup(peer, local, tcp.as_fd()),
+        (Some(door), Some(local)) if peer.ip() == local.ip() || crate::sys::is_local_ip(peer.ip()) => {
+            door.lookup(peer, local, tcp.as_fd())
+        }
         _ => None,
     };
     let reg = match matched {

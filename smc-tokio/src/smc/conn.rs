@@ -1873,15 +1873,18 @@ impl SmcConn {
         }
     }
 
-    /// Ends a connection the application let go of whose peer has said nothing on it (no
-    /// close, no abort, no consumed bytes) for as long as TCP keeps an orphaned socket whose
-    /// peer does not close (`TCP_LINGER2` of its TCP socket: `net.ipv4.tcp_fin_timeout`, 60 s,
-    /// unless set on the socket): an abort tells a peer that is there (its next read or write
-    /// meets a reset, as TCP's would once our end went), and the connection is forgotten, its
-    /// slot retired (never used again while the group lives: the peer may still read or lend
-    /// it). Without this, a peer that never answered a close (stopped, or hostile) held the
-    /// connection, its slot and its memory for as long as the link group lived. Returns how
-    /// long until it would end (`None`: not waiting for its peer, or ended now).
+    /// Forgets a connection the application let go of whose peer has said nothing on it (no
+    /// close, no abort, no consumer update: a reader reports each tenth of the ring it frees)
+    /// for as long as TCP keeps an orphaned socket whose peer does not close (`TCP_LINGER2` of
+    /// its TCP socket: `net.ipv4.tcp_fin_timeout`, 60 s, unless set on the socket; a negative
+    /// one, none), as the kernel forgets such a socket: its slot is retired (never used again
+    /// while the group lives: the peer may still read, or lend, what it holds), and the TCP
+    /// socket goes. Nothing is sent: a peer that got our close reads what we wrote and then the
+    /// end, as from TCP, and its writes fail already (our close was a full one). Without this,
+    /// a peer that never answered a close (stopped, or hostile) held the connection, its slot
+    /// and its memory for as long as the link group lived. A connection moving to TCP is left
+    /// to the move (which forgets it once over). Returns how long until it would be forgotten
+    /// (`None`: not waiting for its peer, or forgotten now).
     pub(crate) fn end_if_silent(&self, now: std::time::Instant) -> Option<std::time::Duration> {
         let mut st = self.lock();
         let since = st.lingering?;
@@ -1890,17 +1893,17 @@ impl SmcConn {
             return None;
         }
         let bound = st.tcp.as_deref().map_or(ORPHAN_LINGER, |t| sys::orphan_linger(t).unwrap_or(ORPHAN_LINGER));
+        if st.handback != Handback::Smc {
+            return Some(bound);
+        }
         let silent = now.saturating_duration_since(since);
         if silent < bound {
             return Some(bound - silent);
         }
         st.lingering = None;
-        tracing::debug!(parent: &self.span, ?silent, "the peer never answered our close: ending the connection");
-        if st.handback == Handback::Smc && !st.engine.abort_sent() {
-            st.engine.abort();
-            self.flush_cdc(&mut st);
-        }
-        if let Some(tcp) = st.tcp.as_deref() {
+        tracing::debug!(parent: &self.span, ?silent, "the peer never answered our close: forgetting the connection");
+        if let (true, Some(tcp)) = (st.engine.close_sent(), st.tcp.as_deref()) {
+            // The peer has our close in order: its TCP end may go without a FIN exchange.
             sys::set_zero_linger(tcp);
         }
         Self::drop_tcp(&mut st);

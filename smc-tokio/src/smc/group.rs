@@ -60,6 +60,12 @@ const IDLE_BEFORE_ENDED: Duration = Duration::from_secs(1);
 /// a connection lived; 20 looks a second are nothing beside a connection's own wake-ups.
 const IDLE_LOOK_MIN: Duration = Duration::from_millis(50);
 
+/// The longest a group's task for released connections waits between looks
+/// ([`LinkGroup::watch_lingering`]): a connection released after a look may have a shorter
+/// bound than the one the task sleeps for, and is forgotten at most this late. A look costs a
+/// lock of each connection of the group, a few microseconds a second.
+const LINGER_LOOK_MAX: Duration = Duration::from_secs(1);
+
 /// Which side created the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -484,32 +490,33 @@ impl LinkGroup {
     }
 
     /// A connection was released with its peer's answer still to come: a task of this runtime
-    /// ends those whose peers stay silent ([`SmcConn::end_if_silent`]), one per group at a time,
-    /// which sleeps until the first of them is due and leaves when none is left. A release with
-    /// no runtime starts none (a later one's looks after it too).
+    /// forgets those whose peers stay silent ([`SmcConn::end_if_silent`]), one per group at a
+    /// time, which looks when the first of them is due, and at least once a second (a
+    /// connection released meanwhile may have a shorter bound), and leaves when none is left.
+    /// The group's driver calls this at each look of its idle timer too, on its own runtime: a
+    /// release with no runtime started none, and a task whose runtime shut down (the group went
+    /// to the rescue driver) left none.
     pub(crate) fn watch_lingering(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         if self.sweeping.swap(true, Ordering::SeqCst) {
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.sweeping.store(false, Ordering::SeqCst);
-            return;
-        };
-        /// Lets the next release start a task however this one ends (its runtime shut down).
-        struct Sweeping(std::sync::Weak<LinkGroup>);
+        /// Lets the next release start a task however this one ends (its runtime shut down),
+        /// unless it let go of the flag itself.
+        struct Sweeping(Option<Weak<LinkGroup>>);
         impl Drop for Sweeping {
             fn drop(&mut self) {
-                if let Some(g) = self.0.upgrade() {
+                if let Some(g) = self.0.take().and_then(|w| w.upgrade()) {
                     g.sweeping.store(false, Ordering::SeqCst);
                 }
             }
         }
-        let me = Sweeping(Arc::downgrade(self));
+        let mut me = Sweeping(Some(Arc::downgrade(self)));
         rt.spawn(async move {
             let mut wait = Duration::ZERO;
             loop {
                 tokio::time::sleep(wait).await;
-                let Some(g) = me.0.upgrade() else { return };
+                let Some(g) = me.0.as_ref().and_then(Weak::upgrade) else { return };
                 if !g.is_alive() {
                     return;
                 }
@@ -518,15 +525,15 @@ impl LinkGroup {
                     // None left: the flag goes, then one more look, for a connection released
                     // between the look and the flag (its release found the flag set). Each
                     // side stores, then looks (SeqCst): one of them sees the other.
+                    me.0 = None;
                     g.sweeping.store(false, Ordering::SeqCst);
                     next = g.end_silent_released();
                     if next.is_none() || g.sweeping.swap(true, Ordering::SeqCst) {
-                        std::mem::forget(me);
                         return;
                     }
+                    me.0 = Some(Arc::downgrade(&g));
                 }
-                // At least the idle timer's floor between looks.
-                wait = next.unwrap_or_default().max(IDLE_LOOK_MIN);
+                wait = next.unwrap_or_default().clamp(IDLE_LOOK_MIN, LINGER_LOOK_MAX);
             }
         });
     }
@@ -1219,7 +1226,12 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
                     tracing::debug!(id = group.id, "idle link group torn down");
                     return;
                 }
-                Err(wait) => idle.as_mut().reset(tokio::time::Instant::now() + wait),
+                Err(wait) => {
+                    // Released connections of this group that no task looks after (released
+                    // outside a runtime, or their task's runtime shut down) get one here.
+                    group.watch_lingering();
+                    idle.as_mut().reset(tokio::time::Instant::now() + wait)
+                }
             },
         }
     }

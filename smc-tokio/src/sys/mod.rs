@@ -646,10 +646,6 @@ mod tests {
         assert_eq!(flags & libc::MSG_CTRUNC, 0, "the control message was cut");
     }
 
-    /// A connection accepted from a listener that refuses descriptors refuses them from the
-    /// moment its client connects, before it is accepted (what closing door connections in
-    /// place rests on); a listener that takes them (a side channel's) gives connections that
-    /// take them.
     /// A message that came with descriptors is refused and left queued, as it was (a read
     /// that takes descriptors gets it whole afterwards); one without is read, and a message
     /// longer than the buffer says so.
@@ -672,6 +668,10 @@ mod tests {
         assert_eq!(recv_without_fds(b.as_fd(), &mut buf, 0, false).unwrap_err().kind(), io::ErrorKind::WouldBlock);
     }
 
+    /// A connection accepted from a listener that refuses descriptors refuses them from the
+    /// moment its client connects, before it is accepted (what closing door connections in
+    /// place rests on); a listener that takes them (a side channel's) gives connections that
+    /// take them.
     #[test]
     fn connections_refuse_descriptors_from_birth_when_their_listener_does() {
         let name = format!("smc-tokio-test/refusal/{}", std::process::id());

@@ -161,7 +161,7 @@ pub(crate) fn bind_if_unbound(sock: &socket2::Socket, dst: SocketAddr) -> io::Re
 /// and no `TIME_WAIT`. A failure is ignored: the close is then an orderly one.
 /// How long the kernel keeps this TCP socket, orphaned, waiting for its peer's close
 /// (`TCP_LINGER2`: the socket's own value, or `net.ipv4.tcp_fin_timeout`; a negative one, no
-/// wait, is zero).
+/// wait at all, is zero).
 pub(crate) fn orphan_linger(sock: &impl std::os::fd::AsFd) -> io::Result<std::time::Duration> {
     let secs = super::getsockopt(sock.as_fd(), libc::IPPROTO_TCP, libc::TCP_LINGER2, 0 as libc::c_int)?;
     Ok(std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
@@ -235,11 +235,21 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     };
     if stale {
         // The watch opened before the list is read: a change after the read is heard.
-        let watch = match c.take() {
-            Some(Addrs { watch: Some(w), .. }) => Some(w),
-            _ => AddrWatch::open().ok(),
+        let (old, watch) = match c.take() {
+            Some(Addrs { ips, watch: Some(w), .. }) => (ips, Some(w)),
+            Some(Addrs { ips, .. }) => (ips, AddrWatch::open().ok()),
+            None => (Vec::new(), AddrWatch::open().ok()),
         };
-        *c = Some(Addrs { ips: interface_addrs().unwrap_or_default(), read: std::time::Instant::now(), watch });
+        let read = std::time::Instant::now();
+        *c = Some(match interface_addrs() {
+            Ok(ips) => Addrs { ips, read, watch },
+            // No list now (no descriptor free, say): the last one is kept, and read again in a
+            // second, whatever the watch hears.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read this host's addresses");
+                Addrs { ips: old, read, watch: None }
+            }
+        });
     }
     c.as_ref().is_some_and(|a| a.ips.contains(&ip))
 }
