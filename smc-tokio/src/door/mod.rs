@@ -619,6 +619,9 @@ pub(crate) struct Door {
     /// Test hook ([`congest_for_test`](Door::congest_for_test)).
     #[cfg(test)]
     congested: AtomicBool,
+    /// Door connections read (tests).
+    #[cfg(test)]
+    conn_reads: AtomicU64,
     state: Mutex<DoorState>,
 }
 
@@ -791,6 +794,23 @@ struct DoorState {
     lookup_refusals: usize,
     /// Where door connections are read into ([`message_buffer`]; empty until the first read).
     buf: Box<[u8]>,
+    /// Every door connection held, to ask which have something queued: a drain reads those
+    /// only. (It asked each with a `recv`, so a look-up for a connection that registered
+    /// nothing, from a plain client on this host, cost a system call per door connection held.)
+    /// Made at the first connection held; `Off` where it could not be made or a connection
+    /// could not be added, and every connection is read then.
+    ready: Ready,
+    /// The numbers of the readable ones, as the last look found them.
+    ready_fds: Vec<std::os::fd::RawFd>,
+}
+
+/// The door connections' [`sys::ReadySet`].
+#[derive(Default)]
+enum Ready {
+    #[default]
+    Unmade,
+    Set(sys::ReadySet),
+    Off,
 }
 
 impl DoorState {
@@ -867,7 +887,53 @@ impl DoorState {
         for (_, l) in conn.live().drain() {
             l.inbox.close();
         }
+        if let Ready::Set(set) = &self.ready {
+            set.remove(conn.sock.fd.get_ref().as_fd());
+        }
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
+    }
+
+    /// Holds `conn`: among the door connections, and in the set of those asked for readiness.
+    fn hold(&mut self, conn: Arc<ServerConn>) {
+        if matches!(self.ready, Ready::Unmade) {
+            self.ready = match sys::ReadySet::new() {
+                Ok(set) => Ready::Set(set),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
+                    Ready::Off
+                }
+            };
+        }
+        if let Ready::Set(set) = &self.ready {
+            if let Err(e) = set.add(conn.sock.fd.get_ref().as_fd()) {
+                tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
+                self.ready = Ready::Off;
+            }
+        }
+        self.conns.push(conn);
+    }
+
+    /// The door connections to read: those with something queued, as the readiness set says
+    /// (and whether it may have left some out), or every one, from the one where the last read
+    /// within a budget ran out on, where there is no set.
+    fn readable_conns(&mut self) -> (Vec<(usize, Arc<ServerConn>)>, bool) {
+        let Ready::Set(set) = &self.ready else { return (self.rotation(), false) };
+        match set.ready(&mut self.ready_fds) {
+            Ok(more) => {
+                let conns = self.ready_fds.iter().filter_map(|fd| {
+                    self.conns
+                        .iter()
+                        .position(|c| std::os::fd::AsRawFd::as_raw_fd(c.sock.fd.get_ref()) == *fd)
+                        .map(|i| (i, self.conns[i].clone()))
+                });
+                (conns.collect(), more)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the door connections' readiness set failed: each is read");
+                self.ready = Ready::Off;
+                (self.rotation(), false)
+            }
+        }
     }
 }
 
@@ -1077,6 +1143,8 @@ impl Door {
                         stalled: AtomicBool::new(false),
                         #[cfg(test)]
                         congested: AtomicBool::new(false),
+                        #[cfg(test)]
+                        conn_reads: AtomicU64::new(0),
                         state: Mutex::default(),
                     });
                 }
@@ -1250,8 +1318,8 @@ impl Door {
                 w.wake_by_ref();
             }
         }
-        let mut unread = false;
-        for (i, conn) in st.rotation() {
+        let (conns, mut unread) = st.readable_conns();
+        for (i, conn) in conns {
             if st.spent(*budget, i) {
                 unread = true;
                 break;
@@ -1339,7 +1407,7 @@ impl Door {
             let _rt = self.rt.as_ref().map(tokio::runtime::Handle::enter);
             match watch(conn) {
                 Ok(fd) => match ServerConn::start(fd, cred, &self.counters, self.rt.as_ref()) {
-                    Some(conn) => st.conns.push(conn),
+                    Some(conn) => st.hold(conn),
                     None => tracing::debug!("no runtime to answer a door connection on"),
                 },
                 Err(e) => tracing::debug!(error = %e, "cannot watch a door connection"),
@@ -1352,6 +1420,8 @@ impl Door {
     /// (taken from it), each with the rest of its message, and files them. A connection that
     /// closed or sent nonsense is ended.
     fn read_conn(&self, st: &mut DoorState, conn: &Arc<ServerConn>, budget: &mut usize) -> Read {
+        #[cfg(test)]
+        self.conn_reads.fetch_add(1, Ordering::Relaxed);
         let mut buf = std::mem::take(&mut st.buf);
         if buf.is_empty() {
             buf = message_buffer();
@@ -2905,6 +2975,36 @@ mod tests {
             refused.push(frame.id);
         }
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
+    }
+
+    /// A look-up for a connection that registered nothing (a plain client on this host) reads
+    /// only the door connections with something queued: with 100 held and one of them sending,
+    /// one (it asked each of the 100, a system call each).
+    #[tokio::test]
+    async fn a_look_up_reads_only_the_door_connections_with_something_queued() {
+        crate::sys::raise_fd_limit();
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let clients: Vec<OwnedFd> = (0..100).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        {
+            let mut st = door.lock();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while st.conns.len() < clients.len() && Instant::now() < deadline {
+                let _ = door.drain(&mut st);
+            }
+            assert_eq!(st.conns.len(), clients.len(), "the door connections were not taken in");
+        }
+        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        sys::send_with_fds(clients[37].as_fd(), &cancel, &[]).unwrap();
+        let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = queue.local_addr().unwrap();
+        door.begin_turn();
+        let before = door.conn_reads.load(Ordering::Relaxed);
+        let _client = std::net::TcpStream::connect(server).unwrap();
+        let (ours, peer) = queue.accept().unwrap();
+        assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
+        let reads = door.conn_reads.load(Ordering::Relaxed) - before;
+        assert_eq!(reads, 1, "door connections read for one look-up");
     }
 
     /// A door connection whose messages bring descriptors (a door as on a kernel before Linux

@@ -971,6 +971,60 @@ fn connect_abstract(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     }
 }
 
+/// A set of descriptors of our own to ask which are readable (an epoll instance, level
+/// triggered, polled without waiting): for the door, whose look-ups read only the connections
+/// with something queued instead of asking each.
+#[derive(Debug)]
+pub(crate) struct ReadySet(OwnedFd);
+
+impl ReadySet {
+    /// Readable descriptors one look reports at most: the door's batch of connections taken per
+    /// drain (`door::DRAIN_BATCH`), so that a look-up's drains, as many as the door holds
+    /// connections over its batch, can read every one of its connections.
+    pub(crate) const READY_MAX: usize = 256;
+
+    pub(crate) fn new() -> io::Result<ReadySet> {
+        // SAFETY: plain syscall with a constant flag.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(ReadySet(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds `fd`, reported by its number while readable.
+    pub(crate) fn add(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd.as_raw_fd() as u64 };
+        // SAFETY: both descriptors are open; `ev` is a valid epoll_event.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) }).map(drop)
+    }
+
+    /// Takes `fd` out (before it closes: its close is a closer's, later).
+    pub(crate) fn remove(&self, fd: BorrowedFd<'_>) {
+        // SAFETY: both descriptors are open; DEL takes no event.
+        unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_DEL, fd.as_raw_fd(), std::ptr::null_mut()) };
+    }
+
+    /// The numbers of up to [`READY_MAX`](Self::READY_MAX) readable descriptors (in `out`),
+    /// without waiting; whether there may be more (that many were). The kernel reports
+    /// level-triggered ones in turn, so the next call gives those left out first.
+    pub(crate) fn ready(&self, out: &mut Vec<std::os::fd::RawFd>) -> io::Result<bool> {
+        out.clear();
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; Self::READY_MAX];
+        let n = loop {
+            // SAFETY: `evs` has room for `evs.len()` events; timeout 0 never waits.
+            let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), evs.len() as libc::c_int, 0) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        out.extend(evs[..n].iter().map(|e| e.u64 as std::os::fd::RawFd));
+        Ok(n == evs.len())
+    }
+}
+
 /// A connected pair of non-blocking Unix sockets of type `ty` (`SOCK_DGRAM`, `SOCK_SEQPACKET`),
 /// for tests that play both ends.
 #[cfg(test)]
