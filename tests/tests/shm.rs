@@ -4,6 +4,9 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+#[path = "support/hostile.rs"]
+mod hostile;
+
 use smc_tokio::config::ShmConfig;
 use smc_tokio::{SmcListener, SmcStream, Transport};
 use tests::{bounded, echo_check, spawn_echo, Rng};
@@ -392,24 +395,12 @@ async fn idle_link_groups_are_torn_down_and_rebuilt() {
 /// silent: it gets every byte.
 #[tokio::test]
 async fn a_close_the_peer_never_answers_ends_after_the_sockets_linger2() {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::AsFd;
     let cfg = ShmConfig::default().idle_timeout(Duration::from_millis(100)).rmb_size(64 << 10).rmb_max(64 << 10);
     let (server_ctx, client_ctx) = (smc_tokio::Context::new(), smc_tokio::Context::new());
     let l = SmcListener::builder().context(&server_ctx).shm(cfg.clone()).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let linger2 = |s: &SmcStream, secs: libc::c_int| {
-        // SAFETY: a valid socket and an int option of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_LINGER2,
-                (&secs as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "TCP_LINGER2: {}", std::io::Error::last_os_error());
-    };
+    let linger2 = |s: &SmcStream, secs| hostile::set_int_opt(s.as_fd(), libc::IPPROTO_TCP, libc::TCP_LINGER2, secs);
 
     // A slow reader first: 96 KiB written into a 64 KiB ring, the last 64 KiB of it left to
     // the peer when we let go; it reads them 4 KiB at a time, for longer than the linger (2 s),

@@ -804,12 +804,12 @@ struct DoorState {
     ready_fds: Vec<std::os::fd::RawFd>,
 }
 
-/// The door connections' [`sys::ReadySet`].
+/// The door connections' [`sys::ReadySet`], and the connections in it by descriptor number.
 #[derive(Default)]
 enum Ready {
     #[default]
     Unmade,
-    Set(sys::ReadySet),
+    Set(sys::ReadySet, HashMap<std::os::fd::RawFd, Arc<ServerConn>>),
     Off,
 }
 
@@ -887,8 +887,10 @@ impl DoorState {
         for (_, l) in conn.live().drain() {
             l.inbox.close();
         }
-        if let Ready::Set(set) = &self.ready {
-            set.remove(conn.sock.fd.get_ref().as_fd());
+        if let Ready::Set(set, by_fd) = &mut self.ready {
+            let fd = conn.sock.fd.get_ref();
+            set.remove(fd.as_fd());
+            by_fd.remove(&std::os::fd::AsRawFd::as_raw_fd(fd));
         }
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
     }
@@ -897,35 +899,42 @@ impl DoorState {
     fn hold(&mut self, conn: Arc<ServerConn>) {
         if matches!(self.ready, Ready::Unmade) {
             self.ready = match sys::ReadySet::new() {
-                Ok(set) => Ready::Set(set),
+                Ok(set) => Ready::Set(set, HashMap::default()),
                 Err(e) => {
                     tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
                     Ready::Off
                 }
             };
         }
-        if let Ready::Set(set) = &self.ready {
-            if let Err(e) = set.add(conn.sock.fd.get_ref().as_fd()) {
-                tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
-                self.ready = Ready::Off;
+        if let Ready::Set(set, by_fd) = &mut self.ready {
+            let fd = conn.sock.fd.get_ref();
+            match set.add(fd.as_fd()) {
+                Ok(()) => {
+                    by_fd.insert(std::os::fd::AsRawFd::as_raw_fd(fd), conn.clone());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
+                    self.ready = Ready::Off;
+                }
             }
         }
         self.conns.push(conn);
     }
 
-    /// The door connections to read: those with something queued, as the readiness set says
-    /// (and whether it may have left some out), or every one, from the one where the last read
-    /// within a budget ran out on, where there is no set.
+    /// The door connections to read, each with its place: those with something queued, as the
+    /// readiness set says (and whether it may have left some out), or every one where there is
+    /// no set; either way from the place where the last read within a budget ran out on. (The
+    /// kernel reports the same ready connections in the same order look after look: without
+    /// the turn, connections kept full would spend every budget before the same others.)
     fn readable_conns(&mut self) -> (Vec<(usize, Arc<ServerConn>)>, bool) {
-        let Ready::Set(set) = &self.ready else { return (self.rotation(), false) };
+        let Ready::Set(set, by_fd) = &self.ready else { return (self.rotation(), false) };
         match set.ready(&mut self.ready_fds) {
             Ok(more) => {
-                let conns = self.ready_fds.iter().filter_map(|fd| {
-                    self.conns
-                        .iter()
-                        .position(|c| std::os::fd::AsRawFd::as_raw_fd(c.sock.fd.get_ref()) == *fd)
-                        .map(|i| (i, self.conns[i].clone()))
-                });
+                let n = self.ready_fds.len();
+                let start = if n == 0 { 0 } else { self.read_from % n };
+                let conns = (0..n)
+                    .map(|k| (start + k) % n)
+                    .filter_map(|i| by_fd.get(&self.ready_fds[i]).map(|c| (i, c.clone())));
                 (conns.collect(), more)
             }
             Err(e) => {
@@ -3005,6 +3014,47 @@ mod tests {
         assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
         let reads = door.conn_reads.load(Ordering::Relaxed) - before;
         assert_eq!(reads, 1, "door connections read for one look-up");
+    }
+
+    /// Drains within a budget take the door connections with something queued in turn: three
+    /// kept full do not spend every budget before a fourth is read (the kernel reports the
+    /// ready ones in the same order look after look).
+    #[tokio::test]
+    async fn drains_within_a_budget_take_the_ready_connections_in_turn() {
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let clients: Vec<OwnedFd> = (0..4).map(|_| roomy_door_connection(door)).collect();
+        {
+            let mut st = door.lock();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while st.conns.len() < clients.len() && Instant::now() < deadline {
+                let _ = door.drain(&mut st);
+            }
+            assert_eq!(st.conns.len(), clients.len(), "the door connections were not taken in");
+        }
+        let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        let message = frame.repeat(proto_door::DOOR_BATCH_FRAMES);
+        // Three with 32 messages of 64 frames each (eight budgets of frames), then one with a frame.
+        for c in &clients[..3] {
+            for _ in 0..32 {
+                sys::send_with_fds(c.as_fd(), &message, &[]).unwrap();
+            }
+        }
+        sys::send_with_fds(clients[3].as_fd(), &frame, &[]).unwrap();
+        let mut st = door.lock();
+        let last = st.conns[3].clone();
+        let queued = |c: &ServerConn| {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one c_int.
+            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(c.sock.fd.get_ref()), libc::FIONREAD, &mut n) };
+            n
+        };
+        assert!(queued(&last) > 0);
+        for _ in 0..4 {
+            let (mut budget, mut refusals) = (READ_MAX, usize::MAX);
+            let _ = door.drain_within(&mut st, &mut budget, &mut refusals);
+        }
+        assert_eq!(queued(&last), 0, "the connection with one frame was not read in four budgets");
     }
 
     /// A door connection whose messages bring descriptors (a door as on a kernel before Linux

@@ -66,14 +66,13 @@ pub(crate) struct TcpDiag {
 /// A non-blocking `NETLINK_SOCK_DIAG` socket. Fails where the kernel has no sock_diag
 /// (`EPROTONOSUPPORT`) or a sandbox refuses netlink.
 fn diag_socket() -> io::Result<OwnedFd> {
+    netlink_socket(libc::SOCK_DGRAM, libc::NETLINK_SOCK_DIAG)
+}
+
+/// A non-blocking netlink socket of type `ty` for `protocol`.
+pub(super) fn netlink_socket(ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall with constant arguments.
-    let fd = cvt(unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    })?;
+    let fd = cvt(unsafe { libc::socket(libc::AF_NETLINK, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, protocol) })?;
     // SAFETY: a new descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

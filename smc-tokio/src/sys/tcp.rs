@@ -260,16 +260,7 @@ struct AddrWatch(OwnedFd);
 
 impl AddrWatch {
     fn open() -> io::Result<AddrWatch> {
-        // SAFETY: plain syscall with constant arguments.
-        let fd = cvt(unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        })?;
-        // SAFETY: a new descriptor nothing else owns.
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let fd = super::diag::netlink_socket(libc::SOCK_RAW, libc::NETLINK_ROUTE)?;
         // SAFETY: sockaddr_nl is plain data; all-zero is valid.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
