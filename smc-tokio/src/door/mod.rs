@@ -2986,6 +2986,16 @@ mod tests {
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
     }
 
+    /// Drains `door` until it holds `n` door connections (within 10 s).
+    fn take_in(door: &Door, n: usize) {
+        let mut st = door.lock();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while st.conns.len() < n && Instant::now() < deadline {
+            let _ = door.drain(&mut st);
+        }
+        assert_eq!(st.conns.len(), n, "the door connections were not taken in");
+    }
+
     /// A look-up for a connection that registered nothing (a plain client on this host) reads
     /// only the door connections with something queued: with 100 held and one of them sending,
     /// one (it asked each of the 100, a system call each).
@@ -2995,14 +3005,7 @@ mod tests {
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let door = listener.door_for_test().expect("a door");
         let clients: Vec<OwnedFd> = (0..100).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
-        {
-            let mut st = door.lock();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while st.conns.len() < clients.len() && Instant::now() < deadline {
-                let _ = door.drain(&mut st);
-            }
-            assert_eq!(st.conns.len(), clients.len(), "the door connections were not taken in");
-        }
+        take_in(door, clients.len());
         let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
         sys::send_with_fds(clients[37].as_fd(), &cancel, &[]).unwrap();
         let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -3024,14 +3027,7 @@ mod tests {
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
         let door = listener.door_for_test().expect("a door");
         let clients: Vec<OwnedFd> = (0..4).map(|_| roomy_door_connection(door)).collect();
-        {
-            let mut st = door.lock();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while st.conns.len() < clients.len() && Instant::now() < deadline {
-                let _ = door.drain(&mut st);
-            }
-            assert_eq!(st.conns.len(), clients.len(), "the door connections were not taken in");
-        }
+        take_in(door, clients.len());
         let frame = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
         let message = frame.repeat(proto_door::DOOR_BATCH_FRAMES);
         // Three with 32 messages of 64 frames each (eight budgets of frames), then one with a frame.
