@@ -1568,12 +1568,31 @@ pub(crate) fn recv_without_fds(
     flags: libc::c_int,
     refused: bool,
 ) -> io::Result<(usize, libc::c_int)> {
-    let mut recv = |flags: libc::c_int| loop {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: msghdr is plain data; all-zero is valid (no name, no control buffer).
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
+    if !refused {
+        // Looked at: with no control buffer, the kernel drops its copies of the message's
+        // descriptors (never the last references: the queued message keeps its own) and says
+        // so with MSG_CTRUNC.
+        let (_, got) = recv_no_control(sock, buf, flags | libc::MSG_PEEK)?;
+        if got & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a message with descriptors where none belong (left queued)",
+            ));
+        }
+    }
+    recv_no_control(sock, buf, flags)
+}
+
+/// `recvmsg(2)` of one message with `flags` and `MSG_DONTWAIT`, with no room for control data
+/// (descriptors the message carries are dropped by the kernel, `MSG_CTRUNC`): its length and
+/// the message flags the kernel returned.
+fn recv_no_control(sock: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, libc::c_int)> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; all-zero is valid (no name, no control buffer).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    loop {
         // SAFETY: `msg` describes `buf`, valid for writes of its length across the call.
         let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
         if n >= 0 {
@@ -1583,20 +1602,7 @@ pub(crate) fn recv_without_fds(
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
-    };
-    if !refused {
-        // Looked at: with no control buffer, the kernel drops its copies of the message's
-        // descriptors (never the last references: the queued message keeps its own) and says
-        // so with MSG_CTRUNC.
-        let (_, got) = recv(flags | libc::MSG_PEEK)?;
-        if got & libc::MSG_CTRUNC != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a message with descriptors where none belong (left queued)",
-            ));
-        }
     }
-    recv(flags)
 }
 
 /// [`recvmsg_fds`] that never leaves the kernel a peer's descriptor to close on this thread.
@@ -1627,17 +1633,7 @@ fn recvmsg_fds_looked(
     // The message looked at, now taken: the same one, as every socket read here has one reader
     // (a door connection the listener's task or a client's reader task, a side channel its
     // link's task, a doorbell its group's driver).
-    loop {
-        // SAFETY: `buf` is valid for writes of its length; no control buffer is given.
-        let r = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags | libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    recv_no_control(sock, buf, flags)?;
     Ok((n, fds, got))
 }
 
