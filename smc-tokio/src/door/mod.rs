@@ -3057,6 +3057,7 @@ mod tests {
     /// 6.16, where a client can queue them before the door takes its connection in) is ended at
     /// the first such message, which is left queued: the door takes none of its descriptors
     /// into the process (it took each message's, up to 253, and went on reading).
+    #[cfg(feature = "test-util")]
     #[tokio::test]
     async fn a_door_message_with_descriptors_ends_its_connection() {
         crate::faults::doors_take_descriptors_as_before_6_16(true);

@@ -170,7 +170,7 @@ pub(crate) async fn serve_conn<S: ReadInPlace>(mut s: S) -> io::Result<()> {
         MODE_RR => {
             // Exactly one message: a zeroed 64 KiB per connection cost the server about a fifth
             // of its CPU in crr (perf), the same for every transport, and diluted their ratios.
-            let mut buf = vec![0u8; size];
+            let mut buf = PageBuf::message(size, 0);
             loop {
                 match s.read_exact(&mut buf).await {
                     Ok(_) => s.write_all(&buf).await?,
@@ -180,7 +180,7 @@ pub(crate) async fn serve_conn<S: ReadInPlace>(mut s: S) -> io::Result<()> {
             }
         }
         MODE_STREAM | MODE_STREAM_READ_SUM => {
-            let mut buf = vec![0u8; size.max(65536)];
+            let mut buf = PageBuf::message(size.max(65536), 0);
             let (mut total, mut sum) = (0u64, 0u64);
             loop {
                 let n = s.read(&mut buf).await?;

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::buf::PageBuf;
 use super::report::median;
 
 /// What the machine did during this run.
@@ -131,7 +132,7 @@ unsafe impl Sync for Ring {}
 
 /// The median over batches of the ring's rate.
 fn ring(pin: bool) -> f64 {
-    let mut mem = vec![0u8; RING_SIZE].into_boxed_slice();
+    let mut mem = PageBuf::new(RING_SIZE, 0);
     let r = Arc::new(Ring {
         buf: mem.as_mut_ptr(),
         prod: Line(AtomicU64::new(0)),
@@ -144,7 +145,7 @@ fn ring(pin: bool) -> f64 {
             if pin {
                 super::pin_to(1);
             }
-            let mut out = vec![0u8; RING_WRITE];
+            let mut out = PageBuf::new(RING_WRITE, 0);
             loop {
                 let c = r.cons.0.load(Ordering::Relaxed);
                 let p = r.prod.0.load(Ordering::Acquire);
@@ -169,7 +170,7 @@ fn ring(pin: bool) -> f64 {
         if pin {
             super::pin_to(0);
         }
-        let src = vec![0x5au8; RING_WRITE];
+        let src = PageBuf::new(RING_WRITE, 0x5a);
         let mut batches = Vec::with_capacity(RING_BATCHES);
         for _ in 0..RING_BATCHES {
             let start = Instant::now();
@@ -301,8 +302,8 @@ pub(crate) fn handoff(size: usize, pin: bool) -> Vec<f64> {
     }
     /// The initiator's "stop", published on the forward direction.
     const STOP: u64 = u64::MAX;
-    let mut fwd_mem = vec![0u8; size].into_boxed_slice();
-    let mut back_mem = vec![0u8; size].into_boxed_slice();
+    let mut fwd_mem = PageBuf::new(size, 0);
+    let mut back_mem = PageBuf::new(size, 0);
     let fwd = Arc::new(Handoff { buf: fwd_mem.as_mut_ptr(), seq: Line(AtomicU64::new(0)) });
     let back = Arc::new(Handoff { buf: back_mem.as_mut_ptr(), seq: Line(AtomicU64::new(0)) });
     let responder = {
@@ -311,7 +312,7 @@ pub(crate) fn handoff(size: usize, pin: bool) -> Vec<f64> {
             if pin {
                 super::pin_to(1);
             }
-            let mut mine = vec![0u8; size];
+            let mut mine = PageBuf::new(size, 0);
             let mut seen = 0u64;
             loop {
                 let v = fwd.seq.0.load(Ordering::Acquire);
@@ -337,8 +338,8 @@ pub(crate) fn handoff(size: usize, pin: bool) -> Vec<f64> {
         if pin {
             super::pin_to(0);
         }
-        let msg = vec![0x5au8; size];
-        let mut reply = vec![0u8; size];
+        let msg = PageBuf::new(size, 0x5a);
+        let mut reply = PageBuf::new(size, 0);
         let mut batches = Vec::with_capacity(HANDOFF_BATCHES);
         let mut i = 0u64;
         for _ in 0..HANDOFF_BATCHES {
@@ -532,8 +533,8 @@ fn task_pingpong(pin: bool) -> f64 {
 
 /// The median over batches of one CPU's copy rate, `size` bytes per copy.
 fn memcpy(size: usize) -> f64 {
-    let src = vec![0x5au8; size];
-    let mut dst = vec![0u8; size];
+    let src = PageBuf::new(size, 0x5a);
+    let mut dst = PageBuf::new(size, 0);
     // Touch both once so page faults are not timed.
     dst.copy_from_slice(&src);
     let mut batches = Vec::with_capacity(MEMCPY_BATCHES);

@@ -11,6 +11,7 @@
 //! tokio TCP with plain writes (the server's listeners are the main port + 1 and + 2). `http`,
 //! `http-close` and `grpc` run hyper, axum and tonic (see `web.rs`; ports + 3 ..= + 6).
 
+mod buf;
 mod cli;
 mod conn;
 mod machine;
@@ -37,6 +38,7 @@ use smc_tokio::{Policy, SmcListener, SmcStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
+use buf::PageBuf;
 use cli::*;
 use conn::*;
 use report::*;
@@ -223,6 +225,9 @@ fn main() -> ExitCode {
         Mode::Server { listen, common } => (Run::Server(listen), common.into_opts()),
         Mode::Client { connect, common } => (Run::Client(connect), common.into_opts()),
     };
+    if let Some(offset) = opts.buf_offset {
+        buf::set_offset(offset);
+    }
     // The machine's limits, measured before the transports (with the servers idle) and again
     // after them, so every figure of this run is also a ratio to what the machine did in it:
     // the better figure of the two, as a limit is what the machine could do (one measure that

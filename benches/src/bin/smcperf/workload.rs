@@ -169,8 +169,8 @@ pub(crate) async fn run_rr(kind: Kind, target: &Target, case: Case, dur: Duratio
         let stop = stop.clone();
         let size = case.size;
         tasks.push(tokio::spawn(async move {
-            let msg = vec![0x5au8; size];
-            let mut back = vec![0u8; size];
+            let msg = PageBuf::message(size, 0x5a);
+            let mut back = PageBuf::message(size, 0);
             let mut lat = Vec::with_capacity(1 << 16);
             let start = Instant::now();
             while !stop.load(Ordering::Relaxed) {
@@ -203,7 +203,7 @@ pub(crate) async fn run_stream(
         Reader::FillBufSum => MODE_STREAM_BUF_SUM,
     };
     header(&mut c, mode, case.size).await?;
-    let buf = vec![0xa5u8; case.size];
+    let buf = PageBuf::message(case.size, 0xa5);
     let start = Instant::now();
     let mut sent = 0u64;
     let mut writes = 0u64;

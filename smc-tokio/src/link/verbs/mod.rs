@@ -828,7 +828,7 @@ impl Link for VerbsLink {
         // this connection (whose lock the caller holds) writes it. The HCA reads it only for a
         // WRITE posted earlier, which an honest peer has seen complete before it freed the span
         // (module docs); a dishonest one gets garbled bytes of its own.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        unsafe { super::peer_mem::copy_private(data.as_ptr(), p, data.len()) };
         Ok(())
     }
 
@@ -837,7 +837,7 @@ impl Link for VerbsLink {
         let p = self.tx_pool.span(token_slot(rmb), offset, len).ok_or(LinkError::Protocol("read-back span"))?;
         // SAFETY: the span is inside our send pool; only this connection (whose lock the caller
         // holds) writes it, and the HCA only reads it, so the copy races with no writer.
-        unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), dst.as_mut_ptr(), dst.len()) };
+        unsafe { super::peer_mem::copy_private(p.cast_const(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
