@@ -1,8 +1,8 @@
 //! The copy out of peer memory: `rep movsb` against the relaxed word loop, by length, beside a
 //! plain `copy_from_slice` (`memcpy`), to place `REP_MOVSB_MIN` (`smc-tokio/src/link/peer_mem.rs`);
 //! and each at a page-offset distance of 0 and of 16 bytes between source and destination (a
-//! `malloc`ed buffer against a page-aligned ring offset), where `rep movsb` is slow on AMD Zen 3
-//! and 4 and the dispatch takes a vector loop instead.
+//! reader's buffer that glibc mapped on its own against a page-aligned ring position), where
+//! `rep movsb` is slow on AMD Zen 3 and 4 and the dispatch takes a vector loop there instead.
 //!
 //! `cargo bench -p benches --bench peer_copy`
 

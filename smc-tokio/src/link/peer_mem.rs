@@ -31,13 +31,16 @@
 //! `rep movsb` has one bad case on AMD Zen 3 (and, by glibc's bug 30994, Zen 4): when the
 //! destination lies 1 to 31 bytes past the source modulo 4096 (the page-offset distance), its
 //! fast-string path collapses, 64 KiB copies falling from about 48 GB/s to 3 GB/s on the
-//! development VM (an EPYC of family 25; a scan of all 4096 distances, from either source
-//! alignment, found exactly that window). A reader's buffer from `malloc` sits 16 bytes past a
-//! page boundary, and a ring offset is page aligned whenever the messages are a multiple of a
-//! page, so the bad window is an everyday case, and a whole connection stays in it (the
-//! distance does not change as the copy advances). Copies in the window use a loop of
-//! unaligned 16-byte SSE2 loads and stores instead ([`VECTOR_WINDOW`]), in inline assembly for
-//! the same reason as above: a vector load or store is architecturally a set of byte accesses.
+//! development VM on a day it was an EPYC of family 25 (a scan of all 4096 distances, from
+//! either source alignment, found exactly that window). glibc serves a large allocation (from
+//! 128 KiB, by default) with its own mapping, 16 bytes past a page boundary, and a ring
+//! position is page aligned whenever the messages are whole pages: a reader of such messages
+//! into such a buffer is in the window, and a whole connection stays in it (the distance does
+//! not change as the copy advances); smaller buffers lie at any 16-byte offset. On those CPUs
+//! ([`short_distance_cliff`]) copies in the window use a loop of unaligned 16-byte SSE2 loads
+//! and stores instead ([`VECTOR_WINDOW`]), in inline assembly for the same reason as above: a
+//! vector load or store is architecturally a set of byte accesses. Other CPUs keep `rep movsb`
+//! at every distance, as measured on them.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -47,9 +50,11 @@ const WORD: usize = std::mem::size_of::<u64>();
 const UNROLL: usize = 8;
 
 /// Copies of at least this many bytes use `rep movsb` on x86-64; shorter ones the word loop.
-/// From `cargo bench -p benches --bench peer_copy` on the development VM (a Xeon with ERMS and
-/// FSRM): the two are equal at 512 bytes; from 1 KiB on `rep movsb` wins (43 against 36 GB/s at
-/// 1 KiB, 95 against 41 at 4 KiB, 39 against 24 at 64 KiB, where `memcpy` also gives 39).
+/// From `cargo bench -p benches --bench peer_copy` on the development VM (on a day it was a
+/// Xeon with ERMS and FSRM): the two are equal at 512 bytes; from 1 KiB on `rep movsb` wins (43
+/// against 36 GB/s at 1 KiB, 95 against 41 at 4 KiB, 39 against 24 at 64 KiB, where `memcpy`
+/// also gives 39). On the EPYC of a later day, at a distance of 0: 38-43 against 27 at 1 KiB,
+/// 46 against 30 at 64 KiB.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 const REP_MOVSB_MIN: usize = 1024;
 
@@ -75,10 +80,11 @@ unsafe fn rep_movsb(src: *const u8, dst: *mut u8, len: usize) {
 }
 
 /// The page-offset distances `(dst - src) % 4096` at which [`copy_big`] does not use `rep movsb`.
-/// Measured here (the module docs): 1 to 31 bytes fall to a sixteenth of the speed, 32 and up
-/// do not. The window reaches 63 because other parts of the family have not been measured and
-/// the vector loop's loss over `rep movsb` between 32 and 63 is small (64 KiB at a distance of
-/// 33: 34 GB/s by `rep movsb`, 22 by the loop, 3 at a distance of 16).
+/// Measured on a Zen 3 (the module docs): 1 to 31 bytes fall to a sixteenth of the speed, 32
+/// and up do not. The window reaches 63 because other parts of the family have not been
+/// measured, and the vector loop's loss against `rep movsb` between 32 and 63 is about a third,
+/// far from the cliff's sixteenfold (64 KiB at a distance of 33: 34 GB/s by `rep movsb`, 22 by
+/// the loop; 3 by `rep movsb` at a distance of 16).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 const VECTOR_WINDOW: std::ops::RangeInclusive<usize> = 1..=63;
 
@@ -131,8 +137,25 @@ unsafe fn copy_blocks(src: *const u8, dst: *mut u8, blocks: usize) {
     }
 }
 
-/// A copy of [`REP_MOVSB_MIN`] bytes or more: `rep movsb`, or the vector loop where the
-/// distance between the two falls in [`VECTOR_WINDOW`].
+/// Whether this CPU's `rep movsb` has the short-distance cliff (module docs): AMD's family 0x19
+/// (Zen 3 and 4) and later. Read once.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn short_distance_cliff() -> bool {
+    static CLIFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CLIFF.get_or_init(|| {
+        use std::arch::x86_64::__cpuid;
+        let id = __cpuid(0);
+        // "AuthenticAMD", in the order of the registers that hold it.
+        let amd = [id.ebx, id.edx, id.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163];
+        let sig = __cpuid(1).eax;
+        let base = (sig >> 8) & 0xf;
+        let family = if base == 0xf { base + ((sig >> 20) & 0xff) } else { base };
+        amd && family >= 0x19
+    })
+}
+
+/// A copy of [`REP_MOVSB_MIN`] bytes or more: `rep movsb`, or [`vector_copy`] where the CPU
+/// has the cliff and the distance between the two falls in [`VECTOR_WINDOW`].
 ///
 /// # Safety
 /// `src` valid for reads and `dst` valid for writes of `len` bytes, not overlapping, and
@@ -140,11 +163,23 @@ unsafe fn copy_blocks(src: *const u8, dst: *mut u8, blocks: usize) {
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 unsafe fn copy_big(src: *const u8, dst: *mut u8, len: usize) {
     debug_assert!(len >= REP_MOVSB_MIN);
-    if !VECTOR_WINDOW.contains(&((dst as usize).wrapping_sub(src as usize) % 4096)) {
+    if VECTOR_WINDOW.contains(&((dst as usize).wrapping_sub(src as usize) % 4096)) && short_distance_cliff() {
+        // SAFETY: our caller's contract, and `len >= REP_MOVSB_MIN >= BLOCK`.
+        unsafe { vector_copy(src, dst, len) };
+    } else {
         // SAFETY: our caller's contract.
         unsafe { rep_movsb(src, dst, len) };
-        return;
     }
+}
+
+/// Copies `len` bytes with [`copy_blocks`], the tail as the span's last whole block.
+///
+/// # Safety
+/// `src` valid for reads and `dst` valid for writes of `len` bytes, not overlapping, and
+/// `len >= BLOCK`.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+unsafe fn vector_copy(src: *const u8, dst: *mut u8, len: usize) {
+    debug_assert!(len >= BLOCK);
     let whole = len / BLOCK;
     // SAFETY: `whole` blocks fit in `len` bytes of both spans. The bytes past them (fewer than
     // a block) are copied as the span's last block, which overlaps bytes already copied: the
@@ -159,7 +194,8 @@ unsafe fn copy_big(src: *const u8, dst: *mut u8, len: usize) {
 
 /// Copies `len` bytes between memory no other process or device writes during the copy (our
 /// RDMA send pool, which the adapter only reads): `memcpy`, but with [`copy_big`]'s choice for
-/// long copies, since glibc's `memcpy` uses `rep movsb` at every distance.
+/// long copies, since glibc's `memcpy` (2.36, Debian 12's) uses `rep movsb` at every distance
+/// from 4 KiB on.
 ///
 /// # Safety
 /// `src` valid for reads and `dst` valid for writes of `len` bytes, not overlapping, and
@@ -284,43 +320,79 @@ mod tests {
 
     /// Every page-offset distance from 0 to 70 between source and destination (the vector
     /// loop's window and either side of it), at lengths that end on a block and off one, in
-    /// both directions: the copy is exact and touches nothing around it.
+    /// both directions and through every copy that takes the window's choice (the vector loop
+    /// itself too, so that it is tested on CPUs that never choose it): the copy is exact and
+    /// touches nothing around it.
     #[test]
     fn copies_at_every_short_page_distance_match_a_plain_copy() {
         const PAGE: usize = 4096;
+        type Copy = unsafe fn(*const u8, *mut u8, usize);
+        /// # Safety
+        /// As `copy_from_peer`, with `dst` valid for writes of `len` bytes.
+        unsafe fn from_peer(src: *const u8, dst: *mut u8, len: usize) {
+            // SAFETY: `dst` is valid for writes of `len` bytes and nothing else refers to it
+            // (our contract); any byte is a valid `MaybeUninit<u8>`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(dst.cast::<MaybeUninit<u8>>(), len) };
+            // SAFETY: our contract is `copy_from_peer`'s.
+            unsafe { copy_from_peer(src, dst) }
+        }
+        /// # Safety
+        /// As `copy_to_peer`, with `src` valid for reads of `len` bytes.
+        unsafe fn to_peer(src: *const u8, dst: *mut u8, len: usize) {
+            // SAFETY: `src` is valid for reads of `len` initialised bytes, and the contract is
+            // `copy_to_peer`'s.
+            unsafe { copy_to_peer(dst, std::slice::from_raw_parts(src, len)) }
+        }
+        let mut copies: Vec<(&str, Copy)> = vec![("from peer", from_peer), ("to peer", to_peer)];
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        copies.push(("vector loop", vector_copy));
+        #[cfg(feature = "rdma")]
+        copies.push(("private", copy_private));
         let mut space = vec![0u8; 6 * PAGE];
         let base = space.as_ptr().align_offset(PAGE);
         let src: Vec<u8> = (0..5200u32).map(|i| (i * 13 + i / 251) as u8).collect();
-        for from in [0usize, 5] {
-            for distance in 0..=70usize {
-                for len in [1024usize, 1025, 1087, 1088, 5000] {
-                    let at = base + 2 * PAGE + from + distance;
-                    let fill = |space: &mut Vec<u8>| space.iter_mut().for_each(|b| *b = 0xEE);
-                    // Out of "peer" memory laid at `base + from` into ours at `at`.
-                    fill(&mut space);
-                    space[base + from..base + from + len].copy_from_slice(&src[..len]);
-                    let p = space.as_mut_ptr();
-                    // SAFETY: both spans lie inside `space` (at most 3 pages + 75 + 5000 bytes
-                    // from an offset below one page), and are a page apart, so they do not
-                    // overlap; `space` is not otherwise borrowed while they are in use.
-                    unsafe {
-                        let dst = std::slice::from_raw_parts_mut(p.add(at).cast::<MaybeUninit<u8>>(), len);
-                        copy_from_peer(p.add(base + from), dst);
+        for (name, copy) in copies {
+            for from in [0usize, 5] {
+                for distance in 0..=70usize {
+                    for len in [64usize, 65, 200, 1024, 1025, 1087, 1088, 5000] {
+                        // The source at `base + from`, the destination two pages on plus the
+                        // distance: at most `base + 2 * PAGE + 75 + 5000 < 6 * PAGE` bytes in,
+                        // and more than `len` bytes past the source's end, so the two do not
+                        // overlap.
+                        let at = base + 2 * PAGE + from + distance;
+                        space.iter_mut().for_each(|b| *b = 0xEE);
+                        space[base + from..base + from + len].copy_from_slice(&src[..len]);
+                        let p = space.as_mut_ptr();
+                        // SAFETY: both spans lie inside `space` and do not overlap (above); no
+                        // reference into `space` is alive during the call.
+                        unsafe { copy(p.add(base + from), p.add(at), len) };
+                        let what = format!("{name}, distance {distance}, from {from}, {len} bytes");
+                        assert_eq!(&space[at..at + len], &src[..len], "{what}");
+                        assert!(space[..base + from].iter().all(|b| *b == 0xEE), "{what}");
+                        assert!(space[base + from + len..at].iter().all(|b| *b == 0xEE), "{what}");
+                        assert!(space[at + len..].iter().all(|b| *b == 0xEE), "{what}");
                     }
-                    assert_eq!(&space[at..at + len], &src[..len], "from peer, distance {distance}, {len} bytes");
-                    assert!(space[base + from + len..at].iter().all(|b| *b == 0xEE));
-                    assert!(space[at + len..].iter().all(|b| *b == 0xEE));
-                    // Into "peer" memory at `at` out of ours at `base + from`.
-                    fill(&mut space);
-                    space[base + from..base + from + len].copy_from_slice(&src[..len]);
-                    let (ours, theirs) = space.split_at_mut(at);
-                    // SAFETY: `theirs` holds at least `len` bytes (see above).
-                    unsafe { copy_to_peer(theirs.as_mut_ptr(), &ours[base + from..base + from + len]) };
-                    assert_eq!(&space[at..at + len], &src[..len], "to peer, distance {distance}, {len} bytes");
-                    assert!(space[at + len..].iter().all(|b| *b == 0xEE));
                 }
             }
         }
+    }
+
+    /// The CPU check agrees with the kernel's reading of the same CPU (`/proc/cpuinfo`'s vendor
+    /// and family).
+    #[cfg(all(target_arch = "x86_64", not(miri), target_os = "linux"))]
+    #[test]
+    fn the_cliff_check_agrees_with_proc_cpuinfo() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let field = |name: &str| {
+            info.lines()
+                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+                .unwrap()
+        };
+        let family: u32 = field("cpu family").parse().unwrap();
+        let expected = field("vendor_id") == "AuthenticAMD" && family >= 0x19;
+        assert_eq!(short_distance_cliff(), expected, "vendor {}, family {family}", field("vendor_id"));
     }
 
     /// Every alignment of source and destination and every length up to a few words, against

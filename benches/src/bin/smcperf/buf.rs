@@ -2,11 +2,12 @@
 //!
 //! Where a buffer lies within its page decides the speed of a large copy on some CPUs: on AMD
 //! Zen 3 and 4, `rep movsb` (and so glibc's `memcpy` from 4 KiB on) runs at a sixteenth of its
-//! speed when the destination lies 1 to 31 bytes past the source modulo 4096, and a buffer
-//! from `malloc` lies 16 bytes past a page boundary. The machine's limits are measured between
+//! speed when the destination lies 1 to 31 bytes past the source modulo 4096, and glibc maps a
+//! large allocation on its own, 16 bytes past a page boundary (two 64 KiB `Vec`s allocated one
+//! after the other lay 64 KiB + 16 bytes apart). The machine's limits are measured between
 //! page-aligned buffers, so that such a slow case is not taken for the machine's limit; the
-//! rr and stream scenarios place their buffers where `--buf-offset` says, to show what a
-//! transport does with a buffer in such a place.
+//! rr, crr (server side) and stream scenarios place their buffers where `--buf-offset` says,
+//! to show what a transport does with a buffer in such a place.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
@@ -43,8 +44,8 @@ impl PageBuf {
         PageBuf { mem, at, len }
     }
 
-    /// A message buffer of the rr and stream scenarios: where `--buf-offset` says, or where the
-    /// allocator puts it (a plain `Vec`, as an application's would be).
+    /// A message buffer of the rr, crr (server side) and stream scenarios: where `--buf-offset`
+    /// says, or where the allocator puts it (a plain `Vec`, as an application's would be).
     pub(crate) fn message(len: usize, fill: u8) -> PageBuf {
         match OFFSET.get() {
             Some(&offset) => PageBuf::placed(offset, len, fill),

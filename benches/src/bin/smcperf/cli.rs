@@ -307,10 +307,11 @@ pub(crate) struct Common {
     /// stream: how the server reads (the rows are named after it, but for `read`).
     #[arg(long, value_enum, default_value_t = Reader::Read)]
     pub(crate) reader: Reader,
-    /// rr and stream: place both sides' message buffers this many bytes past a page boundary
-    /// (0-4095) [default: where the allocator puts them]. On AMD Zen 3 and 4 a copy of 4 KiB or
-    /// more runs at a sixteenth of its speed when its destination lies 1-31 bytes past its
-    /// source modulo 4096, and a `Vec` from `malloc` lies 16 bytes past a page boundary.
+    /// rr and stream (both sides) and crr (the server's echo): place the message buffers this
+    /// many bytes past a page boundary (0-4095) [default: where the allocator puts them]. On
+    /// AMD Zen 3 and 4 a copy of 4 KiB or more runs at a sixteenth of its speed when its
+    /// destination lies 1-31 bytes past its source modulo 4096: with 16, a reader's copies out
+    /// of page-aligned ring positions are.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u16).range(0..4096))]
     pub(crate) buf_offset: Option<u16>,
 }
