@@ -810,8 +810,16 @@ enum Ready {
     #[default]
     Unmade,
     Set(sys::ReadySet, HashMap<std::os::fd::RawFd, Arc<ServerConn>>),
-    Off,
+    /// Failed at the time given (out of memory or descriptors): every connection is read until
+    /// the set is made again, [`READY_RETRY`] later.
+    Off(Instant),
 }
+
+/// How long after its readiness set failed the door makes it again. Each failure is a
+/// shortage (of memory or descriptors) that may pass, and a set made again costs an
+/// `epoll_ctl` per door connection; once a second, as the address list is read where it cannot
+/// be watched.
+const READY_RETRY: Duration = Duration::from_secs(1);
 
 impl DoorState {
     /// The door connections, each with its place, from the one where the last read within a
@@ -895,17 +903,35 @@ impl DoorState {
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
     }
 
+    /// Makes the readiness set of the door connections where there is none yet, or where it
+    /// failed [`READY_RETRY`] ago or more.
+    fn make_ready(&mut self) {
+        let due = match self.ready {
+            Ready::Unmade => true,
+            Ready::Off(since) => since.elapsed() >= READY_RETRY,
+            Ready::Set(..) => false,
+        };
+        if !due {
+            return;
+        }
+        let made = sys::ReadySet::new().and_then(|set| {
+            let mut by_fd = HashMap::default();
+            for c in &self.conns {
+                let fd = c.sock.fd.get_ref();
+                set.add(fd.as_fd())?;
+                by_fd.insert(std::os::fd::AsRawFd::as_raw_fd(fd), c.clone());
+            }
+            Ok(Ready::Set(set, by_fd))
+        });
+        self.ready = made.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
+            Ready::Off(Instant::now())
+        });
+    }
+
     /// Holds `conn`: among the door connections, and in the set of those asked for readiness.
     fn hold(&mut self, conn: Arc<ServerConn>) {
-        if matches!(self.ready, Ready::Unmade) {
-            self.ready = match sys::ReadySet::new() {
-                Ok(set) => Ready::Set(set, HashMap::default()),
-                Err(e) => {
-                    tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
-                    Ready::Off
-                }
-            };
-        }
+        self.make_ready();
         if let Ready::Set(set, by_fd) = &mut self.ready {
             let fd = conn.sock.fd.get_ref();
             match set.add(fd.as_fd()) {
@@ -914,7 +940,7 @@ impl DoorState {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
-                    self.ready = Ready::Off;
+                    self.ready = Ready::Off(Instant::now());
                 }
             }
         }
@@ -927,6 +953,7 @@ impl DoorState {
     /// kernel reports the same ready connections in the same order look after look: without
     /// the turn, connections kept full would spend every budget before the same others.)
     fn readable_conns(&mut self) -> (Vec<(usize, Arc<ServerConn>)>, bool) {
+        self.make_ready();
         let Ready::Set(set, by_fd) = &self.ready else { return (self.rotation(), false) };
         match set.ready(&mut self.ready_fds) {
             Ok(more) => {
@@ -939,7 +966,7 @@ impl DoorState {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "the door connections' readiness set failed: each is read");
-                self.ready = Ready::Off;
+                self.ready = Ready::Off(Instant::now());
                 (self.rotation(), false)
             }
         }
@@ -3017,6 +3044,28 @@ mod tests {
         assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
         let reads = door.conn_reads.load(Ordering::Relaxed) - before;
         assert_eq!(reads, 1, "door connections read for one look-up");
+    }
+
+    /// A readiness set that failed is made again a second later, with every connection the door
+    /// holds: the door reads all of them meanwhile, and only the ready ones after (it read all
+    /// of them for as long as the listener lived).
+    #[tokio::test]
+    async fn a_failed_readiness_set_is_made_again() {
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let clients: Vec<OwnedFd> = (0..10).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        take_in(door, clients.len());
+        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        sys::send_with_fds(clients[4].as_fd(), &cancel, &[]).unwrap();
+        let mut st = door.lock();
+        st.ready = Ready::Off(Instant::now());
+        assert_eq!(st.readable_conns().0.len(), 10, "while the set is off, every connection is read");
+        st.ready = Ready::Off(Instant::now() - READY_RETRY);
+        let (conns, _) = st.readable_conns();
+        assert!(matches!(st.ready, Ready::Set(..)), "the set was not made again");
+        let four = st.conns[4].clone();
+        assert_eq!(conns.len(), 1, "connections read once the set was made again");
+        assert!(Arc::ptr_eq(&conns[0].1, &four), "the one read is not the one with a frame");
     }
 
     /// Drains within a budget take the door connections with something queued in turn: three

@@ -206,7 +206,8 @@ pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
 /// connect from it. (A listener asks this of each client to know whether it can have
 /// registered at its door: an address taken for another host's would hand a registered
 /// client's connection out as TCP.) Where no such socket can be had, the list is read again
-/// each second.
+/// each second. A process forked from one that kept the list opens a watch of its own: the
+/// socket it inherited is its parent's too, and what one of them reads the other never hears.
 pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -215,15 +216,16 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     if ip.is_loopback() {
         return true;
     }
-    struct Addrs {
-        ips: Vec<IpAddr>,
-        read: std::time::Instant,
-        watch: Option<AddrWatch>,
-    }
-    static CACHE: std::sync::Mutex<Option<Addrs>> = std::sync::Mutex::new(None);
-    let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    let mut c = ADDRS.lock().unwrap_or_else(|e| e.into_inner());
     let stale = match c.as_mut() {
         None => true,
+        Some(a) if a.pid != pid => {
+            // Kept by the process this one was forked from: its watch (closed here, still open
+            // in the parent) misses what the parent reads first.
+            a.watch = None;
+            true
+        }
         Some(a) => match &a.watch {
             Some(w) => w.changed().unwrap_or_else(|e| {
                 tracing::debug!(error = %e, "address watch failed: reading the addresses each second");
@@ -242,17 +244,29 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
         };
         let read = std::time::Instant::now();
         *c = Some(match interface_addrs() {
-            Ok(ips) => Addrs { ips, read, watch },
+            Ok(ips) => Addrs { ips, read, watch, pid },
             // No list now (no descriptor free, say): the last one is kept, and read again in a
             // second, whatever the watch hears.
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read this host's addresses");
-                Addrs { ips: old, read, watch: None }
+                Addrs { ips: old, read, watch: None, pid }
             }
         });
     }
     c.as_ref().is_some_and(|a| a.ips.contains(&ip))
 }
+
+/// This host's addresses as [`is_local_ip`] last read them.
+struct Addrs {
+    ips: Vec<IpAddr>,
+    read: std::time::Instant,
+    /// What tells of changes since (`None`: the list is read again after a second).
+    watch: Option<AddrWatch>,
+    /// The process that read them (a forked child finds its parent's here).
+    pid: u32,
+}
+
+static ADDRS: std::sync::Mutex<Option<Addrs>> = std::sync::Mutex::new(None);
 
 /// A routing socket (`NETLINK_ROUTE`) in the groups that hear of IPv4 and IPv6 addresses
 /// added and removed (`rtnetlink(7)`; no privilege needed).
@@ -450,14 +464,9 @@ mod door_tests {
             eprintln!("skipped: adding an address needs root");
             return;
         }
+        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let addr: Ipv6Addr = format!("fd00:5e7c:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
-        let ip = |op: &str| {
-            let out = std::process::Command::new("ip")
-                .args(["-6", "addr", op, &format!("{addr}/128"), "dev", "lo"])
-                .output()
-                .expect("ip");
-            assert!(out.status.success(), "ip addr {op}: {}", String::from_utf8_lossy(&out.stderr));
-        };
+        let ip = |op: &str| lo_address(op, addr);
         assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
         ip("add");
         let added = is_local_ip(IpAddr::V6(addr));
@@ -465,6 +474,53 @@ mod door_tests {
         let removed = is_local_ip(IpAddr::V6(addr));
         assert!(added, "an address just assigned was taken for another host's");
         assert!(!removed, "an address just removed was taken for this host's");
+    }
+
+    /// The address tests one at a time: each reads what the one watch hears.
+    static ADDRESS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// `ip -6 addr <op> <addr>/128 dev lo`.
+    fn lo_address(op: &str, addr: Ipv6Addr) {
+        let out = std::process::Command::new("ip")
+            .args(["-6", "addr", op, &format!("{addr}/128"), "dev", "lo"])
+            .output()
+            .expect("ip");
+        assert!(out.status.success(), "ip addr {op}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// A forked child whose parent had read the addresses hears of an address added after the
+    /// fork although its parent takes the news off the watch's socket they share: it opens a
+    /// watch of its own. A fork is simulated (forking a test process with other threads is not
+    /// safe): the list is marked as read by another process, and a second descriptor of the
+    /// same socket, read first, plays the parent. Needs root, to add an address.
+    #[test]
+    fn a_forked_child_hears_of_addresses_on_a_watch_of_its_own() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: adding an address needs root");
+            return;
+        }
+        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let addr: Ipv6Addr = format!("fd00:5e7d:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
+        assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
+        let parent = {
+            let mut c = ADDRS.lock().unwrap();
+            let a = c.as_mut().expect("the addresses were read");
+            a.pid = a.pid.wrapping_add(1);
+            a.watch.as_ref().expect("a watch").0.try_clone().unwrap()
+        };
+        lo_address("add", addr);
+        // The parent reads the news first.
+        let mut heard = 0;
+        let mut buf = [0u8; 4096];
+        // SAFETY: `buf` is valid for writes of its length.
+        while unsafe { libc::recv(parent.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) } > 0 {
+            heard += 1;
+        }
+        let seen = is_local_ip(IpAddr::V6(addr));
+        lo_address("del", addr);
+        assert!(heard > 0, "the parent heard nothing of the address added");
+        assert!(seen, "the child took an address added after the fork for another host's");
     }
 
     /// A client socket is bound to a port before it connects, and once connected the kernel
