@@ -797,8 +797,9 @@ struct DoorState {
     /// Every door connection held, to ask which have something queued: a drain reads those
     /// only. (It asked each with a `recv`, so a look-up for a connection that registered
     /// nothing, from a plain client on this host, cost a system call per door connection held.)
-    /// Made at the first connection held; `Off` where it could not be made or a connection
-    /// could not be added, and every connection is read then.
+    /// Made at the first connection held or look-up; `Off` where it could not be made or a
+    /// connection could not be added or the look failed: every connection is read then, and
+    /// the set is made again later ([`READY_RETRY`]).
     ready: Ready,
     /// The numbers of the readable ones, as the last look found them.
     ready_fds: Vec<std::os::fd::RawFd>,
@@ -810,16 +811,36 @@ enum Ready {
     #[default]
     Unmade,
     Set(sys::ReadySet, HashMap<std::os::fd::RawFd, Arc<ServerConn>>),
-    /// Failed at the time given (out of memory or descriptors): every connection is read until
-    /// the set is made again, [`READY_RETRY`] later.
-    Off(Instant),
+    /// Failed (a shortage of memory or descriptors, or the user's limit on epoll watches) at
+    /// `since`: every connection is read until the set is made again, `wait` later.
+    Off {
+        since: Instant,
+        wait: Duration,
+    },
 }
 
-/// How long after its readiness set failed the door makes it again. Each failure is a
-/// shortage (of memory or descriptors) that may pass, and a set made again costs an
-/// `epoll_ctl` per door connection; once a second, as the address list is read where it cannot
-/// be watched.
+/// How long after its readiness set first failed the door makes it again; each failure after
+/// doubles the wait, up to [`READY_RETRY_MAX`]. A shortage may pass, but a set made again
+/// costs an `epoll_ctl` per door connection under the door's lock, and against the user's
+/// limit on epoll watches (which other sockets of the process need too) it fails again: once a
+/// second at first, as the address list is read where it cannot be watched.
 const READY_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of the readiness set (a minute: a persistent failure
+/// costs a set's worth of `epoll_ctl` calls a minute).
+const READY_RETRY_MAX: Duration = Duration::from_secs(60);
+
+impl Ready {
+    /// Whether the set is to be made now, and if so the wait before the next try should this
+    /// one fail: the first wait where there is no set yet, twice the last (up to
+    /// [`READY_RETRY_MAX`]) where the last try's wait is over; `None` otherwise.
+    fn retry_due(&self) -> Option<Duration> {
+        match *self {
+            Ready::Unmade => Some(READY_RETRY),
+            Ready::Off { since, wait } if since.elapsed() >= wait => Some((wait * 2).min(READY_RETRY_MAX)),
+            Ready::Off { .. } | Ready::Set(..) => None,
+        }
+    }
+}
 
 impl DoorState {
     /// The door connections, each with its place, from the one where the last read within a
@@ -906,14 +927,7 @@ impl DoorState {
     /// Makes the readiness set of the door connections where there is none yet, or where it
     /// failed [`READY_RETRY`] ago or more.
     fn make_ready(&mut self) {
-        let due = match self.ready {
-            Ready::Unmade => true,
-            Ready::Off(since) => since.elapsed() >= READY_RETRY,
-            Ready::Set(..) => false,
-        };
-        if !due {
-            return;
-        }
+        let Some(next_wait) = self.ready.retry_due() else { return };
         let made = sys::ReadySet::new().and_then(|set| {
             let mut by_fd = HashMap::default();
             for c in &self.conns {
@@ -925,7 +939,7 @@ impl DoorState {
         });
         self.ready = made.unwrap_or_else(|e| {
             tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
-            Ready::Off(Instant::now())
+            Ready::Off { since: Instant::now(), wait: next_wait }
         });
     }
 
@@ -940,7 +954,7 @@ impl DoorState {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
-                    self.ready = Ready::Off(Instant::now());
+                    self.ready = Ready::Off { since: Instant::now(), wait: READY_RETRY };
                 }
             }
         }
@@ -966,7 +980,7 @@ impl DoorState {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "the door connections' readiness set failed: each is read");
-                self.ready = Ready::Off(Instant::now());
+                self.ready = Ready::Off { since: Instant::now(), wait: READY_RETRY };
                 (self.rotation(), false)
             }
         }
@@ -3046,9 +3060,23 @@ mod tests {
         assert_eq!(reads, 1, "door connections read for one look-up");
     }
 
-    /// A readiness set that failed is made again a second later, with every connection the door
-    /// holds: the door reads all of them meanwhile, and only the ready ones after (it read all
-    /// of them for as long as the listener lived).
+    /// Tries of the readiness set wait a second after the first failure, twice as long after
+    /// each further one, and at most a minute.
+    #[test]
+    fn readiness_set_tries_back_off_to_a_minute() {
+        let secs = Duration::from_secs;
+        let off = |ago: u64, wait: u64| Ready::Off { since: Instant::now() - secs(ago), wait: secs(wait) };
+        assert_eq!(Ready::Unmade.retry_due(), Some(READY_RETRY));
+        assert_eq!(off(0, 1).retry_due(), None);
+        assert_eq!(off(1, 1).retry_due(), Some(secs(2)));
+        assert_eq!(off(5, 4).retry_due(), Some(secs(8)));
+        assert_eq!(off(40, 32).retry_due(), Some(READY_RETRY_MAX));
+        assert_eq!(off(61, 60).retry_due(), Some(READY_RETRY_MAX));
+    }
+
+    /// A readiness set that failed is made again once its wait is over, with every connection
+    /// the door holds: the door reads all of them meanwhile, and only the ready ones after (it
+    /// read all of them for as long as the listener lived).
     #[tokio::test]
     async fn a_failed_readiness_set_is_made_again() {
         let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
@@ -3058,9 +3086,9 @@ mod tests {
         let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
         sys::send_with_fds(clients[4].as_fd(), &cancel, &[]).unwrap();
         let mut st = door.lock();
-        st.ready = Ready::Off(Instant::now());
+        st.ready = Ready::Off { since: Instant::now(), wait: Duration::from_secs(3600) };
         assert_eq!(st.readable_conns().0.len(), 10, "while the set is off, every connection is read");
-        st.ready = Ready::Off(Instant::now() - READY_RETRY);
+        st.ready = Ready::Off { since: Instant::now() - READY_RETRY, wait: READY_RETRY };
         let (conns, _) = st.readable_conns();
         assert!(matches!(st.ready, Ready::Set(..)), "the set was not made again");
         let four = st.conns[4].clone();

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::cvt;
 
@@ -216,11 +216,11 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     if ip.is_loopback() {
         return true;
     }
-    let pid = std::process::id();
+    let made_by = (std::process::id(), forks());
     let mut c = ADDRS.lock().unwrap_or_else(|e| e.into_inner());
     let stale = match c.as_mut() {
         None => true,
-        Some(a) if a.pid != pid => {
+        Some(a) if a.made_by != made_by => {
             // Kept by the process this one was forked from: its watch (closed here, still open
             // in the parent) misses what the parent reads first.
             a.watch = None;
@@ -244,12 +244,12 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
         };
         let read = std::time::Instant::now();
         *c = Some(match interface_addrs() {
-            Ok(ips) => Addrs { ips, read, watch, pid },
+            Ok(ips) => Addrs { ips, read, watch, made_by },
             // No list now (no descriptor free, say): the last one is kept, and read again in a
             // second, whatever the watch hears.
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read this host's addresses");
-                Addrs { ips: old, read, watch: None, pid }
+                Addrs { ips: old, read, watch: None, made_by }
             }
         });
     }
@@ -262,11 +262,36 @@ struct Addrs {
     read: std::time::Instant,
     /// What tells of changes since (`None`: the list is read again after a second).
     watch: Option<AddrWatch>,
-    /// The process that read them (a forked child finds its parent's here).
-    pid: u32,
+    /// The process that read them, as its pid and [`forks`] (a forked child finds its
+    /// parent's here; the count tells a child whose pid is its parent's, PID 1 of a new pid
+    /// namespace forked from PID 1 of another).
+    made_by: (u32, u64),
 }
 
 static ADDRS: std::sync::Mutex<Option<Addrs>> = std::sync::Mutex::new(None);
+
+/// Forks this process's line went through since [`forks`] was first asked (counted in each
+/// child by a `pthread_atfork` handler).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// The count of forks, with the handler that keeps it set up at the first call.
+fn forks() -> u64 {
+    extern "C" fn in_child() {
+        // Ordering: the child has one thread at this point; nothing is published with it.
+        FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| {
+        // SAFETY: registers a child handler that only increments an atomic (async-signal-safe,
+        // as a handler run in a child of a multi-threaded process must be).
+        let r = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        if r != 0 {
+            tracing::debug!(error = r, "no fork handler: a forked child is told by its pid only");
+        }
+    });
+    // Ordering: see `in_child`.
+    FORKS.load(Ordering::Relaxed)
+}
 
 /// A routing socket (`NETLINK_ROUTE`) in the groups that hear of IPv4 and IPv6 addresses
 /// added and removed (`rtnetlink(7)`; no privilege needed).
@@ -476,7 +501,8 @@ mod door_tests {
         assert!(!removed, "an address just removed was taken for this host's");
     }
 
-    /// The address tests one at a time: each reads what the one watch hears.
+    /// The address tests one at a time: each reads what the one watch hears (and one moves the
+    /// fork count).
     static ADDRESS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     /// `ip -6 addr <op> <addr>/128 dev lo`.
@@ -488,11 +514,37 @@ mod door_tests {
         assert!(out.status.success(), "ip addr {op}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
+    /// The fork handler counts a fork in the child, and only there. (The child only loads an
+    /// atomic and exits: nothing in it may take a lock another thread of the test held.)
+    #[test]
+    fn a_fork_is_counted_in_the_child() {
+        // The test that plays a fork moves the count too.
+        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let before = forks();
+        // SAFETY: the child runs only async-signal-safe code (an atomic load, `_exit`).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            let counted = FORKS.load(Ordering::Relaxed) > before;
+            // SAFETY: ends the child at once, running no handler of the parent's.
+            unsafe { libc::_exit(if counted { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child did not count its fork: {status}"
+        );
+        assert_eq!(forks(), before, "the parent counted the fork");
+    }
+
     /// A forked child whose parent had read the addresses hears of an address added after the
     /// fork although its parent takes the news off the watch's socket they share: it opens a
     /// watch of its own. A fork is simulated (forking a test process with other threads is not
-    /// safe): the list is marked as read by another process, and a second descriptor of the
-    /// same socket, read first, plays the parent. Needs root, to add an address.
+    /// safe): the fork count moves as the handler moves it in a child, and a second descriptor
+    /// of the same socket, read to the end first, plays the parent. Needs root, to add an
+    /// address.
     #[test]
     fn a_forked_child_hears_of_addresses_on_a_watch_of_its_own() {
         // SAFETY: geteuid cannot fail.
@@ -504,18 +556,25 @@ mod door_tests {
         let addr: Ipv6Addr = format!("fd00:5e7d:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
         assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
         let parent = {
-            let mut c = ADDRS.lock().unwrap();
-            let a = c.as_mut().expect("the addresses were read");
-            a.pid = a.pid.wrapping_add(1);
-            a.watch.as_ref().expect("a watch").0.try_clone().unwrap()
+            let c = ADDRS.lock().unwrap();
+            c.as_ref().expect("the addresses were read").watch.as_ref().expect("a watch").0.try_clone().unwrap()
         };
+        FORKS.fetch_add(1, Ordering::Relaxed);
         lo_address("add", addr);
-        // The parent reads the news first.
+        // The parent reads the news first, to the end (until nothing more comes for 200 ms: the
+        // kernel may tell of an IPv6 address twice, the second time a little later).
         let mut heard = 0;
         let mut buf = [0u8; 4096];
-        // SAFETY: `buf` is valid for writes of its length.
-        while unsafe { libc::recv(parent.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) } > 0 {
-            heard += 1;
+        loop {
+            let mut p = libc::pollfd { fd: parent.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, 200) } <= 0 {
+                break;
+            }
+            // SAFETY: `buf` is valid for writes of its length.
+            if unsafe { libc::recv(parent.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) } > 0 {
+                heard += 1;
+            }
         }
         let seen = is_local_ip(IpAddr::V6(addr));
         lo_address("del", addr);
