@@ -3037,18 +3037,26 @@ mod tests {
         assert_eq!(st.conns.len(), n, "the door connections were not taken in");
     }
 
+    /// A listener whose door holds `n` connections, the one at place `sending` with a frame
+    /// queued; the clients' ends.
+    async fn door_with_one_sending(n: usize, sending: usize) -> (crate::SmcListener, Vec<OwnedFd>) {
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let clients: Vec<OwnedFd> = (0..n).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        take_in(door, n);
+        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
+        sys::send_with_fds(clients[sending].as_fd(), &cancel, &[]).unwrap();
+        (listener, clients)
+    }
+
     /// A look-up for a connection that registered nothing (a plain client on this host) reads
     /// only the door connections with something queued: with 100 held and one of them sending,
     /// one (it asked each of the 100, a system call each).
     #[tokio::test]
     async fn a_look_up_reads_only_the_door_connections_with_something_queued() {
         crate::sys::raise_fd_limit();
-        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let (listener, _clients) = door_with_one_sending(100, 37).await;
         let door = listener.door_for_test().expect("a door");
-        let clients: Vec<OwnedFd> = (0..100).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
-        take_in(door, clients.len());
-        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
-        sys::send_with_fds(clients[37].as_fd(), &cancel, &[]).unwrap();
         let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let server = queue.local_addr().unwrap();
         door.begin_turn();
@@ -3079,12 +3087,8 @@ mod tests {
     /// read all of them for as long as the listener lived).
     #[tokio::test]
     async fn a_failed_readiness_set_is_made_again() {
-        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let (listener, _clients) = door_with_one_sending(10, 4).await;
         let door = listener.door_for_test().expect("a door");
-        let clients: Vec<OwnedFd> = (0..10).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
-        take_in(door, clients.len());
-        let cancel = DoorFrame { kind: DoorKind::Cancel, reason: 0, id: 7 }.encode(&[]);
-        sys::send_with_fds(clients[4].as_fd(), &cancel, &[]).unwrap();
         let mut st = door.lock();
         st.ready = Ready::Off { since: Instant::now(), wait: Duration::from_secs(3600) };
         assert_eq!(st.readable_conns().0.len(), 10, "while the set is off, every connection is read");

@@ -484,13 +484,7 @@ mod door_tests {
     /// looking for its registration). Needs root, to add an address.
     #[test]
     fn an_address_is_local_from_the_moment_it_is_assigned() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: adding an address needs root");
-            return;
-        }
-        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        let addr: Ipv6Addr = format!("fd00:5e7c:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
+        let Some((_one, addr)) = address_test(0x5e7c) else { return };
         let ip = |op: &str| lo_address(op, addr);
         assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
         ip("add");
@@ -504,6 +498,18 @@ mod door_tests {
     /// The address tests one at a time: each reads what the one watch hears (and one moves the
     /// fork count).
     static ADDRESS_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// For a test that adds an address: the address tests' turn and an address of its own
+    /// (`fd00:<tag>:<pid>::1`), or `None` (skipped) without root.
+    fn address_test(tag: u16) -> Option<(std::sync::MutexGuard<'static, ()>, Ipv6Addr)> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: adding an address needs root");
+            return None;
+        }
+        let turn = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        Some((turn, format!("fd00:{tag:x}:{:x}::1", std::process::id() & 0xffff).parse().unwrap()))
+    }
 
     /// `ip -6 addr <op> <addr>/128 dev lo`.
     fn lo_address(op: &str, addr: Ipv6Addr) {
@@ -547,13 +553,7 @@ mod door_tests {
     /// address.
     #[test]
     fn a_forked_child_hears_of_addresses_on_a_watch_of_its_own() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: adding an address needs root");
-            return;
-        }
-        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        let addr: Ipv6Addr = format!("fd00:5e7d:{:x}::1", std::process::id() & 0xffff).parse().unwrap();
+        let Some((_one, addr)) = address_test(0x5e7d) else { return };
         assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
         let parent = {
             let c = ADDRS.lock().unwrap();
