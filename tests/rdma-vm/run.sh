@@ -448,18 +448,30 @@ start_guest() {
 # into their timeout. A guest whose kernel reports a task blocked in the
 # kernel for minutes (its hung-task watchdog, after 120 s) is stuck there:
 # it is stopped at once (marked .hung) instead of at the host-side timeout,
-# and counts as a guest that ended without a result.
+# and counts as a guest that ended without a result. A guest that printed its
+# result and has not powered off POWEROFF_GRACE seconds later (its kernel
+# stuck in the power-off: a guest kernel's own SMC-R link teardown has been
+# seen to block it for good) is stopped too (marked .after-result), and its
+# result stands.
 PEER_GRACE=30
+POWEROFF_GRACE=30
 wait_guests() {
-    local i st left crashed_at=""
-    declare -A done_=()
+    local i st left crashed_at="" now
+    declare -A done_=() result_at=()
     while :; do
         left=0
         for i in "${!QEMU_PIDS[@]}"; do
             [ -n "${done_[$i]:-}" ] && continue
             if kill -0 "${QEMU_PIDS[$i]}" 2>/dev/null; then
-                if grep -q 'INFO: task .* blocked for more than' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null \
-                    && ! grep -q '^RDMA-VM-RESULT: ' "$RUN/${QEMU_NAMES[$i]}.log"; then
+                if grep -q '^RDMA-VM-RESULT: ' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null; then
+                    now=$(date +%s)
+                    [ -z "${result_at[$i]:-}" ] && result_at[$i]=$now
+                    if [ $(( now - result_at[$i] )) -ge "$POWEROFF_GRACE" ] && [ ! -f "$RUN/${QEMU_NAMES[$i]}.after-result" ]; then
+                        log "stopping guest ${QEMU_NAMES[$i]}: it printed its result but has not powered off in ${POWEROFF_GRACE}s"
+                        touch "$RUN/${QEMU_NAMES[$i]}.after-result"
+                        kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
+                    fi
+                elif grep -q 'INFO: task .* blocked for more than' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null; then
                     log "stopping guest ${QEMU_NAMES[$i]}: a task is stuck in its kernel"
                     touch "$RUN/${QEMU_NAMES[$i]}.hung"
                     kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
@@ -505,6 +517,9 @@ guest_status() {
     elif [ -z "$res" ] && [ -f "$RUN/$name.stopped" ]; then
         log "FAIL: guest $name stopped because the other guest ended without a result; console: $RUN/$name.log"
         echo 125
+    elif [ -n "$res" ] && [ -f "$RUN/$name.after-result" ]; then
+        log "guest $name printed its result ($res) and was stopped in its power-off; console: $RUN/$name.log"
+        echo "$res"
     elif [ "$qst" = 124 ] || [ "$qst" = 137 ]; then
         log "FAIL: guest $name killed by the host-side timeout (${TIMEOUT}s); console: $RUN/$name.log"
         echo 124

@@ -368,7 +368,9 @@ pub fn assert_cases_passed<'a>(console: &str, cases: impl IntoIterator<Item = &'
 /// (a task and a kworker blocked for minutes, in the kernel-interop mode, after every transfer
 /// had completed and been checked on the server's side): those outcomes (status 125, no
 /// result marker) are tried up to three times in all; any other non-zero status panics with
-/// the consoles. `shown` picks the console lines worth printing on the way.
+/// the consoles. (A hang after the result marker, in the guest's power-off, is the test bed's
+/// to end: it stops the guest and keeps the result.) `shown` picks the console lines worth
+/// printing on the way.
 pub fn run_test_bed(args: &[&str], consoles: &[&str], shown: impl Fn(&str) -> bool) -> Option<String> {
     if std::env::var("SMC_TOKIO_SKIP_RDMA_VM").is_ok_and(|v| v == "1") {
         eprintln!("SKIPPED: SMC_TOKIO_SKIP_RDMA_VM=1");

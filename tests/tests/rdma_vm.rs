@@ -8,7 +8,9 @@
 //! minutes under emulation, past the test bed's default 120 s per command). The script installs its host packages and caches the kernel package
 //! (`~/.cache/smc-tokio-rdma-vm`); the first run downloads about 110 MB.
 //!
-//! Set `SMC_TOKIO_SKIP_RDMA_VM=1` to leave it out of a local run (it then says so and passes).
+//! Also a test of the test bed itself (a guest stuck in its power-off keeps its result).
+//!
+//! Set `SMC_TOKIO_SKIP_RDMA_VM=1` to leave them out of a local run (they then say so and pass).
 #![cfg(feature = "rdma")]
 
 #[test]
@@ -36,4 +38,23 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
         "pinned_memory_charged",
     ];
     tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(extra));
+}
+
+/// The test bed itself: a guest that printed its result and then never powers off (as a guest
+/// kernel's SMC-R teardown has made one, after every check had passed) is stopped 30 s later and
+/// its result stands; the guest's `/init` simulates the stuck power-off. The run failed at the
+/// host-side timeout before (900 s in the tests).
+#[test]
+fn a_guest_stuck_in_its_power_off_keeps_its_result() {
+    let dir = std::env::temp_dir().join(format!("smc-rdma-vm-stuck-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("guest.sh");
+    std::fs::write(&script, "#!/bin/sh\necho guest script ran\nexit 0\n").unwrap();
+    let script = script.to_str().unwrap();
+    let args = ["single", "--script", script, "--env", "RDMA_VM_STUCK_POWEROFF=1", "--timeout", "300"];
+    let console = tests::run_test_bed(&args, &["single.log"], |l| l.starts_with("guest script"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(console) = console else { return };
+    assert!(console.contains("guest script ran"), "the guest's script did not run:\n{console}");
+    assert!(console.contains("RDMA-VM-RESULT: 0"), "no result marker:\n{console}");
 }
