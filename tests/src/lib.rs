@@ -377,9 +377,13 @@ pub fn run_test_bed(args: &[&str], consoles: &[&str], shown: impl Fn(&str) -> bo
         return None;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/rdma-vm/run.sh");
+    // Runs of one test binary go on at once (its tests run in parallel): a directory each.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     const ATTEMPTS: u32 = 3;
     for attempt in 1..=ATTEMPTS {
-        let out_dir = std::env::temp_dir().join(format!("smc-rdma-vm-{}-{}-{attempt}", args[0], std::process::id()));
+        let out_dir =
+            std::env::temp_dir().join(format!("smc-rdma-vm-{}-{}-{run}-{attempt}", args[0], std::process::id()));
         let _ = std::fs::remove_dir_all(&out_dir);
         let out = std::process::Command::new("bash")
             .arg(script)
