@@ -810,13 +810,41 @@ struct DoorState {
 enum Ready {
     #[default]
     Unmade,
-    Set(sys::ReadySet, HashMap<std::os::fd::RawFd, Arc<ServerConn>>),
+    Set(ReadyConns),
     /// Failed (a shortage of memory or descriptors, or the user's limit on epoll watches) at
     /// `since`: every connection is read until the set is made again, `wait` later.
     Off {
         since: Instant,
         wait: Duration,
     },
+}
+
+/// The door connections in a [`sys::ReadySet`], and by descriptor number.
+struct ReadyConns {
+    set: sys::ReadySet,
+    by_fd: HashMap<std::os::fd::RawFd, Arc<ServerConn>>,
+}
+
+impl ReadyConns {
+    fn add(&mut self, conn: &Arc<ServerConn>) -> io::Result<()> {
+        let fd = conn.sock.fd.get_ref();
+        self.set.add(fd.as_fd())?;
+        self.by_fd.insert(std::os::fd::AsRawFd::as_raw_fd(fd), conn.clone());
+        Ok(())
+    }
+
+    fn remove(&mut self, conn: &ServerConn) {
+        let fd = conn.sock.fd.get_ref();
+        self.set.remove(fd.as_fd());
+        self.by_fd.remove(&std::os::fd::AsRawFd::as_raw_fd(fd));
+    }
+}
+
+/// Places `0..n` in turn from place `from` (modulo `n`) on: where the last read within a budget
+/// ran out.
+fn in_turn(n: usize, from: usize) -> impl Iterator<Item = usize> {
+    let start = if n == 0 { 0 } else { from % n };
+    (0..n).map(move |k| (start + k) % n)
 }
 
 /// How long after its readiness set first failed the door makes it again; each failure after
@@ -846,9 +874,7 @@ impl DoorState {
     /// The door connections, each with its place, from the one where the last read within a
     /// budget ran out on.
     fn rotation(&self) -> Vec<(usize, Arc<ServerConn>)> {
-        let n = self.conns.len();
-        let start = if n == 0 { 0 } else { self.read_from % n };
-        self.conns.iter().cloned().enumerate().cycle().skip(start).take(n).collect()
+        in_turn(self.conns.len(), self.read_from).map(|i| (i, self.conns[i].clone())).collect()
     }
 
     /// Whether `budget` is spent; if so, the next read within a budget starts at place `i`.
@@ -916,10 +942,8 @@ impl DoorState {
         for (_, l) in conn.live().drain() {
             l.inbox.close();
         }
-        if let Ready::Set(set, by_fd) = &mut self.ready {
-            let fd = conn.sock.fd.get_ref();
-            set.remove(fd.as_fd());
-            by_fd.remove(&std::os::fd::AsRawFd::as_raw_fd(fd));
+        if let Ready::Set(ready) = &mut self.ready {
+            ready.remove(conn);
         }
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
     }
@@ -929,13 +953,11 @@ impl DoorState {
     fn make_ready(&mut self) {
         let Some(next_wait) = self.ready.retry_due() else { return };
         let made = sys::ReadySet::new().and_then(|set| {
-            let mut by_fd = HashMap::default();
+            let mut ready = ReadyConns { set, by_fd: HashMap::default() };
             for c in &self.conns {
-                let fd = c.sock.fd.get_ref();
-                set.add(fd.as_fd())?;
-                by_fd.insert(std::os::fd::AsRawFd::as_raw_fd(fd), c.clone());
+                ready.add(c)?;
             }
-            Ok(Ready::Set(set, by_fd))
+            Ok(Ready::Set(ready))
         });
         self.ready = made.unwrap_or_else(|e| {
             tracing::debug!(error = %e, "no readiness set for the door connections: each is read");
@@ -946,16 +968,10 @@ impl DoorState {
     /// Holds `conn`: among the door connections, and in the set of those asked for readiness.
     fn hold(&mut self, conn: Arc<ServerConn>) {
         self.make_ready();
-        if let Ready::Set(set, by_fd) = &mut self.ready {
-            let fd = conn.sock.fd.get_ref();
-            match set.add(fd.as_fd()) {
-                Ok(()) => {
-                    by_fd.insert(std::os::fd::AsRawFd::as_raw_fd(fd), conn.clone());
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
-                    self.ready = Ready::Off { since: Instant::now(), wait: READY_RETRY };
-                }
+        if let Ready::Set(ready) = &mut self.ready {
+            if let Err(e) = ready.add(&conn) {
+                tracing::debug!(error = %e, "a door connection left out of the readiness set: each is read");
+                self.ready = Ready::Off { since: Instant::now(), wait: READY_RETRY };
             }
         }
         self.conns.push(conn);
@@ -968,14 +984,11 @@ impl DoorState {
     /// the turn, connections kept full would spend every budget before the same others.)
     fn readable_conns(&mut self) -> (Vec<(usize, Arc<ServerConn>)>, bool) {
         self.make_ready();
-        let Ready::Set(set, by_fd) = &self.ready else { return (self.rotation(), false) };
-        match set.ready(&mut self.ready_fds) {
+        let Ready::Set(ready) = &self.ready else { return (self.rotation(), false) };
+        match ready.set.ready(&mut self.ready_fds) {
             Ok(more) => {
-                let n = self.ready_fds.len();
-                let start = if n == 0 { 0 } else { self.read_from % n };
-                let conns = (0..n)
-                    .map(|k| (start + k) % n)
-                    .filter_map(|i| by_fd.get(&self.ready_fds[i]).map(|c| (i, c.clone())));
+                let conns = in_turn(self.ready_fds.len(), self.read_from)
+                    .filter_map(|i| ready.by_fd.get(&self.ready_fds[i]).map(|c| (i, c.clone())));
                 (conns.collect(), more)
             }
             Err(e) => {
@@ -3066,6 +3079,14 @@ mod tests {
         assert!(door.lookup(peer, server, ours.as_fd()).is_none(), "a plain connection matched");
         let reads = door.conn_reads.load(Ordering::Relaxed) - before;
         assert_eq!(reads, 1, "door connections read for one look-up");
+    }
+
+    /// Places go in turn from where the last budget ran out, around the end.
+    #[test]
+    fn places_go_in_turn_from_where_the_last_read_stopped() {
+        assert_eq!(in_turn(4, 6).collect::<Vec<_>>(), [2, 3, 0, 1]);
+        assert_eq!(in_turn(3, 0).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(in_turn(0, 5).count(), 0);
     }
 
     /// Tries of the readiness set wait a second after the first failure, twice as long after

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::cvt;
@@ -322,17 +322,13 @@ impl AddrWatch {
         let mut changed = false;
         // Bounded: what is queued is taken, and a flood of changes is one change.
         for _ in 0..64 {
-            // SAFETY: `buf` is valid for writes of its length.
-            let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                changed = true;
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) => return Ok(changed),
-                Some(libc::EINTR | libc::ENOBUFS) => changed = true,
-                _ => return Err(e),
+            match super::recv_no_control(self.0.as_fd(), &mut buf, 0) {
+                Ok(_) => changed = true,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(changed),
+                    Some(libc::ENOBUFS) => changed = true,
+                    _ => return Err(e),
+                },
             }
         }
         Ok(true)
