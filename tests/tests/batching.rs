@@ -315,6 +315,44 @@ async fn sendfile_edges_on_tcp() {
     sendfile_edges(Kind::Tcp).await;
 }
 
+/// sendfile over shared memory with the ring position at every page-offset distance from 0 to
+/// 40 past the file offset (a few bytes written before it), from file offsets at and off a
+/// page, across more than one piece of the bounce buffer that AMD Zen 3 and 4 read through at
+/// distances 1 to 31: every byte arrives as the file has it.
+#[tokio::test]
+async fn sendfile_at_every_short_page_distance_on_shm() {
+    let data = Rng::new(5).bytes(150_000);
+    let (path, file) = temp_file(&data);
+    let (mut c, mut s) = pair(Kind::Shm, 256 << 10).await;
+    let mut sent = 0u64;
+    for offset in [0u64, 100, 4095] {
+        for distance in 0..=40u64 {
+            // Pad the stream so that the next byte lies `distance` past `offset`, modulo 4096.
+            let pad = (offset + distance + 4096 - sent % 4096) % 4096;
+            let len = data.len() as u64 - offset;
+            let (n, got) = bounded(10, async {
+                tokio::join!(
+                    async {
+                        c.write_all(&vec![0xA5; pad as usize]).await.unwrap();
+                        c.sendfile(&file, offset, len).await.unwrap()
+                    },
+                    async {
+                        let mut got = vec![0u8; (pad + len) as usize];
+                        s.read_exact(&mut got).await.unwrap();
+                        got
+                    }
+                )
+            })
+            .await;
+            assert_eq!(n, len, "offset {offset}, distance {distance}");
+            assert!(got[..pad as usize].iter().all(|b| *b == 0xA5), "offset {offset}, distance {distance}: padding");
+            assert!(got[pad as usize..] == data[offset as usize..], "offset {offset}, distance {distance}: the file");
+            sent += pad + len;
+        }
+    }
+    std::fs::remove_file(path).unwrap();
+}
+
 #[tokio::test]
 async fn header_and_sendfile_under_cork_arrive_together() {
     let body = Rng::new(4).bytes(4096);

@@ -35,8 +35,9 @@ pub(crate) mod verbs;
 /// Where [`Link::tx_fill`] lets its `fill` write: a pointer and a length, not a slice. On shared
 /// memory the span lies in our region, which a peer of our uid can open for writing too
 /// (`fchmod` on the memfd, then `/proc/PID/fd`) and write while we fill it, so a `&mut [u8]`
-/// to it would promise an exclusive access nothing can keep. Filled by the kernel (`pread`),
-/// whose writes are no Rust access.
+/// to it would promise an exclusive access nothing can keep. Filled from a file
+/// ([`read_file`](Self::read_file)): by the kernel (`pread`), whose writes are no Rust access,
+/// or by a byte-wise atomic copy ([`peer_mem`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxSpan {
     ptr: *mut u8,
@@ -51,15 +52,15 @@ impl TxSpan {
         TxSpan { ptr, len }
     }
 
-    /// The first byte; valid for writes of [`len`](Self::len) bytes during the call of `fill`
-    /// it was given to.
-    pub(crate) fn as_mut_ptr(self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// The length of the span.
-    pub(crate) fn len(self) -> usize {
-        self.len
+    /// Fills the span from the file `fd` at `offset` ([`peer_mem::read_file`]: `pread(2)` until
+    /// the span is full or the file ends, at the copy distance the CPU copies fastest); returns
+    /// the bytes read.
+    ///
+    /// # Safety
+    /// Only during the call of `fill` the span was given to (where it is valid for writes).
+    pub(crate) unsafe fn read_file(self, fd: std::os::fd::BorrowedFd<'_>, offset: u64) -> io::Result<usize> {
+        // SAFETY: the span is valid for writes of `len` bytes now (our contract).
+        unsafe { peer_mem::read_file(fd, self.ptr, self.len, offset) }
     }
 }
 

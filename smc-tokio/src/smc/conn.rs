@@ -1540,9 +1540,7 @@ impl SmcConn {
                     }
                     let filled = link
                         // SAFETY: `tx_fill` hands out a span valid for writes for this call.
-                        .tx_fill(token, off, len, &mut |span| unsafe {
-                            sys::pread_full(file, span.as_mut_ptr(), span.len(), at + u64::from(got))
-                        })
+                        .tx_fill(token, off, len, &mut |span| unsafe { span.read_file(file, at + u64::from(got)) })
                         .map_err(FillError::Link)?
                         .map_err(FillError::Io)?;
                     got += filled as u32;
