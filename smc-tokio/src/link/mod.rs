@@ -53,8 +53,8 @@ impl TxSpan {
     }
 
     /// Fills the span from the file `fd` at `offset` ([`peer_mem::read_file`]: `pread(2)` until
-    /// the span is full or the file ends, at the copy distance the CPU copies fastest); returns
-    /// the bytes read.
+    /// the span is full or the file ends, through a bounce buffer where the kernel's copy would
+    /// be slow); returns the bytes read.
     ///
     /// # Safety
     /// Only during the call of `fill` the span was given to (where it is valid for writes).
@@ -144,8 +144,9 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// again only after the peer's consumer cursor passed it.
     fn tx_read(&self, rmb: u32, offset: u32, dst: &mut [u8]) -> Result<(), LinkError>;
     /// As [`tx_write`](Link::tx_write), but lets `fill` write the `len` bytes at `offset` in
-    /// place (for sendfile: a `pread` lands where `tx_write` would have copied to, no bounce
-    /// buffer). Returns what `fill` returned.
+    /// place (for sendfile: a `pread` lands where `tx_write` would have copied to, with no
+    /// buffer between but where the CPU copies slowly, `peer_mem::read_file`). Returns what
+    /// `fill` returned.
     fn tx_fill(
         &self,
         rmb: u32,

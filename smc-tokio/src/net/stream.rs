@@ -2034,7 +2034,10 @@ impl SmcStream {
     /// Sends up to `len` bytes of `file` starting at `offset`, and resolves to the number of
     /// bytes sent, without a user-space buffer: over shared memory the file is read straight
     /// into the peer's receive ring (one `pread` per chunk, one copy), over TCP with
-    /// `sendfile(2)`. All chunks but the last are corked; the last one pushes (the kernel's
+    /// `sendfile(2)`. (On AMD CPUs of family 0x19 and later, where the kernel's copy is slow
+    /// when the ring position lies 1 to 31 bytes past the file offset modulo 4096, such a
+    /// chunk goes through a buffer of the calling thread instead: two fast copies. The buffer,
+    /// 68 KiB, is kept for the thread's life once used.) All chunks but the last are corked; the last one pushes (the kernel's
     /// `MSG_SENDPAGE_NOTLAST`), unless a [`cork`](SmcStream::cork) guard is held, in which case
     /// the guard's drop pushes.
     ///
