@@ -323,9 +323,9 @@ pub(crate) unsafe fn copy_to_peer(dst: *mut u8, src: &[u8]) {
 /// [`short_distance_cliff`] CPUs. Measured with `pread(2)` of a page-cached file into a mapping
 /// on the EPYC (family 25) development VM, at every distance from 0 to 72, 4090 to 4095 and
 /// each 256th, file offsets 0 and 100: 64 KiB reads at 1 to 31 bytes ran at 2.6-2.8 GB/s,
-/// against 25-27 GB/s at 0, 32, 64 and the far distances, and 19.5-25 GB/s at 33 to 63 (one
-/// copy there beats two). 4 KiB reads: 2.1 against 7.0-7.3 GB/s. Only this direction (into
-/// user memory) was measured.
+/// against 25-27 GB/s at 0, 32, 64 and the far distances, and 19-25 GB/s at 33 to 63 and 65
+/// to 72 (one copy there beats two). 4 KiB reads: 2.1 against 7.0-7.3 GB/s. Only this
+/// direction (into user memory) was measured.
 #[cfg(any(test, all(target_arch = "x86_64", not(miri))))]
 const KERNEL_WINDOW: std::ops::RangeInclusive<usize> = 1..=31;
 
