@@ -5,7 +5,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::cvt;
 
@@ -84,13 +84,13 @@ fn random_port() -> u16 {
 /// changes only with the host's addresses. A connection that finds it wrong tells the listener
 /// a four-tuple that the kernel does not know; the listener declines (the connection stays
 /// TCP) and the caller forgets the entry ([`forget_source`]).
-static SOURCES: std::sync::Mutex<Vec<(IpAddr, IpAddr)>> = std::sync::Mutex::new(Vec::new());
+static SOURCES: PerProcess<Vec<(IpAddr, IpAddr)>> = PerProcess::new();
 
 /// The most source addresses kept: a host's own addresses, in practice a handful.
 const SOURCES_KEPT: usize = 64;
 
 fn sources() -> std::sync::MutexGuard<'static, Vec<(IpAddr, IpAddr)>> {
-    SOURCES.lock().unwrap_or_else(|e| e.into_inner())
+    SOURCES.lock()
 }
 
 /// The source address learned for connections to `dst` ([`SOURCES`]).
@@ -206,8 +206,9 @@ pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
 /// connect from it. (A listener asks this of each client to know whether it can have
 /// registered at its door: an address taken for another host's would hand a registered
 /// client's connection out as TCP.) Where no such socket can be had, the list is read again
-/// each second. A process forked from one that kept the list opens a watch of its own: the
-/// socket it inherited is its parent's too, and what one of them reads the other never hears.
+/// each second. A process forked from one that kept the list keeps a list and a watch of its
+/// own ([`PerProcess`]): the socket it inherited is its parent's too, and what one of them
+/// reads the other never hears.
 pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -216,16 +217,9 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
     if ip.is_loopback() {
         return true;
     }
-    let made_by = (std::process::id(), forks());
-    let mut c = ADDRS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = ADDRS.lock();
     let stale = match c.as_mut() {
         None => true,
-        Some(a) if a.made_by != made_by => {
-            // Kept by the process this one was forked from: its watch (closed here, still open
-            // in the parent) misses what the parent reads first.
-            a.watch = None;
-            true
-        }
         Some(a) => match &a.watch {
             Some(w) => w.changed().unwrap_or_else(|e| {
                 tracing::debug!(error = %e, "address watch failed: reading the addresses each second");
@@ -244,12 +238,12 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
         };
         let read = std::time::Instant::now();
         *c = Some(match interface_addrs() {
-            Ok(ips) => Addrs { ips, read, watch, made_by },
+            Ok(ips) => Addrs { ips, read, watch },
             // No list now (no descriptor free, say): the last one is kept, and read again in a
             // second, whatever the watch hears.
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read this host's addresses");
-                Addrs { ips: old, read, watch: None, made_by }
+                Addrs { ips: old, read, watch: None }
             }
         });
     }
@@ -262,13 +256,71 @@ struct Addrs {
     read: std::time::Instant,
     /// What tells of changes since (`None`: the list is read again after a second).
     watch: Option<AddrWatch>,
-    /// The process that read them, as its pid and [`forks`] (a forked child finds its
-    /// parent's here; the count tells a child whose pid is its parent's, PID 1 of a new pid
-    /// namespace forked from PID 1 of another).
-    made_by: (u32, u64),
 }
 
-static ADDRS: std::sync::Mutex<Option<Addrs>> = std::sync::Mutex::new(None);
+/// This host's addresses as this process last read them ([`PerProcess`]: a forked child reads
+/// its own, on a watch of its own).
+static ADDRS: PerProcess<Option<Addrs>> = PerProcess::new();
+
+/// A value each process keeps for itself, under a lock of its own: a forked child starts from
+/// `T::default()` instead of its parent's value, and never waits for its parent's lock, which
+/// a thread that does not exist in the child may have held at the fork (and would then hold for
+/// good). The process is told by its pid and [`forks`] (the count tells a child whose pid is its
+/// parent's, PID 1 of a new pid namespace forked from PID 1 of another).
+pub(crate) struct PerProcess<T> {
+    /// The slot of the process that made it last: a leaked box, never freed (null before the
+    /// first). Ordering: a slot is written before it is published (release) and read after
+    /// it is loaded (acquire).
+    slot: AtomicPtr<Slot<T>>,
+    /// Shared as a `Mutex<T>` is.
+    _value: std::marker::PhantomData<std::sync::Mutex<T>>,
+}
+
+/// One process's value.
+struct Slot<T> {
+    made_by: (u32, u64),
+    value: std::sync::Mutex<T>,
+}
+
+impl<T: Default> PerProcess<T> {
+    pub(crate) const fn new() -> Self {
+        PerProcess { slot: AtomicPtr::new(std::ptr::null_mut()), _value: std::marker::PhantomData }
+    }
+
+    /// This process's value, locked (a lock poisoned by a panic is taken as it is). The
+    /// parent's slot is left allocated (its size, once per fork); where its lock is free its
+    /// value is dropped (descriptors in it close here, not in the parent), else left too.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        let made_by = (std::process::id(), forks());
+        let slot = loop {
+            let cur = self.slot.load(Ordering::Acquire);
+            // SAFETY: a non-null pointer in `slot` is a box leaked below, never freed, whose
+            // contents were written before it was published.
+            let old = unsafe { cur.as_ref() };
+            if let Some(slot) = old.filter(|s| s.made_by == made_by) {
+                break slot;
+            }
+            let new = Box::into_raw(Box::new(Slot { made_by, value: std::sync::Mutex::new(T::default()) }));
+            match self.slot.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if let Some(old) = old {
+                        match old.value.try_lock() {
+                            Ok(mut v) => *v = T::default(),
+                            Err(std::sync::TryLockError::Poisoned(e)) => *e.into_inner() = T::default(),
+                            Err(std::sync::TryLockError::WouldBlock) => {}
+                        }
+                    }
+                    // SAFETY: `new` came from `Box::into_raw` just now and is never freed.
+                    break unsafe { &*new };
+                }
+                // Another thread of this process published a slot first: ours was never shared.
+                // SAFETY: `new` came from `Box::into_raw` above and nothing else has it.
+                Err(_) => drop(unsafe { Box::from_raw(new) }),
+            }
+        };
+        slot.value.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Forks this process's line went through since [`forks`] was first asked (counted in each
 /// child by a `pthread_atfork` handler).
@@ -280,15 +332,18 @@ fn forks() -> u64 {
         // Ordering: the child has one thread at this point; nothing is published with it.
         FORKS.fetch_add(1, Ordering::Relaxed);
     }
-    static HANDLER: std::sync::Once = std::sync::Once::new();
-    HANDLER.call_once(|| {
+    // Set by the first caller, which then registers the handler; the others go on without
+    // waiting for it (a `Once` would make them wait, and a child forked while one waited would
+    // wait for good). Ordering: a flag, nothing published with it.
+    static HANDLER: AtomicBool = AtomicBool::new(false);
+    if !HANDLER.swap(true, Ordering::Relaxed) {
         // SAFETY: registers a child handler that only increments an atomic (async-signal-safe,
         // as a handler run in a child of a multi-threaded process must be).
         let r = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
         if r != 0 {
             tracing::debug!(error = r, "no fork handler: a forked child is told by its pid only");
         }
-    });
+    }
     // Ordering: see `in_child`.
     FORKS.load(Ordering::Relaxed)
 }
@@ -552,7 +607,7 @@ mod door_tests {
         let Some((_one, addr)) = address_test(0x5e7d) else { return };
         assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
         let parent = {
-            let c = ADDRS.lock().unwrap();
+            let c = ADDRS.lock();
             c.as_ref().expect("the addresses were read").watch.as_ref().expect("a watch").0.try_clone().unwrap()
         };
         FORKS.fetch_add(1, Ordering::Relaxed);
@@ -576,6 +631,47 @@ mod door_tests {
         lo_address("del", addr);
         assert!(heard > 0, "the parent heard nothing of the address added");
         assert!(seen, "the child took an address added after the fork for another host's");
+    }
+
+    /// A forked child does not wait for the address list's lock when a thread of its parent
+    /// held it at the fork: that thread does not exist in the child, and the lock would stay
+    /// held for good. Simulated as the test above simulates a fork: another thread holds the
+    /// lock, and the fork count moves as the handler moves it in a child.
+    #[test]
+    fn a_forked_child_does_not_wait_for_its_parents_address_lock() {
+        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let not_here = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)); // TEST-NET-1 (RFC 5737)
+        assert!(!is_local_ip(not_here));
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _lock = ADDRS.lock();
+            held_tx.send(()).unwrap();
+            // Until the test ends, whichever way.
+            let _ = release_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        FORKS.fetch_add(1, Ordering::Relaxed);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done_tx.send(is_local_ip(not_here)).unwrap());
+        let answer = done_rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(release_tx);
+        holder.join().unwrap();
+        assert_eq!(answer, Ok(false), "the child waited for a lock its parent's thread held");
+    }
+
+    /// A forked child's per-process value starts from the default, and the parent's, whose lock
+    /// is free, is dropped in the child (a fork simulated as above).
+    #[test]
+    fn a_forked_child_starts_from_the_default_and_drops_its_parents_value() {
+        let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        static VALUE: PerProcess<Option<std::sync::Arc<()>>> = PerProcess::new();
+        let token = std::sync::Arc::new(());
+        *VALUE.lock() = Some(token.clone());
+        assert!(VALUE.lock().is_some(), "the parent's value is kept");
+        FORKS.fetch_add(1, Ordering::Relaxed);
+        assert!(VALUE.lock().is_none(), "the child found its parent's value");
+        assert_eq!(std::sync::Arc::strong_count(&token), 1, "the parent's value was not dropped");
     }
 
     /// A client socket is bound to a port before it connects, and once connected the kernel
