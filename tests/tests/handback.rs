@@ -115,6 +115,29 @@ async fn a_moved_stream_is_a_tcp_stream_into_std_and_raw_io_included() {
     assert_eq!(&b, b"from std");
 }
 
+/// On a multi-threaded runtime, a stream whose move the peer started converts to a std stream
+/// as soon as its `hand_back()` returns: the move's task let the socket go before the move was
+/// seen to be over (it held it until after, and a caller on the other worker could find the
+/// socket still shared, and lose the connection with the error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_converts_the_moment_a_move_the_peer_started_is_over() {
+    let l = smc_tokio::SmcListener::builder().shm(ShmConfig::default()).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    for round in 0..200 {
+        let (c, s) = tokio::join!(SmcStream::connect(addr), l.accept());
+        let (client, (server, _)) = (c.unwrap(), s.unwrap());
+        assert!(client.transport().is_smc());
+        let mover = tokio::spawn(async move {
+            server.hand_back().await.unwrap();
+            server
+        });
+        bounded(10, client.hand_back()).await.unwrap();
+        let std_client = client.into_std().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        drop(bounded(10, mover).await.unwrap());
+        drop(std_client);
+    }
+}
+
 #[tokio::test]
 async fn half_closed_corked_and_sendfile_streams_move_whole() {
     use std::io::Write;
@@ -400,6 +423,55 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
     a_move_fails_within(&ctx, Duration::from_secs(60), "the resend still waits for a peer that never reads").await;
     assert_eq!(ctx.stats().handbacks, [1, 1], "the server's move ended, the client's failed");
     drop(server);
+}
+
+/// Two tasks peek (each waiting on the stream's readiness future between tries, as tokio's
+/// `peek` does) while the stream's move waits on its resend (the peer's application does not
+/// read) and reads are already the socket's: a byte from the peer reaches both. The socket
+/// keeps the waker of the last poll only, and the other future was neither kept beside it nor
+/// woken: it waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
+    let ctx = smc_tokio::Context::new();
+    let (client, mut server) = smc_pair_in(&ctx, ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
+    socket2::SockRef::from(&server).set_recv_buffer_size(4 << 10).unwrap();
+    socket2::SockRef::from(&client).set_send_buffer_size(4 << 10).unwrap();
+    let mut sent = 0usize;
+    let chunk = [7u8; 16 << 10];
+    while let Ok(n) = client.try_write(&chunk) {
+        sent += n;
+    }
+    assert!(sent > 2 << 20, "{sent} bytes in the server's ring");
+    let client = std::sync::Arc::new(client);
+    let mover = client.clone();
+    let moving = tokio::spawn(async move {
+        let _ = mover.hand_back().await;
+    });
+    // The server's move ends (it has nothing to resend); the client's resend then waits behind
+    // the server's zero window, its reads the socket's.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctx.stats().handbacks[0] == 0 {
+        assert!(Instant::now() < deadline, "the server's move did not end");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.transport(), moved(HandbackCause::Requested), "the client's reads are the socket's");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let c = client.clone();
+            tokio::spawn(async move { c.peek(&mut [0u8; 4]).await })
+        })
+        .collect();
+    // Both wait before the byte comes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "a peek ended before the byte came");
+    server.write_all(b"x").await.unwrap();
+    for w in waiters {
+        assert_eq!(bounded(10, w).await.unwrap().unwrap(), 1);
+    }
+    let mut b = [0u8; 1];
+    assert_eq!(client.try_read(&mut b).unwrap(), 1);
+    assert_eq!(&b, b"x");
+    moving.abort();
 }
 
 /// Both directions full when the stream moves (neither application read for a while), with

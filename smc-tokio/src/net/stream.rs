@@ -797,13 +797,21 @@ impl SmcStream {
         // that keep finding the same bytes yields to the runtime (where the rest of them, or
         // the link group's driver that takes them in, waits to run).
         loop {
-            let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
-            match self.try_peek_into(&mut ReadBuf::new(buf), reader) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
-                r => {
-                    coop.made_progress();
-                    return r;
+            // The budget's guard is not held across the wait: it is not `Send`, and a future
+            // that held it would not be either (tokio's `peek` is).
+            let tried = {
+                let coop = std::future::poll_fn(tokio::task::coop::poll_proceed).await;
+                match self.try_peek_into(&mut ReadBuf::new(buf), reader) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    r => {
+                        coop.made_progress();
+                        Some(r)
+                    }
                 }
+            };
+            match tried {
+                Some(r) => return r,
+                None => self.readable().await?,
             }
         }
     }
@@ -911,9 +919,11 @@ impl SmcStream {
     /// [`async_io`](SmcStream::async_io) work as on tokio's stream. A connection whose link
     /// fails while both processes live moves by itself.
     ///
-    /// Resolves at once on a TCP connection. Reads and writes wait while the move runs (one
-    /// round trip on the TCP connection). Fails where the connection cannot move any more: it
-    /// ended (closed, aborted, failed), or this side's close went out already.
+    /// Resolves at once on a TCP connection. Reads wait for the peer's answer (one round trip
+    /// on the TCP connection, at most 30 s); writes, and this call, also wait until the bytes
+    /// sent again have gone into the socket, which takes as long as the peer's application
+    /// takes to read what does not fit its socket's buffers. Fails where the connection cannot
+    /// move any more: it ended (closed, aborted, failed), or this side's close went out already.
     ///
     /// # Examples
     ///

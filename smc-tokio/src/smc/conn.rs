@@ -651,11 +651,16 @@ impl Waiters {
     /// Wakes everyone who waits.
     fn wake(&mut self) {
         wake(&mut self.task);
-        // Most wakes find no readiness future waiting: no drain to set up and tear down.
-        if !self.futures.is_empty() {
-            for w in self.futures.drain(..) {
-                w.wake();
-            }
+        wake_all(&mut self.futures);
+    }
+}
+
+/// Wakes every readiness future in `futures`.
+fn wake_all(futures: &mut Vec<Waker>) {
+    // Most wakes find no readiness future waiting: no drain to set up and tear down.
+    if !futures.is_empty() {
+        for w in futures.drain(..) {
+            w.wake();
         }
     }
 }
@@ -1222,9 +1227,18 @@ impl SmcConn {
                     // is in, reads are the socket's: so is their readiness.
                     if let (true, true, Some(tcp)) = (interest.is_readable(), self.reads_released(), st.tcp.clone()) {
                         if tcp.poll_read_ready(cx).is_ready() {
-                            // The read that follows finds out what is there.
+                            // The read that follows finds out what is there. Readiness futures
+                            // that lost the socket's one waker to a later poll hear it from
+                            // here.
                             st.rx_ready_waits = false;
+                            wake_all(&mut st.rx_waiters.futures);
                             return Poll::Ready(Ready::READABLE);
+                        }
+                        if future {
+                            // The socket keeps the waker of the last poll only (tokio's
+                            // `poll_read_ready`): every other pending future is woken by the
+                            // one that finds the socket readable, or at the end of the move.
+                            st.rx_waiters.register(cx, true);
                         }
                     } else if rx_side {
                         st.rx_waiters.register(cx, future);
@@ -2415,7 +2429,8 @@ impl SmcConn {
         // then undoes it under the lock it holds) instead of taking the lock again.
         struct Over {
             conn: Option<Arc<SmcConn>>,
-            tcp: Arc<TcpStream>,
+            /// Given to `handback_over`, which lets it go before the move is seen to be over.
+            tcp: Option<Arc<TcpStream>>,
             spawn: Arc<std::sync::atomic::AtomicU8>,
         }
         impl Drop for Over {
@@ -2431,14 +2446,16 @@ impl SmcConn {
                     return;
                 }
                 let e = io::Error::other("the runtime that ran the move to tcp shut down");
-                c.handback_over(Err(crate::smc::handback::Failure::Tcp(e)), &self.tcp);
+                if let Some(tcp) = self.tcp.take() {
+                    c.handback_over(Err(crate::smc::handback::Failure::Tcp(e)), tcp);
+                }
             }
         }
         const SPAWNING: u8 = 0;
         const SPAWNED: u8 = 1;
         const DROPPED_IN_SPAWN: u8 = 2;
         let spawn = Arc::new(std::sync::atomic::AtomicU8::new(SPAWNING));
-        let mut over = Over { conn: Some(me), tcp, spawn: spawn.clone() };
+        let mut over = Over { conn: Some(me), tcp: Some(tcp), spawn: spawn.clone() };
         rt.spawn(tracing::Instrument::instrument(
             async move {
                 // Polled, so not dropped inside `spawn`: from now on a drop fails the move (on
@@ -2452,9 +2469,10 @@ impl SmcConn {
                     }
                 };
                 let wait = crate::smc::handback::PEER_FRAME_WAIT;
-                let res = crate::smc::handback::exchange(&over.tcp, &mut hb, &copy, released, wait).await;
-                if let Some(c) = over.conn.take() {
-                    c.handback_over(res, &over.tcp);
+                let Some(tcp) = over.tcp.as_deref() else { return };
+                let res = crate::smc::handback::exchange(tcp, &mut hb, &copy, released, wait).await;
+                if let (Some(c), Some(tcp)) = (over.conn.take(), over.tcp.take()) {
+                    c.handback_over(res, tcp);
                 }
             },
             self.span.clone(),
@@ -2499,10 +2517,30 @@ impl SmcConn {
     }
 
     /// The exchange ended: the stream is on TCP, or the connection ends as the result says.
-    fn handback_over(&self, res: Result<(), crate::smc::handback::Failure>, tcp: &TcpStream) {
+    fn handback_over(&self, res: Result<(), crate::smc::handback::Failure>, tcp: Arc<TcpStream>) {
         use crate::smc::handback::Failure;
         let mut st = self.lock();
         let Handback::Moving(cause) = st.handback else { return };
+        // What the socket needs, first: then the move's hold on it and the connection's go,
+        // before anyone can learn that the move is over (`on_tcp`, lock-free), so that the
+        // stream's is the only one left and `into_std` on another thread takes the socket.
+        match &res {
+            Ok(()) => {
+                if st.shutdown_after_handback {
+                    let _ = socket2::SockRef::from(&*tcp).shutdown(std::net::Shutdown::Write);
+                }
+                if let Some(before) = st.keepalive_before.take() {
+                    // The socket is the application's stream now: its own settings again.
+                    before.restore(&tcp);
+                }
+            }
+            // The connection is over for both: the peer learns it when the socket closes (the
+            // stream's last holder lets it go), from a reset.
+            Err(Failure::Silent) if !self.reads_released() => crate::sys::set_zero_linger(&tcp),
+            Err(_) => {}
+        }
+        drop(tcp);
+        Self::drop_tcp(&mut st);
         let counters = &self.group.manager().counters;
         // A peer that may lend (over shared memory, of our uid) may hold bytes of the ring we
         // write into, lent to its application in place, across the move (its count does not
@@ -2521,14 +2559,7 @@ impl SmcConn {
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
             }
             Ok(()) => {
-                if st.shutdown_after_handback {
-                    let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
-                }
                 tracing::debug!(parent: &self.span, %cause, "the connection moved to its tcp socket");
-                if let Some(before) = st.keepalive_before.take() {
-                    // The socket is the application's stream now: its own settings again.
-                    before.restore(tcp);
-                }
                 st.handback = Handback::Moved;
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
                 counters.handback(true);
@@ -2548,9 +2579,7 @@ impl SmcConn {
                     Failure::Tcp(e) => ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")),
                     Failure::Protocol(e) => ConnError::Protocol(e.to_string()),
                     Failure::Silent => {
-                        // The connection is over for both: the peer learns it when the socket
-                        // closes (the stream's last holder lets it go), from a reset.
-                        crate::sys::set_zero_linger(tcp);
+                        // The socket was set to end with a reset (above).
                         let wait = crate::smc::handback::PEER_FRAME_WAIT.as_secs();
                         let e = format!("moving the connection to tcp: the peer's frame did not come within {wait} s");
                         ConnError::Tcp(io::ErrorKind::TimedOut, e)
@@ -2598,7 +2627,6 @@ impl SmcConn {
         // The link has no more use for the connection: its slot goes back to the group, or is
         // retired (above).
         st.link_down = true;
-        Self::drop_tcp(&mut st);
         st.rx_waiters.wake();
         st.tx_waiters.wake();
         let retire = st.retire_slot;
