@@ -395,10 +395,10 @@ async fn a_move_fails_within(ctx: &smc_tokio::Context, limit: Duration, what: &s
 /// application dropped the stream, the resend is bounded as a silent host's data is (the
 /// kernel ends it after 13 s of a zero window), and the connection goes. Before, the resend
 /// waited for room for as long as the peer kept its TCP connection open.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
-    let ctx = smc_tokio::Context::new();
-    let (client, server) = smc_pair_in(&ctx, ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
+/// A pair in `ctx` whose client filled the server's 4 MiB ring (the server's application reads
+/// nothing) over sockets with 4 KiB buffers: a move's resend from the client then waits.
+async fn a_ring_full_over_tiny_sockets(ctx: &smc_tokio::Context) -> (SmcStream, SmcStream) {
+    let (client, server) = smc_pair_in(ctx, ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
     socket2::SockRef::from(&server).set_recv_buffer_size(4 << 10).unwrap();
     socket2::SockRef::from(&client).set_send_buffer_size(4 << 10).unwrap();
     let mut sent = 0usize;
@@ -407,16 +407,28 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
         sent += n;
     }
     assert!(sent > 2 << 20, "{sent} bytes in the server's ring");
-    let moving = tokio::spawn(async move {
-        let _ = client.hand_back().await;
-    });
-    // Wait for the server's move to end: the peer's frame is in (its host and process answer)
-    // and our resend is stuck behind its zero window; then the application drops the stream.
+    (client, server)
+}
+
+/// Waits (10 s at most) for the first move in `ctx` to end: the server's, when the client asked.
+async fn the_servers_move_ends(ctx: &smc_tokio::Context) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while ctx.stats().handbacks[0] == 0 {
         assert!(Instant::now() < deadline, "the server's move did not end");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
+    let ctx = smc_tokio::Context::new();
+    let (client, server) = a_ring_full_over_tiny_sockets(&ctx).await;
+    let moving = tokio::spawn(async move {
+        let _ = client.hand_back().await;
+    });
+    // Wait for the server's move to end: the peer's frame is in (its host and process answer)
+    // and our resend is stuck behind its zero window; then the application drops the stream.
+    the_servers_move_ends(&ctx).await;
     assert_eq!(ctx.stats().handbacks, [1, 0], "the server's move ended, the client's resend waits");
     moving.abort();
     let _ = moving.await;
@@ -433,15 +445,7 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
     let ctx = smc_tokio::Context::new();
-    let (client, mut server) = smc_pair_in(&ctx, ShmConfig::default().rmb_size(4 << 20).rmb_max(4 << 20)).await;
-    socket2::SockRef::from(&server).set_recv_buffer_size(4 << 10).unwrap();
-    socket2::SockRef::from(&client).set_send_buffer_size(4 << 10).unwrap();
-    let mut sent = 0usize;
-    let chunk = [7u8; 16 << 10];
-    while let Ok(n) = client.try_write(&chunk) {
-        sent += n;
-    }
-    assert!(sent > 2 << 20, "{sent} bytes in the server's ring");
+    let (client, mut server) = a_ring_full_over_tiny_sockets(&ctx).await;
     let client = std::sync::Arc::new(client);
     let mover = client.clone();
     let moving = tokio::spawn(async move {
@@ -449,11 +453,7 @@ async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
     });
     // The server's move ends (it has nothing to resend); the client's resend then waits behind
     // the server's zero window, its reads the socket's.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ctx.stats().handbacks[0] == 0 {
-        assert!(Instant::now() < deadline, "the server's move did not end");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    the_servers_move_ends(&ctx).await;
     assert_eq!(client.transport(), moved(HandbackCause::Requested), "the client's reads are the socket's");
     let waiters: Vec<_> = (0..2)
         .map(|_| {

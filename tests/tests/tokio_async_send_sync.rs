@@ -60,20 +60,21 @@ async fn futures_are_send_and_sync_as_tokios() {
     future(c.read(&mut buf));
     future(c.write_all(b"x"));
     future(tokio::io::copy_bidirectional(&mut c, &mut s));
+    // The halves, borrowed and owned: the same methods on different types.
+    macro_rules! halves {
+        ($r:ident, $w:ident) => {
+            future($r.peek(&mut buf));
+            future($r.readable());
+            future($r.ready(Interest::READABLE));
+            future($w.writable());
+            future($w.ready(Interest::WRITABLE));
+            future($w.sendfile(&file, 0, 0));
+        };
+    }
     {
         let (mut r, mut w) = c.split();
-        future(r.peek(&mut buf));
-        future(r.readable());
-        future(r.ready(Interest::READABLE));
-        future(w.writable());
-        future(w.ready(Interest::WRITABLE));
-        future(w.sendfile(&file, 0, 0));
+        halves!(r, w);
     }
     let (mut r, mut w) = c.into_split();
-    future(r.peek(&mut buf));
-    future(r.readable());
-    future(r.ready(Interest::READABLE));
-    future(w.writable());
-    future(w.ready(Interest::WRITABLE));
-    future(w.sendfile(&file, 0, 0));
+    halves!(r, w);
 }
