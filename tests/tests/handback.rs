@@ -437,6 +437,57 @@ async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
     drop(server);
 }
 
+/// A move that fails after the peer's frame for a reason other than the socket (here the
+/// runtime that ran it shut down while its resend waited on a peer that does not read) resets
+/// the connection: the stream is the socket's by then, but the peer has only part of the
+/// resend, so a later write must not follow it as if nothing were missing, and the peer's
+/// reads must end in an error, not in a gap or a clean end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_runtime_ends_after_the_peers_frame_resets_the_connection() {
+    let ctx = smc_tokio::Context::new();
+    let (client, mut server) = a_ring_full_over_tiny_sockets(&ctx).await;
+    let client = std::sync::Arc::new(client);
+    let (mover, ctx2) = (client.clone(), ctx.clone());
+    // The move runs on the runtime that started it: a runtime of its own, dropped once the
+    // server's move ended (the client has the server's frame; its resend waits).
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let _moving = tokio::spawn(async move { mover.hand_back().await });
+            the_servers_move_ends(&ctx2).await;
+        });
+    })
+    .join()
+    .unwrap();
+    assert_eq!(client.transport(), moved(HandbackCause::Requested), "the client's reads are the socket's");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        // A write after the failed move: refused (the connection was reset), never sent after
+        // a partial resend.
+        match client.try_write(b"after the move") {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => break e,
+            Ok(n) => panic!("{n} bytes written after a move whose resend did not all go"),
+        }
+        assert!(Instant::now() < deadline, "the connection was not reset");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(matches!(err.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe), "{err}");
+    // The server reads what came of the resend, then the reset.
+    let mut sink = vec![0u8; 64 << 10];
+    let end = bounded(10, async {
+        loop {
+            match server.read(&mut sink).await {
+                Ok(0) => break Ok(()),
+                Ok(_) => {}
+                Err(e) => break Err(e),
+            }
+        }
+    })
+    .await;
+    assert_eq!(end.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "the server's reads ended cleanly");
+}
+
 /// Two tasks peek (each waiting on the stream's readiness future between tries, as tokio's
 /// `peek` does) while the stream's move waits on its resend (the peer's application does not
 /// read) and reads are already the socket's: a byte from the peer reaches both. The socket

@@ -2534,9 +2534,13 @@ impl SmcConn {
                     before.restore(&tcp);
                 }
             }
+            // After the peer's frame the stream is the socket's, but our resend did not all go
+            // (the socket broke, or the runtime that ran the move ended): the connection is
+            // reset now, so that neither side reads a stream with a gap in it, or its clean end.
+            Err(_) if self.reads_released() => crate::sys::reset_now(&*tcp),
             // The connection is over for both: the peer learns it when the socket closes (the
             // stream's last holder lets it go), from a reset.
-            Err(Failure::Silent) if !self.reads_released() => crate::sys::set_zero_linger(&tcp),
+            Err(Failure::Silent) => crate::sys::set_zero_linger(&tcp),
             Err(_) => {}
         }
         drop(tcp);
@@ -2549,11 +2553,11 @@ impl SmcConn {
         // A peer of another uid copies, and RDMA lends nothing: their rings go back.
         st.retire_slot = self.group.link().is_none_or(|l| l.peer_may_lend());
         // A move that failed after the peer's frame came: the peer is on TCP, and the reads may
-        // have taken its stream there already, so they stay there (they report what broke the
-        // socket); the ring is not read again.
+        // have taken its stream there already, so they stay there (they report the reset made
+        // above, or what broke the socket before it); the ring is not read again.
         match res {
             Err(f) if self.reads_released() => {
-                tracing::debug!(parent: &self.span, error = ?f, "the move to tcp failed after the peer's frame");
+                tracing::debug!(parent: &self.span, error = ?f, "the move to tcp failed after the peer's frame: reset");
                 counters.handback(false);
                 st.handback = Handback::Moved;
                 self.on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);

@@ -171,6 +171,25 @@ pub(crate) fn set_zero_linger(sock: &impl std::os::fd::AsFd) {
     let _ = socket2::SockRef::from(sock).set_linger(Some(std::time::Duration::ZERO));
 }
 
+/// Ends the TCP connection of `sock` with a reset now, while the descriptor stays open:
+/// `connect(2)` to an `AF_UNSPEC` address disconnects a TCP socket (Linux's `tcp_disconnect`),
+/// which sends the peer a reset from an established connection and leaves `ECONNRESET` as the
+/// socket's error, so that our next read or write fails and the peer's reads end in an error,
+/// not in a clean end of stream. Best effort: a socket that is not connected any more stays
+/// as it is.
+pub(crate) fn reset_now(sock: &impl std::os::fd::AsFd) {
+    // SAFETY: `sockaddr` is plain data; all-zero with the family set is a valid AF_UNSPEC
+    // address of its own size.
+    let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };
+    addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: a borrowed open descriptor, and `addr` valid for reads of `len` bytes.
+    let r = unsafe { libc::connect(sock.as_fd().as_raw_fd(), &addr, len) };
+    if r != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "resetting a tcp connection");
+    }
+}
+
 /// The soft limit on open descriptors (`RLIMIT_NOFILE`), if it can be read.
 pub(crate) fn nofile_limit() -> Option<u64> {
     // SAFETY: rlimit is plain data; all-zero is valid.
