@@ -115,12 +115,12 @@ async fn a_moved_stream_is_a_tcp_stream_into_std_and_raw_io_included() {
     assert_eq!(&b, b"from std");
 }
 
-/// On a multi-threaded runtime, a stream whose move the peer started converts to a std stream
-/// as soon as its `hand_back()` returns: the move's task let the socket go before the move was
-/// seen to be over (it held it until after, and a caller on the other worker could find the
-/// socket still shared, and lose the connection with the error).
+/// On a multi-threaded runtime, a stream converts to a std stream as soon as its `hand_back()`
+/// returns (both sides ask at once, so either may start the move): the move's task lets the
+/// socket go before the move is seen to be over (it held it until after, and a caller on the
+/// other worker could find the socket still shared, and lose the connection with the error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_converts_the_moment_a_move_the_peer_started_is_over() {
+async fn a_stream_converts_the_moment_its_move_is_over() {
     let l = smc_tokio::SmcListener::builder().shm(ShmConfig::default()).bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     for round in 0..200 {
@@ -419,6 +419,17 @@ async fn the_servers_move_ends(ctx: &smc_tokio::Context) {
     }
 }
 
+/// Waits (10 s at most) until `client`'s move it asked for read the server's frame: its reads
+/// are the socket's, whatever its resend still waits for. (The server's move can end before
+/// that: it has nothing to resend.)
+async fn the_clients_reads_move(client: &SmcStream) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.transport() != moved(HandbackCause::Requested) {
+        assert!(Instant::now() < deadline, "the client's reads did not move: {}", client.transport());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_the_peer_never_reads_ends_after_the_stream_is_dropped() {
     let ctx = smc_tokio::Context::new();
@@ -447,19 +458,18 @@ async fn a_move_whose_runtime_ends_after_the_peers_frame_resets_the_connection()
     let ctx = smc_tokio::Context::new();
     let (client, mut server) = a_ring_full_over_tiny_sockets(&ctx).await;
     let client = std::sync::Arc::new(client);
-    let (mover, ctx2) = (client.clone(), ctx.clone());
+    let (mover, watch) = (client.clone(), client.clone());
     // The move runs on the runtime that started it: a runtime of its own, dropped once the
-    // server's move ended (the client has the server's frame; its resend waits).
+    // client has the server's frame (its resend waits).
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let _moving = tokio::spawn(async move { mover.hand_back().await });
-            the_servers_move_ends(&ctx2).await;
+            the_clients_reads_move(&watch).await;
         });
     })
     .join()
     .unwrap();
-    assert_eq!(client.transport(), moved(HandbackCause::Requested), "the client's reads are the socket's");
     let deadline = Instant::now() + Duration::from_secs(10);
     let err = loop {
         // A write after the failed move: refused (the connection was reset), never sent after
@@ -502,10 +512,8 @@ async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
     let moving = tokio::spawn(async move {
         let _ = mover.hand_back().await;
     });
-    // The server's move ends (it has nothing to resend); the client's resend then waits behind
-    // the server's zero window, its reads the socket's.
-    the_servers_move_ends(&ctx).await;
-    assert_eq!(client.transport(), moved(HandbackCause::Requested), "the client's reads are the socket's");
+    // The client's reads move to the socket; its resend waits behind the server's zero window.
+    the_clients_reads_move(&client).await;
     let waiters: Vec<_> = (0..2)
         .map(|_| {
             let c = client.clone();

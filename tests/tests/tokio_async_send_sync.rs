@@ -1,6 +1,6 @@
-//! The `net` part of tokio's own `tests/async_send_sync.rs`, on our types: every type is `Send`,
-//! `Sync` and `Unpin` as tokio's counterpart is, and every future of ours can be spawned on a
-//! multi-threaded runtime (`Send`) and shared (`Sync`), as tokio's can. A future that held
+//! The `net` part of tokio's own `tests/async_send_sync.rs`, on our types: each type is `Send`,
+//! `Sync` and `Unpin` as tokio's counterpart is, and each future of our public API listed below
+//! can be spawned on a multi-threaded runtime (`Send`) and shared (`Sync`), as tokio's can. A future that held
 //! something that is neither (a cooperative-budget guard across an await, say) fails to
 //! compile here. The futures are made on a real pair and dropped unpolled.
 

@@ -353,7 +353,10 @@ fn forks() -> u64 {
     }
     // Set by the first caller, which then registers the handler; the others go on without
     // waiting for it (a `Once` would make them wait, and a child forked while one waited would
-    // wait for good). Ordering: a flag, nothing published with it.
+    // wait for good). A fork in the microseconds before the registration returns is not
+    // counted: that matters only to a child whose pid is its parent's (PID 1 forking into a new
+    // pid namespace), which then takes its parent's slots for its own. Ordering: a flag,
+    // nothing published with it.
     static HANDLER: AtomicBool = AtomicBool::new(false);
     if !HANDLER.swap(true, Ordering::Relaxed) {
         // SAFETY: registers a child handler that only increments an atomic (async-signal-safe,
