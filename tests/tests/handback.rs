@@ -499,10 +499,12 @@ async fn a_move_whose_runtime_ends_after_the_peers_frame_resets_the_connection()
 }
 
 /// Two tasks peek (each waiting on the stream's readiness future between tries, as tokio's
-/// `peek` does) while the stream's move waits on its resend (the peer's application does not
-/// read) and reads are already the socket's: a byte from the peer reaches both. The socket
-/// keeps the waker of the last poll only, and the other future was neither kept beside it nor
-/// woken: it waited for good.
+/// `peek` does) and a third polls a peek (`poll_peek`, which keeps the socket's one waker) while
+/// the stream's move waits on its resend (the peer's application does not read) and reads are
+/// already the socket's: a byte from the peer reaches all three. The socket keeps the waker of
+/// the last poll only: a future was neither kept beside it nor woken, and waited for good; then,
+/// kept beside it, it still waited for the end of the move whenever a `poll_peek` or a read
+/// had taken the socket's waker last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
     let ctx = smc_tokio::Context::new();
@@ -514,13 +516,20 @@ async fn every_readiness_future_hears_of_bytes_while_the_resend_waits() {
     });
     // The client's reads move to the socket; its resend waits behind the server's zero window.
     the_clients_reads_move(&client).await;
-    let waiters: Vec<_> = (0..2)
+    let mut waiters: Vec<_> = (0..2)
         .map(|_| {
             let c = client.clone();
             tokio::spawn(async move { c.peek(&mut [0u8; 4]).await })
         })
         .collect();
-    // Both wait before the byte comes.
+    // The last to wait: a poll of a peek, after the futures.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let c = client.clone();
+    waiters.push(tokio::spawn(async move {
+        let mut b = [0u8; 4];
+        std::future::poll_fn(|cx| c.poll_peek(cx, &mut tokio::io::ReadBuf::new(&mut b))).await
+    }));
+    // All wait before the byte comes.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(waiters.iter().all(|w| !w.is_finished()), "a peek ended before the byte came");
     server.write_all(b"x").await.unwrap();

@@ -1103,6 +1103,13 @@ impl SmcStream {
     /// ```
     pub async fn ready(&self, interest: Interest) -> io::Result<Ready> {
         match self.path() {
+            // From the peer's frame on, reads are the socket's, while our resend may still go
+            // and for good after: a wait that asks nothing of the write side waits on the
+            // socket's own readiness future, of which tokio keeps one waiter per future (the
+            // connection's poll shares the socket's one waker with reads and peeks).
+            PathRef::Smc(s) if !interest.is_writable() && s.conn.reads_moved_to_tcp().is_some() => {
+                self.io().ready(interest).await
+            }
             PathRef::Smc(s) => Ok(std::future::poll_fn(|cx| s.conn.poll_ready_future(cx, interest)).await),
             PathRef::Tcp(Some(g)) if g.is_active() && interest.is_readable() && !self.guard_assumed_readable(g) => {
                 self.guarded_ready(g, interest).await
