@@ -959,7 +959,8 @@ pub(crate) struct ListenerShared {
     /// The listening socket's own address, read once.
     bound: Option<SocketAddr>,
     /// The listening socket has the default `SO_LINGER` (off), which its accepted sockets
-    /// inherit: made by us, and its descriptor never lent out.
+    /// inherit: made by us, and its descriptor never lent out. So it is ours alone, too
+    /// ([`close`](Self::close)).
     pub(crate) default_linger: std::sync::atomic::AtomicBool,
     pub(crate) door: Option<Door>,
     /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
@@ -983,6 +984,10 @@ pub(crate) struct ListenerShared {
     pub(crate) ready: ReadyQueue,
     closed: AtomicBool,
     closing: Notify,
+    /// Why the listener's task ended while the listener lived ([`run`]'s guard): its runtime
+    /// shut down, or it panicked. `accept` then fails with it, as tokio's fails once its
+    /// runtime shut down, instead of waiting for a task that will never wake it.
+    orphaned: std::sync::OnceLock<&'static str>,
 }
 
 /// A handshake's place among those waiting for RDMA setup ([`ListenerShared::rdma_setup`]).
@@ -1036,7 +1041,13 @@ impl ListenerShared {
             ready: ReadyQueue::with_cap(ready_cap),
             closed: AtomicBool::new(false),
             closing: Notify::new(),
+            orphaned: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Why the listener's task ended while the listener lived, if it did (see `orphaned`).
+    pub(crate) fn orphaned(&self) -> Option<io::Error> {
+        self.orphaned.get().map(|why| io::Error::other(*why))
     }
 
     /// Queues a finished connection for `accept` (reset if the listener is gone).
@@ -1077,14 +1088,19 @@ impl ListenerShared {
     }
 
     /// Stops the listener: its door closes, waiting handshakes end, queued connections are
-    /// reset. With `stop_port`, the port stops listening too (the listener was dropped);
-    /// without, the socket keeps listening for whoever took it over (`into_std`).
+    /// reset. With `stop_port`, the port stops listening too (the listener was dropped), where
+    /// the socket is ours alone (made by our bind, its descriptor never lent out:
+    /// `default_linger`); a socket the application gave us, or reached through `AsFd`, may have
+    /// copies in other hands (a socket-activation manager's, pre-forked workers'), and a
+    /// shutdown would stop it listening for all of them, so it only closes when its last
+    /// holder here lets go. Without `stop_port`, the socket keeps listening for whoever took it
+    /// over (`into_std`).
     pub(crate) fn close(&self, stop_port: bool) {
         let first = !self.closed.swap(true, Ordering::AcqRel);
         if !first {
             return;
         }
-        if !stop_port {
+        if !stop_port || !self.default_linger.load(Ordering::Relaxed) {
             if let Some(d) = &self.door {
                 d.close();
             }
@@ -1365,7 +1381,39 @@ const DOOR_ROUNDS: usize = 4;
 /// that alternate which goes first: every ready descriptor polled costs a unit of the runtime's
 /// cooperative budget, and with the door always first, clients that kept enough door
 /// connections readable left none for the accepts.
-pub(crate) async fn run(shared: Arc<ListenerShared>) {
+pub(crate) fn run(shared: Arc<ListenerShared>) -> impl Future<Output = ()> + Send {
+    /// Ends the listener when its task ends otherwise than at its close: dropped unfinished
+    /// with its runtime, or unwound by a panic (a runtime without timers panics at the door's
+    /// first timer). The door closes, so same-host clients stop registering with nobody to
+    /// answer, what was queued is reset, and every waiting `accept` is woken to meet the error.
+    struct Orphan(Arc<ListenerShared>);
+    impl Drop for Orphan {
+        fn drop(&mut self) {
+            if self.0.is_closed() {
+                return;
+            }
+            let why = if std::thread::panicking() {
+                "the smc listener's task panicked (a runtime built without `enable_time`?): it accepts no more"
+            } else {
+                "the runtime the smc listener was bound on shut down: it accepts no more"
+            };
+            tracing::debug!(why, "smc listener orphaned");
+            let _ = self.0.orphaned.set(why);
+            self.0.close(false);
+            self.0.ready.wake_waiters();
+        }
+    }
+    // Made with the future, not in its first poll: a task dropped before it ever ran (its
+    // runtime shut down at once) ends the listener too.
+    let orphan = Orphan(shared.clone());
+    async move {
+        let _orphan = orphan;
+        turns(shared).await;
+    }
+}
+
+/// The listener task's turns, until the listener closes.
+async fn turns(shared: Arc<ListenerShared>) {
     let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut door_backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;

@@ -713,6 +713,26 @@ async fn connections_left_in_a_dropped_listeners_queue_are_reset() {
     groups_end(&server_ctx).await;
 }
 
+/// A listener on a socket that has another holder (socket activation hands a service a copy,
+/// pre-forked workers share one) lets go of its own descriptor when dropped, as tokio's does:
+/// the socket keeps listening for the other holder, which accepts the next connection. A
+/// shutdown of the socket stopped it listening for every holder.
+#[tokio::test]
+async fn a_dropped_listener_leaves_a_shared_socket_listening() {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let other_holder = std_listener.try_clone().unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let l = SmcListener::from_std(std_listener).unwrap();
+    let (c, s) = tokio::join!(SmcStream::connect(addr), l.accept());
+    drop((c.unwrap(), s.unwrap()));
+    drop(l);
+    let client = bounded(10, tokio::net::TcpStream::connect(addr)).await.expect("the socket stopped listening");
+    let accepted = tokio::task::spawn_blocking(move || other_holder.accept().map(|(s, _)| s.peer_addr().unwrap()));
+    let peer = bounded(10, accepted).await.unwrap().expect("the other holder cannot accept");
+    assert_eq!(peer, client.local_addr().unwrap());
+}
+
 /// A listener dropped after its handshake committed, before the Commit went out: the Commit
 /// still goes (the client, confirmed, waits for the server's word), and the connection, which
 /// nobody will accept, is reset as those left in a closed listener's queue are. The client

@@ -59,7 +59,14 @@ fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<to
 ///
 /// Dropping the listener stops its task and closes its port (new connections are refused, as
 /// with a dropped `TcpListener`); handshakes in progress are declined (their clients continue
-/// over TCP and read the end of the connection, as TCP clients of a closed listener do).
+/// over TCP and read the end of the connection, as TCP clients of a closed listener do). A
+/// socket the listener was given (`from_std`, `From<TcpListener>`, a socket of the
+/// application's) or whose descriptor was lent (`AsFd`) may have other holders: only this
+/// listener's descriptor is let go, and the socket keeps listening for them.
+///
+/// The listener's task runs on the runtime it was made on. If that runtime shuts down while
+/// the listener lives (or the task panics: a runtime without timers), `accept` fails from then
+/// on, as tokio's does after its runtime shut down, and same-host clients get TCP.
 ///
 /// # Examples
 ///
@@ -127,8 +134,10 @@ impl SmcListener {
 
 impl Drop for SmcListener {
     fn drop(&mut self) {
-        self.task.abort();
+        // Closed before the task is aborted: the task's end, which may run on another worker
+        // at once, then finds the listener closed, not orphaned.
         self.shared.close(true);
+        self.task.abort();
     }
 }
 
@@ -737,8 +746,8 @@ impl SmcListener {
     /// ```
     pub fn into_std(self) -> io::Result<std::net::TcpListener> {
         let sock = socket2::SockRef::from(&self.shared.tcp).try_clone()?;
-        self.task.abort();
         self.shared.close(false);
+        self.task.abort();
         drop(self);
         sock.set_nonblocking(true)?;
         Ok(sock.into())
@@ -992,6 +1001,9 @@ impl SmcListener {
                 s
             }
         };
+        if let Some(e) = self.shared.orphaned() {
+            return Poll::Ready(Err(e));
+        }
         // One unit of the task's cooperative budget per connection handed out, as tokio's
         // accept spends: a loop of accepts over a full queue yields to the runtime.
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
@@ -1025,7 +1037,11 @@ impl SmcListener {
                     }
                     handed_off += 1;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+                // The waiter was registered (`pop_or_wait`) before this look: a task orphaned
+                // since the look at the top set the reason before it woke the waiters.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)))
+                }
                 // `accept4` takes a descriptor before it looks at the queue, so without one it
                 // fails on an empty queue too; tokio's accept, which asks only once the queue
                 // is readable, waits there. So do we (registered above): the listener task
@@ -1034,7 +1050,7 @@ impl SmcListener {
                     if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
                         && !sys::has_pending_connection(self.shared.tcp.as_fd()) =>
                 {
-                    return Poll::Pending
+                    return self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
                 }
                 Err(e) => {
                     coop.made_progress();
