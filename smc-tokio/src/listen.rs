@@ -950,17 +950,18 @@ pub(crate) const READY_CAP: usize = LISTEN_BACKLOG as usize;
 /// reclaims those of clients that gave up or died.
 const DOOR_SWEEP: Duration = Duration::from_millis(100);
 
-/// What a listener, its task and its handshake tasks share.
+/// What a listener, its task and its handshake tasks share. Not the listening socket: the
+/// `SmcListener` holds that alone (its task only for the length of a turn), so that the
+/// socket's descriptor closes when the listener is dropped, as tokio's does, whatever
+/// handshakes still hold this.
 pub(crate) struct ListenerShared {
-    pub(crate) tcp: TcpListener,
     /// The address every connection arrives at, when the listener is bound to one (not a
     /// wildcard): an accepted connection's local address, known without asking.
     fixed_local: Option<SocketAddr>,
     /// The listening socket's own address, read once.
     bound: Option<SocketAddr>,
     /// The listening socket has the default `SO_LINGER` (off), which its accepted sockets
-    /// inherit: made by us, and its descriptor never lent out. So it is ours alone, too
-    /// ([`close`](Self::close)).
+    /// inherit: made by us, and its descriptor never lent out.
     pub(crate) default_linger: std::sync::atomic::AtomicBool,
     pub(crate) door: Option<Door>,
     /// The listening socket is the kernel's `AF_SMC` one: its connections are classified with
@@ -1003,7 +1004,7 @@ impl Drop for RdmaSetup<'_> {
 
 impl fmt::Debug for ListenerShared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ListenerShared").field("local", &self.tcp.local_addr().ok()).finish()
+        f.debug_struct("ListenerShared").field("local", &self.bound).finish()
     }
 }
 
@@ -1015,7 +1016,7 @@ impl ListenerShared {
     /// A listener's shared state around its listening socket (and door).
     pub(crate) fn new(
         ctx: Context,
-        tcp: TcpListener,
+        tcp: &TcpListener,
         door: Option<Door>,
         kernel: bool,
         overrides: Overrides,
@@ -1024,7 +1025,6 @@ impl ListenerShared {
         let bound = tcp.local_addr().ok();
         let fixed_local = bound.filter(|a| !a.ip().is_unspecified());
         ListenerShared {
-            tcp,
             fixed_local,
             bound,
             default_linger: std::sync::atomic::AtomicBool::new(false),
@@ -1087,32 +1087,16 @@ impl ListenerShared {
         }
     }
 
-    /// Stops the listener: its door closes, waiting handshakes end, queued connections are
-    /// reset. With `stop_port`, the port stops listening too (the listener was dropped), where
-    /// the socket is ours alone (made by our bind, its descriptor never lent out:
-    /// `default_linger`); a socket the application gave us, or reached through `AsFd`, may have
-    /// copies in other hands (a socket-activation manager's, pre-forked workers'), and a
-    /// shutdown would stop it listening for all of them, so it only closes when its last
-    /// holder here lets go. Without `stop_port`, the socket keeps listening for whoever took it
-    /// over (`into_std`).
-    pub(crate) fn close(&self, stop_port: bool) {
+    /// Stops the listener: its door closes, waiting handshakes end, and the connections it took
+    /// in but did not hand out are reset. The listening socket is not this state's: it closes
+    /// with the `SmcListener` (those in the kernel's queue are reset then, by the kernel), or
+    /// goes on listening for whoever took it over (`into_std`) or holds it too (a socket
+    /// activation manager, pre-forked workers).
+    pub(crate) fn close(&self) {
         let first = !self.closed.swap(true, Ordering::AcqRel);
         if !first {
             return;
         }
-        if !stop_port || !self.default_linger.load(Ordering::Relaxed) {
-            if let Some(d) = &self.door {
-                d.close();
-            }
-            self.ready.close();
-            self.closing.notify_waiters();
-            return;
-        }
-        // The port stops listening now, not when the last handshake task lets go of this
-        // state: new connections are refused, those in the kernel's queue are reset (as when a
-        // listener is closed), and the address can be bound again (by a socket with
-        // SO_REUSEADDR, as tokio's and ours are) while those tasks finish.
-        let _ = crate::sys::shutdown(std::os::fd::AsFd::as_fd(&self.tcp), std::net::Shutdown::Read);
         if let Some(d) = &self.door {
             d.close();
         }
@@ -1381,7 +1365,7 @@ const DOOR_ROUNDS: usize = 4;
 /// that alternate which goes first: every ready descriptor polled costs a unit of the runtime's
 /// cooperative budget, and with the door always first, clients that kept enough door
 /// connections readable left none for the accepts.
-pub(crate) fn run(shared: Arc<ListenerShared>) -> impl Future<Output = ()> + Send {
+pub(crate) fn run(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>) -> impl Future<Output = ()> + Send {
     /// Ends the listener when its task ends otherwise than at its close: dropped unfinished
     /// with its runtime, or unwound by a panic (a runtime without timers panics at the door's
     /// first timer). The door closes, so same-host clients stop registering with nobody to
@@ -1399,8 +1383,8 @@ pub(crate) fn run(shared: Arc<ListenerShared>) -> impl Future<Output = ()> + Sen
             };
             tracing::debug!(why, "smc listener orphaned");
             let _ = self.0.orphaned.set(why);
-            self.0.close(false);
-            self.0.ready.wake_waiters();
+            // Wakes every `accept` waiting, to meet the reason.
+            self.0.close();
         }
     }
     // Made with the future, not in its first poll: a task dropped before it ever ran (its
@@ -1408,20 +1392,21 @@ pub(crate) fn run(shared: Arc<ListenerShared>) -> impl Future<Output = ()> + Sen
     let orphan = Orphan(shared.clone());
     async move {
         let _orphan = orphan;
-        turns(shared).await;
+        turns(shared, tcp).await;
     }
 }
 
-/// The listener task's turns, until the listener closes.
-async fn turns(shared: Arc<ListenerShared>) {
+/// The listener task's turns, until the listener closes (or is dropped: `tcp` is the
+/// listener's, held only for a turn).
+async fn turns(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>) {
     let mut sweep: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut door_backoff: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let mut door_first = false;
     std::future::poll_fn(|cx| {
-        if shared.is_closed() {
+        let Some(tcp) = tcp.upgrade().filter(|_| !shared.is_closed()) else {
             return Poll::Ready(());
-        }
+        };
         door_first = !door_first;
         if let Some(door) = &shared.door {
             door.begin_turn();
@@ -1429,7 +1414,7 @@ async fn turns(shared: Arc<ListenerShared>) {
         if door_first {
             poll_door(&shared, cx, &mut door_backoff, &mut sweep);
         }
-        poll_accepts(&shared, cx, &mut backoff);
+        poll_accepts(&shared, &tcp, cx, &mut backoff);
         if !door_first {
             poll_door(&shared, cx, &mut door_backoff, &mut sweep);
         }
@@ -1442,6 +1427,7 @@ async fn turns(shared: Arc<ListenerShared>) {
 /// there is room for them. Leaves the task to be woken when there is more to do.
 fn poll_accepts(
     shared: &Arc<ListenerShared>,
+    tcp: &TcpListener,
     cx: &mut std::task::Context<'_>,
     backoff: &mut Option<Pin<Box<tokio::time::Sleep>>>,
 ) {
@@ -1458,7 +1444,7 @@ fn poll_accepts(
         if shared.ready.poll_room(cx).is_pending() {
             return;
         }
-        match shared.tcp.poll_accept(cx) {
+        match tcp.poll_accept(cx) {
             Poll::Ready(Ok((tcp, peer))) => {
                 if let Handoff::Now(s) = admit(shared, tcp, peer) {
                     shared.deliver(s, peer);

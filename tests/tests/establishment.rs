@@ -728,9 +728,36 @@ async fn a_dropped_listener_leaves_a_shared_socket_listening() {
     drop((c.unwrap(), s.unwrap()));
     drop(l);
     let client = bounded(10, tokio::net::TcpStream::connect(addr)).await.expect("the socket stopped listening");
+    // The copy shares the descriptor's non-blocking mode: made blocking for the accept.
+    other_holder.set_nonblocking(false).unwrap();
     let accepted = tokio::task::spawn_blocking(move || other_holder.accept().map(|(s, _)| s.peer_addr().unwrap()));
     let peer = bounded(10, accepted).await.unwrap().expect("the other holder cannot accept");
     assert_eq!(peer, client.local_addr().unwrap());
+}
+
+/// A listener that holds its socket alone closes it the moment it is dropped, whoever made the
+/// socket and whatever its handshakes or task still hold (they do not hold the socket): new
+/// connections are refused at once and the address can be bound again, before the runtime ran
+/// anything after the drop, as with tokio's listener.
+#[tokio::test]
+async fn a_dropped_listener_closes_a_socket_it_holds_alone_at_once() {
+    for given in [false, true] {
+        let l = if given {
+            let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            std_listener.set_nonblocking(true).unwrap();
+            SmcListener::from_std(std_listener).unwrap()
+        } else {
+            SmcListener::bind("127.0.0.1:0").await.unwrap()
+        };
+        let addr = l.local_addr().unwrap();
+        let (c, s) = tokio::join!(SmcStream::connect(addr), l.accept());
+        drop((c.unwrap(), s.unwrap()));
+        drop(l);
+        // No await between the drop and these: the task has not run since.
+        let refused = std::net::TcpStream::connect(addr).map(drop).map_err(|e| e.kind());
+        assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused), "given socket: {given}");
+        std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("given socket: {given}: {e}"));
+    }
 }
 
 /// A listener dropped after its handshake committed, before the Commit went out: the Commit

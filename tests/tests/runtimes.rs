@@ -367,36 +367,3 @@ fn a_listener_whose_runtime_shut_down_fails_its_accepts() {
         assert!(!c.transport().is_smc(), "{}", c.transport());
     });
 }
-
-/// A listener on a runtime without timers: its task panics at the door's first timer (as the
-/// crate's docs say a connection does), and its accepts fail with that instead of waiting.
-/// (With the `rdma` feature the connection's handshake, in a task of its own, meets a timer
-/// first, and the listener's task goes on.)
-#[cfg(not(feature = "rdma"))]
-#[test]
-fn a_listener_whose_task_panicked_fails_its_accepts() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
-        rt.block_on(async {
-            let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = l.local_addr().unwrap();
-            // A same-host client's registration (on a runtime of its own, which has timers)
-            // makes the listener's door set its sweep timer.
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                let _ = rt
-                    .block_on(async { tokio::time::timeout(Duration::from_secs(10), SmcStream::connect(addr)).await });
-            });
-            // No timer here to bound the wait: the test's thread bounds it.
-            loop {
-                if let Err(e) = l.accept().await {
-                    let _ = tx.send(e.to_string());
-                    break;
-                }
-            }
-        });
-    });
-    let e = rx.recv_timeout(Duration::from_secs(20)).expect("the accepts waited for a task that had ended");
-    assert!(e.contains("panicked"), "{e}");
-}

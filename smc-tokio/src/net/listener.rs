@@ -57,12 +57,12 @@ fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<to
 /// A proposal that arrives after a connection was handed out is answered with a decline and
 /// never reaches the application.
 ///
-/// Dropping the listener stops its task and closes its port (new connections are refused, as
-/// with a dropped `TcpListener`); handshakes in progress are declined (their clients continue
-/// over TCP and read the end of the connection, as TCP clients of a closed listener do). A
-/// socket the listener was given (`from_std`, `From<TcpListener>`, a socket of the
-/// application's) or whose descriptor was lent (`AsFd`) may have other holders: only this
-/// listener's descriptor is let go, and the socket keeps listening for them.
+/// Dropping the listener stops its task and closes its descriptor of the listening socket at
+/// once, as dropping a `TcpListener` does: a socket it held alone stops listening (new
+/// connections are refused), and one that has other holders (a socket activation manager's,
+/// pre-forked workers') goes on listening for them. Handshakes in progress are declined (their
+/// clients continue over TCP and read the end of the connection, as TCP clients of a closed
+/// listener do).
 ///
 /// The listener's task runs on the runtime it was made on. If that runtime shuts down while
 /// the listener lives (or the task panics: a runtime without timers), `accept` fails from then
@@ -93,6 +93,9 @@ fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<to
 /// ```
 pub struct SmcListener {
     shared: Arc<ListenerShared>,
+    /// The listening socket: held here alone (the task upgrades its weak reference for a turn
+    /// at a time), so that it closes when the listener is dropped.
+    tcp: Arc<TcpListener>,
     task: tokio::task::AbortHandle,
 }
 
@@ -103,7 +106,7 @@ impl std::os::fd::AsFd for SmcListener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         // Any option may be set through it, SO_LINGER too, which accepted sockets inherit.
         self.shared.default_linger.store(false, Ordering::Relaxed);
-        self.shared.tcp.as_fd()
+        self.tcp.as_fd()
     }
 }
 
@@ -117,7 +120,7 @@ impl std::os::fd::AsRawFd for SmcListener {
 impl fmt::Debug for SmcListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmcListener")
-            .field("local", &self.shared.tcp.local_addr().ok())
+            .field("local", &self.tcp.local_addr().ok())
             .field("door", &self.shared.door)
             .field("settings", &self.shared.settings())
             .finish()
@@ -135,8 +138,9 @@ impl SmcListener {
 impl Drop for SmcListener {
     fn drop(&mut self) {
         // Closed before the task is aborted: the task's end, which may run on another worker
-        // at once, then finds the listener closed, not orphaned.
-        self.shared.close(true);
+        // at once, then finds the listener closed, not orphaned. The socket closes with `tcp`
+        // right after (a turn of the task in progress holds it until the turn ends).
+        self.shared.close();
         self.task.abort();
     }
 }
@@ -690,12 +694,13 @@ impl SmcListener {
         #[cfg(feature = "rdma")]
         let cfg = overrides.resolve(ctx.settings());
         let kernel = crate::kernel::is_smc_socket(tcp.as_fd());
-        let shared = Arc::new(ListenerShared::new(ctx, tcp, door, kernel, overrides, ready_cap));
+        let shared = Arc::new(ListenerShared::new(ctx, &tcp, door, kernel, overrides, ready_cap));
+        let tcp = Arc::new(tcp);
         // Open the RDMA devices and look the listening address up now, off the runtime, so
         // the first connections can use them.
         #[cfg(feature = "rdma")]
         if cfg.rdma.enabled {
-            let local = shared.tcp.local_addr().ok().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
+            let local = tcp.local_addr().ok().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
             tokio::spawn(async move {
                 crate::smc::rdma::warm_up(&cfg, crate::smc::rdma::setup_deadline(&cfg)).await;
                 if let Some(ip) = local {
@@ -703,9 +708,9 @@ impl SmcListener {
                 }
             });
         }
-        let span = tracing::debug_span!("smc_listener", local = ?shared.tcp.local_addr().ok(), kernel);
-        let task = tokio::spawn(listen::run(shared.clone()).instrument(span)).abort_handle();
-        SmcListener { shared, task }
+        let span = tracing::debug_span!("smc_listener", local = ?tcp.local_addr().ok(), kernel);
+        let task = tokio::spawn(listen::run(shared.clone(), Arc::downgrade(&tcp)).instrument(span)).abort_handle();
+        SmcListener { shared, tcp, task }
     }
 
     /// The local address the listener is bound to.
@@ -721,7 +726,7 @@ impl SmcListener {
     /// # }
     /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.shared.tcp.local_addr()
+        self.tcp.local_addr()
     }
 
     /// Turns the listener into a std one, as [`TcpListener::into_std`] does (the result is in
@@ -745,8 +750,8 @@ impl SmcListener {
     /// # }
     /// ```
     pub fn into_std(self) -> io::Result<std::net::TcpListener> {
-        let sock = socket2::SockRef::from(&self.shared.tcp).try_clone()?;
-        self.shared.close(false);
+        let sock = socket2::SockRef::from(&*self.tcp).try_clone()?;
+        self.shared.close();
         self.task.abort();
         drop(self);
         sock.set_nonblocking(true)?;
@@ -766,7 +771,7 @@ impl SmcListener {
     /// # }
     /// ```
     pub fn ttl(&self) -> io::Result<u32> {
-        self.shared.tcp.ttl()
+        self.tcp.ttl()
     }
 
     /// Sets `IP_TTL` on the listening socket (accepted connections inherit it), as
@@ -784,7 +789,7 @@ impl SmcListener {
     /// # }
     /// ```
     pub fn set_ttl(&self, ttl: u32) -> io::Result<()> {
-        self.shared.tcp.set_ttl(ttl)
+        self.tcp.set_ttl(ttl)
     }
 
     /// The settings connections accepted now would get (the builder's and the setters' values
@@ -1025,7 +1030,7 @@ impl SmcListener {
             }
             // Take from the kernel directly, so that a connection that needs no handshake is
             // returned on the first poll, as tokio's accept returns it.
-            match sys::accept_tcp(self.shared.tcp.as_fd()) {
+            match sys::accept_tcp(self.tcp.as_fd()) {
                 Ok((std, peer)) => {
                     let tcp = TcpStream::from_std(std)?;
                     if let Some(door) = turn.take() {
@@ -1048,7 +1053,7 @@ impl SmcListener {
                 // meets the error when a connection comes, and wakes us to meet it ourselves.
                 Err(e)
                     if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
-                        && !sys::has_pending_connection(self.shared.tcp.as_fd()) =>
+                        && !sys::has_pending_connection(self.tcp.as_fd()) =>
                 {
                     return self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
                 }
@@ -1118,7 +1123,7 @@ mod tests {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         assert!(listener.poll_accept(&mut cx).is_pending());
-        assert!(sys::has_pending_connection(listener.shared.tcp.as_fd()), "one poll took every queued connection");
+        assert!(sys::has_pending_connection(listener.tcp.as_fd()), "one poll took every queued connection");
         drop(clients);
     }
 
