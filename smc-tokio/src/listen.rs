@@ -1441,7 +1441,9 @@ fn poll_accepts(
         *backoff = None;
     }
     for _ in 0..ACCEPT_BATCH {
-        if shared.ready.poll_room(cx).is_pending() {
+        // A listener closed during this turn (dropped, or turned into a std one, on another
+        // worker) takes no more: the rest are for the socket's other holders, or its new one.
+        if shared.is_closed() || shared.ready.poll_room(cx).is_pending() {
             return;
         }
         match tcp.poll_accept(cx) {

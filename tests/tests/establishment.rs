@@ -728,10 +728,9 @@ async fn a_dropped_listener_leaves_a_shared_socket_listening() {
     drop((c.unwrap(), s.unwrap()));
     drop(l);
     let client = bounded(10, tokio::net::TcpStream::connect(addr)).await.expect("the socket stopped listening");
-    // The copy shares the descriptor's non-blocking mode: made blocking for the accept.
-    other_holder.set_nonblocking(false).unwrap();
-    let accepted = tokio::task::spawn_blocking(move || other_holder.accept().map(|(s, _)| s.peer_addr().unwrap()));
-    let peer = bounded(10, accepted).await.unwrap().expect("the other holder cannot accept");
+    // The copy shares the descriptor's non-blocking mode, as tokio wants it.
+    let other_holder = tokio::net::TcpListener::from_std(other_holder).unwrap();
+    let (_, peer) = bounded(10, other_holder.accept()).await.expect("the other holder cannot accept");
     assert_eq!(peer, client.local_addr().unwrap());
 }
 

@@ -58,7 +58,8 @@ fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<to
 /// never reaches the application.
 ///
 /// Dropping the listener stops its task and closes its descriptor of the listening socket at
-/// once, as dropping a `TcpListener` does: a socket it held alone stops listening (new
+/// once (or as soon as a turn of its task already running on another worker ends), as
+/// dropping a `TcpListener` does: a socket it held alone stops listening (new
 /// connections are refused), and one that has other holders (a socket activation manager's,
 /// pre-forked workers') goes on listening for them. Handshakes in progress are declined (their
 /// clients continue over TCP and read the end of the connection, as TCP clients of a closed
