@@ -167,7 +167,7 @@ fn short_distance_cliff() -> bool {
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 unsafe fn copy_big(src: *const u8, dst: *mut u8, len: usize) {
     debug_assert!(len >= REP_MOVSB_MIN);
-    if VECTOR_WINDOW.contains(&((dst as usize).wrapping_sub(src as usize) % 4096)) && short_distance_cliff() {
+    if VECTOR_WINDOW.contains(&page_distance(dst as usize, src as usize)) && short_distance_cliff() {
         // SAFETY: our caller's contract, and `len >= REP_MOVSB_MIN >= BLOCK`.
         unsafe { vector_copy(src, dst, len) };
     } else {
@@ -339,12 +339,20 @@ const BOUNCE_LEN: usize = 64 << 10;
 #[cfg(any(test, all(target_arch = "x86_64", not(miri))))]
 const PAGE: usize = 4096;
 
+/// How far `dst` lies past `src` modulo a page: what decides whether a string copy between them
+/// is slow (module docs). Modulo a power of two that divides the address space, so the
+/// wrapping difference gives it whichever lies higher.
+#[cfg(any(test, all(target_arch = "x86_64", not(miri))))]
+fn page_distance(dst: usize, src: usize) -> usize {
+    dst.wrapping_sub(src) % PAGE
+}
+
 /// Whether the kernel's copy of a file's bytes from `offset` to `dst` falls in
 /// [`KERNEL_WINDOW`]: the page cache holds the byte at `offset` at `offset % 4096` into a page,
 /// and the distance stays the same along the copy.
 #[cfg(any(test, all(target_arch = "x86_64", not(miri))))]
 fn kernel_copy_in_window(dst: usize, offset: u64) -> bool {
-    KERNEL_WINDOW.contains(&(dst.wrapping_sub((offset % PAGE as u64) as usize) % PAGE))
+    KERNEL_WINDOW.contains(&page_distance(dst, (offset % PAGE as u64) as usize))
 }
 
 /// Reads up to `len` bytes of the file `fd` from `offset` into `dst` (`pread(2)` until `len`
@@ -386,9 +394,8 @@ unsafe fn read_file_bounced(fd: BorrowedFd<'_>, dst: *mut u8, len: usize, offset
         let mut done = 0;
         while done < len {
             let at = offset + done as u64;
-            // Where in the buffer a byte lies at `at`'s page offset: below a page, since the
-            // difference is taken modulo a power of two that divides the address space.
-            let start = ((at % PAGE as u64) as usize).wrapping_sub(bounce.as_ptr() as usize) % PAGE;
+            // Where in the buffer a byte lies at `at`'s page offset (below a page).
+            let start = page_distance((at % PAGE as u64) as usize, bounce.as_ptr() as usize);
             let want = (len - done).min(BOUNCE_LEN);
             let piece = &mut bounce[start..start + want];
             debug_assert_eq!(piece.as_ptr() as usize % PAGE, (at % PAGE as u64) as usize);
@@ -426,7 +433,6 @@ mod tests {
     /// touches nothing around it.
     #[test]
     fn copies_at_every_short_page_distance_match_a_plain_copy() {
-        const PAGE: usize = 4096;
         type Copy = unsafe fn(*const u8, *mut u8, usize);
         /// # Safety
         /// As `copy_from_peer`, with `dst` valid for writes of `len` bytes.

@@ -184,9 +184,8 @@ pub(crate) fn reset_now(sock: &impl std::os::fd::AsFd) {
     addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
     let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
     // SAFETY: a borrowed open descriptor, and `addr` valid for reads of `len` bytes.
-    let r = unsafe { libc::connect(sock.as_fd().as_raw_fd(), &addr, len) };
-    if r != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "resetting a tcp connection");
+    if let Err(e) = cvt(unsafe { libc::connect(sock.as_fd().as_raw_fd(), &addr, len) }) {
+        tracing::debug!(error = %e, "resetting a tcp connection");
     }
 }
 
