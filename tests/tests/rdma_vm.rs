@@ -24,6 +24,7 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
             || l.starts_with("  setup_off")
             || l.starts_with("  move_")
             || l.starts_with("  connections_")
+            || l.starts_with("  close_across")
     };
     let Some(console) = tests::run_rdma_test("single", bin, &["single.log"], shown) else {
         return;
@@ -35,6 +36,7 @@ fn smc_r_on_soft_roce_in_a_qemu_guest() {
         "no_inline_sends",
         "group_outlives_runtime",
         "flush_across_link_failure",
+        "close_across_link_failure",
         "pinned_memory_charged",
     ];
     tests::assert_cases_passed(&console, tests::RDMA_CASES.into_iter().chain(extra));

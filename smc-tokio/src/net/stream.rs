@@ -550,6 +550,22 @@ impl SmcStream {
         }
     }
 
+    /// Test hook: drops the stream (its close goes out as for any drop), then, before anything
+    /// else runs on this thread, [`break_link`](Self::break_link) under it: a link that fails
+    /// while the close is in flight.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn drop_and_break_link(self) -> io::Result<()> {
+        let link = match &self.path {
+            Path::Smc(s) => s.conn.group().link().filter(|l| l.is_rdma()).cloned(),
+            Path::Tcp(_) => None,
+        };
+        let link = link.ok_or_else(|| io::Error::other("not an smc-r connection"))?;
+        drop(self);
+        link.fail_for_test(crate::link::LinkError::Io(io::ErrorKind::Other, "broken by a test".into()));
+        Ok(())
+    }
+
     /// The local address of the underlying TCP connection.
     ///
     /// # Examples

@@ -159,8 +159,9 @@ async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
     // A peer announces its SMC close before it lets its TCP socket go. Over shared memory the
     // announcement is in our memory by the time the FIN arrives, and `on_tcp_event` drains the
     // link before it decides. Over RDMA it may still be on the wire (the SEND and the FIN take
-    // different paths), so it gets a grace period to arrive.
-    if matches!(res, Ok(0)) {
+    // different paths), so it gets a grace period to arrive; so does a reset, which a peer
+    // sends when it went before its close was known delivered (`tcp_end`), as it may have been.
+    if matches!(res, Ok(0) | Err(_)) {
         let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE_RDMA;
         while tokio::time::Instant::now() < until {
             match conn.upgrade() {
@@ -2006,9 +2007,10 @@ impl SmcConn {
     /// end lets go last, so no socket of either end goes through `FIN_WAIT`, `LAST_ACK` or
     /// `TIME_WAIT`; an abort of ours resets it at once, as TCP's does. A reset loses nothing:
     /// both closes are in the rings, which the peer's watcher drains before it reads the
-    /// socket's end. Over RDMA (a FIN or reset could overtake the CDC message it follows), past
-    /// the budget, without a running watcher and on every other path the socket is closed as
-    /// before.
+    /// socket's end. Over RDMA (a FIN or reset could overtake the CDC message it follows) the
+    /// socket ends with a FIN once the close is delivered, and with a reset if it never is
+    /// ([`FinOnDelivery`](crate::smc::tcp_end::FinOnDelivery)). Past the budget, without a
+    /// running watcher and on every other path the socket is closed as before.
     fn let_tcp_go(&self, st: &mut ConnState) {
         let quiet = st.released && st.handback == Handback::Smc && !self.group.link().is_some_and(|l| l.is_rdma());
         if let (true, Some(tcp)) = (quiet, &st.tcp) {
@@ -2022,6 +2024,14 @@ impl SmcConn {
                     st.tcp_hold = Some(hold);
                     return;
                 }
+            }
+        }
+        if let (Some(link), Some(tcp)) = (self.group.link().filter(|l| l.is_rdma()), st.tcp.take()) {
+            if st.engine.abort_sent() {
+                // An abort ends TCP with a reset, as TCP's own abort does.
+                sys::set_zero_linger(&*tcp);
+            } else {
+                crate::smc::tcp_end::FinOnDelivery::new(link.clone(), tcp, self.group.close_wait.clone()).spawn();
             }
         }
         Self::drop_tcp(st);
@@ -2233,6 +2243,12 @@ impl SmcConn {
         }
         if st.error.is_none() {
             st.error = Some(ConnError::from_link(err));
+        }
+        if let (Some(tcp), true) = (st.tcp.as_deref(), self.group.link().is_some_and(|l| l.is_rdma())) {
+            // Over RDMA what we wrote last may not have reached the peer, and a FIN (when the
+            // application lets go) would read as a clean end after it: the end is a reset.
+            // (Over shared memory what we wrote is in the ring the peer maps.)
+            sys::set_zero_linger(tcp);
         }
         Self::drop_tcp(&mut st);
         st.rx_waiters.wake();

@@ -114,6 +114,9 @@ pub(crate) struct LinkGroup {
     /// Whether each allocated slot is charged to the budget here ([`TxRmbs::charged_per_slot`]).
     charged_per_slot: bool,
     link: OnceLock<Arc<dyn Link>>,
+    /// The wait its connections' closes in flight share when their runtime shuts down
+    /// ([`ShutdownWait`](crate::smc::tcp_end::ShutdownWait)).
+    pub(crate) close_wait: Arc<crate::smc::tcp_end::ShutdownWait>,
     state: Mutex<GroupState>,
     cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
     /// Whether `cdc_waiters` may hold a connection: set with a push (under the lock), cleared
@@ -236,6 +239,7 @@ impl LinkGroup {
             tx_rmb_capacity: rmbs.capacity.max(rmbs.size),
             charged_per_slot: rmbs.charged_per_slot,
             link: OnceLock::new(),
+            close_wait: Arc::default(),
             state: Mutex::new(GroupState {
                 conns: HashMap::default(),
                 // Hand out low slots first (pop from the back).
@@ -1239,7 +1243,7 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     use super::{GroupTimes, LinkGroup, Role, TxRmbs};
@@ -1324,7 +1328,7 @@ mod tests {
     #[tokio::test]
     async fn a_drain_under_a_peer_that_never_stops_takes_two_laps_at_most() {
         let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "flood-drain").await;
-        let link = Arc::new(Posing { link: client, rdma: false, flood: Some(Default::default()) });
+        let link = Arc::new(Posing { link: client, rdma: false, flood: Some(Default::default()), delivery: None });
         let group = client_group(4, Duration::from_secs(60));
         group.establish(link.clone()).unwrap();
         group.drain();
@@ -1371,11 +1375,25 @@ mod tests {
         link: crate::link::shm::ShmLink,
         rdma: bool,
         flood: Option<std::sync::atomic::AtomicUsize>,
+        /// Whether what was sent is delivered, as the test decides: `None` in flight (without
+        /// it, everything is delivered at once).
+        delivery: Option<Arc<Delivery>>,
+    }
+
+    #[derive(Debug, Default)]
+    struct Delivery(Mutex<(Option<bool>, Vec<std::task::Waker>)>);
+
+    impl Delivery {
+        fn set(&self, delivered: bool) {
+            let mut d = self.0.lock().unwrap();
+            d.0 = Some(delivered);
+            d.1.drain(..).for_each(std::task::Waker::wake);
+        }
     }
 
     impl Posing {
         fn rdma(link: crate::link::shm::ShmLink) -> Posing {
-            Posing { link, rdma: true, flood: None }
+            Posing { link, rdma: true, flood: None, delivery: None }
         }
     }
 
@@ -1438,6 +1456,22 @@ mod tests {
         }
         fn is_rdma(&self) -> bool {
             self.rdma
+        }
+        fn poll_delivered(
+            &self,
+            cx: &mut std::task::Context<'_>,
+            _: u64,
+        ) -> std::task::Poll<Result<(), crate::link::LinkError>> {
+            let Some(d) = &self.delivery else { return std::task::Poll::Ready(Ok(())) };
+            let mut d = d.0.lock().unwrap();
+            match d.0 {
+                Some(true) => std::task::Poll::Ready(Ok(())),
+                Some(false) => std::task::Poll::Ready(Err(crate::link::LinkError::PeerGone)),
+                None => {
+                    d.1.push(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }
         }
         fn rehome(&self) -> Result<(), crate::link::LinkError> {
             self.link.rehome()
@@ -1529,6 +1563,68 @@ mod tests {
             assert_eq!(g.conn_count(), held - 1, "{kind}: an unanswered abort held its connection past the bound");
             assert!(open(&g, 80).is_none(), "{kind}: the unanswered connection's slot was used again");
         }
+    }
+
+    /// Over RDMA the TCP socket of a connection the application let go of ends with a FIN only
+    /// once its close (and what it wrote before) is delivered, and with a reset when the
+    /// delivery fails: a FIN sent before would read, on the peer, as the clean end of a stream
+    /// that may have lost its last bytes.
+    #[tokio::test]
+    async fn an_rdma_close_ends_tcp_with_a_fin_once_delivered_and_a_reset_if_not() {
+        use tokio::io::AsyncReadExt;
+        let cfg = crate::config::ShmConfig::default();
+        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
+        for delivered in [true, false] {
+            let tag = if delivered { "fin-delivered" } else { "fin-undelivered" };
+            let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
+            let g = client_group(2, Duration::from_secs(60));
+            let delivery = Arc::new(Delivery::default());
+            let link = Posing { delivery: Some(delivery.clone()), ..Posing::rdma(client) };
+            g.establish(Arc::new(link)).unwrap();
+            let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+            let mut theirs = accepted.unwrap().0;
+            let watcher = conn.watch_tcp(Arc::new(tcp.unwrap()));
+            assert_eq!(conn.try_write(b"the last bytes").unwrap(), 14);
+            conn.release(false, watcher.take());
+            let mut b = [0u8; 8];
+            let early = tokio::time::timeout(Duration::from_millis(100), theirs.read(&mut b)).await;
+            assert!(early.is_err(), "{tag}: the tcp connection ended before the close was delivered: {early:?}");
+            delivery.set(delivered);
+            let end = tokio::time::timeout(Duration::from_secs(10), theirs.read(&mut b)).await.expect("an end");
+            if delivered {
+                assert_eq!(end.unwrap(), 0, "{tag}: not a FIN");
+            } else {
+                assert_eq!(end.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset, "{tag}: not a reset");
+            }
+        }
+    }
+
+    /// Over RDMA a connection that ended with its link group where it could not move (here the
+    /// group torn down with its runtime) ends its TCP connection with a reset: what it wrote
+    /// last may not have reached the peer, and a FIN would read as a clean end after it.
+    #[tokio::test]
+    async fn an_rdma_connection_ended_with_its_group_resets_its_tcp_connection() {
+        use tokio::io::AsyncReadExt;
+        let cfg = crate::config::ShmConfig::default();
+        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
+        let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "reset-with-group").await;
+        let g = client_group(2, Duration::from_secs(60));
+        g.establish(Arc::new(Posing::rdma(client))).unwrap();
+        let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        let mut theirs = accepted.unwrap().0;
+        let tcp = Arc::new(tcp.unwrap());
+        let watcher = conn.watch_tcp(tcp.clone());
+        assert_eq!(conn.try_write(b"the last bytes").unwrap(), 14);
+        g.fail(crate::link::LinkError::Closed);
+        conn.release(false, watcher.take());
+        drop(tcp);
+        let mut b = [0u8; 8];
+        let end = tokio::time::timeout(Duration::from_secs(10), theirs.read(&mut b)).await.expect("an end");
+        assert_eq!(end.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
     }
 
     /// A connection reset in a closed listener's ready queue (`Established::reset`) is aborted,

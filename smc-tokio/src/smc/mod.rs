@@ -20,3 +20,4 @@ pub(crate) mod manager;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;
 pub(crate) mod shm;
+pub(crate) mod tcp_end;

@@ -11,8 +11,9 @@
 //! smc-rdma-test serve ADDR         (internal) a server in a child process, for the kill case
 //! smc-rdma-test write-exit ADDR BYTES HOW   (internal) a writer in a child process: connect,
 //!                                  write BYTES of `tests::pattern`, flush, print "WROTE", then
-//!                                  end without a shutdown: HOW = return | exit | kill (sleep
-//!                                  until killed)
+//!                                  end without a shutdown: HOW = return (shut the runtime down
+//!                                  and exit) | exit | kill (sleep until killed); drop-return and
+//!                                  drop-exit drop the stream instead of the flush, then end so
 //! ```
 //!
 //! `SMC_RDMA_WRITER_ROUNDS` (default 10) sets how many writers per way of ending the
@@ -207,6 +208,63 @@ fn case_flush_across_link_failure(ip: std::net::IpAddr) -> Result<(), String> {
         Err(format!(
             "no flush waited for its delivery in {FLUSH_WAIT_TRIES} connections: the link was never broken under one"
         ))
+    })
+}
+
+/// A close in flight when the link fails under it: the writer drops its stream while its last
+/// write is not yet delivered (a flush polled once is still waiting), and the link breaks at
+/// once, before the adapter carries the rest (a current-thread runtime: nothing runs in
+/// between). The reader gets what arrived and then an error, never a clean end after a stream
+/// cut short: the writer's TCP socket ends with a FIN only once its close is delivered, and
+/// with a reset when it never is. Connections whose write was delivered at once are checked as
+/// they ran (every byte, then the end), and another is tried, up to [`FLUSH_WAIT_TRIES`].
+fn case_close_across_link_failure(ip: std::net::IpAddr) -> Result<(), String> {
+    const TOTAL: usize = 4 << 20;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let l = listener_builder().bind(SocketAddr::new(ip, PORT + 11)).await.map_err(|e| e.to_string())?;
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        for attempt in 0..FLUSH_WAIT_TRIES {
+            let data = Rng::new(0xc105e + attempt as u64).bytes(TOTAL);
+            let builder = client();
+            let (c, a) = tokio::join!(builder.connect(addr), l.accept());
+            let mut c = c.map_err(|e| format!("connect: {e}"))?;
+            let (mut srv, _) = a.map_err(|e| format!("accept: {e}"))?;
+            if c.transport() != Transport::SmcR || srv.transport() != Transport::SmcR {
+                return Err(format!("transports {} and {}", c.transport(), srv.transport()));
+            }
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::with_capacity(TOTAL);
+                let end = srv.read_to_end(&mut got).await;
+                (got, end)
+            });
+            c.write_all(&data).await.map_err(|e| format!("write: {e}"))?;
+            let in_flight = tokio::time::timeout(Duration::ZERO, c.flush()).await.is_err();
+            if in_flight {
+                c.drop_and_break_link().map_err(|e| format!("break: {e}"))?;
+            } else {
+                drop(c);
+            }
+            let (got, end) = reader.await.map_err(|e| e.to_string())?;
+            if !data.starts_with(&got) {
+                return Err(format!("the {} bytes read are not the stream's head", got.len()));
+            }
+            match (in_flight, got.len() == TOTAL, &end) {
+                (_, false, Ok(_)) => {
+                    return Err(format!("a clean end after {} of {TOTAL} bytes (in flight: {in_flight})", got.len()))
+                }
+                (false, _, Err(e)) => return Err(format!("no break, and the read ended in {e}")),
+                (true, _, _) => {
+                    println!(
+                        "  close_across_link_failure: connection {attempt}: {} of {TOTAL} bytes, then {end:?}",
+                        got.len()
+                    );
+                    return Ok(());
+                }
+                (false, true, Ok(_)) => {}
+            }
+        }
+        Err(format!("no write was still in flight at its close in {FLUSH_WAIT_TRIES} connections"))
     })
 }
 
@@ -878,6 +936,14 @@ async fn write_exit(addr: SocketAddr, n: usize, how: &str) -> std::io::Result<()
         return Err(std::io::Error::other(format!("transport {}", s.transport())));
     }
     s.write_all(&tests::pattern(n)).await?;
+    if let Some(how) = how.strip_prefix("drop-") {
+        // No flush: the stream's close is what carries the last bytes out.
+        drop(s);
+        return match how {
+            "exit" => std::process::exit(0),
+            _ => Ok(()),
+        };
+    }
     s.flush().await?;
     println!("WROTE");
     std::io::stdout().flush()?;
@@ -900,8 +966,13 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let want = tests::pattern(BYTES);
     let groups_before = smc_tokio::stats().link_groups;
-    for how in ["return", "exit", "kill"] {
-        let (mut short, mut errors) = (0, 0);
+    for how in ["return", "exit", "kill", "drop-return", "drop-exit"] {
+        // Writers that drop their stream without a flush and end at once (`drop-*`) may lose
+        // their last bytes over RDMA (their queue pairs go with the process; a runtime's
+        // shutdown waits a little for the close in flight): then the reader must get an error
+        // after what arrived, never a clean end after a stream cut short.
+        let unflushed = how.starts_with("drop-");
+        let (mut short, mut errors, mut cut) = (0, 0, 0);
         let mut first = None;
         let t = Instant::now();
         for i in 0..rounds {
@@ -928,10 +999,17 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
             let mut got = Vec::with_capacity(BYTES);
             let end = s.read_to_end(&mut got).await;
             let _ = child.wait().await;
-            let bad = got != want;
-            short += usize::from(bad);
+            let bad = if unflushed {
+                // What arrived is the stream's head, and a short one ends in an error.
+                let cut_short = got.len() < want.len() || end.is_err();
+                cut += usize::from(cut_short && end.is_err());
+                !want.starts_with(&got) || (cut_short && end.is_ok())
+            } else {
+                got != want || end.is_err()
+            };
+            short += usize::from(got != want);
             errors += usize::from(end.is_err());
-            if (bad || end.is_err()) && first.is_none() {
+            if bad && first.is_none() {
                 first = Some(format!("round {i}: read {} of {BYTES}, end {end:?}", got.len()));
             }
         }
@@ -940,12 +1018,12 @@ async fn case_writers_exit(ip: std::net::IpAddr) -> Result<(), String> {
             .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| l[6..].trim().to_string()))
             .unwrap_or_default();
         println!(
-            "  writers_exit {how}: {rounds} rounds over smc-r, {short} short or wrong, {errors} errors ({:.1} s; link groups now {}, VmRSS {rss})",
+            "  writers_exit {how}: {rounds} rounds over smc-r, {short} short or wrong, {errors} errors, {cut} cut short with an error ({:.1} s; link groups now {}, VmRSS {rss})",
             t.elapsed().as_secs_f64(),
             smc_tokio::stats().link_groups
         );
-        if short + errors > 0 {
-            return Err(format!("{how}: first failure {first:?}"));
+        if let Some(first) = first {
+            return Err(format!("{how}: first failure {first}"));
         }
     }
     // Every writer is gone: the server's link groups with them go too (orderly ones idle out
@@ -1293,6 +1371,9 @@ async fn run_cases(addr: SocketAddr, single: bool) -> usize {
         case!("flush_across_link_failure", async move {
             tokio::task::spawn_blocking(move || case_flush_across_link_failure(ip)).await.map_err(|e| e.to_string())?
         });
+        case!("close_across_link_failure", async move {
+            tokio::task::spawn_blocking(move || case_close_across_link_failure(ip)).await.map_err(|e| e.to_string())?
+        });
         case!("pinned_memory_charged", case_pinned_memory_charged(ip), Duration::from_secs(300));
     }
     let s = smc_tokio::stats();
@@ -1336,7 +1417,12 @@ fn main() {
             let addr: SocketAddr = args.get(1).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));
             let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or_else(|| std::process::exit(2));
             let how = args.get(3).cloned().unwrap_or_default();
-            match rt.block_on(write_exit(addr, n, &how)) {
+            let res = rt.block_on(write_exit(addr, n, &how));
+            if how.ends_with("return") {
+                // As returning from `main` does: the runtime shuts down (and drops its tasks).
+                drop(rt);
+            }
+            match res {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("write-exit: {e}");
