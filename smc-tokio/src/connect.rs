@@ -74,7 +74,7 @@ pub(crate) async fn establish(
     if cfg.policy == Policy::TcpOnly {
         return plain(ctx, cfg, addr, FallbackReason::Disabled, user, false).await;
     }
-    let Some(_slot) = ClientSlot::take(ctx, limit, cfg) else {
+    let Some(slot) = ClientSlot::take(ctx, limit, cfg) else {
         // Too many client handshakes in flight: this one goes plain at once.
         let kernel = kernel_socket(ctx, cfg, addr, user);
         return plain(
@@ -120,6 +120,11 @@ pub(crate) async fn establish(
     let first = crate::smc::rdma::first_contact(ctx.manager(), addr, cfg).await;
     // The application's options, for a plain reconnection should this connection be spoiled.
     let options = user.as_ref().map(sys::ClientOptions::of);
+    // A connect to another host may wait out SYN retransmissions (a host that is down, a
+    // server whose accept queue is full: minutes), which are no handshake: it holds no place
+    // meanwhile, or connects to such a host would send every other connection to TCP. The
+    // handshake takes a place again once connected.
+    drop(slot);
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
         let t = crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
@@ -127,6 +132,10 @@ pub(crate) async fn establish(
             return Ok(Established::tcp(tcp, t));
         }
     }
+    let Some(_slot) = ClientSlot::take(ctx, limit, cfg) else {
+        let congested = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+        return tcp_or_refuse(cfg, tcp, congested);
+    };
     let local_ip = tcp.local_addr()?.ip();
     // The port lookup for our address (GID tables, sysfs) runs off the runtime, once.
     #[cfg(feature = "rdma")]

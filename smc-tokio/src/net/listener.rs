@@ -1010,6 +1010,10 @@ impl SmcListener {
         if let Some(e) = self.shared.orphaned() {
             return Poll::Ready(Err(e));
         }
+        // Nothing to hand out now: a wait, unless the listener's task ended meanwhile. The waiter
+        // is registered (`pop_or_wait`) before the look that finds nothing, and a task orphaned
+        // since the look above set the reason before it woke the waiters.
+        let wait = || self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
         // One unit of the task's cooperative budget per connection handed out, as tokio's
         // accept spends: a loop of accepts over a full queue yields to the runtime.
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
@@ -1043,11 +1047,7 @@ impl SmcListener {
                     }
                     handed_off += 1;
                 }
-                // The waiter was registered (`pop_or_wait`) before this look: a task orphaned
-                // since the look at the top set the reason before it woke the waiters.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)))
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return wait(),
                 // `accept4` takes a descriptor before it looks at the queue, so without one it
                 // fails on an empty queue too; tokio's accept, which asks only once the queue
                 // is readable, waits there. So do we (registered above): the listener task
@@ -1056,7 +1056,7 @@ impl SmcListener {
                     if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
                         && !sys::has_pending_connection(self.tcp.as_fd()) =>
                 {
-                    return self.shared.orphaned().map_or(Poll::Pending, |e| Poll::Ready(Err(e)));
+                    return wait();
                 }
                 Err(e) => {
                     coop.made_progress();

@@ -2595,7 +2595,10 @@ impl SmcStreamBuilder {
 
     /// With `true`, a connect that finds `max_pending_handshakes` client handshakes already
     /// running in this process does not propose SMC: it connects as plain TCP at once. Off
-    /// unless set here (the process-wide `limit_handshake` is for listeners).
+    /// unless set here (the process-wide `limit_handshake` is for listeners). A connect to
+    /// another host holds no place while its TCP connection is being made (a host that is
+    /// down can take minutes to refuse it); it takes one again once connected, and stays TCP
+    /// if none is free then.
     ///
     /// # Examples
     ///
