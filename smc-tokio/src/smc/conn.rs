@@ -1879,6 +1879,8 @@ impl SmcConn {
             st.lingering = Some(std::time::Instant::now());
         }
         drop(st);
+        // A close whose socket could not be handed to the runtime waits here, unlocked.
+        crate::smc::tcp_end::settle_deferred();
         if done {
             self.group.forget_conn(self.our_token, retire);
         } else {
@@ -2031,7 +2033,7 @@ impl SmcConn {
                 // An abort ends TCP with a reset, as TCP's own abort does.
                 sys::set_zero_linger(&*tcp);
             } else {
-                crate::smc::tcp_end::FinOnDelivery::new(link.clone(), tcp, self.group.close_wait.clone()).spawn();
+                crate::smc::tcp_end::FinOnDelivery::new(link.clone(), tcp).spawn();
             }
         }
         Self::drop_tcp(st);
@@ -2063,6 +2065,7 @@ impl SmcConn {
             st.tx_waiters.wake();
         }
         self.maybe_finish(st);
+        crate::smc::tcp_end::settle_deferred();
     }
 
     fn maybe_finish(&self, mut st: MutexGuard<'_, ConnState>) {

@@ -114,9 +114,6 @@ pub(crate) struct LinkGroup {
     /// Whether each allocated slot is charged to the budget here ([`TxRmbs::charged_per_slot`]).
     charged_per_slot: bool,
     link: OnceLock<Arc<dyn Link>>,
-    /// The wait its connections' closes in flight share when their runtime shuts down
-    /// ([`ShutdownWait`](crate::smc::tcp_end::ShutdownWait)).
-    pub(crate) close_wait: Arc<crate::smc::tcp_end::ShutdownWait>,
     state: Mutex<GroupState>,
     cdc_waiters: Mutex<Vec<Weak<SmcConn>>>,
     /// Whether `cdc_waiters` may hold a connection: set with a push (under the lock), cleared
@@ -239,7 +236,6 @@ impl LinkGroup {
             tx_rmb_capacity: rmbs.capacity.max(rmbs.size),
             charged_per_slot: rmbs.charged_per_slot,
             link: OnceLock::new(),
-            close_wait: Arc::default(),
             state: Mutex::new(GroupState {
                 conns: HashMap::default(),
                 // Hand out low slots first (pop from the back).

@@ -10,16 +10,17 @@
 //!
 //! So the socket is kept, with a zero `SO_LINGER`, until the close is delivered
 //! ([`Link::poll_delivered`]); then its own linger goes back and it is closed with a FIN. If
-//! the delivery fails (the link failed), or the process exits or the runtime ends first, the
-//! socket closes with its zero linger: a reset, which the peer reads as an end that may have
-//! lost bytes (`SmcError::PeerGone` after what arrived), and which waits, on the peer, for a
-//! close still in flight over the link as a FIN does.
+//! the delivery fails (the link failed), does not come within [`DELIVERY_BOUND`], or the
+//! process exits first, the socket closes with its zero linger: a reset, which the peer reads
+//! as an end that may have lost bytes (`SmcError::PeerGone` after what arrived), and which
+//! waits, on the peer, for a close still in flight over the link as a FIN does.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
@@ -28,47 +29,65 @@ use crate::link::Link;
 /// Ready with whether the close was delivered.
 type PollDelivered = dyn FnMut(&mut Context<'_>) -> Poll<bool> + Send;
 
+/// How long a close may wait for its delivery before its socket resets: as long as the kernel
+/// keeps an orphaned TCP socket whose peer does not answer (`net.ipv4.tcp_fin_timeout`, 60 s by
+/// default). A queue pair retries a peer that posts no receives for good (`rnr_retry` 7), so a
+/// stopped or hostile peer would otherwise hold the socket and its task while the group lives.
+const DELIVERY_BOUND: Duration = Duration::from_secs(60);
+
+/// How long the closes still in flight when their runtime shuts down, or dropped outside any
+/// runtime, wait for their delivery before their sockets reset, all together: a process that
+/// returns from `main` right after it dropped its streams ends this way, and its queue pairs go
+/// with it. A close SEND completes within a round trip on a live fabric (microseconds; about
+/// 2 ms on the soft-RoCE guests, the slowest path we run); a link that is dead without having
+/// failed yet gives nothing in time, and costs a shutdown this once, however many closes and
+/// link groups it holds.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(100);
+
 /// A TCP socket whose FIN waits for the delivery of our close over `link`; a reset if the
 /// delivery fails or never comes. A future: run on a runtime, it closes the socket as soon
-/// as the close is delivered. Dropped before that, it looks once more, without waiting.
+/// as the close is delivered. Dropped before that, it waits for the delivery for at most its
+/// share of a [`ShutdownWait`].
 pub(crate) struct FinOnDelivery {
     /// Ready with whether the close was delivered (`false`: the link failed first).
     delivered: Box<PollDelivered>,
     tcp: Option<Arc<TcpStream>>,
     /// The socket's own `SO_LINGER`, put back for the FIN.
     linger: Option<Duration>,
-    /// The link's wait at a shutdown: used once spawned on a runtime, which drops it unfinished
-    /// only when it shuts down, where a short wait for the delivery is worth it.
-    wait: Arc<ShutdownWait>,
-    on_runtime: bool,
+    /// The wait shared by the closes dropped unfinished ([`SHUTDOWN_WAIT`]).
+    wait: &'static ShutdownWait,
+    /// Reset past it ([`DELIVERY_BOUND`]); set when first polled.
+    bound: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-/// How long the closes still in flight over one link when their runtime shuts down wait, all
-/// together, for their delivery before their sockets reset (a process that returns from `main`
-/// right after it dropped its streams ends this way, and its queue pairs go with it). A close
-/// SEND completes within a round trip on a live fabric (microseconds; about 2 ms on the
-/// soft-RoCE guests, the slowest path we run); a link that is dead without having failed yet
-/// gives nothing in time, and costs the shutdown this once, however many closes it holds.
-const SHUTDOWN_WAIT: Duration = Duration::from_millis(100);
+/// The one wait that the closes dropped unfinished share: the first one dropped starts it, and
+/// those dropped until a second past its end share it; one dropped later starts another.
+#[derive(Debug)]
+pub(crate) struct ShutdownWait {
+    /// Its end, in milliseconds since `EPOCH`, plus one (zero: never started).
+    end: std::sync::atomic::AtomicU64,
+    wait: Duration,
+}
 
-/// The one wait ([`SHUTDOWN_WAIT`]) that the closes in flight over a link share when a shutdown
-/// drops them: the first one dropped starts it, and the others dropped within a second of its
-/// end share it; one dropped later (another runtime's shutdown) starts another.
-#[derive(Debug, Default)]
-pub(crate) struct ShutdownWait(std::sync::atomic::AtomicU64);
+/// The process's shutdown wait.
+pub(crate) static SHUTDOWN: ShutdownWait = ShutdownWait::new(SHUTDOWN_WAIT);
 
 impl ShutdownWait {
+    const fn new(wait: Duration) -> ShutdownWait {
+        ShutdownWait { end: std::sync::atomic::AtomicU64::new(0), wait }
+    }
+
     /// When the wait of a close dropped now ends.
-    fn ends(&self) -> std::time::Instant {
+    fn ends(&self) -> Instant {
         use std::sync::atomic::Ordering::Relaxed;
-        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-        let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let epoch = *EPOCH.get_or_init(Instant::now);
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        // Milliseconds since `epoch`, plus one: zero is "never started".
-        let now = ms(epoch.elapsed()) + 1;
-        let fresh = now + ms(SHUTDOWN_WAIT);
+        let now = ms(epoch.elapsed()).saturating_add(1);
+        let fresh = now.saturating_add(ms(self.wait));
         // Relaxed: a deadline, nothing is published through it.
-        let end = match self.0.fetch_update(Relaxed, Relaxed, |end| (end == 0 || end + 1000 < now).then_some(fresh)) {
+        let stale = |end: u64| end == 0 || end.saturating_add(1000) < now;
+        let end = match self.end.fetch_update(Relaxed, Relaxed, |end| stale(end).then_some(fresh)) {
             Ok(_) => fresh,
             Err(end) => end,
         };
@@ -76,23 +95,40 @@ impl ShutdownWait {
     }
 }
 
+thread_local! {
+    /// Closes dropped where their wait must not run: inside `spawn` (a runtime that is shutting
+    /// down drops the task there), or without a runtime, both under the connection's lock.
+    /// [`settle_deferred`] waits for them once the lock is let go.
+    static DEFERRED: RefCell<Vec<FinOnDelivery>> = const { RefCell::new(Vec::new()) };
+    /// Set while `spawn` runs on this thread.
+    static IN_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Waits for the closes this thread deferred ([`DEFERRED`]): called where no connection's lock
+/// is held.
+pub(crate) fn settle_deferred() {
+    while let Some(f) = DEFERRED.try_with(|d| d.borrow_mut().pop()).ok().flatten() {
+        drop(f);
+    }
+}
+
 impl FinOnDelivery {
     /// Holds `tcp` until every message handed to `link` so far (the close among them) is
     /// delivered. Sets the socket's linger to zero meanwhile.
-    pub(crate) fn new(link: Arc<dyn Link>, tcp: Arc<TcpStream>, wait: Arc<ShutdownWait>) -> FinOnDelivery {
+    pub(crate) fn new(link: Arc<dyn Link>, tcp: Arc<TcpStream>) -> FinOnDelivery {
         let mark = link.tx_mark();
-        Self::with(tcp, wait, move |cx| link.poll_delivered(cx, mark).map(|r| r.is_ok()))
+        Self::with(tcp, &SHUTDOWN, move |cx| link.poll_delivered(cx, mark).map(|r| r.is_ok()))
     }
 
     fn with(
         tcp: Arc<TcpStream>,
-        wait: Arc<ShutdownWait>,
+        wait: &'static ShutdownWait,
         delivered: impl FnMut(&mut Context<'_>) -> Poll<bool> + Send + 'static,
     ) -> FinOnDelivery {
         // A socket whose linger cannot be read has the default: none.
         let linger = socket2::SockRef::from(&*tcp).linger().unwrap_or(None);
         crate::sys::set_zero_linger(&*tcp);
-        FinOnDelivery { delivered: Box::new(delivered), tcp: Some(tcp), linger, wait, on_runtime: false }
+        FinOnDelivery { delivered: Box::new(delivered), tcp: Some(tcp), linger, wait, bound: None }
     }
 
     /// Closes the socket as the delivery came out: with a FIN, its linger put back, once
@@ -112,15 +148,26 @@ impl FinOnDelivery {
         Some(delivered)
     }
 
-    /// Runs to the end on the current runtime; without one, settles now.
-    pub(crate) fn spawn(mut self) {
+    /// Runs to the end on the current runtime. Without one, or when the runtime is shutting
+    /// down, the wait is deferred until [`settle_deferred`] (the caller holds its connection's
+    /// lock).
+    pub(crate) fn spawn(self) {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                self.on_runtime = true;
+                let was = IN_SPAWN.replace(true);
                 drop(rt.spawn(self));
+                IN_SPAWN.set(was);
             }
-            Err(_) => drop(self),
+            // Waits once the caller let go of its lock.
+            Err(_) => defer(self),
         }
+    }
+}
+
+/// Leaves `f` to [`settle_deferred`] on this thread (or, at its exit, to its drop).
+fn defer(f: FinOnDelivery) {
+    if let Err(e) = DEFERRED.try_with(|d| d.borrow_mut().push(f)) {
+        tracing::debug!(error = %e, "this thread is ending: its close over rdma waits now");
     }
 }
 
@@ -128,10 +175,17 @@ impl Future for FinOnDelivery {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.get_mut().settle(cx) {
-            Some(_) => Poll::Ready(()),
-            None => Poll::Pending,
+        let me = self.get_mut();
+        if me.settle(cx).is_some() {
+            return Poll::Ready(());
         }
+        let bound = me.bound.get_or_insert_with(|| Box::pin(tokio::time::sleep(DELIVERY_BOUND)));
+        if bound.as_mut().poll(cx).is_ready() {
+            tracing::debug!(bound = ?DELIVERY_BOUND, "our close over rdma was not delivered in time: the tcp connection ends with a reset");
+            me.tcp = None;
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -140,22 +194,28 @@ impl Drop for FinOnDelivery {
         if self.tcp.is_none() {
             return;
         }
-        // Not run to the end (no runtime, or its runtime shut down): a close delivered by now
-        // still ends with a FIN; one still in flight with a reset. Dropped by a runtime's
-        // shutdown, it waits a little for the delivery first (no lock of ours is held there;
-        // without a runtime the caller may hold its connection's).
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        let until = if self.on_runtime { Some(self.wait.ends()) } else { None };
-        while self.settle(&mut cx).is_none() {
-            match until {
-                // Nothing else may reap the completions now (the group's driver went with the
-                // runtime): each look reaps them itself.
-                Some(t) if std::time::Instant::now() < t => std::thread::sleep(Duration::from_micros(200)),
-                _ => {
-                    self.tcp = None;
-                    return;
-                }
+        if IN_SPAWN.try_with(std::cell::Cell::get).unwrap_or(false) {
+            // Dropped inside `spawn` (its runtime is shutting down), under the connection's
+            // lock: the wait runs once the lock is let go, unless it is delivered already.
+            if self.settle(&mut cx).is_none() {
+                let delivered = std::mem::replace(&mut self.delivered, Box::new(|_| Poll::Ready(false)));
+                let (tcp, linger, wait) = (self.tcp.take(), self.linger, self.wait);
+                defer(FinOnDelivery { delivered, tcp, linger, wait, bound: None });
             }
+            return;
+        }
+        // Dropped by a runtime's shutdown, or deferred and let go by `settle_deferred`: a close
+        // delivered by now still ends with a FIN, one still in flight after the shared wait
+        // with a reset. Nothing else may reap
+        // the completions now (the group's driver may be gone): each look reaps them itself.
+        let until = self.wait.ends();
+        while self.settle(&mut cx).is_none() {
+            if Instant::now() >= until {
+                self.tcp = None;
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 }
@@ -182,10 +242,12 @@ mod tests {
         }
     }
 
-    fn fin(tcp: Arc<TcpStream>) -> (FinOnDelivery, Arc<Scripted>) {
+    /// A close over `tcp` whose delivery the test decides, with a shutdown wait of its own.
+    fn fin(tcp: Arc<TcpStream>, wait: Duration) -> (FinOnDelivery, Arc<Scripted>) {
         let d = Arc::new(Scripted::default());
         let polled = d.clone();
-        let f = FinOnDelivery::with(tcp, Arc::default(), move |cx| {
+        let wait = Box::leak(Box::new(ShutdownWait::new(wait)));
+        let f = FinOnDelivery::with(tcp, wait, move |cx| {
             let mut s = polled.0.lock().unwrap();
             match s.0 {
                 Some(ok) => Poll::Ready(ok),
@@ -207,7 +269,7 @@ mod tests {
     /// What the peer reads at the end: `Ok(0)` for a FIN, the error for a reset.
     async fn end_seen(peer: &mut TcpStream) -> std::io::Result<usize> {
         let mut b = [0u8; 8];
-        tokio::time::timeout(Duration::from_secs(10), peer.read(&mut b)).await.expect("the peer heard of the end")
+        tokio::time::timeout(Duration::from_secs(120), peer.read(&mut b)).await.expect("the peer heard of the end")
     }
 
     fn linger(tcp: &TcpStream) -> Option<Duration> {
@@ -219,7 +281,7 @@ mod tests {
         let (tcp, mut peer) = pair().await;
         socket2::SockRef::from(&*tcp).set_linger(Some(Duration::from_secs(3))).unwrap();
         let kept = tcp.clone();
-        let (f, d) = fin(tcp);
+        let (f, d) = fin(tcp, Duration::ZERO);
         assert_eq!(linger(&kept), Some(Duration::ZERO), "a close in flight ends with a reset");
         let task = tokio::spawn(f);
         for _ in 0..3 {
@@ -236,7 +298,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_delivery_ends_with_a_reset() {
         let (tcp, mut peer) = pair().await;
-        let (f, d) = fin(tcp);
+        let (f, d) = fin(tcp, Duration::ZERO);
         let task = tokio::spawn(f);
         tokio::task::yield_now().await;
         d.deliver(false);
@@ -244,30 +306,31 @@ mod tests {
         assert_eq!(end_seen(&mut peer).await.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
     }
 
-    #[tokio::test]
-    async fn dropped_before_its_delivery_it_resets_and_after_it_sends_a_fin() {
+    /// A close whose delivery never comes (a peer that posts no receives: its queue pair
+    /// retries for good) resets its socket after the bound, as the kernel lets go of an
+    /// orphaned socket whose peer does not answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_delivery_that_never_comes_ends_with_a_reset_after_the_bound() {
         let (tcp, mut peer) = pair().await;
-        let (f, _d) = fin(tcp);
-        drop(f);
+        let (f, _d) = fin(tcp, Duration::ZERO);
+        let task = tokio::spawn(f);
+        let started = tokio::time::Instant::now();
         assert_eq!(end_seen(&mut peer).await.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
-
-        let (tcp, mut peer) = pair().await;
-        let (f, d) = fin(tcp);
-        d.deliver(true);
-        drop(f);
-        assert_eq!(end_seen(&mut peer).await.unwrap(), 0);
+        assert!(started.elapsed() >= DELIVERY_BOUND, "reset before the bound: {:?}", started.elapsed());
+        task.await.unwrap();
     }
 
-    /// A runtime's shutdown drops a close still in flight: it waits a little for the delivery.
-    fn dropped_by_a_shutdown(deliver_after: Option<Duration>) -> std::io::Result<usize> {
+    /// A runtime's shutdown drops a close still in flight: it waits for the delivery, within
+    /// its shutdown wait.
+    fn dropped_by_a_shutdown(deliver_after: Option<Duration>, wait: Duration) -> std::io::Result<usize> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut peer, _) = l.accept().unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         c.set_nonblocking(true).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let d = rt.block_on(async {
-            let (f, d) = fin(Arc::new(TcpStream::from_std(c).unwrap()));
+            let (f, d) = fin(Arc::new(TcpStream::from_std(c).unwrap()), wait);
             f.spawn();
             d
         });
@@ -286,12 +349,98 @@ mod tests {
 
     #[test]
     fn a_close_delivered_while_its_runtime_shuts_down_ends_with_a_fin() {
-        assert_eq!(dropped_by_a_shutdown(Some(Duration::from_millis(20))).unwrap(), 0);
+        assert_eq!(dropped_by_a_shutdown(Some(Duration::from_millis(20)), Duration::from_secs(20)).unwrap(), 0);
     }
 
     #[test]
     fn a_close_never_delivered_while_its_runtime_shuts_down_ends_with_a_reset() {
-        let e = dropped_by_a_shutdown(None).unwrap_err();
+        let e = dropped_by_a_shutdown(None, Duration::from_millis(50)).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
+    }
+
+    /// Outside any runtime (a stream dropped after its runtime's `block_on` returned) the
+    /// close is kept until the caller has let go of its connection's lock
+    /// (`settle_deferred`), then waits for its delivery.
+    #[test]
+    fn a_close_outside_any_runtime_waits_for_its_delivery_once_deferred_ones_settle() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        c.set_nonblocking(true).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let tcp = rt.block_on(async { Arc::new(TcpStream::from_std(c).unwrap()) });
+        let (f, d) = fin(tcp, Duration::from_secs(20));
+        f.spawn();
+        // Kept, not closed: the peer hears nothing yet.
+        peer.set_nonblocking(true).unwrap();
+        let nothing = std::io::Read::read(&mut peer, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
+        peer.set_nonblocking(false).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let deliverer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            d.deliver(true);
+        });
+        settle_deferred();
+        deliverer.join().unwrap();
+        assert_eq!(std::io::Read::read(&mut peer, &mut [0u8; 8]).unwrap(), 0, "not a FIN");
+        drop(rt);
+    }
+
+    #[tokio::test]
+    async fn dropped_before_its_delivery_it_resets_and_after_it_sends_a_fin() {
+        let (tcp, mut peer) = pair().await;
+        let (f, _d) = fin(tcp, Duration::ZERO);
+        drop(f);
+        assert_eq!(end_seen(&mut peer).await.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
+
+        let (tcp, mut peer) = pair().await;
+        let (f, d) = fin(tcp, Duration::ZERO);
+        d.deliver(true);
+        drop(f);
+        assert_eq!(end_seen(&mut peer).await.unwrap(), 0);
+    }
+
+    /// A stream dropped while its runtime shuts down spawns its close on that runtime, which
+    /// drops the task inside `spawn`, under the connection's lock: the wait is deferred until
+    /// `settle_deferred` (after the lock), not run there.
+    #[test]
+    fn a_close_spawned_on_a_runtime_shutting_down_waits_only_once_deferred_ones_settle() {
+        struct SpawnsOnDrop(Option<FinOnDelivery>, Arc<std::sync::atomic::AtomicUsize>);
+        impl Drop for SpawnsOnDrop {
+            fn drop(&mut self) {
+                if let Some(f) = self.0.take() {
+                    f.spawn();
+                    let deferred = DEFERRED.with(|d| d.borrow().len());
+                    self.1.store(deferred, std::sync::atomic::Ordering::SeqCst);
+                    settle_deferred();
+                }
+            }
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.set_nonblocking(true).unwrap();
+        let deferred = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let d = rt.block_on(async {
+            let (f, d) = fin(Arc::new(TcpStream::from_std(c).unwrap()), Duration::from_secs(20));
+            let guard = SpawnsOnDrop(Some(f), deferred.clone());
+            tokio::spawn(async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            });
+            tokio::task::yield_now().await;
+            d
+        });
+        let deliverer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            d.deliver(true);
+        });
+        drop(rt);
+        deliverer.join().unwrap();
+        assert_eq!(deferred.load(std::sync::atomic::Ordering::SeqCst), 1, "the close was not deferred");
+        assert_eq!(std::io::Read::read(&mut peer, &mut [0u8; 8]).unwrap(), 0, "not a FIN");
     }
 }
