@@ -609,3 +609,67 @@ async fn bytes_the_peer_sent_while_a_failed_move_ran_are_read() {
     assert_eq!(String::from_utf8_lossy(&rest), "the tail", "{end:?}");
     assert_eq!(end.unwrap(), 8, "then the end of its stream, as its close said");
 }
+
+/// As above, with the peer writing its tail in more small pieces than a move keeps messages
+/// (each piece is a CDC message of its own): the older ones are folded in while the move runs,
+/// and the reads still end with every byte and the peer's clean end. They ended in a protocol
+/// error ("more CDC messages than a move keeps") before. The client runs on a runtime of its
+/// own, whose driver takes the messages while this thread writes without yielding, so that the
+/// peer's side never sees the client's frame before it goes.
+#[tokio::test]
+async fn more_messages_than_a_move_keeps_while_it_fails_are_all_read() {
+    use std::future::Future;
+    const PIECES: usize = 20_000;
+    let ctx = smc_tokio::Context::new();
+    let l = smc_tokio::SmcListener::builder().context(&ctx).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let client_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let builder = SmcStream::builder().context(&ctx);
+    let connect = client_rt.spawn(async move { builder.connect(addr).await });
+    let (mut server, _) = bounded(10, l.accept()).await.unwrap();
+    let mut client = bounded(10, connect).await.unwrap().unwrap();
+    assert_eq!(client.transport(), Transport::SmcD);
+    server.write_all(b"before ").await.unwrap();
+    server.flush().await.unwrap();
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let reader = client_rt.spawn(async move {
+        let mut first = [0u8; 7];
+        client.read_exact(&mut first).await.unwrap();
+        let moved = {
+            let mut moving = std::pin::pin!(client.hand_back());
+            std::future::poll_fn(|cx| {
+                assert!(moving.as_mut().poll(cx).is_pending(), "the move waits for the peer");
+                std::task::Poll::Ready(())
+            })
+            .await;
+            let _ = started_tx.send(());
+            moving.await
+        };
+        let mut rest = Vec::new();
+        let end = client.read_to_end(&mut rest).await;
+        (moved.is_ok(), rest, end)
+    });
+    bounded(10, started).await.unwrap();
+    // One message a piece, written without yielding: this runtime (the server's side, its
+    // socket's watcher among its tasks) runs nothing meanwhile.
+    let tail: Vec<u8> = (0..PIECES).map(|i| (i % 251) as u8).collect();
+    let t = Instant::now();
+    for b in tail.chunks(1) {
+        loop {
+            match server.try_write(b) {
+                Ok(1) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(t.elapsed() < Duration::from_secs(20), "the peer's ring stayed full");
+                    std::thread::yield_now();
+                }
+                other => panic!("a piece gave {other:?}"),
+            }
+        }
+    }
+    drop(server);
+    let (moved, rest, end) = bounded(30, reader).await.unwrap();
+    assert!(!moved, "the peer went: no move");
+    assert!(rest == tail, "read {} of {PIECES} bytes, then {end:?}", rest.len());
+    assert_eq!(end.unwrap(), PIECES, "then the end of its stream, as its close said");
+    client_rt.shutdown_background();
+}

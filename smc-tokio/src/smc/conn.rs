@@ -284,14 +284,17 @@ struct ConnState {
     /// bytes the peer sent before its abort are unread ([`SmcConn::pay_abort`]).
     abort_owed: bool,
     /// CDC messages that came while a move ran, taken in if it fails (at most
-    /// [`MOVING_CDC_MAX`]; more sets `moving_cdc_lost`).
+    /// [`MOVING_CDC_MAX`]; older ones are folded into the engine, see
+    /// [`SmcConn::fold_moving_cdc`]).
     moving_cdc: Vec<CdcMsg>,
-    moving_cdc_lost: bool,
+    /// Why a message folded in while the move ran broke the protocol: the connection's error if
+    /// the move fails.
+    moving_cdc_fault: Option<String>,
 }
 
-/// CDC messages kept while a move runs: as many as a CDC ring holds
-/// ([`MAX_CDC_SLOTS`](crate::link::shm::region::MAX_CDC_SLOTS)); a peer that sends more while
-/// our consumer cursor stands still sends cursor updates, which a failed move then misses.
+/// CDC messages kept whole while a move runs: as many as a CDC ring holds
+/// ([`MAX_CDC_SLOTS`](crate::link::shm::region::MAX_CDC_SLOTS)). A peer that writes small
+/// pieces sends a message for each, and can send thousands before its ring fills.
 const MOVING_CDC_MAX: usize = 1024;
 
 /// Who reads: the handle that lends ring bytes (`fill_buf`) and so may end a lend, or another
@@ -756,7 +759,7 @@ impl SmcConn {
                 live: false,
                 abort_owed: false,
                 moving_cdc: Vec::new(),
-                moving_cdc_lost: false,
+                moving_cdc_fault: None,
             }),
             me: me.clone(),
             handback_over: tokio::sync::Notify::new(),
@@ -2100,11 +2103,10 @@ impl SmcConn {
             // goes through (the peer resends whatever we did not consume), and is taken in if
             // it fails (`handback_over`): what the peer wrote, and its close, before it went.
             if matches!(st.handback, Handback::Moving(_)) {
-                if st.moving_cdc.len() < MOVING_CDC_MAX {
-                    st.moving_cdc.push(*msg);
-                } else {
-                    st.moving_cdc_lost = true;
+                if st.moving_cdc.len() == MOVING_CDC_MAX {
+                    self.fold_moving_cdc(&mut st);
                 }
+                st.moving_cdc.push(*msg);
             }
             return;
         }
@@ -2123,14 +2125,57 @@ impl SmcConn {
         self.maybe_finish(st);
     }
 
-    /// Takes in one CDC message of a connection that has not ended.
-    fn apply_cdc(&self, st: &mut ConnState, msg: &CdcMsg) {
+    /// Makes room among the messages a move keeps ([`MOVING_CDC_MAX`]): the older half is taken
+    /// into the engine now, as a failed move would take it (its cursors and flags counted, bytes
+    /// that came inline placed in the ring), without its other effects, which a failed move's
+    /// end brings about for all at once (the wake-ups) or which the kept messages after it
+    /// bring (a close or an abort is a peer's last message). If the move goes through, this is
+    /// void, as the kept messages are; a message that breaks the protocol is the connection's
+    /// error if the move fails.
+    fn fold_moving_cdc(&self, st: &mut ConnState) {
+        let n = st.moving_cdc.len() / 2;
+        let older: Vec<CdcMsg> = st.moving_cdc.drain(..n).collect();
+        if st.moving_cdc_fault.is_some() {
+            return;
+        }
+        self.set_rx_max(st);
+        for msg in &older {
+            let placed = match st.engine.on_cdc(msg) {
+                Ok((_, Some(spans))) => match (self.group.link(), st.peer_token) {
+                    (Some(link), Some(peer)) => {
+                        link.rx_place_inline(link.rx_token(self.our_token, peer), spans, msg.inline()).map(drop)
+                    }
+                    _ => Ok(()),
+                },
+                Ok((_, None)) => Ok(()),
+                Err(e) => {
+                    st.moving_cdc_fault = Some(e.to_string());
+                    return;
+                }
+            };
+            if let Err(e) = placed {
+                st.moving_cdc_fault = Some(e.to_string());
+                return;
+            }
+            if msg.ring_size().is_some() {
+                st.inline = None;
+            }
+        }
+    }
+
+    /// The largest ring the peer may resize ours to, told to the engine once the link is known.
+    fn set_rx_max(&self, st: &mut ConnState) {
         if !st.rx_max_set {
             if let Some(max) = self.group.link().and_then(|l| RingSize::new(l.rx_rmb_size())) {
                 st.engine.set_rx_max(max);
                 st.rx_max_set = true;
             }
         }
+    }
+
+    /// Takes in one CDC message of a connection that has not ended.
+    fn apply_cdc(&self, st: &mut ConnState, msg: &CdcMsg) {
+        self.set_rx_max(st);
         let at = st.engine.peer_prod();
         match st.engine.on_cdc(msg) {
             Ok((effect, inline)) => {
@@ -2622,16 +2667,18 @@ impl SmcConn {
                     st.inline = None;
                 }
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
-                // What the peer sent while the move ran (bytes, its close), before it went.
+                // What the peer sent while the move ran (bytes, its close), before it went: the
+                // messages folded in meanwhile first (their fault, if one broke the protocol),
+                // then those kept.
+                if let Some(fault) = st.moving_cdc_fault.take() {
+                    st.moving_cdc.clear();
+                    self.fail_locked(&mut st, ConnError::Protocol(fault));
+                }
                 for m in std::mem::take(&mut st.moving_cdc) {
                     if st.error.is_some() {
                         break;
                     }
                     self.apply_cdc(&mut st, &m);
-                }
-                if std::mem::take(&mut st.moving_cdc_lost) {
-                    let e = ConnError::Protocol("more CDC messages than a move keeps came while it ran".into());
-                    st.error.get_or_insert(e);
                 }
                 // A peer that closed in order before it went ends the stream as TCP's FIN does,
                 // whatever our frame met on its socket after.
@@ -2646,7 +2693,7 @@ impl SmcConn {
         // The link's word during a move that went through (or failed after the peer's frame)
         // is void.
         st.moving_cdc = Vec::new();
-        st.moving_cdc_lost = false;
+        st.moving_cdc_fault = None;
         // The link has no more use for the connection: its slot goes back to the group, or is
         // retired (above).
         st.link_down = true;

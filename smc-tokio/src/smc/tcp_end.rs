@@ -30,13 +30,14 @@ use crate::link::Link;
 type PollDelivered = dyn FnMut(&mut Context<'_>) -> Poll<bool> + Send;
 
 /// How long a close may wait for its delivery before its socket resets: as long as the kernel
-/// keeps an orphaned TCP socket whose peer does not answer (`net.ipv4.tcp_fin_timeout`, 60 s by
-/// default). A queue pair retries a peer that posts no receives for good (`rnr_retry` 7), so a
-/// stopped or hostile peer would otherwise hold the socket and its task while the group lives.
+/// keeps an orphaned TCP socket whose peer acknowledged its FIN and never closes
+/// (`net.ipv4.tcp_fin_timeout`, 60 s by default). A queue pair retries a peer that posts no
+/// receives for good (`rnr_retry` 7), so a stopped or hostile peer would otherwise hold the
+/// socket and its task while the group lives.
 const DELIVERY_BOUND: Duration = Duration::from_secs(60);
 
-/// How long the closes still in flight when their runtime shuts down, or dropped outside any
-/// runtime, wait for their delivery before their sockets reset, all together: a process that
+/// How long the closes still in flight when their runtime shuts down wait for their delivery
+/// before their sockets reset, all together: a process that
 /// returns from `main` right after it dropped its streams ends this way, and its queue pairs go
 /// with it. A close SEND completes within a round trip on a live fabric (microseconds; about
 /// 2 ms on the soft-RoCE guests, the slowest path we run); a link that is dead without having
@@ -97,8 +98,8 @@ impl ShutdownWait {
 
 thread_local! {
     /// Closes dropped where their wait must not run: inside `spawn` (a runtime that is shutting
-    /// down drops the task there), or without a runtime, both under the connection's lock.
-    /// [`settle_deferred`] waits for them once the lock is let go.
+    /// down drops the task there, under the connection's lock). [`settle_deferred`] waits for
+    /// them once the lock is let go (and the thread's end, for any left).
     static DEFERRED: RefCell<Vec<FinOnDelivery>> = const { RefCell::new(Vec::new()) };
     /// Set while `spawn` runs on this thread.
     static IN_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -148,9 +149,9 @@ impl FinOnDelivery {
         Some(delivered)
     }
 
-    /// Runs to the end on the current runtime. Without one, or when the runtime is shutting
-    /// down, the wait is deferred until [`settle_deferred`] (the caller holds its connection's
-    /// lock).
+    /// Runs to the end on the current runtime; without one, on the crate's waiting thread
+    /// ([`off_runtime`]). When the runtime is shutting down, the wait is deferred until
+    /// [`settle_deferred`] (the caller holds its connection's lock).
     pub(crate) fn spawn(self) {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -158,16 +159,83 @@ impl FinOnDelivery {
                 drop(rt.spawn(self));
                 IN_SPAWN.set(was);
             }
-            // Waits once the caller let go of its lock.
-            Err(_) => defer(self),
+            Err(_) => off_runtime(self),
         }
     }
 }
 
-/// Leaves `f` to [`settle_deferred`] on this thread (or, at its exit, to its drop).
+/// Leaves `f` to [`settle_deferred`] on this thread. A thread whose locals are going (its end)
+/// waits for it now instead.
 fn defer(f: FinOnDelivery) {
-    if let Err(e) = DEFERRED.try_with(|d| d.borrow_mut().push(f)) {
-        tracing::debug!(error = %e, "this thread is ending: its close over rdma waits now");
+    let mut f = Some(f);
+    let _ = DEFERRED.try_with(|d| {
+        if let Some(f) = f.take() {
+            d.borrow_mut().push(f);
+        }
+    });
+    if let Some(f) = f {
+        // Its drop must wait, not defer again.
+        let _ = IN_SPAWN.try_with(|s| s.set(false));
+        drop(f);
+    }
+}
+
+/// Closes dropped outside any runtime (a stream dropped after its runtime's `block_on`
+/// returned, under its connection's lock) wait for their delivery on a thread of this crate's,
+/// started on first use, which looks at each every millisecond until it is delivered, failed,
+/// or past [`DELIVERY_BOUND`]. Without that thread, a close waits where it is dropped.
+fn off_runtime(f: FinOnDelivery) {
+    type Queue = std::sync::mpsc::Sender<(FinOnDelivery, Instant)>;
+    static WAITER: std::sync::OnceLock<Option<Queue>> = std::sync::OnceLock::new();
+    let waiter = WAITER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let started = std::thread::Builder::new().name("smc-tokio-fin".into()).spawn(move || wait_for_deliveries(rx));
+        match started {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread to wait for closes over rdma off the runtime");
+                None
+            }
+        }
+    });
+    let until = Instant::now() + DELIVERY_BOUND;
+    match waiter {
+        Some(tx) => {
+            if let Err(e) = tx.send((f, until)) {
+                drop(e.0 .0);
+            }
+        }
+        None => drop(f),
+    }
+}
+
+/// The waiting thread of [`off_runtime`].
+fn wait_for_deliveries(rx: std::sync::mpsc::Receiver<(FinOnDelivery, Instant)>) {
+    let mut waiting: Vec<(FinOnDelivery, Instant)> = Vec::new();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        let next = if waiting.is_empty() {
+            rx.recv().map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(Duration::from_millis(1))
+        };
+        match next {
+            Ok(w) => waiting.push(w),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        waiting.retain_mut(|(f, until)| {
+            if f.settle(&mut cx).is_some() {
+                return false;
+            }
+            if now >= *until {
+                tracing::debug!(bound = ?DELIVERY_BOUND, "our close over rdma was not delivered in time: the tcp connection ends with a reset");
+                f.tcp = None;
+                return false;
+            }
+            true
+        });
     }
 }
 
@@ -359,10 +427,9 @@ mod tests {
     }
 
     /// Outside any runtime (a stream dropped after its runtime's `block_on` returned) the
-    /// close is kept until the caller has let go of its connection's lock
-    /// (`settle_deferred`), then waits for its delivery.
+    /// close waits for its delivery on the crate's waiting thread.
     #[test]
-    fn a_close_outside_any_runtime_waits_for_its_delivery_once_deferred_ones_settle() {
+    fn a_close_outside_any_runtime_waits_for_its_delivery_on_a_thread_of_its_own() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut peer, _) = l.accept().unwrap();
@@ -377,12 +444,8 @@ mod tests {
         assert_eq!(nothing.kind(), std::io::ErrorKind::WouldBlock);
         peer.set_nonblocking(false).unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let deliverer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
-            d.deliver(true);
-        });
-        settle_deferred();
-        deliverer.join().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        d.deliver(true);
         assert_eq!(std::io::Read::read(&mut peer, &mut [0u8; 8]).unwrap(), 0, "not a FIN");
         drop(rt);
     }
@@ -434,7 +497,12 @@ mod tests {
             tokio::task::yield_now().await;
             d
         });
+        // Delivered only once the close was deferred (or not).
+        let seen = deferred.clone();
         let deliverer = std::thread::spawn(move || {
+            while seen.load(std::sync::atomic::Ordering::SeqCst) == usize::MAX {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(Duration::from_millis(20));
             d.deliver(true);
         });

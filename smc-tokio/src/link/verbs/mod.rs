@@ -1034,10 +1034,9 @@ impl Link for VerbsLink {
             }
             if let Some(e) = self.ended() {
                 // Completions of sends that went before the end may still wait in the queue:
-                // what they complete was delivered.
-                if let Some(mut st) = crate::link::try_lock(&self.cqs) {
-                    self.reap(&mut st);
-                }
+                // what they complete was delivered. (Waits for a reaper that holds the queue:
+                // it may be taking that very completion.)
+                self.reap(&mut self.lock_cq());
                 if self.acked.load(Ordering::Acquire) >= mark {
                     return Poll::Ready(Ok(()));
                 }
