@@ -666,6 +666,17 @@ async fn more_messages_than_a_move_keeps_while_it_fails_are_all_read() {
             }
         }
     }
+    // Every message out before the close, still without yielding: a close that found the CDC
+    // ring full would wait for this runtime, whose watcher could meanwhile see the client's
+    // frame and move the server's side too.
+    {
+        let mut flush = std::pin::pin!(server.flush());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        while flush.as_mut().poll(&mut cx).is_pending() {
+            assert!(t.elapsed() < Duration::from_secs(20), "the pieces' messages never went");
+            std::thread::yield_now();
+        }
+    }
     drop(server);
     let (moved, rest, end) = bounded(30, reader).await.unwrap();
     assert!(!moved, "the peer went: no move");

@@ -119,6 +119,14 @@ const CONN_REGISTRATIONS: usize = 4 * WINDOW;
 /// never all of them. 4096 is the door's listen backlog.
 const MAX_CONNS: usize = 4096;
 
+/// The share of the door connections ([`conn_budget`]) that the clients of one uid other than
+/// the listener's own may hold, as a divisor: with other uids trusted
+/// (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections without end (one per
+/// process, runtime and context of its clients) leaves the rest for the listener's own uid and
+/// the others, whose clients would otherwise be sent to TCP. Half: a deployment trusts few
+/// uids, and the listener's own is not bounded by it.
+const OTHER_UID_SHARE: usize = 2;
+
 /// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
 /// batch at a time, between which the listener takes TCP connections.
 const DRAIN_BATCH: usize = 256;
@@ -766,6 +774,8 @@ struct Entry {
 #[derive(Default)]
 struct DoorState {
     conns: Vec<Arc<ServerConn>>,
+    /// How many of `conns` each uid's clients hold ([`OTHER_UID_SHARE`]).
+    conns_by_uid: HashMap<u32, usize>,
     /// The listener task, which watches the door connections: woken when one is accepted
     /// elsewhere (at a connection's look-up), so that it watches that one too.
     watcher: Option<Waker>,
@@ -945,7 +955,16 @@ impl DoorState {
         if let Ready::Set(ready) = &mut self.ready {
             ready.remove(conn);
         }
+        let before = self.conns.len();
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
+        if self.conns.len() < before {
+            if let Some(n) = self.conns_by_uid.get_mut(&conn.cred.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.conns_by_uid.remove(&conn.cred.uid);
+                }
+            }
+        }
     }
 
     /// Makes the readiness set of the door connections where there is none yet, or where it
@@ -974,6 +993,7 @@ impl DoorState {
                 self.ready = Ready::Off { since: Instant::now(), wait: READY_RETRY };
             }
         }
+        *self.conns_by_uid.entry(conn.cred.uid).or_default() += 1;
         self.conns.push(conn);
     }
 
@@ -1459,6 +1479,19 @@ impl Door {
             if st.conns.len() >= self.conn_budget {
                 // Closed: its client's registrations end, and its connections are TCP.
                 tracing::debug!(held = st.conns.len(), "door connection budget spent: refusing a client");
+                *refusals -= 1;
+                continue;
+            }
+            // SAFETY: geteuid cannot fail and has no preconditions.
+            let own = cred.uid == unsafe { libc::geteuid() };
+            let held = st.conns_by_uid.get(&cred.uid).copied().unwrap_or(0);
+            if !own && held >= (self.conn_budget / OTHER_UID_SHARE).max(1) {
+                tracing::debug!(
+                    uid = cred.uid,
+                    held,
+                    "door connections of another uid at its share: refusing a client"
+                );
+                self.counters.door_refused();
                 *refusals -= 1;
                 continue;
             }
@@ -3422,6 +3455,54 @@ mod tests {
         assert!(door.take(&mut st, client, server, queue.as_fd()).is_none());
         assert!(matches!(door.take(&mut st, client2, server, queue.as_fd()), Some(Matched::Early(_))));
         assert_eq!(st.count, 0);
+    }
+
+    /// With another uid trusted, its clients hold at most its share of the door connections
+    /// ([`OTHER_UID_SHARE`]): the rest stay for the clients of the listener's own uid, which
+    /// its share does not bound. (Its door connections took the whole budget before, and every
+    /// other client's connections went plain.) Needs root, to connect as another uid from a
+    /// thread of this process.
+    #[tokio::test]
+    async fn another_uid_holds_at_most_its_share_of_the_door_connections() {
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: not root");
+            return;
+        }
+        const STRANGER: u32 = 4242;
+        let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ctx = crate::Context::new();
+        let trusting =
+            Overrides { shm: Some(crate::config::ShmConfig::default().allow_uid(STRANGER)), ..Default::default() };
+        let server = queue.local_addr().unwrap();
+        let mut door =
+            Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), (server, 0, false), trusting, false)
+                .expect("a door");
+        door.conn_budget = 8;
+        let name = door.name().to_vec();
+        let theirs: Vec<OwnedFd> = std::thread::spawn(move || {
+            // SAFETY: the raw system call changes this thread's credentials only (glibc's
+            // wrapper would change every thread's); the thread ends after these connects.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, STRANGER, STRANGER, STRANGER) };
+            assert_eq!(r, 0, "setresuid: {}", io::Error::last_os_error());
+            (0..8).map(|_| sys::seqpacket_connect(&name).unwrap()).collect()
+        })
+        .join()
+        .unwrap();
+        let take = |door: &Door| {
+            let mut st = door.lock();
+            let mut refusals = 100;
+            door.accept_conns(&mut st, &mut refusals).unwrap();
+            (st.conns.len(), st.conns_by_uid.get(&STRANGER).copied().unwrap_or(0))
+        };
+        assert_eq!(take(&door), (4, 4), "the other uid's connections past its share were kept");
+        let ours: Vec<OwnedFd> = (0..5).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
+        assert_eq!(take(&door), (8, 4), "the listener's own uid did not get the rest");
+        // Ending one of the other uid's connections gives its place back to that uid.
+        let conn = door.lock().conns.iter().find(|c| c.cred.uid == STRANGER).cloned().unwrap();
+        door.lock().close(&conn);
+        assert_eq!(door.lock().conns_by_uid.get(&STRANGER).copied(), Some(3));
+        drop((theirs, ours));
     }
 
     /// A flood of knocks on the door (any local user may knock) costs the look-ups of one turn

@@ -2583,6 +2583,12 @@ impl SmcConn {
     /// The exchange ended: the stream is on TCP, or the connection ends as the result says.
     fn handback_over(&self, res: Result<(), crate::smc::handback::Failure>, tcp: Arc<TcpStream>) {
         use crate::smc::handback::Failure;
+        if res.is_err() {
+            // A failed move may take in what the link said while it ran: every message the
+            // peer published before its end counts, as when its TCP connection ends under SMC
+            // (`on_tcp_event`), not only those its group's driver had dispatched by now.
+            self.group.drain();
+        }
         let mut st = self.lock();
         let Handback::Moving(cause) = st.handback else { return };
         // What the socket needs, first: then the move's hold on it and the connection's go,
