@@ -3461,7 +3461,7 @@ mod tests {
     /// ([`OTHER_UID_SHARE`]): the rest stay for the clients of the listener's own uid, which
     /// its share does not bound. (Its door connections took the whole budget before, and every
     /// other client's connections went plain.) Needs root, to connect as another uid from a
-    /// thread of this process.
+    /// child process.
     #[tokio::test]
     async fn another_uid_holds_at_most_its_share_of_the_door_connections() {
         // SAFETY: geteuid cannot fail and has no preconditions.
@@ -3479,16 +3479,7 @@ mod tests {
             Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), (server, 0, false), trusting, false)
                 .expect("a door");
         door.conn_budget = 8;
-        let name = door.name().to_vec();
-        let theirs: Vec<OwnedFd> = std::thread::spawn(move || {
-            // SAFETY: the raw system call changes this thread's credentials only (glibc's
-            // wrapper would change every thread's); the thread ends after these connects.
-            let r = unsafe { libc::syscall(libc::SYS_setresuid, STRANGER, STRANGER, STRANGER) };
-            assert_eq!(r, 0, "setresuid: {}", io::Error::last_os_error());
-            (0..8).map(|_| sys::seqpacket_connect(&name).unwrap()).collect()
-        })
-        .join()
-        .unwrap();
+        let theirs = sys::seqpacket_connect_as(STRANGER, door.name(), 8).expect("connected as another uid");
         let take = |door: &Door| {
             let mut st = door.lock();
             let mut refusals = 100;

@@ -1423,6 +1423,44 @@ pub(crate) fn seqpacket_connect(name: &[u8]) -> io::Result<OwnedFd> {
     seqpacket_connect_with(seqpacket()?, name).map_err(|(_, e)| e)
 }
 
+/// Test helper: `n` SOCK_SEQPACKET sockets connected to the abstract `name` by a forked child
+/// running as `uid` (so that `SO_PEERCRED` names `uid`), the child gone by the time it returns.
+/// A child, not a thread of ours: changing a thread's uid makes the whole process undumpable,
+/// which changes what other tests see. Needs root.
+#[cfg(test)]
+pub(crate) fn seqpacket_connect_as(uid: u32, name: &[u8], n: usize) -> io::Result<Vec<OwnedFd>> {
+    let socks = (0..n).map(|_| seqpacket()).collect::<io::Result<Vec<OwnedFd>>>()?;
+    let raw: Vec<std::os::fd::RawFd> = socks.iter().map(|s| s.as_raw_fd()).collect();
+    let (addr, len) = abstract_addr(name)?;
+    // SAFETY: fork in a multi-threaded process: the child only makes async-signal-safe system
+    // calls (setresuid, connect, _exit) on memory prepared before the fork, then exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: see above; `addr` is a valid sockaddr_un of `len` bytes, the descriptors are
+        // the child's copies of ours.
+        unsafe {
+            let uid = libc::c_long::from(uid);
+            if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
+                libc::_exit(1);
+            }
+            for fd in &raw {
+                if libc::connect(*fd, (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
+                    libc::_exit(2);
+                }
+            }
+            libc::_exit(0);
+        }
+    }
+    cvt(pid)?;
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is valid for writes.
+    cvt(unsafe { libc::waitpid(pid, &mut status, 0) })?;
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(io::Error::other(format!("the child connecting as uid {uid} failed: status {status}")));
+    }
+    Ok(socks)
+}
+
 /// A fresh (unconnected) SOCK_SEQPACKET socket, for [`seqpacket_connect_with`], that refuses
 /// descriptors where the kernel can ([`refuse_descriptors`]): a client probing door names
 /// never receives one, so a squatter cannot queue any into it.
