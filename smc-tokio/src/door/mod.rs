@@ -119,13 +119,14 @@ const CONN_REGISTRATIONS: usize = 4 * WINDOW;
 /// never all of them. 4096 is the door's listen backlog.
 const MAX_CONNS: usize = 4096;
 
-/// The share of the door connections ([`conn_budget`]) that the clients of one uid other than
-/// the listener's own may hold, as a divisor: with other uids trusted
-/// (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections without end (one per
-/// process, runtime and context of its clients) leaves the rest for the listener's own uid and
-/// the others, whose clients would otherwise be sent to TCP. Half: a deployment trusts few
-/// uids, and the listener's own is not bounded by it.
-const OTHER_UID_SHARE: usize = 2;
+/// The shares of the door connections ([`conn_budget`]) that the clients of uids other than the
+/// listener's own may hold, as divisors: all of them together half, any one of them a quarter.
+/// With other uids trusted (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections
+/// without end (one per process, runtime and context of its clients) would otherwise take them
+/// all, and every other client's connections would go plain: half stays for the listener's own
+/// uid, which no share bounds, and a quarter at least for the other uids besides the greedy one.
+const OTHER_UIDS_SHARE: usize = 2;
+const OTHER_UID_SHARE: usize = 4;
 
 /// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
 /// batch at a time, between which the listener takes TCP connections.
@@ -774,7 +775,7 @@ struct Entry {
 #[derive(Default)]
 struct DoorState {
     conns: Vec<Arc<ServerConn>>,
-    /// How many of `conns` each uid's clients hold ([`OTHER_UID_SHARE`]).
+    /// How many of `conns` each uid's clients hold ([`OTHER_UID_SHARE`], [`OTHER_UIDS_SHARE`]).
     conns_by_uid: HashMap<u32, usize>,
     /// The listener task, which watches the door connections: woken when one is accepted
     /// elsewhere (at a connection's look-up), so that it watches that one too.
@@ -1483,17 +1484,22 @@ impl Door {
                 continue;
             }
             // SAFETY: geteuid cannot fail and has no preconditions.
-            let own = cred.uid == unsafe { libc::geteuid() };
-            let held = st.conns_by_uid.get(&cred.uid).copied().unwrap_or(0);
-            if !own && held >= (self.conn_budget / OTHER_UID_SHARE).max(1) {
-                tracing::debug!(
-                    uid = cred.uid,
-                    held,
-                    "door connections of another uid at its share: refusing a client"
-                );
-                self.counters.door_refused();
-                *refusals -= 1;
-                continue;
+            let own = unsafe { libc::geteuid() };
+            if cred.uid != own {
+                let held = st.conns_by_uid.get(&cred.uid).copied().unwrap_or(0);
+                let others = st.conns.len() - st.conns_by_uid.get(&own).copied().unwrap_or(0);
+                let share = |d: usize| (self.conn_budget / d).max(1);
+                if held >= share(OTHER_UID_SHARE) || others >= share(OTHER_UIDS_SHARE) {
+                    // Closed, as past the budget.
+                    tracing::debug!(
+                        uid = cred.uid,
+                        held,
+                        others,
+                        "door connections of other uids at their share: refusing a client"
+                    );
+                    *refusals -= 1;
+                    continue;
+                }
             }
             // Registrations carry no descriptors: refuse them where the kernel can.
             sys::refuse_descriptors(conn.as_fd());
@@ -3457,43 +3463,55 @@ mod tests {
         assert_eq!(st.count, 0);
     }
 
-    /// With another uid trusted, its clients hold at most its share of the door connections
-    /// ([`OTHER_UID_SHARE`]): the rest stay for the clients of the listener's own uid, which
-    /// its share does not bound. (Its door connections took the whole budget before, and every
-    /// other client's connections went plain.) Needs root, to connect as another uid from a
-    /// child process.
+    /// With other uids trusted, the clients of any one of them hold at most a quarter of the
+    /// door connections and all of them together half ([`OTHER_UID_SHARE`],
+    /// [`OTHER_UIDS_SHARE`]): the rest stay for the clients of the listener's own uid, which no
+    /// share bounds. (One other uid's door connections took the whole budget before, and every
+    /// other client's connections went plain.) Needs root (and uids to take), to connect as
+    /// other uids from a child process.
     #[tokio::test]
-    async fn another_uid_holds_at_most_its_share_of_the_door_connections() {
+    async fn other_uids_hold_at_most_their_shares_of_the_door_connections() {
         // SAFETY: geteuid cannot fail and has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: not root");
             return;
         }
-        const STRANGER: u32 = 4242;
+        const STRANGERS: [u32; 3] = [4242, 4243, 4244];
         let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let ctx = crate::Context::new();
-        let trusting =
-            Overrides { shm: Some(crate::config::ShmConfig::default().allow_uid(STRANGER)), ..Default::default() };
+        let shm = STRANGERS.iter().fold(crate::config::ShmConfig::default(), |c, &u| c.allow_uid(u));
+        let trusting = Overrides { shm: Some(shm), ..Default::default() };
         let server = queue.local_addr().unwrap();
         let mut door =
             Door::open(ctx.settings_handle().clone(), ctx.counters().clone(), (server, 0, false), trusting, false)
                 .expect("a door");
         door.conn_budget = 8;
-        let theirs = sys::seqpacket_connect_as(STRANGER, door.name(), 8).expect("connected as another uid");
         let take = |door: &Door| {
             let mut st = door.lock();
             let mut refusals = 100;
             door.accept_conns(&mut st, &mut refusals).unwrap();
-            (st.conns.len(), st.conns_by_uid.get(&STRANGER).copied().unwrap_or(0))
+            let by = |u: &u32| st.conns_by_uid.get(u).copied().unwrap_or(0);
+            (st.conns.len(), STRANGERS.iter().map(by).collect::<Vec<_>>())
         };
-        assert_eq!(take(&door), (4, 4), "the other uid's connections past its share were kept");
-        let ours: Vec<OwnedFd> = (0..5).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect();
-        assert_eq!(take(&door), (8, 4), "the listener's own uid did not get the rest");
-        // Ending one of the other uid's connections gives its place back to that uid.
-        let conn = door.lock().conns.iter().find(|c| c.cred.uid == STRANGER).cloned().unwrap();
+        let mut held = Vec::new();
+        for uid in STRANGERS {
+            match sys::seqpacket_connect_as(uid, door.name(), 8) {
+                Ok(socks) => held.push(socks),
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    eprintln!("skipped: cannot take uid {uid}: {e}");
+                    return;
+                }
+                Err(e) => panic!("connecting as uid {uid}: {e}"),
+            }
+        }
+        assert_eq!(take(&door), (4, vec![2, 2, 0]), "other uids held more than their shares");
+        held.push((0..5).map(|_| sys::seqpacket_connect(door.name()).unwrap()).collect());
+        assert_eq!(take(&door), (8, vec![2, 2, 0]), "the listener's own uid did not get the rest");
+        // Ending one of another uid's connections gives its place back.
+        let conn = door.lock().conns.iter().find(|c| c.cred.uid == STRANGERS[0]).cloned().unwrap();
         door.lock().close(&conn);
-        assert_eq!(door.lock().conns_by_uid.get(&STRANGER).copied(), Some(3));
-        drop((theirs, ours));
+        assert_eq!(door.lock().conns_by_uid.get(&STRANGERS[0]).copied(), Some(1));
+        drop(held);
     }
 
     /// A flood of knocks on the door (any local user may knock) costs the look-ups of one turn

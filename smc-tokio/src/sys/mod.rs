@@ -1439,7 +1439,7 @@ pub(crate) fn seqpacket_connect_as(uid: u32, name: &[u8], n: usize) -> io::Resul
         // SAFETY: see above; `addr` is a valid sockaddr_un of `len` bytes, the descriptors are
         // the child's copies of ours.
         unsafe {
-            let uid = libc::c_long::from(uid);
+            let uid = uid as libc::c_long;
             if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
                 libc::_exit(1);
             }
@@ -1455,8 +1455,11 @@ pub(crate) fn seqpacket_connect_as(uid: u32, name: &[u8], n: usize) -> io::Resul
     let mut status = 0;
     // SAFETY: waits for our own child; `status` is valid for writes.
     cvt(unsafe { libc::waitpid(pid, &mut status, 0) })?;
-    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        return Err(io::Error::other(format!("the child connecting as uid {uid} failed: status {status}")));
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => {}
+        // No such uid to take here (no CAP_SETUID, or a user namespace that does not map it).
+        (true, 1) => return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("cannot become uid {uid}"))),
+        _ => return Err(io::Error::other(format!("the child connecting as uid {uid} failed: status {status}"))),
     }
     Ok(socks)
 }
