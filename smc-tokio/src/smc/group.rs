@@ -1561,6 +1561,30 @@ mod tests {
         }
     }
 
+    /// A connection (peer token 77) on a new client group of two slots over `link` (made of our
+    /// end of a shared-memory link), with a TCP connection beside it: the group, the
+    /// connection, the peer's end of the link, our TCP socket and the peer's.
+    async fn conn_beside_tcp(
+        tag: &'static str,
+        link: impl FnOnce(crate::link::shm::ShmLink) -> Arc<dyn Link>,
+    ) -> (
+        Arc<LinkGroup>,
+        Arc<crate::smc::conn::SmcConn>,
+        crate::link::shm::ShmLink,
+        tokio::net::TcpStream,
+        tokio::net::TcpStream,
+    ) {
+        let cfg = crate::config::ShmConfig::default();
+        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
+        let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
+        let g = client_group(2, Duration::from_secs(60));
+        g.establish(link(client)).unwrap();
+        let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        (g, conn, server, tcp.unwrap(), accepted.unwrap().0)
+    }
+
     /// Over RDMA the TCP socket of a connection the application let go of ends with a FIN only
     /// once its close (and what it wrote before) is delivered, and with a reset when the
     /// delivery fails: a FIN sent before would read, on the peer, as the clean end of a stream
@@ -1568,20 +1592,14 @@ mod tests {
     #[tokio::test]
     async fn an_rdma_close_ends_tcp_with_a_fin_once_delivered_and_a_reset_if_not() {
         use tokio::io::AsyncReadExt;
-        let cfg = crate::config::ShmConfig::default();
-        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
         for delivered in [true, false] {
             let tag = if delivered { "fin-delivered" } else { "fin-undelivered" };
-            let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), tag).await;
-            let g = client_group(2, Duration::from_secs(60));
             let delivery = Arc::new(Delivery::default());
-            let link = Posing { delivery: Some(delivery.clone()), ..Posing::rdma(client) };
-            g.establish(Arc::new(link)).unwrap();
-            let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
-            let mut theirs = accepted.unwrap().0;
-            let watcher = conn.watch_tcp(Arc::new(tcp.unwrap()));
+            let posing = |client| -> Arc<dyn Link> {
+                Arc::new(Posing { delivery: Some(delivery.clone()), ..Posing::rdma(client) })
+            };
+            let (_g, conn, _server, tcp, mut theirs) = conn_beside_tcp(tag, posing).await;
+            let watcher = conn.watch_tcp(Arc::new(tcp));
             assert_eq!(conn.try_write(b"the last bytes").unwrap(), 14);
             conn.release(false, watcher.take());
             let mut b = [0u8; 8];
@@ -1603,16 +1621,9 @@ mod tests {
     #[tokio::test]
     async fn an_rdma_connection_ended_with_its_group_resets_its_tcp_connection() {
         use tokio::io::AsyncReadExt;
-        let cfg = crate::config::ShmConfig::default();
-        let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
-        let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "reset-with-group").await;
-        let g = client_group(2, Duration::from_secs(60));
-        g.establish(Arc::new(Posing::rdma(client))).unwrap();
-        let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
-        let mut theirs = accepted.unwrap().0;
-        let tcp = Arc::new(tcp.unwrap());
+        let posing = |client| -> Arc<dyn Link> { Arc::new(Posing::rdma(client)) };
+        let (g, conn, _server, tcp, mut theirs) = conn_beside_tcp("reset-with-group", posing).await;
+        let tcp = Arc::new(tcp);
         let watcher = conn.watch_tcp(tcp.clone());
         assert_eq!(conn.try_write(b"the last bytes").unwrap(), 14);
         g.fail(crate::link::LinkError::Closed);
@@ -1630,13 +1641,8 @@ mod tests {
     async fn a_reset_connection_whose_peer_never_answers_is_let_go_after_the_bound() {
         let cfg = crate::config::ShmConfig::default();
         let ring = crate::proto::cursor::RingSize::new(4096).unwrap();
-        let (client, server) = joined(Layout::new(4, 4, 4096).unwrap(), "reset-unanswered").await;
-        let g = client_group(2, Duration::from_secs(60));
-        g.establish(Arc::new(client)).unwrap();
-        let conn = g.open_conn(Some(77), ring, &cfg).expect("a slot");
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (tcp, accepted) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
-        let (tcp, _theirs) = (tcp.unwrap(), accepted.unwrap());
+        let shm = |client| -> Arc<dyn Link> { Arc::new(client) };
+        let (g, conn, server, tcp, _theirs) = conn_beside_tcp("reset-unanswered", shm).await;
         let held = g.conn_count();
         crate::handshake::Established::smc(tcp, conn, crate::Transport::SmcD).reset();
         let aborts = aborts_to(&server, 77);
