@@ -158,6 +158,28 @@ async fn a_reader_spins_only_while_it_awaits_a_reply() {
     assert_eq!(spins(), before, "a reader whose reply came spun");
 }
 
+/// A reader awaiting a reply that is on the link already (written, not yet taken by anyone)
+/// takes it without a spin: the spin would end at its first look.
+#[tokio::test]
+async fn a_reader_whose_reply_waits_on_the_link_does_not_spin() {
+    let ctx = smc_tokio::Context::new();
+    let (mut c, mut s) = tests::smc_pair_in(&ctx, busy_polling_only(Duration::from_millis(1))).await;
+    let spins = || smc_tokio::faults::reader_spins(&ctx);
+    let mut buf = [0u8; 64];
+    for round in 0..10 {
+        c.write_all(b"ask").await.unwrap();
+        let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
+        assert_eq!(&buf[..n], b"ask");
+        // Neither write yields, so nothing runs between the answer and the read: the answer
+        // is in the client group's CDC ring, not yet dispatched.
+        s.write_all(b"answer").await.unwrap();
+        let before = spins();
+        let n = c.try_read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"answer", "round {round}");
+        assert_eq!(spins(), before, "round {round}: the reader spun for a reply that was there");
+    }
+}
+
 /// A connection alone on its link group that awaits a reply spins for it inside its poll, by
 /// default (adaptive polling on, busy polling off), unless its last spin missed its reply; once
 /// another connection shares the group, none does (a spin held the thread from the group's
@@ -195,10 +217,11 @@ async fn only_a_connection_alone_on_its_link_group_spins_for_its_reply() {
         let (mut c, mut s) = pair().await;
         assert_eq!(ask(&mut c, &mut s, spins).await, alone_spins, "alone on the group");
         if alone_spins > 0 {
-            // That spin missed (the answer was written after it), so the wait that followed
-            // (the read of the answer) did not spin. Five more looks before an answer: each
-            // spin misses, and the waits after a miss skip the spin, one after the first miss,
-            // then two, then four.
+            // That spin missed (the answer was written after it), so the next wait skips its
+            // spin. The read of the answer was no wait (the answer was on the link already):
+            // the skip is left for the first of five more looks before an answer. Each spin
+            // misses, and the waits after a miss skip the spin, one after the first miss, then
+            // two, then four.
             let mut buf = [0u8; 16];
             c.write_all(b"ask").await.unwrap();
             let n = tests::bounded(10, s.read(&mut buf)).await.unwrap();
@@ -209,7 +232,7 @@ async fn only_a_connection_alone_on_its_link_group_spins_for_its_reply() {
                 assert_eq!(c.try_read(&mut buf).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
                 looks.push(spins() - before);
             }
-            assert_eq!(looks, [1, 0, 0, 1, 0], "spins of looks that missed");
+            assert_eq!(looks, [0, 1, 0, 0, 1], "spins of looks that missed");
             s.write_all(b"answer").await.unwrap();
             let n = tests::bounded(10, c.read(&mut buf)).await.unwrap();
             assert_eq!(&buf[..n], b"answer");

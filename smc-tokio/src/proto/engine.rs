@@ -1369,19 +1369,20 @@ impl ConnEngine {
     }
 
     /// Whether nothing at all is owed: nothing written since the last announcement, no flag
-    /// to tell, nothing consumed since the last consumer update. (Something owed may still be
-    /// held back, by a cork or by `cons_update_due`'s thresholds: [`build_cdc`](Self::build_cdc)
-    /// decides.)
+    /// to tell, no consumer update due. (Bytes written may still be held back, by a cork or
+    /// autocork: [`build_cdc`](Self::build_cdc) decides.)
     #[inline]
     fn owes_nothing(&self) -> bool {
         self.tx_prod == self.tx_prod_sent
-            && self.rx_cons == self.rx_cons_sent
             && !((self.done_writing && !self.done_writing_sent)
                 || (self.closed && !self.closed_sent)
                 || (self.aborted && !self.aborted_sent)
                 || (self.write_blocked && !self.write_blocked_sent)
                 || self.tx_resize_due
                 || self.rx_resize_ack_due)
+            // A read moves the consumer cursor, most often by less than an update is due for:
+            // that answer too is taken here, without a message built to be thrown away.
+            && (self.rx_cons == self.rx_cons_sent || !self.cons_update_due())
     }
 
     /// [`poll_cdc`](Self::poll_cdc) past its first look: something may be owed.

@@ -1154,7 +1154,14 @@ impl SmcConn {
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
                 // spinning first while a reply is awaited (`spin_kind`).
-                let spin = if st.awaiting_reply { self.spin_kind(&mut st) } else { None };
+                // Not when frames wait already (the reply, most often, which came while this
+                // reader's task was on its way): the spin would end at its first look, after
+                // taking the group's spin slot and counting itself.
+                let spin = if st.awaiting_reply && self.group.link().is_some_and(|l| !l.has_pending()) {
+                    self.spin_kind(&mut st)
+                } else {
+                    None
+                };
                 if !st.rx_ready_waits {
                     held.hold(&mut st.rx_waiters.task, cx.as_deref());
                 }
