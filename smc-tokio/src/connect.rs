@@ -91,16 +91,23 @@ pub(crate) async fn establish(
     // soon to pay off (adaptive fallback), is left alone for a while.
     let asker = crate::negative_cache::Asker { ttl: cfg.negative_cache_ttl, adaptive: cfg.adaptive_min_bytes > 0 };
     if ctx.negative_cache().contains(addr, Instant::now(), asker) {
+        drop(slot);
         let kernel = kernel_socket(ctx, cfg, addr, user);
         return plain(ctx, cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }
+    // Held for the handshake's own steps only: every TCP connect made without a handshake
+    // (plain, or a door's decline) or before it (in-band) lets it go first. Such a connect may
+    // wait out SYN retransmissions (a host that is down, a server whose accept queue is full:
+    // minutes), which are no handshake, and a place held meanwhile sent every other
+    // connection of the process to TCP as congested.
+    let mut slot = Some(slot);
     // The verbs library is loaded before the connection exists, off the runtime. The RDMA
     // look-ups of this connect wait for the setup thread until one handshake bound from now,
     // in all.
     let look_up_by = tokio::time::Instant::now() + cfg.handshake_timeout;
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_up(cfg, look_up_by).await;
-    if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by).await? {
+    if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by, &mut slot).await? {
         return Ok(s);
     }
     // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
@@ -112,19 +119,19 @@ pub(crate) async fn establish(
         // or not built): said as "disabled", not as "no listener", which was never looked for.
         let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
         let why = if offers { FallbackReason::NotProposed } else { FallbackReason::Disabled };
+        drop(slot);
         return plain(ctx, cfg, addr, why, user, kernel).await;
     }
+    // The in-band handshake takes a place again once connected. Not held while the first
+    // connection to the server sets up its link group either: that one may be waiting for its
+    // own SYN's answer.
+    drop(slot);
     // Connections opened together to a server we have no link group with wait for the first
     // one's, then share it (before connecting: the server peeks for the Proposal only briefly).
     #[cfg(feature = "rdma")]
     let first = crate::smc::rdma::first_contact(ctx.manager(), addr, cfg).await;
     // The application's options, for a plain reconnection should this connection be spoiled.
     let options = user.as_ref().map(sys::ClientOptions::of);
-    // A connect to another host may wait out SYN retransmissions (a host that is down, a
-    // server whose accept queue is full: minutes), which are no handshake: it holds no place
-    // meanwhile, or connects to such a host would send every other connection to TCP. The
-    // handshake takes a place again once connected.
-    drop(slot);
     let mut tcp = tcp_connect(addr, user.take()).await?;
     if kernel {
         let t = crate::kernel::transport(ctx.counters(), tcp.as_fd(), Transport::Tcp(FallbackReason::NotProposed));
@@ -208,13 +215,15 @@ fn tcp_or_refuse(cfg: &Settings, tcp: TcpStream, reason: FallbackReason) -> io::
 const PORT_ATTEMPTS: usize = 4;
 
 /// The same-host path: the whole handshake on the door, none of it on the TCP stream. `None`:
-/// the destination has no door we trust; nothing was sent.
+/// the destination has no door we trust; nothing was sent. `slot`, the connect's handshake
+/// place, is let go before a plain connect.
 async fn via_door(
     ctx: &Context,
     addr: SocketAddr,
     cfg: &Settings,
     user: &mut Option<socket2::Socket>,
     look_up_by: tokio::time::Instant,
+    slot: &mut Option<ClientSlot<'_>>,
 ) -> io::Result<Option<Established>> {
     #[cfg(not(feature = "rdma"))]
     let _ = look_up_by;
@@ -229,7 +238,7 @@ async fn via_door(
         // Doors are looked for before anything is made for them: most destinations have none.
         let found = find_room(ctx, addr, cfg).await;
         if let Some(why) = found.none() {
-            return unregistered(ctx, cfg, addr, user, why).await;
+            return unregistered(ctx, cfg, addr, user, why, slot).await;
         }
         #[cfg(feature = "rdma")]
         if attempt == 0 {
@@ -242,7 +251,7 @@ async fn via_door(
         let prep = Prepared::new(ctx, addr, addr.ip(), cfg, true)?;
         let (reg, sock) = match door::register(found, addr, manager.instance(), &prep.bytes, user).await {
             Registered::Yes(reg, sock) => (reg, sock),
-            Registered::No(why) => return unregistered(ctx, cfg, addr, user, why).await,
+            Registered::No(why) => return unregistered(ctx, cfg, addr, user, why, slot).await,
         };
         ctx.counters().door(DoorEvent::Registered);
         let from_user = reg.is_users();
@@ -256,6 +265,7 @@ async fn via_door(
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && !from_user => {
                 drop(reg);
+                *slot = None;
                 tracing::debug!("no free port to register: connecting as plain tcp");
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
                 return plain(ctx, cfg, addr, reason, user, false).await.map(Some);
@@ -301,13 +311,15 @@ async fn via_door(
     unreachable!("the loop returns")
 }
 
-/// A connection that no door took: plain TCP, or nothing done yet when there was no door.
+/// A connection that no door took: plain TCP (its handshake place let go first), or nothing
+/// done yet when there was no door.
 async fn unregistered(
     ctx: &Context,
     cfg: &Settings,
     addr: SocketAddr,
     user: &mut Option<socket2::Socket>,
     why: Unregistered,
+    slot: &mut Option<ClientSlot<'_>>,
 ) -> io::Result<Option<Established>> {
     let reason = match why {
         Unregistered::NoDoor => return Ok(None),
@@ -318,6 +330,7 @@ async fn unregistered(
         Unregistered::Busy => DeclineReason::HandshakeCongested,
     };
     let reason = FallbackReason::Declined { reason, by: Side::Local };
+    *slot = None;
     plain(ctx, cfg, addr, reason, user, false).await.map(Some)
 }
 

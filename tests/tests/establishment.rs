@@ -890,11 +890,12 @@ async fn cancelled_handshakes_are_abandoned_and_timed_out_ones_failed() {
     faults::clear(addr);
 }
 
-/// A client's handshake place (`limit_handshake`) is taken once its TCP connection is up, not
-/// while it connects: a connect that waits out SYN retransmissions (a host that is down, here
-/// a server whose accept queue is full, whose kernel drops further SYNs) does not send the
-/// client's other connections to TCP. It held the client's only place before, and a connection
-/// to a listener on this host went plain as congested.
+/// A client's handshake place (`limit_handshake`) is held for the handshake, not while a TCP
+/// connection is made before it (in-band) or without one (plain): a connect that waits out SYN
+/// retransmissions (a host that is down, here a server whose accept queue is full, whose
+/// kernel drops further SYNs) does not send the client's other connections to TCP. It held the
+/// client's only place before, and a connection to a listener on this host went plain as
+/// congested.
 #[tokio::test]
 async fn a_connect_waiting_for_its_syn_answer_holds_no_handshake_place() {
     // A plain server that never accepts: its queue fills, then SYNs go unanswered.
@@ -910,25 +911,25 @@ async fn a_connect_waiting_for_its_syn_answer_holds_no_handshake_place() {
             Err(_) => break,
         }
     }
-    let ctx = smc_tokio::Context::new();
-    // In-band to every destination, so that the connect to the full server is one of SMC's.
-    let client = SmcStream::builder()
-        .context(&ctx)
-        .policy(smc_tokio::config::Policy::Always)
-        .limit_handshake(true)
-        .max_pending_handshakes(1);
-    let stuck = {
-        let client = client.clone();
-        tokio::spawn(async move { client.connect(full_addr).await })
-    };
-    // Past its door look-up (none) and into its connect.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!stuck.is_finished(), "the connect to the full server did not wait");
     let (l, addr) = echo_listener().await;
     let rx = serve_echo(l);
-    let c = bounded(10, client.connect(addr)).await.unwrap();
-    assert_eq!(c.transport(), Transport::SmcD, "the waiting connect held the only handshake place");
-    bounded(10, echo_check(c, b"smc", 1, 1)).await;
-    stuck.abort();
+    // In-band to every destination (the connect to the full server is one of SMC's, made
+    // before its handshake), and the default (that server has no door and is not in-band: a
+    // plain connect, with no handshake at all).
+    for policy in [smc_tokio::config::Policy::Always, smc_tokio::config::Policy::Auto] {
+        let ctx = smc_tokio::Context::new();
+        let client = SmcStream::builder().context(&ctx).policy(policy).limit_handshake(true).max_pending_handshakes(1);
+        let stuck = {
+            let client = client.clone();
+            tokio::spawn(async move { client.connect(full_addr).await })
+        };
+        // Past its door look-up (none) and into its connect.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!stuck.is_finished(), "{policy:?}: the connect to the full server did not wait");
+        let c = bounded(10, client.connect(addr)).await.unwrap();
+        assert_eq!(c.transport(), Transport::SmcD, "{policy:?}: the waiting connect held the only handshake place");
+        bounded(10, echo_check(c, b"smc", 1, 1)).await;
+        stuck.abort();
+    }
     drop((rx, queued));
 }
