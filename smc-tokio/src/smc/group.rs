@@ -665,6 +665,7 @@ impl LinkGroup {
             // looks here on each poll, and on a multi-threaded runtime the lock's line moved
             // between workers at each look.
             self.retry_waiters();
+            crate::smc::tcp_end::settle_deferred();
             return (0, false);
         }
         let mut d = match self.dispatch.try_lock() {
@@ -702,6 +703,9 @@ impl LinkGroup {
         self.seen(dispatched);
         drop(d);
         self.retry_waiters();
+        // Closes that a message of the peer's let out (a close that waited for CDC space) and
+        // that a runtime shutting down could not take: no lock is held here.
+        crate::smc::tcp_end::settle_deferred();
         (dispatched, more)
     }
 
@@ -742,6 +746,8 @@ impl LinkGroup {
                 Err(_) => break,
             }
         }
+        drop(d);
+        crate::smc::tcp_end::settle_deferred();
     }
 
     fn retry_waiters(&self) {
@@ -1324,7 +1330,13 @@ mod tests {
     #[tokio::test]
     async fn a_drain_under_a_peer_that_never_stops_takes_two_laps_at_most() {
         let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "flood-drain").await;
-        let link = Arc::new(Posing { link: client, rdma: false, flood: Some(Default::default()), delivery: None });
+        let link = Arc::new(Posing {
+            link: client,
+            rdma: false,
+            flood: Some(Default::default()),
+            delivery: None,
+            _probe: None,
+        });
         let group = client_group(4, Duration::from_secs(60));
         group.establish(link.clone()).unwrap();
         group.drain();
@@ -1374,6 +1386,18 @@ mod tests {
         /// Whether what was sent is delivered, as the test decides: `None` in flight (without
         /// it, everything is delivered at once).
         delivery: Option<Arc<Delivery>>,
+        /// Says on which thread the link was dropped.
+        _probe: Option<DropProbe>,
+    }
+
+    /// Sends the name of the thread it is dropped on.
+    #[derive(Debug)]
+    struct DropProbe(std::sync::mpsc::Sender<Option<String>>);
+
+    impl Drop for DropProbe {
+        fn drop(&mut self) {
+            let _ = self.0.send(std::thread::current().name().map(str::to_owned));
+        }
     }
 
     #[derive(Debug, Default)]
@@ -1389,7 +1413,7 @@ mod tests {
 
     impl Posing {
         fn rdma(link: crate::link::shm::ShmLink) -> Posing {
-            Posing { link, rdma: true, flood: None, delivery: None }
+            Posing { link, rdma: true, flood: None, delivery: None, _probe: None }
         }
     }
 
@@ -1613,6 +1637,56 @@ mod tests {
                 assert_eq!(end.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset, "{tag}: not a reset");
             }
         }
+    }
+
+    /// A close in flight holds its link, and, once the group let go of it (the link failed), may
+    /// hold its last reference: that one is dropped on the RDMA setup thread, as the group's
+    /// own, not on the runtime's thread where the close's task ends (destroying a queue pair and
+    /// deregistering memory take the process's memory-map lock).
+    #[cfg(feature = "rdma")]
+    #[tokio::test]
+    async fn a_close_holding_its_links_last_reference_lets_it_go_on_the_setup_thread() {
+        let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "last-link-ref").await;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let delivery = Arc::new(Delivery::default());
+        let link: Arc<dyn Link> =
+            Arc::new(Posing { delivery: Some(delivery.clone()), _probe: Some(DropProbe(tx)), ..Posing::rdma(client) });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tcp, _theirs) = tokio::join!(tokio::net::TcpStream::connect(l.local_addr().unwrap()), l.accept());
+        crate::smc::tcp_end::FinOnDelivery::new(link, Arc::new(tcp.unwrap())).spawn();
+        // The close's task, on this runtime, ends with the delivery.
+        delivery.set(true);
+        let dropped_on = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match rx.try_recv() {
+                    Ok(name) => return name,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        })
+        .await
+        .expect("the link was never dropped");
+        assert_eq!(dropped_on.as_deref(), Some("smc-tokio-rdma-setup"));
+    }
+
+    /// Closes deferred on a thread (a runtime that shuts down drops their task inside `spawn`,
+    /// under a connection's lock) are settled at the group's next turn on it, wherever the close
+    /// went out (a close that waited for CDC space goes out as a message of the peer's is
+    /// dispatched), not only at a connection's release.
+    #[tokio::test]
+    async fn a_groups_turn_settles_the_closes_its_thread_deferred() {
+        use tokio::io::AsyncReadExt;
+        let posing = |client| -> Arc<dyn Link> { Arc::new(Posing::rdma(client)) };
+        let (g, _conn, _server, tcp, mut theirs) = conn_beside_tcp("settled-at-turn", posing).await;
+        let link = g.link().expect("the link").clone();
+        crate::smc::tcp_end::defer(crate::smc::tcp_end::FinOnDelivery::new(link, Arc::new(tcp)));
+        assert_eq!(crate::smc::tcp_end::deferred_here(), 1);
+        g.progress();
+        assert_eq!(crate::smc::tcp_end::deferred_here(), 0, "the group's turn left a deferred close");
+        // Delivered (the posing link delivers at once): its socket ended with a FIN.
+        let mut b = [0u8; 8];
+        let end = tokio::time::timeout(Duration::from_secs(10), theirs.read(&mut b)).await.expect("an end");
+        assert_eq!(end.unwrap(), 0);
     }
 
     /// Over RDMA a connection that ended with its link group where it could not move (here the

@@ -96,6 +96,21 @@ impl ShutdownWait {
     }
 }
 
+/// A link a close waits on, let go on the RDMA setup thread: a close in flight when its link
+/// failed can hold the link's last reference (the group let go of it), and destroying a queue
+/// pair and completion queue and deregistering memory takes the process's memory-map lock,
+/// which a runtime thread must not wait for (as the group's own reference, `LinkGroup`'s drop).
+struct SetupThreadDrop(Option<Arc<dyn Link>>);
+
+impl Drop for SetupThreadDrop {
+    fn drop(&mut self) {
+        #[cfg(feature = "rdma")]
+        if let Some(link) = self.0.take().filter(|l| l.is_rdma()) {
+            crate::link::verbs::device::drop_on_setup_thread(Box::new(link));
+        }
+    }
+}
+
 thread_local! {
     /// Closes dropped where their wait must not run: inside `spawn` (a runtime that is shutting
     /// down drops the task there, under the connection's lock). [`settle_deferred`] waits for
@@ -103,11 +118,16 @@ thread_local! {
     static DEFERRED: RefCell<Vec<FinOnDelivery>> = const { RefCell::new(Vec::new()) };
     /// Set while `spawn` runs on this thread.
     static IN_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether [`DEFERRED`] may hold any: one load for the look of every group's turn.
+    static ANY_DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Waits for the closes this thread deferred ([`DEFERRED`]): called where no connection's lock
-/// is held.
+/// is held (a connection's release, a group's turn or drain), so that none waits there long.
 pub(crate) fn settle_deferred() {
+    if !ANY_DEFERRED.try_with(|a| a.replace(false)).unwrap_or(false) {
+        return;
+    }
     while let Some(f) = DEFERRED.try_with(|d| d.borrow_mut().pop()).ok().flatten() {
         drop(f);
     }
@@ -118,7 +138,11 @@ impl FinOnDelivery {
     /// delivered. Sets the socket's linger to zero meanwhile.
     pub(crate) fn new(link: Arc<dyn Link>, tcp: Arc<TcpStream>) -> FinOnDelivery {
         let mark = link.tx_mark();
-        Self::with(tcp, &SHUTDOWN, move |cx| link.poll_delivered(cx, mark).map(|r| r.is_ok()))
+        let link = SetupThreadDrop(Some(link));
+        // The link is taken out only when the closure is dropped.
+        Self::with(tcp, &SHUTDOWN, move |cx| {
+            link.0.as_ref().map_or(Poll::Ready(false), |l| l.poll_delivered(cx, mark).map(|r| r.is_ok()))
+        })
     }
 
     fn with(
@@ -164,13 +188,20 @@ impl FinOnDelivery {
     }
 }
 
+/// How many closes this thread deferred and has not settled.
+#[cfg(test)]
+pub(crate) fn deferred_here() -> usize {
+    DEFERRED.with(|d| d.borrow().len())
+}
+
 /// Leaves `f` to [`settle_deferred`] on this thread. A thread whose locals are going (its end)
 /// waits for it now instead.
-fn defer(f: FinOnDelivery) {
+pub(crate) fn defer(f: FinOnDelivery) {
     let mut f = Some(f);
     let _ = DEFERRED.try_with(|d| {
         if let Some(f) = f.take() {
             d.borrow_mut().push(f);
+            let _ = ANY_DEFERRED.try_with(|a| a.set(true));
         }
     });
     if let Some(f) = f {
