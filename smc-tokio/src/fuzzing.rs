@@ -11,7 +11,7 @@ use crate::proto::cursor::RingSize;
 use crate::proto::door::{DoorFrame, DOOR_HEADER_LEN};
 use crate::proto::engine::ConnEngine;
 use crate::proto::handshake::{ClientEvent, ClientHandshake, ServerEvent, ServerHandshake, Timeouts};
-use crate::proto::side::{Join, Welcome};
+use crate::proto::side::{Join, Ready, Welcome};
 
 /// CLC decoding: never panics; whatever decodes re-encodes and decodes to itself.
 ///
@@ -145,20 +145,21 @@ pub fn door_decode(data: &[u8]) {
     assert_eq!(DoorFrame::decode(data).is_ok(), count == 1);
 }
 
-/// Side-channel decoding (one input is one message, read as a JOIN and as a WELCOME): never
-/// panics; a message that decodes re-encodes to the same bytes (its reserved bytes as zeros)
-/// and decodes to itself.
+/// Side-channel decoding (one input is one message, read as a JOIN, a WELCOME and a READY):
+/// never panics; a message that decodes re-encodes to the same bytes (its reserved bytes as
+/// zeros) and decodes to itself; no message is two of them.
 ///
 /// # Examples
 ///
 /// ```
 /// use smc_tokio::proto::clc::Secret;
-/// use smc_tokio::proto::side::{BellTag, Join, Welcome};
+/// use smc_tokio::proto::side::{BellTag, Join, Ready, Welcome};
 ///
-/// // A JOIN, a WELCOME, a short message and noise: each call returns.
+/// // A JOIN, a WELCOME, a READY, a short message and noise: each call returns.
 /// let join = Join { link_group: 7, secret: Secret([1; 16]), bell: BellTag([2; 24]) }.encode();
 /// smc_tokio::fuzzing::side_decode(&join);
 /// smc_tokio::fuzzing::side_decode(&Welcome::accepted(7, BellTag([3; 24])).encode());
+/// smc_tokio::fuzzing::side_decode(&Ready.encode());
 /// smc_tokio::fuzzing::side_decode(&join[..40]);
 /// smc_tokio::fuzzing::side_decode(&[0xA5; 64]);
 /// ```
@@ -174,8 +175,13 @@ pub fn side_decode(data: &[u8]) {
         assert_eq!(Welcome::decode(&again), Ok(welcome));
         assert_eq!(welcome.is_accepted(), welcome.status == crate::proto::side::WELCOME_OK);
     }
-    // A message is a JOIN or a WELCOME, never both.
-    assert!(Join::decode(data).is_err() || Welcome::decode(data).is_err());
+    if Ready::decode(data).is_ok() {
+        assert_eq!(Ready::decode(&Ready.encode()), Ok(Ready));
+        assert!(same_but_ignored(&Ready.encode(), data, |i| i >= 12), "ready re-encoded differently");
+    }
+    // A message is one of them at most.
+    let kinds = [Join::decode(data).is_ok(), Welcome::decode(data).is_ok(), Ready::decode(data).is_ok()];
+    assert!(kinds.iter().filter(|k| **k).count() <= 1);
 }
 
 /// Drives one side's [`Handback`](crate::proto::handback::Handback) with arbitrary bytes as the

@@ -535,11 +535,11 @@ async fn wrong_tokens_and_groups_on_the_side_channel_are_refused() {
                 let s = hostile::side_connect(&name).unwrap();
                 let mut bad = hostile::join_msg(group, token, bell);
                 bad[0] = b'X';
-                hostile::send_fds(s.as_fd(), &bad, &fds).unwrap();
+                hostile::send_join(s.as_fd(), &bad, &fds).unwrap();
                 let eof = hostile::side_eof(s.as_fd());
                 // A JOIN of the wrong length.
                 let s = hostile::side_connect(&name).unwrap();
-                hostile::send_fds(s.as_fd(), &hostile::join_msg(group, token, bell)[..40], &fds).unwrap();
+                hostile::send_join(s.as_fd(), &hostile::join_msg(group, token, bell)[..40], &fds).unwrap();
                 let eof2 = hostile::side_eof(s.as_fd());
                 (statuses, eof.is_ok(), eof2.is_ok())
             }

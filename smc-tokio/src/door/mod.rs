@@ -60,7 +60,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::{GlobalSettings, Overrides};
 use crate::handshake::Wire;
-use crate::hash::{Map as HashMap, Set as HashSet};
+use crate::hash::Map as HashMap;
 use crate::proto::clc::{ClcMessage, Decline, DeclineReason, Secret};
 use crate::proto::door as proto_door;
 use crate::proto::door::{frames, ConnectedTuple, DoorFrame, DoorKind, RegisterHead, DOOR_MSG_MAX, DOOR_VERSION};
@@ -187,9 +187,41 @@ enum Read {
 
 /// Connections handed out as plain TCP while the door could not be read to the end (out of
 /// descriptors, or a flood of knocks ahead), remembered so that a registration for one, read
-/// later, is never committed ([`Door::verify`]): as many as the door's registrations, each for
-/// as long as a registration waits ([`ENTRY_TTL`]).
-const MISSED_MAX: usize = MAX_REGISTRATIONS;
+/// later, is never committed ([`Door::verify`]), for as long as a registration waits
+/// ([`ENTRY_TTL`]): when each client port last had one, in a table of every port (made at the
+/// first). Nothing pushes an entry out: a list of four-tuples as long as the door's
+/// registrations let a burst of plain connections (any local user's) push a connection out
+/// within its client's handshake timeout, and its registration, read then, committed the
+/// connection the application had as TCP (the client wrote into a ring nobody read). A port
+/// stands for every address's connection from it: a client on a port that missed recently
+/// is declined its commit, and stays TCP.
+#[derive(Default)]
+struct Missed {
+    /// Seconds since `epoch`, plus one, when each port last missed (0: never); `None` until
+    /// the first miss (256 KiB).
+    at: Option<Box<[u32]>>,
+    epoch: Option<Instant>,
+}
+
+impl Missed {
+    /// The door's clock, in whole seconds since the first miss, plus one.
+    fn now(&mut self) -> u32 {
+        let epoch = *self.epoch.get_or_insert_with(Instant::now);
+        u32::try_from(epoch.elapsed().as_secs()).unwrap_or(u32::MAX - 1) + 1
+    }
+
+    fn note(&mut self, port: u16) {
+        let now = self.now();
+        self.at.get_or_insert_with(|| vec![0; 1 << 16].into_boxed_slice())[usize::from(port)] = now;
+    }
+
+    /// Whether a connection from `port` was handed out as TCP within [`ENTRY_TTL`] (give or
+    /// take the clock's second).
+    fn recently(&mut self, port: u16) -> bool {
+        let Some(at) = self.at.as_ref().map(|t| t[usize::from(port)]) else { return false };
+        at != 0 && u64::from(self.now() - at) <= ENTRY_TTL.as_secs()
+    }
+}
 
 /// How long a client keeps a door connection that no registration uses: a client that
 /// connects again within it registers with one message. Ten seconds covers the pauses of
@@ -764,8 +796,9 @@ struct Entry {
     /// kernel confirmed it (`verify`): the handshake committed on it. Matching at accept still
     /// asks the kernel (`take`).
     verified: Option<(SocketAddr, SocketAddr)>,
-    /// The cookie of our end of that connection, waiting in the listen queue, as the sweep
-    /// learns it from the kernel (for a registration kept past [`ENTRY_TTL`]). Once known, an
+    /// The cookie of our end of that connection, waiting in the listen queue, as `verify` finds
+    /// it (or, where it was a request socket then, as the sweep learns it for a registration
+    /// kept past [`ENTRY_TTL`]). Once known, an
     /// accepted socket with it is that connection, whatever became of its client end: a client
     /// that wrote, closed and left `TIME_WAIT` before a late accept is no longer in the kernel's
     /// table, and the four-tuple alone may since be another socket's.
@@ -786,10 +819,9 @@ struct DoorState {
     /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
-    /// Four-tuples (peer, local) of connections handed out as plain TCP while the door's queues
-    /// could not be read to the end, oldest first ([`MISSED_MAX`]).
-    missed: VecDeque<(Instant, (SocketAddr, SocketAddr))>,
-    missed_set: HashSet<(SocketAddr, SocketAddr)>,
+    /// Client ports of connections handed out as plain TCP while the door's queues could not
+    /// be read to the end ([`Missed`]).
+    missed: Missed,
     /// When the sweep last asked the kernel about connections kept for [`VERIFIED_TTL`].
     verified_looked: Option<Instant>,
     /// The uids the listener's settings allowed when they were last read, and the settings'
@@ -897,15 +929,8 @@ impl DoorState {
     }
 
     /// Remembers a connection handed out as plain TCP before its registration could be read.
-    fn note_missed(&mut self, tuple: (SocketAddr, SocketAddr)) {
-        while self.missed.front().is_some_and(|(at, _)| at.elapsed() >= ENTRY_TTL) || self.missed.len() >= MISSED_MAX {
-            if let Some((_, t)) = self.missed.pop_front() {
-                self.missed_set.remove(&t);
-            }
-        }
-        if self.missed_set.insert(tuple) {
-            self.missed.push_back((Instant::now(), tuple));
-        }
+    fn note_missed(&mut self, (peer, _): (SocketAddr, SocketAddr)) {
+        self.missed.note(peer.port());
     }
 
     /// Drops a registration not matched yet; whether there was one.
@@ -1964,7 +1989,7 @@ impl Door {
         // Not to us (a connection to the same port of another of this host's addresses, where
         // another listener may serve it, would pin a slot of ours for nothing), or handed out as
         // plain TCP already, before this registration was read.
-        if !self.receives(server) || st.missed_set.contains(&(client, server)) {
+        if !self.receives(server) || st.missed.recently(client.port()) {
             return false;
         }
         let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };
@@ -1979,6 +2004,18 @@ impl Door {
             return false;
         }
         e.verified = Some((client, server));
+        // Our end of it too, where it is the full socket the listener will accept: the accept
+        // then matches that socket exactly, whatever became of the client's end meanwhile. Its
+        // client may write, close and go before the application accepts, and its end is gone
+        // from the kernel's table at once when the host's TIME_WAIT table is full (any local
+        // user can fill it), which matched the accept to nothing: the connection went to the
+        // application as TCP, empty, and the bytes written into the ring were lost. (Still a
+        // request socket, it is learned by the sweep.)
+        if let Ok(Some(o)) = self.diag.owner(server, client) {
+            if o.state == sys::TCP_ESTABLISHED || o.state == sys::TCP_CLOSE_WAIT {
+                e.ours = Some(o.cookie);
+            }
+        }
         true
     }
 
@@ -3339,6 +3376,25 @@ mod tests {
         (client, EarlyKey { conn, id }, door_conn)
     }
 
+    /// Connections handed out as TCP are remembered for a registration's lifetime however many
+    /// come after: a burst of plain connections (anyone's) pushed an earlier one out of a list
+    /// as long as the door's registrations, and that connection's registration, read then,
+    /// could commit it.
+    #[test]
+    fn no_burst_of_misses_pushes_an_earlier_one_out() {
+        let mut st = DoorState::default();
+        let server = SocketAddr::from(([127, 0, 0, 1], 80));
+        let victim = SocketAddr::from(([127, 0, 0, 1], 40_000));
+        assert!(!st.missed.recently(victim.port()));
+        st.note_missed((victim, server));
+        for i in 0..2 * MAX_REGISTRATIONS as u32 {
+            let from = SocketAddr::from(([127, 1, (i >> 8) as u8, i as u8], 1024 + (i % 30_000) as u16));
+            st.note_missed((from, server));
+        }
+        assert!(st.missed.recently(victim.port()), "a burst of misses pushed the first one out");
+        assert!(!st.missed.recently(39_999), "a port that never missed");
+    }
+
     /// A registration whose connection `verify` saw is matched at accept only to that very
     /// socket: the kernel is asked again then. A registrant that reset the connection it had
     /// verified left its four-tuple to the next socket bound to that port (anyone's), whose
@@ -3372,7 +3428,7 @@ mod tests {
             "another socket's connection matched the registration"
         );
         assert_eq!(st.count, 0, "the registration, whose connection is gone, ended");
-        assert!(st.missed_set.contains(&(client, server)), "a later Connected frame naming the tuple would pass");
+        assert!(st.missed.recently(client.port()), "a later Connected frame naming the tuple would pass");
     }
 
     /// Looks at `done` every 5 ms, on this thread, until it holds; fails saying `what` after
@@ -3457,9 +3513,16 @@ mod tests {
         let (_second, client2, _c2) = seen(&door, 8, server);
         door.go_blind_for_test();
         assert_eq!(door.lock().count, 1, "a seen registration was dropped as the door went blind");
+        // Our end of its connection, as the listener accepts it (behind the first's, reset).
+        let accepted = loop {
+            let (s, from) = queue.accept().unwrap();
+            if from == client2 {
+                break s;
+            }
+        };
         let mut st = door.lock();
-        assert!(door.take(&mut st, client, server, queue.as_fd()).is_none());
-        assert!(matches!(door.take(&mut st, client2, server, queue.as_fd()), Some(Matched::Early(_))));
+        assert!(door.take(&mut st, client, server, accepted.as_fd()).is_none());
+        assert!(matches!(door.take(&mut st, client2, server, accepted.as_fd()), Some(Matched::Early(_))));
         assert_eq!(st.count, 0);
     }
 
@@ -3712,13 +3775,16 @@ mod tests {
         assert!(!door.blind.load(Ordering::Relaxed), "a reset connection shut the door");
     }
 
-    /// A registration kept for a late accept (past [`ENTRY_TTL`]) is matched at that accept by
-    /// our end of its connection, which the sweep learned, also once its client end is gone
-    /// from the kernel's tables: here its client wrote and closed, and its socket went at once
-    /// (a network namespace of its own with `tcp_max_tw_buckets` 0), as it goes a minute after
-    /// the close otherwise. Before, the accept found no client end and handed the connection
-    /// out as TCP, its client committed to shared memory with its bytes there. A socket that is
-    /// not that connection's end is not matched to it.
+    /// A registration whose connection a handshake saw is matched at its accept by our end of
+    /// that connection, also once its client end is gone from the kernel's tables: here its
+    /// client wrote and closed, and its socket went at once (a network namespace of its own with
+    /// `tcp_max_tw_buckets` 0, which any local user can bring about on the host by filling the
+    /// TIME_WAIT table), as it goes a minute after the close otherwise. Our end is learned when
+    /// the door verifies the connection, and, for a registration kept for a late accept (past
+    /// [`ENTRY_TTL`]) whose end was a request socket then, by the sweep. Before, an accept
+    /// within the first 30 s found no client end and handed the connection out as TCP, its
+    /// client committed to shared memory with its bytes there. A socket that is not that
+    /// connection's end is not matched to it.
     #[test]
     fn a_seen_registration_is_matched_by_our_end_after_its_client_end_is_gone() {
         use std::io::Write;
@@ -3738,13 +3804,15 @@ mod tests {
             rt.block_on(async {
                 let (queue, door) = door_for_a_queue();
                 let server = queue.local_addr().unwrap();
-                // A seen registration kept past ENTRY_TTL (the sweep notes our end), whose
-                // client wrote and closed, and whose client end the kernel no longer has.
-                let kept_after_its_client = |id: u64| {
+                // A seen registration (kept past ENTRY_TTL if `late`: the sweep notes our end),
+                // whose client wrote and closed, and whose client end the kernel no longer has.
+                let after_its_client = |id: u64, late: bool| {
                     let (sock, client, door_conn) = seen(&door, id, server);
-                    door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
-                    door.sweep();
-                    assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
+                    if late {
+                        door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+                        door.sweep();
+                        assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
+                    }
                     let mut sock = std::net::TcpStream::from(OwnedFd::from(sock));
                     sock.write_all(b"bye").unwrap();
                     drop(sock);
@@ -3753,23 +3821,29 @@ mod tests {
                     });
                     (client, door_conn)
                 };
-                let (client, _door_conn) = kept_after_its_client(7);
-                let (accepted, _) = queue.accept().unwrap();
-                let stranger = std::net::TcpStream::connect(server).unwrap();
-                let _stranger_here = queue.accept().unwrap();
-                let mut st = door.lock();
-                assert!(door.take(&mut st, client, server, stranger.as_fd()).is_none(), "another socket matched");
-                assert_eq!(st.count, 0, "a registration whose connection is not this one ends");
-                drop(st);
-                // Again, and this time the connection accepted is its own.
-                let (client, _door_conn) = kept_after_its_client(8);
-                let (next, _) = queue.accept().unwrap();
-                let mut st = door.lock();
-                assert!(
-                    matches!(door.take(&mut st, client, server, next.as_fd()), Some(Matched::Early(_))),
-                    "a late accept of a seen connection whose client end is gone went out as TCP"
-                );
-                drop((accepted, next));
+                for late in [true, false] {
+                    let (client, _door_conn) = after_its_client(7, late);
+                    let (accepted, _) = queue.accept().unwrap();
+                    let stranger = std::net::TcpStream::connect(server).unwrap();
+                    let _stranger_here = queue.accept().unwrap();
+                    let mut st = door.lock();
+                    assert!(
+                        door.take(&mut st, client, server, stranger.as_fd()).is_none(),
+                        "late {late}: another socket matched"
+                    );
+                    assert_eq!(st.count, 0, "late {late}: a registration whose connection is not this one ends");
+                    drop(st);
+                    // Again, and this time the connection accepted is its own.
+                    let (client, _door_conn) = after_its_client(8, late);
+                    let (next, _) = queue.accept().unwrap();
+                    let mut st = door.lock();
+                    assert!(
+                        matches!(door.take(&mut st, client, server, next.as_fd()), Some(Matched::Early(_))),
+                        "late {late}: an accept of a seen connection whose client end is gone went out as TCP"
+                    );
+                    drop(st);
+                    drop((accepted, next));
+                }
             });
         })
         .join()

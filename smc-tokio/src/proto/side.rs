@@ -1,9 +1,17 @@
-//! The shared-memory link's side channel: JOIN (client to server) and WELCOME (server to
+//! The shared-memory link's side channel: JOIN (client to server), READY and WELCOME (server to
 //! client). After an SMC-D handshake, the client connects to the abstract `SOCK_SEQPACKET`
 //! socket the server named in its Accept and sends a [`Join`] proving the handshake's secret,
 //! with its region attached (`SCM_RIGHTS`) and the tag of its doorbell; the server answers with a
 //! [`Welcome`], with its own region and doorbell tag when it lets the client in. The connection
 //! then stays open: its end means the peer process is gone.
+//!
+//! Where the kernel can (`SO_PASSRIGHTS`, Linux 6.16), the server's side channel refuses
+//! descriptors until it knows who connected: anyone may connect to it, and descriptors queued
+//! in a connection nobody waits for would come into the server's process. A JOIN sent before
+//! fails (`EPERM`); once the server found the connection's process to be a client it waits for,
+//! it takes descriptors on that connection and says so with a [`Ready`], and the client sends
+//! its JOIN again. A client whose JOIN went through (a server that never refuses) skips a READY
+//! that comes before the WELCOME.
 //!
 //! A side's doorbell is two Unix datagram sockets that it makes and keeps to itself, bound to
 //! the abstract names its [`BellTag`] gives: one it rings the peer on
@@ -26,6 +34,9 @@
 //! | 24..40 | 16   | secret ([`Secret`])            | reserved                                     |
 //! | 40..64 | 24   | the client's [`BellTag`]      | the server's [`BellTag`] (zeros in a refusal) |
 //!
+//! A READY is [`READY_MAGIC`] (`"SMCTREDY"`) and [`SIDE_VERSION`] as above, the rest
+//! reserved.
+//!
 //! Reserved bytes are sent as zeros and ignored. Decoding checks the length, the magic and the
 //! version, rejects anything else with a [`SideMsgError`], and never panics; checking the group,
 //! the secret and the tag is the caller's job, since only it knows which it expects.
@@ -38,10 +49,12 @@ use super::clc::Secret;
 pub const JOIN_MAGIC: [u8; 8] = *b"SMCTJOIN";
 /// First eight bytes of a WELCOME.
 pub const WELCOME_MAGIC: [u8; 8] = *b"SMCTWELC";
+/// First eight bytes of a READY.
+pub const READY_MAGIC: [u8; 8] = *b"SMCTREDY";
 /// The side-channel version this crate speaks: 3, where each side names its doorbell instead of
 /// handing over a descriptor of it (see the module documentation).
 pub const SIDE_VERSION: u32 = 3;
-/// Length of a JOIN and of a WELCOME.
+/// Length of every side-channel message.
 pub const SIDE_MSG_LEN: usize = 64;
 /// The WELCOME status that lets the client in.
 pub const WELCOME_OK: u32 = 0;
@@ -51,7 +64,8 @@ pub const WELCOME_OK: u32 = 0;
 pub enum SideMsgError {
     /// The message is not [`SIDE_MSG_LEN`] bytes long; its length.
     BadLength(usize),
-    /// The first bytes are not the message's magic ([`JOIN_MAGIC`] or [`WELCOME_MAGIC`]).
+    /// The first bytes are not the message's magic ([`JOIN_MAGIC`], [`WELCOME_MAGIC`] or
+    /// [`READY_MAGIC`]).
     BadMagic,
     /// A version this crate does not speak.
     BadVersion(u32),
@@ -169,6 +183,33 @@ fn named<const N: usize>(prefix: &[u8; 17], bytes: &[u8]) -> [u8; N] {
         n[prefix.len() + 2 * i + 1] = HEX[usize::from(b & 15)];
     }
     n
+}
+
+/// The server's word that its connection takes descriptors now: the client sends its JOIN
+/// (again). It carries nothing else.
+///
+/// # Examples
+///
+/// ```
+/// use smc_tokio::proto::side::{Join, Ready, SIDE_MSG_LEN};
+///
+/// let bytes: [u8; SIDE_MSG_LEN] = Ready.encode();
+/// assert_eq!(Ready::decode(&bytes), Ok(Ready));
+/// assert!(Join::decode(&bytes).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready;
+
+impl Ready {
+    /// The READY message.
+    pub fn encode(&self) -> [u8; SIDE_MSG_LEN] {
+        header(&READY_MAGIC)
+    }
+
+    /// Decodes a READY (its reserved bytes ignored).
+    pub fn decode(b: &[u8]) -> Result<Ready, SideMsgError> {
+        check(b, &READY_MAGIC).map(|_| Ready)
+    }
 }
 
 /// A client's request to join a pending link group: the group the server's Accept named, the

@@ -103,11 +103,16 @@ impl SideListener {
         // it then): lending is decided against it (`shm::lend_trust`).
         // SAFETY: geteuid cannot fail and has no preconditions.
         let listen_euid = unsafe { libc::geteuid() };
-        // A JOIN carries the peer's region and doorbell.
-        let fd = sys::seqpacket_listen(&name, true)?;
-        // Closed on a closer: the connections still in its backlog close with it, and anyone
-        // may have queued descriptors in them (more so while congested closers leave them
-        // there).
+        // Anyone may connect to it: its connections refuse descriptors from the start where the
+        // kernel can (`SO_PASSRIGHTS`, which they take from the listener as their peer
+        // connects), until the peer is found to be a client we wait for; that one's JOIN then
+        // brings its region (`answer_join`). Elsewhere a connection nobody waits for may bring
+        // descriptors, which the closers take out and close.
+        let fd = sys::seqpacket_listen(&name, false)?;
+        let inert_conns = sys::refuses_descriptors(fd.as_fd()) && sys::refusal_inherited();
+        // Closed on a closer: where the kernel cannot refuse, the connections still in its
+        // backlog close with it, and anyone may have queued descriptors in them (more so while
+        // congested closers leave them there).
         let fd = sys::PeerFd::new(fd);
         // SAFETY: the PeerFd owns its descriptor.
         let listener = unsafe { sys::register(fd, Interest::READABLE) }?;
@@ -122,9 +127,9 @@ impl SideListener {
                 let Ok(mut g) = listener.readable().await else {
                     return;
                 };
-                if sys::closers_congested() {
+                if !inert_conns && sys::closers_congested() {
                     // Every connection taken would go to a congested closer (anyone can queue
-                    // descriptors in one before it is accepted): they wait in the backlog, and
+                    // descriptors in one before it is accepted, where the kernel cannot refuse): they wait in the backlog, and
                     // no new group is set up meanwhile (`new_server_group`); a client of a group
                     // set up just before waits, and its join may time out (its connection is
                     // TCP).
@@ -133,10 +138,13 @@ impl SideListener {
                 }
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
                     Ok(Ok(fd)) => {
+                        // Nothing but bytes can be queued in it yet: closed in place if refused.
+                        let fd = if inert_conns { fd.inert() } else { fd };
                         // Filtered at once, as the door filters its knocks: only a process a
                         // pending group of ours waits for may join, and only so many at once
                         // (each for at most the join timeout). Anybody else's connection is
-                        // closed, defused, by the closer.
+                        // closed: in place where it refused descriptors, else defused by a
+                        // closer.
                         if unjoined.load(Ordering::Relaxed) >= MAX_UNJOINED {
                             tracing::debug!("side channel: too many connections waiting to join");
                             manager.counters.door_refused();

@@ -56,6 +56,14 @@ impl PeerFd {
         self
     }
 
+    /// The same descriptor, closed on a closer again: its socket is about to take descriptors
+    /// ([`allow_descriptors`](crate::sys::allow_descriptors)), and from then on anything may be
+    /// queued in it.
+    pub(crate) fn taking_descriptors(mut self) -> PeerFd {
+        self.inert = false;
+        self
+    }
+
     /// Whether it refuses descriptors since it was made ([`PeerFd::inert`]).
     pub(crate) fn is_inert(&self) -> bool {
         self.inert

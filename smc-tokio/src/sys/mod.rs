@@ -1070,6 +1070,12 @@ pub(crate) fn refuse_descriptors(fd: BorrowedFd<'_>) -> bool {
     setsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, &0 as &libc::c_int).is_ok()
 }
 
+/// Makes the Unix socket `fd` take descriptors again (`SO_PASSRIGHTS` on), for a connection
+/// that refused them until it knew its peer; returns whether it did.
+pub(crate) fn allow_descriptors(fd: BorrowedFd<'_>) -> bool {
+    setsockopt(fd, libc::SOL_SOCKET, SO_PASSRIGHTS, &1 as &libc::c_int).is_ok()
+}
+
 /// Whether the Unix socket `fd` refuses descriptors (`SO_PASSRIGHTS` off). Always false where
 /// the kernel has no such option (before 6.16).
 pub(crate) fn refuses_descriptors(fd: BorrowedFd<'_>) -> bool {

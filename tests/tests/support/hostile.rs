@@ -995,17 +995,42 @@ pub fn join(
     fds: &[RawFd],
 ) -> io::Result<(OwnedFd, Welcome)> {
     let sock = side_connect(name)?;
-    send_fds(sock.as_fd(), &join_msg(link_group, secret, bell), fds)?;
-    let (msg, got) = recv_fds(sock.as_fd())?;
+    send_join(sock.as_fd(), &join_msg(link_group, secret, bell), fds)?;
+    let (mut msg, mut got) = recv_fds(sock.as_fd())?;
+    if side::Ready::decode(&msg).is_ok() {
+        // The JOIN went through before the READY came: the WELCOME follows.
+        (msg, got) = recv_fds(sock.as_fd())?;
+    }
     if msg.is_empty() {
         return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "side channel closed without a welcome"));
     }
     Ok((sock, parse_welcome(&msg, got)))
 }
 
-/// Waits (up to the socket's 5 s receive timeout) for the side channel to reach EOF.
+/// Sends `msg` (a JOIN, or what a test sends instead) with `fds` on the side channel `sock` as
+/// a client does: where the server's connection refuses descriptors until it knows who
+/// connected (`SO_PASSRIGHTS`), again once its READY says it takes them.
+pub fn send_join(sock: BorrowedFd<'_>, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    match send_fds(sock, msg, fds) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            let (ready, _) = recv_fds(sock)?;
+            if ready.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "side channel closed without a ready"));
+            }
+            side::Ready::decode(&ready).map_err(|e| io::Error::other(format!("no ready for a refused join: {e}")))?;
+            send_fds(sock, msg, fds)
+        }
+        r => r,
+    }
+}
+
+/// Waits (up to the socket's 5 s receive timeout) for the side channel to reach EOF (past a
+/// READY that came after a JOIN that went through).
 pub fn side_eof(sock: BorrowedFd<'_>) -> io::Result<()> {
-    let (msg, fds) = recv_fds(sock)?;
+    let (mut msg, mut fds) = recv_fds(sock)?;
+    if side::Ready::decode(&msg).is_ok() {
+        (msg, fds) = recv_fds(sock)?;
+    }
     if msg.is_empty() && fds.is_empty() {
         Ok(())
     } else {

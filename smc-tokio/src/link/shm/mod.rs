@@ -26,7 +26,7 @@ use super::{token_slot, Link, LinkError};
 #[cfg(test)]
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
-use crate::proto::side::{BellTag, Welcome, SIDE_MSG_LEN};
+use crate::proto::side::{BellTag, Ready, Welcome, SIDE_MSG_LEN};
 pub(crate) use crate::proto::side::{Join, JoinRefused};
 use crate::stats::Counters;
 use crate::sys::{self, Mmap, PeerFd};
@@ -747,9 +747,26 @@ pub(crate) async fn join(
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
         let region = local.region_fd().map_err(broke)?;
-        send_msg(&sock, &join.encode(), &[region.as_fd()]).await.map_err(broke)?;
+        match send_msg(&sock, &join.encode(), &[region.as_fd()]).await {
+            Ok(()) => {}
+            // The server's connection refuses descriptors until it knows who connected
+            // (`SO_PASSRIGHTS`): its READY says it takes them now.
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                let (msg, fds) = recv_msg(&sock).await.map_err(broke)?;
+                if Ready::decode(&msg).is_err() || !fds.is_empty() {
+                    return Err(JoinError::Refused("no ready for a join refused for its region".into()));
+                }
+                send_msg(&sock, &join.encode(), &[region.as_fd()]).await.map_err(broke)?;
+            }
+            Err(e) => return Err(broke(e)),
+        }
         drop(region);
-        let (msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
+        let (mut msg, mut fds) = recv_msg(&sock).await.map_err(broke)?;
+        if Ready::decode(&msg).is_ok() && fds.is_empty() {
+            // Our JOIN went through before the server said it takes descriptors (its accept
+            // came first): the WELCOME follows.
+            (msg, fds) = recv_msg(&sock).await.map_err(broke)?;
+        }
         let welcome = Welcome::decode(&msg).map_err(|_| JoinError::Refused("malformed welcome".into()))?;
         if !welcome.is_accepted() {
             return Err(JoinError::Refused(format!("server refused with status {}", welcome.status)));
@@ -781,16 +798,26 @@ pub(crate) struct Admission {
 
 /// Server side: serves one side-channel connection: reads the JOIN, asks `admit` (which checks
 /// the group, the secret and the peer's credentials and hands over our half), answers, and
-/// completes the link.
+/// completes the link. A connection that has refused descriptors since it was made
+/// ([`PeerFd::is_inert`]; its peer is a client we wait for) takes them from here on, and says
+/// so with a READY first.
 pub(crate) async fn answer_join(
     fd: PeerFd,
     timeout: Duration,
     listen_euid: u32,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
+    let refused = fd.is_inert();
+    let fd = if refused { fd.taking_descriptors() } else { fd };
+    if refused && !sys::allow_descriptors(fd.as_fd()) {
+        return Err("the side channel cannot take the join's region".to_string());
+    }
     // SAFETY: a PeerFd owns its descriptor.
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(|e| e.to_string())?;
     let work = async {
+        if refused {
+            send_msg(&sock, &Ready.encode(), &[]).await.map_err(|e| e.to_string())?;
+        }
         let (msg, mut fds) = recv_msg(&sock).await.map_err(|e| e.to_string())?;
         let join = Join::decode(&msg).map_err(|_| "malformed join")?;
         let cred = sys::peer_cred(sock.get_ref().as_fd()).map_err(|e| e.to_string())?;
@@ -1001,8 +1028,23 @@ pub(crate) mod tests {
     /// Two ends of a link joined over a real side channel named after `tag`: (client,
     /// server). The server checks the join's secret and the client's pid as it answers.
     pub(crate) async fn joined(layout: Layout, tag: &str) -> (ShmLink, ShmLink) {
+        joined_over(layout, tag, false).await
+    }
+
+    /// [`joined`], over a side channel whose listener refuses descriptors (`refusing`, where
+    /// the kernel can), as a real one does until it knows the client.
+    async fn joined_over(layout: Layout, tag: &str, refusing: bool) -> (ShmLink, ShmLink) {
         let name = format!("smc-tokio-test-{}-{tag}", std::process::id()).into_bytes();
-        let listener = sys::seqpacket_listen(&name, true).unwrap();
+        let listener = sys::seqpacket_listen(&name, !refusing).unwrap();
+        let inert = refusing && sys::refuses_descriptors(listener.as_fd());
+        if refusing {
+            // A stranger gets no descriptor in where the kernel can refuse it.
+            let stranger = sys::seqpacket_connect(&name).unwrap();
+            let (a, _b) = sys::unix_pair(libc::SOCK_SEQPACKET).unwrap();
+            let sent = sys::send_with_fds(stranger.as_fd(), b"x", &[a.as_fd()]);
+            assert_eq!(sent.is_err(), inert, "a stranger's descriptor: {sent:?}");
+            let _ = sys::seqpacket_accept(listener.as_fd()).unwrap();
+        }
         let secret = Secret([3; 16]);
         let server = tokio::spawn(async move {
             // SAFETY: an OwnedFd owns its descriptor.
@@ -1010,7 +1052,8 @@ pub(crate) mod tests {
             let fd = loop {
                 let mut g = l.readable().await.unwrap();
                 if let Ok(r) = g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
-                    break r.unwrap();
+                    let fd = r.unwrap();
+                    break if inert { fd.inert() } else { fd };
                 }
             };
             answer_join(fd, Duration::from_secs(5), 0, |j, cred| {
@@ -1035,6 +1078,19 @@ pub(crate) mod tests {
         let (id, server) = server.await.unwrap();
         assert_eq!(id, 7);
         (client, server)
+    }
+
+    /// A side channel that refuses descriptors until it knows who connected: the client's
+    /// JOIN, refused at first, goes again once the server's READY says it takes them, and the
+    /// two ends are linked as over any other side channel.
+    #[tokio::test]
+    async fn a_side_channel_that_refuses_descriptors_takes_the_join_after_its_ready() {
+        let (client, server) = joined_over(small(), "ready", true).await;
+        let frame = CdcMsg::new(1, 9).encode();
+        assert_eq!(client.cdc_send_frame(&frame), Ok(true));
+        let mut got = Vec::new();
+        assert_eq!(server.cdc_recv(&mut got, 4), Ok(Some(1)));
+        assert_eq!(got, [frame]);
     }
 
     /// A side channel whose owner is not the process whose door answered (a name squatted
