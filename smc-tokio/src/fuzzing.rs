@@ -577,6 +577,7 @@ mod tests {
         write("side_decode", "join".into(), &Join { link_group: 0xdead_beef, secret, bell }.encode());
         write("side_decode", "welcome".into(), &Welcome::accepted(0xdead_beef, bell).encode());
         write("side_decode", "refused".into(), &Welcome::refused(0xdead_beef, JoinRefused::UnknownGroup).encode());
+        write("side_decode", "ready".into(), &Ready.encode());
         // One side's handback: 40 bytes written, 10 acknowledged; the peer's frame (consumed
         // 25) in a step of 16, and one that arrives byte by byte.
         let frame = crate::proto::handback::HandbackFrame { consumed: 25 }.encode();
