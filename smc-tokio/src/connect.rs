@@ -107,7 +107,7 @@ pub(crate) async fn establish(
     let look_up_by = tokio::time::Instant::now() + cfg.handshake_timeout;
     #[cfg(feature = "rdma")]
     crate::smc::rdma::warm_up(cfg, look_up_by).await;
-    if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by, &mut slot).await? {
+    if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by, (limit, &mut slot)).await? {
         return Ok(s);
     }
     // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
@@ -216,14 +216,16 @@ const PORT_ATTEMPTS: usize = 4;
 
 /// The same-host path: the whole handshake on the door, none of it on the TCP stream. `None`:
 /// the destination has no door we trust; nothing was sent. `slot`, the connect's handshake
-/// place, is let go before a plain connect.
-async fn via_door(
-    ctx: &Context,
+/// place (`limit`: the builder limits them), is let go before a plain connect, and while the
+/// connection is made and another's first contact awaited; the handshake takes one again once
+/// connected.
+async fn via_door<'c>(
+    ctx: &'c Context,
     addr: SocketAddr,
     cfg: &Settings,
     user: &mut Option<socket2::Socket>,
     look_up_by: tokio::time::Instant,
-    slot: &mut Option<ClientSlot<'_>>,
+    (limit, slot): (bool, &mut Option<ClientSlot<'c>>),
 ) -> io::Result<Option<Established>> {
     #[cfg(not(feature = "rdma"))]
     let _ = look_up_by;
@@ -244,6 +246,8 @@ async fn via_door(
         if attempt == 0 {
             // The port lookup for the address (GID tables, sysfs) runs off the runtime, once.
             crate::smc::rdma::warm_port(addr.ip(), cfg, look_up_by).await;
+            // The first connection may be waiting for its SYN's answer: no place held here.
+            *slot = None;
             first = crate::smc::rdma::first_contact(manager, addr, cfg).await;
         }
         // The Proposal is made before the connection exists: nothing in it depends on the
@@ -255,6 +259,9 @@ async fn via_door(
         };
         ctx.counters().door(DoorEvent::Registered);
         let from_user = reg.is_users();
+        // The connect waits out SYN retransmissions where the listener's queue is full (an
+        // application that does not accept): no handshake, and no place held meanwhile.
+        *slot = None;
         let tcp = match tokio::net::TcpSocket::from_std_stream(sock.into()).connect(addr).await {
             Ok(t) => t,
             // The application's socket cannot be bound again: its error is the caller's, as
@@ -272,6 +279,16 @@ async fn via_door(
             }
             Err(e) => return Err(e),
         };
+        // The handshake takes a place again; with none free the connection stays TCP (the
+        // registration cancelled as it goes).
+        match ClientSlot::take(ctx, limit, cfg) {
+            Some(s) => *slot = Some(s),
+            None => {
+                drop(reg);
+                let congested = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+                return tcp_or_refuse(cfg, tcp, congested).map(Some);
+            }
+        }
         // Our own address, told to the listener: learned once per destination address (an
         // application's socket may be bound to any of the host's addresses: asked each time).
         let known = if from_user { None } else { sys::known_source(addr.ip()) };

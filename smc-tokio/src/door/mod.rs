@@ -198,8 +198,10 @@ enum Read {
 #[derive(Default)]
 struct Missed {
     /// Seconds since `epoch`, plus one, when each port last missed (0: never); `None` until
-    /// the first miss (256 KiB).
+    /// a miss (256 KiB), and again once the last one is older than [`ENTRY_TTL`].
     at: Option<Box<[u32]>>,
+    /// When the last miss was (as in `at`).
+    last: u32,
     epoch: Option<Instant>,
 }
 
@@ -213,13 +215,19 @@ impl Missed {
     fn note(&mut self, port: u16) {
         let now = self.now();
         self.at.get_or_insert_with(|| vec![0; 1 << 16].into_boxed_slice())[usize::from(port)] = now;
+        self.last = now;
     }
 
     /// Whether a connection from `port` was handed out as TCP within [`ENTRY_TTL`] (give or
-    /// take the clock's second).
+    /// take the clock's second). The table goes once every entry in it is older.
     fn recently(&mut self, port: u16) -> bool {
         let Some(at) = self.at.as_ref().map(|t| t[usize::from(port)]) else { return false };
-        at != 0 && u64::from(self.now() - at) <= ENTRY_TTL.as_secs()
+        let now = self.now();
+        if u64::from(now - self.last) > ENTRY_TTL.as_secs() {
+            self.at = None;
+            return false;
+        }
+        at != 0 && u64::from(now - at) <= ENTRY_TTL.as_secs()
     }
 }
 
@@ -1748,6 +1756,15 @@ impl Door {
         }
     }
 
+    /// Test hook: the door forgets our ends of the connections it verified, as when they were
+    /// request sockets then (the listen queue full).
+    #[cfg(test)]
+    fn forget_ours_for_test(&self) {
+        for e in self.lock().entries.values_mut().flatten() {
+            e.ours = None;
+        }
+    }
+
     /// Test hook: the door goes blind as when the kernel cannot say who owns a connection.
     #[cfg(test)]
     pub(crate) fn go_blind_for_test(&self) {
@@ -1779,14 +1796,16 @@ impl Door {
             let age = e.since.elapsed();
             let gone = match e.verified {
                 None => age >= ENTRY_TTL,
-                // Unless the kernel says our end is gone (reset before the accept); while it
-                // is there, its cookie is noted for the accept.
+                // Past ENTRY_TTL, unless the kernel says our end is gone (reset before the
+                // accept). While it is there, its cookie is noted for the accept, at any age
+                // where `verify` could not note it (a request socket then: the listen queue
+                // was full).
                 Some((client, server)) => {
                     age >= VERIFIED_TTL
-                        || (age >= ENTRY_TTL && looks > 0 && {
+                        || ((age >= ENTRY_TTL || e.ours.is_none()) && looks > 0 && {
                             looks -= 1;
                             match self.diag.owner(server, client) {
-                                Ok(None) => true,
+                                Ok(None) => age >= ENTRY_TTL,
                                 Ok(Some(o)) => {
                                     if e.ours.is_none() {
                                         e.ours = self.our_end(e, (client, server), o);
@@ -1883,7 +1902,8 @@ impl Door {
         let tuple = (peer, local);
         let verified = st.seen_at(tuple)?;
         let ours = verified.and_then(|i| st.entries.get(&peer.port())?.get(i)?.ours);
-        let own = ours.map(|ours| sys::socket_cookie(accepted).ok() == Some(ours));
+        // A cookie that cannot be read says nothing: the kernel is asked as without one.
+        let own = ours.and_then(|ours| Some(sys::socket_cookie(accepted).ok()? == ours));
         let found = if own == Some(true) {
             // Our end is the connection's own: exact, whoever holds the client's end now.
             verified
@@ -3379,7 +3399,7 @@ mod tests {
     /// Connections handed out as TCP are remembered for a registration's lifetime however many
     /// come after: a burst of plain connections (anyone's) pushed an earlier one out of a list
     /// as long as the door's registrations, and that connection's registration, read then,
-    /// could commit it.
+    /// could commit it. Past that lifetime they are forgotten, and their table goes.
     #[test]
     fn no_burst_of_misses_pushes_an_earlier_one_out() {
         let mut st = DoorState::default();
@@ -3393,6 +3413,12 @@ mod tests {
         }
         assert!(st.missed.recently(victim.port()), "a burst of misses pushed the first one out");
         assert!(!st.missed.recently(39_999), "a port that never missed");
+        // Past ENTRY_TTL after the last miss (the door's clock moved on): forgotten, and the
+        // table given back.
+        let epoch = st.missed.epoch.expect("the clock started");
+        st.missed.epoch = Some(epoch.checked_sub(ENTRY_TTL + Duration::from_secs(2)).expect("a clock this old"));
+        assert!(!st.missed.recently(victim.port()), "a miss outlived ENTRY_TTL");
+        assert!(st.missed.at.is_none(), "the table outlived its last entry");
     }
 
     /// A registration whose connection `verify` saw is matched at accept only to that very
@@ -3780,11 +3806,11 @@ mod tests {
     /// client wrote and closed, and its socket went at once (a network namespace of its own with
     /// `tcp_max_tw_buckets` 0, which any local user can bring about on the host by filling the
     /// TIME_WAIT table), as it goes a minute after the close otherwise. Our end is learned when
-    /// the door verifies the connection, and, for a registration kept for a late accept (past
-    /// [`ENTRY_TTL`]) whose end was a request socket then, by the sweep. Before, an accept
-    /// within the first 30 s found no client end and handed the connection out as TCP, its
-    /// client committed to shared memory with its bytes there. A socket that is not that
-    /// connection's end is not matched to it.
+    /// the door verifies the connection, or, where our end was a request socket then, by the
+    /// sweep, before [`ENTRY_TTL`] or past it (a registration kept for a late accept). Before,
+    /// an accept within the first 30 s found no client end and handed the connection out as
+    /// TCP, its client committed to shared memory with its bytes there. A socket that is not
+    /// that connection's end is not matched to it.
     #[test]
     fn a_seen_registration_is_matched_by_our_end_after_its_client_end_is_gone() {
         use std::io::Write;
@@ -3804,12 +3830,15 @@ mod tests {
             rt.block_on(async {
                 let (queue, door) = door_for_a_queue();
                 let server = queue.local_addr().unwrap();
-                // A seen registration (kept past ENTRY_TTL if `late`: the sweep notes our end),
-                // whose client wrote and closed, and whose client end the kernel no longer has.
-                let after_its_client = |id: u64, late: bool| {
+                // A seen registration whose client wrote and closed, and whose client end the
+                // kernel no longer has. Our end is noted by `verify`, or, where that saw a request
+                // socket (here: forgot what it noted), by the sweep, within ENTRY_TTL or past it
+                // (`late`, the registration kept).
+                let after_its_client = |id: u64, (by_sweep, late): (bool, bool)| {
                     let (sock, client, door_conn) = seen(&door, id, server);
-                    if late {
-                        door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
+                    if by_sweep {
+                        door.forget_ours_for_test();
+                        door.age_for_test(if late { ENTRY_TTL + Duration::from_secs(1) } else { Duration::ZERO });
                         door.sweep();
                         assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
                     }
@@ -3821,25 +3850,25 @@ mod tests {
                     });
                     (client, door_conn)
                 };
-                for late in [true, false] {
-                    let (client, _door_conn) = after_its_client(7, late);
+                for mode in [(true, true), (true, false), (false, false)] {
+                    let (client, _door_conn) = after_its_client(7, mode);
                     let (accepted, _) = queue.accept().unwrap();
                     let stranger = std::net::TcpStream::connect(server).unwrap();
                     let _stranger_here = queue.accept().unwrap();
                     let mut st = door.lock();
                     assert!(
                         door.take(&mut st, client, server, stranger.as_fd()).is_none(),
-                        "late {late}: another socket matched"
+                        "{mode:?}: another socket matched"
                     );
-                    assert_eq!(st.count, 0, "late {late}: a registration whose connection is not this one ends");
+                    assert_eq!(st.count, 0, "{mode:?}: a registration whose connection is not this one ends");
                     drop(st);
                     // Again, and this time the connection accepted is its own.
-                    let (client, _door_conn) = after_its_client(8, late);
+                    let (client, _door_conn) = after_its_client(8, mode);
                     let (next, _) = queue.accept().unwrap();
                     let mut st = door.lock();
                     assert!(
                         matches!(door.take(&mut st, client, server, next.as_fd()), Some(Matched::Early(_))),
-                        "late {late}: an accept of a seen connection whose client end is gone went out as TCP"
+                        "{mode:?}: an accept of a seen connection whose client end is gone went out as TCP"
                     );
                     drop(st);
                     drop((accepted, next));

@@ -2596,11 +2596,10 @@ impl SmcStreamBuilder {
     /// With `true`, a connect that finds `max_pending_handshakes` client handshakes already
     /// running in this process does not propose SMC: it connects as plain TCP at once. Off
     /// unless set here (the process-wide `limit_handshake` is for listeners). A connect holds
-    /// no place while a TCP connection is made without a handshake on it (plain TCP) or before
-    /// one (in-band, to another host), nor while it waits for another connection's first
-    /// contact with the server: a host that is down can take minutes to refuse a connection.
-    /// An in-band handshake takes a place again once connected, and stays TCP if none is free
-    /// then.
+    /// no place while its TCP connection is made (plain, in-band or through a same-host door),
+    /// nor while it waits for another connection's first contact with the server: a host that
+    /// is down, or a listener whose queue is full, can take minutes to answer. A handshake
+    /// takes a place again once connected, and stays TCP if none is free then.
     ///
     /// # Examples
     ///

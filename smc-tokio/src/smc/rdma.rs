@@ -373,6 +373,9 @@ impl FirstContact {
             if tokio::time::timeout(timeout, link.wait_up()).await.is_err() {
                 tracing::debug!(server = %self.server, "the new link group's link was not confirmed in time");
             }
+            // Its group may have failed meanwhile and let go of it: this may be the link's last
+            // reference, whose queue pair and memory go on the setup thread, as a group's do.
+            crate::link::verbs::device::drop_on_setup_thread(Box::new(link));
         }
     }
 }

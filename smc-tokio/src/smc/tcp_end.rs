@@ -125,9 +125,11 @@ thread_local! {
 /// Waits for the closes this thread deferred ([`DEFERRED`]): called where no connection's lock
 /// is held (a connection's release, a group's turn or drain), so that none waits there long.
 pub(crate) fn settle_deferred() {
-    if !ANY_DEFERRED.try_with(|a| a.replace(false)).unwrap_or(false) {
+    // A load on every group's turn; the store only when there is something.
+    if !ANY_DEFERRED.try_with(std::cell::Cell::get).unwrap_or(false) {
         return;
     }
+    let _ = ANY_DEFERRED.try_with(|a| a.set(false));
     while let Some(f) = DEFERRED.try_with(|d| d.borrow_mut().pop()).ok().flatten() {
         drop(f);
     }

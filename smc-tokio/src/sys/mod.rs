@@ -1086,23 +1086,29 @@ pub(crate) fn refuses_descriptors(fd: BorrowedFd<'_>) -> bool {
 /// from the moment its client connects (Linux copies `SO_PASSRIGHTS` from the listener to the
 /// new socket when the client connects): found out once per process with a listener, a
 /// connection and an accept of our own. False where the kernel has no such option, where it
-/// does not copy it (a kernel that took the option without the copy), or where the probe fails.
+/// does not copy it (a kernel that took the option without the copy), or where the probe fails
+/// (out of descriptors, say: then it is tried again at the next call, as only a definite answer
+/// is kept).
 pub(crate) fn refusal_inherited() -> bool {
     static INHERITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *INHERITED.get_or_init(|| {
-        let name = format!("smc-tokio/refusal-probe/{}/{:016x}", std::process::id(), random_u64());
-        let probe = || -> io::Result<bool> {
-            let listener = seqpacket_listen(name.as_bytes(), false)?;
-            if !refuses_descriptors(std::os::fd::AsFd::as_fd(&listener)) {
-                return Ok(false);
-            }
-            let _client = seqpacket_connect(name.as_bytes())?;
-            // Ours on both ends, nothing queued: closed here.
-            let accepted = seqpacket_accept(std::os::fd::AsFd::as_fd(&listener))?.inert();
-            Ok(refuses_descriptors(std::os::fd::AsFd::as_fd(&accepted)))
-        };
-        probe().unwrap_or(false)
-    })
+    if let Some(known) = INHERITED.get() {
+        return *known;
+    }
+    let name = format!("smc-tokio/refusal-probe/{}/{:016x}", std::process::id(), random_u64());
+    let probe = || -> io::Result<bool> {
+        let listener = seqpacket_listen(name.as_bytes(), false)?;
+        if !refuses_descriptors(std::os::fd::AsFd::as_fd(&listener)) {
+            return Ok(false);
+        }
+        let _client = seqpacket_connect(name.as_bytes())?;
+        // Ours on both ends, nothing queued: closed here.
+        let accepted = seqpacket_accept(std::os::fd::AsFd::as_fd(&listener))?.inert();
+        Ok(refuses_descriptors(std::os::fd::AsFd::as_fd(&accepted)))
+    };
+    match probe() {
+        Ok(known) => *INHERITED.get_or_init(|| known),
+        Err(_) => false,
+    }
 }
 
 /// Rings a doorbell: sends a one-byte datagram, never blocking. A full queue (EAGAIN, ENOBUFS)

@@ -752,6 +752,8 @@ pub(crate) async fn join(
             // The server's connection refuses descriptors until it knows who connected
             // (`SO_PASSRIGHTS`): its READY says it takes them now.
             Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                #[cfg(test)]
+                tests::JOINS_RESENT.with(|n| n.set(n.get() + 1));
                 let (msg, fds) = recv_msg(&sock).await.map_err(broke)?;
                 if Ready::decode(&msg).is_err() || !fds.is_empty() {
                     return Err(JoinError::Refused("no ready for a join refused for its region".into()));
@@ -798,16 +800,19 @@ pub(crate) struct Admission {
 
 /// Server side: serves one side-channel connection: reads the JOIN, asks `admit` (which checks
 /// the group, the secret and the peer's credentials and hands over our half), answers, and
-/// completes the link. A connection that has refused descriptors since it was made
-/// ([`PeerFd::is_inert`]; its peer is a client we wait for) takes them from here on, and says
-/// so with a READY first.
+/// completes the link. A connection that refuses descriptors (as a side channel's do from the
+/// moment their peer connects, where the kernel can; its peer is a client we wait for) takes
+/// them from here on, and says so with a READY first.
 pub(crate) async fn answer_join(
     fd: PeerFd,
     timeout: Duration,
     listen_euid: u32,
     admit: impl FnOnce(Join, sys::PeerCred) -> Result<Admission, JoinRefused>,
 ) -> Result<(u64, ShmLink), String> {
-    let refused = fd.is_inert();
+    // Asked of the socket itself, not of how its listener was set up: a connection that
+    // refuses descriptors but was not taken for inert (the process could not find out whether
+    // refusal is inherited) must still say READY, or its client would wait for it.
+    let refused = sys::refuses_descriptors(fd.as_fd());
     let fd = if refused { fd.taking_descriptors() } else { fd };
     if refused && !sys::allow_descriptors(fd.as_fd()) {
         return Err("the side channel cannot take the join's region".to_string());
@@ -1080,12 +1085,21 @@ pub(crate) mod tests {
         (client, server)
     }
 
+    std::thread_local! {
+        /// JOINs this thread's clients sent again after a READY.
+        pub(super) static JOINS_RESENT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     /// A side channel that refuses descriptors until it knows who connected: the client's
-    /// JOIN, refused at first, goes again once the server's READY says it takes them, and the
-    /// two ends are linked as over any other side channel.
+    /// JOIN, refused at first (sent before the server's task accepted: one thread runs both),
+    /// goes again once the server's READY says it takes them, and the two ends are linked as
+    /// over any other side channel.
     #[tokio::test]
     async fn a_side_channel_that_refuses_descriptors_takes_the_join_after_its_ready() {
+        let resent = JOINS_RESENT.with(std::cell::Cell::get);
         let (client, server) = joined_over(small(), "ready", true).await;
+        let refusing = sys::refusal_inherited();
+        assert_eq!(JOINS_RESENT.with(std::cell::Cell::get) - resent, usize::from(refusing), "JOINs sent again");
         let frame = CdcMsg::new(1, 9).encode();
         assert_eq!(client.cdc_send_frame(&frame), Ok(true));
         let mut got = Vec::new();
