@@ -1478,11 +1478,14 @@ fn poll_door(
     if door_backoff.as_mut().is_some_and(|b| b.as_mut().poll(cx).is_ready()) {
         *door_backoff = None;
     }
-    let Some(door) = shared.door.as_ref().filter(|_| door_backoff.is_none()) else { return };
+    let Some(door) = shared.door.as_ref() else { return };
+    // Backing off takes no new door connections (the closers congested, no descriptor), but
+    // reads those held: their clients' handshakes would wait out the backoff otherwise.
+    let accept = door_backoff.is_none();
     let mut rounds = 0;
     let mut budget = crate::door::TURN_READS;
     loop {
-        match door.poll_drain(cx, &mut budget) {
+        match door.poll_drain(cx, &mut budget, accept) {
             // A full batch: take TCP connections too, then come back.
             Poll::Ready(Ok(true)) => {
                 cx.waker().wake_by_ref();

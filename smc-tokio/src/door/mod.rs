@@ -1354,8 +1354,14 @@ impl Door {
     /// them in (for the listener task, which is what reads door connections while their
     /// handshakes wait). `Ok(true)`: more may be queued (the caller comes back after other
     /// work). An error (no descriptor for a new connection, say) is returned so that the caller
-    /// backs off instead of spinning on a door that stays readable.
-    pub(crate) fn poll_drain(&self, cx: &mut std::task::Context<'_>, budget: &mut usize) -> Poll<io::Result<bool>> {
+    /// backs off instead of spinning on a door that stays readable; while it does, it reads the
+    /// door connections it holds with `accept` off (new ones wait in the door's queue).
+    pub(crate) fn poll_drain(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        budget: &mut usize,
+        accept: bool,
+    ) -> Poll<io::Result<bool>> {
         #[cfg(test)]
         if self.stalled.load(Ordering::Relaxed) {
             return Poll::Ready(Err(io::Error::other("door reads stalled (test)")));
@@ -1388,10 +1394,11 @@ impl Door {
         if more {
             return Poll::Ready(Ok(true));
         }
-        if self.blind.load(Ordering::Relaxed) {
-            // The door is shut: its listening socket reports a hang-up for good and accepts
-            // nothing, so it is not waited on (it would be ready on every poll); door
-            // connections still open are read, and their registrations refused.
+        if !accept || self.blind.load(Ordering::Relaxed) {
+            // Not taking new door connections now (the caller backs off), or the door is shut:
+            // its listening socket reports a hang-up for good and accepts nothing, so it is not
+            // waited on (it would be ready on every poll); door connections still open are
+            // read (a shut door refuses their registrations).
             return if progress { Poll::Ready(Ok(false)) } else { Poll::Pending };
         }
         let mut batch = DRAIN_BATCH;
@@ -3394,6 +3401,47 @@ mod tests {
         let _ = door.drain(&mut st);
         let conn = st.conns.last().expect("the door connection").clone();
         (client, EarlyKey { conn, id }, door_conn)
+    }
+
+    /// While its listener backs off taking new door connections (closers congested, no
+    /// descriptor), the door still reads the ones it holds: their clients' registrations would
+    /// wait out the backoff (100 ms) otherwise. New ones wait in its queue meanwhile.
+    #[tokio::test]
+    async fn a_door_that_takes_no_new_connections_still_reads_those_it_holds() {
+        use crate::proto::clc::ShmOffer;
+        use crate::proto::door::RegisterHead;
+        let (_queue, door) = door_for_a_queue();
+        let held = sys::seqpacket_connect(door.name()).unwrap();
+        // Drains (taking new connections or not) until `done`, letting the runtime's reactor
+        // run in between.
+        async fn drain_until(door: &Door, accept: bool, what: &str, done: impl Fn(&Door) -> bool) {
+            let t = Instant::now();
+            loop {
+                let mut budget = TURN_READS;
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                let _ = door.poll_drain(&mut cx, &mut budget, accept);
+                if done(door) {
+                    return;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "{what}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        drain_until(&door, true, "the door connection was not taken", |d| d.lock().conns.len() == 1).await;
+        // A knock waits in the queue; the held connection registers.
+        let _knock = sys::seqpacket_connect(door.name()).unwrap();
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let client = sock.local_addr().unwrap().as_socket().unwrap();
+        let head = RegisterHead { instance: 1, cookie: sys::socket_cookie(sock.as_fd()).unwrap(), port: client.port() };
+        let frame = head.encode_frame(7, &proposal(Some(ShmOffer { link_group: 0 })));
+        sys::send_with_fds(held.as_fd(), &frame, &[]).unwrap();
+        drain_until(&door, false, "the held connection's registration was not read", |d| d.lock().count == 1).await;
+        assert_eq!(door.lock().conns.len(), 1, "a new door connection taken while not taking any");
+        drain_until(&door, true, "the knock was not taken once the door takes connections again", |d| {
+            d.lock().conns.len() == 2
+        })
+        .await;
     }
 
     /// Connections handed out as TCP are remembered for a registration's lifetime however many
