@@ -96,7 +96,7 @@ pub(crate) async fn establish(
         return plain(ctx, cfg, addr, FallbackReason::NegativeCache, user, kernel).await;
     }
     // Held for the handshake's own steps only: every TCP connect made without a handshake
-    // (plain, or a door's decline) or before it (in-band) lets it go first. Such a connect may
+    // (plain, or a door's decline) or before it (in-band, or a door's) lets it go first. Such a connect may
     // wait out SYN retransmissions (a host that is down, a server whose accept queue is full:
     // minutes), which are no handshake, and a place held meanwhile sent every other
     // connection of the process to TCP as congested.

@@ -219,15 +219,19 @@ impl Missed {
     }
 
     /// Whether a connection from `port` was handed out as TCP within [`ENTRY_TTL`] (give or
-    /// take the clock's second). The table goes once every entry in it is older.
+    /// take the clock's second).
     fn recently(&mut self, port: u16) -> bool {
+        self.expire();
         let Some(at) = self.at.as_ref().map(|t| t[usize::from(port)]) else { return false };
-        let now = self.now();
-        if u64::from(now - self.last) > ENTRY_TTL.as_secs() {
+        at != 0 && u64::from(self.now() - at) <= ENTRY_TTL.as_secs()
+    }
+
+    /// Gives the table back once every entry in it is older than [`ENTRY_TTL`] (looked at
+    /// here, at each `verify` and at each sweep).
+    fn expire(&mut self) {
+        if self.at.is_some() && u64::from(self.now() - self.last) > ENTRY_TTL.as_secs() {
             self.at = None;
-            return false;
         }
-        at != 0 && u64::from(now - at) <= ENTRY_TTL.as_secs()
     }
 }
 
@@ -642,6 +646,9 @@ pub(crate) struct Door {
     solo: bool,
     /// Door connections held at most ([`conn_budget`]).
     conn_budget: usize,
+    /// How many verified registrations' connections a sweep asks the kernel about at most
+    /// ([`VERIFIED_LOOKS`]; fewer in tests).
+    looks_per_sweep: usize,
     /// The runtime the door was opened on (the listener's), where the senders of its door
     /// connections run, whichever runtime's accept took a connection in: a runtime of the
     /// application's that ends does not take them along.
@@ -805,12 +812,14 @@ struct Entry {
     /// asks the kernel (`take`).
     verified: Option<(SocketAddr, SocketAddr)>,
     /// The cookie of our end of that connection, waiting in the listen queue, as `verify` finds
-    /// it (or, where it was a request socket then, as the sweep learns it for a registration
-    /// kept past [`ENTRY_TTL`]). Once known, an
+    /// it (or, where it was a request socket then, as the sweep learns it). Once known, an
     /// accepted socket with it is that connection, whatever became of its client end: a client
     /// that wrote, closed and left `TIME_WAIT` before a late accept is no longer in the kernel's
     /// table, and the four-tuple alone may since be another socket's.
     ours: Option<u64>,
+    /// When the sweep last asked the kernel about our end of its connection: those asked
+    /// least recently are asked first.
+    looked: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -1247,6 +1256,7 @@ impl Door {
                         diag,
                         solo,
                         conn_budget,
+                        looks_per_sweep: VERIFIED_LOOKS,
                         rt: tokio::runtime::Handle::try_current().ok(),
                         inert_conns,
                         listen_port: local.port(),
@@ -1672,6 +1682,7 @@ impl Door {
                     early: tx,
                     verified: None,
                     ours: None,
+                    looked: None,
                 });
                 if let Some(rx) = rx {
                     let inbox = Arc::new(Inbox::default());
@@ -1790,44 +1801,49 @@ impl Door {
         // `VERIFIED_LOOKS` of them (a listen queue of thousands, asked every sweep, made tens of
         // thousands of sock_diag round trips a second on the listener's task); a blind door
         // cannot ask.
-        let mut looks = if st.verified_looked.is_none_or(|t| t.elapsed() >= VERIFIED_LOOK_EVERY)
+        let looks = if st.verified_looked.is_none_or(|t| t.elapsed() >= VERIFIED_LOOK_EVERY)
             && !self.blind.load(Ordering::Relaxed)
         {
             st.verified_looked = Some(Instant::now());
-            VERIFIED_LOOKS
+            self.looks_per_sweep
         } else {
             0
         };
         let mut stale: Vec<(Arc<ServerConn>, u64)> = Vec::new();
-        for e in st.entries.values_mut().flatten() {
-            let age = e.since.elapsed();
-            let gone = match e.verified {
-                None => age >= ENTRY_TTL,
-                // Past ENTRY_TTL, unless the kernel says our end is gone (reset before the
-                // accept). While it is there, its cookie is noted for the accept, at any age
-                // where `verify` could not note it (a request socket then: the listen queue
-                // was full).
-                Some((client, server)) => {
-                    age >= VERIFIED_TTL
-                        || ((age >= ENTRY_TTL || e.ours.is_none()) && looks > 0 && {
-                            looks -= 1;
-                            match self.diag.owner(server, client) {
-                                Ok(None) => age >= ENTRY_TTL,
-                                Ok(Some(o)) => {
-                                    if e.ours.is_none() {
-                                        e.ours = self.our_end(e, (client, server), o);
-                                    }
-                                    false
-                                }
-                                Err(_) => false,
-                            }
-                        })
+        // Verified registrations whose connection's our end the kernel is to be asked about:
+        // past ENTRY_TTL (kept while our end is there), or at any age where `verify` could not
+        // note our end (a request socket then: the listen queue was full). Those asked least
+        // recently first, so that however many wait, each is asked in turn.
+        let mut ask: Vec<(Option<Instant>, u16, usize)> = Vec::new();
+        for (&port, list) in &st.entries {
+            for (i, e) in list.iter().enumerate() {
+                let age = e.since.elapsed();
+                match e.verified {
+                    None if age >= ENTRY_TTL => stale.push((e.conn.clone(), e.id)),
+                    None => {}
+                    Some(_) if age >= VERIFIED_TTL => stale.push((e.conn.clone(), e.id)),
+                    Some(_) if age >= ENTRY_TTL || e.ours.is_none() => ask.push((e.looked, port, i)),
+                    Some(_) => {}
                 }
-            };
-            if gone {
-                stale.push((e.conn.clone(), e.id));
             }
         }
+        if looks > 0 && !ask.is_empty() {
+            ask.sort_unstable_by_key(|a| a.0);
+            for (_, port, i) in ask.into_iter().take(looks) {
+                let Some(e) = st.entries.get_mut(&port).and_then(|l| l.get_mut(i)) else { continue };
+                let Some((client, server)) = e.verified else { continue };
+                e.looked = Some(Instant::now());
+                match self.diag.owner(server, client) {
+                    // Our end is gone (reset before the accept): past ENTRY_TTL, so is the
+                    // registration. (A young one is kept: a look-up can miss our end while the
+                    // kernel turns its request socket into a full one.)
+                    Ok(None) if e.since.elapsed() >= ENTRY_TTL => stale.push((e.conn.clone(), e.id)),
+                    Ok(Some(o)) if e.ours.is_none() => e.ours = self.our_end(e, (client, server), o),
+                    _ => {}
+                }
+            }
+        }
+        st.missed.expire();
         for (conn, id) in stale {
             st.remove(&conn, id);
         }
@@ -3442,6 +3458,40 @@ mod tests {
             d.lock().conns.len() == 2
         })
         .await;
+    }
+
+    /// However many verified registrations wait for the sweep to note our ends of their
+    /// connections, each is asked about in turn, those asked least recently first: the kernel
+    /// is asked about a bounded number a second, and asking in the map's order, which stays
+    /// the same, asked about the same ones every second (those with nothing to note, kept)
+    /// while the rest waited for good.
+    #[tokio::test]
+    async fn the_sweep_asks_about_every_waiting_connection_in_turn() {
+        let (queue, mut door) = door_for_a_queue();
+        door.looks_per_sweep = 1;
+        let server = queue.local_addr().unwrap();
+        // Two whose connections their clients reset (our ends go with them: nothing to note,
+        // and, young, the registrations are kept), one whose our end is there.
+        let mut socks: Vec<_> = (0..3).map(|id| seen(&door, 10 + id, server)).collect();
+        for (sock, client, _) in socks.drain(..2) {
+            sock.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(sock);
+            within_10s("our end outlived its client's reset", || {
+                !matches!(door.diag.owner(server, client), Ok(Some(_)))
+            });
+        }
+        // As if each had been a request socket when it was verified.
+        door.forget_ours_for_test();
+        for _ in 0..3 {
+            door.lock().verified_looked = None;
+            door.sweep();
+        }
+        let st = door.lock();
+        let entries: Vec<_> = st.entries.values().flatten().collect();
+        assert_eq!(entries.len(), 3, "young registrations dropped");
+        assert!(entries.iter().all(|e| e.looked.is_some()), "three sweeps of one look each skipped one");
+        assert_eq!(entries.iter().filter(|e| e.ours.is_some()).count(), 1, "our end of the live one noted");
+        drop(socks);
     }
 
     /// Connections handed out as TCP are remembered for a registration's lifetime however many

@@ -2599,7 +2599,8 @@ impl SmcStreamBuilder {
     /// no place while its TCP connection is made (plain, in-band or through a same-host door),
     /// nor while it waits for another connection's first contact with the server: a host that
     /// is down, or a listener whose queue is full, can take minutes to answer. A handshake
-    /// takes a place again once connected, and stays TCP if none is free then.
+    /// takes a place again once connected, and stays TCP if none is free then (or, under
+    /// `Policy::Never`, fails).
     ///
     /// # Examples
     ///

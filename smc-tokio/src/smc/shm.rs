@@ -138,8 +138,10 @@ impl SideListener {
                 }
                 match g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
                     Ok(Ok(fd)) => {
-                        // Nothing but bytes can be queued in it yet: closed in place if refused.
-                        let fd = if inert_conns { fd.inert() } else { fd };
+                        // Nothing but bytes can be queued in it yet where it refuses descriptors
+                        // (asked of the socket: a listener whose probe failed still has them):
+                        // closed in place.
+                        let fd = if inert_conns || sys::refuses_descriptors(fd.as_fd()) { fd.inert() } else { fd };
                         // Filtered at once, as the door filters its knocks: only a process a
                         // pending group of ours waits for may join, and only so many at once
                         // (each for at most the join timeout). Anybody else's connection is

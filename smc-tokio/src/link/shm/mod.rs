@@ -1054,11 +1054,11 @@ pub(crate) mod tests {
         let server = tokio::spawn(async move {
             // SAFETY: an OwnedFd owns its descriptor.
             let l = unsafe { sys::register(listener, Interest::READABLE) }.unwrap();
+            // Not marked inert: whether to say READY is asked of the socket.
             let fd = loop {
                 let mut g = l.readable().await.unwrap();
                 if let Ok(r) = g.try_io(|l| sys::seqpacket_accept(l.get_ref().as_fd())) {
-                    let fd = r.unwrap();
-                    break if inert { fd.inert() } else { fd };
+                    break r.unwrap();
                 }
             };
             answer_join(fd, Duration::from_secs(5), 0, |j, cred| {
