@@ -1927,8 +1927,12 @@ impl SmcConn {
         }
         st.lingering = None;
         tracing::debug!(parent: &self.span, ?silent, "the peer never answered our close: forgetting the connection");
-        if let (true, Some(tcp)) = (st.engine.close_sent(), st.tcp.as_deref()) {
-            // The peer has our close in order: its TCP end may go without a FIN exchange.
+        if let Some(tcp) = st.tcp.as_deref() {
+            // Ended with a reset either way. The peer has our close in order (its watcher
+            // drains the ring before it reads the socket's end): its TCP end may go without a
+            // FIN exchange. Or it never took it (the peer left its CDC ring full: a stopped
+            // process, say): what it reads of ours may lack the bytes announced with the close,
+            // and a FIN would end that as a whole stream, where a reset says it was cut short.
             sys::set_zero_linger(tcp);
         }
         Self::drop_tcp(&mut st);

@@ -1689,6 +1689,32 @@ mod tests {
         assert_eq!(end.unwrap(), 0);
     }
 
+    /// A released connection whose close never went out (the peer never took a CDC frame, and
+    /// its ring is full) and whose peer stays silent ends its TCP connection with a reset once
+    /// forgotten: the peer may lack the bytes the close would have announced, and a FIN would
+    /// read as the clean end of a whole stream.
+    #[tokio::test]
+    async fn a_close_that_never_went_out_ends_tcp_with_a_reset() {
+        use tokio::io::AsyncReadExt;
+        let shm = |client| -> Arc<dyn Link> { Arc::new(client) };
+        let (_g, conn, _server, tcp, mut theirs) = conn_beside_tcp("close-never-sent", shm).await;
+        let watcher = conn.watch_tcp(Arc::new(tcp));
+        // Nobody takes the frames on the other end: each flushed write is one, until the CDC
+        // ring is full.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for i in 0..64u8 {
+            assert_eq!(conn.try_write(&[i]).unwrap(), 1);
+            if conn.poll_flush(&mut cx).is_pending() {
+                break;
+            }
+        }
+        conn.release(false, watcher.take());
+        conn.end_if_silent(std::time::Instant::now() + Duration::from_secs(3600));
+        let mut b = [0u8; 8];
+        let end = tokio::time::timeout(Duration::from_secs(10), theirs.read(&mut b)).await.expect("an end");
+        assert_eq!(end.unwrap_err().kind(), std::io::ErrorKind::ConnectionReset, "not a reset");
+    }
+
     /// Over RDMA a connection that ended with its link group where it could not move (here the
     /// group torn down with its runtime) ends its TCP connection with a reset: what it wrote
     /// last may not have reached the peer, and a FIN would read as a clean end after it.
