@@ -194,6 +194,30 @@ async fn an_orderly_close_is_no_move() {
     assert!(server.transport().is_smc(), "an orderly close is no move");
 }
 
+/// A move that fails on a frame that breaks the exchange, after the link failed (no abort can
+/// go over it), ends the connection for the peer with an error, not a clean end: the bytes it
+/// was to send again are lost. (Here the kernel resets the client's socket anyway, closed with
+/// the server's frame unread; where nothing is left unread, its socket's zero linger does.)
+#[tokio::test]
+async fn a_move_broken_by_a_bad_frame_ends_the_peers_stream_with_an_error() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let (mut client, mut server) = smc_pair(ShmConfig::default()).await;
+    // The client's link fails: it moves, and reads the server's frame. Before the server's
+    // task runs (one thread runs both), bytes on its TCP socket that are no handback frame: the
+    // client takes them for the server's frame, and the exchange breaks.
+    client.fail_link().unwrap();
+    let junk = [0xA5u8; 64];
+    // SAFETY: writes from a valid buffer of its length on the stream's own socket.
+    let n = unsafe { libc::write(server.as_fd().as_raw_fd(), junk.as_ptr().cast(), junk.len()) };
+    assert_eq!(n, 64, "{}", std::io::Error::last_os_error());
+    let mut b = [0u8; 8];
+    let failed = bounded(30, client.read(&mut b)).await;
+    assert!(failed.is_err(), "the client's move did not fail: {failed:?}");
+    drop(client);
+    let end = bounded(30, server.read(&mut b)).await;
+    assert!(end.is_err(), "the peer read a clean end after the failed move: {end:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moves_on_a_multi_threaded_runtime_lose_nothing_either() {
     for (i, mover) in [Mover::HandBack, Mover::FailLink, Mover::HandBack, Mover::FailLink].into_iter().enumerate() {

@@ -2620,9 +2620,11 @@ impl SmcConn {
             // reset now, so that neither side reads a stream with a gap in it, or its clean end.
             Err(_) if self.reads_released() => crate::sys::reset_now(&*tcp),
             // The connection is over for both: the peer learns it when the socket closes (the
-            // stream's last holder lets it go), from a reset.
-            Err(Failure::Silent) => crate::sys::set_zero_linger(&tcp),
-            Err(_) => {}
+            // stream's last holder lets it go), from a reset, whatever failed (a silent peer, a
+            // frame that broke the exchange, the socket, the peer gone): what the move was to
+            // send again is lost, and a FIN would read, for a peer that moved too, as the clean
+            // end of a whole stream.
+            Err(_) => crate::sys::set_zero_linger(&tcp),
         }
         drop(tcp);
         Self::drop_tcp(&mut st);
@@ -2664,7 +2666,6 @@ impl SmcConn {
                     Failure::Tcp(e) => ConnError::Tcp(e.kind(), format!("moving the connection to tcp: {e}")),
                     Failure::Protocol(e) => ConnError::Protocol(e.to_string()),
                     Failure::Silent => {
-                        // The socket was set to end with a reset (above).
                         let wait = crate::smc::handback::PEER_FRAME_WAIT.as_secs();
                         let e = format!("moving the connection to tcp: the peer's frame did not come within {wait} s");
                         ConnError::Tcp(io::ErrorKind::TimedOut, e)
