@@ -1481,7 +1481,7 @@ fn poll_door(
     let Some(door) = shared.door.as_ref() else { return };
     // Backing off takes no new door connections (the closers congested, no descriptor), but
     // reads those held: their clients' handshakes would wait out the backoff otherwise.
-    let accept = door_backoff.is_none();
+    let mut accept = door_backoff.is_none();
     let mut rounds = 0;
     let mut budget = crate::door::TURN_READS;
     loop {
@@ -1509,7 +1509,13 @@ fn poll_door(
                 // Registers the wake at its end.
                 let _ = b.as_mut().poll(cx);
                 *door_backoff = Some(b);
-                break;
+                if !accept {
+                    break;
+                }
+                // The held connections once more, not taking new ones: a connection read empty
+                // above had its readiness used up, and is watched again only once polled
+                // Pending (its next registration would wait out the backoff otherwise).
+                accept = false;
             }
             Poll::Pending => break,
         }

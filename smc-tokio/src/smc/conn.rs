@@ -1904,8 +1904,10 @@ impl SmcConn {
     /// its TCP socket: `net.ipv4.tcp_fin_timeout`, 60 s, unless set on the socket; a negative
     /// one, none), as the kernel forgets such a socket: its slot is retired (never used again
     /// while the group lives: the peer may still read, or lend, what it holds), and the TCP
-    /// socket goes. Nothing is sent: a peer that got our close reads what we wrote and then the
-    /// end, as from TCP, and its writes fail already (our close was a full one). Without this,
+    /// socket, where the connection still holds it, goes with a reset. Nothing else is sent: a
+    /// peer that got our close reads what we wrote and then the end, as from TCP, and its
+    /// writes fail already (our close was a full one); one that never got it (it left its CDC
+    /// ring full) reads what was announced, then `SmcError::PeerGone`. Without this,
     /// a peer that never answered a close (stopped, or hostile) held the connection, its slot
     /// and its memory for as long as the link group lived. A connection moving to TCP is left
     /// to the move (which forgets it once over). Returns how long until it would be forgotten
