@@ -818,17 +818,21 @@ enum Class {
     /// A whole CLC message is there (or one whose header is invalid: the handshake declines
     /// it at once). Only then does the connection take a handshake slot: a client that sends
     /// our eyecatcher and stops holds none (a remote one could otherwise hold every slot for a
-    /// handshake timeout each, and send the door's clients to TCP).
+    /// handshake timeout each, and send the door's clients to TCP). A message of another
+    /// version, which the handshake reads whole before it answers, counts once it is whole
+    /// too: its eight-byte header alone held a slot for the handshake timeout.
     Smc,
 }
 
 fn classify(seen: &[u8]) -> Option<Class> {
+    use crate::proto::clc::{decode, ClcError, Decoded};
     if !eyecatcher_prefix_matches(seen) {
-        Some(Class::Plain)
-    } else if matches!(crate::proto::clc::decode(seen), Ok(crate::proto::clc::Decoded::NeedMore(_))) {
-        None
-    } else {
-        Some(Class::Smc)
+        return Some(Class::Plain);
+    }
+    match decode(seen) {
+        Ok(Decoded::NeedMore(_)) => None,
+        Err(ClcError::UnsupportedVersion { len, .. }) if seen.len() < usize::from(len) => None,
+        _ => Some(Class::Smc),
     }
 }
 
@@ -892,6 +896,12 @@ mod tests {
         let mut too_long = proposal[..8].to_vec();
         too_long[6..8].copy_from_slice(&u16::MAX.to_be_bytes());
         assert_eq!(classify(&too_long), Some(Class::Smc), "declined at once, not waited for");
+        // Another version's message: read whole before it is answered, so Smc only whole.
+        let mut other_version = proposal.clone();
+        other_version[4] = crate::proto::clc::CLC_VERSION + 1;
+        assert_eq!(classify(&other_version[..8]), None, "another version's header alone");
+        assert_eq!(classify(&other_version[..other_version.len() - 1]), None);
+        assert_eq!(classify(&other_version), Some(Class::Smc));
         assert_eq!(classify(b"G"), Some(Class::Plain));
         assert_eq!(classify(&[0xE2, 0xD4, 0x00]), Some(Class::Plain));
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
