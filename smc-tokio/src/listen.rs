@@ -104,8 +104,18 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         Transport::Tcp(FallbackReason::PeerNoSmc)
     };
     if may_be_smc_r(&cfg, local, peer) {
-        spawn(shared, tcp, (local, peer), cfg, Start::Peek, None);
-        return Handoff::Later;
+        match shared.peek_slot() {
+            Some(peeking) => {
+                spawn(shared, tcp, (local, peer), cfg, Start::Peek(peeking), None);
+                return Handoff::Later;
+            }
+            // As many are peeked at as the ready queue holds: this one is TCP at once, and a
+            // Proposal it sends is declined as congested by the guard.
+            None => {
+                let congested = Owed::Proposal(DeclineReason::HandshakeCongested);
+                return hand_out(&shared.ctx, &cfg, tcp, plain, Some(congested));
+            }
+        }
     }
     hand_out(&shared.ctx, &cfg, tcp, plain, Some(UNSOLICITED))
 }
@@ -202,8 +212,9 @@ enum Start {
     /// Matched at the door: the handshake runs on the door connection, starting with the
     /// Proposal that came with the registration (slot taken).
     Door(HandshakeSlot, ServerWire),
-    /// Unregistered, possibly an in-band SMC-R client: look at the first bytes first.
-    Peek,
+    /// Unregistered, possibly an in-band SMC-R client: look at the first bytes first (its
+    /// place among those peeked at held until they are seen).
+    Peek(PeekSlot),
 }
 
 /// `addrs`: the connection's local address (if it could be read) and its peer's.
@@ -245,9 +256,11 @@ async fn serve(
 ) -> Option<(Established, Transport)> {
     let (slot, mut wire) = match start {
         Start::Door(slot, wire) => (slot, Some(wire)),
-        Start::Peek => {
+        Start::Peek(peeking) => {
             let deadline = tokio::time::Instant::now() + cfg.peek_timeout;
-            let first = match shared.unless_closed(peek_class(&tcp, deadline)).await {
+            let first = shared.unless_closed(peek_class(&tcp, deadline)).await;
+            drop(peeking);
+            let first = match first {
                 Some(Ok(c)) => c,
                 // The listener closed: the connection goes with it, reset as the kernel resets
                 // those of a closed listener's queue.
@@ -907,6 +920,20 @@ mod tests {
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
 
+    /// A listener looks at the first bytes of at most as many connections at once as its ready
+    /// queue holds; a place is free again when a look ends.
+    #[tokio::test]
+    async fn peeks_are_bounded_by_the_ready_queue() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shared = Arc::new(ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), 2));
+        let (a, b) = (shared.peek_slot(), shared.peek_slot());
+        assert!(a.is_some() && b.is_some());
+        assert!(shared.peek_slot().is_none(), "a third look while two run");
+        drop(a);
+        assert!(shared.peek_slot().is_some(), "a place freed by a look that ended");
+        drop(b);
+    }
+
     fn proposal_bytes() -> Vec<u8> {
         use crate::proto::clc::{ClcMessage, Proposal};
         let p = Proposal { secret: crate::sys::random_secret().unwrap(), rmb_size: 64 << 10, shm: None, rdma: None };
@@ -991,6 +1018,8 @@ pub(crate) struct ListenerShared {
     /// Handshakes that wait for RDMA link setup now ([`rdma_setup`](Self::rdma_setup)).
     #[cfg(feature = "rdma")]
     rdma_setups: AtomicUsize,
+    /// Connections whose first bytes are being looked at now ([`peek_slot`](Self::peek_slot)).
+    peeking: AtomicUsize,
     pub(crate) side_listener: SideListener,
     pub(crate) ready: ReadyQueue,
     closed: AtomicBool,
@@ -999,6 +1028,16 @@ pub(crate) struct ListenerShared {
     /// shut down, or it panicked. `accept` then fails with it, as tokio's fails once its
     /// runtime shut down, instead of waiting for a task that will never wake it.
     orphaned: std::sync::OnceLock<&'static str>,
+}
+
+/// An off-host connection's place among those whose first bytes a listener looks at
+/// ([`ListenerShared::peek_slot`]).
+struct PeekSlot(Arc<ListenerShared>);
+
+impl Drop for PeekSlot {
+    fn drop(&mut self) {
+        self.0.peeking.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A handshake's place among those waiting for RDMA setup ([`ListenerShared::rdma_setup`]).
@@ -1047,12 +1086,27 @@ impl ListenerShared {
             freed: Notify::new(),
             #[cfg(feature = "rdma")]
             rdma_setups: AtomicUsize::new(0),
+            peeking: AtomicUsize::new(0),
             side_listener: SideListener::default(),
             ready: ReadyQueue::with_cap(ready_cap),
             closed: AtomicBool::new(false),
             closing: Notify::new(),
             orphaned: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A place to look at an off-host connection's first bytes (up to the peek timeout), while
+    /// fewer are looked at than the ready queue holds: each holds a descriptor and a task
+    /// whether or not the application accepts, and a flood of connections to an SMC-R-capable
+    /// listener otherwise held as many as came within the timeout (taken from the kernel's
+    /// backlog at once, which then bounded nothing). Past it, connections go out as TCP at
+    /// once, as at a listener that peeks at nothing.
+    fn peek_slot(self: &Arc<Self>) -> Option<PeekSlot> {
+        if self.peeking.fetch_add(1, Ordering::AcqRel) >= self.ready.cap {
+            self.peeking.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(PeekSlot(self.clone()))
     }
 
     /// Why the listener's task ended while the listener lived, if it did (see `orphaned`).
