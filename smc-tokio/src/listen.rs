@@ -109,8 +109,9 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
                 spawn(shared, tcp, (local, peer), cfg, Start::Peek(peeking), None);
                 return Handoff::Later;
             }
-            // As many are peeked at as the ready queue holds: this one is TCP at once, and a
-            // Proposal it sends is declined as congested by the guard.
+            // As many are peeked at as may be: this one is TCP at once, as at a listener that
+            // peeks at nothing, its in-band guard answering a Proposal (as congested) as it
+            // answers one there.
             None => {
                 let congested = Owed::Proposal(DeclineReason::HandshakeCongested);
                 return hand_out(&shared.ctx, &cfg, tcp, plain, Some(congested));
@@ -921,11 +922,16 @@ mod tests {
     }
 
     /// A listener looks at the first bytes of at most as many connections at once as its ready
-    /// queue holds; a place is free again when a look ends.
+    /// queue holds (within bounds); a place is free again when a look ends.
     #[tokio::test]
     async fn peeks_are_bounded_by_the_ready_queue() {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let shared = Arc::new(ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), 2));
+        let new = |cap| ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), cap);
+        assert_eq!(new(16).peek_max, READY_CAP, "a small backlog's");
+        assert_eq!(new(1 << 20).peek_max, 4 * READY_CAP, "a huge backlog's");
+        let mut shared = new(READY_CAP);
+        shared.peek_max = 2;
+        let shared = Arc::new(shared);
         let (a, b) = (shared.peek_slot(), shared.peek_slot());
         assert!(a.is_some() && b.is_some());
         assert!(shared.peek_slot().is_none(), "a third look while two run");
@@ -1020,6 +1026,10 @@ pub(crate) struct ListenerShared {
     rdma_setups: AtomicUsize,
     /// Connections whose first bytes are being looked at now ([`peek_slot`](Self::peek_slot)).
     peeking: AtomicUsize,
+    /// How many at most: the ready queue's capacity, within [`READY_CAP`] and four times it
+    /// (a listener made with a small backlog would let a few silent connections a second
+    /// take every place; a huge one would bound nothing).
+    peek_max: usize,
     pub(crate) side_listener: SideListener,
     pub(crate) ready: ReadyQueue,
     closed: AtomicBool,
@@ -1087,6 +1097,7 @@ impl ListenerShared {
             #[cfg(feature = "rdma")]
             rdma_setups: AtomicUsize::new(0),
             peeking: AtomicUsize::new(0),
+            peek_max: ready_cap.clamp(READY_CAP, 4 * READY_CAP),
             side_listener: SideListener::default(),
             ready: ReadyQueue::with_cap(ready_cap),
             closed: AtomicBool::new(false),
@@ -1096,14 +1107,18 @@ impl ListenerShared {
     }
 
     /// A place to look at an off-host connection's first bytes (up to the peek timeout), while
-    /// fewer are looked at than the ready queue holds: each holds a descriptor and a task
+    /// fewer are looked at than `peek_max`: each holds a descriptor and a task
     /// whether or not the application accepts, and a flood of connections to an SMC-R-capable
     /// listener otherwise held as many as came within the timeout (taken from the kernel's
     /// backlog at once, which then bounded nothing). Past it, connections go out as TCP at
     /// once, as at a listener that peeks at nothing.
     fn peek_slot(self: &Arc<Self>) -> Option<PeekSlot> {
-        if self.peeking.fetch_add(1, Ordering::AcqRel) >= self.ready.cap {
+        if self.peeking.fetch_add(1, Ordering::AcqRel) >= self.peek_max {
             self.peeking.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(
+                peeking = self.peek_max,
+                "as many off-host connections looked at as may be: handed out at once"
+            );
             return None;
         }
         Some(PeekSlot(self.clone()))

@@ -53,9 +53,10 @@ fn bind_tcp(ctx: &SmcContext, addr: SocketAddr, cfg: &Settings) -> io::Result<to
 /// every other connection is known to be plain at once and is handed out with no peek and no
 /// timer: a server that speaks first (SMTP, MySQL) greets plain clients without delay. Only
 /// a listener that can do SMC-R (feature `rdma`, with a device) waits, for clients on other
-/// hosts, up to the [peek timeout](SmcListenerBuilder::peek_timeout) for an in-band proposal.
-/// A proposal that arrives after a connection was handed out is answered with a decline and
-/// never reaches the application.
+/// hosts, up to the [peek timeout](SmcListenerBuilder::peek_timeout) for an in-band proposal,
+/// for as many such clients at once as its ready queue holds (1024 at least, 4096 at most;
+/// others are handed out at once). A proposal that arrives after a connection was handed out
+/// is answered with a decline and never reaches the application.
 ///
 /// Dropping the listener stops its task and closes its descriptor of the listening socket at
 /// once (or as soon as a turn of its task already running on another worker ends), as
@@ -327,8 +328,9 @@ impl SmcListenerBuilder {
 
     /// How long a listener that can do SMC-R waits for the first bytes of a client on another
     /// host before handing it out as TCP (see
-    /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT)). Same-host clients and
-    /// listeners without RDMA never wait.
+    /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT)), for as many such
+    /// clients at once as its ready queue holds (1024 at least, 4096 at most; others are handed
+    /// out at once). Same-host clients and listeners without RDMA never wait.
     ///
     /// # Examples
     ///
