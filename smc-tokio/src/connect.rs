@@ -110,8 +110,12 @@ pub(crate) async fn establish(
     if let Some(s) = via_door(ctx, addr, cfg, user, look_up_by, (limit, &mut slot)).await? {
         return Ok(s);
     }
-    // No door: through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC
-    // from the kernel; for any other server the kernel falls back and we go on as over TCP.
+    // No door. What follows holds no place: a plain connect, or an in-band handshake, which
+    // takes one again once connected (nor while the first connection to the server sets up its
+    // link group: that one may be waiting for its own SYN's answer).
+    drop(slot);
+    // Through the kernel's AF_SMC socket, where wanted, a kernel-SMC server gets SMC from the
+    // kernel; for any other server the kernel falls back and we go on as over TCP.
     let kernel = kernel_socket(ctx, cfg, addr, user);
     let inband = cfg.policy.proposes_everywhere() || cfg.inband_peers.contains(addr.ip());
     if !inband {
@@ -119,13 +123,8 @@ pub(crate) async fn establish(
         // or not built): said as "disabled", not as "no listener", which was never looked for.
         let offers = cfg.shm.enabled || cfg!(feature = "rdma") && cfg.rdma.enabled;
         let why = if offers { FallbackReason::NotProposed } else { FallbackReason::Disabled };
-        drop(slot);
         return plain(ctx, cfg, addr, why, user, kernel).await;
     }
-    // The in-band handshake takes a place again once connected. Not held while the first
-    // connection to the server sets up its link group either: that one may be waiting for its
-    // own SYN's answer.
-    drop(slot);
     // Connections opened together to a server we have no link group with wait for the first
     // one's, then share it (before connecting: the server peeks for the Proposal only briefly).
     #[cfg(feature = "rdma")]
@@ -272,7 +271,6 @@ async fn via_door<'c>(
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && !from_user => {
                 drop(reg);
-                *slot = None;
                 tracing::debug!("no free port to register: connecting as plain tcp");
                 let reason = FallbackReason::Declined { reason: DeclineReason::OutOfMemory, by: Side::Local };
                 return plain(ctx, cfg, addr, reason, user, false).await.map(Some);

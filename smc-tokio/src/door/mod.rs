@@ -1856,13 +1856,18 @@ impl Door {
     /// end of another socket's connection on the four-tuple (the registrant's reset, and
     /// anyone connected from its port since).
     fn our_end(&self, e: &Entry, (client, server): (SocketAddr, SocketAddr), o: sys::TcpOwner) -> Option<u64> {
-        if o.state != sys::TCP_ESTABLISHED && o.state != sys::TCP_CLOSE_WAIT {
-            return None;
-        }
+        let ours = Self::accepted_end(&o)?;
         match self.diag.owner(client, server) {
-            Ok(Some(c)) if c.cookie == e.cookie => Some(o.cookie),
+            Ok(Some(c)) if c.cookie == e.cookie => Some(ours),
             _ => None,
         }
+    }
+
+    /// The cookie of our end `o` of a connection if it is the full socket the listener will
+    /// accept (established, or closed by its client since), not a request socket (the kernel
+    /// keeps our end as one, with a cookie of its own, while the listen queue is full).
+    fn accepted_end(o: &sys::TcpOwner) -> Option<u64> {
+        (o.state == sys::TCP_ESTABLISHED || o.state == sys::TCP_CLOSE_WAIT).then_some(o.cookie)
     }
 
     /// The place, in the list filed under its port, of the registration whose cookie and uid
@@ -2054,10 +2059,8 @@ impl Door {
         // user can fill it), which matched the accept to nothing: the connection went to the
         // application as TCP, empty, and the bytes written into the ring were lost. (Still a
         // request socket, it is learned by the sweep.)
-        if let Ok(Some(o)) = self.diag.owner(server, client) {
-            if o.state == sys::TCP_ESTABLISHED || o.state == sys::TCP_CLOSE_WAIT {
-                e.ours = Some(o.cookie);
-            }
+        if let Some(ours) = self.diag.owner(server, client).ok().flatten().as_ref().and_then(Self::accepted_end) {
+            e.ours = Some(ours);
         }
         true
     }

@@ -2154,13 +2154,7 @@ impl SmcConn {
         self.set_rx_max(st);
         for msg in &older {
             let placed = match st.engine.on_cdc(msg) {
-                Ok((_, Some(spans))) => match (self.group.link(), st.peer_token) {
-                    (Some(link), Some(peer)) => {
-                        link.rx_place_inline(link.rx_token(self.our_token, peer), spans, msg.inline()).map(drop)
-                    }
-                    _ => Ok(()),
-                },
-                Ok((_, None)) => Ok(()),
+                Ok((_, inline)) => self.place_inline(st, inline, msg),
                 Err(e) => {
                     st.moving_cdc_fault = Some(e.to_string());
                     return;
@@ -2173,6 +2167,23 @@ impl SmcConn {
             if msg.ring_size().is_some() {
                 st.inline = None;
             }
+        }
+    }
+
+    /// Places the bytes that came inline in `msg` at `spans` of our ring (where the engine
+    /// returned spans) if the link wants them there (a verbs link, whose peer wrote nothing into
+    /// our ring for them); whether it did.
+    fn place_inline(
+        &self,
+        st: &ConnState,
+        spans: Option<crate::proto::engine::Spans>,
+        msg: &CdcMsg,
+    ) -> Result<bool, LinkError> {
+        match (spans, self.group.link(), st.peer_token) {
+            (Some(spans), Some(link), Some(peer)) => {
+                link.rx_place_inline(link.rx_token(self.our_token, peer), spans, msg.inline())
+            }
+            _ => Ok(false),
         }
     }
 
@@ -2192,13 +2203,7 @@ impl SmcConn {
         let at = st.engine.peer_prod();
         match st.engine.on_cdc(msg) {
             Ok((effect, inline)) => {
-                let placed = match (inline, self.group.link(), st.peer_token) {
-                    (Some(spans), Some(link), Some(peer)) => {
-                        link.rx_place_inline(link.rx_token(self.our_token, peer), spans, msg.inline())
-                    }
-                    _ => Ok(false),
-                };
-                let placed = match placed {
+                let placed = match self.place_inline(st, inline, msg) {
                     Ok(p) => p,
                     Err(e) => {
                         self.fail_locked(st, ConnError::from_link(&e));

@@ -129,10 +129,10 @@ impl SideListener {
                 };
                 if !inert_conns && sys::closers_congested() {
                     // Every connection taken would go to a congested closer (anyone can queue
-                    // descriptors in one before it is accepted, where the kernel cannot refuse): they wait in the backlog, and
-                    // no new group is set up meanwhile (`new_server_group`); a client of a group
-                    // set up just before waits, and its join may time out (its connection is
-                    // TCP).
+                    // descriptors in one before it is accepted, where the kernel cannot
+                    // refuse): they wait in the backlog, and no new group is set up meanwhile
+                    // (`new_server_group`); a client of a group set up just before waits, and
+                    // its join may time out (its connection is TCP).
                     tokio::time::sleep(sys::CONGESTED_RETRY).await;
                     continue;
                 }

@@ -747,7 +747,8 @@ pub(crate) async fn join(
     let sock = unsafe { sys::register(fd, Interest::READABLE | Interest::WRITABLE) }.map_err(broke)?;
     let exchange = async {
         let region = local.region_fd().map_err(broke)?;
-        match send_msg(&sock, &join.encode(), &[region.as_fd()]).await {
+        let join_msg = join.encode();
+        match send_msg(&sock, &join_msg, &[region.as_fd()]).await {
             Ok(()) => {}
             // The server's connection refuses descriptors until it knows who connected
             // (`SO_PASSRIGHTS`): its READY says it takes them now.
@@ -758,7 +759,7 @@ pub(crate) async fn join(
                 if Ready::decode(&msg).is_err() || !fds.is_empty() {
                     return Err(JoinError::Refused("no ready for a join refused for its region".into()));
                 }
-                send_msg(&sock, &join.encode(), &[region.as_fd()]).await.map_err(broke)?;
+                send_msg(&sock, &join_msg, &[region.as_fd()]).await.map_err(broke)?;
             }
             Err(e) => return Err(broke(e)),
         }
@@ -813,7 +814,8 @@ pub(crate) async fn answer_join(
     // refuses descriptors but was not taken for inert (the process could not find out whether
     // refusal is inherited) must still say READY, or its client would wait for it.
     let refused = sys::refuses_descriptors(fd.as_fd());
-    let fd = if refused { fd.taking_descriptors() } else { fd };
+    // It takes descriptors from here on (the JOIN's region), whatever is queued in it then.
+    let fd = fd.taking_descriptors();
     if refused && !sys::allow_descriptors(fd.as_fd()) {
         return Err("the side channel cannot take the join's region".to_string());
     }
