@@ -52,6 +52,140 @@ struct State {
     /// made for, and the group once made. Counted against [`max_groups_per_peer`] and
     /// [`max_server_groups`].
     server_groups: HashMap<u64, ([u8; 16], std::sync::Weak<LinkGroup>)>,
+    /// Per client host (GID), the bytes of receive rings and send buffers that server
+    /// handshakes hold between their Accept and the client's Confirm, and all hosts' together
+    /// ([`hold_for_handshake`]).
+    held: HashMap<[u8; 16], u64>,
+    held_total: u64,
+    /// New server groups not confirmed yet, per client host and all together, as buckets of
+    /// tokens ([`take_group_token`]).
+    unconfirmed: HashMap<[u8; 16], Bucket>,
+    unconfirmed_all: Option<Bucket>,
+}
+
+/// A token bucket: `burst` tokens at most, refilled at `per_sec` a second.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Bucket {
+    fn full(burst: f64, now: std::time::Instant) -> Bucket {
+        Bucket { tokens: burst, at: now }
+    }
+
+    /// The tokens at `now`, refilled since the last look.
+    fn refill(&mut self, (burst, per_sec): (f64, f64), now: std::time::Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * per_sec).min(burst);
+        self.at = now;
+        self.tokens
+    }
+}
+
+/// New server groups a client host may have unconfirmed: 8 at once, then 2 a second
+/// ([`take_group_token`]). A group costs the setup thread, which every RDMA handshake of the
+/// process waits for, a protection domain, a completion queue, a queue pair moved through its
+/// states and 4 MiB registered (pinned); a client of ours confirms the group it asked for
+/// within a round trip, and asks for a new one only for its first connection with a server,
+/// for another ring size, or when its group is full. The numbers are a choice, not a
+/// measurement: far above what a client of ours asks for, far below a setup thread's worth.
+const UNCONFIRMED_PER_HOST: (f64, f64) = (8.0, 2.0);
+
+/// New server groups all client hosts together may have unconfirmed: 32 at once, then 16 a
+/// second (see [`UNCONFIRMED_PER_HOST`]): hosts that propose and never confirm, each under its
+/// own bound, take no more of the setup thread than this between them.
+const UNCONFIRMED_ALL: (f64, f64) = (32.0, 16.0);
+
+/// Takes a token for a new server group for the client at `gid`, from its host's bucket and
+/// from all hosts' ([`UNCONFIRMED_PER_HOST`], [`UNCONFIRMED_ALL`]); the client's Confirm gives
+/// both back ([`give_group_token`]), so a host whose groups are confirmed is never held back.
+/// Without a token the Proposal is declined as congested: a remote host that proposes a new
+/// group and closes, again and again, made the server set up a group (on the thread every RDMA
+/// handshake waits for) for each, without bound.
+fn take_group_token(s: &mut State, gid: [u8; 16], now: std::time::Instant) -> Result<(), DeclineReason> {
+    let all = s.unconfirmed_all.get_or_insert_with(|| Bucket::full(UNCONFIRMED_ALL.0, now));
+    let all_tokens = all.refill(UNCONFIRMED_ALL, now);
+    if s.unconfirmed.len() >= 64 {
+        // A host whose bucket is full again is as if never seen.
+        s.unconfirmed.retain(|_, b| b.refill(UNCONFIRMED_PER_HOST, now) < UNCONFIRMED_PER_HOST.0);
+    }
+    let host = s.unconfirmed.entry(gid).or_insert_with(|| Bucket::full(UNCONFIRMED_PER_HOST.0, now));
+    if host.refill(UNCONFIRMED_PER_HOST, now) < 1.0 || all_tokens < 1.0 {
+        tracing::debug!("too many new rdma link groups went unconfirmed lately: declining");
+        return Err(DeclineReason::HandshakeCongested);
+    }
+    host.tokens -= 1.0;
+    if let Some(all) = s.unconfirmed_all.as_mut() {
+        all.tokens -= 1.0;
+    }
+    Ok(())
+}
+
+/// Gives back the token a confirmed group took ([`take_group_token`]).
+fn give_group_token(s: &mut State, gid: [u8; 16], now: std::time::Instant) {
+    if let Some(b) = s.unconfirmed.get_mut(&gid) {
+        b.refill(UNCONFIRMED_PER_HOST, now);
+        b.tokens = (b.tokens + 1.0).min(UNCONFIRMED_PER_HOST.0);
+    }
+    if let Some(b) = s.unconfirmed_all.as_mut() {
+        b.refill(UNCONFIRMED_ALL, now);
+        b.tokens = (b.tokens + 1.0).min(UNCONFIRMED_ALL.0);
+    }
+}
+
+/// Bytes of receive rings and send buffers server handshakes may hold between Accept and
+/// Confirm for one client host: a quarter of the context's RMB budget (256 MiB by default,
+/// some 200 handshakes of a default ring and the largest send buffer), all hosts together
+/// half of it, as for groups ([`max_groups_per_peer`], [`max_server_groups`]). A connection
+/// registers its ring's and send buffer's chunks at the Accept, and a chunk stays registered
+/// while its group lives: a host that had one group confirmed made the server pin the whole
+/// budget with some 800 Proposals naming that group, never confirmed, and keep it pinned.
+fn handshake_hold_bounds(manager: &Manager) -> (u64, u64) {
+    let cap = manager.budget().cap();
+    (cap / 4, cap / 2)
+}
+
+/// A server handshake's share of [`handshake_hold_bounds`], given back when dropped.
+struct HandshakeHold {
+    manager: Arc<Manager>,
+    gid: [u8; 16],
+    bytes: u64,
+}
+
+impl std::fmt::Debug for HandshakeHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandshakeHold").field("bytes", &self.bytes).finish()
+    }
+}
+
+/// Counts `bytes` held by a server handshake for the client at `gid`, or declines it when that
+/// host's handshakes, or all hosts', hold their share already ([`handshake_hold_bounds`]).
+fn hold_for_handshake(manager: &Arc<Manager>, gid: [u8; 16], bytes: u64) -> Result<HandshakeHold, DeclineReason> {
+    let (per_host, all) = handshake_hold_bounds(manager);
+    let mut s = manager.rdma.lock();
+    let of_host = s.held.get(&gid).copied().unwrap_or(0);
+    if of_host.saturating_add(bytes) > per_host || s.held_total.saturating_add(bytes) > all {
+        tracing::debug!(of_host, "rdma handshakes of this client hold their share of the rmb budget: declining");
+        return Err(DeclineReason::OutOfMemory);
+    }
+    *s.held.entry(gid).or_default() += bytes;
+    s.held_total += bytes;
+    Ok(HandshakeHold { manager: manager.clone(), gid, bytes })
+}
+
+impl Drop for HandshakeHold {
+    fn drop(&mut self) {
+        let mut s = self.manager.rdma.lock();
+        if let std::collections::hash_map::Entry::Occupied(mut e) = s.held.entry(self.gid) {
+            *e.get_mut() = e.get().saturating_sub(self.bytes);
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        s.held_total = s.held_total.saturating_sub(self.bytes);
+    }
 }
 
 /// What a link group's first connection registers (pins): the first chunk of each of its two
@@ -87,20 +221,27 @@ fn max_groups_per_peer(manager: &Manager) -> usize {
 /// a second ([`LinkGroup::end_if_idle`]), one its idle timeout would end later. RDMA
 /// handshakes do not pin the group they name, so a client whose Proposal named the group
 /// ended meanwhile gets a new one, and one whose Accept named it stays TCP (before any byte
-/// moved). When every group is busy, the Proposal is declined (the connection stays TCP).
-/// Call [`State::made_server_group`] once the group exists.
+/// moved). When every group is busy, the Proposal is declined (the connection stays TCP), and
+/// so it is, as congested, when the client's host, or all hosts, have too many new groups
+/// unconfirmed ([`take_group_token`]). Call [`State::made_server_group`] once the group exists.
 fn admit_server_group(manager: &Manager, id: u64, gid: [u8; 16]) -> Result<(), DeclineReason> {
     let (per_peer, most) = (max_groups_per_peer(manager), max_server_groups(manager));
+    let mut token = None;
     make_room(manager, |s| {
         let of_peer = s.server_groups.values().filter(|(g, _)| *g == gid).count();
         if of_peer < per_peer && s.server_groups.len() < most {
+            if let Err(r) = take_group_token(s, gid, std::time::Instant::now()) {
+                token = Some(r);
+                return None;
+            }
             s.server_groups.insert(id, (gid, std::sync::Weak::new()));
             return None;
         }
         // The peer's own groups when it is at its bound, anyone's otherwise.
         let full = of_peer >= per_peer;
         Some(s.server_groups.values().filter(|(g, _)| !full || *g == gid).filter_map(|(_, w)| w.upgrade()).collect())
-    })
+    })?;
+    token.map_or(Ok(()), Err)
 }
 
 /// Room for a new group ([`crate::smc::manager::make_room`]): `full`, under the registry's
@@ -585,6 +726,8 @@ pub(crate) struct ServerPending {
     /// A group made for this Proposal: failed when the last copy goes while it is still not
     /// established.
     _unconfirmed: Option<Arc<Unconfirmed>>,
+    /// The handshake's share of the RMB budget for its client's host ([`hold_for_handshake`]).
+    _hold: Arc<HandshakeHold>,
 }
 
 /// A server group awaiting its first Confirm, failed when dropped unless established by then.
@@ -641,6 +784,7 @@ fn server_conn_create_blocking(
     RingSize::new(p.rmb_size).ok_or(DeclineReason::SyncError)?;
     peer_ring_fits(p.rmb_size, cfg)?;
     let mtu = offer.mtu.min(port.mtu);
+    let hold = hold_for_handshake(manager, offer.gid, u64::from(rx_size) + u64::from(p.rmb_size))?;
     let existing = (offer.link_group != 0)
         .then(|| {
             manager
@@ -699,6 +843,7 @@ fn server_conn_create_blocking(
             accepted,
             client_gid: offer.gid,
             _unconfirmed: unconfirmed,
+            _hold: Arc::new(hold),
         },
     ))
 }
@@ -772,6 +917,7 @@ fn server_confirm_blocking(conn: &Arc<SmcConn>, pending: &ServerPending, c: &Rdm
                 return Err("link group is gone".into());
             }
             s.server.insert(group.id, e);
+            give_group_token(&mut s, c.gid, std::time::Instant::now());
         }
         // Confirmed only now that a proposal naming the group finds it.
         link.confirm_up().map_err(|e| e.to_string())?;
@@ -788,7 +934,8 @@ mod tests {
     use std::time::Duration;
 
     use super::{
-        accepted_gid_is_the_servers, admit_server_group, max_groups_per_peer, max_server_groups, peer_ring_fits,
+        accepted_gid_is_the_servers, admit_server_group, give_group_token, hold_for_handshake, max_groups_per_peer,
+        max_server_groups, peer_ring_fits, take_group_token, State, UNCONFIRMED_ALL, UNCONFIRMED_PER_HOST,
     };
     use crate::config::{RmbBudget, Settings, ShmConfig};
     use crate::proto::clc::DeclineReason;
@@ -903,6 +1050,86 @@ mod tests {
         let client_group = LinkGroup::new(busy.id, Role::Client, TxRmbs::verbs(1, 1 << 16), times, manager.clone());
         manager.forget(&client_group);
         assert!(manager.rdma.lock().server_groups.contains_key(&busy.id));
+    }
+
+    /// A host that proposes new groups and never confirms them gets `UNCONFIRMED_PER_HOST`'s
+    /// burst, then its rate; all hosts together `UNCONFIRMED_ALL`'s. A confirmed group gives
+    /// its token back, so a host whose groups are confirmed is never held back.
+    #[test]
+    fn new_groups_that_are_never_confirmed_are_bounded_in_rate() {
+        let t0 = std::time::Instant::now();
+        let mut s = State::default();
+        let burst = UNCONFIRMED_PER_HOST.0 as usize;
+        for i in 0..burst {
+            assert_eq!(take_group_token(&mut s, gid(1), t0), Ok(()), "group {i} of the burst");
+        }
+        assert_eq!(take_group_token(&mut s, gid(1), t0), Err(DeclineReason::HandshakeCongested));
+        assert_eq!(take_group_token(&mut s, gid(2), t0), Ok(()), "another host is not held back by the first");
+        // Half a second later the first host has one more (2 a second).
+        let later = t0 + Duration::from_millis(500);
+        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
+        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested));
+        // A confirmed group gives its token back.
+        give_group_token(&mut s, gid(1), later);
+        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
+
+        // A server admits new groups under that bound.
+        let manager = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
+        for id in 0..burst as u64 {
+            assert_eq!(admit_server_group(&manager, id, gid(7)), Ok(()));
+        }
+        assert_eq!(admit_server_group(&manager, 99, gid(7)), Err(DeclineReason::HandshakeCongested));
+        assert_eq!(manager.rdma.lock().server_groups.len(), burst, "a declined group is not counted");
+
+        // All hosts together: each under its own bound, no more than the overall burst.
+        let mut s = State::default();
+        let mut taken = 0;
+        for host in 0..=255u8 {
+            while take_group_token(&mut s, gid(host), t0).is_ok() {
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, UNCONFIRMED_ALL.0 as usize);
+        assert!(s.unconfirmed.len() <= 64 + 1, "hosts seen are forgotten once their bucket is full");
+        let refilled = t0 + Duration::from_secs(1);
+        let mut again = 0;
+        for host in 100..=255u8 {
+            while take_group_token(&mut s, gid(host), refilled).is_ok() {
+                again += 1;
+            }
+        }
+        assert_eq!(again, UNCONFIRMED_ALL.1 as usize, "then the overall rate");
+    }
+
+    /// What server handshakes hold between Accept and Confirm (a ring and a send buffer each,
+    /// registered) is bounded per client host, and for all hosts together; it is given back
+    /// when the handshake ends.
+    #[test]
+    fn handshakes_of_one_host_hold_at_most_a_quarter_of_the_budget() {
+        let budget = RmbBudget::new();
+        budget.set_cap(64 << 20);
+        let manager = Manager::new(Arc::default(), Arc::new(budget));
+        let each = (256 << 10) + (1 << 20);
+        let mut held = Vec::new();
+        while let Ok(h) = hold_for_handshake(&manager, gid(1), each) {
+            held.push(h);
+        }
+        assert_eq!(held.len() as u64, (16 << 20) / each, "a quarter of the budget for one host");
+        assert_eq!(hold_for_handshake(&manager, gid(1), each).err(), Some(DeclineReason::OutOfMemory));
+        let mut others = Vec::new();
+        for host in 2..10 {
+            while let Ok(h) = hold_for_handshake(&manager, gid(host), each) {
+                others.push(h);
+            }
+        }
+        let total = (held.len() + others.len()) as u64 * each;
+        assert!(total <= 32 << 20 && total > (32 << 20) - each, "half the budget for all hosts: {total}");
+        assert_eq!(hold_for_handshake(&manager, gid(11), each).err(), Some(DeclineReason::OutOfMemory));
+        drop(others);
+        held.pop();
+        assert!(hold_for_handshake(&manager, gid(1), each).is_ok(), "an ended handshake gives its share back");
+        drop(held);
+        assert!(manager.rdma.lock().held.is_empty());
     }
 
     /// A peer's ring is mirrored by a send buffer of ours, pinned and charged to the RMB
