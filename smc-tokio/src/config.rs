@@ -992,6 +992,14 @@ pub(crate) struct HeldCharge {
     bytes: u64,
 }
 
+impl HeldCharge {
+    /// The bytes charged.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 impl Drop for HeldCharge {
     fn drop(&mut self) {
         self.budget.uncharge(self.bytes);

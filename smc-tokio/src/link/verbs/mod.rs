@@ -132,6 +132,9 @@ struct Pool {
     budget: Arc<RmbBudget>,
     /// `release` gave the registrations back: no chunk is registered again.
     released: AtomicBool,
+    /// Bytes of the chunks registered now (changed under `mrs`'s lock; read without it, as a
+    /// figure for a bound, so Relaxed).
+    registered: AtomicU64,
     size: u32,
     count: u32,
     /// Slots per MR.
@@ -150,6 +153,7 @@ impl Pool {
             map: Arc::new(Mapping::new(len)?),
             budget,
             released: AtomicBool::new(false),
+            registered: AtomicU64::new(0),
             size,
             count,
             chunk,
@@ -186,6 +190,7 @@ impl Pool {
             // outlives the MR (field order above; `release` hands the MR out with a copy of
             // the mapping that is dropped after it).
             *e = Some((unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?, charge));
+            self.registered.fetch_add(len as u64, Ordering::Relaxed);
         }
         let (mr, _) = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
         Ok(((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey), new))
@@ -195,13 +200,18 @@ impl Pool {
     /// on the setup thread), for a chunk registered for a connection that was then refused
     /// before any of its slots was used.
     fn unregister_chunk(&self, slot: u32) {
-        let taken = self
-            .mrs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut((slot / self.chunk) as usize)
-            .and_then(Option::take);
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = mrs.get_mut((slot / self.chunk) as usize).and_then(Option::take);
+        if let Some((_, charge)) = &taken {
+            self.registered.fetch_sub(charge.bytes(), Ordering::Relaxed);
+        }
+        drop(mrs);
         drop(taken);
+    }
+
+    /// Bytes of this pool's chunks registered (pinned) now.
+    fn registered_bytes(&self) -> u64 {
+        self.registered.load(Ordering::Relaxed)
     }
 
     /// Gives the pool's registrations back for good: what to drop (off the runtime) to unpin
@@ -210,6 +220,7 @@ impl Pool {
     fn release(&self) -> (Vec<(Mr, HeldCharge)>, Arc<Mapping>) {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         self.released.store(true, Ordering::Relaxed);
+        self.registered.store(0, Ordering::Relaxed);
         // Tuple order: the MRs drop before this copy of the mapping.
         (mrs.iter_mut().filter_map(Option::take).collect(), self.map.clone())
     }
@@ -527,6 +538,18 @@ impl VerbsLink {
             return Err(e.into());
         }
         Ok((addr, rkey))
+    }
+
+    /// Bytes of the link's two pools registered (pinned) now.
+    pub(crate) fn pinned_bytes(&self) -> u64 {
+        self.rx_pool.registered_bytes() + self.tx_pool.registered_bytes()
+    }
+
+    /// Whether the peer's queue pair took a message of ours: a SEND completed, which on a
+    /// reliable connection the peer's adapter acknowledged. A Confirm over TCP names a queue
+    /// pair; this shows that one is there.
+    pub(crate) fn peer_answered(&self) -> bool {
+        self.acked.load(Ordering::Acquire) > 0
     }
 
     /// Bytes a connection on an unused chunk of each pool pins ([`chunk_pair_bytes`]).

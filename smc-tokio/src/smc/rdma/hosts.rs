@@ -1,0 +1,404 @@
+//! A server's bounds per client host on what remote hosts make it set up and hold: new link
+//! groups in a rate (their tokens given back once the client's queue pair shows itself), and
+//! RMB memory held by handshakes and registered by groups, a share of the budget per host.
+
+use std::sync::Arc;
+
+use super::State;
+use crate::link::verbs::VerbsLink;
+use crate::proto::clc::DeclineReason;
+use crate::smc::manager::Manager;
+
+/// What the bounds per client host ask of a server group's link.
+pub(super) trait HostLink: Send + Sync {
+    /// Whether the peer showed that its queue pair is there ([`VerbsLink::peer_answered`]).
+    fn peer_answered(&self) -> bool;
+    /// Bytes registered (pinned) now ([`VerbsLink::pinned_bytes`]).
+    fn pinned_bytes(&self) -> u64;
+}
+
+impl HostLink for VerbsLink {
+    fn peer_answered(&self) -> bool {
+        VerbsLink::peer_answered(self)
+    }
+
+    fn pinned_bytes(&self) -> u64 {
+        VerbsLink::pinned_bytes(self)
+    }
+}
+
+/// The client host a GID names, for the bounds per host: an IPv4 address (IPv4-mapped) or a
+/// link-local IPv6 one as it is, another IPv6 address by its /64, which one host may hold
+/// whole.
+pub(super) fn host_of(gid: [u8; 16]) -> [u8; 16] {
+    let ip = std::net::Ipv6Addr::from(gid);
+    if ip.to_ipv4_mapped().is_some() || ip.is_unicast_link_local() {
+        return gid;
+    }
+    let mut host = gid;
+    host[8..].fill(0);
+    host
+}
+
+/// A token bucket: `burst` tokens at most, refilled at `per_sec` a second.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Bucket {
+    fn full(burst: f64, now: std::time::Instant) -> Bucket {
+        Bucket { tokens: burst, at: now }
+    }
+
+    /// The tokens at `now`, refilled since the last look.
+    fn refill(&mut self, (burst, per_sec): (f64, f64), now: std::time::Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * per_sec).min(burst);
+        self.at = now;
+        self.tokens
+    }
+
+    fn give_back(&mut self, rate: (f64, f64), now: std::time::Instant) {
+        self.refill(rate, now);
+        self.tokens = (self.tokens + 1.0).min(rate.0);
+    }
+}
+
+/// New server groups a client host may have with no sign of its queue pair: 16 at once, then 4
+/// a second ([`take_group_token`]). A group costs the setup thread, which every RDMA handshake
+/// of the process waits for, a protection domain, a completion queue, a queue pair moved
+/// through its states and 4 MiB registered (pinned). A client of ours asks for a new group for
+/// its first connection with a server (once per process and context), for another ring size,
+/// or when its group is full, and its queue pair answers the server's first message within a
+/// round trip of the Confirm. The numbers are a choice, not a measurement: above what the
+/// processes of one host ask for at once, far below a setup thread's worth.
+pub(super) const NEW_GROUPS_PER_HOST: (f64, f64) = (16.0, 4.0);
+
+/// New server groups all client hosts together may have with no sign of their queue pairs: 64
+/// at once, then 16 a second (see [`NEW_GROUPS_PER_HOST`]): hosts that propose and never set
+/// up a queue pair, each under its own bound, take no more of the setup thread than this
+/// between them.
+pub(super) const NEW_GROUPS_ALL: (f64, f64) = (64.0, 16.0);
+
+/// Gives back the tokens of groups whose link showed the client's queue pair
+/// ([`take_group_token`]); forgets those of groups that ended without (spent).
+pub(super) fn settle_group_tokens(s: &mut State, now: std::time::Instant) {
+    let mut i = 0;
+    while i < s.owed_tokens.len() {
+        let answered = match s.owed_tokens[i].1.upgrade() {
+            Some(link) if link.peer_answered() => Some(true),
+            Some(_) => None,
+            None => Some(false),
+        };
+        match answered {
+            None => i += 1,
+            Some(answered) => {
+                let (host, _) = s.owed_tokens.swap_remove(i);
+                if answered {
+                    if let Some(b) = s.new_groups.get_mut(&host) {
+                        b.give_back(NEW_GROUPS_PER_HOST, now);
+                    }
+                    if let Some(b) = s.new_groups_all.as_mut() {
+                        b.give_back(NEW_GROUPS_ALL, now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether a token for a new server group for the client host `host` is there (see
+/// [`take_group_token`]), without taking it.
+pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::Instant) -> bool {
+    settle_group_tokens(s, now);
+    let all = s.new_groups_all.get_or_insert_with(|| Bucket::full(NEW_GROUPS_ALL.0, now)).refill(NEW_GROUPS_ALL, now);
+    if s.new_groups.len() >= 64 {
+        // A host whose bucket is full again is as if never seen.
+        s.new_groups.retain(|_, b| b.refill(NEW_GROUPS_PER_HOST, now) < NEW_GROUPS_PER_HOST.0);
+    }
+    let own = s.new_groups.get_mut(&host).map_or(NEW_GROUPS_PER_HOST.0, |b| b.refill(NEW_GROUPS_PER_HOST, now));
+    own >= 1.0 && all >= 1.0
+}
+
+/// Takes a token for a new server group for the client host `host`, from its bucket and from
+/// all hosts' ([`NEW_GROUPS_PER_HOST`], [`NEW_GROUPS_ALL`]); once the group's link shows that
+/// the client's queue pair is there, both are given back ([`owe_group_token`],
+/// [`settle_group_tokens`]), so a host whose groups come up is not held back. Without a token
+/// the Proposal is declined as congested: a remote host that proposed a new group and closed,
+/// or confirmed it over TCP with no queue pair behind it, again and again, made the server set
+/// up a group for each (on the thread every RDMA handshake waits for) without bound.
+pub(super) fn take_group_token(s: &mut State, host: [u8; 16], now: std::time::Instant) -> Result<(), DeclineReason> {
+    if !group_token_ready(s, host, now) {
+        tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
+        return Err(DeclineReason::HandshakeCongested);
+    }
+    s.new_groups.entry(host).or_insert_with(|| Bucket::full(NEW_GROUPS_PER_HOST.0, now)).tokens -= 1.0;
+    if let Some(all) = s.new_groups_all.as_mut() {
+        all.tokens -= 1.0;
+    }
+    Ok(())
+}
+
+/// Gives a token back at once: its group was never made ([`take_group_token`]).
+pub(super) fn give_group_token(s: &mut State, host: [u8; 16], now: std::time::Instant) {
+    if let Some(b) = s.new_groups.get_mut(&host) {
+        b.give_back(NEW_GROUPS_PER_HOST, now);
+    }
+    if let Some(b) = s.new_groups_all.as_mut() {
+        b.give_back(NEW_GROUPS_ALL, now);
+    }
+}
+
+/// The token a new group of `host` took is given back once `link` shows the client's queue
+/// pair ([`settle_group_tokens`]).
+pub(super) fn owe_group_token(s: &mut State, host: [u8; 16], link: std::sync::Weak<dyn HostLink>) {
+    s.owed_tokens.push((host, link));
+}
+
+/// Bytes of RMB memory one client host may have a server's handshakes and groups hold: a
+/// quarter of the context's RMB budget (256 MiB by default), all hosts together half of it, as
+/// for groups ([`max_groups_per_peer`], [`max_server_groups`]). Counted twice: the rings and
+/// send buffers of handshakes between Accept and Confirm, and the chunks the host's groups
+/// have registered (pinned). A connection registers its ring's and send buffer's chunks at the
+/// Accept, and a chunk stays registered while its group lives: a host that had one group
+/// confirmed made the server pin the whole budget with some 800 Proposals naming that group,
+/// never confirmed, and keep it pinned.
+fn host_bounds(manager: &Manager) -> (u64, u64) {
+    let cap = manager.budget().cap();
+    (cap / 4, cap / 2)
+}
+
+/// A server handshake's share of [`host_bounds`], given back when dropped.
+pub(super) struct HandshakeHold {
+    manager: Arc<Manager>,
+    host: [u8; 16],
+    bytes: u64,
+}
+
+impl std::fmt::Debug for HandshakeHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandshakeHold").field("bytes", &self.bytes).finish()
+    }
+}
+
+/// Counts `bytes` held by a server handshake for the client host `host`, or declines it when
+/// that host's handshakes, or all hosts', hold their share already, or when that host's
+/// groups, or all hosts', have so much registered that one more connection on fresh chunks
+/// (`pin`) would take them past it ([`host_bounds`]).
+pub(super) fn hold_for_handshake(
+    manager: &Arc<Manager>,
+    host: [u8; 16],
+    bytes: u64,
+    pin: u64,
+) -> Result<HandshakeHold, DeclineReason> {
+    let (per_host, all) = host_bounds(manager);
+    let mut s = manager.rdma.lock();
+    let (mut pinned_host, mut pinned_all) = (0u64, 0u64);
+    for g in s.server_groups.values() {
+        let p = g.link.upgrade().map_or(0, |l| l.pinned_bytes());
+        pinned_all += p;
+        if g.host == host {
+            pinned_host += p;
+        }
+    }
+    let held_host = s.held.get(&host).copied().unwrap_or(0);
+    let fits = |have: u64, add: u64, bound: u64| have.saturating_add(add) <= bound;
+    if !(fits(held_host, bytes, per_host)
+        && fits(s.held_total, bytes, all)
+        && fits(pinned_host, pin, per_host)
+        && fits(pinned_all, pin, all))
+    {
+        tracing::debug!(
+            held_host,
+            pinned_host,
+            "this client's rdma handshakes or groups hold their share of the rmb budget: declining"
+        );
+        return Err(DeclineReason::OutOfMemory);
+    }
+    *s.held.entry(host).or_default() += bytes;
+    s.held_total += bytes;
+    Ok(HandshakeHold { manager: manager.clone(), host, bytes })
+}
+
+impl Drop for HandshakeHold {
+    fn drop(&mut self) {
+        let mut s = self.manager.rdma.lock();
+        if let std::collections::hash_map::Entry::Occupied(mut e) = s.held.entry(self.host) {
+            *e.get_mut() = e.get().saturating_sub(self.bytes);
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        s.held_total = s.held_total.saturating_sub(self.bytes);
+    }
+}
+
+#[cfg(test)]
+/// A stand-in for a server group's link: whether its peer answered, what it pinned.
+#[derive(Default)]
+pub(super) struct FakeLink {
+    pub(super) answered: std::sync::atomic::AtomicBool,
+    pub(super) pinned: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(test)]
+impl HostLink for FakeLink {
+    fn peer_answered(&self) -> bool {
+        self.answered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::admit_server_group;
+    use super::{
+        give_group_token, hold_for_handshake, host_of, owe_group_token, take_group_token, FakeLink, HostLink,
+        NEW_GROUPS_ALL, NEW_GROUPS_PER_HOST,
+    };
+    use crate::config::RmbBudget;
+    use crate::proto::clc::DeclineReason;
+    use crate::smc::group::{GroupTimes, LinkGroup, Role, TxRmbs};
+    use crate::smc::manager::Manager;
+    use crate::smc::rdma::State;
+
+    fn gid(host: u8) -> [u8; 16] {
+        let mut g = [0; 16];
+        g[15] = host;
+        g
+    }
+
+    /// A host that makes new groups whose queue pair never answers gets `NEW_GROUPS_PER_HOST`'s
+    /// burst, then its rate; all hosts together `NEW_GROUPS_ALL`'s. A group whose link shows
+    /// the client's queue pair gives its token back (a Confirm over TCP alone does not), so a
+    /// host whose groups come up is never held back; one that ended without spent it.
+    #[test]
+    fn new_groups_whose_queue_pair_never_answers_are_bounded_in_rate() {
+        let t0 = std::time::Instant::now();
+        let mut s = State::default();
+        let burst = NEW_GROUPS_PER_HOST.0 as usize;
+        for i in 0..burst {
+            assert_eq!(take_group_token(&mut s, gid(1), t0), Ok(()), "group {i} of the burst");
+        }
+        assert_eq!(take_group_token(&mut s, gid(1), t0), Err(DeclineReason::HandshakeCongested));
+        assert_eq!(take_group_token(&mut s, gid(2), t0), Ok(()), "another host is not held back by the first");
+        // A quarter of a second later the first host has one more (4 a second).
+        let later = t0 + Duration::from_millis(250);
+        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
+        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested));
+
+        // Tokens owed by three groups' links: one answers, one ends, one stays silent.
+        let links: Vec<Arc<FakeLink>> = (0..3).map(|_| Arc::default()).collect();
+        for l in &links {
+            let l: Arc<dyn HostLink> = l.clone();
+            owe_group_token(&mut s, gid(1), Arc::downgrade(&l));
+        }
+        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested));
+        links[0].answered.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut links = links.into_iter();
+        let (_answered, ended, _silent) = (links.next(), links.next(), links.next());
+        drop(ended);
+        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()), "the answered link gave its token back");
+        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested), "only it");
+        assert_eq!(s.owed_tokens.len(), 1, "the ended link's token is spent, the silent one's still owed");
+        // A group never made gives its token back at once.
+        give_group_token(&mut s, gid(1), later);
+        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
+
+        // A server admits new groups under that bound, and a host past it ends nobody's idle
+        // group for room.
+        let manager = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
+        for id in 0..burst as u64 {
+            assert_eq!(admit_server_group(&manager, id, gid(7), t0), Ok(()));
+        }
+        assert_eq!(admit_server_group(&manager, 99, gid(7), t0), Err(DeclineReason::HandshakeCongested));
+        assert_eq!(manager.rdma.lock().server_groups.len(), burst, "a declined group is not counted");
+
+        // All hosts together: each under its own bound, no more than the overall burst.
+        let mut s = State::default();
+        let mut taken = 0;
+        for host in 0..=255u8 {
+            while take_group_token(&mut s, gid(host), t0).is_ok() {
+                taken += 1;
+            }
+        }
+        assert_eq!(taken, NEW_GROUPS_ALL.0 as usize);
+        assert!(s.new_groups.len() <= 64 + 1, "hosts seen are forgotten once their bucket is full");
+        let refilled = t0 + Duration::from_secs(1);
+        let mut again = 0;
+        for host in 100..=255u8 {
+            while take_group_token(&mut s, gid(host), refilled).is_ok() {
+                again += 1;
+            }
+        }
+        assert_eq!(again, NEW_GROUPS_ALL.1 as usize, "then the overall rate");
+    }
+
+    /// One host is one IPv4 address, one link-local IPv6 address, or one IPv6 /64.
+    #[test]
+    fn a_host_is_an_ipv4_address_or_an_ipv6_64() {
+        let v4 = |d| std::net::Ipv4Addr::new(192, 0, 2, d).to_ipv6_mapped().octets();
+        assert_ne!(host_of(v4(1)), host_of(v4(2)));
+        let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        assert_eq!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:2:ffff::9")));
+        assert_ne!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:3::1")));
+        assert_ne!(host_of(v6("fe80::1")), host_of(v6("fe80::2")));
+    }
+
+    /// What server handshakes hold between Accept and Confirm (a ring and a send buffer each)
+    /// is bounded per client host, and for all hosts together, and given back when the
+    /// handshake ends; so is what the host's groups have registered.
+    #[test]
+    fn one_host_holds_at_most_a_quarter_of_the_budget() {
+        let budget = RmbBudget::new();
+        budget.set_cap(64 << 20);
+        let manager = Manager::new(Arc::default(), Arc::new(budget));
+        let each = (256 << 10) + (1 << 20);
+        let mut held = Vec::new();
+        while let Ok(h) = hold_for_handshake(&manager, gid(1), each, 0) {
+            held.push(h);
+        }
+        assert_eq!(held.len() as u64, (16 << 20) / each, "a quarter of the budget for one host");
+        assert_eq!(hold_for_handshake(&manager, gid(1), each, 0).err(), Some(DeclineReason::OutOfMemory));
+        let mut others = Vec::new();
+        for host in 2..10 {
+            while let Ok(h) = hold_for_handshake(&manager, gid(host), each, 0) {
+                others.push(h);
+            }
+        }
+        let total = (held.len() + others.len()) as u64 * each;
+        assert!(total <= 32 << 20 && total > (32 << 20) - each, "half the budget for all hosts: {total}");
+        assert_eq!(hold_for_handshake(&manager, gid(11), each, 0).err(), Some(DeclineReason::OutOfMemory));
+        drop(others);
+        held.pop();
+        assert!(hold_for_handshake(&manager, gid(1), each, 0).is_ok(), "an ended handshake gives its share back");
+        drop(held);
+        assert!(manager.rdma.lock().held.is_empty());
+
+        // Chunks the host's groups registered count too, whether or not a handshake holds them.
+        let link = Arc::new(FakeLink::default());
+        link.pinned.store(15 << 20, std::sync::atomic::Ordering::Relaxed);
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        admit_server_group(&manager, 1, gid(1), std::time::Instant::now()).unwrap();
+        let g = LinkGroup::new(1, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
+        manager.rdma.lock().made_server_group(&g, link.clone());
+        let fresh = 4 << 20;
+        assert!(hold_for_handshake(&manager, gid(1), each, 1 << 20).is_ok(), "room for one more chunk pair");
+        assert_eq!(hold_for_handshake(&manager, gid(1), each, fresh).err(), Some(DeclineReason::OutOfMemory));
+        assert!(hold_for_handshake(&manager, gid(2), each, fresh).is_ok(), "another host is not held back");
+        link.pinned.store(31 << 20, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            hold_for_handshake(&manager, gid(2), each, fresh).err(),
+            Some(DeclineReason::OutOfMemory),
+            "nor past half for all hosts"
+        );
+    }
+}
