@@ -209,6 +209,20 @@ impl Pool {
         drop(taken);
     }
 
+    /// Bytes the chunk of `slot` would register were it used now: 0 once it is registered.
+    fn unregistered_bytes(&self, slot: u32) -> u64 {
+        if slot >= self.count {
+            return 0;
+        }
+        let c = slot / self.chunk;
+        let slots = self.chunk.min(self.count - c * self.chunk);
+        let mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        match mrs.get(c as usize) {
+            Some(None) => u64::from(slots) * u64::from(self.size),
+            _ => 0,
+        }
+    }
+
     /// Bytes of this pool's chunks registered (pinned) now.
     fn registered_bytes(&self) -> u64 {
         self.registered.load(Ordering::Relaxed)
@@ -538,6 +552,13 @@ impl VerbsLink {
             return Err(e.into());
         }
         Ok((addr, rkey))
+    }
+
+    /// Bytes the connection with our token `token` would register (pin) for its ring and send
+    /// buffer were they used now: the chunks of its slot not registered yet.
+    pub(crate) fn unregistered_for(&self, token: u32) -> u64 {
+        let slot = token_slot(token);
+        self.rx_pool.unregistered_bytes(slot) + self.tx_pool.unregistered_bytes(slot)
     }
 
     /// Bytes of the link's two pools registered (pinned) now.

@@ -83,34 +83,26 @@ pub(super) const NEW_GROUPS_PER_HOST: (f64, f64) = (16.0, 4.0);
 pub(super) const NEW_GROUPS_ALL: (f64, f64) = (64.0, 16.0);
 
 /// Gives back the tokens of groups whose link showed the client's queue pair
-/// ([`take_group_token`]); forgets those of groups that ended without (spent).
+/// ([`take_group_token`]). A group that ends first spent its token, unless its link had
+/// answered (`Registry::forget`): at most one entry per server group is owed, so the debt is
+/// bounded as the groups are.
 pub(super) fn settle_group_tokens(s: &mut State, now: std::time::Instant) {
-    let mut i = 0;
-    while i < s.owed_tokens.len() {
-        let answered = match s.owed_tokens[i].1.upgrade() {
-            Some(link) if link.peer_answered() => Some(true),
-            Some(_) => None,
-            None => Some(false),
-        };
-        match answered {
-            None => i += 1,
-            Some(answered) => {
-                let (host, _) = s.owed_tokens.swap_remove(i);
-                if answered {
-                    if let Some(b) = s.new_groups.get_mut(&host) {
-                        b.give_back(NEW_GROUPS_PER_HOST, now);
-                    }
-                    if let Some(b) = s.new_groups_all.as_mut() {
-                        b.give_back(NEW_GROUPS_ALL, now);
-                    }
-                }
-            }
+    let mut back = Vec::new();
+    for g in s.server_groups.values_mut() {
+        if g.owes_token && g.link.upgrade().is_some_and(|l| l.peer_answered()) {
+            g.owes_token = false;
+            back.push(g.host);
         }
+    }
+    for host in back {
+        give_group_token(s, host, now);
     }
 }
 
 /// Whether a token for a new server group for the client host `host` is there (see
-/// [`take_group_token`]), without taking it.
+/// [`take_group_token`]), without taking it. A host with a new group whose queue pair has not
+/// answered yet may not take the last half of all hosts' tokens: that half is kept for hosts
+/// with none, so that a few hosts that never answer cannot hold everyone's new groups back.
 pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::Instant) -> bool {
     settle_group_tokens(s, now);
     let all = s.new_groups_all.get_or_insert_with(|| Bucket::full(NEW_GROUPS_ALL.0, now)).refill(NEW_GROUPS_ALL, now);
@@ -119,16 +111,18 @@ pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::I
         s.new_groups.retain(|_, b| b.refill(NEW_GROUPS_PER_HOST, now) < NEW_GROUPS_PER_HOST.0);
     }
     let own = s.new_groups.get_mut(&host).map_or(NEW_GROUPS_PER_HOST.0, |b| b.refill(NEW_GROUPS_PER_HOST, now));
-    own >= 1.0 && all >= 1.0
+    let waiting = s.server_groups.values().any(|g| g.owes_token && g.host == host);
+    let kept = if waiting { NEW_GROUPS_ALL.0 / 2.0 } else { 0.0 };
+    own >= 1.0 && all >= kept + 1.0
 }
 
 /// Takes a token for a new server group for the client host `host`, from its bucket and from
 /// all hosts' ([`NEW_GROUPS_PER_HOST`], [`NEW_GROUPS_ALL`]); once the group's link shows that
-/// the client's queue pair is there, both are given back ([`owe_group_token`],
-/// [`settle_group_tokens`]), so a host whose groups come up is not held back. Without a token
-/// the Proposal is declined as congested: a remote host that proposed a new group and closed,
-/// or confirmed it over TCP with no queue pair behind it, again and again, made the server set
-/// up a group for each (on the thread every RDMA handshake waits for) without bound.
+/// the client's queue pair is there, both are given back ([`settle_group_tokens`]), so a host
+/// whose groups come up is not held back. Without a token the Proposal is declined as
+/// congested: a remote host that proposed a new group and closed, or confirmed it over TCP with
+/// no queue pair behind it, again and again, made the server set up a group for each (on the
+/// thread every RDMA handshake waits for) without bound.
 pub(super) fn take_group_token(s: &mut State, host: [u8; 16], now: std::time::Instant) -> Result<(), DeclineReason> {
     if !group_token_ready(s, host, now) {
         tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
@@ -141,7 +135,7 @@ pub(super) fn take_group_token(s: &mut State, host: [u8; 16], now: std::time::In
     Ok(())
 }
 
-/// Gives a token back at once: its group was never made ([`take_group_token`]).
+/// Gives a token back ([`take_group_token`]).
 pub(super) fn give_group_token(s: &mut State, host: [u8; 16], now: std::time::Instant) {
     if let Some(b) = s.new_groups.get_mut(&host) {
         b.give_back(NEW_GROUPS_PER_HOST, now);
@@ -149,12 +143,6 @@ pub(super) fn give_group_token(s: &mut State, host: [u8; 16], now: std::time::In
     if let Some(b) = s.new_groups_all.as_mut() {
         b.give_back(NEW_GROUPS_ALL, now);
     }
-}
-
-/// The token a new group of `host` took is given back once `link` shows the client's queue
-/// pair ([`settle_group_tokens`]).
-pub(super) fn owe_group_token(s: &mut State, host: [u8; 16], link: std::sync::Weak<dyn HostLink>) {
-    s.owed_tokens.push((host, link));
 }
 
 /// Bytes of RMB memory one client host may have a server's handshakes and groups hold: a
@@ -183,18 +171,18 @@ impl std::fmt::Debug for HandshakeHold {
     }
 }
 
-/// Counts `bytes` held by a server handshake for the client host `host`, or declines it when
-/// that host's handshakes, or all hosts', hold their share already, or when that host's
-/// groups, or all hosts', have so much registered that one more connection on fresh chunks
-/// (`pin`) would take them past it ([`host_bounds`]).
-pub(super) fn hold_for_handshake(
-    manager: &Arc<Manager>,
+/// Whether a server handshake for the client host `host` may hold `bytes` and register `pin`
+/// more: not when that host's handshakes, or all hosts', hold their share already, nor when
+/// that host's groups, or all hosts', have so much registered that `pin` would take them past
+/// it ([`host_bounds`]).
+pub(super) fn host_room(
+    s: &State,
+    manager: &Manager,
     host: [u8; 16],
     bytes: u64,
     pin: u64,
-) -> Result<HandshakeHold, DeclineReason> {
+) -> Result<(), DeclineReason> {
     let (per_host, all) = host_bounds(manager);
-    let mut s = manager.rdma.lock();
     let (mut pinned_host, mut pinned_all) = (0u64, 0u64);
     for g in s.server_groups.values() {
         let p = g.link.upgrade().map_or(0, |l| l.pinned_bytes());
@@ -205,18 +193,31 @@ pub(super) fn hold_for_handshake(
     }
     let held_host = s.held.get(&host).copied().unwrap_or(0);
     let fits = |have: u64, add: u64, bound: u64| have.saturating_add(add) <= bound;
-    if !(fits(held_host, bytes, per_host)
+    if fits(held_host, bytes, per_host)
         && fits(s.held_total, bytes, all)
         && fits(pinned_host, pin, per_host)
-        && fits(pinned_all, pin, all))
+        && fits(pinned_all, pin, all)
     {
-        tracing::debug!(
-            held_host,
-            pinned_host,
-            "this client's rdma handshakes or groups hold their share of the rmb budget: declining"
-        );
-        return Err(DeclineReason::OutOfMemory);
+        return Ok(());
     }
+    tracing::debug!(
+        held_host,
+        pinned_host,
+        "this client's rdma handshakes or groups hold their share of the rmb budget: declining"
+    );
+    Err(DeclineReason::OutOfMemory)
+}
+
+/// Counts `bytes` held by a server handshake for the client host `host` that registers `pin`
+/// more, where there is room ([`host_room`]).
+pub(super) fn hold_for_handshake(
+    manager: &Arc<Manager>,
+    host: [u8; 16],
+    bytes: u64,
+    pin: u64,
+) -> Result<HandshakeHold, DeclineReason> {
+    let mut s = manager.rdma.lock();
+    host_room(&s, manager, host, bytes, pin)?;
     *s.held.entry(host).or_default() += bytes;
     s.held_total += bytes;
     Ok(HandshakeHold { manager: manager.clone(), host, bytes })
@@ -261,8 +262,8 @@ mod tests {
 
     use super::super::admit_server_group;
     use super::{
-        give_group_token, hold_for_handshake, host_of, owe_group_token, take_group_token, FakeLink, HostLink,
-        NEW_GROUPS_ALL, NEW_GROUPS_PER_HOST,
+        give_group_token, group_token_ready, hold_for_handshake, host_of, settle_group_tokens, take_group_token,
+        FakeLink, NEW_GROUPS_ALL, NEW_GROUPS_PER_HOST,
     };
     use crate::config::RmbBudget;
     use crate::proto::clc::DeclineReason;
@@ -295,20 +296,6 @@ mod tests {
         assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
         assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested));
 
-        // Tokens owed by three groups' links: one answers, one ends, one stays silent.
-        let links: Vec<Arc<FakeLink>> = (0..3).map(|_| Arc::default()).collect();
-        for l in &links {
-            let l: Arc<dyn HostLink> = l.clone();
-            owe_group_token(&mut s, gid(1), Arc::downgrade(&l));
-        }
-        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested));
-        links[0].answered.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut links = links.into_iter();
-        let (_answered, ended, _silent) = (links.next(), links.next(), links.next());
-        drop(ended);
-        assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()), "the answered link gave its token back");
-        assert_eq!(take_group_token(&mut s, gid(1), later), Err(DeclineReason::HandshakeCongested), "only it");
-        assert_eq!(s.owed_tokens.len(), 1, "the ended link's token is spent, the silent one's still owed");
         // A group never made gives its token back at once.
         give_group_token(&mut s, gid(1), later);
         assert_eq!(take_group_token(&mut s, gid(1), later), Ok(()));
@@ -340,6 +327,61 @@ mod tests {
             }
         }
         assert_eq!(again, NEW_GROUPS_ALL.1 as usize, "then the overall rate");
+    }
+
+    /// A new group's token comes back once its link shows the client's queue pair (a Confirm
+    /// over TCP does not), or at its end if it had by then; one that ended silent spent it. A
+    /// host with a group still silent may not take the last half of all hosts' tokens.
+    #[test]
+    fn a_new_groups_token_comes_back_once_its_queue_pair_answers() {
+        let t0 = std::time::Instant::now();
+        let manager = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let make = |id: u64, host: u8| {
+            admit_server_group(&manager, id, gid(host), t0).unwrap();
+            let g = LinkGroup::new(id, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
+            let l = Arc::new(FakeLink::default());
+            manager.rdma.lock().made_server_group(&g, l.clone());
+            (g, l)
+        };
+        let made: Vec<_> = (1..=4).map(|id| make(id, 1)).collect();
+        // What came back since `t0`, less the refill since then (4 a second).
+        let back = |base: f64| {
+            let refill = t0.elapsed().as_secs_f64() * NEW_GROUPS_PER_HOST.1;
+            let tokens = manager.rdma.lock().new_groups[&gid(1)].tokens;
+            (tokens - base - refill).round()
+        };
+        let base = NEW_GROUPS_PER_HOST.0 - 4.0;
+        let answered = |i: usize| made[i].1.answered.store(true, std::sync::atomic::Ordering::Relaxed);
+        let settle = || settle_group_tokens(&mut manager.rdma.lock(), std::time::Instant::now());
+        settle();
+        assert_eq!(back(base), 0.0, "silent links owe theirs");
+        answered(0);
+        settle();
+        assert_eq!(back(base), 1.0, "an answered link gives its token back");
+        answered(1);
+        manager.forget(&made[1].0);
+        assert_eq!(back(base), 2.0, "so does one that answered and ended before the next look");
+        manager.forget(&made[2].0);
+        settle();
+        assert_eq!(back(base), 2.0, "one that ended silent spent its token");
+        assert!(manager.rdma.lock().server_groups[&4].owes_token, "a silent one's is still owed");
+
+        // The last half of all hosts' tokens is kept for hosts with no silent group.
+        let manager = Manager::new(Arc::default(), Arc::new(RmbBudget::new()));
+        admit_server_group(&manager, 1, gid(9), t0).unwrap();
+        let g = LinkGroup::new(1, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
+        let silent = Arc::new(FakeLink::default());
+        manager.rdma.lock().made_server_group(&g, silent.clone());
+        let mut s = manager.rdma.lock();
+        for host in [20, 21] {
+            while take_group_token(&mut s, gid(host), t0).is_ok() {}
+        }
+        assert!(s.new_groups_all.unwrap().tokens < NEW_GROUPS_ALL.0 / 2.0 + 1.0);
+        assert!(!group_token_ready(&mut s, gid(9), t0), "a host with a silent group waits");
+        assert!(group_token_ready(&mut s, gid(30), t0), "a host with none does not");
+        silent.answered.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(group_token_ready(&mut s, gid(9), t0), "nor one whose group answered");
     }
 
     /// One host is one IPv4 address, one link-local IPv6 address, or one IPv6 /64.

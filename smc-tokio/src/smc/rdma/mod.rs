@@ -25,7 +25,7 @@ use crate::smc::manager::Manager;
 
 mod hosts;
 use hosts::{
-    give_group_token, group_token_ready, hold_for_handshake, host_of, owe_group_token, take_group_token, Bucket,
+    give_group_token, group_token_ready, hold_for_handshake, host_of, host_room, take_group_token, Bucket,
     HandshakeHold, HostLink,
 };
 
@@ -66,17 +66,16 @@ struct State {
     /// ([`take_group_token`]).
     new_groups: HashMap<[u8; 16], Bucket>,
     new_groups_all: Option<Bucket>,
-    /// Tokens new groups took, each given back once the group's link shows that the client's
-    /// queue pair is there ([`settle_group_tokens`]): the client host's, and the link.
-    owed_tokens: Vec<([u8; 16], std::sync::Weak<dyn HostLink>)>,
 }
 
-/// A server group the registry counts: the client host it was made for ([`host_of`]), and the
-/// group and its link once made.
+/// A server group the registry counts: the client host it was made for ([`host_of`]), the
+/// group and its link once made, and whether the rate token it took is still to come back
+/// ([`settle_group_tokens`]).
 struct ServerGroup {
     host: [u8; 16],
     group: std::sync::Weak<LinkGroup>,
     link: std::sync::Weak<dyn HostLink>,
+    owes_token: bool,
 }
 
 /// What a link group's first connection registers (pins): the first chunk of each of its two
@@ -96,7 +95,8 @@ fn max_server_groups(manager: &Manager) -> usize {
     usize::try_from(manager.budget().cap() / (2 * GROUP_PINNED_BYTES)).unwrap_or(usize::MAX).max(4)
 }
 
-/// Link groups a server holds for one client host ([`host_of`]: an IPv4 address, an IPv6 /64),
+/// Link groups a server holds for one client host ([`host_of`]: an IPv4 address, a link-local
+/// IPv6 address, an IPv6 /64),
 /// and a client for one server address:
 /// a quarter of [`max_server_groups`] (32 by default). A client of ours proposes the group it
 /// has (one holds 1024 connections by default) and makes another for another ring size, when
@@ -135,7 +135,8 @@ fn admit_server_group(
             token = take_group_token(s, host, now);
             if token.is_ok() {
                 let link: std::sync::Weak<dyn HostLink> = std::sync::Weak::<VerbsLink>::new();
-                s.server_groups.insert(id, ServerGroup { host, group: std::sync::Weak::new(), link });
+                let group = std::sync::Weak::new();
+                s.server_groups.insert(id, ServerGroup { host, group, link, owes_token: false });
             }
             return None;
         }
@@ -166,8 +167,17 @@ impl State {
         let Some(e) = self.server_groups.get_mut(&group.id) else { return };
         e.group = Arc::downgrade(group);
         e.link = Arc::downgrade(&link);
+        e.owes_token = true;
+    }
+
+    /// A new group `id` was made and then not used (the handshake failed on our side before
+    /// its Accept): its rate token comes back now.
+    fn refund_group_token(&mut self, id: u64, now: std::time::Instant) {
+        let Some(e) = self.server_groups.get_mut(&id) else { return };
         let host = e.host;
-        owe_group_token(self, host, Arc::downgrade(&link));
+        if std::mem::take(&mut e.owes_token) {
+            give_group_token(self, host, now);
+        }
     }
 }
 
@@ -216,7 +226,13 @@ impl Registry {
         let same = |e: &Entry| std::ptr::eq(Arc::as_ptr(&e.group), group);
         s.server.retain(|_, e| !same(e));
         if group.role == Role::Server {
-            s.server_groups.remove(&group.id);
+            if let Some(g) = s.server_groups.remove(&group.id) {
+                // A group whose link answered and that ended before the next look at the rate
+                // gives its token back here.
+                if g.owes_token && g.link.upgrade().is_some_and(|l| l.peer_answered()) {
+                    give_group_token(&mut s, g.host, std::time::Instant::now());
+                }
+            }
         }
         s.by_server.retain(|_, v| {
             v.retain(|e| !same(e));
@@ -692,8 +708,7 @@ fn server_conn_create_blocking(
     peer_ring_fits(p.rmb_size, cfg)?;
     let mtu = offer.mtu.min(port.mtu);
     let host = host_of(offer.gid);
-    let fresh_chunks = chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, p.rmb_size);
-    let hold = hold_for_handshake(manager, host, u64::from(rx_size) + u64::from(p.rmb_size), fresh_chunks)?;
+    let ring_bytes = u64::from(rx_size) + u64::from(p.rmb_size);
     let existing = (offer.link_group != 0)
         .then(|| {
             manager
@@ -705,25 +720,26 @@ fn server_conn_create_blocking(
                 .cloned()
         })
         .flatten();
+    let made = existing.is_none();
     let (group, link) = match existing {
         Some(e) => (e.group, e.link),
         None => {
             let (id, now) = (crate::sys::random_u64(), std::time::Instant::now());
-            // A host past its rate of new groups ends nobody's idle group for room.
-            if !group_token_ready(&mut manager.rdma.lock(), host, now) {
-                tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
-                return Err(DeclineReason::HandshakeCongested);
-            }
-            pinned_room(manager, fresh_chunks)?;
+            let fresh_chunks = chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, p.rmb_size);
+            // Before any setup, and before any idle group is ended for room: the host's share of
+            // the budget, its rate of new groups and its count of groups.
+            host_room(&manager.rdma.lock(), manager, host, ring_bytes, fresh_chunks)?;
             admit_server_group(manager, id, host, now)?;
             // From here the group is counted until the manager forgets it (when it fails, which
             // `Unconfirmed` below makes sure of), or until this fails first.
+            let undo = || {
+                let mut s = manager.rdma.lock();
+                s.server_groups.remove(&id);
+                give_group_token(&mut s, host, std::time::Instant::now());
+            };
+            pinned_room(manager, fresh_chunks).inspect_err(|_| undo())?;
             let link =
-                new_link(manager, port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size).inspect_err(|_| {
-                    let mut s = manager.rdma.lock();
-                    s.server_groups.remove(&id);
-                    give_group_token(&mut s, host, std::time::Instant::now());
-                })?;
+                new_link(manager, port.clone(), LinkRole::Server, cfg, rx_size, p.rmb_size).inspect_err(|_| undo())?;
             let group = LinkGroup::new(
                 id,
                 Role::Server,
@@ -738,8 +754,20 @@ fn server_conn_create_blocking(
     // A new group lives as long as the handshake that made it, unless that confirms it: a
     // client that never confirms leaves nothing behind, however slowly the host runs.
     let unconfirmed = (!group.is_established()).then(|| Arc::new(Unconfirmed(group.clone())));
-    let conn = group.open_conn(None, rx_ring, &cfg.shm)?;
-    let (rmb_addr, rkey) = open_rmb(manager, &link, &conn)?;
+    let opened = (|| {
+        let conn = group.open_conn(None, rx_ring, &cfg.shm)?;
+        // What this connection would register: nothing where its chunks are registered already.
+        let hold = hold_for_handshake(manager, host, ring_bytes, link.unregistered_for(conn.our_token()))
+            .inspect_err(|_| group.unregister(conn.our_token()))?;
+        let (rmb_addr, rkey) = open_rmb(manager, &link, &conn)?;
+        Ok((conn, hold, rmb_addr, rkey))
+    })();
+    let (conn, hold, rmb_addr, rkey) = opened.inspect_err(|_| {
+        if made {
+            // Our side failed, not the client's queue pair: its rate token comes back.
+            manager.rdma.lock().refund_group_token(group.id, std::time::Instant::now());
+        }
+    })?;
     let accepted = RdmaLinkInfo {
         gid: port.gid,
         qpn: link.qpn(),
