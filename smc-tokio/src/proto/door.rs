@@ -160,7 +160,8 @@ pub struct DoorFrame {
     /// What the frame says.
     pub kind: DoorKind,
     /// For Unmatched and Refused, why: a [`DeclineReason`](super::clc::DeclineReason) byte
-    /// (not checked here: a reason this version does not know still ends the wait). 0 otherwise.
+    /// (not checked here: a reason this version does not know still ends the wait). 0 otherwise,
+    /// and ignored by the receiver.
     pub reason: u8,
     /// The registration the frame is about: chosen by the client in its Register, unique on
     /// its door connection while the registration lives, and repeated in every frame of its

@@ -532,8 +532,10 @@ impl ClientHandshake {
         }
     }
 
-    /// Feeds bytes received at `now`; returns how many were used (at most
-    /// [`wanted`](Self::wanted)). An empty `data` means the peer closed the stream.
+    /// Feeds bytes received at `now`; returns how many were used: at most
+    /// [`wanted`](Self::wanted), or, where `data` starts with a whole CLC message and none is
+    /// under way, that message's length (a message channel hands one over whole). Never a byte
+    /// past the message. An empty `data` means the peer closed the stream.
     ///
     /// # Examples
     ///
@@ -1042,7 +1044,10 @@ impl ServerHandshake {
         }
     }
 
-    /// Feeds bytes received at `now`; returns how many were used. An empty `data` means EOF.
+    /// Feeds bytes received at `now`; returns how many were used: at most
+    /// [`wanted`](Self::wanted), or, where `data` starts with a whole CLC message and none is
+    /// under way, that message's length (a door frame hands one over whole). Never a byte past
+    /// the message. An empty `data` means EOF.
     ///
     /// # Examples
     ///

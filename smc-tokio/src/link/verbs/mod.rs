@@ -114,6 +114,31 @@ pub(crate) fn chunk_pair_bytes(count: u32, rx_size: u32, tx_size: u32) -> u64 {
     chunk_bytes(count, rx_size) + chunk_bytes(count, tx_size)
 }
 
+/// What a link shows of itself without the link: whether its peer answered (a SEND of ours
+/// completed, which on a reliable connection the peer's adapter acknowledged) and the bytes its
+/// pools have registered (pinned). Shared, so that what keeps count of the link's peer holds
+/// this and not the link, whose last reference must be dropped on the setup thread.
+#[derive(Debug, Default)]
+pub(crate) struct LinkTally {
+    /// Set once, at the first send completion (Release; read with Acquire).
+    answered: AtomicBool,
+    /// Both pools' registered chunks, in bytes (changed under a pool's `mrs` lock; read without
+    /// it, as a figure for a bound, so Relaxed).
+    pinned: AtomicU64,
+}
+
+impl LinkTally {
+    /// Whether the peer's queue pair took a message of ours.
+    pub(crate) fn peer_answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// Bytes the link's pools have registered now.
+    pub(crate) fn pinned_bytes(&self) -> u64 {
+        self.pinned.load(Ordering::Relaxed)
+    }
+}
+
 /// A slot pool: `count` buffers of `size` bytes in one lazily backed mapping, registered a
 /// chunk of slots at a time on first use. A chunk's rkey reaches every slot of the chunk: they
 /// all belong to this link group, whose peer is the one process that may write into any of
@@ -132,9 +157,10 @@ struct Pool {
     budget: Arc<RmbBudget>,
     /// `release` gave the registrations back: no chunk is registered again.
     released: AtomicBool,
-    /// Bytes of the chunks registered now (changed under `mrs`'s lock; read without it, as a
-    /// figure for a bound, so Relaxed).
+    /// Bytes of this pool's chunks registered now (changed under `mrs`'s lock, with the link's
+    /// tally, which counts both pools).
     registered: AtomicU64,
+    tally: Arc<LinkTally>,
     size: u32,
     count: u32,
     /// Slots per MR.
@@ -143,7 +169,13 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(count: u32, size: u32, access: std::ffi::c_int, budget: Arc<RmbBudget>) -> io::Result<Pool> {
+    fn new(
+        count: u32,
+        size: u32,
+        access: std::ffi::c_int,
+        budget: Arc<RmbBudget>,
+        tally: Arc<LinkTally>,
+    ) -> io::Result<Pool> {
         let len =
             usize::try_from(u64::from(count) * u64::from(size)).map_err(|_| io::Error::other("pool too large"))?;
         let chunk = chunk_slots(count, size);
@@ -154,6 +186,7 @@ impl Pool {
             budget,
             released: AtomicBool::new(false),
             registered: AtomicU64::new(0),
+            tally,
             size,
             count,
             chunk,
@@ -191,6 +224,7 @@ impl Pool {
             // the mapping that is dropped after it).
             *e = Some((unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?, charge));
             self.registered.fetch_add(len as u64, Ordering::Relaxed);
+            self.tally.pinned.fetch_add(len as u64, Ordering::Relaxed);
         }
         let (mr, _) = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
         Ok(((self.ptr(slot, 0) as u64, mr.lkey, mr.rkey), new))
@@ -204,6 +238,7 @@ impl Pool {
         let taken = mrs.get_mut((slot / self.chunk) as usize).and_then(Option::take);
         if let Some((_, charge)) = &taken {
             self.registered.fetch_sub(charge.bytes(), Ordering::Relaxed);
+            self.tally.pinned.fetch_sub(charge.bytes(), Ordering::Relaxed);
         }
         drop(mrs);
         drop(taken);
@@ -223,18 +258,14 @@ impl Pool {
         }
     }
 
-    /// Bytes of this pool's chunks registered (pinned) now.
-    fn registered_bytes(&self) -> u64 {
-        self.registered.load(Ordering::Relaxed)
-    }
-
     /// Gives the pool's registrations back for good: what to drop (off the runtime) to unpin
     /// its chunks, with the mapping they cover, which they keep until then. The mapping, and
     /// the bytes in it, stay the pool's too: a connection moving to TCP reads its ring.
     fn release(&self) -> (Vec<(Mr, HeldCharge)>, Arc<Mapping>) {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         self.released.store(true, Ordering::Relaxed);
-        self.registered.store(0, Ordering::Relaxed);
+        let mine = self.registered.swap(0, Ordering::Relaxed);
+        self.tally.pinned.fetch_sub(mine, Ordering::Relaxed);
         // Tuple order: the MRs drop before this copy of the mapping.
         (mrs.iter_mut().filter_map(Option::take).collect(), self.map.clone())
     }
@@ -431,8 +462,9 @@ impl VerbsLink {
         // SAFETY: `recv_bufs` outlives the MR (field order of VerbsLink).
         let recv_mr = unsafe { pd.reg_mr(recv_bufs.ptr(), recv_bufs.len(), device_access::LOCAL) }?;
         let Rmbs { count, rx_size, tx_size, budget } = rmbs;
-        let rx_pool = Pool::new(count, rx_size, device_access::REMOTE, budget.clone())?;
-        let tx_pool = Pool::new(count, tx_size, device_access::LOCAL, budget)?;
+        let tally = Arc::new(LinkTally::default());
+        let rx_pool = Pool::new(count, rx_size, device_access::REMOTE, budget.clone(), tally.clone())?;
+        let tx_pool = Pool::new(count, tx_size, device_access::LOCAL, budget, tally)?;
         let psn = crate::sys::random_secret().map(|t| u32::from_le_bytes([t.0[0], t.0[1], t.0[2], 0]))?;
         let link = VerbsLink {
             qp,
@@ -561,16 +593,10 @@ impl VerbsLink {
         self.rx_pool.unregistered_bytes(slot) + self.tx_pool.unregistered_bytes(slot)
     }
 
-    /// Bytes of the link's two pools registered (pinned) now.
-    pub(crate) fn pinned_bytes(&self) -> u64 {
-        self.rx_pool.registered_bytes() + self.tx_pool.registered_bytes()
-    }
-
-    /// Whether the peer's queue pair took a message of ours: a SEND completed, which on a
-    /// reliable connection the peer's adapter acknowledged. A Confirm over TCP names a queue
-    /// pair; this shows that one is there.
-    pub(crate) fn peer_answered(&self) -> bool {
-        self.acked.load(Ordering::Acquire) > 0
+    /// Whether the peer answered, and what the pools registered ([`LinkTally`]): a Confirm over
+    /// TCP names a queue pair; a completed SEND shows that one is there.
+    pub(crate) fn tally(&self) -> Arc<LinkTally> {
+        self.rx_pool.tally.clone()
     }
 
     /// Bytes a connection on an unused chunk of each pool pins ([`chunk_pair_bytes`]).
@@ -782,6 +808,10 @@ impl VerbsLink {
             let n = u32::try_from(wc.wr_id).unwrap_or(0).min(WRS_PER_MSG);
             self.sq_free.fetch_add(n, Ordering::SeqCst);
             self.acked.fetch_add(1, Ordering::AcqRel);
+            let tally = &self.rx_pool.tally;
+            if !tally.answered.load(Ordering::Relaxed) {
+                tally.answered.store(true, Ordering::Release);
+            }
             self.wake_delivery_waiters();
         }
     }

@@ -4,35 +4,35 @@
 
 use std::sync::Arc;
 
-use super::State;
-use crate::link::verbs::VerbsLink;
+use super::{make_room, State};
+use crate::link::verbs::LinkTally;
 use crate::proto::clc::DeclineReason;
 use crate::smc::manager::Manager;
 
 /// What the bounds per client host ask of a server group's link.
 pub(super) trait HostLink: Send + Sync {
-    /// Whether the peer showed that its queue pair is there ([`VerbsLink::peer_answered`]).
+    /// Whether the peer showed that its queue pair is there ([`LinkTally::peer_answered`]).
     fn peer_answered(&self) -> bool;
-    /// Bytes registered (pinned) now ([`VerbsLink::pinned_bytes`]).
+    /// Bytes registered (pinned) now ([`LinkTally::pinned_bytes`]).
     fn pinned_bytes(&self) -> u64;
 }
 
-impl HostLink for VerbsLink {
+impl HostLink for LinkTally {
     fn peer_answered(&self) -> bool {
-        VerbsLink::peer_answered(self)
+        LinkTally::peer_answered(self)
     }
 
     fn pinned_bytes(&self) -> u64 {
-        VerbsLink::pinned_bytes(self)
+        LinkTally::pinned_bytes(self)
     }
 }
 
-/// The client host a GID names, for the bounds per host: an IPv4 address (IPv4-mapped) or a
-/// link-local IPv6 one as it is, another IPv6 address by its /64, which one host may hold
-/// whole.
+/// The client host a GID names, for the bounds per host: an IPv4 address (IPv4-mapped) as it
+/// is, an IPv6 address by its /64, which one host may hold whole. Link-local addresses are one
+/// /64 (`fe80::/64`) between them: any neighbour on the link may take as many as it likes.
 pub(super) fn host_of(gid: [u8; 16]) -> [u8; 16] {
     let ip = std::net::Ipv6Addr::from(gid);
-    if ip.to_ipv4_mapped().is_some() || ip.is_unicast_link_local() {
+    if ip.to_ipv4_mapped().is_some() {
         return gid;
     }
     let mut host = gid;
@@ -56,7 +56,9 @@ impl Bucket {
     fn refill(&mut self, (burst, per_sec): (f64, f64), now: std::time::Instant) -> f64 {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * per_sec).min(burst);
-        self.at = now;
+        // Callers' instants may come out of order (one taken before another's lock): the
+        // bucket's time never goes back, so no interval is credited twice.
+        self.at = self.at.max(now);
         self.tokens
     }
 
@@ -89,7 +91,7 @@ pub(super) const NEW_GROUPS_ALL: (f64, f64) = (64.0, 16.0);
 pub(super) fn settle_group_tokens(s: &mut State, now: std::time::Instant) {
     let mut back = Vec::new();
     for g in s.server_groups.values_mut() {
-        if g.owes_token && g.link.upgrade().is_some_and(|l| l.peer_answered()) {
+        if g.owes_token && g.link.as_ref().is_some_and(|l| l.peer_answered()) {
             g.owes_token = false;
             back.push(g.host);
         }
@@ -100,9 +102,10 @@ pub(super) fn settle_group_tokens(s: &mut State, now: std::time::Instant) {
 }
 
 /// Whether a token for a new server group for the client host `host` is there (see
-/// [`take_group_token`]), without taking it. A host with a new group whose queue pair has not
-/// answered yet may not take the last half of all hosts' tokens: that half is kept for hosts
-/// with none, so that a few hosts that never answer cannot hold everyone's new groups back.
+/// [`take_group_token`]), without taking it. A host with a token out (a new group whose queue
+/// pair has not answered yet, or one that ended without answering, until its bucket refilled)
+/// may not take the last half of all hosts' tokens: that half is kept for hosts with none, so
+/// that a few hosts that never answer cannot hold everyone's new groups back.
 pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::Instant) -> bool {
     settle_group_tokens(s, now);
     let all = s.new_groups_all.get_or_insert_with(|| Bucket::full(NEW_GROUPS_ALL.0, now)).refill(NEW_GROUPS_ALL, now);
@@ -111,7 +114,9 @@ pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::I
         s.new_groups.retain(|_, b| b.refill(NEW_GROUPS_PER_HOST, now) < NEW_GROUPS_PER_HOST.0);
     }
     let own = s.new_groups.get_mut(&host).map_or(NEW_GROUPS_PER_HOST.0, |b| b.refill(NEW_GROUPS_PER_HOST, now));
-    let waiting = s.server_groups.values().any(|g| g.owes_token && g.host == host);
+    // A host whose bucket is not full has a token out: a new group not answered yet, or one
+    // that ended without answering (its bucket refills in a quarter of a second per token).
+    let waiting = own < NEW_GROUPS_PER_HOST.0;
     let kept = if waiting { NEW_GROUPS_ALL.0 / 2.0 } else { 0.0 };
     own >= 1.0 && all >= kept + 1.0
 }
@@ -171,21 +176,24 @@ impl std::fmt::Debug for HandshakeHold {
     }
 }
 
+/// Which share a handshake would take past ([`host_room`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Over {
+    /// The client host's.
+    Host,
+    /// All hosts'.
+    All,
+}
+
 /// Whether a server handshake for the client host `host` may hold `bytes` and register `pin`
 /// more: not when that host's handshakes, or all hosts', hold their share already, nor when
 /// that host's groups, or all hosts', have so much registered that `pin` would take them past
 /// it ([`host_bounds`]).
-pub(super) fn host_room(
-    s: &State,
-    manager: &Manager,
-    host: [u8; 16],
-    bytes: u64,
-    pin: u64,
-) -> Result<(), DeclineReason> {
+pub(super) fn host_room(s: &State, manager: &Manager, host: [u8; 16], bytes: u64, pin: u64) -> Result<(), Over> {
     let (per_host, all) = host_bounds(manager);
     let (mut pinned_host, mut pinned_all) = (0u64, 0u64);
     for g in s.server_groups.values() {
-        let p = g.link.upgrade().map_or(0, |l| l.pinned_bytes());
+        let p = g.link.as_ref().map_or(0, |l| l.pinned_bytes());
         pinned_all += p;
         if g.host == host {
             pinned_host += p;
@@ -193,31 +201,41 @@ pub(super) fn host_room(
     }
     let held_host = s.held.get(&host).copied().unwrap_or(0);
     let fits = |have: u64, add: u64, bound: u64| have.saturating_add(add) <= bound;
-    if fits(held_host, bytes, per_host)
-        && fits(s.held_total, bytes, all)
-        && fits(pinned_host, pin, per_host)
-        && fits(pinned_all, pin, all)
-    {
-        return Ok(());
+    if !(fits(held_host, bytes, per_host) && fits(pinned_host, pin, per_host)) {
+        return Err(Over::Host);
     }
-    tracing::debug!(
-        held_host,
-        pinned_host,
-        "this client's rdma handshakes or groups hold their share of the rmb budget: declining"
-    );
-    Err(DeclineReason::OutOfMemory)
+    if !(fits(s.held_total, bytes, all) && fits(pinned_all, pin, all)) {
+        return Err(Over::All);
+    }
+    Ok(())
+}
+
+/// Makes room for a server handshake of `host` ([`host_room`]), ending an idle group to make it
+/// where there is none ([`make_room`]): the host's own where its share is full, anyone's where
+/// all hosts' is. A host whose connections once took its share and closed would otherwise get
+/// TCP until its idle groups' timeout.
+pub(super) fn make_host_room(manager: &Manager, host: [u8; 16], bytes: u64, pin: u64) -> Result<(), DeclineReason> {
+    make_room(manager, |s| {
+        let over = host_room(s, manager, host, bytes, pin).err()?;
+        let groups = s.server_groups.values().filter(|g| over == Over::All || g.host == host);
+        Some(groups.filter_map(|g| g.group.upgrade()).collect())
+    })
+    .inspect_err(|_| {
+        tracing::debug!("this client's rdma handshakes or groups hold their share of the rmb budget: declining");
+    })
 }
 
 /// Counts `bytes` held by a server handshake for the client host `host` that registers `pin`
-/// more, where there is room ([`host_room`]).
+/// more, where there is room or an idle group can make it ([`make_host_room`]).
 pub(super) fn hold_for_handshake(
     manager: &Arc<Manager>,
     host: [u8; 16],
     bytes: u64,
     pin: u64,
 ) -> Result<HandshakeHold, DeclineReason> {
+    make_host_room(manager, host, bytes, pin)?;
     let mut s = manager.rdma.lock();
-    host_room(&s, manager, host, bytes, pin)?;
+    host_room(&s, manager, host, bytes, pin).map_err(|_| DeclineReason::OutOfMemory)?;
     *s.held.entry(host).or_default() += bytes;
     s.held_total += bytes;
     Ok(HandshakeHold { manager: manager.clone(), host, bytes })
@@ -382,9 +400,16 @@ mod tests {
         assert!(group_token_ready(&mut s, gid(30), t0), "a host with none does not");
         silent.answered.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(group_token_ready(&mut s, gid(9), t0), "nor one whose group answered");
+        drop(s);
+        // A host whose group ended without answering has its token out too, with no group left.
+        admit_server_group(&manager, 2, gid(10), t0).unwrap();
+        let g = LinkGroup::new(2, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
+        manager.rdma.lock().made_server_group(&g, Arc::new(FakeLink::default()));
+        manager.forget(&g);
+        assert!(!group_token_ready(&mut manager.rdma.lock(), gid(10), t0), "a host that proposed and closed waits");
     }
 
-    /// One host is one IPv4 address, one link-local IPv6 address, or one IPv6 /64.
+    /// One host is one IPv4 address or one IPv6 /64, link-local addresses all one.
     #[test]
     fn a_host_is_an_ipv4_address_or_an_ipv6_64() {
         let v4 = |d| std::net::Ipv4Addr::new(192, 0, 2, d).to_ipv6_mapped().octets();
@@ -392,7 +417,7 @@ mod tests {
         let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
         assert_eq!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:2:ffff::9")));
         assert_ne!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:3::1")));
-        assert_ne!(host_of(v6("fe80::1")), host_of(v6("fe80::2")));
+        assert_eq!(host_of(v6("fe80::1")), host_of(v6("fe80::2:3:4:5")));
     }
 
     /// What server handshakes hold between Accept and Confirm (a ring and a send buffer each)
@@ -442,5 +467,20 @@ mod tests {
             Some(DeclineReason::OutOfMemory),
             "nor past half for all hosts"
         );
+        link.pinned.store(0, std::sync::atomic::Ordering::Relaxed);
+
+        // A host whose share is taken by a group with no connection left gets room by its end,
+        // once it has been idle for a while.
+        let idle_link = Arc::new(FakeLink::default());
+        idle_link.pinned.store(16 << 20, std::sync::atomic::Ordering::Relaxed);
+        admit_server_group(&manager, 3, gid(3), std::time::Instant::now()).unwrap();
+        let idle = LinkGroup::new(3, Role::Server, TxRmbs::verbs(2, 1 << 16), times, manager.clone());
+        manager.rdma.lock().made_server_group(&idle, idle_link);
+        assert_eq!(hold_for_handshake(&manager, gid(3), each, fresh).err(), Some(DeclineReason::OutOfMemory));
+        assert!(idle.is_alive(), "a group idle for an instant is left alone");
+        idle.backdate_idle(Duration::from_secs(2));
+        assert!(hold_for_handshake(&manager, gid(3), each, fresh).is_ok(), "the idle group made room");
+        assert!(!idle.is_alive());
+        assert!(g.is_alive(), "another host's group was not ended for it");
     }
 }

@@ -25,7 +25,7 @@ use crate::smc::manager::Manager;
 
 mod hosts;
 use hosts::{
-    give_group_token, group_token_ready, hold_for_handshake, host_of, host_room, take_group_token, Bucket,
+    give_group_token, group_token_ready, hold_for_handshake, host_of, make_host_room, take_group_token, Bucket,
     HandshakeHold, HostLink,
 };
 
@@ -74,7 +74,9 @@ struct State {
 struct ServerGroup {
     host: [u8; 16],
     group: std::sync::Weak<LinkGroup>,
-    link: std::sync::Weak<dyn HostLink>,
+    /// The link's tally ([`crate::link::verbs::LinkTally`]), not the link: the registry must
+    /// never hold a link's last reference.
+    link: Option<Arc<dyn HostLink>>,
     owes_token: bool,
 }
 
@@ -134,9 +136,8 @@ fn admit_server_group(
         if of_peer < per_peer && s.server_groups.len() < most {
             token = take_group_token(s, host, now);
             if token.is_ok() {
-                let link: std::sync::Weak<dyn HostLink> = std::sync::Weak::<VerbsLink>::new();
                 let group = std::sync::Weak::new();
-                s.server_groups.insert(id, ServerGroup { host, group, link, owes_token: false });
+                s.server_groups.insert(id, ServerGroup { host, group, link: None, owes_token: false });
             }
             return None;
         }
@@ -166,7 +167,7 @@ impl State {
     fn made_server_group(&mut self, group: &Arc<LinkGroup>, link: Arc<dyn HostLink>) {
         let Some(e) = self.server_groups.get_mut(&group.id) else { return };
         e.group = Arc::downgrade(group);
-        e.link = Arc::downgrade(&link);
+        e.link = Some(link);
         e.owes_token = true;
     }
 
@@ -229,7 +230,7 @@ impl Registry {
             if let Some(g) = s.server_groups.remove(&group.id) {
                 // A group whose link answered and that ended before the next look at the rate
                 // gives its token back here.
-                if g.owes_token && g.link.upgrade().is_some_and(|l| l.peer_answered()) {
+                if g.owes_token && g.link.as_ref().is_some_and(|l| l.peer_answered()) {
                     give_group_token(&mut s, g.host, std::time::Instant::now());
                 }
             }
@@ -726,9 +727,13 @@ fn server_conn_create_blocking(
         None => {
             let (id, now) = (crate::sys::random_u64(), std::time::Instant::now());
             let fresh_chunks = chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, p.rmb_size);
-            // Before any setup, and before any idle group is ended for room: the host's share of
-            // the budget, its rate of new groups and its count of groups.
-            host_room(&manager.rdma.lock(), manager, host, ring_bytes, fresh_chunks)?;
+            // Before any setup, and before any idle group is ended for room, the host's rate of
+            // new groups; then its share of the budget, and its count of groups.
+            if !group_token_ready(&mut manager.rdma.lock(), host, now) {
+                tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
+                return Err(DeclineReason::HandshakeCongested);
+            }
+            make_host_room(manager, host, ring_bytes, fresh_chunks)?;
             admit_server_group(manager, id, host, now)?;
             // From here the group is counted until the manager forgets it (when it fails, which
             // `Unconfirmed` below makes sure of), or until this fails first.
@@ -747,7 +752,7 @@ fn server_conn_create_blocking(
                 GroupTimes { idle_timeout: cfg.shm.idle_timeout.max(timeout), poll_window: cfg.shm.adaptive_poll },
                 manager.clone(),
             );
-            manager.rdma.lock().made_server_group(&group, link.clone());
+            manager.rdma.lock().made_server_group(&group, link.tally());
             (group, link)
         }
     };
