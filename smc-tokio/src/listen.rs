@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 use crate::config::{Overrides, Policy, Settings};
 use crate::context::Context;
-use crate::door::{ClientIdentity, Door, EarlyKey, Matched, Registration, ServerWire};
+use crate::door::{ClientIdentity, Door, EarlyKey, Matched, Registration, ServerWire, Verified};
 use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_MAX_LEN};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
@@ -695,10 +695,18 @@ async fn drive(
                         Channel::Wire(w) => w.connected(),
                         Channel::Tcp(_) => None,
                     };
-                    if !door.verify(key, said) {
-                        tracing::debug!(?said, "the confirmed connection is not the registrant's");
-                        hs.decline(DeclineReason::SyncError, Instant::now());
-                        continue;
+                    match verify_early(door, key, said).await {
+                        Verified::Yes => {}
+                        Verified::No => {
+                            tracing::debug!(?said, "the confirmed connection is not the registrant's");
+                            hs.decline(DeclineReason::SyncError, Instant::now());
+                            continue;
+                        }
+                        Verified::NotAccepted => {
+                            tracing::debug!(?said, "our end of the confirmed connection waits in a full listen queue");
+                            hs.decline(DeclineReason::HandshakeCongested, Instant::now());
+                            continue;
+                        }
                     }
                 }
                 match check_confirm(&link, cfg, shared, pending).await {
@@ -775,6 +783,27 @@ async fn choose(
             let _ = addrs;
             Err(r)
         }
+    }
+}
+
+/// How long an early handshake waits for our end of its connection to become the full socket
+/// the listener will accept ([`Door::verify`]): the kernel makes it when it takes the client's
+/// last ACK in, which on this host's loopback is done by the time the client's Confirm comes,
+/// unless the softirq that does it was deferred (a few milliseconds on a loaded host) or the
+/// listen queue is full, which may last until the application accepts. A choice, not a
+/// measurement: far above the first, far below a handshake's bound.
+const OUR_END_WAIT: Duration = Duration::from_millis(20);
+
+/// [`Door::verify`], asked again each millisecond while our end is a request socket, for
+/// [`OUR_END_WAIT`] at most.
+async fn verify_early(door: &Door, key: &EarlyKey, said: Option<crate::proto::door::ConnectedTuple>) -> Verified {
+    let until = tokio::time::Instant::now() + OUR_END_WAIT;
+    loop {
+        let v = door.verify(key, said);
+        if v != Verified::NotAccepted || tokio::time::Instant::now() >= until {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

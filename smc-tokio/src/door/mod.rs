@@ -1076,6 +1076,18 @@ pub(crate) struct Registration {
     early: Option<tokio::sync::oneshot::Receiver<(tokio::net::TcpStream, SocketAddr)>>,
 }
 
+/// What [`Door::verify`] found of a connection a client confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verified {
+    /// The registrant's, and our end of it is the full socket the listener will accept.
+    Yes,
+    /// Not the registrant's connection (or not to us, or handed out as TCP already).
+    No,
+    /// The registrant's, but our end is still a request socket (the listen queue full, or the
+    /// client's last ACK not taken in yet): asked again, it may become [`Verified::Yes`].
+    NotAccepted,
+}
+
 /// Names a registration answered before its connection arrived, for the door's checks.
 #[derive(Clone)]
 pub(crate) struct EarlyKey {
@@ -2020,8 +2032,9 @@ impl Door {
 
     /// Whether the connection a client says it made for the early registration `key` is the
     /// one the kernel has, from a socket with the registered cookie, owned by the registrant's
-    /// uid, established, and towards our port. If so, its accept is matched by that four-tuple.
-    pub(crate) fn verify(&self, key: &EarlyKey, said: Option<ConnectedTuple>) -> bool {
+    /// uid, established, and towards our port, and whether our end of it is the full socket the
+    /// listener will accept. If so ([`Verified::Yes`]), its accept is matched by our end.
+    pub(crate) fn verify(&self, key: &EarlyKey, said: Option<ConnectedTuple>) -> Verified {
         // Under the door's lock, under which an accept takes a registration and marks it
         // accepted (`take`): the registration is either still here or marked, never neither.
         // (Looking at the mark before taking the lock lost a registration accepted in between:
@@ -2030,39 +2043,42 @@ impl Door {
         let mut st = self.lock();
         // Accepted already: matched at accept by the kernel's record of its client end.
         if key.conn.live().get_mut(&key.id).is_some_and(|l| std::mem::take(&mut l.accepted_early)) {
-            return true;
+            return Verified::Yes;
         }
-        let Some(t) = said else { return false };
+        let Some(t) = said else { return Verified::No };
         let (client, server) = (sys::unmap(t.local), sys::unmap(t.peer));
         // Not to us (a connection to the same port of another of this host's addresses, where
         // another listener may serve it, would pin a slot of ours for nothing), or handed out as
         // plain TCP already, before this registration was read.
         if !self.receives(server) || st.missed.recently(client.port()) {
-            return false;
+            return Verified::No;
         }
-        let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return false };
+        let Some((port, e)) = st.entry_mut(&key.conn, key.id) else { return Verified::No };
         if port != client.port() {
-            return false;
+            return Verified::No;
         }
         let owner = match self.diag.owner(client, server) {
             Ok(Some(o)) => o,
-            _ => return false,
+            _ => return Verified::No,
         };
         if e.cookie != owner.cookie || key.conn.cred.uid != owner.uid || owner.state != sys::TCP_ESTABLISHED {
-            return false;
+            return Verified::No;
         }
-        e.verified = Some((client, server));
-        // Our end of it too, where it is the full socket the listener will accept: the accept
+        // Our end of it too, which must be the full socket the listener will accept: the accept
         // then matches that socket exactly, whatever became of the client's end meanwhile. Its
         // client may write, close and go before the application accepts, and its end is gone
         // from the kernel's table at once when the host's TIME_WAIT table is full (any local
         // user can fill it), which matched the accept to nothing: the connection went to the
-        // application as TCP, empty, and the bytes written into the ring were lost. (Still a
-        // request socket, it is learned by the sweep.)
-        if let Some(ours) = self.diag.owner(server, client).ok().flatten().as_ref().and_then(Self::accepted_end) {
-            e.ours = Some(ours);
-        }
-        true
+        // application as TCP, empty, and the bytes written into the ring were lost. Our end is
+        // still a request socket while the listen queue is full (or, for a moment, before the
+        // kernel took the client's last ACK in): no commit then, for its client's end may go
+        // before ours is a socket an accept could be matched by ([`Verified::NotAccepted`]).
+        let Some(ours) = self.diag.owner(server, client).ok().flatten().as_ref().and_then(Self::accepted_end) else {
+            return Verified::NotAccepted;
+        };
+        e.ours = Some(ours);
+        e.verified = Some((client, server));
+        Verified::Yes
     }
 
     /// Turns the early registration in `reg` back into one answered when its connection is
@@ -2586,6 +2602,13 @@ pub(crate) fn find_doors(
 ) -> Lookup {
     let dst = sys::unmap(dst);
     let mut found = Lookup { doors: Vec::new(), busy: false, full: None, starved: false };
+    // Only a listener of this host can be behind a door: a door named for another host's
+    // address is anyone's who bound the name first (an allowed uid's, or one that maps to it
+    // from a user namespace), which would then take the connection's bytes in shared memory
+    // and leave its real server an empty TCP connection.
+    if !sys::is_local_ip(dst.ip()) {
+        return found;
+    }
     // One socket serves every refused probe; a new one only after a door took it.
     let mut probe: Option<OwnedFd> = None;
     let reserved = &mut reserved;
@@ -2593,9 +2616,8 @@ pub(crate) fn find_doors(
         return found;
     }
     // A listener bound to exactly `dst` takes the connection before any wildcard one does, so
-    // the wildcards of a local address are looked at only when it has no door (and asked
-    // whether the address is local only then).
-    if found.doors.is_empty() && sys::is_local_ip(dst.ip()) {
+    // the wildcards are looked at only when it has no door.
+    if found.doors.is_empty() {
         let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), dst.port());
         let v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), dst.port());
         let wildcards = [(dst.is_ipv4() && v4 != dst).then_some(v4), (v6 != dst).then_some(v6)];
@@ -3395,7 +3417,11 @@ mod tests {
         let (client, key, _door_conn) = register_and_connect(door, &sock, 7, other.local_addr().unwrap());
         let _accepted = other.accept().unwrap();
         let said = |server: SocketAddr| Some(ConnectedTuple { local: client, peer: server });
-        assert!(!door.verify(&key, said(other.local_addr().unwrap())), "confirmed a connection to another listener");
+        assert_eq!(
+            door.verify(&key, said(other.local_addr().unwrap())),
+            Verified::No,
+            "confirmed a connection to another listener"
+        );
     }
 
     /// Registers the bound socket `sock` at `door` under `id` with a shared-memory offer, on a
@@ -3541,7 +3567,11 @@ mod tests {
         first.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
         let cookie = sys::socket_cookie(first.as_fd()).unwrap();
         let (client, key, _door_conn) = register_and_connect(door, &first, 7, server);
-        assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+        assert_eq!(
+            door.verify(&key, Some(ConnectedTuple { local: client, peer: server })),
+            Verified::Yes,
+            "its own connection"
+        );
         // Reset: the four-tuple is free at once (no TIME_WAIT), and another socket takes it.
         first.set_linger(Some(std::time::Duration::ZERO)).unwrap();
         drop(first);
@@ -3593,7 +3623,11 @@ mod tests {
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
         let (client, key, door_conn) = register_and_connect(door, &sock, id, server);
-        assert!(door.verify(&key, Some(ConnectedTuple { local: client, peer: server })), "its own connection");
+        assert_eq!(
+            door.verify(&key, Some(ConnectedTuple { local: client, peer: server })),
+            Verified::Yes,
+            "its own connection"
+        );
         (sock, client, door_conn)
     }
 
@@ -3833,7 +3867,7 @@ mod tests {
             key.conn.pending().contains_key(&7)
         });
         let bogus = ConnectedTuple { local: SocketAddr::from(([127, 0, 0, 1], 1)), peer: server };
-        assert!(!door.verify(&key, Some(bogus)), "a connection nobody checked passed verify");
+        assert_eq!(door.verify(&key, Some(bogus)), Verified::No, "a connection nobody checked passed verify");
     }
 
     /// Trusted clients that keep many door connections full do not keep the listener from
@@ -4357,6 +4391,62 @@ mod tests {
         let longest = DoorFrame { kind: DoorKind::Clc, reason: 0, id: 1 }.encode(&[0; crate::proto::clc::CLC_MAX_LEN]);
         for i in 0..2 * WINDOW {
             sys::send_msg(server.as_fd(), &longest).unwrap_or_else(|e| panic!("answer {i} of {}: {e}", 2 * WINDOW));
+        }
+    }
+
+    /// A connection whose client end is the registrant's but whose end of ours is still a
+    /// request socket (here the listener defers its accept until data comes, as a full listen
+    /// queue does until there is room) is not verified, so not committed: its client's end may
+    /// go before ours is a socket an accept could be matched by. Once ours is the full socket,
+    /// it is.
+    #[tokio::test]
+    async fn a_connection_whose_end_of_ours_is_a_request_socket_is_not_verified_yet() {
+        use crate::proto::door::ConnectedTuple;
+        use std::io::Write;
+        let (queue, door) = door_for_a_queue();
+        let server = queue.local_addr().unwrap();
+        let secs: libc::c_int = 30;
+        // SAFETY: setsockopt on a socket we own, with a c_int option value of the right size.
+        let r = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&queue),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                std::ptr::addr_of!(secs).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", io::Error::last_os_error());
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        let (client, key, _door_conn) = register_and_connect(&door, &sock, 7, server);
+        let said = Some(ConnectedTuple { local: client, peer: server });
+        assert_eq!(door.verify(&key, said), Verified::NotAccepted);
+        assert!(door.lock().count == 1, "kept: it may still be accepted");
+        let mut sock = std::net::TcpStream::from(OwnedFd::from(sock));
+        sock.write_all(b"x").unwrap();
+        within_10s("our end never became the full socket", || door.verify(&key, said) == Verified::Yes);
+    }
+
+    /// A door named for an address of another host is never registered with, whoever bound it
+    /// (here a trusted uid: our own): only a listener of this host can be behind a door, and
+    /// one bound for another host's address would take the connection's bytes while its real
+    /// server got an empty TCP connection. A door of this host's address is.
+    #[tokio::test]
+    async fn no_door_is_looked_at_for_another_hosts_address() {
+        let pid = std::process::id().to_be_bytes();
+        // TEST-NET-3 (RFC 5737): never this host's.
+        let remote =
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(203, 0, 113, pid[3])), u16::from_be_bytes([pid[1], pid[2]]));
+        let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, pid[1], pid[2], pid[3])), 9);
+        let doors = ClientDoors::default();
+        let counters = Arc::new(Counters::default());
+        for (addr, found) in [(remote, 0), (local, 1)] {
+            let squatter = sys::seqpacket_listen(&DoorAt { addr, index: None }.name(), false).expect("a door");
+            let lookup = find_doors(&doors, &counters, addr, &[], None);
+            assert_eq!(lookup.doors.len(), found, "{addr}");
+            let knocked = sys::seqpacket_accept(squatter.as_fd()).is_ok();
+            assert_eq!(knocked, found == 1, "{addr}: the door was connected to");
         }
     }
 
