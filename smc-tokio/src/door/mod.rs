@@ -119,14 +119,12 @@ const CONN_REGISTRATIONS: usize = 4 * WINDOW;
 /// never all of them. 4096 is the door's listen backlog.
 const MAX_CONNS: usize = 4096;
 
-/// The shares of the door connections ([`conn_budget`]) that the clients of uids other than the
-/// listener's own may hold, as divisors: all of them together half, any one of them a quarter.
-/// With other uids trusted (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections
-/// without end (one per process, runtime and context of its clients) would otherwise take them
-/// all, and every other client's connections would go plain: half stays for the listener's own
-/// uid, which no share bounds, and a quarter at least for the other uids besides the greedy one.
-const OTHER_UIDS_SHARE: usize = 2;
-const OTHER_UID_SHARE: usize = 4;
+// The shares of the door connections ([`conn_budget`]) and registrations that the clients of
+// uids other than the listener's own may hold ([`OTHER_UIDS_SHARE`], [`OTHER_UID_SHARE`]). With
+// other uids trusted (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections
+// without end (one per process, runtime and context of its clients) would otherwise take them
+// all, and every other client's connections would go plain.
+use crate::smc::manager::{OTHER_UIDS_SHARE, OTHER_UID_SHARE};
 
 /// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
 /// batch at a time, between which the listener takes TCP connections.
@@ -836,6 +834,9 @@ struct DoorState {
     /// Registrations by the port the client's socket is bound to.
     entries: HashMap<u16, Vec<Entry>>,
     count: usize,
+    /// How many of `count` each uid's clients filed, as `conns_by_uid` counts connections (the
+    /// same shares bound them: [`MAX_REGISTRATIONS`]).
+    regs_by_uid: HashMap<u32, usize>,
     /// Client ports of connections handed out as plain TCP while the door's queues could not
     /// be read to the end ([`Missed`]).
     missed: Missed,
@@ -967,8 +968,42 @@ impl DoorState {
         if list.is_empty() {
             self.entries.remove(&port);
         }
-        self.count -= 1;
+        self.unfiled(conn.cred.uid);
         true
+    }
+
+    /// A registration of a client of `uid` was filed.
+    fn filed(&mut self, uid: u32) {
+        self.count += 1;
+        *self.regs_by_uid.entry(uid).or_default() += 1;
+    }
+
+    /// A registration of a client of `uid` is no longer filed.
+    fn unfiled(&mut self, uid: u32) {
+        self.count -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.regs_by_uid.entry(uid) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    /// Whether a client of `uid` may file another registration: the door's bound, and, for a
+    /// uid other than the listener's own (`own`), the shares other uids have of it, as of door
+    /// connections ([`OTHER_UIDS_SHARE`], [`OTHER_UID_SHARE`]). With other uids trusted, one of
+    /// them whose clients filed registrations without end (each door connection may hold
+    /// [`CONN_REGISTRATIONS`], and it may hold a quarter of the connections) had every other
+    /// client's answered "congested".
+    fn room_to_file(&self, uid: u32, own: u32) -> bool {
+        if self.count >= MAX_REGISTRATIONS {
+            return false;
+        }
+        if uid == own {
+            return true;
+        }
+        let by = |u: u32| self.regs_by_uid.get(&u).copied().unwrap_or(0);
+        by(uid) < MAX_REGISTRATIONS / OTHER_UID_SHARE && self.count - by(own) < MAX_REGISTRATIONS / OTHER_UIDS_SHARE
     }
 
     /// Where, in the list filed under the port of `tuple`'s client, the registration whose
@@ -1667,8 +1702,17 @@ impl Door {
                     conn.refuse(&self.counters, id, DoorKind::Unmatched, DeclineReason::NoCommonTransport);
                     return;
                 }
+                if st.missed.recently(head.port) {
+                    // Its connection was handed out as TCP already (read after it, past a full
+                    // door queue, say): no accept will match it, and its client would wait out
+                    // its handshake timeout for an answer.
+                    conn.refuse(&self.counters, id, DoorKind::Refused, DeclineReason::HandshakeCongested);
+                    return;
+                }
                 let filed = conn.pending();
-                let full = st.count >= MAX_REGISTRATIONS || filed.len() >= CONN_REGISTRATIONS;
+                // SAFETY: geteuid cannot fail and has no preconditions.
+                let own = unsafe { libc::geteuid() };
+                let full = !st.room_to_file(conn.cred.uid, own) || filed.len() >= CONN_REGISTRATIONS;
                 let known = filed.contains_key(&id);
                 drop(filed);
                 if full || known || conn.live().contains_key(&id) {
@@ -1676,7 +1720,7 @@ impl Door {
                     return;
                 }
                 conn.pending().insert(id, head.port);
-                st.count += 1;
+                st.filed(conn.cred.uid);
                 // A solo door answers a shared-memory offer at once: the connection can only
                 // come here. (RDMA needs the connection's addresses, known at accept.)
                 let early = (self.solo && offers_shm(proposal)).then(tokio::sync::oneshot::channel);
@@ -1987,7 +2031,7 @@ impl Door {
         if list.is_empty() {
             st.entries.remove(&port);
         }
-        st.count -= 1;
+        st.unfiled(e.conn.cred.uid);
         e.conn.pending().remove(&e.id);
         if let Some(tx) = e.early.take() {
             if e.verified.is_none() {
@@ -3182,6 +3226,31 @@ mod tests {
             refused.push(frame.id);
         }
         assert_eq!(refused, (CONN_REGISTRATIONS as u64 + 1..=sent).collect::<Vec<_>>(), "the rest answered congested");
+    }
+
+    /// A registration read after its connection was handed out as TCP (its client's port
+    /// missed) is refused at once, finally: no accept will match it, and its client waited out
+    /// its handshake timeout for an answer.
+    #[tokio::test]
+    async fn a_registration_read_after_its_connection_missed_is_refused_at_once() {
+        use crate::proto::door::RegisterHead;
+        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let server = listener.local_addr().unwrap();
+        let door = listener.door_for_test().expect("a door");
+        let client = roomy_door_connection(door);
+        door.lock().note_missed((SocketAddr::from(([127, 0, 0, 1], 40_001)), server));
+        let proposal = proposal(None);
+        for (id, port) in [(1, 40_001), (2, 40_002)] {
+            let frame = RegisterHead { instance: 1, cookie: id, port }.encode_frame(id, &proposal);
+            sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
+        }
+        {
+            let mut st = door.lock();
+            while matches!(door.drain(&mut st), Ok(true)) {}
+            assert_eq!(st.count, 1, "the other one is filed");
+        }
+        let answers: Vec<_> = sent_frames(&client).await.into_iter().map(|(f, _)| (f.id, f.kind)).collect();
+        assert_eq!(answers, vec![(1, DoorKind::Refused)]);
     }
 
     /// Drains `door` until it holds `n` door connections (within 10 s).
@@ -4426,6 +4495,33 @@ mod tests {
         let mut sock = std::net::TcpStream::from(OwnedFd::from(sock));
         sock.write_all(b"x").unwrap();
         within_10s("our end never became the full socket", || door.verify(&key, said) == Verified::Yes);
+    }
+
+    /// Registrations of clients of uids other than the listener's own are bounded as their
+    /// door connections are: a quarter of the door's bound each, half together; the listener's
+    /// own uid's only by the bound itself.
+    #[test]
+    fn other_uids_file_at_most_their_shares_of_registrations() {
+        let own = 1000;
+        let (a, b, c) = (2001, 2002, 2003);
+        let mut st = DoorState::default();
+        let filled = |st: &mut DoorState, uid: u32| {
+            let mut n = 0;
+            while st.room_to_file(uid, own) {
+                st.filed(uid);
+                n += 1;
+            }
+            n
+        };
+        assert_eq!(filled(&mut st, a), MAX_REGISTRATIONS / OTHER_UID_SHARE, "one other uid: a quarter");
+        assert_eq!(filled(&mut st, b), MAX_REGISTRATIONS / OTHER_UID_SHARE, "a second: a quarter too");
+        assert_eq!(filled(&mut st, c), 0, "all others together: half");
+        assert_eq!(filled(&mut st, own), MAX_REGISTRATIONS / 2, "the listener's own uid: the rest");
+        assert!(!st.room_to_file(own, own), "the door's bound holds for its own uid too");
+        st.unfiled(a);
+        assert_eq!(filled(&mut st, c), 1, "the place another uid left");
+        assert_eq!(st.regs_by_uid.get(&a), Some(&(MAX_REGISTRATIONS / OTHER_UID_SHARE - 1)));
+        assert_eq!(st.count, MAX_REGISTRATIONS);
     }
 
     /// A door named for an address of another host is never registered with, whoever bound it

@@ -11,6 +11,16 @@ use crate::smc::group::LinkGroup;
 use crate::stats::Counters;
 use crate::sys;
 
+/// The shares of a bounded resource of a listener (door connections, registrations,
+/// shared-memory link groups) that the clients of uids other than the listener's own may hold,
+/// as divisors of the bound: all of them together half, any one of them a quarter. Half stays
+/// for the listener's own uid, which no share bounds, and a quarter at least for the other uids
+/// besides a greedy one: with other uids trusted (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them could
+/// otherwise take the whole bound, and every other client's connections would go plain.
+pub(crate) const OTHER_UIDS_SHARE: usize = 2;
+/// See [`OTHER_UIDS_SHARE`].
+pub(crate) const OTHER_UID_SHARE: usize = 4;
+
 pub(crate) struct Manager {
     instance: u64,
     /// The shared-memory groups and the side channels that set them up.

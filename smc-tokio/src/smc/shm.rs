@@ -27,6 +27,7 @@ use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{GroupPin, GroupTimes, LinkGroup, Role, TxRmbs};
 use crate::smc::manager::Manager;
+use crate::smc::manager::{OTHER_UIDS_SHARE, OTHER_UID_SHARE};
 use crate::smc::ClientIdentity;
 use crate::sys;
 
@@ -226,17 +227,34 @@ struct ServerSide {
 
 impl ServerSide {
     /// `None` when `client` may have another group with the listener whose side channel is
-    /// `acceptor` ([`GROUPS_PER_CLIENT`],
-    /// [`SERVER_GROUPS`]); else the live groups one of which must end to make room: the
-    /// client's own when it is at its bound, anyone's otherwise.
-    fn no_room_for(&self, client: &ClientIdentity, acceptor: &[u8]) -> Option<Vec<Arc<LinkGroup>>> {
+    /// `acceptor` ([`GROUPS_PER_CLIENT`], [`SERVER_GROUPS`], and, for a uid other than ours
+    /// (`own`), the shares other uids have of the groups: [`OTHER_UID_SHARE`],
+    /// [`OTHER_UIDS_SHARE`]); else the live groups one of which must end to make room: the
+    /// client's own when it is at its bound, its uid's at that uid's share, other uids' at
+    /// theirs, anyone's otherwise. A few processes of one other trusted uid, each keeping its
+    /// groups alive with a connection, held every group otherwise.
+    fn no_room_for(&self, client: &ClientIdentity, acceptor: &[u8], own: u32) -> Option<Vec<Arc<LinkGroup>>> {
         let live = || self.groups.values().filter(|g| g.group.is_alive());
         let of_client = |g: &&ServerGroup| g.pid == client.pid && g.uid == client.uid && g.acceptor == acceptor;
+        let stranger = client.uid != own;
+        let uid_full = stranger && live().filter(|g| g.uid == client.uid).count() >= SERVER_GROUPS / OTHER_UID_SHARE;
+        let others_full = stranger && live().filter(|g| g.uid != own).count() >= SERVER_GROUPS / OTHER_UIDS_SHARE;
         let full = live().filter(of_client).count() >= GROUPS_PER_CLIENT;
-        if !full && live().count() < SERVER_GROUPS {
+        if !full && !uid_full && !others_full && live().count() < SERVER_GROUPS {
             return None;
         }
-        Some(live().filter(|g| !full || of_client(g)).map(|g| g.group.clone()).collect())
+        let candidate = |g: &&ServerGroup| {
+            if full {
+                of_client(g)
+            } else if uid_full {
+                g.uid == client.uid
+            } else if others_full {
+                g.uid != own
+            } else {
+                true
+            }
+        };
+        Some(live().filter(candidate).map(|g| g.group.clone()).collect())
     }
 }
 
@@ -513,7 +531,9 @@ impl Manager {
             if let Some(g) = reuse {
                 return Ok(Ok((g.group.clone(), false)));
             }
-            if let Some(candidates) = s.no_room_for(client, &name) {
+            // SAFETY: geteuid cannot fail and has no preconditions.
+            let own = unsafe { libc::geteuid() };
+            if let Some(candidates) = s.no_room_for(client, &name, own) {
                 return Err(candidates);
             }
             Ok(self.new_server_group(&mut s, &name, p, client, cfg, handshake_timeout).map(|g| (g, true)))
@@ -713,6 +733,56 @@ impl Drop for AliveFlag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clients of one uid other than the listener's hold at most a quarter of the server's
+    /// groups, all other uids together half; the listener's own uid's clients the rest. At a
+    /// share, the groups one of which must end to make room are that uid's (other uids', at
+    /// theirs).
+    #[tokio::test]
+    async fn other_uids_hold_at_most_their_shares_of_server_groups() {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let own = 1000;
+        let mut side = ServerSide::default();
+        let mut id = 0;
+        // Fills groups of `uid`'s processes (a new process each `GROUPS_PER_CLIENT`) while
+        // there is room; how many.
+        let mut fill = |side: &mut ServerSide, uid: u32, pid0: u32| {
+            let mut n = 0;
+            loop {
+                let client = ClientIdentity { pid: pid0 + (n / GROUPS_PER_CLIENT) as u32, uid, instance: 1 };
+                if let Some(candidates) = side.no_room_for(&client, b"acceptor", own) {
+                    return (n, candidates);
+                }
+                id += 1;
+                let group = LinkGroup::new(id, Role::Server, TxRmbs::shm(4, 4096, 4096), times, manager.clone());
+                let g = ServerGroup {
+                    group,
+                    acceptor: b"acceptor".to_vec(),
+                    pid: client.pid,
+                    uid,
+                    instance: 1,
+                    peer_rmb_size: 4096,
+                    local: None,
+                    busy_poll: Duration::ZERO,
+                    allowed_uids: Vec::new(),
+                };
+                side.groups.insert(id, g);
+                n += 1;
+            }
+        };
+        let (n, candidates) = fill(&mut side, 2001, 100);
+        assert_eq!(n, SERVER_GROUPS / OTHER_UID_SHARE, "one other uid, over several processes: a quarter");
+        assert!(candidates.len() == n, "its own groups are the ones to end for room");
+        let (n, candidates) = fill(&mut side, 2002, 200);
+        assert_eq!(n, SERVER_GROUPS / OTHER_UID_SHARE, "a second uid: a quarter too");
+        assert_eq!(candidates.len(), n);
+        let (n, candidates) = fill(&mut side, 2003, 300);
+        assert_eq!(n, 0, "all other uids together: half");
+        assert_eq!(candidates.len(), SERVER_GROUPS / OTHER_UIDS_SHARE, "the other uids' groups");
+        let (n, _) = fill(&mut side, own, 400);
+        assert_eq!(n, SERVER_GROUPS / 2, "the listener's own uid: the rest");
+    }
 
     /// A server that names a new link group in every Accept makes us join at most
     /// [`GROUPS_PER_SERVER`] of them, and all servers together [`CLIENT_GROUPS`]: past that the

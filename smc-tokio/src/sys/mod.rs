@@ -127,6 +127,19 @@ pub(crate) fn random_u64() -> u64 {
 mod tests {
     use super::*;
 
+    /// A `/proc` whose `self` names another pid than ours is another pid namespace's: a peer's
+    /// pid there may be another process, so nothing read there says who the peer is.
+    #[test]
+    fn a_proc_of_another_pid_namespace_is_not_read_for_a_peer() {
+        let path = |s: &str| std::path::PathBuf::from(s);
+        assert!(proc_is_ours(Some(&path("4242")), 4242));
+        assert!(!proc_is_ours(Some(&path("17")), 4242), "the parent namespace's numbering");
+        assert!(!proc_is_ours(Some(&path("self")), 4242));
+        assert!(!proc_is_ours(None, 4242), "no link to read");
+        // Here, where the tests run: ours.
+        assert!(proc_is_ours(std::fs::read_link("/proc/self").ok().as_deref(), std::process::id()));
+    }
+
     /// The peer of a socket is judged as the process that made it while that process lives:
     /// ourselves across a socket pair, yes; a child that connected and exited, no (its pidfd
     /// says so, where the kernel gives one, whatever process has its pid by then).
@@ -1277,6 +1290,15 @@ fn alive(pidfd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Whether the `/proc` mounted here numbers processes as our pid namespace does: its `self`
+/// link (`self_link`) names our own pid (`pid`). The pid of a peer's credentials is one of our
+/// namespace's; a process in a pid namespace of its own whose `/proc` was not mounted again
+/// (`unshare -p` without `--mount-proc`) sees the parent namespace's processes there, and a
+/// peer's pid would name another process.
+fn proc_is_ours(self_link: Option<&std::path::Path>, pid: u32) -> bool {
+    self_link.and_then(|p| p.to_str()?.parse::<u32>().ok()) == Some(pid)
+}
+
 /// [`could_trace_us`] from `/proc` alone, without the pidfd's word on the process.
 fn could_trace(peer: &PeerCred) -> bool {
     match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
@@ -1288,7 +1310,7 @@ fn could_trace(peer: &PeerCred) -> bool {
     if unsafe { libc::prctl(libc::PR_GET_DUMPABLE) } != 1 {
         return false;
     }
-    if peer.pid <= 0 {
+    if peer.pid <= 0 || !proc_is_ours(std::fs::read_link("/proc/self").ok().as_deref(), std::process::id()) {
         return false;
     }
     let them = format!("/proc/{}", peer.pid);
