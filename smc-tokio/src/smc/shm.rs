@@ -120,7 +120,7 @@ impl SideListener {
         let alive = Arc::new(AtomicBool::new(true));
         let flag = AliveFlag(alive.clone());
         let own_name = name.clone();
-        let unjoined = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let unjoined = Arc::new(Mutex::new(UnjoinedCount::default()));
         let manager = manager.clone();
         let task = tokio::spawn(async move {
             let _flag = flag;
@@ -148,16 +148,15 @@ impl SideListener {
                         // (each for at most the join timeout). Anybody else's connection is
                         // closed: in place where it refused descriptors, else defused by a
                         // closer.
-                        if unjoined.load(Ordering::Relaxed) >= MAX_UNJOINED {
-                            tracing::debug!("side channel: too many connections waiting to join");
+                        let Some((pid, pending)) = manager.expects_join(&fd, &own_name) else {
                             manager.counters.door_refused();
                             continue;
-                        }
-                        if !manager.expects_join(&fd, &own_name) {
+                        };
+                        let Some(guard) = Unjoined::enter(&unjoined, pid, pending) else {
+                            tracing::debug!(pid, "side channel: too many connections waiting to join");
                             manager.counters.door_refused();
                             continue;
-                        }
-                        let guard = Unjoined::enter(unjoined.clone());
+                        };
                         let serve = manager.clone().serve_join(fd, timeout, own_name.clone(), listen_euid);
                         tokio::spawn(async move {
                             serve.await;
@@ -183,24 +182,52 @@ impl SideListener {
 }
 
 /// Side-channel connections one acceptor serves at once before their JOIN is done. Only a
-/// trusted process that a pending group of ours waits for gets this far, and a client joins
-/// once per new link group, so a few are in flight at a time; 64 leaves room for a burst of
-/// new clients. Beyond it new connections are closed at once (their clients fall back to TCP).
+/// trusted process that a pending group of ours waits for gets this far, with at most one
+/// connection per such group ([`Unjoined::enter`]), and a client joins once per new link group,
+/// so a few are in flight at a time; 64 leaves room for a burst of new clients. Beyond it new
+/// connections are closed at once (their clients fall back to TCP).
 const MAX_UNJOINED: usize = 64;
 
 /// Counts a side-channel connection that is being served, until its join is over.
-struct Unjoined(Arc<std::sync::atomic::AtomicUsize>);
+struct Unjoined {
+    count: Arc<Mutex<UnjoinedCount>>,
+    pid: u32,
+}
+
+/// Side-channel connections served before their JOIN: all of them, and per client process.
+#[derive(Default)]
+struct UnjoinedCount {
+    all: usize,
+    by_pid: HashMap<u32, usize>,
+}
 
 impl Unjoined {
-    fn enter(count: Arc<std::sync::atomic::AtomicUsize>) -> Unjoined {
-        count.fetch_add(1, Ordering::Relaxed);
-        Unjoined(count)
+    /// A place for a connection of the client process `pid`, which `pending` groups of ours
+    /// wait for: at most one per such group, and [`MAX_UNJOINED`] in all. A client joins once
+    /// per group; one a pending group waited for could otherwise hold every place with idle
+    /// connections for the join timeout, and every other client's new group failed.
+    fn enter(count: &Arc<Mutex<UnjoinedCount>>, pid: u32, pending: usize) -> Option<Unjoined> {
+        let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
+        let of_pid = c.by_pid.get(&pid).copied().unwrap_or(0);
+        if c.all >= MAX_UNJOINED || of_pid >= pending {
+            return None;
+        }
+        c.all += 1;
+        *c.by_pid.entry(pid).or_default() += 1;
+        Some(Unjoined { count: count.clone(), pid })
     }
 }
 
 impl Drop for Unjoined {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        c.all -= 1;
+        if let Some(n) = c.by_pid.get_mut(&self.pid) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_pid.remove(&self.pid);
+            }
+        }
     }
 }
 
@@ -409,7 +436,23 @@ impl Manager {
                 None => {
                     let of_server = c.by_id.values().filter(|(_, _, o)| *o == process).count()
                         + c.establishing.values().filter(|(_, o)| *o == process).count();
-                    if of_server >= GROUPS_PER_SERVER || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS {
+                    // Servers of uids other than ours: a quarter of the groups each, half
+                    // together, as the server shares its own out (`ServerSide::no_room_for`);
+                    // a few processes of another trusted uid, each naming a new group in
+                    // every Accept, took every place otherwise.
+                    // SAFETY: geteuid cannot fail and has no preconditions.
+                    let own = unsafe { libc::geteuid() };
+                    let by = |uid: &dyn Fn(u32) -> bool| {
+                        c.by_id.values().filter(|(_, _, o)| uid(o.1)).count()
+                            + c.establishing.values().filter(|(_, o)| uid(o.1)).count()
+                    };
+                    let stranger_full = owner.uid != own
+                        && (by(&|u| u == owner.uid) >= CLIENT_GROUPS / OTHER_UID_SHARE
+                            || by(&|u| u != own) >= CLIENT_GROUPS / OTHER_UIDS_SHARE);
+                    if of_server >= GROUPS_PER_SERVER
+                        || stranger_full
+                        || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS
+                    {
                         tracing::debug!(of_server, "client link groups at their bound: not joining another");
                         return Err(DeclineReason::OutOfMemory);
                     }
@@ -647,21 +690,24 @@ impl Manager {
     }
 
     /// Whether the peer of a new side-channel connection on `acceptor` is a client that a
-    /// pending group of ours waits for: trusted credentials, and the pid and uid that
-    /// registered at the door.
-    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> bool {
-        let Ok(cred) = sys::peer_cred(fd.as_fd()) else {
-            return false;
-        };
+    /// pending group of ours waits for (trusted credentials, and the pid and uid that
+    /// registered at the door): its pid, and how many pending groups wait for it.
+    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> Option<(u32, usize)> {
+        let cred = sys::peer_cred(fd.as_fd()).ok()?;
         let s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
-        let expected = s.groups.values().any(|g| {
-            g.acceptor == acceptor
-                && g.local.is_some()
-                && i64::from(g.pid) == i64::from(cred.pid)
-                && g.uid == cred.uid
-                && cred.trusted(&g.allowed_uids)
-        });
-        if !expected {
+        let pending = s
+            .groups
+            .values()
+            .filter(|g| {
+                g.acceptor == acceptor
+                    && g.local.is_some()
+                    && i64::from(g.pid) == i64::from(cred.pid)
+                    && g.uid == cred.uid
+                    && cred.trusted(&g.allowed_uids)
+            })
+            .count();
+        let expected = (pending > 0).then(|| (u32::try_from(cred.pid).unwrap_or(0), pending));
+        if expected.is_none() {
             tracing::debug!(
                 uid = cred.uid,
                 gid = cred.gid,
@@ -734,6 +780,25 @@ impl Drop for AliveFlag {
 mod tests {
     use super::*;
 
+    /// A client process has at most one side-channel connection waiting to join per pending
+    /// group that waits for it, and all clients together `MAX_UNJOINED`; a place comes back
+    /// when its connection is done.
+    #[test]
+    fn a_client_waits_to_join_on_one_connection_per_pending_group() {
+        let count = Arc::new(Mutex::new(UnjoinedCount::default()));
+        let first = Unjoined::enter(&count, 7, 1).expect("one for its one group");
+        assert!(Unjoined::enter(&count, 7, 1).is_none(), "a second for the same group");
+        let second = Unjoined::enter(&count, 7, 2).expect("one more once a second group waits");
+        drop(first);
+        let again = Unjoined::enter(&count, 7, 2).expect("a place given back");
+        let others: Vec<_> =
+            (100..100 + MAX_UNJOINED as u32 - 2).map(|pid| Unjoined::enter(&count, pid, 1).unwrap()).collect();
+        assert!(Unjoined::enter(&count, 999, 1).is_none(), "all clients together");
+        drop((second, again, others));
+        let c = count.lock().unwrap();
+        assert_eq!((c.all, c.by_pid.len()), (0, 0));
+    }
+
     /// The clients of one uid other than the listener's hold at most a quarter of the server's
     /// groups, all other uids together half; the listener's own uid's clients the rest. At a
     /// share, the groups one of which must end to make room are that uid's (other uids', at
@@ -782,6 +847,65 @@ mod tests {
         assert_eq!(candidates.len(), SERVER_GROUPS / OTHER_UIDS_SHARE, "the other uids' groups");
         let (n, _) = fill(&mut side, own, 400);
         assert_eq!(n, SERVER_GROUPS / 2, "the listener's own uid: the rest");
+    }
+
+    /// Servers of a uid other than ours hold at most a quarter of a client's groups, all other
+    /// uids together half: past that their Accepts naming a new group are declined for
+    /// resources; a server of our own uid is bounded only by the rest.
+    #[tokio::test]
+    async fn servers_of_other_uids_make_a_client_join_at_most_their_shares() {
+        let manager = Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let server: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        // SAFETY: geteuid cannot fail and has no preconditions.
+        let own = unsafe { libc::geteuid() };
+        let (a, b) = (own.wrapping_add(1001), own.wrapping_add(1002));
+        let mut groups = Vec::new();
+        let mut hold = |uid: u32, pid0: i32, n: usize| {
+            let mut c = manager.shm.client.lock().unwrap();
+            for i in 0..n {
+                let id = 1000 + groups.len() as u64;
+                let g = LinkGroup::new(id, Role::Client, TxRmbs::shm(2, 1 << 16, 1 << 16), times, manager.clone());
+                // A server process per GROUPS_PER_SERVER groups.
+                let pid = pid0 + (i / GROUPS_PER_SERVER) as i32;
+                c.by_id.insert(id, (b"held".to_vec(), g.clone(), (pid, uid)));
+                groups.push(g);
+            }
+        };
+        let join = |uid: u32, pid: i32| {
+            let manager = manager.clone();
+            async move {
+                let accept = ShmLinkInfo {
+                    link_group: 1,
+                    rmb_slot: 0,
+                    rmb_size: 1 << 16,
+                    socket_name: b"smc-tokio/test/nobody-listens-here".to_vec(),
+                };
+                let owner = sys::PeerCred { pid, uid, gid: 0 };
+                let secret = sys::random_secret().unwrap();
+                let r = manager
+                    .client_group(
+                        (server, owner),
+                        secret,
+                        &accept,
+                        1 << 16,
+                        &ShmConfig::default(),
+                        Duration::from_secs(1),
+                    )
+                    .await;
+                r.err()
+            }
+        };
+        hold(a, 100, CLIENT_GROUPS / OTHER_UID_SHARE - 1);
+        assert_ne!(join(a, 900).await, Some(DeclineReason::OutOfMemory), "below its share the join is tried");
+        hold(a, 200, 1);
+        assert_eq!(join(a, 901).await, Some(DeclineReason::OutOfMemory), "one other uid: a quarter");
+        assert_ne!(join(b, 902).await, Some(DeclineReason::OutOfMemory), "another uid is not held back by it");
+        hold(b, 300, CLIENT_GROUPS / OTHER_UID_SHARE);
+        let c = own.wrapping_add(1003);
+        assert_eq!(join(c, 903).await, Some(DeclineReason::OutOfMemory), "all other uids together: half");
+        assert_ne!(join(own, 904).await, Some(DeclineReason::OutOfMemory), "our own uid's servers: the rest");
+        drop(groups);
     }
 
     /// A server that names a new link group in every Accept makes us join at most
