@@ -794,16 +794,20 @@ async fn choose(
 /// measurement: far above the first, far below a handshake's bound.
 const OUR_END_WAIT: Duration = Duration::from_millis(20);
 
-/// [`Door::verify`], asked again each millisecond while our end is a request socket, for
-/// [`OUR_END_WAIT`] at most.
+/// [`Door::verify`], asked again while our end is a request socket, for [`OUR_END_WAIT`] at
+/// most: after 1, 2, 4 and 8 ms, then at the end (each look asks the kernel under the door's
+/// lock, which the listener's accepts take too, and a full listen queue is when many look).
 async fn verify_early(door: &Door, key: &EarlyKey, said: Option<crate::proto::door::ConnectedTuple>) -> Verified {
     let until = tokio::time::Instant::now() + OUR_END_WAIT;
+    let mut pause = Duration::from_millis(1);
     loop {
         let v = door.verify(key, said);
-        if v != Verified::NotAccepted || tokio::time::Instant::now() >= until {
+        let now = tokio::time::Instant::now();
+        if v != Verified::NotAccepted || now >= until {
             return v;
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(pause.min(until - now)).await;
+        pause *= 2;
     }
 }
 

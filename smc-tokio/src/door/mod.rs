@@ -810,10 +810,10 @@ struct Entry {
     /// asks the kernel (`take`).
     verified: Option<(SocketAddr, SocketAddr)>,
     /// The cookie of our end of that connection, waiting in the listen queue, as `verify` finds
-    /// it (or, where it was a request socket then, as the sweep learns it). Once known, an
-    /// accepted socket with it is that connection, whatever became of its client end: a client
-    /// that wrote, closed and left `TIME_WAIT` before a late accept is no longer in the kernel's
-    /// table, and the four-tuple alone may since be another socket's.
+    /// it (a connection is verified only once our end is that full socket). An accepted socket
+    /// with it is that connection, whatever became of its client end: a client that wrote,
+    /// closed and left `TIME_WAIT` before a late accept is no longer in the kernel's table, and
+    /// the four-tuple alone may since be another socket's.
     ours: Option<u64>,
     /// When the sweep last asked the kernel about our end of its connection: those asked
     /// least recently are asked first.
@@ -1705,8 +1705,12 @@ impl Door {
                 if st.missed.recently(head.port) {
                     // Its connection was handed out as TCP already (read after it, past a full
                     // door queue, say): no accept will match it, and its client would wait out
-                    // its handshake timeout for an answer.
-                    conn.refuse(&self.counters, id, DoorKind::Refused, DeclineReason::HandshakeCongested);
+                    // its handshake timeout for an answer. Final only from a solo door: a
+                    // member of a reuseport group may have missed another connection from that
+                    // port (of another address, or of up to 30 s ago) while a sibling has this
+                    // one, and a client ends every door's registration at a final answer.
+                    let kind = if self.solo { DoorKind::Refused } else { DoorKind::Unmatched };
+                    conn.refuse(&self.counters, id, kind, DeclineReason::HandshakeCongested);
                     return;
                 }
                 let filed = conn.pending();
@@ -1830,15 +1834,6 @@ impl Door {
         }
     }
 
-    /// Test hook: the door forgets our ends of the connections it verified, as when they were
-    /// request sockets then (the listen queue full).
-    #[cfg(test)]
-    fn forget_ours_for_test(&self) {
-        for e in self.lock().entries.values_mut().flatten() {
-            e.ours = None;
-        }
-    }
-
     /// Test hook: the door goes blind as when the kernel cannot say who owns a connection.
     #[cfg(test)]
     pub(crate) fn go_blind_for_test(&self) {
@@ -1867,9 +1862,8 @@ impl Door {
         };
         let mut stale: Vec<(Arc<ServerConn>, u64)> = Vec::new();
         // Verified registrations whose connection's our end the kernel is to be asked about:
-        // past ENTRY_TTL (kept while our end is there), or at any age where `verify` could not
-        // note our end (a request socket then: the listen queue was full). Those asked least
-        // recently first, so that however many wait, each is asked in turn.
+        // past ENTRY_TTL, kept while our end is there. Those asked least recently first, so
+        // that however many wait, each is asked in turn.
         let mut ask: Vec<(Option<Instant>, u16, usize)> = Vec::new();
         for (&port, list) in &st.entries {
             for (i, e) in list.iter().enumerate() {
@@ -1878,7 +1872,7 @@ impl Door {
                     None if age >= ENTRY_TTL => stale.push((e.conn.clone(), e.id)),
                     None => {}
                     Some(_) if age >= VERIFIED_TTL => stale.push((e.conn.clone(), e.id)),
-                    Some(_) if age >= ENTRY_TTL || e.ours.is_none() => ask.push((e.looked, port, i)),
+                    Some(_) if age >= ENTRY_TTL => ask.push((e.looked, port, i)),
                     Some(_) => {}
                 }
             }
@@ -1889,33 +1883,15 @@ impl Door {
                 let Some(e) = st.entries.get_mut(&port).and_then(|l| l.get_mut(i)) else { continue };
                 let Some((client, server)) = e.verified else { continue };
                 e.looked = Some(Instant::now());
-                match self.diag.owner(server, client) {
-                    // Our end is gone (reset before the accept): past ENTRY_TTL, so is the
-                    // registration. (A young one is kept: a look-up can miss our end while the
-                    // kernel turns its request socket into a full one.)
-                    Ok(None) if e.since.elapsed() >= ENTRY_TTL => stale.push((e.conn.clone(), e.id)),
-                    Ok(Some(o)) if e.ours.is_none() => e.ours = self.our_end(e, (client, server), o),
-                    _ => {}
+                // Our end is gone (reset before the accept): so is the registration.
+                if let Ok(None) = self.diag.owner(server, client) {
+                    stale.push((e.conn.clone(), e.id));
                 }
             }
         }
         st.missed.expire();
         for (conn, id) in stale {
             st.remove(&conn, id);
-        }
-    }
-
-    /// The cookie of our end `o` of the connection `(client, server)` that `e`'s handshake saw,
-    /// if it is the full socket the listener will accept and the client's end is still `e`'s
-    /// socket. Not a request socket (the kernel keeps our end as one, with a cookie of its own,
-    /// while the listen queue is full, and makes a new socket when there is room), and not our
-    /// end of another socket's connection on the four-tuple (the registrant's reset, and
-    /// anyone connected from its port since).
-    fn our_end(&self, e: &Entry, (client, server): (SocketAddr, SocketAddr), o: sys::TcpOwner) -> Option<u64> {
-        let ours = Self::accepted_end(&o)?;
-        match self.diag.owner(client, server) {
-            Ok(Some(c)) if c.cookie == e.cookie => Some(ours),
-            _ => None,
         }
     }
 
@@ -1973,9 +1949,8 @@ impl Door {
     /// reset the connection it had verified left the tuple to whoever connected from that port
     /// next, of any uid; cookies never repeat). The client end may have closed since (its
     /// application wrote and closed); a registration verified on this tuple whose socket the
-    /// kernel no longer has, or that another socket holds now, ends here, unless the sweep
-    /// learned the cookie of our end of its connection and `accepted` (our end of this one)
-    /// has it.
+    /// kernel no longer has, or that another socket holds now, ends here, unless `accepted`
+    /// (our end of this one) has the cookie `verify` noted of our end of its connection.
     fn take(
         &self,
         st: &mut DoorState,
@@ -2117,8 +2092,14 @@ impl Door {
         // still a request socket while the listen queue is full (or, for a moment, before the
         // kernel took the client's last ACK in): no commit then, for its client's end may go
         // before ours is a socket an accept could be matched by ([`Verified::NotAccepted`]).
-        let Some(ours) = self.diag.owner(server, client).ok().flatten().as_ref().and_then(Self::accepted_end) else {
-            return Verified::NotAccepted;
+        let ours = match self.diag.owner(server, client) {
+            Ok(Some(o)) => match Self::accepted_end(&o) {
+                Some(ours) => ours,
+                None if o.state == sys::TCP_SYN_RECV => return Verified::NotAccepted,
+                None => return Verified::No,
+            },
+            // No end of ours: not a connection to us (or reset already).
+            _ => return Verified::No,
         };
         e.ours = Some(ours);
         e.verified = Some((client, server));
@@ -2650,7 +2631,8 @@ pub(crate) fn find_doors(
     // address is anyone's who bound the name first (an allowed uid's, or one that maps to it
     // from a user namespace), which would then take the connection's bytes in shared memory
     // and leave its real server an empty TCP connection.
-    if !sys::is_local_ip(dst.ip()) {
+    // (An unspecified destination is this host: Linux connects it to a local listener.)
+    if !dst.ip().is_unspecified() && !sys::is_local_ip(dst.ip()) {
         return found;
     }
     // One socket serves every refused probe; a new one only after a door took it.
@@ -3558,37 +3540,39 @@ mod tests {
         .await;
     }
 
-    /// However many verified registrations wait for the sweep to note our ends of their
-    /// connections, each is asked about in turn, those asked least recently first: the kernel
-    /// is asked about a bounded number a second, and asking in the map's order, which stays
-    /// the same, asked about the same ones every second (those with nothing to note, kept)
-    /// while the rest waited for good.
+    /// However many verified registrations wait for the sweep to ask about our ends of their
+    /// connections (past ENTRY_TTL, kept while our end is there), each is asked about in turn,
+    /// those asked least recently first: the kernel is asked about a bounded number a second,
+    /// and asking in the map's order, which stays the same, asked about the same ones every
+    /// second while the rest waited for good.
     #[tokio::test]
     async fn the_sweep_asks_about_every_waiting_connection_in_turn() {
         let (queue, mut door) = door_for_a_queue();
         door.looks_per_sweep = 1;
         let server = queue.local_addr().unwrap();
-        // Two whose connections their clients reset (our ends go with them: nothing to note,
-        // and, young, the registrations are kept), one whose our end is there.
-        let mut socks: Vec<_> = (0..3).map(|id| seen(&door, 10 + id, server)).collect();
-        for (sock, client, _) in socks.drain(..2) {
-            sock.set_linger(Some(Duration::ZERO)).unwrap();
-            drop(sock);
-            within_10s("our end outlived its client's reset", || {
-                !matches!(door.diag.owner(server, client), Ok(Some(_)))
-            });
-        }
-        // As if each had been a request socket when it was verified.
-        door.forget_ours_for_test();
+        let socks: Vec<_> = (0..3).map(|id| seen(&door, 10 + id, server)).collect();
+        door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
         for _ in 0..3 {
             door.lock().verified_looked = None;
             door.sweep();
         }
-        let st = door.lock();
-        let entries: Vec<_> = st.entries.values().flatten().collect();
-        assert_eq!(entries.len(), 3, "young registrations dropped");
-        assert!(entries.iter().all(|e| e.looked.is_some()), "three sweeps of one look each skipped one");
-        assert_eq!(entries.iter().filter(|e| e.ours.is_some()).count(), 1, "our end of the live one noted");
+        {
+            let st = door.lock();
+            let entries: Vec<_> = st.entries.values().flatten().collect();
+            assert_eq!(entries.len(), 3, "registrations whose our ends are there dropped");
+            assert!(entries.iter().all(|e| e.looked.is_some()), "three sweeps of one look each skipped one");
+        }
+        // One whose client reset its connection (our end goes with it): dropped at its look.
+        let mut socks = socks;
+        let (sock, client, _door_conn) = socks.remove(0);
+        sock.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(sock);
+        within_10s("our end outlived its client's reset", || !matches!(door.diag.owner(server, client), Ok(Some(_))));
+        for _ in 0..3 {
+            door.lock().verified_looked = None;
+            door.sweep();
+        }
+        assert_eq!(door.lock().entries.values().flatten().count(), 2, "the registration whose our end went");
         drop(socks);
     }
 
@@ -4035,14 +4019,12 @@ mod tests {
                 let (queue, door) = door_for_a_queue();
                 let server = queue.local_addr().unwrap();
                 // A seen registration whose client wrote and closed, and whose client end the
-                // kernel no longer has. Our end is noted by `verify`, or, where that saw a request
-                // socket (here: forgot what it noted), by the sweep, within ENTRY_TTL or past it
-                // (`late`, the registration kept).
-                let after_its_client = |id: u64, (by_sweep, late): (bool, bool)| {
+                // kernel no longer has; our end is noted by `verify`, and the sweep keeps the
+                // registration past ENTRY_TTL or not (`late`) while our end waits in the queue.
+                let after_its_client = |id: u64, late: bool| {
                     let (sock, client, door_conn) = seen(&door, id, server);
-                    if by_sweep {
-                        door.forget_ours_for_test();
-                        door.age_for_test(if late { ENTRY_TTL + Duration::from_secs(1) } else { Duration::ZERO });
+                    if late {
+                        door.age_for_test(ENTRY_TTL + Duration::from_secs(1));
                         door.sweep();
                         assert_eq!(door.lock().count, 1, "kept while our end waits in the queue");
                     }
@@ -4054,7 +4036,7 @@ mod tests {
                     });
                     (client, door_conn)
                 };
-                for mode in [(true, true), (true, false), (false, false)] {
+                for mode in [true, false] {
                     let (client, _door_conn) = after_its_client(7, mode);
                     let (accepted, _) = queue.accept().unwrap();
                     let stranger = std::net::TcpStream::connect(server).unwrap();

@@ -148,12 +148,12 @@ impl SideListener {
                         // (each for at most the join timeout). Anybody else's connection is
                         // closed: in place where it refused descriptors, else defused by a
                         // closer.
-                        let Some((pid, pending)) = manager.expects_join(&fd, &own_name) else {
+                        let Some((process, pending)) = manager.expects_join(&fd, &own_name) else {
                             manager.counters.door_refused();
                             continue;
                         };
-                        let Some(guard) = Unjoined::enter(&unjoined, pid, pending) else {
-                            tracing::debug!(pid, "side channel: too many connections waiting to join");
+                        let Some(guard) = Unjoined::enter(&unjoined, process, listen_euid, pending) else {
+                            tracing::debug!(?process, "side channel: too many connections waiting to join");
                             manager.counters.door_refused();
                             continue;
                         };
@@ -191,30 +191,61 @@ const MAX_UNJOINED: usize = 64;
 /// Counts a side-channel connection that is being served, until its join is over.
 struct Unjoined {
     count: Arc<Mutex<UnjoinedCount>>,
-    pid: u32,
+    process: ClientProcess,
 }
 
-/// Side-channel connections served before their JOIN: all of them, and per client process.
+/// A client process as its side-channel connection's credentials name it: (pid, uid). Every
+/// process outside our pid namespace shows pid 0, so the uid tells them apart by user.
+type ClientProcess = (u32, u32);
+
+/// Side-channel connections served before their JOIN: all of them, per client process, and per
+/// uid.
 #[derive(Default)]
 struct UnjoinedCount {
     all: usize,
-    by_pid: HashMap<u32, usize>,
+    by_process: HashMap<ClientProcess, usize>,
+    by_uid: HashMap<u32, usize>,
+}
+
+fn count_down<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
+    if let Some(n) = map.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
 }
 
 impl Unjoined {
-    /// A place for a connection of the client process `pid`, which `pending` groups of ours
-    /// wait for: at most one per such group, and [`MAX_UNJOINED`] in all. A client joins once
-    /// per group; one a pending group waited for could otherwise hold every place with idle
-    /// connections for the join timeout, and every other client's new group failed.
-    fn enter(count: &Arc<Mutex<UnjoinedCount>>, pid: u32, pending: usize) -> Option<Unjoined> {
+    /// A place for a connection of the client process `(pid, uid)`, which `pending` groups of
+    /// ours wait for: at most one per such group, and a quarter of [`MAX_UNJOINED`] for one
+    /// process; for a uid other than ours (`own`) a quarter for its processes together, and
+    /// half for all other uids ([`OTHER_UID_SHARE`], [`OTHER_UIDS_SHARE`]); [`MAX_UNJOINED`] in
+    /// all. A client joins once per group; one a pending group waited for could otherwise hold
+    /// every place with idle connections for the join timeout (a Proposal with another
+    /// `instance` each time makes another pending group), and every other client's new group
+    /// failed.
+    fn enter(
+        count: &Arc<Mutex<UnjoinedCount>>,
+        (pid, uid): ClientProcess,
+        own: u32,
+        pending: usize,
+    ) -> Option<Unjoined> {
         let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
-        let of_pid = c.by_pid.get(&pid).copied().unwrap_or(0);
-        if c.all >= MAX_UNJOINED || of_pid >= pending {
+        let of_process = c.by_process.get(&(pid, uid)).copied().unwrap_or(0);
+        let of_uid = |u: u32| c.by_uid.get(&u).copied().unwrap_or(0);
+        let others = c.all - of_uid(own);
+        let over = c.all >= MAX_UNJOINED
+            || of_process >= pending.min(MAX_UNJOINED / OTHER_UID_SHARE)
+            || (uid != own
+                && (of_uid(uid) >= MAX_UNJOINED / OTHER_UID_SHARE || others >= MAX_UNJOINED / OTHER_UIDS_SHARE));
+        if over {
             return None;
         }
         c.all += 1;
-        *c.by_pid.entry(pid).or_default() += 1;
-        Some(Unjoined { count: count.clone(), pid })
+        *c.by_process.entry((pid, uid)).or_default() += 1;
+        *c.by_uid.entry(uid).or_default() += 1;
+        Some(Unjoined { count: count.clone(), process: (pid, uid) })
     }
 }
 
@@ -222,12 +253,8 @@ impl Drop for Unjoined {
     fn drop(&mut self) {
         let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
         c.all -= 1;
-        if let Some(n) = c.by_pid.get_mut(&self.pid) {
-            *n -= 1;
-            if *n == 0 {
-                c.by_pid.remove(&self.pid);
-            }
-        }
+        count_down(&mut c.by_process, &self.process);
+        count_down(&mut c.by_uid, &self.process.1);
     }
 }
 
@@ -691,8 +718,8 @@ impl Manager {
 
     /// Whether the peer of a new side-channel connection on `acceptor` is a client that a
     /// pending group of ours waits for (trusted credentials, and the pid and uid that
-    /// registered at the door): its pid, and how many pending groups wait for it.
-    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> Option<(u32, usize)> {
+    /// registered at the door): its (pid, uid), and how many pending groups wait for it.
+    fn expects_join(&self, fd: &sys::PeerFd, acceptor: &[u8]) -> Option<(ClientProcess, usize)> {
         let cred = sys::peer_cred(fd.as_fd()).ok()?;
         let s = self.shm.server.lock().unwrap_or_else(|e| e.into_inner());
         let pending = s
@@ -706,7 +733,7 @@ impl Manager {
                     && cred.trusted(&g.allowed_uids)
             })
             .count();
-        let expected = (pending > 0).then(|| (u32::try_from(cred.pid).unwrap_or(0), pending));
+        let expected = (pending > 0).then(|| ((u32::try_from(cred.pid).unwrap_or(0), cred.uid), pending));
         if expected.is_none() {
             tracing::debug!(
                 uid = cred.uid,
@@ -786,17 +813,25 @@ mod tests {
     #[test]
     fn a_client_waits_to_join_on_one_connection_per_pending_group() {
         let count = Arc::new(Mutex::new(UnjoinedCount::default()));
-        let first = Unjoined::enter(&count, 7, 1).expect("one for its one group");
-        assert!(Unjoined::enter(&count, 7, 1).is_none(), "a second for the same group");
-        let second = Unjoined::enter(&count, 7, 2).expect("one more once a second group waits");
+        let own = 1000;
+        let enter = |pid: u32, uid: u32, pending: usize| Unjoined::enter(&count, (pid, uid), own, pending);
+        let first = enter(7, own, 1).expect("one for its one group");
+        assert!(enter(7, own, 1).is_none(), "a second for the same group");
+        let second = enter(7, own, 2).expect("one more once a second group waits");
         drop(first);
-        let again = Unjoined::enter(&count, 7, 2).expect("a place given back");
-        let others: Vec<_> =
-            (100..100 + MAX_UNJOINED as u32 - 2).map(|pid| Unjoined::enter(&count, pid, 1).unwrap()).collect();
-        assert!(Unjoined::enter(&count, 999, 1).is_none(), "all clients together");
-        drop((second, again, others));
+        let again = enter(7, own, 2).expect("a place given back");
+        // However many groups wait for one process: a quarter of the places.
+        let many: Vec<_> = std::iter::from_fn(|| enter(8, own, 1000)).collect();
+        assert_eq!(many.len(), MAX_UNJOINED / OTHER_UID_SHARE);
+        // Processes of another uid, pid 0 or not: a quarter together; all other uids half.
+        let a: Vec<_> = (0..4).flat_map(|pid| std::iter::from_fn(move || enter(pid, 2001, 1000)).take(100)).collect();
+        assert_eq!(a.len(), MAX_UNJOINED / OTHER_UID_SHARE, "one other uid");
+        let b: Vec<_> = std::iter::from_fn(|| enter(0, 2002, 1000)).collect();
+        assert_eq!(b.len(), MAX_UNJOINED / OTHER_UID_SHARE, "a second other uid");
+        assert!(enter(0, 2003, 1000).is_none(), "all other uids together: half");
+        drop((second, again, many, a, b));
         let c = count.lock().unwrap();
-        assert_eq!((c.all, c.by_pid.len()), (0, 0));
+        assert_eq!((c.all, c.by_process.len(), c.by_uid.len()), (0, 0, 0));
     }
 
     /// The clients of one uid other than the listener's hold at most a quarter of the server's

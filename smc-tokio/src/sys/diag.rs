@@ -31,6 +31,9 @@ const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
 
 /// `TCP_ESTABLISHED`, the state of a connected socket (include/net/tcp_states.h).
 pub(crate) const TCP_ESTABLISHED: u8 = 1;
+/// `TCP_SYN_RECV`: a request socket, the listener's end of a connection not yet a socket of
+/// its own (include/net/tcp_states.h).
+pub(crate) const TCP_SYN_RECV: u8 = 3;
 /// `TCP_CLOSE_WAIT`: a connected socket whose peer closed its side (include/net/tcp_states.h).
 pub(crate) const TCP_CLOSE_WAIT: u8 = 8;
 /// `TCP_LISTEN`: a listening socket (include/net/tcp_states.h).

@@ -1919,4 +1919,6 @@ pub(crate) use tcp::*;
 
 mod diag;
 pub(crate) use diag::seqpacket_listeners;
-pub(crate) use diag::{bound_device, socket_cookie, v6_only, TcpDiag, TcpOwner, TCP_CLOSE_WAIT, TCP_ESTABLISHED};
+pub(crate) use diag::{
+    bound_device, socket_cookie, v6_only, TcpDiag, TcpOwner, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_SYN_RECV,
+};
