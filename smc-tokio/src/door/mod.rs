@@ -1119,7 +1119,8 @@ pub(crate) enum Verified {
     /// Not the registrant's connection (or not to us, or handed out as TCP already).
     No,
     /// The registrant's, but our end is still a request socket (the listen queue full, or the
-    /// client's last ACK not taken in yet): asked again, it may become [`Verified::Yes`].
+    /// client's last ACK not taken in yet), or could not be found or asked about now: asked
+    /// again, it may become [`Verified::Yes`].
     NotAccepted,
 }
 
@@ -2098,8 +2099,11 @@ impl Door {
                 None if o.state == sys::TCP_SYN_RECV => return Verified::NotAccepted,
                 None => return Verified::No,
             },
-            // No end of ours: not a connection to us (or reset already).
-            _ => return Verified::No,
+            // No end of ours found, or the look-up failed: the kernel may be turning its
+            // request socket into the full one (a look-up between the two can see neither),
+            // the listen queue may be full with syncookies on (no end of ours exists yet), or
+            // the look-up met a passing error: asked again, it may be found.
+            _ => return Verified::NotAccepted,
         };
         e.ours = Some(ours);
         e.verified = Some((client, server));
@@ -2631,8 +2635,10 @@ pub(crate) fn find_doors(
     // address is anyone's who bound the name first (an allowed uid's, or one that maps to it
     // from a user namespace), which would then take the connection's bytes in shared memory
     // and leave its real server an empty TCP connection.
-    // (An unspecified destination is this host: Linux connects it to a local listener.)
-    if !dst.ip().is_unspecified() && !sys::is_local_ip(dst.ip()) {
+    // (Nor for an unspecified destination, which Linux connects to the socket's own address or
+    // to loopback: the door named for the unspecified address is a wildcard listener's, or
+    // anyone's, not necessarily that of the listener the connection reaches.)
+    if dst.ip().is_unspecified() || !sys::is_local_ip(dst.ip()) {
         return found;
     }
     // One socket serves every refused probe; a new one only after a door took it.
@@ -3211,28 +3217,40 @@ mod tests {
     }
 
     /// A registration read after its connection was handed out as TCP (its client's port
-    /// missed) is refused at once, finally: no accept will match it, and its client waited out
-    /// its handshake timeout for an answer.
+    /// missed) is answered at once: no accept of this door will match it, and its client waited
+    /// out its handshake timeout for an answer. Refused (final) by a solo door; unmatched (not
+    /// final) by a member of a reuseport group, which may have missed another connection from
+    /// that port while a sibling has this one.
     #[tokio::test]
     async fn a_registration_read_after_its_connection_missed_is_refused_at_once() {
         use crate::proto::door::RegisterHead;
-        let listener = crate::SmcListener::bind("127.0.0.1:0").await.unwrap();
-        let server = listener.local_addr().unwrap();
-        let door = listener.door_for_test().expect("a door");
-        let client = roomy_door_connection(door);
-        door.lock().note_missed((SocketAddr::from(([127, 0, 0, 1], 40_001)), server));
-        let proposal = proposal(None);
-        for (id, port) in [(1, 40_001), (2, 40_002)] {
-            let frame = RegisterHead { instance: 1, cookie: id, port }.encode_frame(id, &proposal);
-            sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
+        for (reuseport, kind) in [(false, DoorKind::Refused), (true, DoorKind::Unmatched)] {
+            let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let server = queue.local_addr().unwrap();
+            let ctx = crate::Context::new();
+            let door = Door::open(
+                ctx.settings_handle().clone(),
+                ctx.counters().clone(),
+                (server, 0, false),
+                Overrides::default(),
+                reuseport,
+            )
+            .expect("a door");
+            let client = roomy_door_connection(&door);
+            door.lock().note_missed((SocketAddr::from(([127, 0, 0, 1], 40_001)), server));
+            let proposal = proposal(None);
+            for (id, port) in [(1, 40_001), (2, 40_002)] {
+                let frame = RegisterHead { instance: 1, cookie: id, port }.encode_frame(id, &proposal);
+                sys::send_with_fds(client.as_fd(), &frame, &[]).unwrap();
+            }
+            {
+                let mut st = door.lock();
+                while matches!(door.drain(&mut st), Ok(true)) {}
+                assert_eq!(st.count, 1, "reuseport {reuseport}: the other one is filed");
+            }
+            let answers: Vec<_> = sent_frames(&client).await.into_iter().map(|(f, _)| (f.id, f.kind)).collect();
+            assert_eq!(answers, vec![(1, kind)], "reuseport {reuseport}");
         }
-        {
-            let mut st = door.lock();
-            while matches!(door.drain(&mut st), Ok(true)) {}
-            assert_eq!(st.count, 1, "the other one is filed");
-        }
-        let answers: Vec<_> = sent_frames(&client).await.into_iter().map(|(f, _)| (f.id, f.kind)).collect();
-        assert_eq!(answers, vec![(1, DoorKind::Refused)]);
     }
 
     /// Drains `door` until it holds `n` door connections (within 10 s).
@@ -3994,8 +4012,8 @@ mod tests {
     /// client wrote and closed, and its socket went at once (a network namespace of its own with
     /// `tcp_max_tw_buckets` 0, which any local user can bring about on the host by filling the
     /// TIME_WAIT table), as it goes a minute after the close otherwise. Our end is learned when
-    /// the door verifies the connection, or, where our end was a request socket then, by the
-    /// sweep, before [`ENTRY_TTL`] or past it (a registration kept for a late accept). Before,
+    /// the door verifies the connection, and the registration is matched by it before
+    /// [`ENTRY_TTL`] or past it (swept, and kept for a late accept). Before,
     /// an accept within the first 30 s found no client end and handed the connection out as
     /// TCP, its client committed to shared memory with its bytes there. A socket that is not
     /// that connection's end is not matched to it.
@@ -4519,7 +4537,9 @@ mod tests {
         let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, pid[1], pid[2], pid[3])), 9);
         let doors = ClientDoors::default();
         let counters = Arc::new(Counters::default());
-        for (addr, found) in [(remote, 0), (local, 1)] {
+        // And none for an unspecified destination, which Linux connects to another address.
+        let unspecified = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), u16::from_be_bytes([pid[2], pid[3]]) | 1);
+        for (addr, found) in [(remote, 0), (unspecified, 0), (local, 1)] {
             let squatter = sys::seqpacket_listen(&DoorAt { addr, index: None }.name(), false).expect("a door");
             let lookup = find_doors(&doors, &counters, addr, &[], None);
             assert_eq!(lookup.doors.len(), found, "{addr}");
