@@ -3225,17 +3225,8 @@ mod tests {
     async fn a_registration_read_after_its_connection_missed_is_refused_at_once() {
         use crate::proto::door::RegisterHead;
         for (reuseport, kind) in [(false, DoorKind::Refused), (true, DoorKind::Unmatched)] {
-            let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let (queue, door) = door_of_a_queue(reuseport);
             let server = queue.local_addr().unwrap();
-            let ctx = crate::Context::new();
-            let door = Door::open(
-                ctx.settings_handle().clone(),
-                ctx.counters().clone(),
-                (server, 0, false),
-                Overrides::default(),
-                reuseport,
-            )
-            .expect("a door");
             let client = roomy_door_connection(&door);
             door.lock().note_missed((SocketAddr::from(([127, 0, 0, 1], 40_001)), server));
             let proposal = proposal(None);
@@ -3672,6 +3663,11 @@ mod tests {
     /// A listening socket that never accepts (connections wait in its queue) and a solo door
     /// for it, in a context of its own.
     fn door_for_a_queue() -> (std::net::TcpListener, Door) {
+        door_of_a_queue(false)
+    }
+
+    /// [`door_for_a_queue`], the door a member of a reuseport group's where `reuseport`.
+    fn door_of_a_queue(reuseport: bool) -> (std::net::TcpListener, Door) {
         let queue = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let ctx = crate::Context::new();
         let server = queue.local_addr().unwrap();
@@ -3680,7 +3676,7 @@ mod tests {
             ctx.counters().clone(),
             (server, 0, false),
             Overrides::default(),
-            false,
+            reuseport,
         )
         .expect("a door");
         (queue, door)
