@@ -255,8 +255,6 @@ async fn serve(
     start: Start,
     client: Option<ClientIdentity>,
 ) -> Option<(Established, Transport)> {
-    // An in-band handshake's place in its host's share, held as long as its slot.
-    let mut inband_place = None;
     let (slot, mut wire) = match start {
         Start::Door(slot, wire) => (slot, Some(wire)),
         Start::Peek(peeking) => {
@@ -284,19 +282,6 @@ async fn serve(
             if let Some((reason, owed)) = t {
                 return tcp_out(cfg, tcp, Transport::Tcp(reason), owed);
             }
-            match addrs.map(|(_, peer)| shared.inband_place(peer.ip(), cfg)) {
-                Some(None) => {
-                    tracing::debug!("this client's host runs its share of the handshakes already");
-                    let t = Transport::Tcp(FallbackReason::Declined {
-                        reason: DeclineReason::HandshakeCongested,
-                        by: Side::Local,
-                    });
-                    shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
-                    return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
-                }
-                Some(Some(place)) => inband_place = Some(place),
-                None => {}
-            };
             let slot = match shared.admit(cfg) {
                 Admit::Now(slot) => slot,
                 Admit::Queue(ticket) => match ticket.slot(cfg).await {
@@ -332,7 +317,7 @@ async fn serve(
         let run = std::pin::pin!(drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending, None));
         shared.unless_closed(run).await
     };
-    drop((slot, inband_place));
+    drop(slot);
     let Some(outcome) = outcome else {
         // The listener is gone: decline what can still be declined, so the client continues
         // over TCP (and reads the end of the connection) instead of failing, then close.
@@ -969,32 +954,6 @@ mod tests {
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
 
-    /// One client host (an IPv4 address, an IPv6 /64) runs at most half a listener's
-    /// handshakes in-band, all in-band clients together three quarters: the rest stay for the
-    /// other hosts and for the door's same-host clients. A place is free again when a
-    /// handshake ends.
-    #[tokio::test]
-    async fn one_host_runs_at_most_half_the_handshakes_in_band() {
-        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let shared = Arc::new(ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), READY_CAP));
-        let cfg = Settings { max_pending_handshakes: 64, ..Settings::default() };
-        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-        // Bounded, so that a missing bound fails the test instead of looping.
-        let take = |host: &str| {
-            std::iter::from_fn(|| shared.inband_place(ip(host), &cfg))
-                .take(cfg.max_pending_handshakes + 1)
-                .collect::<Vec<_>>()
-        };
-        let a = take("192.0.2.1");
-        assert_eq!(a.len(), 32, "one host: half");
-        assert!(shared.inband_place(ip("::ffff:192.0.2.1"), &cfg).is_none(), "the same host, IPv4-mapped");
-        let b: Vec<_> = ["2001:db8::1", "2001:db8::2:3"].iter().flat_map(|h| take(h)).collect();
-        assert_eq!(b.len(), 16, "one IPv6 /64, one host: what is left of three quarters");
-        assert!(shared.inband_place(ip("192.0.2.2"), &cfg).is_none(), "all in-band clients together: three quarters");
-        drop(a);
-        assert_eq!(take("192.0.2.2").len(), 32, "places given back");
-    }
-
     /// A listener looks at the first bytes of at most as many connections at once as its ready
     /// queue holds (within bounds); a place is free again when a look ends.
     #[tokio::test]
@@ -1098,9 +1057,6 @@ pub(crate) struct ListenerShared {
     /// Handshakes that wait for RDMA link setup now ([`rdma_setup`](Self::rdma_setup)).
     #[cfg(feature = "rdma")]
     rdma_setups: AtomicUsize,
-    /// In-band handshakes running now, per client host and all together
-    /// ([`inband_place`](Self::inband_place)).
-    inband: Mutex<InbandCount>,
     /// Connections whose first bytes are being looked at now ([`peek_slot`](Self::peek_slot)).
     peeking: AtomicUsize,
     /// How many at most: the ready queue's capacity, within [`READY_CAP`] and four times it
@@ -1173,7 +1129,6 @@ impl ListenerShared {
             freed: Notify::new(),
             #[cfg(feature = "rdma")]
             rdma_setups: AtomicUsize::new(0),
-            inband: Mutex::default(),
             peeking: AtomicUsize::new(0),
             peek_max: ready_cap.clamp(READY_CAP, 4 * READY_CAP),
             side_listener: SideListener::default(),
@@ -1259,26 +1214,6 @@ impl ListenerShared {
         }
         self.ready.close();
         self.closing.notify_waiters();
-    }
-
-    /// A place for an in-band handshake of a client at `peer`, or `None` when that client's
-    /// host runs half the listener's handshakes (`max_pending_handshakes`) already, or all
-    /// in-band clients together three quarters. The slots are shared with the door's
-    /// same-host clients: one remote host that opened connections with Proposals and never
-    /// confirmed (each held its slot for the handshake timeout) took every slot, and every
-    /// other client went to TCP as congested. A quarter stays for the door's clients, a quarter
-    /// at least for the other remote hosts.
-    fn inband_place(self: &Arc<Self>, peer: std::net::IpAddr, cfg: &Settings) -> Option<InbandPlace> {
-        let host = host_of(peer);
-        let max = cfg.max_pending_handshakes;
-        let mut c = self.inband.lock().unwrap_or_else(|e| e.into_inner());
-        let of_host = c.by_host.get(&host).copied().unwrap_or(0);
-        if of_host >= (max / 2).max(1) || c.all >= (max * 3 / 4).max(1) {
-            return None;
-        }
-        c.all += 1;
-        *c.by_host.entry(host).or_default() += 1;
-        Some(InbandPlace(self.clone(), host))
     }
 
     /// Takes a handshake slot if one is free.
@@ -1377,43 +1312,6 @@ impl Drop for QueueTicket {
 }
 
 /// A running handshake's place under `max_pending_handshakes`.
-/// In-band handshakes running, per client host ([`host_of`]) and all together.
-#[derive(Default)]
-struct InbandCount {
-    all: usize,
-    by_host: std::collections::HashMap<std::net::IpAddr, usize>,
-}
-
-/// A client host for the listener's shares: an IPv4 address, or an IPv6 /64, which one host
-/// may hold whole.
-fn host_of(ip: std::net::IpAddr) -> std::net::IpAddr {
-    match crate::sys::unmap(SocketAddr::new(ip, 0)).ip() {
-        std::net::IpAddr::V6(v6) => {
-            let mut o = v6.octets();
-            o[8..].fill(0);
-            std::net::IpAddr::V6(o.into())
-        }
-        v4 => v4,
-    }
-}
-
-/// An in-band handshake's place in its host's share ([`ListenerShared::inband_place`]), given
-/// back when dropped.
-struct InbandPlace(Arc<ListenerShared>, std::net::IpAddr);
-
-impl Drop for InbandPlace {
-    fn drop(&mut self) {
-        let mut c = self.0.inband.lock().unwrap_or_else(|e| e.into_inner());
-        c.all -= 1;
-        if let Some(n) = c.by_host.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                c.by_host.remove(&self.1);
-            }
-        }
-    }
-}
-
 pub(crate) struct HandshakeSlot(Arc<ListenerShared>);
 
 impl Drop for HandshakeSlot {

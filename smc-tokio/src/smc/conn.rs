@@ -165,12 +165,8 @@ async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
         let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE_RDMA;
         while tokio::time::Instant::now() < until {
             match conn.upgrade() {
-                // A turn of the link's dispatch where no other task has it (`progress`), not
-                // a wait for it (`drain`): connections whose TCP sockets end at once, while the
-                // peer floods the link, each waited for the dispatch lock every 5 ms on every
-                // runtime thread. `on_tcp_event` drains once, at the end.
                 Some(c) if !c.closed_by_peer() && c.transport() == crate::transport::Transport::SmcR => {
-                    let _ = c.group().progress();
+                    c.group().drain()
                 }
                 _ => break,
             };
@@ -2194,12 +2190,7 @@ impl SmcConn {
     /// The largest ring the peer may resize ours to, told to the engine once the link is known.
     fn set_rx_max(&self, st: &mut ConnState) {
         if !st.rx_max_set {
-            let Some(link) = self.group.link() else { return };
-            if link.is_rdma() {
-                // Registered rings of a fixed size: no resize (`ConnEngine::refuse_resize`).
-                st.engine.refuse_resize();
-                st.rx_max_set = true;
-            } else if let Some(max) = RingSize::new(link.rx_rmb_size()) {
+            if let Some(max) = self.group.link().and_then(|l| RingSize::new(l.rx_rmb_size())) {
                 st.engine.set_rx_max(max);
                 st.rx_max_set = true;
             }
