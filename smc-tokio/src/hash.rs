@@ -120,6 +120,20 @@ impl Hasher for KeyedHasher {
 /// A `HashMap` hashed with [`Keyed`].
 pub(crate) type Map<K, V> = std::collections::HashMap<K, V, Keyed>;
 
+/// Takes one from `key`'s count in `counts`, and the key out once its count is 0 (a map of
+/// counts holds only what is counted).
+pub(crate) fn count_down<K: std::hash::Hash + Eq, S: BuildHasher>(
+    counts: &mut std::collections::HashMap<K, usize, S>,
+    key: &K,
+) {
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

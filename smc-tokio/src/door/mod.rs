@@ -120,11 +120,11 @@ const CONN_REGISTRATIONS: usize = 4 * WINDOW;
 const MAX_CONNS: usize = 4096;
 
 // The shares of the door connections ([`conn_budget`]) and registrations that the clients of
-// uids other than the listener's own may hold ([`OTHER_UIDS_SHARE`], [`OTHER_UID_SHARE`]). With
+// uids other than the listener's own may hold ([`uid_share`]). With
 // other uids trusted (`SMC_TOKIO_SHM_ALLOW_UIDS`), one of them that opens door connections
 // without end (one per process, runtime and context of its clients) would otherwise take them
 // all, and every other client's connections would go plain.
-use crate::smc::manager::{OTHER_UIDS_SHARE, OTHER_UID_SHARE};
+use crate::smc::manager::{uid_share, UidShare};
 
 /// Door connections taken from the door's queue per drain: a flood of knocks is worked off a
 /// batch at a time, between which the listener takes TCP connections.
@@ -823,7 +823,7 @@ struct Entry {
 #[derive(Default)]
 struct DoorState {
     conns: Vec<Arc<ServerConn>>,
-    /// How many of `conns` each uid's clients hold ([`OTHER_UID_SHARE`], [`OTHER_UIDS_SHARE`]).
+    /// How many of `conns` each uid's clients hold ([`uid_share`]).
     conns_by_uid: HashMap<u32, usize>,
     /// The listener task, which watches the door connections: woken when one is accepted
     /// elsewhere (at a connection's look-up), so that it watches that one too.
@@ -981,29 +981,19 @@ impl DoorState {
     /// A registration of a client of `uid` is no longer filed.
     fn unfiled(&mut self, uid: u32) {
         self.count -= 1;
-        if let std::collections::hash_map::Entry::Occupied(mut e) = self.regs_by_uid.entry(uid) {
-            *e.get_mut() -= 1;
-            if *e.get() == 0 {
-                e.remove();
-            }
-        }
+        crate::hash::count_down(&mut self.regs_by_uid, &uid);
     }
 
     /// Whether a client of `uid` may file another registration: the door's bound, and, for a
     /// uid other than the listener's own (`own`), the shares other uids have of it, as of door
-    /// connections ([`OTHER_UIDS_SHARE`], [`OTHER_UID_SHARE`]). With other uids trusted, one of
+    /// connections ([`uid_share`]). With other uids trusted, one of
     /// them whose clients filed registrations without end (each door connection may hold
     /// [`CONN_REGISTRATIONS`], and it may hold a quarter of the connections) had every other
     /// client's answered "congested".
     fn room_to_file(&self, uid: u32, own: u32) -> bool {
-        if self.count >= MAX_REGISTRATIONS {
-            return false;
-        }
-        if uid == own {
-            return true;
-        }
         let by = |u: u32| self.regs_by_uid.get(&u).copied().unwrap_or(0);
-        by(uid) < MAX_REGISTRATIONS / OTHER_UID_SHARE && self.count - by(own) < MAX_REGISTRATIONS / OTHER_UIDS_SHARE
+        self.count < MAX_REGISTRATIONS
+            && uid_share(uid, own, by(uid), self.count - by(own), MAX_REGISTRATIONS) == UidShare::Within
     }
 
     /// Where, in the list filed under the port of `tuple`'s client, the registration whose
@@ -1036,12 +1026,7 @@ impl DoorState {
         let before = self.conns.len();
         self.conns.retain(|c| !Arc::ptr_eq(c, conn));
         if self.conns.len() < before {
-            if let Some(n) = self.conns_by_uid.get_mut(&conn.cred.uid) {
-                *n -= 1;
-                if *n == 0 {
-                    self.conns_by_uid.remove(&conn.cred.uid);
-                }
-            }
+            crate::hash::count_down(&mut self.conns_by_uid, &conn.cred.uid);
         }
     }
 
@@ -1583,21 +1568,18 @@ impl Door {
             }
             // SAFETY: geteuid cannot fail and has no preconditions.
             let own = unsafe { libc::geteuid() };
-            if cred.uid != own {
-                let held = st.conns_by_uid.get(&cred.uid).copied().unwrap_or(0);
-                let others = st.conns.len() - st.conns_by_uid.get(&own).copied().unwrap_or(0);
-                let share = |d: usize| (self.conn_budget / d).max(1);
-                if held >= share(OTHER_UID_SHARE) || others >= share(OTHER_UIDS_SHARE) {
-                    // Closed, as past the budget.
-                    tracing::debug!(
-                        uid = cred.uid,
-                        held,
-                        others,
-                        "door connections of other uids at their share: refusing a client"
-                    );
-                    *refusals -= 1;
-                    continue;
-                }
+            let held = st.conns_by_uid.get(&cred.uid).copied().unwrap_or(0);
+            let others = st.conns.len() - st.conns_by_uid.get(&own).copied().unwrap_or(0);
+            if uid_share(cred.uid, own, held, others, self.conn_budget) != UidShare::Within {
+                // Closed, as past the budget.
+                tracing::debug!(
+                    uid = cred.uid,
+                    held,
+                    others,
+                    "door connections of other uids at their share: refusing a client"
+                );
+                *refusals -= 1;
+                continue;
             }
             // Registrations carry no descriptors: refuse them where the kernel can.
             sys::refuse_descriptors(conn.as_fd());
@@ -3161,6 +3143,7 @@ impl Wire for ClientWire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::smc::manager::OTHER_UID_SHARE;
     use std::os::fd::AsRawFd;
 
     /// A trusted client that sends without pause on its door connection does not keep the
@@ -3755,8 +3738,7 @@ mod tests {
     }
 
     /// With other uids trusted, the clients of any one of them hold at most a quarter of the
-    /// door connections and all of them together half ([`OTHER_UID_SHARE`],
-    /// [`OTHER_UIDS_SHARE`]): the rest stay for the clients of the listener's own uid, which no
+    /// door connections and all of them together half ([`uid_share`]): the rest stay for the clients of the listener's own uid, which no
     /// share bounds. (One other uid's door connections took the whole budget before, and every
     /// other client's connections went plain.) Needs root (and uids to take), to connect as
     /// other uids from a child process.

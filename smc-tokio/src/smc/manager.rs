@@ -21,6 +21,33 @@ pub(crate) const OTHER_UIDS_SHARE: usize = 2;
 /// See [`OTHER_UIDS_SHARE`].
 pub(crate) const OTHER_UID_SHARE: usize = 4;
 
+/// Where the clients of `uid` stand against the shares of a resource of `bound` places
+/// ([`OTHER_UIDS_SHARE`], [`OTHER_UID_SHARE`], each at least one place), of which they hold
+/// `of_uid` and the clients of every uid but ours (`own`) `of_others`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UidShare {
+    /// Room for one more: ours, which no share bounds, or below both shares.
+    Within,
+    /// That uid's own share is full.
+    UidFull,
+    /// The share of all other uids together is full.
+    OthersFull,
+}
+
+/// See [`UidShare`].
+pub(crate) fn uid_share(uid: u32, own: u32, of_uid: usize, of_others: usize, bound: usize) -> UidShare {
+    let share = |d: usize| (bound / d).max(1);
+    if uid == own {
+        UidShare::Within
+    } else if of_uid >= share(OTHER_UID_SHARE) {
+        UidShare::UidFull
+    } else if of_others >= share(OTHER_UIDS_SHARE) {
+        UidShare::OthersFull
+    } else {
+        UidShare::Within
+    }
+}
+
 pub(crate) struct Manager {
     instance: u64,
     /// The shared-memory groups and the side channels that set them up.

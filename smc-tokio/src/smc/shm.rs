@@ -27,7 +27,7 @@ use crate::proto::cursor::RingSize;
 use crate::smc::conn::SmcConn;
 use crate::smc::group::{GroupPin, GroupTimes, LinkGroup, Role, TxRmbs};
 use crate::smc::manager::Manager;
-use crate::smc::manager::{OTHER_UIDS_SHARE, OTHER_UID_SHARE};
+use crate::smc::manager::{uid_share, UidShare, OTHER_UID_SHARE};
 use crate::smc::ClientIdentity;
 use crate::sys;
 
@@ -207,20 +207,11 @@ struct UnjoinedCount {
     by_uid: HashMap<u32, usize>,
 }
 
-fn count_down<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
-    if let Some(n) = map.get_mut(key) {
-        *n -= 1;
-        if *n == 0 {
-            map.remove(key);
-        }
-    }
-}
-
 impl Unjoined {
     /// A place for a connection of the client process `(pid, uid)`, which `pending` groups of
     /// ours wait for: at most one per such group, and a quarter of [`MAX_UNJOINED`] for one
     /// process; for a uid other than ours (`own`) a quarter for its processes together, and
-    /// half for all other uids ([`OTHER_UID_SHARE`], [`OTHER_UIDS_SHARE`]); [`MAX_UNJOINED`] in
+    /// half for all other uids ([`uid_share`]); [`MAX_UNJOINED`] in
     /// all. A client joins once per group; one a pending group waited for could otherwise hold
     /// every place with idle connections for the join timeout (a Proposal with another
     /// `instance` each time makes another pending group), and every other client's new group
@@ -234,11 +225,9 @@ impl Unjoined {
         let mut c = count.lock().unwrap_or_else(|e| e.into_inner());
         let of_process = c.by_process.get(&(pid, uid)).copied().unwrap_or(0);
         let of_uid = |u: u32| c.by_uid.get(&u).copied().unwrap_or(0);
-        let others = c.all - of_uid(own);
         let over = c.all >= MAX_UNJOINED
             || of_process >= pending.min(MAX_UNJOINED / OTHER_UID_SHARE)
-            || (uid != own
-                && (of_uid(uid) >= MAX_UNJOINED / OTHER_UID_SHARE || others >= MAX_UNJOINED / OTHER_UIDS_SHARE));
+            || uid_share(uid, own, of_uid(uid), c.all - of_uid(own), MAX_UNJOINED) != UidShare::Within;
         if over {
             return None;
         }
@@ -253,8 +242,8 @@ impl Drop for Unjoined {
     fn drop(&mut self) {
         let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
         c.all -= 1;
-        count_down(&mut c.by_process, &self.process);
-        count_down(&mut c.by_uid, &self.process.1);
+        crate::hash::count_down(&mut c.by_process, &self.process);
+        crate::hash::count_down(&mut c.by_uid, &self.process.1);
     }
 }
 
@@ -282,31 +271,25 @@ struct ServerSide {
 impl ServerSide {
     /// `None` when `client` may have another group with the listener whose side channel is
     /// `acceptor` ([`GROUPS_PER_CLIENT`], [`SERVER_GROUPS`], and, for a uid other than ours
-    /// (`own`), the shares other uids have of the groups: [`OTHER_UID_SHARE`],
-    /// [`OTHER_UIDS_SHARE`]); else the live groups one of which must end to make room: the
+    /// (`own`), the shares other uids have of the groups: [`uid_share`]); else the live groups one of which must end to make room: the
     /// client's own when it is at its bound, its uid's at that uid's share, other uids' at
     /// theirs, anyone's otherwise. A few processes of one other trusted uid, each keeping its
     /// groups alive with a connection, held every group otherwise.
     fn no_room_for(&self, client: &ClientIdentity, acceptor: &[u8], own: u32) -> Option<Vec<Arc<LinkGroup>>> {
         let live = || self.groups.values().filter(|g| g.group.is_alive());
         let of_client = |g: &&ServerGroup| g.pid == client.pid && g.uid == client.uid && g.acceptor == acceptor;
-        let stranger = client.uid != own;
-        let uid_full = stranger && live().filter(|g| g.uid == client.uid).count() >= SERVER_GROUPS / OTHER_UID_SHARE;
-        let others_full = stranger && live().filter(|g| g.uid != own).count() >= SERVER_GROUPS / OTHER_UIDS_SHARE;
+        let (of_uid, of_others) =
+            (live().filter(|g| g.uid == client.uid).count(), live().filter(|g| g.uid != own).count());
+        let share = uid_share(client.uid, own, of_uid, of_others, SERVER_GROUPS);
         let full = live().filter(of_client).count() >= GROUPS_PER_CLIENT;
-        if !full && !uid_full && !others_full && live().count() < SERVER_GROUPS {
+        if !full && share == UidShare::Within && live().count() < SERVER_GROUPS {
             return None;
         }
-        let candidate = |g: &&ServerGroup| {
-            if full {
-                of_client(g)
-            } else if uid_full {
-                g.uid == client.uid
-            } else if others_full {
-                g.uid != own
-            } else {
-                true
-            }
+        let candidate = |g: &&ServerGroup| match share {
+            _ if full => of_client(g),
+            UidShare::UidFull => g.uid == client.uid,
+            UidShare::OthersFull => g.uid != own,
+            UidShare::Within => true,
         };
         Some(live().filter(candidate).map(|g| g.group.clone()).collect())
     }
@@ -473,11 +456,9 @@ impl Manager {
                         c.by_id.values().filter(|(_, _, o)| uid(o.1)).count()
                             + c.establishing.values().filter(|(_, o)| uid(o.1)).count()
                     };
-                    let stranger_full = owner.uid != own
-                        && (by(&|u| u == owner.uid) >= CLIENT_GROUPS / OTHER_UID_SHARE
-                            || by(&|u| u != own) >= CLIENT_GROUPS / OTHER_UIDS_SHARE);
+                    let (of_uid, of_others) = (by(&|u| u == owner.uid), by(&|u| u != own));
                     if of_server >= GROUPS_PER_SERVER
-                        || stranger_full
+                        || uid_share(owner.uid, own, of_uid, of_others, CLIENT_GROUPS) != UidShare::Within
                         || c.by_id.len() + c.establishing.len() >= CLIENT_GROUPS
                     {
                         tracing::debug!(of_server, "client link groups at their bound: not joining another");
@@ -806,6 +787,7 @@ impl Drop for AliveFlag {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::smc::manager::OTHER_UIDS_SHARE;
 
     /// A client process has at most one side-channel connection waiting to join per pending
     /// group that waits for it, and all clients together `MAX_UNJOINED`; a place comes back
