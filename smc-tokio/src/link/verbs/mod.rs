@@ -157,9 +157,8 @@ struct Pool {
     budget: Arc<RmbBudget>,
     /// `release` gave the registrations back: no chunk is registered again.
     released: AtomicBool,
-    /// Bytes of this pool's chunks registered now (changed under `mrs`'s lock, with the link's
-    /// tally, which counts both pools).
-    registered: AtomicU64,
+    /// The link's tally, which counts the chunks of both pools registered (changed under `mrs`'s
+    /// lock).
     tally: Arc<LinkTally>,
     size: u32,
     count: u32,
@@ -185,7 +184,6 @@ impl Pool {
             map: Arc::new(Mapping::new(len)?),
             budget,
             released: AtomicBool::new(false),
-            registered: AtomicU64::new(0),
             tally,
             size,
             count,
@@ -223,7 +221,6 @@ impl Pool {
             // outlives the MR (field order above; `release` hands the MR out with a copy of
             // the mapping that is dropped after it).
             *e = Some((unsafe { pd.reg_mr(self.ptr(first, 0), len, self.access) }?, charge));
-            self.registered.fetch_add(len as u64, Ordering::Relaxed);
             self.tally.pinned.fetch_add(len as u64, Ordering::Relaxed);
         }
         let (mr, _) = e.as_ref().ok_or_else(|| io::Error::other("mr"))?;
@@ -237,7 +234,6 @@ impl Pool {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         let taken = mrs.get_mut((slot / self.chunk) as usize).and_then(Option::take);
         if let Some((_, charge)) = &taken {
-            self.registered.fetch_sub(charge.bytes(), Ordering::Relaxed);
             self.tally.pinned.fetch_sub(charge.bytes(), Ordering::Relaxed);
         }
         drop(mrs);
@@ -264,10 +260,10 @@ impl Pool {
     fn release(&self) -> (Vec<(Mr, HeldCharge)>, Arc<Mapping>) {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         self.released.store(true, Ordering::Relaxed);
-        let mine = self.registered.swap(0, Ordering::Relaxed);
-        self.tally.pinned.fetch_sub(mine, Ordering::Relaxed);
+        let taken: Vec<(Mr, HeldCharge)> = mrs.iter_mut().filter_map(Option::take).collect();
+        self.tally.pinned.fetch_sub(taken.iter().map(|(_, c)| c.bytes()).sum(), Ordering::Relaxed);
         // Tuple order: the MRs drop before this copy of the mapping.
-        (mrs.iter_mut().filter_map(Option::take).collect(), self.map.clone())
+        (taken, self.map.clone())
     }
 
     fn ptr(&self, slot: u32, offset: u32) -> *mut u8 {

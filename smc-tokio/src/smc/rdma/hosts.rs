@@ -121,6 +121,19 @@ pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::I
     own >= 1.0 && all >= kept + 1.0
 }
 
+/// [`group_token_ready`], or the decline for a Proposal without a token: congested.
+pub(super) fn group_token_or_decline(
+    s: &mut State,
+    host: [u8; 16],
+    now: std::time::Instant,
+) -> Result<(), DeclineReason> {
+    if group_token_ready(s, host, now) {
+        return Ok(());
+    }
+    tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
+    Err(DeclineReason::HandshakeCongested)
+}
+
 /// Takes a token for a new server group for the client host `host`, from its bucket and from
 /// all hosts' ([`NEW_GROUPS_PER_HOST`], [`NEW_GROUPS_ALL`]); once the group's link shows that
 /// the client's queue pair is there, both are given back ([`settle_group_tokens`]), so a host
@@ -129,10 +142,7 @@ pub(super) fn group_token_ready(s: &mut State, host: [u8; 16], now: std::time::I
 /// no queue pair behind it, again and again, made the server set up a group for each (on the
 /// thread every RDMA handshake waits for) without bound.
 pub(super) fn take_group_token(s: &mut State, host: [u8; 16], now: std::time::Instant) -> Result<(), DeclineReason> {
-    if !group_token_ready(s, host, now) {
-        tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
-        return Err(DeclineReason::HandshakeCongested);
-    }
+    group_token_or_decline(s, host, now)?;
     s.new_groups.entry(host).or_insert_with(|| Bucket::full(NEW_GROUPS_PER_HOST.0, now)).tokens -= 1.0;
     if let Some(all) = s.new_groups_all.as_mut() {
         all.tokens -= 1.0;
@@ -213,31 +223,44 @@ pub(super) fn host_room(s: &State, manager: &Manager, host: [u8; 16], bytes: u64
 /// Makes room for a server handshake of `host` ([`host_room`]), ending an idle group to make it
 /// where there is none ([`make_room`]): the host's own where its share is full, anyone's where
 /// all hosts' is. A host whose connections once took its share and closed would otherwise get
-/// TCP until its idle groups' timeout.
-pub(super) fn make_host_room(manager: &Manager, host: [u8; 16], bytes: u64, pin: u64) -> Result<(), DeclineReason> {
-    make_room(manager, |s| {
-        let over = host_room(s, manager, host, bytes, pin).err()?;
-        let groups = s.server_groups.values().filter(|g| over == Over::All || g.host == host);
-        Some(groups.filter_map(|g| g.group.upgrade()).collect())
+/// TCP until its idle groups' timeout. `then` takes the room, under the registry's lock.
+fn host_room_then(
+    manager: &Manager,
+    (host, bytes, pin): ([u8; 16], u64, u64),
+    mut then: impl FnMut(&mut State),
+) -> Result<(), DeclineReason> {
+    make_room(manager, |s| match host_room(s, manager, host, bytes, pin) {
+        Ok(()) => {
+            then(s);
+            None
+        }
+        Err(over) => {
+            let groups = s.server_groups.values().filter(|g| over == Over::All || g.host == host);
+            Some(groups.filter_map(|g| g.group.upgrade()).collect())
+        }
     })
     .inspect_err(|_| {
         tracing::debug!("this client's rdma handshakes or groups hold their share of the rmb budget: declining");
     })
 }
 
+/// Whether a server handshake of `host` has room ([`host_room_then`]), taking none.
+pub(super) fn make_host_room(manager: &Manager, host: [u8; 16], bytes: u64, pin: u64) -> Result<(), DeclineReason> {
+    host_room_then(manager, (host, bytes, pin), |_| {})
+}
+
 /// Counts `bytes` held by a server handshake for the client host `host` that registers `pin`
-/// more, where there is room or an idle group can make it ([`make_host_room`]).
+/// more, where there is room or an idle group can make it ([`host_room_then`]).
 pub(super) fn hold_for_handshake(
     manager: &Arc<Manager>,
     host: [u8; 16],
     bytes: u64,
     pin: u64,
 ) -> Result<HandshakeHold, DeclineReason> {
-    make_host_room(manager, host, bytes, pin)?;
-    let mut s = manager.rdma.lock();
-    host_room(&s, manager, host, bytes, pin).map_err(|_| DeclineReason::OutOfMemory)?;
-    *s.held.entry(host).or_default() += bytes;
-    s.held_total += bytes;
+    host_room_then(manager, (host, bytes, pin), |s| {
+        *s.held.entry(host).or_default() += bytes;
+        s.held_total += bytes;
+    })?;
     Ok(HandshakeHold { manager: manager.clone(), host, bytes })
 }
 

@@ -25,7 +25,7 @@ use crate::smc::manager::Manager;
 
 mod hosts;
 use hosts::{
-    give_group_token, group_token_ready, hold_for_handshake, host_of, make_host_room, take_group_token, Bucket,
+    give_group_token, group_token_or_decline, hold_for_handshake, host_of, make_host_room, take_group_token, Bucket,
     HandshakeHold, HostLink,
 };
 
@@ -126,10 +126,7 @@ fn admit_server_group(
     now: std::time::Instant,
 ) -> Result<(), DeclineReason> {
     let (per_peer, most) = (max_groups_per_peer(manager), max_server_groups(manager));
-    if !group_token_ready(&mut manager.rdma.lock(), host, now) {
-        tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
-        return Err(DeclineReason::HandshakeCongested);
-    }
+    group_token_or_decline(&mut manager.rdma.lock(), host, now)?;
     let mut token = Ok(());
     make_room(manager, |s| {
         let of_peer = s.server_groups.values().filter(|g| g.host == host).count();
@@ -729,10 +726,7 @@ fn server_conn_create_blocking(
             let fresh_chunks = chunk_pair_bytes(cfg.shm.rmbs_per_group, rx_size, p.rmb_size);
             // Before any setup, and before any idle group is ended for room, the host's rate of
             // new groups; then its share of the budget, and its count of groups.
-            if !group_token_ready(&mut manager.rdma.lock(), host, now) {
-                tracing::debug!("too many new rdma link groups of this client, or of all, lately: declining");
-                return Err(DeclineReason::HandshakeCongested);
-            }
+            group_token_or_decline(&mut manager.rdma.lock(), host, now)?;
             make_host_room(manager, host, ring_bytes, fresh_chunks)?;
             admit_server_group(manager, id, host, now)?;
             // From here the group is counted until the manager forgets it (when it fails, which
