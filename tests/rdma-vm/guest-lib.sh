@@ -181,6 +181,17 @@ send_lat_figure() {
 }
 
 finish() {
+    # Neither guest of a pair powers off before the other is through. A guest
+    # whose RoCE device goes (rxe is removed at power-off) while the other's
+    # kernel still has SMC-R messages in flight to it leaves those pending: a
+    # close there then blocks in the kernel for good (the link group's
+    # termination waits for its pending CDC sends, smc_cdc_wait_pend_tx_wr,
+    # holding the socket's lock, which the close waits for). The hung-task
+    # watchdog's stacks showed it, in a client whose server had powered off.
+    case "$RDMA_VM_ROLE" in
+        server) peer_done_wait 120 ;;
+        client) peer_done_signal ;;
+    esac
     echo "rdma-vm: $RDMA_VM_FAILED failed step(s) in role $RDMA_VM_ROLE"
     [ "$RDMA_VM_FAILED" -gt 99 ] && RDMA_VM_FAILED=99
     exit "$RDMA_VM_FAILED"

@@ -447,7 +447,8 @@ start_guest() {
 # others get PEER_GRACE seconds, then are stopped rather than left to run
 # into their timeout. A guest whose kernel reports a task blocked in the
 # kernel for minutes (its hung-task watchdog, after 120 s) is stuck there:
-# it is stopped at once (marked .hung) instead of at the host-side timeout,
+# it is stopped (marked .hung) once the watchdog's stacks of the blocked tasks
+# had HUNG_STACKS_GRACE seconds to reach the console, not at the host-side timeout,
 # and counts as a guest that ended without a result. A guest that printed its
 # result and has not powered off POWEROFF_GRACE seconds later (its kernel
 # stuck in the power-off: a guest kernel's own SMC-R link teardown has been
@@ -455,9 +456,10 @@ start_guest() {
 # result stands.
 PEER_GRACE=30
 POWEROFF_GRACE=30
+HUNG_STACKS_GRACE=5
 wait_guests() {
     local i st left crashed_at="" now
-    declare -A done_=() result_at=()
+    declare -A done_=() result_at=() hung_at=()
     while :; do
         left=0
         for i in "${!QEMU_PIDS[@]}"; do
@@ -472,9 +474,15 @@ wait_guests() {
                         kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
                     fi
                 elif grep -q 'INFO: task .* blocked for more than' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null; then
-                    log "stopping guest ${QEMU_NAMES[$i]}: a task is stuck in its kernel"
-                    touch "$RUN/${QEMU_NAMES[$i]}.hung"
-                    kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
+                    # A few seconds for the watchdog's stacks of the blocked tasks to
+                    # reach the console, which say where the kernel is stuck.
+                    now=$(date +%s)
+                    [ -z "${hung_at[$i]:-}" ] && hung_at[$i]=$now
+                    if [ $(( now - hung_at[$i] )) -ge "$HUNG_STACKS_GRACE" ] && [ ! -f "$RUN/${QEMU_NAMES[$i]}.hung" ]; then
+                        log "stopping guest ${QEMU_NAMES[$i]}: a task is stuck in its kernel"
+                        touch "$RUN/${QEMU_NAMES[$i]}.hung"
+                        kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
+                    fi
                 fi
                 left=$((left + 1))
                 continue
