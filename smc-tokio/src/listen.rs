@@ -104,14 +104,14 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         Transport::Tcp(FallbackReason::PeerNoSmc)
     };
     if may_be_smc_r(&cfg, local, peer) {
-        match shared.peek_slot() {
+        match shared.peek_slot(peer.ip()) {
             Some(peeking) => {
                 spawn(shared, tcp, (local, peer), cfg, Start::Peek(peeking), None);
                 return Handoff::Later;
             }
-            // As many are peeked at as may be: this one is TCP at once, as at a listener that
-            // peeks at nothing, its in-band guard answering a Proposal (as congested) as it
-            // answers one there.
+            // As many are peeked at as may be (of its host's, or in all): this one is TCP at
+            // once, as at a listener that peeks at nothing, its in-band guard answering a
+            // Proposal (as congested) as it answers one there.
             None => {
                 let congested = Owed::Proposal(DeclineReason::HandshakeCongested);
                 return hand_out(&shared.ctx, &cfg, tcp, plain, Some(congested));
@@ -215,7 +215,7 @@ enum Start {
     Door(HandshakeSlot, ServerWire),
     /// Unregistered, possibly an in-band SMC-R client: look at the first bytes first (its
     /// place among those peeked at held until they are seen).
-    Peek(PeekSlot),
+    Peek(HostPlace),
 }
 
 /// `addrs`: the connection's local address (if it could be read) and its peer's.
@@ -255,6 +255,8 @@ async fn serve(
     start: Start,
     client: Option<ClientIdentity>,
 ) -> Option<(Established, Transport)> {
+    // An in-band handshake's place in its host's share, held as long as its slot.
+    let mut inband_place = None;
     let (slot, mut wire) = match start {
         Start::Door(slot, wire) => (slot, Some(wire)),
         Start::Peek(peeking) => {
@@ -282,6 +284,19 @@ async fn serve(
             if let Some((reason, owed)) = t {
                 return tcp_out(cfg, tcp, Transport::Tcp(reason), owed);
             }
+            match addrs.map(|(_, peer)| shared.inband_place(peer.ip(), cfg)) {
+                Some(None) => {
+                    tracing::debug!("this client's host runs its share of the handshakes already");
+                    let t = Transport::Tcp(FallbackReason::Declined {
+                        reason: DeclineReason::HandshakeCongested,
+                        by: Side::Local,
+                    });
+                    shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
+                    return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
+                }
+                Some(Some(place)) => inband_place = Some(place),
+                None => {}
+            };
             let slot = match shared.admit(cfg) {
                 Admit::Now(slot) => slot,
                 Admit::Queue(ticket) => match ticket.slot(cfg).await {
@@ -317,7 +332,7 @@ async fn serve(
         let run = std::pin::pin!(drive(chan, addrs, &mut hs, cfg, shared, client.as_ref(), &mut pending, None));
         shared.unless_closed(run).await
     };
-    drop(slot);
+    drop((slot, inband_place));
     let Some(outcome) = outcome else {
         // The listener is gone: decline what can still be declined, so the client continues
         // over TCP (and reads the end of the connection) instead of failing, then close.
@@ -954,22 +969,52 @@ mod tests {
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
 
-    /// A listener looks at the first bytes of at most as many connections at once as its ready
-    /// queue holds (within bounds); a place is free again when a look ends.
+    /// One client host (an IPv4 address, an IPv6 /64) runs at most half a listener's
+    /// handshakes in-band, all in-band clients together three quarters: the rest stay for the
+    /// other hosts and for the door's same-host clients. A place is free again when a
+    /// handshake ends.
     #[tokio::test]
-    async fn peeks_are_bounded_by_the_ready_queue() {
+    async fn one_host_runs_at_most_half_the_handshakes_in_band() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shared = Arc::new(ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), READY_CAP));
+        let cfg = Settings { max_pending_handshakes: 64, ..Settings::default() };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        // Bounded, so that a missing bound fails the test instead of looping.
+        let take = |host: &str| {
+            std::iter::from_fn(|| shared.inband_place(ip(host), &cfg))
+                .take(cfg.max_pending_handshakes + 1)
+                .collect::<Vec<_>>()
+        };
+        let a = take("192.0.2.1");
+        assert_eq!(a.len(), 32, "one host: half");
+        assert!(shared.inband_place(ip("::ffff:192.0.2.1"), &cfg).is_none(), "the same host, IPv4-mapped");
+        let b: Vec<_> = ["2001:db8::1", "2001:db8::2:3"].iter().flat_map(|h| take(h)).collect();
+        assert_eq!(b.len(), 16, "one IPv6 /64, one host: what is left of three quarters");
+        assert!(shared.inband_place(ip("192.0.2.2"), &cfg).is_none(), "all in-band clients together: three quarters");
+        drop(a);
+        assert_eq!(take("192.0.2.2").len(), 32, "places given back");
+    }
+
+    /// A listener looks at the first bytes of at most as many connections at once as its ready
+    /// queue holds (within bounds), of one client host's at most half of that; a place is free
+    /// again when a look ends.
+    #[tokio::test]
+    async fn peeks_are_bounded_by_the_ready_queue_and_per_host() {
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let new = |cap| ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), cap);
         assert_eq!(new(16).peek_max, READY_CAP, "a small backlog's");
         assert_eq!(new(1 << 20).peek_max, 4 * READY_CAP, "a huge backlog's");
         let mut shared = new(READY_CAP);
-        shared.peek_max = 2;
-        let shared = Arc::new(shared);
-        let (a, b) = (shared.peek_slot(), shared.peek_slot());
+        shared.peek_max = 4;
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let (a, b) = (shared.peek_slot(ip("192.0.2.1")), shared.peek_slot(ip("::ffff:192.0.2.1")));
         assert!(a.is_some() && b.is_some());
-        assert!(shared.peek_slot().is_none(), "a third look while two run");
+        assert!(shared.peek_slot(ip("192.0.2.1")).is_none(), "a third look at one host's while two run");
+        let others = [shared.peek_slot(ip("2001:db8::1")), shared.peek_slot(ip("192.0.2.2"))];
+        assert!(others.iter().all(Option::is_some), "other hosts' looks");
+        assert!(shared.peek_slot(ip("192.0.2.3")).is_none(), "a fifth look while four run");
         drop(a);
-        assert!(shared.peek_slot().is_some(), "a place freed by a look that ended");
+        assert!(shared.peek_slot(ip("192.0.2.1")).is_some(), "a place freed by a look that ended");
         drop(b);
     }
 
@@ -1057,8 +1102,12 @@ pub(crate) struct ListenerShared {
     /// Handshakes that wait for RDMA link setup now ([`rdma_setup`](Self::rdma_setup)).
     #[cfg(feature = "rdma")]
     rdma_setups: AtomicUsize,
-    /// Connections whose first bytes are being looked at now ([`peek_slot`](Self::peek_slot)).
-    peeking: AtomicUsize,
+    /// In-band handshakes running now, per client host and all together
+    /// ([`inband_place`](Self::inband_place)).
+    inband: Arc<Mutex<HostShares>>,
+    /// Connections whose first bytes are being looked at now, per client host and all together
+    /// ([`peek_slot`](Self::peek_slot)).
+    peeking: Arc<Mutex<HostShares>>,
     /// How many at most: the ready queue's capacity, within [`READY_CAP`] and four times it
     /// (a listener made with a small backlog would let a few silent connections a second
     /// take every place; a huge one would bound nothing).
@@ -1073,13 +1122,37 @@ pub(crate) struct ListenerShared {
     orphaned: std::sync::OnceLock<&'static str>,
 }
 
-/// An off-host connection's place among those whose first bytes a listener looks at
-/// ([`ListenerShared::peek_slot`]).
-struct PeekSlot(Arc<ListenerShared>);
+/// Places held now (a look at a connection's first bytes, an in-band handshake), per client
+/// host ([`crate::sys::host_of`]) and in all ([`HostShares::take`]).
+#[derive(Default)]
+struct HostShares {
+    all: usize,
+    by_host: std::collections::HashMap<std::net::Ipv6Addr, usize>,
+}
 
-impl Drop for PeekSlot {
+impl HostShares {
+    /// A place for a client at `peer` while its host holds fewer than `host_max` places and
+    /// all hosts together fewer than `all_max`; `None` past either.
+    fn take(this: &Arc<Mutex<Self>>, peer: std::net::IpAddr, host_max: usize, all_max: usize) -> Option<HostPlace> {
+        let host = crate::sys::host_of(peer);
+        let mut c = this.lock().unwrap_or_else(|e| e.into_inner());
+        if c.all >= all_max || c.by_host.get(&host).is_some_and(|n| *n >= host_max) {
+            return None;
+        }
+        c.all += 1;
+        *c.by_host.entry(host).or_default() += 1;
+        Some(HostPlace(this.clone(), host))
+    }
+}
+
+/// A place in a [`HostShares`], given back when dropped.
+struct HostPlace(Arc<Mutex<HostShares>>, std::net::Ipv6Addr);
+
+impl Drop for HostPlace {
     fn drop(&mut self) {
-        self.0.peeking.fetch_sub(1, Ordering::AcqRel);
+        let mut c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        c.all -= 1;
+        crate::hash::count_down(&mut c.by_host, &self.1);
     }
 }
 
@@ -1129,7 +1202,8 @@ impl ListenerShared {
             freed: Notify::new(),
             #[cfg(feature = "rdma")]
             rdma_setups: AtomicUsize::new(0),
-            peeking: AtomicUsize::new(0),
+            inband: Arc::default(),
+            peeking: Arc::default(),
             peek_max: ready_cap.clamp(READY_CAP, 4 * READY_CAP),
             side_listener: SideListener::default(),
             ready: ReadyQueue::with_cap(ready_cap),
@@ -1139,22 +1213,23 @@ impl ListenerShared {
         }
     }
 
-    /// A place to look at an off-host connection's first bytes (up to the peek timeout), while
-    /// fewer are looked at than `peek_max`: each holds a descriptor and a task
-    /// whether or not the application accepts, and a flood of connections to an SMC-R-capable
-    /// listener otherwise held as many as came within the timeout (taken from the kernel's
-    /// backlog at once, which then bounded nothing). Past it, connections go out as TCP at
-    /// once, as at a listener that peeks at nothing.
-    fn peek_slot(self: &Arc<Self>) -> Option<PeekSlot> {
-        if self.peeking.fetch_add(1, Ordering::AcqRel) >= self.peek_max {
-            self.peeking.fetch_sub(1, Ordering::AcqRel);
+    /// A place to look at the first bytes (up to the peek timeout) of an off-host connection
+    /// from `peer`, while fewer are looked at than `peek_max`, and fewer than half of that of
+    /// `peer`'s host: each holds a descriptor and a task whether or not the application
+    /// accepts, and a flood of connections to an SMC-R-capable listener otherwise held as many
+    /// as came within the timeout (taken from the kernel's backlog at once, which then bounded
+    /// nothing); one host that opened connections and sent nothing took every place, and the
+    /// SMC-R clients of every other host went to TCP meanwhile. Past it, connections go out as
+    /// TCP at once, as at a listener that peeks at nothing.
+    fn peek_slot(&self, peer: std::net::IpAddr) -> Option<HostPlace> {
+        let place = HostShares::take(&self.peeking, peer, (self.peek_max / 2).max(1), self.peek_max);
+        if place.is_none() {
             tracing::debug!(
                 peeking = self.peek_max,
-                "as many off-host connections looked at as may be: handed out at once"
+                "as many off-host connections looked at as may be, of this host's or in all: handed out at once"
             );
-            return None;
         }
-        Some(PeekSlot(self.clone()))
+        place
     }
 
     /// Why the listener's task ended while the listener lived, if it did (see `orphaned`).
@@ -1214,6 +1289,18 @@ impl ListenerShared {
         }
         self.ready.close();
         self.closing.notify_waiters();
+    }
+
+    /// A place for an in-band handshake of a client at `peer`, or `None` when that client's
+    /// host runs half the listener's handshakes (`max_pending_handshakes`) already, or all
+    /// in-band clients together three quarters. The slots are shared with the door's
+    /// same-host clients: one remote host that opened connections with Proposals and never
+    /// confirmed (each held its slot for the handshake timeout) took every slot, and every
+    /// other client went to TCP as congested. A quarter stays for the door's clients, a quarter
+    /// at least for the other remote hosts.
+    fn inband_place(&self, peer: std::net::IpAddr, cfg: &Settings) -> Option<HostPlace> {
+        let max = cfg.max_pending_handshakes;
+        HostShares::take(&self.inband, peer, (max / 2).max(1), (max * 3 / 4).max(1))
     }
 
     /// Takes a handshake slot if one is free.

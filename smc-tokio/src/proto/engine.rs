@@ -163,6 +163,8 @@ pub struct ConnEngine {
     tx_max: RingSize,
     /// Largest ring the peer may resize our receive ring to.
     rx_max: RingSize,
+    /// The peer may not resize our receive ring at all ([`ConnEngine::refuse_resize`]).
+    resize_refused: bool,
     /// The writer found the ring full since the last resize (a reason to grow).
     tx_filled: bool,
     /// A resize the driver allowed, applied once the peer has consumed everything.
@@ -236,6 +238,7 @@ impl ConnEngine {
             peer_aborted: false,
             tx_max: tx_ring,
             rx_max: rx_ring,
+            resize_refused: false,
             tx_filled: false,
             tx_resize_pending: None,
             tx_resize_due: false,
@@ -290,6 +293,32 @@ impl ConnEngine {
     /// ```
     pub fn set_rx_max(&mut self, max: RingSize) {
         self.rx_max = max.max(self.rx_ring);
+    }
+
+    /// Refuses every resize of our receive ring (a protocol error, as a resize past the
+    /// largest): for a link whose rings are registered memory of a fixed size, where our
+    /// writers never resize and the kernel's SMC speaks no resize, a resize could only shrink
+    /// our ring, to one byte, and make us send a message for every byte we consume.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcMsg;
+    /// use smc_tokio::proto::cursor::RingSize;
+    /// use smc_tokio::proto::engine::{ConnEngine, EngineError};
+    ///
+    /// let ring = RingSize::new(4096).unwrap();
+    /// let mut e = ConnEngine::new(1, ring, ring);
+    /// e.refuse_resize();
+    /// let mut msg = CdcMsg::new(1, 1);
+    /// msg.set_resize(1);
+    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::BadResize { size: 1, max: 4096 }));
+    /// msg.set_resize(4096); // nor a start over at the same size
+    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::BadResize { size: 4096, max: 4096 }));
+    /// assert_eq!(e.rx_ring().get(), 4096);
+    /// ```
+    pub fn refuse_resize(&mut self) {
+        self.resize_refused = true;
     }
 
     /// Lets the ring we write into start over at its beginning whenever the peer has consumed
@@ -1220,7 +1249,7 @@ impl ConnEngine {
         let (rx_ring, rx_base, rx_cons) = match msg.ring_size() {
             Some(size) => {
                 let max = self.rx_max.get();
-                let ring = RingSize::new(size).filter(|r| *r <= self.rx_max);
+                let ring = RingSize::new(size).filter(|r| *r <= self.rx_max && !self.resize_refused);
                 let ring = ring.ok_or(EngineError::BadResize { size, max })?;
                 if self.rx_available() > 0 {
                     return Err(EngineError::ResizeWithUnreadData);

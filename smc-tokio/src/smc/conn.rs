@@ -165,8 +165,12 @@ async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
         let until = tokio::time::Instant::now() + TCP_CLOSE_GRACE_RDMA;
         while tokio::time::Instant::now() < until {
             match conn.upgrade() {
+                // A turn of the link's dispatch where no other task has it (`progress`), not
+                // a wait for it (`drain`): connections whose TCP sockets end at once, while the
+                // peer floods the link, each waited for the dispatch lock every 5 ms on every
+                // runtime thread. `on_tcp_event` drains once, at the end.
                 Some(c) if !c.closed_by_peer() && c.transport() == crate::transport::Transport::SmcR => {
-                    c.group().drain()
+                    let _ = c.group().progress();
                 }
                 _ => break,
             };
@@ -235,9 +239,9 @@ struct ConnState {
     held_watcher: Option<Watcher>,
     /// The application dropped its handle.
     released: bool,
-    /// Released with the peer's answer still to come: since when the peer last said anything
-    /// on the connection (its release, or the peer's last CDC message). See
-    /// [`SmcConn::end_if_silent`].
+    /// Released with the peer's answer still to come: since when the peer last showed it
+    /// reads (our release, or the last CDC message of the peer's that said it consumed more of
+    /// what we wrote). See [`SmcConn::end_if_silent`].
     lingering: Option<std::time::Instant>,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
@@ -2106,11 +2110,8 @@ impl SmcConn {
     /// A CDC message for this connection.
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
-        if st.lingering.is_some() {
-            // The peer is there and speaks: a slow reader of what we wrote before our close is
-            // not a silent one (it tells us each tenth of the ring it frees, `cons_update_due`).
-            st.lingering = Some(std::time::Instant::now());
-        }
+        // What the peer had not consumed of ours, where we let go and wait for its answer.
+        let unread = st.lingering.map(|_| st.engine.tx_in_flight());
         if st.handback != Handback::Smc {
             // The stream is moving to TCP: what the link still says of it is void if the move
             // goes through (the peer resends whatever we did not consume), and is taken in if
@@ -2135,6 +2136,13 @@ impl SmcConn {
             return;
         }
         self.apply_cdc(&mut st, msg);
+        if unread.is_some_and(|n| st.engine.tx_in_flight() < n) {
+            // The peer reads: a slow reader of what we wrote before our close is not a silent
+            // one (it tells us each tenth of the ring it frees, `cons_update_due`). Only a
+            // message that says it read counts: any message did, and a peer that sent empty
+            // ones kept a connection it never answered, its slot and its memory, for good.
+            st.lingering = Some(std::time::Instant::now());
+        }
         self.maybe_finish(st);
     }
 
@@ -2190,7 +2198,12 @@ impl SmcConn {
     /// The largest ring the peer may resize ours to, told to the engine once the link is known.
     fn set_rx_max(&self, st: &mut ConnState) {
         if !st.rx_max_set {
-            if let Some(max) = self.group.link().and_then(|l| RingSize::new(l.rx_rmb_size())) {
+            let Some(link) = self.group.link() else { return };
+            if link.is_rdma() {
+                // Registered rings of a fixed size: no resize (`ConnEngine::refuse_resize`).
+                st.engine.refuse_resize();
+                st.rx_max_set = true;
+            } else if let Some(max) = RingSize::new(link.rx_rmb_size()) {
                 st.engine.set_rx_max(max);
                 st.rx_max_set = true;
             }
@@ -3080,6 +3093,58 @@ mod tests {
         assert_eq!(settings(&sock), (mine.0, mine.1, mine.2, mine.3, Some(Duration::from_secs(13))));
         saved.restore(&c);
         assert_eq!(settings(&sock), mine);
+    }
+
+    /// A connection let go of with bytes its peer has not read waits for the peer's answer
+    /// from the release on, and from each message of the peer's that says it read more; a
+    /// message that says nothing new (it carried nothing, or only flags) does not keep it.
+    #[tokio::test]
+    async fn a_released_connection_waits_longer_for_a_reader_not_for_empty_messages() {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use crate::proto::cdc::{CdcFlags, CdcMsg};
+        use crate::proto::cursor::{Cursor, RingSize};
+        use crate::smc::group::{GroupTimes, LinkGroup, Role, TxRmbs};
+
+        let manager = crate::smc::manager::Manager::new(Arc::default(), Arc::new(crate::config::RmbBudget::new()));
+        let times = GroupTimes { idle_timeout: Duration::from_secs(60), poll_window: Duration::ZERO };
+        let group = LinkGroup::new(7, Role::Client, TxRmbs::shm(4, 4096, 4096), times, manager);
+        let ring = RingSize::new(4096).unwrap();
+        let conn = super::SmcConn::new(group, 1, Some(2), ring, ring, &crate::config::ShmConfig::default());
+        {
+            let mut st = conn.lock();
+            st.engine.tx_commit(100).unwrap();
+            let sent = st.engine.poll_cdc().unwrap();
+            st.engine.on_cdc_sent(&sent);
+        }
+        conn.release(false, None);
+        let since = || conn.lock().lingering.expect("waits for the peer's answer");
+        let released = since();
+        let mut seq = 0;
+        let mut from_peer = |cons: u32, flags: CdcFlags| {
+            seq += 1;
+            let mut m = CdcMsg::new(seq, 1);
+            m.cons = Cursor::new(0, cons);
+            m.flags = flags;
+            m
+        };
+        for (msg, what) in [
+            (from_peer(0, CdcFlags::empty()), "an empty message"),
+            (from_peer(0, CdcFlags::CONS_CURS_UPD_REQ), "a request for our cursor"),
+            (from_peer(0, CdcFlags::WRITE_BLOCKED), "a blocked writer's"),
+        ] {
+            std::thread::sleep(Duration::from_millis(2));
+            conn.on_cdc(&msg);
+            assert_eq!(since(), released, "{what} kept the connection");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        conn.on_cdc(&from_peer(10, CdcFlags::empty()));
+        let read = since();
+        assert!(read > released, "a message that read some did not keep it");
+        std::thread::sleep(Duration::from_millis(2));
+        conn.on_cdc(&from_peer(10, CdcFlags::empty()));
+        assert_eq!(since(), read, "the same cursor again kept it");
     }
 
     /// Readiness futures dropped before their wake leave their wakers in the list; it never

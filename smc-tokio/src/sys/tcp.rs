@@ -216,6 +216,26 @@ pub(crate) fn unmap(addr: SocketAddr) -> SocketAddr {
     }
 }
 
+/// The client host `ip` stands for in the bounds kept per host: an IPv4 address as it is (in
+/// its IPv4-mapped form, as an IPv4-mapped IPv6 address), an IPv6 address by its /64, which one
+/// host may hold whole. Link-local addresses are one /64 (`fe80::/64`) between them: any
+/// neighbour on the link may take as many as it likes.
+///
+/// ```text
+/// 192.0.2.1, ::ffff:192.0.2.1     -> ::ffff:192.0.2.1
+/// 2001:db8:1:2::1, 2001:db8:1:2:: -> 2001:db8:1:2::
+/// ```
+pub(crate) fn host_of(ip: IpAddr) -> Ipv6Addr {
+    let v6 = match ip {
+        IpAddr::V4(v4) => return v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => return v6,
+        IpAddr::V6(v6) => v6,
+    };
+    let mut o = v6.octets();
+    o[8..].fill(0);
+    o.into()
+}
+
 /// Whether `ip` is an address of this host (in this network namespace): a loopback address or
 /// one assigned to an interface. Interface addresses are read with getifaddrs(3) and kept
 /// until the kernel says they changed: a routing socket that hears of every address added or

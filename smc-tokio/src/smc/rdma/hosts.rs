@@ -27,17 +27,10 @@ impl HostLink for LinkTally {
     }
 }
 
-/// The client host a GID names, for the bounds per host: an IPv4 address (IPv4-mapped) as it
-/// is, an IPv6 address by its /64, which one host may hold whole. Link-local addresses are one
-/// /64 (`fe80::/64`) between them: any neighbour on the link may take as many as it likes.
+/// The client host a GID names, for the bounds per host ([`crate::sys::host_of`]: an IPv4
+/// address, an IPv6 /64).
 pub(super) fn host_of(gid: [u8; 16]) -> [u8; 16] {
-    let ip = std::net::Ipv6Addr::from(gid);
-    if ip.to_ipv4_mapped().is_some() {
-        return gid;
-    }
-    let mut host = gid;
-    host[8..].fill(0);
-    host
+    crate::sys::host_of(std::net::Ipv6Addr::from(gid).into()).octets()
 }
 
 /// A token bucket: `burst` tokens at most, refilled at `per_sec` a second.
@@ -437,6 +430,8 @@ mod tests {
     fn a_host_is_an_ipv4_address_or_an_ipv6_64() {
         let v4 = |d| std::net::Ipv4Addr::new(192, 0, 2, d).to_ipv6_mapped().octets();
         assert_ne!(host_of(v4(1)), host_of(v4(2)));
+        let plain: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(crate::sys::host_of(plain).octets(), host_of(v4(1)), "an IPv4 address, mapped or not");
         let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
         assert_eq!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:2:ffff::9")));
         assert_ne!(host_of(v6("2001:db8:1:2::1")), host_of(v6("2001:db8:1:3::1")));
