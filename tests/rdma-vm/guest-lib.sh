@@ -99,31 +99,43 @@ stop_step() {
     echo "RDMA-VM-STEP: $_name 0 (stopped)"
 }
 
-# Two-guest rendezvous for servers that run until killed: the client guest
-# calls peer_done_signal when it is through; the server guest waits for it
-# with peer_done_wait, then stops its server. Port 7999 on the server guest.
+# Two-guest rendezvous: the client guest calls peer_done_signal TAG when it is
+# through with a part (TAG names it); the server guest waits for that word
+# with peer_done_wait SECS TAG, then, say, stops its server. Words with another
+# tag are passed over, so a wait that timed out does not take the next part's
+# word. Port 7999 on the server guest.
 RDMA_VM_DONE_PORT=7999
 peer_done_wait() {
-    # peer_done_wait TIMEOUT
-    echo "=== waiting (up to $1 s) for the client guest to finish"
-    if timeout -s KILL "$1" nc -l -p "$RDMA_VM_DONE_PORT" > /dev/null 2>&1; then
-        echo "client guest finished"
-    else
-        echo "no word from the client guest within $1 s"
-    fi
+    # peer_done_wait TIMEOUT TAG
+    echo "=== waiting (up to $1 s) for the client guest to finish ($2)"
+    _end=$(( $(date +%s) + $1 ))
+    while :; do
+        _left=$(( _end - $(date +%s) ))
+        if [ "$_left" -le 0 ]; then
+            echo "no word from the client guest within $1 s ($2)"
+            return 0
+        fi
+        _got=$(timeout -s KILL "$_left" nc -l -p "$RDMA_VM_DONE_PORT" 2>/dev/null) || true
+        if [ "$_got" = "done $2" ]; then
+            echo "client guest finished ($2)"
+            return 0
+        fi
+        [ -n "$_got" ] || sleep 1
+    done
 }
 
 peer_done_signal() {
-    # Retry for up to 30 s: the server guest may still be starting to listen.
+    # peer_done_signal TAG [TRIES]: TRIES (30) a second apart, each up to 5 s:
+    # the server guest may still be starting to listen.
     _i=0
-    while [ "$_i" -lt 30 ]; do
-        if echo "done" | timeout -s KILL 5 nc "$RDMA_VM_SERVER_IP" "$RDMA_VM_DONE_PORT" > /dev/null 2>&1; then
+    while [ "$_i" -lt "${2:-30}" ]; do
+        if echo "done $1" | timeout -s KILL 5 nc "$RDMA_VM_SERVER_IP" "$RDMA_VM_DONE_PORT" > /dev/null 2>&1; then
             return 0
         fi
         sleep 1
         _i=$((_i + 1))
     done
-    echo "could not tell the server guest that the client is done"
+    echo "could not tell the server guest that the client is done ($1)"
 }
 
 # client_step NAME TIMEOUT TRIES CMD...: a client that retries (1 s apart)
@@ -181,16 +193,18 @@ send_lat_figure() {
 }
 
 finish() {
-    # Neither guest of a pair powers off before the other is through. A guest
-    # whose RoCE device goes (rxe is removed at power-off) while the other's
-    # kernel still has SMC-R messages in flight to it leaves those pending: a
-    # close there then blocks in the kernel for good (the link group's
-    # termination waits for its pending CDC sends, smc_cdc_wait_pend_tx_wr,
-    # holding the socket's lock, which the close waits for). The hung-task
-    # watchdog's stacks showed it, in a client whose server had powered off.
+    # The server guest does not power off before the client guest's steps are
+    # through. A guest whose RoCE device goes (rxe is removed at power-off)
+    # while the other's kernel still has SMC-R messages in flight to it leaves
+    # those pending: a close there then blocks in the kernel for good (the
+    # link group's termination waits for its pending CDC sends,
+    # smc_cdc_wait_pend_tx_wr, holding the socket's lock, which the close waits
+    # for). The hung-task watchdog's stacks showed it, in a client whose server
+    # had powered off. (Idle kernel link groups outlive their sockets: the
+    # client's power-off may still meet a server gone, which run.sh allows.)
     case "$RDMA_VM_ROLE" in
-        server) peer_done_wait 120 ;;
-        client) peer_done_signal ;;
+        server) peer_done_wait 120 finish ;;
+        client) peer_done_signal finish 15 ;;
     esac
     echo "rdma-vm: $RDMA_VM_FAILED failed step(s) in role $RDMA_VM_ROLE"
     [ "$RDMA_VM_FAILED" -gt 99 ] && RDMA_VM_FAILED=99

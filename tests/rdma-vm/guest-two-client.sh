@@ -32,7 +32,7 @@ fi
 if [ -x /bin/smc-rdma-test ]; then
     step smc-rdma-test-devices 60 smc-rdma-test devices
     step smc-rdma-test "${SMC_RDMA_TEST_TIMEOUT:-$T}" smc-rdma-test client "$S"
-    peer_done_signal
+    peer_done_signal smc-rdma-test
 fi
 
 # --- smcperf (package `benches`, built with `--features rdma`), when passed
@@ -40,7 +40,7 @@ fi
 if [ -x /bin/smcperf ]; then
     client_step smcperf "$T" 60 smcperf client --connect "$S:7000" --shm off --transport smc,tcp \
         --scenario rr,stream --size 14,65536 --duration 3 --runs 3
-    peer_done_signal
+    peer_done_signal smcperf
 fi
 
 finish

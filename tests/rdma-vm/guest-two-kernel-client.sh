@@ -22,6 +22,6 @@ step smc-tokio-client "$T" smc-kernel-test client "$S" 7201 1048576 4194304
 if [ -x /bin/smcperf ]; then
     client_step smcperf 400 60 env SMC_TOKIO_INBAND_PEERS="$S" smcperf client --connect "$S:7000" \
         --shm off --transport ksmc,smc,tcp --scenario rr,stream --size 14,65536 --duration 2 --runs 3
-    peer_done_signal
+    peer_done_signal smcperf
 fi
 finish

@@ -23,7 +23,7 @@ wait_step smc-tokio-client-to-kernel
 
 if [ -x /bin/smcperf ]; then
     bg_step smcperf-server 500 smcperf server --listen "$RDMA_VM_SERVER_IP:7000" --shm off --kernel on
-    peer_done_wait 500
+    peer_done_wait 500 smcperf
     stop_step smcperf-server
 fi
 finish

@@ -27,7 +27,7 @@ fi
 if [ -x /bin/smc-rdma-test ]; then
     step smc-rdma-test-devices 60 smc-rdma-test devices
     bg_step smc-rdma-test-server "${SMC_RDMA_TEST_TIMEOUT:-$T}" smc-rdma-test server "$RDMA_VM_SERVER_IP"
-    peer_done_wait "${SMC_RDMA_TEST_TIMEOUT:-$T}"
+    peer_done_wait "${SMC_RDMA_TEST_TIMEOUT:-$T}" smc-rdma-test
     stop_step smc-rdma-test-server
 fi
 
@@ -35,7 +35,7 @@ fi
 # with --bin: a server that runs until the client guest is done.
 if [ -x /bin/smcperf ]; then
     bg_step smcperf-server "$T" smcperf server --listen "$RDMA_VM_SERVER_IP:7000" --shm off
-    peer_done_wait "$T"
+    peer_done_wait "$T" smcperf
     stop_step smcperf-server
 fi
 
