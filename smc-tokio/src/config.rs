@@ -1089,10 +1089,12 @@ pub struct Settings {
     /// How long a client remembers a plain TCP server.
     pub negative_cache_ttl: Duration,
     /// Serve TCP at once, declining as congested, when `max_pending_handshakes` are running
-    /// (the kernel's `SMC_LIMIT_HS`). Off: wait in a bounded queue.
+    /// (the kernel's `SMC_LIMIT_HS`). Off: wait in a bounded queue. (Past its host's share of
+    /// `max_pending_handshakes`, an in-band handshake is declined at once either way.)
     pub limit_handshake: bool,
     /// Handshakes a listener runs at once (and, on the client side, per process); at least 1
-    /// (0 is taken as 1: with none, every connection went TCP).
+    /// (0 is taken as 1: with none, every connection went TCP). Of a listener's, clients on
+    /// other hosts run three quarters at most, one client host half (at least one each).
     pub max_pending_handshakes: usize,
     /// Shared-memory settings.
     pub shm: ShmConfig,

@@ -63,10 +63,10 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
     let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
     // Only a client on this host can have registered at the door (its name is in this network
     // namespace, and such a client connects from one of this host's addresses, known as such
-    // from the moment it was assigned, `is_local_ip`): a look-up for any other would look at
+    // from the moment it was assigned, `is_local_addr`): a look-up for any other would look at
     // every door connection for nothing, on each connection another host opens.
     let matched = match (&shared.door, local) {
-        (Some(door), Some(local)) if peer.ip() == local.ip() || crate::sys::is_local_ip(peer.ip()) => {
+        (Some(door), Some(local)) if peer.ip() == local.ip() || crate::sys::is_local_addr(peer) => {
             door.lookup(peer, local, tcp.as_fd())
         }
         _ => None,
@@ -198,7 +198,7 @@ fn may_be_smc_r(cfg: &Settings, local: Option<SocketAddr>, peer: SocketAddr) -> 
     #[cfg(feature = "rdma")]
     {
         cfg.rdma.enabled
-            && !crate::sys::is_local_ip(peer.ip())
+            && !crate::sys::is_local_addr(peer)
             && local.is_some_and(|l| crate::smc::rdma::may_serve(l.ip(), cfg))
     }
     #[cfg(not(feature = "rdma"))]
@@ -985,14 +985,16 @@ mod tests {
                 .take(cfg.max_pending_handshakes + 1)
                 .collect::<Vec<_>>()
         };
-        let a = take("192.0.2.1");
-        assert_eq!(a.len(), 32, "one host: half");
+        let a: Vec<_> = ["2001:db8::1", "2001:db8::2:3"].iter().flat_map(|h| take(h)).collect();
+        assert_eq!(a.len(), 32, "one IPv6 /64, one host: half");
+        let b = take("192.0.2.1");
+        assert_eq!(b.len(), 16, "another host: what is left of three quarters");
         assert!(shared.inband_place(ip("::ffff:192.0.2.1"), &cfg).is_none(), "the same host, IPv4-mapped");
-        let b: Vec<_> = ["2001:db8::1", "2001:db8::2:3"].iter().flat_map(|h| take(h)).collect();
-        assert_eq!(b.len(), 16, "one IPv6 /64, one host: what is left of three quarters");
         assert!(shared.inband_place(ip("192.0.2.2"), &cfg).is_none(), "all in-band clients together: three quarters");
         drop(a);
-        assert_eq!(take("192.0.2.2").len(), 32, "places given back");
+        let c = take("::ffff:192.0.2.1");
+        assert_eq!(c.len(), 16, "the rest of its half, IPv4-mapped");
+        assert_eq!(take("192.0.2.2").len(), 16, "places given back: what is left of three quarters");
     }
 
     /// A listener looks at the first bytes of at most as many connections at once as its ready

@@ -2620,7 +2620,7 @@ pub(crate) fn find_doors(
     // (Nor for an unspecified destination, which Linux connects to the socket's own address or
     // to loopback: the door named for the unspecified address is a wildcard listener's, or
     // anyone's, not necessarily that of the listener the connection reaches.)
-    if dst.ip().is_unspecified() || !sys::is_local_ip(dst.ip()) {
+    if dst.ip().is_unspecified() || !sys::is_local_addr(dst) {
         return found;
     }
     // One socket serves every refused probe; a new one only after a door took it.

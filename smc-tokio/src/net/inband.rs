@@ -52,7 +52,7 @@ pub(crate) fn partial_wait_for(peer: Option<std::net::SocketAddr>, local: Option
         return wait;
     }
     match peer {
-        Some(p) if crate::sys::is_local_ip(p.ip()) => Duration::ZERO,
+        Some(p) if crate::sys::is_local_addr(p) => Duration::ZERO,
         _ => PARTIAL_WAIT,
     }
 }

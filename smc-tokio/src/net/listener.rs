@@ -381,7 +381,13 @@ impl SmcListenerBuilder {
         self
     }
 
-    /// Handshakes this listener runs at once.
+    /// Handshakes this listener runs at once. Clients on other hosts, which propose in-band,
+    /// take at most three quarters of them together and one client host (an IPv4 address, an
+    /// IPv6 /64) half: one host that opened connections and never finished their handshakes
+    /// took every slot, the door's same-host clients' too. A handshake past its host's share
+    /// is declined as congested and its connection handed out as TCP at once, whatever
+    /// [`limit_handshake`](Self::limit_handshake) says (it never waits in the queue). A share
+    /// is at least one.
     ///
     /// # Examples
     ///
@@ -406,7 +412,9 @@ impl SmcListenerBuilder {
     /// With `true` (the default), a connection that arrives when `max_pending_handshakes` are
     /// running is declined as congested and handed out as TCP at once; with `false` it waits
     /// for a slot, in a queue as long as `max_pending_handshakes`, and is declined as
-    /// congested and handed out as TCP when that queue is full too.
+    /// congested and handed out as TCP when that queue is full too. (A handshake past its client
+    /// host's share of the slots is declined at once either way: see
+    /// [`max_pending_handshakes`](Self::max_pending_handshakes).)
     ///
     /// # Examples
     ///

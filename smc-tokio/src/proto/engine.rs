@@ -69,6 +69,12 @@ pub enum EngineError {
         /// The most this connection allows.
         max: u32,
     },
+    /// The peer resized our receive ring on a connection that allows no resize
+    /// ([`ConnEngine::refuse_resize`]).
+    ResizeRefused {
+        /// The size announced.
+        size: u32,
+    },
     /// The peer resized our receive ring while bytes it announced were still unread.
     ResizeWithUnreadData,
     /// The peer acknowledged a resize we did not make.
@@ -87,6 +93,9 @@ impl fmt::Display for EngineError {
             EngineError::BadInline => f.write_str("peer sent inline data that does not fit"),
             EngineError::BadResize { size, max } => {
                 write!(f, "peer resized its ring to {size} bytes (allowed: 1 ..= {max})")
+            }
+            EngineError::ResizeRefused { size } => {
+                write!(f, "peer resized its ring to {size} bytes on a link whose rings have a fixed size")
             }
             EngineError::ResizeWithUnreadData => f.write_str("peer resized its ring while data was unread"),
             EngineError::UnexpectedResizeAck => f.write_str("peer acknowledged a ring resize that was not made"),
@@ -312,9 +321,9 @@ impl ConnEngine {
     /// e.refuse_resize();
     /// let mut msg = CdcMsg::new(1, 1);
     /// msg.set_resize(1);
-    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::BadResize { size: 1, max: 4096 }));
+    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::ResizeRefused { size: 1 }));
     /// msg.set_resize(4096); // nor a start over at the same size
-    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::BadResize { size: 4096, max: 4096 }));
+    /// assert_eq!(e.on_cdc(&msg), Err(EngineError::ResizeRefused { size: 4096 }));
     /// assert_eq!(e.rx_ring().get(), 4096);
     /// ```
     pub fn refuse_resize(&mut self) {
@@ -1248,8 +1257,11 @@ impl ConnEngine {
         // once we consumed everything it announced, and only within the capacity it reserved.
         let (rx_ring, rx_base, rx_cons) = match msg.ring_size() {
             Some(size) => {
+                if self.resize_refused {
+                    return Err(EngineError::ResizeRefused { size });
+                }
                 let max = self.rx_max.get();
-                let ring = RingSize::new(size).filter(|r| *r <= self.rx_max && !self.resize_refused);
+                let ring = RingSize::new(size).filter(|r| *r <= self.rx_max);
                 let ring = ring.ok_or(EngineError::BadResize { size, max })?;
                 if self.rx_available() > 0 {
                     return Err(EngineError::ResizeWithUnreadData);

@@ -243,6 +243,8 @@ struct ConnState {
     /// reads (our release, or the last CDC message of the peer's that said it consumed more of
     /// what we wrote). See [`SmcConn::end_if_silent`].
     lingering: Option<std::time::Instant>,
+    /// What the peer had not read of ours when `lingering` last began ([`SmcConn::on_cdc`]).
+    linger_unread: u32,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
     /// A CDC send met the RDMA link failed before its group did (`flush_cdc_inline`): a flush
@@ -747,6 +749,7 @@ impl SmcConn {
                 held_watcher: None,
                 released: false,
                 lingering: None,
+                linger_unread: 0,
                 link_down: false,
                 send_failed: None,
                 keepalive_before: None,
@@ -1891,6 +1894,7 @@ impl SmcConn {
         let (done, retire) = (Self::done(&st), st.retire_slot);
         if !done {
             st.lingering = Some(std::time::Instant::now());
+            st.linger_unread = st.engine.tx_in_flight();
         }
         drop(st);
         // A close whose socket could not be handed to the runtime waits here, unlocked.
@@ -2110,8 +2114,6 @@ impl SmcConn {
     /// A CDC message for this connection.
     pub(crate) fn on_cdc(&self, msg: &CdcMsg) {
         let mut st = self.lock();
-        // What the peer had not consumed of ours, where we let go and wait for its answer.
-        let unread = st.lingering.map(|_| st.engine.tx_in_flight());
         if st.handback != Handback::Smc {
             // The stream is moving to TCP: what the link still says of it is void if the move
             // goes through (the peer resends whatever we did not consume), and is taken in if
@@ -2136,12 +2138,20 @@ impl SmcConn {
             return;
         }
         self.apply_cdc(&mut st, msg);
-        if unread.is_some_and(|n| st.engine.tx_in_flight() < n) {
-            // The peer reads: a slow reader of what we wrote before our close is not a silent
-            // one (it tells us each tenth of the ring it frees, `cons_update_due`). Only a
-            // message that says it read counts: any message did, and a peer that sent empty
-            // ones kept a connection it never answered, its slot and its memory, for good.
-            st.lingering = Some(std::time::Instant::now());
+        if st.lingering.is_some() {
+            // Let go of, waiting for the peer's answer, and the peer reads: a slow reader of what we wrote before our close is not a silent
+            // one. An honest one tells us at least each tenth of the ring it frees
+            // (`cons_update_due`), and when it read everything; only reading that much since
+            // the wait began counts. Any message did, and a peer that sent empty ones kept a
+            // connection it never answered, its slot and its memory, for good; one that read
+            // a byte a linger would keep it for as many lingers as the ring has bytes. A tenth
+            // a linger bounds that to ten.
+            let (left, now) = (st.linger_unread, st.engine.tx_in_flight());
+            let read = left.saturating_sub(now);
+            if read > 0 && read >= left.min(st.engine.tx_ring().get() / 10) {
+                st.lingering = Some(std::time::Instant::now());
+                st.linger_unread = now;
+            }
         }
         self.maybe_finish(st);
     }
@@ -3096,8 +3106,9 @@ mod tests {
     }
 
     /// A connection let go of with bytes its peer has not read waits for the peer's answer
-    /// from the release on, and from each message of the peer's that says it read more; a
-    /// message that says nothing new (it carried nothing, or only flags) does not keep it.
+    /// from the release on, and from each message of the peer's that says it read a tenth of
+    /// the ring more, or all of it; a message that says less (nothing, only flags, a byte)
+    /// does not keep it.
     #[tokio::test]
     async fn a_released_connection_waits_longer_for_a_reader_not_for_empty_messages() {
         use std::sync::Arc;
@@ -3114,7 +3125,7 @@ mod tests {
         let conn = super::SmcConn::new(group, 1, Some(2), ring, ring, &crate::config::ShmConfig::default());
         {
             let mut st = conn.lock();
-            st.engine.tx_commit(100).unwrap();
+            st.engine.tx_commit(1000).unwrap();
             let sent = st.engine.poll_cdc().unwrap();
             st.engine.on_cdc_sent(&sent);
         }
@@ -3133,18 +3144,26 @@ mod tests {
             (from_peer(0, CdcFlags::empty()), "an empty message"),
             (from_peer(0, CdcFlags::CONS_CURS_UPD_REQ), "a request for our cursor"),
             (from_peer(0, CdcFlags::WRITE_BLOCKED), "a blocked writer's"),
+            (from_peer(1, CdcFlags::empty()), "a byte read"),
+            (from_peer(408, CdcFlags::empty()), "less than a tenth of the ring read in all"),
         ] {
             std::thread::sleep(Duration::from_millis(2));
             conn.on_cdc(&msg);
             assert_eq!(since(), released, "{what} kept the connection");
         }
+        // A tenth of the 4 KiB ring (409 bytes) read since the release, in small reads.
         std::thread::sleep(Duration::from_millis(2));
-        conn.on_cdc(&from_peer(10, CdcFlags::empty()));
+        conn.on_cdc(&from_peer(409, CdcFlags::empty()));
         let read = since();
-        assert!(read > released, "a message that read some did not keep it");
+        assert!(read > released, "a tenth of the ring read did not keep it");
         std::thread::sleep(Duration::from_millis(2));
-        conn.on_cdc(&from_peer(10, CdcFlags::empty()));
-        assert_eq!(since(), read, "the same cursor again kept it");
+        conn.on_cdc(&from_peer(409, CdcFlags::empty()));
+        conn.on_cdc(&from_peer(817, CdcFlags::empty()));
+        assert_eq!(since(), read, "less than a tenth more kept it");
+        // The rest, less than a tenth: everything read.
+        std::thread::sleep(Duration::from_millis(2));
+        conn.on_cdc(&from_peer(1000, CdcFlags::empty()));
+        assert!(since() > read, "everything read did not keep it");
     }
 
     /// Readiness futures dropped before their wake leave their wakers in the list; it never

@@ -1609,6 +1609,22 @@ mod tests {
         (g, conn, server, tcp.unwrap(), accepted.unwrap().0)
     }
 
+    /// A peer that resizes our receive ring (here to one byte) breaks the protocol on an RDMA
+    /// link, whose rings are registered memory of a fixed size: the connection fails. Over
+    /// shared memory the same message is taken.
+    #[tokio::test]
+    async fn a_resize_is_refused_over_rdma_and_taken_over_shared_memory() {
+        let mut resize = CdcMsg::new(1, 1);
+        resize.set_resize(1);
+        let (_g, conn, _server, _tcp, _theirs) =
+            conn_beside_tcp("resize-rdma", |client| Arc::new(Posing::rdma(client))).await;
+        conn.on_cdc(&resize);
+        assert!(conn.try_write(b"x").is_err(), "the resize was taken over rdma");
+        let (_g, conn, _server, _tcp, _theirs) = conn_beside_tcp("resize-shm", |client| Arc::new(client)).await;
+        conn.on_cdc(&resize);
+        assert_eq!(conn.try_write(b"x").unwrap(), 1, "the resize broke the connection over shared memory");
+    }
+
     /// Over RDMA the TCP socket of a connection the application let go of ends with a FIN only
     /// once its close (and what it wrote before) is delivered, and with a reset when the
     /// delivery fails: a FIN sent before would read, on the peer, as the clean end of a stream

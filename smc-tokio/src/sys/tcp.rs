@@ -236,8 +236,10 @@ pub(crate) fn host_of(ip: IpAddr) -> Ipv6Addr {
     o.into()
 }
 
-/// Whether `ip` is an address of this host (in this network namespace): a loopback address or
-/// one assigned to an interface. Interface addresses are read with getifaddrs(3) and kept
+/// Whether `addr` is an address of this host (in this network namespace): a loopback address or
+/// one assigned to an interface; a link-local IPv6 address only on the interface its scope
+/// names (`fe80::1%2`, where another host on the link of interface 3 may have `fe80::1` too),
+/// and not at all without a scope. Interface addresses are read with getifaddrs(3) and kept
 /// until the kernel says they changed: a routing socket that hears of every address added or
 /// removed ([`AddrWatch`]) is looked at on each call (one `recv` that finds nothing), so an
 /// address is known as this host's from the moment it was assigned, before anybody could
@@ -247,14 +249,21 @@ pub(crate) fn host_of(ip: IpAddr) -> Ipv6Addr {
 /// each second. A process forked from one that kept the list keeps a list and a watch of its
 /// own ([`PerProcess`]): the socket it inherited is its parent's too, and what one of them
 /// reads the other never hears.
-pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+pub(crate) fn is_local_addr(addr: SocketAddr) -> bool {
+    let ip = match addr.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     };
     if ip.is_loopback() {
         return true;
     }
+    // A link-local address names an interface's link by its scope (the interface's index):
+    // each link has its own `fe80::/10`. One without a scope names no link of ours.
+    let scope = match addr {
+        SocketAddr::V6(a) if a.ip().is_unicast_link_local() && a.scope_id() == 0 => return false,
+        SocketAddr::V6(a) if a.ip().is_unicast_link_local() => a.scope_id(),
+        _ => 0,
+    };
     let mut c = ADDRS.lock();
     let stale = match c.as_mut() {
         None => true,
@@ -285,12 +294,13 @@ pub(crate) fn is_local_ip(ip: IpAddr) -> bool {
             }
         });
     }
-    c.as_ref().is_some_and(|a| a.ips.contains(&ip))
+    c.as_ref().is_some_and(|a| a.ips.contains(&(ip, scope)))
 }
 
-/// This host's addresses as [`is_local_ip`] last read them.
+/// This host's addresses as [`is_local_addr`] last read them, each with its scope (a
+/// link-local address's interface index, 0 for any other).
 struct Addrs {
-    ips: Vec<IpAddr>,
+    ips: Vec<(IpAddr, u32)>,
     read: std::time::Instant,
     /// What tells of changes since (`None`: the list is read again after a second).
     watch: Option<AddrWatch>,
@@ -431,7 +441,7 @@ impl AddrWatch {
     }
 }
 
-fn interface_addrs() -> io::Result<Vec<IpAddr>> {
+fn interface_addrs() -> io::Result<Vec<(IpAddr, u32)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head into `head`, freed below with freeifaddrs.
     cvt(unsafe { libc::getifaddrs(&mut head) })?;
@@ -446,11 +456,14 @@ fn interface_addrs() -> io::Result<Vec<IpAddr>> {
             if family == libc::AF_INET {
                 // SAFETY: an AF_INET sockaddr is a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+                out.push((IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))), 0));
             } else if family == libc::AF_INET6 {
                 // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                // getifaddrs gives a link-local address the index of its interface as its scope.
+                let scope = if ip.is_unicast_link_local() { sin6.sin6_scope_id } else { 0 };
+                out.push((IpAddr::V6(ip), scope));
             }
         }
         cur = ifa.ifa_next;
@@ -578,13 +591,33 @@ mod door_tests {
     fn an_address_is_local_from_the_moment_it_is_assigned() {
         let Some((_one, addr)) = address_test(0x5e7c) else { return };
         let ip = |op: &str| lo_address(op, addr);
-        assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
+        assert!(!is_local_addr(SocketAddr::new(IpAddr::V6(addr), 0)), "before it was assigned");
         ip("add");
-        let added = is_local_ip(IpAddr::V6(addr));
+        let added = is_local_addr(SocketAddr::new(IpAddr::V6(addr), 0));
         ip("del");
-        let removed = is_local_ip(IpAddr::V6(addr));
+        let removed = is_local_addr(SocketAddr::new(IpAddr::V6(addr), 0));
         assert!(added, "an address just assigned was taken for another host's");
         assert!(!removed, "an address just removed was taken for this host's");
+    }
+
+    /// A link-local address is this host's only on the interface it is assigned to: the same
+    /// address with another interface's scope may be another host's on that link, and one with
+    /// no scope names no link. Needs root, to add an address (to `lo`, interface 1).
+    #[test]
+    fn a_link_local_address_is_local_on_its_own_interface_only() {
+        let Some((_one, unique)) = address_test(0x5e7e) else { return };
+        // fe80::5e7e:<pid>:0:1, of this test alone.
+        let u = unique.octets();
+        let addr = Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, u[2], u[3], u[4], u[5], 0, 0, 0, 1]);
+        let lo = 1; // the loopback interface's index, always 1 on Linux
+        let at = |scope| is_local_addr(SocketAddr::V6(std::net::SocketAddrV6::new(addr, 0, 0, scope)));
+        assert!(!at(lo), "before it was assigned");
+        lo_address("add", addr);
+        let (here, elsewhere, nowhere) = (at(lo), at(lo + 1000), at(0));
+        lo_address("del", addr);
+        assert!(here, "on its own interface it was taken for another host's");
+        assert!(!elsewhere, "on another interface's link it was taken for this host's");
+        assert!(!nowhere, "without a scope it was taken for this host's");
     }
 
     /// The address tests one at a time: each reads what the one watch hears (and one moves the
@@ -646,7 +679,7 @@ mod door_tests {
     #[test]
     fn a_forked_child_hears_of_addresses_on_a_watch_of_its_own() {
         let Some((_one, addr)) = address_test(0x5e7d) else { return };
-        assert!(!is_local_ip(IpAddr::V6(addr)), "before it was assigned");
+        assert!(!is_local_addr(SocketAddr::new(IpAddr::V6(addr), 0)), "before it was assigned");
         let parent = {
             let c = ADDRS.lock();
             c.as_ref().expect("the addresses were read").watch.as_ref().expect("a watch").0.try_clone().unwrap()
@@ -668,7 +701,7 @@ mod door_tests {
                 heard += 1;
             }
         }
-        let seen = is_local_ip(IpAddr::V6(addr));
+        let seen = is_local_addr(SocketAddr::new(IpAddr::V6(addr), 0));
         lo_address("del", addr);
         assert!(heard > 0, "the parent heard nothing of the address added");
         assert!(seen, "the child took an address added after the fork for another host's");
@@ -681,8 +714,8 @@ mod door_tests {
     #[test]
     fn a_forked_child_does_not_wait_for_its_parents_address_lock() {
         let _one = ADDRESS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
-        let not_here = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)); // TEST-NET-1 (RFC 5737)
-        assert!(!is_local_ip(not_here));
+        let not_here = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), 0); // TEST-NET-1 (RFC 5737)
+        assert!(!is_local_addr(not_here));
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
@@ -694,7 +727,7 @@ mod door_tests {
         held_rx.recv().unwrap();
         FORKS.fetch_add(1, Ordering::Relaxed);
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || done_tx.send(is_local_ip(not_here)).unwrap());
+        std::thread::spawn(move || done_tx.send(is_local_addr(not_here)).unwrap());
         let answer = done_rx.recv_timeout(std::time::Duration::from_secs(10));
         drop(release_tx);
         holder.join().unwrap();
