@@ -457,6 +457,16 @@ start_guest() {
 PEER_GRACE=30
 POWEROFF_GRACE=30
 HUNG_STACKS_GRACE=5
+# stop_guest_after I SINCE GRACE MARK WHY: stops guest I, once, marking it
+# with $RUN/NAME.MARK, when GRACE seconds have passed since SINCE (epoch s).
+stop_guest_after() {
+    local i=$1 since=$2 grace=$3 mark=$4 why=$5
+    if [ $(( $(date +%s) - since )) -ge "$grace" ] && [ ! -f "$RUN/${QEMU_NAMES[$i]}.$mark" ]; then
+        log "stopping guest ${QEMU_NAMES[$i]}: $why"
+        touch "$RUN/${QEMU_NAMES[$i]}.$mark"
+        kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
+    fi
+}
 wait_guests() {
     local i st left crashed_at="" now
     declare -A done_=() result_at=() hung_at=()
@@ -466,23 +476,14 @@ wait_guests() {
             [ -n "${done_[$i]:-}" ] && continue
             if kill -0 "${QEMU_PIDS[$i]}" 2>/dev/null; then
                 if grep -q '^RDMA-VM-RESULT: ' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null; then
-                    now=$(date +%s)
-                    [ -z "${result_at[$i]:-}" ] && result_at[$i]=$now
-                    if [ $(( now - result_at[$i] )) -ge "$POWEROFF_GRACE" ] && [ ! -f "$RUN/${QEMU_NAMES[$i]}.after-result" ]; then
-                        log "stopping guest ${QEMU_NAMES[$i]}: it printed its result but has not powered off in ${POWEROFF_GRACE}s"
-                        touch "$RUN/${QEMU_NAMES[$i]}.after-result"
-                        kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
-                    fi
+                    [ -z "${result_at[$i]:-}" ] && result_at[$i]=$(date +%s)
+                    stop_guest_after "$i" "${result_at[$i]}" "$POWEROFF_GRACE" after-result \
+                        "it printed its result but has not powered off in ${POWEROFF_GRACE}s"
                 elif grep -q 'INFO: task .* blocked for more than' "$RUN/${QEMU_NAMES[$i]}.log" 2>/dev/null; then
                     # A few seconds for the watchdog's stacks of the blocked tasks to
                     # reach the console, which say where the kernel is stuck.
-                    now=$(date +%s)
-                    [ -z "${hung_at[$i]:-}" ] && hung_at[$i]=$now
-                    if [ $(( now - hung_at[$i] )) -ge "$HUNG_STACKS_GRACE" ] && [ ! -f "$RUN/${QEMU_NAMES[$i]}.hung" ]; then
-                        log "stopping guest ${QEMU_NAMES[$i]}: a task is stuck in its kernel"
-                        touch "$RUN/${QEMU_NAMES[$i]}.hung"
-                        kill "${QEMU_PIDS[$i]}" 2>/dev/null || true
-                    fi
+                    [ -z "${hung_at[$i]:-}" ] && hung_at[$i]=$(date +%s)
+                    stop_guest_after "$i" "${hung_at[$i]}" "$HUNG_STACKS_GRACE" hung "a task is stuck in its kernel"
                 fi
                 left=$((left + 1))
                 continue
