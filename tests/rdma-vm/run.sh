@@ -468,7 +468,7 @@ stop_guest_after() {
     fi
 }
 wait_guests() {
-    local i st left crashed_at="" now
+    local i st left crashed_at=""
     declare -A done_=() result_at=() hung_at=()
     while :; do
         left=0

@@ -1907,7 +1907,8 @@ impl SmcConn {
     }
 
     /// Forgets a connection the application let go of whose peer has said nothing on it (no
-    /// close, no abort, no consumer update: a reader reports each tenth of the ring it frees)
+    /// close, no abort, no consumer update that reads a tenth of the ring or all that was left:
+    /// our readers report each tenth they free; the kernel's only when we wait for room or ask)
     /// for as long as TCP keeps an orphaned socket whose peer does not close (`TCP_LINGER2` of
     /// its TCP socket: `net.ipv4.tcp_fin_timeout`, 60 s, unless set on the socket; a negative
     /// one, none), as the kernel forgets such a socket: its slot is retired (never used again
@@ -2139,13 +2140,17 @@ impl SmcConn {
         }
         self.apply_cdc(&mut st, msg);
         if st.lingering.is_some() {
-            // Let go of, waiting for the peer's answer, and the peer reads: a slow reader of what we wrote before our close is not a silent
-            // one. An honest one tells us at least each tenth of the ring it frees
-            // (`cons_update_due`), and when it read everything; only reading that much since
-            // the wait began counts. Any message did, and a peer that sent empty ones kept a
-            // connection it never answered, its slot and its memory, for good; one that read
-            // a byte a linger would keep it for as many lingers as the ring has bytes. A tenth
-            // a linger bounds that to ten.
+            // Let go of and waiting for the peer's answer: a slow reader of what we wrote
+            // before our close is not a silent one, where it says what it read. Only reading a
+            // tenth of the ring, or all that was left, since the wait began or was last renewed
+            // counts (a consumer update of ours reports at least a tenth, `cons_update_due`,
+            // and so does one of the kernel's). Any message did, and a peer that sent empty
+            // ones kept a connection it never answered, its slot and its memory, for good; one
+            // that read a byte a linger would keep it for as many lingers as the ring has
+            // bytes. A tenth a linger bounds that to ten or so (the last bytes renew once more;
+            // so can each byte of a ring under 20 bytes). A peer that reads without saying so
+            // (the kernel reports only when our side waits for room or asks) is forgotten
+            // after the linger while it reads, as before: what it holds stays readable.
             let (left, now) = (st.linger_unread, st.engine.tx_in_flight());
             let read = left.saturating_sub(now);
             if read > 0 && read >= left.min(st.engine.tx_ring().get() / 10) {

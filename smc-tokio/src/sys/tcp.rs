@@ -239,7 +239,8 @@ pub(crate) fn host_of(ip: IpAddr) -> Ipv6Addr {
 /// Whether `addr` is an address of this host (in this network namespace): a loopback address or
 /// one assigned to an interface; a link-local IPv6 address only on the interface its scope
 /// names (`fe80::1%2`, where another host on the link of interface 3 may have `fe80::1` too),
-/// and not at all without a scope. Interface addresses are read with getifaddrs(3) and kept
+/// on any without a scope (which only a socket bound to a device can connect to). Interface
+/// addresses are read with getifaddrs(3) and kept
 /// until the kernel says they changed: a routing socket that hears of every address added or
 /// removed ([`AddrWatch`]) is looked at on each call (one `recv` that finds nothing), so an
 /// address is known as this host's from the moment it was assigned, before anybody could
@@ -258,11 +259,12 @@ pub(crate) fn is_local_addr(addr: SocketAddr) -> bool {
         return true;
     }
     // A link-local address names an interface's link by its scope (the interface's index):
-    // each link has its own `fe80::/10`. One without a scope names no link of ours.
+    // each link has its own `fe80::/10`. One without a scope (`None`: any interface's) is what
+    // a socket bound to a device connects to, on that device's link, which is not known here.
     let scope = match addr {
-        SocketAddr::V6(a) if a.ip().is_unicast_link_local() && a.scope_id() == 0 => return false,
-        SocketAddr::V6(a) if a.ip().is_unicast_link_local() => a.scope_id(),
-        _ => 0,
+        SocketAddr::V6(a) if a.ip().is_unicast_link_local() && a.scope_id() == 0 => None,
+        SocketAddr::V6(a) if a.ip().is_unicast_link_local() => Some(a.scope_id()),
+        _ => Some(0),
     };
     let mut c = ADDRS.lock();
     let stale = match c.as_mut() {
@@ -294,7 +296,7 @@ pub(crate) fn is_local_addr(addr: SocketAddr) -> bool {
             }
         });
     }
-    c.as_ref().is_some_and(|a| a.ips.contains(&(ip, scope)))
+    c.as_ref().is_some_and(|a| a.ips.iter().any(|&(i, s)| i == ip && scope.is_none_or(|want| want == s)))
 }
 
 /// This host's addresses as [`is_local_addr`] last read them, each with its scope (a
@@ -601,8 +603,10 @@ mod door_tests {
     }
 
     /// A link-local address is this host's only on the interface it is assigned to: the same
-    /// address with another interface's scope may be another host's on that link, and one with
-    /// no scope names no link. Needs root, to add an address (to `lo`, interface 1).
+    /// address with another interface's scope may be another host's on that link. One with no
+    /// scope (a socket bound to a device connects to it on that device's link) is this host's
+    /// as it was before scopes were looked at: on any interface. Needs root, to add an address
+    /// (to `lo`, interface 1).
     #[test]
     fn a_link_local_address_is_local_on_its_own_interface_only() {
         let Some((_one, unique)) = address_test(0x5e7e) else { return };
@@ -613,11 +617,11 @@ mod door_tests {
         let at = |scope| is_local_addr(SocketAddr::V6(std::net::SocketAddrV6::new(addr, 0, 0, scope)));
         assert!(!at(lo), "before it was assigned");
         lo_address("add", addr);
-        let (here, elsewhere, nowhere) = (at(lo), at(lo + 1000), at(0));
+        let (here, elsewhere, unscoped) = (at(lo), at(lo + 1000), at(0));
         lo_address("del", addr);
         assert!(here, "on its own interface it was taken for another host's");
         assert!(!elsewhere, "on another interface's link it was taken for this host's");
-        assert!(!nowhere, "without a scope it was taken for this host's");
+        assert!(unscoped, "without a scope it was taken for another host's");
     }
 
     /// The address tests one at a time: each reads what the one watch hears (and one moves the
