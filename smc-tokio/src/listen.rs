@@ -255,10 +255,10 @@ async fn serve(
     start: Start,
     client: Option<ClientIdentity>,
 ) -> Option<(Established, Transport)> {
-    // An in-band handshake's place in its host's share, held as long as its slot.
-    let mut inband_place = None;
-    let (slot, mut wire) = match start {
-        Start::Door(slot, wire) => (slot, Some(wire)),
+    // `inband_place`: an in-band handshake's place in its host's share, held as long as its
+    // slot.
+    let (slot, mut wire, inband_place) = match start {
+        Start::Door(slot, wire) => (slot, Some(wire), None),
         Start::Peek(peeking) => {
             let deadline = tokio::time::Instant::now() + cfg.peek_timeout;
             let first = shared.unless_closed(peek_class(&tcp, deadline)).await;
@@ -284,18 +284,21 @@ async fn serve(
             if let Some((reason, owed)) = t {
                 return tcp_out(cfg, tcp, Transport::Tcp(reason), owed);
             }
-            match addrs.map(|(_, peer)| shared.inband_place(peer.ip(), cfg)) {
+            // The Proposal is on the stream: answer it, as the guard would.
+            let congested = |tcp| {
+                let t = Transport::Tcp(FallbackReason::Declined {
+                    reason: DeclineReason::HandshakeCongested,
+                    by: Side::Local,
+                });
+                shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
+                tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)))
+            };
+            let place = match addrs.map(|(_, peer)| shared.inband_place(peer.ip(), cfg)) {
                 Some(None) => {
                     tracing::debug!("this client's host runs its share of the handshakes already");
-                    let t = Transport::Tcp(FallbackReason::Declined {
-                        reason: DeclineReason::HandshakeCongested,
-                        by: Side::Local,
-                    });
-                    shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
-                    return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
+                    return congested(tcp);
                 }
-                Some(Some(place)) => inband_place = Some(place),
-                None => {}
+                place => place.flatten(),
             };
             let slot = match shared.admit(cfg) {
                 Admit::Now(slot) => slot,
@@ -307,17 +310,9 @@ async fn serve(
                         return None;
                     }
                 },
-                Admit::Congested | Admit::Refuse => {
-                    // The Proposal is on the stream: answer it, as the guard would.
-                    let t = Transport::Tcp(FallbackReason::Declined {
-                        reason: DeclineReason::HandshakeCongested,
-                        by: Side::Local,
-                    });
-                    shared.ctx.counters().decline(DeclineReason::HandshakeCongested, Side::Local);
-                    return tcp_out(cfg, tcp, t, Some(Owed::Proposal(DeclineReason::HandshakeCongested)));
-                }
+                Admit::Congested | Admit::Refuse => return congested(tcp),
             };
-            (slot, None)
+            (slot, None, place)
         }
     };
     let on_door = wire.is_some();
@@ -1298,8 +1293,9 @@ impl ListenerShared {
     /// in-band clients together three quarters. The slots are shared with the door's
     /// same-host clients: one remote host that opened connections with Proposals and never
     /// confirmed (each held its slot for the handshake timeout) took every slot, and every
-    /// other client went to TCP as congested. A quarter stays for the door's clients, a quarter
-    /// at least for the other remote hosts.
+    /// other client went to TCP as congested. A quarter stays for the door's clients, and one
+    /// address (or /64) leaves the other hosts a quarter at least; a host with several takes
+    /// a share for each.
     fn inband_place(&self, peer: std::net::IpAddr, cfg: &Settings) -> Option<HostPlace> {
         let max = cfg.max_pending_handshakes;
         HostShares::take(&self.inband, peer, (max / 2).max(1), (max * 3 / 4).max(1))

@@ -251,10 +251,8 @@ pub(crate) fn host_of(ip: IpAddr) -> Ipv6Addr {
 /// own ([`PerProcess`]): the socket it inherited is its parent's too, and what one of them
 /// reads the other never hears.
 pub(crate) fn is_local_addr(addr: SocketAddr) -> bool {
-    let ip = match addr.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    };
+    let addr = unmap(addr);
+    let ip = addr.ip();
     if ip.is_loopback() {
         return true;
     }
