@@ -992,6 +992,56 @@ mod tests {
         assert_eq!(take("192.0.2.2").len(), 16, "places given back: what is left of three quarters");
     }
 
+    /// An in-band client whose host runs its share of the handshakes already is declined as
+    /// congested and handed out as TCP at once, with `limit_handshake` on or off (off, the
+    /// slot queue is not where it waits): no slot is taken, its Proposal is answered with
+    /// that Decline once the application reads, and the stream then carries its bytes.
+    #[tokio::test]
+    async fn a_host_past_its_in_band_share_goes_tcp_at_once_limit_on_or_off() {
+        use crate::proto::clc::{decode, ClcMessage, Decoded};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for limit in [true, false] {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let shared =
+                Arc::new(ListenerShared::new(Context::new(), &l, None, false, Overrides::default(), READY_CAP));
+            let cfg = Settings { max_pending_handshakes: 4, limit_handshake: limit, ..Settings::default() };
+            let mut client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+            let (s, peer) = l.accept().await.unwrap();
+            let held: Vec<_> = std::iter::from_fn(|| shared.inband_place(peer.ip(), &cfg)).take(5).collect();
+            assert_eq!(held.len(), 2, "the host's half of four");
+            client.write_all(&proposal_bytes()).await.unwrap();
+            let place = shared.peek_slot(peer.ip()).unwrap();
+            let addrs = Some((s.local_addr().unwrap(), peer));
+            let run = serve(&shared, s, addrs, &cfg, Start::Peek(place), None);
+            let (e, t) = tokio::time::timeout(Duration::from_secs(10), run).await.expect("at once").expect("a stream");
+            let congested = FallbackReason::Declined { reason: DeclineReason::HandshakeCongested, by: Side::Local };
+            assert_eq!(t, Transport::Tcp(congested), "limit_handshake {limit}");
+            assert_eq!(shared.in_flight.load(Ordering::Acquire), 0, "no slot taken");
+            let mut stream = crate::SmcStream::from_established(shared.ctx.clone(), e);
+            let mut buf = [0u8; 5];
+            let (read, answer) = tokio::join!(stream.read_exact(&mut buf), async {
+                let mut got = Vec::new();
+                loop {
+                    if let Decoded::Message(m, _) = decode(&got).unwrap() {
+                        client.write_all(b"hello").await.unwrap();
+                        return m;
+                    }
+                    let mut b = [0u8; 64];
+                    let n = client.read(&mut b).await.unwrap();
+                    assert!(n > 0, "an end before the Decline");
+                    got.extend_from_slice(&b[..n]);
+                }
+            });
+            read.unwrap();
+            assert_eq!(&buf, b"hello", "the client's bytes after its Proposal");
+            match answer {
+                ClcMessage::Decline(d) => assert_eq!(d.reason, DeclineReason::HandshakeCongested),
+                m => panic!("not a Decline: {m:?}"),
+            }
+            drop(held);
+        }
+    }
+
     /// A listener looks at the first bytes of at most as many connections at once as its ready
     /// queue holds (within bounds), of one client host's at most half of that; a place is free
     /// again when a look ends.

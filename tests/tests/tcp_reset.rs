@@ -358,3 +358,53 @@ async fn our_shutdown_does_not_report_the_write_side_closed() {
         drop(server);
     }
 }
+
+/// A reset is reported once, as a TCP socket reports its error once and is shut both ways
+/// after: whichever of a read or a write meets it first returns it, reads after that find
+/// the end of stream and writes `BrokenPipe`, so a loop that reads on after an error ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_is_reported_once_and_the_stream_is_ended_both_ways_after() {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+    for first in ["read", "write"] {
+        for (what, mut client, server) in both_transports().await {
+            server.set_zero_linger().unwrap();
+            drop(server);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut b = [0u8; 8];
+            let r = match first {
+                "read" => bounded(10, client.read(&mut b)).await,
+                _ => bounded(10, client.write(b"x")).await,
+            };
+            assert_eq!(r.map_err(|e| e.kind()), Err(ConnectionReset), "{what}: the {first} that meets it");
+            for _ in 0..2 {
+                assert_eq!(bounded(10, client.read(&mut b)).await.unwrap(), 0, "{what}: a read after, {first} first");
+            }
+            let w = bounded(10, client.write(b"x")).await;
+            assert_eq!(w.map_err(|e| e.kind()), Err(BrokenPipe), "{what}: a write after, {first} first");
+        }
+    }
+}
+
+/// A vectored read without waiting, as tokio's: with only empty buffers it says `WouldBlock`
+/// until the stream is readable; bytes before a reset fill its buffers and are returned, and
+/// the reset comes with the read after (not lost to a buffer past the bytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vectored_read_returns_the_bytes_before_a_reset_and_the_reset_after() {
+    use std::io::IoSliceMut;
+    for (what, mut client, mut server) in both_transports().await {
+        let e = client.try_read_vectored(&mut [IoSliceMut::new(&mut [])]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{what}: empty buffers, nothing there");
+        client.write_all(b"x").await.unwrap();
+        // Left unread, so the drop resets.
+        assert_eq!(bounded(10, server.peek(&mut [0u8; 4])).await.unwrap(), 1, "{what}");
+        server.write_all(b"abc").await.unwrap();
+        server.flush().await.unwrap();
+        drop(server);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (mut a, mut b) = ([0u8; 3], [0u8; 3]);
+        let n = client.try_read_vectored(&mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)]).unwrap();
+        assert_eq!((n, &a), (3, b"abc"), "{what}");
+        let r = bounded(10, client.read(&mut b)).await;
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset), "{what}: the reset after");
+    }
+}

@@ -1377,8 +1377,18 @@ impl SmcStream {
             self.moved(false, n);
             return Ok(n);
         }
+        if bufs.iter().all(|b| b.is_empty()) {
+            // As tokio's: `WouldBlock` until the stream is readable, then nothing read.
+            return self.try_read_into(&mut ReadBuf::new(&mut []), reader);
+        }
         let mut total = 0;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+        for (i, b) in bufs.iter_mut().filter(|b| !b.is_empty()).enumerate() {
+            // A later buffer is read into only where bytes are there for it: the end or an
+            // error it met would be reported (once) to a read that returns the bytes before
+            // it instead. On a TCP path, one buffer (a short read).
+            if i > 0 && !self.smc().is_some_and(|s| s.conn.has_bytes()) {
+                break;
+            }
             let want = b.len();
             let mut rb = ReadBuf::new(b);
             match self.try_read_into(&mut rb, reader) {
@@ -1390,7 +1400,7 @@ impl SmcStream {
                 }
                 Err(e) if total > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if total > 0 => {
-                    // Bytes were taken already: report them; the error comes back next time.
+                    // Another reader took the bytes between the look and the read.
                     tracing::debug!(error = %e, "try_read_vectored stopped after a partial read");
                     break;
                 }

@@ -245,6 +245,9 @@ struct ConnState {
     lingering: Option<std::time::Instant>,
     /// What the peer had not read of ours when `lingering` last began ([`SmcConn::on_cdc`]).
     linger_unread: u32,
+    /// The connection's end (its error, or the peer's abort) was reported to a read or a write
+    /// ([`SmcConn::report_end`]): reads find the end of stream now, writes `BrokenPipe`.
+    end_reported: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
     /// A CDC send met the RDMA link failed before its group did (`flush_cdc_inline`): a flush
@@ -750,6 +753,7 @@ impl SmcConn {
                 released: false,
                 lingering: None,
                 linger_unread: 0,
+                end_reported: false,
                 link_down: false,
                 send_failed: None,
                 keepalive_before: None,
@@ -863,6 +867,15 @@ impl SmcConn {
         reader: Reader,
     ) -> Poll<io::Result<usize>> {
         self.poll_copied(Some(cx), buf, Take::Peek, reader)
+    }
+
+    /// Whether a read now would return received bytes (not the end, not an error): what a
+    /// vectored read looks at before its next buffer, so that the end it would meet there is
+    /// not reported (once) to a read that returns the bytes before it instead.
+    pub(crate) fn has_bytes(&self) -> bool {
+        let st = self.lock();
+        let fails_first = st.error.as_ref().is_some_and(|e| !e.drains() && !matches!(e, ConnError::Reset));
+        st.engine.rx_available() > 0 && !fails_first
     }
 
     /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
@@ -1129,7 +1142,8 @@ impl SmcConn {
             // A peer's abort ends the stream after the bytes it announced before, as a TCP
             // reset leaves the receive queue readable.
             if let Some(e) = st.error.as_ref().filter(|e| !e.drains() && !matches!(e, ConnError::Reset)) {
-                return Poll::Ready(Err(e.to_io()));
+                let e = e.to_io();
+                return Poll::Ready(Self::report_end(&mut st, e).map_or(Ok(eof), Err));
             }
             if let Some(p) = self.gate(&mut st, cx.as_deref_mut(), true) {
                 return p;
@@ -1148,7 +1162,7 @@ impl SmcConn {
                 // Every byte of its ring was read: the answer to its abort, held back until
                 // now, lets the peer reuse the ring.
                 self.pay_abort(&mut st);
-                return Poll::Ready(Err(ConnError::Reset.to_io()));
+                return Poll::Ready(Self::report_end(&mut st, ConnError::Reset.to_io()).map_or(Ok(eof), Err));
             }
             if st.engine.rx_eof() {
                 return Poll::Ready(Ok(eof));
@@ -1156,7 +1170,10 @@ impl SmcConn {
             if let Some(e) = &st.error {
                 // The peer or the link ended the connection, and every byte received before
                 // has been read.
-                return Poll::Ready(e.end_of_stream(&st.engine).map(|_| eof));
+                return Poll::Ready(match e.end_of_stream(&st.engine) {
+                    Ok(_) => Ok(eof),
+                    Err(e) => Self::report_end(&mut st, e).map_or(Ok(eof), Err),
+                });
             }
             if attempt == 0 {
                 // Fast path: drain the link ourselves rather than wait for the driver's turn,
@@ -1608,17 +1625,19 @@ impl SmcConn {
         if want == 0 {
             // As a send of nothing on TCP: nothing goes, but a connection that can take no
             // more says so.
-            return Poll::Ready(Self::refuses_writes(&self.lock()).map_or(Ok(0), Err));
+            return Poll::Ready(Self::refuses_writes(&mut self.lock()).map_or(Ok(0), Err));
         }
         for attempt in 0..2 {
             let mut st = self.lock();
-            if let Some(e) = &st.error {
-                return Poll::Ready(Err(e.to_io()));
+            if st.error.is_some() {
+                if let Some(e) = Self::refuses_writes(&mut st) {
+                    return Poll::Ready(Err(e));
+                }
             }
             if let Some(p) = self.gate(&mut st, cx.as_deref_mut(), false) {
                 return p;
             }
-            if let Some(e) = Self::refuses_writes(&st) {
+            if let Some(e) = Self::refuses_writes(&mut st) {
                 return Poll::Ready(Err(e));
             }
             if let Some(next) = st.engine.tx_grow_wanted() {
@@ -1792,6 +1811,15 @@ impl SmcConn {
         self.group.id
     }
 
+    /// The end `e` of the connection (its error, or the peer's abort) for a read or a write to
+    /// return: the first time only, as a TCP socket reports its error once (`sock_error`
+    /// clears it) and is shut both ways after a reset. `None` after: a read then returns the
+    /// end of stream and a write `BrokenPipe`, so a loop that reads on after an error until
+    /// the end ends, as over TCP.
+    fn report_end(st: &mut ConnState, e: io::Error) -> Option<io::Error> {
+        (!std::mem::replace(&mut st.end_reported, true)).then_some(e)
+    }
+
     /// Half-close without waiting (a dropped write half): the peer reads EOF after the bytes
     /// written so far.
     pub(crate) fn shutdown(&self) -> io::Result<()> {
@@ -1827,16 +1855,19 @@ impl SmcConn {
     }
 
     /// Why the connection takes no more bytes from the application, if it does not: an error
-    /// that ended it, our own shutdown, or the peer's abort or close.
-    fn refuses_writes(st: &ConnState) -> Option<io::Error> {
+    /// that ended it, our own shutdown, or the peer's abort or close. The end of a connection
+    /// is reported once ([`report_end`](Self::report_end)), `BrokenPipe` after.
+    fn refuses_writes(st: &mut ConnState) -> Option<io::Error> {
+        let ended = || io::Error::new(io::ErrorKind::BrokenPipe, "smc connection ended (its error was reported)");
         if let Some(e) = &st.error {
-            return Some(e.to_io());
+            let e = e.to_io();
+            return Some(Self::report_end(st, e).unwrap_or_else(ended));
         }
         if st.engine.is_write_shutdown() {
             return Some(io::Error::new(io::ErrorKind::BrokenPipe, "write after shutdown"));
         }
         if st.engine.peer_aborted() {
-            return Some(ConnError::Reset.to_io());
+            return Some(Self::report_end(st, ConnError::Reset.to_io()).unwrap_or_else(ended));
         }
         if st.engine.peer_closed() {
             return Some(io::Error::new(io::ErrorKind::BrokenPipe, "smc peer closed the connection"));
