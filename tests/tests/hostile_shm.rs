@@ -756,3 +756,58 @@ async fn an_allowed_uid_gets_shared_memory() {
     assert!(text.contains("TRANSPORT tcp (") && text.contains("OK"), "{text}");
     assert!(matches!(bounded(10, rx.recv()).await.unwrap().1, Transport::Tcp(_)));
 }
+
+/// A read returns what a peek showed, as over TCP, whatever the peer does between: a peer
+/// that sends a message inline with other bytes in its ring, and one that rewrites bytes of
+/// its ring after they were peeked at, both read back what the peek returned (the peer's
+/// memory is read once per byte).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_returns_what_a_peek_showed_whatever_the_peer_writes_between() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut hs = bounded(10, hostile::propose(addr, 4243, 78, 0, RMB)).await;
+    let server_token = hs.accept.rmb_slot;
+    let (mut region, _sock, _server_memfd, ring_server) = hostile::join_genuine(&hs, layout()).await;
+    let commit = hs.confirm(0).await.unwrap();
+    assert!(hostile::is_commit(&commit, hs.secret), "the server commits: {commit:?}");
+    let (mut s, _) = bounded(10, l.accept()).await.unwrap();
+    assert_eq!(s.transport(), Transport::SmcD);
+
+    // Inline bytes that differ from the ring's: the peek and the read agree.
+    region.rmb_write(0, 0, b"AAAA");
+    let mut cdc = CdcMsg::new(1, server_token);
+    cdc.prod = Cursor::new(0, 4);
+    cdc.set_inline(b"BBBB").unwrap();
+    region.push_cdc(&cdc);
+    hostile::ring(ring_server.as_raw_fd()).unwrap();
+    let mut peeked = [0u8; 4];
+    assert_eq!(bounded(10, s.peek(&mut peeked)).await.unwrap(), 4);
+    region.rmb_write(0, 0, b"CCCC");
+    let mut read = [0u8; 4];
+    bounded(10, s.read_exact(&mut read)).await.unwrap();
+    assert_eq!(read, peeked, "inline {:?}", String::from_utf8_lossy(&peeked));
+
+    // Bytes of the ring rewritten after a peek: the read returns the peeked ones, and so does a
+    // second peek of more.
+    region.rmb_write(0, 4, b"DDDDdddd");
+    let mut cdc = CdcMsg::new(2, server_token);
+    cdc.prod = Cursor::new(0, 12);
+    region.push_cdc(&cdc);
+    hostile::ring(ring_server.as_raw_fd()).unwrap();
+    let mut first = [0u8; 4];
+    bounded(10, async {
+        while s.peek(&mut first).await.unwrap() < 4 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert_eq!(&first, b"DDDD");
+    region.rmb_write(0, 4, b"EEEE");
+    let mut more = [0u8; 8];
+    assert_eq!(bounded(10, s.peek(&mut more)).await.unwrap(), 8);
+    assert_eq!(&more, b"DDDDdddd", "a longer peek after the rewrite");
+    region.rmb_write(0, 8, b"eeee");
+    let mut read = [0u8; 8];
+    bounded(10, s.read_exact(&mut read)).await.unwrap();
+    assert_eq!(&read, b"DDDDdddd", "the read after the rewrites");
+}

@@ -212,6 +212,12 @@ struct ConnState {
     inline_max: usize,
     /// The last inline payload received, read from here instead of the peer's memory.
     inline: Option<Inline>,
+    /// Received bytes that a peek (or a copying lend) showed and nothing consumed yet, from the
+    /// consumer cursor on: later peeks and reads take them from here, not from the peer's
+    /// memory again, so a read returns what a peek showed (as TCP's `MSG_PEEK` promises)
+    /// whatever the peer wrote there since, or sent inline against its ring. At most what is
+    /// available; given up when the reads move to TCP ([`SmcConn::release_reads`]).
+    peeked: Vec<u8>,
     /// The peer's token: its RMB slot we read from, and the token our CDC messages carry.
     /// `None` on the server until the client's Confirm arrives.
     peer_token: Option<u32>,
@@ -742,6 +748,7 @@ impl SmcConn {
                 corks: 0,
                 inline_max: cfg.inline_max,
                 inline: None,
+                peeked: Vec::new(),
                 peer_token,
                 rx_waiters: Waiters::default(),
                 rx_ready_waits: false,
@@ -951,7 +958,8 @@ impl SmcConn {
             let (off, len) = spans.into_iter().find(|s| s.1 > 0).unwrap_or((0, 0));
             // Not once the connection ended: an abort may have gone out (the peer then reuses
             // the ring once it answers), though what is left is still read, by copying.
-            let lendable = may_lend && st.error.is_none() && !st.engine.close_sent();
+            // Nor while a peek's copy holds the first bytes: those are lent from the copy.
+            let lendable = may_lend && st.error.is_none() && !st.engine.close_sent() && st.peeked.is_empty();
             let lend =
                 if lendable { link.rx_lend(link.rx_token(self.our_token, peer_token), off, len) } else { Ok(None) };
             match lend {
@@ -1000,6 +1008,8 @@ impl SmcConn {
             // the ring too (lending links are shm, copying ones peek at the ring), and the
             // position is behind us now.
             st.inline = None;
+            let k = (n as usize).min(st.peeked.len());
+            st.peeked.drain(..k);
             st.lent -= n;
             if st.engine.rx_available() == 0 {
                 // Everything there was read, as a short read tells tokio.
@@ -1438,38 +1448,62 @@ impl SmcConn {
     }
 
     /// Copies `n` available bytes into `buf`, and, reading, consumes them (and owes the peer a
-    /// consumer update). A read takes bytes that came inline from our copy of the CDC frame (no
-    /// access to the peer's memory: one cache line fewer to pull across cores); a peek reads the
-    /// ring throughout, where those bytes are too (the peer wrote them there, or, on verbs, we
-    /// placed them), and leaves the inline copy for the read.
+    /// consumer update). Bytes an earlier peek showed come from our copy of them (`peeked`),
+    /// so that the peer's memory is read once per byte; a read takes bytes that came inline
+    /// from our copy of the CDC frame (no access to the peer's memory: one cache line fewer to
+    /// pull across cores), and so does a peek, which keeps whatever it copied in `peeked`.
     fn copy_out(&self, st: &mut ConnState, buf: &mut ReadBuf<'_>, n: u32, take: Take) -> io::Result<()> {
         let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
             return Err(io::Error::other("smc connection read before it was established"));
         };
-        let mut first = 0usize;
-        if take == Take::Consume {
-            if let Some(inl) = st.inline.take() {
-                if st.engine.rx_cons() == inl.at && inl.len <= n as usize {
-                    buf.put_slice(&inl.data[..inl.len]);
-                    // rx_available covered n >= inl.len bytes.
-                    let _ = st.engine.rx_consume(inl.len as u32);
-                    first = inl.len;
-                }
+        let held = st.peeked.len().min(n as usize);
+        buf.put_slice(&st.peeked[..held]);
+        if take == Take::Consume && held > 0 {
+            // `peeked` is at most what is available, which covers it.
+            let _ = st.engine.rx_consume(held as u32);
+            if held == st.peeked.len() {
+                st.peeked = Vec::new();
+            } else {
+                st.peeked.drain(..held);
             }
         }
-        let n = n - first as u32;
+        // Where the rest starts, past the consumer cursor: a peek consumed nothing.
+        let skip = if take == Take::Peek { held as u32 } else { 0 };
+        let mut first = 0usize;
+        if let Some(inl) = st.inline.take() {
+            if skip == 0 && st.engine.rx_cons() == inl.at && inl.len <= (n as usize - held) {
+                buf.put_slice(&inl.data[..inl.len]);
+                match take {
+                    // rx_available covered n >= inl.len bytes.
+                    Take::Consume => drop(st.engine.rx_consume(inl.len as u32)),
+                    Take::Peek => st.peeked.extend_from_slice(&inl.data[..inl.len]),
+                }
+                first = inl.len;
+            } else if skip > 0 {
+                // Behind what was peeked, or within it: `peeked` holds those bytes.
+            } else {
+                st.inline = Some(inl);
+            }
+        }
+        let n = n - held as u32 - first as u32;
         if n == 0 {
-            // The inline copy was all of it (a small message on an idle connection): no spans
-            // to work out.
+            // What was peeked, or the inline copy, was all of it (a small message on an idle
+            // connection): no spans to work out.
             if take == Take::Consume {
                 self.flush_cdc(st);
                 self.pay_abort(st);
             }
             return Ok(());
         }
-        let Some(spans) = st.engine.rx_spans(n) else {
+        let past = skip + if take == Take::Peek { first as u32 } else { 0 };
+        let Some(mut spans) = st.engine.rx_spans(past + n) else {
             return Err(io::Error::other("rx span"));
         };
+        let mut cut = past;
+        for s in spans.iter_mut() {
+            let d = cut.min(s.1);
+            (s.0, s.1, cut) = (s.0 + d, s.1 - d, cut - d);
+        }
         let mut done = 0usize;
         for (off, len) in spans {
             if len == 0 {
@@ -1488,11 +1522,17 @@ impl SmcConn {
         // SAFETY: the first `done` unfilled bytes were written by rx_read above.
         unsafe { buf.assume_init(done) };
         buf.advance(done);
-        if take == Take::Consume {
-            // rx_spans succeeded for n, so consuming n cannot fail.
-            let _ = st.engine.rx_consume(n);
-            self.flush_cdc(st);
-            self.pay_abort(st);
+        match take {
+            Take::Consume => {
+                // rx_spans succeeded for n, so consuming n cannot fail.
+                let _ = st.engine.rx_consume(n);
+                self.flush_cdc(st);
+                self.pay_abort(st);
+            }
+            Take::Peek => {
+                let filled = buf.filled();
+                st.peeked.extend_from_slice(&filled[filled.len() - done..]);
+            }
         }
         Ok(())
     }
@@ -2644,6 +2684,9 @@ impl SmcConn {
         let mut st = self.lock();
         if let Handback::Moving(cause) = st.handback {
             self.rx_on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
+            // The peer sends what we did not consume again on TCP, where the reads go now:
+            // what a peek showed of it is read there.
+            st.peeked = Vec::new();
             // The peer answered, so its host is there: the probe's bound on unacknowledged
             // data (`probe_peer_host`) would now only cut a resend its application is slow to
             // read, which TCP would wait out, while our application holds the stream (once it
@@ -2749,6 +2792,8 @@ impl SmcConn {
                 let skipped = self.tcp_skip.swap(0, std::sync::atomic::Ordering::Relaxed);
                 if skipped > 0 && st.engine.rx_consume(u32::try_from(skipped).unwrap_or(u32::MAX)).is_ok() {
                     st.inline = None;
+                    let k = usize::try_from(skipped).unwrap_or(usize::MAX).min(st.peeked.len());
+                    st.peeked.drain(..k);
                 }
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
                 // What the peer sent while the move ran (bytes, its close), before it went: the
