@@ -1052,7 +1052,7 @@ pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 1024;
 /// | `SMC_TOKIO_HANDSHAKE_TIMEOUT_MS` | bound on a handshake | `500` |
 /// | `SMC_TOKIO_PEEK_TIMEOUT_MS` | wait for an off-host client's first bytes (SMC-R listeners) | `50` |
 /// | `SMC_TOKIO_NEGATIVE_CACHE_TTL_MS` | how long a plain server is remembered | `60000` |
-/// | `SMC_TOKIO_RMB_SIZE` | receive ring size (bytes; `k`/`m` suffixes) | `1m` |
+/// | `SMC_TOKIO_RMB_SIZE` | receive ring size (bytes; `k`/`m`/`g` suffixes) | `1m` |
 /// | `SMC_TOKIO_RMB_MAX` | how large a receive ring may grow (autotuning; bytes) | `4m` |
 /// | `SMC_TOKIO_BUSY_POLL_US` | busy-poll budget before sleeping | `50` |
 /// | `SMC_TOKIO_ADAPTIVE_POLL_US` | adaptive polling budget (0: off) | `0` |

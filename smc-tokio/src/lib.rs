@@ -83,8 +83,9 @@
 //!   runtime without timers, a connection between two ends of this crate's panics as tokio's
 //!   timers do ("timers are disabled").
 //! - Beyond tokio: `&mut SmcStream` and the read halves are
-//!   [`AsyncBufRead`](tokio::io::AsyncBufRead). Over shared memory with a peer of the same uid,
-//!   `fill_buf` lends the receive ring's bytes without a copy (see
+//!   [`AsyncBufRead`](tokio::io::AsyncBufRead). Over shared memory with a peer of the same uid
+//!   that could trace this process anyway (the same trust domain), `fill_buf` lends the
+//!   receive ring's bytes without a copy (see
 //!   [its implementation](SmcStream#impl-AsyncBufRead-for-%26mut+SmcStream)); it is not on
 //!   `SmcStream` itself, where `AsyncBufReadExt::split` would shadow [`SmcStream::split`].
 //!

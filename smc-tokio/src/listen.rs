@@ -104,21 +104,32 @@ pub(crate) fn admit(shared: &Arc<ListenerShared>, tcp: TcpStream, peer: SocketAd
         Transport::Tcp(FallbackReason::PeerNoSmc)
     };
     if may_be_smc_r(&cfg, local, peer) {
-        match shared.peek_slot(peer.ip()) {
-            Some(peeking) => {
-                spawn(shared, tcp, (local, peer), cfg, Start::Peek(peeking), None);
-                return Handoff::Later;
-            }
-            // As many are peeked at as may be (of its host's, or in all): this one is TCP at
-            // once, as at a listener that peeks at nothing, its in-band guard answering a
-            // Proposal (as congested) as it answers one there.
-            None => {
-                let congested = Owed::Proposal(DeclineReason::HandshakeCongested);
-                return hand_out(&shared.ctx, &cfg, tcp, plain, Some(congested));
-            }
-        }
+        return peek_or_tcp(shared, tcp, (local, peer), cfg, plain);
     }
     hand_out(&shared.ctx, &cfg, tcp, plain, Some(UNSOLICITED))
+}
+
+/// A connection that may be an in-band SMC-R client's: its first bytes are looked at (up to
+/// the peek timeout, in a task) where a place among those looked at is free, of its host's
+/// share and in all; else it is TCP (`plain`) at once, as at a listener that peeks at nothing,
+/// its in-band guard answering a Proposal as congested.
+fn peek_or_tcp(
+    shared: &Arc<ListenerShared>,
+    tcp: TcpStream,
+    addrs: (Option<SocketAddr>, SocketAddr),
+    cfg: Settings,
+    plain: Transport,
+) -> Handoff {
+    match shared.peek_slot(addrs.1.ip()) {
+        Some(peeking) => {
+            spawn(shared, tcp, addrs, cfg, Start::Peek(peeking), None);
+            Handoff::Later
+        }
+        None => {
+            let congested = Owed::Proposal(DeclineReason::HandshakeCongested);
+            hand_out(&shared.ctx, &cfg, tcp, plain, Some(congested))
+        }
+    }
 }
 
 /// A TCP stream for the application, or nothing under [`Policy::Never`].
@@ -1040,6 +1051,39 @@ mod tests {
             }
             drop(held);
         }
+    }
+
+    /// A connection whose host holds its half of the places where first bytes are looked at is
+    /// TCP at once, its guard owing a congested Decline; another host's is looked at (a task).
+    #[tokio::test]
+    async fn a_host_past_its_peek_share_is_tcp_at_once_with_a_congested_decline_owed() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut shared = ListenerShared::new(Context::new(), &l, None, false, Overrides::default(), READY_CAP);
+        shared.peek_max = 4;
+        let shared = Arc::new(shared);
+        let cfg = Settings::default();
+        let plain = Transport::Tcp(FallbackReason::PeerNoSmc);
+        let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let held: Vec<_> = std::iter::from_fn(|| shared.peek_slot(ip)).take(5).collect();
+        assert_eq!(held.len(), 2, "the host's half of four");
+        let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, peer) = l.accept().await.unwrap();
+        match peek_or_tcp(&shared, s, (None, peer), cfg.clone(), plain) {
+            Handoff::Now(Established::Tcp { transport, owed, .. }) => {
+                assert_eq!(transport, plain);
+                assert!(matches!(owed, Some(Owed::Proposal(DeclineReason::HandshakeCongested))), "{owed:?}");
+            }
+            _ => panic!("not TCP at once"),
+        }
+        // Another host (its address as the listener sees it), with places left in all.
+        let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let other = "192.0.2.7:4000".parse().unwrap();
+        assert!(matches!(peek_or_tcp(&shared, s, (None, other), cfg, plain), Handoff::Later), "looked at");
+        let fourth = shared.peek_slot("192.0.2.8".parse().unwrap());
+        assert!(fourth.is_some(), "two of the host's, the look, and this one");
+        assert!(shared.peek_slot("192.0.2.9".parse().unwrap()).is_none(), "the look holds its place");
+        drop((held, fourth));
     }
 
     /// A listener looks at the first bytes of at most as many connections at once as its ready

@@ -667,3 +667,25 @@ fn a_loop_of_peeks_yields_to_the_tasks_of_its_runtime() {
     let got = finished.recv_timeout(Duration::from_secs(20)).expect("the loop of peeks never let the writer run");
     assert_eq!(&got, b"abcd");
 }
+
+/// Two contexts in one process share nothing: their connections to the same server set up a
+/// link group each, and each counts its own; connections of one context share its group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_contexts_set_up_separate_link_groups_to_one_server() {
+    let addr = echo_server().await;
+    let (a, b) = (smc_tokio::Context::new(), smc_tokio::Context::new());
+    let connect = |ctx: &smc_tokio::Context| {
+        let b = SmcStream::builder().context(ctx);
+        async move { bounded(10, b.connect(addr)).await.unwrap() }
+    };
+    let (a1, a2, b1) = (connect(&a).await, connect(&a).await, connect(&b).await);
+    for s in [&a1, &a2, &b1] {
+        assert_eq!(s.transport(), Transport::SmcD);
+    }
+    assert_eq!(a1.link_group(), a2.link_group(), "one context's connections share its group");
+    assert_ne!(a1.link_group(), b1.link_group(), "another context's group");
+    assert_eq!((a.stats().link_groups, b.stats().link_groups), (1, 1), "each counts its own");
+    for (s, what) in [(a1, "a1"), (a2, "a2"), (b1, "b1")] {
+        bounded(10, echo_check(s, what.as_bytes(), 2, 3)).await;
+    }
+}

@@ -203,9 +203,11 @@ impl Default for SmcListenerBuilder {
 }
 
 impl SmcListenerBuilder {
-    /// Default settings: [`Policy::Auto`],
+    /// A builder that sets nothing: the listener takes its context's settings (the
+    /// `SMC_TOKIO_*` environment and their run-time updates; without those, [`Policy::Auto`],
     /// [`DEFAULT_PEEK_TIMEOUT`](crate::config::DEFAULT_PEEK_TIMEOUT),
-    /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT).
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`](crate::config::DEFAULT_HANDSHAKE_TIMEOUT) and the other
+    /// defaults) for every field it does not set.
     ///
     /// # Examples
     ///
@@ -614,7 +616,8 @@ fn open_door(
 }
 
 impl SmcListener {
-    /// Binds a listener to `addr` with the default settings.
+    /// Binds a listener to `addr` with its context's settings (the `SMC_TOKIO_*` environment and
+    /// their run-time updates, else the defaults).
     ///
     /// # Examples
     ///

@@ -97,8 +97,8 @@ fn max_server_groups(manager: &Manager) -> usize {
     usize::try_from(manager.budget().cap() / (2 * GROUP_PINNED_BYTES)).unwrap_or(usize::MAX).max(4)
 }
 
-/// Link groups a server holds for one client host ([`host_of`]: an IPv4 address, a link-local
-/// IPv6 address, an IPv6 /64),
+/// Link groups a server holds for one client host ([`host_of`]: an IPv4 address, an IPv6 /64,
+/// every link-local address together),
 /// and a client for one server address:
 /// a quarter of [`max_server_groups`] (32 by default). A client of ours proposes the group it
 /// has (one holds 1024 connections by default) and makes another for another ring size, when
