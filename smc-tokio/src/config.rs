@@ -625,6 +625,11 @@ impl ShmConfig {
     /// `autocorking_size`). The first write on an idle connection is never delayed. 0 turns it
     /// off.
     ///
+    /// Unlike Nagle's algorithm, which waits for the peer's kernel, this waits for the peer's
+    /// application: a peer that only peeks until a whole message is there, without reading,
+    /// waits for the writer's next flush, shutdown or larger write. Flush after a message where
+    /// such readers may be on the other end.
+    ///
     /// # Examples
     ///
     /// ```

@@ -73,7 +73,12 @@
 //!   writes completed), and reports the connection's error if it ended. A flush after a write
 //!   that went through is never needed for the bytes to arrive; it tells when they did.
 //! - A zero linger ([`SmcStream::set_zero_linger`]) aborts an SMC connection on drop, as it
-//!   resets a TCP one.
+//!   resets a TCP one. Whichever read or write meets the end of a connection (the peer's
+//!   abort, a failed link) returns it once; reads after that find the end of stream and
+//!   writes `BrokenPipe`, as after a TCP reset.
+//! - A peer's close is its whole socket's close over SMC, not only a FIN: a write after it
+//!   fails at once with `BrokenPipe` (and `ready` says `WRITE_CLOSED`), as on the kernel's
+//!   SMC, where TCP takes one more write before the peer's reset.
 //! - The listener takes connections from the kernel before `accept` asks (to run their
 //!   handshakes without waiting for it), so [`SmcListener::into_std`] resets connections it took
 //!   but had not handed out.

@@ -749,7 +749,10 @@ impl SmcListener {
     /// Unlike tokio's listener, ours takes connections from the kernel before `accept` asks
     /// for them (to run their handshakes): connections it had taken but not handed out (SMC
     /// handshakes still running, or finished and waiting for `accept`) are reset. Call it
-    /// before clients connect, or accept what is there first.
+    /// before clients connect, or accept what is there first. The std listener holds a
+    /// duplicate of the socket's descriptor (the listener's task may still hold the first as it
+    /// ends): a descriptor number saved from [`as_raw_fd`](std::os::fd::AsRawFd::as_raw_fd)
+    /// before the call names a closed descriptor after it.
     ///
     /// # Examples
     ///

@@ -999,7 +999,10 @@ impl SmcStream {
     /// closed (as dropping the stream would). So does a TCP stream that a
     /// [`cork`](SmcStream::cork) guard still holds, and a server stream that owes its client
     /// a reply to a late in-band handshake message, or whose socket holds the start of what may
-    /// be one (left there until it is whole, or taken for data).
+    /// be one (left there until it is whole, or taken for data). A server stream that has not
+    /// read yet can still get such a message (from a client that proposes SMC-R in-band to a
+    /// listener that cannot take it): once converted, nothing answers it, and its bytes reach
+    /// the std stream as data. Read from the stream first where such clients may connect.
     ///
     /// # Examples
     ///

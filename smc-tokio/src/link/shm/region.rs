@@ -1,6 +1,6 @@
 //! The layout of one side's shared region, and the CDC ring inside it.
 //!
-//! Each side of a shm link group creates one memfd and is its only writer: it maps it
+//! Each side of a shm link group creates one memfd and is its only intended writer: it maps it
 //! read-write, seals it (no shrink, no grow) and sends the peer a read-only descriptor of it
 //! (the file's mode 0400), which it can only map read-only. We read our own region back only
 //! when a connection moves to TCP (the bytes the peer has not consumed, to send again), and
@@ -179,10 +179,12 @@ pub(crate) struct RegionView {
 
 // SAFETY: the view is a pointer into a shared mapping that outlives it. Control words and CDC
 // frames are accessed only through atomics (relaxed loads on the peer's read-only region); RMB
-// bytes are copied in (ours: only we write our region) or out (the peer's, with relaxed atomic
-// loads, `peer_mem`) after the atomics published them. A hostile peer can still race its own
-// RMB bytes with our copy-out: we then read garbage it could have sent anyway, never memory
-// outside the mapping, and never with a non-atomic access it races.
+// bytes are copied in (ours) or out (the peer's) with the copies of `peer_mem` (relaxed atomic
+// words, or `rep movsb` and vector loops, which Rust sees as no reference) after the atomics
+// published them. We are the only intended writer of our region, but a peer of our uid can
+// reopen it for writing (the file's mode is ours to change), so neither region is taken to be
+// free of races: a peer racing our copies makes us read garbage it could have sent anyway,
+// never memory outside the mapping, and never through a Rust reference it writes under.
 unsafe impl Send for RegionView {}
 // SAFETY: as above.
 unsafe impl Sync for RegionView {}
