@@ -369,7 +369,13 @@ async fn a_reset_is_reported_once_and_the_stream_is_ended_both_ways_after() {
         for (what, mut client, server) in both_transports().await {
             server.set_zero_linger().unwrap();
             drop(server);
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Until the reset is there (readiness says so without reporting it).
+            bounded(10, async {
+                while !client.ready(tokio::io::Interest::READABLE).await.unwrap().is_read_closed() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await;
             let mut b = [0u8; 8];
             let r = match first {
                 "read" => bounded(10, client.read(&mut b)).await,

@@ -1,21 +1,40 @@
+//! A fixed number of 14-byte round trips with both ends on one current-thread runtime
+//! (`write_all`, `read_exact`, then back), for instruction counts: the path's own cost, with
+//! no wait and no line crossing between CPUs. Run it under callgrind twice with different
+//! counts; the difference over the difference in round trips is the marginal cost of one.
+//!
+//! ```text
+//! cargo build --release -p benches --bin rrprof
+//! valgrind --tool=callgrind --callgrind-out-file=cg.a target/release/rrprof 20000
+//! valgrind --tool=callgrind --callgrind-out-file=cg.b target/release/rrprof 70000
+//! ```
+//!
+//! (`callgrind_annotate --inclusive=yes cg.b` then gives each function's share.)
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-fn main() {
-    let n: usize = std::env::args().nth(1).map(|s| s.parse().unwrap()).unwrap_or(50_000);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+
+fn main() -> std::io::Result<()> {
+    let n: usize = match std::env::args().nth(1) {
+        Some(s) => s.parse().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+        None => 50_000,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
-        let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
+        let l = smc_tokio::SmcListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
         let (a, b) = tokio::join!(smc_tokio::SmcStream::connect(addr), l.accept());
-        let mut a = a.unwrap();
-        assert!(a.transport().is_smc());
-        let mut b = b.unwrap().0;
+        let (mut a, mut b) = (a?, b?.0);
+        if !a.transport().is_smc() {
+            return Err(std::io::Error::other(format!("the pair is {}, not smc", a.transport())));
+        }
         let msg = [0x5au8; 14];
         let mut buf = [0u8; 14];
         for _ in 0..n {
-            a.write_all(&msg).await.unwrap();
-            b.read_exact(&mut buf).await.unwrap();
-            b.write_all(&buf).await.unwrap();
-            a.read_exact(&mut buf).await.unwrap();
+            a.write_all(&msg).await?;
+            b.read_exact(&mut buf).await?;
+            b.write_all(&buf).await?;
+            a.read_exact(&mut buf).await?;
         }
-    });
+        Ok(())
+    })
 }

@@ -1380,37 +1380,24 @@ impl SmcStream {
             self.moved(false, n);
             return Ok(n);
         }
-        if bufs.iter().all(|b| b.is_empty()) {
-            // As tokio's: `WouldBlock` until the stream is readable, then nothing read.
-            return self.try_read_into(&mut ReadBuf::new(&mut []), reader);
-        }
-        let mut total = 0;
-        for (i, b) in bufs.iter_mut().filter(|b| !b.is_empty()).enumerate() {
-            // A later buffer is read into only where bytes are there for it: the end or an
-            // error it met would be reported (once) to a read that returns the bytes before
-            // it instead. On a TCP path, one buffer (a short read).
-            if i > 0 && !self.smc().is_some_and(|s| s.conn.has_bytes()) {
-                break;
-            }
-            let want = b.len();
-            let mut rb = ReadBuf::new(b);
-            match self.try_read_into(&mut rb, reader) {
-                Ok(n) => {
-                    total += n;
-                    if n < want {
-                        break;
-                    }
+        if let Some(s) = self.smc() {
+            // The bytes there fill the buffers in order under one look, so an end that follows
+            // them is left for the next read (it is reported once), whoever else reads.
+            match s.conn.try_read_vectored(bufs, reader) {
+                Err(e) if SmcConn::is_moved_error(&e) => {}
+                r => {
+                    let n = r?;
+                    self.moved(false, n);
+                    return Ok(n);
                 }
-                Err(e) if total > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if total > 0 => {
-                    // Another reader took the bytes between the look and the read.
-                    tracing::debug!(error = %e, "try_read_vectored stopped after a partial read");
-                    break;
-                }
-                Err(e) => return Err(e),
             }
         }
-        Ok(total)
+        // Moved to TCP, or a server stream whose in-band guard still looks at the first bytes:
+        // one buffer (a short read), or, with only empty ones, `WouldBlock` until readable.
+        match bufs.iter_mut().find(|b| !b.is_empty()) {
+            Some(b) => self.try_read_into(&mut ReadBuf::new(b), reader),
+            None => self.try_read_into(&mut ReadBuf::new(&mut []), reader),
+        }
     }
 
     /// Reads into the spare capacity of `buf` without waiting, advancing it, as

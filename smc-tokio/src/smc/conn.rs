@@ -204,6 +204,46 @@ struct Inline {
     data: [u8; crate::proto::cdc::CDC_INLINE_MAX],
 }
 
+/// Received bytes a peek took ([`ConnState::peeked`]): a buffer, and how much of its front
+/// has been consumed since (taken off without moving the rest).
+#[derive(Default)]
+struct Peeked {
+    buf: Vec<u8>,
+    head: usize,
+}
+
+impl Peeked {
+    fn len(&self) -> usize {
+        self.buf.len() - self.head
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[self.head..]
+    }
+
+    /// Consumes `n` of the bytes (all of them, if fewer); the buffer goes once they are.
+    fn consume(&mut self, n: usize) {
+        self.head += n.min(self.len());
+        if self.head == self.buf.len() {
+            *self = Peeked::default();
+        }
+    }
+
+    /// Appends bytes peeked past the ones held; the consumed front makes room first where it is
+    /// half the buffer or more (so a buffer moves each byte at most once more).
+    fn extend(&mut self, bytes: &[u8]) {
+        if self.head > 0 && self.head >= self.buf.len() / 2 {
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+}
+
 struct ConnState {
     engine: ConnEngine,
     /// Cork guards alive.
@@ -217,7 +257,7 @@ struct ConnState {
     /// memory again, so a read returns what a peek showed (as TCP's `MSG_PEEK` promises)
     /// whatever the peer wrote there since, or sent inline against its ring. At most what is
     /// available; given up when the reads move to TCP ([`SmcConn::release_reads`]).
-    peeked: Vec<u8>,
+    peeked: Peeked,
     /// The peer's token: its RMB slot we read from, and the token our CDC messages carry.
     /// `None` on the server until the client's Confirm arrives.
     peer_token: Option<u32>,
@@ -748,7 +788,7 @@ impl SmcConn {
                 corks: 0,
                 inline_max: cfg.inline_max,
                 inline: None,
-                peeked: Vec::new(),
+                peeked: Peeked::default(),
                 peer_token,
                 rx_waiters: Waiters::default(),
                 rx_ready_waits: false,
@@ -876,13 +916,30 @@ impl SmcConn {
         self.poll_copied(Some(cx), buf, Take::Peek, reader)
     }
 
-    /// Whether a read now would return received bytes (not the end, not an error): what a
-    /// vectored read looks at before its next buffer, so that the end it would meet there is
-    /// not reported (once) to a read that returns the bytes before it instead.
-    pub(crate) fn has_bytes(&self) -> bool {
-        let st = self.lock();
-        let fails_first = st.error.as_ref().is_some_and(|e| !e.drains() && !matches!(e, ConnError::Reset));
-        st.engine.rx_available() > 0 && !fails_first
+    /// A vectored read that does not wait: the bytes there fill `bufs` in order under one look
+    /// (`WouldBlock` when nothing has arrived and no end either), so that an end that follows
+    /// them is left for the next read instead of being met in a later buffer and reported
+    /// (once) to a read that returns bytes. With only empty buffers: `Ok(0)` once readable.
+    pub(crate) fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>], reader: Reader) -> io::Result<usize> {
+        let r = self.poll_received(None, true, reader, 0, |st, avail| {
+            let (mut left, mut total) = (avail, 0usize);
+            for b in bufs.iter_mut() {
+                let n = left.min(u32::try_from(b.len()).unwrap_or(u32::MAX));
+                if n == 0 {
+                    if left == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                self.copy_out(st, &mut ReadBuf::new(&mut b[..]), n, Take::Consume)?;
+                (left, total) = (left - n, total + n as usize);
+            }
+            Ok(total)
+        });
+        match r {
+            Poll::Ready(r) => r,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 
     /// A read that does not wait: `WouldBlock` when nothing has arrived (and no end either).
@@ -981,6 +1038,8 @@ impl SmcConn {
                 Err(e) => {
                     let e = ConnError::from_link(&e);
                     self.fail_locked(st, e.clone());
+                    // Reported here: later reads find the end (`report_end`).
+                    st.end_reported = true;
                     Err(e.to_io())
                 }
             }
@@ -1008,8 +1067,7 @@ impl SmcConn {
             // the ring too (lending links are shm, copying ones peek at the ring), and the
             // position is behind us now.
             st.inline = None;
-            let k = (n as usize).min(st.peeked.len());
-            st.peeked.drain(..k);
+            st.peeked.consume(n as usize);
             st.lent -= n;
             if st.engine.rx_available() == 0 {
                 // Everything there was read, as a short read tells tokio.
@@ -1456,34 +1514,37 @@ impl SmcConn {
         let (Some(link), Some(peer_token)) = (self.group.link(), st.peer_token) else {
             return Err(io::Error::other("smc connection read before it was established"));
         };
-        let held = st.peeked.len().min(n as usize);
-        buf.put_slice(&st.peeked[..held]);
-        if take == Take::Consume && held > 0 {
-            // `peeked` is at most what is available, which covers it.
-            let _ = st.engine.rx_consume(held as u32);
-            if held == st.peeked.len() {
-                st.peeked = Vec::new();
-            } else {
-                st.peeked.drain(..held);
+        let mut held = 0usize;
+        if !st.peeked.is_empty() {
+            held = st.peeked.len().min(n as usize);
+            buf.put_slice(&st.peeked.bytes()[..held]);
+            if take == Take::Consume {
+                // `peeked` is at most what is available, which covers it.
+                let _ = st.engine.rx_consume(held as u32);
+                st.peeked.consume(held);
             }
         }
         // Where the rest starts, past the consumer cursor: a peek consumed nothing.
         let skip = if take == Take::Peek { held as u32 } else { 0 };
         let mut first = 0usize;
-        if let Some(inl) = st.inline.take() {
-            if skip == 0 && st.engine.rx_cons() == inl.at && inl.len <= (n as usize - held) {
-                buf.put_slice(&inl.data[..inl.len]);
-                match take {
-                    // rx_available covered n >= inl.len bytes.
-                    Take::Consume => drop(st.engine.rx_consume(inl.len as u32)),
-                    Take::Peek => st.peeked.extend_from_slice(&inl.data[..inl.len]),
-                }
-                first = inl.len;
-            } else if skip > 0 {
-                // Behind what was peeked, or within it: `peeked` holds those bytes.
-            } else {
-                st.inline = Some(inl);
+        // The inline copy serves the bytes at the consumer cursor, past nothing peeked. A read
+        // lets go of a copy it does not use (its position is behind, or too long for the read);
+        // a peek leaves it.
+        let at_cursor =
+            |st: &ConnState, inl: &Inline| skip == 0 && st.engine.rx_cons() == inl.at && inl.len <= n as usize - held;
+        let inline = match take {
+            Take::Consume => st.inline.take(),
+            Take::Peek if st.inline.as_ref().is_some_and(|i| at_cursor(st, i)) => st.inline.take(),
+            Take::Peek => None,
+        };
+        if let Some(inl) = inline.filter(|i| at_cursor(st, i)) {
+            buf.put_slice(&inl.data[..inl.len]);
+            match take {
+                // rx_available covered n >= inl.len bytes.
+                Take::Consume => drop(st.engine.rx_consume(inl.len as u32)),
+                Take::Peek => st.peeked.extend(&inl.data[..inl.len]),
             }
+            first = inl.len;
         }
         let n = n - held as u32 - first as u32;
         if n == 0 {
@@ -1515,6 +1576,8 @@ impl SmcConn {
             if let Err(e) = link.rx_read(link.rx_token(self.our_token, peer_token), off, dst) {
                 let e = ConnError::from_link(&e);
                 self.fail_locked(st, e.clone());
+                // Reported here: later reads find the end (`report_end`).
+                st.end_reported = true;
                 return Err(e.to_io());
             }
             done += len as usize;
@@ -1531,7 +1594,7 @@ impl SmcConn {
             }
             Take::Peek => {
                 let filled = buf.filled();
-                st.peeked.extend_from_slice(&filled[filled.len() - done..]);
+                st.peeked.extend(&filled[filled.len() - done..]);
             }
         }
         Ok(())
@@ -1704,6 +1767,8 @@ impl SmcConn {
                     Err(FillError::Link(e)) => {
                         let e = ConnError::from_link(&e);
                         self.fail_locked(&mut st, e.clone());
+                        // Reported here: later writes get `BrokenPipe` (`report_end`).
+                        st.end_reported = true;
                         return Poll::Ready(Err(e.to_io()));
                     }
                 };
@@ -1855,7 +1920,8 @@ impl SmcConn {
     /// return: the first time only, as a TCP socket reports its error once (`sock_error`
     /// clears it) and is shut both ways after a reset. `None` after: a read then returns the
     /// end of stream and a write `BrokenPipe`, so a loop that reads on after an error until
-    /// the end ends, as over TCP.
+    /// the end ends, as over TCP. A flush or a shutdown reports the error every time without
+    /// using up the report: they say whether what was written got through, which it did not.
     fn report_end(st: &mut ConnState, e: io::Error) -> Option<io::Error> {
         (!std::mem::replace(&mut st.end_reported, true)).then_some(e)
     }
@@ -2686,7 +2752,7 @@ impl SmcConn {
             self.rx_on_tcp.store(cause_code(cause), std::sync::atomic::Ordering::Release);
             // The peer sends what we did not consume again on TCP, where the reads go now:
             // what a peek showed of it is read there.
-            st.peeked = Vec::new();
+            st.peeked = Peeked::default();
             // The peer answered, so its host is there: the probe's bound on unacknowledged
             // data (`probe_peer_host`) would now only cut a resend its application is slow to
             // read, which TCP would wait out, while our application holds the stream (once it
@@ -2792,8 +2858,7 @@ impl SmcConn {
                 let skipped = self.tcp_skip.swap(0, std::sync::atomic::Ordering::Relaxed);
                 if skipped > 0 && st.engine.rx_consume(u32::try_from(skipped).unwrap_or(u32::MAX)).is_ok() {
                     st.inline = None;
-                    let k = usize::try_from(skipped).unwrap_or(usize::MAX).min(st.peeked.len());
-                    st.peeked.drain(..k);
+                    st.peeked.consume(usize::try_from(skipped).unwrap_or(usize::MAX));
                 }
                 st.lent = self.voided.swap(0, std::sync::atomic::Ordering::Relaxed);
                 // What the peer sent while the move ran (bytes, its close), before it went: the
@@ -3135,6 +3200,26 @@ impl Drop for PendingConn {
 #[cfg(test)]
 mod tests {
     use super::{register_future, Backoff, Look, WaitClock, LOOKS_PER_CLOCK, MAX_FUTURE_WAKERS, MAX_POLL_BACKOFF};
+
+    /// What a peek took is handed out in order, consumed from the front without moving the
+    /// rest, compacted when more is appended past a consumed half, and let go once empty.
+    #[test]
+    fn peeked_bytes_come_back_in_order_and_go_once_consumed() {
+        let mut p = super::Peeked::default();
+        p.extend(b"abcd");
+        p.extend(b"efgh");
+        assert_eq!(p.bytes(), b"abcdefgh");
+        p.consume(3);
+        assert_eq!((p.bytes(), p.head), (&b"defgh"[..], 3), "consumed from the front, not moved");
+        p.extend(b"ij");
+        assert_eq!((p.bytes(), p.head), (&b"defghij"[..], 3), "under half consumed: appended");
+        p.consume(2);
+        p.extend(b"k");
+        assert_eq!((p.bytes(), p.head), (&b"fghijk"[..], 0), "half or more consumed: compacted");
+        p.consume(100);
+        assert!(p.is_empty());
+        assert_eq!(p.buf.capacity(), 0, "let go once empty");
+    }
 
     /// The probe of a peer's host turns keepalive on with its own timing and hands back the
     /// socket's settings, which go back on as they were; a socket whose application turned
