@@ -382,3 +382,65 @@ fn a_listener_whose_runtime_shut_down_fails_its_accepts() {
         assert!(!c.transport().is_smc(), "{}", c.transport());
     });
 }
+
+/// A stream kept after the runtime it was made on shut down fails its reads and writes, as
+/// tokio's stream of such a runtime does, instead of waiting for good (nothing watches its TCP
+/// socket any more, so the peer's end or its move to TCP would never be seen); the peer sees
+/// its connection end. A stream made on another runtime of the same link group goes on.
+#[test]
+fn a_stream_kept_after_its_runtime_shut_down_fails_instead_of_hanging() {
+    let (server_rt, addr) = tests::echo_server_on_own_runtime();
+    let (first, second) = (runtime(), runtime());
+    let mut kept = first.block_on(async { tests::bounded(10, SmcStream::connect(addr)).await.unwrap() });
+    let mut other = second.block_on(async { tests::bounded(10, SmcStream::connect(addr)).await.unwrap() });
+    assert_eq!((kept.transport(), other.transport()), (Transport::SmcD, Transport::SmcD));
+    assert_eq!(kept.link_group(), other.link_group());
+    first.block_on(echo_once(&mut kept, 0));
+    drop(first);
+    second.block_on(async {
+        let mut b = [0u8; 8];
+        let r = tests::bounded(10, kept.read(&mut b)).await;
+        assert!(r.as_ref().is_err_and(|e| e.to_string().contains("shut down")), "{r:?}");
+        let w = tests::bounded(10, kept.write(b"x")).await;
+        assert!(w.is_err(), "{w:?}");
+        for round in 1..=20 {
+            echo_once(&mut other, round).await;
+        }
+    });
+    drop(kept);
+    drop((second, server_rt));
+}
+
+/// A thread that panics while its runtime drives a link group that another runtime's
+/// connections share leaves that group to the rescue driver, as any runtime's end does: the
+/// panic is the application's, not the driver's, and the other connections go on over shared
+/// memory on the same group.
+#[test]
+fn a_panic_on_one_runtime_leaves_the_groups_it_shares_with_another_running() {
+    let (_server_rt, addr) = tests::echo_server_on_own_runtime();
+    let ctx = smc_tokio::Context::new();
+    let (made, go) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let (made_tx, go_rx, a_ctx) = (made.0, go.1, ctx.clone());
+    let a = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let s = rt.block_on(async { tests::bounded(10, SmcStream::builder().context(&a_ctx).connect(addr)).await });
+        let s = s.unwrap();
+        made_tx.send(s.link_group()).unwrap();
+        let _ = go_rx.recv();
+        // The stream and the runtime (which drives the group) are dropped while unwinding.
+        let _keep = (s, rt);
+        panic!("the application's own panic");
+    });
+    let group = made.1.recv_timeout(Duration::from_secs(10)).unwrap();
+    let rt = runtime();
+    let mut b =
+        rt.block_on(async { tests::bounded(10, SmcStream::builder().context(&ctx).connect(addr)).await.unwrap() });
+    assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "the first thread's group");
+    rt.block_on(echo_once(&mut b, 0));
+    go.0.send(()).unwrap();
+    assert!(a.join().is_err(), "the thread panicked");
+    for round in 1..=50 {
+        rt.block_on(echo_once(&mut b, round));
+    }
+    assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "still over the same group");
+}

@@ -62,6 +62,10 @@ enum ConnError {
     Protocol(String),
     /// The TCP connection failed while the connection moved to it (a handback).
     Tcp(io::ErrorKind, String),
+    /// The runtime whose reactor holds the connection's TCP socket shut down while the
+    /// application still held the stream: as tokio's stream of such a runtime, it reads and
+    /// writes nothing more.
+    RuntimeGone,
 }
 
 impl ConnError {
@@ -111,6 +115,9 @@ impl ConnError {
             }
             ConnError::Protocol(w) => SmcError::Protocol(w.clone()).into(),
             ConnError::Tcp(kind, w) => io::Error::new(*kind, w.clone()),
+            ConnError::RuntimeGone => io::Error::other(
+                "the runtime that held this stream's tcp socket shut down (use a stream on a runtime that runs)",
+            ),
         }
     }
 }
@@ -142,18 +149,31 @@ impl Drop for Watcher {
 
 /// Watches the TCP connection under an SMC connection: nothing arrives on it while SMC runs, so
 /// any readiness is its end, the peer's handback frame, or a protocol violation.
-async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
-    // However the task ends (its runtime may drop it), a socket held for the peer's close is
-    // not left without a watcher.
-    struct Gone(Weak<SmcConn>);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            if let Some(c) = self.0.upgrade() {
-                c.watcher_gone();
-            }
+fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) -> impl std::future::Future<Output = ()> {
+    // Made before the future, so that it goes with it however the task ends (its runtime may
+    // drop it, even before its first turn).
+    let gone = WatcherGone { conn: conn.clone(), delivered: false };
+    watch_until(tcp, conn, gone)
+}
+
+/// Tells the connection that its watcher ended ([`SmcConn::watcher_gone`]): a socket held for
+/// the peer's close is not left without a watcher, and a stream whose watcher went without its
+/// word (its runtime shut down) is not left waiting for that word.
+struct WatcherGone {
+    conn: Weak<SmcConn>,
+    /// The watcher gave the connection its word ([`SmcConn::on_tcp_event`]).
+    delivered: bool,
+}
+
+impl Drop for WatcherGone {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.upgrade() {
+            c.watcher_gone(self.delivered);
         }
     }
-    let _gone = Gone(conn.clone());
+}
+
+async fn watch_until(tcp: Arc<TcpStream>, conn: Weak<SmcConn>, mut gone: WatcherGone) {
     let mut b = [0u8; 1];
     let res = tcp.peek(&mut b).await;
     // A peer announces its SMC close before it lets its TCP socket go. Over shared memory the
@@ -180,6 +200,7 @@ async fn watch(tcp: Arc<TcpStream>, conn: Weak<SmcConn>) {
     if let Some(c) = conn.upgrade() {
         c.on_tcp_event(res);
     }
+    gone.delivered = true;
 }
 
 /// How long a TCP close may precede, over RDMA, the SMC close it follows. The close is a CDC
@@ -2210,11 +2231,19 @@ impl SmcConn {
 
     /// The watcher task ended or was dropped (its runtime shut down, say): a socket held for
     /// the peer's close, which nothing watches now, is closed as it would have been without
-    /// the hold.
-    fn watcher_gone(&self) {
+    /// the hold. One dropped before its word (`delivered`) under a stream the application still
+    /// holds on SMC fails the stream ([`ConnError::RuntimeGone`]): nothing would see the peer's
+    /// end or its move to TCP any more (a read waiting for either waited for good), and the
+    /// socket's reactor is gone, as for tokio's stream of a runtime that shut down, whose reads
+    /// and writes fail. Deliberate stops come after the move or the release.
+    fn watcher_gone(&self, delivered: bool) {
         let mut st = self.lock();
         if st.tcp_hold.is_some() {
             Self::drop_tcp(&mut st);
+        }
+        if !delivered && !st.released && st.handback == Handback::Smc && st.error.is_none() {
+            tracing::debug!(parent: &self.span, "the runtime of the stream's tcp socket shut down: the stream fails");
+            self.fail_locked(&mut st, ConnError::RuntimeGone);
         }
     }
 

@@ -989,6 +989,11 @@ struct DriverGuard {
     /// The driver runs on the rescue thread already, whose runtime never shuts down: a drop
     /// there is a panic, and moving again would only repeat it.
     rescued: bool,
+    /// Set while the driver is polled ([`MarkPoll`]): a drop while the thread panics with this
+    /// set is the driver's own panic. One without it is a runtime dropped while its thread
+    /// unwinds from a panic elsewhere (the application's), whose groups other runtimes'
+    /// connections may share: those are rescued as at any runtime's end.
+    in_poll: Arc<AtomicBool>,
 }
 
 impl DriverGuard {
@@ -1000,7 +1005,8 @@ impl DriverGuard {
 
 impl Drop for DriverGuard {
     fn drop(&mut self) {
-        if !self.done && !self.rescued && !std::thread::panicking() && self.group.is_alive() {
+        let driver_panicked = std::thread::panicking() && self.in_poll.load(Ordering::Relaxed);
+        if !self.done && !self.rescued && !driver_panicked && self.group.is_alive() {
             match rescue(self.group.clone()) {
                 Ok(()) => return,
                 Err(e) => {
@@ -1009,7 +1015,7 @@ impl Drop for DriverGuard {
             }
         }
         self.group.finished.store(true, Ordering::Relaxed);
-        if std::thread::panicking() {
+        if driver_panicked {
             // The driver panicked (a foreign waker it woke, say) on a runtime that lives on:
             // the group ends as a failed link does, and its connections move to their TCP
             // sockets, losing nothing. (`Closed` would end them with an error, as for a runtime
@@ -1078,10 +1084,32 @@ fn drive(group: Arc<LinkGroup>, rescued: bool) -> impl Future<Output = ()> + Sen
     // The guard exists before the task does: a runtime that is shutting down drops what is
     // spawned on it unpolled, and the group must then still move to the rescue driver (or
     // fail), not stay alive with nobody driving it.
-    let guard = DriverGuard { group, done: false, rescued };
-    async move {
+    let in_poll = Arc::new(AtomicBool::new(false));
+    let guard = DriverGuard { group, done: false, rescued, in_poll: in_poll.clone() };
+    let run = async move {
         drive_until_done(&guard.group, rescued).await;
         guard.returned();
+    };
+    MarkPoll { in_poll, fut: Box::pin(run) }
+}
+
+/// A future that says when it is being polled ([`DriverGuard::in_poll`]): a panic that unwinds
+/// out of its poll leaves the mark set.
+struct MarkPoll<F> {
+    in_poll: Arc<AtomicBool>,
+    fut: std::pin::Pin<Box<F>>,
+}
+
+impl<F: Future> Future for MarkPoll<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        // Relaxed: the guard's drop reads it on the thread that polled last (unwinding from this
+        // poll), or after the runtime's own ordering of the task's polls and its drop.
+        self.in_poll.store(true, Ordering::Relaxed);
+        let r = self.fut.as_mut().poll(cx);
+        self.in_poll.store(false, Ordering::Relaxed);
+        r
     }
 }
 
