@@ -708,3 +708,39 @@ async fn more_messages_than_a_move_keeps_while_it_fails_are_all_read() {
     assert_eq!(end.unwrap(), PIECES, "then the end of its stream, as its close said");
     client_rt.shutdown_background();
 }
+
+/// A stream that moved to TCP by itself (its link failed; no `hand_back`) converts to a std
+/// stream at once, its watcher's hold on the socket notwithstanding, and the std stream carries
+/// the connection both ways. (On a current-thread runtime the watcher, stopped as the stream
+/// goes, is not dropped before the runtime's next turn.)
+#[tokio::test]
+async fn a_stream_that_moved_by_itself_converts_to_std() {
+    for round in 0..20 {
+        let (mut client, mut server) = smc_pair(ShmConfig::default()).await;
+        client.write_all(b"before").await.unwrap();
+        let mut b = [0u8; 6];
+        bounded(10, server.read_exact(&mut b)).await.unwrap();
+        client.fail_link().unwrap();
+        bounded(10, async {
+            while client.transport() != moved(HandbackCause::LinkFailed) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let std_client = client.into_std().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let t = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut s = std_client;
+            s.set_nonblocking(false).unwrap();
+            s.write_all(b"from std").unwrap();
+            let mut got = [0u8; 5];
+            s.read_exact(&mut got).unwrap();
+            got
+        });
+        let mut b = [0u8; 8];
+        bounded(10, server.read_exact(&mut b)).await.unwrap();
+        assert_eq!(&b, b"from std", "round {round}");
+        server.write_all(b"reply").await.unwrap();
+        assert_eq!(&bounded(10, t).await.unwrap(), b"reply", "round {round}");
+    }
+}

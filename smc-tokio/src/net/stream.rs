@@ -999,7 +999,9 @@ impl SmcStream {
     /// closed (as dropping the stream would). So does a TCP stream that a
     /// [`cork`](SmcStream::cork) guard still holds, and a server stream that owes its client
     /// a reply to a late in-band handshake message, or whose socket holds the start of what may
-    /// be one (left there until it is whole, or taken for data). A server stream that has not
+    /// be one (left there until it is whole, or taken for data), and a moved one whose bytes
+    /// consumed before the move are still on their way to be skipped
+    /// ([`WouldBlock`](io::ErrorKind::WouldBlock): read first). A server stream that has not
     /// read yet can still get such a message (from a client that proposes SMC-R in-band to a
     /// listener that cannot take it): once converted, nothing answers it, and its bytes reach
     /// the std stream as data. Read from the stream first where such clients may connect.
@@ -1054,11 +1056,22 @@ impl SmcStream {
                 ));
             }
         }
+        if self.tcp_corks.load(Ordering::Acquire) > 0 {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a cork guard still holds the stream"));
+        }
         let tcp = self.tcp.clone();
         drop(self);
         match Arc::try_unwrap(tcp) {
             Ok(tcp) => tcp.into_std(),
-            Err(_) => Err(io::Error::new(io::ErrorKind::Unsupported, "a cork guard still holds the stream")),
+            // A task still holds the socket as it ends: the watcher of a connection that moved
+            // to TCP by itself (a failed link, the peer's move), stopped as this stream went.
+            // The std stream takes a duplicate of the descriptor; the task closes its own, which
+            // ends nothing while this one is open.
+            Err(tcp) => {
+                let std = socket2::SockRef::from(&*tcp).try_clone()?;
+                std.set_nonblocking(true)?;
+                Ok(std.into())
+            }
         }
     }
 
