@@ -732,6 +732,7 @@ async fn a_stream_that_moved_by_itself_converts_to_std() {
             use std::io::{Read, Write};
             let mut s = std_client;
             s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             s.write_all(b"from std").unwrap();
             let mut got = [0u8; 5];
             s.read_exact(&mut got).unwrap();

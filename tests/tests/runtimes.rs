@@ -385,8 +385,8 @@ fn a_listener_whose_runtime_shut_down_fails_its_accepts() {
 
 /// A stream kept after the runtime it was made on shut down fails its reads and writes, as
 /// tokio's stream of such a runtime does, instead of waiting for good (nothing watches its TCP
-/// socket any more, so the peer's end or its move to TCP would never be seen); the peer sees
-/// its connection end. A stream made on another runtime of the same link group goes on.
+/// socket any more, so the peer's end or its move to TCP would never be seen). A stream made
+/// on another runtime of the same link group goes on.
 #[test]
 fn a_stream_kept_after_its_runtime_shut_down_fails_instead_of_hanging() {
     let (server_rt, addr) = tests::echo_server_on_own_runtime();
@@ -400,7 +400,7 @@ fn a_stream_kept_after_its_runtime_shut_down_fails_instead_of_hanging() {
     second.block_on(async {
         let mut b = [0u8; 8];
         let r = tests::bounded(10, kept.read(&mut b)).await;
-        assert!(r.as_ref().is_err_and(|e| e.to_string().contains("shut down")), "{r:?}");
+        assert!(r.as_ref().is_err_and(|e| e.to_string().contains("stream's tcp socket shut down")), "{r:?}");
         let w = tests::bounded(10, kept.write(b"x")).await;
         assert!(w.is_err(), "{w:?}");
         for round in 1..=20 {
@@ -419,28 +419,73 @@ fn a_stream_kept_after_its_runtime_shut_down_fails_instead_of_hanging() {
 fn a_panic_on_one_runtime_leaves_the_groups_it_shares_with_another_running() {
     let (_server_rt, addr) = tests::echo_server_on_own_runtime();
     let ctx = smc_tokio::Context::new();
-    let (made, go) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
-    let (made_tx, go_rx, a_ctx) = (made.0, go.1, ctx.clone());
+    let (made_tx, made_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let a_ctx = ctx.clone();
     let a = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let s = rt.block_on(async { tests::bounded(10, SmcStream::builder().context(&a_ctx).connect(addr)).await });
-        let s = s.unwrap();
-        made_tx.send(s.link_group()).unwrap();
-        let _ = go_rx.recv();
+        // The runtime runs (and drives the group it made) until the word comes.
+        let s = rt.block_on(async {
+            let s = tests::bounded(10, SmcStream::builder().context(&a_ctx).connect(addr)).await.unwrap();
+            made_tx.send(s.link_group()).unwrap();
+            let _ = go_rx.await;
+            s
+        });
         // The stream and the runtime (which drives the group) are dropped while unwinding.
         let _keep = (s, rt);
         panic!("the application's own panic");
     });
-    let group = made.1.recv_timeout(Duration::from_secs(10)).unwrap();
+    let group = made_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     let rt = runtime();
     let mut b =
         rt.block_on(async { tests::bounded(10, SmcStream::builder().context(&ctx).connect(addr)).await.unwrap() });
     assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "the first thread's group");
     rt.block_on(echo_once(&mut b, 0));
-    go.0.send(()).unwrap();
+    go_tx.send(()).unwrap();
     assert!(a.join().is_err(), "the thread panicked");
     for round in 1..=50 {
         rt.block_on(echo_once(&mut b, round));
     }
     assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "still over the same group");
+}
+
+/// A runtime that shuts down with the tasks that hold its SMC streams ends each connection in
+/// order, whatever order it drops its tasks in (the stream's, or the watcher of its TCP
+/// socket, first): the peer reads what was written, then the end of the stream, as from
+/// tokio's streams, never a reset.
+#[test]
+fn a_runtime_that_shuts_down_under_its_streams_closes_them_in_order() {
+    let server_rt = runtime();
+    let l = server_rt.block_on(SmcListener::bind("127.0.0.1:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+    server_rt.spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                s.write_all(b"hi").await.unwrap();
+                // Held until the runtime drops the task.
+                std::future::pending::<()>().await;
+                drop(s);
+            });
+        }
+    });
+    let rt = runtime();
+    let mut clients = rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..32 {
+            let mut c = tests::bounded(10, SmcStream::connect(addr)).await.unwrap();
+            assert_eq!(c.transport(), Transport::SmcD);
+            let mut b = [0u8; 2];
+            tests::bounded(10, c.read_exact(&mut b)).await.unwrap();
+            clients.push(c);
+        }
+        clients
+    });
+    drop(server_rt);
+    rt.block_on(async {
+        for (i, c) in clients.iter_mut().enumerate() {
+            let mut b = [0u8; 8];
+            let r = tests::bounded(10, c.read(&mut b)).await;
+            assert_eq!(r.map_err(|e| e.kind()), Ok(0), "connection {i}: the end of the stream");
+        }
+    });
 }

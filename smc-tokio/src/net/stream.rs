@@ -1000,8 +1000,8 @@ impl SmcStream {
     /// [`cork`](SmcStream::cork) guard still holds, and a server stream that owes its client
     /// a reply to a late in-band handshake message, or whose socket holds the start of what may
     /// be one (left there until it is whole, or taken for data), and a moved one whose bytes
-    /// consumed before the move are still on their way to be skipped
-    /// ([`WouldBlock`](io::ErrorKind::WouldBlock): read first). A server stream that has not
+    /// consumed before the move are still on their way to be skipped (a read on TCP after the
+    /// move takes them off first). A server stream that has not
     /// read yet can still get such a message (from a client that proposes SMC-R in-band to a
     /// listener that cannot take it): once converted, nothing answers it, and its bytes reach
     /// the std stream as data. Read from the stream first where such clients may connect.
@@ -1051,8 +1051,8 @@ impl SmcStream {
             }
             if s.conn.has_tcp_skip() {
                 return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "bytes consumed before the move to tcp are still on their way to be skipped: read first, then convert",
+                    io::ErrorKind::Unsupported,
+                    "bytes consumed before the move to tcp were still on their way to be skipped: the connection is closed (convert after a read on tcp)",
                 ));
             }
         }

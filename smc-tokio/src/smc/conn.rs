@@ -315,6 +315,9 @@ struct ConnState {
     /// The connection's end (its error, or the peer's abort) was reported to a read or a write
     /// ([`SmcConn::report_end`]): reads find the end of stream now, writes `BrokenPipe`.
     end_reported: bool,
+    /// The watcher went without its word while the application held the stream (its runtime
+    /// shut down): the stream fails at its next use ([`SmcConn::claim_watch_lost`]).
+    watch_lost: bool,
     /// The link group failed: nothing can be sent, and the slot went with the group.
     link_down: bool,
     /// A CDC send met the RDMA link failed before its group did (`flush_cdc_inline`): a flush
@@ -822,6 +825,7 @@ impl SmcConn {
                 lingering: None,
                 linger_unread: 0,
                 end_reported: false,
+                watch_lost: false,
                 link_down: false,
                 send_failed: None,
                 keepalive_before: None,
@@ -943,7 +947,7 @@ impl SmcConn {
     /// (once) to a read that returns bytes. With only empty buffers: `Ok(0)` once readable.
     pub(crate) fn try_read_vectored(&self, bufs: &mut [io::IoSliceMut<'_>], reader: Reader) -> io::Result<usize> {
         let r = self.poll_received(None, true, reader, 0, |st, avail| {
-            let (mut left, mut total) = (avail, 0usize);
+            let (mut left, mut total, reported) = (avail, 0usize, st.end_reported);
             for b in bufs.iter_mut() {
                 let n = left.min(u32::try_from(b.len()).unwrap_or(u32::MAX));
                 if n == 0 {
@@ -952,8 +956,16 @@ impl SmcConn {
                     }
                     continue;
                 }
-                self.copy_out(st, &mut ReadBuf::new(&mut b[..]), n, Take::Consume)?;
-                (left, total) = (left - n, total + n as usize);
+                match self.copy_out(st, &mut ReadBuf::new(&mut b[..]), n, Take::Consume) {
+                    Ok(()) => (left, total) = (left - n, total + n as usize),
+                    // The bytes of the buffers before are consumed: they are returned, and the
+                    // error is the next read's.
+                    Err(_) if total > 0 => {
+                        st.end_reported = reported;
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Ok(total)
         });
@@ -1215,6 +1227,7 @@ impl SmcConn {
         let mut held = HeldWaker::default();
         for attempt in 0..2 {
             let mut st = self.lock();
+            self.claim_watch_lost(&mut st);
             if reader == Reader::Other {
                 // Another handle of a stream whose read half lends (a write half's `as_ref`):
                 // it must not take, nor end the hold on, bytes that half may still hold.
@@ -1343,6 +1356,7 @@ impl SmcConn {
         let mut yield_cpu = false;
         for attempt in 0..2 {
             let mut st = self.lock();
+            self.claim_watch_lost(&mut st);
             match st.handback {
                 Handback::Smc => {}
                 Handback::Moving(_) if st.error.is_none() => {
@@ -1749,10 +1763,13 @@ impl SmcConn {
         if want == 0 {
             // As a send of nothing on TCP: nothing goes, but a connection that can take no
             // more says so.
-            return Poll::Ready(Self::refuses_writes(&mut self.lock()).map_or(Ok(0), Err));
+            let mut st = self.lock();
+            self.claim_watch_lost(&mut st);
+            return Poll::Ready(Self::refuses_writes(&mut st).map_or(Ok(0), Err));
         }
         for attempt in 0..2 {
             let mut st = self.lock();
+            self.claim_watch_lost(&mut st);
             if st.error.is_some() {
                 if let Some(e) = Self::refuses_writes(&mut st) {
                     return Poll::Ready(Err(e));
@@ -1841,6 +1858,7 @@ impl SmcConn {
     /// the kernel's once written.
     pub(crate) fn poll_flush(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut st = self.lock();
+        self.claim_watch_lost(&mut st);
         if let Some(e) = &st.error {
             return Poll::Ready(Err(e.to_io()));
         }
@@ -1951,6 +1969,7 @@ impl SmcConn {
     /// written so far.
     pub(crate) fn shutdown(&self) -> io::Result<()> {
         let mut st = self.lock();
+        self.claim_watch_lost(&mut st);
         if let Some(e) = &st.error {
             return e.after_shutdown();
         }
@@ -1971,6 +1990,7 @@ impl SmcConn {
     /// [`poll_flush`](Self::poll_flush) does, once the close is delivered.
     pub(crate) fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let mut st = self.lock();
+        self.claim_watch_lost(&mut st);
         if let Some(e) = &st.error {
             return Poll::Ready(e.after_shutdown());
         }
@@ -2232,18 +2252,30 @@ impl SmcConn {
     /// The watcher task ended or was dropped (its runtime shut down, say): a socket held for
     /// the peer's close, which nothing watches now, is closed as it would have been without
     /// the hold. One dropped before its word (`delivered`) under a stream the application still
-    /// holds on SMC fails the stream ([`ConnError::RuntimeGone`]): nothing would see the peer's
-    /// end or its move to TCP any more (a read waiting for either waited for good), and the
-    /// socket's reactor is gone, as for tokio's stream of a runtime that shut down, whose reads
-    /// and writes fail. Deliberate stops come after the move or the release.
+    /// holds on SMC leaves the stream to fail at its next use ([`Self::claim_watch_lost`]), and
+    /// wakes whoever waits on it: nothing would see the peer's end or its move to TCP any more
+    /// (a read waiting for either waited for good). Not at once: a runtime that shuts down
+    /// drops its tasks in no set order, and an application task dropped after the watcher
+    /// still closes its stream in order. Deliberate stops come after the move or the release.
     fn watcher_gone(&self, delivered: bool) {
         let mut st = self.lock();
         if st.tcp_hold.is_some() {
             Self::drop_tcp(&mut st);
         }
         if !delivered && !st.released && st.handback == Handback::Smc && st.error.is_none() {
+            st.watch_lost = true;
+            st.rx_waiters.wake();
+            st.tx_waiters.wake();
+        }
+    }
+
+    /// A stream whose watcher went without its word (its runtime shut down) fails when the
+    /// application uses it ([`ConnError::RuntimeGone`]), as tokio's stream of a runtime that
+    /// shut down fails its reads and writes; the peer reads an abort.
+    fn claim_watch_lost(&self, st: &mut ConnState) {
+        if st.watch_lost && !st.released && st.handback == Handback::Smc && st.error.is_none() {
             tracing::debug!(parent: &self.span, "the runtime of the stream's tcp socket shut down: the stream fails");
-            self.fail_locked(&mut st, ConnError::RuntimeGone);
+            self.fail_locked(st, ConnError::RuntimeGone);
         }
     }
 
