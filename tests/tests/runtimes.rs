@@ -449,22 +449,31 @@ fn a_panic_on_one_runtime_leaves_the_groups_it_shares_with_another_running() {
     assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "still over the same group");
 }
 
-/// A runtime that shuts down with the tasks that hold its SMC streams ends each connection in
-/// order, whatever order it drops its tasks in (the stream's, or the watcher of its TCP
-/// socket, first): the peer reads what was written, then the end of the stream, as from
-/// tokio's streams, never a reset.
+/// A runtime that shuts down with the tasks that hold its SMC streams (whole, or split into
+/// owned halves) ends each connection in order, whatever order it drops its tasks in (the
+/// stream's, or the watcher of its TCP socket, first): the peer reads what was written, then
+/// the end of the stream, as from tokio's streams, never a reset.
 #[test]
 fn a_runtime_that_shuts_down_under_its_streams_closes_them_in_order() {
     let server_rt = runtime();
     let l = server_rt.block_on(SmcListener::bind("127.0.0.1:0")).unwrap();
     let addr = l.local_addr().unwrap();
     server_rt.spawn(async move {
+        let mut n = 0;
         while let Ok((mut s, _)) = l.accept().await {
+            n += 1;
+            let split = n % 2 == 0;
             tokio::spawn(async move {
                 s.write_all(b"hi").await.unwrap();
                 // Held until the runtime drops the task.
-                std::future::pending::<()>().await;
-                drop(s);
+                if split {
+                    let halves = s.into_split();
+                    std::future::pending::<()>().await;
+                    drop(halves);
+                } else {
+                    std::future::pending::<()>().await;
+                    drop(s);
+                }
             });
         }
     });

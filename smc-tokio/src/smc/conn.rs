@@ -1968,8 +1968,9 @@ impl SmcConn {
     /// Half-close without waiting (a dropped write half): the peer reads EOF after the bytes
     /// written so far.
     pub(crate) fn shutdown(&self) -> io::Result<()> {
+        // No claim of a lost watcher here: this is a dropped write half's, which closes our
+        // side in order, as tokio's (a direct `shutdown(2)`) does after its runtime went.
         let mut st = self.lock();
-        self.claim_watch_lost(&mut st);
         if let Some(e) = &st.error {
             return e.after_shutdown();
         }
