@@ -626,9 +626,9 @@ impl ShmConfig {
     /// off.
     ///
     /// Unlike Nagle's algorithm, which waits for the peer's kernel, this waits for the peer's
-    /// application: a peer that only peeks until a whole message is there, without reading,
-    /// waits for the writer's next flush, shutdown or larger write. Flush after a message where
-    /// such readers may be on the other end.
+    /// application; a reader of this crate's that only peeks asks for what is held, and gets
+    /// it. A peer of an earlier version that only peeks until a whole message is there waits
+    /// for the writer's next flush, shutdown or larger write.
     ///
     /// # Examples
     ///

@@ -423,3 +423,25 @@ async fn inline_and_autocork_keep_every_byte() {
         assert!(r.unwrap() == burst, "{cfg:?}: burst");
     }
 }
+
+/// A reader that peeks until a whole message is there gets it from an autocorking writer, as
+/// from TCP: autocork holds small writes until the reader consumes what came before, and a
+/// peek consumes nothing, so the peek asks the writer for what it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_only_peeks_gets_what_autocork_holds() {
+    let (mut client, mut server) = smc_pair(ShmConfig::default().autocork(4096)).await;
+    assert!(client.transport().is_smc());
+    client.write_all(&[1; 10]).await.unwrap();
+    client.write_all(&[2; 10]).await.unwrap();
+    let mut b = [0u8; 20];
+    bounded(10, async {
+        while server.peek(&mut b).await.unwrap() < 20 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert_eq!((&b[..10], &b[10..]), (&[1u8; 10][..], &[2u8; 10][..]));
+    let mut got = [0u8; 20];
+    server.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, b, "the read returns what the peek showed");
+}

@@ -156,6 +156,13 @@ pub struct ConnEngine {
     corked: bool,
     push_once: bool,
     autocork: u32,
+    /// The peer asked for what we hold (`cons_curs_upd_req`): autocork lets it go, as the
+    /// kernel's SMC sends what it holds at that request. Cleared once all is announced.
+    peer_wants_data: bool,
+    /// We ask the peer for what it holds ([`ConnEngine::ask_for_data`]) with the next message.
+    ask_data_due: bool,
+    /// The peer's producer cursor when we last asked: once per arrival, not once per look.
+    asked_at: Option<Cursor>,
     done_writing: bool,
     done_writing_sent: bool,
     closed: bool,
@@ -233,6 +240,9 @@ impl ConnEngine {
             corked: false,
             push_once: false,
             autocork: 0,
+            peer_wants_data: false,
+            ask_data_due: false,
+            asked_at: None,
             done_writing: false,
             done_writing_sent: false,
             closed: false,
@@ -1330,6 +1340,7 @@ impl ConnEngine {
         self.peer_write_blocked = f.contains(CdcFlags::WRITE_BLOCKED);
         if f.contains(CdcFlags::CONS_CURS_UPD_REQ) {
             self.peer_write_blocked = true;
+            self.peer_wants_data = true;
         }
         self.peer_done_writing |= f.contains(CdcFlags::PEER_DONE_WRITING) || f.contains(CdcFlags::PEER_CONN_CLOSED);
         self.peer_closed |= f.contains(CdcFlags::PEER_CONN_CLOSED);
@@ -1419,6 +1430,7 @@ impl ConnEngine {
                 || (self.closed && !self.closed_sent)
                 || (self.aborted && !self.aborted_sent)
                 || (self.write_blocked && !self.write_blocked_sent)
+                || self.ask_data_due
                 || self.tx_resize_due
                 || self.rx_resize_ack_due)
             // A read moves the consumer cursor, most often by less than an update is due for:
@@ -1437,6 +1449,7 @@ impl ConnEngine {
             || (self.closed && !self.closed_sent && !held)
             || (self.aborted && !self.aborted_sent)
             || (self.write_blocked && !self.write_blocked_sent)
+            || self.ask_data_due
             || (self.tx_resize_due && !self.tx_restart_quiet)
             || (self.rx_resize_ack_due && !self.rx_resize_ack_quiet);
         if !(prod_due || flags_due || self.cons_update_due()) {
@@ -1449,8 +1462,9 @@ impl ConnEngine {
         if self.write_blocked {
             flags.insert(CdcFlags::WRITE_BLOCKED);
         }
-        if prod_due && self.autocork > 0 {
+        if (prod_due && self.autocork > 0) || self.ask_data_due {
             // Autocork holds later writes until this data is consumed: ask the peer to say so.
+            // Or a peek wants more than is there: ask the peer for what its autocork holds.
             flags.insert(CdcFlags::CONS_CURS_UPD_REQ);
         }
         let all_announced = !held || self.aborted;
@@ -1488,6 +1502,9 @@ impl ConnEngine {
             return true;
         }
         if self.autocork > 0 {
+            if self.peer_wants_data {
+                return false;
+            }
             let outstanding = self.tx_ring.distance(self.peer_cons, self.tx_prod_sent).unwrap_or(0) > 0;
             return outstanding && self.tx_unpublished() < self.autocork;
         }
@@ -1516,6 +1533,35 @@ impl ConnEngine {
         if self.tx_prod != self.tx_prod_sent {
             self.push_once = true;
         }
+    }
+
+    /// A peek found fewer bytes than it wanted: asks the peer, with the next message, for what
+    /// its autocork may hold back (it holds small writes until we consume, and a peek does
+    /// not), once per arrival of bytes. Returns whether a message is now owed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use smc_tokio::proto::pair::{flush, EnginePair};
+    /// # let EnginePair { mut a, mut b, .. } = EnginePair::new(100);
+    /// a.set_autocork(64);
+    /// a.tx_commit(10).unwrap();
+    /// flush(&mut a, &mut b);
+    /// a.tx_commit(10).unwrap();
+    /// assert!(a.poll_cdc().is_none()); // held: the first 10 bytes are unconsumed
+    /// assert!(b.ask_for_data());
+    /// assert!(!b.ask_for_data(), "once per arrival");
+    /// flush(&mut b, &mut a);
+    /// flush(&mut a, &mut b);
+    /// assert_eq!(b.rx_available(), 20);
+    /// ```
+    pub fn ask_for_data(&mut self) -> bool {
+        if self.asked_at == Some(self.peer_prod) {
+            return false;
+        }
+        self.asked_at = Some(self.peer_prod);
+        self.ask_data_due = true;
+        true
     }
 
     /// Coalesces small writes while earlier data is unconsumed, up to `limit` bytes (0: off),
@@ -1620,6 +1666,10 @@ impl ConnEngine {
         self.tx_prod_sent = msg.prod;
         if msg.prod == self.tx_prod {
             self.push_once = false;
+            self.peer_wants_data = false;
+        }
+        if msg.flags.contains(CdcFlags::CONS_CURS_UPD_REQ) {
+            self.ask_data_due = false;
         }
         self.rx_cons_sent = msg.cons;
         let f = msg.flags;

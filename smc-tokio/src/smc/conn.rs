@@ -1019,6 +1019,12 @@ impl SmcConn {
                 // clears a socket's readiness after a `poll_read` shorter than its buffer.
                 st.rx_ready_hint = false;
             }
+            if !consuming && n < room && st.engine.ask_for_data() {
+                // A peek that wants more than is there consumes nothing, and an autocorking
+                // writer holds its next bytes until we do: a reader that peeks until a whole
+                // message is there would wait for good. Ask for them.
+                self.flush_cdc(st);
+            }
             self.copy_out(st, buf, n, take).map(|()| n as usize)
         })
     }
