@@ -38,6 +38,7 @@ use crate::handshake::{Channel, Established, Owed, Step};
 use crate::proto::clc::{eyecatcher_prefix_matches, DeclineReason, LinkInfo, Proposal, CLC_MAX_LEN};
 use crate::proto::handshake::{Outcome, ServerEvent, ServerHandshake, Side, Timeouts};
 use crate::smc::conn::PendingConn;
+use crate::smc::group::MarkPoll;
 use crate::smc::shm::SideListener;
 use crate::stats::{self, DoorEvent};
 use crate::transport::{FallbackReason, Transport};
@@ -1661,13 +1662,15 @@ pub(crate) fn run(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>
     /// with its runtime, or unwound by a panic (a runtime without timers panics at the door's
     /// first timer). The door closes, so same-host clients stop registering with nobody to
     /// answer, what was queued is reset, and every waiting `accept` is woken to meet the error.
-    struct Orphan(Arc<ListenerShared>);
+    /// The listener, and whether its task is being polled ([`MarkPoll`]).
+    struct Orphan(Arc<ListenerShared>, Arc<AtomicBool>);
     impl Drop for Orphan {
         fn drop(&mut self) {
             if self.0.is_closed() {
                 return;
             }
-            let why = if std::thread::panicking() {
+            // Its own panic, not a runtime dropped while its thread unwinds from another.
+            let why = if std::thread::panicking() && self.1.load(Ordering::Relaxed) {
                 "the smc listener's task panicked (a runtime built without `enable_time`?): it accepts no more"
             } else {
                 "the runtime the smc listener was bound on shut down: it accepts no more"
@@ -1680,11 +1683,12 @@ pub(crate) fn run(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>
     }
     // Made with the future, not in its first poll: a task dropped before it ever ran (its
     // runtime shut down at once) ends the listener too.
-    let orphan = Orphan(shared.clone());
-    async move {
+    let in_poll = Arc::new(AtomicBool::new(false));
+    let orphan = Orphan(shared.clone(), in_poll.clone());
+    MarkPoll::new(in_poll, async move {
         let _orphan = orphan;
         turns(shared, tcp).await;
-    }
+    })
 }
 
 /// The listener task's turns, until the listener closes (or is dropped: `tcp` is the

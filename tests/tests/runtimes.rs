@@ -498,3 +498,30 @@ fn a_runtime_that_shuts_down_under_its_streams_closes_them_in_order() {
         }
     });
 }
+
+/// A listener whose runtime is dropped while its thread unwinds from the application's panic
+/// fails its accepts saying its runtime shut down, not that its own task panicked (which points
+/// at a runtime built without timers).
+#[test]
+fn a_listener_whose_runtime_unwinds_from_a_panic_says_its_runtime_shut_down() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let l = rt.block_on(async {
+            let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+            // The listener's task has run.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            l
+        });
+        tx.send(l).unwrap();
+        let _keep = rt;
+        panic!("the application's own panic");
+    });
+    let l = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(t.join().is_err(), "the thread panicked");
+    let rt = runtime();
+    rt.block_on(async {
+        let e = tests::bounded(10, l.accept()).await.map(drop).expect_err("an accept succeeded");
+        assert!(e.to_string().contains("shut down") && !e.to_string().contains("panicked"), "{e}");
+    });
+}

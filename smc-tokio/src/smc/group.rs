@@ -1090,14 +1090,22 @@ fn drive(group: Arc<LinkGroup>, rescued: bool) -> impl Future<Output = ()> + Sen
         drive_until_done(&guard.group, rescued).await;
         guard.returned();
     };
-    MarkPoll { in_poll, fut: Box::pin(run) }
+    MarkPoll::new(in_poll, run)
 }
 
-/// A future that says when it is being polled ([`DriverGuard::in_poll`]): a panic that unwinds
-/// out of its poll leaves the mark set.
-struct MarkPoll<F> {
+/// A future that says when it is being polled ([`DriverGuard::in_poll`], and the listener's
+/// task's end): a panic that unwinds out of its poll leaves the mark set, so a guard dropped
+/// while the thread panics tells the task's own panic from a runtime dropped while its thread
+/// unwinds from another.
+pub(crate) struct MarkPoll<F> {
     in_poll: Arc<AtomicBool>,
     fut: std::pin::Pin<Box<F>>,
+}
+
+impl<F> MarkPoll<F> {
+    pub(crate) fn new(in_poll: Arc<AtomicBool>, fut: F) -> MarkPoll<F> {
+        MarkPoll { in_poll, fut: Box::pin(fut) }
+    }
 }
 
 impl<F: Future> Future for MarkPoll<F> {
