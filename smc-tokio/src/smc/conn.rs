@@ -1074,13 +1074,7 @@ impl SmcConn {
                     st.lent = n;
                     Ok(Lent::Copied(n as usize))
                 }
-                Err(e) => {
-                    let e = ConnError::from_link(&e);
-                    self.fail_locked(st, e.clone());
-                    // Reported here: later reads find the end (`report_end`).
-                    st.end_reported = true;
-                    Err(e.to_io())
-                }
+                Err(e) => Err(self.fail_reported(st, ConnError::from_link(&e))),
             }
         })
     }
@@ -1571,14 +1565,13 @@ impl SmcConn {
         // The inline copy serves the bytes at the consumer cursor, past nothing peeked. A read
         // lets go of a copy it does not use (its position is behind, or too long for the read);
         // a peek leaves it.
-        let at_cursor =
-            |st: &ConnState, inl: &Inline| skip == 0 && st.engine.rx_cons() == inl.at && inl.len <= n as usize - held;
+        let cons = st.engine.rx_cons();
+        let at_cursor = |inl: &Inline| skip == 0 && cons == inl.at && inl.len <= n as usize - held;
         let inline = match take {
-            Take::Consume => st.inline.take(),
-            Take::Peek if st.inline.as_ref().is_some_and(|i| at_cursor(st, i)) => st.inline.take(),
-            Take::Peek => None,
+            Take::Consume => st.inline.take().filter(|i| at_cursor(i)),
+            Take::Peek => st.inline.take_if(|i| at_cursor(i)),
         };
-        if let Some(inl) = inline.filter(|i| at_cursor(st, i)) {
+        if let Some(inl) = inline {
             buf.put_slice(&inl.data[..inl.len]);
             match take {
                 // rx_available covered n >= inl.len bytes.
@@ -1615,11 +1608,7 @@ impl SmcConn {
             // (or fails without claiming them); they are marked initialized only afterwards.
             let dst = unsafe { &mut buf.unfilled_mut()[done..done + len as usize] };
             if let Err(e) = link.rx_read(link.rx_token(self.our_token, peer_token), off, dst) {
-                let e = ConnError::from_link(&e);
-                self.fail_locked(st, e.clone());
-                // Reported here: later reads find the end (`report_end`).
-                st.end_reported = true;
-                return Err(e.to_io());
+                return Err(self.fail_reported(st, ConnError::from_link(&e)));
             }
             done += len as usize;
         }
@@ -1809,11 +1798,7 @@ impl SmcConn {
                     Ok(k) => k.min(n),
                     Err(FillError::Io(e)) => return Poll::Ready(Err(e)),
                     Err(FillError::Link(e)) => {
-                        let e = ConnError::from_link(&e);
-                        self.fail_locked(&mut st, e.clone());
-                        // Reported here: later writes get `BrokenPipe` (`report_end`).
-                        st.end_reported = true;
-                        return Poll::Ready(Err(e.to_io()));
+                        return Poll::Ready(Err(self.fail_reported(&mut st, ConnError::from_link(&e))));
                     }
                 };
                 // tx_spans succeeded for n >= filled, so committing cannot fail.
@@ -2269,18 +2254,23 @@ impl SmcConn {
         if st.tcp_hold.is_some() {
             Self::drop_tcp(&mut st);
         }
-        if !delivered && !st.released && st.handback == Handback::Smc && st.error.is_none() {
+        if !delivered && Self::held_on_smc(&st) {
             st.watch_lost = true;
             st.rx_waiters.wake();
             st.tx_waiters.wake();
         }
     }
 
+    /// Whether the application still holds the stream, on SMC, and it has not ended.
+    fn held_on_smc(st: &ConnState) -> bool {
+        !st.released && st.handback == Handback::Smc && st.error.is_none()
+    }
+
     /// A stream whose watcher went without its word (its runtime shut down) fails when the
     /// application uses it ([`ConnError::RuntimeGone`]), as tokio's stream of a runtime that
     /// shut down fails its reads and writes; the peer reads an abort.
     fn claim_watch_lost(&self, st: &mut ConnState) {
-        if st.watch_lost && !st.released && st.handback == Handback::Smc && st.error.is_none() {
+        if st.watch_lost && Self::held_on_smc(st) {
             tracing::debug!(parent: &self.span, "the runtime of the stream's tcp socket shut down: the stream fails");
             self.fail_locked(st, ConnError::RuntimeGone);
         }
@@ -2483,6 +2473,15 @@ impl SmcConn {
                 self.fail_locked(st, ConnError::Protocol(e.to_string()));
             }
         }
+    }
+
+    /// [`fail_locked`](Self::fail_locked) by a read or write that returns the error: that
+    /// counts as its report ([`report_end`](Self::report_end)).
+    fn fail_reported(&self, st: &mut ConnState, err: ConnError) -> io::Error {
+        let e = err.to_io();
+        self.fail_locked(st, err);
+        st.end_reported = true;
+        e
     }
 
     fn fail_locked(&self, st: &mut ConnState, err: ConnError) {
