@@ -417,7 +417,7 @@ pub fn shm_rx(data: &[u8]) {
                 }
             }
         }
-        let _ = rx.arm(&ours, &peer);
+        let _ = rx.arm(&ours, &peer, false);
         assert!(engine.tx_in_flight() <= ring.get());
     }
     assert!(engine.tx_free() <= ring.get());

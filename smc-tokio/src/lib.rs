@@ -97,7 +97,10 @@
 //! Link groups are shared by the whole process, whatever runtime made them. A group's driver
 //! runs on the runtime that set it up; if that runtime shuts down while the group is alive, the
 //! group moves to a rescue thread of this crate's and its connections on other runtimes go on
-//! ([`Stats::link_groups_rescued`] counts it). A runtime per request works.
+//! ([`Stats::link_groups_rescued`] counts it). A runtime per request works. Connections that
+//! another runtime makes on a shared-memory group are looked after by a task of their own
+//! runtime as well ([`Stats::link_group_co_drivers`]), so they need their runtime to run and no
+//! other, as tokio's streams do; over RDMA they depend on the group's runtime running too.
 //!
 //! # Layers
 //!

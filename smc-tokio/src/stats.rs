@@ -51,6 +51,7 @@ struct Lane {
     bytes_received: [AtomicU64; 3],
     link_groups: AtomicU64,
     link_groups_rescued: AtomicU64,
+    co_drivers: AtomicU64,
     tcp_held: AtomicU64,
     adaptive_fallbacks: AtomicU64,
     rmb_grown: AtomicU64,
@@ -305,6 +306,16 @@ impl Counters {
         }
     }
 
+    /// A co-driver of a link group started (`up`) or ended.
+    pub(crate) fn co_driver(&self, up: bool) {
+        // Maybe on another lane than the one it went up on: lanes wrap (see `gauge`).
+        if up {
+            self.lane().co_drivers.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.lane().co_drivers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn link_group_rescued(&self) {
         self.lane().link_groups_rescued.fetch_add(1, Ordering::Relaxed);
     }
@@ -514,6 +525,10 @@ pub struct Stats {
     /// Link groups that outlived the runtime that drove them and moved to the rescue driver
     /// (their connections belonged to other runtimes, or still could).
     pub link_groups_rescued: u64,
+    /// Tasks that wait on a shared-memory link group's doorbell on a runtime other than the one
+    /// that drives the group, for that runtime's connections on it (a connection needs its own
+    /// runtime to run, and no other). One per such runtime and group, while the group lives.
+    pub link_group_co_drivers: u64,
     /// TCP sockets of shared-memory connections that the application closed, held open until
     /// the peer closes its end too, when the last of the two resets the TCP connection instead
     /// of a FIN exchange (no `TIME_WAIT` on either end). At most a sixteenth of the process's
@@ -680,6 +695,7 @@ impl Counters {
             bytes_received: self.sums(|l| &l.bytes_received),
             link_groups: self.gauge(|l| &l.link_groups),
             link_groups_rescued: self.sum(|l| &l.link_groups_rescued),
+            link_group_co_drivers: self.gauge(|l| &l.co_drivers),
             tcp_held: self.gauge(|l| &l.tcp_held),
             rmb_bytes: budget.in_use(),
             adaptive_fallbacks: self.sum(|l| &l.adaptive_fallbacks),
@@ -821,7 +837,7 @@ impl fmt::Display for Stats {
         )?;
         write!(
             f,
-            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {}; tcp held for peers' closes {}; rmb memory {} B, grown {}; adaptive fallbacks {}; no rdma: off {}, no lib {}, no device {}, no port {}",
+            "bytes sent/received: smc-d {}/{}, smc-r {}/{}, tcp {}/{}; link groups {} (co-drivers {}); tcp held for peers' closes {}; rmb memory {} B, grown {}; adaptive fallbacks {}; no rdma: off {}, no lib {}, no device {}, no port {}",
             self.bytes_sent[0],
             self.bytes_received[0],
             self.bytes_sent[1],
@@ -829,6 +845,7 @@ impl fmt::Display for Stats {
             self.bytes_sent[2],
             self.bytes_received[2],
             self.link_groups,
+            self.link_group_co_drivers,
             self.tcp_held,
             self.rmb_bytes,
             self.rmb_grown,

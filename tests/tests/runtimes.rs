@@ -525,3 +525,67 @@ fn a_listener_whose_runtime_unwinds_from_a_panic_says_its_runtime_shut_down() {
         assert!(e.to_string().contains("shut down") && !e.to_string().contains("panicked"), "{e}");
     });
 }
+
+/// A connection needs only its own runtime to run, as tokio's streams do: while the runtime
+/// that set up the link group it shares lives but does not run (a current-thread runtime whose
+/// thread waits outside `block_on`, as a synchronous wrapper's does between calls), its reads
+/// still see what the peer sends. Each reply here comes to a reader that is already parked
+/// (no spin awaits it), and nothing but the group's doorbell says it came.
+#[test]
+fn a_group_whose_runtime_lives_but_does_not_run_keeps_serving_other_runtimes() {
+    let (_server_rt, addr) = tests::echo_server_on_own_runtime();
+    let ctx = smc_tokio::Context::new();
+    // Idle groups go soon, so that the end of the second runtime's co-driver shows.
+    let shm = smc_tokio::config::ShmConfig::default().idle_timeout(Duration::from_millis(300));
+    let (made_tx, made_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let (a_ctx, a_shm) = (ctx.clone(), shm.clone());
+    let a = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut s = rt.block_on(async {
+            let mut s =
+                tests::bounded(10, SmcStream::builder().context(&a_ctx).shm(a_shm).connect(addr)).await.unwrap();
+            echo_once(&mut s, 0).await;
+            s
+        });
+        made_tx.send(s.link_group()).unwrap();
+        // The runtime (and the group's driver on it) lives, but nothing runs it until the
+        // other runtime is done.
+        done_rx.recv().unwrap();
+        rt.block_on(echo_once(&mut s, 1));
+    });
+    let group = made_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let halves = rt.block_on(async {
+        let b = tests::bounded(10, SmcStream::builder().context(&ctx).shm(shm).connect(addr)).await.unwrap();
+        assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "the first runtime's group");
+        assert_eq!(ctx.stats().link_group_co_drivers, 1, "this runtime waits on the group's link too");
+        let (mut r, mut w) = b.into_split();
+        for round in 0..20u8 {
+            let reader = tokio::spawn(async move {
+                let mut back = [0u8; 3];
+                r.read_exact(&mut back).await.map(|_| (r, back))
+            });
+            // The reader parks before anything is on its way.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            w.write_all(&[round, 1, 2]).await.unwrap();
+            let (back_r, back) = tests::bounded(5, reader).await.unwrap().unwrap();
+            assert_eq!(back, [round, 1, 2], "round {round}");
+            r = back_r;
+        }
+        (r, w)
+    });
+    done_tx.send(()).unwrap();
+    a.join().unwrap();
+    // The first runtime is gone (its group went to the rescue driver); once the group idles
+    // out, the co-driver leaves with it.
+    rt.block_on(async {
+        drop(halves);
+        tests::bounded(10, async {
+            while ctx.stats().link_group_co_drivers != 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    });
+}

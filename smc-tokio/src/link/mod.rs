@@ -278,8 +278,74 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Moves the link's descriptors (doorbell, side channel, completion channel) to the
     /// reactor of the runtime this is called on: the runtime that drove the link shut down.
     fn rehome(&self) -> Result<(), LinkError>;
+    /// A second place to wait for the link's wake-ups, registered with the reactor of the
+    /// runtime this is called on: for a link group's connections on a runtime other than the
+    /// one whose reactor the link's own descriptors are registered with, which may live
+    /// without running (see `smc::group`'s co-drivers). `None`: the link cannot be waited on
+    /// twice (an RDMA completion channel hands each event to one reader).
+    fn watch(&self) -> Option<Result<Watch, LinkError>> {
+        None
+    }
+    /// As [`poll_event`](Link::poll_event), on `watch` (made by this link's
+    /// [`watch`](Link::watch)): ready when frames wait or the peer rang. While it is pending
+    /// the link's wake-up stays armed, whatever the link's own waiter does meanwhile.
+    fn poll_watch(&self, watch: &Watch, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        let _ = (watch, cx);
+        Poll::Ready(Err(LinkError::Closed))
+    }
     /// Tears the link down: the peer sees it as gone.
     fn teardown(&self);
+}
+
+/// A link's second waiting place ([`Link::watch`]): a duplicate of its wake-up descriptor,
+/// registered with another runtime's reactor, and whether its waiter sleeps now (counted in
+/// the link's `sleepers` while it does, so that the link's own waiter leaves the wake-up
+/// armed for it).
+#[derive(Debug)]
+pub(crate) struct Watch {
+    fd: tokio::io::unix::AsyncFd<crate::sys::PeerFd>,
+    asleep: std::sync::atomic::AtomicBool,
+    sleepers: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Watch {
+    /// `fd` registered with the current runtime's reactor; `sleepers` is the link's count.
+    pub(crate) fn new(
+        fd: crate::sys::PeerFd,
+        sleepers: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    ) -> io::Result<Watch> {
+        // SAFETY: a `PeerFd` owns its descriptor for as long as it lives, and the `AsyncFd`
+        // takes it; `as_raw_fd` always returns that descriptor.
+        let fd = unsafe { crate::sys::register(fd, tokio::io::Interest::READABLE) }?;
+        Ok(Watch { fd, asleep: std::sync::atomic::AtomicBool::new(false), sleepers })
+    }
+
+    pub(crate) fn fd(&self) -> &tokio::io::unix::AsyncFd<crate::sys::PeerFd> {
+        &self.fd
+    }
+
+    /// Its waiter goes to sleep: counted until it wakes. Called where the link arms its
+    /// wake-up, under the lock that the link's own waiter disarms under, so that one sees
+    /// the count before it could disarm.
+    pub(crate) fn sleep(&self) {
+        if !self.asleep.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.sleepers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Its waiter is polled again (or gone): no longer counted. Outside the lock: a count
+    /// that is one too high a moment longer leaves the wake-up armed, a spurious ring at most.
+    pub(crate) fn wake(&self) {
+        if self.asleep.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            self.sleepers.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.wake();
+    }
 }
 
 #[cfg(all(test, feature = "rdma"))]

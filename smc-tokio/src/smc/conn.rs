@@ -920,6 +920,8 @@ impl SmcConn {
     /// now on, whether or not the application has the stream yet.
     pub(crate) fn watch_tcp(self: &Arc<Self>, tcp: Arc<TcpStream>) -> Watcher {
         self.lock().tcp = Some(tcp.clone());
+        // The stream is this runtime's from now on, as its socket is: so is a wait on its link.
+        self.group.drive_here();
         let task = tokio::spawn(tracing::Instrument::instrument(watch(tcp, Arc::downgrade(self)), self.span.clone()));
         Watcher(Some(task))
     }

@@ -103,6 +103,21 @@ struct Dispatch {
     last: Option<(u32, Weak<SmcConn>)>,
 }
 
+/// Where a group is driven: by its own driver on `home` (the runtime that set it up; `None`
+/// before that, and once the rescue driver, whose thread always runs, took over), and by a
+/// co-driver on each other runtime that made connections on it.
+#[derive(Default)]
+struct Drivers {
+    home: Option<tokio::runtime::Id>,
+    co: Vec<CoDriver>,
+}
+
+/// A co-driver: its runtime, and its waker while it waits (woken when the group ends).
+struct CoDriver {
+    rt: tokio::runtime::Id,
+    waker: Option<Waker>,
+}
+
 pub(crate) struct LinkGroup {
     pub(crate) id: u64,
     pub(crate) role: Role,
@@ -158,6 +173,8 @@ pub(crate) struct LinkGroup {
     pollers: std::sync::atomic::AtomicUsize,
     /// The driver's waker while it waits.
     driver_waker: Mutex<Option<Waker>>,
+    /// Which runtime drives the group, and the co-drivers of other runtimes ([`drive_here`](Self::drive_here)).
+    drivers: Mutex<Drivers>,
     /// Looks of the idle timer ([`idle_check`](Self::idle_check)), for tests.
     #[cfg(test)]
     idle_looks: AtomicU64,
@@ -263,6 +280,7 @@ impl LinkGroup {
             sweeping: AtomicBool::new(false),
             pollers: std::sync::atomic::AtomicUsize::new(0),
             driver_waker: Mutex::new(None),
+            drivers: Mutex::new(Drivers::default()),
             #[cfg(test)]
             idle_looks: AtomicU64::new(0),
         })
@@ -479,6 +497,8 @@ impl LinkGroup {
             if self.link.set(link).is_err() {
                 return Err(LinkError::Protocol("link group established twice"));
             }
+            // The driver is spawned below, on this runtime.
+            self.drivers().home = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
         }
         self.manager.counters.link_group_up();
         self.changed.notify_waiters();
@@ -487,6 +507,57 @@ impl LinkGroup {
         let me = self.clone();
         tokio::spawn(tracing::Instrument::instrument(drive(me, false), span));
         Ok(())
+    }
+
+    fn drivers(&self) -> std::sync::MutexGuard<'_, Drivers> {
+        self.drivers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes sure a task of the current runtime waits on the link for the group's connections
+    /// made on it: the group's own driver where this runtime set the group up (or the rescue
+    /// driver has it), else a co-driver of this runtime's, started now if there is none. A
+    /// group is shared by every runtime's connections to its peer, and its driver runs where
+    /// it was set up; a runtime that lives but does not run (a current-thread runtime whose
+    /// thread waits outside `block_on`) would otherwise leave every other runtime's reader
+    /// that sleeps on its waker without a wake-up, though its peer's reply is in its ring. With
+    /// a co-driver, a connection needs its own runtime to run and no other, as tokio's streams
+    /// do. A co-driver waits on a duplicate of the link's doorbell registered with its own
+    /// runtime's reactor and dispatches what comes, for the whole group; while it sleeps, the
+    /// doorbell stays armed (so a group shared by two running runtimes takes the peer's rings
+    /// where its own driver would have polled for frames without them). Links that cannot be
+    /// waited on twice (RDMA) get none.
+    pub(crate) fn drive_here(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let Some(link) = self.link() else { return };
+        let id = rt.id();
+        let mut d = self.drivers();
+        if d.home.is_none_or(|home| home == id) || d.co.iter().any(|c| c.rt == id) {
+            return;
+        }
+        match link.watch() {
+            None => {}
+            Some(Err(e)) => {
+                tracing::debug!(id = self.id, error = %e, "no co-driver for the link group on this runtime")
+            }
+            Some(Ok(watch)) => {
+                d.co.push(CoDriver { rt: id, waker: None });
+                drop(d);
+                self.manager.counters.co_driver(true);
+                let span = tracing::debug_span!("smc_link_group_co_driver", id = self.id, role = ?self.role);
+                tracing::debug!(parent: &span, "co-driver started");
+                rt.spawn(tracing::Instrument::instrument(co_drive(self.clone(), watch, id), span));
+            }
+        }
+    }
+
+    /// Keeps co-driver `rt`'s waker, for the group's end.
+    fn set_co_waker(&self, rt: tokio::runtime::Id, waker: &Waker) {
+        let mut d = self.drivers();
+        if let Some(c) = d.co.iter_mut().find(|c| c.rt == rt) {
+            if !c.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                c.waker = Some(waker.clone());
+            }
+        }
     }
 
     /// A connection was released with its peer's answer still to come: a task of this runtime
@@ -901,6 +972,10 @@ impl LinkGroup {
         }
         self.manager.forget(self);
         self.changed.notify_waiters();
+        // Co-drivers leave (with their duplicates of the doorbell). After the group was marked
+        // dead: one that registers its waker after this finds it dead when it looks.
+        let co: Vec<Waker> = self.drivers().co.iter_mut().filter_map(|c| c.waker.take()).collect();
+        co.into_iter().for_each(Waker::wake);
         alive
     }
 
@@ -1051,6 +1126,8 @@ fn rescue(group: Arc<LinkGroup>) -> Result<(), &'static str> {
                     let moved = group.link().map(|l| l.rehome());
                     match moved {
                         Some(Ok(())) => {
+                            // Its thread always runs: no runtime needs a co-driver for it now.
+                            group.drivers().home = None;
                             group.manager.counters.link_group_rescued();
                             tracing::debug!(id = group.id, "link group moved to the rescue driver");
                             let span = tracing::debug_span!("smc_link_group", id = group.id, role = ?group.role);
@@ -1118,6 +1195,46 @@ impl<F: Future> Future for MarkPoll<F> {
         let r = self.fut.as_mut().poll(cx);
         self.in_poll.store(false, Ordering::Relaxed);
         r
+    }
+}
+
+/// A co-driver of `group` on runtime `rt` ([`LinkGroup::drive_here`]): dispatches the group's
+/// frames whenever its `watch` on the link says they came, until the group ends (or the
+/// runtime drops the task). The group's own driver keeps everything else (idle timer, link
+/// test, polling); a link error met here ends the group as there.
+async fn co_drive(group: Arc<LinkGroup>, watch: crate::link::Watch, rt: tokio::runtime::Id) {
+    /// Takes the co-driver's entry out however the task ends, so that a later connection of
+    /// the runtime (a new one that reuses the id, say) starts another.
+    struct Leave<'a>(&'a LinkGroup, tokio::runtime::Id);
+    impl Drop for Leave<'_> {
+        fn drop(&mut self) {
+            self.0.drivers().co.retain(|c| c.rt != self.1);
+            self.0.manager.counters.co_driver(false);
+        }
+    }
+    let _leave = Leave(&group, rt);
+    let Some(link) = group.link().cloned() else { return };
+    loop {
+        if group.progress().1 {
+            // More frames than one turn takes: the runtime's other tasks first.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let ev = std::future::poll_fn(|cx| {
+            // The waker first, then the look: `end` marks the group dead before it wakes.
+            group.set_co_waker(rt, cx.waker());
+            if !group.is_alive() {
+                return Poll::Ready(None);
+            }
+            link.poll_watch(&watch, cx).map(Some)
+        })
+        .await;
+        match ev {
+            None => return,
+            Some(Ok(())) => {}
+            Some(Err(LinkError::Closed)) => return,
+            Some(Err(e)) => return group.end_on_link_error(e),
+        }
     }
 }
 

@@ -12,7 +12,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 use crate::link::reactor::ReactorFd;
 use tokio::io::Interest;
 
-use super::{token_slot, Link, LinkError};
+use super::{token_slot, Link, LinkError, Watch};
 #[cfg(test)]
 use crate::proto::cdc::CdcMsg;
 use crate::proto::cdc::CDC_MSG_LEN;
@@ -145,6 +145,11 @@ pub(crate) struct ShmLink {
     waiting_space: AtomicBool,
     /// The doorbell's readiness was reported and its counter not yet drained.
     rung_seen: AtomicBool,
+    /// Second waiters ([`Link::watch`]) asleep on the doorbell now: while any is, our own
+    /// waiter leaves the doorbell armed when it wakes or polls, since the runtime it runs on
+    /// may stop running before it arms again. Raised under `rx`'s lock (where arming and
+    /// disarming happen), so the own waiter's look there sees it.
+    sleepers: Arc<AtomicU32>,
     busy_poll: Duration,
     closed: AtomicBool,
     counters: Option<Arc<Counters>>,
@@ -256,6 +261,7 @@ impl ShmLink {
             space_epoch: AtomicU64::new(0),
             waiting_space: AtomicBool::new(false),
             rung_seen: AtomicBool::new(false),
+            sleepers: Arc::new(AtomicU32::new(0)),
             busy_poll,
             closed: AtomicBool::new(false),
             counters: local.counters,
@@ -319,7 +325,7 @@ impl ShmLink {
                         // First sight of this ring: report it at once. The counter is drained on
                         // the next call, after the woken connections had their turn, which keeps
                         // that system call off the round trip.
-                        self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
+                        self.disarm();
                         if let Some(c) = &self.counters {
                             c.doorbell(false);
                         }
@@ -360,11 +366,11 @@ impl ShmLink {
         }
         if !arm {
             // The caller polls: the peer need not ring (nor we drain a doorbell).
-            self.rx.lock().unwrap_or_else(|e| e.into_inner()).disarm(&self.ours);
+            self.disarm();
             return Poll::Pending;
         }
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if !rx.arm(&self.ours, &self.peer) {
+        if !rx.arm(&self.ours, &self.peer, self.others_asleep()) {
             return Poll::Ready(Ok(()));
         }
         drop(rx);
@@ -374,6 +380,20 @@ impl ShmLink {
             return Poll::Ready(Ok(()));
         }
         Poll::Pending
+    }
+
+    /// Whether a second waiter sleeps on the doorbell (see `sleepers`). SeqCst, as the count's
+    /// changes: read under `rx`'s lock, where it is raised.
+    fn others_asleep(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) > 0
+    }
+
+    /// Our own waiter disarms (it woke, or polls instead): unless a second waiter sleeps.
+    fn disarm(&self) {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.others_asleep() {
+            rx.disarm(&self.ours);
+        }
     }
 
     fn has_work(&self) -> Result<bool, LinkError> {
@@ -585,6 +605,63 @@ impl Link for ShmLink {
 
     fn busy_poll(&self) -> Duration {
         self.busy_poll
+    }
+
+    fn watch(&self) -> Option<Result<Watch, LinkError>> {
+        let doorbell = self.doorbell.get()?;
+        let made = doorbell.get_ref().0.as_fd().try_clone_to_owned().and_then(|dup| {
+            // The duplicate refuses descriptors as the original does (the same socket).
+            let fd = if doorbell.get_ref().0.is_inert() { PeerFd::new(dup).inert() } else { PeerFd::new(dup) };
+            Watch::new(fd, self.sleepers.clone())
+        });
+        Some(made.map_err(LinkError::from))
+    }
+
+    fn poll_watch(&self, watch: &Watch, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
+        watch.wake();
+        if self.closed.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(LinkError::Closed));
+        }
+        match watch.fd().poll_read_ready(cx) {
+            Poll::Ready(Ok(mut g)) => {
+                if g.ready().is_read_closed() {
+                    return Poll::Ready(Err(LinkError::Protocol("doorbell shut down")));
+                }
+                // Taken here too: the own waiter may not run to take them, and a full queue
+                // would stop the peer's rings. (That waiter then finds none, and goes on.)
+                let fd = watch.fd().get_ref();
+                match sys::doorbell_drain(fd.as_fd(), fd.is_inert(), DOORBELL_DRAIN_MAX) {
+                    // More may be queued: the readiness stays for the next poll.
+                    Ok(n) if n == DOORBELL_DRAIN_MAX => {}
+                    Ok(_) => g.clear_ready(),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => g.clear_ready(),
+                    Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
+                        return Poll::Ready(Err(LinkError::Protocol("peer moved its ringing socket")))
+                    }
+                    Err(e) => return Poll::Ready(Err(e.into())),
+                }
+                return Poll::Ready(Ok(()));
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e.into())),
+            Poll::Pending => {}
+        }
+        if self.has_work()? {
+            return Poll::Ready(Ok(()));
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        // Armed for good (`keep`): the own waiter may be asleep on the same epoch, and
+        // whether it is cannot be told from here.
+        if !rx.arm(&self.ours, &self.peer, true) {
+            return Poll::Ready(Ok(()));
+        }
+        watch.sleep();
+        drop(rx);
+        // As in `poll_event_inner`: space freed between the last look and the arming.
+        if self.waiting_space.load(Ordering::Relaxed) && self.has_work()? {
+            watch.wake();
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     }
 
     fn rehome(&self) -> Result<(), LinkError> {
@@ -1207,6 +1284,31 @@ pub(crate) mod tests {
             .await
             .unwrap();
         assert_eq!(r, Err(LinkError::PeerGone));
+    }
+
+    /// A second waiter (`Link::watch`, a co-driver's) asleep on the doorbell is rung whatever
+    /// the link's own waiter does meanwhile: polling without arming (which disarms the doorbell
+    /// when nobody else sleeps on it) leaves it armed, since the runtime of the own waiter may
+    /// stop running before it arms again, and the second waiter would then sleep through the
+    /// peer's frames.
+    #[tokio::test]
+    async fn a_second_waiter_is_rung_while_the_own_waiter_polls_without_arming() {
+        let (client, server) = joined(Layout::new(8, 4, 4096).unwrap(), "watch").await;
+        let server = Arc::new(server);
+        let watch = server.watch().expect("a shared-memory link can be watched twice").unwrap();
+        let second = {
+            let server = server.clone();
+            tokio::spawn(async move { std::future::poll_fn(|cx| server.poll_watch(&watch, cx)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!second.is_finished(), "nothing came: the second waiter sleeps");
+        let own = std::future::poll_fn(|cx| Poll::Ready(server.poll_event_unarmed(cx))).await;
+        assert!(own.is_pending(), "nothing came: the own waiter polls on");
+        assert!(client.cdc_send(&CdcMsg::new(1, 2)).unwrap());
+        let woken = tokio::time::timeout(Duration::from_secs(5), second).await;
+        assert_eq!(woken.expect("the peer rang for the second waiter").unwrap(), Ok(()));
+        // Awake, it is no longer counted: the own waiter disarms again when it polls.
+        assert_eq!(server.sleepers.load(Ordering::SeqCst), 0);
     }
 
     /// A send that goes through after others were refused for want of CDC space leaves the

@@ -489,17 +489,21 @@ impl CdcRx {
         ring
     }
 
-    /// Arms our doorbell before sleeping. Returns `false` (and disarms) when frames arrived in
-    /// the meantime, so the caller must not sleep.
-    pub(crate) fn arm(&mut self, ours: &RegionView, peer: &RegionView) -> bool {
+    /// Arms our doorbell before sleeping. Returns `false` when frames arrived in the meantime,
+    /// so the caller must not sleep; it then disarms again unless `keep` (another waiter of
+    /// ours sleeps on the doorbell, and the peer must go on ringing for it).
+    pub(crate) fn arm(&mut self, ours: &RegionView, peer: &RegionView, keep: bool) -> bool {
         self.epoch += 1;
         ours.armed().store(self.epoch, Ordering::SeqCst);
+        self.armed = true;
         fence(Ordering::SeqCst);
         if self.ready(peer) {
-            ours.armed().store(0, Ordering::SeqCst);
+            if !keep {
+                ours.armed().store(0, Ordering::SeqCst);
+                self.armed = false;
+            }
             return false;
         }
-        self.armed = true;
         true
     }
 
@@ -627,7 +631,7 @@ mod tests {
         };
 
         // B sleeps: the first frame rings, the second does not (same epoch).
-        assert!(rx.arm(&b, &a));
+        assert!(rx.arm(&b, &a, false));
         assert_eq!(tx.push(&a, &b, &frame(1)).unwrap(), Push::Sent { ring: true });
         assert_eq!(tx.push(&a, &b, &frame(2)).unwrap(), Push::Sent { ring: false });
         rx.disarm(&b);
@@ -648,8 +652,11 @@ mod tests {
         assert_eq!(out, vec![frame(3), frame(4), frame(5)]);
         // Arming with frames pending refuses to sleep.
         tx.push(&a, &b, &frame(6)).unwrap();
-        assert!(!rx.arm(&b, &a));
+        assert!(!rx.arm(&b, &a, false));
         assert_eq!(b.armed().load(Ordering::Relaxed), 0);
+        // One that keeps it armed for another waiter leaves its epoch for the peer.
+        assert!(!rx.arm(&b, &a, true));
+        assert_ne!(b.armed().load(Ordering::Relaxed), 0);
     }
 
     #[test]
