@@ -557,7 +557,7 @@ fn a_group_whose_runtime_lives_but_does_not_run_keeps_serving_other_runtimes() {
     let group = made_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let halves = rt.block_on(async {
-        let b = tests::bounded(10, SmcStream::builder().context(&ctx).shm(shm).connect(addr)).await.unwrap();
+        let b = tests::bounded(10, SmcStream::builder().context(&ctx).shm(shm.clone()).connect(addr)).await.unwrap();
         assert_eq!((b.transport(), b.link_group()), (Transport::SmcD, group), "the first runtime's group");
         assert_eq!(ctx.stats().link_group_co_drivers, 1, "this runtime waits on the group's link too");
         let (mut r, mut w) = b.into_split();
@@ -575,6 +575,16 @@ fn a_group_whose_runtime_lives_but_does_not_run_keeps_serving_other_runtimes() {
         }
         (r, w)
     });
+    // A third runtime's connection starts its co-driver; dropping that runtime ends it, however
+    // far the task got (perhaps not to its first turn).
+    let third = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let c =
+        third.block_on(tests::bounded(10, SmcStream::builder().context(&ctx).shm(shm.clone()).connect(addr))).unwrap();
+    assert_eq!(c.link_group(), group);
+    assert_eq!(ctx.stats().link_group_co_drivers, 2, "one for each runtime other than the group's");
+    drop(third);
+    drop(c);
+    assert_eq!(ctx.stats().link_group_co_drivers, 1, "the dropped runtime's co-driver is gone");
     done_tx.send(()).unwrap();
     a.join().unwrap();
     // The first runtime is gone (its group went to the rescue driver); once the group idles

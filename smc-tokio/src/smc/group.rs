@@ -112,10 +112,13 @@ struct Drivers {
     co: Vec<CoDriver>,
 }
 
-/// A co-driver: its runtime, and its waker while it waits (woken when the group ends).
+/// A co-driver: its runtime, its waker while it waits (woken when the group ends), and its
+/// watch on the link, which the group holds (the task only borrows it for each poll): it goes
+/// (its duplicate descriptor closed) when the group ends, whether or not that runtime runs then.
 struct CoDriver {
     rt: tokio::runtime::Id,
     waker: Option<Waker>,
+    watch: Option<Arc<crate::link::Watch>>,
 }
 
 pub(crate) struct LinkGroup {
@@ -494,11 +497,12 @@ impl LinkGroup {
             if let Some(e) = &st.dead {
                 return Err(e.clone());
             }
+            // The driver is spawned below, on this runtime. Named before the link is there: a
+            // connection of another runtime that finds the link finds its home too.
+            self.drivers().home = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
             if self.link.set(link).is_err() {
                 return Err(LinkError::Protocol("link group established twice"));
             }
-            // The driver is spawned below, on this runtime.
-            self.drivers().home = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
         }
         self.manager.counters.link_group_up();
         self.changed.notify_waiters();
@@ -540,12 +544,19 @@ impl LinkGroup {
                 tracing::debug!(id = self.id, error = %e, "no co-driver for the link group on this runtime")
             }
             Some(Ok(watch)) => {
-                d.co.push(CoDriver { rt: id, waker: None });
+                let watch = Arc::new(watch);
+                let weak = Arc::downgrade(&watch);
+                d.co.push(CoDriver { rt: id, waker: None, watch: Some(watch) });
                 drop(d);
-                self.manager.counters.co_driver(true);
+                // Counted from here, and uncounted however the task ends (dropped unpolled too).
+                let leave = Leave::new(self, id);
+                if !self.is_alive() {
+                    // It ended meanwhile, perhaps before the entry was there to be taken.
+                    return drop(leave);
+                }
                 let span = tracing::debug_span!("smc_link_group_co_driver", id = self.id, role = ?self.role);
                 tracing::debug!(parent: &span, "co-driver started");
-                rt.spawn(tracing::Instrument::instrument(co_drive(self.clone(), watch, id), span));
+                rt.spawn(tracing::Instrument::instrument(co_drive(Arc::downgrade(self), weak, leave), span));
             }
         }
     }
@@ -972,10 +983,17 @@ impl LinkGroup {
         }
         self.manager.forget(self);
         self.changed.notify_waiters();
-        // Co-drivers leave (with their duplicates of the doorbell). After the group was marked
-        // dead: one that registers its waker after this finds it dead when it looks.
-        let co: Vec<Waker> = self.drivers().co.iter_mut().filter_map(|c| c.waker.take()).collect();
-        co.into_iter().for_each(Waker::wake);
+        // Co-drivers leave, and their duplicates of the doorbell go now (their tasks may be on
+        // a runtime that does not run). After the group was marked dead: one that registers its
+        // waker after this finds it dead when it looks.
+        let co: Vec<(Option<Waker>, Option<Arc<crate::link::Watch>>)> =
+            self.drivers().co.iter_mut().map(|c| (c.waker.take(), c.watch.take())).collect();
+        for (waker, watch) in co {
+            drop(watch);
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
         alive
     }
 
@@ -1198,42 +1216,78 @@ impl<F: Future> Future for MarkPoll<F> {
     }
 }
 
-/// A co-driver of `group` on runtime `rt` ([`LinkGroup::drive_here`]): dispatches the group's
-/// frames whenever its `watch` on the link says they came, until the group ends (or the
-/// runtime drops the task). The group's own driver keeps everything else (idle timer, link
-/// test, polling); a link error met here ends the group as there.
-async fn co_drive(group: Arc<LinkGroup>, watch: crate::link::Watch, rt: tokio::runtime::Id) {
-    /// Takes the co-driver's entry out however the task ends, so that a later connection of
-    /// the runtime (a new one that reuses the id, say) starts another.
-    struct Leave<'a>(&'a LinkGroup, tokio::runtime::Id);
-    impl Drop for Leave<'_> {
-        fn drop(&mut self) {
-            self.0.drivers().co.retain(|c| c.rt != self.1);
-            self.0.manager.counters.co_driver(false);
-        }
+/// A co-driver's place in its group ([`LinkGroup::drive_here`]), made before its task: the
+/// count of co-drivers goes up with it and down when it is dropped, with the task or with a
+/// runtime that drops the task unpolled, which also takes the entry (and the watch) out of the
+/// group, so that a later connection of the runtime (or of a new one that reuses its id)
+/// starts another.
+struct Leave {
+    group: Weak<LinkGroup>,
+    rt: tokio::runtime::Id,
+    counters: Arc<crate::stats::Counters>,
+}
+
+impl Leave {
+    fn new(group: &Arc<LinkGroup>, rt: tokio::runtime::Id) -> Leave {
+        let counters = group.manager.counters.clone();
+        counters.co_driver(true);
+        Leave { group: Arc::downgrade(group), rt, counters }
     }
-    let _leave = Leave(&group, rt);
-    let Some(link) = group.link().cloned() else { return };
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        if let Some(g) = self.group.upgrade() {
+            let gone: Vec<CoDriver> = {
+                let mut d = g.drivers();
+                let (gone, kept) = std::mem::take(&mut d.co).into_iter().partition(|c| c.rt == self.rt);
+                d.co = kept;
+                gone
+            };
+            // Outside the lock: the watch's descriptor goes to a closer.
+            drop(gone);
+        }
+        self.counters.co_driver(false);
+    }
+}
+
+/// A co-driver of `group` ([`LinkGroup::drive_here`]): dispatches the group's frames whenever
+/// its `watch` on the link says they came, until the group ends (or the runtime drops the
+/// task). It holds neither strongly between polls, so a group that ended is not kept by a task
+/// whose runtime does not run. The group's own driver keeps everything else (idle timer, link
+/// test, polling); a link error met here ends the group as there.
+async fn co_drive(group: Weak<LinkGroup>, watch: Weak<crate::link::Watch>, leave: Leave) {
     loop {
-        if group.progress().1 {
+        let more = match group.upgrade() {
+            Some(g) => g.progress().1,
+            None => return,
+        };
+        if more {
             // More frames than one turn takes: the runtime's other tasks first.
             tokio::task::yield_now().await;
             continue;
         }
         let ev = std::future::poll_fn(|cx| {
-            // The waker first, then the look: `end` marks the group dead before it wakes.
-            group.set_co_waker(rt, cx.waker());
-            if !group.is_alive() {
+            let (Some(g), Some(w)) = (group.upgrade(), watch.upgrade()) else {
                 return Poll::Ready(None);
+            };
+            // The waker first, then the look: `end` marks the group dead before it wakes.
+            g.set_co_waker(leave.rt, cx.waker());
+            match g.link() {
+                Some(link) if g.is_alive() => link.poll_watch(&w, cx).map(Some),
+                _ => Poll::Ready(None),
             }
-            link.poll_watch(&watch, cx).map(Some)
         })
         .await;
         match ev {
-            None => return,
+            None | Some(Err(LinkError::Closed)) => return,
             Some(Ok(())) => {}
-            Some(Err(LinkError::Closed)) => return,
-            Some(Err(e)) => return group.end_on_link_error(e),
+            Some(Err(e)) => {
+                if let Some(g) = group.upgrade() {
+                    g.end_on_link_error(e);
+                }
+                return;
+            }
         }
     }
 }

@@ -145,10 +145,13 @@ pub(crate) struct ShmLink {
     waiting_space: AtomicBool,
     /// The doorbell's readiness was reported and its counter not yet drained.
     rung_seen: AtomicBool,
-    /// Second waiters ([`Link::watch`]) asleep on the doorbell now: while any is, our own
-    /// waiter leaves the doorbell armed when it wakes or polls, since the runtime it runs on
-    /// may stop running before it arms again. Raised under `rx`'s lock (where arming and
-    /// disarming happen), so the own waiter's look there sees it.
+    /// Second waiters ([`Link::watch`]) asleep on the doorbell now. While any is, the doorbell
+    /// holds an epoch the peer has not rung for, or one whose ring nobody took yet (each
+    /// waiter's reactor sees that ring): our own waiter leaves the doorbell armed when it wakes
+    /// or polls, since the runtime it runs on may stop running before it arms again, and
+    /// whoever takes rings (a drain) arms a fresh epoch after, since a waiter whose reactor
+    /// had not looked yet never sees a ring taken before it looked. Raised under `rx`'s lock
+    /// (where arming and disarming happen), so the own waiter's look there sees it.
     sleepers: Arc<AtomicU32>,
     busy_poll: Duration,
     closed: AtomicBool,
@@ -339,12 +342,13 @@ impl ShmLink {
                         // More rings may be queued (a peer ringing in a loop): keep the readiness
                         // and report work; the driver bounds what one turn does.
                         Ok(n) if n == DOORBELL_DRAIN_MAX => {
+                            self.rearm_for_others();
                             self.rung_seen.store(false, Ordering::Relaxed);
                             return Poll::Ready(Ok(()));
                         }
                         // Clearing after a drain to EAGAIN is safe: tokio only clears the
                         // readiness it reported, so a ring that raced with the drain survives.
-                        Ok(_) => {}
+                        Ok(_) => self.rearm_for_others(),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         // The kernel reports once that the peer connected its ringing socket
                         // elsewhere (with datagrams still queued in it): it broke its doorbell,
@@ -386,6 +390,16 @@ impl ShmLink {
     /// changes: read under `rx`'s lock, where it is raised.
     fn others_asleep(&self) -> bool {
         self.sleepers.load(Ordering::SeqCst) > 0
+    }
+
+    /// Rings were taken (drained): while a second waiter sleeps, a fresh epoch for it, which
+    /// the peer rings at its next frame (the taken ring's epoch it will not ring again).
+    fn rearm_for_others(&self) {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        if self.others_asleep() {
+            // Frames there already: whoever took the ring dispatches them next.
+            let _ = rx.arm(&self.ours, &self.peer, true);
+        }
     }
 
     /// Our own waiter disarms (it woke, or polls instead): unless a second waiter sleeps.
@@ -632,8 +646,11 @@ impl Link for ShmLink {
                 let fd = watch.fd().get_ref();
                 match sys::doorbell_drain(fd.as_fd(), fd.is_inert(), DOORBELL_DRAIN_MAX) {
                     // More may be queued: the readiness stays for the next poll.
-                    Ok(n) if n == DOORBELL_DRAIN_MAX => {}
-                    Ok(_) => g.clear_ready(),
+                    Ok(n) if n == DOORBELL_DRAIN_MAX => self.rearm_for_others(),
+                    Ok(_) => {
+                        self.rearm_for_others();
+                        g.clear_ready();
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => g.clear_ready(),
                     Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
                         return Poll::Ready(Err(LinkError::Protocol("peer moved its ringing socket")))
@@ -1309,6 +1326,48 @@ pub(crate) mod tests {
         assert_eq!(woken.expect("the peer rang for the second waiter").unwrap(), Ok(()));
         // Awake, it is no longer counted: the own waiter disarms again when it polls.
         assert_eq!(server.sleepers.load(Ordering::SeqCst), 0);
+    }
+
+    /// A ring that the link's own waiter takes (drains) before a second waiter's reactor looked
+    /// is one that second waiter never sees, and the peer does not ring the same epoch again:
+    /// the taker arms a fresh epoch for it. Two runtimes, each run only when the test says, as
+    /// two synchronous wrappers' runtimes are: the second waiter's sleeps while the own waiter's
+    /// takes a ring, then the own waiter's stops and the second's runs; the peer's next frame
+    /// must wake it.
+    #[test]
+    fn a_ring_the_own_waiter_takes_leaves_a_fresh_epoch_for_a_second_waiter() {
+        let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (own_rt, second_rt) = (runtime(), runtime());
+        let (client, server) = own_rt.block_on(joined(Layout::new(8, 4, 4096).unwrap(), "taken"));
+        let server = Arc::new(server);
+        let watch = {
+            let _in = second_rt.enter();
+            server.watch().expect("a shared-memory link can be watched twice").unwrap()
+        };
+        let second = {
+            let server = server.clone();
+            second_rt.spawn(async move { std::future::poll_fn(|cx| server.poll_watch(&watch, cx)).await })
+        };
+        second_rt.block_on(tokio::task::yield_now());
+        assert_eq!(server.sleepers.load(Ordering::SeqCst), 1, "the second waiter sleeps");
+        own_rt.block_on(async {
+            assert!(client.cdc_send(&CdcMsg::new(1, 2)).unwrap());
+            // The own waiter's reactor sees the ring; then its first sight of it, the frame
+            // taken, and the drain.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let first = std::future::poll_fn(|cx| Poll::Ready(server.poll_event_unarmed(cx))).await;
+            assert_eq!(first, Poll::Ready(Ok(())));
+            assert!(server.rung_seen.load(Ordering::Relaxed), "it saw the ring");
+            let mut frames = Vec::new();
+            assert_eq!(server.cdc_recv(&mut frames, 10).unwrap(), Some(1));
+            let again = std::future::poll_fn(|cx| Poll::Ready(server.poll_event_unarmed(cx))).await;
+            assert!(again.is_pending(), "the ring drained, nothing left: {again:?}");
+            assert!(!server.rung_seen.load(Ordering::Relaxed), "it took the ring");
+        });
+        // The own waiter's runtime stops; the second's runs, and the peer sends again.
+        assert!(client.cdc_send(&CdcMsg::new(1, 2)).unwrap());
+        let woken = second_rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), second).await });
+        assert_eq!(woken.expect("the peer rang a fresh epoch").unwrap(), Ok(()));
     }
 
     /// A send that goes through after others were refused for want of CDC space leaves the
