@@ -527,7 +527,9 @@ pub struct Stats {
     pub link_groups_rescued: u64,
     /// Tasks that wait on a shared-memory link group's doorbell on a runtime other than the one
     /// that drives the group, for that runtime's connections on it (a connection needs its own
-    /// runtime to run, and no other). One per such runtime and group, while the group lives.
+    /// runtime to run, and no other). One per such runtime and group, from that runtime's first
+    /// connection on the group until the task ends: when it runs after the group ended, or
+    /// when its runtime drops it.
     pub link_group_co_drivers: u64,
     /// TCP sockets of shared-memory connections that the application closed, held open until
     /// the peer closes its end too, when the last of the two resets the TCP connection instead

@@ -561,6 +561,28 @@ impl LinkGroup {
         }
     }
 
+    /// Wakes the group's own driver and its co-drivers (but `except`'s): a waiter that leaves
+    /// frames for a later turn of its own, on a runtime that may stop before that turn, hands
+    /// them to whichever of the others runs first (each dispatches the whole group). Nothing
+    /// to do without co-drivers: the own driver's turn comes, or its runtime's connections do
+    /// not need it.
+    fn hand_off(&self, except: Option<tokio::runtime::Id>) {
+        let wakers: Vec<Waker> = {
+            let d = self.drivers();
+            if d.co.is_empty() {
+                return;
+            }
+            d.co.iter().filter(|c| Some(c.rt) != except).filter_map(|c| c.waker.clone()).collect()
+        };
+        wakers.into_iter().for_each(Waker::wake);
+        if except.is_some() {
+            let own = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(w) = own {
+                w.wake();
+            }
+        }
+    }
+
     /// Keeps co-driver `rt`'s waker, for the group's end.
     fn set_co_waker(&self, rt: tokio::runtime::Id, waker: &Waker) {
         let mut d = self.drivers();
@@ -1263,7 +1285,12 @@ async fn co_drive(group: Weak<LinkGroup>, watch: Weak<crate::link::Watch>, leave
             None => return,
         };
         if more {
-            // More frames than one turn takes: the runtime's other tasks first.
+            // More frames than one turn takes (or another dispatcher has them): the runtime's
+            // other tasks first. This runtime may stop meanwhile, and the ring that announced
+            // the frames left was taken here: the group's other waiters are told directly.
+            if let Some(g) = group.upgrade() {
+                g.hand_off(Some(leave.rt));
+            }
             tokio::task::yield_now().await;
             continue;
         }
@@ -1335,6 +1362,11 @@ async fn drive_until_done(group: &Arc<LinkGroup>, rescued: bool) {
             // Let the connections just woken run (and answer) before this task re-arms the
             // doorbell; it also bounds the work per turn when more frames wait, and lets another
             // dispatcher finish.
+            if more {
+                // Frames left for a later turn, which no ring may announce: a co-driver's
+                // runtime may run before this one does again.
+                group.hand_off(None);
+            }
             tokio::task::yield_now().await;
             if more {
                 continue;
@@ -1461,6 +1493,39 @@ mod tests {
     use crate::link::Link;
     use crate::proto::cdc::CdcMsg;
     use crate::smc::manager::Manager;
+
+    /// A waiter that leaves frames for a later turn hands them off: a co-driver wakes the group's
+    /// own driver and every other co-driver, the own driver every co-driver; nobody wakes
+    /// itself, and a group without co-drivers wakes nobody.
+    #[test]
+    fn a_waiter_that_leaves_frames_for_later_wakes_the_groups_other_waiters() {
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let counted = || Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let woken = |c: &Arc<Count>| c.0.load(std::sync::atomic::Ordering::SeqCst);
+        let runtime = || tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (a, b) = (runtime(), runtime());
+        let (a, b) = (a.handle().id(), b.handle().id());
+        let group = client_group(4, Duration::from_secs(60));
+        let own = counted();
+        group.set_driver_waker(&std::task::Waker::from(own.clone()));
+        group.hand_off(None);
+        group.hand_off(Some(a));
+        assert_eq!(woken(&own), 0, "no co-driver: nobody to hand off to");
+        let (ca, cb) = (counted(), counted());
+        for (rt, c) in [(a, &ca), (b, &cb)] {
+            group.drivers().co.push(super::CoDriver { rt, waker: None, watch: None });
+            group.set_co_waker(rt, &std::task::Waker::from(c.clone()));
+        }
+        group.hand_off(Some(a));
+        assert_eq!((woken(&own), woken(&ca), woken(&cb)), (1, 0, 1), "co-driver a hands off");
+        group.hand_off(None);
+        assert_eq!((woken(&own), woken(&ca), woken(&cb)), (1, 1, 2), "the own driver hands off");
+    }
 
     /// A client group of `slots` rings of 4 KiB in a context of its own, ended after
     /// `idle_timeout` without connections, not polling.

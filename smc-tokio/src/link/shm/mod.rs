@@ -397,9 +397,17 @@ impl ShmLink {
     fn rearm_for_others(&self) {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         if self.others_asleep() {
-            // Frames there already: whoever took the ring dispatches them next.
+            // Frames there already: whoever took the ring dispatches them next, and hands what
+            // it leaves to the other waiters (`LinkGroup::hand_off`).
             let _ = rx.arm(&self.ours, &self.peer, true);
         }
+    }
+
+    /// A second waiter took rings: a fresh epoch, whoever sleeps (see `poll_watch`).
+    fn rearm_fresh(&self) {
+        // Frames there already: the taker dispatches them next, and hands what it leaves to
+        // the other waiters (`LinkGroup::hand_off`).
+        let _ = self.rx.lock().unwrap_or_else(|e| e.into_inner()).arm(&self.ours, &self.peer, true);
     }
 
     /// Our own waiter disarms (it woke, or polls instead): unless a second waiter sleeps.
@@ -642,13 +650,15 @@ impl Link for ShmLink {
                     return Poll::Ready(Err(LinkError::Protocol("doorbell shut down")));
                 }
                 // Taken here too: the own waiter may not run to take them, and a full queue
-                // would stop the peer's rings. (That waiter then finds none, and goes on.)
+                // would stop the peer's rings. (That waiter then finds none, and goes on.) A
+                // fresh epoch after, whoever sleeps: the own waiter, which no count shows, may
+                // have slept on the one rung.
                 let fd = watch.fd().get_ref();
                 match sys::doorbell_drain(fd.as_fd(), fd.is_inert(), DOORBELL_DRAIN_MAX) {
                     // More may be queued: the readiness stays for the next poll.
-                    Ok(n) if n == DOORBELL_DRAIN_MAX => self.rearm_for_others(),
+                    Ok(n) if n == DOORBELL_DRAIN_MAX => self.rearm_fresh(),
                     Ok(_) => {
-                        self.rearm_for_others();
+                        self.rearm_fresh();
                         g.clear_ready();
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => g.clear_ready(),
