@@ -1527,6 +1527,40 @@ mod tests {
         assert_eq!((woken(&own), woken(&ca), woken(&cb)), (1, 1, 2), "the own driver hands off");
     }
 
+    /// A runtime other than the group's starts one co-driver there however many of its
+    /// connections ask, none where the group's own driver runs; the group's end lets the
+    /// co-driver's watch (its duplicate of the doorbell) go at once, though that runtime never
+    /// runs the task, and the runtime's drop ends the count of it.
+    #[test]
+    fn a_co_driver_per_other_runtime_whose_watch_goes_with_the_group() {
+        let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let own = runtime();
+        let (ours, _peer) = own.block_on(joined(Layout::new(8, 4, 4096).unwrap(), "co-driver"));
+        let group = client_group(4, Duration::from_secs(60));
+        let _in_own = own.enter();
+        group.establish(Arc::new(ours)).unwrap();
+        let co = || group.manager.counters.snapshot(&crate::config::RmbBudget::new()).link_group_co_drivers;
+        group.drive_here();
+        assert_eq!(co(), 0, "the group's own runtime has its driver");
+        let other = runtime();
+        {
+            let _in = other.enter();
+            group.drive_here();
+            group.drive_here();
+        }
+        assert_eq!(co(), 1, "one co-driver for the other runtime");
+        let watch = {
+            let d = group.drivers();
+            assert_eq!(d.co.len(), 1);
+            Arc::downgrade(d.co[0].watch.as_ref().expect("its watch, held by the group"))
+        };
+        group.fail(crate::link::LinkError::Closed);
+        assert!(watch.upgrade().is_none(), "the watch went with the group");
+        assert_eq!(co(), 1, "its task is still there, on a runtime that has not run it");
+        drop(other);
+        assert_eq!(co(), 0, "the runtime's drop ended it");
+    }
+
     /// A client group of `slots` rings of 4 KiB in a context of its own, ended after
     /// `idle_timeout` without connections, not polling.
     fn client_group(slots: u32, idle_timeout: Duration) -> Arc<LinkGroup> {
