@@ -784,6 +784,45 @@ async fn a_listener_dropped_after_it_committed_resets_the_connection() {
     faults::clear(addr);
 }
 
+/// A connect cancelled after its Confirm went out (the server may have committed) tells the
+/// server so: it closes the connection to the server's end before it lets its own go, and the
+/// server's application reads the end of the stream, as from a TCP connect given up after the
+/// connection was made. Said nothing, the server's end read the same end from the client's TCP
+/// close, but its slot, the client silent, was held and then retired for the group's life; with
+/// two slots a group, the client's next connection needed a new group. Here the slot comes back
+/// once the server's application drops its end: the next connection joins the same group.
+#[tokio::test]
+async fn a_connect_cancelled_after_its_confirm_gives_the_servers_slot_back() {
+    let server_ctx = smc_tokio::Context::new();
+    let shm = smc_tokio::config::ShmConfig::default().rmbs_per_group(2);
+    let l = SmcListener::builder().context(&server_ctx).shm(shm).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let client_ctx = smc_tokio::Context::new();
+    let client = SmcStream::builder().context(&client_ctx);
+    let (first, served) = tokio::join!(client.connect(addr), l.accept());
+    let (first, _served) = (first.unwrap(), served.unwrap().0);
+    assert_eq!(first.transport(), Transport::SmcD);
+    // The second handshake stops once the server committed; the client gives up there.
+    faults::inject(addr, Point::ServerAfterCommit, Duration::from_secs(60));
+    let ctx = client_ctx.clone();
+    let cancelled = tokio::spawn(async move { SmcStream::builder().context(&ctx).connect(addr).await });
+    stalled_at(addr, Point::ServerAfterCommit).await;
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    faults::clear(addr);
+    // The server's end reaches the application, which reads the end and drops it.
+    let (mut orphan, _) = bounded(10, l.accept()).await.unwrap();
+    assert_eq!(orphan.transport(), Transport::SmcD);
+    let mut b = [0u8; 8];
+    let r = bounded(10, orphan.read(&mut b)).await;
+    assert_eq!(r.map_err(|e| e.kind()), Ok(0), "the client's close");
+    drop(orphan);
+    let (next, served) = tokio::join!(client.connect(addr), l.accept());
+    let (next, _served) = (next.unwrap(), served.unwrap().0);
+    assert_eq!(next.transport(), Transport::SmcD);
+    assert_eq!(next.link_group(), first.link_group(), "the group had its slot back");
+}
+
 /// A listener whose application does not accept holds as many finished connections as its
 /// backlog. A client that registers then is told at once to stay on TCP, as a kernel
 /// listener's backlog takes a connection whoever accepts it later, instead of waiting for a

@@ -3167,7 +3167,8 @@ const PEER_ANSWER_BOUND: std::time::Duration = std::time::Duration::from_secs(30
 /// it may (a client's Confirm went out: the server may commit and write), its slot is retired,
 /// never used again while the group lives, since over RDMA the peer writes into our memory
 /// and a reused slot would take a stale writer's bytes (over shared memory it writes into its
-/// own, and the slot goes back); once committed, it is aborted, as an
+/// own: the peer is sent a close, for an end it may have committed to, and the slot goes
+/// back); once committed, it is aborted, as an
 /// established connection whose application lets go of it with nothing read, so that the
 /// peer reads a reset rather than a clean end (its slot goes back once the peer answers).
 #[derive(Debug, Default)]
@@ -3249,12 +3250,23 @@ impl PendingConn {
         let held = std::mem::take(&mut self.1);
         let Some(c) = self.0.take() else { return };
         match held {
-            // Over shared memory the peer writes into its own region, never into ours: its slot
-            // can go back whatever the peer does.
             Held::PeerMayWrite if c.group().link().is_some_and(|l| l.is_rdma()) => {
                 c.group().forget_conn(c.our_token(), true)
             }
-            Held::Open | Held::PeerMayWrite => c.group().unregister(c.our_token()),
+            // Our Confirm went out: the server may have committed and handed its end to its
+            // application. It is sent our close (its application reads the end of the stream,
+            // as from a TCP connect given up after the connection was made), and its slot goes
+            // back once its application lets go; said nothing, it read the end from our TCP
+            // socket's close alone, and retired the slot after its bound, for the group's life.
+            // Over shared memory the peer writes into its own region, never into ours, and
+            // reads ours only where our messages say: our slot can go back at once, and the
+            // server's answer finds no connection (nor does our close, where it never
+            // committed).
+            Held::PeerMayWrite => {
+                c.release(false, None);
+                c.group().unregister(c.our_token());
+            }
+            Held::Open => c.group().unregister(c.our_token()),
             Held::Committed => c.abort_unclaimed(),
         }
     }
