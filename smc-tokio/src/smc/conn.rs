@@ -3258,10 +3258,13 @@ impl PendingConn {
             // as from a TCP connect given up after the connection was made), and its slot goes
             // back once its application lets go; said nothing, it read the end from our TCP
             // socket's close alone, and retired the slot after its bound, for the group's life.
+            // (An abort where the server's bytes came unread, as TCP resets a socket closed with
+            // data unread; nothing, where the CDC ring has no room: the wait for it holds no
+            // connection, and the server then holds and retires the slot as before.) Where the
+            // server never committed, our close ends its pending end, which it lets go anyway.
             // Over shared memory the peer writes into its own region, never into ours, and
             // reads ours only where our messages say: our slot can go back at once, and the
-            // server's answer finds no connection (nor does our close, where it never
-            // committed).
+            // server's answer finds no connection.
             Held::PeerMayWrite => {
                 c.release(false, None);
                 c.group().unregister(c.our_token());
