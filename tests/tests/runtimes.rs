@@ -411,6 +411,33 @@ fn a_stream_kept_after_its_runtime_shut_down_fails_instead_of_hanging() {
     drop((second, server_rt));
 }
 
+/// A stream kept after its runtime shut down refuses a move to TCP as it fails any other use,
+/// without starting one on a socket whose reactor is gone; its peer reads an abort.
+#[test]
+fn a_hand_back_of_a_stream_whose_runtime_shut_down_fails_with_the_runtimes_error() {
+    let server_rt = runtime();
+    let l = server_rt.block_on(SmcListener::bind("127.0.0.1:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = server_rt.spawn(async move { l.accept().await.map(|(s, _)| s) });
+    let first = runtime();
+    let kept = first.block_on(async { tests::bounded(10, SmcStream::connect(addr)).await.unwrap() });
+    assert_eq!(kept.transport(), Transport::SmcD);
+    let mut served = server_rt.block_on(async { tests::bounded(10, accepted).await.unwrap().unwrap() });
+    drop(first);
+    let second = runtime();
+    second.block_on(async {
+        let r = tests::bounded(10, kept.hand_back()).await;
+        assert!(r.as_ref().is_err_and(|e| e.to_string().contains("stream's tcp socket shut down")), "{r:?}");
+        assert_eq!(kept.transport(), Transport::SmcD, "no move started");
+    });
+    server_rt.block_on(async {
+        let mut b = [0u8; 8];
+        let r = tests::bounded(10, served.read(&mut b)).await;
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset));
+    });
+    drop(kept);
+}
+
 /// A thread that panics while its runtime drives a link group that another runtime's
 /// connections share leaves that group to the rescue driver, as any runtime's end does: the
 /// panic is the application's, not the driver's, and the other connections go on over shared

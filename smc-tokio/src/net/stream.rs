@@ -939,7 +939,9 @@ impl SmcStream {
     /// on the TCP connection, at most 30 s); writes, and this call, also wait until the bytes
     /// sent again have gone into the socket, which takes as long as the peer's application
     /// takes to read what does not fit its socket's buffers. Fails where the connection cannot
-    /// move any more: it ended (closed, aborted, failed), or this side's close went out already.
+    /// move any more: it ended (closed, aborted, failed), this side's close went out already,
+    /// or the runtime the stream was made on shut down (its socket went with that runtime's
+    /// reactor: the error is the one its reads and writes get then).
     ///
     /// # Examples
     ///
@@ -969,6 +971,11 @@ impl SmcStream {
             return Ok(());
         };
         if !s.conn.on_tcp() {
+            if let Some(e) = s.conn.runtime_gone() {
+                // Its socket went with its runtime's reactor: no move can run on it, and the
+                // stream fails here as at any other use.
+                return Err(e);
+            }
             // Bytes lent and not consumed (by the stream's own `fill_buf`, or by an owned read
             // half that may still hold them while this runs through its write half's
             // `as_ref`) count as unread: the peer sends them again on TCP, and a `consume` of

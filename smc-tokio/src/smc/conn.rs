@@ -2608,6 +2608,15 @@ impl SmcConn {
         st.handback != Handback::Smc || self.start_handback(&mut st, cause)
     }
 
+    /// The error of a stream whose runtime shut down under it ([`ConnError::RuntimeGone`]), met
+    /// now or before, for a caller that would otherwise start on its socket (a move to TCP
+    /// runs on that socket, which the runtime's reactor took with it).
+    pub(crate) fn runtime_gone(&self) -> Option<io::Error> {
+        let mut st = self.lock();
+        self.claim_watch_lost(&mut st);
+        st.error.as_ref().filter(|e| matches!(e, ConnError::RuntimeGone)).map(ConnError::to_io)
+    }
+
     /// Whether the stream is on the TCP socket (cheap: the streams ask on every operation).
     pub(crate) fn on_tcp(&self) -> bool {
         self.moved_to_tcp().is_some()
