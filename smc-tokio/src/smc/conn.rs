@@ -683,7 +683,7 @@ fn wake(w: &mut Option<Waker>) {
 }
 
 /// Keeps `waker` in `slot`, cloning it only when the slot holds another task's (or none).
-fn register(slot: &mut Option<Waker>, waker: &Waker) {
+pub(crate) fn register(slot: &mut Option<Waker>, waker: &Waker) {
     if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
         *slot = Some(waker.clone());
     }

@@ -587,9 +587,7 @@ impl LinkGroup {
     fn set_co_waker(&self, rt: tokio::runtime::Id, waker: &Waker) {
         let mut d = self.drivers();
         if let Some(c) = d.co.iter_mut().find(|c| c.rt == rt) {
-            if !c.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                c.waker = Some(waker.clone());
-            }
+            crate::smc::conn::register(&mut c.waker, waker);
         }
     }
 
@@ -709,10 +707,7 @@ impl LinkGroup {
 
     /// Keeps the waiting driver's waker for [`sleeping`](Self::sleeping).
     fn set_driver_waker(&self, waker: &Waker) {
-        let mut w = self.driver_waker.lock().unwrap_or_else(|e| e.into_inner());
-        if !w.as_ref().is_some_and(|old| old.will_wake(waker)) {
-            *w = Some(waker.clone());
-        }
+        crate::smc::conn::register(&mut self.driver_waker.lock().unwrap_or_else(|e| e.into_inner()), waker);
     }
 
     /// The right to spin for frames inside a reader's poll (busy polling), held by one reader

@@ -334,29 +334,17 @@ impl ShmLink {
                         }
                         return Poll::Ready(Ok(()));
                     }
-                    match sys::doorbell_drain(
-                        doorbell.get_ref().0.as_fd(),
-                        doorbell.get_ref().0.is_inert(),
-                        DOORBELL_DRAIN_MAX,
-                    ) {
+                    match self.take_rings(&doorbell.get_ref().0, false) {
                         // More rings may be queued (a peer ringing in a loop): keep the readiness
                         // and report work; the driver bounds what one turn does.
-                        Ok(n) if n == DOORBELL_DRAIN_MAX => {
-                            self.rearm_for_others();
+                        Ok(true) => {
                             self.rung_seen.store(false, Ordering::Relaxed);
                             return Poll::Ready(Ok(()));
                         }
                         // Clearing after a drain to EAGAIN is safe: tokio only clears the
                         // readiness it reported, so a ring that raced with the drain survives.
-                        Ok(_) => self.rearm_for_others(),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        // The kernel reports once that the peer connected its ringing socket
-                        // elsewhere (with datagrams still queued in it): it broke its doorbell,
-                        // and the group ends.
-                        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
-                            return Poll::Ready(Err(LinkError::Protocol("peer moved its ringing socket")))
-                        }
-                        Err(e) => return Poll::Ready(Err(e.into())),
+                        Ok(false) => {}
+                        Err(e) => return Poll::Ready(Err(e)),
                     }
                     g.clear_ready();
                     self.rung_seen.store(false, Ordering::Relaxed);
@@ -392,22 +380,29 @@ impl ShmLink {
         self.sleepers.load(Ordering::SeqCst) > 0
     }
 
-    /// Rings were taken (drained): while a second waiter sleeps, a fresh epoch for it, which
-    /// the peer rings at its next frame (the taken ring's epoch it will not ring again).
-    fn rearm_for_others(&self) {
+    /// Takes the rings queued on `fd` (our doorbell, or a second waiter's duplicate of it);
+    /// whether more may be queued. Once any were taken, a fresh epoch is armed, which the peer
+    /// rings at its next frame (the taken ring's epoch it will not ring again): by a second
+    /// waiter (`always`) whoever sleeps, since our own waiter, which no count shows, may have
+    /// slept on the epoch rung; by our own waiter while a second one sleeps.
+    fn take_rings(&self, fd: &PeerFd, always: bool) -> Result<bool, LinkError> {
+        let n = match sys::doorbell_drain(fd.as_fd(), fd.is_inert(), DOORBELL_DRAIN_MAX) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            // The kernel reports once that the peer connected its ringing socket elsewhere
+            // (with datagrams still queued in it): it broke its doorbell, and the group ends.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
+                return Err(LinkError::Protocol("peer moved its ringing socket"))
+            }
+            Err(e) => return Err(e.into()),
+        };
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        if self.others_asleep() {
-            // Frames there already: whoever took the ring dispatches them next, and hands what
-            // it leaves to the other waiters (`LinkGroup::hand_off`).
+        if always || self.others_asleep() {
+            // Frames there already: whoever took the rings dispatches them next, and hands
+            // what it leaves to the other waiters (`LinkGroup::hand_off`).
             let _ = rx.arm(&self.ours, &self.peer, true);
         }
-    }
-
-    /// A second waiter took rings: a fresh epoch, whoever sleeps (see `poll_watch`).
-    fn rearm_fresh(&self) {
-        // Frames there already: the taker dispatches them next, and hands what it leaves to
-        // the other waiters (`LinkGroup::hand_off`).
-        let _ = self.rx.lock().unwrap_or_else(|e| e.into_inner()).arm(&self.ours, &self.peer, true);
+        Ok(n == DOORBELL_DRAIN_MAX)
     }
 
     /// Our own waiter disarms (it woke, or polls instead): unless a second waiter sleeps.
@@ -650,22 +645,12 @@ impl Link for ShmLink {
                     return Poll::Ready(Err(LinkError::Protocol("doorbell shut down")));
                 }
                 // Taken here too: the own waiter may not run to take them, and a full queue
-                // would stop the peer's rings. (That waiter then finds none, and goes on.) A
-                // fresh epoch after, whoever sleeps: the own waiter, which no count shows, may
-                // have slept on the one rung.
-                let fd = watch.fd().get_ref();
-                match sys::doorbell_drain(fd.as_fd(), fd.is_inert(), DOORBELL_DRAIN_MAX) {
+                // would stop the peer's rings. (That waiter then finds none, and goes on.)
+                match self.take_rings(watch.fd().get_ref(), true) {
                     // More may be queued: the readiness stays for the next poll.
-                    Ok(n) if n == DOORBELL_DRAIN_MAX => self.rearm_fresh(),
-                    Ok(_) => {
-                        self.rearm_fresh();
-                        g.clear_ready();
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => g.clear_ready(),
-                    Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => {
-                        return Poll::Ready(Err(LinkError::Protocol("peer moved its ringing socket")))
-                    }
-                    Err(e) => return Poll::Ready(Err(e.into())),
+                    Ok(true) => {}
+                    Ok(false) => g.clear_ready(),
+                    Err(e) => return Poll::Ready(Err(e)),
                 }
                 return Poll::Ready(Ok(()));
             }
