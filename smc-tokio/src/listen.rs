@@ -156,7 +156,7 @@ fn registered(
         Admit::Now(slot) => start_registered(shared, cfg, tcp, addrs, reg, slot),
         Admit::Queue(ticket) => {
             let shared2 = shared.clone();
-            tokio::spawn(async move {
+            spawn_task(shared, async move {
                 let Some(slot) = ticket.slot(&cfg).await else {
                     // The listener closed: the connection is reset with it, as the kernel
                     // resets those left in a closed listener's queue.
@@ -242,20 +242,44 @@ fn spawn(
     let peer = addrs.1;
     let addrs = addrs.0.map(|local| (local, peer));
     let span = tracing::debug_span!("smc_accept", %peer, transport = tracing::field::Empty);
-    let shared = shared.clone();
-    tokio::spawn(
+    let task = shared.clone();
+    spawn_task(
+        shared,
         async move {
             // Boxed at the first poll, as in `spawn_early`.
-            let (stream, t) = match Box::pin(serve(&shared, tcp, addrs, &cfg, start, client)).await {
+            let (stream, t) = match Box::pin(serve(&task, tcp, addrs, &cfg, start, client)).await {
                 Some(s) => s,
                 None => return,
             };
             tracing::Span::current().record("transport", tracing::field::display(t));
-            shared.ctx.counters().connection(true, t);
-            shared.deliver(stream, peer);
+            task.ctx.counters().connection(true, t);
+            task.deliver(stream, peer);
         }
         .instrument(span),
     );
+}
+
+/// Spawns one of the listener's tasks for a connection (its handshake, or its wait for a
+/// handshake slot). If the task panics (on a runtime built without timers, every one does at
+/// its first timer), the listener ends as when its own task panics: its accepts fail, saying
+/// why, where the connection was lost without a word and, on such a runtime, so was every later
+/// one while the accepts waited for good. Not at a runtime's shutdown during another panic
+/// ([`MarkPoll`] tells the two apart): the listener's own task reports that.
+fn spawn_task(shared: &Arc<ListenerShared>, fut: impl Future<Output = ()> + Send + 'static) {
+    struct Panicked(Arc<ListenerShared>, Arc<AtomicBool>);
+    impl Drop for Panicked {
+        fn drop(&mut self) {
+            if std::thread::panicking() && self.1.load(Ordering::Relaxed) {
+                self.0.orphan("an smc listener's connection task panicked (a runtime built without `enable_time`?): it accepts no more");
+            }
+        }
+    }
+    let in_poll = Arc::new(AtomicBool::new(false));
+    let guard = Panicked(shared.clone(), in_poll.clone());
+    tokio::spawn(MarkPoll::new(in_poll, async move {
+        let _guard = guard;
+        fut.await
+    }));
 }
 
 /// Finishes one connection's establishment: `None` when it was closed instead.
@@ -429,7 +453,7 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
         Admit::Now(slot) => spawn_early(shared, reg, key, tcp_rx, cfg, slot),
         Admit::Queue(ticket) => {
             let shared2 = shared.clone();
-            tokio::spawn(async move {
+            spawn_task(shared, async move {
                 match ticket.slot(&cfg).await {
                     Some(slot) => spawn_early(&shared2, reg, key, tcp_rx, cfg, slot),
                     // No slot will come: the listener closed.
@@ -443,8 +467,9 @@ pub(crate) fn start_early(shared: &Arc<ListenerShared>, mut reg: Registration) {
             let Some(door) = &shared.door else { return };
             let Some(reg) = door.demote(reg, &key) else { return };
             // Accepted already: its connection comes on `tcp_rx`; decide for it as at accept.
-            let shared = shared.clone();
-            tokio::spawn(async move {
+            let task = shared.clone();
+            spawn_task(shared, async move {
+                let shared = task;
                 let Ok((tcp, peer)) = tcp_rx.await else { return };
                 let local = shared.fixed_local.or_else(|| tcp.local_addr().ok());
                 if let Handoff::Now(s) = registered(&shared, cfg, tcp, (local, peer), reg) {
@@ -466,8 +491,9 @@ fn deliver_tcp_when_accepted(
     cfg: Settings,
     t: Transport,
 ) {
-    let shared = shared.clone();
-    tokio::spawn(async move {
+    let task = shared.clone();
+    spawn_task(shared, async move {
+        let shared = task;
         match shared.unless_closed(&mut tcp_rx).await {
             Some(Ok((tcp, peer))) => deliver_tcp(&shared, &cfg, tcp, peer, t),
             Some(Err(_)) => {}
@@ -501,12 +527,12 @@ fn spawn_early(
     slot: HandshakeSlot,
 ) {
     let span = tracing::debug_span!("smc_accept_early", transport = tracing::field::Empty);
-    let shared = shared.clone();
+    let task = shared.clone();
     // The task holds only the arguments; the handshake's state (kilobytes) is boxed once, at
     // its first poll. Spawned whole, that state was copied at each step of `spawn`: with the
     // moves into `unless_closed` (here and in `serve`), copies were 8% of a listener's CPU time
     // under a connection per request (`perf` of `smcperf server`, `--scenario crr`), 3% after.
-    tokio::spawn(async move { Box::pin(serve_early(shared, reg, key, tcp_rx, cfg, slot)).await }.instrument(span));
+    spawn_task(shared, async move { Box::pin(serve_early(task, reg, key, tcp_rx, cfg, slot)).await }.instrument(span));
 }
 
 /// The handshake of an early registration, then its connection once accepted.
@@ -1324,6 +1350,17 @@ impl ListenerShared {
         place
     }
 
+    /// Ends the listener for `why`, which its accepts then fail with (unless it closed first).
+    fn orphan(&self, why: &'static str) {
+        if self.is_closed() {
+            return;
+        }
+        tracing::debug!(why, "smc listener orphaned");
+        let _ = self.orphaned.set(why);
+        // Wakes every `accept` waiting, to meet the reason.
+        self.close();
+    }
+
     /// Why the listener's task ended while the listener lived, if it did (see `orphaned`).
     pub(crate) fn orphaned(&self) -> Option<io::Error> {
         self.orphaned.get().map(|why| io::Error::other(*why))
@@ -1675,10 +1712,7 @@ pub(crate) fn run(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>
             } else {
                 "the runtime the smc listener was bound on shut down: it accepts no more"
             };
-            tracing::debug!(why, "smc listener orphaned");
-            let _ = self.0.orphaned.set(why);
-            // Wakes every `accept` waiting, to meet the reason.
-            self.0.close();
+            self.0.orphan(why);
         }
     }
     // Made with the future, not in its first poll: a task dropped before it ever ran (its

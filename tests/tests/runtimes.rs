@@ -553,6 +553,41 @@ fn a_listener_whose_runtime_unwinds_from_a_panic_says_its_runtime_shut_down() {
     });
 }
 
+/// A listener whose tasks panic (bound on a runtime built without timers, which panics at a
+/// task's first timer: a connection's handshake, or the listener's own at its door) fails its
+/// accepts saying so, with the likely cause, not that its runtime shut down (that runtime runs
+/// on), where its accepts waited for good while each connection was lost.
+#[test]
+fn a_listener_whose_tasks_panic_says_so() {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (res_tx, res_rx) = std::sync::mpsc::channel();
+    // No timers on this runtime, so the test bounds its steps from other threads.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+        rt.block_on(async {
+            let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(l.local_addr().unwrap()).unwrap();
+            let first = l.accept().await.map(drop);
+            // The runtime runs on, and the listener stays failed.
+            tokio::task::yield_now().await;
+            let second = l.accept().await.map(drop);
+            let _ = res_tx.send((first, second));
+        });
+    });
+    let addr = addr_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    // A same-host client: the first timer of its connection's handshake on the listener's
+    // side panics. Whatever the listener's end leaves this client (TCP, or an error) is not
+    // what the test is about.
+    let client = std::thread::spawn(move || {
+        let _ = runtime().block_on(async { tests::bounded(10, SmcStream::connect(addr)).await.map(drop) });
+    });
+    let (first, second) = res_rx.recv_timeout(Duration::from_secs(10)).expect("the accept never ended");
+    let e = first.expect_err("an accept succeeded");
+    assert!(e.to_string().contains("task panicked") && e.to_string().contains("enable_time"), "{e}");
+    assert!(second.is_err(), "the listener stays failed");
+    client.join().unwrap();
+}
+
 /// A connection needs only its own runtime to run, as tokio's streams do: while the runtime
 /// that set up the link group it shares lives but does not run (a current-thread runtime whose
 /// thread waits outside `block_on`, as a synchronous wrapper's does between calls), its reads
