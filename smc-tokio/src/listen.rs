@@ -1002,6 +1002,37 @@ mod tests {
         assert_eq!(classify(&[0x16, 0x03, 0x01, 0x00]), Some(Class::Plain), "TLS client hello");
     }
 
+    /// A connection task of the listener that panics ends the listener, whose accepts then
+    /// fail with the reason; one that ends, or is dropped unpolled, does not. (On a runtime
+    /// without timers every handshake task panics at its first timer: the listener's accepts
+    /// waited for good while each connection was lost.)
+    #[tokio::test]
+    async fn a_connection_task_that_panics_ends_the_listener() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shared = Arc::new(ListenerShared::new(Context::new(), &tcp, None, false, Overrides::default(), READY_CAP));
+        spawn_task(&shared, async {});
+        tokio::task::yield_now().await;
+        assert!(shared.orphaned().is_none() && !shared.is_closed(), "a task that ended");
+        // Spawned on a runtime that goes before it ever runs: dropped unpolled.
+        let task = shared.clone();
+        std::thread::spawn(move || {
+            let other = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            other.block_on(async { spawn_task(&task, async { panic!("never polled") }) });
+        })
+        .join()
+        .unwrap();
+        assert!(shared.orphaned().is_none() && !shared.is_closed(), "a task dropped unpolled");
+        spawn_task(&shared, async { panic!("a connection task's own panic") });
+        for _ in 0..100 {
+            if shared.is_closed() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let e = shared.orphaned().expect("the listener ended");
+        assert!(e.to_string().contains("connection task panicked"), "{e}");
+    }
+
     /// One client host (an IPv4 address, an IPv6 /64) runs at most half a listener's
     /// handshakes in-band, all in-band clients together three quarters: the rest stay for the
     /// other hosts and for the door's same-host clients. A place is free again when a

@@ -618,12 +618,16 @@ abi_compare() {
 
 # ------------------------------------------------------------------- main
 START=$(date +%s)
+mkdir -p "$CACHE"
+exec 9> "$CACHE/.lock"
+# One run at a time installs the host's packages (two test beds started at once on a fresh
+# machine both found them missing, and the second apt-get failed on the first one's lock).
+flock 9
 install_host_packages
+flock -u 9
 if [ "$MODE" = two-kernel ]; then
     build_kernel_bins
 fi
-mkdir -p "$CACHE"
-exec 9> "$CACHE/.lock"
 flock 9
 fetch_kernel
 if [ -z "$OUT" ]; then
