@@ -264,22 +264,55 @@ fn spawn(
 /// its first timer), the listener ends as when its own task panics: its accepts fail, saying
 /// why, where the connection was lost without a word and, on such a runtime, so was every later
 /// one while the accepts waited for good. Not at a runtime's shutdown during another panic
-/// ([`MarkPoll`] tells the two apart): the listener's own task reports that.
+/// ([`Orphan`] tells the two apart): the listener's own task reports that.
 fn spawn_task(shared: &Arc<ListenerShared>, fut: impl Future<Output = ()> + Send + 'static) {
-    struct Panicked(Arc<ListenerShared>, Arc<AtomicBool>);
-    impl Drop for Panicked {
-        fn drop(&mut self) {
-            if std::thread::panicking() && self.1.load(Ordering::Relaxed) {
-                self.0.orphan("an smc listener's connection task panicked (a runtime built without `enable_time`?): it accepts no more");
-            }
+    const PANICKED: &str =
+        "an smc listener's connection task panicked (a runtime built without `enable_time`?): it accepts no more";
+    tokio::spawn(orphaning(shared, PANICKED, None, fut));
+}
+
+/// Ends the listener when a task of its ends otherwise than it should: unwound by its own panic
+/// (`panicked`), or, where `dropped` is given, ended or dropped unfinished before the listener
+/// closed (the listener's own task, with its runtime). The door closes, so same-host clients
+/// stop registering with nobody to answer, what was queued is reset, and every waiting `accept`
+/// is woken to meet the error. It holds the listener, and whether its task is being polled
+/// ([`MarkPoll`]): a task dropped while its thread unwinds from another panic (a runtime
+/// dropped during the application's) is not one that panicked.
+struct Orphan {
+    shared: Arc<ListenerShared>,
+    in_poll: Arc<AtomicBool>,
+    panicked: &'static str,
+    dropped: Option<&'static str>,
+}
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() && self.in_poll.load(Ordering::Relaxed) {
+            Some(self.panicked)
+        } else {
+            self.dropped
+        };
+        if let Some(why) = why {
+            self.shared.orphan(why);
         }
     }
+}
+
+/// `fut`, as a task of the listener's that ends it as [`Orphan`] says. The guard is made with
+/// the future, not in its first poll: a task dropped before it ever ran (its runtime shut down
+/// at once) counts as dropped.
+fn orphaning(
+    shared: &Arc<ListenerShared>,
+    panicked: &'static str,
+    dropped: Option<&'static str>,
+    fut: impl Future<Output = ()> + Send,
+) -> impl Future<Output = ()> + Send {
     let in_poll = Arc::new(AtomicBool::new(false));
-    let guard = Panicked(shared.clone(), in_poll.clone());
-    tokio::spawn(MarkPoll::new(in_poll, async move {
-        let _guard = guard;
+    let orphan = Orphan { shared: shared.clone(), in_poll: in_poll.clone(), panicked, dropped };
+    MarkPoll::new(in_poll, async move {
+        let _orphan = orphan;
         fut.await
-    }));
+    })
 }
 
 /// Finishes one connection's establishment: `None` when it was closed instead.
@@ -1725,35 +1758,15 @@ const DOOR_ROUNDS: usize = 4;
 /// that alternate which goes first: every ready descriptor polled costs a unit of the runtime's
 /// cooperative budget, and with the door always first, clients that kept enough door
 /// connections readable left none for the accepts.
+///
+/// Its end otherwise than at the listener's close (dropped unfinished with its runtime, or
+/// unwound by a panic: a runtime without timers panics at the door's first timer) ends the
+/// listener ([`Orphan`]).
 pub(crate) fn run(shared: Arc<ListenerShared>, tcp: std::sync::Weak<TcpListener>) -> impl Future<Output = ()> + Send {
-    /// Ends the listener when its task ends otherwise than at its close: dropped unfinished
-    /// with its runtime, or unwound by a panic (a runtime without timers panics at the door's
-    /// first timer). The door closes, so same-host clients stop registering with nobody to
-    /// answer, what was queued is reset, and every waiting `accept` is woken to meet the error.
-    /// The listener, and whether its task is being polled ([`MarkPoll`]).
-    struct Orphan(Arc<ListenerShared>, Arc<AtomicBool>);
-    impl Drop for Orphan {
-        fn drop(&mut self) {
-            if self.0.is_closed() {
-                return;
-            }
-            // Its own panic, not a runtime dropped while its thread unwinds from another.
-            let why = if std::thread::panicking() && self.1.load(Ordering::Relaxed) {
-                "the smc listener's task panicked (a runtime built without `enable_time`?): it accepts no more"
-            } else {
-                "the runtime the smc listener was bound on shut down: it accepts no more"
-            };
-            self.0.orphan(why);
-        }
-    }
-    // Made with the future, not in its first poll: a task dropped before it ever ran (its
-    // runtime shut down at once) ends the listener too.
-    let in_poll = Arc::new(AtomicBool::new(false));
-    let orphan = Orphan(shared.clone(), in_poll.clone());
-    MarkPoll::new(in_poll, async move {
-        let _orphan = orphan;
-        turns(shared, tcp).await;
-    })
+    const PANICKED: &str =
+        "the smc listener's task panicked (a runtime built without `enable_time`?): it accepts no more";
+    const SHUT_DOWN: &str = "the runtime the smc listener was bound on shut down: it accepts no more";
+    orphaning(&shared, PANICKED, Some(SHUT_DOWN), turns(shared.clone(), tcp))
 }
 
 /// The listener task's turns, until the listener closes (or is dropped: `tcp` is the
