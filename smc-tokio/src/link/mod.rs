@@ -193,6 +193,25 @@ pub(crate) trait Link: Send + Sync + fmt::Debug + 'static {
     /// Non-blocking; `Ok(0)` when none are waiting. Returns `Ok(None)` when another caller is
     /// receiving right now (it will dispatch what arrives).
     fn cdc_recv(&self, out: &mut Vec<[u8; CDC_MSG_LEN]>, max: usize) -> Result<Option<usize>, LinkError>;
+    /// A hint, known without a lock or a system call: the next received CDC frame (raw), if it
+    /// is there; `None` otherwise, or where the link cannot tell cheaply (the default). A frame
+    /// that lands just after is the next look's, and one another caller is taking may still
+    /// show.
+    fn next_frame(&self) -> Option<[u8; CDC_MSG_LEN]> {
+        None
+    }
+    /// Takes the next received CDC frame if it is there and `_want` says so (raw, as
+    /// [`cdc_recv`](Link::cdc_recv)), with what came of the work that follows a receive (on
+    /// shared memory, ringing a peer that waits for room): an error there ends the link, and
+    /// the frame taken is still to be delivered. `None` when nothing was taken: no frame, not
+    /// wanted (it stays first in line), or a link that takes frames only in batches (the
+    /// default).
+    fn cdc_recv_if(
+        &self,
+        _want: &mut dyn FnMut(&[u8; CDC_MSG_LEN]) -> bool,
+    ) -> Option<([u8; CDC_MSG_LEN], Result<(), LinkError>)> {
+        None
+    }
     /// Waits for the peer: arms the completion source (doorbell or completion channel) and
     /// polls it. `Ready(Ok(()))`: something may have arrived, or space may have been freed;
     /// call [`cdc_recv`](Link::cdc_recv) and retry blocked sends. Errors end the link.

@@ -419,6 +419,24 @@ impl CdcMsg {
         b
     }
 
+    /// The connection token of an encoded frame, read without decoding the rest (which may be
+    /// anything: the token only says whose the frame is, and [`decode`](Self::decode) checks
+    /// it all).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use smc_tokio::proto::cdc::CdcMsg;
+    ///
+    /// let mut frame = CdcMsg::new(1, 0x0a0b).encode();
+    /// assert_eq!(CdcMsg::token_of(&frame), 0x0a0b);
+    /// frame[0] = 0xff; // no CDC message, still a token
+    /// assert_eq!(CdcMsg::token_of(&frame), 0x0a0b);
+    /// ```
+    pub fn token_of(b: &[u8; CDC_MSG_LEN]) -> u32 {
+        u32::from_be_bytes([b[8], b[9], b[10], b[11]])
+    }
+
     /// Decodes one frame. Cursors are returned as sent: validating them against the ring and
     /// the connection's last known state is the engine's job, since only it knows both.
     ///
@@ -457,7 +475,7 @@ impl CdcMsg {
         inline[..n].copy_from_slice(&b[CDC_INLINE_OFFSET..CDC_INLINE_OFFSET + n]);
         Ok(Self {
             seq: u32_at(4),
-            token: u32_at(8),
+            token: Self::token_of(b),
             prod: Cursor::new(u16_at(12), u32_at(14)),
             cons: Cursor::new(u16_at(18), u32_at(20)),
             flags,

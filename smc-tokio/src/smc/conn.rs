@@ -1227,9 +1227,28 @@ impl SmcConn {
     ) -> Poll<io::Result<R>> {
         let mut solo_spun = false;
         let mut held = HeldWaker::default();
+        // A frame of ours was next on the link after the first attempt, which left it to the
+        // second.
+        let mut pending = false;
         for attempt in 0..2 {
             let mut st = self.lock();
             self.claim_watch_lost(&mut st);
+            // The next frame on the link, if ours, comes straight to us. Anything else (another
+            // connection's frame first, frames behind ours) goes the usual way before this poll
+            // goes on, as if `progress` had run before the lock: not under the connection's
+            // lock, since the dispatch takes the locks of the connections it delivers to.
+            if pending {
+                let taken = self.take_own_frame(&mut st);
+                if !matches!(taken, Ok(true)) || self.group.link().is_some_and(|l| l.has_pending()) {
+                    drop(st);
+                    match taken {
+                        Err(e) => self.group.fail(e),
+                        Ok(_) => drop(self.group.progress()),
+                    }
+                    st = self.lock();
+                    self.claim_watch_lost(&mut st);
+                }
+            }
             if reader == Reader::Other {
                 // Another handle of a stream whose read half lends (a write half's `as_ref`):
                 // it must not take, nor end the hold on, bytes that half may still hold.
@@ -1302,7 +1321,13 @@ impl SmcConn {
                     }
                     None => {}
                 }
-                self.group.progress();
+                // A frame of ours next on the link (a small message on an idle connection, most
+                // often) is taken under our lock at the next attempt; anything else is
+                // dispatched now.
+                pending = self.group.next_frame_is(self.our_token);
+                if !pending {
+                    self.group.progress();
+                }
                 continue;
             }
             if solo_spun {
@@ -1540,6 +1565,33 @@ impl SmcConn {
                 return;
             }
         }
+    }
+
+    /// A reader's shortest way to its bytes: takes the link's next CDC frame if it is this
+    /// connection's and applies it under the lock the reader holds, as the group's dispatch
+    /// would (`on_cdc`), without looking the connection up, counting a reference or taking
+    /// its lock again. Only in the connection's plain state, where `on_cdc` does nothing but
+    /// apply the message and its ending (`maybe_finish`) has nothing to do: on SMC, not
+    /// failed, not lingering, not released, no TCP kept for the peer's close. Returns whether
+    /// a frame was taken; an error ends the group ([`LinkGroup::dispatch_own`]), which the
+    /// caller does once it has let the lock go.
+    fn take_own_frame(&self, st: &mut ConnState) -> Result<bool, LinkError> {
+        if st.handback != Handback::Smc
+            || st.error.is_some()
+            || st.lingering.is_some()
+            || st.released
+            || st.tcp_hold.is_some()
+            || self.forgotten()
+        {
+            return Ok(false);
+        }
+        self.group.dispatch_own(self.our_token, |frame| match CdcMsg::decode(frame) {
+            Ok(msg) => self.apply_cdc(st, &msg),
+            Err(e) => {
+                tracing::debug!(parent: &self.span, error = %e, "aborting connection: malformed CDC message");
+                self.fail_locked(st, ConnError::Protocol(format!("malformed CDC message: {e}")));
+            }
+        })
     }
 
     /// Copies `n` available bytes into `buf`, and, reading, consumes them (and owes the peer a

@@ -808,6 +808,48 @@ impl LinkGroup {
         (dispatched, more)
     }
 
+    /// Whether the link's next CDC frame is connection `token`'s (a hint: [`Link::next_frame`]):
+    /// what makes [`dispatch_own`](Self::dispatch_own) worth a try.
+    pub(crate) fn next_frame_is(&self, token: u32) -> bool {
+        self.link.get().and_then(|l| l.next_frame()).is_some_and(|f| CdcMsg::token_of(&f) == token)
+    }
+
+    /// Takes the next CDC frame on the link if it is connection `token`'s, and hands it to
+    /// `apply` under the dispatch lock, as [`progress`](Self::progress) would deliver it: the
+    /// shortest way to a reader's own bytes, for a reader that holds its connection's lock
+    /// (no look-up, no reference count, no second lock of the connection). `Ok(false)` leaves
+    /// everything as it was (no frame, another connection's first, another task dispatching,
+    /// frames a failed receive left undelivered, or a link that takes frames only in batches),
+    /// and the caller goes the usual way. An error, after the frame was handed over, ends the
+    /// group: the caller ends it ([`fail`](Self::fail)) once it has let its connection's lock
+    /// go, which the end takes.
+    pub(crate) fn dispatch_own(&self, token: u32, apply: impl FnOnce(&[u8; CDC_MSG_LEN])) -> Result<bool, LinkError> {
+        let Some(link) = self.link.get() else {
+            return Ok(false);
+        };
+        if link.nothing_waiting() {
+            return Ok(false);
+        }
+        // Without waiting: a dispatcher holding the lock may be about to take this
+        // connection's lock, which the caller holds.
+        let Ok(d) = self.dispatch.try_lock() else {
+            return Ok(false);
+        };
+        // A dispatcher delivers the frames it took before it lets the lock go, unless their
+        // receive failed (the group ends then): with none left over, the link's next frame is
+        // the connection's next.
+        if !d.frames.is_empty() {
+            return Ok(false);
+        }
+        let Some((frame, after)) = link.cdc_recv_if(&mut |f| CdcMsg::token_of(f) == token) else {
+            return Ok(false);
+        };
+        apply(&frame);
+        self.seen(1);
+        drop(d);
+        after.map(|()| true)
+    }
+
     /// Dispatches every CDC message waiting on the link, however many tasks are dispatching:
     /// unlike [`progress`](Self::progress), it waits for the dispatch lock (held for at most
     /// one bounded round), so when it returns, every message the peer had published by the
@@ -924,7 +966,7 @@ impl LinkGroup {
     /// answer's consumer update), and a run after its first frame takes neither the group's lock
     /// nor a map lookup.
     fn dispatch(&self, frame: &[u8; CDC_MSG_LEN], last: &mut Option<(u32, Weak<SmcConn>)>) {
-        let token = u32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
+        let token = CdcMsg::token_of(frame);
         let cached = match last {
             Some((t, w)) if *t == token => w.upgrade().filter(|c| !c.forgotten()),
             _ => None,
@@ -1554,6 +1596,39 @@ mod tests {
         assert_eq!(co(), 1, "its task is still there, on a runtime that has not run it");
         drop(other);
         assert_eq!(co(), 0, "the runtime's drop ended it");
+    }
+
+    /// A reader takes its own connection's frame off the link only when it is the next one and
+    /// nobody else dispatches, and then it gets that frame and the group counts it; otherwise
+    /// nothing is taken (nothing there, another connection's frame first, the dispatch lock
+    /// held), and what is there stays, in order, for the usual dispatch.
+    #[test]
+    fn a_reader_takes_its_own_frame_only_when_it_is_next() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (client, server) = joined(Layout::new(8, 4, 4096).unwrap(), "own-frame").await;
+            let group = client_group(4, Duration::from_secs(60));
+            group.establish(Arc::new(client)).unwrap();
+            let link = group.link().unwrap().clone();
+            let refuse = |f: &[u8; crate::proto::cdc::CDC_MSG_LEN]| panic!("no frame to take: {:?}", CdcMsg::decode(f));
+            assert!(!group.dispatch_own(5, refuse).unwrap(), "nothing there");
+            assert!(server.cdc_send(&CdcMsg::new(1, 5)).unwrap());
+            assert!(server.cdc_send(&CdcMsg::new(2, 6)).unwrap());
+            assert!(!group.dispatch_own(6, refuse).unwrap(), "connection 5's frame is first");
+            {
+                let _dispatching = group.dispatch.lock().unwrap();
+                assert!(!group.dispatch_own(5, refuse).unwrap(), "another task dispatches");
+            }
+            let seen = group.frames_seen();
+            let mut got = None;
+            assert!(group.dispatch_own(5, |f| got = Some(CdcMsg::decode(f).unwrap())).unwrap());
+            assert_eq!(got.map(|m| (m.seq, m.token)), Some((1, 5)));
+            assert_eq!(group.frames_seen(), seen + 1, "counted as dispatched");
+            assert!(!group.dispatch_own(5, refuse).unwrap(), "connection 6's frame is next");
+            let mut frames = Vec::new();
+            assert_eq!(link.cdc_recv(&mut frames, 4).unwrap(), Some(1), "it stayed, alone");
+            assert_eq!(CdcMsg::decode(&frames[0]).map(|m| (m.seq, m.token)), Ok((2, 6)));
+        });
     }
 
     /// A client group of `slots` rings of 4 KiB in a context of its own, ended after

@@ -405,6 +405,16 @@ impl ShmLink {
         Ok(n == DOORBELL_DRAIN_MAX)
     }
 
+    /// After frames were taken: rings the peer when it asked to hear that its CDC ring has room
+    /// (`ring`). A peer that is gone cannot hear it; the frames just taken must still be
+    /// delivered (its side channel tells the driver it is gone).
+    fn space_freed(&self, ring: bool) -> Result<(), LinkError> {
+        match ring.then(|| self.ring_peer()) {
+            None | Some(Ok(()) | Err(LinkError::PeerGone)) => Ok(()),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
     /// Our own waiter disarms (it woke, or polls instead): unless a second waiter sleeps.
     fn disarm(&self) {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
@@ -578,16 +588,19 @@ impl Link for ShmLink {
         let ring = rx.pop(&self.ours, &self.peer, max, out);
         self.rx_consumed.store(rx.consumed(), Ordering::Relaxed);
         drop(rx);
-        if ring {
-            // The peer asked to hear when its CDC ring has room. A peer that is gone cannot
-            // hear it; the frames just taken must still be delivered (its side channel tells
-            // the driver it is gone).
-            match self.ring_peer() {
-                Ok(()) | Err(LinkError::PeerGone) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        self.space_freed(ring)?;
         Ok(Some(out.len() - before))
+    }
+
+    fn cdc_recv_if(
+        &self,
+        want: &mut dyn FnMut(&[u8; CDC_MSG_LEN]) -> bool,
+    ) -> Option<([u8; CDC_MSG_LEN], Result<(), LinkError>)> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let (frame, ring) = rx.pop_if(&self.ours, &self.peer, want)?;
+        self.rx_consumed.store(rx.consumed(), Ordering::Relaxed);
+        drop(rx);
+        Some((frame, self.space_freed(ring)))
     }
 
     fn poll_event(&self, cx: &mut Context<'_>) -> Poll<Result<(), LinkError>> {
@@ -610,6 +623,13 @@ impl Link for ShmLink {
 
     fn has_pending(&self) -> bool {
         !self.nothing_waiting()
+    }
+
+    fn next_frame(&self) -> Option<[u8; CDC_MSG_LEN]> {
+        // As `nothing_waiting`: `rx_consumed` may lag behind another thread's receive, and the
+        // frame read then is one taken already; whoever acts on the hint takes frames under the
+        // lock (`cdc_recv_if`), which finds out.
+        self.peer.read_frame(self.rx_consumed.load(Ordering::Relaxed))
     }
 
     fn nothing_waiting(&self) -> bool {

@@ -475,6 +475,25 @@ impl CdcRx {
             out.push(frame);
             n += 1;
         }
+        self.consume(ours, peer, n)
+    }
+
+    /// Copies out the next frame if it is there and `want` says so, then publishes our consumer
+    /// count, as [`pop`](Self::pop) does for one frame. Returns the frame, and whether the peer
+    /// waits for space; `None` when the frame is not there or not wanted (nothing consumed).
+    pub(crate) fn pop_if(
+        &mut self,
+        ours: &RegionView,
+        peer: &RegionView,
+        want: &mut dyn FnMut(&[u8; CDC_MSG_LEN]) -> bool,
+    ) -> Option<([u8; CDC_MSG_LEN], bool)> {
+        let frame = peer.read_frame(self.cons).filter(|f| want(f))?;
+        Some((frame, self.consume(ours, peer, 1)))
+    }
+
+    /// Counts `n` frames copied out as consumed and publishes the count; whether the peer waits
+    /// for space.
+    fn consume(&mut self, ours: &RegionView, peer: &RegionView, n: u64) -> bool {
         if n == 0 {
             return false;
         }
