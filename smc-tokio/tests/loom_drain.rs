@@ -14,12 +14,20 @@
 //!   the dispatch lock, pop what is published (each frame's first word relaxed, then an acquire
 //!   fence once it holds the mark, as `CdcRx::pop`), and dispatch each frame to the connection
 //!   under that same lock;
+//! - or an application task that holds its connection's lock takes its own frame
+//!   (`SmcConn::take_own_frame`, `LinkGroup::dispatch_own`): `try_lock` on the dispatch lock,
+//!   pop the next frame if it is there and apply it under the connection lock it holds, then
+//!   let both go and dispatch what is behind as above;
 //! - the driver sees the side channel's EOF, drains (`LinkGroup::drain`: the dispatch lock
 //!   taken blocking, pop and dispatch until empty), then fails the group (`fail`: the
 //!   connection is marked ended).
 //!
+//! The dispatch lock is a flag taken with a compare-exchange here (Acquire, let go with a Release
+//! store; waited for by yielding), as a mutex is underneath: loom 0.7's own mutex takes a
+//! `try_lock` that fails, in a thread that holds another lock, for a deadlock.
+//!
 //! The assertion: when the connection is marked ended, it has received every frame the peer
-//! published. The variant that drains with `try_lock` (as `progress` does) misses frames popped
+//! published, in order. The variant that drains with `try_lock` (as `progress` does) misses frames popped
 //! by a concurrent dispatcher that has not delivered them yet; loom finds that interleaving.
 
 use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -43,8 +51,10 @@ struct Shared {
     /// The frames' first words: `MARK` once written.
     heads: [AtomicU64; FRAMES as usize],
     side_closed: AtomicBool,
-    /// The dispatch lock guards our consumer count, as `LinkGroup::dispatch` guards `CdcRx`.
-    dispatch: Mutex<u64>,
+    /// The dispatch lock (`true`: held), which guards our consumer count (`cons`), as
+    /// `LinkGroup::dispatch` guards `CdcRx`.
+    dispatch: AtomicBool,
+    cons: AtomicU64,
     conn: Mutex<Conn>,
 }
 
@@ -53,17 +63,42 @@ fn shared() -> Arc<Shared> {
         frames: [AtomicU64::new(0), AtomicU64::new(0)],
         heads: [AtomicU64::new(0), AtomicU64::new(0)],
         side_closed: AtomicBool::new(false),
-        dispatch: Mutex::new(0),
+        dispatch: AtomicBool::new(false),
+        cons: AtomicU64::new(0),
         conn: Mutex::new(Conn { got: Vec::new(), ended: false }),
     })
 }
 
-/// Pops every published frame and dispatches it, with the dispatch lock held (`cons`).
-fn pop_and_dispatch(s: &Shared, cons: &mut u64) {
-    while *cons < FRAMES && s.heads[*cons as usize].load(Ordering::Relaxed) == MARK {
+/// Takes the dispatch lock if it is free.
+fn try_dispatch(s: &Shared) -> bool {
+    s.dispatch.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+}
+
+/// Takes the dispatch lock, waiting for it.
+fn lock_dispatch(s: &Shared) {
+    while !try_dispatch(s) {
+        thread::yield_now();
+    }
+}
+
+fn unlock_dispatch(s: &Shared) {
+    s.dispatch.store(false, Ordering::Release);
+}
+
+/// Pops the next published frame, with the dispatch lock held.
+fn pop_one(s: &Shared) -> Option<u64> {
+    let cons = s.cons.load(Ordering::Relaxed);
+    if cons < FRAMES && s.heads[cons as usize].load(Ordering::Relaxed) == MARK {
         fence(Ordering::Acquire);
-        let v = s.frames[*cons as usize].load(Ordering::Relaxed);
-        *cons += 1;
+        s.cons.store(cons + 1, Ordering::Relaxed);
+        return Some(s.frames[cons as usize].load(Ordering::Relaxed));
+    }
+    None
+}
+
+/// Pops every published frame and dispatches it, with the dispatch lock held.
+fn pop_and_dispatch(s: &Shared) {
+    while let Some(v) = pop_one(s) {
         // Dispatch: the connection's state under its own lock (`SmcConn::on_cdc`).
         let mut c = s.conn.lock().unwrap();
         if !c.ended {
@@ -82,9 +117,24 @@ fn peer(s: &Shared) {
 }
 
 fn app_fast_path(s: &Shared) {
-    if let Ok(mut cons) = s.dispatch.try_lock() {
-        pop_and_dispatch(s, &mut cons);
+    if try_dispatch(s) {
+        pop_and_dispatch(s);
+        unlock_dispatch(s);
     }
+}
+
+fn app_own_frame(s: &Shared) {
+    let mut c = s.conn.lock().unwrap();
+    if try_dispatch(s) {
+        if let Some(v) = pop_one(s) {
+            if !c.ended {
+                c.got.push(v);
+            }
+        }
+        unlock_dispatch(s);
+    }
+    drop(c);
+    app_fast_path(s);
 }
 
 fn driver(s: &Shared, blocking_drain: bool) {
@@ -93,10 +143,12 @@ fn driver(s: &Shared, blocking_drain: bool) {
         thread::yield_now();
     }
     if blocking_drain {
-        let mut cons = s.dispatch.lock().unwrap();
-        pop_and_dispatch(s, &mut cons);
-    } else if let Ok(mut cons) = s.dispatch.try_lock() {
-        pop_and_dispatch(s, &mut cons);
+        lock_dispatch(s);
+        pop_and_dispatch(s);
+        unlock_dispatch(s);
+    } else if try_dispatch(s) {
+        pop_and_dispatch(s);
+        unlock_dispatch(s);
     }
     // fail(): the connection learns the end.
     let mut c = s.conn.lock().unwrap();
@@ -104,14 +156,14 @@ fn driver(s: &Shared, blocking_drain: bool) {
     assert_eq!(c.got, vec![100, 101], "the connection ended before every published frame reached it");
 }
 
-fn model(blocking_drain: bool) {
+fn model(blocking_drain: bool, own_frame: bool) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(3);
     b.check(move || {
         let s = shared();
         let (p, a) = (s.clone(), s.clone());
         let peer_t = thread::spawn(move || peer(&p));
-        let app_t = thread::spawn(move || app_fast_path(&a));
+        let app_t = thread::spawn(move || if own_frame { app_own_frame(&a) } else { app_fast_path(&a) });
         driver(&s, blocking_drain);
         peer_t.join().unwrap();
         app_t.join().unwrap();
@@ -120,7 +172,15 @@ fn model(blocking_drain: bool) {
 
 #[test]
 fn a_connection_ends_only_after_every_published_frame_reached_it() {
-    model(true);
+    model(true, false);
+}
+
+/// The same with a reader that takes its own frame under its connection's lock: its order
+/// (connection lock, then the dispatch lock without waiting) cannot deadlock with the drain's,
+/// and no frame overtakes another.
+#[test]
+fn a_reader_taking_its_own_frame_keeps_the_order_and_the_drain() {
+    model(true, true);
 }
 
 /// The model can fail: draining the way the fast path dispatches (giving up when another task
@@ -128,5 +188,5 @@ fn a_connection_ends_only_after_every_published_frame_reached_it() {
 #[test]
 #[should_panic(expected = "the connection ended before every published frame reached it")]
 fn a_drain_that_skips_a_busy_dispatcher_loses_frames() {
-    model(false);
+    model(false, false);
 }

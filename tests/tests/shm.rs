@@ -529,44 +529,6 @@ async fn every_task_waiting_for_readiness_is_woken() {
     assert!(bounded(10, watcher).await.unwrap());
 }
 
-/// A read that takes its connection's CDC frame straight off the link (the shortest way to a
-/// small message) still hands what came behind that frame to its connections before it
-/// returns: another connection's bytes reach it and wake its waiting reader, with no turn of the
-/// group's driver in between.
-#[tokio::test]
-async fn a_read_that_takes_its_own_frame_delivers_what_came_behind_it() {
-    use std::task::Poll;
-
-    let ctx = smc_tokio::Context::new();
-    // Adaptive polling off: a reader that finds nothing waits on its waker, instead of waking
-    // itself to look again.
-    let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
-    let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let builder = SmcStream::builder().context(&ctx).shm(shm);
-    let (a, sa) = tokio::join!(builder.connect(addr), l.accept());
-    let (b, sb) = tokio::join!(builder.connect(addr), l.accept());
-    let (mut a, mut b, mut sa, mut sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
-    assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
-    assert!(a.link_group().is_some());
-    assert_eq!(a.link_group(), b.link_group(), "one link group");
-    let (mut got_a, mut got_b) = ([0u8; 3], [0u8; 3]);
-    let mut read_b = tokio_test::task::spawn(b.read(&mut got_b));
-    assert!(read_b.poll().is_pending());
-    // a's frame first on the link, b's behind it. Nothing below yields to the runtime, so the
-    // group's driver does not run before a's read.
-    sa.write_all(b"aaa").await.unwrap();
-    sb.write_all(b"bbb").await.unwrap();
-    let mut read_a = tokio_test::task::spawn(a.read(&mut got_a));
-    assert!(matches!(read_a.poll(), Poll::Ready(Ok(3))));
-    drop(read_a);
-    assert_eq!(&got_a, b"aaa");
-    assert!(read_b.is_woken(), "the frame behind a's reached b");
-    assert!(matches!(read_b.poll(), Poll::Ready(Ok(3))));
-    drop(read_b);
-    assert_eq!(&got_b, b"bbb");
-}
-
 /// A waker that panics when woken.
 struct Boom;
 

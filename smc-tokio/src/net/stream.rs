@@ -2824,3 +2824,66 @@ impl SmcStreamBuilder {
         Ok(s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Duration;
+
+    use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+    use crate::config::ShmConfig;
+    use crate::{SmcListener, SmcStream, Transport};
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A read that finds the link's next CDC frame to be its own connection's takes it itself,
+    /// under the connection's lock (the shortest way to a small message), and still hands what
+    /// came behind that frame to its connections before it returns: another connection's
+    /// bytes reach it and wake its waiting reader, with no turn of the group's driver between.
+    #[tokio::test]
+    async fn a_read_takes_its_own_frame_and_delivers_what_came_behind_it() {
+        let ctx = crate::Context::new();
+        // Adaptive polling off: a reader that finds nothing waits on its waker, instead of
+        // waking itself to look again.
+        let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
+        let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let builder = SmcStream::builder().context(&ctx).shm(shm);
+        let (a, sa) = tokio::join!(builder.connect(addr), l.accept());
+        let (b, sb) = tokio::join!(builder.connect(addr), l.accept());
+        let (mut a, mut b, mut sa, mut sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
+        assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
+        assert!(a.link_group().is_some());
+        assert_eq!(a.link_group(), b.link_group(), "one link group");
+        let group = a.smc().unwrap().conn.group().clone();
+        let (mut got_a, mut got_b) = ([0u8; 3], [0u8; 3]);
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let b_waker = Waker::from(woken.clone());
+        let mut rb = ReadBuf::new(&mut got_b);
+        assert!(Pin::new(&mut b).poll_read(&mut Context::from_waker(&b_waker), &mut rb).is_pending());
+        // a's frame first on the link, b's behind it. Nothing below yields to the runtime, so
+        // the group's driver does not run before a's read.
+        sa.write_all(b"aaa").await.unwrap();
+        sb.write_all(b"bbb").await.unwrap();
+        let own = group.own_frames.load(Ordering::Relaxed);
+        let mut ra = ReadBuf::new(&mut got_a);
+        let r = Pin::new(&mut a).poll_read(&mut Context::from_waker(Waker::noop()), &mut ra);
+        assert!(matches!(r, Poll::Ready(Ok(()))), "{r:?}");
+        assert_eq!(ra.filled(), b"aaa");
+        assert_eq!(group.own_frames.load(Ordering::Relaxed), own + 1, "a's frame came the short way");
+        assert!(woken.0.load(Ordering::SeqCst) > 0, "the frame behind a's reached b and woke its reader");
+        let r = Pin::new(&mut b).poll_read(&mut Context::from_waker(&b_waker), &mut rb);
+        assert!(matches!(r, Poll::Ready(Ok(()))), "{r:?}");
+        assert_eq!(rb.filled(), b"bbb");
+    }
+}

@@ -147,6 +147,9 @@ pub(crate) struct LinkGroup {
     /// CDC frames dispatched so far, by any caller of `progress` (a busy-polling driver takes
     /// frames that readers drained themselves as traffic too). Relaxed: a hint.
     frames_seen: AtomicU64,
+    /// Frames readers took for their own connections ([`dispatch_own`](Self::dispatch_own)).
+    #[cfg(test)]
+    pub(crate) own_frames: AtomicU64,
     /// A reader of the group spins for frames now (busy polling; [`spin_slot`](Self::spin_slot)).
     spinning: AtomicBool,
     idle_timeout: Duration,
@@ -271,6 +274,8 @@ impl LinkGroup {
             dispatch: Mutex::new(Dispatch { frames: Vec::with_capacity(RECV_BATCH), last: None }),
             conns_open: std::sync::atomic::AtomicUsize::new(0),
             frames_seen: AtomicU64::new(0),
+            #[cfg(test)]
+            own_frames: AtomicU64::new(0),
             spinning: AtomicBool::new(false),
             idle_timeout,
             poll_window,
@@ -815,14 +820,18 @@ impl LinkGroup {
     }
 
     /// Takes the next CDC frame on the link if it is connection `token`'s, and hands it to
-    /// `apply` under the dispatch lock, as [`progress`](Self::progress) would deliver it: the
-    /// shortest way to a reader's own bytes, for a reader that holds its connection's lock
+    /// `apply` under the dispatch lock, where [`progress`](Self::progress) would deliver it in
+    /// its turn: the shortest way to a reader's own bytes, for a reader that holds its connection's lock
     /// (no look-up, no reference count, no second lock of the connection). `Ok(false)` leaves
     /// everything as it was (no frame, another connection's first, another task dispatching,
     /// frames a failed receive left undelivered, or a link that takes frames only in batches),
     /// and the caller goes the usual way. An error, after the frame was handed over, ends the
     /// group: the caller ends it ([`fail`](Self::fail)) once it has let its connection's lock
-    /// go, which the end takes.
+    /// go, which the end takes (`progress` ends it too, without delivering the frames that
+    /// receive took). The rest of a `progress` (retrying senders that wait for CDC space,
+    /// settling deferred closes) waits for the next one: on shared memory, the only link that
+    /// hands frames out one by one, a sender waiting for space is rung for whatever the arming,
+    /// and closes are deferred only over RDMA.
     pub(crate) fn dispatch_own(&self, token: u32, apply: impl FnOnce(&[u8; CDC_MSG_LEN])) -> Result<bool, LinkError> {
         let Some(link) = self.link.get() else {
             return Ok(false);
@@ -846,6 +855,8 @@ impl LinkGroup {
         };
         apply(&frame);
         self.seen(1);
+        #[cfg(test)]
+        self.own_frames.fetch_add(1, Ordering::Relaxed);
         drop(d);
         after.map(|()| true)
     }
@@ -1601,7 +1612,8 @@ mod tests {
     /// A reader takes its own connection's frame off the link only when it is the next one and
     /// nobody else dispatches, and then it gets that frame and the group counts it; otherwise
     /// nothing is taken (nothing there, another connection's frame first, the dispatch lock
-    /// held), and what is there stays, in order, for the usual dispatch.
+    /// held, a frame a failed receive left over), and what is there stays, in order, for the
+    /// usual dispatch.
     #[test]
     fn a_reader_takes_its_own_frame_only_when_it_is_next() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -1619,6 +1631,10 @@ mod tests {
                 let _dispatching = group.dispatch.lock().unwrap();
                 assert!(!group.dispatch_own(5, refuse).unwrap(), "another task dispatches");
             }
+            // A receive that failed left a frame undelivered: the link's next is not the next.
+            group.dispatch.lock().unwrap().frames.push(CdcMsg::new(9, 5).encode());
+            assert!(!group.dispatch_own(5, refuse).unwrap(), "a frame left over comes first");
+            group.dispatch.lock().unwrap().frames.clear();
             let seen = group.frames_seen();
             let mut got = None;
             assert!(group.dispatch_own(5, |f| got = Some(CdcMsg::decode(f).unwrap())).unwrap());
