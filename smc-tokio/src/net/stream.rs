@@ -2886,4 +2886,40 @@ mod tests {
         assert!(matches!(r, Poll::Ready(Ok(()))), "{r:?}");
         assert_eq!(rb.filled(), b"bbb");
     }
+
+    /// A frame the reader takes for its own connection the short way is checked as the
+    /// dispatch checks it: one that does not decode fails that connection alone, with the
+    /// reason, and the link group's other connections go on.
+    #[tokio::test]
+    async fn a_malformed_frame_taken_the_short_way_fails_its_connection_alone() {
+        let ctx = crate::Context::new();
+        let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
+        let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let builder = SmcStream::builder().context(&ctx).shm(shm);
+        let (a, sa) = tokio::join!(builder.connect(addr), l.accept());
+        let (b, sb) = tokio::join!(builder.connect(addr), l.accept());
+        let (mut a, mut b, sa, mut sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
+        assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
+        assert_eq!(a.link_group(), b.link_group(), "one link group");
+        let group = a.smc().unwrap().conn.group().clone();
+        // A CDC message for a's connection, of a type that is not one, from the server's side.
+        let mut frame = crate::proto::cdc::CdcMsg::new(1, a.smc().unwrap().conn.our_token()).encode();
+        frame[0] = 0;
+        let server_link = sa.smc().unwrap().conn.group().link().unwrap().clone();
+        assert!(server_link.cdc_send_frame(&frame).unwrap());
+        let own = group.own_frames.load(Ordering::Relaxed);
+        let mut got = [0u8; 3];
+        let mut ra = ReadBuf::new(&mut got);
+        let r = Pin::new(&mut a).poll_read(&mut Context::from_waker(Waker::noop()), &mut ra);
+        assert_eq!(group.own_frames.load(Ordering::Relaxed), own + 1, "taken the short way");
+        match r {
+            Poll::Ready(Err(e)) => assert!(e.to_string().contains("malformed CDC message"), "{e}"),
+            other => panic!("a's read should fail: {other:?}"),
+        }
+        sb.write_all(b"bbb").await.unwrap();
+        let mut got_b = [0u8; 3];
+        tokio::io::AsyncReadExt::read_exact(&mut b, &mut got_b).await.unwrap();
+        assert_eq!(&got_b, b"bbb", "the group's other connection goes on");
+    }
 }

@@ -1647,6 +1647,29 @@ mod tests {
         });
     }
 
+    /// A frame taken one by one whose receive then failed (ringing a peer that waits for room)
+    /// is handed over all the same, and counted, and the error comes back for the caller to
+    /// end the group with: nothing the peer published is lost to a receive that went wrong
+    /// after it.
+    #[test]
+    fn a_frame_taken_before_its_receive_failed_is_handed_over_with_the_error() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (client, server) = joined(Layout::new(8, 4, 4096).unwrap(), "own-frame-error").await;
+            let broken = crate::link::LinkError::Protocol("the doorbell failed");
+            let link = Arc::new(Posing { after_recv: Some(broken.clone()), ..Posing::shm(client) });
+            let group = client_group(4, Duration::from_secs(60));
+            group.establish(link).unwrap();
+            assert!(server.cdc_send(&CdcMsg::new(1, 5)).unwrap());
+            let seen = group.frames_seen();
+            let mut got = None;
+            let r = group.dispatch_own(5, |f| got = Some(CdcMsg::decode(f).unwrap()));
+            assert_eq!(r, Err(broken));
+            assert_eq!(got.map(|m| (m.seq, m.token)), Some((1, 5)), "handed over before the error");
+            assert_eq!(group.frames_seen(), seen + 1);
+        });
+    }
+
     /// A client group of `slots` rings of 4 KiB in a context of its own, ended after
     /// `idle_timeout` without connections, not polling.
     fn client_group(slots: u32, idle_timeout: Duration) -> Arc<LinkGroup> {
@@ -1722,13 +1745,7 @@ mod tests {
     #[tokio::test]
     async fn a_drain_under_a_peer_that_never_stops_takes_two_laps_at_most() {
         let (client, _server) = joined(Layout::new(4, 4, 4096).unwrap(), "flood-drain").await;
-        let link = Arc::new(Posing {
-            link: client,
-            rdma: false,
-            flood: Some(Default::default()),
-            delivery: None,
-            _probe: None,
-        });
+        let link = Arc::new(Posing { flood: Some(Default::default()), ..Posing::shm(client) });
         let group = client_group(4, Duration::from_secs(60));
         group.establish(link.clone()).unwrap();
         group.drain();
@@ -1775,6 +1792,8 @@ mod tests {
         link: crate::link::shm::ShmLink,
         rdma: bool,
         flood: Option<std::sync::atomic::AtomicUsize>,
+        /// Frames taken one by one come with this error of what follows a receive.
+        after_recv: Option<crate::link::LinkError>,
         /// Whether what was sent is delivered, as the test decides: `None` in flight (without
         /// it, everything is delivered at once).
         delivery: Option<Arc<Delivery>>,
@@ -1805,7 +1824,11 @@ mod tests {
 
     impl Posing {
         fn rdma(link: crate::link::shm::ShmLink) -> Posing {
-            Posing { link, rdma: true, flood: None, delivery: None, _probe: None }
+            Posing { rdma: true, ..Posing::shm(link) }
+        }
+
+        fn shm(link: crate::link::shm::ShmLink) -> Posing {
+            Posing { link, rdma: false, flood: None, after_recv: None, delivery: None, _probe: None }
         }
     }
 
@@ -1850,6 +1873,16 @@ mod tests {
                 return Ok(Some(max));
             }
             self.link.cdc_recv(out, max)
+        }
+        fn next_frame(&self) -> Option<[u8; crate::proto::cdc::CDC_MSG_LEN]> {
+            self.link.next_frame()
+        }
+        fn cdc_recv_if(
+            &self,
+            want: &mut dyn FnMut(&[u8; crate::proto::cdc::CDC_MSG_LEN]) -> bool,
+        ) -> Option<([u8; crate::proto::cdc::CDC_MSG_LEN], Result<(), crate::link::LinkError>)> {
+            let (frame, after) = self.link.cdc_recv_if(want)?;
+            Some((frame, self.after_recv.clone().map_or(after, Err)))
         }
         fn poll_event(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), crate::link::LinkError>> {
             self.link.poll_event(cx)
