@@ -2846,26 +2846,32 @@ mod tests {
         }
     }
 
-    /// A read that finds the link's next CDC frame to be its own connection's takes it itself,
-    /// under the connection's lock (the shortest way to a small message), and still hands what
-    /// came behind that frame to its connections before it returns: another connection's
-    /// bytes reach it and wake its waiting reader, with no turn of the group's driver between.
-    #[tokio::test]
-    async fn a_read_takes_its_own_frame_and_delivers_what_came_behind_it() {
+    /// Two client connections on one link group (`a`, `b`) with their accepted ends (`sa`,
+    /// `sb`) and the group, in a context of their own, adaptive polling off: a reader that
+    /// finds nothing waits on its waker, instead of waking itself to look again.
+    async fn two_on_one_group() -> (crate::Context, [SmcStream; 4], Arc<crate::smc::group::LinkGroup>) {
         let ctx = crate::Context::new();
-        // Adaptive polling off: a reader that finds nothing waits on its waker, instead of
-        // waking itself to look again.
         let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
         let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let builder = SmcStream::builder().context(&ctx).shm(shm);
         let (a, sa) = tokio::join!(builder.connect(addr), l.accept());
         let (b, sb) = tokio::join!(builder.connect(addr), l.accept());
-        let (mut a, mut b, mut sa, mut sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
+        let (a, b, sa, sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
         assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
         assert!(a.link_group().is_some());
         assert_eq!(a.link_group(), b.link_group(), "one link group");
         let group = a.smc().unwrap().conn.group().clone();
+        (ctx, [a, b, sa, sb], group)
+    }
+
+    /// A read that finds the link's next CDC frame to be its own connection's takes it itself,
+    /// under the connection's lock (the shortest way to a small message), and still hands what
+    /// came behind that frame to its connections before it returns: another connection's
+    /// bytes reach it and wake its waiting reader, with no turn of the group's driver between.
+    #[tokio::test]
+    async fn a_read_takes_its_own_frame_and_delivers_what_came_behind_it() {
+        let (_ctx, [mut a, mut b, mut sa, mut sb], group) = two_on_one_group().await;
         let (mut got_a, mut got_b) = ([0u8; 3], [0u8; 3]);
         let woken = Arc::new(Count(AtomicUsize::new(0)));
         let b_waker = Waker::from(woken.clone());
@@ -2892,17 +2898,7 @@ mod tests {
     /// reason, and the link group's other connections go on.
     #[tokio::test]
     async fn a_malformed_frame_taken_the_short_way_fails_its_connection_alone() {
-        let ctx = crate::Context::new();
-        let shm = ShmConfig::default().adaptive_poll(Duration::ZERO);
-        let l = SmcListener::builder().context(&ctx).shm(shm.clone()).bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let builder = SmcStream::builder().context(&ctx).shm(shm);
-        let (a, sa) = tokio::join!(builder.connect(addr), l.accept());
-        let (b, sb) = tokio::join!(builder.connect(addr), l.accept());
-        let (mut a, mut b, sa, mut sb) = (a.unwrap(), b.unwrap(), sa.unwrap().0, sb.unwrap().0);
-        assert_eq!((a.transport(), b.transport()), (Transport::SmcD, Transport::SmcD));
-        assert_eq!(a.link_group(), b.link_group(), "one link group");
-        let group = a.smc().unwrap().conn.group().clone();
+        let (_ctx, [mut a, mut b, sa, mut sb], group) = two_on_one_group().await;
         // A CDC message for a's connection, of a type that is not one, from the server's side.
         let mut frame = crate::proto::cdc::CdcMsg::new(1, a.smc().unwrap().conn.our_token()).encode();
         frame[0] = 0;
