@@ -27,8 +27,9 @@
 //! `try_lock` that fails, in a thread that holds another lock, for a deadlock.
 //!
 //! The assertion: when the connection is marked ended, it has received every frame the peer
-//! published, in order. The variant that drains with `try_lock` (as `progress` does) misses frames popped
-//! by a concurrent dispatcher that has not delivered them yet; loom finds that interleaving.
+//! published, in order. The variant that drains with `try_lock` (as `progress` does) misses
+//! frames popped by a concurrent dispatcher that has not delivered them yet; loom finds that
+//! interleaving.
 
 use loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};

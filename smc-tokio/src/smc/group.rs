@@ -821,8 +821,10 @@ impl LinkGroup {
 
     /// Takes the next CDC frame on the link if it is connection `token`'s, and hands it to
     /// `apply` under the dispatch lock, where [`progress`](Self::progress) would deliver it in
-    /// its turn: the shortest way to a reader's own bytes, for a reader that holds its connection's lock
-    /// (no look-up, no reference count, no second lock of the connection). `Ok(false)` leaves
+    /// its turn: the shortest way to a reader's own bytes, for a reader that holds its
+    /// connection's lock (no look-up, no reference count, no second lock of the connection).
+    /// Called once [`next_frame_is`](Self::next_frame_is) said the frame is there, so it does
+    /// not look again before the locks. `Ok(false)` leaves
     /// everything as it was (no frame, another connection's first, another task dispatching,
     /// frames a failed receive left undelivered, or a link that takes frames only in batches),
     /// and the caller goes the usual way. An error, after the frame was handed over, ends the
@@ -836,9 +838,6 @@ impl LinkGroup {
         let Some(link) = self.link.get() else {
             return Ok(false);
         };
-        if link.nothing_waiting() {
-            return Ok(false);
-        }
         // Without waiting: a dispatcher holding the lock may be about to take this
         // connection's lock, which the caller holds.
         let Ok(d) = self.dispatch.try_lock() else {
